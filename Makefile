@@ -1,0 +1,29 @@
+# mirage-cli: `make demo` runs the compiler on an example, `make test` runs the tests.
+# Both install the project (and its test tools) into the current Python first.
+PYTHON ?= python3
+PIP := $(PYTHON) -m pip
+BUILD := build
+
+.PHONY: install demo test test-fast golden lint gpu-test clean
+
+install:
+	$(PIP) install -q --disable-pip-version-check -e '.[dev]'
+
+demo: install
+	@mkdir -p $(BUILD)
+	mirage parse examples/rmsnorm_linear.mir -o $(BUILD)/rmsnorm_linear.ugraph.json
+	mirage run examples/mugraphs/rmsnorm_linear_fused.mir --seed 0 -o $(BUILD)/rmsnorm_linear.out.npz
+	@echo "wrote $(BUILD)/rmsnorm_linear.ugraph.json and $(BUILD)/rmsnorm_linear.out.npz"
+
+test: install
+	$(PYTHON) -m pytest -m "not gpu" -p no:cacheprovider
+
+golden: install
+	$(PYTHON) -m mirage_cli.golden
+
+lint:
+	$(PYTHON) -m ruff check mirage_cli tests
+	$(PYTHON) -m mypy mirage_cli
+
+clean:
+	rm -rf $(BUILD) .pytest_cache *.egg-info

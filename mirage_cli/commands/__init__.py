@@ -1,0 +1,1 @@
+"""One module per `mirage` subcommand; each defines ``command`` (a click command)."""

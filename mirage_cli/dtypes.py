@@ -1,0 +1,31 @@
+"""Rounding numpy arrays to the storage precision of a :class:`DType`.
+
+numpy has no bfloat16, so bf16 is emulated on float32 bit patterns with
+round-to-nearest-even (what the GPU's ``__float2bfloat16_rn`` does).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mirage_cli.ir import DType
+
+
+def round_to(dtype: DType, x: np.ndarray) -> np.ndarray:
+    """``x`` rounded to ``dtype`` and returned as float32 (the compute type)."""
+    x32 = np.asarray(x, dtype=np.float32)
+    if dtype is DType.F32:
+        return x32
+    if dtype is DType.F16:
+        return x32.astype(np.float16).astype(np.float32)
+    bits = x32.view(np.uint32).astype(np.uint64)
+    # Round to nearest even on the 16 bits that are dropped; NaN stays NaN.
+    rounded = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+    out = rounded.astype(np.uint32).view(np.float32)
+    return np.where(np.isnan(x32), x32, out)
+
+
+def storage_dtype(dtype: DType) -> np.dtype:
+    """The numpy dtype used to store ``dtype`` in .npz files."""
+    return {DType.F16: np.dtype(np.float16), DType.BF16: np.dtype(np.float32),
+            DType.F32: np.dtype(np.float32)}[dtype]
