@@ -17,7 +17,7 @@ Adding an operator means adding one ``register(OpDef(...))`` call here.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Literal, Sequence
 
 import numpy as np
@@ -88,6 +88,8 @@ class OpDef:
     abstract: Any = None
     cost: Any = None
     cuda: Any = None
+    # Composite operators: how to write them in simpler ones (search).
+    decompose: Any = None
 
     @property
     def is_accumulator(self) -> bool:
@@ -406,3 +408,44 @@ for _name, _spec in ACCUMULATORS.items():
     register(OpDef(_name, BLOCK_ONLY, (1, 1), infer_accum(_spec), _np_accum(_spec),
                    attrs=(_WIDTH,) if _spec.reduce == "to_width" else (), accum=_spec,
                    doc=f"forloop accumulator: {_spec}"))
+
+# ---------------------------------------------------------------------------
+# Search: abstract expressions (slot ``abstract``) and decompositions of composite
+# operators (slot ``decompose``); the rule library is mirage_cli.search.abstract.
+# ---------------------------------------------------------------------------
+
+from mirage_cli.search import abstract as _ab  # noqa: E402
+
+_ABSTRACT: dict[str, Any] = {
+    "matmul": _ab.MATMUL,
+    "add": _ab.elementwise(_ab.add, "add"),
+    "sub": _ab.SUB,
+    "mul": _ab.elementwise(_ab.mul, "mul"),
+    "div": _ab.elementwise(_ab.div, "div"),
+    "exp": _ab.unary("exp"),
+    "silu": _ab.unary("silu"),
+    "gelu": _ab.unary("gelu"),
+    "relu": _ab.unary("relu"),
+    "sqrt": _ab.unary("sqrt"),
+    "rsqrt": _ab.RSQRT,
+    "square": _ab.SQUARE,
+    "neg": _ab.unary("neg"),
+    "mul_scalar": _ab.MUL_SCALAR,
+    "sum": _ab.REDUCE_SUM,
+    "mean": _ab.REDUCE_MEAN,
+    "max": _ab.REDUCE_MAX,
+    "rms": _ab.RMS,
+    "rms_norm": _ab.composite(_ab.decompose_rms_norm),
+    "softmax": _ab.composite(_ab.decompose_softmax),
+    "concat": _ab.CONCAT,
+    "sum_to": _ab.SUM_TO,
+    "custom": None,  # a custom kernel's expression is its block graph's
+    **{_name: _ab.accumulator(_spec) for _name, _spec in ACCUMULATORS.items()},
+}
+_DECOMPOSE: dict[str, Any] = {
+    "rms_norm": _ab.decompose_rms_norm,
+    "softmax": _ab.decompose_softmax,
+}
+for _name, _rule in _ABSTRACT.items():
+    REGISTRY[_name] = replace(REGISTRY[_name], abstract=_rule,
+                              decompose=_DECOMPOSE.get(_name))

@@ -1,0 +1,130 @@
+"""Designs and tunings: a found µGraph's decisions, kept apart from its sizes.
+
+A :class:`Design` is what the generator decides (DESIGN.md §1 "design space"): which
+kernels, which pre-defined operators, which block operators on which tiles, how each
+input is split (imap/fmap, by index) and stored (omap). A :class:`Tuning` is what the
+tuner decides: each custom kernel's grid sizes and forloop range. ``instantiate``
+turns the pair into a checked :class:`~mirage_cli.ir.Graph` through the builder, so a
+design found at one size is re-checked at every other.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Union
+
+from mirage_cli.builder import GraphBuilder
+from mirage_cli.diagnostics import MirageError
+from mirage_cli.ir import Attrs, AxisMap, Graph
+from mirage_cli.serialize import Json
+
+
+@dataclass(frozen=True)
+class LoadD:
+    source: str
+    imap: AxisMap
+    fmap: int | None
+
+
+@dataclass(frozen=True)
+class OpD:
+    """A block operator; ``args`` index the kernel's tiles (loads first, then ops)."""
+
+    op: str
+    args: tuple[int, ...]
+    attrs: Attrs
+
+
+@dataclass(frozen=True)
+class StoreD:
+    tile: int
+    name: str
+    omap: AxisMap
+
+
+@dataclass(frozen=True)
+class CustomD:
+    """One custom kernel: ``axes`` grid axes are split (each by >= 2 blocks) and the
+    forloop iterates (range >= 2) iff ``looped``."""
+
+    loads: tuple[LoadD, ...]
+    ops: tuple[OpD, ...]
+    stores: tuple[StoreD, ...]
+    axes: int
+    looped: bool
+
+
+@dataclass(frozen=True)
+class PredefD:
+    """A pre-defined kernel operator (a library kernel)."""
+
+    op: str
+    args: tuple[str, ...]
+    attrs: Attrs
+    name: str
+
+
+Step = Union[CustomD, PredefD]
+
+
+@dataclass(frozen=True)
+class Design:
+    steps: tuple[Step, ...]
+    outputs: tuple[str, ...]
+
+    @property
+    def num_kernels(self) -> int:
+        return len(self.steps)
+
+    def describe(self) -> list[Json]:
+        """The design decisions, for a candidate's metadata."""
+        out: list[Json] = []
+        for s in self.steps:
+            if isinstance(s, PredefD):
+                out.append({"kernel": s.op, "inputs": list(s.args), "output": s.name})
+            else:
+                out.append({"kernel": "custom",
+                            "block_ops": [o.op for o in s.ops],
+                            "loads": [{"tensor": ld.source, "imap": list(ld.imap),
+                                       "fmap": ld.fmap} for ld in s.loads],
+                            "stores": [st.name for st in s.stores]})
+        return out
+
+
+# Per custom kernel: (grid, forloop). Pre-defined steps take no tuning.
+Tuning = tuple[tuple[tuple[int, int, int], int], ...]
+
+
+def instantiate(target: Graph, design: Design, tuning: Tuning, threads: int = 128
+                ) -> Graph | None:
+    """The µGraph of ``design`` at ``tuning``, or None where the sizes do not fit."""
+    b = GraphBuilder(target.name, target.params)
+    for i in target.inputs:
+        b.input(i.value.name, i.value.type.shape, i.value.type.dtype, i.dims_src)
+    k = 0
+    try:
+        for step in design.steps:
+            if isinstance(step, PredefD):
+                b.op(step.op, *step.args, out=step.name, **dict(step.attrs))
+                continue
+            grid, forloop = tuning[k]
+            k += 1
+            _custom(b, step, grid, forloop, threads)
+        for name in design.outputs:
+            b.output(name)
+        return b.build()
+    except MirageError:
+        return None
+
+
+def _custom(b: GraphBuilder, step: CustomD, grid: tuple[int, int, int], forloop: int,
+            threads: int) -> None:
+    kb = b.custom(grid, threads, forloop)
+    tiles = [kb.load(ld.source, ld.imap, ld.fmap) for ld in step.loads]
+    for o in step.ops:
+        tiles.append(kb.op(o.op, *(tiles[i] for i in o.args), **dict(o.attrs)))
+    kb.finish([(tiles[s.tile], s.name, s.omap) for s in step.stores])
+
+
+def custom_steps(design: Design) -> list[CustomD]:
+    return [s for s in design.steps if isinstance(s, CustomD)]

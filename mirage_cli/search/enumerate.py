@@ -1,0 +1,608 @@
+"""The generator: enumerate designs of µGraphs equivalent to a target program.
+
+Kernel level (as Mirage): a state is the set of device tensors available so far (the
+program's inputs, then what earlier kernels produced); a move adds a pre-defined
+operator or a custom kernel. A design is complete when every program output is
+available; designs use at most ``max_kernel_ops`` kernels.
+
+Block level (one custom kernel): a *config* chooses which index (see
+:mod:`.analysis`) each grid axis splits and which one the forloop iterates; that fixes
+every load's imap and fmap at once. Block operators are then added one at a time over
+the tiles, in three phases (loop body, accumulators, epilogue), and every new tile is
+kept only if
+
+- its abstract expression may still be a subexpression of the target (the Z3 oracle of
+  :mod:`.prune`; ``prune=False`` turns this off for ablation),
+- it computes something no existing tile of the same phase computes (no redundant
+  operator),
+- the operator sequence is canonical (a new operator either uses the previous one's
+  result or sorts after it; phases never go back; commutative operands sorted), and
+  the set of tiles was not reached before (so each block graph is built once),
+- the remaining operator budget can still consume every dangling tile (no dead code:
+  a graph with a dead operator is a copy of a smaller one).
+
+Enumeration runs at *representative sizes* (2 blocks per split axis, forloop 2): the
+expressions depend on sizes only through sums, which the partial-sum axiom treats
+uniformly, and the tuner (:mod:`.tune`) re-instantiates every design at real sizes
+through the builder. A kernel stores either tiles equivalent to program outputs (Z3
+equivalence) or, when more kernels may follow, its dangling accumulated tiles
+(partial results, e.g. flash-decoding's per-split sums), which later kernels load.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass, field
+from typing import Iterator, Literal, Sequence
+
+from mirage_cli import ops
+from mirage_cli.check import stored_type, tile_type
+from mirage_cli.diagnostics import MirageError
+from mirage_cli.ir import AttrValue, Attrs, AxisMap, Graph, TensorType
+from mirage_cli.search.abstract import (FORLOOP_KEY, UNIT, AVal, Term, apply, op_symbols,
+                                        symbols)
+from mirage_cli.search.analysis import Analysis, analyze
+from mirage_cli.search.design import CustomD, Design, LoadD, OpD, PredefD, Step, StoreD
+from mirage_cli.search.prune import Oracle
+
+Phase = Literal["loop", "invariant", "epilogue"]
+REP_SPLIT = 2  # representative number of blocks per split axis / forloop iterations
+COMMUTATIVE = frozenset({"add", "mul"})
+
+
+class OutOfTime(Exception):
+    """The search budget ran out."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_kernel_ops: int = 2
+    max_block_ops: int = 7
+    max_grid_axes: int = 3
+    max_stores: int = 2
+    prune: bool = True
+
+
+@dataclass
+class Stats:
+    explored: int = 0   # block graph states expanded
+    pruned: int = 0     # candidate operators rejected by the Z3 oracle
+    designs: int = 0    # complete designs found
+
+    def add(self, other: "Stats") -> None:
+        self.explored += other.explored
+        self.pruned += other.pruned
+        self.designs += other.designs
+
+
+@dataclass
+class Target:
+    """The program being optimised, with everything the generator needs about it."""
+
+    graph: Graph
+    analysis: Analysis
+    oracle: Oracle
+    kernel_vocab: tuple[str, ...]
+    block_vocab: tuple[str, ...]
+    attr_choices: dict[str, tuple[AttrValue, ...]]
+
+    @property
+    def out_terms(self) -> tuple[Term, ...]:
+        return tuple(v.term for v in self.analysis.outputs)
+
+    @property
+    def out_types(self) -> tuple[TensorType, ...]:
+        return tuple(v.type for v in self.analysis.outputs)
+
+
+def make_target(g: Graph, timeout_ms: int = 1000) -> Target:
+    """Analyse ``g``: output expressions, the operator vocabulary its expressions
+    allow (operators introducing a symbol the target never uses are not tried), and the
+    attribute values it uses (scalars, eps, widths), which block operators may reuse."""
+    an = analyze(g)
+    syms: frozenset[str] = frozenset().union(*(symbols(v.term) for v in an.outputs))
+
+    def allowed(name: str, level: str) -> bool:
+        opdef = ops.get(name)
+        return (level in opdef.levels and name not in ("custom", "concat")
+                and op_symbols(name) <= syms)
+
+    kernel = tuple(n for n in ops.names(ops.KERNEL) if allowed(n, ops.KERNEL))
+    block = tuple(n for n in ops.names(ops.BLOCK) if allowed(n, ops.BLOCK))
+    choices: dict[str, set[AttrValue]] = {}
+    for op in g.ops:
+        for k, v in op.attrs:
+            choices.setdefault(k, set()).add(v)
+    widths = {t.shape[-1] for t in (v.type for v in an.outputs)}
+    choices.setdefault("width", set()).update(widths)
+    attr_choices = {k: tuple(sorted(v, key=repr)) for k, v in choices.items()}
+    oracle = Oracle([v.term for v in an.outputs], timeout_ms=timeout_ms)
+    return Target(g, an, oracle, kernel, block, attr_choices)
+
+# ---------------------------------------------------------------------------
+# Kernel level
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class KState:
+    """Device tensors available (name, abstract value), the steps taken, and which
+    available tensor provides each program output."""
+
+    tensors: tuple[tuple[str, AVal], ...]
+    steps: tuple[Step, ...]
+    matched: tuple[str | None, ...]
+
+    @property
+    def done(self) -> bool:
+        return all(m is not None for m in self.matched)
+
+
+@dataclass
+class Search:
+    """One generator run (one process); ``deadline`` is a ``time.monotonic`` value."""
+
+    target: Target
+    limits: Limits
+    deadline: float | None = None
+    stats: Stats = field(default_factory=Stats)
+    # (op, attrs, operand values) -> result, None when ill-typed or pruned: the same
+    # operator on the same tiles recurs below every node that has them.
+    memo: dict[tuple[object, ...], list[tuple[Attrs, AVal, int]]] = field(
+        default_factory=dict)
+    _ids: dict[AVal, int] = field(default_factory=dict)
+    _attr_cache: dict[tuple[object, ...], tuple[Attrs, ...]] = field(default_factory=dict)
+
+    def intern(self, v: AVal) -> int:
+        """A small integer standing for ``v`` (hashing terms once, not per use)."""
+        return self._ids.setdefault(v, len(self._ids))
+
+    def initial(self) -> KState:
+        an = self.target.analysis
+        tensors = tuple((i.value.name, an.values[i.value.name]) for i in self.target.graph.inputs)
+        return KState(tensors, (), tuple(None for _ in self.target.graph.outputs))
+
+    def check_time(self) -> None:
+        if self.deadline is not None and time.monotonic() > self.deadline:
+            raise OutOfTime()
+
+    # -- configs ---------------------------------------------------------------
+
+    def configs(self, state: KState) -> list[tuple[tuple[int, ...], int | None]]:
+        """Every (grid labels, forloop label) choice over the available tensors,
+        most promising first: fewer grid axes last, output indices before others."""
+        labels: list[int] = []
+        for _, v in state.tensors:
+            for lab, n in zip(v.labels, v.type.shape):
+                if lab != UNIT and n > 1 and n % REP_SPLIT == 0 and lab not in labels:
+                    labels.append(lab)
+        out_labels = {lab for v in self.target.analysis.outputs for lab in v.labels}
+        grids = [c for a in range(self.limits.max_grid_axes, -1, -1)
+                 for c in itertools.combinations(labels, a)]
+        grids.sort(key=lambda c: (-sum(lab in out_labels for lab in c), -len(c)))
+        loops: list[int | None] = [lab for lab in labels if lab not in out_labels]
+        loops += [None] + [lab for lab in labels if lab in out_labels]
+        return [(g, f) for g in grids for f in loops]
+
+    # -- kernel-level DFS --------------------------------------------------------
+
+    def designs(self, state: KState, kernels_left: int,
+                first: tuple[tuple[int, ...], int | None] | Literal["predef"] | None = None
+                ) -> Iterator[Design]:
+        """Complete designs reachable from ``state`` with at most ``kernels_left``
+        more kernels. ``first`` restricts the first move (used to split the work)."""
+        if state.done:
+            yield Design(state.steps, tuple(m for m in state.matched if m is not None))
+            return
+        if kernels_left == 0:
+            return
+        if first is None or first == "predef":
+            for nxt in self.predefined_moves(state):
+                yield from self.designs(nxt, kernels_left - 1)
+            if first == "predef":
+                return
+        configs = self.configs(state) if first is None else [first]
+        for cfg in configs:
+            if kernels_left == 1 and not self.completes(state, cfg[0]):
+                continue
+            for nxt in self.custom_moves(state, cfg, kernels_left > 1):
+                yield from self.designs(nxt, kernels_left - 1)
+
+    def _fresh(self, state: KState) -> str:
+        taken = {n for n, _ in state.tensors} | set(self.target.graph.outputs)
+        i = len(state.steps)
+        while f"t{i}" in taken:
+            i += 1
+        return f"t{i}"
+
+    def completes(self, state: KState, grid_labels: tuple[int, ...]) -> bool:
+        """Can a kernel splitting these indices over its grid store a program output?
+        Stores concatenate blocks along output dims, so an index a pending output
+        lacks (a reduction split over blocks) only ever yields partial results."""
+        outs = [v for m, v in zip(state.matched, self.target.analysis.outputs) if m is None]
+        return all(any(lab in v.labels for v in outs) for lab in grid_labels)
+
+    def _match(self, state: KState, v: AVal) -> int | None:
+        """The first pending program output that ``v`` computes, if any."""
+        for i, (m, t) in enumerate(zip(state.matched, self.target.out_types)):
+            if m is None and v.type == t and self.target.oracle.is_equiv(v.term, i):
+                return i
+        return None
+
+    def predefined_moves(self, state: KState) -> Iterator[KState]:
+        """Apply one pre-defined kernel operator (from the target's vocabulary)."""
+        avail = dict(state.tensors)
+        known = {v.term for v in avail.values()}
+        names = list(avail)
+        for op in self.target.kernel_vocab:
+            opdef = ops.get(op)
+            for args in self._operand_tuples(op, opdef.arity[0], len(names)):
+                for attrs in self.attr_options(opdef, [avail[names[i]] for i in args]):
+                    self.check_time()
+                    try:
+                        v, _ = apply(op, [avail[names[i]] for i in args], dict(attrs))
+                    except ops.ShapeError:
+                        continue
+                    if v.term in known or not self._keep(v.term):
+                        continue
+                    i = self._match(state, v)
+                    name = (self._fresh(state) if i is None
+                            else self.target.graph.outputs[i])
+                    matched = (state.matched if i is None else
+                               state.matched[:i] + (name,) + state.matched[i + 1:])
+                    step = PredefD(op, tuple(names[k] for k in args), attrs, name)
+                    yield KState(state.tensors + ((name, v),), state.steps + (step,),
+                                 matched)
+
+    def custom_moves(self, state: KState, cfg: tuple[tuple[int, ...], int | None],
+                     may_continue: bool) -> Iterator[KState]:
+        """Every custom kernel of config ``cfg`` that finishes the program, or (when
+        ``may_continue``) that stores partial results for later kernels."""
+        kernel = BlockSearch(self, state, cfg[0], cfg[1])
+        if not kernel.loads:
+            return
+        yield from kernel.run(may_continue)
+
+    # -- shared helpers --------------------------------------------------------
+
+    def _keep(self, term: Term) -> bool:
+        if not self.limits.prune:
+            return True
+        if self.target.oracle.is_subexpr(term):
+            return True
+        self.stats.pruned += 1
+        return False
+
+    @staticmethod
+    def _operand_tuples(op: str, arity: int, n: int) -> Iterator[tuple[int, ...]]:
+        if arity == 1:
+            yield from ((i,) for i in range(n))
+        elif op in COMMUTATIVE:
+            yield from itertools.combinations_with_replacement(range(n), arity)
+        else:
+            yield from itertools.product(range(n), repeat=arity)
+
+    def attr_options(self, opdef: ops.OpDef, xs: Sequence[AVal]) -> tuple[Attrs, ...]:
+        key = (opdef.name, tuple(x.type.shape for x in xs))
+        hit = self._attr_cache.get(key)
+        if hit is None:
+            hit = self._attr_cache[key] = tuple(self._attr_options(opdef, xs))
+        return hit
+
+    def _attr_options(self, opdef: ops.OpDef, xs: Sequence[AVal]) -> Iterator[Attrs]:
+        """Attribute choices: dims of the operand, keepdim only where needed to keep
+        the rank (block tiles keep their rank), other values as the target uses them."""
+        per: list[list[tuple[str, AttrValue]]] = []
+        for spec in opdef.attrs:
+            if spec.name == "dim":
+                vals: list[AttrValue] = [d for d in range(xs[0].type.rank)
+                                         if xs[0].type.shape[d] > 1]
+            elif spec.name == "keepdim":
+                vals = [True]
+            else:
+                vals = list(self.target.attr_choices.get(spec.name, ()))
+                if not vals:
+                    if spec.required:
+                        return
+                    continue
+            per.append([(spec.name, v) for v in vals])
+        for combo in itertools.product(*per):
+            yield opdef.normalize(tuple(combo))
+
+# ---------------------------------------------------------------------------
+# Block level
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Tile:
+    value: AVal
+    phase: Phase
+    vid: int = -1   # interned id of ``value`` (see Search.intern)
+
+
+@dataclass(frozen=True)
+class Cand:
+    """An operator that could be added to a node: well typed, and kept by the oracle."""
+
+    key: tuple[object, ...]
+    op: OpD
+    value: AVal
+    vid: int
+    phase: Phase
+    rank: int   # 0 loop/invariant ops, 1 accumulators, 2 epilogue
+
+
+@dataclass(frozen=True)
+class Node:
+    """A partial block graph: tiles (loads first), operators, the candidate operators
+    over its tiles (inherited from the parent plus those using the newest tile), and
+    the canonical-order bookkeeping of the last operator."""
+
+    tiles: tuple[Tile, ...]
+    ops: tuple[OpD, ...]
+    cands: tuple[Cand, ...]
+    rank: int
+    last_key: tuple[object, ...]
+
+
+class BlockSearch:
+    """The block graphs of one custom kernel config over one kernel-level state."""
+
+    def __init__(self, search: Search, state: KState, grid_labels: tuple[int, ...],
+                 loop_label: int | None) -> None:
+        self.s = search
+        self.state = state
+        self.grid_labels = grid_labels
+        self.loop_label = loop_label
+        self.grid = tuple([REP_SPLIT] * len(grid_labels) + [1] * (3 - len(grid_labels)))
+        self.forloop = REP_SPLIT if loop_label is not None else 1
+        self.loads: list[LoadD] = []
+        self.tiles: list[Tile] = []
+        self._make_loads()
+        self.seen: set[frozenset[tuple[int, str]]] = set()
+        self.pending = sum(m is None for m in state.matched)
+
+    def _make_loads(self) -> None:
+        mapped = set()
+        looped = False
+        for name, v in self.state.tensors:
+            imap = tuple(v.labels.index(lab) if lab in v.labels else None
+                         for lab in self.grid_labels) + (None,) * (3 - len(self.grid_labels))
+            fmap = (v.labels.index(self.loop_label)
+                    if self.loop_label is not None and self.loop_label in v.labels else None)
+            try:
+                t = tile_type(v.type, self.grid, self.forloop, imap, fmap)  # type: ignore
+            except MirageError:
+                continue
+            mapped.update(lab for lab, d in zip(self.grid_labels, imap) if d is not None)
+            looped |= fmap is not None
+            self.loads.append(LoadD(name, imap, fmap))  # type: ignore[arg-type]
+            av = AVal(v.term, t, v.labels)
+            self.tiles.append(Tile(av, "loop" if fmap is not None else "invariant",
+                                   self.s.intern(av)))
+        # Every split must split something, else the config duplicates a smaller one.
+        if len(mapped) < len(self.grid_labels) or (self.loop_label is not None and not looped):
+            self.loads, self.tiles = [], []
+
+    # -- the DFS -----------------------------------------------------------------
+
+    def run(self, may_continue: bool) -> Iterator[KState]:
+        tiles = tuple(self.tiles)
+        cands: list[Cand] = []
+        for k in range(len(tiles)):
+            cands.extend(self._new_cands(tiles, k))
+        root = Node(tiles, (), tuple(cands), 0, ())
+        yield from self._dfs(root, may_continue)
+
+    def _dfs(self, node: Node, may_continue: bool) -> Iterator[KState]:
+        self.s.check_time()
+        self.s.stats.explored += 1
+        done = self._finish(node)
+        if done is not None:
+            self.s.stats.designs += 1
+            yield done
+            return
+        if may_continue:
+            partial = self._partial(node)
+            if partial is not None:
+                yield partial
+        if len(node.ops) >= self.s.limits.max_block_ops:
+            return
+        for child in self._children(node):
+            yield from self._dfs(child, may_continue)
+
+    def _sinks(self, node: Node) -> list[int]:
+        used = {a for o in node.ops for a in o.args}
+        first = len(self.loads)
+        return [i for i in range(first, len(node.tiles)) if i not in used]
+
+    def _new_cands(self, tiles: tuple[Tile, ...], newest: int) -> Iterator[Cand]:
+        """Candidate operators whose operands include tile ``newest`` and otherwise
+        only older tiles."""
+        n = newest + 1
+        for op in self.s.target.block_vocab:
+            opdef = ops.get(op)
+            acc = opdef.is_accumulator
+            for args in _tuples_with(op, opdef.arity[0], newest):
+                phases = {tiles[i].phase for i in args}
+                if acc:
+                    if "epilogue" in phases:
+                        continue
+                    rank, phase = 1, "epilogue"
+                elif "epilogue" in phases:
+                    if "loop" in phases:
+                        continue
+                    rank, phase = 2, "epilogue"
+                else:
+                    rank, phase = 0, ("loop" if "loop" in phases else "invariant")
+                for attrs, v, vid in self._results(op, opdef, tuple(tiles[i] for i in args)):
+                    yield Cand((op, args, attrs), OpD(op, args, attrs), v, vid,
+                               phase, rank)  # type: ignore[arg-type]
+
+    def _results(self, op: str, opdef: ops.OpDef, operands: tuple[Tile, ...]
+                 ) -> list[tuple[Attrs, AVal, int]]:
+        """Kept results of ``op`` on these tiles, one per attribute choice (memoised
+        by interned operand ids: the same operator on the same tiles recurs below
+        every node that has them)."""
+        key = (op, tuple(t.vid for t in operands))
+        hit = self.s.memo.get(key)
+        if hit is not None:
+            return hit
+        out: list[tuple[Attrs, AVal, int]] = []
+        values = [t.value for t in operands]
+        for attrs in self.s.attr_options(opdef, values):
+            v = self._apply(op, values, attrs)
+            if v is not None and self.s._keep(v.term):
+                out.append((attrs, v, self.s.intern(v)))
+        self.s.memo[key] = out
+        return out
+
+    def _children(self, node: Node) -> Iterator[Node]:
+        n = len(node.tiles)
+        have = {(t.vid, t.phase == "epilogue") for t in node.tiles}
+        for c in node.cands:
+            if c.rank < node.rank:
+                continue
+            if (c.rank == node.rank and node.ops and n - 1 not in c.op.args
+                    and c.key <= node.last_key):  # type: ignore[operator]
+                continue
+            if (c.vid, c.phase == "epilogue") in have:
+                continue
+            tiles = node.tiles + (Tile(c.value, c.phase, c.vid),)
+            ident = frozenset((t.vid, t.phase) for t in tiles[len(self.loads):])
+            if ident in self.seen:
+                continue
+            ops_ = node.ops + (c.op,)
+            # Budget: every dangling tile but the stores must still be consumed, and
+            # each operator consumes at most one net dangling tile.
+            used = {a for o in ops_ for a in o.args}
+            dangling = sum(1 for i in range(len(self.loads), n + 1) if i not in used)
+            if len(ops_) + max(dangling - max(self.pending, 1), 0) > \
+                    self.s.limits.max_block_ops:
+                continue
+            self.seen.add(ident)
+            cands = node.cands + tuple(self._new_cands(tiles, n)) \
+                if len(ops_) < self.s.limits.max_block_ops else ()
+            yield Node(tiles, ops_, cands, c.rank, c.key)
+
+    def _apply(self, op: str, operands: list[AVal], attrs: Attrs) -> AVal | None:
+        values = dict(attrs)
+        if ops.get(op).is_accumulator:
+            values[FORLOOP_KEY] = self.forloop
+        try:
+            return apply(op, operands, values)[0]
+        except (ops.ShapeError, KeyError, ZeroDivisionError):
+            return None
+
+    # -- completing a kernel -------------------------------------------------------
+
+    def _omap(self, v: AVal) -> tuple[AxisMap, tuple[int, ...]] | None:
+        """omap of a stored tile (each split index to the tile dim carrying it; an
+        index the tile lacks, e.g. a split reduction, concatenates partial results
+        along the last free dim) and the dims so concatenated."""
+        omap: list[int | None] = []
+        extra: list[int] = []
+        for lab in self.grid_labels:
+            if lab in v.labels:
+                omap.append(v.labels.index(lab))
+        for i, lab in enumerate(self.grid_labels):
+            if lab not in v.labels:
+                free = [d for d in range(v.type.rank) if d not in omap]
+                if not free:
+                    return None
+                omap.insert(i, free[-1])
+                extra.append(free[-1])
+        omap += [None] * (3 - len(omap))
+        return (omap[0], omap[1], omap[2]), tuple(extra)
+
+    def _stored(self, v: AVal, name: str) -> tuple[StoreD, AVal] | None:
+        m = self._omap(v)
+        if m is None:
+            return None
+        omap, extra = m
+        try:
+            t = stored_type(v.type, self.grid, omap)  # type: ignore[arg-type]
+        except MirageError:
+            return None
+        labels = tuple(10_000 + 100 * len(self.state.tensors) + d if d in extra else lab
+                       for d, lab in enumerate(v.labels))
+        return StoreD(-1, name, omap), AVal(v.term, t, labels)
+
+    def _finish(self, node: Node) -> KState | None:
+        """If every pending program output is an accumulated/epilogue tile of this
+        node and no operator is dead, the finished kernel."""
+        sinks = self._sinks(node)
+        pending = [i for i, m in enumerate(self.state.matched) if m is None]
+        if not node.ops or len(sinks) > len(pending):
+            return None
+        chosen: dict[int, int] = {}
+        for i in pending:
+            for ti in sinks:
+                t = node.tiles[ti]
+                if t.phase == "epilogue" and ti not in chosen.values():
+                    st = self._stored(t.value, self.s.target.graph.outputs[i])
+                    if (st is not None and st[1].type == self.s.target.out_types[i]
+                            and self.s.target.oracle.is_equiv(t.value.term, i)):
+                        chosen[i] = ti
+                        break
+        if len(chosen) != len(sinks) or not chosen:
+            return None
+        return self._kstate(node, [(ti, self.s.target.graph.outputs[i])
+                                   for i, ti in sorted(chosen.items())], chosen)
+
+    def _partial(self, node: Node) -> KState | None:
+        """A kernel storing its dangling accumulated tiles for later kernels."""
+        sinks = self._sinks(node)
+        if not sinks or len(sinks) > self.s.limits.max_stores or node.rank == 0:
+            return None
+        known = {v.term for _, v in self.state.tensors}
+        if any(node.tiles[i].phase != "epilogue" or node.tiles[i].value.term in known
+               for i in sinks):
+            return None
+        base = len(self.state.steps)
+        names = [f"t{base}_{k}" for k in range(len(sinks))]
+        return self._kstate(node, list(zip(sinks, names)), {})
+
+    def _kstate(self, node: Node, stores: list[tuple[int, str]], chosen: dict[int, int]
+                ) -> KState | None:
+        store_ds: list[StoreD] = []
+        new: list[tuple[str, AVal]] = []
+        for ti, name in stores:
+            st = self._stored(node.tiles[ti].value, name)
+            if st is None:
+                return None
+            store_ds.append(StoreD(ti, name, st[0].omap))
+            new.append((name, st[1]))
+        step = _compact(self.loads, node.ops, store_ds, len(self.grid_labels),
+                        self.loop_label is not None)
+        matched = list(self.state.matched)
+        for i, ti in chosen.items():
+            matched[i] = self.s.target.graph.outputs[i]
+        return KState(self.state.tensors + tuple(new), self.state.steps + (step,),
+                      tuple(matched))
+
+
+def _tuples_with(op: str, arity: int, newest: int) -> Iterator[tuple[int, ...]]:
+    """Operand tuples over tiles 0..newest that use tile ``newest``."""
+    if arity == 1:
+        yield (newest,)
+        return
+    for i in range(newest + 1):
+        yield (i, newest)
+        if op not in COMMUTATIVE and i != newest:
+            yield (newest, i)
+
+
+def _compact(loads: list[LoadD], block_ops: tuple[OpD, ...], stores: list[StoreD],
+             axes: int, looped: bool) -> CustomD:
+    """Drop unused loads and renumber tiles (ops are all live by construction)."""
+    nl = len(loads)
+    used = sorted({a for o in block_ops for a in o.args if a < nl})
+    remap = {old: new for new, old in enumerate(used)}
+    for k in range(len(block_ops)):
+        remap[nl + k] = len(used) + k
+    new_ops = tuple(OpD(o.op, tuple(remap[a] for a in o.args), o.attrs) for o in block_ops)
+    new_stores = tuple(StoreD(remap[s.tile], s.name, s.omap) for s in stores)
+    return CustomD(tuple(loads[i] for i in used), new_ops, new_stores, axes, looped)

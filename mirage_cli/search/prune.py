@@ -1,0 +1,232 @@
+"""The Z3 oracle: may a candidate's expression still become part of the target?
+
+Abstract expressions (:mod:`.abstract`) become Z3 terms over an uninterpreted sort
+``E`` (tensors) with uninterpreted functions (``add mul div exp silu sqrt ...``,
+``sum: N x E -> E``, ``size: N -> E``); sizes are constants of a second sort ``N`` with
+ground facts ``le(a, b)`` between every pair in use. Two families of axioms, after the
+Mirage paper (§4.3):
+
+- *equivalence*: ``add``/``mul`` commutative and associative, ``mul(div(a, b), c) = div(mul(a, c), b)``, ``div(div(a, b), c) =
+  div(a, mul(b, c))``, ``sum(n, div(a, b)) = div(sum(n, a), b)``,
+  ``sum(n, add(a, b)) = add(sum(n, a), sum(n, b))`` (indices are abstracted, so sums
+  commute with what the abstraction cannot tell apart, exactly as in Mirage).
+  Distributivity of ``mul`` over ``add`` is left out: with commutativity and
+  associativity, E-matching on it does not saturate (every query on the ntrans
+  program timed out), and none of the benchmarks needs it;
+- *subexpression*: a predicate ``S`` holding for the target's outputs and closed
+  downwards (``S(f(x, y)) -> S(x) & S(y)`` for every function), and *partial sums*:
+  ``S(sum(n, x)) & le(m, n) -> S(sum(m, x))`` (a forloop or grid split of a reduction
+  computes a partial sum of it).
+
+A query asks Z3 to refute ``not S(c)`` (subexpression) or ``c != t`` (equivalence).
+Answers: ``unsat`` -> yes; ``sat`` -> no. ``unknown`` comes in two kinds: *incomplete
+quantifiers* means E-matching saturated every axiom instance reachable from the terms
+without finding a proof, and the candidate is pruned (Mirage's rule too: only a proof
+keeps a candidate); any other unknown (the per-query timeout) *keeps* the candidate.
+Both are safe for correctness: pruning only ever removes candidates, and every
+candidate the search emits is verified independently (:mod:`.verify`), so a wrong
+answer here can cost completeness or time, never a wrong µGraph. Every query is asked
+once per target (a cache keyed by the normalised term).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import z3
+
+from mirage_cli.search.abstract import Term, children
+
+# Functions of two tensor arguments; everything else with tensor arguments is unary
+# (or n-ary via folding for add/mul). Sizes take the second sort.
+_BINARY = ("add", "mul", "div", "concat")
+
+
+@dataclass
+class OracleStats:
+    queries: int = 0
+    cache_hits: int = 0
+    unknown_saturated: int = 0
+    unknown_timeout: int = 0
+    seconds: float = 0.0
+
+
+@dataclass
+class Oracle:
+    """Subexpression / equivalence queries against one target (a tuple of output
+    expressions). Not thread-safe; each worker process builds its own."""
+
+    targets: Sequence[Term]
+    timeout_ms: int = 1000
+    stats: OracleStats = field(default_factory=OracleStats)
+
+    def __post_init__(self) -> None:
+        self._ctx = z3.Context()
+        self.E = z3.DeclareSort("E", self._ctx)
+        self.N = z3.DeclareSort("N", self._ctx)
+        self._funcs: dict[tuple[str, int], z3.FuncDeclRef] = {}
+        self._sizes: dict[int, z3.ExprRef] = {}
+        self._consts: dict[str, z3.ExprRef] = {}
+        self._cache: dict[tuple[str, Term, int], bool] = {}
+        self.S = z3.Function("S", self.E, z3.BoolSort(ctx=self._ctx))
+        self.le = z3.Function("le", self.N, self.N, z3.BoolSort(ctx=self._ctx))
+        self.solver = z3.Solver(ctx=self._ctx)
+        self.solver.set("timeout", self.timeout_ms)
+        self.solver.set("mbqi", False)  # E-matching only: saturation answers quickly
+        self._axiomatised: set[str] = set()
+        self._target_z3 = [self.encode(t) for t in self.targets]
+        for t in self._target_z3:
+            self.solver.add(self.S(t))
+
+    # -- encoding ------------------------------------------------------------
+
+    def _fn(self, name: str, arity: int) -> z3.FuncDeclRef:
+        key = (name, arity)
+        if key not in self._funcs:
+            if name in ("sum", "max"):
+                decl = z3.Function(name, self.N, self.E, self.E)
+            elif name == "size":
+                decl = z3.Function(name, self.N, self.E)
+            else:
+                decl = z3.Function(name, *([self.E] * arity), self.E)
+            self._funcs[key] = decl
+            self._axiomatise(name, decl, arity)
+        return self._funcs[key]
+
+    def _size(self, n: int) -> z3.ExprRef:
+        if n not in self._sizes:
+            c = z3.Const(f"n{n}", self.N)
+            facts = [c != d for d in self._sizes.values()]
+            for m, d in self._sizes.items():
+                facts.append(self.le(d, c) if m <= n else z3.Not(self.le(d, c)))
+                facts.append(self.le(c, d) if n <= m else z3.Not(self.le(c, d)))
+            facts.append(self.le(c, c))
+            self._sizes[n] = c
+            self.solver.add(*facts)
+        return self._sizes[n]
+
+    def _const(self, name: str) -> z3.ExprRef:
+        if name not in self._consts:
+            self._consts[name] = z3.Const(name, self.E)
+        return self._consts[name]
+
+    def encode(self, t: Term) -> z3.ExprRef:
+        head = t[0]
+        if head == "in":
+            return self._const(f"in:{t[1]}")
+        if head == "const":
+            return self._const(f"c:{t[1]}")
+        if head == "size":
+            return self._fn("size", 1)(self._size(t[1]))
+        if head in ("sum", "max"):
+            return self._fn(head, 2)(self._size(t[1]), self.encode(t[2]))
+        args = [self.encode(c) for c in children(t)]
+        if head in ("add", "mul"):
+            f = self._fn(head, 2)
+            acc = args[-1]
+            for a in reversed(args[:-1]):
+                acc = f(a, acc)
+            return acc
+        return self._fn(head, len(args))(*args)
+
+    # -- axioms ----------------------------------------------------------------
+
+    def _axiomatise(self, name: str, f: z3.FuncDeclRef, arity: int) -> None:
+        """Add the axioms that mention ``name`` (once; the solver is at base level
+        whenever new symbols are encoded, see :meth:`_ask`)."""
+        if name in self._axiomatised:
+            return
+        self._axiomatised.add(name)
+        x, y, z = z3.Consts("x y z", self.E)
+        m, n = z3.Consts("m n", self.N)
+        S, fa = self.S, z3.ForAll
+        ax: list[z3.BoolRef] = []
+        if name in ("sum", "max"):
+            ax.append(fa([n, x], z3.Implies(S(f(n, x)), S(x)), patterns=[f(n, x)]))
+            ax.append(fa([m, n, x], z3.Implies(z3.And(S(f(n, x)), self.le(m, n)),
+                                               S(f(m, x))),
+                         patterns=[z3.MultiPattern(f(m, x), f(n, x))]))
+        elif name == "size":
+            pass
+        elif arity == 2:
+            ax.append(fa([x, y], z3.Implies(S(f(x, y)), z3.And(S(x), S(y))),
+                         patterns=[f(x, y)]))
+        else:
+            ax.append(fa([x], z3.Implies(S(f(x)), S(x)), patterns=[f(x)]))
+        if name in ("add", "mul"):
+            ax.append(fa([x, y], f(x, y) == f(y, x), patterns=[f(x, y)]))
+            ax.append(fa([x, y, z], f(f(x, y), z) == f(x, f(y, z)), patterns=[f(f(x, y), z)]))
+        self.solver.add(*ax)
+        self._cross_axioms()
+
+    def _cross_axioms(self) -> None:
+        """Axioms relating two symbols, added once both are declared."""
+        have = {k[0]: v for k, v in self._funcs.items()}
+        x, y, z = z3.Consts("x y z", self.E)
+        n = z3.Const("n", self.N)
+        fa = z3.ForAll
+        rules: list[tuple[str, tuple[str, ...], Callable[[], z3.BoolRef]]] = [
+            ("mul_div", ("mul", "div"), lambda: fa(
+                [x, y, z], have["mul"](have["div"](x, y), z) ==
+                have["div"](have["mul"](x, z), y), patterns=[have["mul"](have["div"](x, y), z)])),
+            ("div_div", ("mul", "div"), lambda: fa(
+                [x, y, z], have["div"](have["div"](x, y), z) ==
+                have["div"](x, have["mul"](y, z)), patterns=[have["div"](have["div"](x, y), z)])),
+            ("sum_div", ("sum", "div"), lambda: fa(
+                [n, x, y], have["sum"](n, have["div"](x, y)) ==
+                have["div"](have["sum"](n, x), y), patterns=[have["sum"](n, have["div"](x, y))])),
+            ("sum_add", ("sum", "add"), lambda: fa(
+                [n, x, y], have["sum"](n, have["add"](x, y)) ==
+                have["add"](have["sum"](n, x), have["sum"](n, y)),
+                patterns=[have["sum"](n, have["add"](x, y))])),
+        ]
+        for key, needs, make in rules:
+            if key not in self._axiomatised and all(s in have for s in needs):
+                self._axiomatised.add(key)
+                self.solver.add(make())
+
+    # -- queries ---------------------------------------------------------------
+
+    def is_subexpr(self, t: Term) -> bool:
+        """May ``t`` be a subexpression of (some output of) the target?"""
+        return self._cached("sub", t, -1)
+
+    def is_equiv(self, t: Term, output: int) -> bool:
+        """Is ``t`` equivalent to the target's output number ``output``?"""
+        return self._cached("eq", t, output)
+
+    def _cached(self, kind: str, t: Term, output: int) -> bool:
+        key = (kind, t, output)
+        hit = self._cache.get(key)
+        if hit is not None:
+            self.stats.cache_hits += 1
+            return hit
+        result = self._ask(kind, t, output)
+        self._cache[key] = result
+        return result
+
+    def _ask(self, kind: str, t: Term, output: int) -> bool:
+        import time
+
+        start = time.perf_counter()
+        c = self.encode(t)  # at base level: new symbols add their axioms here
+        self.solver.push()
+        if kind == "sub":
+            self.solver.add(z3.Not(self.S(c)))
+        else:
+            self.solver.add(c != self._target_z3[output])
+        r = self.solver.check()
+        reason = self.solver.reason_unknown() if r == z3.unknown else ""
+        self.solver.pop()
+        self.stats.queries += 1
+        self.stats.seconds += time.perf_counter() - start
+        if r == z3.unsat:
+            return True
+        if r == z3.sat:
+            return False
+        if "incomplete quantifiers" in reason:
+            self.stats.unknown_saturated += 1
+            return False
+        self.stats.unknown_timeout += 1
+        return True
