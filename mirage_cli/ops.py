@@ -415,6 +415,7 @@ for _name, _spec in ACCUMULATORS.items():
 # ---------------------------------------------------------------------------
 
 from mirage_cli.search import abstract as _ab  # noqa: E402
+from mirage_cli.search import flops as _fl  # noqa: E402
 
 _ABSTRACT: dict[str, Any] = {
     "matmul": _ab.MATMUL,
@@ -446,6 +447,10 @@ _DECOMPOSE: dict[str, Any] = {
     "rms_norm": _ab.decompose_rms_norm,
     "softmax": _ab.decompose_softmax,
 }
+# Cost model (mirage_cli.search.cost): FLOPs per operator; per element unless listed.
+_FLOPS: dict[str, Any] = {"matmul": _fl.contraction, "rms": _fl.rms_like,
+                          "rms_norm": _fl.rms_like}
 for _name, _rule in _ABSTRACT.items():
     REGISTRY[_name] = replace(REGISTRY[_name], abstract=_rule,
-                              decompose=_DECOMPOSE.get(_name))
+                              decompose=_DECOMPOSE.get(_name),
+                              cost=_FLOPS.get(_name, _fl.per_element))

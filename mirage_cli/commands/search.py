@@ -1,0 +1,94 @@
+"""`mirage search PROG -o cands.ugraph.json`: find equivalent µGraphs with custom kernels.
+
+Writes every verified candidate, best first (by the cost model), with its cost,
+design decisions, tuning and verification record. Exit 1 when none is found.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import click
+
+from mirage_cli.commands.common import defines_option, parse_defines
+from mirage_cli.console import info
+from mirage_cli.loading import load_graph
+from mirage_cli.search.display import progress_display
+from mirage_cli.search.driver import Outcome, SearchOptions, cached_search
+from mirage_cli.util import write_atomic
+
+
+def search_options(f):  # type: ignore[no-untyped-def]
+    """The options `search` and `opt` share."""
+    for opt in reversed([
+        click.option("--budget", type=click.FloatRange(min=0.1), default=60.0,
+                     show_default=True, help="Seconds; the best so far when it runs out."),
+        click.option("--jobs", "-j", type=click.IntRange(min=1),
+                     default=min(2, os.cpu_count() or 1), show_default=True,
+                     help="Worker processes."),
+        click.option("--max-kernel-ops", type=click.IntRange(1, 4), default=2,
+                     show_default=True, help="Kernels per µGraph."),
+        click.option("--max-block-ops", type=click.IntRange(1, 12), default=7,
+                     show_default=True, help="Operators per custom kernel."),
+        click.option("--seed", type=int, default=0, show_default=True,
+                     help="Seed of the verification inputs."),
+        click.option("--top", type=click.IntRange(min=1), default=3, show_default=True,
+                     help="Verified candidates to keep."),
+        click.option("--no-prune", is_flag=True, help="Turn Z3 pruning off (ablation)."),
+        click.option("--no-cache", is_flag=True, help="Ignore and do not fill the cache."),
+    ]):
+        f = opt(f)
+    return f
+
+
+def options_from(kw: dict) -> SearchOptions:  # type: ignore[type-arg]
+    return SearchOptions(max_kernel_ops=kw["max_kernel_ops"], max_block_ops=kw["max_block_ops"],
+                         prune=not kw["no_prune"], seed=kw["seed"], top=kw["top"])
+
+
+def run(program_path: str, defines: tuple[str, ...], kw: dict) -> Outcome:  # type: ignore
+    program = load_graph(program_path, parse_defines(defines))
+    with progress_display() as show:
+        return cached_search(program, options_from(kw), kw["budget"], kw["jobs"],
+                             not kw["no_cache"], show)
+
+
+@click.command("search")
+@click.argument("program", type=click.Path(dir_okay=False))
+@click.option("-o", "output", type=click.Path(dir_okay=False), help="Candidates file.")
+@defines_option
+@search_options
+@click.option("--json", "as_json", is_flag=True, help="Summary as JSON on stdout.")
+def command(program: str, output: str | None, defines: tuple[str, ...], as_json: bool,
+            **kw: object) -> None:
+    """Search for µGraphs equivalent to PROGRAM (with custom fused kernels)."""
+    out = run(program, defines, kw)
+    if out.cached:
+        info("search: cached result (MIRAGE_CACHE_DIR)")
+    elif not out.complete:
+        info("search: budget exhausted or interrupted; returning the best so far")
+    if output:
+        write_atomic(output, out.text)
+    elif not as_json:
+        sys.stdout.write(out.text)
+    if as_json:
+        print(json.dumps(summary(out), indent=2, sort_keys=True))
+    elif output:
+        for g, meta in out.candidates:
+            print(f"#{meta['rank']}: {meta['kernels']} kernel(s), "
+                  f"{meta['cost']['time_us']} us predicted, tuning {meta['tuning']}")
+    if not out.candidates:
+        info("search: no verified candidate found")
+        sys.exit(1)
+
+
+def summary(out: Outcome) -> dict:  # type: ignore[type-arg]
+    p = out.progress
+    return {"cached": out.cached, "complete": out.complete,
+            "candidates": [m for _, m in out.candidates],
+            "stats": None if p is None else {
+                "states": p.stats.explored, "pruned": p.stats.pruned,
+                "z3_queries": p.z3_queries, "designs": p.designs,
+                "verified": p.verified, "rejected": p.rejected}}

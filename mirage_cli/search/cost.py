@@ -1,0 +1,111 @@
+"""A first cost model: rank candidate µGraphs before anything runs on a GPU.
+
+For each kernel it counts device-memory bytes (each device tensor read once per
+kernel that reads it, plus what it writes: repeated reads of a tile by many blocks are
+assumed to hit L2 and are counted separately as ``l2_bytes``), FLOPs (a matmul is
+``2*m*n*k``, any other operator one per output element), launches, and the shared
+memory one block needs (tiles of loop loads twice, for double buffering, plus every
+other tile). The predicted time is the sum over kernels of
+``max(dram / BW, l2 / L2BW, flops / PEAK) / utilisation * (1 + 1/F) + waves * F * ITER
++ LAUNCH`` where utilisation is the fraction of SMs the grid occupies, ``F`` the
+forloop range (one iteration's loads are not overlapped with compute: the pipeline
+fill) and ``waves`` the number of rounds of blocks over the SMs. A kernel whose block does not fit in shared
+memory makes the candidate infeasible. The constants describe an H100 SXM; a later
+issue replaces them with measured ones and explains the ranking.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from mirage_cli import ops
+from mirage_cli.check import tile_type
+from mirage_cli.ir import BlockGraph, Graph, KernelOp, TensorType
+
+DRAM_BW = 3.35e12        # bytes/s
+L2_BW = 10e12            # bytes/s, a round figure for L2 -> SM traffic
+PEAK_FLOPS = 400e12      # f16 tensor-core FLOP/s actually reachable by small kernels
+LAUNCH_S = 2.5e-6        # per kernel launch
+ITER_S = 0.05e-6         # per forloop iteration and wave of blocks (synchronisation)
+NUM_SMS = 132
+SMEM_BYTES = 227 * 1024  # per block, opt-in maximum
+
+
+@dataclass(frozen=True)
+class Cost:
+    dram_bytes: int
+    l2_bytes: int
+    flops: int
+    launches: int
+    smem_bytes: int      # the largest block's shared memory
+    min_blocks: int      # the smallest grid among custom kernels (0: none)
+    fits: bool
+    time_us: float
+
+    def as_json(self) -> dict[str, object]:
+        return {k: (round(v, 3) if isinstance(v, float) else v)
+                for k, v in asdict(self).items()}
+
+
+def op_flops(op: str, ins: list[TensorType], out: TensorType) -> int:
+    """FLOPs of one operator, from the registry's ``cost`` slot."""
+    return int(ops.get(op).cost(ins, out))
+
+
+def estimate(g: Graph) -> Cost:
+    types = g.tensor_types()
+    dram = l2 = flops = smem = 0
+    time_s = 0.0
+    min_blocks = 0
+    fits = True
+    for op in g.ops:
+        if op.block is None:
+            k_dram, k_l2, k_flops, k_smem, blocks = _predefined(op, types)
+        else:
+            k_dram, k_l2, k_flops, k_smem, blocks = _custom(op.block, types)
+            min_blocks = blocks if not min_blocks else min(min_blocks, blocks)
+        fits &= k_smem <= SMEM_BYTES
+        util = min(1.0, blocks / NUM_SMS)
+        stream = max(k_dram / DRAM_BW, k_l2 / L2_BW, k_flops / PEAK_FLOPS) / util
+        forloop = op.block.forloop if op.block is not None else 4
+        waves = -(-blocks // NUM_SMS)
+        # Loads of iteration i+1 overlap compute of iteration i, so one iteration's
+        # loads are exposed (the pipeline fill), and each iteration synchronises.
+        time_s += stream * (1 + 1 / forloop) + waves * forloop * ITER_S + LAUNCH_S
+        dram, l2, flops, smem = dram + k_dram, l2 + k_l2, flops + k_flops, max(smem, k_smem)
+    return Cost(dram, l2, flops, len(g.ops), smem, min_blocks, fits, time_s * 1e6)
+
+
+def _predefined(op: KernelOp, types: dict[str, TensorType]) -> tuple[int, int, int, int, int]:
+    ins = [types[i] for i in op.inputs]
+    out = op.outputs[0].type
+    nbytes = sum(t.nbytes for t in ins) + out.nbytes
+    # A library kernel uses enough blocks to fill the GPU unless the output is tiny.
+    blocks = max(1, min(NUM_SMS, out.numel // 1024))
+    return nbytes, nbytes, op_flops(op.op, ins, out), 0, blocks
+
+
+def _custom(bg: BlockGraph, types: dict[str, TensorType]) -> tuple[int, int, int, int, int]:
+    tiles: dict[str, TensorType] = {}
+    loop_l2 = smem = 0
+    sources: set[str] = set()
+    for bi in bg.inputs:
+        t = tile_type(types[bi.source], bg.grid, bg.forloop, bi.imap, bi.fmap)
+        tiles[bi.value.name] = t
+        sources.add(bi.source)
+        reads = bg.forloop if bi.fmap is not None else 1
+        loop_l2 += t.nbytes * reads
+        smem += t.nbytes * (2 if bi.fmap is not None else 1)
+    flops = 0
+    for bop in bg.ops:
+        ins = [tiles[i] for i in bop.inputs]
+        out = bop.outputs[0].type
+        tiles[bop.outputs[0].name] = out
+        smem += out.nbytes
+        if not ops.get(bop.op).is_accumulator:
+            flops += op_flops(bop.op, ins, out)
+    flops *= bg.forloop  # loop-body operators dominate; epilogue ops counted alike
+    blocks = bg.num_blocks
+    stored = sum(bo.value.type.nbytes for bo in bg.outputs)
+    dram = sum(types[s].nbytes for s in sorted(sources)) + stored
+    return dram, loop_l2 * blocks + stored, flops * blocks, smem, blocks

@@ -1,0 +1,282 @@
+"""The search driver: options, work split over processes, budget, ranking, verification.
+
+Work is split into *units*, each the first move of the kernel-level search (a block
+config, or "a pre-defined operator first"), in two rounds: every unit with one kernel,
+then (when ``max_kernel_ops > 1``) every unit with up to ``max_kernel_ops`` kernels.
+Units run in ``jobs`` worker processes (each with its own Z3 oracle and caches) and are
+merged in unit order, so the result does not depend on ``jobs`` or on timing as long
+as the search completes within its budget. When the budget runs out (or on Ctrl-C) the
+designs found so far are ranked and verified as usual, and the result says it is
+partial (``complete: false``) and is not cached.
+
+Ranking: each design is tuned (:mod:`.tune`) and costed (:mod:`.cost`); candidates are
+verified best first (:mod:`.verify`) and only verified ones are returned.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import signal
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Iterator
+
+from mirage_cli import __version__
+from mirage_cli.ir import Graph
+from mirage_cli.search.cost import Cost
+from mirage_cli.search.design import Design, Tuning
+from mirage_cli.search.enumerate import Limits, OutOfTime, Search, Stats, make_target
+from mirage_cli.search.tune import tune
+from mirage_cli.search.verify import Verdict, verify
+
+Unit = tuple[int, Any]  # (max kernels, first move: a config or "predef")
+
+
+@dataclass(frozen=True)
+class SearchOptions:
+    """Every option that changes the result (``jobs`` and ``budget`` do not, unless
+    the budget cuts the search short)."""
+
+    max_kernel_ops: int = 2
+    max_block_ops: int = 7
+    max_grid_axes: int = 3
+    prune: bool = True
+    seed: int = 0
+    top: int = 3            # verified candidates to return
+    tune_designs: int = 24  # designs tuned fully (best by their first tuning)
+
+    def limits(self) -> Limits:
+        return Limits(self.max_kernel_ops, self.max_block_ops, self.max_grid_axes,
+                      prune=self.prune)
+
+    def as_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Progress:
+    """What the progress display shows; updated as units finish."""
+
+    phase: str = "enumerate"
+    units_done: int = 0
+    units_total: int = 0
+    stats: Stats = field(default_factory=Stats)
+    z3_queries: int = 0
+    designs: int = 0
+    verified: int = 0
+    rejected: int = 0
+    best_us: float | None = None
+
+
+@dataclass(frozen=True)
+class Candidate:
+    graph: Graph
+    design: Design
+    tuning: Tuning
+    cost: Cost
+    verdict: dict[str, Any]
+
+    def meta(self, rank: int) -> dict[str, Any]:
+        grids = [{"grid": list(g), "forloop": f} for g, f in self.tuning]
+        return {"rank": rank, "cost": self.cost.as_json(), "design": self.design.describe(),
+                "tuning": grids, "kernels": self.design.num_kernels,
+                "verification": self.verdict, "tool": f"mirage-cli {__version__}"}
+
+
+@dataclass
+class SearchResult:
+    candidates: list[Candidate]
+    progress: Progress
+    complete: bool
+    seconds: float
+
+
+# -- worker side ------------------------------------------------------------------
+
+_WORKER: dict[str, Any] = {}
+
+
+def _init_worker(program: Graph, options: SearchOptions, deadline: float | None) -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C
+    _WORKER["target"] = make_target(program)
+    _WORKER["options"] = options
+    _WORKER["deadline"] = deadline
+
+
+def _run_unit(unit: Unit) -> tuple[list[Design], Stats, int, bool]:
+    """Designs of one unit (in generation order), stats, Z3 queries, timed out?"""
+    target = _WORKER["target"]
+    opts: SearchOptions = _WORKER["options"]
+    deadline: float | None = _WORKER["deadline"]
+    before = target.oracle.stats.queries
+    s = Search(target, opts.limits(), deadline=None if deadline is None
+               else time.monotonic() + (deadline - time.time()))
+    kernels, first = unit
+    out: list[Design] = []
+    timed_out = False
+    try:
+        for d in s.designs(s.initial(), kernels, first):
+            out.append(d)
+    except OutOfTime:
+        timed_out = True
+    return out, s.stats, target.oracle.stats.queries - before, timed_out
+
+
+def units(program: Graph, options: SearchOptions) -> list[Unit]:
+    target = make_target(program)
+    s = Search(target, options.limits())
+    cfgs = s.configs(s.initial())
+    first = [(1, c) for c in cfgs if s.completes(s.initial(), c[0])]
+    if options.max_kernel_ops == 1:
+        return first
+    return first + [(options.max_kernel_ops, "predef")] + \
+        [(options.max_kernel_ops, c) for c in cfgs]
+
+
+def _map(jobs: int, program: Graph, options: SearchOptions, deadline: float | None,
+         todo: list[Unit]) -> Iterator[tuple[list[Design], Stats, int, bool]]:
+    if jobs <= 1:
+        _init_worker_inline(program, options, deadline)
+        for u in todo:
+            yield _run_unit(u)
+        return
+    ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else mp.get_context()
+    with ctx.Pool(jobs, _init_worker, (program, options, deadline)) as pool:
+        yield from pool.imap(_run_unit, todo, chunksize=1)
+
+
+def _init_worker_inline(program: Graph, options: SearchOptions, deadline: float | None
+                        ) -> None:
+    _WORKER["target"] = make_target(program)
+    _WORKER["options"] = options
+    _WORKER["deadline"] = deadline
+
+# -- parent side ------------------------------------------------------------------
+
+
+def search(program: Graph, options: SearchOptions, budget: float | None = None,
+           jobs: int = 1, on_progress: Callable[[Progress], None] | None = None
+           ) -> SearchResult:
+    """Enumerate, tune, rank and verify; see the module docstring."""
+    start = time.time()
+    deadline = None if budget is None else start + budget
+    prog = Progress()
+    notify = on_progress or (lambda p: None)
+    todo = units(program, options)
+    prog.units_total = len(todo)
+    designs: dict[Design, None] = {}
+    complete = True
+    try:
+        for found, stats, queries, timed_out in _map(jobs, program, options, deadline, todo):
+            prog.units_done += 1
+            prog.stats.add(stats)
+            prog.z3_queries += queries
+            designs.update((d, None) for d in found)
+            prog.designs = len(designs)
+            complete &= not timed_out
+            notify(prog)
+    except KeyboardInterrupt:
+        complete = False
+    complete &= prog.units_done == prog.units_total
+    cands = rank_and_verify(program, list(designs), options, prog, notify, jobs)
+    return SearchResult(cands, prog, complete, time.time() - start)
+
+
+def _verify_one(args: tuple[Graph, Graph, int]) -> Verdict:
+    return verify(*args)
+
+
+def _verify_all(program: Graph, graphs: list[Graph], seed: int, jobs: int) -> list[Verdict]:
+    if jobs <= 1 or len(graphs) <= 1:
+        return [verify(program, g, seed) for g in graphs]
+    ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else mp.get_context()
+    with ctx.Pool(min(jobs, len(graphs))) as pool:
+        return pool.map(_verify_one, [(program, g, seed) for g in graphs])
+
+
+def rank_and_verify(program: Graph, designs: list[Design], options: SearchOptions,
+                    prog: Progress, notify: Callable[[Progress], None], jobs: int = 1
+                    ) -> list[Candidate]:
+    prog.phase = "tune"
+    notify(prog)
+    firsts: list[tuple[tuple[bool, float, int, int], Design]] = []
+    for i, d in enumerate(designs):
+        tuned = tune(program, d, max_steps=0)
+        if tuned:
+            c = tuned[0][0]
+            firsts.append(((not c.fits, c.time_us, _size(d), i), d))
+    firsts.sort(key=lambda x: x[0])
+    ranked: list[tuple[tuple[bool, float, int, int], Design, Tuning, Graph, Cost]] = []
+    for order, (_, d) in enumerate(firsts[:options.tune_designs]):
+        for c, t, g in tune(program, d)[:2]:
+            ranked.append(((not c.fits, c.time_us, _size(d), order), d, t, g, c))
+    ranked.sort(key=lambda x: x[0])
+    prog.phase = "verify"
+    notify(prog)
+    out: list[Candidate] = []
+    todo: list[tuple[Design, Tuning, Graph, Cost]] = []
+    seen_graphs: set[Graph] = set()
+    for _, d, t, g, c in ranked:
+        if g not in seen_graphs and c.fits:
+            seen_graphs.add(g)
+            todo.append((d, t, g, c))
+    # Verify in batches of ``jobs`` (in parallel), best first, until ``top`` pass.
+    step = max(1, jobs)
+    for i in range(0, len(todo), step):
+        if len(out) >= options.top:
+            break
+        batch = todo[i:i + step]
+        verdicts = _verify_all(program, [g for _, _, g, _ in batch], options.seed, jobs)
+        for (d, t, g, c), v in zip(batch, verdicts):
+            if v.ok and len(out) < options.top:
+                prog.verified += 1
+                out.append(Candidate(g, d, t, c, v.as_json()))
+                prog.best_us = out[0].cost.time_us
+            elif not v.ok:
+                prog.rejected += 1
+        notify(prog)
+    prog.phase = "done"
+    notify(prog)
+    return out
+
+
+def _size(d: Design) -> int:
+    """Operators in a design (fewer first among equal costs)."""
+    from mirage_cli.search.design import CustomD
+
+    return sum(len(s.ops) if isinstance(s, CustomD) else 1 for s in d.steps)
+
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a search command writes: the candidates file text and its parsed form."""
+
+    text: str
+    candidates: list[tuple[Graph, dict[str, Any]]]
+    cached: bool
+    complete: bool
+    progress: Progress | None
+
+
+def cached_search(program: Graph, options: SearchOptions, budget: float | None, jobs: int,
+                  use_cache: bool = True,
+                  on_progress: Callable[[Progress], None] | None = None) -> Outcome:
+    """:func:`search` behind the result cache (:mod:`.cache`)."""
+    from mirage_cli import serialize
+    from mirage_cli.search import cache
+
+    k = cache.key(program, options.as_json())
+    if use_cache:
+        text = cache.get(k)
+        if text is not None:
+            try:
+                return Outcome(text, serialize.loads_candidates(text), True, True, None)
+            except Exception:  # noqa: BLE001 - a damaged cache entry is just a miss
+                pass
+    res = search(program, options, budget, jobs, on_progress)
+    pairs = [(c.graph, c.meta(i)) for i, c in enumerate(res.candidates)]
+    text = serialize.dumps_candidates(pairs)
+    if use_cache and res.complete:
+        cache.put(k, text)
+    return Outcome(text, pairs, False, res.complete, res.progress)

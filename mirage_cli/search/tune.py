@@ -1,0 +1,125 @@
+"""The tuner: grid sizes and forloop ranges for a design (DESIGN.md §1 tuning space).
+
+Every split grid axis gets at least 2 blocks and a looping kernel at least 2
+iterations (a size of 1 would be a different, smaller design). A starting tuning aims
+at filling the GPU (doubling the axis with the largest tiles until about ``NUM_SMS``
+blocks) with loop tiles of about 64 along the iterated dimension; coordinate descent
+then doubles or halves one size at a time while the cost model improves. Every step
+instantiates the design through the builder, so only valid µGraphs are ever costed.
+"""
+
+from __future__ import annotations
+
+from mirage_cli.ir import Graph
+from mirage_cli.search.cost import NUM_SMS, Cost, estimate
+from mirage_cli.search.design import CustomD, Design, Tuning, custom_steps, instantiate
+
+LOOP_TILE = 64
+MAX_STEPS = 40
+
+
+def _key(c: Cost) -> tuple[bool, float]:
+    return (not c.fits, c.time_us)
+
+
+def start(target: Graph, design: Design) -> Tuning:
+    """A reasonable first tuning (possibly invalid; see :func:`tune`)."""
+    types = target.tensor_types()
+    out: list[tuple[tuple[int, int, int], int]] = []
+    for step in custom_steps(design):
+        grid = [2 if a < step.axes else 1 for a in range(3)]
+        extents = _axis_extents(step, types)
+        while grid[0] * grid[1] * grid[2] < NUM_SMS:
+            options = [a for a in range(step.axes) if extents[a] // (grid[a] * 2) >= 16]
+            if not options:
+                break
+            best = max(options, key=lambda a: (extents[a] // grid[a], -a))
+            grid[best] *= 2
+        forloop = 2 if step.looped else 1
+        if step.looped:
+            ext = _loop_extent(step, types, grid)
+            while ext // (forloop * 2) >= LOOP_TILE:
+                forloop *= 2
+        out.append(((grid[0], grid[1], grid[2]), forloop))
+    return tuple(out)
+
+
+def _axis_extents(step: CustomD, types: dict) -> list[int]:
+    ext = [1 << 30] * 3
+    for ld in step.loads:
+        t = types.get(ld.source)
+        if t is None:
+            continue  # produced by an earlier kernel; its size depends on that tuning
+        for a, d in enumerate(ld.imap):
+            if d is not None:
+                ext[a] = min(ext[a], t.shape[d])
+    return [e if e < (1 << 30) else 64 for e in ext]
+
+
+def _loop_extent(step: CustomD, types: dict, grid: list[int]) -> int:
+    for ld in step.loads:
+        t = types.get(ld.source)
+        if t is not None and ld.fmap is not None:
+            n = t.shape[ld.fmap]
+            for a, d in enumerate(ld.imap):
+                if d == ld.fmap:
+                    n //= grid[a]
+            return n
+    return 2 * LOOP_TILE
+
+
+def _neighbours(tuning: Tuning, design: Design) -> list[Tuning]:
+    steps = custom_steps(design)
+    out: list[Tuning] = []
+    for k, ((grid, forloop), step) in enumerate(zip(tuning, steps)):
+        variants: list[tuple[tuple[int, int, int], int]] = []
+        for a in range(step.axes):
+            for f in (2, 0.5):
+                g = list(grid)
+                g[a] = int(g[a] * f)
+                if g[a] >= 2:
+                    variants.append(((g[0], g[1], g[2]), forloop))
+        if step.looped:
+            variants += [(grid, f) for f in (forloop * 2, forloop // 2) if f >= 2]
+        out += [tuning[:k] + (v,) + tuning[k + 1:] for v in variants]
+    return out
+
+
+def tune(target: Graph, design: Design, max_steps: int = MAX_STEPS
+         ) -> list[tuple[Cost, Tuning, Graph]]:
+    """Every valid tuning visited by coordinate descent, best first."""
+    seen: dict[Tuning, tuple[Cost, Graph] | None] = {}
+
+    def cost(t: Tuning) -> tuple[Cost, Graph] | None:
+        if t not in seen:
+            g = instantiate(target, design, t)
+            seen[t] = None if g is None else (estimate(g), g)
+        return seen[t]
+
+    current = _valid_start(target, design, cost)
+    steps = 0
+    while current is not None and steps < max_steps:
+        steps += 1
+        here = cost(current)
+        assert here is not None
+        better = [(c, n) for n in _neighbours(current, design)
+                  if (c := cost(n)) is not None and _key(c[0]) < _key(here[0])]
+        if not better:
+            break
+        current = min(better, key=lambda cn: (_key(cn[0][0]), cn[1]))[1]
+    found = [(v[0], t, v[1]) for t, v in seen.items() if v is not None]
+    found.sort(key=lambda x: (_key(x[0]), x[1]))
+    return found
+
+
+def _valid_start(target: Graph, design: Design, cost) -> Tuning | None:  # type: ignore
+    """The starting tuning, or the first valid one nearby (halving sizes)."""
+    t = start(target, design)
+    for _ in range(12):
+        if cost(t) is not None:
+            return t
+        t = tuple(((max(g[0] // 2, 2 if a0 else 1), max(g[1] // 2, 2 if a1 else 1),
+                    max(g[2] // 2, 2 if a2 else 1)), max(f // 2, 2) if s.looped else 1)
+                  for (g, f), s in zip(t, custom_steps(design))
+                  for a0, a1, a2 in [(s.axes > 0, s.axes > 1, s.axes > 2)])
+    return None
