@@ -206,10 +206,11 @@ def rank_and_verify(program: Graph, designs: list[Design], options: SearchOption
             c = tuned[0][0]
             firsts.append(((not c.fits, c.time_us, _size(d), i), d))
     firsts.sort(key=lambda x: x[0])
-    ranked: list[tuple[tuple[bool, float, int, int], Design, Tuning, Graph, Cost]] = []
+    ranked: list[tuple[tuple[bool, float, int, int, int, int], Design, Tuning, Graph, Cost]] = []
     for order, (_, d) in enumerate(firsts[:options.tune_designs]):
         for c, t, g in tune(program, d)[:2]:
-            ranked.append(((not c.fits, c.time_us, _size(d), order), d, t, g, c))
+            ranked.append(((not c.fits, c.time_us, c.l2_bytes, c.smem_bytes, _size(d), order),
+                           d, t, g, c))
     ranked.sort(key=lambda x: x[0])
     prog.phase = "verify"
     notify(prog)

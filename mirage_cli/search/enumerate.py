@@ -48,6 +48,8 @@ from mirage_cli.search.prune import Oracle
 
 Phase = Literal["loop", "invariant", "epilogue"]
 REP_SPLIT = 2  # representative number of blocks per split axis / forloop iterations
+MAX_TILES = 3000  # per kernel config: a safety net on saturation
+ALTERNATIVES = 3  # kernels extracted per config (different ways to compute an output)
 COMMUTATIVE = frozenset({"add", "mul"})
 
 
@@ -204,7 +206,7 @@ class Search:
                 return
         configs = self.configs(state) if first is None else [first]
         for cfg in configs:
-            if kernels_left == 1 and not self.completes(state, cfg[0]):
+            if not self.completes(state, cfg[0]):
                 continue
             for nxt in self.custom_moves(state, cfg, kernels_left > 1):
                 yield from self.designs(nxt, kernels_left - 1)
@@ -334,19 +336,6 @@ class Cand:
     rank: int   # 0 loop/invariant ops, 1 accumulators, 2 epilogue
 
 
-@dataclass(frozen=True)
-class Node:
-    """A partial block graph: tiles (loads first), operators, the candidate operators
-    over its tiles (inherited from the parent plus those using the newest tile), and
-    the canonical-order bookkeeping of the last operator."""
-
-    tiles: tuple[Tile, ...]
-    ops: tuple[OpD, ...]
-    cands: tuple[Cand, ...]
-    rank: int
-    last_key: tuple[object, ...]
-
-
 class BlockSearch:
     """The block graphs of one custom kernel config over one kernel-level state."""
 
@@ -361,8 +350,6 @@ class BlockSearch:
         self.loads: list[LoadD] = []
         self.tiles: list[Tile] = []
         self._make_loads()
-        self.seen: set[frozenset[tuple[int, str]]] = set()
-        self.pending = sum(m is None for m in state.matched)
 
     def _make_loads(self) -> None:
         mapped = set()
@@ -389,34 +376,99 @@ class BlockSearch:
     # -- the DFS -----------------------------------------------------------------
 
     def run(self, may_continue: bool) -> Iterator[KState]:
-        tiles = tuple(self.tiles)
-        cands: list[Cand] = []
-        for k in range(len(tiles)):
-            cands.extend(self._new_cands(tiles, k))
-        root = Node(tiles, (), tuple(cands), 0, ())
-        yield from self._dfs(root, may_continue)
+        """Saturate, then extract one kernel per way of computing the outputs."""
+        self._saturate()
+        yield from self._extract()
 
-    def _dfs(self, node: Node, may_continue: bool) -> Iterator[KState]:
-        self.s.check_time()
-        self.s.stats.explored += 1
-        done = self._finish(node)
-        if done is not None:
+    def _saturate(self) -> None:
+        """Grow the set of tiles to a fixpoint: round r adds every kept operator over
+        the tiles of earlier rounds (at least one operand from round r-1). A tile is
+        identified by its value and whether it is computed after the loop, so each
+        distinct tile exists once, with its first (fewest-rounds) derivation; its
+        ancestor set gives the size of the block graph that computes it."""
+        self.prod: list[OpD | None] = [None] * len(self.tiles)
+        self.anc: list[frozenset[int]] = [frozenset() for _ in self.tiles]
+        present = {(t.vid, t.phase == "epilogue"): i for i, t in enumerate(self.tiles)}
+        frontier = list(range(len(self.tiles)))
+        limit = self.s.limits.max_block_ops
+        for _ in range(limit):
+            new: list[int] = []
+            for newest in frontier:
+                self.s.check_time()
+                for c in list(self._new_cands(tuple(self.tiles), newest)):
+                    if (c.vid, c.phase == "epilogue") in present:
+                        continue
+                    idx = len(self.tiles)
+                    anc = frozenset().union(*(self.anc[a] for a in c.op.args)) | {idx}
+                    if len(anc) > limit or idx >= MAX_TILES:
+                        continue
+                    present[(c.vid, c.phase == "epilogue")] = idx
+                    self.tiles.append(Tile(c.value, c.phase, c.vid))
+                    self.prod.append(c.op)
+                    self.anc.append(anc)
+                    self.s.stats.explored += 1
+                    new.append(idx)
+            if not new:
+                break
+            frontier = new
+
+    def _extract(self) -> Iterator[KState]:
+        """Kernels storing every pending output: for each output the epilogue tiles
+        equivalent to it (Z3), smallest derivation first; one kernel per choice for
+        the first pending output (at most ``ALTERNATIVES``), the smallest for others."""
+        outputs = self.s.target.graph.outputs
+        pending = [i for i, m in enumerate(self.state.matched) if m is None]
+        options: dict[int, list[int]] = {}
+        for i in pending:
+            found = []
+            for ti, t in enumerate(self.tiles):
+                if t.phase != "epilogue":
+                    continue
+                st = self._stored(t.value, outputs[i])
+                if (st is not None and st[1].type == self.s.target.out_types[i]
+                        and self.s.target.oracle.is_equiv(t.value.term, i)):
+                    found.append(ti)
+            found.sort(key=lambda ti: (len(self.anc[ti]), ti))
+            options[i] = found
+        if not pending or any(not v for v in options.values()):
+            return
+        first, rest = pending[0], pending[1:]
+        for choice in options[first][:ALTERNATIVES]:
+            chosen = {first: choice, **{i: options[i][0] for i in rest}}
+            if len(set(chosen.values())) < len(chosen):
+                continue
+            needed = frozenset().union(*(self.anc[t] for t in chosen.values()))
+            if len(needed) > self.s.limits.max_block_ops:
+                continue
             self.s.stats.designs += 1
-            yield done
-            return
-        if may_continue:
-            partial = self._partial(node)
-            if partial is not None:
-                yield partial
-        if len(node.ops) >= self.s.limits.max_block_ops:
-            return
-        for child in self._children(node):
-            yield from self._dfs(child, may_continue)
+            yield self._kstate_from(sorted(needed), [(ti, outputs[i])
+                                                     for i, ti in sorted(chosen.items())],
+                                    chosen)
 
-    def _sinks(self, node: Node) -> list[int]:
-        used = {a for o in node.ops for a in o.args}
-        first = len(self.loads)
-        return [i for i in range(first, len(node.tiles)) if i not in used]
+    def _kstate_from(self, op_tiles: list[int], stores: list[tuple[int, str]],
+                     chosen: dict[int, int]) -> KState:
+        nl = len(self.loads)
+        used_loads = sorted({a for t in op_tiles for a in self.prod[t].args  # type: ignore
+                             if a < nl})
+        remap = {old: new for new, old in enumerate(used_loads)}
+        for k, t in enumerate(op_tiles):
+            remap[t] = len(used_loads) + k
+        block_ops = tuple(OpD(self.prod[t].op, tuple(remap[a] for a in self.prod[t].args),  # type: ignore
+                              self.prod[t].attrs) for t in op_tiles)  # type: ignore
+        store_ds: list[StoreD] = []
+        new: list[tuple[str, AVal]] = []
+        for ti, name in stores:
+            st = self._stored(self.tiles[ti].value, name)
+            assert st is not None
+            store_ds.append(StoreD(remap[ti], name, st[0].omap))
+            new.append((name, st[1]))
+        step = CustomD(tuple(self.loads[i] for i in used_loads), block_ops, tuple(store_ds),
+                       len(self.grid_labels), self.loop_label is not None)
+        matched = list(self.state.matched)
+        for i in chosen:
+            matched[i] = self.s.target.graph.outputs[i]
+        return KState(self.state.tensors + tuple(new), self.state.steps + (step,),
+                      tuple(matched))
 
     def _new_cands(self, tiles: tuple[Tile, ...], newest: int) -> Iterator[Cand]:
         """Candidate operators whose operands include tile ``newest`` and otherwise
@@ -458,34 +510,6 @@ class BlockSearch:
                 out.append((attrs, v, self.s.intern(v)))
         self.s.memo[key] = out
         return out
-
-    def _children(self, node: Node) -> Iterator[Node]:
-        n = len(node.tiles)
-        have = {(t.vid, t.phase == "epilogue") for t in node.tiles}
-        for c in node.cands:
-            if c.rank < node.rank:
-                continue
-            if (c.rank == node.rank and node.ops and n - 1 not in c.op.args
-                    and c.key <= node.last_key):  # type: ignore[operator]
-                continue
-            if (c.vid, c.phase == "epilogue") in have:
-                continue
-            tiles = node.tiles + (Tile(c.value, c.phase, c.vid),)
-            ident = frozenset((t.vid, t.phase) for t in tiles[len(self.loads):])
-            if ident in self.seen:
-                continue
-            ops_ = node.ops + (c.op,)
-            # Budget: every dangling tile but the stores must still be consumed, and
-            # each operator consumes at most one net dangling tile.
-            used = {a for o in ops_ for a in o.args}
-            dangling = sum(1 for i in range(len(self.loads), n + 1) if i not in used)
-            if len(ops_) + max(dangling - max(self.pending, 1), 0) > \
-                    self.s.limits.max_block_ops:
-                continue
-            self.seen.add(ident)
-            cands = node.cands + tuple(self._new_cands(tiles, n)) \
-                if len(ops_) < self.s.limits.max_block_ops else ()
-            yield Node(tiles, ops_, cands, c.rank, c.key)
 
     def _apply(self, op: str, operands: list[AVal], attrs: Attrs) -> AVal | None:
         values = dict(attrs)
@@ -530,60 +554,6 @@ class BlockSearch:
                        for d, lab in enumerate(v.labels))
         return StoreD(-1, name, omap), AVal(v.term, t, labels)
 
-    def _finish(self, node: Node) -> KState | None:
-        """If every pending program output is an accumulated/epilogue tile of this
-        node and no operator is dead, the finished kernel."""
-        sinks = self._sinks(node)
-        pending = [i for i, m in enumerate(self.state.matched) if m is None]
-        if not node.ops or len(sinks) > len(pending):
-            return None
-        chosen: dict[int, int] = {}
-        for i in pending:
-            for ti in sinks:
-                t = node.tiles[ti]
-                if t.phase == "epilogue" and ti not in chosen.values():
-                    st = self._stored(t.value, self.s.target.graph.outputs[i])
-                    if (st is not None and st[1].type == self.s.target.out_types[i]
-                            and self.s.target.oracle.is_equiv(t.value.term, i)):
-                        chosen[i] = ti
-                        break
-        if len(chosen) != len(sinks) or not chosen:
-            return None
-        return self._kstate(node, [(ti, self.s.target.graph.outputs[i])
-                                   for i, ti in sorted(chosen.items())], chosen)
-
-    def _partial(self, node: Node) -> KState | None:
-        """A kernel storing its dangling accumulated tiles for later kernels."""
-        sinks = self._sinks(node)
-        if not sinks or len(sinks) > self.s.limits.max_stores or node.rank == 0:
-            return None
-        known = {v.term for _, v in self.state.tensors}
-        if any(node.tiles[i].phase != "epilogue" or node.tiles[i].value.term in known
-               for i in sinks):
-            return None
-        base = len(self.state.steps)
-        names = [f"t{base}_{k}" for k in range(len(sinks))]
-        return self._kstate(node, list(zip(sinks, names)), {})
-
-    def _kstate(self, node: Node, stores: list[tuple[int, str]], chosen: dict[int, int]
-                ) -> KState | None:
-        store_ds: list[StoreD] = []
-        new: list[tuple[str, AVal]] = []
-        for ti, name in stores:
-            st = self._stored(node.tiles[ti].value, name)
-            if st is None:
-                return None
-            store_ds.append(StoreD(ti, name, st[0].omap))
-            new.append((name, st[1]))
-        step = _compact(self.loads, node.ops, store_ds, len(self.grid_labels),
-                        self.loop_label is not None)
-        matched = list(self.state.matched)
-        for i, ti in chosen.items():
-            matched[i] = self.s.target.graph.outputs[i]
-        return KState(self.state.tensors + tuple(new), self.state.steps + (step,),
-                      tuple(matched))
-
-
 def _tuples_with(op: str, arity: int, newest: int) -> Iterator[tuple[int, ...]]:
     """Operand tuples over tiles 0..newest that use tile ``newest``."""
     if arity == 1:
@@ -593,16 +563,3 @@ def _tuples_with(op: str, arity: int, newest: int) -> Iterator[tuple[int, ...]]:
         yield (i, newest)
         if op not in COMMUTATIVE and i != newest:
             yield (newest, i)
-
-
-def _compact(loads: list[LoadD], block_ops: tuple[OpD, ...], stores: list[StoreD],
-             axes: int, looped: bool) -> CustomD:
-    """Drop unused loads and renumber tiles (ops are all live by construction)."""
-    nl = len(loads)
-    used = sorted({a for o in block_ops for a in o.args if a < nl})
-    remap = {old: new for new, old in enumerate(used)}
-    for k in range(len(block_ops)):
-        remap[nl + k] = len(used) + k
-    new_ops = tuple(OpD(o.op, tuple(remap[a] for a in o.args), o.attrs) for o in block_ops)
-    new_stores = tuple(StoreD(remap[s.tile], s.name, s.omap) for s in stores)
-    return CustomD(tuple(loads[i] for i in used), new_ops, new_stores, axes, looped)
