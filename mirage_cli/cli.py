@@ -31,7 +31,7 @@ class MirageGroup(click.Group):
         try:
             return super().invoke(ctx)
         except MirageError as e:
-            console.print(e.render(), style="red", markup=False, highlight=False)
+            console.print(e.render(), style="red", markup=False, highlight=False, soft_wrap=True)
             sys.exit(2)
         except (click.ClickException, click.exceptions.Exit, click.Abort, SystemExit):
             raise
