@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import io
 import zipfile
+from pathlib import Path
 from typing import Callable, Mapping
 
 import click
@@ -68,6 +69,11 @@ def _executor(precision: str) -> Executor:
 
 def read_inputs(g: Graph, path: str) -> dict[str, np.ndarray]:
     """Every input of ``g`` from an .npz file, checked by name, shape and kind."""
+    if not Path(path).is_file():
+        raise MirageError("no such file", file=path)
+    if not zipfile.is_zipfile(path):
+        raise MirageError("not an .npz file (expected the zip archive that numpy.savez "
+                          "writes)", file=path)
     try:
         with np.load(path, allow_pickle=False) as z:
             arrays = {k: np.asarray(z[k]) for k in z.files}
