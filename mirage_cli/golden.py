@@ -3,7 +3,7 @@
 Two kinds, both checked by the tests (which fail on any difference):
 - per example: for every ``examples/**/*.mir``, ``golden/<same path>.ugraph.json``
   (what ``mirage parse`` writes) and ``golden/<same path>.mir`` (what ``mirage fmt``
-  prints);
+  prints: the canonical form with the example's comments);
 - bad inputs: for every case of ``tests/bad_inputs`` (see ``cases.txt`` there), the
   exact stderr of the command line in ``<case>.stderr``.
 
@@ -70,13 +70,14 @@ def example_files(root: Path = EXAMPLES) -> list[Path]:
 def example_goldens(example: Path) -> dict[Path, str]:
     """The golden files of one example and their expected text."""
     from mirage_cli import serialize
-    from mirage_cli.parser import parse_file
-    from mirage_cli.printer import print_graph
+    from mirage_cli.comments import format_source
+    from mirage_cli.parser import parse_text
 
-    g = parse_file(example)
+    text = example.read_text(encoding="utf-8")
+    g = parse_text(text, str(example))
     base = GOLDEN / example.relative_to(EXAMPLES)
     return {base.with_suffix(".ugraph.json"): serialize.dumps(g),
-            base.with_suffix(".mir"): print_graph(g)}
+            base.with_suffix(".mir"): format_source(text, str(example))}
 
 
 def refresh() -> int:

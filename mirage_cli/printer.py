@@ -18,8 +18,9 @@ from __future__ import annotations
 import json
 import math
 import re
+from typing import Union
 
-from mirage_cli.diagnostics import MirageError
+from mirage_cli.diagnostics import MirageError, Span
 from mirage_cli.ir import (GRID_AXES, AttrValue, Attrs, AxisMap, BlockGraph, Graph, Input,
                            KernelOp)
 from mirage_cli.syntax import KEYWORDS, expr_text, parse_dim_expr
@@ -27,18 +28,35 @@ from mirage_cli.syntax import KEYWORDS, expr_text, parse_dim_expr
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
 
+# Where a printed line came from, for re-attaching comments (mirage_cli.comments):
+# a source line number, "program", "output" (the first output statement), "end",
+# ("close", n) (the closing brace of the custom kernel whose header is on line n),
+# or None.
+Anchor = Union[int, str, tuple[str, int], None]
+
+
 def print_graph(g: Graph) -> str:
     """The canonical `.mir` text of ``g`` (ends with a newline)."""
+    return "".join(text + "\n" for text, _ in print_lines(g))
+
+
+def print_lines(g: Graph) -> list[tuple[str, Anchor]]:
+    """The canonical lines of ``g``, each with the source position it came from."""
     params = ", ".join(f"{_name(n)} = {v}" for n, v in g.params)
-    lines = [f"program {_program_name(g.name)}({params}) {{"]
+    lines: list[tuple[str, Anchor]] = [(f"program {_program_name(g.name)}({params}) {{",
+                                      "program")]
     env = dict(g.params)
-    lines += [f"  input {_name(i.value.name)}: {i.value.type.dtype.value}"
-              f"[{', '.join(_dims(i, env))}];" for i in g.inputs]
+    lines += [(f"  input {_name(i.value.name)}: {i.value.type.dtype.value}"
+               f"[{', '.join(_dims(i, env))}];", _line(i.value.span)) for i in g.inputs]
     for op in g.ops:
         lines += _kernel_op(op)
-    lines.append(f"  output {', '.join(_name(n) for n in g.outputs)};")
-    lines.append("}")
-    return "\n".join(lines) + "\n"
+    lines.append((f"  output {', '.join(_name(n) for n in g.outputs)};", "output"))
+    lines.append(("}", "end"))
+    return lines
+
+
+def _line(span: Span | None) -> int | None:
+    return span.line if span is not None else None
 
 
 def _name(n: str) -> str:
@@ -95,12 +113,15 @@ def _axis_map(kw: str, amap: AxisMap) -> str:
     return f" {kw}({', '.join(items)})" if items else ""
 
 
-def _kernel_op(op: KernelOp) -> list[str]:
+def _kernel_op(op: KernelOp) -> list[tuple[str, Anchor]]:
     outs = [_name(v.name) for v in op.outputs]
+    line = _line(op.span)
     if op.block is None:
-        return [f"  {outs[0]} = {_call(op.op, op.inputs, op.attrs)};"]
+        return [(f"  {outs[0]} = {_call(op.op, op.inputs, op.attrs)};", line)]
     lhs = outs[0] if len(outs) == 1 else f"({', '.join(outs)})"
-    return [f"  {lhs} = {_custom_header(op.block)} {{", *_block(op.block), "  }"]
+    close: Anchor = ("close", line) if line is not None else None
+    return [(f"  {lhs} = {_custom_header(op.block)} {{", line), *_block(op.block),
+            ("  }", close)]
 
 
 def _custom_header(bg: BlockGraph) -> str:
@@ -108,15 +129,16 @@ def _custom_header(bg: BlockGraph) -> str:
     return f"custom(grid=({gx}, {gy}, {gz}), threads={bg.threads}, forloop={bg.forloop})"
 
 
-def _block(bg: BlockGraph) -> list[str]:
-    lines = []
+def _block(bg: BlockGraph) -> list[tuple[str, Anchor]]:
+    lines: list[tuple[str, Anchor]] = []
     for bi in bg.inputs:
         fmap = f" fmap({bi.fmap})" if bi.fmap is not None else ""
-        lines.append(f"    {_name(bi.value.name)} = load {_name(bi.source)}"
-                     f"{_axis_map('imap', bi.imap)}{fmap};")
+        lines.append((f"    {_name(bi.value.name)} = load {_name(bi.source)}"
+                      f"{_axis_map('imap', bi.imap)}{fmap};", _line(bi.span)))
     for op in bg.ops:
-        lines.append(f"    {_name(op.outputs[0].name)} = {_call(op.op, op.inputs, op.attrs)};")
+        lines.append((f"    {_name(op.outputs[0].name)} = {_call(op.op, op.inputs, op.attrs)};",
+                      _line(op.span)))
     for bo in bg.outputs:
-        lines.append(f"    store {_name(bo.source)} -> {_name(bo.value.name)}"
-                     f"{_axis_map('omap', bo.omap)};")
+        lines.append((f"    store {_name(bo.source)} -> {_name(bo.value.name)}"
+                      f"{_axis_map('omap', bo.omap)};", _line(bo.span)))
     return lines

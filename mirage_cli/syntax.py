@@ -17,7 +17,7 @@ import functools
 import importlib.resources
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Union
+from typing import Any, Union, assert_never
 
 import lark
 from lark import Token, Transformer, v_args
@@ -139,7 +139,7 @@ class OpStmt:
     out: Name
     op: Name
     args: tuple[Arg, ...]
-    span: Span  # the call, from the operator name to ')'
+    span: Span  # the operator name
 
 
 @dataclass(frozen=True)
@@ -214,11 +214,6 @@ def _meta_span(file: str, m: Meta) -> Span:
         return Span(file, 1, 1)
     end = m.end_column if m.end_line == m.line else None
     return Span(file, m.line, m.column, end)
-
-
-def _join(file: str, a: Span, b: Span) -> Span:
-    """From the start of ``a`` to the end of ``b`` (when on one line)."""
-    return Span(file, a.line, a.col, b.end_col if b.line == a.line else None)
 
 
 @v_args(inline=True)
@@ -323,11 +318,7 @@ class ToAst(Transformer):  # type: ignore[type-arg]
 
     def op_stmt(self, out: Token, op: Token, *rest: Any) -> Stmt:
         args = tuple(a for a in rest if isinstance(a, (Operand, NestedCall, AttrArg)))
-        closing = [t for t in rest if isinstance(t, Token)]
-        span = self._s(op)
-        if closing:
-            span = _join(self.file, span, self._s(closing[-1]))
-        return OpStmt(self._n(out), self._n(op), args, span)
+        return OpStmt(self._n(out), self._n(op), args, self._s(op))
 
     @v_args(meta=True, inline=True)
     def load_stmt(self, meta: Meta, out: Token, kw: Token, source: Token, *clauses: Any
@@ -344,15 +335,17 @@ class ToAst(Transformer):  # type: ignore[type-arg]
     def output_stmt(self, kw: Token, *names: Token) -> Stmt:
         return OutputStmt(tuple(self._n(n) for n in names), self._s(kw))
 
-    def custom_body(self, kw: Token, *rest: Any) -> tuple[Any, ...]:
+    @v_args(meta=True, inline=True)
+    def custom_body(self, meta: Meta, kw: Token, *rest: Any) -> tuple[Any, ...]:
         args = tuple(a for a in rest if isinstance(a, (Operand, NestedCall, AttrArg)))
         body = tuple(s for s in rest if not isinstance(s, (Operand, NestedCall, AttrArg, Token))
                      and s is not None)
-        return (self._s(kw), args, body)
+        close = Span(self.file, meta.end_line, max(1, meta.end_column - 1))
+        return (self._s(kw), args, body, close)
 
     def _custom(self, outs: tuple[Token, ...], body: tuple[Any, ...]) -> Stmt:
-        kw, args, stmts = body
-        return CustomStmt(tuple(self._n(o) for o in outs), args, stmts, kw, kw)
+        kw, args, stmts, close = body
+        return CustomStmt(tuple(self._n(o) for o in outs), args, stmts, kw, close)
 
     def custom_one(self, out: Token, body: tuple[Any, ...]) -> Stmt:
         return self._custom((out,), body)
@@ -516,7 +509,7 @@ def expr_text(e: Expr) -> str:
             return f"{_operand_text(a, _PREC[op], False)} {op} {_operand_text(b, _PREC[op], True)}"
         case Tuple(items=items):
             return "(" + ", ".join(expr_text(i) for i in items) + ")"
-    raise AssertionError(f"unknown expression {e!r}")
+    assert_never(e)
 
 
 def _operand_text(e: Expr, prec: int, right: bool) -> str:

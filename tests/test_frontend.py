@@ -44,6 +44,17 @@ def test_example_goldens(example: Path) -> None:
         assert path.read_text(encoding="utf-8") == text, f"{path} differs"
 
 
+@pytest.mark.parametrize("example", EXAMPLE_FILES, ids=str)
+def test_example_fmt_is_idempotent_and_keeps_comments(example: Path) -> None:
+    from mirage_cli.comments import format_source, scan_comments
+
+    text = example.read_text()
+    once = format_source(text, str(example))
+    assert format_source(once, "<fmt>") == once
+    kept = [c.text for c in scan_comments(once) if c.text]
+    assert kept == [c.text for c in scan_comments(text) if c.text]
+
+
 def test_no_stale_goldens() -> None:
     wanted = {p for ex in EXAMPLE_FILES for p in example_goldens(ex)}
     present = {p.relative_to(ROOT) for p in (ROOT / GOLDEN).rglob("*") if p.is_file()}
@@ -191,3 +202,63 @@ def test_run_native_precision(tmp_path: Path) -> None:
     with np.load(out) as z:
         assert z["Y"].dtype == np.float16
 
+
+
+COMMENTED = """
+# head 1
+
+
+# head 2
+program p(n = 4) {  # trailing on header
+
+  # before X
+  input X: f16[n,8];   # X trail
+  Z = custom(grid=(2,1,1)) { # on custom
+
+    # first in kernel
+    x = load X imap(x=0);  # "quoted # in a comment"
+    s = acc_sum(x);
+
+    store s -> Z omap(x=0);
+    # last in kernel
+
+  }  # after kernel
+  output Z;  # out trail
+  # before end
+
+}
+
+# after all
+"""
+
+COMMENTED_FMT = """# head 1
+
+# head 2
+program p(n = 4) {  # trailing on header
+  # before X
+  input X: f16[n, 8];  # X trail
+  Z = custom(grid=(2, 1, 1), threads=128, forloop=1) {  # on custom
+    # first in kernel
+    x = load X imap(x=0);  # "quoted # in a comment"
+    s = acc_sum(x);
+
+    store s -> Z omap(x=0);
+    # last in kernel
+  }  # after kernel
+  output Z;  # out trail
+  # before end
+}
+
+# after all
+"""
+
+
+def test_fmt_keeps_comments_and_blank_lines(tmp_path: Path) -> None:
+    src = tmp_path / "c.mir"
+    src.write_text(COMMENTED)
+    code, out, err = run_cli(("fmt", str(src)))
+    assert code == 0, err
+    assert out == COMMENTED_FMT
+    assert run_cli(("fmt", "--check", str(src)))[0] == 1
+    src.write_text(out)
+    assert run_cli(("fmt", "--check", str(src)))[0] == 0

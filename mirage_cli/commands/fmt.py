@@ -1,7 +1,7 @@
 """`mirage fmt FILE [--check] [--index N]`: print a µGraph as canonical `.mir`.
 
-FILE may be a `.mir` program, a `.ugraph.json` file or a Mirage checkpoint (see
-:mod:`mirage_cli.loading`). With ``--check`` nothing is printed: the exit code says
+FILE may be a `.mir` program (its comments are kept, see :mod:`mirage_cli.comments`),
+a `.ugraph.json` file or a Mirage checkpoint (see :mod:`mirage_cli.loading`). With ``--check`` nothing is printed: the exit code says
 whether a `.mir` file already is in canonical form (0) or not (1).
 """
 
@@ -12,6 +12,7 @@ import click
 from mirage_cli.console import console
 from mirage_cli.diagnostics import MirageError
 from mirage_cli.loading import load_graph, read_text
+from mirage_cli.comments import format_source
 from mirage_cli.printer import print_graph
 
 
@@ -25,7 +26,13 @@ def command(file: str, check: bool, index: int | None) -> None:
     """Print FILE (.mir, .ugraph.json or Mirage checkpoint) as canonical .mir."""
     if check and not file.endswith(".mir"):
         raise MirageError("--check applies to .mir files only", file=file)
-    text = print_graph(load_graph(file, None, index))
+    if file.endswith(".mir"):
+        if index not in (None, 0):
+            raise MirageError(f"--index {index} is out of range: a program is one graph",
+                              file=file)
+        text = format_source(read_text(file), file)
+    else:
+        text = print_graph(load_graph(file, None, index))
     if not check:
         click.echo(text, nl=False)
         return
