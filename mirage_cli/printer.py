@@ -18,11 +18,9 @@ from __future__ import annotations
 import json
 import math
 import re
-from typing import Union
 
 from mirage_cli.diagnostics import MirageError, Span
-from mirage_cli.ir import (GRID_AXES, AttrValue, Attrs, AxisMap, BlockGraph, Graph, Input,
-                           KernelOp)
+from mirage_cli.ir import GRID_AXES, Attrs, AttrValue, AxisMap, BlockGraph, Graph, Input, KernelOp
 from mirage_cli.syntax import KEYWORDS, expr_text, parse_dim_expr
 
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
@@ -32,7 +30,7 @@ _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 # a source line number, "program", "output" (the first output statement), "end",
 # ("close", n) (the closing brace of the custom kernel whose header is on line n),
 # or None.
-Anchor = Union[int, str, tuple[str, int], None]
+Anchor = int | str | tuple[str, int] | None
 
 
 def print_graph(g: Graph) -> str:
@@ -46,8 +44,8 @@ def print_lines(g: Graph) -> list[tuple[str, Anchor]]:
     lines: list[tuple[str, Anchor]] = [(f"program {_program_name(g.name)}({params}) {{",
                                       "program")]
     env = dict(g.params)
-    lines += [(f"  input {_name(i.value.name)}: {i.value.type.dtype.value}"
-               f"[{', '.join(_dims(i, env))}];", _line(i.value.span)) for i in g.inputs]
+    lines += [((f"  input {_name(i.value.name)}: {i.value.type.dtype.value}"
+               f"[{', '.join(_dims(i, env))}];"), _line(i.value.span)) for i in g.inputs]
     for op in g.ops:
         lines += _kernel_op(op)
     lines.append((f"  output {', '.join(_name(n) for n in g.outputs)};", "output"))
@@ -133,12 +131,12 @@ def _block(bg: BlockGraph) -> list[tuple[str, Anchor]]:
     lines: list[tuple[str, Anchor]] = []
     for bi in bg.inputs:
         fmap = f" fmap({bi.fmap})" if bi.fmap is not None else ""
-        lines.append((f"    {_name(bi.value.name)} = load {_name(bi.source)}"
-                      f"{_axis_map('imap', bi.imap)}{fmap};", _line(bi.span)))
+        lines.append(((f"    {_name(bi.value.name)} = load {_name(bi.source)}"
+                      f"{_axis_map('imap', bi.imap)}{fmap};"), _line(bi.span)))
     for op in bg.ops:
         lines.append((f"    {_name(op.outputs[0].name)} = {_call(op.op, op.inputs, op.attrs)};",
                       _line(op.span)))
     for bo in bg.outputs:
-        lines.append((f"    store {_name(bo.source)} -> {_name(bo.value.name)}"
-                      f"{_axis_map('omap', bo.omap)};", _line(bo.span)))
+        lines.append(((f"    store {_name(bo.source)} -> {_name(bo.value.name)}"
+                      f"{_axis_map('omap', bo.omap)};"), _line(bo.span)))
     return lines

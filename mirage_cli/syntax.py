@@ -17,7 +17,7 @@ import functools
 import importlib.resources
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Union, assert_never
+from typing import Any, assert_never
 
 import lark
 from lark import Token, Transformer, v_args
@@ -85,25 +85,25 @@ class Lit:
 
 @dataclass(frozen=True)
 class Neg:
-    operand: "Expr"
+    operand: Expr
     span: Span = field(compare=False)
 
 
 @dataclass(frozen=True)
 class BinOp:
     op: str  # one of + - * /
-    left: "Expr"
-    right: "Expr"
+    left: Expr
+    right: Expr
     span: Span = field(compare=False)
 
 
 @dataclass(frozen=True)
 class Tuple:
-    items: tuple["Expr", ...]
+    items: tuple[Expr, ...]
     span: Span = field(compare=False)
 
 
-Expr = Union[Num, Var, Lit, Neg, BinOp, Tuple]
+Expr = Num | Var | Lit | Neg | BinOp | Tuple
 
 
 @dataclass(frozen=True)
@@ -123,7 +123,7 @@ class AttrArg:
     value: Expr
 
 
-Arg = Union[Operand, NestedCall, AttrArg]
+Arg = Operand | NestedCall | AttrArg
 
 
 @dataclass(frozen=True)
@@ -177,12 +177,12 @@ class OutputStmt:
 class CustomStmt:
     outs: tuple[Name, ...]
     args: tuple[Arg, ...]
-    body: tuple["Stmt", ...]
+    body: tuple[Stmt, ...]
     span: Span  # the `custom(...)` header
     close: Span  # the closing brace
 
 
-Stmt = Union[InputStmt, OpStmt, CustomStmt, LoadStmt, StoreStmt, OutputStmt]
+Stmt = InputStmt | OpStmt | CustomStmt | LoadStmt | StoreStmt | OutputStmt
 
 
 @dataclass(frozen=True)
@@ -231,22 +231,22 @@ class ToAst(Transformer):  # type: ignore[type-arg]
         return _tok_span(self.file, t)
 
     # --- expressions -------------------------------------------------------
-    def int(self, t: Token) -> Expr:
+    def int_lit(self, t: Token) -> Expr:
         return Num(int(t), self._s(t))
 
-    def float(self, t: Token) -> Expr:
+    def float_lit(self, t: Token) -> Expr:
         return Num(float(t), self._s(t))
 
     def var(self, t: Token) -> Expr:
         return Var(str(t), self._s(t))
 
-    def true(self, t: Token) -> Expr:
+    def true_lit(self, t: Token) -> Expr:
         return Lit(True, self._s(t))
 
-    def false(self, t: Token) -> Expr:
+    def false_lit(self, t: Token) -> Expr:
         return Lit(False, self._s(t))
 
-    def string(self, t: Token) -> Expr:
+    def string_lit(self, t: Token) -> Expr:
         import json
 
         return Lit(str(json.loads(str(t))), self._s(t))
@@ -275,7 +275,7 @@ class ToAst(Transformer):  # type: ignore[type-arg]
         return self._bin("/", meta, a, b)
 
     @v_args(meta=True, inline=False)
-    def tuple(self, meta: Meta, items: list[Expr]) -> Expr:
+    def tuple_lit(self, meta: Meta, items: list[Expr]) -> Expr:
         return Tuple(tuple(items), _meta_span(self.file, meta))
 
     def dim_expr(self, e: Expr) -> Expr:
@@ -432,7 +432,8 @@ def _end_span(file: str, text: str) -> Span:
 def syntax_error(e: lark.exceptions.UnexpectedInput, text: str, file: str) -> MirageError:
     """A :class:`MirageError` in plain words for a Lark parse error."""
     if isinstance(e, lark.exceptions.UnexpectedCharacters):
-        ch = text[e.pos_in_stream] if e.pos_in_stream < len(text) else "?"
+        pos = e.pos_in_stream or 0
+        ch = text[pos] if pos < len(text) else "?"
         what = "a '\"' that starts an unterminated string" if ch == '"' else f"character '{ch}'"
         return MirageError(f"unexpected {what}", Span(file, e.line, e.column), source=text)
     if isinstance(e, lark.exceptions.UnexpectedToken):
@@ -458,7 +459,7 @@ def _unexpected_token(e: lark.exceptions.UnexpectedToken, text: str, file: str) 
         if prev is not None and prev.end_line is not None and prev.end_line < (t.line or 0):
             # The statement ended on an earlier line: point just after it.
             where = Span(file, prev.end_line, (prev.end_column or 1))
-            return MirageError(f"expected ';' at the end of the statement", where, source=text)
+            return MirageError("expected ';' at the end of the statement", where, source=text)
     return MirageError(f"unexpected {_token_words(t)}; expected {_expected_words(expected)}",
                        span, source=text)
 

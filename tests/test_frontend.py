@@ -189,7 +189,7 @@ def test_run_random_and_from_npz(tmp_path: Path) -> None:
     with np.load(out) as z:
         np.testing.assert_array_equal(z["Y"], interp.run(g, ins)["Y"])
     inp = tmp_path / "in.npz"
-    np.savez(inp, **ins)
+    np.savez(inp, **ins)  # type: ignore[arg-type]
     out2 = tmp_path / "out2.npz"
     assert run_cli(("run", EX, "--inputs", str(inp), "-o", str(out2)))[0] == 0
     with np.load(out) as a, np.load(out2) as b:

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import click
 
+from mirage_cli.comments import format_source
 from mirage_cli.console import console
 from mirage_cli.diagnostics import MirageError
 from mirage_cli.loading import load_graph, read_text
-from mirage_cli.comments import format_source
 from mirage_cli.printer import print_graph
 
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import io
 import zipfile
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Callable, Mapping
 
 import click
 import numpy as np
