@@ -185,15 +185,15 @@ def infer_binary(ts: Sequence[TensorType], a: dict[str, AttrValue]) -> TensorTyp
 def infer_matmul(ts: Sequence[TensorType], a: dict[str, AttrValue]) -> TensorType:
     x, y = ts
     if x.rank < 2 or y.rank < 2:
-        raise ShapeError(f"matmul needs operands of rank >= 2, got {x} and {y}")
+        raise ShapeError(f"needs operands of rank >= 2, got {x} and {y}")
     if x.shape[-1] != y.shape[-2]:
-        raise ShapeError(f"matmul shape mismatch: {list(x.shape)} @ {list(y.shape)} "
+        raise ShapeError(f"shape mismatch: {list(x.shape)} @ {list(y.shape)} "
                          f"(inner dimensions {x.shape[-1]} and {y.shape[-2]} differ)")
     dtype = _same_dtype(ts)
     try:
         batch = broadcast_shape(x.shape[:-2], y.shape[:-2])
     except ShapeError:
-        raise ShapeError(f"matmul batch dimensions do not broadcast: "
+        raise ShapeError(f"batch dimensions do not broadcast: "
                          f"{list(x.shape)} @ {list(y.shape)}") from None
     return TensorType(batch + (x.shape[-2], y.shape[-1]), dtype)
 
