@@ -85,3 +85,39 @@ def test_native_precision_close_to_float64(dtype: str, s: tuple[int, ...], seed:
     tol = {"f16": 1e-2, "bf16": 3e-2, "f32": 1e-5}[dtype]
     assert np.isfinite(native).all()
     assert np.linalg.norm(native - exact) <= tol * np.linalg.norm(exact)
+
+
+ROW_REDUCTIONS = {"acc_sum_ld": "sum", "acc_mean_ld": "mean", "acc_max_ld": "max",
+                  "acc_rms_ld": "rms"}
+
+
+def _row_reduction(acc: str, m: int, k: int, gy: int, f: int, dtype: str) -> Graph:
+    """One accumulator over whole rows: grid y splits the rows, the forloop the columns."""
+    b = GraphBuilder("rows")
+    x = b.input("X", (m, k), dtype)
+    kb = b.custom((1, gy, 1), 64, f)
+    r = kb.op(acc, kb.load(x, (None, 0, None), 1))
+    (z,) = kb.finish([(r, "Z", (None, 0, None))])
+    b.output(z)
+    return b.build()
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.sampled_from(sorted(ROW_REDUCTIONS)), st.sampled_from((2, 4, 8)),
+       st.sampled_from((8, 16)), st.sampled_from((1, 2)), st.sampled_from((1, 2, 4, 8)),
+       st.integers(0, 2**16))
+def test_row_accumulators_match_kernel_reductions(acc: str, m: int, k: int, gy: int, f: int,
+                                                  seed: int) -> None:
+    g = _row_reduction(acc, m, k, gy, f, "f32")
+    b = GraphBuilder("ref")
+    x = b.input("X", (m, k), "f32")
+    op = ROW_REDUCTIONS[acc]
+    b.output(b.op(op, x) if op == "rms" else b.op(op, x, dim=1, keepdim=True))
+    ref = b.build()
+    ins = interp.random_inputs(g, seed)
+    got = interp.run(g, ins)["Z"]
+    want = next(iter(interp.run(ref, ins).values()))
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+    # and the same with the whole row in one iteration and one block
+    one = interp.run(_row_reduction(acc, m, k, 1, 1, "f32"), ins)["Z"]
+    np.testing.assert_allclose(got, one, rtol=1e-12, atol=1e-12)
