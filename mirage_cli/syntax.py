@@ -397,6 +397,9 @@ def _expected_words(expected: set[str]) -> str:
     if _VALUE <= exp:
         exp -= _VALUE
         words.append("a value")
+    if {"CUSTOM", "LOAD", "NAME"} <= exp:  # after `NAME =`
+        exp -= {"NAME"}
+        words.append("an operator name")
     words += sorted(_terminal_word(e) for e in exp)
     if len(words) == 1:
         return words[0]
@@ -451,6 +454,9 @@ def _unexpected_token(e: lark.exceptions.UnexpectedToken, text: str, file: str) 
         return MirageError(f"unexpected end of file; expected {_expected_words(expected)}",
                            _end_span(file, text), source=text)
     span = _tok_span(file, t)
+    if t.type == "PROGRAM" and expected == {"$END"}:
+        return MirageError("a file holds one program; this is a second 'program'", span,
+                           source=text)
     if str(t) in KEYWORDS and "NAME" in expected:
         return MirageError(f"'{t}' is a reserved word and cannot be used as a name", span,
                            source=text)
