@@ -262,3 +262,15 @@ def test_fmt_keeps_comments_and_blank_lines(tmp_path: Path) -> None:
     assert run_cli(("fmt", "--check", str(src)))[0] == 1
     src.write_text(out)
     assert run_cli(("fmt", "--check", str(src)))[0] == 0
+
+
+def test_run_json_summary() -> None:
+    import json
+
+    code, out, err = run_cli(("run", EX, "--json", "--seed", "1"))
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["program"] == "small" and doc["inputs"] == "random(seed=1)"
+    (y,) = doc["outputs"]
+    assert y["name"] == "Y" and y["shape"] == [4, 8] and y["nonfinite"] == 0
+    assert y["min"] <= y["mean"] <= y["max"]
