@@ -14,7 +14,7 @@ from mirage_cli.printer import print_graph
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCES = sorted(p.read_text() for p in (ROOT / "examples").rglob("*.mir")) + \
-    sorted(p.read_text() for p in (ROOT / "tests/bad_inputs").glob("*.mir"))
+    sorted(p.read_text(errors="replace") for p in (ROOT / "tests/bad_inputs").glob("*.mir"))
 PIECES = ["(", ")", "{", "}", ";", ",", "=", "->", "-", "*", "/", "+", "[", "]", ":", "#",
           "load", "store", "custom", "input", "output", "imap(x=1)", "fmap(0)", "omap(y=0)",
           "acc_sum", "matmul", "x", "X", "0", "1", "-1", "1e-6", "true", "\"s\"", "\n", " ",

@@ -5,10 +5,9 @@ from __future__ import annotations
 import click
 
 from mirage_cli import serialize
-from mirage_cli.commands.common import defines_option, parse_defines
+from mirage_cli.commands.common import defines_option, parse_defines, write_output
 from mirage_cli.console import info
 from mirage_cli.parser import parse_file
-from mirage_cli.util import write_atomic
 
 
 @click.command()
@@ -23,5 +22,5 @@ def command(program: str, defines: tuple[str, ...], output: str | None) -> None:
     if output is None:
         click.echo(text, nl=False)
     else:
-        write_atomic(output, text)
+        write_output(output, text)
         info(f"wrote {output}")

@@ -23,13 +23,12 @@ import click
 import numpy as np
 
 from mirage_cli import interp
-from mirage_cli.commands.common import defines_option, parse_defines
+from mirage_cli.commands.common import defines_option, parse_defines, write_output
 from mirage_cli.console import console
 from mirage_cli.diagnostics import MirageError
 from mirage_cli.dtypes import round_to, storage_dtype
 from mirage_cli.ir import Graph
 from mirage_cli.loading import load_graph
-from mirage_cli.util import write_atomic
 
 Executor = Callable[[Graph, Mapping[str, np.ndarray]], dict[str, np.ndarray]]
 
@@ -63,7 +62,7 @@ def command(file: str, inputs_path: str | None, output: str | None, seed: int,
                  "outputs": [dict(name=n, **_stats(a)) for n, a in outputs.items()]}
         click.echo(json.dumps(stats, indent=2, sort_keys=True))
     if output is not None:
-        write_atomic(output, _npz_bytes(g, outputs, precision))
+        write_output(output, _npz_bytes(g, outputs, precision))
         console.print(f"wrote {output}", markup=False, highlight=False, soft_wrap=True)
 
 
