@@ -9,7 +9,9 @@ Python ``repr``. Input dimensions print as written (``dims_src``) when they eval
 to the shape under the graph's parameters, else as integers.
 
 Guarantee: ``parse_text(print_graph(g)) == g`` for every checked graph whose names
-are identifiers (not reserved words) and whose attribute floats are finite.
+are identifiers (not reserved words), whose attribute floats are finite and whose
+``dims_src`` are in canonical spelling (as the parser and the builder make them; a
+hand-written ``"2*n"`` in a `.ugraph.json` prints, and reads back, as ``2 * n``).
 Printing is deterministic.
 """
 

@@ -274,3 +274,21 @@ def test_run_json_summary() -> None:
     (y,) = doc["outputs"]
     assert y["name"] == "Y" and y["shape"] == [4, 8] and y["nonfinite"] == 0
     assert y["min"] <= y["mean"] <= y["max"]
+
+
+def test_block_names_are_a_separate_scope() -> None:
+    from mirage_cli.builder import GraphBuilder
+
+    b = GraphBuilder("scopes")
+    x = b.input("X", (4, 8), "f32")
+    k = b.custom((1, 1, 1), 32, 1)
+    t = k.load(x, out="X")
+    (z,) = k.finish([(k.op("acc_sum", t, out="Z"), "Z", (None, None, None))])
+    k2 = b.custom((2, 1, 1), 32, 2)
+    t2 = k2.load(z, (0, None, None), 1, out="X")
+    (w,) = k2.finish([(k2.op("acc_max", t2, out="Z"), "W", (0, None, None))])
+    b.output(w)
+    g = b.build()
+    text = print_graph(g)
+    assert "    X = load X;" in text and "    Z = acc_max(X);" in text
+    assert parse_text(text, "scopes.mir") == g
