@@ -121,3 +121,26 @@ def test_row_accumulators_match_kernel_reductions(acc: str, m: int, k: int, gy: 
     # and the same with the whole row in one iteration and one block
     one = interp.run(_row_reduction(acc, m, k, 1, 1, "f32"), ins)["Z"]
     np.testing.assert_allclose(got, one, rtol=1e-12, atol=1e-12)
+
+
+@SETTINGS
+@given(graphs(max_steps=4), st.data())
+def test_fmt_keeps_every_comment(g: Graph, data: st.DataObject) -> None:
+    from mirage_cli.comments import format_source, scan_comments
+
+    lines = print_graph(g).splitlines()
+    out: list[str] = []
+    for i, line in enumerate(lines):
+        if data.draw(st.integers(0, 3)) == 0:
+            out.append(f"# own {i}")
+        if data.draw(st.booleans()):
+            out.append("")
+        out.append(line + (f"   # end {i}" if data.draw(st.integers(0, 2)) == 0 else ""))
+    if data.draw(st.booleans()):
+        out.append("# last")
+    text = "\n".join(out) + "\n"
+    once = format_source(text, "c.mir")
+    assert format_source(once, "c.mir") == once
+    assert [c.text for c in scan_comments(once) if c.text] == \
+        [c.text for c in scan_comments(text) if c.text]
+    assert parse_text(once) == g
