@@ -43,7 +43,7 @@ from mirage_cli.syntax import (
     Program,
     Stmt,
     StoreStmt,
-    Tuple,
+    TupleExpr,
     Var,
     expr_text,
     parse_program,
@@ -106,7 +106,7 @@ def eval_int(e: Expr, env: dict[str, int], what: str) -> int:
                 raise MirageError(f"{expr_text(e)} = {lv} / {rv} is not an exact integer "
                                   f"division", e.span)
             return lv // rv
-        case Lit() | Tuple():
+        case Lit() | TupleExpr():
             raise MirageError(f"{what} must be an integer, got {expr_text(e)}", e.span)
     assert_never(e)
 
@@ -127,7 +127,7 @@ def eval_attr(e: Expr, env: dict[str, int]) -> AttrValue:
             return v
         case Neg(operand=Num(value=float() as v)):
             return -v
-        case Tuple():
+        case TupleExpr():
             raise MirageError("a tuple is only allowed as the grid of a custom kernel", e.span)
         case Var() | Neg() | BinOp():
             return eval_int(e, env, "an attribute value")
@@ -256,7 +256,7 @@ class _Lowering:
         if "grid" not in values:
             raise MirageError("custom needs a grid, e.g. grid=(8, 1, 1)", stmt.span)
         g = values["grid"]
-        items = g.items if isinstance(g, Tuple) else (g,)
+        items = g.items if isinstance(g, TupleExpr) else (g,)
         if len(items) > 3:
             raise MirageError(f"grid has {len(items)} entries; a grid has 1 to 3 (x, y, z)",
                               g.span)

@@ -98,12 +98,12 @@ class BinOp:
 
 
 @dataclass(frozen=True)
-class Tuple:
+class TupleExpr:
     items: tuple[Expr, ...]
     span: Span = field(compare=False)
 
 
-Expr = Num | Var | Lit | Neg | BinOp | Tuple
+Expr = Num | Var | Lit | Neg | BinOp | TupleExpr
 
 
 @dataclass(frozen=True)
@@ -276,7 +276,7 @@ class ToAst(Transformer):  # type: ignore[type-arg]
 
     @v_args(meta=True, inline=False)
     def tuple_lit(self, meta: Meta, items: list[Expr]) -> Expr:
-        return Tuple(tuple(items), _meta_span(self.file, meta))
+        return TupleExpr(tuple(items), _meta_span(self.file, meta))
 
     def dim_expr(self, e: Expr) -> Expr:
         return e
@@ -514,7 +514,7 @@ def expr_text(e: Expr) -> str:
             return f"-{inner}" if isinstance(x, (Num, Var, Neg)) else f"-({inner})"
         case BinOp(op=op, left=a, right=b):
             return f"{_operand_text(a, _PREC[op], False)} {op} {_operand_text(b, _PREC[op], True)}"
-        case Tuple(items=items):
+        case TupleExpr(items=items):
             return "(" + ", ".join(expr_text(i) for i in items) + ")"
     assert_never(e)
 
