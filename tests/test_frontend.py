@@ -292,3 +292,15 @@ def test_block_names_are_a_separate_scope() -> None:
     text = print_graph(g)
     assert "    X = load X;" in text and "    Z = acc_max(X);" in text
     assert parse_text(text, "scopes.mir") == g
+
+
+def test_fmt_in_place_and_output(tmp_path: Path) -> None:
+    messy = tmp_path / "m.mir"
+    messy.write_text(Path(EX).read_text().replace("[n, 8]", "[n,8]"))
+    assert run_cli(("fmt", "--check", str(messy)))[0] == 1
+    out = tmp_path / "o.mir"
+    assert run_cli(("fmt", str(messy), "-o", str(out)))[0] == 0
+    assert run_cli(("fmt", "-i", str(messy)))[0] == 0
+    assert messy.read_text() == out.read_text() == run_cli(("fmt", EX))[1]
+    assert run_cli(("fmt", "--check", str(messy)))[0] == 0
+    assert run_cli(("fmt", "-i", "--check", str(messy)))[0] == 2
