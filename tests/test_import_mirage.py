@@ -444,3 +444,19 @@ def test_stdout_holds_a_candidate_list(tmp_path: Path) -> None:
     assert [g for g, _ in cands] == _import("single_lora.json")
     assert cands[0][1] == {"source": "single_lora.json", "index": 0}
 
+
+
+def test_doc_table_matches_the_registry() -> None:
+    """docs/mirage-import.md's operator table lists exactly the registry's mapping."""
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "mirage-import.md").read_text()
+    section = doc.split("## Operator mapping", 1)[1].split("\n\n(", 1)[0]
+    table: dict[str, str] = {}
+    for line in section.splitlines():
+        if not line.startswith("| `"):
+            continue
+        mirage_col, ours_col = line.strip("|").split("|")[:2]
+        ours = ours_col.split("`")[1].split("(")[0]
+        for name in mirage_col.split("`")[1::2]:
+            for d in range(3) if "{d}" in name else [None]:
+                table[name.format(d=d) if d is not None else name] = ours
+    assert table == {m: ours for m, (ours, _) in mirage_index().items()}
