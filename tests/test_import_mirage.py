@@ -8,8 +8,9 @@ random inputs in float64 through the reference interpreter.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import pytest
@@ -306,13 +307,13 @@ def _delete(path: list[Any]) -> Callable[[Any], None]:
 BLOCK = [0, 1, "bgraph"]
 MALFORMED: list[tuple[str, Callable[[Any], None], str]] = [
     ("unknown-tb-op", _set(BLOCK + ["operators", 1, "op_type"], "tb_foo_op"),
-     "candidate 0, op 1 (kn_customized_op), block op 1 (tb_foo_op): unknown Mirage block "
-     "operator 'tb_foo_op'"),
+     ("candidate 0, op 1 (kn_customized_op), block op 1 (tb_foo_op): unknown Mirage block "
+      "operator 'tb_foo_op'")),
     ("unknown-kn-op", _set([0, 1, "op_type"], "kn_frobnicate_op"),
      "candidate 0, op 1 (kn_frobnicate_op): unknown Mirage kernel operator"),
     ("strides", _set([0, 0, "input_strides"], [1, 8]),
-     "candidate 0, op 0 (kn_input_op): input_strides [1, 8] for shape [8, 64] are not "
-     "row-major contiguous"),
+     ("candidate 0, op 0 (kn_input_op): input_strides [1, 8] for shape [8, 64] are not "
+      "row-major contiguous")),
     ("output-strides", _set([0, 2, "output_strides"], [128, 1]),
      "output_strides [128, 1] for shape [8, 64] are not row-major"),
     ("missing-forloop", _delete(BLOCK + ["forloop_range"]),
@@ -321,12 +322,12 @@ MALFORMED: list[tuple[str, Callable[[Any], None], str]] = [
      "Mirage records f16[8, 64] but our semantics give f16[4, 64]"),
     ("num-dims", _set([0, 0, "output_tensors", 0, "num_dims"], 5), "num_dims 5 is out of range"),
     ("data-type", _set([0, 0, "output_tensors", 0, "data_type"], 900),
-     "candidate 0, op 0 (kn_input_op), output_tensors[0]: data_type 900 (int8) is not "
-     "supported"),
+     ("candidate 0, op 0 (kn_input_op), output_tensors[0]: data_type 900 (int8) is not "
+      "supported")),
     ("data-type-numbering", _set([0, 0, "output_tensors", 0, "data_type"], 935),
      "data_type codes [921, 935] fit none of Mirage's numberings 2024, 2025-02"),
-    ("imap", _set(BLOCK + ["operators", 0, "input_map", "x"], 3), "imap of 'in0' maps grid "
-     "axis x to dimension 3"),
+    ("imap", _set(BLOCK + ["operators", 0, "input_map", "x"], 3),
+     "imap of 'in0' maps grid axis x to dimension 3"),
     ("guid", _set(BLOCK + ["operators", 1, "input_tensors", 0, "guid"], 99),
      "block tensor guid 99 is not produced by an earlier block operator"),
     ("threads", _set(BLOCK + ["block_dim", "y"], 2), "only one-dimensional thread blocks"),

@@ -28,7 +28,7 @@ from mirage_cli.util import write_atomic
 
 def _stem(path: str) -> str:
     name = Path(path).name
-    return name[:-5] if name.endswith(".json") else name
+    return name.removesuffix(".json")
 
 
 def _summary(g: Graph) -> dict[str, Any]:

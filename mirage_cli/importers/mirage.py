@@ -25,15 +25,16 @@ from __future__ import annotations
 import functools
 import json
 import re
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator, NoReturn
+from typing import Any, NoReturn
 
 from mirage_cli import ops
 from mirage_cli.builder import BlockBuilder, GraphBuilder
 from mirage_cli.diagnostics import MirageError, Span, did_you_mean
 from mirage_cli.importers import mirage_dtypes
-from mirage_cli.ir import GRID_AXES, AttrValue, Attrs, AxisMap, Graph, TensorType
+from mirage_cli.ir import GRID_AXES, Attrs, AxisMap, Graph, TensorType
 
 STRUCTURAL = ("kn_input_op", "kn_output_op", "kn_customized_op", "tb_input_op",
               "tb_output_op")
@@ -280,11 +281,11 @@ def _lookup(r: _Reader, op_type: str, level: str, where: str) -> tuple[str, Attr
 
 
 def _attr_values(r: _Reader, ours: str, fixed: Attrs, op: Json, dimx: int | None,
-                 where: str) -> dict[str, AttrValue]:
+                 where: str) -> dict[str, Any]:
     """Attributes of our operator: those its Mirage name implies, the width of a
     reduce-to-x accumulator (the block graph's ``reduction_dimx``), and any other the
     checkpoint records under the same name (e.g. ``scalar``)."""
-    values: dict[str, AttrValue] = dict(fixed)
+    values: dict[str, Any] = dict(fixed)  # AttrValues (Any: passed on as **kwargs)
     for spec in ops.get(ours).attrs:
         if spec.name in values:
             continue

@@ -16,7 +16,7 @@ different things in the numberings left is ambiguous: the user names the numberi
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 from mirage_cli.ir import DType
 
