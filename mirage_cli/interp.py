@@ -126,7 +126,8 @@ def _plan(bg: BlockGraph) -> _Plan:
 def run_block_graph(bg: BlockGraph, env: Mapping[str, np.ndarray], dt: type
                     ) -> list[np.ndarray]:
     """Run a custom kernel: every block, every forloop iteration."""
-    outs = [np.full(bo.value.type.shape, np.nan, dtype=dt) for bo in bg.outputs]
+    outs: list[np.ndarray] = [np.full(bo.value.type.shape, np.nan, dtype=dt)
+                              for bo in bg.outputs]
     plan = _plan(bg)
     with np.errstate(all="ignore"):
         for block in itertools.product(*(range(n) for n in bg.grid)):
