@@ -461,3 +461,30 @@ def test_doc_table_matches_the_registry() -> None:
             for d in range(3) if "{d}" in name else [None]:
                 table[name.format(d=d) if d is not None else name] = ours
     assert table == {m: ours for m, (ours, _) in mirage_index().items()}
+
+
+@needs_ckpts
+def test_a_checkpoint_in_the_current_spelling_imports_the_same() -> None:
+    """Today's Mirage writes tb_forloop_accum_* and f16 = 940 (numbering 2025-06)."""
+    text = (CKPTS / "single_lora.json").read_text()
+    assert '"tb_accum_nored_op"' in text and '"data_type": 921' in text
+    new = text.replace('"tb_accum_', '"tb_forloop_accum_').replace('"data_type": 921',
+                                                                   '"data_type": 940')
+    graphs = import_checkpoint(new, "single_lora.json", "2025-06")
+    assert graphs == _import("single_lora.json")
+    with pytest.raises(MirageError, match="ambiguous"):
+        import_checkpoint(new, "single_lora.json")
+
+
+@needs_ckpts
+def test_the_numbering_option(tmp_path: Path) -> None:
+    text = (CKPTS / "single_lora.json").read_text()
+    path = tmp_path / "new.json"
+    path.write_text(text.replace('"tb_accum_', '"tb_forloop_accum_')
+                    .replace('"data_type": 921', '"data_type": 941'))
+    bad = _cli(["import-mirage", str(path)])
+    assert bad.exit_code == 2 and "--mirage-dtypes 2025-02 or 2025-06" in " ".join(
+        bad.output.split())
+    ok = _cli(["import-mirage", str(path), "--mirage-dtypes", "2025-06", "--index", "0"])
+    assert ok.exit_code == 0
+    assert '"dtype": "bf16"' in ok.stdout
