@@ -69,6 +69,7 @@ class Oracle:
         self._sizes: dict[int, z3.ExprRef] = {}
         self._consts: dict[str, z3.ExprRef] = {}
         self._cache: dict[tuple[str, Term, int], bool] = {}
+        self._enc: dict[Term, z3.ExprRef] = {}
         self.S = z3.Function("S", self.E, z3.BoolSort(ctx=self._ctx))
         self.le = z3.Function("le", self.N, self.N, z3.BoolSort(ctx=self._ctx))
         self.solver = z3.Solver(ctx=self._ctx)
@@ -112,6 +113,13 @@ class Oracle:
         return self._consts[name]
 
     def encode(self, t: Term) -> z3.ExprRef:
+        """The Z3 term of ``t`` (memoised: candidate terms share most subterms)."""
+        hit = self._enc.get(t)
+        if hit is None:
+            hit = self._enc[t] = self._encode(t)
+        return hit
+
+    def _encode(self, t: Term) -> z3.ExprRef:
         head = t[0]
         if head == "in":
             return self._const(f"in:{t[1]}")
@@ -134,7 +142,7 @@ class Oracle:
 
     def _axiomatise(self, name: str, f: z3.FuncDeclRef, arity: int) -> None:
         """Add the axioms that mention ``name`` (once; the solver is at base level
-        whenever new symbols are encoded, see :meth:`_ask`)."""
+        whenever new symbols are encoded: queries use assumptions, never push)."""
         if name in self._axiomatised:
             return
         self._axiomatised.add(name)
@@ -211,14 +219,11 @@ class Oracle:
 
         start = time.perf_counter()
         c = self.encode(t)  # at base level: new symbols add their axioms here
-        self.solver.push()
-        if kind == "sub":
-            self.solver.add(z3.Not(self.S(c)))
-        else:
-            self.solver.add(c != self._target_z3[output])
-        r = self.solver.check()
+        # The negated goal is an assumption, not an assertion: axiom instances found
+        # for earlier queries stay in the solver, so later queries start warm.
+        goal = z3.Not(self.S(c)) if kind == "sub" else c != self._target_z3[output]
+        r = self.solver.check(goal)
         reason = self.solver.reason_unknown() if r == z3.unknown else ""
-        self.solver.pop()
         self.stats.queries += 1
         self.stats.seconds += time.perf_counter() - start
         if r == z3.unsat:
