@@ -18,9 +18,12 @@ happen at call time.
 Terms are plain nested tuples, so they hash and compare structurally:
 ``("in", name) | ("size", n) | ("const", text) | ("add", (t, ...)) | ("mul", (t, ...))
 | ("sum", n, t) | ("max", n, t) | (fn, t, ...)``. Construction normalises what is cheap
-and always true: ``add``/``mul`` are flattened and their operands sorted (AC),
-``sum(1, x) = x`` and ``sum(m, sum(n, x)) = sum(m*n, x)``. Everything else (moving a
-division out of a sum, ...) is left to the Z3 axioms of :mod:`.prune`.
+and true under the abstraction: ``add``/``mul`` are flattened and their operands sorted
+(AC), ``sum(1, x) = x``, ``sum(m, sum(n, x)) = sum(m*n, x)``, and fractions are kept in
+one normal form (divisions move out of products and sums and nested quotients merge),
+so that the many orders of dividing by the same norms give one term: the search then
+builds each distinct tile once. The Z3 axioms of :mod:`.prune` state the same
+identities, and more, as equations.
 """
 
 from __future__ import annotations
@@ -74,18 +77,40 @@ def add(*xs: Term) -> Term:
 
 
 def mul(*xs: Term) -> Term:
-    return _ac("mul", xs)
+    """Product; divisions among the factors move out (a/b * c = (a*c)/b) so that
+    equal fractions get equal terms."""
+    nums: list[Term] = []
+    dens: list[Term] = []
+    for x in xs:
+        if x[0] == "div":
+            nums.append(x[1])
+            dens.append(x[2])
+        else:
+            nums.append(x)
+    if dens:
+        return div(mul(*nums), mul(*dens))
+    return _ac("mul", nums) if len(nums) > 1 else nums[0]
 
 
 def div(a: Term, b: Term) -> Term:
+    """Quotient in normal form: one fraction (a/b)/c = a/(b*c), a/(b/c) = (a*c)/b."""
+    if a[0] == "div":
+        return div(a[1], mul(a[2], b))
+    if b[0] == "div":
+        return div(mul(a, b[2]), b[1])
     return ("div", a, b)
 
 
 def sum_(n: int, x: Term) -> Term:
+    """Sum over ``n`` elements: nested sums merge; a divisor leaves the sum (the
+    index abstraction cannot tell whether it depends on the summed index, as in
+    Mirage's axioms)."""
     if n == 1:
         return x
     if x[0] == "sum":
         return ("sum", n * x[1], x[2])
+    if x[0] == "div":
+        return div(sum_(n, x[1]), x[2])
     return ("sum", int(n), x)
 
 

@@ -49,6 +49,7 @@ class OracleStats:
     cache_hits: int = 0
     unknown_saturated: int = 0
     unknown_timeout: int = 0
+    counted_out: int = 0   # rejected by the occurrence-count filter, before Z3
     seconds: float = 0.0
 
 
@@ -77,6 +78,7 @@ class Oracle:
         self.solver.set("mbqi", False)  # E-matching only: saturation answers quickly
         self._axiomatised: set[str] = set()
         self._target_z3 = [self.encode(t) for t in self.targets]
+        self._target_counts = [_counts(t) for t in self.targets]
         for t in self._target_z3:
             self.solver.add(self.S(t))
 
@@ -198,7 +200,20 @@ class Oracle:
 
     def is_subexpr(self, t: Term) -> bool:
         """May ``t`` be a subexpression of (some output of) the target?"""
+        if not self._may_fit(t):
+            self.stats.counted_out += 1
+            return False
         return self._cached("sub", t, -1)
+
+    def _may_fit(self, t: Term) -> bool:
+        """A necessary condition checked before Z3: every axiom preserves how often
+        each input, and each function symbol no axiom mentions (``exp``, ``silu``,
+        ``sqrt`` ...), occurs in a term, and a subterm never has more of them than its
+        term; so ``t`` may be a subexpression only if some output has at least as
+        many of each. (A sound filter: it never rejects what Z3 could prove.)"""
+        need = _counts(t)
+        return any(all(have.get(k, 0) >= n for k, n in need.items())
+                   for have in self._target_counts)
 
     def is_equiv(self, t: Term, output: int) -> bool:
         """Is ``t`` equivalent to the target's output number ``output``?"""
@@ -235,3 +250,24 @@ class Oracle:
             return False
         self.stats.unknown_timeout += 1
         return True
+
+
+# Symbols that some axiom creates, deletes or duplicates; their counts may change.
+_REWRITTEN = frozenset({"add", "mul", "div", "sum", "size", "const"})
+
+
+def _counts(t: Term) -> dict[object, int]:
+    """Occurrences of each input and each non-rewritten function symbol in ``t``."""
+    out: dict[object, int] = {}
+
+    def walk(x: Term) -> None:
+        head = x[0]
+        if head == "in":
+            out[("in", x[1])] = out.get(("in", x[1]), 0) + 1
+        elif head not in _REWRITTEN:
+            out[head] = out.get(head, 0) + 1
+        for c in children(x):
+            walk(c)
+
+    walk(t)
+    return out
