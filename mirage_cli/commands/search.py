@@ -30,7 +30,7 @@ def search_options(f):  # type: ignore[no-untyped-def]
                      help="Worker processes."),
         click.option("--max-kernel-ops", type=click.IntRange(1, 4), default=2,
                      show_default=True, help="Kernels per µGraph."),
-        click.option("--max-block-ops", type=click.IntRange(1, 12), default=7,
+        click.option("--max-block-ops", type=click.IntRange(1, 16), default=12,
                      show_default=True, help="Operators per custom kernel."),
         click.option("--seed", type=int, default=0, show_default=True,
                      help="Seed of the verification inputs."),

@@ -2,7 +2,9 @@
 
 Work is split into *units*, each the first move of the kernel-level search (a block
 config, or "a pre-defined operator first"), in two rounds: every unit with one kernel,
-then (when ``max_kernel_ops > 1``) every unit with up to ``max_kernel_ops`` kernels.
+then (when ``max_kernel_ops > 1``) "a pre-defined operator, then up to
+``max_kernel_ops - 1`` more kernels"; with ``max_kernel_ops > 1`` every one-kernel
+design also yields its split-reduction two-kernel form (:mod:`.split`).
 Units run in ``jobs`` worker processes (each with its own Z3 oracle and caches) and are
 merged in unit order, so the result does not depend on ``jobs`` or on timing as long
 as the search completes within its budget. When the budget runs out (or on Ctrl-C) the
@@ -26,6 +28,7 @@ from mirage_cli.ir import Graph
 from mirage_cli.search.cost import Cost
 from mirage_cli.search.design import Design, Tuning
 from mirage_cli.search.enumerate import Limits, OutOfTime, Search, Stats, make_target
+from mirage_cli.search.split import split_reduction
 from mirage_cli.search.tune import tune
 from mirage_cli.search.verify import Verdict, verify
 
@@ -38,7 +41,7 @@ class SearchOptions:
     the budget cuts the search short)."""
 
     max_kernel_ops: int = 2
-    max_block_ops: int = 7
+    max_block_ops: int = 12
     max_grid_axes: int = 3
     prune: bool = True
     seed: int = 0
@@ -129,8 +132,7 @@ def units(program: Graph, options: SearchOptions) -> list[Unit]:
     first = [(1, c) for c in cfgs if s.completes(s.initial(), c[0])]
     if options.max_kernel_ops == 1:
         return first
-    return first + [(options.max_kernel_ops, "predef")] + \
-        [(options.max_kernel_ops, c) for c in cfgs]
+    return first + [(options.max_kernel_ops, "predef")]
 
 
 def _map(jobs: int, program: Graph, options: SearchOptions, deadline: float | None,
@@ -178,20 +180,38 @@ def search(program: Graph, options: SearchOptions, budget: float | None = None,
     except KeyboardInterrupt:
         complete = False
     complete &= prog.units_done == prog.units_total
+    if options.max_kernel_ops >= 2:
+        for d in list(designs):
+            for sd in _splits(program, d):
+                designs[sd] = None
+        prog.designs = len(designs)
     cands = rank_and_verify(program, list(designs), options, prog, notify, jobs)
     return SearchResult(cands, prog, complete, time.time() - start)
 
 
-def _verify_one(args: tuple[Graph, Graph, int]) -> Verdict:
+def _splits(program: Graph, d: Design) -> list[Design]:
+    """The split-reduction (two-kernel) form of a one-kernel design, if any."""
+    tuned = tune(program, d, max_steps=0)
+    if not tuned:
+        return []
+    sd = split_reduction(program, d, tuned[0][1])
+    return [] if sd is None else [sd]
+
+
+def _verify_one(args: tuple[Graph, Graph, int, bool]) -> Verdict:
     return verify(*args)
 
 
-def _verify_all(program: Graph, graphs: list[Graph], seed: int, jobs: int) -> list[Verdict]:
+def _verify_all(program: Graph, graphs: list[Graph], seed: int, jobs: int, first: bool
+                ) -> list[Verdict]:
+    """Verdicts of a batch, best first; with ``first`` the batch's first candidate may
+    become the chosen one (float64 cross-check too)."""
+    todo = [(program, g, seed, first and i == 0) for i, g in enumerate(graphs)]
     if jobs <= 1 or len(graphs) <= 1:
-        return [verify(program, g, seed) for g in graphs]
+        return [verify(*t) for t in todo]
     ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else mp.get_context()
     with ctx.Pool(min(jobs, len(graphs))) as pool:
-        return pool.map(_verify_one, [(program, g, seed) for g in graphs])
+        return pool.map(_verify_one, todo)
 
 
 def rank_and_verify(program: Graph, designs: list[Design], options: SearchOptions,
@@ -227,7 +247,8 @@ def rank_and_verify(program: Graph, designs: list[Design], options: SearchOption
         if len(out) >= options.top:
             break
         batch = todo[i:i + step]
-        verdicts = _verify_all(program, [g for _, _, g, _ in batch], options.seed, jobs)
+        verdicts = _verify_all(program, [g for _, _, g, _ in batch], options.seed, jobs,
+                               first=not out)
         for (d, t, g, c), v in zip(batch, verdicts):
             if v.ok and len(out) < options.top:
                 prog.verified += 1

@@ -60,7 +60,7 @@ class OutOfTime(Exception):
 @dataclass(frozen=True)
 class Limits:
     max_kernel_ops: int = 2
-    max_block_ops: int = 7
+    max_block_ops: int = 12
     max_grid_axes: int = 3
     max_stores: int = 2
     prune: bool = True

@@ -1,24 +1,34 @@
 """The one function through which the search verifies a candidate.
 
-INTERIM METHOD (until the finite-field verifier, ``mirage_cli.verifier``, is merged):
-both graphs run in the reference interpreter (:mod:`mirage_cli.interp`) in float64 on
-random standard-normal inputs drawn from ``seed``, and the candidate passes when every
-output's relative error ``||cand - ref|| / ||ref||`` is at most ``RTOL``. This is a
-numerical test, not the finite-field certificate DESIGN.md §4 asks for; it is stated as
-such in every candidate's metadata (``verification.method``).
+With the finite-field verifier (:mod:`mirage_cli.verifier`, DESIGN.md §4) present, a
+candidate is certified by ``Verifier.certify``: finite-field trials to the default
+bound, plus the float64 cross-check for the best (first) candidate; it passes only on
+the verdict ``equivalent``, and its certificate is kept in the candidate's metadata.
+
+INTERIM METHOD, used only while that package is absent from the installation (it is
+developed in parallel): the program runs in the reference interpreter
+(:mod:`mirage_cli.interp`) and the candidate in its grid-vectorised equivalent
+(:mod:`.batched`, tested against the interpreter), both in float64 on random
+standard-normal inputs drawn from ``seed``; the candidate passes when every output's
+relative error ``||cand - ref|| / ||ref||`` is at most ``RTOL``. This is a numerical
+test, not a certificate, and every candidate's metadata says which method was used
+(``verification.method``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import importlib.util
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from mirage_cli import interp
 from mirage_cli.ir import Graph
+from mirage_cli.search import batched
 
 RTOL = 1e-9
-METHOD = "float64-random (interim: interpreter on random inputs)"
+INTERIM = "float64-random (interim: reference interpreter vs. candidate on random inputs)"
 
 
 @dataclass(frozen=True)
@@ -26,25 +36,41 @@ class Verdict:
     ok: bool
     method: str
     seed: int
-    max_rel_error: float
+    detail: dict[str, Any] = field(default_factory=dict)
 
-    def as_json(self) -> dict[str, object]:
+    def as_json(self) -> dict[str, Any]:
         return {"equivalent": self.ok, "method": self.method, "seed": self.seed,
-                "max_rel_error": float(f"{self.max_rel_error:.3e}")}
+                **self.detail}
 
 
-def verify(reference: Graph, candidate: Graph, seed: int) -> Verdict:
-    """Does ``candidate`` compute ``reference``'s outputs (matched by position)?"""
+def have_verifier() -> bool:
+    return importlib.util.find_spec("mirage_cli.verifier") is not None
+
+
+def verify(reference: Graph, candidate: Graph, seed: int, chosen: bool = False) -> Verdict:
+    """Does ``candidate`` compute ``reference``'s outputs (matched by position)?
+    ``chosen``: the candidate that will be ranked first (gets the float64 check too)."""
+    if have_verifier():
+        from mirage_cli.verifier.api import Verifier
+
+        cert = Verifier(reference, seed=seed).certify(candidate, crosscheck_float64=chosen)
+        doc = cert.to_json()
+        return Verdict(cert.verdict == "equivalent", str(doc.get("method")), seed,
+                       {"certificate": doc})
+    return _interim(reference, candidate, seed)
+
+
+def _interim(reference: Graph, candidate: Graph, seed: int) -> Verdict:
     ins = interp.random_inputs(reference, seed)
     cand_ins = {c.value.name: ins[r.value.name]
                 for r, c in zip(reference.inputs, candidate.inputs)}
     ref = interp.run(reference, ins, "float64")
-    out = interp.run(candidate, cand_ins, "float64")
+    out = batched.run(candidate, cand_ins)
     worst = 0.0
     for rn, cn in zip(reference.outputs, candidate.outputs):
         a, b = ref[rn], out[cn]
         if a.shape != b.shape or not np.all(np.isfinite(b)):
-            return Verdict(False, METHOD, seed, float("inf"))
-        err = float(np.linalg.norm(b - a) / max(np.linalg.norm(a), 1e-300))
-        worst = max(worst, err)
-    return Verdict(worst <= RTOL, METHOD, seed, worst)
+            return Verdict(False, INTERIM, seed, {"max_rel_error": None})
+        worst = max(worst, float(np.linalg.norm(b - a) / max(np.linalg.norm(a), 1e-300)))
+    return Verdict(worst <= RTOL, INTERIM, seed, {"max_rel_error": float(f"{worst:.3e}"),
+                                                  "rtol": RTOL})

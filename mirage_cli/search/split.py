@@ -1,0 +1,106 @@
+"""Split reduction (flash-decoding style): one fused kernel becomes two.
+
+A single-kernel design whose forloop walks a reduction (attention's keys) runs only as
+many blocks as its grid has; when that is far below the GPU's SM count, splitting the
+walked index over one more grid axis too gives more blocks. Each block then
+accumulates only its chunk, so the kernel stores its accumulators as *partial
+results* (concatenated along their last dimension), and a second kernel adds the
+chunks (``acc_sum_to`` / ``acc_sum_ld`` over the concatenated dimension) and runs the
+original epilogue. This is the kernel-level generator move that produces Mirage's
+two-kernel attention µGraphs from the one-kernel ones; it applies when every
+accumulator is a plain sum (sums split over chunks; ``mean``/``rms``/``max`` do not
+this way). Like every design, the result is re-checked by the builder at each tuning
+and verified before it is emitted.
+"""
+
+from __future__ import annotations
+
+from mirage_cli import ops
+from mirage_cli.ir import Graph
+from mirage_cli.search.design import CustomD, Design, LoadD, OpD, StoreD, Tuning, instantiate
+
+
+def split_reduction(target: Graph, design: Design, tuning: Tuning) -> Design | None:
+    """The two-kernel form of a one-kernel ``design`` (or None where it does not
+    apply). ``tuning`` is any valid tuning of ``design``; it fixes the widths of the
+    partial results."""
+    if len(design.steps) != 1 or not isinstance(design.steps[0], CustomD):
+        return None
+    c = design.steps[0]
+    if not c.looped or c.axes >= 3:
+        return None
+    g = instantiate(target, design, tuning)
+    if g is None:
+        return None
+    block = g.ops[-1].block
+    assert block is not None
+    nl = len(c.loads)
+    phase = ["loop" if ld.fmap is not None else "invariant" for ld in c.loads]
+    for o in c.ops:
+        spec = ops.get(o.op).accum
+        if spec is not None:
+            if (spec.pre, spec.combine, spec.finish) != ("id", "sum", "id"):
+                return None
+            phase.append("acc")
+        elif any(phase[a] in ("acc", "epilogue") for a in o.args):
+            phase.append("epilogue")
+        else:
+            phase.append("loop" if any(phase[a] == "loop" for a in o.args)
+                         else "invariant")
+    # Epilogue operators may read accumulators, epilogue values and invariant loads.
+    for k, o in enumerate(c.ops):
+        if phase[nl + k] == "epilogue" and any(
+                phase[a] == "invariant" and a >= nl for a in o.args):
+            return None
+    a = c.axes
+    loads1 = tuple(LoadD(ld.source, _set(ld.imap, a, ld.fmap), ld.fmap) for ld in c.loads)
+    acc_tiles = [nl + k for k, o in enumerate(c.ops) if phase[nl + k] == "acc"]
+    out_omap = c.stores[0].omap
+    stores1: list[StoreD] = []
+    for j, t in enumerate(acc_tiles):
+        rank = block.ops[t - nl].outputs[0].type.rank
+        omap = _set(tuple(out_omap[i] if i < a else None for i in range(3)), a, rank - 1)
+        if list(omap[:a]).count(rank - 1):
+            return None
+        stores1.append(StoreD(t, f"{c.stores[0].name}_part{j}", omap))
+    remap1 = {x: x for x in range(nl)}
+    k1_ops: list[OpD] = []
+    for k, o in enumerate(c.ops):
+        if phase[nl + k] != "epilogue":
+            k1_ops.append(OpD(o.op, tuple(remap1[x] for x in o.args), o.attrs))
+            remap1[nl + k] = nl + len(k1_ops) - 1
+    stores1 = [StoreD(remap1[s.tile], s.name, s.omap) for s in stores1]
+    kernel1 = CustomD(loads1, tuple(k1_ops), tuple(stores1), a + 1, True)
+    # Kernel 2: load the partials (and invariant loads the epilogue reads), reduce the
+    # chunks, run the epilogue.
+    inv_used = sorted({x for k, o in enumerate(c.ops) if phase[nl + k] == "epilogue"
+                       for x in o.args if x < nl})
+    loads2 = [LoadD(s.name, tuple(s.omap[i] if i < a else None for i in range(3)), None)
+              for s in stores1]  # type: ignore[misc]
+    loads2 += [LoadD(c.loads[x].source, c.loads[x].imap, None) for x in inv_used]
+    remap: dict[int, int] = {x: len(stores1) + i for i, x in enumerate(inv_used)}
+    ops2: list[OpD] = []
+    for j, t in enumerate(acc_tiles):
+        acc = c.ops[t - nl]
+        spec = ops.get(acc.op).accum
+        assert spec is not None
+        width = block.ops[t - nl].outputs[0].type.shape[-1]
+        if spec.reduce == "last":
+            ops2.append(OpD("acc_sum_ld", (j,), ()))
+        else:
+            ops2.append(OpD("acc_sum_to", (j,), (("width", width),)))
+        remap[t] = len(loads2) + len(ops2) - 1
+    for k, o in enumerate(c.ops):
+        if phase[nl + k] == "epilogue":
+            ops2.append(OpD(o.op, tuple(remap[x] for x in o.args), o.attrs))
+            remap[nl + k] = len(loads2) + len(ops2) - 1
+    stores2 = tuple(StoreD(remap[s.tile], s.name, s.omap) for s in c.stores)
+    kernel2 = CustomD(tuple(loads2), tuple(ops2), stores2, a, False)  # type: ignore[arg-type]
+    return Design((kernel1, kernel2), design.outputs)
+
+
+def _set(amap: tuple[int | None, ...], axis: int, dim: int | None
+         ) -> tuple[int | None, int | None, int | None]:
+    m = list(amap) + [None] * (3 - len(amap))
+    m[axis] = dim
+    return (m[0], m[1], m[2])
