@@ -304,3 +304,10 @@ def test_fmt_in_place_and_output(tmp_path: Path) -> None:
     assert messy.read_text() == out.read_text() == run_cli(("fmt", EX))[1]
     assert run_cli(("fmt", "--check", str(messy)))[0] == 0
     assert run_cli(("fmt", "-i", "--check", str(messy)))[0] == 2
+
+
+def test_quiet_still_shows_errors() -> None:
+    code, _, err = run_cli(("-q", "parse", "tests/bad_inputs/unknown_operator.mir"))
+    assert code == 2 and "unknown kernel operator 'rms_nrom'" in err
+    code, _, err = run_cli(("-q", "run", EX))
+    assert code == 0 and err == ""
