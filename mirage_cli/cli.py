@@ -24,6 +24,7 @@ COMMANDS: tuple[tuple[str, str], ...] = (
     ("parse", "parse"),
     ("fmt", "fmt"),
     ("run", "run"),
+    ("import_mirage", "import-mirage"),
 )
 
 
