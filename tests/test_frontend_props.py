@@ -124,7 +124,8 @@ def test_row_accumulators_match_kernel_reductions(acc: str, m: int, k: int, gy: 
     np.testing.assert_allclose(got, one, rtol=1e-12, atol=1e-12)
 
 
-@SETTINGS
+@settings(max_examples=60, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(graphs(max_steps=4), st.data())
 def test_fmt_keeps_every_comment(g: Graph, data: st.DataObject) -> None:
     from mirage_cli.comments import format_source, scan_comments
