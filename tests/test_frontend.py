@@ -311,3 +311,13 @@ def test_quiet_still_shows_errors() -> None:
     assert code == 2 and "unknown kernel operator 'rms_nrom'" in err
     code, _, err = run_cli(("-q", "run", EX))
     assert code == 0 and err == ""
+
+
+def test_parse_and_fmt_of_a_checkpoint_agree(tmp_path: Path) -> None:
+    pytest.importorskip("mirage_cli.importers.mirage")
+    ckpt = "tests/bad_inputs/fixtures/single_lora.json"
+    code, as_json, err = run_cli(("parse", ckpt))
+    assert code == 0, err
+    mir = tmp_path / "lora.mir"
+    assert run_cli(("fmt", ckpt, "-o", str(mir)))[0] == 0
+    assert run_cli(("parse", str(mir)))[1] == as_json
