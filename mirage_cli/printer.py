@@ -24,6 +24,7 @@ from collections.abc import Mapping
 
 from mirage_cli.diagnostics import MirageError, Span
 from mirage_cli.ir import GRID_AXES, Attrs, AttrValue, AxisMap, BlockGraph, Graph, Input, KernelOp
+from mirage_cli.parser import eval_int
 from mirage_cli.syntax import KEYWORDS, expr_text, parse_dim_expr
 
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
@@ -84,8 +85,6 @@ def _dims(inp: Input, env: dict[str, int]) -> list[str]:
     shape = inp.value.type.shape
     if len(inp.dims_src) == len(shape):
         try:
-            from mirage_cli.parser import eval_int
-
             exprs = [parse_dim_expr(s) for s in inp.dims_src]
             if all(eval_int(e, env, "a dimension") == d for e, d in zip(exprs, shape)):
                 return [expr_text(e) for e in exprs]
