@@ -7,6 +7,7 @@ random inputs in float64 through the reference interpreter.
 
 from __future__ import annotations
 
+import copy
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -335,6 +336,16 @@ MALFORMED: list[tuple[str, Callable[[Any], None], str]] = [
                                _set(BLOCK + ["operators", 0, "forloop_dim"], 1)(doc)),
      "forloop_range must be positive, got 0"),
     ("grid-0", _set(BLOCK + ["grid_dim", "x"], 0), "grid_dim must be positive"),
+    ("binding", _set(BLOCK + ["operators", 0, "dtensor", "guid"], 2),
+     "dtensor guid 2 is not the kernel's input 1 at this position"),
+    ("extra-load", lambda doc: _bgraph_ops(doc).insert(1, copy.deepcopy(_bgraph_ops(doc)[0])),
+     "more tb_input_ops than the kernel's 1 inputs"),
+    ("no-store", lambda doc: _bgraph_ops(doc).pop(),
+     ("the block graph loads 1 and stores 0 tensors, but the kernel has 1 inputs and 1 "
+      "outputs")),
+    ("use-before-def", lambda doc: doc[0].insert(0, doc[0].pop(1)),
+     ("candidate 0, op 0 (kn_customized_op), input_tensors[0]: tensor guid 1 is not "
+      "produced by an earlier operator")),
     ("distributed", _set([0, 0, "input_map", "x"], 0), "partitions the tensor over several GPUs"),
     ("not-a-list", lambda doc: doc.__setitem__(0, {"op_type": "kn_input_op"}),
      "candidate 0: expected a list of operators"),
