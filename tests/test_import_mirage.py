@@ -503,3 +503,14 @@ def test_the_numbering_option(tmp_path: Path) -> None:
     ok = _cli(["import-mirage", str(path), "--mirage-dtypes", "2025-06", "--index", "0"])
     assert ok.exit_code == 0
     assert '"dtype": "bf16"' in ok.stdout
+
+
+@needs_ckpts
+@pytest.mark.parametrize("name", FILES)
+def test_imported_graphs_print_and_parse_back(name: str) -> None:
+    """Every imported µGraph can be written as .mir (DESIGN §2) and read back equal."""
+    from mirage_cli.parser import parse_text
+    from mirage_cli.printer import print_graph
+
+    for g in _import(name):
+        assert parse_text(print_graph(g), f"{g.name}.mir") == g
