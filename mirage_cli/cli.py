@@ -21,6 +21,7 @@ from mirage_cli.diagnostics import MirageError
 
 # Module name in mirage_cli.commands -> command name.
 COMMANDS: tuple[tuple[str, str], ...] = (
+    ("verify", "verify"),
 )
 
 

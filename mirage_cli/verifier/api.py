@@ -183,7 +183,7 @@ class Verifier:
                                for k, i in enumerate(self.reference.inputs)]
         return self._inputs[t]
 
-    def _run(self, g: Graph, t: int) -> tuple[list[np.ndarray] | None, bool, str]:
+    def run_trial(self, g: Graph, t: int) -> tuple[list[np.ndarray] | None, bool, str]:
         ctx = TrialContext(self.seed, t)
         try:
             outs = [o.p for o in evaluate(g, self.trial_inputs(t), ctx)]
@@ -193,7 +193,7 @@ class Verifier:
 
     def reference_outputs(self, t: int) -> tuple[list[np.ndarray] | None, bool, str]:
         if t not in self._ref:
-            self._ref[t] = self._run(self.reference, t)
+            self._ref[t] = self.run_trial(self.reference, t)
         return self._ref[t]
 
     # -- verdicts ---------------------------------------------------------------
@@ -208,7 +208,7 @@ class Verifier:
                 return Verdict(None, passed, discarded, reason="a division met a zero "
                                "divisor in every trial")
             ref, ref_zero, why = self.reference_outputs(t)
-            out, zero, why_c = self._run(candidate, t) if ref is not None else (None, False, "")
+            out, zero, why_c = self.run_trial(candidate, t) if ref is not None else (None, False, "")
             if ref is None or out is None:
                 return Verdict(None, passed, discarded, reason=why or why_c)
             if ref_zero or zero:
