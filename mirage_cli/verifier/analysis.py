@@ -17,7 +17,8 @@ from math import prod
 from mirage_cli import ops
 from mirage_cli.check import block_phases
 from mirage_cli.ir import BlockGraph, Graph, TensorType
-from mirage_cli.verifier.semantics import FieldSem, Stat
+from mirage_cli.verifier.degrees import ITER, Stat, spread
+from mirage_cli.verifier.semantics import FieldSem
 
 
 @dataclass
@@ -72,7 +73,8 @@ def _apply(name: str, args: list[Stat], in_types: list[TensorType], out: TensorT
     prof.operators.add(name)
     if s.random_fn is not None:
         use = prof.random.setdefault(s.random_fn, RandomUse())
-        n = prod(in_types[0].shape) if s.keys_from == "in" else prod(out.shape)
+        n = {"in": prod(in_types[0].shape), "out": prod(out.shape),
+             "rows": prod(in_types[0].shape[:-1])}[s.keys_from]
         if opdef.accum is not None and s.keys_from == "in":
             n *= forloop
         use.keys += n * copies
@@ -81,21 +83,45 @@ def _apply(name: str, args: list[Stat], in_types: list[TensorType], out: TensorT
         # Two different keys N1/D1, N2/D2 collide iff N1 D2 - N2 D1 vanishes.
         use.key_degree = max(use.key_degree, key.num + key.den)
         use.p_only = use.p_only or any(a.p_only for a in args)
-    if s.divides:
-        worst = max([a.num + a.den for a in args] + [1]) + 1
-        prof.inversions += prod(out.shape) * copies * worst
+    if s.inverts is not None:
+        count, degree = s.inverts(args, [t.shape for t in in_types])
+        prof.inversions += count * copies * degree
     return result
 
 
 def _block(bg: BlockGraph, kstats: dict[str, Stat], prof: Profile) -> list[Stat]:
     phases = block_phases(bg)
-    stats: dict[str, Stat] = {bi.value.name: kstats[bi.source] for bi in bg.inputs}
+    stats: dict[str, Stat] = {bi.value.name: _load(kstats[bi.source], bi.fmap,
+                                                    bi.value.type.rank) for bi in bg.inputs}
     types: dict[str, TensorType] = {bi.value.name: bi.value.type for bi in bg.inputs}
+    # Grid axes a block tensor depends on: blocks that agree on those compute the same
+    # formal values, so their random-function keys are not distinct.
+    deps: dict[str, frozenset[int]] = {
+        bi.value.name: frozenset(a for a in range(3) if bi.imap[a] is not None)
+        for bi in bg.inputs}
     for op in bg.ops:
         out = op.outputs[0]
-        copies = bg.num_blocks * (bg.forloop if phases[out.name] == "loop" else 1)
+        deps[out.name] = frozenset().union(*(deps[i] for i in op.inputs))
+        copies = prod(bg.grid[a] for a in deps[out.name]) * (
+            bg.forloop if phases[out.name] == "loop" else 1)
         stats[out.name] = _apply(op.op, [stats[i] for i in op.inputs],
                                  [types[i] for i in op.inputs], out.type, op.attrs,
                                  bg.forloop, copies, prof)
         types[out.name] = out.type
-    return [stats[bo.source] for bo in bg.outputs]
+    return [_store(stats[bo.source], bo.omap, bg.grid, bo.value.type.shape)
+            for bo in bg.outputs]
+
+
+def _load(s: Stat, fmap: int | None, rank: int) -> Stat:
+    """A tile's denominator varies across iterations if the forloop splits an axis
+    along which the device tensor's denominator varies."""
+    if fmap is not None and fmap - rank in s.den_var:
+        return s.with_axes(s.den_var | {ITER})
+    return s
+
+
+def _store(s: Stat, omap: tuple, grid: tuple[int, int, int], shape: tuple[int, ...]) -> Stat:
+    """Blocks' tiles concatenated: the denominator may differ from block to block."""
+    axes = set(s.den_var) - {ITER}
+    axes |= {d - len(shape) for d, g in zip(omap, grid) if d is not None and g > 1}
+    return s.with_axes(frozenset(axes) & spread(shape))

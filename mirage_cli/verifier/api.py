@@ -35,7 +35,7 @@ from mirage_cli.verifier.analysis import Profile, profile
 from mirage_cli.verifier.bound import TrialBound, trial_bound
 from mirage_cli.verifier.crosscheck import CrossCheck, crosscheck
 from mirage_cli.verifier.evaluate import evaluate
-from mirage_cli.verifier.field import P, Q
+from mirage_cli.verifier.field import INPUT_BITS, P, Q
 from mirage_cli.verifier.semantics import EXACT, FieldSem
 from mirage_cli.verifier.values import FVal, TrialContext, Unsupported
 
@@ -289,10 +289,10 @@ def _combine(fv: Verdict, cc: CrossCheck | None) -> tuple[str, str | None]:
 
 
 def _random_input(seed: int, t: int, k: int, shape: tuple[int, ...]) -> FVal:
-    def draw(which: int, m: int) -> np.ndarray:
+    def draw(which: int) -> np.ndarray:
         rng = np.random.default_rng([seed, t, k, which])
-        return rng.integers(0, m, size=shape, dtype=np.int64)
-    return FVal(lambda: draw(0, P), lambda: draw(1, Q))
+        return rng.integers(0, 1 << INPUT_BITS, size=shape, dtype=np.int64)
+    return FVal(lambda: draw(0), lambda: draw(1))
 
 
 def _mismatch(a: Graph, b: Graph, ya: list[np.ndarray], yb: list[np.ndarray]

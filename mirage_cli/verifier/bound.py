@@ -4,14 +4,14 @@ For two graphs that are NOT equivalent in the field model, one trial (inputs dra
 uniformly from Z_P and Z_Q, fresh random functions and a fresh generator g) passes with
 probability at most
 
-    eps = (d / Q + sum_f C(k_f, 2) * c_f) / (1 - z / Q)
+    eps = (d / 2^22 + sum_f C(k_f, 2) * c_f) / (1 - z / Q)
 
 - ``d``: degree of the cleared difference N_A D_B - N_B D_A of the first differing
   output (max over outputs of max(n_A + d_B, n_B + d_A)); Schwartz-Zippel over
-  variables drawn from sets of size >= Q;
+  variables drawn from sets of size >= 2^22 (inputs are drawn from [0, 2^22));
 - ``k_f``: keys fed to random function f in one trial by both graphs together;
-  ``c_f``: probability that two different keys of degree <= e collide, (e/P)(e/Q)
-  when keys carry both residues, e/P when they exist in Z_P only;
+  ``c_f``: probability that two different keys of degree <= e collide, (e/2^22)^2
+  when keys carry both (independently drawn) residues, e/2^22 in Z_P only;
 - ``z``: the zero-divisor risk (elements inverted x their degree, both graphs); trials
   that hit a zero divisor are discarded, which conditions on the event of probability
   >= 1 - z/Q that none does.
@@ -25,7 +25,7 @@ import math
 from dataclasses import dataclass
 
 from mirage_cli.verifier.analysis import Profile
-from mirage_cli.verifier.field import P, Q
+from mirage_cli.verifier.field import INPUT_BITS, P, Q
 
 
 @dataclass(frozen=True)
@@ -53,14 +53,18 @@ class TrialBound:
 def trial_bound(a: Profile, b: Profile) -> TrialBound:
     d = max([max(x.num + y.den, y.num + x.den) for x, y in zip(a.outputs, b.outputs)]
             + [1])
-    sz = d / Q
+    # Inputs range over a set of 2^INPUT_BITS, random atoms over Z_P, exp atoms over
+    # the order-Q subgroup: the smallest sampling set is the inputs'.
+    sz = d / min(Q, 1 << INPUT_BITS)
     coll = 0.0
     for name in sorted(set(a.random) | set(b.random)):
         ua, ub = a.random.get(name), b.random.get(name)
         uses = [u for u in (ua, ub) if u is not None]
         k = sum(u.keys for u in uses)
         e = max(u.key_degree for u in uses)
-        c = e / P if any(u.p_only for u in uses) else (e / P) * (e / Q)
+        # Each residue of a key is a polynomial in inputs drawn from a set of size s.
+        s = min(Q, 1 << INPUT_BITS)
+        c = e / s if any(u.p_only for u in uses) else (e / s) ** 2
         coll += k * (k - 1) / 2 * c
     z = (a.inversions + b.inversions) / Q
     per = 1.0 if z >= 1 else (sz + coll) / (1 - z)

@@ -9,10 +9,9 @@ fits in an int64 and never overflows.
 
 Matrix products cannot use int64 numpy matmul (slow, and sums of 4096 products of
 two 31-bit numbers overflow). They are computed exactly with float64 BLAS instead:
-each residue is split into a 15-bit high and 16-bit low limb, three limb products are
-formed (Karatsuba), every partial sum stays below 2^53 (exact in float64) because the
-reduction dimension is cut into chunks of at most 2^18, and the results are reduced
-mod the prime in int64.
+operands are split into 16-bit limbs where needed and the reduction dimension is cut
+into chunks so that every partial sum stays below 2^53 (exact in float64); the chunk
+results are reduced mod the prime in int64 (see :func:`matmul_mod`).
 
 Random functions (for operators with no field meaning) are a keyed 64-bit mixer
 (splitmix64's finaliser) applied element-wise; both graphs of a comparison use the same
@@ -29,24 +28,65 @@ P = 2147483579
 Q = 1073741789
 assert P == 2 * Q + 1
 
-_CHUNK = 1 << 18  # reduction-dimension chunk of exact float64 limb products
+# Inputs are drawn from [0, 2^INPUT_BITS) (a subset of both fields): Schwartz-Zippel
+# only needs a large sampling set, and small inputs let a product of two inputs be
+# summed exactly in float64 without splitting into limbs.
+INPUT_BITS = 22
+_EXACT_BITS = 53  # float64 represents every integer below 2^53 exactly
+
+
+def _bits(x: np.ndarray) -> int:
+    return int(x.max()).bit_length() if x.size else 0
+
+
+def _chunk(bits_a: int, bits_b: int) -> int:
+    """Largest number of products of such operands that sum exactly in float64."""
+    return 1 << max(0, _EXACT_BITS - bits_a - bits_b)
+
+
+def _gemm(a: np.ndarray, b: np.ndarray, m: int, chunk: int) -> np.ndarray:
+    """``(a @ b) mod m`` by float64 GEMMs over chunks of the reduction dimension in
+    which every partial sum is exact."""
+    k = a.shape[-1]
+    af, bf = a.astype(np.float64), b.astype(np.float64)
+    out = None
+    for s in range(0, k, chunk):
+        part = np.matmul(af[..., s:s + chunk], bf[..., s:s + chunk, :]).astype(np.int64) % m
+        out = part if out is None else (out + part) % m
+    assert out is not None
+    return out
 
 
 def matmul_mod(a: np.ndarray, b: np.ndarray, m: int) -> np.ndarray:
-    """``(a @ b) mod m`` for residues in [0, m), m < 2^31, batched like np.matmul."""
+    """``(a @ b) mod m`` for residues in [0, m), m < 2^31, batched like np.matmul.
+
+    The cheapest exact scheme for the operands' actual magnitudes: one GEMM when
+    products of the two are small enough (e.g. two inputs); else the larger operand
+    split into a 16-bit low and a high limb (two GEMMs); else both split (Karatsuba,
+    three GEMMs)."""
     k = a.shape[-1]
-    if k > _CHUNK:
-        out = None
-        for s in range(0, k, _CHUNK):
-            part = matmul_mod(a[..., s:s + _CHUNK], b[..., s:s + _CHUNK, :], m)
-            out = part if out is None else (out + part) % m
-        assert out is not None
-        return out
-    a1, a0 = (a >> 16).astype(np.float64), (a & 0xFFFF).astype(np.float64)
-    b1, b0 = (b >> 16).astype(np.float64), (b & 0xFFFF).astype(np.float64)
-    hi = np.matmul(a1, b1).astype(np.int64) % m
-    lo = np.matmul(a0, b0).astype(np.int64) % m
-    mid = np.matmul(a1 + a0, b1 + b0).astype(np.int64) % m
+    ba, bb = _bits(a), _bits(b)
+    want = min(k, 512)
+    if _chunk(ba, bb) >= want:
+        return _gemm(a, b, m, _chunk(ba, bb))
+    big_a = ba >= bb
+    hi_bits = max(ba, bb) - 16
+    if _chunk(max(hi_bits, 16), min(ba, bb)) >= want:
+        c = _chunk(max(hi_bits, 16), min(ba, bb))
+        if big_a:
+            hi, lo = _gemm(a >> 16, b, m, c), _gemm(a & 0xFFFF, b, m, c)
+        else:
+            hi, lo = _gemm(a, b >> 16, m, c), _gemm(a, b & 0xFFFF, m, c)
+        return ((hi << 16) % m + lo) % m
+    return _karatsuba(a, b, m)
+
+
+def _karatsuba(a: np.ndarray, b: np.ndarray, m: int) -> np.ndarray:
+    """Both operands split into 15+16-bit limbs: three GEMMs of 17-bit numbers."""
+    c = _chunk(17, 17)
+    hi = _gemm(a >> 16, b >> 16, m, c)
+    lo = _gemm(a & 0xFFFF, b & 0xFFFF, m, c)
+    mid = _gemm((a >> 16) + (a & 0xFFFF), (b >> 16) + (b & 0xFFFF), m, c)
     mid = (mid - hi - lo) % m
     # hi * 2^32 + mid * 2^16 + lo, reduced step by step to stay below 2^63.
     r = (hi << 16) % m

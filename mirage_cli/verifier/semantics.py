@@ -31,25 +31,18 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from mirage_cli.verifier import field as F
+from mirage_cli.verifier.degrees import (Stat, StatFn, inv_all, inv_divisor, inv_rows,
+                                         st_acc_rms_key, st_accumulate, st_add, st_atom,
+                                         st_concat, st_div, st_exp, st_inv_atom, st_matmul,
+                                         st_mul, st_reduce, st_rms_key, st_rms_norm,
+                                         st_same, st_softmax, st_square, st_sum_to)
 from mirage_cli.verifier.values import FVal, TrialContext
 
 Attrs = dict[str, Any]
 Shape = tuple[int, ...]
 
 
-@dataclass(frozen=True)
-class Stat:
-    """Static facts of a tensor for the bound: every element is a rational function
-    of degree ``num`` over ``den`` in the inputs and random atoms; ``p_only`` if it
-    has no meaning in Z_Q (downstream of exp)."""
-
-    num: int
-    den: int
-    p_only: bool = False
-
-
 EvalFn = Callable[[Sequence[FVal], Attrs, TrialContext], FVal]
-StatFn = Callable[[Sequence[Stat], Sequence[Shape], Attrs, int], Stat]
 
 
 @dataclass(frozen=True)
@@ -61,10 +54,11 @@ class FieldSem:
     treatment: str
     # Random function family this operator draws from (None: exact arithmetic).
     random_fn: str | None = None
-    # Where the keys of that random function come from: one per input or output element.
     keys_from: str = "out"
-    # Whether the operator inverts a field element (a possible zero divisor).
-    divides: bool = False
+    # Field inversions it performs: (elements, degree) from operand stats and shapes.
+    inverts: "Callable[[Sequence[Stat], Sequence[Shape]], tuple[int, int]] | None" = None
+    # Keys per application of the random function: "out" elements, "in" elements,
+    # or "rows" (elements of the input without its last dim).
     # Degree of the random function's key, when it is not the operand itself.
     key_stat: "StatFn | None" = None
 
@@ -268,112 +262,6 @@ def ev_matmul(xs: Sequence[FVal], a: Attrs, ctx: TrialContext) -> FVal:
 
 
 # ---------------------------------------------------------------------------
-# Static facts for the bound
-# ---------------------------------------------------------------------------
-
-
-def _p_only(ss: Sequence[Stat]) -> bool:
-    return any(s.p_only for s in ss)
-
-
-def st_same(ss: Sequence[Stat], shapes: Sequence[Shape], a: Attrs, f: int) -> Stat:
-    return ss[0]
-
-
-def st_add(ss: Sequence[Stat], shapes: Sequence[Shape], a: Attrs, f: int) -> Stat:
-    x, y = ss
-    if x.den == 0 and y.den == 0:
-        return Stat(max(x.num, y.num), 0, _p_only(ss))
-    return Stat(max(x.num + y.den, y.num + x.den), x.den + y.den, _p_only(ss))
-
-
-def st_mul(ss: Sequence[Stat], shapes: Sequence[Shape], a: Attrs, f: int) -> Stat:
-    x, y = ss
-    return Stat(x.num + y.num, x.den + y.den, _p_only(ss))
-
-
-def st_div(ss: Sequence[Stat], shapes: Sequence[Shape], a: Attrs, f: int) -> Stat:
-    x, y = ss
-    return Stat(x.num + y.den, x.den + y.num, _p_only(ss))
-
-
-def st_square(ss: Sequence[Stat], shapes: Sequence[Shape], a: Attrs, f: int) -> Stat:
-    return Stat(2 * ss[0].num, 2 * ss[0].den, ss[0].p_only)
-
-
-def st_atom(ss: Sequence[Stat], shapes: Sequence[Shape], a: Attrs, f: int) -> Stat:
-    """A random-function value: a fresh variable of degree 1."""
-    return Stat(1, 0, False)
-
-
-def st_inv_atom(ss: Sequence[Stat], shapes: Sequence[Shape], a: Attrs, f: int) -> Stat:
-    return Stat(0, 1, False)
-
-
-def st_exp(ss: Sequence[Stat], shapes: Sequence[Shape], a: Attrs, f: int) -> Stat:
-    return Stat(1, 0, True)
-
-
-def summed(s: Stat, n: int) -> Stat:
-    """A sum of n terms of degree s: polynomials keep their degree; rational terms
-    may have n different denominators (worst case)."""
-    if s.den == 0 or n == 1:
-        return s
-    return Stat(s.num + (n - 1) * s.den, n * s.den, s.p_only)
-
-
-def st_matmul(ss: Sequence[Stat], shapes: Sequence[Shape], a: Attrs, f: int) -> Stat:
-    return summed(st_mul(ss, shapes, a, f), shapes[0][-1])
-
-
-def st_reduce(ss: Sequence[Stat], shapes: Sequence[Shape], a: Attrs, f: int) -> Stat:
-    return summed(ss[0], shapes[0][int(a["dim"])])
-
-
-def st_sum_to(ss: Sequence[Stat], shapes: Sequence[Shape], a: Attrs, f: int) -> Stat:
-    return summed(ss[0], shapes[0][-1] // int(a["width"]))
-
-
-def st_rms_norm(ss: Sequence[Stat], shapes: Sequence[Shape], a: Attrs, f: int) -> Stat:
-    y = st_div([ss[0], Stat(1, 0)], shapes, a, f)
-    return st_mul([y, ss[1]], shapes, a, f) if len(ss) == 2 else y
-
-
-def st_softmax(ss: Sequence[Stat], shapes: Sequence[Shape], a: Attrs, f: int) -> Stat:
-    return Stat(1, 1, True)
-
-
-def st_rms_key(ss: Sequence[Stat], shapes: Sequence[Shape], a: Attrs, f: int) -> Stat:
-    """The key of rms's random sqrt: mean of squares over the last dim (+ eps)."""
-    return summed(st_square(ss[:1], shapes, a, f), shapes[0][-1])
-
-
-def st_acc_rms_key(spec: Any) -> StatFn:
-    def st(ss: Sequence[Stat], shapes: Sequence[Shape], a: Attrs, f: int) -> Stat:
-        n = f * (shapes[0][-1] if spec.reduce == "last" else 1)
-        return summed(st_square(ss, shapes, a, f), n)
-    return st
-
-
-def st_concat(ss: Sequence[Stat], shapes: Sequence[Shape], a: Attrs, f: int) -> Stat:
-    return Stat(max(s.num for s in ss), max(s.den for s in ss), _p_only(ss))
-
-
-def st_accumulate(spec: Any) -> StatFn:
-    def st(ss: Sequence[Stat], shapes: Sequence[Shape], a: Attrs, f: int) -> Stat:
-        if spec.combine == "max" or spec.finish == "rms":
-            return Stat(1, 0, False)
-        s = st_square(ss, shapes, a, f) if spec.pre == "square" else ss[0]
-        n = f
-        if spec.reduce == "last":
-            n *= shapes[0][-1]
-        elif spec.reduce == "to_width":
-            n *= shapes[0][-1] // int(a["width"])
-        return summed(s, n)
-    return st
-
-
-# ---------------------------------------------------------------------------
 # The table (looked up by ops.py)
 # ---------------------------------------------------------------------------
 
@@ -385,7 +273,7 @@ SEMANTICS: dict[str, FieldSem] = {
     "add": FieldSem(_ring(lambda x, y, m: (x + y) % m), st_add, EXACT),
     "sub": FieldSem(_ring(lambda x, y, m: (x - y) % m), st_add, EXACT),
     "mul": FieldSem(_ring(lambda x, y, m: x * y % m), st_mul, EXACT),
-    "div": FieldSem(ev_div, st_div, RATIONAL, divides=True),
+    "div": FieldSem(ev_div, st_div, RATIONAL, inverts=inv_divisor),
     "exp": FieldSem(ev_exp, st_exp, "exp(a) = g^a: Z_Q additive -> Z_P multiplicative, "
                     "g of order Q drawn per trial"),
     "silu": FieldSem(_ev_random("silu"), st_atom, "random function per trial, shared by "
@@ -397,7 +285,7 @@ SEMANTICS: dict[str, FieldSem] = {
     "sqrt": FieldSem(_ev_random("sqrt"), st_atom, "random function per trial, shared by "
                      "both sides", random_fn="sqrt"),
     "rsqrt": FieldSem(ev_rsqrt, st_inv_atom, "1 / (the random sqrt of this trial)",
-                      random_fn="sqrt", divides=True),
+                      random_fn="sqrt", inverts=inv_all),
     "square": FieldSem(_ring(lambda x, m: x * x % m), st_square, EXACT),
     "neg": FieldSem(_ring(lambda x, m: -x % m), st_same, EXACT),
     "mul_scalar": FieldSem(ev_mul_scalar, st_same, EXACT + " (the scalar as an exact "
@@ -408,12 +296,12 @@ SEMANTICS: dict[str, FieldSem] = {
                     "reduced, per trial, shared by both sides", random_fn="max",
                     keys_from="in"),
     "rms": FieldSem(ev_rms, st_atom, "random sqrt of (mean of squares + eps)",
-                    random_fn="sqrt", key_stat=st_rms_key),
+                    random_fn="sqrt", keys_from="rows", key_stat=st_rms_key),
     "rms_norm": FieldSem(ev_rms_norm, st_rms_norm, "x / random sqrt of (mean of squares "
-                         "+ eps), times g", random_fn="sqrt", divides=True,
-                         key_stat=st_rms_key),
+                         "+ eps), times g", random_fn="sqrt", keys_from="rows",
+                         inverts=inv_rows, key_stat=st_rms_key),
     "softmax": FieldSem(ev_softmax, st_softmax, "exp (as above) divided by its sum",
-                        divides=True),
+                        inverts=inv_rows),
     "concat": FieldSem(ev_concat, st_concat, EXACT),
     "sum_to": FieldSem(ev_sum_to, st_sum_to, EXACT),
 }
