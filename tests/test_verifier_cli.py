@@ -59,6 +59,7 @@ def test_not_equivalent_writes_counterexample(tmp_path: Path) -> None:
 
 def test_bad_inputs_exit_2(tmp_path: Path) -> None:
     a, _ = _pair(EQUIVALENT, "gqa flash decoding", tmp_path)
+    (tmp_path / "other").mkdir()
     b, _ = _pair(EQUIVALENT, "distributivity", tmp_path / "other")
     r = CliRunner().invoke(main, ["verify", a, b])
     assert r.exit_code == 2 and "input" in r.output
