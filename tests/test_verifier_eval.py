@@ -64,9 +64,14 @@ def _unit(a: np.ndarray) -> np.ndarray:
     return a.reshape((1,) * LEAD + a.shape)
 
 
+def _each(x: FVal, fn) -> FVal:  # type: ignore[no-untyped-def]
+    """``fn`` applied to every residue ``x`` has."""
+    vs = [x.get(i) for i in range(3)]
+    return FVal.of(*[None if v is None else fn(v) for v in vs])  # type: ignore[arg-type]
+
+
 def _slice(x: FVal, sl: tuple) -> FVal:
-    q = x.q
-    return FVal.of(x.p[sl], None if q is None else q[sl])
+    return _each(x, lambda v: v[sl])
 
 
 def loop_block(bg: BlockGraph, env: dict[str, FVal], ctx: TrialContext) -> list[np.ndarray]:
@@ -97,10 +102,9 @@ def loop_block(bg: BlockGraph, env: dict[str, FVal], ctx: TrialContext) -> list[
         for op in bg.ops:
             if ops.get(op.op).is_accumulator:
                 xs = collected[op.outputs[0].name]
-                q0 = xs[0].q
-                stacked = FVal.of(np.concatenate([x.p for x in xs], axis=3),
-                                  None if q0 is None else
-                                  np.concatenate([x.q for x in xs], axis=3))  # type: ignore[misc]
+                parts = [[x.get(i) for x in xs] for i in range(3)]
+                stacked = FVal.of(*[None if p[0] is None else np.concatenate(p, axis=3)
+                                    for p in parts])  # type: ignore[arg-type]
                 vals[op.outputs[0].name] = sem(op.op).eval(
                     [stacked], ops.get(op.op).attr_values(op.attrs), bctx)
         _run_phase(bg, vals, bctx, phases, "epilogue")
@@ -111,8 +115,7 @@ def loop_block(bg: BlockGraph, env: dict[str, FVal], ctx: TrialContext) -> list[
 
 
 def _lift_unit(x: FVal) -> FVal:
-    q = x.q
-    return FVal.of(_unit(x.p), None if q is None else _unit(q))
+    return _each(x, _unit)
 
 
 def _run_phase(bg: BlockGraph, vals: dict[str, FVal], ctx: TrialContext,

@@ -292,7 +292,7 @@ def _random_input(seed: int, t: int, k: int, shape: tuple[int, ...]) -> FVal:
     def draw(which: int) -> np.ndarray:
         rng = np.random.default_rng([seed, t, k, which])
         return rng.integers(0, 1 << INPUT_BITS, size=shape, dtype=np.int64)
-    return FVal(lambda: draw(0), lambda: draw(1))
+    return FVal(lambda: draw(0), lambda: draw(1), lambda: draw(2))
 
 
 def _mismatch(a: Graph, b: Graph, ya: list[np.ndarray], yb: list[np.ndarray]

@@ -10,8 +10,9 @@ probability at most
   output (max over outputs of max(n_A + d_B, n_B + d_A)); Schwartz-Zippel over
   variables drawn from sets of size >= 2^22 (inputs are drawn from [0, 2^22));
 - ``k_f``: keys fed to random function f in one trial by both graphs together;
-  ``c_f``: probability that two different keys of degree <= e collide, (e/2^22)^2
-  when keys carry both (independently drawn) residues, e/2^22 in Z_P only;
+  ``c_f``: probability that two different keys of degree <= e collide, (e/2^22)^3
+  when keys carry all three residues (mod P, mod Q, mod P at a second, independent
+  point), e/2^22 when they exist in Z_P only (downstream of exp);
 - ``z``: the zero-divisor risk (elements inverted x their degree, both graphs); trials
   that hit a zero divisor are discarded, which conditions on the event of probability
   >= 1 - z/Q that none does.
@@ -62,9 +63,10 @@ def trial_bound(a: Profile, b: Profile) -> TrialBound:
         uses = [u for u in (ua, ub) if u is not None]
         k = sum(u.keys for u in uses)
         e = max(u.key_degree for u in uses)
-        # Each residue of a key is a polynomial in inputs drawn from a set of size s.
+        # Each residue of a key is a polynomial in inputs drawn from a set of size s;
+        # keys carry three residues at independent points (one after exp).
         s = min(Q, 1 << INPUT_BITS)
-        c = e / s if any(u.p_only for u in uses) else (e / s) ** 2
+        c = e / s if any(u.p_only for u in uses) else (e / s) ** 3
         coll += k * (k - 1) / 2 * c
     z = (a.inversions + b.inversions) / Q
     per = 1.0 if z >= 1 else (sz + coll) / (1 - z)

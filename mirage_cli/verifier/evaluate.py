@@ -14,7 +14,7 @@ interpreter's block-by-block loops compute (tests compare the two on random grap
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -51,13 +51,14 @@ def _kernel_op(op: KernelOp, env: dict[str, FVal], types: dict[str, TensorType],
     return [sem(op.op).eval([env[i] for i in op.inputs], opdef.attr_values(op.attrs), ctx)]
 
 
-def _map_residues(x: FVal, fn: "object") -> FVal:
-    f = fn  # a Callable[[np.ndarray], np.ndarray]
-
-    def fq() -> np.ndarray | None:
-        q = x.q
-        return None if q is None else f(q)  # type: ignore[operator]
-    return FVal(lambda: f(x.p), fq)  # type: ignore[operator]
+def _map_residues(x: FVal, fn: Callable[[np.ndarray], np.ndarray]) -> FVal:
+    """The same reshaping applied to every residue ``x`` has."""
+    def part(i: int) -> Callable[[], np.ndarray | None]:
+        def f() -> np.ndarray | None:
+            v = x.get(i)
+            return None if v is None else fn(v)
+        return f
+    return FVal(part(0), part(1), part(2))
 
 
 def split_input(x: np.ndarray, grid: tuple[int, int, int], forloop: int, imap: AxisMap,

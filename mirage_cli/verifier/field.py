@@ -162,20 +162,28 @@ def mix64(x: np.ndarray) -> np.ndarray:
     return x
 
 
-def hash_key(salt: int, kp: np.ndarray, kq: np.ndarray | None) -> np.ndarray:
-    """A 64-bit pseudo-random function of (salt, kp[, kq]) per element."""
+def hash_key(salt: int, *parts: np.ndarray | None) -> np.ndarray:
+    """A 64-bit pseudo-random function of (salt, residues...) per element; ``None``
+    parts (residues a value does not have) are skipped."""
     with np.errstate(over="ignore"):
-        h = mix64(kp.astype(np.uint64) ^ np.uint64(salt & (2**64 - 1)))
-        if kq is not None:
-            h = mix64(h + kq.astype(np.uint64) * _GOLD)
+        h: np.ndarray | None = None
+        for i, part in enumerate(parts):
+            if part is None:
+                continue
+            x = part.astype(np.uint64) * _GOLD + np.uint64(i + 1)
+            h = mix64(x ^ np.uint64(salt & (2**64 - 1))) if h is None else mix64(h + x)
+        assert h is not None
         return mix64(h + _GOLD)
 
 
-def hash_to_fields(h: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Two residues (mod P, mod Q) from 64-bit hashes, almost uniform (bias < 2^-32)."""
+def hash_to_fields(h: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Three residues (mod P, mod Q, mod P) from 64-bit hashes, almost uniform
+    (bias < 2^-32)."""
     hp = (h >> np.uint64(1)) % np.uint64(P)
-    hq = mix64(h ^ _GOLD) >> np.uint64(1)
-    return hp.astype(np.int64), (hq % np.uint64(Q)).astype(np.int64)
+    h2 = mix64(h ^ _GOLD)
+    hq = (h2 >> np.uint64(1)) % np.uint64(Q)
+    hr = (mix64(h2 ^ _GOLD) >> np.uint64(1)) % np.uint64(P)
+    return hp.astype(np.int64), hq.astype(np.int64), hr.astype(np.int64)
 
 
 @lru_cache(maxsize=64)

@@ -36,7 +36,7 @@ from mirage_cli.verifier.degrees import (Stat, StatFn, inv_all, inv_divisor, inv
                                          st_concat, st_div, st_exp, st_inv_atom, st_matmul,
                                          st_mul, st_reduce, st_rms_key, st_rms_norm,
                                          st_same, st_softmax, st_square, st_sum_to)
-from mirage_cli.verifier.values import FVal, TrialContext
+from mirage_cli.verifier.values import MODULI, FVal, TrialContext, Unsupported
 
 Attrs = dict[str, Any]
 Shape = tuple[int, ...]
@@ -71,13 +71,19 @@ Res = np.ndarray
 
 
 def lift(fn: Callable[..., Res]) -> Callable[[Sequence[FVal], int | None], FVal]:
-    """Apply ``fn(*residues, m)`` in both fields; the Z_Q side exists iff every
-    operand has one."""
+    """Apply ``fn(*residues, m)`` to every residue; a residue exists iff every
+    operand has it."""
     def apply(xs: Sequence[FVal], _: int | None = None) -> FVal:
-        def fq() -> Res | None:
-            qs = [x.q for x in xs]
-            return None if any(q is None for q in qs) else fn(*qs, F.Q)
-        return FVal(lambda: fn(*(x.p for x in xs), F.P), fq)
+        def part(i: int) -> Callable[[], Res | None]:
+            def f() -> Res | None:
+                vs = [x.get(i) for x in xs]
+                if any(v is None for v in vs):
+                    if i == 0:
+                        raise Unsupported("a value has no meaning in Z_P")
+                    return None
+                return fn(*vs, MODULI[i])
+            return f
+        return FVal(part(0), part(1), part(2))
     return apply
 
 
@@ -106,18 +112,18 @@ def ev_mul_scalar(xs: Sequence[FVal], a: Attrs, ctx: TrialContext) -> FVal:
 
 def ev_exp(xs: Sequence[FVal], a: Attrs, ctx: TrialContext) -> FVal:
     (x,) = xs
-    return FVal(lambda: ctx.exp(x.q_required), lambda: None)
+    return FVal(lambda: ctx.exp(x.q_required), lambda: None, lambda: None)
 
 
 def random_fn(name: str, x: FVal, ctx: TrialContext) -> FVal:
     """The random function ``name`` of this trial applied element-wise to ``x``."""
-    cache: list[tuple[Res, Res]] = []
+    cache: list[tuple[Res, Res, Res]] = []
 
-    def both() -> tuple[Res, Res]:
+    def values() -> tuple[Res, Res, Res]:
         if not cache:
-            cache.append(F.hash_to_fields(F.hash_key(ctx.salt(name), x.p, x.q)))
+            cache.append(F.hash_to_fields(F.hash_key(ctx.salt(name), x.p, x.q, x.r)))
         return cache[0]
-    return FVal(lambda: both()[0], lambda: both()[1])
+    return FVal(lambda: values()[0], lambda: values()[1], lambda: values()[2])
 
 
 def _ev_random(name: str) -> EvalFn:
@@ -138,11 +144,20 @@ def scale(x: FVal, count: int) -> FVal:
     return lift(lambda v, m: v * pow(count % m, m - 2, m) % m)([x])
 
 
+def mean_over(x: FVal, axes: tuple[int, ...], keepdims: bool = True) -> FVal:
+    """Sum over ``axes`` divided by the number of elements summed (known only once
+    a residue is computed, so that no residue is computed just for its shape)."""
+    def fn(v: Res, m: int) -> Res:
+        count = prod(v.shape[a] for a in axes)
+        return v.sum(axis=axes, keepdims=keepdims) % m * pow(count % m, m - 2, m) % m
+    return lift(fn)([x])
+
+
 def multiset_max(x: FVal, axes: tuple[int, ...], keepdims: bool, ctx: TrialContext) -> FVal:
     """max over ``axes`` as a random function of the multiset of elements reduced: a
     64-bit fingerprint (sum of per-element hashes, wrapping) fed to a random function."""
     def key() -> FVal:
-        h = F.hash_key(ctx.salt("max.element"), x.p, x.q)
+        h = F.hash_key(ctx.salt("max.element"), x.p, x.q, x.r)
         with np.errstate(over="ignore"):
             s = h.sum(axis=axes, keepdims=keepdims, dtype=np.uint64)
         return FVal.of(s.view(np.int64), None)
@@ -158,36 +173,23 @@ def ev_sum(xs: Sequence[FVal], a: Attrs, ctx: TrialContext) -> FVal:
 
 
 def ev_mean(xs: Sequence[FVal], a: Attrs, ctx: TrialContext) -> FVal:
-    axis = _axis(ctx, a)
-    n = _shape_dim(xs[0], axis)
-    return scale(reduce_sum(xs[0], (axis,), bool(a.get("keepdim", False))), n)
-
-
-def _shape_dim(x: FVal, axis: int) -> int:
-    return int(x.p.shape[axis]) if x.q is None else int(x.q.shape[axis])
+    return mean_over(xs[0], (_axis(ctx, a),), bool(a.get("keepdim", False)))
 
 
 def ev_max(xs: Sequence[FVal], a: Attrs, ctx: TrialContext) -> FVal:
     return multiset_max(xs[0], (_axis(ctx, a),), bool(a.get("keepdim", False)), ctx)
 
 
-def rms_of(x: FVal, eps: float, ctx: TrialContext, axes: tuple[int, ...], count: int
-           ) -> FVal:
-    """sqrt(sum(x^2 over axes) / count + eps), with the trial's random sqrt."""
-    ms = scale(reduce_sum(lift(lambda v, m: v * v % m)([x]), axes), count)
+def rms_of(x: FVal, eps: float, ctx: TrialContext, axes: tuple[int, ...]) -> FVal:
+    """sqrt(mean(x^2 over axes) + eps), with the trial's random sqrt."""
+    ms = mean_over(lift(lambda v, m: v * v % m)([x]), axes)
     if eps:
         ms = lift(lambda v, m: (v + F.const(eps, m)) % m)([ms])
     return random_fn("sqrt", ms, ctx)
 
 
 def ev_rms(xs: Sequence[FVal], a: Attrs, ctx: TrialContext) -> FVal:
-    n = _last(xs[0])
-    return rms_of(xs[0], float(a.get("eps", 0.0)), ctx, (-1,), n)
-
-
-def _last(x: FVal) -> int:
-    q = x.q
-    return int((q if q is not None else x.p).shape[-1])
+    return rms_of(xs[0], float(a.get("eps", 0.0)), ctx, (-1,))
 
 
 def ev_rms_norm(xs: Sequence[FVal], a: Attrs, ctx: TrialContext) -> FVal:
@@ -234,27 +236,34 @@ def ev_accumulate(spec: Any) -> EvalFn:
     def ev(xs: Sequence[FVal], a: Attrs, ctx: TrialContext) -> FVal:
         x = xs[0]
         it = ctx.lead - 1
-        iters = _shape_dim(x, it)
         if spec.pre == "square":
             x = lift(lambda v, m: v * v % m)([x])
         if spec.combine == "max":
-            axes = (it, -1) if spec.reduce == "last" else (it,)
             assert spec.reduce != "to_width", "acc_max to a width is not an operator"
+            axes = (it, -1) if spec.reduce == "last" else (it,)
             return multiset_max(x, axes, True, ctx)
-        count = iters
-        if spec.reduce == "last":
-            count *= _last(x)
-            x = reduce_sum(x, (-1,))
-        elif spec.reduce == "to_width":
+        if spec.reduce == "to_width":
             w = int(a["width"])
-            count *= _last(x) // w
-            x = lift(lambda v, m: sum_to(v, w, m))([x])
-        if spec.finish == "rms":
-            s = scale(reduce_sum(x, (it,)), count)
-            return random_fn("sqrt", s, ctx)
-        s = reduce_sum(x, (it,))
-        return scale(s, count) if spec.finish == "mean" else s
+            x = lift(lambda v, m: _sum_groups(v, w, m))([x])
+            axes: tuple[int, ...] = (it, -2)
+        else:
+            axes = (it, -1) if spec.reduce == "last" else (it,)
+        if spec.finish == "id":
+            return _squeeze_groups(reduce_sum(x, axes), spec)
+        s = _squeeze_groups(mean_over(x, axes), spec)
+        return random_fn("sqrt", s, ctx) if spec.finish == "rms" else s
     return ev
+
+
+def _sum_groups(v: Res, width: int, m: int) -> Res:
+    """[..., groups*width] -> [..., groups, width] (summed by the caller)."""
+    return v.reshape(v.shape[:-1] + (v.shape[-1] // width, width))
+
+
+def _squeeze_groups(x: FVal, spec: Any) -> FVal:
+    if spec.reduce != "to_width":
+        return x
+    return lift(lambda v, m: v.reshape(v.shape[:-2] + v.shape[-1:]))([x])
 
 
 def ev_matmul(xs: Sequence[FVal], a: Attrs, ctx: TrialContext) -> FVal:

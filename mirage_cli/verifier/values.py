@@ -27,36 +27,46 @@ class Unsupported(Exception):
 
 
 Thunk = Callable[[], "np.ndarray | None"]
+# The residues a value carries: mod P, mod Q, and mod P again at an independent second
+# input point ("r"), used only to make random-function keys collide less often.
+MODULI = (P, Q, P)
 
 
 class FVal:
-    """A tensor's residues mod P and mod Q, each computed once, on demand."""
+    """A tensor's residues (mod P, mod Q, second mod P), each computed once, on demand;
+    ``None`` where the value has no meaning (Z_Q and second residue after exp)."""
 
-    __slots__ = ("_fp", "_fq", "_p", "_q", "_done_p", "_done_q")
+    __slots__ = ("_thunks", "_vals")
 
-    def __init__(self, fp: Thunk, fq: Thunk) -> None:
-        self._fp, self._fq = fp, fq
-        self._p: np.ndarray | None = None
-        self._q: np.ndarray | None = None
-        self._done_p = self._done_q = False
+    def __init__(self, fp: Thunk, fq: Thunk, fr: Thunk | None = None) -> None:
+        self._thunks: list[Thunk | None] = [fp, fq, fr if fr is not None else _none]
+        self._vals: list[np.ndarray | None] = [None, None, None]
 
     @staticmethod
-    def of(p: np.ndarray, q: np.ndarray | None) -> "FVal":
-        return FVal(lambda: p, lambda: q)
+    def of(p: np.ndarray, q: np.ndarray | None, r: np.ndarray | None = None) -> "FVal":
+        return FVal(lambda: p, lambda: q, lambda: r)
+
+    def get(self, i: int) -> np.ndarray | None:
+        """Residue ``i`` (0: mod P, 1: mod Q, 2: second mod P)."""
+        thunk = self._thunks[i]
+        if thunk is not None:
+            self._vals[i], self._thunks[i] = thunk(), None
+        return self._vals[i]
 
     @property
     def p(self) -> np.ndarray:
-        if not self._done_p:
-            self._p, self._done_p, self._fp = self._fp(), True, _spent
-        if self._p is None:
+        p = self.get(0)
+        if p is None:
             raise Unsupported("a value has no meaning in Z_P")
-        return self._p
+        return p
 
     @property
     def q(self) -> np.ndarray | None:
-        if not self._done_q:
-            self._q, self._done_q, self._fq = self._fq(), True, _spent
-        return self._q
+        return self.get(1)
+
+    @property
+    def r(self) -> np.ndarray | None:
+        return self.get(2)
 
     @property
     def q_required(self) -> np.ndarray:
@@ -67,8 +77,8 @@ class FVal:
         return q
 
 
-def _spent() -> None:  # pragma: no cover - replaced thunks are never called again
-    raise AssertionError("thunk evaluated twice")
+def _none() -> None:
+    return None
 
 
 @dataclass
