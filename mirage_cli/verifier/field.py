@@ -61,24 +61,33 @@ def matmul_mod(a: np.ndarray, b: np.ndarray, m: int) -> np.ndarray:
     """``(a @ b) mod m`` for residues in [0, m), m < 2^31, batched like np.matmul.
 
     The cheapest exact scheme for the operands' actual magnitudes: one GEMM when
-    products of the two are small enough (e.g. two inputs); else the larger operand
-    split into a 16-bit low and a high limb (two GEMMs); else both split (Karatsuba,
+    products of the two are small enough (e.g. two inputs); else one operand split
+    into a 16-bit low and a high limb (two GEMMs; the smaller operand, when the
+    chunks of the reduction dimension stay long enough); else both split (Karatsuba,
     three GEMMs)."""
     k = a.shape[-1]
     ba, bb = _bits(a), _bits(b)
-    want = min(k, 512)
-    if _chunk(ba, bb) >= want:
+    want = min(k, 64)
+    if _chunk(ba, bb) >= min(k, 512):
         return _gemm(a, b, m, _chunk(ba, bb))
-    big_a = ba >= bb
-    hi_bits = max(ba, bb) - 16
-    if _chunk(max(hi_bits, 16), min(ba, bb)) >= want:
-        c = _chunk(max(hi_bits, 16), min(ba, bb))
-        if big_a:
-            hi, lo = _gemm(a >> 16, b, m, c), _gemm(a & 0xFFFF, b, m, c)
-        else:
-            hi, lo = _gemm(a, b >> 16, m, c), _gemm(a, b & 0xFFFF, m, c)
-        return ((hi << 16) % m + lo) % m
-    return _karatsuba(a, b, m)
+    options = []
+    for split_a in (True, False):
+        hi_bits = (ba if split_a else bb) - 16
+        c = _chunk(max(hi_bits, 16), bb if split_a else ba)
+        if c >= want:
+            size = a.size if split_a else b.size
+            out = np.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (a.shape[-2],
+                                                                      b.shape[-1])
+            cost = 2 * size + 2 * -(-k // c) * int(np.prod(out))
+            options.append((cost, split_a, c))
+    if not options:
+        return _karatsuba(a, b, m)
+    _, split_a, c = min(options)
+    if split_a:
+        hi, lo = _gemm(a >> 16, b, m, c), _gemm(a & 0xFFFF, b, m, c)
+    else:
+        hi, lo = _gemm(a, b >> 16, m, c), _gemm(a, b & 0xFFFF, m, c)
+    return ((hi << 16) % m + lo) % m
 
 
 def _karatsuba(a: np.ndarray, b: np.ndarray, m: int) -> np.ndarray:
@@ -129,7 +138,10 @@ class ExpTable:
         self.hi = _pow_table(pow(g, 1 << 15, P), 1, 1 << 15)
 
     def __call__(self, a: np.ndarray) -> np.ndarray:
-        return self.hi[a >> 15] * self.lo[a & 0x7FFF] % P
+        out = self.hi[a >> 15]
+        out *= self.lo[a & 0x7FFF]
+        out %= P
+        return out
 
 
 def _pow_table(g: int, start: int, n: int) -> np.ndarray:
