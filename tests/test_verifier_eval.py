@@ -215,3 +215,50 @@ def test_same_seed_same_certificate() -> None:
     assert c1["finite_field"]["trials"] >= 1 and c1["seed"] == 11
     c3 = Verifier(a(), seed=12).certify(b()).to_json()
     assert c3["seed"] == 12 and c3["verdict"] == "equivalent"
+
+
+def _unary_prog(name: str, body) -> Graph:  # type: ignore[no-untyped-def]
+    b = GraphBuilder(name)
+    x = b.input("X", (4, 8), "f32")
+    b.output(body(b, x))
+    return b.build()
+
+
+def test_nested_exp_is_undecided_not_silently_accepted() -> None:
+    g = _unary_prog("a", lambda b, x: b.op("exp", b.op("exp", x)))
+    cert = Verifier(g).certify(g)
+    assert cert.field_verdict.equivalent is None and "nested" in cert.field_verdict.reason
+    assert cert.crosscheck is not None and cert.crosscheck.close
+    assert cert.verdict == "undecided" and cert.disagreement
+    assert cert.exit_code == 1
+
+
+def test_division_by_a_formal_zero_is_undecided() -> None:
+    g = _unary_prog("a", lambda b, x: b.op("div", x, b.op("sub", x, x)))
+    v = Verifier(g).check(g, trials=2)
+    assert v.equivalent is None and v.discarded > 0 and "zero" in v.reason
+
+
+def test_zero_divisor_trial_is_discarded_not_compared() -> None:
+    # x * y / y vs x: equal whenever y != 0; a trial with y = 0 must not count.
+    b = GraphBuilder("a")
+    x, y = b.input("X", (4, 8), "f32"), b.input("Y", (4, 8), "f32")
+    b.output(b.op("div", b.op("mul", x, y), y))
+    a = b.build()
+    b = GraphBuilder("b")
+    x, y = b.input("X", (4, 8), "f32"), b.input("Y", (4, 8), "f32")
+    b.output(b.op("add", x, b.op("mul_scalar", y, scalar=0.0)))
+    ver = Verifier(a)
+    ins = ver.trial_inputs(0)
+    ins[1].p[0, 0] = 0  # force a zero divisor in trial 0
+    verdict = ver.check(b.build(), trials=2)
+    assert verdict.equivalent is True and verdict.discarded == 1 and verdict.trials == 2
+
+
+def test_trial_bound_parts() -> None:
+    from tests.verifier_corpus import EQUIVALENT
+
+    _, a, b = next(e for e in EQUIVALENT if e[0] == "gated MLP fused")
+    tb = Verifier(a()).trial_bound(b())
+    assert tb.degree == 3 and tb.collisions > 0 and tb.per_trial < 2.0 ** -20
+    assert tb.trials_for(2.0 ** -40) == 2

@@ -162,6 +162,8 @@ class Verifier:
                  trials: int | None = None) -> None:
         if not 0.0 < bound < 1.0:
             raise MirageError(f"the bound must be in (0, 1), got {bound}")
+        if seed < 0:
+            raise MirageError(f"the seed must be a non-negative integer, got {seed}")
         if trials is not None and trials < 1:
             raise MirageError(f"the number of trials must be positive, got {trials}")
         self.reference = reference

@@ -104,8 +104,8 @@ class TrialContext:
 
     def salt(self, name: str) -> int:
         """The key of random function ``name`` in this trial (same for both graphs)."""
-        x = np.array([(self.seed * 1_000_003 + self.trial) * 2654435761
-                      + zlib.crc32(name.encode())], dtype=np.uint64)
+        x = np.array([((self.seed * 1_000_003 + self.trial) * 2654435761
+                       + zlib.crc32(name.encode())) % 2**64], dtype=np.uint64)
         return int(mix64(x)[0])
 
     def note_zero(self, hit: bool) -> None:
