@@ -21,6 +21,10 @@ from mirage_cli.diagnostics import MirageError
 
 # Module name in mirage_cli.commands -> command name.
 COMMANDS: tuple[tuple[str, str], ...] = (
+    ("parse", "parse"),
+    ("fmt", "fmt"),
+    ("run", "run"),
+    ("import_mirage", "import-mirage"),
     ("verify", "verify"),
 )
 
@@ -32,7 +36,7 @@ class MirageGroup(click.Group):
         try:
             return super().invoke(ctx)
         except MirageError as e:
-            console.print(e.render(), style="red", markup=False, highlight=False)
+            console.print(e.render(), style="red", markup=False, highlight=False, soft_wrap=True)
             sys.exit(2)
         except (click.ClickException, click.exceptions.Exit, click.Abort, SystemExit):
             raise

@@ -13,6 +13,7 @@ Two precisions:
 from __future__ import annotations
 
 import itertools
+from dataclasses import dataclass
 from typing import Literal, Mapping
 
 import numpy as np
@@ -21,7 +22,7 @@ from mirage_cli import ops
 from mirage_cli.check import block_phases
 from mirage_cli.diagnostics import MirageError
 from mirage_cli.dtypes import round_to
-from mirage_cli.ir import AxisMap, BlockGraph, Graph, KernelOp, TensorType
+from mirage_cli.ir import AttrValue, AxisMap, BlockGraph, Graph, KernelOp, TensorType
 
 Precision = Literal["float64", "native"]
 
@@ -51,7 +52,9 @@ def run(g: Graph, inputs: Mapping[str, np.ndarray], precision: Precision = "floa
         if x.shape != t.shape:
             raise MirageError(f"input '{name}' has shape {list(x.shape)}, expected "
                               f"{list(t.shape)}")
-        env[name] = _store(x.astype(dt), t, precision)
+        # asarray: no copy when the caller already passes the compute type (the store
+        # below copies anyway); large weights would otherwise be copied twice.
+        env[name] = _store(np.asarray(x, dtype=dt), t, precision)
     for op in g.ops:
         results = _run_kernel_op(op, env, dt)
         for v, r in zip(op.outputs, results):
@@ -87,28 +90,62 @@ def _block_slices(amap: AxisMap, grid: tuple[int, int, int], block: tuple[int, i
     return sl
 
 
+@dataclass(frozen=True)
+class _Step:
+    """One block operator, resolved once per kernel (not once per block and iteration)."""
+
+    fn: ops.NumpyFn
+    inputs: tuple[str, ...]
+    output: str
+    attrs: dict[str, AttrValue]
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """A block graph's operators by phase; accumulators apart (they close the loop)."""
+
+    invariant: tuple[_Step, ...]
+    loop: tuple[_Step, ...]
+    accumulators: tuple[_Step, ...]
+    epilogue: tuple[_Step, ...]
+
+
+def _plan(bg: BlockGraph) -> _Plan:
+    phases = block_phases(bg)
+    by_phase: dict[str, list[_Step]] = {"invariant": [], "loop": [], "epilogue": [],
+                                        "accumulators": []}
+    for op in bg.ops:
+        opdef = ops.get(op.op)
+        assert opdef.numpy is not None
+        step = _Step(opdef.numpy, op.inputs, op.outputs[0].name, opdef.attr_values(op.attrs))
+        by_phase["accumulators" if opdef.is_accumulator else phases[step.output]].append(step)
+    return _Plan(*(tuple(by_phase[k]) for k in ("invariant", "loop", "accumulators",
+                                                 "epilogue")))
+
+
 def run_block_graph(bg: BlockGraph, env: Mapping[str, np.ndarray], dt: type
                     ) -> list[np.ndarray]:
     """Run a custom kernel: every block, every forloop iteration."""
-    outs = [np.full(bo.value.type.shape, np.nan, dtype=dt) for bo in bg.outputs]
-    phases = block_phases(bg)
-    for block in itertools.product(*(range(n) for n in bg.grid)):
-        tiles = _run_one_block(bg, env, dt, block, phases)  # type: ignore[arg-type]
-        for out, bo in zip(outs, bg.outputs):
-            sl = _block_slices(bo.omap, bg.grid, block, out.shape)  # type: ignore[arg-type]
-            out[tuple(sl)] = tiles[bo.source]
+    outs: list[np.ndarray] = [np.full(bo.value.type.shape, np.nan, dtype=dt)
+                              for bo in bg.outputs]
+    plan = _plan(bg)
+    with np.errstate(all="ignore"):
+        for block in itertools.product(*(range(n) for n in bg.grid)):
+            tiles = _run_one_block(bg, env, dt, block, plan)  # type: ignore[arg-type]
+            for out, bo in zip(outs, bg.outputs):
+                sl = _block_slices(bo.omap, bg.grid, block, out.shape)  # type: ignore[arg-type]
+                out[tuple(sl)] = tiles[bo.source]
     return outs
 
 
 def _run_one_block(bg: BlockGraph, env: Mapping[str, np.ndarray], dt: type,
-                   block: tuple[int, int, int], phases: dict[str, str]
-                   ) -> dict[str, np.ndarray]:
+                   block: tuple[int, int, int], plan: _Plan) -> dict[str, np.ndarray]:
     parts = {bi.value.name: env[bi.source][tuple(_block_slices(
         bi.imap, bg.grid, block, env[bi.source].shape))] for bi in bg.inputs}
     fmaps = {bi.value.name: bi.fmap for bi in bg.inputs}
     values: dict[str, np.ndarray] = {n: p for n, p in parts.items() if fmaps[n] is None}
-    _eval(bg, values, dt, phases, "invariant")
-    collected: dict[str, list[np.ndarray]] = {}
+    _eval(plan.invariant, values, dt)
+    collected: dict[str, list[np.ndarray]] = {s.output: [] for s in plan.accumulators}
     for i in range(bg.forloop):
         it = dict(values)
         for name, part in parts.items():
@@ -118,29 +155,17 @@ def _run_one_block(bg: BlockGraph, env: Mapping[str, np.ndarray], dt: type,
                 sl = [slice(None)] * part.ndim
                 sl[dim] = slice(i * step, (i + 1) * step)
                 it[name] = part[tuple(sl)]
-        _eval(bg, it, dt, phases, "loop")
-        for op in bg.ops:
-            if ops.get(op.op).is_accumulator:
-                collected.setdefault(op.outputs[0].name, []).append(it[op.inputs[0]])
-    for op in bg.ops:
-        if ops.get(op.op).is_accumulator:
-            opdef = ops.get(op.op)
-            assert opdef.numpy is not None
-            stacked = np.stack(collected[op.outputs[0].name])
-            values[op.outputs[0].name] = np.asarray(
-                opdef.numpy([stacked], opdef.attr_values(op.attrs)), dtype=dt)
-    _eval(bg, values, dt, phases, "epilogue")
+        _eval(plan.loop, it, dt)
+        for acc in plan.accumulators:
+            collected[acc.output].append(it[acc.inputs[0]])
+    for acc in plan.accumulators:
+        values[acc.output] = np.asarray(acc.fn([np.stack(collected[acc.output])], acc.attrs),
+                                        dtype=dt)
+    _eval(plan.epilogue, values, dt)
     return values
 
 
-def _eval(bg: BlockGraph, values: dict[str, np.ndarray], dt: type, phases: dict[str, str],
-          phase: str) -> None:
-    """Evaluate the non-accumulator block operators of one phase, in order."""
-    for op in bg.ops:
-        opdef = ops.get(op.op)
-        if opdef.is_accumulator or phases[op.outputs[0].name] != phase:
-            continue
-        assert opdef.numpy is not None
-        with np.errstate(all="ignore"):
-            y = opdef.numpy([values[i] for i in op.inputs], opdef.attr_values(op.attrs))
-        values[op.outputs[0].name] = np.asarray(y, dtype=dt)
+def _eval(steps: tuple[_Step, ...], values: dict[str, np.ndarray], dt: type) -> None:
+    """Evaluate the (non-accumulator) block operators of one phase, in order."""
+    for s in steps:
+        values[s.output] = np.asarray(s.fn([values[i] for i in s.inputs], s.attrs), dtype=dt)
