@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from mirage_cli import serialize
 from mirage_cli.cli import main
-from tests.verifier_corpus import EQUIVALENT, NOT_EQUIVALENT
+from verifier_corpus import EQUIVALENT, NOT_EQUIVALENT
 
 
 def _pair(corpus, name: str, tmp: Path) -> tuple[str, str]:  # type: ignore[no-untyped-def]

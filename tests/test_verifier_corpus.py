@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from mirage_cli.verifier.api import Verifier
-from tests.verifier_corpus import EQUIVALENT, NOT_EQUIVALENT
+from verifier_corpus import EQUIVALENT, NOT_EQUIVALENT
 
 
 def test_corpus_size() -> None:

@@ -206,7 +206,7 @@ def test_vectorised_block_equals_loops(seed: int) -> None:
 
 
 def test_same_seed_same_certificate() -> None:
-    from tests.verifier_corpus import EQUIVALENT
+    from verifier_corpus import EQUIVALENT
 
     _, a, b = next(e for e in EQUIVALENT if e[0] == "gqa flash decoding")
     c1 = Verifier(a(), seed=11).certify(b()).to_json()
@@ -256,7 +256,7 @@ def test_zero_divisor_trial_is_discarded_not_compared() -> None:
 
 
 def test_trial_bound_parts() -> None:
-    from tests.verifier_corpus import EQUIVALENT
+    from verifier_corpus import EQUIVALENT
 
     _, a, b = next(e for e in EQUIVALENT if e[0] == "gated MLP fused")
     tb = Verifier(a()).trial_bound(b())
