@@ -15,7 +15,7 @@ import click
 import numpy as np
 
 from mirage_cli.commands.common import defines_option, parse_defines
-from mirage_cli.console import info
+from mirage_cli.console import console, info
 from mirage_cli.diagnostics import MirageError
 from mirage_cli.ir import Graph
 from mirage_cli.util import write_atomic
@@ -55,7 +55,8 @@ def command(a: str, b: str, defines: tuple[str, ...], index_a: int | None,
     info(f"verifying {ga.name} against {gb.name} (seed {seed})")
     v = Verifier(ga, seed=seed, bound=bound if bound is not None else DEFAULT_BOUND,
                  trials=trials)
-    cert = v.certify(gb, crosscheck_float64=not no_float64)
+    with console.status("finite-field trials and float64 cross-check ..."):
+        cert = v.certify(gb, crosscheck_float64=not no_float64)
     if counterexample and cert.verdict != "equivalent":
         _write_counterexample(counterexample, v, gb, cert)
     if as_json:
@@ -87,6 +88,9 @@ def render(cert: Certificate, ga: Graph, gb: Graph) -> str:
     modelled = {k: t for k, t in cert.treatments.items() if not t.startswith("exact")}
     for k, t in modelled.items():
         lines.append(f"  {k}: {t}")
+    if fv.equivalent:
+        lines.append(f"  the bound assumes: {'; '.join(a.split(' (')[0] for a in cert.assumptions)}"
+                     " (details: --json, docs/verification.md)")
     if cert.disagreement:
         lines.append(f"  disagreement: {cert.disagreement}")
     return "\n".join(lines)
