@@ -25,6 +25,7 @@ COMMANDS: tuple[tuple[str, str], ...] = (
     ("fmt", "fmt"),
     ("run", "run"),
     ("import_mirage", "import-mirage"),
+    ("verify", "verify"),
 )
 
 

@@ -17,7 +17,7 @@ Adding an operator means adding one ``register(OpDef(...))`` call here.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Literal, Sequence
 
 import numpy as np
@@ -447,3 +447,12 @@ for _name, _spec in ACCUMULATORS.items():
                    attrs=(_WIDTH,) if _spec.reduce == "to_width" else (), accum=_spec,
                    mirage=_MIRAGE_ACCUM.get(_name, ()),
                    doc=f"forloop accumulator: {_spec}"))
+
+# Finite-field semantics (the verifier's ``field`` slot): the table and its arithmetic
+# library live in mirage_cli/verifier/semantics.py, which does not import this module.
+from mirage_cli.verifier import semantics as _field  # noqa: E402
+
+for _name, _op in list(REGISTRY.items()):
+    _sem = (_field.accumulator_sem(_op.accum) if _op.accum is not None else
+            _field.custom_sem() if _name == "custom" else _field.SEMANTICS[_name])
+    REGISTRY[_name] = replace(_op, field=_sem)
