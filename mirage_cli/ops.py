@@ -405,8 +405,7 @@ register(OpDef("sum", BOTH, (1, 1), infer_reduce, _np_reduce(np.sum),
 register(OpDef("mean", BOTH, (1, 1), infer_reduce, _np_reduce(np.mean),
                attrs=(_DIM, _KEEPDIM), doc="mean over one dimension"))
 register(OpDef("max", BOTH, (1, 1), infer_reduce, _np_reduce(np.max),
-               attrs=(_DIM, _KEEPDIM), doc="maximum over one dimension",
-               mirage=_mirage_per_dim(("tb_reduction_{d}_max_op",), keepdim=True)))
+               attrs=(_DIM, _KEEPDIM), doc="maximum over one dimension"))
 register(OpDef("rms", BOTH, (1, 1), infer_rms,
                lambda xs, a: np_rms(xs[0], float(a.get("eps", 0.0))),  # type: ignore[arg-type]
                attrs=(_EPS,), doc="sqrt(mean(x^2) + eps) over the last dim, kept as size 1"))
@@ -496,3 +495,12 @@ for _name, _rule in _ABSTRACT.items():
     REGISTRY[_name] = replace(REGISTRY[_name], abstract=_rule,
                               decompose=_DECOMPOSE.get(_name),
                               cost=_FLOPS.get(_name, _fl.per_element))
+
+# Finite-field semantics (the verifier's ``field`` slot): the table and its arithmetic
+# library live in mirage_cli/verifier/semantics.py, which does not import this module.
+from mirage_cli.verifier import semantics as _field  # noqa: E402
+
+for _name, _op in list(REGISTRY.items()):
+    _sem = (_field.accumulator_sem(_op.accum) if _op.accum is not None else
+            _field.custom_sem() if _name == "custom" else _field.SEMANTICS[_name])
+    REGISTRY[_name] = replace(_op, field=_sem)
