@@ -27,6 +27,7 @@ COMMANDS: tuple[tuple[str, str], ...] = (
     ("import_mirage", "import-mirage"),
     ("verify", "verify"),
     ("search", "search"),
+    ("opt", "opt"),
 )
 
 

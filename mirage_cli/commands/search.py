@@ -91,4 +91,4 @@ def summary(out: Outcome) -> dict:  # type: ignore[type-arg]
             "stats": None if p is None else {
                 "states": p.stats.explored, "pruned": p.stats.pruned,
                 "z3_queries": p.z3_queries, "designs": p.designs,
-                "verified": p.verified, "rejected": p.rejected}}
+                "verified": p.verified, "rejected": p.rejected, "seconds": p.seconds}}

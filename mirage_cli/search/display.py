@@ -18,7 +18,8 @@ def _line(p: Progress, start: float) -> Text:
     return Text(f"search [{p.phase}] units {p.units_done}/{p.units_total}  "
                 f"states {p.stats.explored}  pruned {p.stats.pruned}  "
                 f"z3 {p.z3_queries}  designs {p.designs}  verified {p.verified}"
-                f" (rejected {p.rejected})  best {best}  {time.time() - start:.1f}s")
+                f" (rejected {p.rejected})  best {best}  {time.time() - start:.1f}s  "
+                + " ".join(f"{k} {v}s" for k, v in p.seconds.items()))
 
 
 @contextmanager

@@ -69,6 +69,7 @@ class Progress:
     verified: int = 0
     rejected: int = 0
     best_us: float | None = None
+    seconds: dict[str, float] = field(default_factory=dict)  # per phase
 
 
 @dataclass(frozen=True)
@@ -180,6 +181,7 @@ def search(program: Graph, options: SearchOptions, budget: float | None = None,
     except KeyboardInterrupt:
         complete = False
     complete &= prog.units_done == prog.units_total
+    prog.seconds["enumerate"] = round(time.time() - start, 2)
     if options.max_kernel_ops >= 2:
         for d in list(designs):
             for sd in _splits(program, d):
@@ -198,20 +200,12 @@ def _splits(program: Graph, d: Design) -> list[Design]:
     return [] if sd is None else [sd]
 
 
-def _verify_one(args: tuple[Graph, Graph, int, bool]) -> Verdict:
-    return verify(*args)
-
-
 def _verify_all(program: Graph, graphs: list[Graph], seed: int, jobs: int, first: bool
                 ) -> list[Verdict]:
     """Verdicts of a batch, best first; with ``first`` the batch's first candidate may
-    become the chosen one (float64 cross-check too)."""
-    todo = [(program, g, seed, first and i == 0) for i, g in enumerate(graphs)]
-    if jobs <= 1 or len(graphs) <= 1:
-        return [verify(*t) for t in todo]
-    ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else mp.get_context()
-    with ctx.Pool(min(jobs, len(graphs))) as pool:
-        return pool.map(_verify_one, todo)
+    become the chosen one (float64 cross-check too). In this process, so the
+    verifier's cached reference outputs serve every candidate."""
+    return [verify(program, g, seed, first and i == 0) for i, g in enumerate(graphs)]
 
 
 def rank_and_verify(program: Graph, designs: list[Design], options: SearchOptions,
@@ -219,6 +213,7 @@ def rank_and_verify(program: Graph, designs: list[Design], options: SearchOption
                     ) -> list[Candidate]:
     prog.phase = "tune"
     notify(prog)
+    t0 = time.time()
     firsts: list[tuple[tuple[bool, float, int, int], Design]] = []
     for i, d in enumerate(designs):
         tuned = tune(program, d, max_steps=0)
@@ -233,6 +228,8 @@ def rank_and_verify(program: Graph, designs: list[Design], options: SearchOption
                            d, t, g, c))
     ranked.sort(key=lambda x: x[0])
     prog.phase = "verify"
+    prog.seconds["tune"] = round(time.time() - t0, 2)
+    t0 = time.time()
     notify(prog)
     out: list[Candidate] = []
     todo: list[tuple[Design, Tuning, Graph, Cost]] = []
@@ -258,6 +255,7 @@ def rank_and_verify(program: Graph, designs: list[Design], options: SearchOption
                 prog.rejected += 1
         notify(prog)
     prog.phase = "done"
+    prog.seconds["verify"] = round(time.time() - t0, 2)
     notify(prog)
     return out
 

@@ -51,13 +51,24 @@ def verify(reference: Graph, candidate: Graph, seed: int, chosen: bool = False) 
     """Does ``candidate`` compute ``reference``'s outputs (matched by position)?
     ``chosen``: the candidate that will be ranked first (gets the float64 check too)."""
     if have_verifier():
-        from mirage_cli.verifier.api import Verifier
-
-        cert = Verifier(reference, seed=seed).certify(candidate, crosscheck_float64=chosen)
+        cert = _verifier(reference, seed).certify(candidate, crosscheck_float64=chosen)
         doc = cert.to_json()
         return Verdict(cert.verdict == "equivalent", str(doc.get("method")), seed,
                        {"certificate": doc})
     return _interim(reference, candidate, seed)
+
+
+_VERIFIERS: dict[tuple[Graph, int], Any] = {}
+
+
+def _verifier(reference: Graph, seed: int) -> Any:
+    """One verifier per reference (it caches the reference's outputs per trial)."""
+    from mirage_cli.verifier.api import Verifier
+
+    key = (reference, seed)
+    if key not in _VERIFIERS:
+        _VERIFIERS[key] = Verifier(reference, seed=seed)
+    return _VERIFIERS[key]
 
 
 def _interim(reference: Graph, candidate: Graph, seed: int) -> Verdict:
