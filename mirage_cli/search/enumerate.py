@@ -48,7 +48,6 @@ from mirage_cli.search.prune import Oracle
 
 Phase = Literal["loop", "invariant", "epilogue"]
 REP_SPLIT = 2  # representative number of blocks per split axis / forloop iterations
-MAX_TILES = 3000  # per kernel config: a safety net on saturation
 ALTERNATIVES = 3  # kernels extracted per config (different ways to compute an output)
 COMMUTATIVE = frozenset({"add", "mul"})
 
@@ -64,6 +63,7 @@ class Limits:
     max_grid_axes: int = 3
     max_stores: int = 2
     prune: bool = True
+    max_tiles: int = 3000  # per kernel config: a safety net on saturation
 
 
 @dataclass
@@ -400,7 +400,7 @@ class BlockSearch:
                         continue
                     idx = len(self.tiles)
                     anc = frozenset().union(*(self.anc[a] for a in c.op.args)) | {idx}
-                    if len(anc) > limit or idx >= MAX_TILES:
+                    if len(anc) > limit or idx >= self.s.limits.max_tiles:
                         continue
                     present[(c.vid, c.phase == "epilogue")] = idx
                     self.tiles.append(Tile(c.value, c.phase, c.vid))

@@ -217,6 +217,9 @@ class Oracle:
 
     def is_equiv(self, t: Term, output: int) -> bool:
         """Is ``t`` equivalent to the target's output number ``output``?"""
+        if _counts(t) != self._target_counts[output]:  # see _may_fit: counts are kept
+            self.stats.counted_out += 1
+            return False
         return self._cached("eq", t, output)
 
     def _cached(self, kind: str, t: Term, output: int) -> bool:

@@ -1,0 +1,207 @@
+"""The µGraph search: abstract expressions, the Z3 oracle, the generator, the driver."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from mirage_cli import interp, serialize
+from mirage_cli.builder import GraphBuilder
+from mirage_cli.cli import main
+from mirage_cli.loading import load_graph
+from mirage_cli.parser import parse_text
+from mirage_cli.search import abstract as ab
+from mirage_cli.search import batched
+from mirage_cli.search.analysis import analyze
+from mirage_cli.search.driver import SearchOptions, search
+from mirage_cli.search.enumerate import Limits, Search, make_target
+from mirage_cli.search.prune import Oracle
+from mirage_cli.search.split import split_reduction
+from mirage_cli.search.tune import tune
+from mirage_cli.verifier.api import Verifier
+
+RMSNORM = """
+program rmsnorm_linear(rows = 4, hidden = 64, n = 32) {
+  input X: f16[rows, hidden];
+  input W: f16[hidden, n];
+  Y = rms_norm(X);
+  Z = matmul(Y, W);
+  output Z;
+}
+"""
+
+GQA = """
+program gqa(b = 2, rows = 8, d = 16, seq = 64) {
+  input Q: f16[b, rows, d];
+  input K: f16[b, d, seq];
+  input V: f16[b, seq, d];
+  A = matmul(Q, K);
+  E = exp(A);
+  S = sum(E, dim=2, keepdim=true);
+  P = div(E, S);
+  O = matmul(P, V);
+  output O;
+}
+"""
+
+
+def _program(text: str = RMSNORM):
+    return parse_text(text, "<test>", {})
+
+
+def test_every_operator_has_an_abstract_rule():
+    from mirage_cli import ops
+
+    missing = [n for n, o in ops.REGISTRY.items() if o.abstract is None and n != "custom"]
+    assert missing == []
+    assert ab.op_symbols("rms_norm") == frozenset({"div", "sqrt", "sum", "mul"})
+
+
+def test_fused_example_has_the_programs_expression():
+    prog = load_graph("examples/rmsnorm_linear.mir")
+    fused = load_graph("examples/mugraphs/rmsnorm_linear_fused.mir")
+    t, f = analyze(prog).outputs[0].term, analyze(fused).outputs[0].term
+    assert t == f  # normal form: the division leaves the sum in both
+    assert ab.show(t).startswith("div(sum(4096, mul(W, X)), sqrt(")
+
+
+def test_oracle_subexpressions_and_partial_sums():
+    X, W = ab.inp("X"), ab.inp("W")
+    target = analyze(_program()).outputs[0].term
+    o = Oracle([target])
+    assert o.is_subexpr(ab.sum_(16, ab.mul(X, W)))      # a forloop's partial matmul
+    assert o.is_subexpr(ab.rms_term(64, X))
+    assert not o.is_subexpr(ab.sum_(128, ab.mul(X, W)))  # more than the whole sum
+    assert not o.is_subexpr(ab.fn("exp", X))
+    assert not o.is_subexpr(ab.sum_(16, ab.mul(X, X, W)))
+    assert o.is_equiv(target, 0)
+    assert not o.is_equiv(ab.sum_(64, ab.mul(X, W)), 0)
+    before = o.stats.queries
+    o.is_subexpr(ab.sum_(16, ab.mul(X, W)))
+    assert o.stats.queries == before  # cached
+
+
+def test_pruning_shrinks_the_search():
+    g = _program()
+    counts = []
+    for prune in (True, False):
+        s = Search(make_target(g), Limits(max_kernel_ops=1, max_block_ops=4, prune=prune,
+                                          max_tiles=60))
+        designs = list(s.designs(s.initial(), 1))
+        counts.append((s.stats.explored, len(designs)))
+    assert counts[0][0] < counts[1][0]
+    assert counts[0][1] >= 1
+
+
+def test_generator_finds_mirages_rmsnorm_kernel():
+    g = _program()
+    s = Search(make_target(g), Limits(max_kernel_ops=1, max_block_ops=6))
+    forms = set()
+    for d in s.designs(s.initial(), 1):
+        (k,) = d.steps
+        forms.add((tuple(sorted(o.op for o in k.ops)), k.looped,
+                   tuple((ld.source, ld.fmap) for ld in k.loads)))
+    # Mirage's µGraph: X and W walked along the hidden dim by the forloop, rms and the
+    # matmul accumulated, the division after the loop.
+    assert (("acc_rms_ld", "acc_sum", "div", "matmul"), True, (("X", 1), ("W", 0))) in forms
+
+
+def test_search_rediscovers_the_fused_rmsnorm_linear():
+    g = _program()
+    res = search(g, SearchOptions(max_kernel_ops=1, max_block_ops=6, top=3))
+    assert res.complete and res.candidates
+    best = res.candidates[0].graph
+    kernels = [op for op in best.ops]
+    assert len(kernels) == 1 and kernels[0].op == "custom"
+    block_ops = [o.op for o in kernels[0].block.ops]
+    # The division by the rms comes after the matmul's accumulation.
+    assert "acc_rms_ld" in block_ops and "matmul" in block_ops
+    assert block_ops[-1] == "div"
+    v = Verifier(g, seed=7)
+    for c in res.candidates:  # every emitted candidate verifies, independently
+        assert v.certify(c.graph, crosscheck_float64=False).verdict == "equivalent"
+        assert c.verdict["equivalent"] is True
+
+
+def test_search_is_deterministic_across_jobs():
+    g = _program()
+    opts = SearchOptions(max_kernel_ops=1, max_block_ops=5, top=2)
+    a = search(g, opts, jobs=1)
+    b = search(g, opts, jobs=2)
+    text = [serialize.dumps_candidates([(c.graph, c.meta(i)) for i, c in enumerate(r.candidates)])
+            for r in (a, b)]
+    assert text[0] == text[1]
+
+
+def test_split_reduction_gives_verified_flash_decoding():
+    g = _program(GQA)
+    s = Search(make_target(g), Limits(max_kernel_ops=1, max_block_ops=6))
+    found = 0
+    v = Verifier(g, seed=1)
+    for d in s.designs(s.initial(), 1):
+        tuned = tune(g, d, max_steps=0)
+        sd = split_reduction(g, d, tuned[0][1]) if tuned else None
+        if sd is None:
+            continue
+        best = tune(g, sd)
+        if not best:
+            continue
+        cand = best[0][2]
+        assert len(cand.ops) == 2
+        assert v.certify(cand, crosscheck_float64=True).verdict == "equivalent"
+        found += 1
+        if found == 2:
+            break
+    assert found >= 1
+
+
+@pytest.mark.parametrize("name,defines", [
+    ("gqa", {"batch": 1, "rows": 64, "seq": 256}),
+    ("ntrans", {}),
+    ("lora", {"batch": 1}),
+])
+def test_batched_evaluation_matches_the_interpreter(name, defines):
+    g = load_graph(f"examples/mugraphs/{name}_fused.mir", defines)
+    ins = interp.random_inputs(g, 3)
+    a, b = interp.run(g, ins), batched.run(g, ins)
+    for k in a:
+        np.testing.assert_allclose(b[k], a[k], rtol=1e-12, atol=1e-12)
+
+
+def test_search_command_writes_candidates_and_caches(tmp_path, monkeypatch):
+    monkeypatch.setenv("MIRAGE_CACHE_DIR", str(tmp_path / "cache"))
+    prog = tmp_path / "p.mir"
+    prog.write_text(RMSNORM)
+    out = tmp_path / "c.ugraph.json"
+    args = ["search", str(prog), "-o", str(out), "--max-kernel-ops", "1",
+            "--max-block-ops", "5", "--jobs", "1", "--top", "1"]
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 0, r.output
+    first = out.read_text()
+    cands = serialize.loads_candidates(first)
+    assert len(cands) == 1 and cands[0][1]["verification"]["equivalent"] is True
+    out.unlink()
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 0 and out.read_text() == first
+    assert list((tmp_path / "cache").iterdir())
+
+
+def test_opt_keeps_temps_and_writes_a_depfile(tmp_path, monkeypatch):
+    monkeypatch.setenv("MIRAGE_CACHE_DIR", str(tmp_path / "cache"))
+    prog = tmp_path / "p.mir"
+    prog.write_text(RMSNORM)
+    cu = tmp_path / "out" / "p.cu"
+    r = CliRunner().invoke(main, ["opt", str(prog), "-o", str(cu), "--save-temps",
+                                  str(tmp_path / "t"), "-MD", "--max-kernel-ops", "1",
+                                  "--max-block-ops", "5", "--jobs", "1", "--top", "1"])
+    temps = sorted(p.name for p in (tmp_path / "t").iterdir())
+    assert temps == ["p.best.ugraph.json", "p.cands.ugraph.json", "p.ugraph.json"]
+    try:
+        import mirage_cli.codegen.lower  # noqa: F401
+    except ImportError:
+        assert r.exit_code == 2 and "code generator" in r.output
+        return
+    assert r.exit_code == 0, r.output
+    assert cu.exists() and cu.with_suffix(".h").exists()
+    assert cu.with_suffix(".d").read_text().startswith(f"{cu} {cu.with_suffix('.h')}:")
