@@ -2,7 +2,9 @@
 
 Runs any µGraph on the CPU with numpy, exactly as DESIGN.md §3 states: pre-defined
 kernel operators directly through their registry semantics, custom kernels block by
-block and forloop iteration by iteration. Written for obviousness, not speed.
+block and forloop iteration by iteration. Written for obviousness, not speed; the one
+concession is that a block's iterations go through each operator together, stacked on
+a leading axis (``stack_iterations=False`` evaluates them one at a time).
 
 Two precisions:
 - ``float64``: every value in float64 (the numerical ground truth);
