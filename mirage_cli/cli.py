@@ -25,6 +25,7 @@ COMMANDS: tuple[tuple[str, str], ...] = (
     ("fmt", "fmt"),
     ("run", "run"),
     ("import_mirage", "import-mirage"),
+    ("verify", "verify"),
 )
 
 
@@ -35,6 +36,7 @@ class MirageGroup(click.Group):
         try:
             return super().invoke(ctx)
         except MirageError as e:
+            console.quiet = False  # -q hides progress, never errors
             console.print(e.render(), style="red", markup=False, highlight=False, soft_wrap=True)
             sys.exit(2)
         except (click.ClickException, click.exceptions.Exit, click.Abort, SystemExit):
@@ -45,6 +47,7 @@ class MirageGroup(click.Group):
         except Exception as e:  # noqa: BLE001 - the one place internal errors are caught
             if ctx.obj and ctx.obj.get("debug"):
                 raise
+            console.quiet = False
             console.print(f"internal error: {type(e).__name__}: {e}\n"
                           f"(run with --debug for a traceback)", style="red", markup=False)
             sys.exit(3)

@@ -17,7 +17,7 @@ Adding an operator means adding one ``register(OpDef(...))`` call here.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Literal, Sequence
 
 import numpy as np
@@ -204,15 +204,15 @@ def infer_binary(ts: Sequence[TensorType], a: dict[str, AttrValue]) -> TensorTyp
 def infer_matmul(ts: Sequence[TensorType], a: dict[str, AttrValue]) -> TensorType:
     x, y = ts
     if x.rank < 2 or y.rank < 2:
-        raise ShapeError(f"matmul needs operands of rank >= 2, got {x} and {y}")
+        raise ShapeError(f"needs operands of rank >= 2, got {x} and {y}")
     if x.shape[-1] != y.shape[-2]:
-        raise ShapeError(f"matmul shape mismatch: {list(x.shape)} @ {list(y.shape)} "
+        raise ShapeError(f"shape mismatch: {list(x.shape)} @ {list(y.shape)} "
                          f"(inner dimensions {x.shape[-1]} and {y.shape[-2]} differ)")
     dtype = _same_dtype(ts)
     try:
         batch = broadcast_shape(x.shape[:-2], y.shape[:-2])
     except ShapeError:
-        raise ShapeError(f"matmul batch dimensions do not broadcast: "
+        raise ShapeError(f"batch dimensions do not broadcast: "
                          f"{list(x.shape)} @ {list(y.shape)}") from None
     return TensorType(batch + (x.shape[-2], y.shape[-1]), dtype)
 
@@ -447,3 +447,12 @@ for _name, _spec in ACCUMULATORS.items():
                    attrs=(_WIDTH,) if _spec.reduce == "to_width" else (), accum=_spec,
                    mirage=_MIRAGE_ACCUM.get(_name, ()),
                    doc=f"forloop accumulator: {_spec}"))
+
+# Finite-field semantics (the verifier's ``field`` slot): the table and its arithmetic
+# library live in mirage_cli/verifier/semantics.py, which does not import this module.
+from mirage_cli.verifier import semantics as _field  # noqa: E402
+
+for _name, _op in list(REGISTRY.items()):
+    _sem = (_field.accumulator_sem(_op.accum) if _op.accum is not None else
+            _field.custom_sem() if _name == "custom" else _field.SEMANTICS[_name])
+    REGISTRY[_name] = replace(_op, field=_sem)

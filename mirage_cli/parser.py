@@ -15,18 +15,39 @@ canonical spelling of :func:`mirage_cli.syntax.expr_text`.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence, assert_never
+from typing import assert_never
 
 from mirage_cli import ops
 from mirage_cli.builder import BlockBuilder, GraphBuilder
 from mirage_cli.diagnostics import MirageError, Span, did_you_mean
 from mirage_cli.ir import GRID_AXES, AttrValue, AxisMap, DType, Graph
-from mirage_cli.syntax import (Arg, AttrArg, BinOp, CustomStmt, Expr, InputStmt, Lit, LoadStmt,
-                               MapClause, Name, NestedCall, Neg, Num, Operand, OpStmt,
-                               OutputStmt, Program, Stmt, StoreStmt, Tuple, Var, expr_text,
-                               parse_program)
+from mirage_cli.syntax import (
+    AttrArg,
+    BinOp,
+    CustomStmt,
+    Expr,
+    InputStmt,
+    Lit,
+    LoadStmt,
+    MapClause,
+    Name,
+    Neg,
+    NestedCall,
+    Num,
+    Operand,
+    OpStmt,
+    OutputStmt,
+    Program,
+    Stmt,
+    StoreStmt,
+    TupleExpr,
+    Var,
+    expr_text,
+    parse_program,
+)
 
 DTYPES = tuple(d.value for d in DType)
 CUSTOM_HEADER = ("forloop", "grid", "threads")
@@ -74,18 +95,18 @@ def eval_int(e: Expr, env: dict[str, int], what: str) -> int:
         case Neg(operand=x):
             return -eval_int(x, env, what)
         case BinOp(op=op, left=a, right=b):
-            x, y = eval_int(a, env, what), eval_int(b, env, what)
+            lv, rv = eval_int(a, env, what), eval_int(b, env, what)
             if op == "+":
-                return x + y
+                return lv + rv
             if op == "-":
-                return x - y
+                return lv - rv
             if op == "*":
-                return x * y
-            if y == 0 or x % y:
-                raise MirageError(f"{expr_text(e)} = {x} / {y} is not an exact integer "
+                return lv * rv
+            if rv == 0 or lv % rv:
+                raise MirageError(f"{expr_text(e)} = {lv} / {rv} is not an exact integer "
                                   f"division", e.span)
-            return x // y
-        case Lit() | Tuple():
+            return lv // rv
+        case Lit() | TupleExpr():
             raise MirageError(f"{what} must be an integer, got {expr_text(e)}", e.span)
     assert_never(e)
 
@@ -106,7 +127,7 @@ def eval_attr(e: Expr, env: dict[str, int]) -> AttrValue:
             return v
         case Neg(operand=Num(value=float() as v)):
             return -v
-        case Tuple():
+        case TupleExpr():
             raise MirageError("a tuple is only allowed as the grid of a custom kernel", e.span)
         case Var() | Neg() | BinOp():
             return eval_int(e, env, "an attribute value")
@@ -235,7 +256,7 @@ class _Lowering:
         if "grid" not in values:
             raise MirageError("custom needs a grid, e.g. grid=(8, 1, 1)", stmt.span)
         g = values["grid"]
-        items = g.items if isinstance(g, Tuple) else (g,)
+        items = g.items if isinstance(g, TupleExpr) else (g,)
         if len(items) > 3:
             raise MirageError(f"grid has {len(items)} entries; a grid has 1 to 3 (x, y, z)",
                               g.span)
@@ -272,7 +293,8 @@ class _Lowering:
             hint = (f"; '{src.text}' is a block tensor, load reads device tensors"
                     if src.text in k.types else did_you_mean(src.text, list(k.parent.types)))
             raise MirageError(f"undefined device tensor '{src.text}'{hint}", src.span)
-        imap, fmap = (None, None, None), None
+        imap: AxisMap = (None, None, None)
+        fmap: int | None = None
         seen: set[str] = set()
         for c in stmt.clauses:
             if c.kind in seen:
@@ -317,7 +339,7 @@ class _Lowering:
         stores[tgt.text] = _Store(stmt.source.text, tgt, omap, stmt.span)
 
     # --- operators (both levels) ----------------------------------------------
-    def _op(self, b: GraphBuilder | BlockBuilder, stmt: OpStmt, types: dict[str, object],
+    def _op(self, b: GraphBuilder | BlockBuilder, stmt: OpStmt, types: Mapping[str, object],
             level: str) -> None:
         name = stmt.op.text
         self._check_level(name, level, stmt.op.span)
@@ -377,12 +399,12 @@ class _Lowering:
 
     # --- names -------------------------------------------------------------
     @staticmethod
-    def _fresh(n: Name, types: dict[str, object], what: str) -> None:
+    def _fresh(n: Name, types: Mapping[str, object], what: str) -> None:
         if n.text in types:
             raise MirageError(f"{what} '{n.text}' is defined twice", n.span)
 
     @staticmethod
-    def _defined(n: Name, types: dict[str, object], what: str) -> None:
+    def _defined(n: Name, types: Mapping[str, object], what: str) -> None:
         if n.text not in types:
             raise MirageError(f"undefined {what} '{n.text}'{did_you_mean(n.text, list(types))}",
                               n.span)

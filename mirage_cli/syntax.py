@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import functools
 import importlib.resources
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Union, assert_never
+from typing import Any, assert_never
 
 import lark
 from lark import Token, Transformer, v_args
@@ -85,25 +86,25 @@ class Lit:
 
 @dataclass(frozen=True)
 class Neg:
-    operand: "Expr"
+    operand: Expr
     span: Span = field(compare=False)
 
 
 @dataclass(frozen=True)
 class BinOp:
     op: str  # one of + - * /
-    left: "Expr"
-    right: "Expr"
+    left: Expr
+    right: Expr
     span: Span = field(compare=False)
 
 
 @dataclass(frozen=True)
-class Tuple:
-    items: tuple["Expr", ...]
+class TupleExpr:
+    items: tuple[Expr, ...]
     span: Span = field(compare=False)
 
 
-Expr = Union[Num, Var, Lit, Neg, BinOp, Tuple]
+Expr = Num | Var | Lit | Neg | BinOp | TupleExpr
 
 
 @dataclass(frozen=True)
@@ -123,7 +124,7 @@ class AttrArg:
     value: Expr
 
 
-Arg = Union[Operand, NestedCall, AttrArg]
+Arg = Operand | NestedCall | AttrArg
 
 
 @dataclass(frozen=True)
@@ -177,12 +178,12 @@ class OutputStmt:
 class CustomStmt:
     outs: tuple[Name, ...]
     args: tuple[Arg, ...]
-    body: tuple["Stmt", ...]
+    body: tuple[Stmt, ...]
     span: Span  # the `custom(...)` header
     close: Span  # the closing brace
 
 
-Stmt = Union[InputStmt, OpStmt, CustomStmt, LoadStmt, StoreStmt, OutputStmt]
+Stmt = InputStmt | OpStmt | CustomStmt | LoadStmt | StoreStmt | OutputStmt
 
 
 @dataclass(frozen=True)
@@ -231,24 +232,22 @@ class ToAst(Transformer):  # type: ignore[type-arg]
         return _tok_span(self.file, t)
 
     # --- expressions -------------------------------------------------------
-    def int(self, t: Token) -> Expr:
+    def int_lit(self, t: Token) -> Expr:
         return Num(int(t), self._s(t))
 
-    def float(self, t: Token) -> Expr:
+    def float_lit(self, t: Token) -> Expr:
         return Num(float(t), self._s(t))
 
     def var(self, t: Token) -> Expr:
         return Var(str(t), self._s(t))
 
-    def true(self, t: Token) -> Expr:
+    def true_lit(self, t: Token) -> Expr:
         return Lit(True, self._s(t))
 
-    def false(self, t: Token) -> Expr:
+    def false_lit(self, t: Token) -> Expr:
         return Lit(False, self._s(t))
 
-    def string(self, t: Token) -> Expr:
-        import json
-
+    def string_lit(self, t: Token) -> Expr:
         return Lit(str(json.loads(str(t))), self._s(t))
 
     @v_args(meta=True, inline=True)
@@ -275,8 +274,8 @@ class ToAst(Transformer):  # type: ignore[type-arg]
         return self._bin("/", meta, a, b)
 
     @v_args(meta=True, inline=False)
-    def tuple(self, meta: Meta, items: list[Expr]) -> Expr:
-        return Tuple(tuple(items), _meta_span(self.file, meta))
+    def tuple_lit(self, meta: Meta, items: list[Expr]) -> Expr:
+        return TupleExpr(tuple(items), _meta_span(self.file, meta))
 
     def dim_expr(self, e: Expr) -> Expr:
         return e
@@ -397,6 +396,9 @@ def _expected_words(expected: set[str]) -> str:
     if _VALUE <= exp:
         exp -= _VALUE
         words.append("a value")
+    if {"CUSTOM", "LOAD", "NAME"} <= exp:  # after `NAME =`
+        exp -= {"NAME"}
+        words.append("an operator name")
     words += sorted(_terminal_word(e) for e in exp)
     if len(words) == 1:
         return words[0]
@@ -432,7 +434,8 @@ def _end_span(file: str, text: str) -> Span:
 def syntax_error(e: lark.exceptions.UnexpectedInput, text: str, file: str) -> MirageError:
     """A :class:`MirageError` in plain words for a Lark parse error."""
     if isinstance(e, lark.exceptions.UnexpectedCharacters):
-        ch = text[e.pos_in_stream] if e.pos_in_stream < len(text) else "?"
+        pos = e.pos_in_stream or 0
+        ch = text[pos] if pos < len(text) else "?"
         what = "a '\"' that starts an unterminated string" if ch == '"' else f"character '{ch}'"
         return MirageError(f"unexpected {what}", Span(file, e.line, e.column), source=text)
     if isinstance(e, lark.exceptions.UnexpectedToken):
@@ -450,6 +453,9 @@ def _unexpected_token(e: lark.exceptions.UnexpectedToken, text: str, file: str) 
         return MirageError(f"unexpected end of file; expected {_expected_words(expected)}",
                            _end_span(file, text), source=text)
     span = _tok_span(file, t)
+    if t.type == "PROGRAM" and expected == {"$END"}:
+        return MirageError("a file holds one program; this is a second 'program'", span,
+                           source=text)
     if str(t) in KEYWORDS and "NAME" in expected:
         return MirageError(f"'{t}' is a reserved word and cannot be used as a name", span,
                            source=text)
@@ -458,7 +464,7 @@ def _unexpected_token(e: lark.exceptions.UnexpectedToken, text: str, file: str) 
         if prev is not None and prev.end_line is not None and prev.end_line < (t.line or 0):
             # The statement ended on an earlier line: point just after it.
             where = Span(file, prev.end_line, (prev.end_column or 1))
-            return MirageError(f"expected ';' at the end of the statement", where, source=text)
+            return MirageError("expected ';' at the end of the statement", where, source=text)
     return MirageError(f"unexpected {_token_words(t)}; expected {_expected_words(expected)}",
                        span, source=text)
 
@@ -499,15 +505,13 @@ def expr_text(e: Expr) -> str:
         case Var(name=n):
             return n
         case Lit(value=v):
-            import json
-
             return ("true" if v else "false") if isinstance(v, bool) else json.dumps(v)
         case Neg(operand=x):
             inner = expr_text(x)
             return f"-{inner}" if isinstance(x, (Num, Var, Neg)) else f"-({inner})"
         case BinOp(op=op, left=a, right=b):
             return f"{_operand_text(a, _PREC[op], False)} {op} {_operand_text(b, _PREC[op], True)}"
-        case Tuple(items=items):
+        case TupleExpr(items=items):
             return "(" + ", ".join(expr_text(i) for i in items) + ")"
     assert_never(e)
 

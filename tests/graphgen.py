@@ -45,7 +45,8 @@ def _attrs(draw: Any, opdef: ops.OpDef, rank: int) -> dict[str, Any]:
 def _try_op(draw: Any, b: GraphBuilder | BlockBuilder, names: tuple[str, ...]) -> None:
     if not b.types:
         return
-    opdef = ops.get(draw(st.sampled_from(names)))
+    # matmul needs matching shapes and is rarely drawn valid: offer it more often.
+    opdef = ops.get(draw(st.sampled_from(names + ("matmul",) * 4)))
     lo, hi = opdef.arity
     operands = draw(st.lists(st.sampled_from(sorted(b.types)), min_size=lo, max_size=hi))
     attrs = _attrs(draw, opdef, b.types[operands[0]].rank)

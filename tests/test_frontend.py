@@ -189,7 +189,7 @@ def test_run_random_and_from_npz(tmp_path: Path) -> None:
     with np.load(out) as z:
         np.testing.assert_array_equal(z["Y"], interp.run(g, ins)["Y"])
     inp = tmp_path / "in.npz"
-    np.savez(inp, **ins)
+    np.savez(inp, **ins)  # type: ignore[arg-type]
     out2 = tmp_path / "out2.npz"
     assert run_cli(("run", EX, "--inputs", str(inp), "-o", str(out2)))[0] == 0
     with np.load(out) as a, np.load(out2) as b:
@@ -262,3 +262,80 @@ def test_fmt_keeps_comments_and_blank_lines(tmp_path: Path) -> None:
     assert run_cli(("fmt", "--check", str(src)))[0] == 1
     src.write_text(out)
     assert run_cli(("fmt", "--check", str(src)))[0] == 0
+
+
+def test_run_json_summary() -> None:
+    import json
+
+    code, out, err = run_cli(("run", EX, "--json", "--seed", "1"))
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["program"] == "small" and doc["inputs"] == "random(seed=1)"
+    (y,) = doc["outputs"]
+    assert y["name"] == "Y" and y["shape"] == [4, 8] and y["nonfinite"] == 0
+    assert y["min"] <= y["mean"] <= y["max"]
+
+
+def test_block_names_are_a_separate_scope() -> None:
+    from mirage_cli.builder import GraphBuilder
+
+    b = GraphBuilder("scopes")
+    x = b.input("X", (4, 8), "f32")
+    k = b.custom((1, 1, 1), 32, 1)
+    t = k.load(x, out="X")
+    (z,) = k.finish([(k.op("acc_sum", t, out="Z"), "Z", (None, None, None))])
+    k2 = b.custom((2, 1, 1), 32, 2)
+    t2 = k2.load(z, (0, None, None), 1, out="X")
+    (w,) = k2.finish([(k2.op("acc_max", t2, out="Z"), "W", (0, None, None))])
+    b.output(w)
+    g = b.build()
+    text = print_graph(g)
+    assert "    X = load X;" in text and "    Z = acc_max(X);" in text
+    assert parse_text(text, "scopes.mir") == g
+
+
+def test_fmt_in_place_and_output(tmp_path: Path) -> None:
+    messy = tmp_path / "m.mir"
+    messy.write_text(Path(EX).read_text().replace("[n, 8]", "[n,8]"))
+    assert run_cli(("fmt", "--check", str(messy)))[0] == 1
+    out = tmp_path / "o.mir"
+    assert run_cli(("fmt", str(messy), "-o", str(out)))[0] == 0
+    assert run_cli(("fmt", "-i", str(messy)))[0] == 0
+    assert messy.read_text() == out.read_text() == run_cli(("fmt", EX))[1]
+    assert run_cli(("fmt", "--check", str(messy)))[0] == 0
+    assert run_cli(("fmt", "-i", "--check", str(messy)))[0] == 2
+
+
+def test_quiet_still_shows_errors() -> None:
+    code, _, err = run_cli(("-q", "parse", "tests/bad_inputs/unknown_operator.mir"))
+    assert code == 2 and "unknown kernel operator 'rms_nrom'" in err
+    code, _, err = run_cli(("-q", "run", EX))
+    assert code == 0 and err == ""
+
+
+def test_parse_and_fmt_of_a_checkpoint_agree(tmp_path: Path) -> None:
+    pytest.importorskip("mirage_cli.importers.mirage")
+    ckpt = "tests/bad_inputs/fixtures/single_lora.json"
+    code, as_json, err = run_cli(("parse", ckpt))
+    assert code == 0, err
+    mir = tmp_path / "lora.mir"
+    assert run_cli(("fmt", ckpt, "-o", str(mir)))[0] == 0
+    assert run_cli(("parse", str(mir)))[1] == as_json
+
+
+def test_fmt_keeps_parametric_custom_headers(tmp_path: Path) -> None:
+    src = tmp_path / "p.mir"
+    src.write_text("program p(b = 4, f = 2) {\n  input X: f32[2*b, 8];\n"
+                   "  Z = custom(grid=(2*b), forloop=f) {\n    x = load X imap(x=0) fmap(1);\n"
+                   "    s = acc_sum_ld(x);\n    store s -> Z omap(x=0);\n  }\n  output Z;\n}\n")
+    code, out, err = run_cli(("fmt", str(src)))
+    assert code == 0, err
+    assert "  Z = custom(grid=(2 * b, 1, 1), threads=128, forloop=f) {\n" in out
+    src.write_text(out)
+    g = parse_file(src, {"b": 3, "f": 4})
+    assert g.ops[0].block is not None
+    assert (g.ops[0].block.grid, g.ops[0].block.forloop) == ((6, 1, 1), 4)
+    # from a .ugraph.json the header can only be numbers
+    js = tmp_path / "p.ugraph.json"
+    assert run_cli(("parse", str(src), "-o", str(js)))[0] == 0
+    assert "custom(grid=(8, 1, 1), threads=128, forloop=2)" in run_cli(("fmt", str(js)))[1]

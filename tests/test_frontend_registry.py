@@ -70,3 +70,13 @@ def test_operator_parses_and_prints(name: str, level: str, arity: int) -> None:
 def test_custom_is_printable() -> None:
     g = _block_graph(ops.get("exp"), 1)
     assert "custom(grid=(2, 1, 1), threads=128, forloop=2)" in print_graph(g)
+
+
+def test_every_operator_is_documented() -> None:
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parent.parent / "docs" / "language.md").read_text()
+    table = doc[doc.index("## Operators"):doc.index("## Custom kernels")]
+    words = set(table.replace("`", " ").replace("|", " ").split())
+    missing = [n for n in ops.REGISTRY if n != "custom" and n not in words]
+    assert not missing, f"operators missing from docs/language.md: {missing}"

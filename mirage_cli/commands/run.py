@@ -5,6 +5,7 @@ drawn at random (``--seed``). Outputs go to ``-o out.npz`` (written atomically),
 one-line summary of each output goes to stderr. ``--precision float64`` (default)
 computes everything in float64 and saves float64 arrays; ``native`` rounds device
 tensors to their dtype (f32 accumulation) and saves them in their storage dtype.
+``--json`` also prints the summary as JSON on stdout.
 
 The executor is chosen in :func:`_executor`, the one place a later ``--gpu N``
 option plugs in.
@@ -13,26 +14,26 @@ option plugs in.
 from __future__ import annotations
 
 import io
+import json
 import zipfile
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Callable, Mapping
 
 import click
 import numpy as np
 
 from mirage_cli import interp
-from mirage_cli.commands.common import defines_option, parse_defines
+from mirage_cli.commands.common import defines_option, parse_defines, write_output
 from mirage_cli.console import console
 from mirage_cli.diagnostics import MirageError
 from mirage_cli.dtypes import round_to, storage_dtype
 from mirage_cli.ir import Graph
 from mirage_cli.loading import load_graph
-from mirage_cli.util import write_atomic
 
 Executor = Callable[[Graph, Mapping[str, np.ndarray]], dict[str, np.ndarray]]
 
 
-@click.command()
+@click.command(short_help="Run a µGraph with the CPU reference interpreter.")
 @click.argument("file", metavar="FILE")
 @click.option("--inputs", "inputs_path", metavar="in.npz",
               help="Input arrays by name (default: random, see --seed).")
@@ -44,16 +45,24 @@ Executor = Callable[[Graph, Mapping[str, np.ndarray]], dict[str, np.ndarray]]
 @defines_option
 @click.option("--index", type=int, default=None, metavar="N",
               help="Which candidate of a candidate list (default: the first).")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print the summary of the outputs as JSON on stdout.")
 def command(file: str, inputs_path: str | None, output: str | None, seed: int,
-            precision: str, defines: tuple[str, ...], index: int | None) -> None:
+            precision: str, defines: tuple[str, ...], index: int | None,
+            as_json: bool) -> None:
     """Run FILE (.mir, .ugraph.json or Mirage checkpoint) with the CPU reference."""
     g = load_graph(file, parse_defines(defines), index)
     inputs = read_inputs(g, inputs_path) if inputs_path else interp.random_inputs(g, seed)
     outputs = _executor(precision)(g, inputs)
     for name, arr in outputs.items():
         console.print(_summary(name, arr), markup=False, highlight=False, soft_wrap=True)
+    if as_json:
+        stats = {"program": g.name, "precision": precision,
+                 "inputs": "file" if inputs_path else f"random(seed={seed})",
+                 "outputs": [dict(name=n, **_stats(a)) for n, a in outputs.items()]}
+        click.echo(json.dumps(stats, indent=2, sort_keys=True))
     if output is not None:
-        write_atomic(output, _npz_bytes(g, outputs, precision))
+        write_output(output, _npz_bytes(g, outputs, precision))
         console.print(f"wrote {output}", markup=False, highlight=False, soft_wrap=True)
 
 
@@ -102,12 +111,22 @@ def read_inputs(g: Graph, path: str) -> dict[str, np.ndarray]:
     return out
 
 
+def _stats(x: np.ndarray) -> dict[str, object]:
+    """Shape, mean, min and max of the finite values, and the count of the others."""
+    finite = x[np.isfinite(x)]
+    out: dict[str, object] = {"shape": list(x.shape), "nonfinite": int(x.size - finite.size)}
+    if finite.size:
+        out.update(mean=float(finite.mean()), min=float(finite.min()),
+                   max=float(finite.max()))
+    return out
+
+
 def _summary(name: str, x: np.ndarray) -> str:
-    finite = np.isfinite(x)
-    stats = (f"mean {x[finite].mean():.6g}  min {x[finite].min():.6g}  "
-             f"max {x[finite].max():.6g}" if finite.any() else "no finite values")
-    bad = x.size - int(finite.sum())
-    return f"{name}: {list(x.shape)}  {stats}" + (f"  non-finite {bad}" if bad else "")
+    s = _stats(x)
+    text = (f"mean {s['mean']:.6g}  min {s['min']:.6g}  max {s['max']:.6g}" if "mean" in s
+            else "no finite values")
+    bad = s["nonfinite"]
+    return f"{name}: {s['shape']}  {text}" + (f"  non-finite {bad}" if bad else "")
 
 
 def _npz_bytes(g: Graph, outputs: dict[str, np.ndarray], precision: str) -> bytes:
