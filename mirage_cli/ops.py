@@ -406,3 +406,14 @@ for _name, _spec in ACCUMULATORS.items():
     register(OpDef(_name, BLOCK_ONLY, (1, 1), infer_accum(_spec), _np_accum(_spec),
                    attrs=(_WIDTH,) if _spec.reduce == "to_width" else (), accum=_spec,
                    doc=f"forloop accumulator: {_spec}"))
+
+# ---------------------------------------------------------------------------
+# CUDA emission (slot ``cuda``): see mirage_cli/codegen/cudaspec.py
+# ---------------------------------------------------------------------------
+
+from mirage_cli.codegen import cudaspec as _cudaspec  # noqa: E402  (no cycle: it imports no ops)
+import dataclasses as _dc  # noqa: E402
+
+for _name, _def in list(REGISTRY.items()):
+    REGISTRY[_name] = _dc.replace(
+        _def, cuda=_cudaspec.ACCUM_SPEC if _def.is_accumulator else _cudaspec.CUDA_SPECS[_name])

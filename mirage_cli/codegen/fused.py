@@ -1,0 +1,528 @@
+"""Lowering of one custom kernel (a block graph) to one fused CUDA kernel.
+
+Expects a checked block graph (DESIGN.md §3). Guarantees a kernel that computes
+exactly what :func:`mirage_cli.interp.run_block_graph` computes, for any valid block
+graph, with f32 arithmetic:
+
+- every thread block runs the block graph on its tiles; block inputs that are read
+  more than once per element (matmul operands, broadcast operands) are staged in
+  shared memory by 16-byte ``cp.async`` copies where the layout allows, double
+  buffered across forloop iterations; other inputs are read from global memory;
+- element-wise chains, and reductions and matmuls read by a single element-wise
+  consumer, are fused into registers (computed where they are read);
+- other intermediates are f32 tiles in shared memory, or, when they do not fit, in a
+  per-block scratch area of the workspace;
+- forloop accumulators keep their state in registers (each thread owns fixed
+  elements) and are finished after the loop;
+- stores write each block's tile at its omap position.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Literal
+
+from mirage_cli import ops
+from mirage_cli.check import block_phases
+from mirage_cli.codegen.expr import (CTYPE, Emitter, Inline, Lines, Node, Stored, index_vars,
+                                     indent, numel, offset_expr, row_major)
+from mirage_cli.codegen.cudaspec import c_float
+from mirage_cli.codegen.plan import Kernel, Param
+from mirage_cli.diagnostics import MirageError
+from mirage_cli.ir import (GRID_AXES, BlockGraph, BlockInput, BlockOp, DType, KernelOp,
+                           TensorType, Value, make_attrs)
+
+SMEM_BUDGET = 96 * 1024   # fits sm_80 and sm_90 with two blocks per SM
+ACC_REGS_MAX = 32          # accumulator elements per thread kept in registers
+VEC_BYTES = 16
+
+Storage = Literal["global", "staged", "inline", "buf", "acc"]
+
+
+@dataclass
+class Tensor:
+    name: str
+    type: TensorType
+    phase: str
+    storage: Storage
+    smem_offset: int | None = None   # bytes into dynamic shared memory
+    scratch_offset: int | None = None  # f32 elements into the block's scratch
+    nbuf: int = 1                     # staged loop inputs: 1 or 2 (double buffered)
+
+
+def decompose(bg: BlockGraph) -> BlockGraph:
+    """Rewrite operators that read their input twice per element (``rms_norm``) into
+    ones that read it once (``rms`` then ``div`` [then ``mul``]), so no element is
+    recomputed per output."""
+    new_ops: list[BlockOp] = []
+    for op in bg.ops:
+        spec = ops.get(op.op).cuda
+        if spec.kind != "rms_norm":
+            new_ops.append(op)
+            continue
+        out = op.outputs[0]
+        x = op.inputs[0]
+        t = out.type
+        r = Value(f"{out.name}__rms", TensorType(t.shape[:-1] + (1,), t.dtype))
+        eps = dict(op.attrs).get("eps")
+        new_ops.append(BlockOp("rms", (x,), (r,), make_attrs(eps=eps)))
+        if len(op.inputs) == 2:
+            y = Value(f"{out.name}__n", t)
+            new_ops.append(BlockOp("div", (x, r.name), (y,)))
+            new_ops.append(BlockOp("mul", (y.name, op.inputs[1]), (out,)))
+        else:
+            new_ops.append(BlockOp("div", (x, r.name), (out,)))
+    return dataclasses.replace(bg, ops=tuple(new_ops))
+
+
+def _reads_once(consumer: BlockOp, operand_type: TensorType, types: dict[str, TensorType]
+                ) -> bool:
+    """Whether ``consumer`` reads each element of this operand exactly once."""
+    spec = ops.get(consumer.op).cuda
+    match spec.kind:
+        case "elementwise":
+            return types[consumer.outputs[0].name].shape == operand_type.shape
+        case "reduce" | "rms" | "sum_to" | "concat" | "accum":
+            return True
+        case "matmul" | "rms_norm" | "softmax" | "custom":
+            return False
+    raise AssertionError(spec.kind)
+
+
+class FusedLowering:
+    """One fused kernel; see the module docstring."""
+
+    def __init__(self, kop: KernelOp, name: str, dev_types: dict[str, TensorType],
+                 cp_async: bool = True) -> None:
+        assert kop.block is not None
+        self.bg = decompose(kop.block)
+        self.kop = kop
+        self.name = name
+        self.dev = dev_types
+        self.cp_async = cp_async
+        self.T = self.bg.threads
+        self.F = self.bg.forloop
+        self.em = Emitter()
+        self.tensors: dict[str, Tensor] = {}
+        self.params: list[Param] = []
+        self.pname: dict[str, str] = {}
+        self.smem = 0
+        self.scratch = 0
+
+    # -- planning -------------------------------------------------------------------
+
+    def plan(self) -> None:
+        bg = self.bg
+        phases = block_phases(bg)
+        types = {bi.value.name: bi.value.type for bi in bg.inputs}
+        types.update({op.outputs[0].name: op.outputs[0].type for op in bg.ops})
+        uses: dict[str, list[BlockOp | None]] = {n: [] for n in types}
+        for op in bg.ops:
+            for i in op.inputs:
+                uses[i].append(op)
+        for bo in bg.outputs:
+            uses[bo.source].append(None)  # None: a store
+        for bi in bg.inputs:
+            once = all(u is None or _reads_once(u, bi.value.type, types) for u in uses[bi.value.name])
+            storage: Storage = "global" if once and len(uses[bi.value.name]) <= 1 else "staged"
+            self.tensors[bi.value.name] = Tensor(bi.value.name, bi.value.type,
+                                                 phases[bi.value.name], storage)
+        for op in bg.ops:
+            v = op.outputs[0]
+            opdef = ops.get(op.op)
+            if opdef.is_accumulator:
+                st: Storage = "acc"
+            else:
+                st = "inline" if self._inlinable(v.name, v.type, phases, uses[v.name], types) \
+                    else "buf"
+            self.tensors[v.name] = Tensor(v.name, v.type, phases[v.name], st)
+        self._allocate()
+
+    def _inlinable(self, name: str, t: TensorType, phases: dict[str, str],
+                   users: list[BlockOp | None], types: dict[str, TensorType]) -> bool:
+        if len(users) != 1:
+            return False
+        user = users[0]
+        if user is None:
+            return True
+        if ops.get(user.op).is_accumulator:
+            return phases[name] == "loop"
+        return phases[user.outputs[0].name] == phases[name] and _reads_once(user, t, types)
+
+    def _allocate(self) -> None:
+        """Shared memory for staged inputs and f32 tiles; what does not fit moves out
+        (inputs are then read from global memory, tiles go to the scratch area)."""
+        staged = [t for t in self.tensors.values() if t.storage == "staged"]
+        bufs = [t for t in self.tensors.values() if t.storage in ("buf", "acc")]
+        for t in staged:
+            t.nbuf = 2 if t.phase == "loop" and self.F > 1 else 1
+
+        def total() -> int:
+            n = sum(_pad(t.type.nbytes) * t.nbuf for t in staged)
+            return n + sum(_pad(t.type.numel * 4) for t in bufs if t.scratch_offset is None)
+
+        for t in sorted(staged, key=lambda t: -t.type.nbytes):
+            if total() <= SMEM_BUDGET:
+                break
+            if t.nbuf == 2:
+                t.nbuf = 1
+        for t in sorted(bufs, key=lambda t: -t.type.numel):
+            if total() <= SMEM_BUDGET:
+                break
+            t.scratch_offset = self.scratch
+            self.scratch += _pad(t.type.numel * 4) // 4
+        for t in sorted(staged, key=lambda t: -t.type.nbytes):
+            if total() <= SMEM_BUDGET:
+                break
+            t.storage = "global"
+        staged = [t for t in staged if t.storage == "staged"]
+        off = 0
+        for t in staged:
+            t.smem_offset = off
+            off += _pad(t.type.nbytes) * t.nbuf
+        for t in bufs:
+            if t.scratch_offset is None:
+                t.smem_offset = off
+                off += _pad(t.type.numel * 4)
+        self.smem = off
+
+    # -- emission -------------------------------------------------------------------
+
+    def lower(self) -> Kernel:
+        self.plan()
+        bg = self.bg
+        body: Lines = []
+        for bi in bg.inputs:
+            self._param(bi.source, True)
+        for bo in bg.outputs:
+            self._param(bo.value.name, False)
+        if self.scratch:
+            self.params.append(Param("float* __restrict__", "mg_ws", "$scratch"))
+        body += self._prologue()
+        body += self._define_nodes()
+        body += self._phase_code("invariant")
+        accs = [op for op in bg.ops if ops.get(op.op).is_accumulator]
+        body += self._acc_init(accs)
+        loop = self._loop_body(accs)
+        body += [f"for (int it = 0; it < {self.F}; ++it) {{"] + indent(loop) + ["}"]
+        body += self._acc_finish(accs)
+        body += self._phase_code("epilogue")
+        for bo in bg.outputs:
+            body += self._store(bo.source, bo.value.name, bo.omap)
+        grid = self.bg.grid
+        return Kernel(self.name, tuple(self.params), tuple(body), self.T, grid, self.smem,
+                      self.scratch * 4, f"fused kernel: grid {list(grid)}, {self.T} threads, "
+                      f"forloop {self.F}")
+
+    def _param(self, dev: str, is_input: bool) -> None:
+        if dev in self.pname:
+            return
+        t = self.dev[dev]
+        p = f"p{len(self.params)}"
+        ctype = ("const " if is_input else "") + CTYPE[t.dtype] + "* __restrict__"
+        self.params.append(Param(ctype, p, dev))
+        self.pname[dev] = p
+
+    def _prologue(self) -> Lines:
+        lines = ["const int bx = blockIdx.x, by = blockIdx.y, bz = blockIdx.z;",
+                 "(void)bx; (void)by; (void)bz;"]
+        if self.smem:
+            lines.append("extern __shared__ __align__(16) unsigned char mg_smem[];")
+        if self.scratch:
+            g = self.bg.grid
+            lines.append(f"float* mg_blk = mg_ws + (size_t)(bx + {g[0]} * (by + {g[1]} * bz))"
+                         f" * {self.scratch};")
+        for bi in self.bg.inputs:
+            lines.append(f"const int base_{bi.value.name} = {self._block_base(bi)};")
+        return lines
+
+    def _block_base(self, bi: BlockInput) -> str:
+        src = self.dev[bi.source]
+        strides = row_major(src.shape)
+        terms = []
+        for axis, g, d in zip(("bx", "by", "bz"), self.bg.grid, bi.imap):
+            if d is not None and g > 1:
+                part = src.shape[d] // g
+                terms.append(f"{axis} * {part * strides[d]}")
+        return " + ".join(terms) if terms else "0"
+
+    def _fmap_step(self, bi: BlockInput) -> int:
+        assert bi.fmap is not None
+        return bi.value.type.shape[bi.fmap] * row_major(self.dev[bi.source].shape)[bi.fmap]
+
+    def _define_nodes(self) -> Lines:
+        """Register every tensor with the expression engine; declare smem pointers."""
+        lines: Lines = []
+        for bi in self.bg.inputs:
+            t = self.tensors[bi.value.name]
+            ct = CTYPE[t.type.dtype]
+            if t.storage == "global":
+                base = f"off_{t.name}" if t.phase == "loop" else f"base_{t.name}"
+                self.em.nodes[t.name] = Node(t.type.shape, Stored(
+                    self.pname[bi.source], base, row_major(self.dev[bi.source].shape), ct))
+            else:
+                assert t.smem_offset is not None
+                for b in range(t.nbuf):
+                    off = t.smem_offset + b * _pad(t.type.nbytes)
+                    lines.append(f"{ct}* sm_{t.name}_{b} = reinterpret_cast<{ct}*>(mg_smem + {off});")
+                self.em.nodes[t.name] = Node(t.type.shape, Stored(
+                    f"sm_{t.name}", "0", row_major(t.type.shape), ct))
+        for op in self.bg.ops:
+            t = self.tensors[op.outputs[0].name]
+            if t.storage == "inline":
+                attrs = ops.get(op.op).attr_values(op.attrs)
+                self.em.nodes[t.name] = Node(t.type.shape, Inline(op.op, op.inputs, attrs))
+                continue
+            if t.scratch_offset is not None:
+                lines.append(f"float* buf_{t.name} = mg_blk + {t.scratch_offset};")
+            else:
+                lines.append(f"float* buf_{t.name} = reinterpret_cast<float*>(mg_smem + "
+                             f"{t.smem_offset});")
+            self.em.nodes[t.name] = Node(t.type.shape, Stored(
+                f"buf_{t.name}", "0", row_major(t.type.shape), "float"))
+        return lines
+
+    def _elem_loop(self, shape: tuple[int, ...], body_fn: "BodyFn") -> Lines:
+        n = numel(shape)
+        e = self.em.fresh("e")
+        decl, idx = index_vars(shape, e, self.em.fresh("i") + "_")
+        inner = decl + body_fn(idx)
+        return [f"for (int {e} = threadIdx.x; {e} < {n}; {e} += {self.T}) {{"] + indent(inner) + ["}"]
+
+    def _materialize(self, op: BlockOp) -> Lines:
+        t = self.tensors[op.outputs[0].name]
+        attrs = ops.get(op.op).attr_values(op.attrs)
+
+        def body(idx: list[str]) -> Lines:
+            lines, e = self.em._inline(op.op, op.inputs, attrs, t.type.shape, idx)
+            return lines + [f"buf_{t.name}[{offset_expr('0', idx, row_major(t.type.shape))}] = {e};"]
+        return self._elem_loop(t.type.shape, body) + ["__syncthreads();"]
+
+    def _phase_code(self, phase: str) -> Lines:
+        lines: Lines = []
+        if phase == "invariant":
+            staged = [bi for bi in self.bg.inputs
+                      if self.tensors[bi.value.name].storage == "staged"
+                      and self.tensors[bi.value.name].phase == "invariant"]
+            for bi in staged:
+                lines += self._stage(bi, f"base_{bi.value.name}", f"sm_{bi.value.name}_0")
+            if staged:
+                lines += ["mg_cp_async_wait_all();", "__syncthreads();"]
+                for bi in staged:
+                    lines.append(f"const auto* sm_{bi.value.name} = sm_{bi.value.name}_0;")
+        for op in self.bg.ops:
+            t = self.tensors[op.outputs[0].name]
+            if t.phase == phase and t.storage == "buf":
+                lines += self._materialize(op)
+        return lines
+
+    # -- staging of input tiles -------------------------------------------------------
+
+    def _vec(self, bi: BlockInput) -> int:
+        """Elements per 16-byte copy, or 1 where the tile's rows are not 16-byte aligned."""
+        t = bi.value.type
+        vec = VEC_BYTES // t.dtype.nbytes
+        src = self.dev[bi.source]
+        if not self.cp_async or t.shape[-1] % vec or src.shape[-1] % vec:
+            return 1
+        return vec
+
+    def _stage(self, bi: BlockInput, base: str, dst: str) -> Lines:
+        t = bi.value.type
+        strides = row_major(self.dev[bi.source].shape)
+        src = self.pname[bi.source]
+        vec = self._vec(bi)
+        n = t.numel // vec
+        c = self.em.fresh("c")
+        decl, idx = index_vars(t.shape, f"({c} * {vec})" if vec > 1 else c, self.em.fresh("s") + "_")
+        g = offset_expr(base, idx, strides)
+        if vec > 1:
+            op = f"mg_cp_async16({dst} + {c} * {vec}, {src} + ({g}));"
+        else:
+            op = f"{dst}[{c}] = {src}[{g}];"
+        return [f"for (int {c} = threadIdx.x; {c} < {n}; {c} += {self.T}) {{"] + indent(decl + [op]) + ["}"]
+
+    # -- the forloop -------------------------------------------------------------------
+
+    def _loop_body(self, accs: list[BlockOp]) -> Lines:
+        lines: Lines = []
+        loop_inputs = [bi for bi in self.bg.inputs if self.tensors[bi.value.name].phase == "loop"]
+        for bi in loop_inputs:
+            lines.append(f"const int off_{bi.value.name} = base_{bi.value.name} + it * "
+                         f"{self._fmap_step(bi)};")
+        staged = [bi for bi in loop_inputs if self.tensors[bi.value.name].storage == "staged"]
+        single = [bi for bi in staged if self.tensors[bi.value.name].nbuf == 1]
+        double = [bi for bi in staged if self.tensors[bi.value.name].nbuf == 2]
+        for bi in single:
+            lines += self._stage(bi, f"off_{bi.value.name}", f"sm_{bi.value.name}_0")
+        if double:
+            # Prefetch the next iteration's tiles into the other buffer, then wait for
+            # this iteration's (issued one iteration earlier, or before the loop).
+            pre: Lines = []
+            for bi in double:
+                step = self._fmap_step(bi)
+                pre += self._stage(bi, f"(off_{bi.value.name} + {step})",
+                                   f"(((it + 1) & 1) ? sm_{bi.value.name}_1 : sm_{bi.value.name}_0)")
+            lines += [f"if (it + 1 < {self.F}) {{"] + indent(pre + ["mg_cp_async_commit();",
+                                                                    "mg_cp_async_wait_1();"])
+            lines += ["} else {", "  mg_cp_async_wait_all();", "}"]
+        elif single:
+            lines.append("mg_cp_async_wait_all();")
+        if staged:
+            lines.append("__syncthreads();")
+        for bi in staged:
+            n = bi.value.name
+            cur = f"((it & 1) ? sm_{n}_1 : sm_{n}_0)" if self.tensors[n].nbuf == 2 else f"sm_{n}_0"
+            lines.append(f"const auto* sm_{n} = {cur};")
+        for op in self.bg.ops:
+            t = self.tensors[op.outputs[0].name]
+            if t.phase == "loop" and t.storage == "buf":
+                lines += self._materialize(op)
+        for op in accs:
+            lines += self._acc_update(op)
+        lines.append("__syncthreads();")
+        return lines
+
+    def prefetch_first(self) -> Lines:
+        """Before the loop: issue iteration 0's copies of double-buffered inputs."""
+        lines: Lines = []
+        for bi in self.bg.inputs:
+            t = self.tensors[bi.value.name]
+            if t.phase == "loop" and t.storage == "staged" and t.nbuf == 2:
+                lines += self._stage(bi, f"base_{bi.value.name}", f"sm_{bi.value.name}_0")
+        if lines:
+            lines.append("mg_cp_async_commit();")
+        return lines
+
+    def _acc_shape(self, op: BlockOp) -> tuple[int, ...]:
+        return op.outputs[0].type.shape
+
+    def _acc_in_regs(self, op: BlockOp) -> bool:
+        return -(-numel(self._acc_shape(op)) // self.T) <= ACC_REGS_MAX
+
+    def _acc_init(self, accs: list[BlockOp]) -> Lines:
+        lines = self.prefetch_first()
+        for op in accs:
+            spec = ops.get(op.op).accum
+            assert spec is not None
+            init = "0.0f" if spec.combine == "sum" else "__int_as_float(0xff800000)"
+            name = op.outputs[0].name
+            n = numel(self._acc_shape(op))
+            if self._acc_in_regs(op):
+                npt = -(-n // self.T)
+                lines += [f"float acc_{name}[{npt}];", "#pragma unroll",
+                          f"for (int j = 0; j < {npt}; ++j) acc_{name}[j] = {init};"]
+            else:
+                lines += [f"for (int e = threadIdx.x; e < {n}; e += {self.T}) buf_{name}[e] = {init};"]
+        return lines
+
+    def _acc_elems(self, op: BlockOp, body_fn: "BodyFn") -> Lines:
+        """A loop over the accumulator's elements this thread owns (fixed across
+        iterations, so updates need no barrier); ``slot`` is where its state lives."""
+        name = op.outputs[0].name
+        shape = self._acc_shape(op)
+        n = numel(shape)
+        e = self.em.fresh("e")
+        decl, idx = index_vars(shape, e, self.em.fresh("a") + "_")
+        if self._acc_in_regs(op):
+            npt = -(-n // self.T)
+            inner = decl + body_fn(idx, f"acc_{name}[j]", e)
+            guard = n % self.T != 0
+            core = ([f"if ({e} < {n}) {{"] + indent(inner) + ["}"]) if guard else inner
+            return ["#pragma unroll", f"for (int j = 0; j < {npt}; ++j) {{",
+                    f"  const int {e} = threadIdx.x + j * {self.T};"] + indent(core) + ["}"]
+        inner = decl + body_fn(idx, f"buf_{name}[{e}]", e)
+        return [f"for (int {e} = threadIdx.x; {e} < {n}; {e} += {self.T}) {{"] + indent(inner) + ["}"]
+
+    def _acc_update(self, op: BlockOp) -> Lines:
+        spec = ops.get(op.op).accum
+        assert spec is not None
+        x = op.inputs[0]
+        xshape = self.tensors[x].type.shape
+        width = dict(op.attrs).get("width")
+
+        def body(idx: list[str], slot: str, e: str) -> Lines:
+            lines: Lines = []
+            if spec.reduce == "none":
+                terms = [(idx, "")]
+                loop = None
+            elif spec.reduce == "last":
+                k = self.em.fresh("k")
+                loop = (k, xshape[-1])
+                terms = [(idx[:-1] + [k], "")]
+            else:
+                k = self.em.fresh("g")
+                assert isinstance(width, int)
+                loop = (k, xshape[-1] // width)
+                terms = [(idx[:-1] + [f"({k} * {width} + {idx[-1]})"], "")]
+            inner: Lines = []
+            st, v = self.em.value(x, terms[0][0])
+            inner += st
+            if spec.pre == "square":
+                w = self.em.fresh()
+                inner += [f"const float {w} = {v};"]
+                v = f"{w} * {w}"
+            upd = f"{slot} += {v};" if spec.combine == "sum" else f"{slot} = fmaxf({slot}, {v});"
+            inner.append(upd)
+            if loop is None:
+                return lines + inner
+            k, n = loop
+            return lines + [f"for (int {k} = 0; {k} < {n}; ++{k}) {{"] + indent(inner) + ["}"]
+        return self._acc_elems(op, body)
+
+    def _acc_finish(self, accs: list[BlockOp]) -> Lines:
+        lines: Lines = []
+        for op in accs:
+            spec = ops.get(op.op).accum
+            assert spec is not None
+            name = op.outputs[0].name
+            xshape = self.tensors[op.inputs[0]].type.shape
+            count = self.F
+            if spec.reduce == "last":
+                count *= xshape[-1]
+            elif spec.reduce == "to_width":
+                count *= xshape[-1] // int(dict(op.attrs)["width"])
+            fin = {"id": "{0}", "mean": f"{{0}} / {c_float(float(count))}",
+                   "rms": f"sqrtf({{0}} / {c_float(float(count))})"}[spec.finish]
+
+            def body(idx: list[str], slot: str, e: str, name: str = name, fin: str = fin) -> Lines:
+                return [f"buf_{name}[{e}] = {fin.format(slot)};"]
+            if self._acc_in_regs(op) or spec.finish != "id":
+                lines += self._acc_elems(op, body)
+        if accs:
+            lines.append("__syncthreads();")
+        return lines
+
+    def _store(self, source: str, dev: str, omap: tuple[int | None, int | None, int | None]
+               ) -> Lines:
+        t = self.tensors[source]
+        out = self.dev[dev]
+        strides = row_major(out.shape)
+        terms = [f"{ax} * {t.type.shape[d] * strides[d]}"
+                 for ax, d, g in zip(("bx", "by", "bz"), omap, self.bg.grid)
+                 if d is not None and g > 1]
+        base = " + ".join(terms) if terms else "0"
+        p = self.pname[dev]
+
+        def body(idx: list[str]) -> Lines:
+            st, v = self.em.value(source, idx)
+            return st + [f"mg_st({p} + ({offset_expr(base, idx, strides)}), {v});"]
+        return self._elem_loop(t.type.shape, body)
+
+
+BodyFn = object  # a callable building a loop body (kept loose: three shapes are used)
+
+
+def _pad(n: int) -> int:
+    return (n + 15) // 16 * 16
+
+
+def lower_custom(kop: KernelOp, name: str, dev_types: dict[str, TensorType]) -> Kernel:
+    if any(t.numel >= 2 ** 31 for t in dev_types.values()):
+        raise MirageError("tensors of 2^31 elements or more are not supported by the "
+                          "code generator (32-bit indexing)")
+    return FusedLowering(kop, name, dev_types).lower()
+
+
+__all__ = ["lower_custom", "SMEM_BUDGET", "GRID_AXES", "DType"]

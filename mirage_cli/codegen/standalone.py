@@ -1,0 +1,141 @@
+"""Lowering of pre-defined kernel operators to standalone kernels (one per operator).
+
+This is the unfused lowering: what a compiler that picks one library-style kernel
+per operator produces, and the baseline the fused µGraphs are measured against.
+
+- ``matmul``: a tiled kernel (64×64 output tile per block of 256 threads, 4×4 outputs
+  per thread, 16-deep K slices staged in shared memory, f32 accumulation, bounds
+  checks for any shape, batch dimensions broadcast);
+- ``rms_norm`` and ``softmax``: one warp per row, warp-shuffle reductions;
+- everything else (element-wise with broadcasting, reductions over a dimension,
+  ``rms``, ``concat``): one thread per output element, grid-stride loop, the element
+  computed by the expression engine from the registry's ``cuda`` slot.
+"""
+
+from __future__ import annotations
+
+from typing import assert_never
+
+from mirage_cli import ops
+from mirage_cli.codegen import templates
+from mirage_cli.codegen.cudaspec import c_float
+from mirage_cli.codegen.expr import (CTYPE, Emitter, Inline, Lines, Node, Stored, index_vars,
+                                     indent, numel, offset_expr, row_major)
+from mirage_cli.codegen.plan import Kernel, Param
+from mirage_cli.ir import KernelOp, TensorType
+
+ELEM_THREADS = 256
+ROW_WARPS = 8
+MAX_GRID = 65535
+
+
+def _params(kop: KernelOp, types: dict[str, TensorType]) -> tuple[Param, ...]:
+    ps = [Param("const " + CTYPE[types[n].dtype] + "* __restrict__", f"p{i}", n)
+          for i, n in enumerate(dict.fromkeys(kop.inputs))]
+    out = kop.outputs[0]
+    ps.append(Param(CTYPE[out.type.dtype] + "* __restrict__", f"p{len(ps)}", out.name))
+    return tuple(ps)
+
+
+def _emitter(kop: KernelOp, types: dict[str, TensorType], params: tuple[Param, ...]) -> Emitter:
+    em = Emitter()
+    for p in params[:-1]:
+        t = types[p.arg]
+        em.nodes[p.arg] = Node(t.shape, Stored(p.name, "0", row_major(t.shape), CTYPE[t.dtype]))
+    return em
+
+
+def lower_kernel_op(kop: KernelOp, name: str, types: dict[str, TensorType]) -> Kernel:
+    spec = ops.get(kop.op).cuda
+    match spec.kind:
+        case "matmul":
+            return _matmul(kop, name, types)
+        case "rms_norm" | "softmax":
+            return _rows(kop, name, types)
+        case "elementwise" | "reduce" | "rms" | "concat" | "sum_to":
+            return _per_element(kop, name, types)
+        case "accum" | "custom":
+            raise AssertionError(f"{kop.op} is not a standalone kernel")
+        case _:
+            assert_never(spec.kind)
+
+
+def _per_element(kop: KernelOp, name: str, types: dict[str, TensorType]) -> Kernel:
+    params = _params(kop, types)
+    em = _emitter(kop, types, params)
+    out = kop.outputs[0]
+    attrs = ops.get(kop.op).attr_values(kop.attrs)
+    em.nodes[out.name] = Node(out.type.shape, Inline(kop.op, kop.inputs, attrs))
+    n = out.type.numel
+    decl, idx = index_vars(out.type.shape, "e", "i")
+    st, v = em.value(out.name, idx)
+    body = [f"for (int e = blockIdx.x * {ELEM_THREADS} + threadIdx.x; e < {n}; "
+            f"e += gridDim.x * {ELEM_THREADS}) {{"]
+    body += indent(decl + st + [f"mg_st({params[-1].name} + e, {v});"]) + ["}"]
+    grid = (min(-(-n // ELEM_THREADS), MAX_GRID), 1, 1)
+    return Kernel(name, params, tuple(body), ELEM_THREADS, grid, 0, 0,
+                  f"{kop.op}: one thread per output element")
+
+
+def _rows(kop: KernelOp, name: str, types: dict[str, TensorType]) -> Kernel:
+    """One warp per row along the reduced dimension."""
+    params = _params(kop, types)
+    em = _emitter(kop, types, params)
+    x = kop.inputs[0]
+    shape = types[x].shape
+    attrs = ops.get(kop.op).attr_values(kop.attrs)
+    kind = ops.get(kop.op).cuda.kind
+    dim = int(attrs["dim"]) if kind == "softmax" else len(shape) - 1
+    other = shape[:dim] + shape[dim + 1:]
+    rows, n = numel(other), shape[dim]
+    decl, oidx = index_vars(other or (1,), "row", "r")
+    oidx = oidx if other else []
+    idx = oidx[:dim] + ["k"] + oidx[dim:]
+    out = params[-1].name
+    ostrides = row_major(kop.outputs[0].type.shape)
+    body = [f"const int row = blockIdx.x * {ROW_WARPS} + threadIdx.x / 32;",
+            "const int lane = threadIdx.x % 32;", f"if (row >= {rows}) return;"] + decl
+    xv = em.load(x, idx)
+    o = offset_expr("0", idx, ostrides)
+    if kind == "rms_norm":
+        eps = c_float(float(attrs.get("eps", 0.0)))
+        wv = ""
+        if len(kop.inputs) == 2:
+            from mirage_cli.codegen.expr import broadcast_index
+            wv = " * " + em.load(kop.inputs[1], broadcast_index(idx, types[kop.inputs[1]].shape))
+        body += ["float ss = 0.0f;",
+                 f"for (int k = lane; k < {n}; k += 32) {{ const float t = {xv}; ss = fmaf(t, t, ss); }}",
+                 "ss = mg_warp_sum(ss);",
+                 f"const float inv = 1.0f / sqrtf(ss / {c_float(float(n))} + {eps});",
+                 f"for (int k = lane; k < {n}; k += 32) mg_st({out} + ({o}), {xv} * inv{wv});"]
+    else:
+        body += ["float m = __int_as_float(0xff800000);",
+                 f"for (int k = lane; k < {n}; k += 32) m = fmaxf(m, {xv});",
+                 "m = mg_warp_max(m);", "float s = 0.0f;",
+                 f"for (int k = lane; k < {n}; k += 32) s += expf({xv} - m);",
+                 "s = mg_warp_sum(s);", "const float inv = 1.0f / s;",
+                 f"for (int k = lane; k < {n}; k += 32) mg_st({out} + ({o}), expf({xv} - m) * inv);"]
+    grid = (-(-rows // ROW_WARPS), 1, 1)
+    return Kernel(name, params, tuple(body), 32 * ROW_WARPS, grid, 0, 0,
+                  f"{kop.op}: one warp per row of {n}")
+
+
+def _matmul(kop: KernelOp, name: str, types: dict[str, TensorType]) -> Kernel:
+    params = _params(kop, types)
+    a, b = kop.inputs
+    ta, tb, tc = types[a], types[b], kop.outputs[0].type
+    M, K, N = ta.shape[-2], ta.shape[-1], tb.shape[-1]
+    batch = tc.shape[:-2]
+    decl, bidx = index_vars(batch or (1,), "bz", "z")
+    bidx = bidx if batch else []
+    from mirage_cli.codegen.expr import broadcast_index
+    a_off = offset_expr("0", broadcast_index(bidx, ta.shape[:-2]), row_major(ta.shape)[:-2])
+    b_off = offset_expr("0", broadcast_index(bidx, tb.shape[:-2]), row_major(tb.shape)[:-2])
+    pa = next(p.name for p in params if p.arg == a)
+    pb = next(p.name for p in params if p.arg == b)
+    body = templates.render("matmul_body.cu.j2", M=M, N=N, K=K, batch_decl=decl,
+                            a_off=a_off, b_off=b_off, c_off=f"bz * {M * N}" if batch else "0",
+                            A=pa, B=pb, C=params[-1].name).splitlines()
+    grid = (-(-N // 64), -(-M // 64), max(1, numel(batch)))
+    return Kernel(name, params, tuple(body), 256, grid, 0, 0,
+                  f"matmul {M}x{K} @ {K}x{N}, batch {list(batch)}: 64x64 tiles")
