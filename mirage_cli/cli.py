@@ -21,6 +21,9 @@ from mirage_cli.diagnostics import MirageError
 
 # Module name in mirage_cli.commands -> command name.
 COMMANDS: tuple[tuple[str, str], ...] = (
+    ("codegen", "codegen"),
+    ("compile", "compile"),
+    ("bench", "bench"),
 )
 
 

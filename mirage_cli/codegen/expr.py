@@ -268,3 +268,12 @@ def index_vars(shape: Sequence[int], flat: str, prefix: str) -> tuple[Lines, lis
         lines.append(f"const int {v} = {e};")
         names.append(v)
     return lines, names
+
+
+def keep_used(decl: Lines, body: Lines) -> Lines:
+    """The index declarations that ``body`` refers to (the others would be unused
+    variables, which nvcc warns about)."""
+    import re
+
+    text = "\n".join(body)
+    return [d for d in decl if re.search(r"\b" + d.split()[2] + r"\b", text)]

@@ -26,7 +26,7 @@ from typing import Literal
 from mirage_cli import ops
 from mirage_cli.check import block_phases
 from mirage_cli.codegen.expr import (CTYPE, Emitter, Inline, Lines, Node, Stored, index_vars,
-                                     indent, numel, offset_expr, row_major)
+                                     indent, keep_used, numel, offset_expr, row_major)
 from mirage_cli.codegen.cudaspec import c_float
 from mirage_cli.codegen.plan import Kernel, Param
 from mirage_cli.diagnostics import MirageError
@@ -159,7 +159,7 @@ class FusedLowering:
             t.nbuf = 2 if t.phase == "loop" and self.F > 1 else 1
 
         def total() -> int:
-            n = sum(_pad(t.type.nbytes) * t.nbuf for t in staged)
+            n = sum(_pad(t.type.nbytes) * t.nbuf for t in staged if t.storage == "staged")
             return n + sum(_pad(t.type.numel * 4) for t in bufs if t.scratch_offset is None)
 
         for t in sorted(staged, key=lambda t: -t.type.nbytes):
@@ -287,7 +287,8 @@ class FusedLowering:
         n = numel(shape)
         e = self.em.fresh("e")
         decl, idx = index_vars(shape, e, self.em.fresh("i") + "_")
-        inner = decl + body_fn(idx)
+        inner = body_fn(idx)
+        inner = keep_used(decl, inner) + inner
         return [f"for (int {e} = threadIdx.x; {e} < {n}; {e} += {self.T}) {{"] + indent(inner) + ["}"]
 
     def _materialize(self, op: BlockOp) -> Lines:
@@ -341,7 +342,7 @@ class FusedLowering:
             op = f"mg_cp_async16({dst} + {c} * {vec}, {src} + ({g}));"
         else:
             op = f"{dst}[{c}] = {src}[{g}];"
-        return [f"for (int {c} = threadIdx.x; {c} < {n}; {c} += {self.T}) {{"] + indent(decl + [op]) + ["}"]
+        return [f"for (int {c} = threadIdx.x; {c} < {n}; {c} += {self.T}) {{"] + indent(keep_used(decl, [op]) + [op]) + ["}"]
 
     # -- the forloop -------------------------------------------------------------------
 
@@ -427,12 +428,14 @@ class FusedLowering:
         decl, idx = index_vars(shape, e, self.em.fresh("a") + "_")
         if self._acc_in_regs(op):
             npt = -(-n // self.T)
-            inner = decl + body_fn(idx, f"acc_{name}[j]", e)
+            inner = body_fn(idx, f"acc_{name}[j]", e)
+            inner = keep_used(decl, inner) + inner
             guard = n % self.T != 0
             core = ([f"if ({e} < {n}) {{"] + indent(inner) + ["}"]) if guard else inner
             return ["#pragma unroll", f"for (int j = 0; j < {npt}; ++j) {{",
                     f"  const int {e} = threadIdx.x + j * {self.T};"] + indent(core) + ["}"]
-        inner = decl + body_fn(idx, f"buf_{name}[{e}]", e)
+        inner = body_fn(idx, f"buf_{name}[{e}]", e)
+        inner = keep_used(decl, inner) + inner
         return [f"for (int {e} = threadIdx.x; {e} < {n}; {e} += {self.T}) {{"] + indent(inner) + ["}"]
 
     def _acc_update(self, op: BlockOp) -> Lines:

@@ -20,7 +20,7 @@ from mirage_cli import ops
 from mirage_cli.codegen import templates
 from mirage_cli.codegen.cudaspec import c_float
 from mirage_cli.codegen.expr import (CTYPE, Emitter, Inline, Lines, Node, Stored, index_vars,
-                                     indent, numel, offset_expr, row_major)
+                                     indent, keep_used, numel, offset_expr, row_major)
 from mirage_cli.codegen.plan import Kernel, Param
 from mirage_cli.ir import KernelOp, TensorType
 
@@ -71,7 +71,8 @@ def _per_element(kop: KernelOp, name: str, types: dict[str, TensorType]) -> Kern
     st, v = em.value(out.name, idx)
     body = [f"for (int e = blockIdx.x * {ELEM_THREADS} + threadIdx.x; e < {n}; "
             f"e += gridDim.x * {ELEM_THREADS}) {{"]
-    body += indent(decl + st + [f"mg_st({params[-1].name} + e, {v});"]) + ["}"]
+    inner = st + [f"mg_st({params[-1].name} + e, {v});"]
+    body += indent(keep_used(decl, inner) + inner) + ["}"]
     grid = (min(-(-n // ELEM_THREADS), MAX_GRID), 1, 1)
     return Kernel(name, params, tuple(body), ELEM_THREADS, grid, 0, 0,
                   f"{kop.op}: one thread per output element")
