@@ -118,6 +118,45 @@ def single_buffer_unaligned() -> Graph:
     return b.build()
 
 
+def warp_reductions() -> Graph:
+    """Reductions long enough for warps: accumulators over the last dim and block
+    reductions over the last and the first dimension."""
+    b = GraphBuilder("warp_reductions")
+    x = b.input("X", (8, 512), "f16")
+    k = b.custom((2, 1, 1), 128, 4)
+    xt = k.load(x, (0, None, None), 1)      # (4, 128)
+    m = k.op("acc_max_ld", xt)
+    r = k.op("acc_rms_ld", xt)
+    s = k.op("acc_sum_ld", k.op("exp", k.op("mul_scalar", xt, scalar=0.25)))
+    full = k.op("acc_sum", xt)              # (4, 128)
+    c0 = k.op("sum", full, dim=0, keepdim=True)   # (1, 128)
+    c1 = k.op("mean", full, dim=1, keepdim=True)  # (4, 1)
+    q = k.op("rms", full, eps=1e-4)                # (4, 1)
+    o = k.op("add", k.op("add", k.op("div", m, r), s), k.op("mul", c1, q))
+    o2 = k.op("max", k.op("add", full, c0), dim=1, keepdim=True)
+    outs = k.finish([(o, "O", (0, None, None)), (o2, "O2", (0, None, None))])
+    for t in outs:
+        b.output(t)
+    return b.build()
+
+
+def mma_odd_shapes() -> Graph:
+    """Tensor-core matmuls whose M, N, K are not multiples of the mma tile, batched
+    with a broadcast operand, bf16; one into an accumulator, one materialized."""
+    b = GraphBuilder("mma_odd_shapes")
+    x = b.input("X", (3, 10, 80), "bf16")
+    w = b.input("W", (80, 12), "bf16")
+    k = b.custom((3, 1, 1), 64, 2)
+    xt = k.load(x, (0, None, None), 2)      # (1, 10, 40)
+    wt = k.load(w, (None, None, None), 0)   # (40, 12)
+    p = k.op("matmul", xt, wt)              # (1, 10, 12)
+    a = k.op("acc_sum", p)
+    e = k.op("acc_max", k.op("exp", k.op("matmul", xt, wt)))
+    (o,) = k.finish([(k.op("add", a, e), "O", (0, None, None))])
+    b.output(o)
+    return b.build()
+
+
 CASES: dict[str, Callable[[], Graph]] = {f.__name__: f for f in (
     rmsnorm_linear_small, bf16_kernel_ops, f32_block_ops, big_tiles_scratch, passthrough,
-    single_buffer_unaligned)}
+    single_buffer_unaligned, warp_reductions, mma_odd_shapes)}

@@ -94,7 +94,7 @@ class FusedLowering:
     """One fused kernel; see the module docstring."""
 
     def __init__(self, kop: KernelOp, name: str, dev_types: dict[str, TensorType],
-                 cp_async: bool = True) -> None:
+                 cp_async: bool = True, use_mma: bool = True) -> None:
         assert kop.block is not None
         self.bg = decompose(kop.block)
         self.kop = kop
@@ -109,6 +109,9 @@ class FusedLowering:
         self.pname: dict[str, str] = {}
         self.smem = 0
         self.scratch = 0
+        self.use_mma = use_mma
+        self.mma_acc: dict[str, BlockOp] = {}   # accumulator -> the matmul it sums (mma)
+        self.mma_buf: dict[str, BlockOp] = {}   # matmul result materialized by mma
 
     # -- planning -------------------------------------------------------------------
 
@@ -137,7 +140,37 @@ class FusedLowering:
                 st = "inline" if self._inlinable(v.name, v.type, phases, uses[v.name], types) \
                     else "buf"
             self.tensors[v.name] = Tensor(v.name, v.type, phases[v.name], st)
+        for op in bg.ops:
+            if self._mma_eligible(op):
+                self._plan_mma(op, uses[op.outputs[0].name], phases)
         self._allocate()
+
+    def _mma_eligible(self, op: BlockOp) -> bool:
+        """Block matmuls on f16/bf16 tiles run on tensor cores (mma.sync m16n8k16,
+        f32 accumulation); f32 matmuls keep f32 arithmetic."""
+        return (self.use_mma and ops.get(op.op).cuda.kind == "matmul"
+                and op.outputs[0].type.dtype in (DType.F16, DType.BF16) and self.T % 32 == 0)
+
+    def _plan_mma(self, op: BlockOp, users: list[BlockOp | None], phases: dict[str, str]) -> None:
+        out = op.outputs[0]
+        user = users[0] if len(users) == 1 else None
+        spec = ops.get(user.op).accum if user is not None else None
+        if (user is not None and spec is not None and spec.pre == "id"
+                and spec.reduce == "none" and spec.combine == "sum"
+                and phases[out.name] == "loop" and 4 * self._mma_tiles_per_warp(out.type) <= 64):
+            self.mma_acc[user.outputs[0].name] = op
+            self.tensors[out.name].storage = "inline"
+        else:
+            self.mma_buf[out.name] = op
+            self.tensors[out.name].storage = "buf"
+
+    def _mma_grid(self, t: TensorType) -> tuple[int, int, int]:
+        """(batch tiles, 16-row tiles, 8-column tiles) covering an output tile."""
+        return numel(t.shape[:-2]), -(-t.shape[-2] // 16), -(-t.shape[-1] // 8)
+
+    def _mma_tiles_per_warp(self, t: TensorType) -> int:
+        nb, tm, tn = self._mma_grid(t)
+        return -(-(nb * tm * tn) // (self.T // 32))
 
     def _inlinable(self, name: str, t: TensorType, phases: dict[str, str],
                    users: list[BlockOp | None], types: dict[str, TensorType]) -> bool:
@@ -292,6 +325,10 @@ class FusedLowering:
         return [f"for (int {e} = threadIdx.x; {e} < {n}; {e} += {self.T}) {{"] + indent(inner) + ["}"]
 
     def _materialize(self, op: BlockOp) -> Lines:
+        if op.outputs[0].name in self.mma_buf:
+            return self._mma_materialize(op) + ["__syncthreads();"]
+        if self._warp_reduction(op):
+            return self._warp_materialize(op) + ["__syncthreads();"]
         t = self.tensors[op.outputs[0].name]
         attrs = ops.get(op.op).attr_values(op.attrs)
 
@@ -410,7 +447,16 @@ class FusedLowering:
             init = "0.0f" if spec.combine == "sum" else "__int_as_float(0xff800000)"
             name = op.outputs[0].name
             n = numel(self._acc_shape(op))
-            if self._acc_in_regs(op):
+            if self._warp_acc(op):
+                j = -(-n // (self.T // 32))
+                lines += [f"float acc_{name}[{j}];", "#pragma unroll",
+                          f"for (int j = 0; j < {j}; ++j) acc_{name}[j] = {init};"]
+            elif name in self.mma_acc:
+                j = self._mma_tiles_per_warp(op.outputs[0].type)
+                lines += [f"float acc_{name}[{j}][4];", "#pragma unroll",
+                          f"for (int j = 0; j < {j}; ++j) acc_{name}[j][0] = acc_{name}[j][1] = "
+                          f"acc_{name}[j][2] = acc_{name}[j][3] = 0.0f;"]
+            elif self._acc_in_regs(op):
                 npt = -(-n // self.T)
                 lines += [f"float acc_{name}[{npt}];", "#pragma unroll",
                           f"for (int j = 0; j < {npt}; ++j) acc_{name}[j] = {init};"]
@@ -439,6 +485,11 @@ class FusedLowering:
         return [f"for (int {e} = threadIdx.x; {e} < {n}; {e} += {self.T}) {{"] + indent(inner) + ["}"]
 
     def _acc_update(self, op: BlockOp) -> Lines:
+        if op.outputs[0].name in self.mma_acc:
+            mm = self.mma_acc[op.outputs[0].name]
+            return self._mma_tiles(mm, f"acc_{op.outputs[0].name}[j]", None)
+        if self._warp_acc(op):
+            return self._warp_acc_update(op)
         spec = ops.get(op.op).accum
         assert spec is not None
         x = op.inputs[0]
@@ -491,11 +542,180 @@ class FusedLowering:
 
             def body(idx: list[str], slot: str, e: str, name: str = name, fin: str = fin) -> Lines:
                 return [f"buf_{name}[{e}] = {fin.format(slot)};"]
-            if self._acc_in_regs(op) or spec.finish != "id":
+            if self._warp_acc(op):
+                lines += self._warp_rows(numel(self._acc_shape(op)), lambda row, j, name=name, fin=fin: [
+                    f"if (mg_lane == 0) buf_{name}[{row}] = {fin.format(f'acc_{name}[{j}]')};"])
+            elif name in self.mma_acc:
+                lines += self._mma_tiles(self.mma_acc[name], f"acc_{name}[j]", (name, fin),
+                                         compute=False)
+            elif self._acc_in_regs(op) or spec.finish != "id":
                 lines += self._acc_elems(op, body)
         if accs:
             lines.append("__syncthreads();")
         return lines
+
+    # -- warp-cooperative reductions ---------------------------------------------------
+
+    def _reduced(self, op: BlockOp) -> tuple[int, int] | None:
+        """(reduced dimension, its length) of a reduction op computed by warps."""
+        spec = ops.get(op.op).cuda
+        xs = self.tensors[op.inputs[0]].type.shape
+        if spec.kind == "rms":
+            return len(xs) - 1, xs[-1]
+        if spec.kind == "reduce":
+            d = int(dict(op.attrs)["dim"])
+            return d, xs[d]
+        return None
+
+    def _warp_reduction(self, op: BlockOp) -> bool:
+        """Reductions along the contiguous last dimension, or with fewer results than
+        threads, run one warp per result (lanes stride the row, shuffles combine)."""
+        red = self._reduced(op)
+        if red is None or red[1] < 32:
+            return False
+        rank = len(self.tensors[op.inputs[0]].type.shape)
+        return red[0] == rank - 1 or op.outputs[0].type.numel < self.T
+
+    def _warp_rows(self, n_rows: int, body_fn: "BodyFn") -> Lines:
+        W = self.T // 32
+        J = -(-n_rows // W)
+        body = body_fn("row", "j")
+        return ["{", "  const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;",
+                f"  for (int j = 0; j < {J}; ++j) {{", f"    const int row = mg_warp + {W} * j;",
+                f"    if (row < {n_rows}) {{"] + indent(body, 3) + ["    }", "  }", "}"]
+
+    def _row_reduce(self, x: str, in_idx: list[str], kvar: str, length: int, combine: str,
+                    square: bool, dst: str) -> Lines:
+        """``dst`` (all lanes) = combine over k of x[in_idx] (k strides by lane)."""
+        st, v = self.em.value(x, in_idx)
+        body = st
+        if square:
+            w = self.em.fresh()
+            body = body + [f"const float {w} = {v};"]
+            v = f"{w} * {w}"
+        init = "0.0f" if combine == "sum" else "__int_as_float(0xff800000)"
+        upd = f"{dst} += {v};" if combine == "sum" else f"{dst} = fmaxf({dst}, {v});"
+        red = "mg_warp_sum" if combine == "sum" else "mg_warp_max"
+        return ([f"float {dst} = {init};", f"for (int {kvar} = mg_lane; {kvar} < {length}; "
+                 f"{kvar} += 32) {{"] + indent(body + [upd]) + ["}", f"{dst} = {red}({dst});"])
+
+    def _warp_materialize(self, op: BlockOp) -> Lines:
+        red = self._reduced(op)
+        assert red is not None
+        dim, length = red
+        spec = ops.get(op.op).cuda
+        out = op.outputs[0]
+        attrs = ops.get(op.op).attr_values(op.attrs)
+
+        def body(row: str, j: str) -> Lines:
+            decl, idx = index_vars(out.type.shape, row, self.em.fresh("w") + "_")
+            k = self.em.fresh("k")
+            if spec.kind == "rms":
+                in_idx = idx[:-1] + [k]
+            elif attrs.get("keepdim", False):
+                in_idx = idx[:dim] + [k] + idx[dim + 1:]
+            else:
+                in_idx = idx[:dim] + [k] + idx[dim:]
+            r = self.em.fresh("r")
+            lines = self._row_reduce(op.inputs[0], in_idx, k, length,
+                                     spec.combine or "sum", spec.kind == "rms", r)
+            fin = r
+            if spec.kind == "rms":
+                fin = f"sqrtf({r} / {c_float(float(length))} + {c_float(float(attrs.get('eps', 0.0)))})"
+            elif spec.finish == "mean":
+                fin = f"{r} / {c_float(float(length))}"
+            lines.append(f"if (mg_lane == 0) buf_{out.name}[{row}] = {fin};")
+            return keep_used(decl, lines) + lines
+        return self._warp_rows(out.type.numel, body)
+
+    def _warp_acc(self, op: BlockOp) -> bool:
+        spec = ops.get(op.op).accum
+        assert spec is not None
+        return (spec.reduce == "last" and self.tensors[op.inputs[0]].type.shape[-1] >= 32
+                and op.outputs[0].name not in self.mma_acc)
+
+    def _warp_acc_update(self, op: BlockOp) -> Lines:
+        spec = ops.get(op.op).accum
+        assert spec is not None
+        name = op.outputs[0].name
+        x = op.inputs[0]
+        length = self.tensors[x].type.shape[-1]
+
+        def body(row: str, j: str) -> Lines:
+            decl, idx = index_vars(self._acc_shape(op), row, self.em.fresh("w") + "_")
+            k, r = self.em.fresh("k"), self.em.fresh("r")
+            lines = self._row_reduce(x, idx[:-1] + [k], k, length, spec.combine,
+                                     spec.pre == "square", r)
+            slot = f"acc_{name}[{j}]"
+            lines.append(f"{slot} += {r};" if spec.combine == "sum"
+                         else f"{slot} = fmaxf({slot}, {r});")
+            return keep_used(decl, lines) + lines
+        return self._warp_rows(numel(self._acc_shape(op)), body)
+
+    # -- tensor cores -------------------------------------------------------------------
+
+    def _mma_materialize(self, op: BlockOp) -> Lines:
+        name = op.outputs[0].name
+        return self._mma_tiles(op, "mg_d", (name, "{0}"), local=True)
+
+    def _mma_tiles(self, op: BlockOp, dreg: str, sink: tuple[str, str] | None,
+                   local: bool = False, compute: bool = True) -> Lines:
+        """Loop over the m16n8 tiles of ``op``'s output owned by this warp: multiply
+        over K into ``dreg`` (a float[4] fragment) and, with ``sink = (buffer,
+        format)``, write the fragment to the buffer's f32 tile."""
+        a, b = op.inputs
+        ta, tb, tc = self.tensors[a].type, self.tensors[b].type, op.outputs[0].type
+        M, K, N = tc.shape[-2], ta.shape[-1], tc.shape[-1]
+        nb, tm, tn = self._mma_grid(tc)
+        W = self.T // 32
+        J = self._mma_tiles_per_warp(tc)
+        mma, pack = (("mg_mma_f16", "mg_pack_f16") if tc.dtype is DType.F16
+                     else ("mg_mma_bf16", "mg_pack_bf16"))
+        batch = tc.shape[:-2]
+        bdecl, bidx = index_vars(batch or (1,), "mg_nb", "mg_b")
+        bidx = bidx if batch else []
+        from mirage_cli.codegen.expr import broadcast_index
+        ia = broadcast_index(bidx, ta.shape[:-2])
+        ib = broadcast_index(bidx, tb.shape[:-2])
+
+        def ld(name: str, pre: list[str], r: str, c: str, rows: int, cols: int) -> str:
+            cond = [f"{r} < {rows}"] if rows % 16 else []
+            cond += [f"{c} < {cols}"] if cols % 16 else []
+            v = self.em.load(name, pre + [r, c])
+            return f"(({' && '.join(cond)}) ? {v} : 0.0f)" if cond else v
+
+        body: Lines = [f"const int mg_nb = q / {tm * tn};", f"const int mg_mi = (q / {tn}) % {tm};",
+                       f"const int mg_ni = q % {tn};"] + bdecl
+        body += ["const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;",
+                 "const int c0 = mg_ni * 8 + 2 * mg_t;"]
+        if local:
+            body.append(f"float {dreg}[4] = {{0.0f, 0.0f, 0.0f, 0.0f}};")
+        if compute:
+            kl = ["const int k0 = kk + 2 * mg_t, k1 = k0 + 8;",
+                  "const int n0 = mg_ni * 8 + mg_g;"]
+            regs = []
+            for r, c in (("r0", "k0"), ("r1", "k0"), ("r0", "k1"), ("r1", "k1")):
+                regs.append(f"{pack}({ld(a, ia, r, c, M, K)}, {ld(a, ia, r, f'({c} + 1)', M, K)})")
+            for k in ("k0", "k1"):
+                regs.append(f"{pack}({ld(b, ib, k, 'n0', K, N if N % 8 == 0 and N % 16 else N)}, "
+                            f"{ld(b, ib, f'({k} + 1)', 'n0', K, N)})")
+            names = ["ra0", "ra1", "ra2", "ra3", "rb0", "rb1"]
+            kl += [f"const unsigned {n} = {e};" for n, e in zip(names, regs)]
+            kl.append(f"{mma}({dreg}, {', '.join(names)});")
+            body += ["#pragma unroll 2", f"for (int kk = 0; kk < {K}; kk += 16) {{"] + indent(kl) + ["}"]
+        if sink is not None:
+            buf, fmt = sink
+            ostr = row_major(tc.shape)
+            for i, (r, c) in enumerate((("r0", "c0"), ("r0", "(c0 + 1)"), ("r1", "c0"),
+                                        ("r1", "(c0 + 1)"))):
+                cond = " && ".join(([f"{r} < {M}"] if M % 16 else []) + ([f"{c} < {N}"] if N % 8 else []))
+                st = f"buf_{buf}[{offset_expr('0', bidx + [r, c], ostr)}] = {fmt.format(f'{dreg}[{i}]')};"
+                body.append(f"if ({cond}) {st}" if cond else st)
+        return ["{", "  const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;",
+                "  const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;", "  (void)mg_g; (void)mg_t;",
+                "  #pragma unroll", f"  for (int j = 0; j < {J}; ++j) {{",
+                f"    const int q = mg_warp + {W} * j;",
+                f"    if (q < {nb * tm * tn}) {{"] + indent(body, 3) + ["    }", "  }", "}"]
 
     def _store(self, source: str, dev: str, omap: tuple[int | None, int | None, int | None]
                ) -> Lines:

@@ -169,6 +169,10 @@ class Device:
             drv.cuGraphDestroy(graph)
 
 
+def out_key(name: str) -> str:
+    return "\0out:" + name
+
+
 @dataclass
 class Buffers:
     ptrs: dict[str, int]
@@ -194,8 +198,19 @@ class Loaded:
             self.funcs[k.name] = f
 
     def alloc(self) -> Buffers:
-        ptrs = {b.name: self.d.alloc(b.type.nbytes) for b in self.prog.inputs + self.prog.outputs}
+        """Device memory for inputs (keyed by name), outputs (keyed ``out_key(name)``:
+        an output may also be an input) and the workspace."""
+        ptrs = {b.name: self.d.alloc(b.type.nbytes) for b in self.prog.inputs}
+        ptrs.update({out_key(b.name): self.d.alloc(b.type.nbytes) for b in self.prog.outputs})
         return Buffers(ptrs, self.d.alloc(self.prog.workspace_bytes))
+
+    def pointer(self, bufs: Buffers, name: str) -> int:
+        """Where a kernel reads or writes device tensor ``name``."""
+        if name in bufs.ptrs:  # an input (kernels never write inputs)
+            return bufs.ptrs[name]
+        if out_key(name) in bufs.ptrs:
+            return bufs.ptrs[out_key(name)]
+        return bufs.workspace + self.prog.buffer(name).index
 
     def free(self, bufs: Buffers) -> None:
         for p in bufs.ptrs.values():
@@ -211,7 +226,7 @@ class Loaded:
         drv = self.d.drv
         for s in self.prog.steps:
             if isinstance(s, Copy):
-                check(drv.cuMemcpyDtoDAsync(bufs.ptrs[s.dst], bufs.ptrs[s.src], s.nbytes,
+                check(drv.cuMemcpyDtoDAsync(bufs.ptrs[out_key(s.dst)], bufs.ptrs[s.src], s.nbytes,
                                             self.d.stream), "cuMemcpyDtoDAsync")
                 continue
             assert isinstance(s, Launch)
@@ -221,9 +236,7 @@ class Loaded:
                 if p.arg == "$scratch":
                     vals.append(bufs.workspace + s.scratch_offset)
                 else:
-                    b = self.prog.buffer(p.arg)
-                    vals.append(bufs.workspace + b.index if b.kind == "workspace"
-                                else bufs.ptrs[p.arg])
+                    vals.append(self.pointer(bufs, p.arg))
             cells = [ctypes.c_void_p(v) for v in vals]
             argv = (ctypes.c_void_p * len(cells))(*[ctypes.addressof(c) for c in cells])
             check(drv.cuLaunchKernel(self.funcs[k.name], *k.grid, k.threads, 1, 1, k.smem_bytes,
@@ -237,12 +250,11 @@ class Loaded:
         try:
             self.upload_inputs(bufs, inputs)
             for b in self.prog.outputs:
-                self.d.poison(bufs.ptrs[b.name], b.type)
+                self.d.poison(bufs.ptrs[out_key(b.name)], b.type)
             self.enqueue(bufs)
             self.d.sync()
-            return {b.name: from_device_bytes(b.type, self.d.download(bufs.ptrs[b.name],
-                                                                        b.type.nbytes))
-                    for b in self.prog.outputs}
+            return {b.name: from_device_bytes(b.type, self.d.download(
+                bufs.ptrs[out_key(b.name)], b.type.nbytes)) for b in self.prog.outputs}
         finally:
             if own:
                 self.free(bufs)

@@ -19,3 +19,9 @@ def environment() -> jinja2.Environment:
 
 def render(template: str, **values: Any) -> str:
     return environment().get_template(template).render(**values)
+
+
+@functools.cache
+def raw(name: str) -> str:
+    """A file of this directory used verbatim (CUDA that is not a template)."""
+    return (Path(__file__).parent / name).read_text(encoding="utf-8")
