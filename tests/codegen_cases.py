@@ -157,6 +157,21 @@ def mma_odd_shapes() -> Graph:
     return b.build()
 
 
+def kernel_matmuls() -> Graph:
+    """Kernel-level matmuls: lowered through generated block graphs (f16, bf16 with a
+    broadcast batch) and through the f32 tiled kernel."""
+    b = GraphBuilder("kernel_matmuls")
+    a = b.input("A", (3, 32, 48), "f16")
+    w = b.input("W", (48, 40), "f16")
+    c = b.input("C", (1, 16, 64), "bf16")
+    d = b.input("D", (4, 64, 24), "bf16")
+    e = b.input("E", (5, 70), "f32")
+    f = b.input("F", (70, 3), "f32")
+    for o in (b.op("matmul", a, w), b.op("matmul", c, d), b.op("matmul", e, f)):
+        b.output(o)
+    return b.build()
+
+
 CASES: dict[str, Callable[[], Graph]] = {f.__name__: f for f in (
     rmsnorm_linear_small, bf16_kernel_ops, f32_block_ops, big_tiles_scratch, passthrough,
-    single_buffer_unaligned, warp_reductions, mma_odd_shapes)}
+    single_buffer_unaligned, warp_reductions, mma_odd_shapes, kernel_matmuls)}

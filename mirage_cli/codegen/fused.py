@@ -34,6 +34,7 @@ from mirage_cli.ir import (GRID_AXES, BlockGraph, BlockInput, BlockOp, DType, Ke
                            TensorType, Value, make_attrs)
 
 SMEM_BUDGET = 96 * 1024   # fits sm_80 and sm_90 with two blocks per SM
+MAX_STAGES = 4             # copies in flight per loop input (cp.async pipeline depth)
 ACC_REGS_MAX = 32          # accumulator elements per thread kept in registers
 VEC_BYTES = 16
 
@@ -48,7 +49,7 @@ class Tensor:
     storage: Storage
     smem_offset: int | None = None   # bytes into dynamic shared memory
     scratch_offset: int | None = None  # f32 elements into the block's scratch
-    nbuf: int = 1                     # staged loop inputs: 1 or 2 (double buffered)
+    nbuf: int = 1                     # staged loop inputs: pipeline stages
 
 
 def decompose(bg: BlockGraph) -> BlockGraph:
@@ -109,6 +110,7 @@ class FusedLowering:
         self.pname: dict[str, str] = {}
         self.smem = 0
         self.scratch = 0
+        self.stages = 1
         self.use_mma = use_mma
         self.mma_acc: dict[str, BlockOp] = {}   # accumulator -> the matmul it sums (mma)
         self.mma_buf: dict[str, BlockOp] = {}   # matmul result materialized by mma
@@ -188,18 +190,22 @@ class FusedLowering:
         (inputs are then read from global memory, tiles go to the scratch area)."""
         staged = [t for t in self.tensors.values() if t.storage == "staged"]
         bufs = [t for t in self.tensors.values() if t.storage in ("buf", "acc")]
-        for t in staged:
-            t.nbuf = 2 if t.phase == "loop" and self.F > 1 else 1
+        loop_staged = [t for t in staged if t.phase == "loop"]
+
+        def set_stages(n: int) -> None:
+            self.stages = n
+            for t in loop_staged:
+                t.nbuf = n
 
         def total() -> int:
             n = sum(_pad(t.type.nbytes) * t.nbuf for t in staged if t.storage == "staged")
             return n + sum(_pad(t.type.numel * 4) for t in bufs if t.scratch_offset is None)
 
-        for t in sorted(staged, key=lambda t: -t.type.nbytes):
-            if total() <= SMEM_BUDGET:
-                break
-            if t.nbuf == 2:
-                t.nbuf = 1
+        # Up to MAX_STAGES copies of each loop input in flight: the copies for
+        # iteration i + S - 1 are issued while iteration i computes.
+        set_stages(min(MAX_STAGES, self.F))
+        while total() > SMEM_BUDGET and self.stages > 1:
+            set_stages(self.stages - 1)
         for t in sorted(bufs, key=lambda t: -t.type.numel):
             if total() <= SMEM_BUDGET:
                 break
@@ -296,9 +302,8 @@ class FusedLowering:
                     self.pname[bi.source], base, row_major(self.dev[bi.source].shape), ct))
             else:
                 assert t.smem_offset is not None
-                for b in range(t.nbuf):
-                    off = t.smem_offset + b * _pad(t.type.nbytes)
-                    lines.append(f"{ct}* sm_{t.name}_{b} = reinterpret_cast<{ct}*>(mg_smem + {off});")
+                lines.append(f"{ct}* sm_{t.name}_0 = reinterpret_cast<{ct}*>(mg_smem + "
+                             f"{t.smem_offset});")
                 self.em.nodes[t.name] = Node(t.type.shape, Stored(
                     f"sm_{t.name}", "0", row_major(t.type.shape), ct))
         for op in self.bg.ops:
@@ -390,29 +395,28 @@ class FusedLowering:
             lines.append(f"const int off_{bi.value.name} = base_{bi.value.name} + it * "
                          f"{self._fmap_step(bi)};")
         staged = [bi for bi in loop_inputs if self.tensors[bi.value.name].storage == "staged"]
-        single = [bi for bi in staged if self.tensors[bi.value.name].nbuf == 1]
-        double = [bi for bi in staged if self.tensors[bi.value.name].nbuf == 2]
-        for bi in single:
-            lines += self._stage(bi, f"off_{bi.value.name}", f"sm_{bi.value.name}_0")
-        if double:
-            # Prefetch the next iteration's tiles into the other buffer, then wait for
-            # this iteration's (issued one iteration earlier, or before the loop).
+        S = self.stages
+        if S == 1:
+            for bi in staged:
+                lines += self._stage(bi, f"off_{bi.value.name}", f"sm_{bi.value.name}_0")
+            if staged:
+                lines.append("mg_cp_async_wait_all();")
+        elif staged:
+            # Issue iteration it + S - 1's copies (one commit group per iteration, empty
+            # at the end), then wait until only the S - 1 newest groups are pending:
+            # iteration it's tiles have landed.
             pre: Lines = []
-            for bi in double:
+            for bi in staged:
                 step = self._fmap_step(bi)
-                pre += self._stage(bi, f"(off_{bi.value.name} + {step})",
-                                   f"(((it + 1) & 1) ? sm_{bi.value.name}_1 : sm_{bi.value.name}_0)")
-            lines += [f"if (it + 1 < {self.F}) {{"] + indent(pre + ["mg_cp_async_commit();",
-                                                                    "mg_cp_async_wait_1();"])
-            lines += ["} else {", "  mg_cp_async_wait_all();", "}"]
-        elif single:
-            lines.append("mg_cp_async_wait_all();")
+                pre += self._stage(bi, f"(off_{bi.value.name} + {(S - 1) * step})",
+                                   self._slot(bi, f"(it + {S - 1})"))
+            lines += [f"if (it + {S - 1} < {self.F}) {{"] + indent(pre) + ["}",
+                      "mg_cp_async_commit();", f"mg_cp_async_wait<{S - 1}>();"]
         if staged:
             lines.append("__syncthreads();")
         for bi in staged:
-            n = bi.value.name
-            cur = f"((it & 1) ? sm_{n}_1 : sm_{n}_0)" if self.tensors[n].nbuf == 2 else f"sm_{n}_0"
-            lines.append(f"const auto* sm_{n} = {cur};")
+            cur = self._slot(bi, "it") if S > 1 else f"sm_{bi.value.name}_0"
+            lines.append(f"const auto* sm_{bi.value.name} = {cur};")
         for op in self.bg.ops:
             t = self.tensors[op.outputs[0].name]
             if t.phase == "loop" and t.storage == "buf":
@@ -422,14 +426,25 @@ class FusedLowering:
         lines.append("__syncthreads();")
         return lines
 
+    def _slot(self, bi: BlockInput, iteration: str) -> str:
+        """The shared-memory stage that holds ``iteration``'s tile of ``bi``."""
+        t = self.tensors[bi.value.name]
+        elems = _pad(t.type.nbytes) // t.type.dtype.nbytes
+        return f"(sm_{t.name}_0 + (({iteration}) % {self.stages}) * {elems})"
+
     def prefetch_first(self) -> Lines:
-        """Before the loop: issue iteration 0's copies of double-buffered inputs."""
+        """Before the loop: issue the copies of iterations 0 .. S-2, one group each."""
+        if self.stages == 1:
+            return []
+        staged = [bi for bi in self.bg.inputs if self.tensors[bi.value.name].phase == "loop"
+                  and self.tensors[bi.value.name].storage == "staged"]
+        if not staged:
+            return []
         lines: Lines = []
-        for bi in self.bg.inputs:
-            t = self.tensors[bi.value.name]
-            if t.phase == "loop" and t.storage == "staged" and t.nbuf == 2:
-                lines += self._stage(bi, f"base_{bi.value.name}", f"sm_{bi.value.name}_0")
-        if lines:
+        for i in range(self.stages - 1):
+            for bi in staged:
+                lines += self._stage(bi, f"(base_{bi.value.name} + {i * self._fmap_step(bi)})",
+                                     self._slot(bi, str(i)))
             lines.append("mg_cp_async_commit();")
         return lines
 

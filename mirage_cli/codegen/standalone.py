@@ -22,7 +22,12 @@ from mirage_cli.codegen.cudaspec import c_float
 from mirage_cli.codegen.expr import (CTYPE, Emitter, Inline, Lines, Node, Stored, index_vars,
                                      indent, keep_used, numel, offset_expr, row_major)
 from mirage_cli.codegen.plan import Kernel, Param
-from mirage_cli.ir import KernelOp, TensorType
+import dataclasses
+
+from mirage_cli.check import check_block, tile_type
+from mirage_cli.ir import (AxisMap, BlockGraph, BlockInput, BlockOp, BlockOutput, DType, KernelOp,
+                           TensorType, Value)
+from mirage_cli.ops import infer_matmul
 
 ELEM_THREADS = 256
 ROW_WARPS = 8
@@ -121,7 +126,60 @@ def _rows(kop: KernelOp, name: str, types: dict[str, TensorType]) -> Kernel:
                   f"{kop.op}: one warp per row of {n}")
 
 
+SM_COUNT_HINT = 132  # blocks to fill an H100 twice over guide the tile width
+
+
+def _matmul_as_block_graph(kop: KernelOp, types: dict[str, TensorType]) -> KernelOp | None:
+    """An f16/bf16 matmul with at most one batch dimension and tileable shapes, as a
+    custom kernel (grid over output tiles, forloop over K, acc_sum of a block matmul),
+    so it gets the fused path's tensor cores and cp.async pipeline; None otherwise."""
+    a, b = kop.inputs
+    ta, tb, tc = types[a], types[b], kop.outputs[0].type
+    if tc.dtype not in (DType.F16, DType.BF16) or tc.rank > 3 or a == b:
+        return None
+    M, K, N = ta.shape[-2], ta.shape[-1], tb.shape[-1]
+    bm = M if M <= 64 else 64
+    bk = next((k for k in (64, 32, 16) if K % k == 0), 0)
+    if M % bm or not bk:
+        return None
+    batch = tc.shape[0] if tc.rank == 3 else 1
+    widths = [w for w in (64, 32, 16, 8) if N % w == 0]
+    if not widths:
+        return None
+    bn = next((w for w in widths if (N // w) * (M // bm) * batch >= 2 * SM_COUNT_HINT),
+              widths[-1])
+    grid = (N // bn, M // bm, batch)
+
+    def imap(t: TensorType, n_dim: int | None, m_dim: int | None) -> AxisMap:
+        z = 0 if tc.rank == 3 and t.rank == 3 and t.shape[0] > 1 else None
+        return (n_dim, m_dim, z)
+
+    im_a = imap(ta, None, ta.rank - 2)
+    im_b = imap(tb, tb.rank - 1, None)
+    omap: AxisMap = (tc.rank - 1, tc.rank - 2, 0 if tc.rank == 3 else None)
+    at = tile_type(ta, grid, K // bk, im_a, ta.rank - 1)
+    bt = tile_type(tb, grid, K // bk, im_b, tb.rank - 2)
+    mt = infer_matmul([at, bt], {})
+    bg = BlockGraph(grid, 128, K // bk,
+                    (BlockInput(Value("a", at), a, im_a, ta.rank - 1),
+                     BlockInput(Value("b", bt), b, im_b, tb.rank - 2)),
+                    (BlockOp("matmul", ("a", "b"), (Value("m", mt),)),
+                     BlockOp("acc_sum", ("m",), (Value("s", mt),))),
+                    (BlockOutput(kop.outputs[0], "s", omap),))
+    check_block(bg, types)
+    return KernelOp("custom", (a, b), kop.outputs, (), bg)
+
+
 def _matmul(kop: KernelOp, name: str, types: dict[str, TensorType]) -> Kernel:
+    custom = _matmul_as_block_graph(kop, types)
+    if custom is not None:
+        from mirage_cli.codegen.fused import lower_custom
+
+        k = lower_custom(custom, name, types)
+        g = custom.block
+        assert g is not None
+        return dataclasses.replace(k, comment=f"matmul as a generated block graph: grid "
+                                   f"{list(g.grid)}, forloop {g.forloop}, tensor cores")
     params = _params(kop, types)
     a, b = kop.inputs
     ta, tb, tc = types[a], types[b], kop.outputs[0].type

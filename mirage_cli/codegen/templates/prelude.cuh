@@ -45,8 +45,9 @@ __device__ __forceinline__ void mg_cp_async16(void* smem, const void* gmem) {
 __device__ __forceinline__ void mg_cp_async_commit() {
   asm volatile("cp.async.commit_group;" ::: "memory");
 }
-__device__ __forceinline__ void mg_cp_async_wait_1() {
-  asm volatile("cp.async.wait_group 1;" ::: "memory");
+template <int N>
+__device__ __forceinline__ void mg_cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" :: "n"(N) : "memory");
 }
 __device__ __forceinline__ void mg_cp_async_wait_all() {
   asm volatile("cp.async.wait_all;" ::: "memory");
