@@ -3,7 +3,7 @@ compile tests and the GPU correctness tests)."""
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from mirage_cli.builder import GraphBuilder
 from mirage_cli.ir import Graph

@@ -9,8 +9,8 @@ import subprocess
 from pathlib import Path
 
 import pytest
-
 from codegen_cases import CASES
+
 from mirage_cli import ops
 from mirage_cli.codegen.emit import emit
 from mirage_cli.codegen.lower import lower

@@ -7,8 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from codegen_cases import CASES
+
 from mirage_cli.codegen.runner import gpu_available
 
 pytestmark = pytest.mark.gpu

@@ -16,9 +16,10 @@ import functools
 import math
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -75,7 +76,7 @@ def scaled_inputs(g: Graph, seed: int, scale: float) -> dict[str, np.ndarray]:
 
 
 @functools.lru_cache(maxsize=8)
-def reference(g: Graph, seed: int, scale: float) -> dict[str, np.ndarray]:
+def reference_outputs(g: Graph, seed: int, scale: float) -> dict[str, np.ndarray]:
     """The float64 reference outputs of ``g`` on ``scaled_inputs(g, seed, scale)``
     (cached: the program's reference serves every variant checked against it)."""
     return interp.run(g, scaled_inputs(g, seed, scale), "float64")
@@ -90,7 +91,7 @@ def input_scale(g: Graph, seed: int = 0) -> float:
     scale = 1.0
     for _ in range(8):
         native = interp.run(g, scaled_inputs(g, seed, scale), "native")
-        exact = reference(g, seed, scale)
+        exact = reference_outputs(g, seed, scale)
         if compare(native, exact, list(g.outputs)).rel_err <= TOLERANCE / 10:
             return scale
         scale /= 2
@@ -108,7 +109,7 @@ def check_graph(dev: Device, g: Graph, seed: int = 0, reference: Graph | None = 
     ins = scaled_inputs(g, seed, scale)
     # Inputs match by position: same shapes in the same order draw the same values.
     assert [i.value.type for i in g.inputs] == [i.value.type for i in ref_g.inputs]
-    ref = reference(ref_g, seed, scale)
+    ref = reference_outputs(ref_g, seed, scale)
     outs = loaded.run(ins)
     return loaded, compare(outs, ref, list(g.outputs))
 
@@ -189,7 +190,7 @@ def time_torch(dev: Device, g: Graph, fn: Callable[..., Any], replays: int, scal
         ins = scaled_inputs(g, 1000 + k, scale)
         sets.append([torch.from_numpy(ins[i.value.name]).to("cuda", dt[i.value.type.dtype.value])
                      for i in g.inputs])
-    ref = reference(g, 0, scale)
+    ref = reference_outputs(g, 0, scale)
     with torch.no_grad():
         ins0 = scaled_inputs(g, 0, scale)
         outs = fn(*[torch.from_numpy(ins0[i.value.name]).to("cuda", dt[i.value.type.dtype.value])
@@ -333,7 +334,7 @@ def _torch_baseline(dev: Device, g: Graph, compiled: bool, replays: int, scale: 
         if compiled:
             t0 = time.perf_counter()
             fn = torch.compile(fn, dynamic=False)
-            info(f"  torch.compile ... ")
+            info("  torch.compile ... ")
             us, chk = time_torch(dev, g, fn, replays, scale)
             info(f"  ({time.perf_counter() - t0:.0f} s with compilation)")
         else:

@@ -19,8 +19,9 @@ This module must not import :mod:`mirage_cli.ops` (ops imports it).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Literal
+from typing import Any, Literal
 
 CudaKind = Literal["elementwise", "reduce", "matmul", "rms", "rms_norm", "softmax",
                    "concat", "sum_to", "accum", "custom"]

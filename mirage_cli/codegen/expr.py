@@ -10,8 +10,9 @@ at a given index; what each operator computes comes from its registry ``cuda`` s
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence, assert_never
+from typing import assert_never
 
 from mirage_cli import ops
 from mirage_cli.codegen.cudaspec import c_float

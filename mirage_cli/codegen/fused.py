@@ -20,18 +20,40 @@ graph, with f32 arithmetic:
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Literal
 
 from mirage_cli import ops
 from mirage_cli.check import block_phases
-from mirage_cli.codegen.expr import (CTYPE, Emitter, Inline, Lines, Node, Stored, index_vars,
-                                     indent, keep_used, numel, offset_expr, row_major)
 from mirage_cli.codegen.cudaspec import c_float
+from mirage_cli.codegen.expr import (
+    CTYPE,
+    Emitter,
+    Inline,
+    Lines,
+    Node,
+    Stored,
+    indent,
+    index_vars,
+    keep_used,
+    numel,
+    offset_expr,
+    row_major,
+)
 from mirage_cli.codegen.plan import Kernel, Param
 from mirage_cli.diagnostics import MirageError
-from mirage_cli.ir import (GRID_AXES, BlockGraph, BlockInput, BlockOp, DType, KernelOp,
-                           TensorType, Value, make_attrs)
+from mirage_cli.ir import (
+    GRID_AXES,
+    BlockGraph,
+    BlockInput,
+    BlockOp,
+    DType,
+    KernelOp,
+    TensorType,
+    Value,
+    make_attrs,
+)
 
 SMEM_BUDGET = 96 * 1024   # fits sm_80 and sm_90 with two blocks per SM
 MAX_STAGES = 4             # copies in flight per loop input (cp.async pipeline depth)
@@ -153,7 +175,8 @@ class FusedLowering:
         return (self.use_mma and ops.get(op.op).cuda.kind == "matmul"
                 and op.outputs[0].type.dtype in (DType.F16, DType.BF16) and self.T % 32 == 0)
 
-    def _plan_mma(self, op: BlockOp, users: list[BlockOp | None], phases: dict[str, str]) -> None:
+    def _plan_mma(self, op: BlockOp, users: list[BlockOp | None], phases: Mapping[str, str]
+                  ) -> None:
         out = op.outputs[0]
         user = users[0] if len(users) == 1 else None
         spec = ops.get(user.op).accum if user is not None else None
@@ -174,7 +197,7 @@ class FusedLowering:
         nb, tm, tn = self._mma_grid(t)
         return -(-(nb * tm * tn) // (self.T // 32))
 
-    def _inlinable(self, name: str, t: TensorType, phases: dict[str, str],
+    def _inlinable(self, name: str, t: TensorType, phases: Mapping[str, str],
                    users: list[BlockOp | None], types: dict[str, TensorType]) -> bool:
         if len(users) != 1:
             return False
@@ -321,7 +344,7 @@ class FusedLowering:
                 f"buf_{t.name}", "0", row_major(t.type.shape), "float"))
         return lines
 
-    def _elem_loop(self, shape: tuple[int, ...], body_fn: "BodyFn") -> Lines:
+    def _elem_loop(self, shape: tuple[int, ...], body_fn: BodyFn) -> Lines:
         n = numel(shape)
         e = self.em.fresh("e")
         decl, idx = index_vars(shape, e, self.em.fresh("i") + "_")
@@ -479,7 +502,7 @@ class FusedLowering:
                 lines += [f"for (int e = threadIdx.x; e < {n}; e += {self.T}) buf_{name}[e] = {init};"]
         return lines
 
-    def _acc_elems(self, op: BlockOp, body_fn: "BodyFn") -> Lines:
+    def _acc_elems(self, op: BlockOp, body_fn: BodyFn) -> Lines:
         """A loop over the accumulator's elements this thread owns (fixed across
         iterations, so updates need no barrier); ``slot`` is where its state lives."""
         name = op.outputs[0].name
@@ -591,7 +614,7 @@ class FusedLowering:
         rank = len(self.tensors[op.inputs[0]].type.shape)
         return red[0] == rank - 1 or op.outputs[0].type.numel < self.T
 
-    def _warp_rows(self, n_rows: int, body_fn: "BodyFn") -> Lines:
+    def _warp_rows(self, n_rows: int, body_fn: BodyFn) -> Lines:
         W = self.T // 32
         J = -(-n_rows // W)
         body = body_fn("row", "j")
@@ -712,7 +735,7 @@ class FusedLowering:
             for r, c in (("r0", "k0"), ("r1", "k0"), ("r0", "k1"), ("r1", "k1")):
                 regs.append(f"{pack}({ld(a, ia, r, c, M, K)}, {ld(a, ia, r, f'({c} + 1)', M, K)})")
             for k in ("k0", "k1"):
-                regs.append(f"{pack}({ld(b, ib, k, 'n0', K, N if N % 8 == 0 and N % 16 else N)}, "
+                regs.append(f"{pack}({ld(b, ib, k, 'n0', K, N)}, "
                             f"{ld(b, ib, f'({k} + 1)', 'n0', K, N)})")
             names = ["ra0", "ra1", "ra2", "ra3", "rb0", "rb1"]
             kl += [f"const unsigned {n} = {e};" for n, e in zip(names, regs)]
@@ -749,7 +772,7 @@ class FusedLowering:
         return self._elem_loop(t.type.shape, body)
 
 
-BodyFn = object  # a callable building a loop body (kept loose: three shapes are used)
+BodyFn = Callable[..., Lines]  # builds a loop body from index expressions
 
 
 def _pad(n: int) -> int:
@@ -763,4 +786,4 @@ def lower_custom(kop: KernelOp, name: str, dev_types: dict[str, TensorType]) -> 
     return FusedLowering(kop, name, dev_types).lower()
 
 
-__all__ = ["lower_custom", "SMEM_BUDGET", "GRID_AXES", "DType"]
+__all__ = ["GRID_AXES", "SMEM_BUDGET", "DType", "lower_custom"]

@@ -15,16 +15,7 @@ from mirage_cli.codegen.standalone import lower_kernel_op
 from mirage_cli.diagnostics import MirageError
 from mirage_cli.ir import Graph
 
-C_KEYWORDS = frozenset("""
-alignas alignof and and_eq asm auto bitand bitor bool break case catch char char16_t
-char32_t char8_t class compl concept const const_cast consteval constexpr constinit continue
-co_await co_return co_yield decltype default delete do double dynamic_cast else enum explicit
-export extern false float for friend goto if inline int long mutable namespace new noexcept not
-not_eq nullptr operator or or_eq private protected public register reinterpret_cast requires
-restrict return short signed sizeof static static_assert static_cast struct switch template
-this thread_local throw true try typedef typeid typename union unsigned using virtual void
-volatile wchar_t while xor xor_eq main workspace stream dim3 size_t
-""".split())
+C_KEYWORDS = frozenset(["alignas", "alignof", "and", "and_eq", "asm", "auto", "bitand", "bitor", "bool", "break", "case", "catch", "char", "char16_t", "char32_t", "char8_t", "class", "compl", "concept", "const", "const_cast", "consteval", "constexpr", "constinit", "continue", "co_await", "co_return", "co_yield", "decltype", "default", "delete", "do", "double", "dynamic_cast", "else", "enum", "explicit", "export", "extern", "false", "float", "for", "friend", "goto", "if", "inline", "int", "long", "mutable", "namespace", "new", "noexcept", "not", "not_eq", "nullptr", "operator", "or", "or_eq", "private", "protected", "public", "register", "reinterpret_cast", "requires", "restrict", "return", "short", "signed", "sizeof", "static", "static_assert", "static_cast", "struct", "switch", "template", "this", "thread_local", "throw", "true", "try", "typedef", "typeid", "typename", "union", "unsigned", "using", "virtual", "void", "volatile", "wchar_t", "while", "xor", "xor_eq", "main", "workspace", "stream", "dim3", "size_t"])
 
 
 def is_safe_identifier(name: str) -> bool:

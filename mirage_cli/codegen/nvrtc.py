@@ -92,7 +92,7 @@ def _log(nv: Any, prog: Any) -> str:
 
 
 _ERR = re.compile(r"^(?P<file>.*?)\((?P<line>\d+)\): (?:catastrophic )?error: (?P<msg>.*)$",
-                  re.M)
+                  re.MULTILINE)
 
 
 def _compile_error(log: str, filename: str, source: str) -> MirageError:

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import ctypes
 import statistics
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 
@@ -133,7 +134,7 @@ class Device:
     def sync(self) -> None:
         check(self.drv.cuStreamSynchronize(self.stream), "cuStreamSynchronize")
 
-    def load(self, prog: Program, cubin: bytes) -> "Loaded":
+    def load(self, prog: Program, cubin: bytes) -> Loaded:
         return Loaded(self, prog, cubin)
 
     def time_graph(self, record: Any, calls: int, replays: int = 30) -> float:

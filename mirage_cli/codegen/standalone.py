@@ -14,19 +14,38 @@ per operator produces, and the baseline the fused µGraphs are measured against.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import assert_never
 
 from mirage_cli import ops
+from mirage_cli.check import check_block, tile_type
 from mirage_cli.codegen import templates
 from mirage_cli.codegen.cudaspec import c_float
-from mirage_cli.codegen.expr import (CTYPE, Emitter, Inline, Lines, Node, Stored, index_vars,
-                                     indent, keep_used, numel, offset_expr, row_major)
+from mirage_cli.codegen.expr import (
+    CTYPE,
+    Emitter,
+    Inline,
+    Node,
+    Stored,
+    indent,
+    index_vars,
+    keep_used,
+    numel,
+    offset_expr,
+    row_major,
+)
 from mirage_cli.codegen.plan import Kernel, Param
-import dataclasses
-
-from mirage_cli.check import check_block, tile_type
-from mirage_cli.ir import (AxisMap, BlockGraph, BlockInput, BlockOp, BlockOutput, DType, KernelOp,
-                           TensorType, Value)
+from mirage_cli.ir import (
+    AxisMap,
+    BlockGraph,
+    BlockInput,
+    BlockOp,
+    BlockOutput,
+    DType,
+    KernelOp,
+    TensorType,
+    Value,
+)
 from mirage_cli.ops import infer_matmul
 
 ELEM_THREADS = 256
@@ -138,7 +157,7 @@ def _matmul_as_block_graph(kop: KernelOp, types: dict[str, TensorType]) -> Kerne
     if tc.dtype not in (DType.F16, DType.BF16) or tc.rank > 3 or a == b:
         return None
     M, K, N = ta.shape[-2], ta.shape[-1], tb.shape[-1]
-    bm = M if M <= 64 else 64
+    bm = min(M, 64)
     bk = next((k for k in (64, 32, 16) if K % k == 0), 0)
     if M % bm or not bk:
         return None
