@@ -74,6 +74,12 @@ __device__ __forceinline__ unsigned mg_pack_bf16(float lo, float hi) {
   asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
   return d;
 }
+__device__ __forceinline__ unsigned mg_pack_f162(float2 v) { return mg_pack_f16(v.x, v.y); }
+__device__ __forceinline__ unsigned mg_pack_bf162(float2 v) { return mg_pack_bf16(v.x, v.y); }
+template <typename T>
+__device__ __forceinline__ unsigned mg_bits2(T lo, T hi) {
+  return (unsigned)lo.bits | ((unsigned)hi.bits << 16);
+}
 __device__ __forceinline__ void mg_mma_f16(float* d, unsigned a0, unsigned a1, unsigned a2,
                                            unsigned a3, unsigned b0, unsigned b1) {
   asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
@@ -175,12 +181,12 @@ extern "C" __global__ void __launch_bounds__(128) gated_mlp_k0(
           for (int kk = 0; kk < 64; kk += 16) {
             const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
             const int n0 = mg_ni * 8 + mg_g;
-            const unsigned ra0 = mg_pack_f16(((r0 < 8) ? mg_ld(sm_a[r0 * 64 + k0]) : 0.0f), ((r0 < 8) ? mg_ld(sm_a[r0 * 64 + (k0 + 1)]) : 0.0f));
-            const unsigned ra1 = mg_pack_f16(((r1 < 8) ? mg_ld(sm_a[r1 * 64 + k0]) : 0.0f), ((r1 < 8) ? mg_ld(sm_a[r1 * 64 + (k0 + 1)]) : 0.0f));
-            const unsigned ra2 = mg_pack_f16(((r0 < 8) ? mg_ld(sm_a[r0 * 64 + k1]) : 0.0f), ((r0 < 8) ? mg_ld(sm_a[r0 * 64 + (k1 + 1)]) : 0.0f));
-            const unsigned ra3 = mg_pack_f16(((r1 < 8) ? mg_ld(sm_a[r1 * 64 + k1]) : 0.0f), ((r1 < 8) ? mg_ld(sm_a[r1 * 64 + (k1 + 1)]) : 0.0f));
-            const unsigned rb0 = mg_pack_f16(((n0 < 8) ? mg_ld(sm_b[k0 * 8 + n0]) : 0.0f), ((n0 < 8) ? mg_ld(sm_b[(k0 + 1) * 8 + n0]) : 0.0f));
-            const unsigned rb1 = mg_pack_f16(((n0 < 8) ? mg_ld(sm_b[k1 * 8 + n0]) : 0.0f), ((n0 < 8) ? mg_ld(sm_b[(k1 + 1) * 8 + n0]) : 0.0f));
+            const unsigned ra0 = ((r0 < 8) ? *reinterpret_cast<const unsigned*>(sm_a + (r0 * 64 + k0)) : 0u);
+            const unsigned ra1 = ((r1 < 8) ? *reinterpret_cast<const unsigned*>(sm_a + (r1 * 64 + k0)) : 0u);
+            const unsigned ra2 = ((r0 < 8) ? *reinterpret_cast<const unsigned*>(sm_a + (r0 * 64 + k1)) : 0u);
+            const unsigned ra3 = ((r1 < 8) ? *reinterpret_cast<const unsigned*>(sm_a + (r1 * 64 + k1)) : 0u);
+            const unsigned rb0 = mg_bits2(sm_b[k0 * 8 + n0], sm_b[(k0 + 1) * 8 + n0]);
+            const unsigned rb1 = mg_bits2(sm_b[k1 * 8 + n0], sm_b[(k1 + 1) * 8 + n0]);
             mg_mma_f16(acc_s[j], ra0, ra1, ra2, ra3, rb0, rb1);
           }
         }
@@ -315,12 +321,12 @@ extern "C" __global__ void __launch_bounds__(128) gated_mlp_k2(
           for (int kk = 0; kk < 64; kk += 16) {
             const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
             const int n0 = mg_ni * 8 + mg_g;
-            const unsigned ra0 = mg_pack_f16(((r0 < 8) ? mg_ld(sm_a[r0 * 64 + k0]) : 0.0f), ((r0 < 8) ? mg_ld(sm_a[r0 * 64 + (k0 + 1)]) : 0.0f));
-            const unsigned ra1 = mg_pack_f16(((r1 < 8) ? mg_ld(sm_a[r1 * 64 + k0]) : 0.0f), ((r1 < 8) ? mg_ld(sm_a[r1 * 64 + (k0 + 1)]) : 0.0f));
-            const unsigned ra2 = mg_pack_f16(((r0 < 8) ? mg_ld(sm_a[r0 * 64 + k1]) : 0.0f), ((r0 < 8) ? mg_ld(sm_a[r0 * 64 + (k1 + 1)]) : 0.0f));
-            const unsigned ra3 = mg_pack_f16(((r1 < 8) ? mg_ld(sm_a[r1 * 64 + k1]) : 0.0f), ((r1 < 8) ? mg_ld(sm_a[r1 * 64 + (k1 + 1)]) : 0.0f));
-            const unsigned rb0 = mg_pack_f16(((n0 < 8) ? mg_ld(sm_b[k0 * 8 + n0]) : 0.0f), ((n0 < 8) ? mg_ld(sm_b[(k0 + 1) * 8 + n0]) : 0.0f));
-            const unsigned rb1 = mg_pack_f16(((n0 < 8) ? mg_ld(sm_b[k1 * 8 + n0]) : 0.0f), ((n0 < 8) ? mg_ld(sm_b[(k1 + 1) * 8 + n0]) : 0.0f));
+            const unsigned ra0 = ((r0 < 8) ? *reinterpret_cast<const unsigned*>(sm_a + (r0 * 64 + k0)) : 0u);
+            const unsigned ra1 = ((r1 < 8) ? *reinterpret_cast<const unsigned*>(sm_a + (r1 * 64 + k0)) : 0u);
+            const unsigned ra2 = ((r0 < 8) ? *reinterpret_cast<const unsigned*>(sm_a + (r0 * 64 + k1)) : 0u);
+            const unsigned ra3 = ((r1 < 8) ? *reinterpret_cast<const unsigned*>(sm_a + (r1 * 64 + k1)) : 0u);
+            const unsigned rb0 = mg_bits2(sm_b[k0 * 8 + n0], sm_b[(k0 + 1) * 8 + n0]);
+            const unsigned rb1 = mg_bits2(sm_b[k1 * 8 + n0], sm_b[(k1 + 1) * 8 + n0]);
             mg_mma_f16(acc_s[j], ra0, ra1, ra2, ra3, rb0, rb1);
           }
         }

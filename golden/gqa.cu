@@ -6,7 +6,7 @@
 // gqa_workspace_bytes() bytes. No allocation, synchronisation or exit inside.
 // kernel gqa_k0: grid [64, 4, 16], 128 threads, 32768 B dynamic shared memory
 // kernel gqa_k1: grid [65535, 1, 1], 256 threads, 0 B dynamic shared memory
-// kernel gqa_k2: grid [16, 1, 1], 256 threads, 0 B dynamic shared memory
+// kernel gqa_k2: grid [512, 1, 1], 256 threads, 0 B dynamic shared memory
 // kernel gqa_k3: grid [65535, 1, 1], 256 threads, 0 B dynamic shared memory
 // kernel gqa_k4: grid [8, 4, 16], 128 threads, 38912 B dynamic shared memory
 
@@ -75,6 +75,12 @@ __device__ __forceinline__ unsigned mg_pack_bf16(float lo, float hi) {
   asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
   return d;
 }
+__device__ __forceinline__ unsigned mg_pack_f162(float2 v) { return mg_pack_f16(v.x, v.y); }
+__device__ __forceinline__ unsigned mg_pack_bf162(float2 v) { return mg_pack_bf16(v.x, v.y); }
+template <typename T>
+__device__ __forceinline__ unsigned mg_bits2(T lo, T hi) {
+  return (unsigned)lo.bits | ((unsigned)hi.bits << 16);
+}
 __device__ __forceinline__ void mg_mma_f16(float* d, unsigned a0, unsigned a1, unsigned a2,
                                            unsigned a3, unsigned b0, unsigned b1) {
   asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
@@ -140,12 +146,12 @@ extern "C" __global__ void __launch_bounds__(128) gqa_k0(
           for (int kk = 0; kk < 64; kk += 16) {
             const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
             const int n0 = mg_ni * 8 + mg_g;
-            const unsigned ra0 = mg_pack_f16(mg_ld(sm_a[r0 * 64 + k0]), mg_ld(sm_a[r0 * 64 + (k0 + 1)]));
-            const unsigned ra1 = mg_pack_f16(mg_ld(sm_a[r1 * 64 + k0]), mg_ld(sm_a[r1 * 64 + (k0 + 1)]));
-            const unsigned ra2 = mg_pack_f16(mg_ld(sm_a[r0 * 64 + k1]), mg_ld(sm_a[r0 * 64 + (k1 + 1)]));
-            const unsigned ra3 = mg_pack_f16(mg_ld(sm_a[r1 * 64 + k1]), mg_ld(sm_a[r1 * 64 + (k1 + 1)]));
-            const unsigned rb0 = mg_pack_f16(mg_ld(sm_b[k0 * 64 + n0]), mg_ld(sm_b[(k0 + 1) * 64 + n0]));
-            const unsigned rb1 = mg_pack_f16(mg_ld(sm_b[k1 * 64 + n0]), mg_ld(sm_b[(k1 + 1) * 64 + n0]));
+            const unsigned ra0 = *reinterpret_cast<const unsigned*>(sm_a + (r0 * 64 + k0));
+            const unsigned ra1 = *reinterpret_cast<const unsigned*>(sm_a + (r1 * 64 + k0));
+            const unsigned ra2 = *reinterpret_cast<const unsigned*>(sm_a + (r0 * 64 + k1));
+            const unsigned ra3 = *reinterpret_cast<const unsigned*>(sm_a + (r1 * 64 + k1));
+            const unsigned rb0 = mg_bits2(sm_b[k0 * 64 + n0], sm_b[(k0 + 1) * 64 + n0]);
+            const unsigned rb1 = mg_bits2(sm_b[k1 * 64 + n0], sm_b[(k1 + 1) * 64 + n0]);
             mg_mma_f16(acc_s[j], ra0, ra1, ra2, ra3, rb0, rb1);
           }
         }
@@ -195,20 +201,19 @@ extern "C" __global__ void __launch_bounds__(256) gqa_k1(
   }
 }
 
-// sum: one thread per output element
+// sum over 4096: one warp per result
 extern "C" __global__ void __launch_bounds__(256) gqa_k2(
     const mg_f16* __restrict__ p0,
     mg_f16* __restrict__ p1) {
-  for (int e = blockIdx.x * 256 + threadIdx.x; e < 4096; e += gridDim.x * 256) {
-    const int i0 = e / 256;
-    const int i1 = (e) % 256;
-    float acc2 = 0.0f;
-    for (int k1 = 0; k1 < 4096; ++k1) {
-      acc2 += mg_ld(p0[i0 * 1048576 + i1 * 4096 + k1]);
-    }
-    const float v3 = acc2;
-    mg_st(p1 + e, v3);
-  }
+  const int row = blockIdx.x * 8 + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= 4096) return;
+  const int r0 = row / 256;
+  const int r1 = (row) % 256;
+  float s = 0.0f;
+  for (int k = lane; k < 4096; k += 32) s += mg_ld(p0[r0 * 1048576 + r1 * 4096 + k]);
+  s = mg_warp_sum(s);
+  if (lane == 0) mg_st(p1 + row, s);
 }
 
 // div: one thread per output element
@@ -313,12 +318,12 @@ extern "C" __global__ void __launch_bounds__(128) gqa_k4(
           for (int kk = 0; kk < 64; kk += 16) {
             const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
             const int n0 = mg_ni * 8 + mg_g;
-            const unsigned ra0 = mg_pack_f16(mg_ld(sm_a[r0 * 64 + k0]), mg_ld(sm_a[r0 * 64 + (k0 + 1)]));
-            const unsigned ra1 = mg_pack_f16(mg_ld(sm_a[r1 * 64 + k0]), mg_ld(sm_a[r1 * 64 + (k0 + 1)]));
-            const unsigned ra2 = mg_pack_f16(mg_ld(sm_a[r0 * 64 + k1]), mg_ld(sm_a[r0 * 64 + (k1 + 1)]));
-            const unsigned ra3 = mg_pack_f16(mg_ld(sm_a[r1 * 64 + k1]), mg_ld(sm_a[r1 * 64 + (k1 + 1)]));
-            const unsigned rb0 = mg_pack_f16(((n0 < 8) ? mg_ld(sm_b[k0 * 8 + n0]) : 0.0f), ((n0 < 8) ? mg_ld(sm_b[(k0 + 1) * 8 + n0]) : 0.0f));
-            const unsigned rb1 = mg_pack_f16(((n0 < 8) ? mg_ld(sm_b[k1 * 8 + n0]) : 0.0f), ((n0 < 8) ? mg_ld(sm_b[(k1 + 1) * 8 + n0]) : 0.0f));
+            const unsigned ra0 = *reinterpret_cast<const unsigned*>(sm_a + (r0 * 64 + k0));
+            const unsigned ra1 = *reinterpret_cast<const unsigned*>(sm_a + (r1 * 64 + k0));
+            const unsigned ra2 = *reinterpret_cast<const unsigned*>(sm_a + (r0 * 64 + k1));
+            const unsigned ra3 = *reinterpret_cast<const unsigned*>(sm_a + (r1 * 64 + k1));
+            const unsigned rb0 = mg_bits2(sm_b[k0 * 8 + n0], sm_b[(k0 + 1) * 8 + n0]);
+            const unsigned rb1 = mg_bits2(sm_b[k1 * 8 + n0], sm_b[(k1 + 1) * 8 + n0]);
             mg_mma_f16(acc_s[j], ra0, ra1, ra2, ra3, rb0, rb1);
           }
         }
@@ -375,7 +380,7 @@ extern "C" cudaError_t gqa(const void* Q, const void* K, const void* V, void* O,
       (mg_f16*)(mg_ws + 33554432));
   mg_err = cudaGetLastError();
   if (mg_err != cudaSuccess) return mg_err;
-  gqa_k2<<<dim3(16, 1, 1), dim3(256), 0, stream>>>(
+  gqa_k2<<<dim3(512, 1, 1), dim3(256), 0, stream>>>(
       (const mg_f16*)(mg_ws + 33554432),
       (mg_f16*)(mg_ws + 67108864));
   mg_err = cudaGetLastError();

@@ -350,3 +350,27 @@ def rows_json(dev: Device, rows: list[Row], command: str, bw: float | None = Non
               ) -> dict[str, Any]:
     return {"device": dev.name, "arch": dev.arch, "command": command,
             "rows": [asdict(r) for r in rows]}
+
+
+def markdown(doc: dict[str, Any]) -> str:
+    """The results of :func:`rows_json` as a Markdown table (for docs/perf.md)."""
+    def us(v: Any) -> str:
+        return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.1f}"
+
+    def x(base: Any, v: Any) -> str:
+        return "-" if base is None or v is None else f"{base / v:.2f}×"
+
+    lines = ["| benchmark | batch | µGraph | fused µs | unfused µs | eager µs | compile µs | "
+             "floor µs | vs unfused | vs eager | vs compile | % of floor | rel err |",
+             "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in doc["rows"]:
+        b = r["baselines"]
+        variant = r["variant"] if r["ok"] and not r["reason"] else (
+            f"{r['variant']} ({r['reason']})" if r["ok"] else f"{r['variant']} FAIL: {r['reason']}")
+        pct = "-" if r["us"] is None else f"{100 * r['floor_us'] / r['us']:.0f}%"
+        err = "-" if r["rel_err"] is None or math.isnan(r["rel_err"]) else f"{r['rel_err']:.1e}"
+        lines.append(f"| {r['benchmark']} | {r['batch']} | {variant} | {us(r['us'])} | "
+                     f"{us(b.get('unfused'))} | {us(b.get('eager'))} | {us(b.get('compile'))} | "
+                     f"{r['floor_us']:.1f} | {x(b.get('unfused'), r['us'])} | "
+                     f"{x(b.get('eager'), r['us'])} | {x(b.get('compile'), r['us'])} | {pct} | {err} |")
+    return "\n".join(lines) + "\n"

@@ -733,10 +733,13 @@ class FusedLowering:
                   "const int n0 = mg_ni * 8 + mg_g;"]
             regs = []
             for r, c in (("r0", "k0"), ("r1", "k0"), ("r0", "k1"), ("r1", "k1")):
-                regs.append(f"{pack}({ld(a, ia, r, c, M, K)}, {ld(a, ia, r, f'({c} + 1)', M, K)})")
+                fast = self._pair(a, ia + [r, c], 1, tc.dtype, f"{r} < {M}" if M % 16 else None)
+                regs.append(fast if fast is not None and K % 16 == 0 else
+                            f"{pack}({ld(a, ia, r, c, M, K)}, {ld(a, ia, r, f'({c} + 1)', M, K)})")
             for k in ("k0", "k1"):
-                regs.append(f"{pack}({ld(b, ib, k, 'n0', K, N)}, "
-                            f"{ld(b, ib, f'({k} + 1)', 'n0', K, N)})")
+                fast = self._pair(b, ib + [k, "n0"], 0, tc.dtype, f"n0 < {N}" if N % 8 else None)
+                regs.append(fast if fast is not None and K % 16 == 0 else
+                            f"{pack}({ld(b, ib, k, 'n0', K, N)}, {ld(b, ib, f'({k} + 1)', 'n0', K, N)})")
             names = ["ra0", "ra1", "ra2", "ra3", "rb0", "rb1"]
             kl += [f"const unsigned {n} = {e};" for n, e in zip(names, regs)]
             kl.append(f"{mma}({dreg}, {', '.join(names)});")
@@ -754,6 +757,34 @@ class FusedLowering:
                 "  #pragma unroll", f"  for (int j = 0; j < {J}; ++j) {{",
                 f"    const int q = mg_warp + {W} * j;",
                 f"    if (q < {nb * tm * tn}) {{"] + indent(body, 3) + ["    }", "  }", "}"]
+
+    def _pair(self, name: str, idx: list[str], axis: int, dtype: DType, guard: str | None
+              ) -> str | None:
+        """A packed 32-bit mma operand register holding elements ``idx`` and ``idx`` + 1
+        along ``axis`` (0: rows, 1: columns of the last two dims) of a shared-memory or
+        scratch tile, without f32 round trips; None where only the generic path fits."""
+        how = self.em.nodes[name].how
+        if not isinstance(how, Stored) or how.base != "0":
+            return None
+        shape = self.em.nodes[name].shape
+        off = offset_expr("0", idx, how.strides)
+        nxt = list(idx)
+        nxt[-2 + axis] = f"({idx[-2 + axis]} + 1)"
+        off2 = offset_expr("0", nxt, how.strides)
+        mma_ct = CTYPE[dtype]
+        pack = "mg_pack_f16" if dtype is DType.F16 else "mg_pack_bf16"
+        if axis == 1 and how.strides[-1] == 1 and shape[-1] % 2 == 0:
+            if how.ctype == mma_ct:
+                e = f"*reinterpret_cast<const unsigned*>({how.ptr} + ({off}))"
+            elif how.ctype == "float":
+                e = f"{pack}2(*reinterpret_cast<const float2*>({how.ptr} + ({off})))"
+            else:
+                return None
+        elif how.ctype == mma_ct:
+            e = f"mg_bits2({how.ptr}[{off}], {how.ptr}[{off2}])"
+        else:
+            return None
+        return f"(({guard}) ? {e} : 0u)" if guard else e
 
     def _store(self, source: str, dev: str, omap: tuple[int | None, int | None, int | None]
                ) -> Lines:

@@ -76,6 +76,8 @@ def lower_kernel_op(kop: KernelOp, name: str, types: dict[str, TensorType]) -> K
             return _matmul(kop, name, types)
         case "rms_norm" | "softmax":
             return _rows(kop, name, types)
+        case "reduce" | "rms" if _warp_reduce_fits(kop, types):
+            return _warp_reduce(kop, name, types)
         case "elementwise" | "reduce" | "rms" | "concat" | "sum_to":
             return _per_element(kop, name, types)
         case "accum" | "custom":
@@ -100,6 +102,55 @@ def _per_element(kop: KernelOp, name: str, types: dict[str, TensorType]) -> Kern
     grid = (min(-(-n // ELEM_THREADS), MAX_GRID), 1, 1)
     return Kernel(name, params, tuple(body), ELEM_THREADS, grid, 0, 0,
                   f"{kop.op}: one thread per output element")
+
+
+def _reduced_dim(kop: KernelOp, types: dict[str, TensorType]) -> int:
+    x = types[kop.inputs[0]]
+    if ops.get(kop.op).cuda.kind == "rms":
+        return x.rank - 1
+    return int(ops.get(kop.op).attr_values(kop.attrs)["dim"])
+
+
+def _warp_reduce_fits(kop: KernelOp, types: dict[str, TensorType]) -> bool:
+    """A warp per result where the reduction is long and either contiguous or too
+    few results to fill the GPU with one thread each."""
+    x = types[kop.inputs[0]]
+    d = _reduced_dim(kop, types)
+    return x.shape[d] >= 32 and (d == x.rank - 1 or kop.outputs[0].type.numel < 8192)
+
+
+def _warp_reduce(kop: KernelOp, name: str, types: dict[str, TensorType]) -> Kernel:
+    """Reductions (sum/mean/max over a dimension, rms): one warp per result, lanes
+    stride the reduced dimension, warp shuffles combine."""
+    params = _params(kop, types)
+    em = _emitter(kop, types, params)
+    x = kop.inputs[0]
+    spec = ops.get(kop.op).cuda
+    attrs = ops.get(kop.op).attr_values(kop.attrs)
+    out = kop.outputs[0].type
+    d = _reduced_dim(kop, types)
+    n = types[x].shape[d]
+    decl, idx = index_vars(out.shape, "row", "r")
+    keep = spec.kind == "rms" or bool(attrs.get("keepdim", False))
+    in_idx = idx[:d] + ["k"] + (idx[d + 1:] if keep else idx[d:])
+    xv = em.load(x, in_idx)
+    combine = spec.combine or "sum"
+    if spec.kind == "rms":
+        body_acc, red = f"{{ const float t = {xv}; s = fmaf(t, t, s); }}", "mg_warp_sum"
+        fin = f"sqrtf(s / {c_float(float(n))} + {c_float(float(attrs.get('eps', 0.0)))})"
+    elif combine == "max":
+        body_acc, red, fin = f"s = fmaxf(s, {xv});", "mg_warp_max", "s"
+    else:
+        body_acc, red = f"s += {xv};", "mg_warp_sum"
+        fin = f"s / {c_float(float(n))}" if spec.finish == "mean" else "s"
+    init = "__int_as_float(0xff800000)" if combine == "max" and spec.kind != "rms" else "0.0f"
+    body = [f"const int row = blockIdx.x * {ROW_WARPS} + threadIdx.x / 32;",
+            "const int lane = threadIdx.x % 32;", f"if (row >= {out.numel}) return;"]
+    loop = [f"float s = {init};", f"for (int k = lane; k < {n}; k += 32) {body_acc}",
+            f"s = {red}(s);", f"if (lane == 0) mg_st({params[-1].name} + row, {fin});"]
+    body += keep_used(decl, loop) + loop
+    return Kernel(name, params, tuple(body), 32 * ROW_WARPS, (-(-out.numel // ROW_WARPS), 1, 1),
+                  0, 0, f"{kop.op} over {n}: one warp per result")
 
 
 def _rows(kop: KernelOp, name: str, types: dict[str, TensorType]) -> Kernel:

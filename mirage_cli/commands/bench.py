@@ -12,7 +12,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from mirage_cli.codegen.bench import Row, discover, rows_json, run_bench
+from mirage_cli.codegen.bench import Row, discover, markdown, rows_json, run_bench
 from mirage_cli.diagnostics import MirageError
 from mirage_cli.util import write_atomic
 
@@ -31,7 +31,8 @@ def table(rows: list[Row]) -> Table:
               "rel err", title="mirage bench (median µs per call)")
     for r in rows:
         b = r.baselines
-        t.add_row(r.benchmark, str(r.batch), r.variant if r.ok else f"{r.variant} FAIL: {r.reason}",
+        t.add_row(r.benchmark, str(r.batch), r.variant if r.ok and not r.reason else
+                  f"{r.variant} ({r.reason})" if r.ok else f"{r.variant} FAIL: {r.reason}",
                   _us(r.us), _us(b.get("unfused")), _us(b.get("eager")), _us(b.get("compile")),
                   f"{r.floor_us:.1f}", _x(b.get("unfused"), r.us), _x(b.get("eager"), r.us),
                   _x(b.get("compile"), r.us),
@@ -51,8 +52,10 @@ def table(rows: list[Row]) -> Table:
 @click.option("--no-torch", is_flag=True, help="Skip the PyTorch baselines.")
 @click.option("--no-compile", is_flag=True, help="Skip the torch.compile baseline.")
 @click.option("--json", "json_path", metavar="FILE", help="Write the results as JSON ('-': stdout).")
+@click.option("--markdown", "md_path", metavar="FILE", help="Write the table as Markdown.")
 def command(gpu: int, batches: str, only: tuple[str, ...], root: str, replays: int,
-            no_torch: bool, no_compile: bool, json_path: str | None) -> None:
+            no_torch: bool, no_compile: bool, json_path: str | None, md_path: str | None
+            ) -> None:
     """Check and time every example's fused µGraphs on GPU N."""
     from mirage_cli.codegen.runner import Device
 
@@ -74,5 +77,7 @@ def command(gpu: int, batches: str, only: tuple[str, ...], root: str, replays: i
             click.echo(text, nl=False)
         else:
             write_atomic(json_path, text)
+    if md_path:
+        write_atomic(md_path, markdown(rows_json(dev, rows, "")))
     if not all(r.ok for r in rows):
         sys.exit(1)

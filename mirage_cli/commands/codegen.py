@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import click
@@ -13,7 +14,6 @@ from mirage_cli.console import info
 from mirage_cli.diagnostics import MirageError
 from mirage_cli.loading import load_graph
 from mirage_cli.util import write_atomic
-import dataclasses
 
 
 @click.command()

@@ -63,6 +63,12 @@ __device__ __forceinline__ unsigned mg_pack_bf16(float lo, float hi) {
   asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
   return d;
 }
+__device__ __forceinline__ unsigned mg_pack_f162(float2 v) { return mg_pack_f16(v.x, v.y); }
+__device__ __forceinline__ unsigned mg_pack_bf162(float2 v) { return mg_pack_bf16(v.x, v.y); }
+template <typename T>
+__device__ __forceinline__ unsigned mg_bits2(T lo, T hi) {
+  return (unsigned)lo.bits | ((unsigned)hi.bits << 16);
+}
 __device__ __forceinline__ void mg_mma_f16(float* d, unsigned a0, unsigned a1, unsigned a2,
                                            unsigned a3, unsigned b0, unsigned b1) {
   asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, "
