@@ -142,6 +142,7 @@ extern "C" __global__ void __launch_bounds__(128) gqa_k0(
           const int mg_ni = q % 8;
           const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
           const int c0 = mg_ni * 8 + 2 * mg_t;
+          (void)mg_nb; (void)r1; (void)c0;
           #pragma unroll 2
           for (int kk = 0; kk < 64; kk += 16) {
             const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
@@ -172,6 +173,7 @@ extern "C" __global__ void __launch_bounds__(128) gqa_k0(
         const int mg_ni = q % 8;
         const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
         const int c0 = mg_ni * 8 + 2 * mg_t;
+        (void)mg_nb; (void)r1; (void)c0;
         buf_s[r0 * 64 + c0] = acc_s[j][0];
         buf_s[r0 * 64 + (c0 + 1)] = acc_s[j][1];
         buf_s[r1 * 64 + c0] = acc_s[j][2];
@@ -314,6 +316,7 @@ extern "C" __global__ void __launch_bounds__(128) gqa_k4(
           const int mg_ni = q % 1;
           const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
           const int c0 = mg_ni * 8 + 2 * mg_t;
+          (void)mg_nb; (void)r1; (void)c0;
           #pragma unroll 2
           for (int kk = 0; kk < 64; kk += 16) {
             const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
@@ -344,6 +347,7 @@ extern "C" __global__ void __launch_bounds__(128) gqa_k4(
         const int mg_ni = q % 1;
         const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
         const int c0 = mg_ni * 8 + 2 * mg_t;
+        (void)mg_nb; (void)r1; (void)c0;
         buf_s[r0 * 8 + c0] = acc_s[j][0];
         buf_s[r0 * 8 + (c0 + 1)] = acc_s[j][1];
         buf_s[r1 * 8 + c0] = acc_s[j][2];

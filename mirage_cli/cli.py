@@ -21,6 +21,11 @@ from mirage_cli.diagnostics import MirageError
 
 # Module name in mirage_cli.commands -> command name.
 COMMANDS: tuple[tuple[str, str], ...] = (
+    ("parse", "parse"),
+    ("fmt", "fmt"),
+    ("run", "run"),
+    ("import_mirage", "import-mirage"),
+    ("verify", "verify"),
     ("codegen", "codegen"),
     ("compile", "compile"),
     ("bench", "bench"),
@@ -34,7 +39,8 @@ class MirageGroup(click.Group):
         try:
             return super().invoke(ctx)
         except MirageError as e:
-            console.print(e.render(), style="red", markup=False, highlight=False)
+            console.quiet = False  # -q hides progress, never errors
+            console.print(e.render(), style="red", markup=False, highlight=False, soft_wrap=True)
             sys.exit(2)
         except (click.ClickException, click.exceptions.Exit, click.Abort, SystemExit):
             raise
@@ -44,6 +50,7 @@ class MirageGroup(click.Group):
         except Exception as e:  # noqa: BLE001 - the one place internal errors are caught
             if ctx.obj and ctx.obj.get("debug"):
                 raise
+            console.quiet = False
             console.print(f"internal error: {type(e).__name__}: {e}\n"
                           f"(run with --debug for a traceback)", style="red", markup=False)
             sys.exit(3)

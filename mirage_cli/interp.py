@@ -13,6 +13,7 @@ Two precisions:
 from __future__ import annotations
 
 import itertools
+from dataclasses import dataclass
 from typing import Literal, Mapping
 
 import numpy as np
@@ -21,7 +22,7 @@ from mirage_cli import ops
 from mirage_cli.check import block_phases
 from mirage_cli.diagnostics import MirageError
 from mirage_cli.dtypes import round_to
-from mirage_cli.ir import AxisMap, BlockGraph, Graph, KernelOp, TensorType
+from mirage_cli.ir import AttrValue, AxisMap, BlockGraph, Graph, KernelOp, TensorType
 
 Precision = Literal["float64", "native"]
 
@@ -38,9 +39,12 @@ def random_inputs(g: Graph, seed: int = 0) -> dict[str, np.ndarray]:
     return out
 
 
-def run(g: Graph, inputs: Mapping[str, np.ndarray], precision: Precision = "float64"
-        ) -> dict[str, np.ndarray]:
-    """Evaluate ``g`` on ``inputs``; returns its outputs by name."""
+def run(g: Graph, inputs: Mapping[str, np.ndarray], precision: Precision = "float64",
+        stack_iterations: bool = True) -> dict[str, np.ndarray]:
+    """Evaluate ``g`` on ``inputs``; returns its outputs by name.
+
+    ``stack_iterations`` (see ``run_block_graph``) only changes the speed; with False,
+    every forloop iteration is evaluated on its own, the literal reading."""
     dt = np.float64 if precision == "float64" else np.float32
     env: dict[str, np.ndarray] = {}
     for inp in g.inputs:
@@ -51,9 +55,9 @@ def run(g: Graph, inputs: Mapping[str, np.ndarray], precision: Precision = "floa
         if x.shape != t.shape:
             raise MirageError(f"input '{name}' has shape {list(x.shape)}, expected "
                               f"{list(t.shape)}")
-        env[name] = _store(x.astype(dt), t, precision)
+        env[name] = _store(np.asarray(x, dtype=dt), t, precision)
     for op in g.ops:
-        results = _run_kernel_op(op, env, dt)
+        results = _run_kernel_op(op, env, dt, stack_iterations)
         for v, r in zip(op.outputs, results):
             env[v.name] = _store(r, v.type, precision)
     return {name: env[name] for name in g.outputs}
@@ -62,13 +66,16 @@ def run(g: Graph, inputs: Mapping[str, np.ndarray], precision: Precision = "floa
 def _store(x: np.ndarray, t: TensorType, precision: Precision) -> np.ndarray:
     """What a device tensor holds after it is written."""
     if precision == "float64":
-        return x.astype(np.float64)
+        # No copy: the interpreter never writes into a value it has stored, and copying
+        # large float64 weights dominated the run time of small kernels.
+        return np.asarray(x, dtype=np.float64)
     return round_to(t.dtype, x)
 
 
-def _run_kernel_op(op: KernelOp, env: dict[str, np.ndarray], dt: type) -> list[np.ndarray]:
+def _run_kernel_op(op: KernelOp, env: dict[str, np.ndarray], dt: type,
+                   stack_iterations: bool = True) -> list[np.ndarray]:
     if op.block is not None:
-        return run_block_graph(op.block, env, dt)
+        return run_block_graph(op.block, env, dt, stack_iterations)
     opdef = ops.get(op.op)
     assert opdef.numpy is not None
     with np.errstate(all="ignore"):
@@ -87,60 +94,131 @@ def _block_slices(amap: AxisMap, grid: tuple[int, int, int], block: tuple[int, i
     return sl
 
 
-def run_block_graph(bg: BlockGraph, env: Mapping[str, np.ndarray], dt: type
-                    ) -> list[np.ndarray]:
-    """Run a custom kernel: every block, every forloop iteration."""
-    outs = [np.full(bo.value.type.shape, np.nan, dtype=dt) for bo in bg.outputs]
+@dataclass(frozen=True)
+class _Step:
+    """One block operator, resolved once per kernel (not once per block and iteration)."""
+
+    fn: ops.NumpyFn
+    inputs: tuple[str, ...]
+    output: str
+    attrs: dict[str, AttrValue]
+    ranks: tuple[int, ...]  # of the input tiles
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """A block graph's operators by phase; accumulators apart (they close the loop)."""
+
+    invariant: tuple[_Step, ...]
+    loop: tuple[_Step, ...]
+    accumulators: tuple[_Step, ...]
+    epilogue: tuple[_Step, ...]
+    per_iteration: frozenset[str]  # the values that differ between iterations
+
+
+def _plan(bg: BlockGraph) -> _Plan:
     phases = block_phases(bg)
-    for block in itertools.product(*(range(n) for n in bg.grid)):
-        tiles = _run_one_block(bg, env, dt, block, phases)  # type: ignore[arg-type]
-        for out, bo in zip(outs, bg.outputs):
-            sl = _block_slices(bo.omap, bg.grid, block, out.shape)  # type: ignore[arg-type]
-            out[tuple(sl)] = tiles[bo.source]
+    ranks = {bi.value.name: bi.value.type.rank for bi in bg.inputs}
+    ranks.update((op.outputs[0].name, op.outputs[0].type.rank) for op in bg.ops)
+    by_phase: dict[str, list[_Step]] = {"invariant": [], "loop": [], "epilogue": [],
+                                        "accumulators": []}
+    for op in bg.ops:
+        opdef = ops.get(op.op)
+        assert opdef.numpy is not None
+        step = _Step(opdef.numpy, op.inputs, op.outputs[0].name, opdef.attr_values(op.attrs),
+                     tuple(ranks[i] for i in op.inputs))
+        by_phase["accumulators" if opdef.is_accumulator else phases[step.output]].append(step)
+    return _Plan(*(tuple(by_phase[k]) for k in ("invariant", "loop", "accumulators",
+                                                 "epilogue")),
+                 frozenset(n for n, ph in phases.items() if ph == "loop"))
+
+
+def run_block_graph(bg: BlockGraph, env: Mapping[str, np.ndarray], dt: type,
+                    stack_iterations: bool = True) -> list[np.ndarray]:
+    """Run a custom kernel: every block, every forloop iteration.
+
+    With ``stack_iterations``, each per-iteration operator runs once on all iterations'
+    tiles stacked on a new leading axis (what the accumulators consume anyway) instead
+    of once per iteration: same values, far fewer numpy calls."""
+    outs: list[np.ndarray] = [np.full(bo.value.type.shape, np.nan, dtype=dt)
+                              for bo in bg.outputs]
+    plan = _plan(bg)
+    with np.errstate(all="ignore"):
+        for block in itertools.product(*(range(n) for n in bg.grid)):
+            tiles = _run_one_block(bg, env, dt, block, plan,  # type: ignore[arg-type]
+                                   stack_iterations)
+            for out, bo in zip(outs, bg.outputs):
+                sl = _block_slices(bo.omap, bg.grid, block, out.shape)  # type: ignore[arg-type]
+                out[tuple(sl)] = tiles[bo.source]
     return outs
 
 
 def _run_one_block(bg: BlockGraph, env: Mapping[str, np.ndarray], dt: type,
-                   block: tuple[int, int, int], phases: dict[str, str]
+                   block: tuple[int, int, int], plan: _Plan, stack_iterations: bool
                    ) -> dict[str, np.ndarray]:
     parts = {bi.value.name: env[bi.source][tuple(_block_slices(
         bi.imap, bg.grid, block, env[bi.source].shape))] for bi in bg.inputs}
     fmaps = {bi.value.name: bi.fmap for bi in bg.inputs}
     values: dict[str, np.ndarray] = {n: p for n, p in parts.items() if fmaps[n] is None}
-    _eval(bg, values, dt, phases, "invariant")
-    collected: dict[str, list[np.ndarray]] = {}
-    for i in range(bg.forloop):
-        it = dict(values)
-        for name, part in parts.items():
-            dim = fmaps[name]
-            if dim is not None:
-                step = part.shape[dim] // bg.forloop
-                sl = [slice(None)] * part.ndim
-                sl[dim] = slice(i * step, (i + 1) * step)
-                it[name] = part[tuple(sl)]
-        _eval(bg, it, dt, phases, "loop")
-        for op in bg.ops:
-            if ops.get(op.op).is_accumulator:
-                collected.setdefault(op.outputs[0].name, []).append(it[op.inputs[0]])
-    for op in bg.ops:
-        if ops.get(op.op).is_accumulator:
-            opdef = ops.get(op.op)
-            assert opdef.numpy is not None
-            stacked = np.stack(collected[op.outputs[0].name])
-            values[op.outputs[0].name] = np.asarray(
-                opdef.numpy([stacked], opdef.attr_values(op.attrs)), dtype=dt)
-    _eval(bg, values, dt, phases, "epilogue")
+    _eval(plan.invariant, values, dt)
+    loop = {n: (p, fmaps[n]) for n, p in parts.items() if fmaps[n] is not None}
+    run_loop = _loop_stacked if stack_iterations else _loop_literal
+    tiles = run_loop(plan, values, loop, bg.forloop, dt)
+    for acc in plan.accumulators:
+        values[acc.output] = np.asarray(acc.fn([tiles[acc.output]], acc.attrs), dtype=dt)
+    _eval(plan.epilogue, values, dt)
     return values
 
 
-def _eval(bg: BlockGraph, values: dict[str, np.ndarray], dt: type, phases: dict[str, str],
-          phase: str) -> None:
-    """Evaluate the non-accumulator block operators of one phase, in order."""
-    for op in bg.ops:
-        opdef = ops.get(op.op)
-        if opdef.is_accumulator or phases[op.outputs[0].name] != phase:
-            continue
-        assert opdef.numpy is not None
-        with np.errstate(all="ignore"):
-            y = opdef.numpy([values[i] for i in op.inputs], opdef.attr_values(op.attrs))
-        values[op.outputs[0].name] = np.asarray(y, dtype=dt)
+LoopInputs = dict[str, tuple[np.ndarray, int]]  # block input -> (its part, fmap dim)
+
+
+def _loop_literal(plan: _Plan, values: dict[str, np.ndarray], loop: LoopInputs, F: int,
+                  dt: type) -> dict[str, np.ndarray]:
+    """Each iteration on its own; returns each accumulator's input tiles, stacked."""
+    collected: dict[str, list[np.ndarray]] = {s.output: [] for s in plan.accumulators}
+    for i in range(F):
+        it = dict(values)
+        for name, (part, dim) in loop.items():
+            step = part.shape[dim] // F
+            sl = [slice(None)] * part.ndim
+            sl[dim] = slice(i * step, (i + 1) * step)
+            it[name] = part[tuple(sl)]
+        _eval(plan.loop, it, dt)
+        for acc in plan.accumulators:
+            collected[acc.output].append(it[acc.inputs[0]])
+    return {n: np.stack(ts) for n, ts in collected.items()}
+
+
+def _loop_stacked(plan: _Plan, values: dict[str, np.ndarray], loop: LoopInputs, F: int,
+                  dt: type) -> dict[str, np.ndarray]:
+    """All iterations at once: a per-iteration value is held with the iterations on a
+    leading axis; a loop-invariant operand is broadcast along it. Operands are padded to
+    the operator's largest tile rank right after that axis (where numpy's broadcasting
+    would pad them) and a ``dim`` attribute is counted from the end, so the registry's
+    numpy functions see, after the leading axis, exactly the tiles they would see in
+    one iteration."""
+    it = dict(values)
+    for name, (part, dim) in loop.items():
+        split = part.shape[:dim] + (F, part.shape[dim] // F) + part.shape[dim + 1:]
+        it[name] = np.moveaxis(part.reshape(split), dim, 0)
+
+    def stacked(name: str, rank: int) -> np.ndarray:
+        x = it[name]
+        if name not in plan.per_iteration:
+            x = np.broadcast_to(x, (F,) + x.shape)
+        return x.reshape((F,) + (1,) * (rank - x.ndim + 1) + x.shape[1:])
+
+    for s in plan.loop:
+        rank = max(s.ranks)
+        attrs = dict(s.attrs)
+        if "dim" in attrs:
+            attrs["dim"] = int(attrs["dim"]) - s.ranks[0]
+        it[s.output] = np.asarray(s.fn([stacked(n, rank) for n in s.inputs], attrs), dtype=dt)
+    return {a.output: stacked(a.inputs[0], a.ranks[0]) for a in plan.accumulators}
+
+
+def _eval(steps: tuple[_Step, ...], values: dict[str, np.ndarray], dt: type) -> None:
+    """Evaluate the (non-accumulator) block operators of one phase, in order."""
+    for s in steps:
+        values[s.output] = np.asarray(s.fn([values[i] for i in s.inputs], s.attrs), dtype=dt)

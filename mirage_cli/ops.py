@@ -17,7 +17,7 @@ Adding an operator means adding one ``register(OpDef(...))`` call here.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Literal, Sequence
 
 import numpy as np
@@ -64,6 +64,23 @@ class AccumSpec:
     finish: Literal["id", "mean", "rms"]
 
 
+# Names under which Mirage's checkpoints (kn_*/tb_* ``op_type``) spell an operator, each
+# with the attributes the name implies (e.g. ``kn_reduction_1_op`` is sum over dim 1,
+# kept as size 1). Read by the importer (:mod:`mirage_cli.importers.mirage`).
+MirageNames = tuple[tuple[str, Attrs], ...]
+
+
+def mirage_names(*names: str, **attrs: AttrValue) -> MirageNames:
+    """Mirage op_type names that all mean this operator with ``attrs``."""
+    return tuple((n, tuple(sorted(attrs.items()))) for n in names)
+
+
+def _mirage_per_dim(fmt: tuple[str, ...], **attrs: AttrValue) -> MirageNames:
+    """Mirage names with the dimension in the name (``kn_reduction_{d}_op``, d = 0..2)."""
+    return tuple(e for d in range(3) for e in mirage_names(*(f.format(d=d) for f in fmt),
+                                                           dim=d, **attrs))
+
+
 NumpyFn = Callable[[Sequence[np.ndarray], dict[str, AttrValue]], np.ndarray]
 InferFn = Callable[[Sequence[TensorType], dict[str, AttrValue]], TensorType]
 
@@ -88,6 +105,8 @@ class OpDef:
     abstract: Any = None
     cost: Any = None
     cuda: Any = None
+    # Mirage checkpoint names of this operator (importer); see ``mirage_names``.
+    mirage: MirageNames = ()
 
     @property
     def is_accumulator(self) -> bool:
@@ -185,15 +204,15 @@ def infer_binary(ts: Sequence[TensorType], a: dict[str, AttrValue]) -> TensorTyp
 def infer_matmul(ts: Sequence[TensorType], a: dict[str, AttrValue]) -> TensorType:
     x, y = ts
     if x.rank < 2 or y.rank < 2:
-        raise ShapeError(f"matmul needs operands of rank >= 2, got {x} and {y}")
+        raise ShapeError(f"needs operands of rank >= 2, got {x} and {y}")
     if x.shape[-1] != y.shape[-2]:
-        raise ShapeError(f"matmul shape mismatch: {list(x.shape)} @ {list(y.shape)} "
+        raise ShapeError(f"shape mismatch: {list(x.shape)} @ {list(y.shape)} "
                          f"(inner dimensions {x.shape[-1]} and {y.shape[-2]} differ)")
     dtype = _same_dtype(ts)
     try:
         batch = broadcast_shape(x.shape[:-2], y.shape[:-2])
     except ShapeError:
-        raise ShapeError(f"matmul batch dimensions do not broadcast: "
+        raise ShapeError(f"batch dimensions do not broadcast: "
                          f"{list(x.shape)} @ {list(y.shape)}") from None
     return TensorType(batch + (x.shape[-2], y.shape[-1]), dtype)
 
@@ -354,23 +373,33 @@ _EPS = AttrSpec("eps", float, default=0.0)
 _WIDTH = AttrSpec("width", int, required=True)
 
 register(OpDef("matmul", BOTH, (2, 2), infer_matmul, _binary(np.matmul),
+               mirage=mirage_names("kn_matmul_op", "tb_matmul_op"),
                doc="matrix product, batched over leading dims (numpy broadcasting)"))
+# Mirage's element-wise operators (rsqrt and neg have no Mirage counterpart).
+_MIRAGE_ELEMENTWISE: dict[str, MirageNames] = {
+    n: mirage_names(f"kn_{n}_op", f"tb_{n}_op")
+    for n in ("add", "mul", "div", "exp", "silu", "gelu", "relu", "sqrt", "square")}
+_MIRAGE_ELEMENTWISE["sub"] = mirage_names("tb_sub_op")  # no kernel-level sub in Mirage
 for _name, _fn in (("add", np.add), ("sub", np.subtract), ("mul", np.multiply),
                    ("div", np.divide)):
     register(OpDef(_name, BOTH, (2, 2), infer_binary, _binary(_fn), elementwise=True,
+                   mirage=_MIRAGE_ELEMENTWISE.get(_name, ()),
                    doc=f"element-wise {_name} with numpy broadcasting"))
 for _name, _ufn in (("exp", np.exp), ("silu", np_silu), ("gelu", np_gelu),
                     ("relu", lambda x: np.maximum(x, 0.0)), ("sqrt", np.sqrt),
                     ("rsqrt", lambda x: 1.0 / np.sqrt(x)), ("square", np.square),
                     ("neg", np.negative)):
     register(OpDef(_name, BOTH, (1, 1), infer_unary, _unary(_ufn), elementwise=True,
-                   doc=f"element-wise {_name}"))
+                   mirage=_MIRAGE_ELEMENTWISE.get(_name, ()), doc=f"element-wise {_name}"))
 register(OpDef("mul_scalar", BOTH, (1, 1), infer_unary,
                lambda xs, a: xs[0] * float(a["scalar"]),  # type: ignore[arg-type]
                attrs=(AttrSpec("scalar", float, required=True),), elementwise=True,
+               mirage=mirage_names("kn_mul_scalar_op", "tb_mul_scalar_op"),
                doc="multiply by a constant"))
 register(OpDef("sum", BOTH, (1, 1), infer_reduce, _np_reduce(np.sum),
-               attrs=(_DIM, _KEEPDIM), doc="sum over one dimension"))
+               attrs=(_DIM, _KEEPDIM), doc="sum over one dimension",
+               mirage=_mirage_per_dim(("kn_reduction_{d}_op", "tb_reduction_{d}_op"),
+                                      keepdim=True)))
 register(OpDef("mean", BOTH, (1, 1), infer_reduce, _np_reduce(np.mean),
                attrs=(_DIM, _KEEPDIM), doc="mean over one dimension"))
 register(OpDef("max", BOTH, (1, 1), infer_reduce, _np_reduce(np.max),
@@ -379,12 +408,14 @@ register(OpDef("rms", BOTH, (1, 1), infer_rms,
                lambda xs, a: np_rms(xs[0], float(a.get("eps", 0.0))),  # type: ignore[arg-type]
                attrs=(_EPS,), doc="sqrt(mean(x^2) + eps) over the last dim, kept as size 1"))
 register(OpDef("rms_norm", BOTH, (1, 2), infer_rms_norm, _np_rms_norm, attrs=(_EPS,),
+               mirage=mirage_names("kn_rms_norm_op", "tb_rms_norm_op"),
                doc="x / rms(x, eps) over the last dim, times the optional weight g"))
 register(OpDef("softmax", KERNEL_ONLY, (1, 1), infer_softmax, _np_softmax, attrs=(_DIM,),
                doc="exp(x) / sum(exp(x)) over dim"))
 register(OpDef("concat", BOTH, (2, 2), infer_concat,
                lambda xs, a: np.concatenate(list(xs), axis=int(a["dim"])),  # type: ignore[arg-type]
-               attrs=(_DIM,), doc="concatenation along dim"))
+               attrs=(_DIM,), doc="concatenation along dim",
+               mirage=_mirage_per_dim(("kn_concat_{d}_op", "tb_concat_{d}_op"))))
 register(OpDef("sum_to", BLOCK_ONLY, (1, 1), infer_sum_to,
                lambda xs, a: np_sum_to(xs[0], int(a["width"])),  # type: ignore[arg-type]
                attrs=(_WIDTH,), doc="sum the last dim in groups down to width"))
@@ -402,18 +433,35 @@ ACCUMULATORS: dict[str, AccumSpec] = {
     "acc_max_ld": AccumSpec("id", "last", "max", "id"),
     "acc_sum_to": AccumSpec("id", "to_width", "sum", "id"),
 }
+# Mirage's forloop accumulators: checkpoints before March 2025 spell them tb_accum_*,
+# later ones tb_forloop_accum_* (include/mirage/type.h). acc_sum_to's width is the
+# block graph's reduction_dimx, supplied by the importer.
+_MIRAGE_ACCUM: dict[str, MirageNames] = {
+    name: mirage_names(f"tb_accum_{kind}_op", f"tb_forloop_accum_{kind}_op")
+    for name, kind in (("acc_sum", "nored"), ("acc_sum_ld", "red_ld_sum"),
+                       ("acc_mean_ld", "red_ld_mean"), ("acc_rms_ld", "red_ld_rms"),
+                       ("acc_sum_to", "redtox_ld_sum"))}
+_MIRAGE_ACCUM["acc_max"] = mirage_names("tb_forloop_accum_max_op")  # added after the rename
 for _name, _spec in ACCUMULATORS.items():
     register(OpDef(_name, BLOCK_ONLY, (1, 1), infer_accum(_spec), _np_accum(_spec),
                    attrs=(_WIDTH,) if _spec.reduce == "to_width" else (), accum=_spec,
+                   mirage=_MIRAGE_ACCUM.get(_name, ()),
                    doc=f"forloop accumulator: {_spec}"))
+
+# Finite-field semantics (the verifier's ``field`` slot): the table and its arithmetic
+# library live in mirage_cli/verifier/semantics.py, which does not import this module.
+from mirage_cli.verifier import semantics as _field  # noqa: E402
+
+for _name, _op in list(REGISTRY.items()):
+    _sem = (_field.accumulator_sem(_op.accum) if _op.accum is not None else
+            _field.custom_sem() if _name == "custom" else _field.SEMANTICS[_name])
+    REGISTRY[_name] = replace(_op, field=_sem)
 
 # ---------------------------------------------------------------------------
 # CUDA emission (slot ``cuda``): see mirage_cli/codegen/cudaspec.py
 # ---------------------------------------------------------------------------
 
 from mirage_cli.codegen import cudaspec as _cudaspec  # noqa: E402  (no cycle: it imports no ops)
-import dataclasses as _dc  # noqa: E402
-
 for _name, _def in list(REGISTRY.items()):
-    REGISTRY[_name] = _dc.replace(
+    REGISTRY[_name] = replace(
         _def, cuda=_cudaspec.ACCUM_SPEC if _def.is_accumulator else _cudaspec.CUDA_SPECS[_name])

@@ -130,3 +130,34 @@ def test_golden_cu(path: Path) -> None:
     cu, h = _sources(load_graph(str(path)))
     assert cu_path.read_text() == cu, f"{cu_path} differs: run `make golden` and review"
     assert h_path.read_text() == h, f"{h_path} differs: run `make golden` and review"
+
+
+CHECKPOINTS = sorted(Path("/work/shared/mirage-mugraphs").glob("*.json")) or \
+    sorted((ROOT.parent / "shared" / "mirage-mugraphs").glob("*.json"))
+
+
+def _compile_both(src: str) -> str:
+    """'' if ``src`` compiles for sm_80 and sm_90 (ptxas at -O0: validity, not speed),
+    else the error."""
+    try:
+        for arch in ("sm_80", "sm_90"):
+            compile_cuda(src, "candidate.cu", arch, extra=("--ptxas-options=-O0",))
+    except MirageError as e:
+        return e.render()
+    return ""
+
+
+@needs_nvrtc
+@pytest.mark.slow
+@pytest.mark.skipif(not CHECKPOINTS, reason="Mirage checkpoints not found")
+def test_every_imported_mirage_candidate_compiles() -> None:
+    import multiprocessing
+
+    from mirage_cli.loading import load_graphs
+
+    graphs = [g for p in CHECKPOINTS for g in load_graphs(str(p))]
+    sources = [_sources(g)[0] for g in graphs]
+    with multiprocessing.get_context("fork").Pool(2) as pool:
+        errors = pool.map(_compile_both, sources)
+    bad = [(g.name, e) for g, e in zip(graphs, errors) if e]
+    assert len(graphs) >= 100 and not bad, bad[:3]

@@ -203,6 +203,7 @@ extern "C" __global__ void __launch_bounds__(128) gated_mlp_fused_k0(
           const int mg_ni = q % 4;
           const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
           const int c0 = mg_ni * 8 + 2 * mg_t;
+          (void)mg_nb; (void)r1; (void)c0;
           #pragma unroll 2
           for (int kk = 0; kk < 128; kk += 16) {
             const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
@@ -231,6 +232,7 @@ extern "C" __global__ void __launch_bounds__(128) gated_mlp_fused_k0(
           const int mg_ni = q % 4;
           const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
           const int c0 = mg_ni * 8 + 2 * mg_t;
+          (void)mg_nb; (void)r1; (void)c0;
           #pragma unroll 2
           for (int kk = 0; kk < 128; kk += 16) {
             const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
@@ -261,6 +263,7 @@ extern "C" __global__ void __launch_bounds__(128) gated_mlp_fused_k0(
         const int mg_ni = q % 4;
         const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
         const int c0 = mg_ni * 8 + 2 * mg_t;
+        (void)mg_nb; (void)r1; (void)c0;
         if (r0 < 8) buf_sa[r0 * 32 + c0] = acc_sa[j][0];
         if (r0 < 8) buf_sa[r0 * 32 + (c0 + 1)] = acc_sa[j][1];
         if (r1 < 8) buf_sa[r1 * 32 + c0] = acc_sa[j][2];
@@ -281,6 +284,7 @@ extern "C" __global__ void __launch_bounds__(128) gated_mlp_fused_k0(
         const int mg_ni = q % 4;
         const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
         const int c0 = mg_ni * 8 + 2 * mg_t;
+        (void)mg_nb; (void)r1; (void)c0;
         if (r0 < 8) buf_sb[r0 * 32 + c0] = acc_sb[j][0];
         if (r0 < 8) buf_sb[r0 * 32 + (c0 + 1)] = acc_sb[j][1];
         if (r1 < 8) buf_sb[r1 * 32 + c0] = acc_sb[j][2];

@@ -171,6 +171,7 @@ extern "C" __global__ void __launch_bounds__(128) gqa_fused_k0(
           const int mg_ni = q % 8;
           const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
           const int c0 = mg_ni * 8 + 2 * mg_t;
+          (void)mg_nb; (void)r1; (void)c0;
           float mg_d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
           #pragma unroll 2
           for (int kk = 0; kk < 64; kk += 16) {
@@ -227,6 +228,7 @@ extern "C" __global__ void __launch_bounds__(128) gqa_fused_k0(
           const int mg_ni = q % 8;
           const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
           const int c0 = mg_ni * 8 + 2 * mg_t;
+          (void)mg_nb; (void)r1; (void)c0;
           #pragma unroll 2
           for (int kk = 0; kk < 64; kk += 16) {
             const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
@@ -266,6 +268,7 @@ extern "C" __global__ void __launch_bounds__(128) gqa_fused_k0(
         const int mg_ni = q % 8;
         const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
         const int c0 = mg_ni * 8 + 2 * mg_t;
+        (void)mg_nb; (void)r1; (void)c0;
         buf_o[r0 * 64 + c0] = acc_o[j][0];
         buf_o[r0 * 64 + (c0 + 1)] = acc_o[j][1];
         buf_o[r1 * 64 + c0] = acc_o[j][2];

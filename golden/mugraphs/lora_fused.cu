@@ -215,6 +215,7 @@ extern "C" __global__ void __launch_bounds__(128) lora_fused_k0(
           const int mg_ni = q % 8;
           const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
           const int c0 = mg_ni * 8 + 2 * mg_t;
+          (void)mg_nb; (void)r1; (void)c0;
           #pragma unroll 2
           for (int kk = 0; kk < 64; kk += 16) {
             const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
@@ -243,6 +244,7 @@ extern "C" __global__ void __launch_bounds__(128) lora_fused_k0(
           const int mg_ni = q % 2;
           const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
           const int c0 = mg_ni * 8 + 2 * mg_t;
+          (void)mg_nb; (void)r1; (void)c0;
           #pragma unroll 2
           for (int kk = 0; kk < 64; kk += 16) {
             const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
@@ -273,6 +275,7 @@ extern "C" __global__ void __launch_bounds__(128) lora_fused_k0(
         const int mg_ni = q % 8;
         const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
         const int c0 = mg_ni * 8 + 2 * mg_t;
+        (void)mg_nb; (void)r1; (void)c0;
         buf_sxw[r0 * 64 + c0] = acc_sxw[j][0];
         buf_sxw[r0 * 64 + (c0 + 1)] = acc_sxw[j][1];
         buf_sxw[r1 * 64 + c0] = acc_sxw[j][2];
@@ -293,6 +296,7 @@ extern "C" __global__ void __launch_bounds__(128) lora_fused_k0(
         const int mg_ni = q % 2;
         const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
         const int c0 = mg_ni * 8 + 2 * mg_t;
+        (void)mg_nb; (void)r1; (void)c0;
         buf_sxa[r0 * 16 + c0] = acc_sxa[j][0];
         buf_sxa[r0 * 16 + (c0 + 1)] = acc_sxa[j][1];
         buf_sxa[r1 * 16 + c0] = acc_sxa[j][2];
@@ -314,6 +318,7 @@ extern "C" __global__ void __launch_bounds__(128) lora_fused_k0(
         const int mg_ni = q % 8;
         const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
         const int c0 = mg_ni * 8 + 2 * mg_t;
+        (void)mg_nb; (void)r1; (void)c0;
         float mg_d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
         #pragma unroll 2
         for (int kk = 0; kk < 16; kk += 16) {

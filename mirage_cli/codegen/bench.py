@@ -374,3 +374,15 @@ def markdown(doc: dict[str, Any]) -> str:
                      f"{r['floor_us']:.1f} | {x(b.get('unfused'), r['us'])} | "
                      f"{x(b.get('eager'), r['us'])} | {x(b.get('compile'), r['us'])} | {pct} | {err} |")
     return "\n".join(lines) + "\n"
+
+
+def run_on_gpu(g: Graph, inputs: dict[str, np.ndarray], ordinal: int = 0
+               ) -> dict[str, np.ndarray]:
+    """``mirage run --gpu N``: lower, compile for the device, run once (outputs
+    poisoned first); the outputs as float32 arrays by name."""
+    dev = Device(ordinal)
+    loaded = build(dev, g)
+    try:
+        return loaded.run(inputs)
+    finally:
+        loaded.unload()

@@ -725,7 +725,8 @@ class FusedLowering:
         body: Lines = [f"const int mg_nb = q / {tm * tn};", f"const int mg_mi = (q / {tn}) % {tm};",
                        f"const int mg_ni = q % {tn};"] + bdecl
         body += ["const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;",
-                 "const int c0 = mg_ni * 8 + 2 * mg_t;"]
+                 "const int c0 = mg_ni * 8 + 2 * mg_t;",
+                 "(void)mg_nb; (void)r1; (void)c0;"]
         if local:
             body.append(f"float {dreg}[4] = {{0.0f, 0.0f, 0.0f, 0.0f}};")
         if compute:

@@ -87,7 +87,11 @@ def from_device_bytes(t: TensorType, raw: np.ndarray) -> np.ndarray:
 class Device:
     def __init__(self, ordinal: int = 0) -> None:
         self.drv = drv = _driver()
-        check(drv.cuInit(0), "cuInit")
+        try:
+            check(drv.cuInit(0), "cuInit")
+        except Exception as e:  # noqa: BLE001 - no driver library or no device
+            raise MirageError(f"no usable CUDA GPU here ({type(e).__name__}: "
+                              f"{str(e).splitlines()[0] if str(e) else e})") from None
         n = check(drv.cuDeviceGetCount(), "cuDeviceGetCount")
         if not 0 <= ordinal < n:
             raise MirageError(f"--gpu {ordinal}: no such device ({n} present)")

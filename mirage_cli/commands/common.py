@@ -27,3 +27,14 @@ def parse_defines(values: tuple[str, ...]) -> dict[str, int]:
 def defines_option(f: Callable[..., Any]) -> Callable[..., Any]:
     return click.option("-D", "defines", multiple=True, metavar="NAME=VALUE",
                         help="Override a program parameter (repeatable).")(f)
+
+
+def write_output(path: str, data: str | bytes) -> None:
+    """Write a command's output file atomically; an unwritable path is bad input (exit
+    2), not an internal error."""
+    from mirage_cli.util import write_atomic
+
+    try:
+        write_atomic(path, data)
+    except OSError as e:
+        raise MirageError(f"cannot write the output: {e.strerror or e}", file=path) from None

@@ -1,0 +1,58 @@
+"""`mirage fmt FILE [--check | -i | -o OUT] [--index N]`: a µGraph as canonical `.mir`.
+
+FILE may be a `.mir` program (its comments are kept, see :mod:`mirage_cli.comments`),
+a `.ugraph.json` file or a Mirage checkpoint (see :mod:`mirage_cli.loading`). With
+``--check`` nothing is printed: the exit code says whether a `.mir` file already is in
+canonical form (0) or not (1). ``-o`` writes the text to a file and ``-i`` rewrites a
+`.mir` file in place (both atomically).
+"""
+
+from __future__ import annotations
+
+import click
+
+from mirage_cli.commands.common import write_output
+from mirage_cli.comments import format_source
+from mirage_cli.console import console
+from mirage_cli.diagnostics import MirageError
+from mirage_cli.loading import load_graph, read_text
+from mirage_cli.printer import print_graph
+
+
+@click.command(short_help="Print a µGraph as canonical .mir.")
+@click.argument("file", metavar="FILE")
+@click.option("--check", is_flag=True,
+              help="Exit 1 if the .mir FILE is not in canonical form; print nothing.")
+@click.option("--index", type=int, default=None, metavar="N",
+              help="Which candidate of a candidate list (default: the first).")
+@click.option("-o", "--output", metavar="OUT.mir", help="Write here instead of stdout.")
+@click.option("-i", "--in-place", is_flag=True, help="Rewrite the .mir FILE itself.")
+def command(file: str, check: bool, index: int | None, output: str | None,
+            in_place: bool) -> None:
+    """Print FILE (.mir, .ugraph.json or Mirage checkpoint) as canonical .mir."""
+    if (check or in_place) and not file.endswith(".mir"):
+        flag = "--check" if check else "--in-place"
+        raise MirageError(f"{flag} applies to .mir files only", file=file)
+    if sum((check, in_place, output is not None)) > 1:
+        raise MirageError("--check, --in-place and -o exclude each other")
+    text = _formatted(file, index)
+    if check:
+        if read_text(file) != text:
+            console.print(f"{file}: not in canonical form (run 'mirage fmt {file}' to see "
+                          f"it)", markup=False, highlight=False, soft_wrap=True)
+            raise SystemExit(1)
+    elif in_place or output is not None:
+        target = file if in_place else str(output)
+        if not (in_place and read_text(file) == text):
+            write_output(target, text)
+    else:
+        click.echo(text, nl=False)
+
+
+def _formatted(file: str, index: int | None) -> str:
+    if not file.endswith(".mir"):
+        return print_graph(load_graph(file, None, index))
+    if index not in (None, 0):
+        raise MirageError(f"--index {index} is out of range: a program is one graph",
+                          file=file)
+    return format_source(read_text(file), file)

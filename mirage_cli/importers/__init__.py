@@ -1,0 +1,1 @@
+"""Importers: µGraphs written by other tools, turned into our IR (checked by the builder)."""
