@@ -20,10 +20,14 @@ test: install
 
 golden: install
 	$(PYTHON) -m mirage_cli.golden
+	$(PYTHON) -m mirage_cli.codegen.golden
 
 lint:
 	$(PYTHON) -m ruff check mirage_cli tests
 	$(PYTHON) -m mypy mirage_cli
+
+gpu-test: install
+	$(PYTHON) -m pytest -m gpu -p no:cacheprovider
 
 clean:
 	rm -rf $(BUILD) .pytest_cache *.egg-info

@@ -26,6 +26,9 @@ COMMANDS: tuple[tuple[str, str], ...] = (
     ("run", "run"),
     ("import_mirage", "import-mirage"),
     ("verify", "verify"),
+    ("codegen", "codegen"),
+    ("compile", "compile"),
+    ("bench", "bench"),
 )
 
 

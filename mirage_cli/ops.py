@@ -456,3 +456,12 @@ for _name, _op in list(REGISTRY.items()):
     _sem = (_field.accumulator_sem(_op.accum) if _op.accum is not None else
             _field.custom_sem() if _name == "custom" else _field.SEMANTICS[_name])
     REGISTRY[_name] = replace(_op, field=_sem)
+
+# ---------------------------------------------------------------------------
+# CUDA emission (slot ``cuda``): see mirage_cli/codegen/cudaspec.py
+# ---------------------------------------------------------------------------
+
+from mirage_cli.codegen import cudaspec as _cudaspec  # noqa: E402  (no cycle: it imports no ops)
+for _name, _def in list(REGISTRY.items()):
+    REGISTRY[_name] = replace(
+        _def, cuda=_cudaspec.ACCUM_SPEC if _def.is_accumulator else _cudaspec.CUDA_SPECS[_name])
