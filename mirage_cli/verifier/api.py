@@ -35,7 +35,7 @@ from mirage_cli.verifier.analysis import Profile, profile
 from mirage_cli.verifier.bound import TrialBound, trial_bound
 from mirage_cli.verifier.crosscheck import CrossCheck, crosscheck
 from mirage_cli.verifier.evaluate import evaluate
-from mirage_cli.verifier.field import INPUT_BITS, P, Q
+from mirage_cli.verifier.field import INPUT_BITS, P, Q, register_mirror
 from mirage_cli.verifier.semantics import EXACT, FieldSem
 from mirage_cli.verifier.values import FVal, TrialContext, Unsupported
 
@@ -293,7 +293,10 @@ def _combine(fv: Verdict, cc: CrossCheck | None) -> tuple[str, str | None]:
 def _random_input(seed: int, t: int, k: int, shape: tuple[int, ...]) -> FVal:
     def draw(which: int) -> np.ndarray:
         rng = np.random.default_rng([seed, t, k, which])
-        return rng.integers(0, 1 << INPUT_BITS, size=shape, dtype=np.int64)
+        x = rng.integers(0, 1 << INPUT_BITS, size=shape, dtype=np.int64)
+        if x.size >= 1 << 16:
+            register_mirror(x)  # large inputs are matmul operands: convert once
+        return x
     return FVal(lambda: draw(0), lambda: draw(1), lambda: draw(2))
 
 
