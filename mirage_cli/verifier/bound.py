@@ -4,7 +4,7 @@ For two graphs that are NOT equivalent in the field model, one trial (inputs dra
 uniformly from Z_P and Z_Q, fresh random functions and a fresh generator g) passes with
 probability at most
 
-    eps = (d / 2^22 + sum_f C(k_f, 2) * c_f) / (1 - z / Q)
+    eps = (d / 2^22 + sum_f C(k_f, 2) * c_f) / (1 - z / 2^22)
 
 - ``d``: degree of the cleared difference N_A D_B - N_B D_A of the first differing
   output (max over outputs of max(n_A + d_B, n_B + d_A)); Schwartz-Zippel over
@@ -68,6 +68,7 @@ def trial_bound(a: Profile, b: Profile) -> TrialBound:
         s = min(Q, 1 << INPUT_BITS)
         c = e / s if any(u.p_only for u in uses) else (e / s) ** 3
         coll += k * (k - 1) / 2 * c
-    z = (a.inversions + b.inversions) / Q
+    # A divisor is a polynomial in the inputs: zero with probability <= degree / 2^22.
+    z = (a.inversions + b.inversions) / min(Q, 1 << INPUT_BITS)
     per = 1.0 if z >= 1 else (sz + coll) / (1 - z)
     return TrialBound(d, sz, coll, z, min(1.0, per))
