@@ -15,7 +15,7 @@ probability at most
   point), e/2^22 when they exist in Z_P only (downstream of exp);
 - ``z``: the zero-divisor risk (elements inverted x their degree, both graphs); trials
   that hit a zero divisor are discarded, which conditions on the event of probability
-  >= 1 - z/Q that none does.
+  >= 1 - z/2^22 that none does.
 
 Trials are independent, so n passing trials bound the error by eps^n.
 """
