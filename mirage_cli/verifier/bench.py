@@ -2,6 +2,7 @@
 against its fused µGraph, at the examples' full sizes.
 
     python -m mirage_cli.verifier.bench [--dir examples] [--no-float64] [--json]
+    python -m mirage_cli.verifier.bench --dir golden --ext .ugraph.json
 
 For each ``examples/<name>.mir`` with a ``examples/mugraphs/<name>_fused.mir`` (or the
 same pairs as ``.ugraph.json`` files in ``--dir``), prints the wall-clock time of the
@@ -22,10 +23,11 @@ from mirage_cli.verifier.api import Verifier
 from mirage_cli.verifier.crosscheck import crosscheck
 
 
-def pairs(root: Path) -> list[tuple[str, Path, Path]]:
+def pairs(root: Path, exts: tuple[str, ...] = (".mir", ".ugraph.json")
+          ) -> list[tuple[str, Path, Path]]:
     """(name, program, fused µGraph) for every example with both files."""
     out = []
-    for ext in (".mir", ".ugraph.json"):
+    for ext in exts:
         for prog in sorted(root.glob(f"*{ext}")):
             name = prog.name[: -len(ext)]
             if name.endswith("_fused"):
@@ -61,9 +63,12 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--dir", default="examples")
     ap.add_argument("--no-float64", action="store_true")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--ext", default=None, help="Only files with this extension "
+                    "(.mir or .ugraph.json, e.g. with --dir golden).")
     args = ap.parse_args(argv)
     rows = {}
-    for name, prog, fused in pairs(Path(args.dir)):
+    exts = (args.ext,) if args.ext else (".mir", ".ugraph.json")
+    for name, prog, fused in pairs(Path(args.dir), exts):
         a, b = load_graph(str(prog)), load_graph(str(fused))
         rows[name] = bench_pair(a, b, not args.no_float64)
         if not args.json:
