@@ -29,7 +29,7 @@ def _apply(add, steps: list[tuple[int, int]], xs: list[str], w: str,  # type: ig
     vals = list(xs)
     exp_used = False
     for k, (i, pick) in enumerate(steps):
-        name, arity, attrs = STEPS[i]
+        name, _, attrs = STEPS[i]
         if name == "exp" and exp_used:
             name = "square"
         exp_used = exp_used or name == "exp"

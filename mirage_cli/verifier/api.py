@@ -36,7 +36,7 @@ from mirage_cli.verifier.bound import TrialBound, trial_bound
 from mirage_cli.verifier.crosscheck import CrossCheck, crosscheck
 from mirage_cli.verifier.evaluate import evaluate
 from mirage_cli.verifier.field import INPUT_BITS, P, Q, register_mirror
-from mirage_cli.verifier.semantics import EXACT, FieldSem
+from mirage_cli.verifier.semantics import FieldSem
 from mirage_cli.verifier.values import FVal, TrialContext, Unsupported
 
 DEFAULT_BOUND = 2.0 ** -40
@@ -259,8 +259,8 @@ class Verifier:
 
     def _assumptions(self, candidate: Graph) -> tuple[str, ...]:
         used = self.profile.operators | profile(candidate).operators
-        out = ["the cleared difference of the two graphs, a polynomial with rational "
-               "coefficients, has a coefficient that P does not divide",
+        out = [("the cleared difference of the two graphs, a polynomial with rational "
+                "coefficients, has a coefficient that P does not divide"),
                "random functions are a keyed 64-bit hash, modelled as uniformly random"]
         if any(_uses_exp(n) for n in used):
             out.append("exp (generic-exponent model): the values g^b of pairwise distinct "

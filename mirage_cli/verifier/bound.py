@@ -26,7 +26,7 @@ import math
 from dataclasses import dataclass
 
 from mirage_cli.verifier.analysis import Profile
-from mirage_cli.verifier.field import INPUT_BITS, P, Q
+from mirage_cli.verifier.field import INPUT_BITS, Q
 
 
 @dataclass(frozen=True)

@@ -147,7 +147,7 @@ def inverse(x: np.ndarray, m: int) -> tuple[np.ndarray, bool]:
     return pow_mod(x, m - 2, m), bool((x == 0).any())
 
 
-def const(value: float | int | bool, m: int) -> int:
+def const(value: float | bool, m: int) -> int:
     """The residue of an exact rational constant: a float is a dyadic rational
     ``n / 2^k``, mapped to ``n * (2^k)^-1 mod m`` (no rounding involved)."""
     from fractions import Fraction
