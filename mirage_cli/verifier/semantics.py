@@ -268,10 +268,15 @@ def ev_accumulate(spec: Any) -> EvalFn:
             axes = (it, -2)
         else:
             axes = (it, -1) if spec.reduce == "last" else (it,)
-        if spec.finish == "id":
-            return _squeeze_groups(reduce_sum(x, axes), spec)
-        s = _squeeze_groups(mean_over(x, axes), spec)
-        return random_fn("sqrt", s, ctx) if spec.finish == "rms" else s
+        match spec.finish:
+            case "id":
+                return _squeeze_groups(reduce_sum(x, axes), spec)
+            case "mean":
+                return _squeeze_groups(mean_over(x, axes), spec)
+            case "rms":
+                return random_fn("sqrt", _squeeze_groups(mean_over(x, axes), spec), ctx)
+            case other:
+                assert_never(other)
     return ev
 
 
