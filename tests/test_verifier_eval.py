@@ -273,3 +273,15 @@ def test_float_mirror_views_match_astype() -> None:
         v = split_input(x, (2, 2, 1), 2, imap, fmap)  # type: ignore[arg-type]
         assert np.array_equal(F.as_float(v), v.astype(np.float64))
     assert np.array_equal(F.as_float(x[1:, 3::2].T), x[1:, 3::2].T.astype(np.float64))
+
+
+def test_float_mirror_is_dropped_with_its_array() -> None:
+    import gc
+
+    x = np.arange(10, dtype=np.int64)
+    F.register_mirror(x)
+    key = id(x)
+    assert key in F._MIRRORS
+    del x
+    gc.collect()
+    assert key not in F._MIRRORS

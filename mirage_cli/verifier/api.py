@@ -179,7 +179,7 @@ class Verifier:
     def trial_inputs(self, t: int) -> list[FVal]:
         """The field inputs of trial ``t`` by position (lazily drawn, cached)."""
         if t not in self._inputs:
-            if len(self._inputs) >= 4:  # keep memory bounded on large programs
+            if len(self._inputs) >= 2:  # keep memory bounded on large programs
                 self._inputs.pop(max(self._inputs))
             self._inputs[t] = [_random_input(self.seed, t, k, i.value.type.shape)
                                for k, i in enumerate(self.reference.inputs)]

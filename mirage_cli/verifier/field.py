@@ -20,6 +20,7 @@ key, so equal arguments always give equal results.
 
 from __future__ import annotations
 
+import weakref
 from functools import lru_cache
 
 import numpy as np
@@ -47,14 +48,14 @@ def _chunk(bits_a: int, bits_b: int) -> int:
 # float64 copies of large int64 arrays (the trial inputs), by id of the owning array.
 # int64 and float64 have the same item size, so any view of the int64 array (a tile
 # made by reshape/transpose/broadcast) is the same view of its float64 mirror.
-_MIRRORS: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+# A mirror lives exactly as long as its int64 array (a weak reference and a finalizer).
+_MIRRORS: dict[int, tuple["weakref.ref[np.ndarray]", np.ndarray]] = {}
 
 
 def register_mirror(x: np.ndarray) -> None:
     """Keep a float64 copy of ``x`` (a C-contiguous int64 array) for matmuls."""
-    if len(_MIRRORS) > 64:
-        _MIRRORS.clear()
-    _MIRRORS[id(x)] = (x, x.astype(np.float64))
+    _MIRRORS[id(x)] = (weakref.ref(x), x.astype(np.float64))
+    weakref.finalize(x, _MIRRORS.pop, id(x), None)
 
 
 def as_float(a: np.ndarray) -> np.ndarray:
@@ -63,7 +64,7 @@ def as_float(a: np.ndarray) -> np.ndarray:
     while isinstance(root.base, np.ndarray):
         root = root.base
     hit = _MIRRORS.get(id(root))
-    if hit is None or hit[0] is not root or a.dtype != np.int64:
+    if hit is None or hit[0]() is not root or a.dtype != np.int64:
         return a.astype(np.float64)
     mirror = hit[1]
     offset = a.__array_interface__["data"][0] - root.__array_interface__["data"][0]
