@@ -49,7 +49,7 @@ def _chunk(bits_a: int, bits_b: int) -> int:
 # int64 and float64 have the same item size, so any view of the int64 array (a tile
 # made by reshape/transpose/broadcast) is the same view of its float64 mirror.
 # A mirror lives exactly as long as its int64 array (a weak reference and a finalizer).
-_MIRRORS: dict[int, tuple["weakref.ref[np.ndarray]", np.ndarray]] = {}
+_MIRRORS: dict[int, tuple[weakref.ref[np.ndarray], np.ndarray]] = {}
 
 
 def register_mirror(x: np.ndarray) -> None:
