@@ -109,7 +109,10 @@ class Certificate:
                       "cross-check",
             "fields": {"P": P, "Q": Q, "relation": "P = 2Q + 1, Q | P - 1",
                        "exp": "exp(a) = g^a for a in Z_Q, g of order Q in Z_P*, drawn "
-                              "per trial"},
+                              "per trial",
+                       "inputs": f"each residue uniform in [0, 2^{INPUT_BITS}), drawn per "
+                                 "trial from (seed, trial)",
+                       "compared": "every output element's residue mod P, exactly"},
             "seed": self.seed,
             "requested": self.requested,
             "finite_field": {
