@@ -36,6 +36,7 @@ class MirageGroup(click.Group):
         try:
             return super().invoke(ctx)
         except MirageError as e:
+            console.quiet = False  # -q hides progress, never errors
             console.print(e.render(), style="red", markup=False, highlight=False, soft_wrap=True)
             sys.exit(2)
         except (click.ClickException, click.exceptions.Exit, click.Abort, SystemExit):
@@ -43,9 +44,10 @@ class MirageGroup(click.Group):
         except KeyboardInterrupt:
             console.print("interrupted", style="red")
             sys.exit(130)
-        except Exception as e:  # noqa: BLE001 - the one place internal errors are caught
+        except Exception as e:
             if ctx.obj and ctx.obj.get("debug"):
                 raise
+            console.quiet = False
             console.print(f"internal error: {type(e).__name__}: {e}\n"
                           f"(run with --debug for a traceback)", style="red", markup=False)
             sys.exit(3)
@@ -65,5 +67,5 @@ def main(ctx: click.Context, quiet: bool, verbose: int, debug: bool) -> None:
 
 
 for _module, _name in COMMANDS:
-    _cmd = getattr(importlib.import_module(f"mirage_cli.commands.{_module}"), "command")
+    _cmd = importlib.import_module(f"mirage_cli.commands.{_module}").command
     main.add_command(_cmd, _name)

@@ -14,9 +14,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mirage_cli.parser import parse_text
+from mirage_cli.parser import DEFAULT_FORLOOP, DEFAULT_THREADS, parse_text
 from mirage_cli.printer import Anchor, print_lines
-from mirage_cli.syntax import CustomStmt, OutputStmt, Program, Stmt, parse_program
+from mirage_cli.syntax import (
+    AttrArg,
+    CustomStmt,
+    OutputStmt,
+    Program,
+    Stmt,
+    TupleExpr,
+    expr_text,
+    parse_program,
+)
 
 
 @dataclass(frozen=True)
@@ -71,14 +80,33 @@ def _customs(stmts: tuple[Stmt, ...]) -> list[CustomStmt]:
     return [s for s in stmts if isinstance(s, CustomStmt)]
 
 
+def _headers(prog: Program) -> dict[int, str]:
+    """Each custom header as written (canonical spelling), by source line: the graph
+    holds grid, threads and forloop as numbers, the source may say ``2 * batch``."""
+    out = {}
+    for s in _customs(prog.stmts):
+        values = {a.key.text: a.value for a in s.args if isinstance(a, AttrArg)}
+        grid = values["grid"]
+        items = [expr_text(e) for e in (grid.items if isinstance(grid, TupleExpr)
+                                         else (grid,))]
+        items += ["1"] * (3 - len(items))
+        threads = expr_text(values["threads"]) if "threads" in values else str(DEFAULT_THREADS)
+        forloop = expr_text(values["forloop"]) if "forloop" in values else str(DEFAULT_FORLOOP)
+        out[s.span.line] = (f"custom(grid=({', '.join(items)}), threads={threads}, "
+                            f"forloop={forloop})")
+    return out
+
+
 def format_source(text: str, file: str) -> str:
-    """The canonical text of the program ``text``, with its comments."""
+    """The canonical text of the program ``text``, with its comments (and the
+    parameter expressions of its custom headers)."""
     g = parse_text(text, file)
-    anchors = _anchor_lines(parse_program(text, file))
+    prog = parse_program(text, file)
+    anchors = _anchor_lines(prog)
     pending = scan_comments(text)
     out: list[str] = []
     after_open = True  # just after '{' (or at the top of the file): no blank line
-    for line, anchor in print_lines(g):
+    for line, anchor in print_lines(g, _headers(prog)):
         src = _resolve(anchor, anchors)
         closes = line.strip() == "}"
         if src is not None:

@@ -403,8 +403,7 @@ register(OpDef("sum", BOTH, (1, 1), infer_reduce, _np_reduce(np.sum),
 register(OpDef("mean", BOTH, (1, 1), infer_reduce, _np_reduce(np.mean),
                attrs=(_DIM, _KEEPDIM), doc="mean over one dimension"))
 register(OpDef("max", BOTH, (1, 1), infer_reduce, _np_reduce(np.max),
-               attrs=(_DIM, _KEEPDIM), doc="maximum over one dimension",
-               mirage=_mirage_per_dim(("tb_reduction_{d}_max_op",), keepdim=True)))
+               attrs=(_DIM, _KEEPDIM), doc="maximum over one dimension"))
 register(OpDef("rms", BOTH, (1, 1), infer_rms,
                lambda xs, a: np_rms(xs[0], float(a.get("eps", 0.0))),  # type: ignore[arg-type]
                attrs=(_EPS,), doc="sqrt(mean(x^2) + eps) over the last dim, kept as size 1"))

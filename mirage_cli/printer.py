@@ -20,9 +20,11 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Mapping
 
 from mirage_cli.diagnostics import MirageError, Span
 from mirage_cli.ir import GRID_AXES, Attrs, AttrValue, AxisMap, BlockGraph, Graph, Input, KernelOp
+from mirage_cli.parser import eval_int
 from mirage_cli.syntax import KEYWORDS, expr_text, parse_dim_expr
 
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
@@ -40,8 +42,13 @@ def print_graph(g: Graph) -> str:
     return "".join(text + "\n" for text, _ in print_lines(g))
 
 
-def print_lines(g: Graph) -> list[tuple[str, Anchor]]:
-    """The canonical lines of ``g``, each with the source position it came from."""
+def print_lines(g: Graph, headers: Mapping[int, str] | None = None
+                ) -> list[tuple[str, Anchor]]:
+    """The canonical lines of ``g``, each with the source position it came from.
+
+    ``headers`` replaces the custom header of the kernel written on a given source
+    line (used by `fmt` to keep a header's parameter expressions, which the graph holds
+    only as numbers)."""
     params = ", ".join(f"{_name(n)} = {v}" for n, v in g.params)
     lines: list[tuple[str, Anchor]] = [(f"program {_program_name(g.name)}({params}) {{",
                                       "program")]
@@ -49,7 +56,7 @@ def print_lines(g: Graph) -> list[tuple[str, Anchor]]:
     lines += [((f"  input {_name(i.value.name)}: {i.value.type.dtype.value}"
                f"[{', '.join(_dims(i, env))}];"), _line(i.value.span)) for i in g.inputs]
     for op in g.ops:
-        lines += _kernel_op(op)
+        lines += _kernel_op(op, headers or {})
     lines.append((f"  output {', '.join(_name(n) for n in g.outputs)};", "output"))
     lines.append(("}", "end"))
     return lines
@@ -78,8 +85,6 @@ def _dims(inp: Input, env: dict[str, int]) -> list[str]:
     shape = inp.value.type.shape
     if len(inp.dims_src) == len(shape):
         try:
-            from mirage_cli.parser import eval_int
-
             exprs = [parse_dim_expr(s) for s in inp.dims_src]
             if all(eval_int(e, env, "a dimension") == d for e, d in zip(exprs, shape)):
                 return [expr_text(e) for e in exprs]
@@ -113,15 +118,16 @@ def _axis_map(kw: str, amap: AxisMap) -> str:
     return f" {kw}({', '.join(items)})" if items else ""
 
 
-def _kernel_op(op: KernelOp) -> list[tuple[str, Anchor]]:
+def _kernel_op(op: KernelOp, headers: Mapping[int, str]) -> list[tuple[str, Anchor]]:
     outs = [_name(v.name) for v in op.outputs]
     line = _line(op.span)
     if op.block is None:
         return [(f"  {outs[0]} = {_call(op.op, op.inputs, op.attrs)};", line)]
     lhs = outs[0] if len(outs) == 1 else f"({', '.join(outs)})"
     close: Anchor = ("close", line) if line is not None else None
-    return [(f"  {lhs} = {_custom_header(op.block)} {{", line), *_block(op.block),
-            ("  }", close)]
+    header = headers.get(line, _custom_header(op.block)) if line is not None \
+        else _custom_header(op.block)
+    return [(f"  {lhs} = {header} {{", line), *_block(op.block), ("  }", close)]
 
 
 def _custom_header(bg: BlockGraph) -> str:

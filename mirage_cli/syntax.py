@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import importlib.resources
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, assert_never
@@ -247,8 +248,6 @@ class ToAst(Transformer):  # type: ignore[type-arg]
         return Lit(False, self._s(t))
 
     def string_lit(self, t: Token) -> Expr:
-        import json
-
         return Lit(str(json.loads(str(t))), self._s(t))
 
     @v_args(meta=True, inline=True)
@@ -506,8 +505,6 @@ def expr_text(e: Expr) -> str:
         case Var(name=n):
             return n
         case Lit(value=v):
-            import json
-
             return ("true" if v else "false") if isinstance(v, bool) else json.dumps(v)
         case Neg(operand=x):
             inner = expr_text(x)

@@ -304,3 +304,57 @@ def test_fmt_in_place_and_output(tmp_path: Path) -> None:
     assert messy.read_text() == out.read_text() == run_cli(("fmt", EX))[1]
     assert run_cli(("fmt", "--check", str(messy)))[0] == 0
     assert run_cli(("fmt", "-i", "--check", str(messy)))[0] == 2
+
+
+def test_quiet_still_shows_errors() -> None:
+    code, _, err = run_cli(("-q", "parse", "tests/bad_inputs/unknown_operator.mir"))
+    assert code == 2 and "unknown kernel operator 'rms_nrom'" in err
+    code, _, err = run_cli(("-q", "run", EX))
+    assert code == 0 and err == ""
+
+
+def test_parse_and_fmt_of_a_checkpoint_agree(tmp_path: Path) -> None:
+    pytest.importorskip("mirage_cli.importers.mirage")
+    ckpt = "tests/bad_inputs/fixtures/single_lora.json"
+    code, as_json, err = run_cli(("parse", ckpt))
+    assert code == 0, err
+    mir = tmp_path / "lora.mir"
+    assert run_cli(("fmt", ckpt, "-o", str(mir)))[0] == 0
+    assert run_cli(("parse", str(mir)))[1] == as_json
+
+
+def test_fmt_keeps_parametric_custom_headers(tmp_path: Path) -> None:
+    src = tmp_path / "p.mir"
+    src.write_text("program p(b = 4, f = 2) {\n  input X: f32[2*b, 8];\n"
+                   "  Z = custom(grid=(2*b), forloop=f) {\n    x = load X imap(x=0) fmap(1);\n"
+                   "    s = acc_sum_ld(x);\n    store s -> Z omap(x=0);\n  }\n  output Z;\n}\n")
+    code, out, err = run_cli(("fmt", str(src)))
+    assert code == 0, err
+    assert "  Z = custom(grid=(2 * b, 1, 1), threads=128, forloop=f) {\n" in out
+    src.write_text(out)
+    g = parse_file(src, {"b": 3, "f": 4})
+    assert g.ops[0].block is not None
+    assert (g.ops[0].block.grid, g.ops[0].block.forloop) == ((6, 1, 1), 4)
+    # from a .ugraph.json the header can only be numbers
+    js = tmp_path / "p.ugraph.json"
+    assert run_cli(("parse", str(src), "-o", str(js)))[0] == 0
+    assert "custom(grid=(8, 1, 1), threads=128, forloop=2)" in run_cli(("fmt", str(js)))[1]
+
+
+FUSED = [p for p in EXAMPLE_FILES if p.parent.name == "mugraphs" and
+         (ROOT / EXAMPLES / (p.stem.removesuffix("_fused") + ".mir")).exists()]
+
+
+@pytest.mark.parametrize("fused", FUSED, ids=str)
+def test_fused_example_computes_its_program(fused: Path) -> None:
+    """Each hand-written µGraph equals its program in float64 (at batch = 1)."""
+    from mirage_cli import interp
+
+    ref_path = EXAMPLES / (fused.stem.removesuffix("_fused") + ".mir")
+    defines = {"batch": 1} if "batch" in dict(parse_file(ref_path).params) else {}
+    ref, got = parse_file(ref_path, defines), parse_file(fused, defines)
+    ins = interp.random_inputs(ref, 1)
+    want, have = interp.run(ref, ins), interp.run(got, ins)
+    assert len(want) == len(have)
+    for x, y in zip(want.values(), have.values()):
+        assert np.linalg.norm(x - y) <= 1e-9 * np.linalg.norm(x)

@@ -3,6 +3,7 @@ through the printer) or fails with a located MirageError."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from hypothesis import given, settings
@@ -11,6 +12,7 @@ from hypothesis import strategies as st
 from mirage_cli.diagnostics import MirageError
 from mirage_cli.parser import parse_text
 from mirage_cli.printer import print_graph
+from mirage_cli.syntax import lark_parser
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCES = sorted(p.read_text() for p in (ROOT / "examples").rglob("*.mir")) + \
@@ -19,6 +21,10 @@ PIECES = ["(", ")", "{", "}", ";", ",", "=", "->", "-", "*", "/", "+", "[", "]",
           "load", "store", "custom", "input", "output", "imap(x=1)", "fmap(0)", "omap(y=0)",
           "acc_sum", "matmul", "x", "X", "0", "1", "-1", "1e-6", "true", "\"s\"", "\n", " ",
           "@", "\t", "dim=", "grid=(2, 2)", "forloop=2", "é"]
+
+
+# Lark's names for tokens, which must never reach a user.
+TERMINALS = {t.name for t in lark_parser().terminals} | {"$END"}
 
 
 @st.composite
@@ -37,7 +43,7 @@ def mutated(draw: st.DrawFn) -> str:
     return text
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=250, deadline=None)
 @given(mutated())
 def test_mutations_fail_cleanly(text: str) -> None:
     try:
@@ -45,6 +51,8 @@ def test_mutations_fail_cleanly(text: str) -> None:
     except MirageError as e:
         rendered = e.render()
         assert rendered.startswith("m.mir:"), rendered
+        unquoted = re.sub(r"'[^']*'", "", e.message)
+        assert not TERMINALS & set(re.findall(r"[A-Z_$][A-Z_0-9]*", unquoted)), e.message
         if e.span is not None:
             assert 1 <= e.span.line <= max(1, len(text.splitlines()) + 1)
         return

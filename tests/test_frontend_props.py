@@ -4,6 +4,7 @@ the interpreter's result does not depend on how a custom kernel is split."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from graphgen import graphs
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -14,7 +15,7 @@ from mirage_cli.ir import Graph
 from mirage_cli.parser import parse_text
 from mirage_cli.printer import print_graph
 
-SETTINGS = settings(max_examples=150, deadline=None,
+SETTINGS = settings(max_examples=100, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 
@@ -123,7 +124,8 @@ def test_row_accumulators_match_kernel_reductions(acc: str, m: int, k: int, gy: 
     np.testing.assert_allclose(got, one, rtol=1e-12, atol=1e-12)
 
 
-@SETTINGS
+@settings(max_examples=60, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(graphs(max_steps=4), st.data())
 def test_fmt_keeps_every_comment(g: Graph, data: st.DataObject) -> None:
     from mirage_cli.comments import format_source, scan_comments
@@ -144,3 +146,17 @@ def test_fmt_keeps_every_comment(g: Graph, data: st.DataObject) -> None:
     assert [c.text for c in scan_comments(once) if c.text] == \
         [c.text for c in scan_comments(text) if c.text]
     assert parse_text(once) == g
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # overflow to inf in f16 is allowed
+@settings(max_examples=100, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(graphs(max_steps=4))
+def test_interpreter_output_shapes_match_inferred_types(g: Graph) -> None:
+    ins = interp.random_inputs(g, 0)
+    types = g.tensor_types()
+    for precision in ("float64", "native"):
+        out = interp.run(g, ins, precision)  # type: ignore[arg-type]
+        assert list(out) == list(g.outputs)
+        for name, arr in out.items():
+            assert arr.shape == types[name].shape

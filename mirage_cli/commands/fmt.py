@@ -19,7 +19,7 @@ from mirage_cli.loading import load_graph, read_text
 from mirage_cli.printer import print_graph
 
 
-@click.command()
+@click.command(short_help="Print a µGraph as canonical .mir.")
 @click.argument("file", metavar="FILE")
 @click.option("--check", is_flag=True,
               help="Exit 1 if the .mir FILE is not in canonical form; print nothing.")

@@ -1,4 +1,9 @@
-"""`mirage parse X.mir [-D n=v] [-o X.ugraph.json]`: a program to its µGraph file."""
+"""`mirage parse X.mir [-D n=v] [-o X.ugraph.json]`: a program to its µGraph file.
+
+Any file that :func:`mirage_cli.loading.load_graph` reads is accepted (a `.ugraph.json`
+file or a Mirage checkpoint, with ``--index`` for one candidate), so `parse` also
+converts checkpoints to the canonical `.ugraph.json`.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +12,7 @@ import click
 from mirage_cli import serialize
 from mirage_cli.commands.common import defines_option, parse_defines, write_output
 from mirage_cli.console import info
-from mirage_cli.parser import parse_file
+from mirage_cli.loading import load_graph
 
 
 @click.command()
@@ -15,9 +20,12 @@ from mirage_cli.parser import parse_file
 @defines_option
 @click.option("-o", "--output", metavar="X.ugraph.json",
               help="Write the µGraph here (default: stdout).")
-def command(program: str, defines: tuple[str, ...], output: str | None) -> None:
+@click.option("--index", type=int, default=None, metavar="N",
+              help="Which candidate of a candidate list (default: the first).")
+def command(program: str, defines: tuple[str, ...], output: str | None,
+            index: int | None) -> None:
     """Parse and check a .mir program; print its canonical .ugraph.json."""
-    g = parse_file(program, parse_defines(defines))
+    g = load_graph(program, parse_defines(defines), index)
     text = serialize.dumps(g)
     if output is None:
         click.echo(text, nl=False)

@@ -33,7 +33,7 @@ from mirage_cli.loading import load_graph
 Executor = Callable[[Graph, Mapping[str, np.ndarray]], dict[str, np.ndarray]]
 
 
-@click.command()
+@click.command(short_help="Run a µGraph with the CPU reference interpreter.")
 @click.argument("file", metavar="FILE")
 @click.option("--inputs", "inputs_path", metavar="in.npz",
               help="Input arrays by name (default: random, see --seed).")

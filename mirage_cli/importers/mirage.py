@@ -365,6 +365,10 @@ class _Kernel:
             r.fail(where, f"block_dim ({bx}, {by}, {bz}): only one-dimensional thread "
                           f"blocks (y = z = 1) are supported")
         forloop = r.get(bg, "forloop_range", int, where)
+        # Checked here, before any tile is cut: the builder divides by them on each load.
+        for what, n in (("grid_dim", min(grid)), ("block_dim.x", bx), ("forloop_range", forloop)):
+            if n < 1:
+                r.fail(where, f"{what} must be positive, got {_show(bg[what.split('.')[0]])}")
         with r.at(where):
             return self.c.b.custom(grid, bx, forloop)
 
