@@ -12,7 +12,8 @@ probability at most
 - ``k_f``: keys fed to random function f in one trial by both graphs together;
   ``c_f``: probability that two different keys of degree <= e collide, (e/2^22)^3
   when keys carry all three residues (mod P, mod Q, mod P at a second, independent
-  point), e/2^22 when they exist in Z_P only (downstream of exp);
+  point), e/2^22 when they exist in Z_P only (downstream of exp); plus 2^-64 for
+  multiset fingerprints (max), which can also collide as 64-bit hashes;
 - ``z``: the zero-divisor risk (elements inverted x their degree, both graphs); trials
   that hit a zero divisor are discarded, which conditions on the event of probability
   >= 1 - z/2^22 that none does.
@@ -67,6 +68,8 @@ def trial_bound(a: Profile, b: Profile) -> TrialBound:
         # keys carry three residues at independent points (one after exp).
         s = min(Q, 1 << INPUT_BITS)
         c = e / s if any(u.p_only for u in uses) else (e / s) ** 3
+        if any(u.multiset for u in uses):
+            c += 2.0 ** -64  # two multisets' 64-bit fingerprints (random oracle)
         coll += k * (k - 1) / 2 * c
     # A divisor is a polynomial in the inputs: zero with probability <= degree / 2^22.
     z = (a.inversions + b.inversions) / min(Q, 1 << INPUT_BITS)
