@@ -4,9 +4,11 @@ changing one operator of the fused kernel is caught."""
 
 from __future__ import annotations
 
-from hypothesis import example, given, settings
+import numpy as np
+from hypothesis import assume, example, given, settings
 from hypothesis import strategies as st
 
+from mirage_cli import interp
 from mirage_cli.builder import GraphBuilder
 from mirage_cli.ir import Graph
 from mirage_cli.verifier.api import Verifier
@@ -72,7 +74,12 @@ def fused(steps: list[tuple[int, int]], mutate: int | None = None) -> Graph:
 @settings(max_examples=40, deadline=None)
 @given(program)
 def test_fusing_preserves_the_function(steps: list[tuple[int, int]]) -> None:
-    v = Verifier(unfused(steps), seed=len(steps))
+    ref = unfused(steps)
+    # A program that divides by an identically zero value (e.g. x - x) has no value to
+    # compare; the verifier rightly answers "undecided" for it (tested elsewhere).
+    out = interp.run(ref, interp.random_inputs(ref, seed=0))[ref.outputs[0]]
+    assume(bool(np.isfinite(out).all()))
+    v = Verifier(ref, seed=len(steps))
     assert v.check(fused(steps), trials=2).equivalent is True
 
 
