@@ -20,7 +20,6 @@ test: install
 
 golden: install
 	$(PYTHON) -m mirage_cli.golden
-	$(PYTHON) -m mirage_cli.codegen.golden
 
 lint:
 	$(PYTHON) -m ruff check mirage_cli tests
