@@ -16,7 +16,7 @@ demo: install
 	@echo "wrote $(BUILD)/rmsnorm_linear.ugraph.json and $(BUILD)/rmsnorm_linear.out.npz"
 
 test: install
-	$(PYTHON) -m pytest -m "not gpu" -p no:cacheprovider
+	$(PYTHON) -m pytest -m "not gpu" -p no:cacheprovider -n auto
 
 golden: install
 	$(PYTHON) -m mirage_cli.golden
