@@ -11,8 +11,8 @@ install:
 
 demo: install
 	@mkdir -p $(BUILD)
-	mirage parse examples/rmsnorm_linear.mir -o $(BUILD)/rmsnorm_linear.ugraph.json
-	mirage run examples/mugraphs/rmsnorm_linear_fused.mir --seed 0 -o $(BUILD)/rmsnorm_linear.out.npz
+	$(PYTHON) -m mirage_cli parse examples/rmsnorm_linear.mir -o $(BUILD)/rmsnorm_linear.ugraph.json
+	$(PYTHON) -m mirage_cli run examples/mugraphs/rmsnorm_linear_fused.mir --seed 0 -o $(BUILD)/rmsnorm_linear.out.npz
 	@echo "wrote $(BUILD)/rmsnorm_linear.ugraph.json and $(BUILD)/rmsnorm_linear.out.npz"
 
 test: install

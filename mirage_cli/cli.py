@@ -47,7 +47,7 @@ class MirageGroup(click.Group):
         except KeyboardInterrupt:
             console.print("interrupted", style="red")
             sys.exit(130)
-        except Exception as e:  # noqa: BLE001 - the one place internal errors are caught
+        except Exception as e:
             if ctx.obj and ctx.obj.get("debug"):
                 raise
             console.quiet = False
@@ -70,5 +70,5 @@ def main(ctx: click.Context, quiet: bool, verbose: int, debug: bool) -> None:
 
 
 for _module, _name in COMMANDS:
-    _cmd = getattr(importlib.import_module(f"mirage_cli.commands.{_module}"), "command")
+    _cmd = importlib.import_module(f"mirage_cli.commands.{_module}").command
     main.add_command(_cmd, _name)

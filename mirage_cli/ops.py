@@ -450,7 +450,7 @@ for _name, _spec in ACCUMULATORS.items():
 
 # Finite-field semantics (the verifier's ``field`` slot): the table and its arithmetic
 # library live in mirage_cli/verifier/semantics.py, which does not import this module.
-from mirage_cli.verifier import semantics as _field  # noqa: E402
+from mirage_cli.verifier import semantics as _field
 
 for _name, _op in list(REGISTRY.items()):
     _sem = (_field.accumulator_sem(_op.accum) if _op.accum is not None else
