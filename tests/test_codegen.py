@@ -116,7 +116,7 @@ def test_nvcc_builds_and_links_a_host_program(tmp_path: Path) -> None:
         '  printf("%zu %d\\n", n, f != 0);\n  return 0;\n}\n')
     r = subprocess.run([NVCC, "-arch=sm_80", "-o", str(tmp_path / "prog"),
                         str(tmp_path / "prog.cu"), str(tmp_path / "main.cpp")],
-                       capture_output=True, text=True, timeout=300)
+                       capture_output=True, text=True, timeout=300, check=False)
     assert r.returncode == 0, r.stderr
     assert "warning" not in r.stderr, r.stderr
     assert (tmp_path / "prog").stat().st_size > 0

@@ -360,8 +360,8 @@ def markdown(doc: dict[str, Any]) -> str:
     def x(base: Any, v: Any) -> str:
         return "-" if base is None or v is None else f"{base / v:.2f}×"
 
-    lines = ["| benchmark | batch | µGraph | fused µs | unfused µs | eager µs | compile µs | "
-             "floor µs | vs unfused | vs eager | vs compile | % of floor | rel err |",
+    lines = [("| benchmark | batch | µGraph | fused µs | unfused µs | eager µs | compile µs | "
+              "floor µs | vs unfused | vs eager | vs compile | % of floor | rel err |"),
              "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in doc["rows"]:
         b = r["baselines"]

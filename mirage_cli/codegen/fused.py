@@ -492,8 +492,8 @@ class FusedLowering:
             elif name in self.mma_acc:
                 j = self._mma_tiles_per_warp(op.outputs[0].type)
                 lines += [f"float acc_{name}[{j}][4];", "#pragma unroll",
-                          f"for (int j = 0; j < {j}; ++j) acc_{name}[j][0] = acc_{name}[j][1] = "
-                          f"acc_{name}[j][2] = acc_{name}[j][3] = 0.0f;"]
+                          (f"for (int j = 0; j < {j}; ++j) acc_{name}[j][0] = acc_{name}[j][1] = "
+                           f"acc_{name}[j][2] = acc_{name}[j][3] = 0.0f;")]
             elif self._acc_in_regs(op):
                 npt = -(-n // self.T)
                 lines += [f"float acc_{name}[{npt}];", "#pragma unroll",
@@ -634,8 +634,9 @@ class FusedLowering:
         init = "0.0f" if combine == "sum" else "__int_as_float(0xff800000)"
         upd = f"{dst} += {v};" if combine == "sum" else f"{dst} = fmaxf({dst}, {v});"
         red = "mg_warp_sum" if combine == "sum" else "mg_warp_max"
-        return ([f"float {dst} = {init};", f"for (int {kvar} = mg_lane; {kvar} < {length}; "
-                 f"{kvar} += 32) {{"] + indent(body + [upd]) + ["}", f"{dst} = {red}({dst});"])
+        head = f"for (int {kvar} = mg_lane; {kvar} < {length}; {kvar} += 32) {{"
+        return ([f"float {dst} = {init};", head] + indent(body + [upd])
+                + ["}", f"{dst} = {red}({dst});"])
 
     def _warp_materialize(self, op: BlockOp) -> Lines:
         red = self._reduced(op)

@@ -95,8 +95,8 @@ def _per_element(kop: KernelOp, name: str, types: dict[str, TensorType]) -> Kern
     n = out.type.numel
     decl, idx = index_vars(out.type.shape, "e", "i")
     st, v = em.value(out.name, idx)
-    body = [f"for (int e = blockIdx.x * {ELEM_THREADS} + threadIdx.x; e < {n}; "
-            f"e += gridDim.x * {ELEM_THREADS}) {{"]
+    body = [(f"for (int e = blockIdx.x * {ELEM_THREADS} + threadIdx.x; e < {n}; "
+             f"e += gridDim.x * {ELEM_THREADS}) {{")]
     inner = st + [f"mg_st({params[-1].name} + e, {v});"]
     body += indent(keep_used(decl, inner) + inner) + ["}"]
     grid = (min(-(-n // ELEM_THREADS), MAX_GRID), 1, 1)
