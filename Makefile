@@ -11,12 +11,12 @@ install:
 
 demo: install
 	@mkdir -p $(BUILD)
-	mirage parse examples/rmsnorm_linear.mir -o $(BUILD)/rmsnorm_linear.ugraph.json
-	mirage run examples/mugraphs/rmsnorm_linear_fused.mir --seed 0 -o $(BUILD)/rmsnorm_linear.out.npz
+	$(PYTHON) -m mirage_cli parse examples/rmsnorm_linear.mir -o $(BUILD)/rmsnorm_linear.ugraph.json
+	$(PYTHON) -m mirage_cli run examples/mugraphs/rmsnorm_linear_fused.mir --seed 0 -o $(BUILD)/rmsnorm_linear.out.npz
 	@echo "wrote $(BUILD)/rmsnorm_linear.ugraph.json and $(BUILD)/rmsnorm_linear.out.npz"
 
 test: install
-	$(PYTHON) -m pytest -m "not gpu" -p no:cacheprovider
+	$(PYTHON) -m pytest -m "not gpu" -p no:cacheprovider -n auto
 
 golden: install
 	$(PYTHON) -m mirage_cli.golden
@@ -24,6 +24,9 @@ golden: install
 lint:
 	$(PYTHON) -m ruff check mirage_cli tests
 	$(PYTHON) -m mypy mirage_cli
+
+gpu-test: install
+	$(PYTHON) -m pytest -m gpu -p no:cacheprovider
 
 clean:
 	rm -rf $(BUILD) .pytest_cache *.egg-info

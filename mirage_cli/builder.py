@@ -18,13 +18,27 @@ every producer of µGraphs goes through the same inference and checks::
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from mirage_cli import ops
 from mirage_cli.check import check_block, check_graph, infer_op, stored_type, tile_type
 from mirage_cli.diagnostics import MirageError, Span
-from mirage_cli.ir import (AttrValue, Attrs, AxisMap, BlockGraph, BlockInput, BlockOp, BlockOutput,
-                           DType, Graph, Input, KernelOp, TensorType, Value, make_attrs)
+from mirage_cli.ir import (
+    Attrs,
+    AttrValue,
+    AxisMap,
+    BlockGraph,
+    BlockInput,
+    BlockOp,
+    BlockOutput,
+    DType,
+    Graph,
+    Input,
+    KernelOp,
+    TensorType,
+    Value,
+    make_attrs,
+)
 
 
 def _normalized(name: str, attrs: Attrs) -> Attrs:
@@ -88,7 +102,7 @@ class GraphBuilder:
         return v.name
 
     def custom(self, grid: Sequence[int], threads: int, forloop: int,
-               span: Span | None = None) -> "BlockBuilder":
+               span: Span | None = None) -> BlockBuilder:
         g = tuple(int(x) for x in grid) + (1,) * (3 - len(grid))
         return BlockBuilder(self, (g[0], g[1], g[2]), threads, forloop, span)
 

@@ -9,12 +9,12 @@ from the registry. Every violation is a :class:`MirageError` at the offending no
 
 from __future__ import annotations
 
-from typing import Literal, Sequence
+from collections.abc import Sequence
+from typing import Literal
 
 from mirage_cli import ops
 from mirage_cli.diagnostics import MirageError, Span, did_you_mean
-from mirage_cli.ir import (GRID_AXES, AttrValue, Attrs, AxisMap, BlockGraph, Graph,
-                           TensorType)
+from mirage_cli.ir import GRID_AXES, Attrs, AttrValue, AxisMap, BlockGraph, Graph, TensorType
 
 Phase = Literal["loop", "epilogue", "invariant"]
 

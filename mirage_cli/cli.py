@@ -26,6 +26,9 @@ COMMANDS: tuple[tuple[str, str], ...] = (
     ("run", "run"),
     ("import_mirage", "import-mirage"),
     ("verify", "verify"),
+    ("codegen", "codegen"),
+    ("compile", "compile"),
+    ("bench", "bench"),
     ("search", "search"),
     ("opt", "opt"),
 )
@@ -46,7 +49,7 @@ class MirageGroup(click.Group):
         except KeyboardInterrupt:
             console.print("interrupted", style="red")
             sys.exit(130)
-        except Exception as e:  # noqa: BLE001 - the one place internal errors are caught
+        except Exception as e:
             if ctx.obj and ctx.obj.get("debug"):
                 raise
             console.quiet = False
@@ -69,5 +72,5 @@ def main(ctx: click.Context, quiet: bool, verbose: int, debug: bool) -> None:
 
 
 for _module, _name in COMMANDS:
-    _cmd = getattr(importlib.import_module(f"mirage_cli.commands.{_module}"), "command")
+    _cmd = importlib.import_module(f"mirage_cli.commands.{_module}").command
     main.add_command(_cmd, _name)

@@ -33,7 +33,7 @@ class MirageError(Exception):
         self.source = source
         self.notes = notes
 
-    def with_source(self, source: str) -> "MirageError":
+    def with_source(self, source: str) -> MirageError:
         """Attach the source text so the caret line can be printed."""
         if self.source is None:
             self.source = source

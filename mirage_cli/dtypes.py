@@ -27,5 +27,4 @@ def round_to(dtype: DType, x: np.ndarray) -> np.ndarray:
 
 def storage_dtype(dtype: DType) -> np.dtype:
     """The numpy dtype used to store ``dtype`` in .npz files."""
-    return {DType.F16: np.dtype(np.float16), DType.BF16: np.dtype(np.float32),
-            DType.F32: np.dtype(np.float32)}[dtype]
+    return np.dtype(np.float16) if dtype is DType.F16 else np.dtype(np.float32)

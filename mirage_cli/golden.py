@@ -76,11 +76,16 @@ def example_goldens(example: Path) -> dict[Path, str]:
     from mirage_cli.comments import format_source
     from mirage_cli.parser import parse_text
 
+    from mirage_cli.codegen.emit import emit
+    from mirage_cli.codegen.lower import lower
+
     text = example.read_text(encoding="utf-8")
     g = parse_text(text, str(example))
     base = GOLDEN / example.relative_to(EXAMPLES)
+    cu, h = emit(lower(g))  # what `mirage codegen` writes
     return {base.with_suffix(".ugraph.json"): serialize.dumps(g),
-            base.with_suffix(".mir"): format_source(text, str(example))}
+            base.with_suffix(".mir"): format_source(text, str(example)),
+            base.with_suffix(".cu"): cu, base.with_suffix(".h"): h}
 
 
 def refresh() -> int:

@@ -2,7 +2,9 @@
 
 Runs any µGraph on the CPU with numpy, exactly as DESIGN.md §3 states: pre-defined
 kernel operators directly through their registry semantics, custom kernels block by
-block and forloop iteration by iteration. Written for obviousness, not speed.
+block and forloop iteration by iteration. Written for obviousness, not speed; the one
+concession is that a block's iterations go through each operator together, stacked on
+a leading axis (``stack_iterations=False`` evaluates them one at a time).
 
 Two precisions:
 - ``float64``: every value in float64 (the numerical ground truth);
@@ -13,8 +15,9 @@ Two precisions:
 from __future__ import annotations
 
 import itertools
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal, Mapping
+from typing import Literal
 
 import numpy as np
 
@@ -128,8 +131,8 @@ def _plan(bg: BlockGraph) -> _Plan:
         step = _Step(opdef.numpy, op.inputs, op.outputs[0].name, opdef.attr_values(op.attrs),
                      tuple(ranks[i] for i in op.inputs))
         by_phase["accumulators" if opdef.is_accumulator else phases[step.output]].append(step)
-    return _Plan(*(tuple(by_phase[k]) for k in ("invariant", "loop", "accumulators",
-                                                 "epilogue")),
+    return _Plan(tuple(by_phase["invariant"]), tuple(by_phase["loop"]),
+                 tuple(by_phase["accumulators"]), tuple(by_phase["epilogue"]),
                  frozenset(n for n, ph in phases.items() if ph == "loop"))
 
 
@@ -161,7 +164,7 @@ def _run_one_block(bg: BlockGraph, env: Mapping[str, np.ndarray], dt: type,
     fmaps = {bi.value.name: bi.fmap for bi in bg.inputs}
     values: dict[str, np.ndarray] = {n: p for n, p in parts.items() if fmaps[n] is None}
     _eval(plan.invariant, values, dt)
-    loop = {n: (p, fmaps[n]) for n, p in parts.items() if fmaps[n] is not None}
+    loop = {n: (p, dim) for n, p in parts.items() if (dim := fmaps[n]) is not None}
     run_loop = _loop_stacked if stack_iterations else _loop_literal
     tiles = run_loop(plan, values, loop, bg.forloop, dt)
     for acc in plan.accumulators:

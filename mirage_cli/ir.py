@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import Union
 
 from mirage_cli.diagnostics import Span
 
@@ -37,7 +36,7 @@ class DType(str, enum.Enum):
 GRID_AXES = ("x", "y", "z")
 
 # An attribute value. Floats are kept as written (repr round-trips exactly).
-AttrValue = Union[int, float, bool, str]
+AttrValue = int | float | bool | str
 
 
 @dataclass(frozen=True)
@@ -95,7 +94,7 @@ def attr(attrs: Attrs, key: str, default: AttrValue | None = None) -> AttrValue 
 # ---------------------------------------------------------------------------
 
 # imap/omap: for each grid axis (x, y, z), a tensor dimension or None (replicate).
-AxisMap = tuple[Union[int, None], Union[int, None], Union[int, None]]
+AxisMap = tuple[int | None, int | None, int | None]
 REPLICATE: AxisMap = (None, None, None)
 
 

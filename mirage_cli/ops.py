@@ -498,9 +498,18 @@ for _name, _rule in _ABSTRACT.items():
 
 # Finite-field semantics (the verifier's ``field`` slot): the table and its arithmetic
 # library live in mirage_cli/verifier/semantics.py, which does not import this module.
-from mirage_cli.verifier import semantics as _field  # noqa: E402
+from mirage_cli.verifier import semantics as _field
 
 for _name, _op in list(REGISTRY.items()):
     _sem = (_field.accumulator_sem(_op.accum) if _op.accum is not None else
             _field.custom_sem() if _name == "custom" else _field.SEMANTICS[_name])
     REGISTRY[_name] = replace(_op, field=_sem)
+
+# ---------------------------------------------------------------------------
+# CUDA emission (slot ``cuda``): see mirage_cli/codegen/cudaspec.py
+# ---------------------------------------------------------------------------
+
+from mirage_cli.codegen import cudaspec as _cudaspec  # noqa: E402  (no cycle: it imports no ops)
+for _name, _def in list(REGISTRY.items()):
+    REGISTRY[_name] = replace(
+        _def, cuda=_cudaspec.ACCUM_SPEC if _def.is_accumulator else _cudaspec.CUDA_SPECS[_name])

@@ -12,11 +12,11 @@ def write_atomic(path: str | os.PathLike[str], data: str | bytes) -> None:
     a rename, so that readers never see a half-written file."""
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    mode = "wb" if isinstance(data, bytes) else "w"
+    payload = data if isinstance(data, bytes) else data.encode("utf-8")
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
-        with os.fdopen(fd, mode, **({} if mode == "wb" else {"encoding": "utf-8"})) as f:
-            f.write(data)
+        with os.fdopen(fd, "wb") as f:
+            f.write(payload)
         os.replace(tmp, target)
     except BaseException:
         try:

@@ -339,3 +339,22 @@ def test_fmt_keeps_parametric_custom_headers(tmp_path: Path) -> None:
     js = tmp_path / "p.ugraph.json"
     assert run_cli(("parse", str(src), "-o", str(js)))[0] == 0
     assert "custom(grid=(8, 1, 1), threads=128, forloop=2)" in run_cli(("fmt", str(js)))[1]
+
+
+FUSED = [p for p in EXAMPLE_FILES if p.parent.name == "mugraphs" and
+         (ROOT / EXAMPLES / (p.stem.removesuffix("_fused") + ".mir")).exists()]
+
+
+@pytest.mark.parametrize("fused", FUSED, ids=str)
+def test_fused_example_computes_its_program(fused: Path) -> None:
+    """Each hand-written µGraph equals its program in float64 (at batch = 1)."""
+    from mirage_cli import interp
+
+    ref_path = EXAMPLES / (fused.stem.removesuffix("_fused") + ".mir")
+    defines = {"batch": 1} if "batch" in dict(parse_file(ref_path).params) else {}
+    ref, got = parse_file(ref_path, defines), parse_file(fused, defines)
+    ins = interp.random_inputs(ref, 1)
+    want, have = interp.run(ref, ins), interp.run(got, ins)
+    assert len(want) == len(have)
+    for x, y in zip(want.values(), have.values()):
+        assert np.linalg.norm(x - y) <= 1e-9 * np.linalg.norm(x)

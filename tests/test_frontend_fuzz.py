@@ -43,7 +43,7 @@ def mutated(draw: st.DrawFn) -> str:
     return text
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=250, deadline=None)
 @given(mutated())
 def test_mutations_fail_cleanly(text: str) -> None:
     try:

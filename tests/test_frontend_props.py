@@ -15,7 +15,7 @@ from mirage_cli.ir import Graph
 from mirage_cli.parser import parse_text
 from mirage_cli.printer import print_graph
 
-SETTINGS = settings(max_examples=150, deadline=None,
+SETTINGS = settings(max_examples=100, deadline=None,
                     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 

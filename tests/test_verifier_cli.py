@@ -7,10 +7,10 @@ from pathlib import Path
 
 import numpy as np
 from click.testing import CliRunner
+from verifier_corpus import EQUIVALENT, NOT_EQUIVALENT
 
 from mirage_cli import serialize
 from mirage_cli.cli import main
-from verifier_corpus import EQUIVALENT, NOT_EQUIVALENT
 
 
 def _pair(corpus, name: str, tmp: Path) -> tuple[str, str]:  # type: ignore[no-untyped-def]

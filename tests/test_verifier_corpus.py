@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from verifier_corpus import EQUIVALENT, NOT_EQUIVALENT
 
 from mirage_cli.verifier.api import Verifier
-from verifier_corpus import EQUIVALENT, NOT_EQUIVALENT
 
 
 def test_corpus_size() -> None:

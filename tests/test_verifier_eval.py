@@ -262,3 +262,26 @@ def test_trial_bound_parts() -> None:
     tb = Verifier(a()).trial_bound(b())
     assert tb.degree == 3 and tb.collisions > 0 and tb.per_trial < 2.0 ** -20
     assert tb.trials_for(2.0 ** -40) == 2
+
+
+def test_float_mirror_views_match_astype() -> None:
+    from mirage_cli.verifier.evaluate import split_input
+
+    x = np.arange(8 * 16, dtype=np.int64).reshape(8, 16) * 7919
+    F.register_mirror(x)
+    for imap, fmap in (((1, None, None), 0), ((None, 0, None), 1), ((None, None, None), None)):
+        v = split_input(x, (2, 2, 1), 2, imap, fmap)  # type: ignore[arg-type]
+        assert np.array_equal(F.as_float(v), v.astype(np.float64))
+    assert np.array_equal(F.as_float(x[1:, 3::2].T), x[1:, 3::2].T.astype(np.float64))
+
+
+def test_float_mirror_is_dropped_with_its_array() -> None:
+    import gc
+
+    x = np.arange(10, dtype=np.int64)
+    F.register_mirror(x)
+    key = id(x)
+    assert key in F._MIRRORS
+    del x
+    gc.collect()
+    assert key not in F._MIRRORS

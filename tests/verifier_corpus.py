@@ -7,9 +7,9 @@ inputs and outputs by position.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
-from mirage_cli.builder import BlockBuilder, GraphBuilder
+from mirage_cli.builder import GraphBuilder
 from mirage_cli.ir import Graph
 
 Build = Callable[[], Graph]

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import io
 import json
+import sys
 import zipfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -47,13 +48,27 @@ Executor = Callable[[Graph, Mapping[str, np.ndarray]], dict[str, np.ndarray]]
               help="Which candidate of a candidate list (default: the first).")
 @click.option("--json", "as_json", is_flag=True,
               help="Print the summary of the outputs as JSON on stdout.")
+@click.option("--gpu", type=int, default=None, metavar="N",
+              help="Run the generated CUDA on GPU N and check it against the CPU reference "
+                   "(exit 1 if the relative L2 error exceeds 1e-2 or an output is NaN).")
 def command(file: str, inputs_path: str | None, output: str | None, seed: int,
             precision: str, defines: tuple[str, ...], index: int | None,
-            as_json: bool) -> None:
+            as_json: bool, gpu: int | None) -> None:
     """Run FILE (.mir, .ugraph.json or Mirage checkpoint) with the CPU reference."""
     g = load_graph(file, parse_defines(defines), index)
     inputs = read_inputs(g, inputs_path) if inputs_path else interp.random_inputs(g, seed)
-    outputs = _executor(precision)(g, inputs)
+    failed = False
+    if gpu is not None:
+        from mirage_cli.codegen.bench import compare, run_on_gpu
+
+        outputs = run_on_gpu(g, inputs, gpu)
+        chk = compare(outputs, interp.run(g, inputs, "float64"), list(g.outputs))
+        console.print(f"GPU {gpu} vs float64 reference: relative L2 error {chk.rel_err:.2e}"
+                      + ("" if chk.ok else f": FAIL ({chk.reason})"), markup=False,
+                      highlight=False, soft_wrap=True)
+        failed, precision = not chk.ok, "native"
+    else:
+        outputs = _executor(precision)(g, inputs)
     for name, arr in outputs.items():
         console.print(_summary(name, arr), markup=False, highlight=False, soft_wrap=True)
     if as_json:
@@ -64,6 +79,8 @@ def command(file: str, inputs_path: str | None, output: str | None, seed: int,
     if output is not None:
         write_output(output, _npz_bytes(g, outputs, precision))
         console.print(f"wrote {output}", markup=False, highlight=False, soft_wrap=True)
+    if failed:
+        sys.exit(1)
 
 
 def _executor(precision: str) -> Executor:

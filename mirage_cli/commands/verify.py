@@ -110,9 +110,9 @@ def _write_counterexample(path: str, v: Verifier, gb: Graph, cert: Certificate) 
             arrays[f"output_b/{gb.outputs[k]}"] = y
     t = cert.field_verdict.failing_trial
     if t is not None:
-        for ia, x in zip(ga.inputs, v.trial_inputs(t)):
-            arrays[f"field_input_p/{ia.value.name}"] = x.p
-            q = x.q
+        for ia, fx in zip(ga.inputs, v.trial_inputs(t)):
+            arrays[f"field_input_p/{ia.value.name}"] = fx.p
+            q = fx.q
             if q is not None:
                 arrays[f"field_input_q/{ia.value.name}"] = q
         ref, _, _ = v.reference_outputs(t)
@@ -121,6 +121,6 @@ def _write_counterexample(path: str, v: Verifier, gb: Graph, cert: Certificate) 
             arrays[f"field_output_a/{ga.outputs[k]}"] = x
             arrays[f"field_output_b/{gb.outputs[k]}"] = y
     buf = io.BytesIO()
-    np.savez(buf, **arrays)
+    np.savez(buf, **arrays)  # type: ignore[arg-type]
     write_atomic(path, buf.getvalue())
     info(f"counterexample written to {path}")

@@ -28,6 +28,8 @@ class RandomUse:
     keys: int = 0
     key_degree: int = 1
     p_only: bool = False
+    # Keys are 64-bit fingerprints of multisets (max): they can also collide as hashes.
+    multiset: bool = False
 
 
 @dataclass
@@ -83,6 +85,7 @@ def _apply(name: str, args: list[Stat], in_types: list[TensorType], out: TensorT
         # Two different keys N1/D1, N2/D2 collide iff N1 D2 - N2 D1 vanishes.
         use.key_degree = max(use.key_degree, key.num + key.den)
         use.p_only = use.p_only or any(a.p_only for a in args)
+        use.multiset = use.multiset or s.keys_from == "in"
     if s.inverts is not None:
         count, degree = s.inverts(args, [t.shape for t in in_types])
         prof.inversions += count * copies * degree

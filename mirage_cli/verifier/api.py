@@ -35,8 +35,8 @@ from mirage_cli.verifier.analysis import Profile, profile
 from mirage_cli.verifier.bound import TrialBound, trial_bound
 from mirage_cli.verifier.crosscheck import CrossCheck, crosscheck
 from mirage_cli.verifier.evaluate import evaluate
-from mirage_cli.verifier.field import INPUT_BITS, P, Q
-from mirage_cli.verifier.semantics import EXACT, FieldSem
+from mirage_cli.verifier.field import INPUT_BITS, P, Q, register_mirror
+from mirage_cli.verifier.semantics import FieldSem
 from mirage_cli.verifier.values import FVal, TrialContext, Unsupported
 
 DEFAULT_BOUND = 2.0 ** -40
@@ -109,7 +109,10 @@ class Certificate:
                       "cross-check",
             "fields": {"P": P, "Q": Q, "relation": "P = 2Q + 1, Q | P - 1",
                        "exp": "exp(a) = g^a for a in Z_Q, g of order Q in Z_P*, drawn "
-                              "per trial"},
+                              "per trial",
+                       "inputs": f"each residue uniform in [0, 2^{INPUT_BITS}), drawn per "
+                                 "trial from (seed, trial)",
+                       "compared": "every output element's residue mod P, exactly"},
             "seed": self.seed,
             "requested": self.requested,
             "finite_field": {
@@ -179,7 +182,7 @@ class Verifier:
     def trial_inputs(self, t: int) -> list[FVal]:
         """The field inputs of trial ``t`` by position (lazily drawn, cached)."""
         if t not in self._inputs:
-            if len(self._inputs) >= 4:  # keep memory bounded on large programs
+            if len(self._inputs) >= 2:  # keep memory bounded on large programs
                 self._inputs.pop(max(self._inputs))
             self._inputs[t] = [_random_input(self.seed, t, k, i.value.type.shape)
                                for k, i in enumerate(self.reference.inputs)]
@@ -259,8 +262,8 @@ class Verifier:
 
     def _assumptions(self, candidate: Graph) -> tuple[str, ...]:
         used = self.profile.operators | profile(candidate).operators
-        out = ["the cleared difference of the two graphs, a polynomial with rational "
-               "coefficients, has a coefficient that P does not divide",
+        out = [("the cleared difference of the two graphs, a polynomial with rational "
+                "coefficients, has a coefficient that P does not divide"),
                "random functions are a keyed 64-bit hash, modelled as uniformly random"]
         if any(_uses_exp(n) for n in used):
             out.append("exp (generic-exponent model): the values g^b of pairwise distinct "
@@ -293,7 +296,10 @@ def _combine(fv: Verdict, cc: CrossCheck | None) -> tuple[str, str | None]:
 def _random_input(seed: int, t: int, k: int, shape: tuple[int, ...]) -> FVal:
     def draw(which: int) -> np.ndarray:
         rng = np.random.default_rng([seed, t, k, which])
-        return rng.integers(0, 1 << INPUT_BITS, size=shape, dtype=np.int64)
+        x = rng.integers(0, 1 << INPUT_BITS, size=shape, dtype=np.int64)
+        if x.size >= 1 << 16:
+            register_mirror(x)  # large inputs are matmul operands: convert once
+        return x
     return FVal(lambda: draw(0), lambda: draw(1), lambda: draw(2))
 
 

@@ -4,7 +4,7 @@ For two graphs that are NOT equivalent in the field model, one trial (inputs dra
 uniformly from Z_P and Z_Q, fresh random functions and a fresh generator g) passes with
 probability at most
 
-    eps = (d / 2^22 + sum_f C(k_f, 2) * c_f) / (1 - z / Q)
+    eps = (d / 2^22 + sum_f C(k_f, 2) * c_f) / (1 - z / 2^22)
 
 - ``d``: degree of the cleared difference N_A D_B - N_B D_A of the first differing
   output (max over outputs of max(n_A + d_B, n_B + d_A)); Schwartz-Zippel over
@@ -12,10 +12,11 @@ probability at most
 - ``k_f``: keys fed to random function f in one trial by both graphs together;
   ``c_f``: probability that two different keys of degree <= e collide, (e/2^22)^3
   when keys carry all three residues (mod P, mod Q, mod P at a second, independent
-  point), e/2^22 when they exist in Z_P only (downstream of exp);
+  point), e/2^22 when they exist in Z_P only (downstream of exp); plus 2^-64 for
+  multiset fingerprints (max), which can also collide as 64-bit hashes;
 - ``z``: the zero-divisor risk (elements inverted x their degree, both graphs); trials
   that hit a zero divisor are discarded, which conditions on the event of probability
-  >= 1 - z/Q that none does.
+  >= 1 - z/2^22 that none does.
 
 Trials are independent, so n passing trials bound the error by eps^n.
 """
@@ -26,7 +27,7 @@ import math
 from dataclasses import dataclass
 
 from mirage_cli.verifier.analysis import Profile
-from mirage_cli.verifier.field import INPUT_BITS, P, Q
+from mirage_cli.verifier.field import INPUT_BITS, Q
 
 
 @dataclass(frozen=True)
@@ -67,7 +68,10 @@ def trial_bound(a: Profile, b: Profile) -> TrialBound:
         # keys carry three residues at independent points (one after exp).
         s = min(Q, 1 << INPUT_BITS)
         c = e / s if any(u.p_only for u in uses) else (e / s) ** 3
+        if any(u.multiset for u in uses):
+            c += 2.0 ** -64  # two multisets' 64-bit fingerprints (random oracle)
         coll += k * (k - 1) / 2 * c
-    z = (a.inversions + b.inversions) / Q
+    # A divisor is a polynomial in the inputs: zero with probability <= degree / 2^22.
+    z = (a.inversions + b.inversions) / min(Q, 1 << INPUT_BITS)
     per = 1.0 if z >= 1 else (sz + coll) / (1 - z)
     return TrialBound(d, sz, coll, z, min(1.0, per))

@@ -15,8 +15,9 @@ Every rule here over-approximates; docs/verification.md explains how they are us
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
 Attrs = dict[str, Any]
 Shape = tuple[int, ...]
@@ -33,7 +34,7 @@ class Stat:
     p_only: bool = False
     den_var: frozenset[int] = field(default_factory=frozenset)
 
-    def with_axes(self, axes: frozenset[int]) -> "Stat":
+    def with_axes(self, axes: frozenset[int]) -> Stat:
         return Stat(self.num, self.den, self.p_only, axes if self.den else frozenset())
 
 

@@ -14,7 +14,7 @@ interpreter's block-by-block loops compute (tests compare the two on random grap
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -79,17 +79,13 @@ def split_input(x: np.ndarray, grid: tuple[int, int, int], forloop: int, imap: A
         expanded.append(n)
         labels.append(("d", d))
     y = x.reshape(expanded)
-    order: list[int] = []
-    for key in (("g", 0), ("g", 1), ("g", 2), "f"):
-        if key in labels:
-            order.append(labels.index(key))
+    leading: tuple[object, ...] = (("g", 0), ("g", 1), ("g", 2), "f")
+    order = [labels.index(k) for k in leading if k in labels]
     y = y.transpose(order + [labels.index(("d", d)) for d in range(x.ndim)])
     # Insert size-1 axes for grid axes / forloop that do not split this input.
-    pos = 0
-    for key in (("g", 0), ("g", 1), ("g", 2), "f"):
-        if key not in labels:
+    for pos, k in enumerate(leading):
+        if k not in labels:
             y = np.expand_dims(y, pos)
-        pos += 1
     return y
 
 
@@ -119,29 +115,39 @@ def evaluate_block(bg: BlockGraph, env: dict[str, FVal], kernel_types: dict[str,
     vals: dict[str, FVal] = {}
     ranks: dict[str, int] = {}
     for bi in bg.inputs:
-        src = env[bi.source]
-        vals[bi.value.name] = _map_residues(src, lambda a, bi=bi: split_input(
-            a, bg.grid, bg.forloop, bi.imap, bi.fmap))
+        vals[bi.value.name] = _map_residues(env[bi.source], _splitter(bg, bi.imap, bi.fmap))
         ranks[bi.value.name] = bi.value.type.rank
     for op in bg.ops:
         opdef = ops.get(op.op)
         args = [vals[i] for i in op.inputs]
         if opdef.is_accumulator:
-            args = [_map_residues(args[0], lambda a: _full_iterations(a, bg.forloop))]
+            args = [_map_residues(args[0], _iterations(bg.forloop))]
         elif len(args) > 1:
             args = _align_ranks(args, [ranks[i] for i in op.inputs])
         out = op.outputs[0]
         vals[out.name] = sem(op.op).eval(args, opdef.attr_values(op.attrs), bctx)
         ranks[out.name] = out.type.rank
-    return [_map_residues(vals[bo.source], lambda a, bo=bo: join_output(a, bg.grid, bo.omap))
-            for bo in bg.outputs]
+    return [_map_residues(vals[bo.source], _joiner(bg, bo.omap)) for bo in bg.outputs]
 
 
-def _full_iterations(a: np.ndarray, forloop: int) -> np.ndarray:
+Reshape = Callable[[np.ndarray], np.ndarray]
+
+
+def _splitter(bg: BlockGraph, imap: AxisMap, fmap: int | None) -> Reshape:
+    return lambda a: split_input(a, bg.grid, bg.forloop, imap, fmap)
+
+
+def _joiner(bg: BlockGraph, omap: AxisMap) -> Reshape:
+    return lambda a: join_output(a, bg.grid, omap)
+
+
+def _iterations(forloop: int) -> Reshape:
     """An accumulator sees its input once per iteration, even a loop-invariant one."""
-    if a.shape[3] == forloop:
-        return a
-    return np.broadcast_to(a, a.shape[:3] + (forloop,) + a.shape[4:])
+    def full(a: np.ndarray) -> np.ndarray:
+        if a.shape[3] == forloop:
+            return a
+        return np.broadcast_to(a, a.shape[:3] + (forloop,) + a.shape[4:])
+    return full
 
 
 def _align_ranks(args: list[FVal], ranks: list[int]) -> list[FVal]:
@@ -152,10 +158,13 @@ def _align_ranks(args: list[FVal], ranks: list[int]) -> list[FVal]:
     for x, r in zip(args, ranks):
         if r < top:
             pad = top - r
-            x = _map_residues(x, lambda a, pad=pad: a.reshape(
-                a.shape[:LEAD] + (1,) * pad + a.shape[LEAD:]))
+            x = _map_residues(x, _padder(pad))
         out.append(x)
     return out
 
 
-__all__ = ["evaluate", "evaluate_block", "split_input", "join_output", "lift"]
+def _padder(pad: int) -> Reshape:
+    return lambda a: a.reshape(a.shape[:LEAD] + (1,) * pad + a.shape[LEAD:])
+
+
+__all__ = ["evaluate", "evaluate_block", "join_output", "lift", "split_input"]

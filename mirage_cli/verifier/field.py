@@ -20,6 +20,7 @@ key, so equal arguments always give equal results.
 
 from __future__ import annotations
 
+import weakref
 from functools import lru_cache
 
 import numpy as np
@@ -44,11 +45,38 @@ def _chunk(bits_a: int, bits_b: int) -> int:
     return 1 << max(0, _EXACT_BITS - bits_a - bits_b)
 
 
+# float64 copies of large int64 arrays (the trial inputs), by id of the owning array.
+# int64 and float64 have the same item size, so any view of the int64 array (a tile
+# made by reshape/transpose/broadcast) is the same view of its float64 mirror.
+# A mirror lives exactly as long as its int64 array (a weak reference and a finalizer).
+_MIRRORS: dict[int, tuple[weakref.ref[np.ndarray], np.ndarray]] = {}
+
+
+def register_mirror(x: np.ndarray) -> None:
+    """Keep a float64 copy of ``x`` (a C-contiguous int64 array) for matmuls."""
+    _MIRRORS[id(x)] = (weakref.ref(x), x.astype(np.float64))
+    weakref.finalize(x, _MIRRORS.pop, id(x), None)
+
+
+def as_float(a: np.ndarray) -> np.ndarray:
+    """``a`` as float64, through the mirror of the array it is a view of, if any."""
+    root = a
+    while isinstance(root.base, np.ndarray):
+        root = root.base
+    hit = _MIRRORS.get(id(root))
+    if hit is None or hit[0]() is not root or a.dtype != np.int64:
+        return a.astype(np.float64)
+    mirror = hit[1]
+    offset = a.__array_interface__["data"][0] - root.__array_interface__["data"][0]
+    flat = mirror.reshape(-1)[offset // 8:]
+    return np.lib.stride_tricks.as_strided(flat, a.shape, a.strides, writeable=False)
+
+
 def _gemm(a: np.ndarray, b: np.ndarray, m: int, chunk: int) -> np.ndarray:
     """``(a @ b) mod m`` by float64 GEMMs over chunks of the reduction dimension in
     which every partial sum is exact."""
     k = a.shape[-1]
-    af, bf = a.astype(np.float64), b.astype(np.float64)
+    af, bf = as_float(a), as_float(b)
     out = None
     for s in range(0, k, chunk):
         part = np.matmul(af[..., s:s + chunk], bf[..., s:s + chunk, :]).astype(np.int64) % m
@@ -120,7 +148,7 @@ def inverse(x: np.ndarray, m: int) -> tuple[np.ndarray, bool]:
     return pow_mod(x, m - 2, m), bool((x == 0).any())
 
 
-def const(value: float | int | bool, m: int) -> int:
+def const(value: float | bool, m: int) -> int:
     """The residue of an exact rational constant: a float is a dyadic rational
     ``n / 2^k``, mapped to ``n * (2^k)^-1 mod m`` (no rounding involved)."""
     from fractions import Fraction

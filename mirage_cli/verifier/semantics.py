@@ -24,18 +24,38 @@ Models (docs/verification.md derives the bound):
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from math import prod
-from typing import Any, Callable, Sequence
+from typing import Any, assert_never
 
 import numpy as np
 
 from mirage_cli.verifier import field as F
-from mirage_cli.verifier.degrees import (Stat, StatFn, inv_all, inv_divisor, inv_rows,
-                                         st_acc_rms_key, st_accumulate, st_add, st_atom,
-                                         st_concat, st_div, st_exp, st_inv_atom, st_matmul,
-                                         st_mul, st_reduce, st_rms_key, st_rms_norm,
-                                         st_same, st_softmax, st_square, st_sum_to)
+from mirage_cli.verifier.degrees import (
+    Stat,
+    StatFn,
+    inv_all,
+    inv_divisor,
+    inv_rows,
+    st_acc_rms_key,
+    st_accumulate,
+    st_add,
+    st_atom,
+    st_concat,
+    st_div,
+    st_exp,
+    st_inv_atom,
+    st_matmul,
+    st_mul,
+    st_reduce,
+    st_rms_key,
+    st_rms_norm,
+    st_same,
+    st_softmax,
+    st_square,
+    st_sum_to,
+)
 from mirage_cli.verifier.values import MODULI, FVal, TrialContext, Unsupported
 
 Attrs = dict[str, Any]
@@ -56,11 +76,11 @@ class FieldSem:
     random_fn: str | None = None
     keys_from: str = "out"
     # Field inversions it performs: (elements, degree) from operand stats and shapes.
-    inverts: "Callable[[Sequence[Stat], Sequence[Shape]], tuple[int, int]] | None" = None
+    inverts: Callable[[Sequence[Stat], Sequence[Shape]], tuple[int, int]] | None = None
     # Keys per application of the random function: "out" elements, "in" elements,
     # or "rows" (elements of the input without its last dim).
     # Degree of the random function's key, when it is not the operand itself.
-    key_stat: "StatFn | None" = None
+    key_stat: StatFn | None = None
 
 
 # ---------------------------------------------------------------------------
@@ -70,10 +90,10 @@ class FieldSem:
 Res = np.ndarray
 
 
-def lift(fn: Callable[..., Res]) -> Callable[[Sequence[FVal], int | None], FVal]:
+def lift(fn: Callable[..., Res]) -> Callable[[Sequence[FVal]], FVal]:
     """Apply ``fn(*residues, m)`` to every residue; a residue exists iff every
     operand has it."""
-    def apply(xs: Sequence[FVal], _: int | None = None) -> FVal:
+    def apply(xs: Sequence[FVal]) -> FVal:
         def part(i: int) -> Callable[[], Res | None]:
             def f() -> Res | None:
                 vs = [x.get(i) for x in xs]
@@ -240,18 +260,23 @@ def ev_accumulate(spec: Any) -> EvalFn:
             x = lift(lambda v, m: v * v % m)([x])
         if spec.combine == "max":
             assert spec.reduce != "to_width", "acc_max to a width is not an operator"
-            axes = (it, -1) if spec.reduce == "last" else (it,)
-            return multiset_max(x, axes, True, ctx)
+            return multiset_max(x, (it, -1) if spec.reduce == "last" else (it,), True, ctx)
+        axes: tuple[int, ...]
         if spec.reduce == "to_width":
             w = int(a["width"])
             x = lift(lambda v, m: _sum_groups(v, w, m))([x])
-            axes: tuple[int, ...] = (it, -2)
+            axes = (it, -2)
         else:
             axes = (it, -1) if spec.reduce == "last" else (it,)
-        if spec.finish == "id":
-            return _squeeze_groups(reduce_sum(x, axes), spec)
-        s = _squeeze_groups(mean_over(x, axes), spec)
-        return random_fn("sqrt", s, ctx) if spec.finish == "rms" else s
+        match spec.finish:
+            case "id":
+                return _squeeze_groups(reduce_sum(x, axes), spec)
+            case "mean":
+                return _squeeze_groups(mean_over(x, axes), spec)
+            case "rms":
+                return random_fn("sqrt", _squeeze_groups(mean_over(x, axes), spec), ctx)
+            case other:
+                assert_never(other)
     return ev
 
 

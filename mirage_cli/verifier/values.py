@@ -13,8 +13,8 @@ generator of exp are derived) and the flag raised when a division met a zero.
 from __future__ import annotations
 
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import numpy as np
 
@@ -43,7 +43,7 @@ class FVal:
         self._vals: list[np.ndarray | None] = [None, None, None]
 
     @staticmethod
-    def of(p: np.ndarray, q: np.ndarray | None, r: np.ndarray | None = None) -> "FVal":
+    def of(p: np.ndarray, q: np.ndarray | None, r: np.ndarray | None = None) -> FVal:
         return FVal(lambda: p, lambda: q, lambda: r)
 
     def get(self, i: int) -> np.ndarray | None:
@@ -94,7 +94,7 @@ class TrialContext:
     zero_division: list[bool] = field(default_factory=lambda: [False])
     _exp: ExpTable | None = None
 
-    def at_lead(self, lead: int) -> "TrialContext":
+    def at_lead(self, lead: int) -> TrialContext:
         return TrialContext(self.seed, self.trial, lead, self.zero_division, self._exp)
 
     def exp(self, a: np.ndarray) -> np.ndarray:

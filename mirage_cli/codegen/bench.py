@@ -1,0 +1,388 @@
+"""`mirage bench --gpu N`: correctness and speed of the fused µGraphs against the
+unfused lowering and PyTorch, measured the same way in one process (DESIGN.md §7).
+
+For each example program (``examples/*.mir``) and each batch size, the program and
+its fused µGraphs (``examples/mugraphs/<program>*.mir``) are lowered, compiled with
+NVRTC for the device, run on random inputs with NaN-poisoned outputs and checked
+against the float64 reference interpreter (relative L2 error ≤ 1e-2, no NaN). Each is
+then timed as CUDA-graph replays of calls rotating over input copies that total more
+than twice the L2 cache (median of the replays). PyTorch eager and ``torch.compile``
+of the program are timed the same way when torch is importable.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mirage_cli import interp, ops
+from mirage_cli.codegen.emit import emit
+from mirage_cli.codegen.lower import lower
+from mirage_cli.codegen.nvrtc import compile_cuda
+from mirage_cli.codegen.runner import Device, Loaded, check
+from mirage_cli.console import info
+from mirage_cli.diagnostics import MirageError
+from mirage_cli.ir import Graph
+
+TOLERANCE = 1e-2
+
+
+@dataclass
+class Check:
+    ok: bool
+    rel_err: float
+    reason: str = ""
+
+
+def compare(outs: dict[str, np.ndarray], ref: dict[str, np.ndarray], names: list[str]
+            ) -> Check:
+    """Outputs by position against the reference: rel L2 error ≤ 1e-2, no NaN."""
+    worst = 0.0
+    for name, rname in zip(names, ref):
+        o, r = outs[name].astype(np.float64), ref[rname]
+        if np.isnan(o).any():
+            bad = int(np.isnan(o).sum())
+            return Check(False, math.nan, f"{name}: {bad} of {o.size} elements NaN "
+                                          f"(unwritten or invalid)")
+        denom = float(np.linalg.norm(r))
+        err = float(np.linalg.norm(o - r)) / (denom if denom > 0 else 1.0)
+        worst = max(worst, err)
+    ok = worst <= TOLERANCE
+    return Check(ok, worst, "" if ok else f"relative L2 error {worst:.3g} > {TOLERANCE}")
+
+
+def build(dev: Device, g: Graph) -> Loaded:
+    prog = lower(g)
+    cu, _ = emit(prog)
+    compiled = compile_cuda(cu, f"{prog.name}.cu", dev.arch)
+    return dev.load(prog, compiled.cubin)
+
+
+def scaled_inputs(g: Graph, seed: int, scale: float) -> dict[str, np.ndarray]:
+    """Random normal inputs times ``scale`` (a power of two), rounded to each dtype."""
+    from mirage_cli.dtypes import round_to
+
+    ins = interp.random_inputs(g, seed)
+    return {i.value.name: round_to(i.value.type.dtype, ins[i.value.name] * scale)
+            for i in g.inputs}
+
+
+@functools.lru_cache(maxsize=8)
+def reference_outputs(g: Graph, seed: int, scale: float) -> dict[str, np.ndarray]:
+    """The float64 reference outputs of ``g`` on ``scaled_inputs(g, seed, scale)``
+    (cached: the program's reference serves every variant checked against it)."""
+    return interp.run(g, scaled_inputs(g, seed, scale), "float64")
+
+
+def input_scale(g: Graph, seed: int = 0) -> float:
+    """The largest power-of-two scale (≤ 1) of standard normal inputs on which ``g``,
+    evaluated in its own dtypes (f32 accumulation), agrees with its float64 value to
+    within a tenth of the check's tolerance. Example: exp(Q @ K) without a max
+    subtraction overflows f16 on unit-variance inputs; such inputs would test the
+    program's precision, not the generated code."""
+    scale = 1.0
+    for _ in range(8):
+        native = interp.run(g, scaled_inputs(g, seed, scale), "native")
+        exact = reference_outputs(g, seed, scale)
+        if compare(native, exact, list(g.outputs)).rel_err <= TOLERANCE / 10:
+            return scale
+        scale /= 2
+    return scale
+
+
+def check_graph(dev: Device, g: Graph, seed: int = 0, reference: Graph | None = None,
+                scale: float | None = None) -> tuple[Loaded, Check]:
+    """Compile and run ``g`` once on random inputs; compare with the float64
+    reference of ``reference`` (default ``g`` itself), inputs matched by position."""
+    ref_g = reference or g
+    if scale is None:
+        scale = input_scale(ref_g, seed)
+    loaded = build(dev, g)
+    ins = scaled_inputs(g, seed, scale)
+    # Inputs match by position: same shapes in the same order draw the same values.
+    assert [i.value.type for i in g.inputs] == [i.value.type for i in ref_g.inputs]
+    ref = reference_outputs(ref_g, seed, scale)
+    outs = loaded.run(ins)
+    return loaded, compare(outs, ref, list(g.outputs))
+
+
+def input_bytes(g: Graph) -> int:
+    return sum(i.value.type.nbytes for i in g.inputs)
+
+
+def copies_needed(dev: Device, g: Graph) -> int:
+    """Input copies whose total exceeds twice the L2 cache."""
+    return max(2, 2 * dev.l2_bytes // max(1, input_bytes(g)) + 1)
+
+
+def time_loaded(dev: Device, loaded: Loaded, g: Graph, replays: int, scale: float = 1.0
+                ) -> float:
+    """Median µs per call; calls rotate over input copies (outputs and workspace are
+    shared, as in a real model)."""
+    from mirage_cli.codegen.runner import Buffers
+
+    n = copies_needed(dev, g)
+    base = loaded.alloc()
+    extra = [{b.name: dev.alloc(b.type.nbytes) for b in loaded.prog.inputs}
+             for _ in range(n - 1)]
+    sets = [base] + [Buffers({**base.ptrs, **ptrs}, base.workspace) for ptrs in extra]
+    try:
+        for k, bufs in enumerate(sets):
+            loaded.upload_inputs(bufs, scaled_inputs(g, 1000 + k, scale))
+        dev.sync()
+        return dev.time_graph(lambda i: loaded.enqueue(sets[i % n]), max(n, 8), replays)
+    finally:
+        for ptrs in extra:
+            for p in ptrs.values():
+                dev.free(p)
+        loaded.free(base)
+
+
+def dram_bandwidth(dev: Device, nbytes: int = 1 << 30) -> float:
+    """Bytes per second of a device-to-device copy, counting bytes read and written."""
+    drv = dev.drv
+    a, b = dev.alloc(nbytes), dev.alloc(nbytes)
+    try:
+        us = dev.time_graph(lambda i: check(drv.cuMemcpyDtoDAsync(b, a, nbytes, dev.stream),
+                                            "cuMemcpyDtoDAsync"), 4, 10)
+        return 2 * nbytes / (us * 1e-6)
+    finally:
+        dev.free(a)
+        dev.free(b)
+
+
+# -- PyTorch baselines ---------------------------------------------------------------
+
+
+def torch_fn(g: Graph) -> Callable[..., Any]:
+    """The program as a PyTorch function of its inputs (pre-defined operators only)."""
+    import torch
+
+    def fn(*xs: Any) -> Any:
+        env = {i.value.name: x for i, x in zip(g.inputs, xs)}
+        for op in g.ops:
+            spec = ops.get(op.op).cuda
+            if spec.torch is None:
+                raise ValueError(f"no PyTorch form for '{op.op}'")
+            env[op.outputs[0].name] = spec.torch(torch, [env[i] for i in op.inputs],
+                                                 ops.get(op.op).attr_values(op.attrs))
+        return tuple(env[n] for n in g.outputs)
+    return fn
+
+
+def time_torch(dev: Device, g: Graph, fn: Callable[..., Any], replays: int, scale: float
+               ) -> tuple[float, Check]:
+    import torch
+
+    dt = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32}
+    n = copies_needed(dev, g)
+    calls = max(n, 8)
+    sets = []
+    for k in range(n):
+        ins = scaled_inputs(g, 1000 + k, scale)
+        sets.append([torch.from_numpy(ins[i.value.name]).to("cuda", dt[i.value.type.dtype.value])
+                     for i in g.inputs])
+    ref = reference_outputs(g, 0, scale)
+    with torch.no_grad():
+        ins0 = scaled_inputs(g, 0, scale)
+        outs = fn(*[torch.from_numpy(ins0[i.value.name]).to("cuda", dt[i.value.type.dtype.value])
+                    for i in g.inputs])
+        torch.cuda.synchronize()
+        got = {name: o.float().cpu().numpy() for name, o in zip(g.outputs, outs)}
+        chk = compare(got, ref, list(g.outputs))
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for _ in range(2):
+                fn(*sets[0])
+        torch.cuda.current_stream().wait_stream(s)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for i in range(calls):
+                fn(*sets[i % n])
+        for _ in range(3):
+            graph.replay()
+        torch.cuda.synchronize()
+        times = []
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        for _ in range(replays):
+            start.record()
+            graph.replay()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) * 1000.0 / calls)
+    del graph, sets
+    return statistics.median(times), chk
+
+
+# -- the benchmark ---------------------------------------------------------------------
+
+
+@dataclass
+class Row:
+    benchmark: str
+    batch: int
+    variant: str
+    us: float | None
+    ok: bool
+    rel_err: float | None
+    reason: str = ""
+    floor_us: float = 0.0
+    baselines: dict[str, float | None] = field(default_factory=dict)
+
+
+def discover(root: Path) -> list[tuple[Path, list[Path]]]:
+    """Example programs and their fused µGraphs, by file name."""
+    out = []
+    for prog in sorted((root / "examples").glob("*.mir")):
+        fused = sorted(p for p in (root / "examples" / "mugraphs").glob(f"{prog.stem}*.mir")
+                       if p.stem == f"{prog.stem}_fused" or p.stem.startswith(f"{prog.stem}_fused"))
+        out.append((prog, fused))
+    return out
+
+
+def _measure(dev: Device, label: str, g: Graph, ref: Graph, replays: int, scale: float
+             ) -> tuple[float | None, Check]:
+    try:
+        loaded, chk = check_graph(dev, g, seed=0, reference=ref, scale=scale)
+    except Exception as e:  # noqa: BLE001 - reported in the table, never hidden
+        return None, Check(False, math.nan, f"{type(e).__name__}: {e}")
+    try:
+        us = time_loaded(dev, loaded, g, replays, scale) if chk.ok else None
+    finally:
+        loaded.unload()
+    info(f"  {label}: {'ok' if chk.ok else 'FAIL ' + chk.reason} rel_err={chk.rel_err:.2e}"
+         + (f" {us:.1f} us" if us is not None else ""))
+    return us, chk
+
+
+def run_bench(dev: Device, pairs: list[tuple[Path, list[Path]]], batches: tuple[int, ...],
+              replays: int = 30, use_torch: bool = True, use_compile: bool = True,
+              load: Callable[[Path, dict[str, int]], Graph] | None = None) -> list[Row]:
+    from mirage_cli.loading import load_graph
+
+    load = load or (lambda p, d: load_graph(str(p), d))
+    bw = dram_bandwidth(dev)
+    info(f"device {dev.name} ({dev.arch}), L2 {dev.l2_bytes >> 20} MiB, "
+         f"copy bandwidth {bw / 1e9:.0f} GB/s")
+    rows: list[Row] = []
+    torch_ok = use_torch and _torch_available()
+    for prog_path, fused_paths in pairs:
+        for batch in batches:
+            defines = {"batch": batch}
+            prog = load(prog_path, defines)
+            floor = (input_bytes(prog) + sum(prog.tensor_types()[n].nbytes
+                                             for n in prog.outputs)) / bw * 1e6
+            scale = input_scale(prog)
+            info(f"{prog.name} batch={batch} (memory floor {floor:.1f} us, input scale {scale})")
+            base: dict[str, float | None] = {}
+            base_chk: dict[str, Check] = {}
+            base["unfused"], base_chk["unfused"] = _measure(dev, "unfused", prog, prog, replays,
+                                                            scale)
+            if torch_ok:
+                base["eager"], base_chk["eager"] = _torch_baseline(dev, prog, False, replays,
+                                                                   scale)
+                if use_compile:
+                    base["compile"], base_chk["compile"] = _torch_baseline(dev, prog, True,
+                                                                           replays, scale)
+            for bname, chk in base_chk.items():
+                if not chk.ok:
+                    rows.append(Row(prog.name, batch, f"baseline {bname}", base[bname], False,
+                                    chk.rel_err, chk.reason, floor))
+            for fp in fused_paths:
+                try:
+                    g = load(fp, defines)
+                except MirageError as e:
+                    # The µGraph's fixed grid does not tile this batch: rejected with a
+                    # diagnostic, reported as not applicable (not as a wrong result).
+                    rows.append(Row(prog.name, batch, fp.stem, None, True, None,
+                                    "n/a: " + e.message, floor, dict(base)))
+                    info(f"  {fp.stem}: n/a at batch {batch}: {e.message}")
+                    continue
+                us, chk = _measure(dev, fp.stem, g, prog, replays, scale)
+                rows.append(Row(prog.name, batch, fp.stem, us, chk.ok, chk.rel_err, chk.reason,
+                                floor, dict(base)))
+            if not fused_paths:
+                rows.append(Row(prog.name, batch, "(no fused µGraph)", None, True, None, "",
+                                floor, dict(base)))
+    return rows
+
+
+def _torch_available() -> bool:
+    try:
+        import torch
+        return bool(torch.cuda.is_available())
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def _torch_baseline(dev: Device, g: Graph, compiled: bool, replays: int, scale: float
+                    ) -> tuple[float | None, Check]:
+    import torch
+
+    label = "torch.compile" if compiled else "eager"
+    try:
+        fn = torch_fn(g)
+        if compiled:
+            t0 = time.perf_counter()
+            fn = torch.compile(fn, dynamic=False)
+            info("  torch.compile ... ")
+            us, chk = time_torch(dev, g, fn, replays, scale)
+            info(f"  ({time.perf_counter() - t0:.0f} s with compilation)")
+        else:
+            us, chk = time_torch(dev, g, fn, replays, scale)
+    except Exception as e:  # noqa: BLE001 - a missing baseline is reported, not fatal
+        info(f"  {label}: unavailable ({type(e).__name__}: {str(e)[:200]})")
+        return None, Check(True, math.nan, f"unavailable: {type(e).__name__}")
+    info(f"  {label}: {us:.1f} us rel_err={chk.rel_err:.2e}")
+    return (us if chk.ok else None), chk
+
+
+def rows_json(dev: Device, rows: list[Row], command: str, bw: float | None = None
+              ) -> dict[str, Any]:
+    return {"device": dev.name, "arch": dev.arch, "command": command,
+            "rows": [asdict(r) for r in rows]}
+
+
+def markdown(doc: dict[str, Any]) -> str:
+    """The results of :func:`rows_json` as a Markdown table (for docs/perf.md)."""
+    def us(v: Any) -> str:
+        return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.1f}"
+
+    def x(base: Any, v: Any) -> str:
+        return "-" if base is None or v is None else f"{base / v:.2f}×"
+
+    lines = [("| benchmark | batch | µGraph | fused µs | unfused µs | eager µs | compile µs | "
+              "floor µs | vs unfused | vs eager | vs compile | % of floor | rel err |"),
+             "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in doc["rows"]:
+        b = r["baselines"]
+        variant = r["variant"] if r["ok"] and not r["reason"] else (
+            f"{r['variant']} ({r['reason']})" if r["ok"] else f"{r['variant']} FAIL: {r['reason']}")
+        pct = "-" if r["us"] is None else f"{100 * r['floor_us'] / r['us']:.0f}%"
+        err = "-" if r["rel_err"] is None or math.isnan(r["rel_err"]) else f"{r['rel_err']:.1e}"
+        lines.append(f"| {r['benchmark']} | {r['batch']} | {variant} | {us(r['us'])} | "
+                     f"{us(b.get('unfused'))} | {us(b.get('eager'))} | {us(b.get('compile'))} | "
+                     f"{r['floor_us']:.1f} | {x(b.get('unfused'), r['us'])} | "
+                     f"{x(b.get('eager'), r['us'])} | {x(b.get('compile'), r['us'])} | {pct} | {err} |")
+    return "\n".join(lines) + "\n"
+
+
+def run_on_gpu(g: Graph, inputs: dict[str, np.ndarray], ordinal: int = 0
+               ) -> dict[str, np.ndarray]:
+    """``mirage run --gpu N``: lower, compile for the device, run once (outputs
+    poisoned first); the outputs as float32 arrays by name."""
+    dev = Device(ordinal)
+    loaded = build(dev, g)
+    try:
+        return loaded.run(inputs)
+    finally:
+        loaded.unload()

@@ -1,0 +1,280 @@
+"""The expression engine: C code that computes one element of a tensor.
+
+Both kernel lowerings (fused block graphs and standalone kernel operators) describe
+their tensors as :class:`Node` s. A node is either *stored* (an element is a load from
+a pointer at an offset computed from strides) or *inline* (an operator applied to
+other nodes, recomputed wherever it is read: the thread level, registers only).
+:meth:`Emitter.value` returns the statements and the f32 C expression of the element
+at a given index; what each operator computes comes from its registry ``cuda`` slot.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import assert_never
+
+from mirage_cli import ops
+from mirage_cli.codegen.cudaspec import c_float
+from mirage_cli.ir import AttrValue, DType
+
+Lines = list[str]
+
+CTYPE = {DType.F16: "mg_f16", DType.BF16: "mg_bf16", DType.F32: "float"}
+
+
+def row_major(shape: Sequence[int]) -> tuple[int, ...]:
+    strides, acc = [], 1
+    for d in reversed(shape):
+        strides.append(acc)
+        acc *= d
+    return tuple(reversed(strides))
+
+
+def numel(shape: Sequence[int]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def offset_expr(base: str, idx: Sequence[str], strides: Sequence[int]) -> str:
+    """``base + sum(idx[d] * strides[d])`` with trivial terms dropped."""
+    terms = [] if base == "0" else [base]
+    for i, s in zip(idx, strides):
+        if i == "0" or s == 0:
+            continue
+        terms.append(i if s == 1 else f"{i} * {s}")
+    return " + ".join(terms) if terms else "0"
+
+
+def broadcast_index(idx: Sequence[str], shape: Sequence[int]) -> list[str]:
+    """The index into an operand of ``shape`` that numpy broadcasting reads for output
+    index ``idx`` (ranks aligned on the right; size-1 dimensions read index 0)."""
+    lead = len(idx) - len(shape)
+    return ["0" if d == 1 else idx[lead + k] for k, d in enumerate(shape)]
+
+
+def indent(lines: Lines, n: int = 1) -> Lines:
+    return ["  " * n + ln for ln in lines]
+
+
+@dataclass(frozen=True)
+class Stored:
+    """Elements live in memory: ``ptr[base + sum(i*stride)]`` of C type ``ctype``."""
+
+    ptr: str
+    base: str
+    strides: tuple[int, ...]
+    ctype: str
+
+
+@dataclass(frozen=True)
+class Inline:
+    """Elements are computed by operator ``op`` from other nodes when read."""
+
+    op: str
+    inputs: tuple[str, ...]
+    attrs: dict[str, AttrValue]
+
+
+@dataclass(frozen=True)
+class Node:
+    shape: tuple[int, ...]
+    how: Stored | Inline
+
+
+def attr_c(v: AttrValue) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        return c_float(v)
+    raise ValueError(f"attribute {v!r} has no C form")
+
+
+class Emitter:
+    """Holds the nodes of one kernel and hands out fresh local names."""
+
+    def __init__(self) -> None:
+        self.nodes: dict[str, Node] = {}
+        self._n = 0
+
+    def fresh(self, prefix: str = "v") -> str:
+        self._n += 1
+        return f"{prefix}{self._n}"
+
+    def load(self, name: str, idx: Sequence[str]) -> str:
+        how = self.nodes[name].how
+        assert isinstance(how, Stored)
+        ref = f"{how.ptr}[{offset_expr(how.base, idx, how.strides)}]"
+        return ref if how.ctype == "float" else f"mg_ld({ref})"
+
+    def value(self, name: str, idx: Sequence[str]) -> tuple[Lines, str]:
+        """Statements and an f32 expression for element ``idx`` of tensor ``name``."""
+        node = self.nodes[name]
+        match node.how:
+            case Stored():
+                return [], self.load(name, idx)
+            case Inline(op=op, inputs=inputs, attrs=attrs):
+                lines, e = self._inline(op, inputs, attrs, node.shape, list(idx))
+                v = self.fresh()
+                return lines + [f"const float {v} = {e};"], v
+            case _:
+                assert_never(node.how)
+
+    def _operand(self, name: str, idx: Sequence[str], lines: Lines) -> str:
+        st, e = self.value(name, idx)
+        lines.extend(st)
+        return e
+
+    def _inline(self, op: str, inputs: tuple[str, ...], attrs: dict[str, AttrValue],
+                shape: tuple[int, ...], idx: list[str]) -> tuple[Lines, str]:
+        spec = ops.get(op).cuda
+        lines: Lines = []
+        shapes = [self.nodes[i].shape for i in inputs]
+        match spec.kind:
+            case "elementwise":
+                args = []
+                for i, s in zip(inputs, shapes):
+                    e = self._operand(i, broadcast_index(idx, s), lines)
+                    if not e.isidentifier():
+                        v = self.fresh()
+                        lines.append(f"const float {v} = {e};")
+                        e = v
+                    args.append(e)
+                assert spec.expr is not None
+                return lines, spec.expr.format(*args, **{k: attr_c(v) for k, v in attrs.items()})
+            case "matmul":
+                return self._matmul(inputs, shapes, idx)
+            case "reduce":
+                return self._reduce(inputs[0], shapes[0], idx, int(attrs["dim"]),
+                                    bool(attrs.get("keepdim", False)), spec.combine or "sum",
+                                    spec.finish)
+            case "rms":
+                return self._rms(inputs[0], shapes[0], idx, float(attrs.get("eps", 0.0)))
+            case "rms_norm":
+                ln, r = self._rms(inputs[0], shapes[0], idx[:-1] + ["0"],
+                                  float(attrs.get("eps", 0.0)))
+                x = self._operand(inputs[0], idx, ln)
+                e = f"({x} / {r})"
+                if len(inputs) == 2:
+                    e = f"({e} * {self._operand(inputs[1], broadcast_index(idx, shapes[1]), ln)})"
+                return ln, e
+            case "softmax":
+                return self._softmax(inputs[0], shapes[0], idx, int(attrs["dim"]))
+            case "concat":
+                return self._concat(inputs, shapes, idx, int(attrs["dim"]))
+            case "sum_to":
+                return self._sum_to(inputs[0], shapes[0], idx, int(attrs["width"]))
+            case "accum" | "custom":
+                raise AssertionError(f"{op} cannot be computed inline")
+            case _:
+                assert_never(spec.kind)
+
+    def _matmul(self, inputs: tuple[str, ...], shapes: list[tuple[int, ...]],
+                idx: list[str]) -> tuple[Lines, str]:
+        (a, b), (sa, sb) = inputs, shapes
+        k, acc = self.fresh("k"), self.fresh("acc")
+        body: Lines = []
+        ia = broadcast_index(idx[:-2], sa[:-2]) + [idx[-2], k]
+        ib = broadcast_index(idx[:-2], sb[:-2]) + [k, idx[-1]]
+        x = self._operand(a, ia, body)
+        y = self._operand(b, ib, body)
+        body.append(f"{acc} = fmaf({x}, {y}, {acc});")
+        lines = [f"float {acc} = 0.0f;", "#pragma unroll 4",
+                 f"for (int {k} = 0; {k} < {sa[-1]}; ++{k}) {{"] + indent(body) + ["}"]
+        return lines, acc
+
+    def _reduce(self, x: str, sx: tuple[int, ...], idx: list[str], dim: int, keepdim: bool,
+                combine: str, finish: str) -> tuple[Lines, str]:
+        k, acc = self.fresh("k"), self.fresh("acc")
+        inner = idx[:dim] + [k] + (idx[dim + 1:] if keepdim else idx[dim:])
+        body: Lines = []
+        e = self._operand(x, inner, body)
+        init = "0.0f" if combine == "sum" else "__int_as_float(0xff800000)"
+        body.append(f"{acc} += {e};" if combine == "sum" else f"{acc} = fmaxf({acc}, {e});")
+        lines = [f"float {acc} = {init};", f"for (int {k} = 0; {k} < {sx[dim]}; ++{k}) {{"]
+        lines += indent(body) + ["}"]
+        if finish == "mean":
+            return lines, f"({acc} / {c_float(float(sx[dim]))})"
+        return lines, acc
+
+    def _rms(self, x: str, sx: tuple[int, ...], idx: list[str], eps: float
+             ) -> tuple[Lines, str]:
+        k, acc = self.fresh("k"), self.fresh("acc")
+        body: Lines = []
+        e = self._operand(x, idx[:-1] + [k], body)
+        t = self.fresh()
+        body += [f"const float {t} = {e};", f"{acc} = fmaf({t}, {t}, {acc});"]
+        lines = [f"float {acc} = 0.0f;", f"for (int {k} = 0; {k} < {sx[-1]}; ++{k}) {{"]
+        lines += indent(body) + ["}"]
+        return lines, f"sqrtf({acc} / {c_float(float(sx[-1]))} + {c_float(eps)})"
+
+    def _softmax(self, x: str, sx: tuple[int, ...], idx: list[str], dim: int
+                 ) -> tuple[Lines, str]:
+        m, s = self.fresh("mx"), self.fresh("se")
+        k1, k2 = self.fresh("k"), self.fresh("k")
+        b1: Lines = []
+        e1 = self._operand(x, idx[:dim] + [k1] + idx[dim + 1:], b1)
+        b2: Lines = []
+        e2 = self._operand(x, idx[:dim] + [k2] + idx[dim + 1:], b2)
+        lines = [f"float {m} = __int_as_float(0xff800000);",
+                 f"for (int {k1} = 0; {k1} < {sx[dim]}; ++{k1}) {{"]
+        lines += indent(b1 + [f"{m} = fmaxf({m}, {e1});"]) + ["}", f"float {s} = 0.0f;",
+                                                               f"for (int {k2} = 0; {k2} < {sx[dim]}; ++{k2}) {{"]
+        lines += indent(b2 + [f"{s} += expf({e2} - {m});"]) + ["}"]
+        e = self._operand(x, idx, lines)
+        return lines, f"(expf({e} - {m}) / {s})"
+
+    def _concat(self, inputs: tuple[str, ...], shapes: list[tuple[int, ...]], idx: list[str],
+                dim: int) -> tuple[Lines, str]:
+        (a, b), (sa, _) = inputs, shapes
+        v = self.fresh()
+        la: Lines = []
+        ea = self._operand(a, idx, la)
+        ib = list(idx)
+        ib[dim] = f"({idx[dim]} - {sa[dim]})"
+        lb: Lines = []
+        eb = self._operand(b, ib, lb)
+        lines = [f"float {v};", f"if ({idx[dim]} < {sa[dim]}) {{"] + indent(la + [f"{v} = {ea};"])
+        lines += ["} else {"] + indent(lb + [f"{v} = {eb};"]) + ["}"]
+        return lines, v
+
+    def _sum_to(self, x: str, sx: tuple[int, ...], idx: list[str], width: int
+                ) -> tuple[Lines, str]:
+        g, acc = self.fresh("g"), self.fresh("acc")
+        body: Lines = []
+        e = self._operand(x, idx[:-1] + [f"({g} * {width} + {idx[-1]})"], body)
+        body.append(f"{acc} += {e};")
+        lines = [f"float {acc} = 0.0f;", f"for (int {g} = 0; {g} < {sx[-1] // width}; ++{g}) {{"]
+        return lines + indent(body) + ["}"], acc
+
+
+def index_vars(shape: Sequence[int], flat: str, prefix: str) -> tuple[Lines, list[str]]:
+    """Declarations that split the flat row-major index ``flat`` into one variable per
+    dimension (size-1 dimensions become the constant 0)."""
+    strides = row_major(shape)
+    lines: Lines = []
+    names: list[str] = []
+    for d, (n, s) in enumerate(zip(shape, strides)):
+        if n == 1:
+            names.append("0")
+            continue
+        v = f"{prefix}{d}"
+        e = flat if s == 1 else f"{flat} / {s}"
+        if d > 0 and numel(shape[:d]) > 1:
+            e = f"({e}) % {n}"
+        lines.append(f"const int {v} = {e};")
+        names.append(v)
+    return lines, names
+
+
+def keep_used(decl: Lines, body: Lines) -> Lines:
+    """The index declarations that ``body`` refers to (the others would be unused
+    variables, which nvcc warns about)."""
+    import re
+
+    text = "\n".join(body)
+    return [d for d in decl if re.search(r"\b" + d.split()[2] + r"\b", text)]

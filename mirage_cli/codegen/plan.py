@@ -1,0 +1,92 @@
+"""The lowered program: kernels with their launch sequence, as plain data.
+
+:mod:`mirage_cli.codegen.lower` produces a :class:`Program`; :mod:`emit` renders it
+as CUDA C++ (device code and host launcher) and :mod:`runner` executes the same
+launch sequence through the driver API, so both agree by construction.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from mirage_cli.ir import TensorType
+
+
+@dataclass(frozen=True)
+class Param:
+    """A kernel parameter: C type and name, bound to ``arg`` at launch.
+
+    ``arg`` names a device tensor of the program, or ``"$scratch"`` for the kernel's
+    per-block scratch area in the workspace."""
+
+    ctype: str
+    name: str
+    arg: str
+
+
+@dataclass(frozen=True)
+class Kernel:
+    name: str
+    params: tuple[Param, ...]
+    body: tuple[str, ...]
+    threads: int
+    grid: tuple[int, int, int]
+    smem_bytes: int
+    scratch_bytes: int
+    comment: str
+
+
+@dataclass(frozen=True)
+class Buffer:
+    """Where a device tensor lives: an argument of the entry point or the workspace."""
+
+    name: str
+    type: TensorType
+    kind: Literal["input", "output", "workspace"]
+    index: int  # position among inputs/outputs, or byte offset in the workspace
+
+
+@dataclass(frozen=True)
+class Launch:
+    kernel: str
+    scratch_offset: int  # byte offset of the kernel's scratch in the workspace
+
+
+@dataclass(frozen=True)
+class Copy:
+    """A device-to-device copy (an output that is also an input or another output)."""
+
+    dst: str
+    src: str
+    nbytes: int
+
+
+@dataclass(frozen=True)
+class Program:
+    name: str
+    inputs: tuple[Buffer, ...]
+    outputs: tuple[Buffer, ...]
+    temps: tuple[Buffer, ...]
+    kernels: tuple[Kernel, ...]
+    steps: tuple[Launch | Copy, ...]
+    workspace_bytes: int
+
+    def buffer(self, name: str) -> Buffer:
+        for b in self.inputs + self.outputs + self.temps:
+            if b.name == name:
+                return b
+        raise KeyError(name)
+
+    def kernel(self, name: str) -> Kernel:
+        for k in self.kernels:
+            if k.name == name:
+                return k
+        raise KeyError(name)
+
+
+ALIGN = 256
+
+
+def align(n: int, a: int = ALIGN) -> int:
+    return (n + a - 1) // a * a

@@ -1,0 +1,268 @@
+"""The GPU runner: executes a lowered program's cubin through the CUDA driver API
+(cuda-python), with the same launch sequence as the generated host launcher.
+
+- :class:`Device` owns a context and a stream; :meth:`Device.load` loads a cubin;
+- :class:`Loaded` allocates inputs, outputs and workspace, copies, launches,
+  poisons outputs with NaN, reads results back, and times calls as CUDA-graph
+  replays (DESIGN.md §7).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import statistics
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from mirage_cli.codegen.plan import Copy, Launch, Program
+from mirage_cli.diagnostics import MirageError
+from mirage_cli.dtypes import round_to
+from mirage_cli.ir import DType, TensorType
+
+
+def _driver() -> Any:
+    try:
+        from cuda.bindings import driver
+    except ImportError:
+        try:
+            from cuda import cuda as driver  # type: ignore[no-redef]
+        except ImportError:
+            raise MirageError("the CUDA driver bindings are not installed (pip install "
+                              "'mirage-cli[cuda12]' or '[cuda13]')") from None
+    return driver
+
+
+def gpu_available() -> bool:
+    """Whether a CUDA device can be opened (used to skip GPU tests)."""
+    try:
+        drv = _driver()
+        (err,) = drv.cuInit(0)
+        if int(err) != 0:
+            return False
+        err, n = drv.cuDeviceGetCount()
+        return int(err) == 0 and n > 0
+    except Exception:  # noqa: BLE001 - any failure means: no usable GPU here
+        return False
+
+
+def check(res: Any, what: str) -> Any:
+    """Unpack a driver call's (err, value...) tuple, raising on error."""
+    drv = _driver()
+    if isinstance(res, tuple):
+        err, rest = res[0], res[1:]
+    else:
+        err, rest = res, ()
+    if int(err) != 0:
+        _, name = drv.cuGetErrorName(err)
+        raise RuntimeError(f"{what} failed: {name.decode() if isinstance(name, bytes) else name}")
+    if not rest:
+        return None
+    return rest[0] if len(rest) == 1 else rest
+
+
+NAN_BITS = {DType.F16: 0x7E00, DType.BF16: 0x7FC0, DType.F32: 0x7FC00000}
+
+
+def to_device_bytes(t: TensorType, x: np.ndarray) -> np.ndarray:
+    """Host array in the device layout of ``t`` (f16 / bf16 bits / f32)."""
+    x32 = round_to(t.dtype, np.asarray(x, dtype=np.float32))
+    if t.dtype is DType.F16:
+        return np.ascontiguousarray(x32.astype(np.float16))
+    if t.dtype is DType.BF16:
+        return np.ascontiguousarray((x32.view(np.uint32) >> 16).astype(np.uint16))
+    return np.ascontiguousarray(x32)
+
+
+def from_device_bytes(t: TensorType, raw: np.ndarray) -> np.ndarray:
+    if t.dtype is DType.F16:
+        return raw.view(np.float16).astype(np.float32).reshape(t.shape)
+    if t.dtype is DType.BF16:
+        return (raw.view(np.uint16).astype(np.uint32) << 16).view(np.float32).reshape(t.shape)
+    return raw.view(np.float32).reshape(t.shape).copy()
+
+
+class Device:
+    def __init__(self, ordinal: int = 0) -> None:
+        self.drv = drv = _driver()
+        try:
+            check(drv.cuInit(0), "cuInit")
+        except Exception as e:  # noqa: BLE001 - no driver library or no device
+            raise MirageError(f"no usable CUDA GPU here ({type(e).__name__}: "
+                              f"{str(e).splitlines()[0] if str(e) else e})") from None
+        n = check(drv.cuDeviceGetCount(), "cuDeviceGetCount")
+        if not 0 <= ordinal < n:
+            raise MirageError(f"--gpu {ordinal}: no such device ({n} present)")
+        self.dev = check(drv.cuDeviceGet(ordinal), "cuDeviceGet")
+        self.ctx = check(drv.cuDevicePrimaryCtxRetain(self.dev), "cuDevicePrimaryCtxRetain")
+        check(drv.cuCtxSetCurrent(self.ctx), "cuCtxSetCurrent")
+        self.stream = check(drv.cuStreamCreate(1), "cuStreamCreate")  # non-blocking
+        name = check(drv.cuDeviceGetName(256, self.dev), "cuDeviceGetName")
+        self.name = name.split(b"\x00")[0].decode()
+        attr = drv.CUdevice_attribute
+        self.cc = (check(drv.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR,
+                                                   self.dev), "attr"),
+                   check(drv.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
+                                                   self.dev), "attr"))
+        self.l2_bytes = check(drv.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE,
+                                                       self.dev), "attr")
+
+    @property
+    def arch(self) -> str:
+        return f"sm_{self.cc[0]}{self.cc[1]}"
+
+    def alloc(self, nbytes: int) -> int:
+        return int(check(self.drv.cuMemAlloc(max(nbytes, 16)), "cuMemAlloc"))
+
+    def free(self, ptr: int) -> None:
+        check(self.drv.cuMemFree(ptr), "cuMemFree")
+
+    def upload(self, ptr: int, host: np.ndarray) -> None:
+        check(self.drv.cuMemcpyHtoD(ptr, host.ctypes.data, host.nbytes), "cuMemcpyHtoD")
+
+    def download(self, ptr: int, nbytes: int) -> np.ndarray:
+        out = np.empty(nbytes, dtype=np.uint8)
+        self.sync()
+        check(self.drv.cuMemcpyDtoH(out.ctypes.data, ptr, nbytes), "cuMemcpyDtoH")
+        return out
+
+    def poison(self, ptr: int, t: TensorType) -> None:
+        bits = NAN_BITS[t.dtype]
+        if t.dtype is DType.F32:
+            check(self.drv.cuMemsetD32Async(ptr, bits, t.numel, self.stream), "cuMemsetD32")
+        else:
+            check(self.drv.cuMemsetD16Async(ptr, bits, t.numel, self.stream), "cuMemsetD16")
+
+    def sync(self) -> None:
+        check(self.drv.cuStreamSynchronize(self.stream), "cuStreamSynchronize")
+
+    def load(self, prog: Program, cubin: bytes) -> Loaded:
+        return Loaded(self, prog, cubin)
+
+    def time_graph(self, record: Any, calls: int, replays: int = 30) -> float:
+        """Median µs per call: ``record(i)`` enqueues call ``i`` on the stream;
+        ``calls`` of them are captured in one CUDA graph, replayed ``replays`` times."""
+        drv = self.drv
+        check(drv.cuStreamBeginCapture(self.stream,
+                                       drv.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
+              "cuStreamBeginCapture")
+        for i in range(calls):
+            record(i)
+        graph = check(drv.cuStreamEndCapture(self.stream), "cuStreamEndCapture")
+        exe = check(drv.cuGraphInstantiate(graph, 0), "cuGraphInstantiate")
+        start = check(drv.cuEventCreate(0), "cuEventCreate")
+        end = check(drv.cuEventCreate(0), "cuEventCreate")
+        try:
+            for _ in range(3):
+                check(drv.cuGraphLaunch(exe, self.stream), "cuGraphLaunch")
+            self.sync()
+            times = []
+            for _ in range(replays):
+                check(drv.cuEventRecord(start, self.stream), "cuEventRecord")
+                check(drv.cuGraphLaunch(exe, self.stream), "cuGraphLaunch")
+                check(drv.cuEventRecord(end, self.stream), "cuEventRecord")
+                check(drv.cuEventSynchronize(end), "cuEventSynchronize")
+                ms = check(drv.cuEventElapsedTime(start, end), "cuEventElapsedTime")
+                times.append(ms * 1000.0 / calls)
+            return statistics.median(times)
+        finally:
+            drv.cuEventDestroy(start)
+            drv.cuEventDestroy(end)
+            drv.cuGraphExecDestroy(exe)
+            drv.cuGraphDestroy(graph)
+
+
+def out_key(name: str) -> str:
+    return "\0out:" + name
+
+
+@dataclass
+class Buffers:
+    ptrs: dict[str, int]
+    workspace: int
+
+
+class Loaded:
+    """A program's module on a device."""
+
+    def __init__(self, device: Device, prog: Program, cubin: bytes) -> None:
+        self.d = device
+        self.prog = prog
+        drv = device.drv
+        self._cubin = cubin  # keep the image alive while the module is loaded
+        self.module = check(drv.cuModuleLoadData(cubin), "cuModuleLoadData")
+        self.funcs: dict[str, Any] = {}
+        for k in prog.kernels:
+            f = check(drv.cuModuleGetFunction(self.module, k.name.encode()), "cuModuleGetFunction")
+            if k.smem_bytes > 48 * 1024:
+                check(drv.cuFuncSetAttribute(
+                    f, drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    k.smem_bytes), "cuFuncSetAttribute")
+            self.funcs[k.name] = f
+
+    def alloc(self) -> Buffers:
+        """Device memory for inputs (keyed by name), outputs (keyed ``out_key(name)``:
+        an output may also be an input) and the workspace."""
+        ptrs = {b.name: self.d.alloc(b.type.nbytes) for b in self.prog.inputs}
+        ptrs.update({out_key(b.name): self.d.alloc(b.type.nbytes) for b in self.prog.outputs})
+        return Buffers(ptrs, self.d.alloc(self.prog.workspace_bytes))
+
+    def pointer(self, bufs: Buffers, name: str) -> int:
+        """Where a kernel reads or writes device tensor ``name``."""
+        if name in bufs.ptrs:  # an input (kernels never write inputs)
+            return bufs.ptrs[name]
+        if out_key(name) in bufs.ptrs:
+            return bufs.ptrs[out_key(name)]
+        return bufs.workspace + self.prog.buffer(name).index
+
+    def free(self, bufs: Buffers) -> None:
+        for p in bufs.ptrs.values():
+            self.d.free(p)
+        self.d.free(bufs.workspace)
+
+    def upload_inputs(self, bufs: Buffers, inputs: Mapping[str, np.ndarray]) -> None:
+        for b in self.prog.inputs:
+            self.d.upload(bufs.ptrs[b.name], to_device_bytes(b.type, inputs[b.name]))
+
+    def enqueue(self, bufs: Buffers) -> None:
+        """Launch every step on the device's stream (asynchronous)."""
+        drv = self.d.drv
+        for s in self.prog.steps:
+            if isinstance(s, Copy):
+                check(drv.cuMemcpyDtoDAsync(bufs.ptrs[out_key(s.dst)], bufs.ptrs[s.src], s.nbytes,
+                                            self.d.stream), "cuMemcpyDtoDAsync")
+                continue
+            assert isinstance(s, Launch)
+            k = self.prog.kernel(s.kernel)
+            vals = []
+            for p in k.params:
+                if p.arg == "$scratch":
+                    vals.append(bufs.workspace + s.scratch_offset)
+                else:
+                    vals.append(self.pointer(bufs, p.arg))
+            cells = [ctypes.c_void_p(v) for v in vals]
+            argv = (ctypes.c_void_p * len(cells))(*[ctypes.addressof(c) for c in cells])
+            check(drv.cuLaunchKernel(self.funcs[k.name], *k.grid, k.threads, 1, 1, k.smem_bytes,
+                                     self.d.stream, ctypes.addressof(argv), 0), "cuLaunchKernel")
+
+    def run(self, inputs: Mapping[str, np.ndarray], bufs: Buffers | None = None
+            ) -> dict[str, np.ndarray]:
+        """Upload, poison outputs, launch once, read back every output as float32."""
+        own = bufs is None
+        bufs = bufs or self.alloc()
+        try:
+            self.upload_inputs(bufs, inputs)
+            for b in self.prog.outputs:
+                self.d.poison(bufs.ptrs[out_key(b.name)], b.type)
+            self.enqueue(bufs)
+            self.d.sync()
+            return {b.name: from_device_bytes(b.type, self.d.download(
+                bufs.ptrs[out_key(b.name)], b.type.nbytes)) for b in self.prog.outputs}
+        finally:
+            if own:
+                self.free(bufs)
+
+    def unload(self) -> None:
+        check(self.d.drv.cuModuleUnload(self.module), "cuModuleUnload")

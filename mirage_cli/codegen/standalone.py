@@ -1,0 +1,270 @@
+"""Lowering of pre-defined kernel operators to standalone kernels (one per operator).
+
+This is the unfused lowering: what a compiler that picks one library-style kernel
+per operator produces, and the baseline the fused µGraphs are measured against.
+
+- ``matmul``: a tiled kernel (64×64 output tile per block of 256 threads, 4×4 outputs
+  per thread, 16-deep K slices staged in shared memory, f32 accumulation, bounds
+  checks for any shape, batch dimensions broadcast);
+- ``rms_norm`` and ``softmax``: one warp per row, warp-shuffle reductions;
+- everything else (element-wise with broadcasting, reductions over a dimension,
+  ``rms``, ``concat``): one thread per output element, grid-stride loop, the element
+  computed by the expression engine from the registry's ``cuda`` slot.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import assert_never
+
+from mirage_cli import ops
+from mirage_cli.check import check_block, tile_type
+from mirage_cli.codegen import templates
+from mirage_cli.codegen.cudaspec import c_float
+from mirage_cli.codegen.expr import (
+    CTYPE,
+    Emitter,
+    Inline,
+    Node,
+    Stored,
+    indent,
+    index_vars,
+    keep_used,
+    numel,
+    offset_expr,
+    row_major,
+)
+from mirage_cli.codegen.plan import Kernel, Param
+from mirage_cli.ir import (
+    AxisMap,
+    BlockGraph,
+    BlockInput,
+    BlockOp,
+    BlockOutput,
+    DType,
+    KernelOp,
+    TensorType,
+    Value,
+)
+from mirage_cli.ops import infer_matmul
+
+ELEM_THREADS = 256
+ROW_WARPS = 8
+MAX_GRID = 65535
+
+
+def _params(kop: KernelOp, types: dict[str, TensorType]) -> tuple[Param, ...]:
+    ps = [Param("const " + CTYPE[types[n].dtype] + "* __restrict__", f"p{i}", n)
+          for i, n in enumerate(dict.fromkeys(kop.inputs))]
+    out = kop.outputs[0]
+    ps.append(Param(CTYPE[out.type.dtype] + "* __restrict__", f"p{len(ps)}", out.name))
+    return tuple(ps)
+
+
+def _emitter(kop: KernelOp, types: dict[str, TensorType], params: tuple[Param, ...]) -> Emitter:
+    em = Emitter()
+    for p in params[:-1]:
+        t = types[p.arg]
+        em.nodes[p.arg] = Node(t.shape, Stored(p.name, "0", row_major(t.shape), CTYPE[t.dtype]))
+    return em
+
+
+def lower_kernel_op(kop: KernelOp, name: str, types: dict[str, TensorType]) -> Kernel:
+    spec = ops.get(kop.op).cuda
+    match spec.kind:
+        case "matmul":
+            return _matmul(kop, name, types)
+        case "rms_norm" | "softmax":
+            return _rows(kop, name, types)
+        case "reduce" | "rms" if _warp_reduce_fits(kop, types):
+            return _warp_reduce(kop, name, types)
+        case "elementwise" | "reduce" | "rms" | "concat" | "sum_to":
+            return _per_element(kop, name, types)
+        case "accum" | "custom":
+            raise AssertionError(f"{kop.op} is not a standalone kernel")
+        case _:
+            assert_never(spec.kind)
+
+
+def _per_element(kop: KernelOp, name: str, types: dict[str, TensorType]) -> Kernel:
+    params = _params(kop, types)
+    em = _emitter(kop, types, params)
+    out = kop.outputs[0]
+    attrs = ops.get(kop.op).attr_values(kop.attrs)
+    em.nodes[out.name] = Node(out.type.shape, Inline(kop.op, kop.inputs, attrs))
+    n = out.type.numel
+    decl, idx = index_vars(out.type.shape, "e", "i")
+    st, v = em.value(out.name, idx)
+    body = [(f"for (int e = blockIdx.x * {ELEM_THREADS} + threadIdx.x; e < {n}; "
+             f"e += gridDim.x * {ELEM_THREADS}) {{")]
+    inner = st + [f"mg_st({params[-1].name} + e, {v});"]
+    body += indent(keep_used(decl, inner) + inner) + ["}"]
+    grid = (min(-(-n // ELEM_THREADS), MAX_GRID), 1, 1)
+    return Kernel(name, params, tuple(body), ELEM_THREADS, grid, 0, 0,
+                  f"{kop.op}: one thread per output element")
+
+
+def _reduced_dim(kop: KernelOp, types: dict[str, TensorType]) -> int:
+    x = types[kop.inputs[0]]
+    if ops.get(kop.op).cuda.kind == "rms":
+        return x.rank - 1
+    return int(ops.get(kop.op).attr_values(kop.attrs)["dim"])
+
+
+def _warp_reduce_fits(kop: KernelOp, types: dict[str, TensorType]) -> bool:
+    """A warp per result where the reduction is long and either contiguous or too
+    few results to fill the GPU with one thread each."""
+    x = types[kop.inputs[0]]
+    d = _reduced_dim(kop, types)
+    return x.shape[d] >= 32 and (d == x.rank - 1 or kop.outputs[0].type.numel < 8192)
+
+
+def _warp_reduce(kop: KernelOp, name: str, types: dict[str, TensorType]) -> Kernel:
+    """Reductions (sum/mean/max over a dimension, rms): one warp per result, lanes
+    stride the reduced dimension, warp shuffles combine."""
+    params = _params(kop, types)
+    em = _emitter(kop, types, params)
+    x = kop.inputs[0]
+    spec = ops.get(kop.op).cuda
+    attrs = ops.get(kop.op).attr_values(kop.attrs)
+    out = kop.outputs[0].type
+    d = _reduced_dim(kop, types)
+    n = types[x].shape[d]
+    decl, idx = index_vars(out.shape, "row", "r")
+    keep = spec.kind == "rms" or bool(attrs.get("keepdim", False))
+    in_idx = idx[:d] + ["k"] + (idx[d + 1:] if keep else idx[d:])
+    xv = em.load(x, in_idx)
+    combine = spec.combine or "sum"
+    if spec.kind == "rms":
+        body_acc, red = f"{{ const float t = {xv}; s = fmaf(t, t, s); }}", "mg_warp_sum"
+        fin = f"sqrtf(s / {c_float(float(n))} + {c_float(float(attrs.get('eps', 0.0)))})"
+    elif combine == "max":
+        body_acc, red, fin = f"s = fmaxf(s, {xv});", "mg_warp_max", "s"
+    else:
+        body_acc, red = f"s += {xv};", "mg_warp_sum"
+        fin = f"s / {c_float(float(n))}" if spec.finish == "mean" else "s"
+    init = "__int_as_float(0xff800000)" if combine == "max" and spec.kind != "rms" else "0.0f"
+    body = [f"const int row = blockIdx.x * {ROW_WARPS} + threadIdx.x / 32;",
+            "const int lane = threadIdx.x % 32;", f"if (row >= {out.numel}) return;"]
+    loop = [f"float s = {init};", f"for (int k = lane; k < {n}; k += 32) {body_acc}",
+            f"s = {red}(s);", f"if (lane == 0) mg_st({params[-1].name} + row, {fin});"]
+    body += keep_used(decl, loop) + loop
+    return Kernel(name, params, tuple(body), 32 * ROW_WARPS, (-(-out.numel // ROW_WARPS), 1, 1),
+                  0, 0, f"{kop.op} over {n}: one warp per result")
+
+
+def _rows(kop: KernelOp, name: str, types: dict[str, TensorType]) -> Kernel:
+    """One warp per row along the reduced dimension."""
+    params = _params(kop, types)
+    em = _emitter(kop, types, params)
+    x = kop.inputs[0]
+    shape = types[x].shape
+    attrs = ops.get(kop.op).attr_values(kop.attrs)
+    kind = ops.get(kop.op).cuda.kind
+    dim = int(attrs["dim"]) if kind == "softmax" else len(shape) - 1
+    other = shape[:dim] + shape[dim + 1:]
+    rows, n = numel(other), shape[dim]
+    decl, oidx = index_vars(other or (1,), "row", "r")
+    oidx = oidx if other else []
+    idx = oidx[:dim] + ["k"] + oidx[dim:]
+    out = params[-1].name
+    ostrides = row_major(kop.outputs[0].type.shape)
+    body = [f"const int row = blockIdx.x * {ROW_WARPS} + threadIdx.x / 32;",
+            "const int lane = threadIdx.x % 32;", f"if (row >= {rows}) return;"] + decl
+    xv = em.load(x, idx)
+    o = offset_expr("0", idx, ostrides)
+    if kind == "rms_norm":
+        eps = c_float(float(attrs.get("eps", 0.0)))
+        wv = ""
+        if len(kop.inputs) == 2:
+            from mirage_cli.codegen.expr import broadcast_index
+            wv = " * " + em.load(kop.inputs[1], broadcast_index(idx, types[kop.inputs[1]].shape))
+        body += ["float ss = 0.0f;",
+                 f"for (int k = lane; k < {n}; k += 32) {{ const float t = {xv}; ss = fmaf(t, t, ss); }}",
+                 "ss = mg_warp_sum(ss);",
+                 f"const float inv = 1.0f / sqrtf(ss / {c_float(float(n))} + {eps});",
+                 f"for (int k = lane; k < {n}; k += 32) mg_st({out} + ({o}), {xv} * inv{wv});"]
+    else:
+        body += ["float m = __int_as_float(0xff800000);",
+                 f"for (int k = lane; k < {n}; k += 32) m = fmaxf(m, {xv});",
+                 "m = mg_warp_max(m);", "float s = 0.0f;",
+                 f"for (int k = lane; k < {n}; k += 32) s += expf({xv} - m);",
+                 "s = mg_warp_sum(s);", "const float inv = 1.0f / s;",
+                 f"for (int k = lane; k < {n}; k += 32) mg_st({out} + ({o}), expf({xv} - m) * inv);"]
+    grid = (-(-rows // ROW_WARPS), 1, 1)
+    return Kernel(name, params, tuple(body), 32 * ROW_WARPS, grid, 0, 0,
+                  f"{kop.op}: one warp per row of {n}")
+
+
+SM_COUNT_HINT = 132  # blocks to fill an H100 twice over guide the tile width
+
+
+def _matmul_as_block_graph(kop: KernelOp, types: dict[str, TensorType]) -> KernelOp | None:
+    """An f16/bf16 matmul with at most one batch dimension and tileable shapes, as a
+    custom kernel (grid over output tiles, forloop over K, acc_sum of a block matmul),
+    so it gets the fused path's tensor cores and cp.async pipeline; None otherwise."""
+    a, b = kop.inputs
+    ta, tb, tc = types[a], types[b], kop.outputs[0].type
+    if tc.dtype not in (DType.F16, DType.BF16) or tc.rank > 3 or a == b:
+        return None
+    M, K, N = ta.shape[-2], ta.shape[-1], tb.shape[-1]
+    bm = min(M, 64)
+    bk = next((k for k in (64, 32, 16) if K % k == 0), 0)
+    if M % bm or not bk:
+        return None
+    batch = tc.shape[0] if tc.rank == 3 else 1
+    widths = [w for w in (64, 32, 16, 8) if N % w == 0]
+    if not widths:
+        return None
+    bn = next((w for w in widths if (N // w) * (M // bm) * batch >= 2 * SM_COUNT_HINT),
+              widths[-1])
+    grid = (N // bn, M // bm, batch)
+
+    def imap(t: TensorType, n_dim: int | None, m_dim: int | None) -> AxisMap:
+        z = 0 if tc.rank == 3 and t.rank == 3 and t.shape[0] > 1 else None
+        return (n_dim, m_dim, z)
+
+    im_a = imap(ta, None, ta.rank - 2)
+    im_b = imap(tb, tb.rank - 1, None)
+    omap: AxisMap = (tc.rank - 1, tc.rank - 2, 0 if tc.rank == 3 else None)
+    at = tile_type(ta, grid, K // bk, im_a, ta.rank - 1)
+    bt = tile_type(tb, grid, K // bk, im_b, tb.rank - 2)
+    mt = infer_matmul([at, bt], {})
+    bg = BlockGraph(grid, 128, K // bk,
+                    (BlockInput(Value("a", at), a, im_a, ta.rank - 1),
+                     BlockInput(Value("b", bt), b, im_b, tb.rank - 2)),
+                    (BlockOp("matmul", ("a", "b"), (Value("m", mt),)),
+                     BlockOp("acc_sum", ("m",), (Value("s", mt),))),
+                    (BlockOutput(kop.outputs[0], "s", omap),))
+    check_block(bg, types)
+    return KernelOp("custom", (a, b), kop.outputs, (), bg)
+
+
+def _matmul(kop: KernelOp, name: str, types: dict[str, TensorType]) -> Kernel:
+    custom = _matmul_as_block_graph(kop, types)
+    if custom is not None:
+        from mirage_cli.codegen.fused import lower_custom
+
+        k = lower_custom(custom, name, types)
+        g = custom.block
+        assert g is not None
+        return dataclasses.replace(k, comment=f"matmul as a generated block graph: grid "
+                                   f"{list(g.grid)}, forloop {g.forloop}, tensor cores")
+    params = _params(kop, types)
+    a, b = kop.inputs
+    ta, tb, tc = types[a], types[b], kop.outputs[0].type
+    M, K, N = ta.shape[-2], ta.shape[-1], tb.shape[-1]
+    batch = tc.shape[:-2]
+    decl, bidx = index_vars(batch or (1,), "bz", "z")
+    bidx = bidx if batch else []
+    from mirage_cli.codegen.expr import broadcast_index
+    a_off = offset_expr("0", broadcast_index(bidx, ta.shape[:-2]), row_major(ta.shape)[:-2])
+    b_off = offset_expr("0", broadcast_index(bidx, tb.shape[:-2]), row_major(tb.shape)[:-2])
+    pa = next(p.name for p in params if p.arg == a)
+    pb = next(p.name for p in params if p.arg == b)
+    body = templates.render("matmul_body.cu.j2", M=M, N=N, K=K, batch_decl=decl,
+                            a_off=a_off, b_off=b_off, c_off=f"bz * {M * N}" if batch else "0",
+                            A=pa, B=pb, C=params[-1].name).splitlines()
+    grid = (-(-N // 64), -(-M // 64), max(1, numel(batch)))
+    return Kernel(name, params, tuple(body), 256, grid, 0, 0,
+                  f"matmul {M}x{K} @ {K}x{N}, batch {list(batch)}: 64x64 tiles")

@@ -1,0 +1,177 @@
+"""Hand-built µGraphs that exercise the code generator's corners (shared by the CPU
+compile tests and the GPU correctness tests)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from mirage_cli.builder import GraphBuilder
+from mirage_cli.ir import Graph
+
+
+def rmsnorm_linear_small() -> Graph:
+    b = GraphBuilder("rmsnorm_linear_small")
+    x = b.input("X", (4, 64), "f16")
+    w = b.input("W", (64, 32), "f16")
+    k = b.custom((4, 1, 1), 128, 4)
+    xt = k.load(x, (None, None, None), 1)
+    wt = k.load(w, (1, None, None), 0)
+    r = k.op("acc_rms_ld", xt)
+    s = k.op("acc_sum", k.op("matmul", xt, wt))
+    (z,) = k.finish([(k.op("div", s, r), "Z", (1, None, None))])
+    b.output(z)
+    return b.build()
+
+
+def bf16_kernel_ops() -> Graph:
+    """Every pre-defined kernel operator, bf16, odd shapes, broadcasting."""
+    b = GraphBuilder("bf16_kernel_ops")
+    a = b.input("A", (3, 5, 33), "bf16")
+    v = b.input("V", (33,), "bf16")
+    m = b.input("M", (2, 3, 33, 17), "bf16")
+    t = b.op("add", a, v)
+    t = b.op("mul_scalar", b.op("exp", b.op("neg", b.op("square", t))), scalar=0.5)
+    s = b.op("sum", t, dim=1, keepdim=True)
+    d = b.op("div", t, s)
+    g = b.op("gelu", b.op("sub", d, a))
+    r = b.op("relu", b.op("silu", g))
+    q = b.op("rsqrt", b.op("add", b.op("sqrt", b.op("square", a)), b.op("exp", a)))
+    mx = b.op("max", q, dim=2)
+    mn = b.op("mean", r, dim=0, keepdim=True)
+    sm = b.op("softmax", q, dim=1)
+    rn = b.op("rms_norm", q, v, eps=1e-5)
+    rr = b.op("rms", a, eps=1e-3)
+    c = b.op("concat", sm, rn, dim=1)
+    mm = b.op("matmul", c, m)  # (3,10,33) @ (2,3,33,17) -> (2,3,10,17)
+    for o in (mx, mn, c, mm, rr):
+        b.output(o)
+    return b.build()
+
+
+def f32_block_ops() -> Graph:
+    """A fused kernel over two grid axes with every accumulator kind, block
+    reductions, concat, sum_to, an invariant input and two outputs (f32)."""
+    b = GraphBuilder("f32_block_ops")
+    x = b.input("X", (4, 6, 40), "f32")
+    y = b.input("Y", (4, 40, 12), "f32")
+    z = b.input("Z", (6, 1), "f32")
+    k = b.custom((2, 3, 1), 64, 5)
+    xt = k.load(x, (0, 1, None), 2)      # (2, 2, 8)
+    yt = k.load(y, (0, None, None), 1)   # (2, 8, 12)
+    zt = k.load(z, (None, 0, None))      # (2, 1) invariant
+    p = k.op("matmul", xt, yt)           # (2, 2, 12)
+    e = k.op("add", p, zt)
+    a1 = k.op("acc_max", e)
+    a2 = k.op("acc_mean_ld", e)          # (2, 2, 1)
+    a3 = k.op("acc_sum_to", e, width=4)  # (2, 2, 4)
+    a4 = k.op("acc_max_ld", k.op("exp", k.op("mul_scalar", xt, scalar=0.1)))
+    a5 = k.op("acc_rms", xt)
+    a6 = k.op("acc_mean", k.op("sum", xt, dim=2, keepdim=True))
+    st = k.op("sum_to", a1, width=3)     # (2, 2, 3)
+    cc = k.op("concat", st, a3, dim=2)   # (2, 2, 7)
+    o1 = k.op("sub", k.op("mul", cc, a2), a4)
+    red = k.op("max", a5, dim=1, keepdim=True)  # (2, 1, 8)
+    o2 = k.op("add", k.op("rms_norm", a5, eps=1e-6), k.op("add", red, a6))
+    outs = k.finish([(o1, "O1", (0, 1, None)), (o2, "O2", (0, 1, None))])
+    for o in outs:
+        b.output(o)
+    return b.build()
+
+
+def big_tiles_scratch() -> Graph:
+    """Tiles too large for shared memory: intermediates go to the workspace."""
+    b = GraphBuilder("big_tiles_scratch")
+    x = b.input("X", (64, 256), "f16")
+    w = b.input("W", (256, 1024), "f16")
+    k = b.custom((2, 1, 1), 256, 2)
+    xt = k.load(x, (None, None, None), 1)   # (64, 128)
+    wt = k.load(w, (1, None, None), 0)      # (128, 512)
+    m = k.op("matmul", xt, wt)              # (64, 512) f32 = 128 KiB
+    e = k.op("silu", m)
+    s1 = k.op("acc_sum", e)
+    s2 = k.op("acc_sum", m)
+    (o,) = k.finish([(k.op("mul", s1, s2), "O", (1, None, None))])
+    b.output(o)
+    return b.build()
+
+
+def passthrough() -> Graph:
+    """An output that is an input, and a kernel with one thread-level chain."""
+    b = GraphBuilder("passthrough")
+    x = b.input("X", (7, 9), "f16")
+    b.output(x)
+    b.output(b.op("exp", x))
+    return b.build()
+
+
+def single_buffer_unaligned() -> Graph:
+    """Tile rows that are not 16-byte multiples (no cp.async) and forloop 1."""
+    b = GraphBuilder("single_buffer_unaligned")
+    x = b.input("X", (6, 30), "f16")
+    w = b.input("W", (30, 10), "f16")
+    k = b.custom((2, 1, 1), 32, 1)
+    xt = k.load(x, (0, None, None))
+    wt = k.load(w)
+    s = k.op("acc_sum", k.op("matmul", xt, wt))
+    (o,) = k.finish([(k.op("rms_norm", s), "O", (0, None, None))])
+    b.output(o)
+    return b.build()
+
+
+def warp_reductions() -> Graph:
+    """Reductions long enough for warps: accumulators over the last dim and block
+    reductions over the last and the first dimension."""
+    b = GraphBuilder("warp_reductions")
+    x = b.input("X", (8, 512), "f16")
+    k = b.custom((2, 1, 1), 128, 4)
+    xt = k.load(x, (0, None, None), 1)      # (4, 128)
+    m = k.op("acc_max_ld", xt)
+    r = k.op("acc_rms_ld", xt)
+    s = k.op("acc_sum_ld", k.op("exp", k.op("mul_scalar", xt, scalar=0.25)))
+    full = k.op("acc_sum", xt)              # (4, 128)
+    c0 = k.op("sum", full, dim=0, keepdim=True)   # (1, 128)
+    c1 = k.op("mean", full, dim=1, keepdim=True)  # (4, 1)
+    q = k.op("rms", full, eps=1e-4)                # (4, 1)
+    o = k.op("add", k.op("add", k.op("div", m, r), s), k.op("mul", c1, q))
+    o2 = k.op("max", k.op("add", full, c0), dim=1, keepdim=True)
+    outs = k.finish([(o, "O", (0, None, None)), (o2, "O2", (0, None, None))])
+    for t in outs:
+        b.output(t)
+    return b.build()
+
+
+def mma_odd_shapes() -> Graph:
+    """Tensor-core matmuls whose M, N, K are not multiples of the mma tile, batched
+    with a broadcast operand, bf16; one into an accumulator, one materialized."""
+    b = GraphBuilder("mma_odd_shapes")
+    x = b.input("X", (3, 10, 80), "bf16")
+    w = b.input("W", (80, 12), "bf16")
+    k = b.custom((3, 1, 1), 64, 2)
+    xt = k.load(x, (0, None, None), 2)      # (1, 10, 40)
+    wt = k.load(w, (None, None, None), 0)   # (40, 12)
+    p = k.op("matmul", xt, wt)              # (1, 10, 12)
+    a = k.op("acc_sum", p)
+    e = k.op("acc_max", k.op("exp", k.op("matmul", xt, wt)))
+    (o,) = k.finish([(k.op("add", a, e), "O", (0, None, None))])
+    b.output(o)
+    return b.build()
+
+
+def kernel_matmuls() -> Graph:
+    """Kernel-level matmuls: lowered through generated block graphs (f16, bf16 with a
+    broadcast batch) and through the f32 tiled kernel."""
+    b = GraphBuilder("kernel_matmuls")
+    a = b.input("A", (3, 32, 48), "f16")
+    w = b.input("W", (48, 40), "f16")
+    c = b.input("C", (1, 16, 64), "bf16")
+    d = b.input("D", (4, 64, 24), "bf16")
+    e = b.input("E", (5, 70), "f32")
+    f = b.input("F", (70, 3), "f32")
+    for o in (b.op("matmul", a, w), b.op("matmul", c, d), b.op("matmul", e, f)):
+        b.output(o)
+    return b.build()
+
+
+CASES: dict[str, Callable[[], Graph]] = {f.__name__: f for f in (
+    rmsnorm_linear_small, bf16_kernel_ops, f32_block_ops, big_tiles_scratch, passthrough,
+    single_buffer_unaligned, warp_reductions, mma_odd_shapes, kernel_matmuls)}

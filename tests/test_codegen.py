@@ -1,0 +1,162 @@
+"""Code generation without a GPU: every example and hand-built µGraph lowers to CUDA
+that NVRTC compiles for sm_80 and sm_90, deterministically; the header and the host
+launcher build and link with nvcc; golden .cu files."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from codegen_cases import CASES
+
+from mirage_cli import ops
+from mirage_cli.codegen.emit import emit
+from mirage_cli.codegen.lower import lower
+from mirage_cli.codegen.nvrtc import compile_cuda, parse_resources
+from mirage_cli.diagnostics import MirageError
+from mirage_cli.loading import load_graph
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = sorted((ROOT / "examples").rglob("*.mir"))
+NVCC = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc"
+                                if Path("/usr/local/cuda/bin/nvcc").exists() else None)
+
+
+def _nvrtc_available() -> bool:
+    try:
+        from cuda.bindings import nvrtc  # noqa: F401
+        return True
+    except ImportError:
+        return False
+
+
+needs_nvrtc = pytest.mark.skipif(not _nvrtc_available(), reason="NVRTC bindings missing")
+
+
+def test_every_operator_has_a_cuda_entry() -> None:
+    for name, opdef in ops.REGISTRY.items():
+        assert opdef.cuda is not None, name
+        if opdef.cuda.kind == "elementwise":
+            assert opdef.cuda.expr and opdef.cuda.torch is not None, name
+
+
+def _sources(g):  # type: ignore[no-untyped-def]
+    return emit(lower(g))
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
+def test_example_compiles_for_sm80_and_sm90(path: Path) -> None:
+    g = load_graph(str(path))
+    cu, h = _sources(g)
+    assert _sources(load_graph(str(path))) == (cu, h), "output is not deterministic"
+    for arch in ("sm_80", "sm_90"):
+        res = compile_cuda(cu, f"{g.name}.cu", arch)
+        assert res.cubin and len(res.resources) == len(lower(g).kernels)
+        assert all(r.spill_stores == 0 for r in res.resources), res.resources
+
+
+@needs_nvrtc
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_case_compiles(name: str) -> None:
+    cu, _ = _sources(CASES[name]())
+    assert compile_cuda(cu, f"{name}.cu", "sm_80").cubin
+
+
+@needs_nvrtc
+def test_compile_error_is_located_in_the_source() -> None:
+    src = "extern \"C\" __global__ void k(float* x) {\n  x[0] = undefined_name;\n}\n"
+    with pytest.raises(MirageError) as e:
+        compile_cuda(src, "bad.cu", "sm_90")
+    assert e.value.span is not None and (e.value.span.file, e.value.span.line) == ("bad.cu", 2)
+    assert "undefined_name" in e.value.render()
+
+
+def test_resource_report_is_parsed() -> None:
+    log = ("ptxas info    : Compiling entry function 'k0' for 'sm_90'\n"
+           "ptxas info    : Function properties for k0\n"
+           "ptxas         .     8 bytes stack frame, 4 bytes spill stores, 4 bytes spill loads\n"
+           "ptxas info    : Used 40 registers, used 1 barriers, 512 bytes smem\n")
+    (r,) = parse_resources(log)
+    assert (r.kernel, r.registers, r.smem_static, r.stack, r.spill_stores) == ("k0", 40, 512, 8, 4)
+
+
+def test_bad_program_name_is_rejected() -> None:
+    import dataclasses
+    g = dataclasses.replace(CASES["passthrough"](), name="int")
+    with pytest.raises(MirageError, match="C function name"):
+        lower(g)
+
+
+def test_header_declares_the_abi() -> None:
+    prog = lower(CASES["rmsnorm_linear_small"]())
+    cu, h = emit(prog)
+    assert "size_t rmsnorm_linear_small_workspace_bytes(void);" in h
+    assert ("cudaError_t rmsnorm_linear_small(const void* X, const void* W, void* Z, "
+            "void* workspace, cudaStream_t stream);") in h
+    host = cu[cu.index("#ifndef __CUDACC_RTC__"):]
+    for banned in ("cudaMalloc", "cudaDeviceSynchronize", "cudaStreamSynchronize", "exit("):
+        assert banned not in host
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc not installed")
+def test_nvcc_builds_and_links_a_host_program(tmp_path: Path) -> None:
+    g = load_graph(str(ROOT / "examples" / "mugraphs" / "rmsnorm_linear_fused.mir"))
+    cu, h = _sources(g)
+    (tmp_path / "prog.cu").write_text(cu)
+    (tmp_path / "rmsnorm_linear_fused.h").write_text(h)
+    (tmp_path / "main.cpp").write_text(
+        '#include "rmsnorm_linear_fused.h"\n#include <stdio.h>\n'
+        "int main(void) {\n"
+        "  size_t n = rmsnorm_linear_fused_workspace_bytes();\n"
+        "  cudaError_t (*f)(const void*, const void*, void*, void*, cudaStream_t) =\n"
+        "      rmsnorm_linear_fused;\n"
+        '  printf("%zu %d\\n", n, f != 0);\n  return 0;\n}\n')
+    r = subprocess.run([NVCC, "-arch=sm_80", "-o", str(tmp_path / "prog"),
+                        str(tmp_path / "prog.cu"), str(tmp_path / "main.cpp")],
+                       capture_output=True, text=True, timeout=300, check=False)
+    assert r.returncode == 0, r.stderr
+    assert "warning" not in r.stderr, r.stderr
+    assert (tmp_path / "prog").stat().st_size > 0
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.stem)
+def test_golden_cu(path: Path) -> None:
+    base = ROOT / "golden" / path.relative_to(ROOT / "examples")
+    cu_path, h_path = base.with_suffix(".cu"), base.with_suffix(".h")
+    cu, h = _sources(load_graph(str(path)))
+    assert cu_path.read_text() == cu, f"{cu_path} differs: run `make golden` and review"
+    assert h_path.read_text() == h, f"{h_path} differs: run `make golden` and review"
+
+
+CHECKPOINTS = sorted(Path("/work/shared/mirage-mugraphs").glob("*.json")) or \
+    sorted((ROOT.parent / "shared" / "mirage-mugraphs").glob("*.json"))
+
+
+def _compile_both(src: str) -> str:
+    """'' if ``src`` compiles for sm_80 and sm_90 (ptxas at -O0: validity, not speed),
+    else the error."""
+    try:
+        for arch in ("sm_80", "sm_90"):
+            compile_cuda(src, "candidate.cu", arch, extra=("--ptxas-options=-O0",))
+    except MirageError as e:
+        return e.render()
+    return ""
+
+
+@needs_nvrtc
+@pytest.mark.slow
+@pytest.mark.skipif(not CHECKPOINTS, reason="Mirage checkpoints not found")
+def test_every_imported_mirage_candidate_compiles() -> None:
+    import multiprocessing
+
+    from mirage_cli.loading import load_graphs
+
+    graphs = [g for p in CHECKPOINTS for g in load_graphs(str(p))]
+    sources = [_sources(g)[0] for g in graphs]
+    with multiprocessing.get_context("fork").Pool(2) as pool:
+        errors = pool.map(_compile_both, sources)
+    bad = [(g.name, e) for g, e in zip(graphs, errors) if e]
+    assert len(graphs) >= 100 and not bad, bad[:3]
