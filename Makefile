@@ -13,7 +13,9 @@ demo: install
 	@mkdir -p $(BUILD)
 	$(PYTHON) -m mirage_cli parse examples/rmsnorm_linear.mir -o $(BUILD)/rmsnorm_linear.ugraph.json
 	$(PYTHON) -m mirage_cli run examples/mugraphs/rmsnorm_linear_fused.mir --seed 0 -o $(BUILD)/rmsnorm_linear.out.npz
-	@echo "wrote $(BUILD)/rmsnorm_linear.ugraph.json and $(BUILD)/rmsnorm_linear.out.npz"
+	$(PYTHON) -m mirage_cli opt examples/rmsnorm_linear.mir -o $(BUILD)/rmsnorm_linear.cu --save-temps $(BUILD)/temps -MD
+	$(PYTHON) -m mirage_cli compile $(BUILD)/rmsnorm_linear.cu --arch sm_90 -o $(BUILD)/rmsnorm_linear.cubin
+	@echo "wrote $(BUILD)/rmsnorm_linear.{ugraph.json,out.npz,cu,h,d,cubin} and $(BUILD)/temps/"
 
 test: install
 	$(PYTHON) -m pytest -m "not gpu" -p no:cacheprovider -n auto
