@@ -7,7 +7,6 @@ import pytest
 from click.testing import CliRunner
 
 from mirage_cli import interp, serialize
-from mirage_cli.builder import GraphBuilder
 from mirage_cli.cli import main
 from mirage_cli.loading import load_graph
 from mirage_cli.parser import parse_text

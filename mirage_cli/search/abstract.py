@@ -28,8 +28,9 @@ identities, and more, as equations.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 from mirage_cli.ir import AttrValue, TensorType
 

@@ -12,7 +12,7 @@ grids; this takes milliseconds. ``tests/test_search.py`` checks the two agree.
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 import numpy as np
 

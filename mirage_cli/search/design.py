@@ -64,7 +64,7 @@ class PredefD:
     name: str
 
 
-Step = Union[CustomD, PredefD]
+Step = Union[CustomD, PredefD]  # noqa: UP007 - a runtime alias
 
 
 @dataclass(frozen=True)

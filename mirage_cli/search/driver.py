@@ -20,8 +20,9 @@ from __future__ import annotations
 import multiprocessing as mp
 import signal
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from mirage_cli import __version__
 from mirage_cli.ir import Graph

@@ -33,15 +33,15 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Iterator, Literal, Sequence
+from typing import Literal
 
 from mirage_cli import ops
 from mirage_cli.check import stored_type, tile_type
 from mirage_cli.diagnostics import MirageError
-from mirage_cli.ir import AttrValue, Attrs, AxisMap, Graph, TensorType
-from mirage_cli.search.abstract import (FORLOOP_KEY, UNIT, AVal, Term, apply, op_symbols,
-                                        symbols)
+from mirage_cli.ir import Attrs, AttrValue, AxisMap, Graph, TensorType
+from mirage_cli.search.abstract import FORLOOP_KEY, UNIT, AVal, Term, apply, op_symbols, symbols
 from mirage_cli.search.analysis import Analysis, analyze
 from mirage_cli.search.design import CustomD, Design, LoadD, OpD, PredefD, Step, StoreD
 from mirage_cli.search.prune import Oracle
@@ -72,7 +72,7 @@ class Stats:
     pruned: int = 0     # candidate operators rejected by the Z3 oracle
     designs: int = 0    # complete designs found
 
-    def add(self, other: "Stats") -> None:
+    def add(self, other: Stats) -> None:
         self.explored += other.explored
         self.pruned += other.pruned
         self.designs += other.designs
@@ -473,7 +473,6 @@ class BlockSearch:
     def _new_cands(self, tiles: tuple[Tile, ...], newest: int) -> Iterator[Cand]:
         """Candidate operators whose operands include tile ``newest`` and otherwise
         only older tiles."""
-        n = newest + 1
         for op in self.s.target.block_vocab:
             opdef = ops.get(op)
             acc = opdef.is_accumulator

@@ -6,7 +6,7 @@ import :mod:`mirage_cli.ops` (ops imports it).
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from mirage_cli.ir import TensorType
 

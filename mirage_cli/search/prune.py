@@ -31,8 +31,8 @@ once per target (a cache keyed by the normalised term).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
 
 import z3
 
