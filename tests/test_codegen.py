@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from codegen_cases import CASES
+from shared_data import MUGRAPHS
 
 from mirage_cli import ops
 from mirage_cli.codegen.emit import emit
@@ -131,8 +132,7 @@ def test_golden_cu(path: Path) -> None:
     assert h_path.read_text() == h, f"{h_path} differs: run `make golden` and review"
 
 
-CHECKPOINTS = sorted(Path("/work/shared/mirage-mugraphs").glob("*.json")) or \
-    sorted((ROOT.parent / "shared" / "mirage-mugraphs").glob("*.json"))
+CHECKPOINTS = sorted(MUGRAPHS.glob("*.json"))
 
 
 def _compile_both(src: str) -> str:

@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 from codegen_cases import CASES
+from shared_data import MUGRAPHS
 
 from mirage_cli.codegen.runner import gpu_available
 
 pytestmark = pytest.mark.gpu
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = sorted((ROOT / "examples").rglob("*.mir"))
-CHECKPOINTS = sorted(Path("/work/shared/mirage-mugraphs").glob("*.json")) or \
-    sorted((ROOT / "shared" / "mirage-mugraphs").glob("*.json"))
+CHECKPOINTS = sorted(MUGRAPHS.glob("*.json"))
 
 
 @pytest.fixture(scope="module")

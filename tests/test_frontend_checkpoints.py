@@ -6,14 +6,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from shared_data import MUGRAPHS
 
 from mirage_cli import serialize
 from mirage_cli.parser import parse_text
 from mirage_cli.printer import print_graph
 
-CKPTS = Path(__file__).resolve().parents[2] / "shared" / "mirage-mugraphs"
-if not CKPTS.is_dir():
-    CKPTS = Path("/work/shared/mirage-mugraphs")
+CKPTS = MUGRAPHS
 FILES = sorted(CKPTS.glob("*.json")) if CKPTS.is_dir() else []
 
 

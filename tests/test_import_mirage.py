@@ -18,6 +18,7 @@ import pytest
 from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from shared_data import MUGRAPHS
 
 from mirage_cli import interp, loading, serialize
 from mirage_cli.builder import GraphBuilder
@@ -27,9 +28,7 @@ from mirage_cli.importers import mirage_dtypes
 from mirage_cli.importers.mirage import STRUCTURAL, import_checkpoint, mirage_index
 from mirage_cli.ir import DType, Graph
 
-CKPTS = Path(__file__).resolve().parents[2] / "shared" / "mirage-mugraphs"
-if not CKPTS.is_dir():  # a worktree under /work/wt, or a checkout elsewhere
-    CKPTS = Path("/work/shared/mirage-mugraphs")
+CKPTS = MUGRAPHS
 FILES = sorted(p.name for p in CKPTS.glob("*.json")) if CKPTS.is_dir() else []
 needs_ckpts = pytest.mark.skipif(not FILES, reason="Mirage checkpoints not available")
 

@@ -7,15 +7,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from shared_data import MUGRAPHS
 
 from mirage_cli import interp
 from mirage_cli.builder import GraphBuilder
 from mirage_cli.importers.mirage import import_checkpoint
 from mirage_cli.ir import Graph
 
-CKPTS = Path("/work/shared/mirage-mugraphs")
-if not CKPTS.is_dir():
-    CKPTS = Path(__file__).resolve().parents[2] / "shared" / "mirage-mugraphs"
+CKPTS = MUGRAPHS
 
 
 def _awkward() -> Graph:

@@ -4,18 +4,15 @@ against mutated programs (so the full table in docs/verification.md, made with
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
+from shared_data import MUGRAPHS
 
 from mirage_cli.builder import GraphBuilder
 from mirage_cli.ir import Graph
 from mirage_cli.loading import load_graphs
 from mirage_cli.verifier.api import Verifier
 
-CKPTS = Path(__file__).resolve().parents[2] / "shared" / "mirage-mugraphs"
-if not CKPTS.is_dir():
-    CKPTS = Path("/work/shared/mirage-mugraphs")
+CKPTS = MUGRAPHS
 pytestmark = pytest.mark.skipif(not (CKPTS / "lora.json").exists(),
                                 reason="Mirage checkpoints not available")
 
