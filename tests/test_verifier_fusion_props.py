@@ -96,7 +96,12 @@ def test_a_changed_operator_is_caught(steps: list[tuple[int, int]], where: int) 
     # by the float64 reference: if the real outputs differ, the field must say so.
     from mirage_cli.verifier.crosscheck import crosscheck
 
-    if not crosscheck(a, b).close:
+    cc = crosscheck(a, b)
+    # NaN from a division by a value that is zero on part of the domain (relu(x)/relu(x))
+    # is a domain error, not a different function: the field, where relu is a random
+    # function, rightly sees x/x = 1 there. Only finite differences must be caught.
+    finite = all(np.isfinite(o).all() for o in cc.outputs_a + cc.outputs_b)
+    if not cc.close and finite:
         verdict = v.check(b, trials=2)
         # Never "equivalent"; "undecided" only where the mutant divides by a value
         # that is identically zero (e.g. x - x), which no trial can evaluate.
