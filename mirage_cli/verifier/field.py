@@ -129,13 +129,19 @@ def _plan(a: np.ndarray, b: np.ndarray, ba: int, bb: int) -> _Plan:
     return best[1]
 
 
-def _slabs(batch: tuple[int, ...], rows: int, cols: int
+def _slabs(batch: tuple[int, ...], rows: int, inner: int, cols: int
            ) -> list[tuple[tuple[int, ...], slice]]:
-    """(leading batch index, row range) pieces of about MM_SLAB output elements each."""
+    """(leading batch index, row range) pieces whose operands and output hold about
+    MM_SLAB elements together (at least one batch entry, and then row blocks)."""
+    per_entry = rows * inner + inner * cols + rows * cols
     j = len(batch)
-    while j > 0 and int(np.prod(batch[j - 1:])) * rows * cols <= MM_SLAB:
+    while j > 0 and int(np.prod(batch[j - 1:])) * per_entry <= MM_SLAB:
         j -= 1
-    step = rows if j < len(batch) else max(1, MM_SLAB // max(cols, 1))
+    # Within one batch entry, split the rows only (the reduction dimension is chunked
+    # by _mm_slab, which bounds the converted part of the right operand).
+    step = rows
+    if j == len(batch) and rows * (inner + cols) > MM_SLAB:
+        step = max(1, MM_SLAB // max(1, inner + cols))
     return [(idx, slice(r, r + step)) for idx in np.ndindex(*batch[:j])
             for r in range(0, rows, step)]
 
@@ -155,7 +161,7 @@ def matmul_mod(a: np.ndarray, b: np.ndarray, m: int) -> np.ndarray:
     ab = np.broadcast_to(a, batch + a.shape[-2:])
     bb = np.broadcast_to(b, batch + b.shape[-2:])
     out = np.empty(batch + (m_, n_), dtype=np.int64)
-    for idx, rows in _slabs(batch, m_, n_):
+    for idx, rows in _slabs(batch, m_, a.shape[-1], n_):
         _mm_slab(ab[idx][..., rows, :], bb[idx], m, plan, out[idx][..., rows, :])
     return out
 
@@ -167,19 +173,17 @@ def _mm_slab(a: np.ndarray, b: np.ndarray, m: int, plan: _Plan, out: np.ndarray)
     mask = (1 << plan.width) - 1
     acc: list[np.ndarray | None] = [None] * plan.limbs
     # Any chunk shorter than the plan's is exact too; keep the float64 copies of the
-    # operands' chunks near MM_SLAB elements.
-    per_k = (a.size // a.shape[-1]) + (b.size // b.shape[-2]) if a.size and b.size else 1
-    chunk = max(1, min(plan.chunk, max(64, MM_SLAB // per_k)))
+    # operands' chunks near 4 * MM_SLAB elements.
+    rows_a = a.size // max(1, a.shape[-1])
+    cols_b = b.size // max(1, b.shape[-2])
+    per_k = max(1, rows_a * (plan.limbs if plan.side == 0 else 1)
+                + cols_b * (plan.limbs if plan.side == 1 else 1))
+    chunk = max(1, min(plan.chunk, max(256, 4 * MM_SLAB // per_k)))
     for s in range(0, a.shape[-1], chunk):
         ac, bc = a[..., s:s + chunk], b[..., s:s + chunk, :]
         split, other = (ac, bc) if plan.side == 0 else (bc, ac)
         of = other.astype(np.float64)
-        for limb in range(plan.limbs):
-            piece = split if plan.limbs == 1 else (split >> (plan.width * limb)) & mask
-            pf = piece.astype(np.float64)
-            prod = np.matmul(pf, of) if plan.side == 0 else np.matmul(of, pf)
-            part = prod.astype(np.int64)
-            np.remainder(part, m, out=part)
+        for limb, part in enumerate(_limb_products(split, of, plan, m)):
             prev = acc[limb]
             if prev is None:
                 acc[limb] = part
@@ -197,6 +201,28 @@ def _mm_slab(a: np.ndarray, b: np.ndarray, m: int, plan: _Plan, out: np.ndarray)
             np.remainder(out, m, out=out)
             out += part
             np.remainder(out, m, out=out)
+
+
+def _limb_products(split: np.ndarray, of: np.ndarray, plan: _Plan, m: int
+                   ) -> list[np.ndarray]:
+    """Each limb of ``split`` times ``of`` (float64), mod m, in the plan's order."""
+    mask = (1 << plan.width) - 1
+    limbs = [(((split >> (plan.width * limb)) & mask) if plan.limbs > 1 else split
+              ).astype(np.float64) for limb in range(plan.limbs)]
+    axis = -2 if plan.side == 0 else -1
+    if plan.limbs > 1 and split.ndim == 2 and of.ndim == 2:
+        # Plain matrices: the limbs stacked along the rows (a) or columns (b), so that
+        # one GEMM reads the other operand once for all limbs.
+        stacked = [np.concatenate(limbs, axis=axis)]
+    else:
+        stacked = limbs
+    out = []
+    for pf in stacked:
+        prod = np.matmul(pf, of) if plan.side == 0 else np.matmul(of, pf)
+        whole = prod.astype(np.int64)
+        np.remainder(whole, m, out=whole)
+        out.extend(np.split(whole, len(limbs) // len(stacked), axis=axis))
+    return out
 
 
 def pow_mod(base: np.ndarray, e: int, m: int) -> np.ndarray:
