@@ -48,7 +48,7 @@ def _bits(x: np.ndarray) -> int:
 SLAB = 1 << 16
 # Matmul outputs are computed in larger slabs: many small GEMMs cost BLAS thread
 # start-ups and synchronisations, which dominate on a machine shared with other jobs.
-MM_SLAB = 1 << 20
+MM_SLAB = 1 << 22
 
 
 def _root(a: np.ndarray) -> np.ndarray:
