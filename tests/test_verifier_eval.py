@@ -47,14 +47,17 @@ def _matmul_exact(a: np.ndarray, b: np.ndarray, m: int) -> np.ndarray:
 
 
 @pytest.mark.parametrize("case", range(24))
-def test_matmul_mod_plans_and_slabs_are_exact(case: int) -> None:
+def test_matmul_mod_plans_and_slabs_are_exact(case: int, monkeypatch: pytest.MonkeyPatch
+                                              ) -> None:
     """Every plan (limbs on either side, chunks), broadcast batches and slabs split
     over batch entries and rows, against Python integers; also registered bounds."""
     rng = np.random.default_rng(100 + case)
     m = (F.P, F.Q)[case % 2]
     bits_a, bits_b = [(22, 22), (31, 22), (22, 31), (31, 31), (12, 31), (31, 5)][case % 6]
     batch_a, batch_b = [((), ()), ((3,), (3,)), ((2, 1), (1, 3)), ((4,), ())][case % 4]
-    rows, k, cols = [(3, 7, 5), (70, 40, 1000), (1, 4100, 2), (300, 9, 260)][(case // 4) % 4]
+    rows, k, cols = [(3, 7, 5), (70, 40, 300), (1, 4100, 2), (130, 9, 50)][(case // 4) % 4]
+    # Small slabs, so that batches, rows and reduction chunks are all split.
+    monkeypatch.setattr(F, "MM_SLAB", 1 << 10)
     a = rng.integers(0, min(m, 1 << bits_a), batch_a + (rows, k), dtype=np.int64)
     b = rng.integers(0, min(m, 1 << bits_b), batch_b + (k, cols), dtype=np.int64)
     if case % 3 == 0:
@@ -70,6 +73,12 @@ def test_matmul_mod_plans_and_slabs_are_exact(case: int) -> None:
         at = np.swapaxes(a, -1, -2)
         bt = np.swapaxes(b, -1, -2)
         assert np.array_equal(F.matmul_mod(bt, at, m), np.swapaxes(want, -1, -2))
+
+
+def test_matmul_mod_of_empty_operands() -> None:
+    z = F.matmul_mod(np.zeros((2, 3, 0), np.int64), np.zeros((0, 4), np.int64), F.P)
+    assert z.shape == (2, 3, 4) and not z.any()
+    assert F.matmul_mod(np.zeros((0, 3), np.int64), np.ones((3, 4), np.int64), F.Q).shape == (0, 4)
 
 
 def test_exp_table_in_slabs_matches_pow() -> None:

@@ -139,7 +139,7 @@ def _slabs(batch: tuple[int, ...], rows: int, inner: int, cols: int
         j -= 1
     # Within one batch entry, split the rows only (the reduction dimension is chunked
     # by _mm_slab, which bounds the converted part of the right operand).
-    step = rows
+    step = max(1, rows)
     if j == len(batch) and rows * (inner + cols) > MM_SLAB:
         step = max(1, MM_SLAB // max(1, inner + cols))
     return [(idx, slice(r, r + step)) for idx in np.ndindex(*batch[:j])
@@ -161,6 +161,9 @@ def matmul_mod(a: np.ndarray, b: np.ndarray, m: int) -> np.ndarray:
     ab = np.broadcast_to(a, batch + a.shape[-2:])
     bb = np.broadcast_to(b, batch + b.shape[-2:])
     out = np.empty(batch + (m_, n_), dtype=np.int64)
+    if a.shape[-1] == 0:
+        out.fill(0)  # an empty sum
+        return out
     for idx, rows in _slabs(batch, m_, a.shape[-1], n_):
         _mm_slab(ab[idx][..., rows, :], bb[idx], m, plan, out[idx][..., rows, :])
     return out
