@@ -9,8 +9,8 @@ fits in an int64 and never overflows.
 
 Matrix products cannot use int64 numpy matmul (slow, and sums of 4096 products of
 two 31-bit numbers overflow). They are computed exactly with float64 BLAS instead:
-operands are split into 16-bit limbs where needed and the reduction dimension is cut
-into chunks so that every partial sum stays below 2^53 (exact in float64); the chunk
+one operand is split into limbs where needed and the reduction dimension is cut into
+chunks so that every partial sum stays below 2^53 (exact in float64); the chunk
 results are reduced mod the prime in int64 (see :func:`matmul_mod`).
 
 Random functions (for operators with no field meaning) are a keyed 64-bit mixer
