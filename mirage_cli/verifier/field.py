@@ -173,7 +173,6 @@ def _mm_slab(a: np.ndarray, b: np.ndarray, m: int, plan: _Plan, out: np.ndarray)
     """One slab of :func:`matmul_mod`, written into ``out``: for each chunk of the
     reduction dimension, the unsplit operand is converted to float64 once and each limb
     of the other multiplied with it (every partial sum an exact integer below 2^53)."""
-    mask = (1 << plan.width) - 1
     acc: list[np.ndarray | None] = [None] * plan.limbs
     # Any chunk shorter than the plan's is exact too; keep the float64 copies of the
     # operands' chunks near 4 * MM_SLAB elements.
@@ -195,14 +194,14 @@ def _mm_slab(a: np.ndarray, b: np.ndarray, m: int, plan: _Plan, out: np.ndarray)
                 np.remainder(prev, m, out=prev)
     # out = sum over limbs of acc[limb] * 2^(width * limb), by Horner's rule mod m.
     for limb in reversed(range(plan.limbs)):
-        part = acc[limb]
-        assert part is not None
+        total = acc[limb]
+        assert total is not None
         if limb == plan.limbs - 1:
-            out[...] = part
+            out[...] = total
         else:
             np.left_shift(out, plan.width, out=out)
             np.remainder(out, m, out=out)
-            out += part
+            out += total
             np.remainder(out, m, out=out)
 
 
