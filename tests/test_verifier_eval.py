@@ -41,6 +41,58 @@ def test_matmul_mod_is_exact() -> None:
     assert int(F.matmul_mod(big, big.T, F.P)[0, 0]) == 5000 % F.P  # (-1)^2 * 5000
 
 
+def _matmul_exact(a: np.ndarray, b: np.ndarray, m: int) -> np.ndarray:
+    """The reference: Python integers (object arrays), reduced at the end."""
+    return (np.matmul(a.astype(object), b.astype(object)) % m).astype(np.int64)
+
+
+@pytest.mark.parametrize("case", range(24))
+def test_matmul_mod_plans_and_slabs_are_exact(case: int, monkeypatch: pytest.MonkeyPatch
+                                              ) -> None:
+    """Every plan (limbs on either side, chunks), broadcast batches and slabs split
+    over batch entries and rows, against Python integers; also registered bounds."""
+    rng = np.random.default_rng(100 + case)
+    m = (F.P, F.Q)[case % 2]
+    bits_a, bits_b = [(22, 22), (31, 22), (22, 31), (31, 31), (12, 31), (31, 5)][case % 6]
+    batch_a, batch_b = [((), ()), ((3,), (3,)), ((2, 1), (1, 3)), ((4,), ())][case % 4]
+    rows, k, cols = [(3, 7, 5), (70, 40, 300), (1, 4100, 2), (130, 9, 50)][(case // 4) % 4]
+    # Small slabs, so that batches, rows and reduction chunks are all split.
+    monkeypatch.setattr(F, "MM_SLAB", 1 << 10)
+    a = rng.integers(0, min(m, 1 << bits_a), batch_a + (rows, k), dtype=np.int64)
+    b = rng.integers(0, min(m, 1 << bits_b), batch_b + (k, cols), dtype=np.int64)
+    if case % 3 == 0:
+        a[..., 0, :] = min(m, 1 << bits_a) - 1  # the largest values
+        b[..., :, 0] = min(m, 1 << bits_b) - 1
+    if case % 5 == 0:
+        F.register_bits(a, bits_a)
+    want = _matmul_exact(a, b, m)
+    got = F.matmul_mod(a, b, m)
+    assert got.shape == want.shape and np.array_equal(got, want)
+    # Views of an array with a registered bound use that bound, exactly.
+    if case % 5 == 0:
+        at = np.swapaxes(a, -1, -2)
+        bt = np.swapaxes(b, -1, -2)
+        assert np.array_equal(F.matmul_mod(bt, at, m), np.swapaxes(want, -1, -2))
+
+
+def test_matmul_mod_of_empty_operands() -> None:
+    z = F.matmul_mod(np.zeros((2, 3, 0), np.int64), np.zeros((0, 4), np.int64), F.P)
+    assert z.shape == (2, 3, 4) and not z.any()
+    assert F.matmul_mod(np.zeros((0, 3), np.int64), np.ones((3, 4), np.int64), F.Q).shape == (0, 4)
+
+
+def test_exp_table_in_slabs_matches_pow() -> None:
+    ctx = TrialContext(5, 1)
+    rng = np.random.default_rng(7)
+    a = rng.integers(0, F.Q, (3, F.SLAB + 11), dtype=np.int64)
+    a[0, :4] = [0, 1, F.Q - 1, 1 << 15]
+    g = F.subgroup_generator(5, 1)
+    e = ctx.exp(a[:, ::1].T)  # a non-contiguous view
+    want = [pow(g, int(x), F.P) for x in a.T.reshape(-1)[::997]]
+    assert [int(x) for x in e.reshape(-1)[::997]] == want
+    assert e.shape == a.T.shape
+
+
 def test_exp_is_a_homomorphism_and_inverse_flags_zero() -> None:
     ctx = TrialContext(3, 0)
     a = np.array([5, F.Q - 5, 17, 0], dtype=np.int64)
@@ -264,24 +316,21 @@ def test_trial_bound_parts() -> None:
     assert tb.trials_for(2.0 ** -40) == 2
 
 
-def test_float_mirror_views_match_astype() -> None:
+def test_bit_bounds_follow_views_and_are_dropped_with_their_array() -> None:
+    import gc
+
     from mirage_cli.verifier.evaluate import split_input
 
     x = np.arange(8 * 16, dtype=np.int64).reshape(8, 16) * 7919
-    F.register_mirror(x)
+    assert F.bit_bound(x) == int(x.max()).bit_length()
+    F.register_bits(x, 40)
     for imap, fmap in (((1, None, None), 0), ((None, 0, None), 1), ((None, None, None), None)):
         v = split_input(x, (2, 2, 1), 2, imap, fmap)  # type: ignore[arg-type]
-        assert np.array_equal(F.as_float(v), v.astype(np.float64))
-    assert np.array_equal(F.as_float(x[1:, 3::2].T), x[1:, 3::2].T.astype(np.float64))
-
-
-def test_float_mirror_is_dropped_with_its_array() -> None:
-    import gc
-
-    x = np.arange(10, dtype=np.int64)
-    F.register_mirror(x)
+        assert F.bit_bound(v) == 40
+    assert F.bit_bound(x[1:, 3::2].T) == 40
+    assert F.bit_bound(x.copy()) == int(x.max()).bit_length()  # a copy is not a view
     key = id(x)
-    assert key in F._MIRRORS
-    del x
+    assert key in F._BOUNDS
+    del x, v
     gc.collect()
-    assert key not in F._MIRRORS
+    assert key not in F._BOUNDS

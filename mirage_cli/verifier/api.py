@@ -35,7 +35,7 @@ from mirage_cli.verifier.analysis import Profile, profile
 from mirage_cli.verifier.bound import TrialBound, trial_bound
 from mirage_cli.verifier.crosscheck import CrossCheck, crosscheck
 from mirage_cli.verifier.evaluate import evaluate
-from mirage_cli.verifier.field import INPUT_BITS, P, Q, register_mirror
+from mirage_cli.verifier.field import INPUT_BITS, P, Q, register_bits
 from mirage_cli.verifier.semantics import FieldSem
 from mirage_cli.verifier.values import FVal, TrialContext, Unsupported
 
@@ -295,12 +295,22 @@ def _combine(fv: Verdict, cc: CrossCheck | None) -> tuple[str, str | None]:
 
 def _random_input(seed: int, t: int, k: int, shape: tuple[int, ...]) -> FVal:
     def draw(which: int) -> np.ndarray:
-        rng = np.random.default_rng([seed, t, k, which])
-        x = rng.integers(0, 1 << INPUT_BITS, size=shape, dtype=np.int64)
-        if x.size >= 1 << 16:
-            register_mirror(x)  # large inputs are matmul operands: convert once
-        return x
+        return draw_uniform(np.random.default_rng([seed, t, k, which]), shape)
     return FVal(lambda: draw(0), lambda: draw(1), lambda: draw(2))
+
+
+def draw_uniform(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
+    """int64 values uniform in [0, 2^INPUT_BITS): the low INPUT_BITS bits of the
+    generator's 32-bit output words (uniform and independent, as every bit of PCG64's
+    output is), masked straight into the result: no intermediate arrays."""
+    n = int(np.prod(shape))
+    words = rng.bit_generator.random_raw((n + 1) // 2).view(np.uint32)[:n]
+    x = np.empty(shape, dtype=np.int64)
+    np.bitwise_and(words.reshape(shape), np.uint32((1 << INPUT_BITS) - 1), out=x,
+                   casting="unsafe")
+    if x.size >= 1 << 16:
+        register_bits(x, INPUT_BITS)  # spares large matmuls a pass for the max
+    return x
 
 
 def _mismatch(a: Graph, b: Graph, ya: list[np.ndarray], yb: list[np.ndarray]

@@ -9,8 +9,8 @@ fits in an int64 and never overflows.
 
 Matrix products cannot use int64 numpy matmul (slow, and sums of 4096 products of
 two 31-bit numbers overflow). They are computed exactly with float64 BLAS instead:
-operands are split into 16-bit limbs where needed and the reduction dimension is cut
-into chunks so that every partial sum stays below 2^53 (exact in float64); the chunk
+one operand is split into limbs where needed and the reduction dimension is cut into
+chunks so that every partial sum stays below 2^53 (exact in float64); the chunk
 results are reduced mod the prime in int64 (see :func:`matmul_mod`).
 
 Random functions (for operators with no field meaning) are a keyed 64-bit mixer
@@ -21,6 +21,7 @@ key, so equal arguments always give equal results.
 from __future__ import annotations
 
 import weakref
+from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
@@ -40,95 +41,190 @@ def _bits(x: np.ndarray) -> int:
     return int(x.max()).bit_length() if x.size else 0
 
 
-def _chunk(bits_a: int, bits_b: int) -> int:
-    """Largest number of products of such operands that sum exactly in float64."""
-    return 1 << max(0, _EXACT_BITS - bits_a - bits_b)
+# Elementwise work on huge arrays (the matmuls' outputs and operands, exp) is done in
+# slabs of about this many elements: the temporaries then stay in cache and are reused,
+# instead of being freshly allocated arrays of 100+ MB whose first touch (page faults)
+# cost more than the arithmetic on this kind of machine.
+SLAB = 1 << 16
+# Matmul outputs are computed in larger slabs: many small GEMMs cost BLAS thread
+# start-ups and synchronisations, which dominate on a machine shared with other jobs.
+MM_SLAB = 1 << 22
 
 
-# float64 copies of large int64 arrays (the trial inputs), by id of the owning array.
-# int64 and float64 have the same item size, so any view of the int64 array (a tile
-# made by reshape/transpose/broadcast) is the same view of its float64 mirror.
-# A mirror lives exactly as long as its int64 array (a weak reference and a finalizer).
-_MIRRORS: dict[int, tuple[weakref.ref[np.ndarray], np.ndarray]] = {}
-
-
-def register_mirror(x: np.ndarray) -> None:
-    """Keep a float64 copy of ``x`` (a C-contiguous int64 array) for matmuls."""
-    _MIRRORS[id(x)] = (weakref.ref(x), x.astype(np.float64))
-    weakref.finalize(x, _MIRRORS.pop, id(x), None)
-
-
-def as_float(a: np.ndarray) -> np.ndarray:
-    """``a`` as float64, through the mirror of the array it is a view of, if any."""
+def _root(a: np.ndarray) -> np.ndarray:
     root = a
     while isinstance(root.base, np.ndarray):
         root = root.base
-    hit = _MIRRORS.get(id(root))
-    if hit is None or hit[0]() is not root or a.dtype != np.int64:
-        return a.astype(np.float64)
-    mirror = hit[1]
-    offset = a.__array_interface__["data"][0] - root.__array_interface__["data"][0]
-    flat = mirror.reshape(-1)[offset // 8:]
-    return np.lib.stride_tricks.as_strided(flat, a.shape, a.strides, writeable=False)
+    return root
 
 
-def _gemm(a: np.ndarray, b: np.ndarray, m: int, chunk: int) -> np.ndarray:
-    """``(a @ b) mod m`` by float64 GEMMs over chunks of the reduction dimension in
-    which every partial sum is exact."""
+# Bounds on the bit length of the elements of large int64 arrays (the trial inputs, drawn
+# below 2^INPUT_BITS), by id of the owning array, so that a matmul can pick its plan
+# without a pass over the array; an entry lives exactly as long as its array (a weak
+# reference and a finalizer). Views (tiles made by reshape/transpose/broadcast) find
+# their root's entry.
+_BOUNDS: dict[int, tuple[weakref.ref[np.ndarray], int]] = {}
+
+
+def register_bits(x: np.ndarray, bits: int) -> None:
+    """Record that every element of ``x`` (an int64 array owning its data) is below
+    ``2^bits``."""
+    _BOUNDS[id(x)] = (weakref.ref(x), bits)
+    weakref.finalize(x, _BOUNDS.pop, id(x), None)
+
+
+def bit_bound(a: np.ndarray) -> int:
+    """A bound on the bit length of ``a``'s elements: its root's registered bound, or
+    the bit length of its largest element."""
+    root = _root(a)
+    hit = _BOUNDS.get(id(root))
+    if hit is not None and hit[0]() is root:
+        return hit[1]
+    return _bits(a)
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """How to compute one modular matmul exactly in float64: operand ``side`` (0: a,
+    1: b) is split into ``limbs`` limbs of ``width`` bits (1 limb: no split), and the
+    reduction dimension into chunks of ``chunk``, so that no partial sum reaches 2^53."""
+
+    side: int
+    limbs: int
+    width: int
+    chunk: int
+
+
+# Rough costs (seconds per flop of a float64 GEMM on two cores, per element of an
+# elementwise pass in cache) used only to pick the cheapest exact plan.
+_GEMM_S, _PASS_S = 1 / 16e9, 1.5e-9
+
+
+def _plan(a: np.ndarray, b: np.ndarray, ba: int, bb: int) -> _Plan:
+    """The cheapest exact plan for these operand shapes and bit bounds."""
     k = a.shape[-1]
-    af, bf = as_float(a), as_float(b)
-    out = None
-    for s in range(0, k, chunk):
-        part = np.matmul(af[..., s:s + chunk], bf[..., s:s + chunk, :]).astype(np.int64) % m
-        out = part if out is None else (out + part) % m
-    assert out is not None
-    return out
+    batch = int(np.prod(np.broadcast_shapes(a.shape[:-2], b.shape[:-2])))
+    m_, n_ = a.shape[-2], b.shape[-1]
+    out = batch * m_ * n_
+    full = (batch * m_ * k, batch * k * n_)  # operand work once broadcast over the batch
+    best: tuple[float, _Plan] | None = None
+    for side in (0, 1):
+        bits, other = (ba, bb) if side == 0 else (bb, ba)
+        for limbs in range(1, 5):
+            width = max(1, -(-bits // limbs))
+            if limbs > 1 and width * (limbs - 1) >= bits:
+                continue  # fewer limbs would do
+            free = _EXACT_BITS - width - other
+            if free < 0:
+                continue
+            chunk = 1 << free
+            chunks = -(-k // chunk)
+            cost = limbs * 2 * out * k * _GEMM_S
+            cost += limbs * chunks * out * 4 * _PASS_S + (limbs - 1) * out * 4 * _PASS_S
+            cost += (3 * limbs if limbs > 1 else 1) * full[side] * _PASS_S
+            cost += full[1 - side] * _PASS_S
+            if best is None or cost < best[0]:
+                best = (cost, _Plan(side, limbs, width, chunk))
+    assert best is not None
+    return best[1]
+
+
+def _slabs(batch: tuple[int, ...], rows: int, inner: int, cols: int
+           ) -> list[tuple[tuple[int, ...], slice]]:
+    """(leading batch index, row range) pieces whose operands and output hold about
+    MM_SLAB elements together (at least one batch entry, and then row blocks)."""
+    per_entry = rows * inner + inner * cols + rows * cols
+    j = len(batch)
+    while j > 0 and int(np.prod(batch[j - 1:])) * per_entry <= MM_SLAB:
+        j -= 1
+    # Within one batch entry, split the rows only (the reduction dimension is chunked
+    # by _mm_slab, which bounds the converted part of the right operand).
+    step = max(1, rows)
+    if j == len(batch) and rows * (inner + cols) > MM_SLAB:
+        step = max(1, MM_SLAB // max(1, inner + cols))
+    return [(idx, slice(r, r + step)) for idx in np.ndindex(*batch[:j])
+            for r in range(0, rows, step)]
 
 
 def matmul_mod(a: np.ndarray, b: np.ndarray, m: int) -> np.ndarray:
     """``(a @ b) mod m`` for residues in [0, m), m < 2^31, batched like np.matmul.
 
-    The cheapest exact scheme for the operands' actual magnitudes: one GEMM when
-    products of the two are small enough (e.g. two inputs); else one operand split
-    into a 16-bit low and a high limb (two GEMMs; the smaller operand, when the
-    chunks of the reduction dimension stay long enough); else both split (Karatsuba,
-    three GEMMs)."""
-    k = a.shape[-1]
-    ba, bb = _bits(a), _bits(b)
-    want = min(k, 64)
-    if _chunk(ba, bb) >= min(k, 512):
-        return _gemm(a, b, m, _chunk(ba, bb))
-    options = []
-    for split_a in (True, False):
-        hi_bits = (ba if split_a else bb) - 16
-        c = _chunk(max(hi_bits, 16), bb if split_a else ba)
-        if c >= want:
-            size = a.size if split_a else b.size
-            out = np.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (a.shape[-2],
-                                                                      b.shape[-1])
-            cost = 2 * size + 2 * -(-k // c) * int(np.prod(out))
-            options.append((cost, split_a, c))
-    if not options:
-        return _karatsuba(a, b, m)
-    _, split_a, c = min(options)
-    if split_a:
-        hi, lo = _gemm(a >> 16, b, m, c), _gemm(a & 0xFFFF, b, m, c)
+    Exact float64 GEMMs: one operand (the cheaper one, by :func:`_plan`) is split into
+    limbs and the reduction dimension into chunks so that every partial sum is an
+    integer below 2^53; chunk results are reduced mod m in int64 and the limbs
+    recombined. The output is computed in slabs (batch entries, row blocks) and the
+    operands converted to float64 chunk by chunk, so every temporary is small and
+    reused: no float64 copy of a large operand is ever made."""
+    plan = _plan(a, b, bit_bound(a), bit_bound(b))
+    batch = np.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    m_, n_ = a.shape[-2], b.shape[-1]
+    ab = np.broadcast_to(a, batch + a.shape[-2:])
+    bb = np.broadcast_to(b, batch + b.shape[-2:])
+    out = np.empty(batch + (m_, n_), dtype=np.int64)
+    if a.shape[-1] == 0:
+        out.fill(0)  # an empty sum
+        return out
+    for idx, rows in _slabs(batch, m_, a.shape[-1], n_):
+        _mm_slab(ab[idx][..., rows, :], bb[idx], m, plan, out[idx][..., rows, :])
+    return out
+
+
+def _mm_slab(a: np.ndarray, b: np.ndarray, m: int, plan: _Plan, out: np.ndarray) -> None:
+    """One slab of :func:`matmul_mod`, written into ``out``: for each chunk of the
+    reduction dimension, the unsplit operand is converted to float64 once and each limb
+    of the other multiplied with it (every partial sum an exact integer below 2^53)."""
+    acc: list[np.ndarray | None] = [None] * plan.limbs
+    # Any chunk shorter than the plan's is exact too; keep the float64 copies of the
+    # operands' chunks near 4 * MM_SLAB elements.
+    rows_a = a.size // max(1, a.shape[-1])
+    cols_b = b.size // max(1, b.shape[-2])
+    per_k = max(1, rows_a * (plan.limbs if plan.side == 0 else 1)
+                + cols_b * (plan.limbs if plan.side == 1 else 1))
+    chunk = max(1, min(plan.chunk, max(256, 4 * MM_SLAB // per_k)))
+    for s in range(0, a.shape[-1], chunk):
+        ac, bc = a[..., s:s + chunk], b[..., s:s + chunk, :]
+        split, other = (ac, bc) if plan.side == 0 else (bc, ac)
+        of = other.astype(np.float64)
+        for limb, part in enumerate(_limb_products(split, of, plan, m)):
+            prev = acc[limb]
+            if prev is None:
+                acc[limb] = part
+            else:
+                prev += part
+                np.remainder(prev, m, out=prev)
+    # out = sum over limbs of acc[limb] * 2^(width * limb), by Horner's rule mod m.
+    for limb in reversed(range(plan.limbs)):
+        total = acc[limb]
+        assert total is not None
+        if limb == plan.limbs - 1:
+            out[...] = total
+        else:
+            np.left_shift(out, plan.width, out=out)
+            np.remainder(out, m, out=out)
+            out += total
+            np.remainder(out, m, out=out)
+
+
+def _limb_products(split: np.ndarray, of: np.ndarray, plan: _Plan, m: int
+                   ) -> list[np.ndarray]:
+    """Each limb of ``split`` times ``of`` (float64), mod m, in the plan's order."""
+    mask = (1 << plan.width) - 1
+    limbs = [(((split >> (plan.width * limb)) & mask) if plan.limbs > 1 else split
+              ).astype(np.float64) for limb in range(plan.limbs)]
+    axis = -2 if plan.side == 0 else -1
+    if plan.limbs > 1 and split.ndim == 2 and of.ndim == 2:
+        # Plain matrices: the limbs stacked along the rows (a) or columns (b), so that
+        # one GEMM reads the other operand once for all limbs.
+        stacked = [np.concatenate(limbs, axis=axis)]
     else:
-        hi, lo = _gemm(a, b >> 16, m, c), _gemm(a, b & 0xFFFF, m, c)
-    return ((hi << 16) % m + lo) % m
-
-
-def _karatsuba(a: np.ndarray, b: np.ndarray, m: int) -> np.ndarray:
-    """Both operands split into 15+16-bit limbs: three GEMMs of 17-bit numbers."""
-    c = _chunk(17, 17)
-    hi = _gemm(a >> 16, b >> 16, m, c)
-    lo = _gemm(a & 0xFFFF, b & 0xFFFF, m, c)
-    mid = _gemm((a >> 16) + (a & 0xFFFF), (b >> 16) + (b & 0xFFFF), m, c)
-    mid = (mid - hi - lo) % m
-    # hi * 2^32 + mid * 2^16 + lo, reduced step by step to stay below 2^63.
-    r = (hi << 16) % m
-    r = ((r + mid) << 16) % m
-    return (r + lo) % m
+        stacked = limbs
+    out = []
+    for pf in stacked:
+        prod = np.matmul(pf, of) if plan.side == 0 else np.matmul(of, pf)
+        whole = prod.astype(np.int64)
+        np.remainder(whole, m, out=whole)
+        out.extend(np.split(whole, len(limbs) // len(stacked), axis=axis))
+    return out
 
 
 def pow_mod(base: np.ndarray, e: int, m: int) -> np.ndarray:
@@ -166,9 +262,23 @@ class ExpTable:
         self.hi = _pow_table(pow(g, 1 << 15, P), 1, 1 << 15)
 
     def __call__(self, a: np.ndarray) -> np.ndarray:
-        out = self.hi[a >> 15]
-        out *= self.lo[a & 0x7FFF]
-        out %= P
+        # In slabs, into one output array: the index and gather temporaries are small
+        # and reused (see SLAB).
+        a = np.ascontiguousarray(a, dtype=np.int64)
+        out = np.empty(a.shape, dtype=np.int64)
+        flat_a, flat_o = a.reshape(-1), out.reshape(-1)
+        n = flat_a.size
+        idx = np.empty(min(n, SLAB), dtype=np.int64)
+        tmp = np.empty(min(n, SLAB), dtype=np.int64)
+        for s in range(0, n, SLAB):
+            src, dst = flat_a[s:s + SLAB], flat_o[s:s + SLAB]
+            i, t = idx[:src.size], tmp[:src.size]
+            np.right_shift(src, 15, out=i)
+            np.take(self.hi, i, out=dst)
+            np.bitwise_and(src, 0x7FFF, out=i)
+            np.take(self.lo, i, out=t)
+            np.multiply(dst, t, out=dst)
+            np.remainder(dst, P, out=dst)
         return out
 
 
