@@ -73,11 +73,10 @@ def example_files(root: Path = EXAMPLES) -> list[Path]:
 def example_goldens(example: Path) -> dict[Path, str]:
     """The golden files of one example and their expected text."""
     from mirage_cli import serialize
-    from mirage_cli.comments import format_source
-    from mirage_cli.parser import parse_text
-
     from mirage_cli.codegen.emit import emit
     from mirage_cli.codegen.lower import lower
+    from mirage_cli.comments import format_source
+    from mirage_cli.parser import parse_text
 
     text = example.read_text(encoding="utf-8")
     g = parse_text(text, str(example))

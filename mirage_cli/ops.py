@@ -17,12 +17,13 @@ Adding an operator means adding one ``register(OpDef(...))`` call here.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Literal, Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Literal
 
 import numpy as np
 
-from mirage_cli.ir import AttrValue, Attrs, DType, TensorType, attr
+from mirage_cli.ir import Attrs, AttrValue, DType, TensorType, attr
 
 KERNEL = "kernel"
 BLOCK = "block"
@@ -455,8 +456,8 @@ for _name, _spec in ACCUMULATORS.items():
 # operators (slot ``decompose``); the rule library is mirage_cli.search.abstract.
 # ---------------------------------------------------------------------------
 
-from mirage_cli.search import abstract as _ab  # noqa: E402
-from mirage_cli.search import flops as _fl  # noqa: E402
+from mirage_cli.search import abstract as _ab
+from mirage_cli.search import flops as _fl
 
 _ABSTRACT: dict[str, Any] = {
     "matmul": _ab.MATMUL,
@@ -509,7 +510,9 @@ for _name, _op in list(REGISTRY.items()):
 # CUDA emission (slot ``cuda``): see mirage_cli/codegen/cudaspec.py
 # ---------------------------------------------------------------------------
 
-from mirage_cli.codegen import cudaspec as _cudaspec  # noqa: E402  (no cycle: it imports no ops)
+# No import cycle: cudaspec imports nothing from this module.
+from mirage_cli.codegen import cudaspec as _cudaspec
+
 for _name, _def in list(REGISTRY.items()):
     REGISTRY[_name] = replace(
         _def, cuda=_cudaspec.ACCUM_SPEC if _def.is_accumulator else _cudaspec.CUDA_SPECS[_name])
