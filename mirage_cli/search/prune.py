@@ -191,6 +191,27 @@ class Oracle:
                 have["add"](have["sum"](n, x), have["sum"](n, y)),
                 patterns=[have["sum"](n, have["add"](x, y))])),
         ]
+        # Derived subexpression lemmas (consequences of mul_div, div_div, sum_div,
+        # commutativity and the downward closure of S), stated with triggers on the
+        # target's own terms: E-matching cannot find the instances of those axioms
+        # that would build a larger term around a candidate (e.g. that ``x / r`` is
+        # part of ``(c * sum(x * y)) / (r * s)``). Each lemma only yields smaller terms.
+        S = self.S
+        w = z3.Const("w", self.E)
+        rules += [
+            ("sub_div_mul", ("mul", "div"), lambda: fa(
+                [x, y, z], z3.Implies(S(have["div"](have["mul"](x, y), z)),
+                                      S(have["div"](y, z))),
+                patterns=[have["div"](have["mul"](x, y), z)])),
+            ("sub_div_mul_mul", ("mul", "div"), lambda: fa(
+                [x, y, z, w], z3.Implies(S(have["div"](have["mul"](x, y), have["mul"](z, w))),
+                                         S(have["div"](x, z))),
+                patterns=[have["div"](have["mul"](x, y), have["mul"](z, w))])),
+            ("sub_div_sum", ("sum", "div"), lambda: fa(
+                [n, x, y], z3.Implies(S(have["div"](have["sum"](n, x), y)),
+                                      S(have["div"](x, y))),
+                patterns=[have["div"](have["sum"](n, x), y)])),
+        ]
         for key, needs, make in rules:
             if key not in self._axiomatised and all(s in have for s in needs):
                 self._axiomatised.add(key)

@@ -52,6 +52,11 @@ def verify(reference: Graph, candidate: Graph, seed: int, chosen: bool = False) 
     ``chosen``: the candidate that will be ranked first (gets the float64 check too)."""
     if have_verifier():
         v = _verifier(reference, seed)
+        # A candidate whose per-trial bound is >= 1 can never be certified (certify
+        # would answer "inconclusive" after probing); say so without running trials.
+        if v.trial_bound(candidate).trials_for(v.bound) is None:
+            return Verdict(False, "finite-field random testing (cannot be certified: "
+                           "per-trial bound >= 1)", seed, {})
         quick = v.check(candidate, trials=1)  # one trial rejects most wrong ones cheaply
         if quick.equivalent is False:
             return Verdict(False, "finite-field random testing (1 trial, mismatch)", seed,
