@@ -21,7 +21,7 @@ import multiprocessing as mp
 import signal
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from mirage_cli import __version__
@@ -31,7 +31,7 @@ from mirage_cli.search.design import Design, Tuning
 from mirage_cli.search.enumerate import Limits, OutOfTime, Search, Stats, make_target
 from mirage_cli.search.split import split_reduction
 from mirage_cli.search.tune import tune
-from mirage_cli.search.verify import Verdict, verify
+from mirage_cli.search.verify import Verdict, have_verifier, verify
 
 Unit = tuple[int, Any]  # (max kernels, first move: a config or "predef")
 
@@ -203,10 +203,34 @@ def _splits(program: Graph, d: Design) -> list[Design]:
 
 def _verify_all(program: Graph, graphs: list[Graph], seed: int, jobs: int, first: bool
                 ) -> list[Verdict]:
-    """Verdicts of a batch, best first; with ``first`` the batch's first candidate may
-    become the chosen one (float64 cross-check too). In this process, so the
-    verifier's cached reference outputs serve every candidate."""
-    return [verify(program, g, seed, first and i == 0) for i, g in enumerate(graphs)]
+    """Finite-field verdicts of a batch, best first. In this process, so the
+    verifier's cached reference outputs serve every candidate. (``first`` is kept for
+    the interim method; the chosen candidate's float64 check is :func:`_check_chosen`.)"""
+    return [verify(program, g, seed, first and i == 0 and not have_verifier())
+            for i, g in enumerate(graphs)]
+
+
+def _check_chosen(program: Graph, out: list[Candidate], seed: int, prog: Progress
+                  ) -> list[Candidate]:
+    """The chosen (first) candidate must also pass the float64 cross-check; one that
+    does not is dropped and the next takes its place. Done on the final ranking, so
+    the result does not depend on how verification was batched over ``--jobs``."""
+    if not have_verifier():
+        return out  # the interim method is itself a float64 check
+    from mirage_cli.verifier.crosscheck import crosscheck
+
+    while out:
+        cc = crosscheck(program, out[0].graph, seed)
+        if cc.close:
+            record = {"verdict": "close", "method": "float64 reference interpreter",
+                      "seed": cc.seed, "rtol": cc.rtol, "atol": cc.atol,
+                      "max_rel_err": cc.max_rel_err}
+            out[0] = replace(out[0], verdict={**out[0].verdict, "float64": record})
+            return out
+        prog.verified -= 1
+        prog.rejected += 1
+        out.pop(0)
+    return out
 
 
 def rank_and_verify(program: Graph, designs: list[Design], options: SearchOptions,
@@ -255,6 +279,7 @@ def rank_and_verify(program: Graph, designs: list[Design], options: SearchOption
             elif not v.ok:
                 prog.rejected += 1
         notify(prog)
+    out = _check_chosen(program, out, options.seed, prog)
     prog.phase = "done"
     prog.seconds["verify"] = round(time.time() - t0, 2)
     notify(prog)
