@@ -334,3 +334,17 @@ def test_bit_bounds_follow_views_and_are_dropped_with_their_array() -> None:
     del x, v
     gc.collect()
     assert key not in F._BOUNDS
+
+
+def test_exp_assumption_stated_exactly_when_exp_is_used():
+    from mirage_cli.builder import GraphBuilder
+    from mirage_cli.verifier.api import Verifier
+
+    for op, attrs, expected in (("exp", {}, True), ("softmax", {"dim": 1}, True),
+                                ("square", {}, False)):
+        b = GraphBuilder(op)
+        b.output(b.op(op, b.input("X", (4, 8), "f32"), **attrs))
+        g = b.build()
+        cert = Verifier(g, seed=0).certify(g, crosscheck_float64=False)
+        stated = any("generic-exponent" in a for a in cert.assumptions)
+        assert stated is expected, op

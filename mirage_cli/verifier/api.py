@@ -265,16 +265,12 @@ class Verifier:
         out = [("the cleared difference of the two graphs, a polynomial with rational "
                 "coefficients, has a coefficient that P does not divide"),
                "random functions are a keyed 64-bit hash, modelled as uniformly random"]
-        if any(_uses_exp(n) for n in used):
+        if any(ops.get(n).field.uses_exp for n in used):
             out.append("exp (generic-exponent model): the values g^b of pairwise distinct "
                        "exponent terms are treated as independent uniform elements of "
                        "the order-Q subgroup, up to exp(a+b) = exp(a) exp(b); this step is "
                        "not proven (see docs/verification.md)")
         return tuple(out)
-
-
-def _uses_exp(name: str) -> bool:
-    return name in ("exp", "softmax")
 
 
 def _combine(fv: Verdict, cc: CrossCheck | None) -> tuple[str, str | None]:

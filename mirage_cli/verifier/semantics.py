@@ -81,6 +81,8 @@ class FieldSem:
     # or "rows" (elements of the input without its last dim).
     # Degree of the random function's key, when it is not the operand itself.
     key_stat: StatFn | None = None
+    # Evaluates exp, so the bound rests on the generic-exponent model (api.py states it).
+    uses_exp: bool = False
 
 
 # ---------------------------------------------------------------------------
@@ -309,7 +311,7 @@ SEMANTICS: dict[str, FieldSem] = {
     "mul": FieldSem(_ring(lambda x, y, m: x * y % m), st_mul, EXACT),
     "div": FieldSem(ev_div, st_div, RATIONAL, inverts=inv_divisor),
     "exp": FieldSem(ev_exp, st_exp, "exp(a) = g^a: Z_Q additive -> Z_P multiplicative, "
-                    "g of order Q drawn per trial"),
+                    "g of order Q drawn per trial", uses_exp=True),
     "silu": FieldSem(_ev_random("silu"), st_atom, "random function per trial, shared by "
                      "both sides", random_fn="silu"),
     "gelu": FieldSem(_ev_random("gelu"), st_atom, "random function per trial, shared by "
@@ -335,7 +337,7 @@ SEMANTICS: dict[str, FieldSem] = {
                          "+ eps), times g", random_fn="sqrt", keys_from="rows",
                          inverts=inv_rows, key_stat=st_rms_key),
     "softmax": FieldSem(ev_softmax, st_softmax, "exp (as above) divided by its sum",
-                        inverts=inv_rows),
+                        inverts=inv_rows, uses_exp=True),
     "concat": FieldSem(ev_concat, st_concat, EXACT),
     "sum_to": FieldSem(ev_sum_to, st_sum_to, EXACT),
 }
