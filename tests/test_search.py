@@ -2,16 +2,13 @@
 
 from __future__ import annotations
 
-import numpy as np
-import pytest
 from click.testing import CliRunner
 
-from mirage_cli import interp, serialize
+from mirage_cli import serialize
 from mirage_cli.cli import main
 from mirage_cli.loading import load_graph
 from mirage_cli.parser import parse_text
 from mirage_cli.search import abstract as ab
-from mirage_cli.search import batched
 from mirage_cli.search.analysis import analyze
 from mirage_cli.search.driver import SearchOptions, search
 from mirage_cli.search.enumerate import Limits, Search, make_target
@@ -154,19 +151,6 @@ def test_split_reduction_gives_verified_flash_decoding():
         if found == 2:
             break
     assert found >= 1
-
-
-@pytest.mark.parametrize("name,defines", [
-    ("gqa", {"batch": 1, "rows": 64, "seq": 256}),
-    ("ntrans", {}),
-    ("lora", {"batch": 1}),
-])
-def test_batched_evaluation_matches_the_interpreter(name, defines):
-    g = load_graph(f"examples/mugraphs/{name}_fused.mir", defines)
-    ins = interp.random_inputs(g, 3)
-    a, b = interp.run(g, ins), batched.run(g, ins)
-    for k in a:
-        np.testing.assert_allclose(b[k], a[k], rtol=1e-12, atol=1e-12)
 
 
 def test_search_command_writes_candidates_and_caches(tmp_path, monkeypatch):

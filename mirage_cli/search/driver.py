@@ -31,7 +31,7 @@ from mirage_cli.search.design import Design, Tuning
 from mirage_cli.search.enumerate import Limits, OutOfTime, Search, Stats, make_target
 from mirage_cli.search.split import split_reduction
 from mirage_cli.search.tune import tune
-from mirage_cli.search.verify import Verdict, have_verifier, verify
+from mirage_cli.search.verify import Verdict, verify
 
 Unit = tuple[int, Any]  # (max kernels, first move: a config or "predef")
 
@@ -201,13 +201,11 @@ def _splits(program: Graph, d: Design) -> list[Design]:
     return [] if sd is None else [sd]
 
 
-def _verify_all(program: Graph, graphs: list[Graph], seed: int, jobs: int, first: bool
-                ) -> list[Verdict]:
+def _verify_all(program: Graph, graphs: list[Graph], seed: int) -> list[Verdict]:
     """Finite-field verdicts of a batch, best first. In this process, so the
-    verifier's cached reference outputs serve every candidate. (``first`` is kept for
-    the interim method; the chosen candidate's float64 check is :func:`_check_chosen`.)"""
-    return [verify(program, g, seed, first and i == 0 and not have_verifier())
-            for i, g in enumerate(graphs)]
+    verifier's cached reference outputs serve every candidate; the chosen candidate's
+    float64 check is :func:`_check_chosen`."""
+    return [verify(program, g, seed) for g in graphs]
 
 
 def _check_chosen(program: Graph, out: list[Candidate], seed: int, prog: Progress
@@ -215,8 +213,6 @@ def _check_chosen(program: Graph, out: list[Candidate], seed: int, prog: Progres
     """The chosen (first) candidate must also pass the float64 cross-check; one that
     does not is dropped and the next takes its place. Done on the final ranking, so
     the result does not depend on how verification was batched over ``--jobs``."""
-    if not have_verifier():
-        return out  # the interim method is itself a float64 check
     from mirage_cli.verifier.crosscheck import crosscheck
 
     while out:
@@ -263,14 +259,13 @@ def rank_and_verify(program: Graph, designs: list[Design], options: SearchOption
         if g not in seen_graphs and c.fits:
             seen_graphs.add(g)
             todo.append((d, t, g, c))
-    # Verify in batches of ``jobs`` (in parallel), best first, until ``top`` pass.
+    # Verify best first, until ``top`` pass (in this process: see _verify_all).
     step = max(1, jobs)
     for i in range(0, len(todo), step):
         if len(out) >= options.top:
             break
         batch = todo[i:i + step]
-        verdicts = _verify_all(program, [g for _, _, g, _ in batch], options.seed, jobs,
-                               first=not out)
+        verdicts = _verify_all(program, [g for _, _, g, _ in batch], options.seed)
         for (d, t, g, c), v in zip(batch, verdicts):
             if v.ok and len(out) < options.top:
                 prog.verified += 1
