@@ -71,8 +71,8 @@ def analyze(g: Graph) -> Analysis:
     resolved = {n: AVal(v.term, v.type, tuple(uf.find(x) for x in v.labels))
                 for n, v in env.items()}
     sizes: dict[int, int] = {}
-    for v in resolved.values():
-        for lab, n in zip(v.labels, v.type.shape):
+    for rv in resolved.values():
+        for lab, n in zip(rv.labels, rv.type.shape):
             if lab != UNIT:
                 sizes[lab] = max(sizes.get(lab, 1), n)
     return Analysis(resolved, tuple(resolved[n] for n in g.outputs), sizes)

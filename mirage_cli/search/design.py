@@ -105,7 +105,8 @@ def instantiate(target: Graph, design: Design, tuning: Tuning, threads: int = 12
     try:
         for step in design.steps:
             if isinstance(step, PredefD):
-                b.op(step.op, *step.args, out=step.name, **dict(step.attrs))
+                b.op(step.op, *step.args, out=step.name,
+                     **dict(step.attrs))  # type: ignore[arg-type]  # attrs, not out/span
                 continue
             grid, forloop = tuning[k]
             k += 1
@@ -122,7 +123,8 @@ def _custom(b: GraphBuilder, step: CustomD, grid: tuple[int, int, int], forloop:
     kb = b.custom(grid, threads, forloop)
     tiles = [kb.load(ld.source, ld.imap, ld.fmap) for ld in step.loads]
     for o in step.ops:
-        tiles.append(kb.op(o.op, *(tiles[i] for i in o.args), **dict(o.attrs)))
+        tiles.append(kb.op(o.op, *(tiles[i] for i in o.args),
+                           **dict(o.attrs)))  # type: ignore[arg-type]  # attrs only
     kb.finish([(tiles[s.tile], s.name, s.omap) for s in step.stores])
 
 

@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from mirage_cli import __version__
+from mirage_cli.diagnostics import MirageError
 from mirage_cli.ir import Graph
 from mirage_cli.search.cost import Cost
 from mirage_cli.search.design import Design, Tuning
@@ -120,8 +121,9 @@ def _run_unit(unit: Unit) -> tuple[list[Design], Stats, int, bool]:
     out: list[Design] = []
     timed_out = False
     try:
+        # One at a time, so the designs found before the budget runs out are kept.
         for d in s.designs(s.initial(), kernels, first):
-            out.append(d)
+            out.append(d)  # noqa: PERF402
     except OutOfTime:
         timed_out = True
     return out, s.stats, target.oracle.stats.queries - before, timed_out
@@ -313,7 +315,7 @@ def cached_search(program: Graph, options: SearchOptions, budget: float | None, 
         if text is not None:
             try:
                 return Outcome(text, serialize.loads_candidates(text), True, True, None)
-            except Exception:  # noqa: BLE001 - a damaged cache entry is just a miss
+            except MirageError:  # a damaged cache entry is just a miss
                 pass
     res = search(program, options, budget, jobs, on_progress)
     pairs = [(c.graph, c.meta(i)) for i, c in enumerate(res.candidates)]

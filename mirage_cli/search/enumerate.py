@@ -352,7 +352,7 @@ class BlockSearch:
         self._make_loads()
 
     def _make_loads(self) -> None:
-        mapped = set()
+        mapped: set[int] = set()
         looped = False
         for name, v in self.state.tensors:
             imap = tuple(v.labels.index(lab) if lab in v.labels else None

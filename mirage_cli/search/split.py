@@ -16,7 +16,7 @@ and verified before it is emitted.
 from __future__ import annotations
 
 from mirage_cli import ops
-from mirage_cli.ir import Graph
+from mirage_cli.ir import AxisMap, Graph
 from mirage_cli.search.design import CustomD, Design, LoadD, OpD, StoreD, Tuning, instantiate
 
 
@@ -75,8 +75,7 @@ def split_reduction(target: Graph, design: Design, tuning: Tuning) -> Design | N
     # chunks, run the epilogue.
     inv_used = sorted({x for k, o in enumerate(c.ops) if phase[nl + k] == "epilogue"
                        for x in o.args if x < nl})
-    loads2 = [LoadD(s.name, tuple(s.omap[i] if i < a else None for i in range(3)), None)
-              for s in stores1]  # type: ignore[misc]
+    loads2 = [LoadD(s.name, _first_axes(s.omap, a), None) for s in stores1]
     loads2 += [LoadD(c.loads[x].source, c.loads[x].imap, None) for x in inv_used]
     remap: dict[int, int] = {x: len(stores1) + i for i, x in enumerate(inv_used)}
     ops2: list[OpD] = []
@@ -104,3 +103,9 @@ def _set(amap: tuple[int | None, ...], axis: int, dim: int | None
     m = list(amap) + [None] * (3 - len(amap))
     m[axis] = dim
     return (m[0], m[1], m[2])
+
+
+def _first_axes(omap: AxisMap, n: int) -> AxisMap:
+    """``omap`` with only its first ``n`` grid axes kept (the others replicate)."""
+    x, y, z = (omap[i] if i < n else None for i in range(3))
+    return (x, y, z)
