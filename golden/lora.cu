@@ -4,9 +4,9 @@
 //   cudaError_t lora(const void* X, const void* W, const void* A, const void* B, void* O, void* workspace, cudaStream_t stream);
 // Device pointers must be 16-byte aligned; the workspace must hold
 // lora_workspace_bytes() bytes. No allocation, synchronisation or exit inside.
-// kernel lora_k0: grid [512, 1, 1], 128 threads, 12800 B dynamic shared memory
-// kernel lora_k1: grid [2, 1, 1], 128 threads, 12800 B dynamic shared memory
-// kernel lora_k2: grid [512, 1, 1], 128 threads, 1280 B dynamic shared memory
+// kernel lora_k0: grid [512, 1, 1], 128 threads, 13840 B dynamic shared memory
+// kernel lora_k1: grid [2, 1, 1], 128 threads, 13840 B dynamic shared memory
+// kernel lora_k2: grid [512, 1, 1], 128 threads, 1552 B dynamic shared memory
 // kernel lora_k3: grid [256, 1, 1], 256 threads, 0 B dynamic shared memory
 
 // Storage types and helpers. The device code needs no header, so NVRTC compiles it
@@ -94,9 +94,36 @@ __device__ __forceinline__ void mg_mma_bf16(float* d, unsigned a0, unsigned a1, 
                : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
                : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
+// ldmatrix: four (or two, transposed) 8x8 matrices of 16-bit elements from shared
+// memory, one 16-byte row address per lane, straight into mma operand registers.
+__device__ __forceinline__ void mg_ldsm_x4(unsigned& r0, unsigned& r1, unsigned& r2,
+                                           unsigned& r3, const void* p) {
+  const unsigned s = (unsigned)__cvta_generic_to_shared(p);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(s));
+}
+__device__ __forceinline__ void mg_ldsm_x2_t(unsigned& r0, unsigned& r1, const void* p) {
+  const unsigned s = (unsigned)__cvta_generic_to_shared(p);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];"
+               : "=r"(r0), "=r"(r1) : "r"(s));
+}
+// Eight f32 values rounded and stored as one 16-byte access.
+struct __align__(16) mg_u4 { unsigned x, y, z, w; };
+__device__ __forceinline__ void mg_st8(mg_f16* p, float v0, float v1, float v2, float v3,
+                                       float v4, float v5, float v6, float v7) {
+  mg_u4 u = {mg_pack_f16(v0, v1), mg_pack_f16(v2, v3), mg_pack_f16(v4, v5),
+             mg_pack_f16(v6, v7)};
+  *reinterpret_cast<mg_u4*>(p) = u;
+}
+__device__ __forceinline__ void mg_st8(mg_bf16* p, float v0, float v1, float v2, float v3,
+                                       float v4, float v5, float v6, float v7) {
+  mg_u4 u = {mg_pack_bf16(v0, v1), mg_pack_bf16(v2, v3), mg_pack_bf16(v4, v5),
+             mg_pack_bf16(v6, v7)};
+  *reinterpret_cast<mg_u4*>(p) = u;
+}
 
 // matmul as a generated block graph: grid [512, 1, 1], forloop 4, tensor cores
-extern "C" __global__ void __launch_bounds__(128) lora_k0(
+extern "C" __global__ void __launch_bounds__(128, 1) lora_k0(
     const mg_f16* __restrict__ p0,
     const mg_f16* __restrict__ p1,
     mg_f16* __restrict__ p2) {
@@ -105,40 +132,39 @@ extern "C" __global__ void __launch_bounds__(128) lora_k0(
   extern __shared__ __align__(16) unsigned char mg_smem[];
   const int base_a = 0;
   const int base_b = bx * 8;
+  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 13824);
+  if (threadIdx.x < 4) mg_zero[threadIdx.x] = 0u;
   mg_f16* sm_a_0 = reinterpret_cast<mg_f16*>(mg_smem + 0);
-  mg_f16* sm_b_0 = reinterpret_cast<mg_f16*>(mg_smem + 8192);
-  float* buf_s = reinterpret_cast<float*>(mg_smem + 12288);
+  mg_f16* sm_b_0 = reinterpret_cast<mg_f16*>(mg_smem + 9216);
+  float* buf_s = reinterpret_cast<float*>(mg_smem + 13312);
   for (int c1 = threadIdx.x; c1 < 128; c1 += 128) {
-    const int s2_0 = (c1 * 8) / 64;
-    const int s2_1 = ((c1 * 8)) % 64;
-    mg_cp_async16((sm_a_0 + ((0) % 4) * 1024) + c1 * 8, p0 + ((base_a + 0) + s2_0 * 256 + s2_1));
+    const int s2_0 = c1 / 8;
+    const int s2_1 = (c1) % 8;
+    mg_cp_async16((sm_a_0 + ((0) % 4) * 1152) + (s2_0 * 72 + (s2_1 * 8)), p0 + ((base_a + 0) + s2_0 * 256 + (s2_1 * 8)));
   }
   for (int c3 = threadIdx.x; c3 < 64; c3 += 128) {
-    const int s4_0 = (c3 * 8) / 8;
-    const int s4_1 = ((c3 * 8)) % 8;
-    mg_cp_async16((sm_b_0 + ((0) % 4) * 512) + c3 * 8, p1 + ((base_b + 0) + s4_0 * 4096 + s4_1));
+    const int s4_0 = c3;
+    mg_cp_async16((sm_b_0 + ((0) % 4) * 512) + (s4_0 * 8), p1 + ((base_b + 0) + s4_0 * 4096));
   }
   mg_cp_async_commit();
   for (int c5 = threadIdx.x; c5 < 128; c5 += 128) {
-    const int s6_0 = (c5 * 8) / 64;
-    const int s6_1 = ((c5 * 8)) % 64;
-    mg_cp_async16((sm_a_0 + ((1) % 4) * 1024) + c5 * 8, p0 + ((base_a + 64) + s6_0 * 256 + s6_1));
+    const int s6_0 = c5 / 8;
+    const int s6_1 = (c5) % 8;
+    mg_cp_async16((sm_a_0 + ((1) % 4) * 1152) + (s6_0 * 72 + (s6_1 * 8)), p0 + ((base_a + 64) + s6_0 * 256 + (s6_1 * 8)));
   }
   for (int c7 = threadIdx.x; c7 < 64; c7 += 128) {
-    const int s8_0 = (c7 * 8) / 8;
-    const int s8_1 = ((c7 * 8)) % 8;
-    mg_cp_async16((sm_b_0 + ((1) % 4) * 512) + c7 * 8, p1 + ((base_b + 262144) + s8_0 * 4096 + s8_1));
+    const int s8_0 = c7;
+    mg_cp_async16((sm_b_0 + ((1) % 4) * 512) + (s8_0 * 8), p1 + ((base_b + 262144) + s8_0 * 4096));
   }
   mg_cp_async_commit();
   for (int c9 = threadIdx.x; c9 < 128; c9 += 128) {
-    const int s10_0 = (c9 * 8) / 64;
-    const int s10_1 = ((c9 * 8)) % 64;
-    mg_cp_async16((sm_a_0 + ((2) % 4) * 1024) + c9 * 8, p0 + ((base_a + 128) + s10_0 * 256 + s10_1));
+    const int s10_0 = c9 / 8;
+    const int s10_1 = (c9) % 8;
+    mg_cp_async16((sm_a_0 + ((2) % 4) * 1152) + (s10_0 * 72 + (s10_1 * 8)), p0 + ((base_a + 128) + s10_0 * 256 + (s10_1 * 8)));
   }
   for (int c11 = threadIdx.x; c11 < 64; c11 += 128) {
-    const int s12_0 = (c11 * 8) / 8;
-    const int s12_1 = ((c11 * 8)) % 8;
-    mg_cp_async16((sm_b_0 + ((2) % 4) * 512) + c11 * 8, p1 + ((base_b + 524288) + s12_0 * 4096 + s12_1));
+    const int s12_0 = c11;
+    mg_cp_async16((sm_b_0 + ((2) % 4) * 512) + (s12_0 * 8), p1 + ((base_b + 524288) + s12_0 * 4096));
   }
   mg_cp_async_commit();
   float acc_s[1][4];
@@ -149,49 +175,49 @@ extern "C" __global__ void __launch_bounds__(128) lora_k0(
     const int off_b = base_b + it * 262144;
     if (it + 3 < 4) {
       for (int c13 = threadIdx.x; c13 < 128; c13 += 128) {
-        const int s14_0 = (c13 * 8) / 64;
-        const int s14_1 = ((c13 * 8)) % 64;
-        mg_cp_async16((sm_a_0 + (((it + 3)) % 4) * 1024) + c13 * 8, p0 + ((off_a + 192) + s14_0 * 256 + s14_1));
+        const int s14_0 = c13 / 8;
+        const int s14_1 = (c13) % 8;
+        mg_cp_async16((sm_a_0 + (((it + 3)) % 4) * 1152) + (s14_0 * 72 + (s14_1 * 8)), p0 + ((off_a + 192) + s14_0 * 256 + (s14_1 * 8)));
       }
       for (int c15 = threadIdx.x; c15 < 64; c15 += 128) {
-        const int s16_0 = (c15 * 8) / 8;
-        const int s16_1 = ((c15 * 8)) % 8;
-        mg_cp_async16((sm_b_0 + (((it + 3)) % 4) * 512) + c15 * 8, p1 + ((off_b + 786432) + s16_0 * 4096 + s16_1));
+        const int s16_0 = c15;
+        mg_cp_async16((sm_b_0 + (((it + 3)) % 4) * 512) + (s16_0 * 8), p1 + ((off_b + 786432) + s16_0 * 4096));
       }
     }
     mg_cp_async_commit();
     mg_cp_async_wait<3>();
     __syncthreads();
-    const auto* sm_a = (sm_a_0 + ((it) % 4) * 1024);
+    const auto* sm_a = (sm_a_0 + ((it) % 4) * 1152);
     const auto* sm_b = (sm_b_0 + ((it) % 4) * 512);
     {
       const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
       const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
       (void)mg_g; (void)mg_t;
+      const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
+      (void)mg_ks;
+    #pragma unroll 2
+    for (int s = 0; s < 4; ++s) {
+      const int kk = (mg_ks + s * 1) * 16;
+      const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
+      (void)k0; (void)k1;
+      unsigned ra0, ra1, ra2, ra3;
+      const int mg_mi = 0, r0 = mg_g, r1 = r0 + 8;
+      (void)r0; (void)r1;
+      mg_ldsm_x4(ra0, ra1, ra2, ra3, (sm_a + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) * 72 + (kk + (mg_lane >> 4) * 8))));
       #pragma unroll
       for (int j = 0; j < 1; ++j) {
-        const int q = mg_warp + 4 * j;
+        const int q = mg_grp + 4 * j;
         if (q < 1) {
           const int mg_nb = q / 1;
-          const int mg_mi = (q / 1) % 1;
           const int mg_ni = q % 1;
-          const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
-          const int c0 = mg_ni * 8 + 2 * mg_t;
-          (void)mg_nb; (void)r1; (void)c0;
-          #pragma unroll 2
-          for (int kk = 0; kk < 64; kk += 16) {
-            const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
-            const int n0 = mg_ni * 8 + mg_g;
-            const unsigned ra0 = *reinterpret_cast<const unsigned*>(sm_a + (r0 * 64 + k0));
-            const unsigned ra1 = *reinterpret_cast<const unsigned*>(sm_a + (r1 * 64 + k0));
-            const unsigned ra2 = *reinterpret_cast<const unsigned*>(sm_a + (r0 * 64 + k1));
-            const unsigned ra3 = *reinterpret_cast<const unsigned*>(sm_a + (r1 * 64 + k1));
-            const unsigned rb0 = mg_bits2(sm_b[k0 * 8 + n0], sm_b[(k0 + 1) * 8 + n0]);
-            const unsigned rb1 = mg_bits2(sm_b[k1 * 8 + n0], sm_b[(k1 + 1) * 8 + n0]);
-            mg_mma_f16(acc_s[j], ra0, ra1, ra2, ra3, rb0, rb1);
-          }
+          const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
+          (void)mg_nb; (void)c0; (void)n0;
+          unsigned rb0, rb1;
+          mg_ldsm_x2_t(rb0, rb1, (sm_b + ((kk + (mg_lane & 15)) * 8 + (mg_ni * 8))));
+          mg_mma_f16(acc_s[j], ra0, ra1, ra2, ra3, rb0, rb1);
         }
       }
+    }
     }
     __syncthreads();
   }
@@ -199,16 +225,18 @@ extern "C" __global__ void __launch_bounds__(128) lora_k0(
     const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
     const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
     (void)mg_g; (void)mg_t;
+    const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
+    (void)mg_ks;
     #pragma unroll
     for (int j = 0; j < 1; ++j) {
-      const int q = mg_warp + 4 * j;
+      const int q = mg_grp + 4 * j;
       if (q < 1) {
         const int mg_nb = q / 1;
         const int mg_mi = (q / 1) % 1;
         const int mg_ni = q % 1;
         const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
-        const int c0 = mg_ni * 8 + 2 * mg_t;
-        (void)mg_nb; (void)r1; (void)c0;
+        const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
+        (void)mg_nb; (void)r1; (void)c0; (void)n0;
         buf_s[r0 * 8 + c0] = acc_s[j][0];
         buf_s[r0 * 8 + (c0 + 1)] = acc_s[j][1];
         buf_s[r1 * 8 + c0] = acc_s[j][2];
@@ -217,15 +245,14 @@ extern "C" __global__ void __launch_bounds__(128) lora_k0(
     }
   }
   __syncthreads();
-  for (int e17 = threadIdx.x; e17 < 128; e17 += 128) {
-    const int i18_0 = e17 / 8;
-    const int i18_1 = (e17) % 8;
-    mg_st(p2 + (bx * 8 + i18_0 * 4096 + i18_1), buf_s[i18_0 * 8 + i18_1]);
+  for (int e17 = threadIdx.x; e17 < 16; e17 += 128) {
+    const int i18_0 = e17;
+    mg_st8(p2 + (bx * 8 + i18_0 * 4096), buf_s[i18_0 * 8 + (0 + 0)], buf_s[i18_0 * 8 + (0 + 1)], buf_s[i18_0 * 8 + (0 + 2)], buf_s[i18_0 * 8 + (0 + 3)], buf_s[i18_0 * 8 + (0 + 4)], buf_s[i18_0 * 8 + (0 + 5)], buf_s[i18_0 * 8 + (0 + 6)], buf_s[i18_0 * 8 + (0 + 7)]);
   }
 }
 
 // matmul as a generated block graph: grid [2, 1, 1], forloop 4, tensor cores
-extern "C" __global__ void __launch_bounds__(128) lora_k1(
+extern "C" __global__ void __launch_bounds__(128, 1) lora_k1(
     const mg_f16* __restrict__ p0,
     const mg_f16* __restrict__ p1,
     mg_f16* __restrict__ p2) {
@@ -234,40 +261,39 @@ extern "C" __global__ void __launch_bounds__(128) lora_k1(
   extern __shared__ __align__(16) unsigned char mg_smem[];
   const int base_a = 0;
   const int base_b = bx * 8;
+  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 13824);
+  if (threadIdx.x < 4) mg_zero[threadIdx.x] = 0u;
   mg_f16* sm_a_0 = reinterpret_cast<mg_f16*>(mg_smem + 0);
-  mg_f16* sm_b_0 = reinterpret_cast<mg_f16*>(mg_smem + 8192);
-  float* buf_s = reinterpret_cast<float*>(mg_smem + 12288);
+  mg_f16* sm_b_0 = reinterpret_cast<mg_f16*>(mg_smem + 9216);
+  float* buf_s = reinterpret_cast<float*>(mg_smem + 13312);
   for (int c1 = threadIdx.x; c1 < 128; c1 += 128) {
-    const int s2_0 = (c1 * 8) / 64;
-    const int s2_1 = ((c1 * 8)) % 64;
-    mg_cp_async16((sm_a_0 + ((0) % 4) * 1024) + c1 * 8, p0 + ((base_a + 0) + s2_0 * 256 + s2_1));
+    const int s2_0 = c1 / 8;
+    const int s2_1 = (c1) % 8;
+    mg_cp_async16((sm_a_0 + ((0) % 4) * 1152) + (s2_0 * 72 + (s2_1 * 8)), p0 + ((base_a + 0) + s2_0 * 256 + (s2_1 * 8)));
   }
   for (int c3 = threadIdx.x; c3 < 64; c3 += 128) {
-    const int s4_0 = (c3 * 8) / 8;
-    const int s4_1 = ((c3 * 8)) % 8;
-    mg_cp_async16((sm_b_0 + ((0) % 4) * 512) + c3 * 8, p1 + ((base_b + 0) + s4_0 * 16 + s4_1));
+    const int s4_0 = c3;
+    mg_cp_async16((sm_b_0 + ((0) % 4) * 512) + (s4_0 * 8), p1 + ((base_b + 0) + s4_0 * 16));
   }
   mg_cp_async_commit();
   for (int c5 = threadIdx.x; c5 < 128; c5 += 128) {
-    const int s6_0 = (c5 * 8) / 64;
-    const int s6_1 = ((c5 * 8)) % 64;
-    mg_cp_async16((sm_a_0 + ((1) % 4) * 1024) + c5 * 8, p0 + ((base_a + 64) + s6_0 * 256 + s6_1));
+    const int s6_0 = c5 / 8;
+    const int s6_1 = (c5) % 8;
+    mg_cp_async16((sm_a_0 + ((1) % 4) * 1152) + (s6_0 * 72 + (s6_1 * 8)), p0 + ((base_a + 64) + s6_0 * 256 + (s6_1 * 8)));
   }
   for (int c7 = threadIdx.x; c7 < 64; c7 += 128) {
-    const int s8_0 = (c7 * 8) / 8;
-    const int s8_1 = ((c7 * 8)) % 8;
-    mg_cp_async16((sm_b_0 + ((1) % 4) * 512) + c7 * 8, p1 + ((base_b + 1024) + s8_0 * 16 + s8_1));
+    const int s8_0 = c7;
+    mg_cp_async16((sm_b_0 + ((1) % 4) * 512) + (s8_0 * 8), p1 + ((base_b + 1024) + s8_0 * 16));
   }
   mg_cp_async_commit();
   for (int c9 = threadIdx.x; c9 < 128; c9 += 128) {
-    const int s10_0 = (c9 * 8) / 64;
-    const int s10_1 = ((c9 * 8)) % 64;
-    mg_cp_async16((sm_a_0 + ((2) % 4) * 1024) + c9 * 8, p0 + ((base_a + 128) + s10_0 * 256 + s10_1));
+    const int s10_0 = c9 / 8;
+    const int s10_1 = (c9) % 8;
+    mg_cp_async16((sm_a_0 + ((2) % 4) * 1152) + (s10_0 * 72 + (s10_1 * 8)), p0 + ((base_a + 128) + s10_0 * 256 + (s10_1 * 8)));
   }
   for (int c11 = threadIdx.x; c11 < 64; c11 += 128) {
-    const int s12_0 = (c11 * 8) / 8;
-    const int s12_1 = ((c11 * 8)) % 8;
-    mg_cp_async16((sm_b_0 + ((2) % 4) * 512) + c11 * 8, p1 + ((base_b + 2048) + s12_0 * 16 + s12_1));
+    const int s12_0 = c11;
+    mg_cp_async16((sm_b_0 + ((2) % 4) * 512) + (s12_0 * 8), p1 + ((base_b + 2048) + s12_0 * 16));
   }
   mg_cp_async_commit();
   float acc_s[1][4];
@@ -278,49 +304,49 @@ extern "C" __global__ void __launch_bounds__(128) lora_k1(
     const int off_b = base_b + it * 1024;
     if (it + 3 < 4) {
       for (int c13 = threadIdx.x; c13 < 128; c13 += 128) {
-        const int s14_0 = (c13 * 8) / 64;
-        const int s14_1 = ((c13 * 8)) % 64;
-        mg_cp_async16((sm_a_0 + (((it + 3)) % 4) * 1024) + c13 * 8, p0 + ((off_a + 192) + s14_0 * 256 + s14_1));
+        const int s14_0 = c13 / 8;
+        const int s14_1 = (c13) % 8;
+        mg_cp_async16((sm_a_0 + (((it + 3)) % 4) * 1152) + (s14_0 * 72 + (s14_1 * 8)), p0 + ((off_a + 192) + s14_0 * 256 + (s14_1 * 8)));
       }
       for (int c15 = threadIdx.x; c15 < 64; c15 += 128) {
-        const int s16_0 = (c15 * 8) / 8;
-        const int s16_1 = ((c15 * 8)) % 8;
-        mg_cp_async16((sm_b_0 + (((it + 3)) % 4) * 512) + c15 * 8, p1 + ((off_b + 3072) + s16_0 * 16 + s16_1));
+        const int s16_0 = c15;
+        mg_cp_async16((sm_b_0 + (((it + 3)) % 4) * 512) + (s16_0 * 8), p1 + ((off_b + 3072) + s16_0 * 16));
       }
     }
     mg_cp_async_commit();
     mg_cp_async_wait<3>();
     __syncthreads();
-    const auto* sm_a = (sm_a_0 + ((it) % 4) * 1024);
+    const auto* sm_a = (sm_a_0 + ((it) % 4) * 1152);
     const auto* sm_b = (sm_b_0 + ((it) % 4) * 512);
     {
       const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
       const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
       (void)mg_g; (void)mg_t;
+      const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
+      (void)mg_ks;
+    #pragma unroll 2
+    for (int s = 0; s < 4; ++s) {
+      const int kk = (mg_ks + s * 1) * 16;
+      const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
+      (void)k0; (void)k1;
+      unsigned ra0, ra1, ra2, ra3;
+      const int mg_mi = 0, r0 = mg_g, r1 = r0 + 8;
+      (void)r0; (void)r1;
+      mg_ldsm_x4(ra0, ra1, ra2, ra3, (sm_a + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) * 72 + (kk + (mg_lane >> 4) * 8))));
       #pragma unroll
       for (int j = 0; j < 1; ++j) {
-        const int q = mg_warp + 4 * j;
+        const int q = mg_grp + 4 * j;
         if (q < 1) {
           const int mg_nb = q / 1;
-          const int mg_mi = (q / 1) % 1;
           const int mg_ni = q % 1;
-          const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
-          const int c0 = mg_ni * 8 + 2 * mg_t;
-          (void)mg_nb; (void)r1; (void)c0;
-          #pragma unroll 2
-          for (int kk = 0; kk < 64; kk += 16) {
-            const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
-            const int n0 = mg_ni * 8 + mg_g;
-            const unsigned ra0 = *reinterpret_cast<const unsigned*>(sm_a + (r0 * 64 + k0));
-            const unsigned ra1 = *reinterpret_cast<const unsigned*>(sm_a + (r1 * 64 + k0));
-            const unsigned ra2 = *reinterpret_cast<const unsigned*>(sm_a + (r0 * 64 + k1));
-            const unsigned ra3 = *reinterpret_cast<const unsigned*>(sm_a + (r1 * 64 + k1));
-            const unsigned rb0 = mg_bits2(sm_b[k0 * 8 + n0], sm_b[(k0 + 1) * 8 + n0]);
-            const unsigned rb1 = mg_bits2(sm_b[k1 * 8 + n0], sm_b[(k1 + 1) * 8 + n0]);
-            mg_mma_f16(acc_s[j], ra0, ra1, ra2, ra3, rb0, rb1);
-          }
+          const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
+          (void)mg_nb; (void)c0; (void)n0;
+          unsigned rb0, rb1;
+          mg_ldsm_x2_t(rb0, rb1, (sm_b + ((kk + (mg_lane & 15)) * 8 + (mg_ni * 8))));
+          mg_mma_f16(acc_s[j], ra0, ra1, ra2, ra3, rb0, rb1);
         }
       }
+    }
     }
     __syncthreads();
   }
@@ -328,16 +354,18 @@ extern "C" __global__ void __launch_bounds__(128) lora_k1(
     const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
     const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
     (void)mg_g; (void)mg_t;
+    const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
+    (void)mg_ks;
     #pragma unroll
     for (int j = 0; j < 1; ++j) {
-      const int q = mg_warp + 4 * j;
+      const int q = mg_grp + 4 * j;
       if (q < 1) {
         const int mg_nb = q / 1;
         const int mg_mi = (q / 1) % 1;
         const int mg_ni = q % 1;
         const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
-        const int c0 = mg_ni * 8 + 2 * mg_t;
-        (void)mg_nb; (void)r1; (void)c0;
+        const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
+        (void)mg_nb; (void)r1; (void)c0; (void)n0;
         buf_s[r0 * 8 + c0] = acc_s[j][0];
         buf_s[r0 * 8 + (c0 + 1)] = acc_s[j][1];
         buf_s[r1 * 8 + c0] = acc_s[j][2];
@@ -346,15 +374,14 @@ extern "C" __global__ void __launch_bounds__(128) lora_k1(
     }
   }
   __syncthreads();
-  for (int e17 = threadIdx.x; e17 < 128; e17 += 128) {
-    const int i18_0 = e17 / 8;
-    const int i18_1 = (e17) % 8;
-    mg_st(p2 + (bx * 8 + i18_0 * 16 + i18_1), buf_s[i18_0 * 8 + i18_1]);
+  for (int e17 = threadIdx.x; e17 < 16; e17 += 128) {
+    const int i18_0 = e17;
+    mg_st8(p2 + (bx * 8 + i18_0 * 16), buf_s[i18_0 * 8 + (0 + 0)], buf_s[i18_0 * 8 + (0 + 1)], buf_s[i18_0 * 8 + (0 + 2)], buf_s[i18_0 * 8 + (0 + 3)], buf_s[i18_0 * 8 + (0 + 4)], buf_s[i18_0 * 8 + (0 + 5)], buf_s[i18_0 * 8 + (0 + 6)], buf_s[i18_0 * 8 + (0 + 7)]);
   }
 }
 
 // matmul as a generated block graph: grid [512, 1, 1], forloop 1, tensor cores
-extern "C" __global__ void __launch_bounds__(128) lora_k2(
+extern "C" __global__ void __launch_bounds__(128, 1) lora_k2(
     const mg_f16* __restrict__ p0,
     const mg_f16* __restrict__ p1,
     mg_f16* __restrict__ p2) {
@@ -363,9 +390,11 @@ extern "C" __global__ void __launch_bounds__(128) lora_k2(
   extern __shared__ __align__(16) unsigned char mg_smem[];
   const int base_a = 0;
   const int base_b = bx * 8;
+  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 1536);
+  if (threadIdx.x < 4) mg_zero[threadIdx.x] = 0u;
   mg_f16* sm_a_0 = reinterpret_cast<mg_f16*>(mg_smem + 0);
-  mg_f16* sm_b_0 = reinterpret_cast<mg_f16*>(mg_smem + 512);
-  float* buf_s = reinterpret_cast<float*>(mg_smem + 768);
+  mg_f16* sm_b_0 = reinterpret_cast<mg_f16*>(mg_smem + 768);
+  float* buf_s = reinterpret_cast<float*>(mg_smem + 1024);
   float acc_s[1][4];
   #pragma unroll
   for (int j = 0; j < 1; ++j) acc_s[j][0] = acc_s[j][1] = acc_s[j][2] = acc_s[j][3] = 0.0f;
@@ -373,14 +402,13 @@ extern "C" __global__ void __launch_bounds__(128) lora_k2(
     const int off_a = base_a + it * 16;
     const int off_b = base_b + it * 65536;
     for (int c1 = threadIdx.x; c1 < 32; c1 += 128) {
-      const int s2_0 = (c1 * 8) / 16;
-      const int s2_1 = ((c1 * 8)) % 16;
-      mg_cp_async16(sm_a_0 + c1 * 8, p0 + (off_a + s2_0 * 16 + s2_1));
+      const int s2_0 = c1 / 2;
+      const int s2_1 = (c1) % 2;
+      mg_cp_async16(sm_a_0 + (s2_0 * 24 + (s2_1 * 8)), p0 + (off_a + s2_0 * 16 + (s2_1 * 8)));
     }
     for (int c3 = threadIdx.x; c3 < 16; c3 += 128) {
-      const int s4_0 = (c3 * 8) / 8;
-      const int s4_1 = ((c3 * 8)) % 8;
-      mg_cp_async16(sm_b_0 + c3 * 8, p1 + (off_b + s4_0 * 4096 + s4_1));
+      const int s4_0 = c3;
+      mg_cp_async16(sm_b_0 + (s4_0 * 8), p1 + (off_b + s4_0 * 4096));
     }
     mg_cp_async_wait_all();
     __syncthreads();
@@ -390,30 +418,31 @@ extern "C" __global__ void __launch_bounds__(128) lora_k2(
       const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
       const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
       (void)mg_g; (void)mg_t;
+      const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
+      (void)mg_ks;
+    #pragma unroll 2
+    for (int s = 0; s < 1; ++s) {
+      const int kk = (mg_ks + s * 1) * 16;
+      const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
+      (void)k0; (void)k1;
+      unsigned ra0, ra1, ra2, ra3;
+      const int mg_mi = 0, r0 = mg_g, r1 = r0 + 8;
+      (void)r0; (void)r1;
+      mg_ldsm_x4(ra0, ra1, ra2, ra3, (sm_a + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) * 24 + (kk + (mg_lane >> 4) * 8))));
       #pragma unroll
       for (int j = 0; j < 1; ++j) {
-        const int q = mg_warp + 4 * j;
+        const int q = mg_grp + 4 * j;
         if (q < 1) {
           const int mg_nb = q / 1;
-          const int mg_mi = (q / 1) % 1;
           const int mg_ni = q % 1;
-          const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
-          const int c0 = mg_ni * 8 + 2 * mg_t;
-          (void)mg_nb; (void)r1; (void)c0;
-          #pragma unroll 2
-          for (int kk = 0; kk < 16; kk += 16) {
-            const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
-            const int n0 = mg_ni * 8 + mg_g;
-            const unsigned ra0 = *reinterpret_cast<const unsigned*>(sm_a + (r0 * 16 + k0));
-            const unsigned ra1 = *reinterpret_cast<const unsigned*>(sm_a + (r1 * 16 + k0));
-            const unsigned ra2 = *reinterpret_cast<const unsigned*>(sm_a + (r0 * 16 + k1));
-            const unsigned ra3 = *reinterpret_cast<const unsigned*>(sm_a + (r1 * 16 + k1));
-            const unsigned rb0 = mg_bits2(sm_b[k0 * 8 + n0], sm_b[(k0 + 1) * 8 + n0]);
-            const unsigned rb1 = mg_bits2(sm_b[k1 * 8 + n0], sm_b[(k1 + 1) * 8 + n0]);
-            mg_mma_f16(acc_s[j], ra0, ra1, ra2, ra3, rb0, rb1);
-          }
+          const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
+          (void)mg_nb; (void)c0; (void)n0;
+          unsigned rb0, rb1;
+          mg_ldsm_x2_t(rb0, rb1, (sm_b + ((kk + (mg_lane & 15)) * 8 + (mg_ni * 8))));
+          mg_mma_f16(acc_s[j], ra0, ra1, ra2, ra3, rb0, rb1);
         }
       }
+    }
     }
     __syncthreads();
   }
@@ -421,16 +450,18 @@ extern "C" __global__ void __launch_bounds__(128) lora_k2(
     const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
     const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
     (void)mg_g; (void)mg_t;
+    const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
+    (void)mg_ks;
     #pragma unroll
     for (int j = 0; j < 1; ++j) {
-      const int q = mg_warp + 4 * j;
+      const int q = mg_grp + 4 * j;
       if (q < 1) {
         const int mg_nb = q / 1;
         const int mg_mi = (q / 1) % 1;
         const int mg_ni = q % 1;
         const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
-        const int c0 = mg_ni * 8 + 2 * mg_t;
-        (void)mg_nb; (void)r1; (void)c0;
+        const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
+        (void)mg_nb; (void)r1; (void)c0; (void)n0;
         buf_s[r0 * 8 + c0] = acc_s[j][0];
         buf_s[r0 * 8 + (c0 + 1)] = acc_s[j][1];
         buf_s[r1 * 8 + c0] = acc_s[j][2];
@@ -439,10 +470,9 @@ extern "C" __global__ void __launch_bounds__(128) lora_k2(
     }
   }
   __syncthreads();
-  for (int e5 = threadIdx.x; e5 < 128; e5 += 128) {
-    const int i6_0 = e5 / 8;
-    const int i6_1 = (e5) % 8;
-    mg_st(p2 + (bx * 8 + i6_0 * 4096 + i6_1), buf_s[i6_0 * 8 + i6_1]);
+  for (int e5 = threadIdx.x; e5 < 16; e5 += 128) {
+    const int i6_0 = e5;
+    mg_st8(p2 + (bx * 8 + i6_0 * 4096), buf_s[i6_0 * 8 + (0 + 0)], buf_s[i6_0 * 8 + (0 + 1)], buf_s[i6_0 * 8 + (0 + 2)], buf_s[i6_0 * 8 + (0 + 3)], buf_s[i6_0 * 8 + (0 + 4)], buf_s[i6_0 * 8 + (0 + 5)], buf_s[i6_0 * 8 + (0 + 6)], buf_s[i6_0 * 8 + (0 + 7)]);
   }
 }
 
@@ -471,19 +501,19 @@ extern "C" cudaError_t lora(const void* X, const void* W, const void* A, const v
   char* const mg_ws = static_cast<char*>(workspace);
   (void)mg_ws;
   cudaError_t mg_err = cudaSuccess;
-  lora_k0<<<dim3(512, 1, 1), dim3(128), 12800, stream>>>(
+  lora_k0<<<dim3(512, 1, 1), dim3(128), 13840, stream>>>(
       (const mg_f16*)(X),
       (const mg_f16*)(W),
       (mg_f16*)(mg_ws + 0));
   mg_err = cudaGetLastError();
   if (mg_err != cudaSuccess) return mg_err;
-  lora_k1<<<dim3(2, 1, 1), dim3(128), 12800, stream>>>(
+  lora_k1<<<dim3(2, 1, 1), dim3(128), 13840, stream>>>(
       (const mg_f16*)(X),
       (const mg_f16*)(A),
       (mg_f16*)(mg_ws + 131072));
   mg_err = cudaGetLastError();
   if (mg_err != cudaSuccess) return mg_err;
-  lora_k2<<<dim3(512, 1, 1), dim3(128), 1280, stream>>>(
+  lora_k2<<<dim3(512, 1, 1), dim3(128), 1552, stream>>>(
       (const mg_f16*)(mg_ws + 131072),
       (const mg_f16*)(B),
       (mg_f16*)(mg_ws + 131584));

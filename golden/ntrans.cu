@@ -95,6 +95,33 @@ __device__ __forceinline__ void mg_mma_bf16(float* d, unsigned a0, unsigned a1, 
                : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
                : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
+// ldmatrix: four (or two, transposed) 8x8 matrices of 16-bit elements from shared
+// memory, one 16-byte row address per lane, straight into mma operand registers.
+__device__ __forceinline__ void mg_ldsm_x4(unsigned& r0, unsigned& r1, unsigned& r2,
+                                           unsigned& r3, const void* p) {
+  const unsigned s = (unsigned)__cvta_generic_to_shared(p);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(s));
+}
+__device__ __forceinline__ void mg_ldsm_x2_t(unsigned& r0, unsigned& r1, const void* p) {
+  const unsigned s = (unsigned)__cvta_generic_to_shared(p);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];"
+               : "=r"(r0), "=r"(r1) : "r"(s));
+}
+// Eight f32 values rounded and stored as one 16-byte access.
+struct __align__(16) mg_u4 { unsigned x, y, z, w; };
+__device__ __forceinline__ void mg_st8(mg_f16* p, float v0, float v1, float v2, float v3,
+                                       float v4, float v5, float v6, float v7) {
+  mg_u4 u = {mg_pack_f16(v0, v1), mg_pack_f16(v2, v3), mg_pack_f16(v4, v5),
+             mg_pack_f16(v6, v7)};
+  *reinterpret_cast<mg_u4*>(p) = u;
+}
+__device__ __forceinline__ void mg_st8(mg_bf16* p, float v0, float v1, float v2, float v3,
+                                       float v4, float v5, float v6, float v7) {
+  mg_u4 u = {mg_pack_bf16(v0, v1), mg_pack_bf16(v2, v3), mg_pack_bf16(v4, v5),
+             mg_pack_bf16(v6, v7)};
+  *reinterpret_cast<mg_u4*>(p) = u;
+}
 
 // rms_norm: one warp per row of 4096
 extern "C" __global__ void __launch_bounds__(256) ntrans_k0(

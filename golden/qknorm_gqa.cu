@@ -9,12 +9,12 @@
 // kernel qknorm_gqa_k2: grid [256, 1, 1], 256 threads, 0 B dynamic shared memory
 // kernel qknorm_gqa_k3: grid [256, 1, 1], 256 threads, 0 B dynamic shared memory
 // kernel qknorm_gqa_k4: grid [16384, 1, 1], 256 threads, 0 B dynamic shared memory
-// kernel qknorm_gqa_k5: grid [64, 4, 16], 128 threads, 32768 B dynamic shared memory
+// kernel qknorm_gqa_k5: grid [64, 4, 16], 128 threads, 34832 B dynamic shared memory
 // kernel qknorm_gqa_k6: grid [65535, 1, 1], 256 threads, 0 B dynamic shared memory
 // kernel qknorm_gqa_k7: grid [65535, 1, 1], 256 threads, 0 B dynamic shared memory
 // kernel qknorm_gqa_k8: grid [512, 1, 1], 256 threads, 0 B dynamic shared memory
 // kernel qknorm_gqa_k9: grid [65535, 1, 1], 256 threads, 0 B dynamic shared memory
-// kernel qknorm_gqa_k10: grid [8, 4, 16], 128 threads, 38912 B dynamic shared memory
+// kernel qknorm_gqa_k10: grid [8, 4, 16], 128 threads, 43024 B dynamic shared memory
 
 // Storage types and helpers. The device code needs no header, so NVRTC compiles it
 // without a CUDA toolkit; f16/bf16 are converted with PTX instructions.
@@ -101,6 +101,33 @@ __device__ __forceinline__ void mg_mma_bf16(float* d, unsigned a0, unsigned a1, 
                : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
                : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
+// ldmatrix: four (or two, transposed) 8x8 matrices of 16-bit elements from shared
+// memory, one 16-byte row address per lane, straight into mma operand registers.
+__device__ __forceinline__ void mg_ldsm_x4(unsigned& r0, unsigned& r1, unsigned& r2,
+                                           unsigned& r3, const void* p) {
+  const unsigned s = (unsigned)__cvta_generic_to_shared(p);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(s));
+}
+__device__ __forceinline__ void mg_ldsm_x2_t(unsigned& r0, unsigned& r1, const void* p) {
+  const unsigned s = (unsigned)__cvta_generic_to_shared(p);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];"
+               : "=r"(r0), "=r"(r1) : "r"(s));
+}
+// Eight f32 values rounded and stored as one 16-byte access.
+struct __align__(16) mg_u4 { unsigned x, y, z, w; };
+__device__ __forceinline__ void mg_st8(mg_f16* p, float v0, float v1, float v2, float v3,
+                                       float v4, float v5, float v6, float v7) {
+  mg_u4 u = {mg_pack_f16(v0, v1), mg_pack_f16(v2, v3), mg_pack_f16(v4, v5),
+             mg_pack_f16(v6, v7)};
+  *reinterpret_cast<mg_u4*>(p) = u;
+}
+__device__ __forceinline__ void mg_st8(mg_bf16* p, float v0, float v1, float v2, float v3,
+                                       float v4, float v5, float v6, float v7) {
+  mg_u4 u = {mg_pack_bf16(v0, v1), mg_pack_bf16(v2, v3), mg_pack_bf16(v4, v5),
+             mg_pack_bf16(v6, v7)};
+  *reinterpret_cast<mg_u4*>(p) = u;
+}
 
 // rms_norm: one warp per row of 64
 extern "C" __global__ void __launch_bounds__(256) qknorm_gqa_k0(
@@ -178,7 +205,7 @@ extern "C" __global__ void __launch_bounds__(256) qknorm_gqa_k4(
 }
 
 // matmul as a generated block graph: grid [64, 4, 16], forloop 1, tensor cores
-extern "C" __global__ void __launch_bounds__(128) qknorm_gqa_k5(
+extern "C" __global__ void __launch_bounds__(128, 1) qknorm_gqa_k5(
     const mg_f16* __restrict__ p0,
     const mg_f16* __restrict__ p1,
     mg_f16* __restrict__ p2) {
@@ -187,9 +214,11 @@ extern "C" __global__ void __launch_bounds__(128) qknorm_gqa_k5(
   extern __shared__ __align__(16) unsigned char mg_smem[];
   const int base_a = by * 4096 + bz * 16384;
   const int base_b = bx * 64 + bz * 262144;
+  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 34816);
+  if (threadIdx.x < 4) mg_zero[threadIdx.x] = 0u;
   mg_f16* sm_a_0 = reinterpret_cast<mg_f16*>(mg_smem + 0);
-  mg_f16* sm_b_0 = reinterpret_cast<mg_f16*>(mg_smem + 8192);
-  float* buf_s = reinterpret_cast<float*>(mg_smem + 16384);
+  mg_f16* sm_b_0 = reinterpret_cast<mg_f16*>(mg_smem + 9216);
+  float* buf_s = reinterpret_cast<float*>(mg_smem + 18432);
   float acc_s[8][4];
   #pragma unroll
   for (int j = 0; j < 8; ++j) acc_s[j][0] = acc_s[j][1] = acc_s[j][2] = acc_s[j][3] = 0.0f;
@@ -197,14 +226,14 @@ extern "C" __global__ void __launch_bounds__(128) qknorm_gqa_k5(
     const int off_a = base_a + it * 64;
     const int off_b = base_b + it * 262144;
     for (int c1 = threadIdx.x; c1 < 512; c1 += 128) {
-      const int s2_1 = (c1 * 8) / 64;
-      const int s2_2 = ((c1 * 8)) % 64;
-      mg_cp_async16(sm_a_0 + c1 * 8, p0 + (off_a + s2_1 * 64 + s2_2));
+      const int s2_1 = c1 / 8;
+      const int s2_2 = (c1) % 8;
+      mg_cp_async16(sm_a_0 + (s2_1 * 72 + (s2_2 * 8)), p0 + (off_a + s2_1 * 64 + (s2_2 * 8)));
     }
     for (int c3 = threadIdx.x; c3 < 512; c3 += 128) {
-      const int s4_1 = (c3 * 8) / 64;
-      const int s4_2 = ((c3 * 8)) % 64;
-      mg_cp_async16(sm_b_0 + c3 * 8, p1 + (off_b + s4_1 * 4096 + s4_2));
+      const int s4_1 = c3 / 8;
+      const int s4_2 = (c3) % 8;
+      mg_cp_async16(sm_b_0 + (s4_1 * 72 + (s4_2 * 8)), p1 + (off_b + s4_1 * 4096 + (s4_2 * 8)));
     }
     mg_cp_async_wait_all();
     __syncthreads();
@@ -214,30 +243,31 @@ extern "C" __global__ void __launch_bounds__(128) qknorm_gqa_k5(
       const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
       const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
       (void)mg_g; (void)mg_t;
+      const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
+      (void)mg_ks;
+    #pragma unroll 2
+    for (int s = 0; s < 4; ++s) {
+      const int kk = (mg_ks + s * 1) * 16;
+      const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
+      (void)k0; (void)k1;
+      unsigned ra0, ra1, ra2, ra3;
       #pragma unroll
       for (int j = 0; j < 8; ++j) {
-        const int q = mg_warp + 4 * j;
+        const int q = mg_grp + 4 * j;
         if (q < 32) {
           const int mg_nb = q / 32;
-          const int mg_mi = (q / 8) % 4;
           const int mg_ni = q % 8;
+          const int mg_mi = (q / 8) % 4;
           const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
-          const int c0 = mg_ni * 8 + 2 * mg_t;
-          (void)mg_nb; (void)r1; (void)c0;
-          #pragma unroll 2
-          for (int kk = 0; kk < 64; kk += 16) {
-            const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
-            const int n0 = mg_ni * 8 + mg_g;
-            const unsigned ra0 = *reinterpret_cast<const unsigned*>(sm_a + (r0 * 64 + k0));
-            const unsigned ra1 = *reinterpret_cast<const unsigned*>(sm_a + (r1 * 64 + k0));
-            const unsigned ra2 = *reinterpret_cast<const unsigned*>(sm_a + (r0 * 64 + k1));
-            const unsigned ra3 = *reinterpret_cast<const unsigned*>(sm_a + (r1 * 64 + k1));
-            const unsigned rb0 = mg_bits2(sm_b[k0 * 64 + n0], sm_b[(k0 + 1) * 64 + n0]);
-            const unsigned rb1 = mg_bits2(sm_b[k1 * 64 + n0], sm_b[(k1 + 1) * 64 + n0]);
-            mg_mma_f16(acc_s[j], ra0, ra1, ra2, ra3, rb0, rb1);
-          }
+          const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
+          (void)mg_nb; (void)c0; (void)n0;
+          mg_ldsm_x4(ra0, ra1, ra2, ra3, (sm_a + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) * 72 + (kk + (mg_lane >> 4) * 8))));
+          unsigned rb0, rb1;
+          mg_ldsm_x2_t(rb0, rb1, (sm_b + ((kk + (mg_lane & 15)) * 72 + (mg_ni * 8))));
+          mg_mma_f16(acc_s[j], ra0, ra1, ra2, ra3, rb0, rb1);
         }
       }
+    }
     }
     __syncthreads();
   }
@@ -245,16 +275,18 @@ extern "C" __global__ void __launch_bounds__(128) qknorm_gqa_k5(
     const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
     const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
     (void)mg_g; (void)mg_t;
+    const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
+    (void)mg_ks;
     #pragma unroll
     for (int j = 0; j < 8; ++j) {
-      const int q = mg_warp + 4 * j;
+      const int q = mg_grp + 4 * j;
       if (q < 32) {
         const int mg_nb = q / 32;
         const int mg_mi = (q / 8) % 4;
         const int mg_ni = q % 8;
         const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
-        const int c0 = mg_ni * 8 + 2 * mg_t;
-        (void)mg_nb; (void)r1; (void)c0;
+        const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
+        (void)mg_nb; (void)r1; (void)c0; (void)n0;
         buf_s[r0 * 64 + c0] = acc_s[j][0];
         buf_s[r0 * 64 + (c0 + 1)] = acc_s[j][1];
         buf_s[r1 * 64 + c0] = acc_s[j][2];
@@ -263,10 +295,10 @@ extern "C" __global__ void __launch_bounds__(128) qknorm_gqa_k5(
     }
   }
   __syncthreads();
-  for (int e5 = threadIdx.x; e5 < 4096; e5 += 128) {
-    const int i6_1 = e5 / 64;
-    const int i6_2 = (e5) % 64;
-    mg_st(p2 + (bx * 64 + by * 262144 + bz * 1048576 + i6_1 * 4096 + i6_2), buf_s[i6_1 * 64 + i6_2]);
+  for (int e5 = threadIdx.x; e5 < 512; e5 += 128) {
+    const int i6_1 = e5 / 8;
+    const int i6_2 = (e5) % 8;
+    mg_st8(p2 + (bx * 64 + by * 262144 + bz * 1048576 + i6_1 * 4096 + (i6_2 * 8)), buf_s[i6_1 * 64 + ((i6_2 * 8) + 0)], buf_s[i6_1 * 64 + ((i6_2 * 8) + 1)], buf_s[i6_1 * 64 + ((i6_2 * 8) + 2)], buf_s[i6_1 * 64 + ((i6_2 * 8) + 3)], buf_s[i6_1 * 64 + ((i6_2 * 8) + 4)], buf_s[i6_1 * 64 + ((i6_2 * 8) + 5)], buf_s[i6_1 * 64 + ((i6_2 * 8) + 6)], buf_s[i6_1 * 64 + ((i6_2 * 8) + 7)]);
   }
 }
 
@@ -330,7 +362,7 @@ extern "C" __global__ void __launch_bounds__(256) qknorm_gqa_k9(
 }
 
 // matmul as a generated block graph: grid [8, 4, 16], forloop 64, tensor cores
-extern "C" __global__ void __launch_bounds__(128) qknorm_gqa_k10(
+extern "C" __global__ void __launch_bounds__(128, 1) qknorm_gqa_k10(
     const mg_f16* __restrict__ p0,
     const mg_f16* __restrict__ p1,
     mg_f16* __restrict__ p2) {
@@ -339,40 +371,39 @@ extern "C" __global__ void __launch_bounds__(128) qknorm_gqa_k10(
   extern __shared__ __align__(16) unsigned char mg_smem[];
   const int base_a = by * 262144 + bz * 1048576;
   const int base_b = bx * 8 + bz * 262144;
+  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 43008);
+  if (threadIdx.x < 4) mg_zero[threadIdx.x] = 0u;
   mg_f16* sm_a_0 = reinterpret_cast<mg_f16*>(mg_smem + 0);
-  mg_f16* sm_b_0 = reinterpret_cast<mg_f16*>(mg_smem + 32768);
-  float* buf_s = reinterpret_cast<float*>(mg_smem + 36864);
+  mg_f16* sm_b_0 = reinterpret_cast<mg_f16*>(mg_smem + 36864);
+  float* buf_s = reinterpret_cast<float*>(mg_smem + 40960);
   for (int c1 = threadIdx.x; c1 < 512; c1 += 128) {
-    const int s2_1 = (c1 * 8) / 64;
-    const int s2_2 = ((c1 * 8)) % 64;
-    mg_cp_async16((sm_a_0 + ((0) % 4) * 4096) + c1 * 8, p0 + ((base_a + 0) + s2_1 * 4096 + s2_2));
+    const int s2_1 = c1 / 8;
+    const int s2_2 = (c1) % 8;
+    mg_cp_async16((sm_a_0 + ((0) % 4) * 4608) + (s2_1 * 72 + (s2_2 * 8)), p0 + ((base_a + 0) + s2_1 * 4096 + (s2_2 * 8)));
   }
   for (int c3 = threadIdx.x; c3 < 64; c3 += 128) {
-    const int s4_1 = (c3 * 8) / 8;
-    const int s4_2 = ((c3 * 8)) % 8;
-    mg_cp_async16((sm_b_0 + ((0) % 4) * 512) + c3 * 8, p1 + ((base_b + 0) + s4_1 * 64 + s4_2));
+    const int s4_1 = c3;
+    mg_cp_async16((sm_b_0 + ((0) % 4) * 512) + (s4_1 * 8), p1 + ((base_b + 0) + s4_1 * 64));
   }
   mg_cp_async_commit();
   for (int c5 = threadIdx.x; c5 < 512; c5 += 128) {
-    const int s6_1 = (c5 * 8) / 64;
-    const int s6_2 = ((c5 * 8)) % 64;
-    mg_cp_async16((sm_a_0 + ((1) % 4) * 4096) + c5 * 8, p0 + ((base_a + 64) + s6_1 * 4096 + s6_2));
+    const int s6_1 = c5 / 8;
+    const int s6_2 = (c5) % 8;
+    mg_cp_async16((sm_a_0 + ((1) % 4) * 4608) + (s6_1 * 72 + (s6_2 * 8)), p0 + ((base_a + 64) + s6_1 * 4096 + (s6_2 * 8)));
   }
   for (int c7 = threadIdx.x; c7 < 64; c7 += 128) {
-    const int s8_1 = (c7 * 8) / 8;
-    const int s8_2 = ((c7 * 8)) % 8;
-    mg_cp_async16((sm_b_0 + ((1) % 4) * 512) + c7 * 8, p1 + ((base_b + 4096) + s8_1 * 64 + s8_2));
+    const int s8_1 = c7;
+    mg_cp_async16((sm_b_0 + ((1) % 4) * 512) + (s8_1 * 8), p1 + ((base_b + 4096) + s8_1 * 64));
   }
   mg_cp_async_commit();
   for (int c9 = threadIdx.x; c9 < 512; c9 += 128) {
-    const int s10_1 = (c9 * 8) / 64;
-    const int s10_2 = ((c9 * 8)) % 64;
-    mg_cp_async16((sm_a_0 + ((2) % 4) * 4096) + c9 * 8, p0 + ((base_a + 128) + s10_1 * 4096 + s10_2));
+    const int s10_1 = c9 / 8;
+    const int s10_2 = (c9) % 8;
+    mg_cp_async16((sm_a_0 + ((2) % 4) * 4608) + (s10_1 * 72 + (s10_2 * 8)), p0 + ((base_a + 128) + s10_1 * 4096 + (s10_2 * 8)));
   }
   for (int c11 = threadIdx.x; c11 < 64; c11 += 128) {
-    const int s12_1 = (c11 * 8) / 8;
-    const int s12_2 = ((c11 * 8)) % 8;
-    mg_cp_async16((sm_b_0 + ((2) % 4) * 512) + c11 * 8, p1 + ((base_b + 8192) + s12_1 * 64 + s12_2));
+    const int s12_1 = c11;
+    mg_cp_async16((sm_b_0 + ((2) % 4) * 512) + (s12_1 * 8), p1 + ((base_b + 8192) + s12_1 * 64));
   }
   mg_cp_async_commit();
   float acc_s[1][4];
@@ -383,49 +414,49 @@ extern "C" __global__ void __launch_bounds__(128) qknorm_gqa_k10(
     const int off_b = base_b + it * 4096;
     if (it + 3 < 64) {
       for (int c13 = threadIdx.x; c13 < 512; c13 += 128) {
-        const int s14_1 = (c13 * 8) / 64;
-        const int s14_2 = ((c13 * 8)) % 64;
-        mg_cp_async16((sm_a_0 + (((it + 3)) % 4) * 4096) + c13 * 8, p0 + ((off_a + 192) + s14_1 * 4096 + s14_2));
+        const int s14_1 = c13 / 8;
+        const int s14_2 = (c13) % 8;
+        mg_cp_async16((sm_a_0 + (((it + 3)) % 4) * 4608) + (s14_1 * 72 + (s14_2 * 8)), p0 + ((off_a + 192) + s14_1 * 4096 + (s14_2 * 8)));
       }
       for (int c15 = threadIdx.x; c15 < 64; c15 += 128) {
-        const int s16_1 = (c15 * 8) / 8;
-        const int s16_2 = ((c15 * 8)) % 8;
-        mg_cp_async16((sm_b_0 + (((it + 3)) % 4) * 512) + c15 * 8, p1 + ((off_b + 12288) + s16_1 * 64 + s16_2));
+        const int s16_1 = c15;
+        mg_cp_async16((sm_b_0 + (((it + 3)) % 4) * 512) + (s16_1 * 8), p1 + ((off_b + 12288) + s16_1 * 64));
       }
     }
     mg_cp_async_commit();
     mg_cp_async_wait<3>();
     __syncthreads();
-    const auto* sm_a = (sm_a_0 + ((it) % 4) * 4096);
+    const auto* sm_a = (sm_a_0 + ((it) % 4) * 4608);
     const auto* sm_b = (sm_b_0 + ((it) % 4) * 512);
     {
       const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
       const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
       (void)mg_g; (void)mg_t;
+      const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
+      (void)mg_ks;
+    #pragma unroll 2
+    for (int s = 0; s < 4; ++s) {
+      const int kk = (mg_ks + s * 1) * 16;
+      const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
+      (void)k0; (void)k1;
+      unsigned ra0, ra1, ra2, ra3;
       #pragma unroll
       for (int j = 0; j < 1; ++j) {
-        const int q = mg_warp + 4 * j;
+        const int q = mg_grp + 4 * j;
         if (q < 4) {
           const int mg_nb = q / 4;
-          const int mg_mi = (q / 1) % 4;
           const int mg_ni = q % 1;
+          const int mg_mi = (q / 1) % 4;
           const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
-          const int c0 = mg_ni * 8 + 2 * mg_t;
-          (void)mg_nb; (void)r1; (void)c0;
-          #pragma unroll 2
-          for (int kk = 0; kk < 64; kk += 16) {
-            const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
-            const int n0 = mg_ni * 8 + mg_g;
-            const unsigned ra0 = *reinterpret_cast<const unsigned*>(sm_a + (r0 * 64 + k0));
-            const unsigned ra1 = *reinterpret_cast<const unsigned*>(sm_a + (r1 * 64 + k0));
-            const unsigned ra2 = *reinterpret_cast<const unsigned*>(sm_a + (r0 * 64 + k1));
-            const unsigned ra3 = *reinterpret_cast<const unsigned*>(sm_a + (r1 * 64 + k1));
-            const unsigned rb0 = mg_bits2(sm_b[k0 * 8 + n0], sm_b[(k0 + 1) * 8 + n0]);
-            const unsigned rb1 = mg_bits2(sm_b[k1 * 8 + n0], sm_b[(k1 + 1) * 8 + n0]);
-            mg_mma_f16(acc_s[j], ra0, ra1, ra2, ra3, rb0, rb1);
-          }
+          const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
+          (void)mg_nb; (void)c0; (void)n0;
+          mg_ldsm_x4(ra0, ra1, ra2, ra3, (sm_a + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) * 72 + (kk + (mg_lane >> 4) * 8))));
+          unsigned rb0, rb1;
+          mg_ldsm_x2_t(rb0, rb1, (sm_b + ((kk + (mg_lane & 15)) * 8 + (mg_ni * 8))));
+          mg_mma_f16(acc_s[j], ra0, ra1, ra2, ra3, rb0, rb1);
         }
       }
+    }
     }
     __syncthreads();
   }
@@ -433,16 +464,18 @@ extern "C" __global__ void __launch_bounds__(128) qknorm_gqa_k10(
     const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
     const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
     (void)mg_g; (void)mg_t;
+    const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
+    (void)mg_ks;
     #pragma unroll
     for (int j = 0; j < 1; ++j) {
-      const int q = mg_warp + 4 * j;
+      const int q = mg_grp + 4 * j;
       if (q < 4) {
         const int mg_nb = q / 4;
         const int mg_mi = (q / 1) % 4;
         const int mg_ni = q % 1;
         const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
-        const int c0 = mg_ni * 8 + 2 * mg_t;
-        (void)mg_nb; (void)r1; (void)c0;
+        const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
+        (void)mg_nb; (void)r1; (void)c0; (void)n0;
         buf_s[r0 * 8 + c0] = acc_s[j][0];
         buf_s[r0 * 8 + (c0 + 1)] = acc_s[j][1];
         buf_s[r1 * 8 + c0] = acc_s[j][2];
@@ -451,10 +484,9 @@ extern "C" __global__ void __launch_bounds__(128) qknorm_gqa_k10(
     }
   }
   __syncthreads();
-  for (int e17 = threadIdx.x; e17 < 512; e17 += 128) {
-    const int i18_1 = e17 / 8;
-    const int i18_2 = (e17) % 8;
-    mg_st(p2 + (bx * 8 + by * 4096 + bz * 16384 + i18_1 * 64 + i18_2), buf_s[i18_1 * 8 + i18_2]);
+  for (int e17 = threadIdx.x; e17 < 64; e17 += 128) {
+    const int i18_1 = e17;
+    mg_st8(p2 + (bx * 8 + by * 4096 + bz * 16384 + i18_1 * 64), buf_s[i18_1 * 8 + (0 + 0)], buf_s[i18_1 * 8 + (0 + 1)], buf_s[i18_1 * 8 + (0 + 2)], buf_s[i18_1 * 8 + (0 + 3)], buf_s[i18_1 * 8 + (0 + 4)], buf_s[i18_1 * 8 + (0 + 5)], buf_s[i18_1 * 8 + (0 + 6)], buf_s[i18_1 * 8 + (0 + 7)]);
   }
 }
 
@@ -494,7 +526,7 @@ extern "C" cudaError_t qknorm_gqa(const void* Q, const void* K, const void* V, v
       (mg_f16*)(mg_ws + 9175040));
   mg_err = cudaGetLastError();
   if (mg_err != cudaSuccess) return mg_err;
-  qknorm_gqa_k5<<<dim3(64, 4, 16), dim3(128), 32768, stream>>>(
+  qknorm_gqa_k5<<<dim3(64, 4, 16), dim3(128), 34832, stream>>>(
       (const mg_f16*)(mg_ws + 0),
       (const mg_f16*)(mg_ws + 9175040),
       (mg_f16*)(mg_ws + 17563648));
@@ -521,7 +553,7 @@ extern "C" cudaError_t qknorm_gqa(const void* Q, const void* K, const void* V, v
       (mg_f16*)(mg_ws + 118235136));
   mg_err = cudaGetLastError();
   if (mg_err != cudaSuccess) return mg_err;
-  qknorm_gqa_k10<<<dim3(8, 4, 16), dim3(128), 38912, stream>>>(
+  qknorm_gqa_k10<<<dim3(8, 4, 16), dim3(128), 43024, stream>>>(
       (const mg_f16*)(mg_ws + 118235136),
       (const mg_f16*)(V),
       (mg_f16*)(O));

@@ -5,7 +5,7 @@
 // Device pointers must be 16-byte aligned; the workspace must hold
 // rmsnorm_linear_weighted_workspace_bytes() bytes. No allocation, synchronisation or exit inside.
 // kernel rmsnorm_linear_weighted_k0: grid [2, 1, 1], 256 threads, 0 B dynamic shared memory
-// kernel rmsnorm_linear_weighted_k1: grid [384, 1, 1], 128 threads, 17408 B dynamic shared memory
+// kernel rmsnorm_linear_weighted_k1: grid [384, 1, 1], 128 threads, 22544 B dynamic shared memory
 
 // Storage types and helpers. The device code needs no header, so NVRTC compiles it
 // without a CUDA toolkit; f16/bf16 are converted with PTX instructions.
@@ -92,6 +92,33 @@ __device__ __forceinline__ void mg_mma_bf16(float* d, unsigned a0, unsigned a1, 
                : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
                : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
+// ldmatrix: four (or two, transposed) 8x8 matrices of 16-bit elements from shared
+// memory, one 16-byte row address per lane, straight into mma operand registers.
+__device__ __forceinline__ void mg_ldsm_x4(unsigned& r0, unsigned& r1, unsigned& r2,
+                                           unsigned& r3, const void* p) {
+  const unsigned s = (unsigned)__cvta_generic_to_shared(p);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(s));
+}
+__device__ __forceinline__ void mg_ldsm_x2_t(unsigned& r0, unsigned& r1, const void* p) {
+  const unsigned s = (unsigned)__cvta_generic_to_shared(p);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];"
+               : "=r"(r0), "=r"(r1) : "r"(s));
+}
+// Eight f32 values rounded and stored as one 16-byte access.
+struct __align__(16) mg_u4 { unsigned x, y, z, w; };
+__device__ __forceinline__ void mg_st8(mg_f16* p, float v0, float v1, float v2, float v3,
+                                       float v4, float v5, float v6, float v7) {
+  mg_u4 u = {mg_pack_f16(v0, v1), mg_pack_f16(v2, v3), mg_pack_f16(v4, v5),
+             mg_pack_f16(v6, v7)};
+  *reinterpret_cast<mg_u4*>(p) = u;
+}
+__device__ __forceinline__ void mg_st8(mg_bf16* p, float v0, float v1, float v2, float v3,
+                                       float v4, float v5, float v6, float v7) {
+  mg_u4 u = {mg_pack_bf16(v0, v1), mg_pack_bf16(v2, v3), mg_pack_bf16(v4, v5),
+             mg_pack_bf16(v6, v7)};
+  *reinterpret_cast<mg_u4*>(p) = u;
+}
 
 // rms_norm: one warp per row of 4096
 extern "C" __global__ void __launch_bounds__(256) rmsnorm_linear_weighted_k0(
@@ -110,7 +137,7 @@ extern "C" __global__ void __launch_bounds__(256) rmsnorm_linear_weighted_k0(
 }
 
 // matmul as a generated block graph: grid [384, 1, 1], forloop 64, tensor cores
-extern "C" __global__ void __launch_bounds__(128) rmsnorm_linear_weighted_k1(
+extern "C" __global__ void __launch_bounds__(128, 1) rmsnorm_linear_weighted_k1(
     const mg_f16* __restrict__ p0,
     const mg_f16* __restrict__ p1,
     mg_f16* __restrict__ p2) {
@@ -119,40 +146,42 @@ extern "C" __global__ void __launch_bounds__(128) rmsnorm_linear_weighted_k1(
   extern __shared__ __align__(16) unsigned char mg_smem[];
   const int base_a = 0;
   const int base_b = bx * 16;
+  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 22528);
+  if (threadIdx.x < 4) mg_zero[threadIdx.x] = 0u;
   mg_f16* sm_a_0 = reinterpret_cast<mg_f16*>(mg_smem + 0);
-  mg_f16* sm_b_0 = reinterpret_cast<mg_f16*>(mg_smem + 8192);
-  float* buf_s = reinterpret_cast<float*>(mg_smem + 16384);
+  mg_f16* sm_b_0 = reinterpret_cast<mg_f16*>(mg_smem + 9216);
+  float* buf_s = reinterpret_cast<float*>(mg_smem + 21504);
   for (int c1 = threadIdx.x; c1 < 128; c1 += 128) {
-    const int s2_0 = (c1 * 8) / 64;
-    const int s2_1 = ((c1 * 8)) % 64;
-    mg_cp_async16((sm_a_0 + ((0) % 4) * 1024) + c1 * 8, p0 + ((base_a + 0) + s2_0 * 4096 + s2_1));
+    const int s2_0 = c1 / 8;
+    const int s2_1 = (c1) % 8;
+    mg_cp_async16((sm_a_0 + ((0) % 4) * 1152) + (s2_0 * 72 + (s2_1 * 8)), p0 + ((base_a + 0) + s2_0 * 4096 + (s2_1 * 8)));
   }
   for (int c3 = threadIdx.x; c3 < 128; c3 += 128) {
-    const int s4_0 = (c3 * 8) / 16;
-    const int s4_1 = ((c3 * 8)) % 16;
-    mg_cp_async16((sm_b_0 + ((0) % 4) * 1024) + c3 * 8, p1 + ((base_b + 0) + s4_0 * 6144 + s4_1));
+    const int s4_0 = c3 / 2;
+    const int s4_1 = (c3) % 2;
+    mg_cp_async16((sm_b_0 + ((0) % 4) * 1536) + (s4_0 * 24 + (s4_1 * 8)), p1 + ((base_b + 0) + s4_0 * 6144 + (s4_1 * 8)));
   }
   mg_cp_async_commit();
   for (int c5 = threadIdx.x; c5 < 128; c5 += 128) {
-    const int s6_0 = (c5 * 8) / 64;
-    const int s6_1 = ((c5 * 8)) % 64;
-    mg_cp_async16((sm_a_0 + ((1) % 4) * 1024) + c5 * 8, p0 + ((base_a + 64) + s6_0 * 4096 + s6_1));
+    const int s6_0 = c5 / 8;
+    const int s6_1 = (c5) % 8;
+    mg_cp_async16((sm_a_0 + ((1) % 4) * 1152) + (s6_0 * 72 + (s6_1 * 8)), p0 + ((base_a + 64) + s6_0 * 4096 + (s6_1 * 8)));
   }
   for (int c7 = threadIdx.x; c7 < 128; c7 += 128) {
-    const int s8_0 = (c7 * 8) / 16;
-    const int s8_1 = ((c7 * 8)) % 16;
-    mg_cp_async16((sm_b_0 + ((1) % 4) * 1024) + c7 * 8, p1 + ((base_b + 393216) + s8_0 * 6144 + s8_1));
+    const int s8_0 = c7 / 2;
+    const int s8_1 = (c7) % 2;
+    mg_cp_async16((sm_b_0 + ((1) % 4) * 1536) + (s8_0 * 24 + (s8_1 * 8)), p1 + ((base_b + 393216) + s8_0 * 6144 + (s8_1 * 8)));
   }
   mg_cp_async_commit();
   for (int c9 = threadIdx.x; c9 < 128; c9 += 128) {
-    const int s10_0 = (c9 * 8) / 64;
-    const int s10_1 = ((c9 * 8)) % 64;
-    mg_cp_async16((sm_a_0 + ((2) % 4) * 1024) + c9 * 8, p0 + ((base_a + 128) + s10_0 * 4096 + s10_1));
+    const int s10_0 = c9 / 8;
+    const int s10_1 = (c9) % 8;
+    mg_cp_async16((sm_a_0 + ((2) % 4) * 1152) + (s10_0 * 72 + (s10_1 * 8)), p0 + ((base_a + 128) + s10_0 * 4096 + (s10_1 * 8)));
   }
   for (int c11 = threadIdx.x; c11 < 128; c11 += 128) {
-    const int s12_0 = (c11 * 8) / 16;
-    const int s12_1 = ((c11 * 8)) % 16;
-    mg_cp_async16((sm_b_0 + ((2) % 4) * 1024) + c11 * 8, p1 + ((base_b + 786432) + s12_0 * 6144 + s12_1));
+    const int s12_0 = c11 / 2;
+    const int s12_1 = (c11) % 2;
+    mg_cp_async16((sm_b_0 + ((2) % 4) * 1536) + (s12_0 * 24 + (s12_1 * 8)), p1 + ((base_b + 786432) + s12_0 * 6144 + (s12_1 * 8)));
   }
   mg_cp_async_commit();
   float acc_s[1][4];
@@ -163,49 +192,50 @@ extern "C" __global__ void __launch_bounds__(128) rmsnorm_linear_weighted_k1(
     const int off_b = base_b + it * 393216;
     if (it + 3 < 64) {
       for (int c13 = threadIdx.x; c13 < 128; c13 += 128) {
-        const int s14_0 = (c13 * 8) / 64;
-        const int s14_1 = ((c13 * 8)) % 64;
-        mg_cp_async16((sm_a_0 + (((it + 3)) % 4) * 1024) + c13 * 8, p0 + ((off_a + 192) + s14_0 * 4096 + s14_1));
+        const int s14_0 = c13 / 8;
+        const int s14_1 = (c13) % 8;
+        mg_cp_async16((sm_a_0 + (((it + 3)) % 4) * 1152) + (s14_0 * 72 + (s14_1 * 8)), p0 + ((off_a + 192) + s14_0 * 4096 + (s14_1 * 8)));
       }
       for (int c15 = threadIdx.x; c15 < 128; c15 += 128) {
-        const int s16_0 = (c15 * 8) / 16;
-        const int s16_1 = ((c15 * 8)) % 16;
-        mg_cp_async16((sm_b_0 + (((it + 3)) % 4) * 1024) + c15 * 8, p1 + ((off_b + 1179648) + s16_0 * 6144 + s16_1));
+        const int s16_0 = c15 / 2;
+        const int s16_1 = (c15) % 2;
+        mg_cp_async16((sm_b_0 + (((it + 3)) % 4) * 1536) + (s16_0 * 24 + (s16_1 * 8)), p1 + ((off_b + 1179648) + s16_0 * 6144 + (s16_1 * 8)));
       }
     }
     mg_cp_async_commit();
     mg_cp_async_wait<3>();
     __syncthreads();
-    const auto* sm_a = (sm_a_0 + ((it) % 4) * 1024);
-    const auto* sm_b = (sm_b_0 + ((it) % 4) * 1024);
+    const auto* sm_a = (sm_a_0 + ((it) % 4) * 1152);
+    const auto* sm_b = (sm_b_0 + ((it) % 4) * 1536);
     {
       const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
       const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
       (void)mg_g; (void)mg_t;
+      const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
+      (void)mg_ks;
+    #pragma unroll 2
+    for (int s = 0; s < 4; ++s) {
+      const int kk = (mg_ks + s * 1) * 16;
+      const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
+      (void)k0; (void)k1;
+      unsigned ra0, ra1, ra2, ra3;
+      const int mg_mi = 0, r0 = mg_g, r1 = r0 + 8;
+      (void)r0; (void)r1;
+      mg_ldsm_x4(ra0, ra1, ra2, ra3, (sm_a + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) * 72 + (kk + (mg_lane >> 4) * 8))));
       #pragma unroll
       for (int j = 0; j < 1; ++j) {
-        const int q = mg_warp + 4 * j;
+        const int q = mg_grp + 4 * j;
         if (q < 2) {
           const int mg_nb = q / 2;
-          const int mg_mi = (q / 2) % 1;
           const int mg_ni = q % 2;
-          const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
-          const int c0 = mg_ni * 8 + 2 * mg_t;
-          (void)mg_nb; (void)r1; (void)c0;
-          #pragma unroll 2
-          for (int kk = 0; kk < 64; kk += 16) {
-            const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
-            const int n0 = mg_ni * 8 + mg_g;
-            const unsigned ra0 = *reinterpret_cast<const unsigned*>(sm_a + (r0 * 64 + k0));
-            const unsigned ra1 = *reinterpret_cast<const unsigned*>(sm_a + (r1 * 64 + k0));
-            const unsigned ra2 = *reinterpret_cast<const unsigned*>(sm_a + (r0 * 64 + k1));
-            const unsigned ra3 = *reinterpret_cast<const unsigned*>(sm_a + (r1 * 64 + k1));
-            const unsigned rb0 = mg_bits2(sm_b[k0 * 16 + n0], sm_b[(k0 + 1) * 16 + n0]);
-            const unsigned rb1 = mg_bits2(sm_b[k1 * 16 + n0], sm_b[(k1 + 1) * 16 + n0]);
-            mg_mma_f16(acc_s[j], ra0, ra1, ra2, ra3, rb0, rb1);
-          }
+          const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
+          (void)mg_nb; (void)c0; (void)n0;
+          unsigned rb0, rb1;
+          mg_ldsm_x2_t(rb0, rb1, (sm_b + ((kk + (mg_lane & 15)) * 24 + (mg_ni * 8))));
+          mg_mma_f16(acc_s[j], ra0, ra1, ra2, ra3, rb0, rb1);
         }
       }
+    }
     }
     __syncthreads();
   }
@@ -213,16 +243,18 @@ extern "C" __global__ void __launch_bounds__(128) rmsnorm_linear_weighted_k1(
     const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
     const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
     (void)mg_g; (void)mg_t;
+    const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
+    (void)mg_ks;
     #pragma unroll
     for (int j = 0; j < 1; ++j) {
-      const int q = mg_warp + 4 * j;
+      const int q = mg_grp + 4 * j;
       if (q < 2) {
         const int mg_nb = q / 2;
         const int mg_mi = (q / 2) % 1;
         const int mg_ni = q % 2;
         const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
-        const int c0 = mg_ni * 8 + 2 * mg_t;
-        (void)mg_nb; (void)r1; (void)c0;
+        const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
+        (void)mg_nb; (void)r1; (void)c0; (void)n0;
         buf_s[r0 * 16 + c0] = acc_s[j][0];
         buf_s[r0 * 16 + (c0 + 1)] = acc_s[j][1];
         buf_s[r1 * 16 + c0] = acc_s[j][2];
@@ -231,10 +263,10 @@ extern "C" __global__ void __launch_bounds__(128) rmsnorm_linear_weighted_k1(
     }
   }
   __syncthreads();
-  for (int e17 = threadIdx.x; e17 < 256; e17 += 128) {
-    const int i18_0 = e17 / 16;
-    const int i18_1 = (e17) % 16;
-    mg_st(p2 + (bx * 16 + i18_0 * 6144 + i18_1), buf_s[i18_0 * 16 + i18_1]);
+  for (int e17 = threadIdx.x; e17 < 32; e17 += 128) {
+    const int i18_0 = e17 / 2;
+    const int i18_1 = (e17) % 2;
+    mg_st8(p2 + (bx * 16 + i18_0 * 6144 + (i18_1 * 8)), buf_s[i18_0 * 16 + ((i18_1 * 8) + 0)], buf_s[i18_0 * 16 + ((i18_1 * 8) + 1)], buf_s[i18_0 * 16 + ((i18_1 * 8) + 2)], buf_s[i18_0 * 16 + ((i18_1 * 8) + 3)], buf_s[i18_0 * 16 + ((i18_1 * 8) + 4)], buf_s[i18_0 * 16 + ((i18_1 * 8) + 5)], buf_s[i18_0 * 16 + ((i18_1 * 8) + 6)], buf_s[i18_0 * 16 + ((i18_1 * 8) + 7)]);
   }
 }
 
@@ -254,7 +286,7 @@ extern "C" cudaError_t rmsnorm_linear_weighted(const void* X, const void* G, con
       (mg_f16*)(mg_ws + 0));
   mg_err = cudaGetLastError();
   if (mg_err != cudaSuccess) return mg_err;
-  rmsnorm_linear_weighted_k1<<<dim3(384, 1, 1), dim3(128), 17408, stream>>>(
+  rmsnorm_linear_weighted_k1<<<dim3(384, 1, 1), dim3(128), 22544, stream>>>(
       (const mg_f16*)(mg_ws + 0),
       (const mg_f16*)(W),
       (mg_f16*)(Z));

@@ -26,6 +26,7 @@ COMMANDS: tuple[tuple[str, str], ...] = (
     ("run", "run"),
     ("import_mirage", "import-mirage"),
     ("verify", "verify"),
+    ("plan", "plan"),
     ("codegen", "codegen"),
     ("compile", "compile"),
     ("bench", "bench"),

@@ -13,6 +13,7 @@ Review the diff of a refresh before committing it.
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 from dataclasses import dataclass
@@ -82,7 +83,9 @@ def example_goldens(example: Path) -> dict[Path, str]:
     g = parse_text(text, str(example))
     base = GOLDEN / example.relative_to(EXAMPLES)
     cu, h = emit(lower(g))  # what `mirage codegen` writes
-    return {base.with_suffix(".ugraph.json"): serialize.dumps(g),
+    plans = [k.plan for k in lower(g).kernels if k.plan is not None]  # `mirage plan --json`
+    extra = {base.with_suffix(".plan.json"): json.dumps(plans, indent=2, sort_keys=True) + "\n"}
+    return {**(extra if plans else {}), base.with_suffix(".ugraph.json"): serialize.dumps(g),
             base.with_suffix(".mir"): format_source(text, str(example)),
             base.with_suffix(".cu"): cu, base.with_suffix(".h"): h}
 

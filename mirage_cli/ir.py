@@ -19,6 +19,7 @@ import enum
 from dataclasses import dataclass, field
 
 from mirage_cli.diagnostics import Span
+from mirage_cli.kplan import KernelPlan
 
 
 class DType(str, enum.Enum):
@@ -172,6 +173,9 @@ class KernelOp:
     attrs: Attrs = ()
     block: BlockGraph | None = None
     span: Span | None = field(default=None, compare=False, repr=False)
+    # The thread level of a custom kernel (DESIGN.md §2), once planned; None: the
+    # code generator plans it with default knobs.
+    plan: KernelPlan | None = None
 
 
 @dataclass(frozen=True)

@@ -18,12 +18,14 @@ file whose recorded types disagree with inference is rejected.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
 from mirage_cli.builder import GraphBuilder
 from mirage_cli.diagnostics import MirageError
 from mirage_cli.ir import AxisMap, BlockGraph, DType, Graph, KernelOp, TensorType, Value
+from mirage_cli.kplan import plan_from_json
 
 FORMAT = "mirage-cli/ugraph"
 VERSION = 1
@@ -57,6 +59,8 @@ def _kernel_op(op: KernelOp) -> Json:
                "outputs": [_value(v) for v in op.outputs], "attrs": dict(op.attrs)}
     if op.block is not None:
         d["block"] = _block(op.block)
+    if op.plan is not None:
+        d["plan"] = op.plan.as_json()
     return d
 
 
@@ -217,6 +221,12 @@ def _build_op(r: _Reader, b: GraphBuilder, op: Any, path: str) -> None:
         raise r.fail(path, e.message) from None
     if [v.name for v in outs] != [bo[1] for bo in stores]:
         raise r.fail(f"{path}.outputs", "custom kernel outputs disagree with its stores")
+    if "plan" in op:
+        try:
+            plan = plan_from_json(op["plan"], f"{path}.plan")
+        except ValueError as e:
+            raise r.fail(f"{path}.plan", str(e)) from None
+        b.ops[-1] = dataclasses.replace(b.ops[-1], plan=plan)
     for j, v in enumerate(outs):
         _check_type(r, f"{path}.outputs[{j}]", v.type, b.types[v.name])
 

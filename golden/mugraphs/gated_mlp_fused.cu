@@ -4,7 +4,7 @@
 //   cudaError_t gated_mlp_fused(const void* X, const void* W1, const void* W2, void* O, void* workspace, cudaStream_t stream);
 // Device pointers must be 16-byte aligned; the workspace must hold
 // gated_mlp_fused_workspace_bytes() bytes. No allocation, synchronisation or exit inside.
-// kernel gated_mlp_fused_k0: grid [128, 1, 1], 128 threads, 75776 B dynamic shared memory
+// kernel gated_mlp_fused_k0: grid [128, 1, 1], 128 threads, 92688 B dynamic shared memory
 
 // Storage types and helpers. The device code needs no header, so NVRTC compiles it
 // without a CUDA toolkit; f16/bf16 are converted with PTX instructions.
@@ -91,9 +91,36 @@ __device__ __forceinline__ void mg_mma_bf16(float* d, unsigned a0, unsigned a1, 
                : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
                : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
+// ldmatrix: four (or two, transposed) 8x8 matrices of 16-bit elements from shared
+// memory, one 16-byte row address per lane, straight into mma operand registers.
+__device__ __forceinline__ void mg_ldsm_x4(unsigned& r0, unsigned& r1, unsigned& r2,
+                                           unsigned& r3, const void* p) {
+  const unsigned s = (unsigned)__cvta_generic_to_shared(p);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(s));
+}
+__device__ __forceinline__ void mg_ldsm_x2_t(unsigned& r0, unsigned& r1, const void* p) {
+  const unsigned s = (unsigned)__cvta_generic_to_shared(p);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];"
+               : "=r"(r0), "=r"(r1) : "r"(s));
+}
+// Eight f32 values rounded and stored as one 16-byte access.
+struct __align__(16) mg_u4 { unsigned x, y, z, w; };
+__device__ __forceinline__ void mg_st8(mg_f16* p, float v0, float v1, float v2, float v3,
+                                       float v4, float v5, float v6, float v7) {
+  mg_u4 u = {mg_pack_f16(v0, v1), mg_pack_f16(v2, v3), mg_pack_f16(v4, v5),
+             mg_pack_f16(v6, v7)};
+  *reinterpret_cast<mg_u4*>(p) = u;
+}
+__device__ __forceinline__ void mg_st8(mg_bf16* p, float v0, float v1, float v2, float v3,
+                                       float v4, float v5, float v6, float v7) {
+  mg_u4 u = {mg_pack_bf16(v0, v1), mg_pack_bf16(v2, v3), mg_pack_bf16(v4, v5),
+             mg_pack_bf16(v6, v7)};
+  *reinterpret_cast<mg_u4*>(p) = u;
+}
 
-// fused kernel: grid [128, 1, 1], 128 threads, forloop 32
-extern "C" __global__ void __launch_bounds__(128) gated_mlp_fused_k0(
+// fused kernel: grid [128, 1, 1], 128 threads, forloop 32; plan: 4 stage(s), kwarps 1, 92688 B shared memory
+extern "C" __global__ void __launch_bounds__(128, 1) gated_mlp_fused_k0(
     const mg_f16* __restrict__ p0,
     const mg_f16* __restrict__ p1,
     const mg_f16* __restrict__ p2,
@@ -104,57 +131,59 @@ extern "C" __global__ void __launch_bounds__(128) gated_mlp_fused_k0(
   const int base_x = 0;
   const int base_w1 = bx * 32;
   const int base_w2 = bx * 32;
+  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 92672);
+  if (threadIdx.x < 4) mg_zero[threadIdx.x] = 0u;
   mg_f16* sm_x_0 = reinterpret_cast<mg_f16*>(mg_smem + 0);
-  mg_f16* sm_w1_0 = reinterpret_cast<mg_f16*>(mg_smem + 8192);
-  mg_f16* sm_w2_0 = reinterpret_cast<mg_f16*>(mg_smem + 40960);
-  float* buf_sa = reinterpret_cast<float*>(mg_smem + 73728);
-  float* buf_sb = reinterpret_cast<float*>(mg_smem + 74752);
+  mg_f16* sm_w1_0 = reinterpret_cast<mg_f16*>(mg_smem + 8704);
+  mg_f16* sm_w2_0 = reinterpret_cast<mg_f16*>(mg_smem + 49664);
+  float* buf_sa = reinterpret_cast<float*>(mg_smem + 90624);
+  float* buf_sb = reinterpret_cast<float*>(mg_smem + 91648);
   for (int c1 = threadIdx.x; c1 < 128; c1 += 128) {
-    const int s2_0 = (c1 * 8) / 128;
-    const int s2_1 = ((c1 * 8)) % 128;
-    mg_cp_async16((sm_x_0 + ((0) % 4) * 1024) + c1 * 8, p0 + ((base_x + 0) + s2_0 * 4096 + s2_1));
+    const int s2_0 = c1 / 16;
+    const int s2_1 = (c1) % 16;
+    mg_cp_async16((sm_x_0 + ((0) % 4) * 1088) + (s2_0 * 136 + (s2_1 * 8)), p0 + ((base_x + 0) + s2_0 * 4096 + (s2_1 * 8)));
   }
   for (int c3 = threadIdx.x; c3 < 512; c3 += 128) {
-    const int s4_0 = (c3 * 8) / 32;
-    const int s4_1 = ((c3 * 8)) % 32;
-    mg_cp_async16((sm_w1_0 + ((0) % 4) * 4096) + c3 * 8, p1 + ((base_w1 + 0) + s4_0 * 4096 + s4_1));
+    const int s4_0 = c3 / 4;
+    const int s4_1 = (c3) % 4;
+    mg_cp_async16((sm_w1_0 + ((0) % 4) * 5120) + (s4_0 * 40 + (s4_1 * 8)), p1 + ((base_w1 + 0) + s4_0 * 4096 + (s4_1 * 8)));
   }
   for (int c5 = threadIdx.x; c5 < 512; c5 += 128) {
-    const int s6_0 = (c5 * 8) / 32;
-    const int s6_1 = ((c5 * 8)) % 32;
-    mg_cp_async16((sm_w2_0 + ((0) % 4) * 4096) + c5 * 8, p2 + ((base_w2 + 0) + s6_0 * 4096 + s6_1));
+    const int s6_0 = c5 / 4;
+    const int s6_1 = (c5) % 4;
+    mg_cp_async16((sm_w2_0 + ((0) % 4) * 5120) + (s6_0 * 40 + (s6_1 * 8)), p2 + ((base_w2 + 0) + s6_0 * 4096 + (s6_1 * 8)));
   }
   mg_cp_async_commit();
   for (int c7 = threadIdx.x; c7 < 128; c7 += 128) {
-    const int s8_0 = (c7 * 8) / 128;
-    const int s8_1 = ((c7 * 8)) % 128;
-    mg_cp_async16((sm_x_0 + ((1) % 4) * 1024) + c7 * 8, p0 + ((base_x + 128) + s8_0 * 4096 + s8_1));
+    const int s8_0 = c7 / 16;
+    const int s8_1 = (c7) % 16;
+    mg_cp_async16((sm_x_0 + ((1) % 4) * 1088) + (s8_0 * 136 + (s8_1 * 8)), p0 + ((base_x + 128) + s8_0 * 4096 + (s8_1 * 8)));
   }
   for (int c9 = threadIdx.x; c9 < 512; c9 += 128) {
-    const int s10_0 = (c9 * 8) / 32;
-    const int s10_1 = ((c9 * 8)) % 32;
-    mg_cp_async16((sm_w1_0 + ((1) % 4) * 4096) + c9 * 8, p1 + ((base_w1 + 524288) + s10_0 * 4096 + s10_1));
+    const int s10_0 = c9 / 4;
+    const int s10_1 = (c9) % 4;
+    mg_cp_async16((sm_w1_0 + ((1) % 4) * 5120) + (s10_0 * 40 + (s10_1 * 8)), p1 + ((base_w1 + 524288) + s10_0 * 4096 + (s10_1 * 8)));
   }
   for (int c11 = threadIdx.x; c11 < 512; c11 += 128) {
-    const int s12_0 = (c11 * 8) / 32;
-    const int s12_1 = ((c11 * 8)) % 32;
-    mg_cp_async16((sm_w2_0 + ((1) % 4) * 4096) + c11 * 8, p2 + ((base_w2 + 524288) + s12_0 * 4096 + s12_1));
+    const int s12_0 = c11 / 4;
+    const int s12_1 = (c11) % 4;
+    mg_cp_async16((sm_w2_0 + ((1) % 4) * 5120) + (s12_0 * 40 + (s12_1 * 8)), p2 + ((base_w2 + 524288) + s12_0 * 4096 + (s12_1 * 8)));
   }
   mg_cp_async_commit();
   for (int c13 = threadIdx.x; c13 < 128; c13 += 128) {
-    const int s14_0 = (c13 * 8) / 128;
-    const int s14_1 = ((c13 * 8)) % 128;
-    mg_cp_async16((sm_x_0 + ((2) % 4) * 1024) + c13 * 8, p0 + ((base_x + 256) + s14_0 * 4096 + s14_1));
+    const int s14_0 = c13 / 16;
+    const int s14_1 = (c13) % 16;
+    mg_cp_async16((sm_x_0 + ((2) % 4) * 1088) + (s14_0 * 136 + (s14_1 * 8)), p0 + ((base_x + 256) + s14_0 * 4096 + (s14_1 * 8)));
   }
   for (int c15 = threadIdx.x; c15 < 512; c15 += 128) {
-    const int s16_0 = (c15 * 8) / 32;
-    const int s16_1 = ((c15 * 8)) % 32;
-    mg_cp_async16((sm_w1_0 + ((2) % 4) * 4096) + c15 * 8, p1 + ((base_w1 + 1048576) + s16_0 * 4096 + s16_1));
+    const int s16_0 = c15 / 4;
+    const int s16_1 = (c15) % 4;
+    mg_cp_async16((sm_w1_0 + ((2) % 4) * 5120) + (s16_0 * 40 + (s16_1 * 8)), p1 + ((base_w1 + 1048576) + s16_0 * 4096 + (s16_1 * 8)));
   }
   for (int c17 = threadIdx.x; c17 < 512; c17 += 128) {
-    const int s18_0 = (c17 * 8) / 32;
-    const int s18_1 = ((c17 * 8)) % 32;
-    mg_cp_async16((sm_w2_0 + ((2) % 4) * 4096) + c17 * 8, p2 + ((base_w2 + 1048576) + s18_0 * 4096 + s18_1));
+    const int s18_0 = c17 / 4;
+    const int s18_1 = (c17) % 4;
+    mg_cp_async16((sm_w2_0 + ((2) % 4) * 5120) + (s18_0 * 40 + (s18_1 * 8)), p2 + ((base_w2 + 1048576) + s18_0 * 4096 + (s18_1 * 8)));
   }
   mg_cp_async_commit();
   float acc_sa[1][4];
@@ -169,84 +198,86 @@ extern "C" __global__ void __launch_bounds__(128) gated_mlp_fused_k0(
     const int off_w2 = base_w2 + it * 524288;
     if (it + 3 < 32) {
       for (int c19 = threadIdx.x; c19 < 128; c19 += 128) {
-        const int s20_0 = (c19 * 8) / 128;
-        const int s20_1 = ((c19 * 8)) % 128;
-        mg_cp_async16((sm_x_0 + (((it + 3)) % 4) * 1024) + c19 * 8, p0 + ((off_x + 384) + s20_0 * 4096 + s20_1));
+        const int s20_0 = c19 / 16;
+        const int s20_1 = (c19) % 16;
+        mg_cp_async16((sm_x_0 + (((it + 3)) % 4) * 1088) + (s20_0 * 136 + (s20_1 * 8)), p0 + ((off_x + 384) + s20_0 * 4096 + (s20_1 * 8)));
       }
       for (int c21 = threadIdx.x; c21 < 512; c21 += 128) {
-        const int s22_0 = (c21 * 8) / 32;
-        const int s22_1 = ((c21 * 8)) % 32;
-        mg_cp_async16((sm_w1_0 + (((it + 3)) % 4) * 4096) + c21 * 8, p1 + ((off_w1 + 1572864) + s22_0 * 4096 + s22_1));
+        const int s22_0 = c21 / 4;
+        const int s22_1 = (c21) % 4;
+        mg_cp_async16((sm_w1_0 + (((it + 3)) % 4) * 5120) + (s22_0 * 40 + (s22_1 * 8)), p1 + ((off_w1 + 1572864) + s22_0 * 4096 + (s22_1 * 8)));
       }
       for (int c23 = threadIdx.x; c23 < 512; c23 += 128) {
-        const int s24_0 = (c23 * 8) / 32;
-        const int s24_1 = ((c23 * 8)) % 32;
-        mg_cp_async16((sm_w2_0 + (((it + 3)) % 4) * 4096) + c23 * 8, p2 + ((off_w2 + 1572864) + s24_0 * 4096 + s24_1));
+        const int s24_0 = c23 / 4;
+        const int s24_1 = (c23) % 4;
+        mg_cp_async16((sm_w2_0 + (((it + 3)) % 4) * 5120) + (s24_0 * 40 + (s24_1 * 8)), p2 + ((off_w2 + 1572864) + s24_0 * 4096 + (s24_1 * 8)));
       }
     }
     mg_cp_async_commit();
     mg_cp_async_wait<3>();
     __syncthreads();
-    const auto* sm_x = (sm_x_0 + ((it) % 4) * 1024);
-    const auto* sm_w1 = (sm_w1_0 + ((it) % 4) * 4096);
-    const auto* sm_w2 = (sm_w2_0 + ((it) % 4) * 4096);
+    const auto* sm_x = (sm_x_0 + ((it) % 4) * 1088);
+    const auto* sm_w1 = (sm_w1_0 + ((it) % 4) * 5120);
+    const auto* sm_w2 = (sm_w2_0 + ((it) % 4) * 5120);
     {
       const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
       const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
       (void)mg_g; (void)mg_t;
+      const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
+      (void)mg_ks;
+    #pragma unroll 2
+    for (int s = 0; s < 8; ++s) {
+      const int kk = (mg_ks + s * 1) * 16;
+      const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
+      (void)k0; (void)k1;
+      unsigned ra0, ra1, ra2, ra3;
+      const int mg_mi = 0, r0 = mg_g, r1 = r0 + 8;
+      (void)r0; (void)r1;
+      mg_ldsm_x4(ra0, ra1, ra2, ra3, ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) < 8 ? (const void*)(sm_x + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) * 136 + (kk + (mg_lane >> 4) * 8))) : (const void*)mg_zero));
       #pragma unroll
       for (int j = 0; j < 1; ++j) {
-        const int q = mg_warp + 4 * j;
+        const int q = mg_grp + 4 * j;
         if (q < 4) {
           const int mg_nb = q / 4;
-          const int mg_mi = (q / 4) % 1;
           const int mg_ni = q % 4;
-          const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
-          const int c0 = mg_ni * 8 + 2 * mg_t;
-          (void)mg_nb; (void)r1; (void)c0;
-          #pragma unroll 2
-          for (int kk = 0; kk < 128; kk += 16) {
-            const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
-            const int n0 = mg_ni * 8 + mg_g;
-            const unsigned ra0 = ((r0 < 8) ? *reinterpret_cast<const unsigned*>(sm_x + (r0 * 128 + k0)) : 0u);
-            const unsigned ra1 = ((r1 < 8) ? *reinterpret_cast<const unsigned*>(sm_x + (r1 * 128 + k0)) : 0u);
-            const unsigned ra2 = ((r0 < 8) ? *reinterpret_cast<const unsigned*>(sm_x + (r0 * 128 + k1)) : 0u);
-            const unsigned ra3 = ((r1 < 8) ? *reinterpret_cast<const unsigned*>(sm_x + (r1 * 128 + k1)) : 0u);
-            const unsigned rb0 = mg_bits2(sm_w1[k0 * 32 + n0], sm_w1[(k0 + 1) * 32 + n0]);
-            const unsigned rb1 = mg_bits2(sm_w1[k1 * 32 + n0], sm_w1[(k1 + 1) * 32 + n0]);
-            mg_mma_f16(acc_sa[j], ra0, ra1, ra2, ra3, rb0, rb1);
-          }
+          const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
+          (void)mg_nb; (void)c0; (void)n0;
+          unsigned rb0, rb1;
+          mg_ldsm_x2_t(rb0, rb1, (sm_w1 + ((kk + (mg_lane & 15)) * 40 + (mg_ni * 8))));
+          mg_mma_f16(acc_sa[j], ra0, ra1, ra2, ra3, rb0, rb1);
         }
       }
+    }
     }
     {
       const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
       const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
       (void)mg_g; (void)mg_t;
+      const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
+      (void)mg_ks;
+    #pragma unroll 2
+    for (int s = 0; s < 8; ++s) {
+      const int kk = (mg_ks + s * 1) * 16;
+      const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
+      (void)k0; (void)k1;
+      unsigned ra0, ra1, ra2, ra3;
+      const int mg_mi = 0, r0 = mg_g, r1 = r0 + 8;
+      (void)r0; (void)r1;
+      mg_ldsm_x4(ra0, ra1, ra2, ra3, ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) < 8 ? (const void*)(sm_x + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) * 136 + (kk + (mg_lane >> 4) * 8))) : (const void*)mg_zero));
       #pragma unroll
       for (int j = 0; j < 1; ++j) {
-        const int q = mg_warp + 4 * j;
+        const int q = mg_grp + 4 * j;
         if (q < 4) {
           const int mg_nb = q / 4;
-          const int mg_mi = (q / 4) % 1;
           const int mg_ni = q % 4;
-          const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
-          const int c0 = mg_ni * 8 + 2 * mg_t;
-          (void)mg_nb; (void)r1; (void)c0;
-          #pragma unroll 2
-          for (int kk = 0; kk < 128; kk += 16) {
-            const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
-            const int n0 = mg_ni * 8 + mg_g;
-            const unsigned ra0 = ((r0 < 8) ? *reinterpret_cast<const unsigned*>(sm_x + (r0 * 128 + k0)) : 0u);
-            const unsigned ra1 = ((r1 < 8) ? *reinterpret_cast<const unsigned*>(sm_x + (r1 * 128 + k0)) : 0u);
-            const unsigned ra2 = ((r0 < 8) ? *reinterpret_cast<const unsigned*>(sm_x + (r0 * 128 + k1)) : 0u);
-            const unsigned ra3 = ((r1 < 8) ? *reinterpret_cast<const unsigned*>(sm_x + (r1 * 128 + k1)) : 0u);
-            const unsigned rb0 = mg_bits2(sm_w2[k0 * 32 + n0], sm_w2[(k0 + 1) * 32 + n0]);
-            const unsigned rb1 = mg_bits2(sm_w2[k1 * 32 + n0], sm_w2[(k1 + 1) * 32 + n0]);
-            mg_mma_f16(acc_sb[j], ra0, ra1, ra2, ra3, rb0, rb1);
-          }
+          const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
+          (void)mg_nb; (void)c0; (void)n0;
+          unsigned rb0, rb1;
+          mg_ldsm_x2_t(rb0, rb1, (sm_w2 + ((kk + (mg_lane & 15)) * 40 + (mg_ni * 8))));
+          mg_mma_f16(acc_sb[j], ra0, ra1, ra2, ra3, rb0, rb1);
         }
       }
+    }
     }
     __syncthreads();
   }
@@ -254,16 +285,18 @@ extern "C" __global__ void __launch_bounds__(128) gated_mlp_fused_k0(
     const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
     const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
     (void)mg_g; (void)mg_t;
+    const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
+    (void)mg_ks;
     #pragma unroll
     for (int j = 0; j < 1; ++j) {
-      const int q = mg_warp + 4 * j;
+      const int q = mg_grp + 4 * j;
       if (q < 4) {
         const int mg_nb = q / 4;
         const int mg_mi = (q / 4) % 1;
         const int mg_ni = q % 4;
         const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
-        const int c0 = mg_ni * 8 + 2 * mg_t;
-        (void)mg_nb; (void)r1; (void)c0;
+        const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
+        (void)mg_nb; (void)r1; (void)c0; (void)n0;
         if (r0 < 8) buf_sa[r0 * 32 + c0] = acc_sa[j][0];
         if (r0 < 8) buf_sa[r0 * 32 + (c0 + 1)] = acc_sa[j][1];
         if (r1 < 8) buf_sa[r1 * 32 + c0] = acc_sa[j][2];
@@ -275,16 +308,18 @@ extern "C" __global__ void __launch_bounds__(128) gated_mlp_fused_k0(
     const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
     const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
     (void)mg_g; (void)mg_t;
+    const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
+    (void)mg_ks;
     #pragma unroll
     for (int j = 0; j < 1; ++j) {
-      const int q = mg_warp + 4 * j;
+      const int q = mg_grp + 4 * j;
       if (q < 4) {
         const int mg_nb = q / 4;
         const int mg_mi = (q / 4) % 1;
         const int mg_ni = q % 4;
         const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
-        const int c0 = mg_ni * 8 + 2 * mg_t;
-        (void)mg_nb; (void)r1; (void)c0;
+        const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
+        (void)mg_nb; (void)r1; (void)c0; (void)n0;
         if (r0 < 8) buf_sb[r0 * 32 + c0] = acc_sb[j][0];
         if (r0 < 8) buf_sb[r0 * 32 + (c0 + 1)] = acc_sb[j][1];
         if (r1 < 8) buf_sb[r1 * 32 + c0] = acc_sb[j][2];
@@ -293,14 +328,42 @@ extern "C" __global__ void __launch_bounds__(128) gated_mlp_fused_k0(
     }
   }
   __syncthreads();
-  for (int e25 = threadIdx.x; e25 < 256; e25 += 128) {
-    const int i26_0 = e25 / 32;
-    const int i26_1 = (e25) % 32;
-    const float v27 = buf_sa[i26_0 * 32 + i26_1];
+  for (int e25 = threadIdx.x; e25 < 32; e25 += 128) {
+    const int i26_0 = e25 / 4;
+    const int i26_1 = (e25) % 4;
+    const float v27 = buf_sa[i26_0 * 32 + ((i26_1 * 8) + 0)];
     const float v28 = mg_silu(v27);
-    const float v29 = buf_sb[i26_0 * 32 + i26_1];
+    const float v29 = buf_sb[i26_0 * 32 + ((i26_1 * 8) + 0)];
     const float v30 = (v28 * v29);
-    mg_st(p3 + (bx * 32 + i26_0 * 4096 + i26_1), v30);
+    const float v31 = buf_sa[i26_0 * 32 + ((i26_1 * 8) + 1)];
+    const float v32 = mg_silu(v31);
+    const float v33 = buf_sb[i26_0 * 32 + ((i26_1 * 8) + 1)];
+    const float v34 = (v32 * v33);
+    const float v35 = buf_sa[i26_0 * 32 + ((i26_1 * 8) + 2)];
+    const float v36 = mg_silu(v35);
+    const float v37 = buf_sb[i26_0 * 32 + ((i26_1 * 8) + 2)];
+    const float v38 = (v36 * v37);
+    const float v39 = buf_sa[i26_0 * 32 + ((i26_1 * 8) + 3)];
+    const float v40 = mg_silu(v39);
+    const float v41 = buf_sb[i26_0 * 32 + ((i26_1 * 8) + 3)];
+    const float v42 = (v40 * v41);
+    const float v43 = buf_sa[i26_0 * 32 + ((i26_1 * 8) + 4)];
+    const float v44 = mg_silu(v43);
+    const float v45 = buf_sb[i26_0 * 32 + ((i26_1 * 8) + 4)];
+    const float v46 = (v44 * v45);
+    const float v47 = buf_sa[i26_0 * 32 + ((i26_1 * 8) + 5)];
+    const float v48 = mg_silu(v47);
+    const float v49 = buf_sb[i26_0 * 32 + ((i26_1 * 8) + 5)];
+    const float v50 = (v48 * v49);
+    const float v51 = buf_sa[i26_0 * 32 + ((i26_1 * 8) + 6)];
+    const float v52 = mg_silu(v51);
+    const float v53 = buf_sb[i26_0 * 32 + ((i26_1 * 8) + 6)];
+    const float v54 = (v52 * v53);
+    const float v55 = buf_sa[i26_0 * 32 + ((i26_1 * 8) + 7)];
+    const float v56 = mg_silu(v55);
+    const float v57 = buf_sb[i26_0 * 32 + ((i26_1 * 8) + 7)];
+    const float v58 = (v56 * v57);
+    mg_st8(p3 + (bx * 32 + i26_0 * 4096 + (i26_1 * 8)), v30, v34, v38, v42, v46, v50, v54, v58);
   }
 }
 
@@ -316,9 +379,9 @@ extern "C" cudaError_t gated_mlp_fused(const void* X, const void* W1, const void
   cudaError_t mg_err = cudaSuccess;
   // More than 48 KB of dynamic shared memory: raise the limit once (thread-safe static).
   static const cudaError_t mg_attr_gated_mlp_fused_k0 = cudaFuncSetAttribute(
-      gated_mlp_fused_k0, cudaFuncAttributeMaxDynamicSharedMemorySize, 75776);
+      gated_mlp_fused_k0, cudaFuncAttributeMaxDynamicSharedMemorySize, 92688);
   if (mg_attr_gated_mlp_fused_k0 != cudaSuccess) return mg_attr_gated_mlp_fused_k0;
-  gated_mlp_fused_k0<<<dim3(128, 1, 1), dim3(128), 75776, stream>>>(
+  gated_mlp_fused_k0<<<dim3(128, 1, 1), dim3(128), 92688, stream>>>(
       (const mg_f16*)(X),
       (const mg_f16*)(W1),
       (const mg_f16*)(W2),

@@ -4,8 +4,8 @@
 //   cudaError_t gqa_fused(const void* Q, const void* K, const void* V, void* O, void* workspace, cudaStream_t stream);
 // Device pointers must be 16-byte aligned; the workspace must hold
 // gqa_fused_workspace_bytes() bytes. No allocation, synchronisation or exit inside.
-// kernel gqa_fused_k0: grid [16, 16, 4], 128 threads, 90368 B dynamic shared memory
-// kernel gqa_fused_k1: grid [16, 16, 1], 128 threads, 4160 B dynamic shared memory
+// kernel gqa_fused_k0: grid [16, 16, 4], 128 threads, 132368 B dynamic shared memory
+// kernel gqa_fused_k1: grid [16, 16, 1], 512 threads, 37952 B dynamic shared memory
 
 // Storage types and helpers. The device code needs no header, so NVRTC compiles it
 // without a CUDA toolkit; f16/bf16 are converted with PTX instructions.
@@ -92,9 +92,36 @@ __device__ __forceinline__ void mg_mma_bf16(float* d, unsigned a0, unsigned a1, 
                : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
                : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
+// ldmatrix: four (or two, transposed) 8x8 matrices of 16-bit elements from shared
+// memory, one 16-byte row address per lane, straight into mma operand registers.
+__device__ __forceinline__ void mg_ldsm_x4(unsigned& r0, unsigned& r1, unsigned& r2,
+                                           unsigned& r3, const void* p) {
+  const unsigned s = (unsigned)__cvta_generic_to_shared(p);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(s));
+}
+__device__ __forceinline__ void mg_ldsm_x2_t(unsigned& r0, unsigned& r1, const void* p) {
+  const unsigned s = (unsigned)__cvta_generic_to_shared(p);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];"
+               : "=r"(r0), "=r"(r1) : "r"(s));
+}
+// Eight f32 values rounded and stored as one 16-byte access.
+struct __align__(16) mg_u4 { unsigned x, y, z, w; };
+__device__ __forceinline__ void mg_st8(mg_f16* p, float v0, float v1, float v2, float v3,
+                                       float v4, float v5, float v6, float v7) {
+  mg_u4 u = {mg_pack_f16(v0, v1), mg_pack_f16(v2, v3), mg_pack_f16(v4, v5),
+             mg_pack_f16(v6, v7)};
+  *reinterpret_cast<mg_u4*>(p) = u;
+}
+__device__ __forceinline__ void mg_st8(mg_bf16* p, float v0, float v1, float v2, float v3,
+                                       float v4, float v5, float v6, float v7) {
+  mg_u4 u = {mg_pack_bf16(v0, v1), mg_pack_bf16(v2, v3), mg_pack_bf16(v4, v5),
+             mg_pack_bf16(v6, v7)};
+  *reinterpret_cast<mg_u4*>(p) = u;
+}
 
-// fused kernel: grid [16, 16, 4], 128 threads, forloop 4
-extern "C" __global__ void __launch_bounds__(128) gqa_fused_k0(
+// fused kernel: grid [16, 16, 4], 128 threads, forloop 4; plan: 4 stage(s), kwarps 1, 132368 B shared memory
+extern "C" __global__ void __launch_bounds__(128, 1) gqa_fused_k0(
     const mg_f16* __restrict__ p0,
     const mg_f16* __restrict__ p1,
     const mg_f16* __restrict__ p2,
@@ -106,30 +133,54 @@ extern "C" __global__ void __launch_bounds__(128) gqa_fused_k0(
   const int base_q = bx * 16384 + bz * 4096;
   const int base_k = bx * 262144 + by * 256;
   const int base_v = bx * 262144 + by * 16384;
+  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 132352);
+  if (threadIdx.x < 4) mg_zero[threadIdx.x] = 0u;
   mg_f16* sm_q_0 = reinterpret_cast<mg_f16*>(mg_smem + 0);
-  mg_f16* sm_k_0 = reinterpret_cast<mg_f16*>(mg_smem + 8192);
-  mg_f16* sm_v_0 = reinterpret_cast<mg_f16*>(mg_smem + 24576);
-  float* buf_s = reinterpret_cast<float*>(mg_smem + 40960);
-  float* buf_e = reinterpret_cast<float*>(mg_smem + 57344);
-  float* buf_l = reinterpret_cast<float*>(mg_smem + 73728);
-  float* buf_o = reinterpret_cast<float*>(mg_smem + 73984);
+  mg_f16* sm_k_0 = reinterpret_cast<mg_f16*>(mg_smem + 9216);
+  mg_f16* sm_v_0 = reinterpret_cast<mg_f16*>(mg_smem + 46080);
+  float* buf_s = reinterpret_cast<float*>(mg_smem + 82944);
+  float* buf_e = reinterpret_cast<float*>(mg_smem + 99328);
+  float* buf_l = reinterpret_cast<float*>(mg_smem + 115712);
+  float* buf_o = reinterpret_cast<float*>(mg_smem + 115968);
   for (int c1 = threadIdx.x; c1 < 512; c1 += 128) {
-    const int s2_1 = (c1 * 8) / 64;
-    const int s2_2 = ((c1 * 8)) % 64;
-    mg_cp_async16(sm_q_0 + c1 * 8, p0 + (base_q + s2_1 * 64 + s2_2));
+    const int s2_1 = c1 / 8;
+    const int s2_2 = (c1) % 8;
+    mg_cp_async16(sm_q_0 + (s2_1 * 72 + (s2_2 * 8)), p0 + (base_q + s2_1 * 64 + (s2_2 * 8)));
   }
   mg_cp_async_wait_all();
   __syncthreads();
   const auto* sm_q = sm_q_0;
   for (int c3 = threadIdx.x; c3 < 512; c3 += 128) {
-    const int s4_1 = (c3 * 8) / 64;
-    const int s4_2 = ((c3 * 8)) % 64;
-    mg_cp_async16((sm_k_0 + ((0) % 2) * 4096) + c3 * 8, p1 + ((base_k + 0) + s4_1 * 4096 + s4_2));
+    const int s4_1 = c3 / 8;
+    const int s4_2 = (c3) % 8;
+    mg_cp_async16((sm_k_0 + ((0) % 4) * 4608) + (s4_1 * 72 + (s4_2 * 8)), p1 + ((base_k + 0) + s4_1 * 4096 + (s4_2 * 8)));
   }
   for (int c5 = threadIdx.x; c5 < 512; c5 += 128) {
-    const int s6_1 = (c5 * 8) / 64;
-    const int s6_2 = ((c5 * 8)) % 64;
-    mg_cp_async16((sm_v_0 + ((0) % 2) * 4096) + c5 * 8, p2 + ((base_v + 0) + s6_1 * 64 + s6_2));
+    const int s6_1 = c5 / 8;
+    const int s6_2 = (c5) % 8;
+    mg_cp_async16((sm_v_0 + ((0) % 4) * 4608) + (s6_1 * 72 + (s6_2 * 8)), p2 + ((base_v + 0) + s6_1 * 64 + (s6_2 * 8)));
+  }
+  mg_cp_async_commit();
+  for (int c7 = threadIdx.x; c7 < 512; c7 += 128) {
+    const int s8_1 = c7 / 8;
+    const int s8_2 = (c7) % 8;
+    mg_cp_async16((sm_k_0 + ((1) % 4) * 4608) + (s8_1 * 72 + (s8_2 * 8)), p1 + ((base_k + 64) + s8_1 * 4096 + (s8_2 * 8)));
+  }
+  for (int c9 = threadIdx.x; c9 < 512; c9 += 128) {
+    const int s10_1 = c9 / 8;
+    const int s10_2 = (c9) % 8;
+    mg_cp_async16((sm_v_0 + ((1) % 4) * 4608) + (s10_1 * 72 + (s10_2 * 8)), p2 + ((base_v + 4096) + s10_1 * 64 + (s10_2 * 8)));
+  }
+  mg_cp_async_commit();
+  for (int c11 = threadIdx.x; c11 < 512; c11 += 128) {
+    const int s12_1 = c11 / 8;
+    const int s12_2 = (c11) % 8;
+    mg_cp_async16((sm_k_0 + ((2) % 4) * 4608) + (s12_1 * 72 + (s12_2 * 8)), p1 + ((base_k + 128) + s12_1 * 4096 + (s12_2 * 8)));
+  }
+  for (int c13 = threadIdx.x; c13 < 512; c13 += 128) {
+    const int s14_1 = c13 / 8;
+    const int s14_2 = (c13) % 8;
+    mg_cp_async16((sm_v_0 + ((2) % 4) * 4608) + (s14_1 * 72 + (s14_2 * 8)), p2 + ((base_v + 8192) + s14_1 * 64 + (s14_2 * 8)));
   }
   mg_cp_async_commit();
   float acc_l[16];
@@ -141,48 +192,49 @@ extern "C" __global__ void __launch_bounds__(128) gqa_fused_k0(
   for (int it = 0; it < 4; ++it) {
     const int off_k = base_k + it * 64;
     const int off_v = base_v + it * 4096;
-    if (it + 1 < 4) {
-      for (int c7 = threadIdx.x; c7 < 512; c7 += 128) {
-        const int s8_1 = (c7 * 8) / 64;
-        const int s8_2 = ((c7 * 8)) % 64;
-        mg_cp_async16((sm_k_0 + (((it + 1)) % 2) * 4096) + c7 * 8, p1 + ((off_k + 64) + s8_1 * 4096 + s8_2));
+    if (it + 3 < 4) {
+      for (int c15 = threadIdx.x; c15 < 512; c15 += 128) {
+        const int s16_1 = c15 / 8;
+        const int s16_2 = (c15) % 8;
+        mg_cp_async16((sm_k_0 + (((it + 3)) % 4) * 4608) + (s16_1 * 72 + (s16_2 * 8)), p1 + ((off_k + 192) + s16_1 * 4096 + (s16_2 * 8)));
       }
-      for (int c9 = threadIdx.x; c9 < 512; c9 += 128) {
-        const int s10_1 = (c9 * 8) / 64;
-        const int s10_2 = ((c9 * 8)) % 64;
-        mg_cp_async16((sm_v_0 + (((it + 1)) % 2) * 4096) + c9 * 8, p2 + ((off_v + 4096) + s10_1 * 64 + s10_2));
+      for (int c17 = threadIdx.x; c17 < 512; c17 += 128) {
+        const int s18_1 = c17 / 8;
+        const int s18_2 = (c17) % 8;
+        mg_cp_async16((sm_v_0 + (((it + 3)) % 4) * 4608) + (s18_1 * 72 + (s18_2 * 8)), p2 + ((off_v + 12288) + s18_1 * 64 + (s18_2 * 8)));
       }
     }
     mg_cp_async_commit();
-    mg_cp_async_wait<1>();
+    mg_cp_async_wait<3>();
     __syncthreads();
-    const auto* sm_k = (sm_k_0 + ((it) % 2) * 4096);
-    const auto* sm_v = (sm_v_0 + ((it) % 2) * 4096);
+    const auto* sm_k = (sm_k_0 + ((it) % 4) * 4608);
+    const auto* sm_v = (sm_v_0 + ((it) % 4) * 4608);
     {
       const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
       const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
       (void)mg_g; (void)mg_t;
+      const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
+      (void)mg_ks;
       #pragma unroll
       for (int j = 0; j < 8; ++j) {
-        const int q = mg_warp + 4 * j;
+        const int q = mg_grp + 4 * j;
         if (q < 32) {
           const int mg_nb = q / 32;
           const int mg_mi = (q / 8) % 4;
           const int mg_ni = q % 8;
           const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
-          const int c0 = mg_ni * 8 + 2 * mg_t;
-          (void)mg_nb; (void)r1; (void)c0;
+          const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
+          (void)mg_nb; (void)r1; (void)c0; (void)n0;
           float mg_d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
           #pragma unroll 2
-          for (int kk = 0; kk < 64; kk += 16) {
+          for (int s = 0; s < 4; ++s) {
+            const int kk = (mg_ks + s * 1) * 16;
             const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
-            const int n0 = mg_ni * 8 + mg_g;
-            const unsigned ra0 = *reinterpret_cast<const unsigned*>(sm_q + (r0 * 64 + k0));
-            const unsigned ra1 = *reinterpret_cast<const unsigned*>(sm_q + (r1 * 64 + k0));
-            const unsigned ra2 = *reinterpret_cast<const unsigned*>(sm_q + (r0 * 64 + k1));
-            const unsigned ra3 = *reinterpret_cast<const unsigned*>(sm_q + (r1 * 64 + k1));
-            const unsigned rb0 = mg_bits2(sm_k[k0 * 64 + n0], sm_k[(k0 + 1) * 64 + n0]);
-            const unsigned rb1 = mg_bits2(sm_k[k1 * 64 + n0], sm_k[(k1 + 1) * 64 + n0]);
+            (void)k0; (void)k1;
+            unsigned ra0, ra1, ra2, ra3;
+            mg_ldsm_x4(ra0, ra1, ra2, ra3, (sm_q + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) * 72 + (kk + (mg_lane >> 4) * 8))));
+            unsigned rb0, rb1;
+            mg_ldsm_x2_t(rb0, rb1, (sm_k + ((kk + (mg_lane & 15)) * 72 + (mg_ni * 8))));
             mg_mma_f16(mg_d, ra0, ra1, ra2, ra3, rb0, rb1);
           }
           buf_s[r0 * 64 + c0] = mg_d[0];
@@ -193,82 +245,85 @@ extern "C" __global__ void __launch_bounds__(128) gqa_fused_k0(
       }
     }
     __syncthreads();
-    for (int e11 = threadIdx.x; e11 < 4096; e11 += 128) {
-      const int i12_1 = e11 / 64;
-      const int i12_2 = (e11) % 64;
-      const float v13 = buf_s[i12_1 * 64 + i12_2];
-      buf_e[i12_1 * 64 + i12_2] = expf(v13);
+    for (int e19 = threadIdx.x; e19 < 4096; e19 += 128) {
+      const int i20_1 = e19 / 64;
+      const int i20_2 = (e19) % 64;
+      const float v21 = buf_s[i20_1 * 64 + i20_2];
+      buf_e[i20_1 * 64 + i20_2] = expf(v21);
     }
     __syncthreads();
-    {
-      const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
-      for (int j = 0; j < 16; ++j) {
-        const int row = mg_warp + 4 * j;
-        if (row < 64) {
-          const int w14_1 = row;
-          float r16 = 0.0f;
-          for (int k15 = mg_lane; k15 < 64; k15 += 32) {
-            r16 += buf_e[w14_1 * 64 + k15];
-          }
-          r16 = mg_warp_sum(r16);
-          acc_l[j] += r16;
-        }
+    #pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      const int row = threadIdx.x / 32 + 4 * j;
+      const int mg_rl = threadIdx.x % 32;
+      (void)row; (void)mg_rl;
+      const int w23_1 = row;
+      for (int k22 = mg_rl; k22 < 64; k22 += 32) {
+        acc_l[j] += buf_e[w23_1 * 64 + k22];
       }
     }
     {
       const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
       const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
       (void)mg_g; (void)mg_t;
+      const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
+      (void)mg_ks;
+    #pragma unroll 2
+    for (int s = 0; s < 4; ++s) {
+      const int kk = (mg_ks + s * 1) * 16;
+      const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
+      (void)k0; (void)k1;
+      unsigned ra0, ra1, ra2, ra3;
       #pragma unroll
       for (int j = 0; j < 8; ++j) {
-        const int q = mg_warp + 4 * j;
+        const int q = mg_grp + 4 * j;
         if (q < 32) {
           const int mg_nb = q / 32;
-          const int mg_mi = (q / 8) % 4;
           const int mg_ni = q % 8;
+          const int mg_mi = (q / 8) % 4;
           const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
-          const int c0 = mg_ni * 8 + 2 * mg_t;
-          (void)mg_nb; (void)r1; (void)c0;
-          #pragma unroll 2
-          for (int kk = 0; kk < 64; kk += 16) {
-            const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
-            const int n0 = mg_ni * 8 + mg_g;
-            const unsigned ra0 = mg_pack_f162(*reinterpret_cast<const float2*>(buf_e + (r0 * 64 + k0)));
-            const unsigned ra1 = mg_pack_f162(*reinterpret_cast<const float2*>(buf_e + (r1 * 64 + k0)));
-            const unsigned ra2 = mg_pack_f162(*reinterpret_cast<const float2*>(buf_e + (r0 * 64 + k1)));
-            const unsigned ra3 = mg_pack_f162(*reinterpret_cast<const float2*>(buf_e + (r1 * 64 + k1)));
-            const unsigned rb0 = mg_bits2(sm_v[k0 * 64 + n0], sm_v[(k0 + 1) * 64 + n0]);
-            const unsigned rb1 = mg_bits2(sm_v[k1 * 64 + n0], sm_v[(k1 + 1) * 64 + n0]);
-            mg_mma_f16(acc_o[j], ra0, ra1, ra2, ra3, rb0, rb1);
-          }
+          const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
+          (void)mg_nb; (void)c0; (void)n0;
+          ra0 = mg_pack_f162(*reinterpret_cast<const float2*>(buf_e + (r0 * 64 + k0)));
+          ra1 = mg_pack_f162(*reinterpret_cast<const float2*>(buf_e + (r1 * 64 + k0)));
+          ra2 = mg_pack_f162(*reinterpret_cast<const float2*>(buf_e + (r0 * 64 + k1)));
+          ra3 = mg_pack_f162(*reinterpret_cast<const float2*>(buf_e + (r1 * 64 + k1)));
+          unsigned rb0, rb1;
+          mg_ldsm_x2_t(rb0, rb1, (sm_v + ((kk + (mg_lane & 15)) * 72 + (mg_ni * 8))));
+          mg_mma_f16(acc_o[j], ra0, ra1, ra2, ra3, rb0, rb1);
         }
       }
     }
+    }
     __syncthreads();
   }
-  {
-    const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
-    for (int j = 0; j < 16; ++j) {
-      const int row = mg_warp + 4 * j;
-      if (row < 64) {
-        if (mg_lane == 0) buf_l[row] = acc_l[j];
-      }
+  #pragma unroll
+  for (int j = 0; j < 16; ++j) {
+    const int row = threadIdx.x / 32 + 4 * j;
+    const int mg_rl = threadIdx.x % 32;
+    (void)row; (void)mg_rl;
+    float v24 = acc_l[j];
+    v24 = mg_warp_sum(v24);
+    if ((threadIdx.x & 31) == 0) {
+      if (row < 64) buf_l[row] = v24;
     }
   }
   {
     const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
     const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
     (void)mg_g; (void)mg_t;
+    const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
+    (void)mg_ks;
     #pragma unroll
     for (int j = 0; j < 8; ++j) {
-      const int q = mg_warp + 4 * j;
+      const int q = mg_grp + 4 * j;
       if (q < 32) {
         const int mg_nb = q / 32;
         const int mg_mi = (q / 8) % 4;
         const int mg_ni = q % 8;
         const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
-        const int c0 = mg_ni * 8 + 2 * mg_t;
-        (void)mg_nb; (void)r1; (void)c0;
+        const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
+        (void)mg_nb; (void)r1; (void)c0; (void)n0;
         buf_o[r0 * 64 + c0] = acc_o[j][0];
         buf_o[r0 * 64 + (c0 + 1)] = acc_o[j][1];
         buf_o[r1 * 64 + c0] = acc_o[j][2];
@@ -277,19 +332,19 @@ extern "C" __global__ void __launch_bounds__(128) gqa_fused_k0(
     }
   }
   __syncthreads();
-  for (int e17 = threadIdx.x; e17 < 64; e17 += 128) {
-    const int i18_1 = e17;
-    mg_st(p3 + (bx * 4096 + by * 1 + bz * 1024 + i18_1 * 16), buf_l[i18_1]);
+  for (int e25 = threadIdx.x; e25 < 64; e25 += 128) {
+    const int i26_1 = e25;
+    mg_st(p3 + (bx * 4096 + by * 1 + bz * 1024 + i26_1 * 16), buf_l[i26_1]);
   }
-  for (int e19 = threadIdx.x; e19 < 4096; e19 += 128) {
-    const int i20_1 = e19 / 64;
-    const int i20_2 = (e19) % 64;
-    mg_st(p4 + (bx * 262144 + by * 64 + bz * 65536 + i20_1 * 1024 + i20_2), buf_o[i20_1 * 64 + i20_2]);
+  for (int e27 = threadIdx.x; e27 < 4096; e27 += 128) {
+    const int i28_1 = e27 / 64;
+    const int i28_2 = (e27) % 64;
+    mg_st(p4 + (bx * 262144 + by * 64 + bz * 65536 + i28_1 * 1024 + i28_2), buf_o[i28_1 * 64 + i28_2]);
   }
 }
 
-// fused kernel: grid [16, 16, 1], 128 threads, forloop 1
-extern "C" __global__ void __launch_bounds__(128) gqa_fused_k1(
+// fused kernel: grid [16, 16, 1], 512 threads, forloop 1; plan: 1 stage(s), kwarps 1, 37952 B shared memory
+extern "C" __global__ void __launch_bounds__(512, 1) gqa_fused_k1(
     const mg_f16* __restrict__ p0,
     const mg_f16* __restrict__ p1,
     mg_f16* __restrict__ p2) {
@@ -298,56 +353,93 @@ extern "C" __global__ void __launch_bounds__(128) gqa_fused_k1(
   extern __shared__ __align__(16) unsigned char mg_smem[];
   const int base_lp = bx * 4096 + by * 256;
   const int base_op = bx * 262144 + by * 16384;
-  float* buf_l = reinterpret_cast<float*>(mg_smem + 0);
-  float* buf_o = reinterpret_cast<float*>(mg_smem + 64);
+  mg_f16* sm_lp_0 = reinterpret_cast<mg_f16*>(mg_smem + 0);
+  mg_f16* sm_op_0 = reinterpret_cast<mg_f16*>(mg_smem + 768);
+  float* buf_l = reinterpret_cast<float*>(mg_smem + 33792);
+  float* buf_o = reinterpret_cast<float*>(mg_smem + 33856);
+  for (int c1 = threadIdx.x; c1 < 32; c1 += 512) {
+    const int s2_1 = c1 / 2;
+    const int s2_2 = (c1) % 2;
+    mg_cp_async16(sm_lp_0 + (s2_1 * 24 + (s2_2 * 8)), p0 + (base_lp + s2_1 * 16 + (s2_2 * 8)));
+  }
+  for (int c3 = threadIdx.x; c3 < 2048; c3 += 512) {
+    const int s4_1 = c3 / 128;
+    const int s4_2 = (c3) % 128;
+    mg_cp_async16(sm_op_0 + (s4_1 * 1032 + (s4_2 * 8)), p1 + (base_op + s4_1 * 1024 + (s4_2 * 8)));
+  }
+  mg_cp_async_wait_all();
+  __syncthreads();
+  const auto* sm_lp = sm_lp_0;
+  const auto* sm_op = sm_op_0;
   float acc_l[1];
   #pragma unroll
   for (int j = 0; j < 1; ++j) acc_l[j] = 0.0f;
-  float acc_o[8];
+  float acc_o[2];
   #pragma unroll
-  for (int j = 0; j < 8; ++j) acc_o[j] = 0.0f;
+  for (int j = 0; j < 2; ++j) acc_o[j] = 0.0f;
   for (int it = 0; it < 1; ++it) {
     #pragma unroll
     for (int j = 0; j < 1; ++j) {
-      const int e1 = threadIdx.x + j * 128;
-      if (e1 < 16) {
-        const int a2_1 = e1;
-        for (int k3 = 0; k3 < 16; ++k3) {
-          acc_l[j] += mg_ld(p0[base_lp + a2_1 * 16 + k3]);
+      const int e5 = threadIdx.x + j * 512;
+      if (e5 < 16) {
+        const int a6_1 = e5;
+        for (int k7 = 0; k7 < 16; ++k7) {
+          acc_l[j] += mg_ld(sm_lp[a6_1 * 24 + k7]);
         }
       }
     }
     #pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const int e4 = threadIdx.x + j * 128;
-      const int a5_1 = e4 / 64;
-      const int a5_2 = (e4) % 64;
-      for (int g6 = 0; g6 < 16; ++g6) {
-        acc_o[j] += mg_ld(p1[base_op + a5_1 * 1024 + (g6 * 64 + a5_2)]);
+    for (int j = 0; j < 2; ++j) {
+      const int e8 = threadIdx.x + j * 512;
+      const int a9_1 = e8 / 64;
+      const int a9_2 = (e8) % 64;
+      for (int g10 = 0; g10 < 16; ++g10) {
+        acc_o[j] += mg_ld(sm_op[a9_1 * 1032 + (g10 * 64 + a9_2)]);
       }
     }
     __syncthreads();
   }
   #pragma unroll
   for (int j = 0; j < 1; ++j) {
-    const int e7 = threadIdx.x + j * 128;
-    if (e7 < 16) {
-      buf_l[e7] = acc_l[j];
+    const int e11 = threadIdx.x + j * 512;
+    if (e11 < 16) {
+      buf_l[e11] = acc_l[j];
     }
   }
   #pragma unroll
-  for (int j = 0; j < 8; ++j) {
-    const int e9 = threadIdx.x + j * 128;
-    buf_o[e9] = acc_o[j];
+  for (int j = 0; j < 2; ++j) {
+    const int e13 = threadIdx.x + j * 512;
+    buf_o[e13] = acc_o[j];
   }
   __syncthreads();
-  for (int e11 = threadIdx.x; e11 < 1024; e11 += 128) {
-    const int i12_1 = e11 / 64;
-    const int i12_2 = (e11) % 64;
-    const float v13 = buf_o[i12_1 * 64 + i12_2];
-    const float v14 = buf_l[i12_1];
-    const float v15 = (v13 / v14);
-    mg_st(p2 + (bx * 16384 + by * 1024 + i12_1 * 64 + i12_2), v15);
+  for (int e15 = threadIdx.x; e15 < 128; e15 += 512) {
+    const int i16_1 = e15 / 8;
+    const int i16_2 = (e15) % 8;
+    const float v17 = buf_o[i16_1 * 64 + ((i16_2 * 8) + 0)];
+    const float v18 = buf_l[i16_1];
+    const float v19 = (v17 / v18);
+    const float v20 = buf_o[i16_1 * 64 + ((i16_2 * 8) + 1)];
+    const float v21 = buf_l[i16_1];
+    const float v22 = (v20 / v21);
+    const float v23 = buf_o[i16_1 * 64 + ((i16_2 * 8) + 2)];
+    const float v24 = buf_l[i16_1];
+    const float v25 = (v23 / v24);
+    const float v26 = buf_o[i16_1 * 64 + ((i16_2 * 8) + 3)];
+    const float v27 = buf_l[i16_1];
+    const float v28 = (v26 / v27);
+    const float v29 = buf_o[i16_1 * 64 + ((i16_2 * 8) + 4)];
+    const float v30 = buf_l[i16_1];
+    const float v31 = (v29 / v30);
+    const float v32 = buf_o[i16_1 * 64 + ((i16_2 * 8) + 5)];
+    const float v33 = buf_l[i16_1];
+    const float v34 = (v32 / v33);
+    const float v35 = buf_o[i16_1 * 64 + ((i16_2 * 8) + 6)];
+    const float v36 = buf_l[i16_1];
+    const float v37 = (v35 / v36);
+    const float v38 = buf_o[i16_1 * 64 + ((i16_2 * 8) + 7)];
+    const float v39 = buf_l[i16_1];
+    const float v40 = (v38 / v39);
+    mg_st8(p2 + (bx * 16384 + by * 1024 + i16_1 * 64 + (i16_2 * 8)), v19, v22, v25, v28, v31, v34, v37, v40);
   }
 }
 
@@ -363,9 +455,9 @@ extern "C" cudaError_t gqa_fused(const void* Q, const void* K, const void* V, vo
   cudaError_t mg_err = cudaSuccess;
   // More than 48 KB of dynamic shared memory: raise the limit once (thread-safe static).
   static const cudaError_t mg_attr_gqa_fused_k0 = cudaFuncSetAttribute(
-      gqa_fused_k0, cudaFuncAttributeMaxDynamicSharedMemorySize, 90368);
+      gqa_fused_k0, cudaFuncAttributeMaxDynamicSharedMemorySize, 132368);
   if (mg_attr_gqa_fused_k0 != cudaSuccess) return mg_attr_gqa_fused_k0;
-  gqa_fused_k0<<<dim3(16, 16, 4), dim3(128), 90368, stream>>>(
+  gqa_fused_k0<<<dim3(16, 16, 4), dim3(128), 132368, stream>>>(
       (const mg_f16*)(Q),
       (const mg_f16*)(K),
       (const mg_f16*)(V),
@@ -373,7 +465,7 @@ extern "C" cudaError_t gqa_fused(const void* Q, const void* K, const void* V, vo
       (mg_f16*)(mg_ws + 131072));
   mg_err = cudaGetLastError();
   if (mg_err != cudaSuccess) return mg_err;
-  gqa_fused_k1<<<dim3(16, 16, 1), dim3(128), 4160, stream>>>(
+  gqa_fused_k1<<<dim3(16, 16, 1), dim3(512), 37952, stream>>>(
       (const mg_f16*)(mg_ws + 0),
       (const mg_f16*)(mg_ws + 131072),
       (mg_f16*)(O));

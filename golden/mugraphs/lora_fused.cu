@@ -4,7 +4,7 @@
 //   cudaError_t lora_fused(const void* X, const void* W, const void* A, const void* B, void* O, void* workspace, cudaStream_t stream);
 // Device pointers must be 16-byte aligned; the workspace must hold
 // lora_fused_workspace_bytes() bytes. No allocation, synchronisation or exit inside.
-// kernel lora_fused_k0: grid [64, 1, 1], 128 threads, 60416 B dynamic shared memory
+// kernel lora_fused_k0: grid [64, 1, 1], 128 threads, 69904 B dynamic shared memory
 
 // Storage types and helpers. The device code needs no header, so NVRTC compiles it
 // without a CUDA toolkit; f16/bf16 are converted with PTX instructions.
@@ -91,9 +91,36 @@ __device__ __forceinline__ void mg_mma_bf16(float* d, unsigned a0, unsigned a1, 
                : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
                : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
+// ldmatrix: four (or two, transposed) 8x8 matrices of 16-bit elements from shared
+// memory, one 16-byte row address per lane, straight into mma operand registers.
+__device__ __forceinline__ void mg_ldsm_x4(unsigned& r0, unsigned& r1, unsigned& r2,
+                                           unsigned& r3, const void* p) {
+  const unsigned s = (unsigned)__cvta_generic_to_shared(p);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(s));
+}
+__device__ __forceinline__ void mg_ldsm_x2_t(unsigned& r0, unsigned& r1, const void* p) {
+  const unsigned s = (unsigned)__cvta_generic_to_shared(p);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];"
+               : "=r"(r0), "=r"(r1) : "r"(s));
+}
+// Eight f32 values rounded and stored as one 16-byte access.
+struct __align__(16) mg_u4 { unsigned x, y, z, w; };
+__device__ __forceinline__ void mg_st8(mg_f16* p, float v0, float v1, float v2, float v3,
+                                       float v4, float v5, float v6, float v7) {
+  mg_u4 u = {mg_pack_f16(v0, v1), mg_pack_f16(v2, v3), mg_pack_f16(v4, v5),
+             mg_pack_f16(v6, v7)};
+  *reinterpret_cast<mg_u4*>(p) = u;
+}
+__device__ __forceinline__ void mg_st8(mg_bf16* p, float v0, float v1, float v2, float v3,
+                                       float v4, float v5, float v6, float v7) {
+  mg_u4 u = {mg_pack_bf16(v0, v1), mg_pack_bf16(v2, v3), mg_pack_bf16(v4, v5),
+             mg_pack_bf16(v6, v7)};
+  *reinterpret_cast<mg_u4*>(p) = u;
+}
 
-// fused kernel: grid [64, 1, 1], 128 threads, forloop 4
-extern "C" __global__ void __launch_bounds__(128) lora_fused_k0(
+// fused kernel: grid [64, 1, 1], 128 threads, forloop 4; plan: 4 stage(s), kwarps 1, 69904 B shared memory
+extern "C" __global__ void __launch_bounds__(128, 1) lora_fused_k0(
     const mg_f16* __restrict__ p0,
     const mg_f16* __restrict__ p1,
     const mg_f16* __restrict__ p2,
@@ -106,67 +133,69 @@ extern "C" __global__ void __launch_bounds__(128) lora_fused_k0(
   const int base_w = bx * 64;
   const int base_a = 0;
   const int base_b = bx * 64;
+  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 69888);
+  if (threadIdx.x < 4) mg_zero[threadIdx.x] = 0u;
   mg_f16* sm_x_0 = reinterpret_cast<mg_f16*>(mg_smem + 0);
-  mg_f16* sm_w_0 = reinterpret_cast<mg_f16*>(mg_smem + 8192);
-  mg_f16* sm_a_0 = reinterpret_cast<mg_f16*>(mg_smem + 40960);
-  mg_f16* sm_b_0 = reinterpret_cast<mg_f16*>(mg_smem + 49152);
-  float* buf_sxw = reinterpret_cast<float*>(mg_smem + 51200);
-  float* buf_sxa = reinterpret_cast<float*>(mg_smem + 55296);
-  float* buf_lo = reinterpret_cast<float*>(mg_smem + 56320);
+  mg_f16* sm_w_0 = reinterpret_cast<mg_f16*>(mg_smem + 9216);
+  mg_f16* sm_a_0 = reinterpret_cast<mg_f16*>(mg_smem + 46080);
+  mg_f16* sm_b_0 = reinterpret_cast<mg_f16*>(mg_smem + 58368);
+  float* buf_sxw = reinterpret_cast<float*>(mg_smem + 60672);
+  float* buf_sxa = reinterpret_cast<float*>(mg_smem + 64768);
+  float* buf_lo = reinterpret_cast<float*>(mg_smem + 65792);
   for (int c1 = threadIdx.x; c1 < 128; c1 += 128) {
-    const int s2_0 = (c1 * 8) / 64;
-    const int s2_1 = ((c1 * 8)) % 64;
-    mg_cp_async16(sm_b_0 + c1 * 8, p3 + (base_b + s2_0 * 4096 + s2_1));
+    const int s2_0 = c1 / 8;
+    const int s2_1 = (c1) % 8;
+    mg_cp_async16(sm_b_0 + (s2_0 * 72 + (s2_1 * 8)), p3 + (base_b + s2_0 * 4096 + (s2_1 * 8)));
   }
   mg_cp_async_wait_all();
   __syncthreads();
   const auto* sm_b = sm_b_0;
   for (int c3 = threadIdx.x; c3 < 128; c3 += 128) {
-    const int s4_0 = (c3 * 8) / 64;
-    const int s4_1 = ((c3 * 8)) % 64;
-    mg_cp_async16((sm_x_0 + ((0) % 4) * 1024) + c3 * 8, p0 + ((base_x + 0) + s4_0 * 256 + s4_1));
+    const int s4_0 = c3 / 8;
+    const int s4_1 = (c3) % 8;
+    mg_cp_async16((sm_x_0 + ((0) % 4) * 1152) + (s4_0 * 72 + (s4_1 * 8)), p0 + ((base_x + 0) + s4_0 * 256 + (s4_1 * 8)));
   }
   for (int c5 = threadIdx.x; c5 < 512; c5 += 128) {
-    const int s6_0 = (c5 * 8) / 64;
-    const int s6_1 = ((c5 * 8)) % 64;
-    mg_cp_async16((sm_w_0 + ((0) % 4) * 4096) + c5 * 8, p1 + ((base_w + 0) + s6_0 * 4096 + s6_1));
+    const int s6_0 = c5 / 8;
+    const int s6_1 = (c5) % 8;
+    mg_cp_async16((sm_w_0 + ((0) % 4) * 4608) + (s6_0 * 72 + (s6_1 * 8)), p1 + ((base_w + 0) + s6_0 * 4096 + (s6_1 * 8)));
   }
   for (int c7 = threadIdx.x; c7 < 128; c7 += 128) {
-    const int s8_0 = (c7 * 8) / 16;
-    const int s8_1 = ((c7 * 8)) % 16;
-    mg_cp_async16((sm_a_0 + ((0) % 4) * 1024) + c7 * 8, p2 + ((base_a + 0) + s8_0 * 16 + s8_1));
+    const int s8_0 = c7 / 2;
+    const int s8_1 = (c7) % 2;
+    mg_cp_async16((sm_a_0 + ((0) % 4) * 1536) + (s8_0 * 24 + (s8_1 * 8)), p2 + ((base_a + 0) + s8_0 * 16 + (s8_1 * 8)));
   }
   mg_cp_async_commit();
   for (int c9 = threadIdx.x; c9 < 128; c9 += 128) {
-    const int s10_0 = (c9 * 8) / 64;
-    const int s10_1 = ((c9 * 8)) % 64;
-    mg_cp_async16((sm_x_0 + ((1) % 4) * 1024) + c9 * 8, p0 + ((base_x + 64) + s10_0 * 256 + s10_1));
+    const int s10_0 = c9 / 8;
+    const int s10_1 = (c9) % 8;
+    mg_cp_async16((sm_x_0 + ((1) % 4) * 1152) + (s10_0 * 72 + (s10_1 * 8)), p0 + ((base_x + 64) + s10_0 * 256 + (s10_1 * 8)));
   }
   for (int c11 = threadIdx.x; c11 < 512; c11 += 128) {
-    const int s12_0 = (c11 * 8) / 64;
-    const int s12_1 = ((c11 * 8)) % 64;
-    mg_cp_async16((sm_w_0 + ((1) % 4) * 4096) + c11 * 8, p1 + ((base_w + 262144) + s12_0 * 4096 + s12_1));
+    const int s12_0 = c11 / 8;
+    const int s12_1 = (c11) % 8;
+    mg_cp_async16((sm_w_0 + ((1) % 4) * 4608) + (s12_0 * 72 + (s12_1 * 8)), p1 + ((base_w + 262144) + s12_0 * 4096 + (s12_1 * 8)));
   }
   for (int c13 = threadIdx.x; c13 < 128; c13 += 128) {
-    const int s14_0 = (c13 * 8) / 16;
-    const int s14_1 = ((c13 * 8)) % 16;
-    mg_cp_async16((sm_a_0 + ((1) % 4) * 1024) + c13 * 8, p2 + ((base_a + 1024) + s14_0 * 16 + s14_1));
+    const int s14_0 = c13 / 2;
+    const int s14_1 = (c13) % 2;
+    mg_cp_async16((sm_a_0 + ((1) % 4) * 1536) + (s14_0 * 24 + (s14_1 * 8)), p2 + ((base_a + 1024) + s14_0 * 16 + (s14_1 * 8)));
   }
   mg_cp_async_commit();
   for (int c15 = threadIdx.x; c15 < 128; c15 += 128) {
-    const int s16_0 = (c15 * 8) / 64;
-    const int s16_1 = ((c15 * 8)) % 64;
-    mg_cp_async16((sm_x_0 + ((2) % 4) * 1024) + c15 * 8, p0 + ((base_x + 128) + s16_0 * 256 + s16_1));
+    const int s16_0 = c15 / 8;
+    const int s16_1 = (c15) % 8;
+    mg_cp_async16((sm_x_0 + ((2) % 4) * 1152) + (s16_0 * 72 + (s16_1 * 8)), p0 + ((base_x + 128) + s16_0 * 256 + (s16_1 * 8)));
   }
   for (int c17 = threadIdx.x; c17 < 512; c17 += 128) {
-    const int s18_0 = (c17 * 8) / 64;
-    const int s18_1 = ((c17 * 8)) % 64;
-    mg_cp_async16((sm_w_0 + ((2) % 4) * 4096) + c17 * 8, p1 + ((base_w + 524288) + s18_0 * 4096 + s18_1));
+    const int s18_0 = c17 / 8;
+    const int s18_1 = (c17) % 8;
+    mg_cp_async16((sm_w_0 + ((2) % 4) * 4608) + (s18_0 * 72 + (s18_1 * 8)), p1 + ((base_w + 524288) + s18_0 * 4096 + (s18_1 * 8)));
   }
   for (int c19 = threadIdx.x; c19 < 128; c19 += 128) {
-    const int s20_0 = (c19 * 8) / 16;
-    const int s20_1 = ((c19 * 8)) % 16;
-    mg_cp_async16((sm_a_0 + ((2) % 4) * 1024) + c19 * 8, p2 + ((base_a + 2048) + s20_0 * 16 + s20_1));
+    const int s20_0 = c19 / 2;
+    const int s20_1 = (c19) % 2;
+    mg_cp_async16((sm_a_0 + ((2) % 4) * 1536) + (s20_0 * 24 + (s20_1 * 8)), p2 + ((base_a + 2048) + s20_0 * 16 + (s20_1 * 8)));
   }
   mg_cp_async_commit();
   float acc_sxw[2][4];
@@ -181,84 +210,86 @@ extern "C" __global__ void __launch_bounds__(128) lora_fused_k0(
     const int off_a = base_a + it * 1024;
     if (it + 3 < 4) {
       for (int c21 = threadIdx.x; c21 < 128; c21 += 128) {
-        const int s22_0 = (c21 * 8) / 64;
-        const int s22_1 = ((c21 * 8)) % 64;
-        mg_cp_async16((sm_x_0 + (((it + 3)) % 4) * 1024) + c21 * 8, p0 + ((off_x + 192) + s22_0 * 256 + s22_1));
+        const int s22_0 = c21 / 8;
+        const int s22_1 = (c21) % 8;
+        mg_cp_async16((sm_x_0 + (((it + 3)) % 4) * 1152) + (s22_0 * 72 + (s22_1 * 8)), p0 + ((off_x + 192) + s22_0 * 256 + (s22_1 * 8)));
       }
       for (int c23 = threadIdx.x; c23 < 512; c23 += 128) {
-        const int s24_0 = (c23 * 8) / 64;
-        const int s24_1 = ((c23 * 8)) % 64;
-        mg_cp_async16((sm_w_0 + (((it + 3)) % 4) * 4096) + c23 * 8, p1 + ((off_w + 786432) + s24_0 * 4096 + s24_1));
+        const int s24_0 = c23 / 8;
+        const int s24_1 = (c23) % 8;
+        mg_cp_async16((sm_w_0 + (((it + 3)) % 4) * 4608) + (s24_0 * 72 + (s24_1 * 8)), p1 + ((off_w + 786432) + s24_0 * 4096 + (s24_1 * 8)));
       }
       for (int c25 = threadIdx.x; c25 < 128; c25 += 128) {
-        const int s26_0 = (c25 * 8) / 16;
-        const int s26_1 = ((c25 * 8)) % 16;
-        mg_cp_async16((sm_a_0 + (((it + 3)) % 4) * 1024) + c25 * 8, p2 + ((off_a + 3072) + s26_0 * 16 + s26_1));
+        const int s26_0 = c25 / 2;
+        const int s26_1 = (c25) % 2;
+        mg_cp_async16((sm_a_0 + (((it + 3)) % 4) * 1536) + (s26_0 * 24 + (s26_1 * 8)), p2 + ((off_a + 3072) + s26_0 * 16 + (s26_1 * 8)));
       }
     }
     mg_cp_async_commit();
     mg_cp_async_wait<3>();
     __syncthreads();
-    const auto* sm_x = (sm_x_0 + ((it) % 4) * 1024);
-    const auto* sm_w = (sm_w_0 + ((it) % 4) * 4096);
-    const auto* sm_a = (sm_a_0 + ((it) % 4) * 1024);
+    const auto* sm_x = (sm_x_0 + ((it) % 4) * 1152);
+    const auto* sm_w = (sm_w_0 + ((it) % 4) * 4608);
+    const auto* sm_a = (sm_a_0 + ((it) % 4) * 1536);
     {
       const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
       const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
       (void)mg_g; (void)mg_t;
+      const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
+      (void)mg_ks;
+    #pragma unroll 2
+    for (int s = 0; s < 4; ++s) {
+      const int kk = (mg_ks + s * 1) * 16;
+      const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
+      (void)k0; (void)k1;
+      unsigned ra0, ra1, ra2, ra3;
+      const int mg_mi = 0, r0 = mg_g, r1 = r0 + 8;
+      (void)r0; (void)r1;
+      mg_ldsm_x4(ra0, ra1, ra2, ra3, (sm_x + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) * 72 + (kk + (mg_lane >> 4) * 8))));
       #pragma unroll
       for (int j = 0; j < 2; ++j) {
-        const int q = mg_warp + 4 * j;
+        const int q = mg_grp + 4 * j;
         if (q < 8) {
           const int mg_nb = q / 8;
-          const int mg_mi = (q / 8) % 1;
           const int mg_ni = q % 8;
-          const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
-          const int c0 = mg_ni * 8 + 2 * mg_t;
-          (void)mg_nb; (void)r1; (void)c0;
-          #pragma unroll 2
-          for (int kk = 0; kk < 64; kk += 16) {
-            const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
-            const int n0 = mg_ni * 8 + mg_g;
-            const unsigned ra0 = *reinterpret_cast<const unsigned*>(sm_x + (r0 * 64 + k0));
-            const unsigned ra1 = *reinterpret_cast<const unsigned*>(sm_x + (r1 * 64 + k0));
-            const unsigned ra2 = *reinterpret_cast<const unsigned*>(sm_x + (r0 * 64 + k1));
-            const unsigned ra3 = *reinterpret_cast<const unsigned*>(sm_x + (r1 * 64 + k1));
-            const unsigned rb0 = mg_bits2(sm_w[k0 * 64 + n0], sm_w[(k0 + 1) * 64 + n0]);
-            const unsigned rb1 = mg_bits2(sm_w[k1 * 64 + n0], sm_w[(k1 + 1) * 64 + n0]);
-            mg_mma_f16(acc_sxw[j], ra0, ra1, ra2, ra3, rb0, rb1);
-          }
+          const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
+          (void)mg_nb; (void)c0; (void)n0;
+          unsigned rb0, rb1;
+          mg_ldsm_x2_t(rb0, rb1, (sm_w + ((kk + (mg_lane & 15)) * 72 + (mg_ni * 8))));
+          mg_mma_f16(acc_sxw[j], ra0, ra1, ra2, ra3, rb0, rb1);
         }
       }
+    }
     }
     {
       const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
       const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
       (void)mg_g; (void)mg_t;
+      const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
+      (void)mg_ks;
+    #pragma unroll 2
+    for (int s = 0; s < 4; ++s) {
+      const int kk = (mg_ks + s * 1) * 16;
+      const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
+      (void)k0; (void)k1;
+      unsigned ra0, ra1, ra2, ra3;
+      const int mg_mi = 0, r0 = mg_g, r1 = r0 + 8;
+      (void)r0; (void)r1;
+      mg_ldsm_x4(ra0, ra1, ra2, ra3, (sm_x + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) * 72 + (kk + (mg_lane >> 4) * 8))));
       #pragma unroll
       for (int j = 0; j < 1; ++j) {
-        const int q = mg_warp + 4 * j;
+        const int q = mg_grp + 4 * j;
         if (q < 2) {
           const int mg_nb = q / 2;
-          const int mg_mi = (q / 2) % 1;
           const int mg_ni = q % 2;
-          const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
-          const int c0 = mg_ni * 8 + 2 * mg_t;
-          (void)mg_nb; (void)r1; (void)c0;
-          #pragma unroll 2
-          for (int kk = 0; kk < 64; kk += 16) {
-            const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
-            const int n0 = mg_ni * 8 + mg_g;
-            const unsigned ra0 = *reinterpret_cast<const unsigned*>(sm_x + (r0 * 64 + k0));
-            const unsigned ra1 = *reinterpret_cast<const unsigned*>(sm_x + (r1 * 64 + k0));
-            const unsigned ra2 = *reinterpret_cast<const unsigned*>(sm_x + (r0 * 64 + k1));
-            const unsigned ra3 = *reinterpret_cast<const unsigned*>(sm_x + (r1 * 64 + k1));
-            const unsigned rb0 = mg_bits2(sm_a[k0 * 16 + n0], sm_a[(k0 + 1) * 16 + n0]);
-            const unsigned rb1 = mg_bits2(sm_a[k1 * 16 + n0], sm_a[(k1 + 1) * 16 + n0]);
-            mg_mma_f16(acc_sxa[j], ra0, ra1, ra2, ra3, rb0, rb1);
-          }
+          const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
+          (void)mg_nb; (void)c0; (void)n0;
+          unsigned rb0, rb1;
+          mg_ldsm_x2_t(rb0, rb1, (sm_a + ((kk + (mg_lane & 15)) * 24 + (mg_ni * 8))));
+          mg_mma_f16(acc_sxa[j], ra0, ra1, ra2, ra3, rb0, rb1);
         }
       }
+    }
     }
     __syncthreads();
   }
@@ -266,16 +297,18 @@ extern "C" __global__ void __launch_bounds__(128) lora_fused_k0(
     const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
     const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
     (void)mg_g; (void)mg_t;
+    const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
+    (void)mg_ks;
     #pragma unroll
     for (int j = 0; j < 2; ++j) {
-      const int q = mg_warp + 4 * j;
+      const int q = mg_grp + 4 * j;
       if (q < 8) {
         const int mg_nb = q / 8;
         const int mg_mi = (q / 8) % 1;
         const int mg_ni = q % 8;
         const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
-        const int c0 = mg_ni * 8 + 2 * mg_t;
-        (void)mg_nb; (void)r1; (void)c0;
+        const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
+        (void)mg_nb; (void)r1; (void)c0; (void)n0;
         buf_sxw[r0 * 64 + c0] = acc_sxw[j][0];
         buf_sxw[r0 * 64 + (c0 + 1)] = acc_sxw[j][1];
         buf_sxw[r1 * 64 + c0] = acc_sxw[j][2];
@@ -287,16 +320,18 @@ extern "C" __global__ void __launch_bounds__(128) lora_fused_k0(
     const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
     const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
     (void)mg_g; (void)mg_t;
+    const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
+    (void)mg_ks;
     #pragma unroll
     for (int j = 0; j < 1; ++j) {
-      const int q = mg_warp + 4 * j;
+      const int q = mg_grp + 4 * j;
       if (q < 2) {
         const int mg_nb = q / 2;
         const int mg_mi = (q / 2) % 1;
         const int mg_ni = q % 2;
         const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
-        const int c0 = mg_ni * 8 + 2 * mg_t;
-        (void)mg_nb; (void)r1; (void)c0;
+        const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
+        (void)mg_nb; (void)r1; (void)c0; (void)n0;
         buf_sxa[r0 * 16 + c0] = acc_sxa[j][0];
         buf_sxa[r0 * 16 + (c0 + 1)] = acc_sxa[j][1];
         buf_sxa[r1 * 16 + c0] = acc_sxa[j][2];
@@ -309,27 +344,31 @@ extern "C" __global__ void __launch_bounds__(128) lora_fused_k0(
     const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
     const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
     (void)mg_g; (void)mg_t;
+    const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
+    (void)mg_ks;
     #pragma unroll
     for (int j = 0; j < 2; ++j) {
-      const int q = mg_warp + 4 * j;
+      const int q = mg_grp + 4 * j;
       if (q < 8) {
         const int mg_nb = q / 8;
         const int mg_mi = (q / 8) % 1;
         const int mg_ni = q % 8;
         const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
-        const int c0 = mg_ni * 8 + 2 * mg_t;
-        (void)mg_nb; (void)r1; (void)c0;
+        const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
+        (void)mg_nb; (void)r1; (void)c0; (void)n0;
         float mg_d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
         #pragma unroll 2
-        for (int kk = 0; kk < 16; kk += 16) {
+        for (int s = 0; s < 1; ++s) {
+          const int kk = (mg_ks + s * 1) * 16;
           const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
-          const int n0 = mg_ni * 8 + mg_g;
-          const unsigned ra0 = mg_pack_f162(*reinterpret_cast<const float2*>(buf_sxa + (r0 * 16 + k0)));
-          const unsigned ra1 = mg_pack_f162(*reinterpret_cast<const float2*>(buf_sxa + (r1 * 16 + k0)));
-          const unsigned ra2 = mg_pack_f162(*reinterpret_cast<const float2*>(buf_sxa + (r0 * 16 + k1)));
-          const unsigned ra3 = mg_pack_f162(*reinterpret_cast<const float2*>(buf_sxa + (r1 * 16 + k1)));
-          const unsigned rb0 = mg_bits2(sm_b[k0 * 64 + n0], sm_b[(k0 + 1) * 64 + n0]);
-          const unsigned rb1 = mg_bits2(sm_b[k1 * 64 + n0], sm_b[(k1 + 1) * 64 + n0]);
+          (void)k0; (void)k1;
+          unsigned ra0, ra1, ra2, ra3;
+          ra0 = mg_pack_f162(*reinterpret_cast<const float2*>(buf_sxa + (r0 * 16 + k0)));
+          ra1 = mg_pack_f162(*reinterpret_cast<const float2*>(buf_sxa + (r1 * 16 + k0)));
+          ra2 = mg_pack_f162(*reinterpret_cast<const float2*>(buf_sxa + (r0 * 16 + k1)));
+          ra3 = mg_pack_f162(*reinterpret_cast<const float2*>(buf_sxa + (r1 * 16 + k1)));
+          unsigned rb0, rb1;
+          mg_ldsm_x2_t(rb0, rb1, (sm_b + ((kk + (mg_lane & 15)) * 72 + (mg_ni * 8))));
           mg_mma_f16(mg_d, ra0, ra1, ra2, ra3, rb0, rb1);
         }
         buf_lo[r0 * 64 + c0] = mg_d[0];
@@ -340,13 +379,34 @@ extern "C" __global__ void __launch_bounds__(128) lora_fused_k0(
     }
   }
   __syncthreads();
-  for (int e27 = threadIdx.x; e27 < 1024; e27 += 128) {
-    const int i28_0 = e27 / 64;
-    const int i28_1 = (e27) % 64;
-    const float v29 = buf_sxw[i28_0 * 64 + i28_1];
-    const float v30 = buf_lo[i28_0 * 64 + i28_1];
+  for (int e27 = threadIdx.x; e27 < 128; e27 += 128) {
+    const int i28_0 = e27 / 8;
+    const int i28_1 = (e27) % 8;
+    const float v29 = buf_sxw[i28_0 * 64 + ((i28_1 * 8) + 0)];
+    const float v30 = buf_lo[i28_0 * 64 + ((i28_1 * 8) + 0)];
     const float v31 = (v29 + v30);
-    mg_st(p4 + (bx * 64 + i28_0 * 4096 + i28_1), v31);
+    const float v32 = buf_sxw[i28_0 * 64 + ((i28_1 * 8) + 1)];
+    const float v33 = buf_lo[i28_0 * 64 + ((i28_1 * 8) + 1)];
+    const float v34 = (v32 + v33);
+    const float v35 = buf_sxw[i28_0 * 64 + ((i28_1 * 8) + 2)];
+    const float v36 = buf_lo[i28_0 * 64 + ((i28_1 * 8) + 2)];
+    const float v37 = (v35 + v36);
+    const float v38 = buf_sxw[i28_0 * 64 + ((i28_1 * 8) + 3)];
+    const float v39 = buf_lo[i28_0 * 64 + ((i28_1 * 8) + 3)];
+    const float v40 = (v38 + v39);
+    const float v41 = buf_sxw[i28_0 * 64 + ((i28_1 * 8) + 4)];
+    const float v42 = buf_lo[i28_0 * 64 + ((i28_1 * 8) + 4)];
+    const float v43 = (v41 + v42);
+    const float v44 = buf_sxw[i28_0 * 64 + ((i28_1 * 8) + 5)];
+    const float v45 = buf_lo[i28_0 * 64 + ((i28_1 * 8) + 5)];
+    const float v46 = (v44 + v45);
+    const float v47 = buf_sxw[i28_0 * 64 + ((i28_1 * 8) + 6)];
+    const float v48 = buf_lo[i28_0 * 64 + ((i28_1 * 8) + 6)];
+    const float v49 = (v47 + v48);
+    const float v50 = buf_sxw[i28_0 * 64 + ((i28_1 * 8) + 7)];
+    const float v51 = buf_lo[i28_0 * 64 + ((i28_1 * 8) + 7)];
+    const float v52 = (v50 + v51);
+    mg_st8(p4 + (bx * 64 + i28_0 * 4096 + (i28_1 * 8)), v31, v34, v37, v40, v43, v46, v49, v52);
   }
 }
 
@@ -362,9 +422,9 @@ extern "C" cudaError_t lora_fused(const void* X, const void* W, const void* A, c
   cudaError_t mg_err = cudaSuccess;
   // More than 48 KB of dynamic shared memory: raise the limit once (thread-safe static).
   static const cudaError_t mg_attr_lora_fused_k0 = cudaFuncSetAttribute(
-      lora_fused_k0, cudaFuncAttributeMaxDynamicSharedMemorySize, 60416);
+      lora_fused_k0, cudaFuncAttributeMaxDynamicSharedMemorySize, 69904);
   if (mg_attr_lora_fused_k0 != cudaSuccess) return mg_attr_lora_fused_k0;
-  lora_fused_k0<<<dim3(64, 1, 1), dim3(128), 60416, stream>>>(
+  lora_fused_k0<<<dim3(64, 1, 1), dim3(128), 69904, stream>>>(
       (const mg_f16*)(X),
       (const mg_f16*)(W),
       (const mg_f16*)(A),

@@ -4,7 +4,7 @@
 //   cudaError_t ntrans_fused(const void* H, const void* X, const void* alpha, void* O, void* workspace, cudaStream_t stream);
 // Device pointers must be 16-byte aligned; the workspace must hold
 // ntrans_fused_workspace_bytes() bytes. No allocation, synchronisation or exit inside.
-// kernel ntrans_fused_k0: grid [64, 1, 1], 128 threads, 65568 B dynamic shared memory
+// kernel ntrans_fused_k0: grid [64, 1, 1], 512 threads, 73872 B dynamic shared memory
 
 // Storage types and helpers. The device code needs no header, so NVRTC compiles it
 // without a CUDA toolkit; f16/bf16 are converted with PTX instructions.
@@ -91,9 +91,36 @@ __device__ __forceinline__ void mg_mma_bf16(float* d, unsigned a0, unsigned a1, 
                : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
                : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
+// ldmatrix: four (or two, transposed) 8x8 matrices of 16-bit elements from shared
+// memory, one 16-byte row address per lane, straight into mma operand registers.
+__device__ __forceinline__ void mg_ldsm_x4(unsigned& r0, unsigned& r1, unsigned& r2,
+                                           unsigned& r3, const void* p) {
+  const unsigned s = (unsigned)__cvta_generic_to_shared(p);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(s));
+}
+__device__ __forceinline__ void mg_ldsm_x2_t(unsigned& r0, unsigned& r1, const void* p) {
+  const unsigned s = (unsigned)__cvta_generic_to_shared(p);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];"
+               : "=r"(r0), "=r"(r1) : "r"(s));
+}
+// Eight f32 values rounded and stored as one 16-byte access.
+struct __align__(16) mg_u4 { unsigned x, y, z, w; };
+__device__ __forceinline__ void mg_st8(mg_f16* p, float v0, float v1, float v2, float v3,
+                                       float v4, float v5, float v6, float v7) {
+  mg_u4 u = {mg_pack_f16(v0, v1), mg_pack_f16(v2, v3), mg_pack_f16(v4, v5),
+             mg_pack_f16(v6, v7)};
+  *reinterpret_cast<mg_u4*>(p) = u;
+}
+__device__ __forceinline__ void mg_st8(mg_bf16* p, float v0, float v1, float v2, float v3,
+                                       float v4, float v5, float v6, float v7) {
+  mg_u4 u = {mg_pack_bf16(v0, v1), mg_pack_bf16(v2, v3), mg_pack_bf16(v4, v5),
+             mg_pack_bf16(v6, v7)};
+  *reinterpret_cast<mg_u4*>(p) = u;
+}
 
-// fused kernel: grid [64, 1, 1], 128 threads, forloop 1
-extern "C" __global__ void __launch_bounds__(128) ntrans_fused_k0(
+// fused kernel: grid [64, 1, 1], 512 threads, forloop 1; plan: 1 stage(s), kwarps 1, 73872 B shared memory
+extern "C" __global__ void __launch_bounds__(512, 1) ntrans_fused_k0(
     const mg_f16* __restrict__ p0,
     const mg_f16* __restrict__ p1,
     const mg_f16* __restrict__ p2,
@@ -104,98 +131,115 @@ extern "C" __global__ void __launch_bounds__(128) ntrans_fused_k0(
   const int base_h = bx * 4096;
   const int base_x = bx * 4096;
   const int base_al = bx * 4096;
+  float* mg_red = reinterpret_cast<float*>(mg_smem + 73808);
   mg_f16* sm_h_0 = reinterpret_cast<mg_f16*>(mg_smem + 0);
-  mg_f16* sm_x_0 = reinterpret_cast<mg_f16*>(mg_smem + 8192);
-  float* buf_hn__rms = reinterpret_cast<float*>(mg_smem + 16384);
-  float* buf_c = reinterpret_cast<float*>(mg_smem + 16400);
-  float* buf_o__rms = reinterpret_cast<float*>(mg_smem + 32784);
-  float* buf_o = reinterpret_cast<float*>(mg_smem + 32800);
-  float* buf_so = reinterpret_cast<float*>(mg_smem + 49184);
-  for (int c1 = threadIdx.x; c1 < 512; c1 += 128) {
-    const int s2_1 = (c1 * 8);
-    mg_cp_async16(sm_h_0 + c1 * 8, p0 + (base_h + s2_1));
+  mg_f16* sm_x_0 = reinterpret_cast<mg_f16*>(mg_smem + 8208);
+  mg_f16* sm_al_0 = reinterpret_cast<mg_f16*>(mg_smem + 16416);
+  float* buf_hn__rms = reinterpret_cast<float*>(mg_smem + 24624);
+  float* buf_c = reinterpret_cast<float*>(mg_smem + 24640);
+  float* buf_o__rms = reinterpret_cast<float*>(mg_smem + 41024);
+  float* buf_o = reinterpret_cast<float*>(mg_smem + 41040);
+  float* buf_so = reinterpret_cast<float*>(mg_smem + 57424);
+  for (int c1 = threadIdx.x; c1 < 512; c1 += 512) {
+    const int s2_1 = c1;
+    mg_cp_async16(sm_h_0 + ((s2_1 * 8)), p0 + (base_h + (s2_1 * 8)));
   }
-  for (int c3 = threadIdx.x; c3 < 512; c3 += 128) {
-    const int s4_1 = (c3 * 8);
-    mg_cp_async16(sm_x_0 + c3 * 8, p1 + (base_x + s4_1));
+  for (int c3 = threadIdx.x; c3 < 512; c3 += 512) {
+    const int s4_1 = c3;
+    mg_cp_async16(sm_x_0 + ((s4_1 * 8)), p1 + (base_x + (s4_1 * 8)));
+  }
+  for (int c5 = threadIdx.x; c5 < 512; c5 += 512) {
+    const int s6_1 = c5;
+    mg_cp_async16(sm_al_0 + ((s6_1 * 8)), p2 + (base_al + (s6_1 * 8)));
   }
   mg_cp_async_wait_all();
   __syncthreads();
   const auto* sm_h = sm_h_0;
   const auto* sm_x = sm_x_0;
-  {
-    const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
-    for (int j = 0; j < 1; ++j) {
-      const int row = mg_warp + 4 * j;
-      if (row < 1) {
-        float r7 = 0.0f;
-        for (int k6 = mg_lane; k6 < 4096; k6 += 32) {
-          const float v8 = mg_ld(sm_h[k6]);
-          r7 += v8 * v8;
-        }
-        r7 = mg_warp_sum(r7);
-        if (mg_lane == 0) buf_hn__rms[row] = sqrtf(r7 / 4096.0f + 0.0f);
-      }
-    }
-  }
-  __syncthreads();
-  for (int e9 = threadIdx.x; e9 < 4096; e9 += 128) {
-    const int i10_1 = e9;
-    const float v11 = mg_ld(sm_x[i10_1]);
-    const float v12 = mg_ld(p2[base_al + i10_1]);
-    const float v13 = mg_ld(sm_h[i10_1]);
-    const float v14 = buf_hn__rms[0];
-    const float v15 = (v13 / v14);
-    const float v16 = mg_ld(sm_x[i10_1]);
-    const float v17 = (v15 + v16);
-    const float v18 = (v12 * v17);
-    buf_c[i10_1] = (v11 + v18);
-  }
-  __syncthreads();
-  {
-    const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
-    for (int j = 0; j < 1; ++j) {
-      const int row = mg_warp + 4 * j;
-      if (row < 1) {
-        float r21 = 0.0f;
-        for (int k20 = mg_lane; k20 < 4096; k20 += 32) {
-          const float v22 = buf_c[k20];
-          r21 += v22 * v22;
-        }
-        r21 = mg_warp_sum(r21);
-        if (mg_lane == 0) buf_o__rms[row] = sqrtf(r21 / 4096.0f + 0.0f);
-      }
-    }
-  }
-  __syncthreads();
-  for (int e23 = threadIdx.x; e23 < 4096; e23 += 128) {
-    const int i24_1 = e23;
-    const float v25 = buf_c[i24_1];
-    const float v26 = buf_o__rms[0];
-    buf_o[i24_1] = (v25 / v26);
-  }
-  __syncthreads();
-  float acc_so[32];
+  const auto* sm_al = sm_al_0;
   #pragma unroll
-  for (int j = 0; j < 32; ++j) acc_so[j] = 0.0f;
+  for (int j = 0; j < 1; ++j) {
+    const int row = threadIdx.x / 512 + 1 * j;
+    const int mg_rl = threadIdx.x % 512;
+    (void)row; (void)mg_rl;
+    float r7 = 0.0f;
+    for (int k8 = mg_rl; k8 < 4096; k8 += 512) {
+      const float v10 = mg_ld(sm_h[k8]);
+      r7 += v10 * v10;
+    }
+    r7 = mg_warp_sum(r7);
+    if ((threadIdx.x & 31) == 0) mg_red[threadIdx.x / 32] = r7;
+    __syncthreads();
+    if (threadIdx.x % 512 == 0) {
+      float tot11 = mg_red[threadIdx.x / 32];
+      for (int w = 1; w < 16; ++w) tot11 += mg_red[threadIdx.x / 32 + w];
+      if (row < 1) buf_hn__rms[row] = sqrtf(tot11 / 4096.0f + 0.0f);
+    }
+    __syncthreads();
+  }
+  __syncthreads();
+  for (int e12 = threadIdx.x; e12 < 4096; e12 += 512) {
+    const int i13_1 = e12;
+    const float v14 = mg_ld(sm_x[i13_1]);
+    const float v15 = mg_ld(sm_al[i13_1]);
+    const float v16 = mg_ld(sm_h[i13_1]);
+    const float v17 = buf_hn__rms[0];
+    const float v18 = (v16 / v17);
+    const float v19 = mg_ld(sm_x[i13_1]);
+    const float v20 = (v18 + v19);
+    const float v21 = (v15 * v20);
+    buf_c[i13_1] = (v14 + v21);
+  }
+  __syncthreads();
+  #pragma unroll
+  for (int j = 0; j < 1; ++j) {
+    const int row = threadIdx.x / 512 + 1 * j;
+    const int mg_rl = threadIdx.x % 512;
+    (void)row; (void)mg_rl;
+    float r22 = 0.0f;
+    for (int k23 = mg_rl; k23 < 4096; k23 += 512) {
+      const float v25 = buf_c[k23];
+      r22 += v25 * v25;
+    }
+    r22 = mg_warp_sum(r22);
+    if ((threadIdx.x & 31) == 0) mg_red[threadIdx.x / 32] = r22;
+    __syncthreads();
+    if (threadIdx.x % 512 == 0) {
+      float tot26 = mg_red[threadIdx.x / 32];
+      for (int w = 1; w < 16; ++w) tot26 += mg_red[threadIdx.x / 32 + w];
+      if (row < 1) buf_o__rms[row] = sqrtf(tot26 / 4096.0f + 0.0f);
+    }
+    __syncthreads();
+  }
+  __syncthreads();
+  for (int e27 = threadIdx.x; e27 < 4096; e27 += 512) {
+    const int i28_1 = e27;
+    const float v29 = buf_c[i28_1];
+    const float v30 = buf_o__rms[0];
+    buf_o[i28_1] = (v29 / v30);
+  }
+  __syncthreads();
+  float acc_so[8];
+  #pragma unroll
+  for (int j = 0; j < 8; ++j) acc_so[j] = 0.0f;
   for (int it = 0; it < 1; ++it) {
     #pragma unroll
-    for (int j = 0; j < 32; ++j) {
-      const int e27 = threadIdx.x + j * 128;
-      const int a28_1 = e27;
-      acc_so[j] += buf_o[a28_1];
+    for (int j = 0; j < 8; ++j) {
+      const int e31 = threadIdx.x + j * 512;
+      const int a32_1 = e31;
+      acc_so[j] += buf_o[a32_1];
     }
     __syncthreads();
   }
   #pragma unroll
-  for (int j = 0; j < 32; ++j) {
-    const int e29 = threadIdx.x + j * 128;
-    buf_so[e29] = acc_so[j];
+  for (int j = 0; j < 8; ++j) {
+    const int e33 = threadIdx.x + j * 512;
+    buf_so[e33] = acc_so[j];
   }
   __syncthreads();
-  for (int e31 = threadIdx.x; e31 < 4096; e31 += 128) {
-    const int i32_1 = e31;
-    mg_st(p3 + (bx * 4096 + i32_1), buf_so[i32_1]);
+  for (int e35 = threadIdx.x; e35 < 512; e35 += 512) {
+    const int i36_1 = e35;
+    mg_st8(p3 + (bx * 4096 + (i36_1 * 8)), buf_so[((i36_1 * 8) + 0)], buf_so[((i36_1 * 8) + 1)], buf_so[((i36_1 * 8) + 2)], buf_so[((i36_1 * 8) + 3)], buf_so[((i36_1 * 8) + 4)], buf_so[((i36_1 * 8) + 5)], buf_so[((i36_1 * 8) + 6)], buf_so[((i36_1 * 8) + 7)]);
   }
 }
 
@@ -211,9 +255,9 @@ extern "C" cudaError_t ntrans_fused(const void* H, const void* X, const void* al
   cudaError_t mg_err = cudaSuccess;
   // More than 48 KB of dynamic shared memory: raise the limit once (thread-safe static).
   static const cudaError_t mg_attr_ntrans_fused_k0 = cudaFuncSetAttribute(
-      ntrans_fused_k0, cudaFuncAttributeMaxDynamicSharedMemorySize, 65568);
+      ntrans_fused_k0, cudaFuncAttributeMaxDynamicSharedMemorySize, 73872);
   if (mg_attr_ntrans_fused_k0 != cudaSuccess) return mg_attr_ntrans_fused_k0;
-  ntrans_fused_k0<<<dim3(64, 1, 1), dim3(128), 65568, stream>>>(
+  ntrans_fused_k0<<<dim3(64, 1, 1), dim3(512), 73872, stream>>>(
       (const mg_f16*)(H),
       (const mg_f16*)(X),
       (const mg_f16*)(alpha),

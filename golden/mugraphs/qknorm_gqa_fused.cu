@@ -4,8 +4,8 @@
 //   cudaError_t qknorm_gqa_fused(const void* Q, const void* K, const void* V, void* O, void* workspace, cudaStream_t stream);
 // Device pointers must be 16-byte aligned; the workspace must hold
 // qknorm_gqa_fused_workspace_bytes() bytes. No allocation, synchronisation or exit inside.
-// kernel qknorm_gqa_fused_k0: grid [16, 16, 4], 128 threads, 90880 B dynamic shared memory
-// kernel qknorm_gqa_fused_k1: grid [16, 16, 1], 128 threads, 4160 B dynamic shared memory
+// kernel qknorm_gqa_fused_k0: grid [16, 16, 4], 128 threads, 165648 B dynamic shared memory
+// kernel qknorm_gqa_fused_k1: grid [16, 16, 1], 512 threads, 37952 B dynamic shared memory
 
 // Storage types and helpers. The device code needs no header, so NVRTC compiles it
 // without a CUDA toolkit; f16/bf16 are converted with PTX instructions.
@@ -92,66 +92,126 @@ __device__ __forceinline__ void mg_mma_bf16(float* d, unsigned a0, unsigned a1, 
                : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
                : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
+// ldmatrix: four (or two, transposed) 8x8 matrices of 16-bit elements from shared
+// memory, one 16-byte row address per lane, straight into mma operand registers.
+__device__ __forceinline__ void mg_ldsm_x4(unsigned& r0, unsigned& r1, unsigned& r2,
+                                           unsigned& r3, const void* p) {
+  const unsigned s = (unsigned)__cvta_generic_to_shared(p);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(s));
+}
+__device__ __forceinline__ void mg_ldsm_x2_t(unsigned& r0, unsigned& r1, const void* p) {
+  const unsigned s = (unsigned)__cvta_generic_to_shared(p);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];"
+               : "=r"(r0), "=r"(r1) : "r"(s));
+}
+// Eight f32 values rounded and stored as one 16-byte access.
+struct __align__(16) mg_u4 { unsigned x, y, z, w; };
+__device__ __forceinline__ void mg_st8(mg_f16* p, float v0, float v1, float v2, float v3,
+                                       float v4, float v5, float v6, float v7) {
+  mg_u4 u = {mg_pack_f16(v0, v1), mg_pack_f16(v2, v3), mg_pack_f16(v4, v5),
+             mg_pack_f16(v6, v7)};
+  *reinterpret_cast<mg_u4*>(p) = u;
+}
+__device__ __forceinline__ void mg_st8(mg_bf16* p, float v0, float v1, float v2, float v3,
+                                       float v4, float v5, float v6, float v7) {
+  mg_u4 u = {mg_pack_bf16(v0, v1), mg_pack_bf16(v2, v3), mg_pack_bf16(v4, v5),
+             mg_pack_bf16(v6, v7)};
+  *reinterpret_cast<mg_u4*>(p) = u;
+}
 
-// fused kernel: grid [16, 16, 4], 128 threads, forloop 4
-extern "C" __global__ void __launch_bounds__(128) qknorm_gqa_fused_k0(
+// fused kernel: grid [16, 16, 4], 128 threads, forloop 4; plan: 4 stage(s), kwarps 1, 165648 B shared memory
+extern "C" __global__ void __launch_bounds__(128, 1) qknorm_gqa_fused_k0(
     const mg_f16* __restrict__ p0,
     const mg_f16* __restrict__ p1,
     const mg_f16* __restrict__ p2,
     mg_f16* __restrict__ p3,
-    mg_f16* __restrict__ p4,
-    float* __restrict__ mg_ws) {
+    mg_f16* __restrict__ p4) {
   const int bx = blockIdx.x, by = blockIdx.y, bz = blockIdx.z;
   (void)bx; (void)by; (void)bz;
   extern __shared__ __align__(16) unsigned char mg_smem[];
-  float* mg_blk = mg_ws + (size_t)(bx + 16 * (by + 16 * bz)) * 4096;
   const int base_q = bx * 16384 + bz * 4096;
   const int base_k = bx * 262144 + by * 256;
   const int base_v = bx * 262144 + by * 16384;
+  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 165632);
+  if (threadIdx.x < 4) mg_zero[threadIdx.x] = 0u;
   mg_f16* sm_q_0 = reinterpret_cast<mg_f16*>(mg_smem + 0);
-  mg_f16* sm_k_0 = reinterpret_cast<mg_f16*>(mg_smem + 8192);
-  mg_f16* sm_v_0 = reinterpret_cast<mg_f16*>(mg_smem + 16384);
-  float* buf_qn__rms = reinterpret_cast<float*>(mg_smem + 24576);
-  float* buf_qn = mg_blk + 0;
-  float* buf_kr = reinterpret_cast<float*>(mg_smem + 24832);
-  float* buf_kn = reinterpret_cast<float*>(mg_smem + 25088);
-  float* buf_s = reinterpret_cast<float*>(mg_smem + 41472);
-  float* buf_e = reinterpret_cast<float*>(mg_smem + 57856);
-  float* buf_l = reinterpret_cast<float*>(mg_smem + 74240);
-  float* buf_o = reinterpret_cast<float*>(mg_smem + 74496);
+  mg_f16* sm_k_0 = reinterpret_cast<mg_f16*>(mg_smem + 9216);
+  mg_f16* sm_v_0 = reinterpret_cast<mg_f16*>(mg_smem + 46080);
+  float* buf_qn__rms = reinterpret_cast<float*>(mg_smem + 82944);
+  float* buf_qn = reinterpret_cast<float*>(mg_smem + 83200);
+  float* buf_kr = reinterpret_cast<float*>(mg_smem + 99584);
+  float* buf_kn = reinterpret_cast<float*>(mg_smem + 99840);
+  float* buf_s = reinterpret_cast<float*>(mg_smem + 116224);
+  float* buf_e = reinterpret_cast<float*>(mg_smem + 132608);
+  float* buf_l = reinterpret_cast<float*>(mg_smem + 148992);
+  float* buf_o = reinterpret_cast<float*>(mg_smem + 149248);
   for (int c1 = threadIdx.x; c1 < 512; c1 += 128) {
-    const int s2_1 = (c1 * 8) / 64;
-    const int s2_2 = ((c1 * 8)) % 64;
-    mg_cp_async16(sm_q_0 + c1 * 8, p0 + (base_q + s2_1 * 64 + s2_2));
+    const int s2_1 = c1 / 8;
+    const int s2_2 = (c1) % 8;
+    mg_cp_async16(sm_q_0 + (s2_1 * 72 + (s2_2 * 8)), p0 + (base_q + s2_1 * 64 + (s2_2 * 8)));
   }
   mg_cp_async_wait_all();
   __syncthreads();
   const auto* sm_q = sm_q_0;
-  {
-    const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
-    for (int j = 0; j < 16; ++j) {
-      const int row = mg_warp + 4 * j;
-      if (row < 64) {
-        const int w3_1 = row;
-        float r5 = 0.0f;
-        for (int k4 = mg_lane; k4 < 64; k4 += 32) {
-          const float v6 = mg_ld(sm_q[w3_1 * 64 + k4]);
-          r5 += v6 * v6;
-        }
-        r5 = mg_warp_sum(r5);
-        if (mg_lane == 0) buf_qn__rms[row] = sqrtf(r5 / 64.0f + 0.0f);
-      }
+  #pragma unroll
+  for (int j = 0; j < 16; ++j) {
+    const int row = threadIdx.x / 32 + 4 * j;
+    const int mg_rl = threadIdx.x % 32;
+    (void)row; (void)mg_rl;
+    float r3 = 0.0f;
+    const int w5_1 = row;
+    for (int k4 = mg_rl; k4 < 64; k4 += 32) {
+      const float v6 = mg_ld(sm_q[w5_1 * 72 + k4]);
+      r3 += v6 * v6;
+    }
+    r3 = mg_warp_sum(r3);
+    if ((threadIdx.x & 31) == 0) {
+      if (row < 64) buf_qn__rms[row] = sqrtf(r3 / 64.0f + 0.0f);
     }
   }
   __syncthreads();
   for (int e7 = threadIdx.x; e7 < 4096; e7 += 128) {
     const int i8_1 = e7 / 64;
     const int i8_2 = (e7) % 64;
-    const float v9 = mg_ld(sm_q[i8_1 * 64 + i8_2]);
+    const float v9 = mg_ld(sm_q[i8_1 * 72 + i8_2]);
     const float v10 = buf_qn__rms[i8_1];
     buf_qn[i8_1 * 64 + i8_2] = (v9 / v10);
   }
   __syncthreads();
+  for (int c11 = threadIdx.x; c11 < 512; c11 += 128) {
+    const int s12_1 = c11 / 8;
+    const int s12_2 = (c11) % 8;
+    mg_cp_async16((sm_k_0 + ((0) % 4) * 4608) + (s12_1 * 72 + (s12_2 * 8)), p1 + ((base_k + 0) + s12_1 * 4096 + (s12_2 * 8)));
+  }
+  for (int c13 = threadIdx.x; c13 < 512; c13 += 128) {
+    const int s14_1 = c13 / 8;
+    const int s14_2 = (c13) % 8;
+    mg_cp_async16((sm_v_0 + ((0) % 4) * 4608) + (s14_1 * 72 + (s14_2 * 8)), p2 + ((base_v + 0) + s14_1 * 64 + (s14_2 * 8)));
+  }
+  mg_cp_async_commit();
+  for (int c15 = threadIdx.x; c15 < 512; c15 += 128) {
+    const int s16_1 = c15 / 8;
+    const int s16_2 = (c15) % 8;
+    mg_cp_async16((sm_k_0 + ((1) % 4) * 4608) + (s16_1 * 72 + (s16_2 * 8)), p1 + ((base_k + 64) + s16_1 * 4096 + (s16_2 * 8)));
+  }
+  for (int c17 = threadIdx.x; c17 < 512; c17 += 128) {
+    const int s18_1 = c17 / 8;
+    const int s18_2 = (c17) % 8;
+    mg_cp_async16((sm_v_0 + ((1) % 4) * 4608) + (s18_1 * 72 + (s18_2 * 8)), p2 + ((base_v + 4096) + s18_1 * 64 + (s18_2 * 8)));
+  }
+  mg_cp_async_commit();
+  for (int c19 = threadIdx.x; c19 < 512; c19 += 128) {
+    const int s20_1 = c19 / 8;
+    const int s20_2 = (c19) % 8;
+    mg_cp_async16((sm_k_0 + ((2) % 4) * 4608) + (s20_1 * 72 + (s20_2 * 8)), p1 + ((base_k + 128) + s20_1 * 4096 + (s20_2 * 8)));
+  }
+  for (int c21 = threadIdx.x; c21 < 512; c21 += 128) {
+    const int s22_1 = c21 / 8;
+    const int s22_2 = (c21) % 8;
+    mg_cp_async16((sm_v_0 + ((2) % 4) * 4608) + (s22_1 * 72 + (s22_2 * 8)), p2 + ((base_v + 8192) + s22_1 * 64 + (s22_2 * 8)));
+  }
+  mg_cp_async_commit();
   float acc_l[16];
   #pragma unroll
   for (int j = 0; j < 16; ++j) acc_l[j] = 0.0f;
@@ -161,65 +221,73 @@ extern "C" __global__ void __launch_bounds__(128) qknorm_gqa_fused_k0(
   for (int it = 0; it < 4; ++it) {
     const int off_k = base_k + it * 64;
     const int off_v = base_v + it * 4096;
-    for (int c11 = threadIdx.x; c11 < 512; c11 += 128) {
-      const int s12_1 = (c11 * 8) / 64;
-      const int s12_2 = ((c11 * 8)) % 64;
-      mg_cp_async16(sm_k_0 + c11 * 8, p1 + (off_k + s12_1 * 4096 + s12_2));
-    }
-    for (int c13 = threadIdx.x; c13 < 512; c13 += 128) {
-      const int s14_1 = (c13 * 8) / 64;
-      const int s14_2 = ((c13 * 8)) % 64;
-      mg_cp_async16(sm_v_0 + c13 * 8, p2 + (off_v + s14_1 * 64 + s14_2));
-    }
-    mg_cp_async_wait_all();
-    __syncthreads();
-    const auto* sm_k = sm_k_0;
-    const auto* sm_v = sm_v_0;
-    for (int e15 = threadIdx.x; e15 < 64; e15 += 128) {
-      const int i16_2 = e15;
-      float acc18 = 0.0f;
-      for (int k17 = 0; k17 < 64; ++k17) {
-        const float v19 = mg_ld(sm_k[k17 * 64 + i16_2]);
-        const float v20 = (v19 * v19);
-        acc18 += v20;
+    if (it + 3 < 4) {
+      for (int c23 = threadIdx.x; c23 < 512; c23 += 128) {
+        const int s24_1 = c23 / 8;
+        const int s24_2 = (c23) % 8;
+        mg_cp_async16((sm_k_0 + (((it + 3)) % 4) * 4608) + (s24_1 * 72 + (s24_2 * 8)), p1 + ((off_k + 192) + s24_1 * 4096 + (s24_2 * 8)));
       }
-      const float v21 = (acc18 / 64.0f);
-      buf_kr[i16_2] = sqrtf(v21);
+      for (int c25 = threadIdx.x; c25 < 512; c25 += 128) {
+        const int s26_1 = c25 / 8;
+        const int s26_2 = (c25) % 8;
+        mg_cp_async16((sm_v_0 + (((it + 3)) % 4) * 4608) + (s26_1 * 72 + (s26_2 * 8)), p2 + ((off_v + 12288) + s26_1 * 64 + (s26_2 * 8)));
+      }
+    }
+    mg_cp_async_commit();
+    mg_cp_async_wait<3>();
+    __syncthreads();
+    const auto* sm_k = (sm_k_0 + ((it) % 4) * 4608);
+    const auto* sm_v = (sm_v_0 + ((it) % 4) * 4608);
+    for (int e27 = threadIdx.x; e27 < 64; e27 += 128) {
+      const int i28_2 = e27;
+      float acc30 = 0.0f;
+      for (int k29 = 0; k29 < 64; ++k29) {
+        const float v31 = mg_ld(sm_k[k29 * 72 + i28_2]);
+        const float v32 = (v31 * v31);
+        acc30 += v32;
+      }
+      const float v33 = (acc30 / 64.0f);
+      buf_kr[i28_2] = sqrtf(v33);
     }
     __syncthreads();
-    for (int e22 = threadIdx.x; e22 < 4096; e22 += 128) {
-      const int i23_1 = e22 / 64;
-      const int i23_2 = (e22) % 64;
-      const float v24 = mg_ld(sm_k[i23_1 * 64 + i23_2]);
-      const float v25 = buf_kr[i23_2];
-      buf_kn[i23_1 * 64 + i23_2] = (v24 / v25);
+    for (int e34 = threadIdx.x; e34 < 4096; e34 += 128) {
+      const int i35_1 = e34 / 64;
+      const int i35_2 = (e34) % 64;
+      const float v36 = mg_ld(sm_k[i35_1 * 72 + i35_2]);
+      const float v37 = buf_kr[i35_2];
+      buf_kn[i35_1 * 64 + i35_2] = (v36 / v37);
     }
     __syncthreads();
     {
       const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
       const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
       (void)mg_g; (void)mg_t;
+      const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
+      (void)mg_ks;
       #pragma unroll
       for (int j = 0; j < 8; ++j) {
-        const int q = mg_warp + 4 * j;
+        const int q = mg_grp + 4 * j;
         if (q < 32) {
           const int mg_nb = q / 32;
           const int mg_mi = (q / 8) % 4;
           const int mg_ni = q % 8;
           const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
-          const int c0 = mg_ni * 8 + 2 * mg_t;
-          (void)mg_nb; (void)r1; (void)c0;
+          const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
+          (void)mg_nb; (void)r1; (void)c0; (void)n0;
           float mg_d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
           #pragma unroll 2
-          for (int kk = 0; kk < 64; kk += 16) {
+          for (int s = 0; s < 4; ++s) {
+            const int kk = (mg_ks + s * 1) * 16;
             const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
-            const int n0 = mg_ni * 8 + mg_g;
-            const unsigned ra0 = mg_pack_f162(*reinterpret_cast<const float2*>(buf_qn + (r0 * 64 + k0)));
-            const unsigned ra1 = mg_pack_f162(*reinterpret_cast<const float2*>(buf_qn + (r1 * 64 + k0)));
-            const unsigned ra2 = mg_pack_f162(*reinterpret_cast<const float2*>(buf_qn + (r0 * 64 + k1)));
-            const unsigned ra3 = mg_pack_f162(*reinterpret_cast<const float2*>(buf_qn + (r1 * 64 + k1)));
-            const unsigned rb0 = mg_pack_f16(buf_kn[k0 * 64 + n0], buf_kn[(k0 + 1) * 64 + n0]);
-            const unsigned rb1 = mg_pack_f16(buf_kn[k1 * 64 + n0], buf_kn[(k1 + 1) * 64 + n0]);
+            (void)k0; (void)k1;
+            unsigned ra0, ra1, ra2, ra3;
+            ra0 = mg_pack_f162(*reinterpret_cast<const float2*>(buf_qn + (r0 * 64 + k0)));
+            ra1 = mg_pack_f162(*reinterpret_cast<const float2*>(buf_qn + (r1 * 64 + k0)));
+            ra2 = mg_pack_f162(*reinterpret_cast<const float2*>(buf_qn + (r0 * 64 + k1)));
+            ra3 = mg_pack_f162(*reinterpret_cast<const float2*>(buf_qn + (r1 * 64 + k1)));
+            unsigned rb0, rb1;
+            rb0 = mg_pack_f16(buf_kn[k0 * 64 + n0], buf_kn[(k0 + 1) * 64 + n0]);
+            rb1 = mg_pack_f16(buf_kn[k1 * 64 + n0], buf_kn[(k1 + 1) * 64 + n0]);
             mg_mma_f16(mg_d, ra0, ra1, ra2, ra3, rb0, rb1);
           }
           buf_s[r0 * 64 + c0] = mg_d[0];
@@ -230,83 +298,86 @@ extern "C" __global__ void __launch_bounds__(128) qknorm_gqa_fused_k0(
       }
     }
     __syncthreads();
-    for (int e26 = threadIdx.x; e26 < 4096; e26 += 128) {
-      const int i27_1 = e26 / 64;
-      const int i27_2 = (e26) % 64;
-      const float v28 = buf_s[i27_1 * 64 + i27_2];
-      const float v29 = (v28 * 0.125f);
-      buf_e[i27_1 * 64 + i27_2] = expf(v29);
+    for (int e38 = threadIdx.x; e38 < 4096; e38 += 128) {
+      const int i39_1 = e38 / 64;
+      const int i39_2 = (e38) % 64;
+      const float v40 = buf_s[i39_1 * 64 + i39_2];
+      const float v41 = (v40 * 0.125f);
+      buf_e[i39_1 * 64 + i39_2] = expf(v41);
     }
     __syncthreads();
-    {
-      const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
-      for (int j = 0; j < 16; ++j) {
-        const int row = mg_warp + 4 * j;
-        if (row < 64) {
-          const int w30_1 = row;
-          float r32 = 0.0f;
-          for (int k31 = mg_lane; k31 < 64; k31 += 32) {
-            r32 += buf_e[w30_1 * 64 + k31];
-          }
-          r32 = mg_warp_sum(r32);
-          acc_l[j] += r32;
-        }
+    #pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      const int row = threadIdx.x / 32 + 4 * j;
+      const int mg_rl = threadIdx.x % 32;
+      (void)row; (void)mg_rl;
+      const int w43_1 = row;
+      for (int k42 = mg_rl; k42 < 64; k42 += 32) {
+        acc_l[j] += buf_e[w43_1 * 64 + k42];
       }
     }
     {
       const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
       const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
       (void)mg_g; (void)mg_t;
+      const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
+      (void)mg_ks;
+    #pragma unroll 2
+    for (int s = 0; s < 4; ++s) {
+      const int kk = (mg_ks + s * 1) * 16;
+      const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
+      (void)k0; (void)k1;
+      unsigned ra0, ra1, ra2, ra3;
       #pragma unroll
       for (int j = 0; j < 8; ++j) {
-        const int q = mg_warp + 4 * j;
+        const int q = mg_grp + 4 * j;
         if (q < 32) {
           const int mg_nb = q / 32;
-          const int mg_mi = (q / 8) % 4;
           const int mg_ni = q % 8;
+          const int mg_mi = (q / 8) % 4;
           const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
-          const int c0 = mg_ni * 8 + 2 * mg_t;
-          (void)mg_nb; (void)r1; (void)c0;
-          #pragma unroll 2
-          for (int kk = 0; kk < 64; kk += 16) {
-            const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
-            const int n0 = mg_ni * 8 + mg_g;
-            const unsigned ra0 = mg_pack_f162(*reinterpret_cast<const float2*>(buf_e + (r0 * 64 + k0)));
-            const unsigned ra1 = mg_pack_f162(*reinterpret_cast<const float2*>(buf_e + (r1 * 64 + k0)));
-            const unsigned ra2 = mg_pack_f162(*reinterpret_cast<const float2*>(buf_e + (r0 * 64 + k1)));
-            const unsigned ra3 = mg_pack_f162(*reinterpret_cast<const float2*>(buf_e + (r1 * 64 + k1)));
-            const unsigned rb0 = mg_bits2(sm_v[k0 * 64 + n0], sm_v[(k0 + 1) * 64 + n0]);
-            const unsigned rb1 = mg_bits2(sm_v[k1 * 64 + n0], sm_v[(k1 + 1) * 64 + n0]);
-            mg_mma_f16(acc_o[j], ra0, ra1, ra2, ra3, rb0, rb1);
-          }
+          const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
+          (void)mg_nb; (void)c0; (void)n0;
+          ra0 = mg_pack_f162(*reinterpret_cast<const float2*>(buf_e + (r0 * 64 + k0)));
+          ra1 = mg_pack_f162(*reinterpret_cast<const float2*>(buf_e + (r1 * 64 + k0)));
+          ra2 = mg_pack_f162(*reinterpret_cast<const float2*>(buf_e + (r0 * 64 + k1)));
+          ra3 = mg_pack_f162(*reinterpret_cast<const float2*>(buf_e + (r1 * 64 + k1)));
+          unsigned rb0, rb1;
+          mg_ldsm_x2_t(rb0, rb1, (sm_v + ((kk + (mg_lane & 15)) * 72 + (mg_ni * 8))));
+          mg_mma_f16(acc_o[j], ra0, ra1, ra2, ra3, rb0, rb1);
         }
       }
     }
+    }
     __syncthreads();
   }
-  {
-    const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
-    for (int j = 0; j < 16; ++j) {
-      const int row = mg_warp + 4 * j;
-      if (row < 64) {
-        if (mg_lane == 0) buf_l[row] = acc_l[j];
-      }
+  #pragma unroll
+  for (int j = 0; j < 16; ++j) {
+    const int row = threadIdx.x / 32 + 4 * j;
+    const int mg_rl = threadIdx.x % 32;
+    (void)row; (void)mg_rl;
+    float v44 = acc_l[j];
+    v44 = mg_warp_sum(v44);
+    if ((threadIdx.x & 31) == 0) {
+      if (row < 64) buf_l[row] = v44;
     }
   }
   {
     const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
     const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
     (void)mg_g; (void)mg_t;
+    const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
+    (void)mg_ks;
     #pragma unroll
     for (int j = 0; j < 8; ++j) {
-      const int q = mg_warp + 4 * j;
+      const int q = mg_grp + 4 * j;
       if (q < 32) {
         const int mg_nb = q / 32;
         const int mg_mi = (q / 8) % 4;
         const int mg_ni = q % 8;
         const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
-        const int c0 = mg_ni * 8 + 2 * mg_t;
-        (void)mg_nb; (void)r1; (void)c0;
+        const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
+        (void)mg_nb; (void)r1; (void)c0; (void)n0;
         buf_o[r0 * 64 + c0] = acc_o[j][0];
         buf_o[r0 * 64 + (c0 + 1)] = acc_o[j][1];
         buf_o[r1 * 64 + c0] = acc_o[j][2];
@@ -315,19 +386,19 @@ extern "C" __global__ void __launch_bounds__(128) qknorm_gqa_fused_k0(
     }
   }
   __syncthreads();
-  for (int e33 = threadIdx.x; e33 < 64; e33 += 128) {
-    const int i34_1 = e33;
-    mg_st(p3 + (bx * 4096 + by * 1 + bz * 1024 + i34_1 * 16), buf_l[i34_1]);
+  for (int e45 = threadIdx.x; e45 < 64; e45 += 128) {
+    const int i46_1 = e45;
+    mg_st(p3 + (bx * 4096 + by * 1 + bz * 1024 + i46_1 * 16), buf_l[i46_1]);
   }
-  for (int e35 = threadIdx.x; e35 < 4096; e35 += 128) {
-    const int i36_1 = e35 / 64;
-    const int i36_2 = (e35) % 64;
-    mg_st(p4 + (bx * 262144 + by * 64 + bz * 65536 + i36_1 * 1024 + i36_2), buf_o[i36_1 * 64 + i36_2]);
+  for (int e47 = threadIdx.x; e47 < 4096; e47 += 128) {
+    const int i48_1 = e47 / 64;
+    const int i48_2 = (e47) % 64;
+    mg_st(p4 + (bx * 262144 + by * 64 + bz * 65536 + i48_1 * 1024 + i48_2), buf_o[i48_1 * 64 + i48_2]);
   }
 }
 
-// fused kernel: grid [16, 16, 1], 128 threads, forloop 1
-extern "C" __global__ void __launch_bounds__(128) qknorm_gqa_fused_k1(
+// fused kernel: grid [16, 16, 1], 512 threads, forloop 1; plan: 1 stage(s), kwarps 1, 37952 B shared memory
+extern "C" __global__ void __launch_bounds__(512, 1) qknorm_gqa_fused_k1(
     const mg_f16* __restrict__ p0,
     const mg_f16* __restrict__ p1,
     mg_f16* __restrict__ p2) {
@@ -336,56 +407,93 @@ extern "C" __global__ void __launch_bounds__(128) qknorm_gqa_fused_k1(
   extern __shared__ __align__(16) unsigned char mg_smem[];
   const int base_lp = bx * 4096 + by * 256;
   const int base_op = bx * 262144 + by * 16384;
-  float* buf_l = reinterpret_cast<float*>(mg_smem + 0);
-  float* buf_o = reinterpret_cast<float*>(mg_smem + 64);
+  mg_f16* sm_lp_0 = reinterpret_cast<mg_f16*>(mg_smem + 0);
+  mg_f16* sm_op_0 = reinterpret_cast<mg_f16*>(mg_smem + 768);
+  float* buf_l = reinterpret_cast<float*>(mg_smem + 33792);
+  float* buf_o = reinterpret_cast<float*>(mg_smem + 33856);
+  for (int c1 = threadIdx.x; c1 < 32; c1 += 512) {
+    const int s2_1 = c1 / 2;
+    const int s2_2 = (c1) % 2;
+    mg_cp_async16(sm_lp_0 + (s2_1 * 24 + (s2_2 * 8)), p0 + (base_lp + s2_1 * 16 + (s2_2 * 8)));
+  }
+  for (int c3 = threadIdx.x; c3 < 2048; c3 += 512) {
+    const int s4_1 = c3 / 128;
+    const int s4_2 = (c3) % 128;
+    mg_cp_async16(sm_op_0 + (s4_1 * 1032 + (s4_2 * 8)), p1 + (base_op + s4_1 * 1024 + (s4_2 * 8)));
+  }
+  mg_cp_async_wait_all();
+  __syncthreads();
+  const auto* sm_lp = sm_lp_0;
+  const auto* sm_op = sm_op_0;
   float acc_l[1];
   #pragma unroll
   for (int j = 0; j < 1; ++j) acc_l[j] = 0.0f;
-  float acc_o[8];
+  float acc_o[2];
   #pragma unroll
-  for (int j = 0; j < 8; ++j) acc_o[j] = 0.0f;
+  for (int j = 0; j < 2; ++j) acc_o[j] = 0.0f;
   for (int it = 0; it < 1; ++it) {
     #pragma unroll
     for (int j = 0; j < 1; ++j) {
-      const int e1 = threadIdx.x + j * 128;
-      if (e1 < 16) {
-        const int a2_1 = e1;
-        for (int k3 = 0; k3 < 16; ++k3) {
-          acc_l[j] += mg_ld(p0[base_lp + a2_1 * 16 + k3]);
+      const int e5 = threadIdx.x + j * 512;
+      if (e5 < 16) {
+        const int a6_1 = e5;
+        for (int k7 = 0; k7 < 16; ++k7) {
+          acc_l[j] += mg_ld(sm_lp[a6_1 * 24 + k7]);
         }
       }
     }
     #pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const int e4 = threadIdx.x + j * 128;
-      const int a5_1 = e4 / 64;
-      const int a5_2 = (e4) % 64;
-      for (int g6 = 0; g6 < 16; ++g6) {
-        acc_o[j] += mg_ld(p1[base_op + a5_1 * 1024 + (g6 * 64 + a5_2)]);
+    for (int j = 0; j < 2; ++j) {
+      const int e8 = threadIdx.x + j * 512;
+      const int a9_1 = e8 / 64;
+      const int a9_2 = (e8) % 64;
+      for (int g10 = 0; g10 < 16; ++g10) {
+        acc_o[j] += mg_ld(sm_op[a9_1 * 1032 + (g10 * 64 + a9_2)]);
       }
     }
     __syncthreads();
   }
   #pragma unroll
   for (int j = 0; j < 1; ++j) {
-    const int e7 = threadIdx.x + j * 128;
-    if (e7 < 16) {
-      buf_l[e7] = acc_l[j];
+    const int e11 = threadIdx.x + j * 512;
+    if (e11 < 16) {
+      buf_l[e11] = acc_l[j];
     }
   }
   #pragma unroll
-  for (int j = 0; j < 8; ++j) {
-    const int e9 = threadIdx.x + j * 128;
-    buf_o[e9] = acc_o[j];
+  for (int j = 0; j < 2; ++j) {
+    const int e13 = threadIdx.x + j * 512;
+    buf_o[e13] = acc_o[j];
   }
   __syncthreads();
-  for (int e11 = threadIdx.x; e11 < 1024; e11 += 128) {
-    const int i12_1 = e11 / 64;
-    const int i12_2 = (e11) % 64;
-    const float v13 = buf_o[i12_1 * 64 + i12_2];
-    const float v14 = buf_l[i12_1];
-    const float v15 = (v13 / v14);
-    mg_st(p2 + (bx * 16384 + by * 1024 + i12_1 * 64 + i12_2), v15);
+  for (int e15 = threadIdx.x; e15 < 128; e15 += 512) {
+    const int i16_1 = e15 / 8;
+    const int i16_2 = (e15) % 8;
+    const float v17 = buf_o[i16_1 * 64 + ((i16_2 * 8) + 0)];
+    const float v18 = buf_l[i16_1];
+    const float v19 = (v17 / v18);
+    const float v20 = buf_o[i16_1 * 64 + ((i16_2 * 8) + 1)];
+    const float v21 = buf_l[i16_1];
+    const float v22 = (v20 / v21);
+    const float v23 = buf_o[i16_1 * 64 + ((i16_2 * 8) + 2)];
+    const float v24 = buf_l[i16_1];
+    const float v25 = (v23 / v24);
+    const float v26 = buf_o[i16_1 * 64 + ((i16_2 * 8) + 3)];
+    const float v27 = buf_l[i16_1];
+    const float v28 = (v26 / v27);
+    const float v29 = buf_o[i16_1 * 64 + ((i16_2 * 8) + 4)];
+    const float v30 = buf_l[i16_1];
+    const float v31 = (v29 / v30);
+    const float v32 = buf_o[i16_1 * 64 + ((i16_2 * 8) + 5)];
+    const float v33 = buf_l[i16_1];
+    const float v34 = (v32 / v33);
+    const float v35 = buf_o[i16_1 * 64 + ((i16_2 * 8) + 6)];
+    const float v36 = buf_l[i16_1];
+    const float v37 = (v35 / v36);
+    const float v38 = buf_o[i16_1 * 64 + ((i16_2 * 8) + 7)];
+    const float v39 = buf_l[i16_1];
+    const float v40 = (v38 / v39);
+    mg_st8(p2 + (bx * 16384 + by * 1024 + i16_1 * 64 + (i16_2 * 8)), v19, v22, v25, v28, v31, v34, v37, v40);
   }
 }
 
@@ -393,7 +501,7 @@ extern "C" __global__ void __launch_bounds__(128) qknorm_gqa_fused_k1(
 #include <cuda_runtime.h>
 #include <stddef.h>
 
-extern "C" size_t qknorm_gqa_fused_workspace_bytes(void) { return 25296896; }
+extern "C" size_t qknorm_gqa_fused_workspace_bytes(void) { return 8519680; }
 
 extern "C" cudaError_t qknorm_gqa_fused(const void* Q, const void* K, const void* V, void* O, void* workspace, cudaStream_t stream) {
   char* const mg_ws = static_cast<char*>(workspace);
@@ -401,18 +509,17 @@ extern "C" cudaError_t qknorm_gqa_fused(const void* Q, const void* K, const void
   cudaError_t mg_err = cudaSuccess;
   // More than 48 KB of dynamic shared memory: raise the limit once (thread-safe static).
   static const cudaError_t mg_attr_qknorm_gqa_fused_k0 = cudaFuncSetAttribute(
-      qknorm_gqa_fused_k0, cudaFuncAttributeMaxDynamicSharedMemorySize, 90880);
+      qknorm_gqa_fused_k0, cudaFuncAttributeMaxDynamicSharedMemorySize, 165648);
   if (mg_attr_qknorm_gqa_fused_k0 != cudaSuccess) return mg_attr_qknorm_gqa_fused_k0;
-  qknorm_gqa_fused_k0<<<dim3(16, 16, 4), dim3(128), 90880, stream>>>(
+  qknorm_gqa_fused_k0<<<dim3(16, 16, 4), dim3(128), 165648, stream>>>(
       (const mg_f16*)(Q),
       (const mg_f16*)(K),
       (const mg_f16*)(V),
       (mg_f16*)(mg_ws + 0),
-      (mg_f16*)(mg_ws + 131072),
-      (float*)(mg_ws + 8519680));
+      (mg_f16*)(mg_ws + 131072));
   mg_err = cudaGetLastError();
   if (mg_err != cudaSuccess) return mg_err;
-  qknorm_gqa_fused_k1<<<dim3(16, 16, 1), dim3(128), 4160, stream>>>(
+  qknorm_gqa_fused_k1<<<dim3(16, 16, 1), dim3(512), 37952, stream>>>(
       (const mg_f16*)(mg_ws + 0),
       (const mg_f16*)(mg_ws + 131072),
       (mg_f16*)(O));

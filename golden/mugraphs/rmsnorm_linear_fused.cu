@@ -4,7 +4,7 @@
 //   cudaError_t rmsnorm_linear_fused(const void* X, const void* W, void* Z, void* workspace, cudaStream_t stream);
 // Device pointers must be 16-byte aligned; the workspace must hold
 // rmsnorm_linear_fused_workspace_bytes() bytes. No allocation, synchronisation or exit inside.
-// kernel rmsnorm_linear_fused_k0: grid [192, 1, 1], 128 threads, 51264 B dynamic shared memory
+// kernel rmsnorm_linear_fused_k0: grid [192, 1, 1], 128 threads, 60496 B dynamic shared memory
 
 // Storage types and helpers. The device code needs no header, so NVRTC compiles it
 // without a CUDA toolkit; f16/bf16 are converted with PTX instructions.
@@ -91,9 +91,36 @@ __device__ __forceinline__ void mg_mma_bf16(float* d, unsigned a0, unsigned a1, 
                : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
                : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
+// ldmatrix: four (or two, transposed) 8x8 matrices of 16-bit elements from shared
+// memory, one 16-byte row address per lane, straight into mma operand registers.
+__device__ __forceinline__ void mg_ldsm_x4(unsigned& r0, unsigned& r1, unsigned& r2,
+                                           unsigned& r3, const void* p) {
+  const unsigned s = (unsigned)__cvta_generic_to_shared(p);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(s));
+}
+__device__ __forceinline__ void mg_ldsm_x2_t(unsigned& r0, unsigned& r1, const void* p) {
+  const unsigned s = (unsigned)__cvta_generic_to_shared(p);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];"
+               : "=r"(r0), "=r"(r1) : "r"(s));
+}
+// Eight f32 values rounded and stored as one 16-byte access.
+struct __align__(16) mg_u4 { unsigned x, y, z, w; };
+__device__ __forceinline__ void mg_st8(mg_f16* p, float v0, float v1, float v2, float v3,
+                                       float v4, float v5, float v6, float v7) {
+  mg_u4 u = {mg_pack_f16(v0, v1), mg_pack_f16(v2, v3), mg_pack_f16(v4, v5),
+             mg_pack_f16(v6, v7)};
+  *reinterpret_cast<mg_u4*>(p) = u;
+}
+__device__ __forceinline__ void mg_st8(mg_bf16* p, float v0, float v1, float v2, float v3,
+                                       float v4, float v5, float v6, float v7) {
+  mg_u4 u = {mg_pack_bf16(v0, v1), mg_pack_bf16(v2, v3), mg_pack_bf16(v4, v5),
+             mg_pack_bf16(v6, v7)};
+  *reinterpret_cast<mg_u4*>(p) = u;
+}
 
-// fused kernel: grid [192, 1, 1], 128 threads, forloop 32
-extern "C" __global__ void __launch_bounds__(128) rmsnorm_linear_fused_k0(
+// fused kernel: grid [192, 1, 1], 128 threads, forloop 32; plan: 4 stage(s), kwarps 1, 60496 B shared memory
+extern "C" __global__ void __launch_bounds__(128, 1) rmsnorm_linear_fused_k0(
     const mg_f16* __restrict__ p0,
     const mg_f16* __restrict__ p1,
     mg_f16* __restrict__ p2) {
@@ -102,41 +129,43 @@ extern "C" __global__ void __launch_bounds__(128) rmsnorm_linear_fused_k0(
   extern __shared__ __align__(16) unsigned char mg_smem[];
   const int base_x = 0;
   const int base_w = bx * 32;
+  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 60480);
+  if (threadIdx.x < 4) mg_zero[threadIdx.x] = 0u;
   mg_f16* sm_x_0 = reinterpret_cast<mg_f16*>(mg_smem + 0);
-  mg_f16* sm_w_0 = reinterpret_cast<mg_f16*>(mg_smem + 16384);
-  float* buf_r = reinterpret_cast<float*>(mg_smem + 49152);
-  float* buf_s = reinterpret_cast<float*>(mg_smem + 49216);
+  mg_f16* sm_w_0 = reinterpret_cast<mg_f16*>(mg_smem + 17408);
+  float* buf_r = reinterpret_cast<float*>(mg_smem + 58368);
+  float* buf_s = reinterpret_cast<float*>(mg_smem + 58432);
   for (int c1 = threadIdx.x; c1 < 256; c1 += 128) {
-    const int s2_0 = (c1 * 8) / 128;
-    const int s2_1 = ((c1 * 8)) % 128;
-    mg_cp_async16((sm_x_0 + ((0) % 4) * 2048) + c1 * 8, p0 + ((base_x + 0) + s2_0 * 4096 + s2_1));
+    const int s2_0 = c1 / 16;
+    const int s2_1 = (c1) % 16;
+    mg_cp_async16((sm_x_0 + ((0) % 4) * 2176) + (s2_0 * 136 + (s2_1 * 8)), p0 + ((base_x + 0) + s2_0 * 4096 + (s2_1 * 8)));
   }
   for (int c3 = threadIdx.x; c3 < 512; c3 += 128) {
-    const int s4_0 = (c3 * 8) / 32;
-    const int s4_1 = ((c3 * 8)) % 32;
-    mg_cp_async16((sm_w_0 + ((0) % 4) * 4096) + c3 * 8, p1 + ((base_w + 0) + s4_0 * 6144 + s4_1));
+    const int s4_0 = c3 / 4;
+    const int s4_1 = (c3) % 4;
+    mg_cp_async16((sm_w_0 + ((0) % 4) * 5120) + (s4_0 * 40 + (s4_1 * 8)), p1 + ((base_w + 0) + s4_0 * 6144 + (s4_1 * 8)));
   }
   mg_cp_async_commit();
   for (int c5 = threadIdx.x; c5 < 256; c5 += 128) {
-    const int s6_0 = (c5 * 8) / 128;
-    const int s6_1 = ((c5 * 8)) % 128;
-    mg_cp_async16((sm_x_0 + ((1) % 4) * 2048) + c5 * 8, p0 + ((base_x + 128) + s6_0 * 4096 + s6_1));
+    const int s6_0 = c5 / 16;
+    const int s6_1 = (c5) % 16;
+    mg_cp_async16((sm_x_0 + ((1) % 4) * 2176) + (s6_0 * 136 + (s6_1 * 8)), p0 + ((base_x + 128) + s6_0 * 4096 + (s6_1 * 8)));
   }
   for (int c7 = threadIdx.x; c7 < 512; c7 += 128) {
-    const int s8_0 = (c7 * 8) / 32;
-    const int s8_1 = ((c7 * 8)) % 32;
-    mg_cp_async16((sm_w_0 + ((1) % 4) * 4096) + c7 * 8, p1 + ((base_w + 786432) + s8_0 * 6144 + s8_1));
+    const int s8_0 = c7 / 4;
+    const int s8_1 = (c7) % 4;
+    mg_cp_async16((sm_w_0 + ((1) % 4) * 5120) + (s8_0 * 40 + (s8_1 * 8)), p1 + ((base_w + 786432) + s8_0 * 6144 + (s8_1 * 8)));
   }
   mg_cp_async_commit();
   for (int c9 = threadIdx.x; c9 < 256; c9 += 128) {
-    const int s10_0 = (c9 * 8) / 128;
-    const int s10_1 = ((c9 * 8)) % 128;
-    mg_cp_async16((sm_x_0 + ((2) % 4) * 2048) + c9 * 8, p0 + ((base_x + 256) + s10_0 * 4096 + s10_1));
+    const int s10_0 = c9 / 16;
+    const int s10_1 = (c9) % 16;
+    mg_cp_async16((sm_x_0 + ((2) % 4) * 2176) + (s10_0 * 136 + (s10_1 * 8)), p0 + ((base_x + 256) + s10_0 * 4096 + (s10_1 * 8)));
   }
   for (int c11 = threadIdx.x; c11 < 512; c11 += 128) {
-    const int s12_0 = (c11 * 8) / 32;
-    const int s12_1 = ((c11 * 8)) % 32;
-    mg_cp_async16((sm_w_0 + ((2) % 4) * 4096) + c11 * 8, p1 + ((base_w + 1572864) + s12_0 * 6144 + s12_1));
+    const int s12_0 = c11 / 4;
+    const int s12_1 = (c11) % 4;
+    mg_cp_async16((sm_w_0 + ((2) % 4) * 5120) + (s12_0 * 40 + (s12_1 * 8)), p1 + ((base_w + 1572864) + s12_0 * 6144 + (s12_1 * 8)));
   }
   mg_cp_async_commit();
   float acc_r[4];
@@ -150,91 +179,91 @@ extern "C" __global__ void __launch_bounds__(128) rmsnorm_linear_fused_k0(
     const int off_w = base_w + it * 786432;
     if (it + 3 < 32) {
       for (int c13 = threadIdx.x; c13 < 256; c13 += 128) {
-        const int s14_0 = (c13 * 8) / 128;
-        const int s14_1 = ((c13 * 8)) % 128;
-        mg_cp_async16((sm_x_0 + (((it + 3)) % 4) * 2048) + c13 * 8, p0 + ((off_x + 384) + s14_0 * 4096 + s14_1));
+        const int s14_0 = c13 / 16;
+        const int s14_1 = (c13) % 16;
+        mg_cp_async16((sm_x_0 + (((it + 3)) % 4) * 2176) + (s14_0 * 136 + (s14_1 * 8)), p0 + ((off_x + 384) + s14_0 * 4096 + (s14_1 * 8)));
       }
       for (int c15 = threadIdx.x; c15 < 512; c15 += 128) {
-        const int s16_0 = (c15 * 8) / 32;
-        const int s16_1 = ((c15 * 8)) % 32;
-        mg_cp_async16((sm_w_0 + (((it + 3)) % 4) * 4096) + c15 * 8, p1 + ((off_w + 2359296) + s16_0 * 6144 + s16_1));
+        const int s16_0 = c15 / 4;
+        const int s16_1 = (c15) % 4;
+        mg_cp_async16((sm_w_0 + (((it + 3)) % 4) * 5120) + (s16_0 * 40 + (s16_1 * 8)), p1 + ((off_w + 2359296) + s16_0 * 6144 + (s16_1 * 8)));
       }
     }
     mg_cp_async_commit();
     mg_cp_async_wait<3>();
     __syncthreads();
-    const auto* sm_x = (sm_x_0 + ((it) % 4) * 2048);
-    const auto* sm_w = (sm_w_0 + ((it) % 4) * 4096);
-    {
-      const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
-      for (int j = 0; j < 4; ++j) {
-        const int row = mg_warp + 4 * j;
-        if (row < 16) {
-          const int w17_0 = row;
-          float r19 = 0.0f;
-          for (int k18 = mg_lane; k18 < 128; k18 += 32) {
-            const float v20 = mg_ld(sm_x[w17_0 * 128 + k18]);
-            r19 += v20 * v20;
-          }
-          r19 = mg_warp_sum(r19);
-          acc_r[j] += r19;
-        }
+    const auto* sm_x = (sm_x_0 + ((it) % 4) * 2176);
+    const auto* sm_w = (sm_w_0 + ((it) % 4) * 5120);
+    #pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int row = threadIdx.x / 32 + 4 * j;
+      const int mg_rl = threadIdx.x % 32;
+      (void)row; (void)mg_rl;
+      const int w18_0 = row;
+      for (int k17 = mg_rl; k17 < 128; k17 += 32) {
+        const float v19 = mg_ld(sm_x[w18_0 * 136 + k17]);
+        acc_r[j] += v19 * v19;
       }
     }
     {
       const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
       const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
       (void)mg_g; (void)mg_t;
+      const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
+      (void)mg_ks;
+    #pragma unroll 2
+    for (int s = 0; s < 8; ++s) {
+      const int kk = (mg_ks + s * 1) * 16;
+      const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
+      (void)k0; (void)k1;
+      unsigned ra0, ra1, ra2, ra3;
+      const int mg_mi = 0, r0 = mg_g, r1 = r0 + 8;
+      (void)r0; (void)r1;
+      mg_ldsm_x4(ra0, ra1, ra2, ra3, (sm_x + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) * 136 + (kk + (mg_lane >> 4) * 8))));
       #pragma unroll
       for (int j = 0; j < 1; ++j) {
-        const int q = mg_warp + 4 * j;
+        const int q = mg_grp + 4 * j;
         if (q < 4) {
           const int mg_nb = q / 4;
-          const int mg_mi = (q / 4) % 1;
           const int mg_ni = q % 4;
-          const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
-          const int c0 = mg_ni * 8 + 2 * mg_t;
-          (void)mg_nb; (void)r1; (void)c0;
-          #pragma unroll 2
-          for (int kk = 0; kk < 128; kk += 16) {
-            const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
-            const int n0 = mg_ni * 8 + mg_g;
-            const unsigned ra0 = *reinterpret_cast<const unsigned*>(sm_x + (r0 * 128 + k0));
-            const unsigned ra1 = *reinterpret_cast<const unsigned*>(sm_x + (r1 * 128 + k0));
-            const unsigned ra2 = *reinterpret_cast<const unsigned*>(sm_x + (r0 * 128 + k1));
-            const unsigned ra3 = *reinterpret_cast<const unsigned*>(sm_x + (r1 * 128 + k1));
-            const unsigned rb0 = mg_bits2(sm_w[k0 * 32 + n0], sm_w[(k0 + 1) * 32 + n0]);
-            const unsigned rb1 = mg_bits2(sm_w[k1 * 32 + n0], sm_w[(k1 + 1) * 32 + n0]);
-            mg_mma_f16(acc_s[j], ra0, ra1, ra2, ra3, rb0, rb1);
-          }
+          const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
+          (void)mg_nb; (void)c0; (void)n0;
+          unsigned rb0, rb1;
+          mg_ldsm_x2_t(rb0, rb1, (sm_w + ((kk + (mg_lane & 15)) * 40 + (mg_ni * 8))));
+          mg_mma_f16(acc_s[j], ra0, ra1, ra2, ra3, rb0, rb1);
         }
       }
     }
+    }
     __syncthreads();
   }
-  {
-    const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
-    for (int j = 0; j < 4; ++j) {
-      const int row = mg_warp + 4 * j;
-      if (row < 16) {
-        if (mg_lane == 0) buf_r[row] = sqrtf(acc_r[j] / 4096.0f);
-      }
+  #pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const int row = threadIdx.x / 32 + 4 * j;
+    const int mg_rl = threadIdx.x % 32;
+    (void)row; (void)mg_rl;
+    float v20 = acc_r[j];
+    v20 = mg_warp_sum(v20);
+    if ((threadIdx.x & 31) == 0) {
+      if (row < 16) buf_r[row] = sqrtf(v20 / 4096.0f);
     }
   }
   {
     const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
     const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
     (void)mg_g; (void)mg_t;
+    const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
+    (void)mg_ks;
     #pragma unroll
     for (int j = 0; j < 1; ++j) {
-      const int q = mg_warp + 4 * j;
+      const int q = mg_grp + 4 * j;
       if (q < 4) {
         const int mg_nb = q / 4;
         const int mg_mi = (q / 4) % 1;
         const int mg_ni = q % 4;
         const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
-        const int c0 = mg_ni * 8 + 2 * mg_t;
-        (void)mg_nb; (void)r1; (void)c0;
+        const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
+        (void)mg_nb; (void)r1; (void)c0; (void)n0;
         buf_s[r0 * 32 + c0] = acc_s[j][0];
         buf_s[r0 * 32 + (c0 + 1)] = acc_s[j][1];
         buf_s[r1 * 32 + c0] = acc_s[j][2];
@@ -243,13 +272,34 @@ extern "C" __global__ void __launch_bounds__(128) rmsnorm_linear_fused_k0(
     }
   }
   __syncthreads();
-  for (int e21 = threadIdx.x; e21 < 512; e21 += 128) {
-    const int i22_0 = e21 / 32;
-    const int i22_1 = (e21) % 32;
-    const float v23 = buf_s[i22_0 * 32 + i22_1];
+  for (int e21 = threadIdx.x; e21 < 64; e21 += 128) {
+    const int i22_0 = e21 / 4;
+    const int i22_1 = (e21) % 4;
+    const float v23 = buf_s[i22_0 * 32 + ((i22_1 * 8) + 0)];
     const float v24 = buf_r[i22_0];
     const float v25 = (v23 / v24);
-    mg_st(p2 + (bx * 32 + i22_0 * 6144 + i22_1), v25);
+    const float v26 = buf_s[i22_0 * 32 + ((i22_1 * 8) + 1)];
+    const float v27 = buf_r[i22_0];
+    const float v28 = (v26 / v27);
+    const float v29 = buf_s[i22_0 * 32 + ((i22_1 * 8) + 2)];
+    const float v30 = buf_r[i22_0];
+    const float v31 = (v29 / v30);
+    const float v32 = buf_s[i22_0 * 32 + ((i22_1 * 8) + 3)];
+    const float v33 = buf_r[i22_0];
+    const float v34 = (v32 / v33);
+    const float v35 = buf_s[i22_0 * 32 + ((i22_1 * 8) + 4)];
+    const float v36 = buf_r[i22_0];
+    const float v37 = (v35 / v36);
+    const float v38 = buf_s[i22_0 * 32 + ((i22_1 * 8) + 5)];
+    const float v39 = buf_r[i22_0];
+    const float v40 = (v38 / v39);
+    const float v41 = buf_s[i22_0 * 32 + ((i22_1 * 8) + 6)];
+    const float v42 = buf_r[i22_0];
+    const float v43 = (v41 / v42);
+    const float v44 = buf_s[i22_0 * 32 + ((i22_1 * 8) + 7)];
+    const float v45 = buf_r[i22_0];
+    const float v46 = (v44 / v45);
+    mg_st8(p2 + (bx * 32 + i22_0 * 6144 + (i22_1 * 8)), v25, v28, v31, v34, v37, v40, v43, v46);
   }
 }
 
@@ -265,9 +315,9 @@ extern "C" cudaError_t rmsnorm_linear_fused(const void* X, const void* W, void* 
   cudaError_t mg_err = cudaSuccess;
   // More than 48 KB of dynamic shared memory: raise the limit once (thread-safe static).
   static const cudaError_t mg_attr_rmsnorm_linear_fused_k0 = cudaFuncSetAttribute(
-      rmsnorm_linear_fused_k0, cudaFuncAttributeMaxDynamicSharedMemorySize, 51264);
+      rmsnorm_linear_fused_k0, cudaFuncAttributeMaxDynamicSharedMemorySize, 60496);
   if (mg_attr_rmsnorm_linear_fused_k0 != cudaSuccess) return mg_attr_rmsnorm_linear_fused_k0;
-  rmsnorm_linear_fused_k0<<<dim3(192, 1, 1), dim3(128), 51264, stream>>>(
+  rmsnorm_linear_fused_k0<<<dim3(192, 1, 1), dim3(128), 60496, stream>>>(
       (const mg_f16*)(X),
       (const mg_f16*)(W),
       (mg_f16*)(Z));

@@ -78,7 +78,8 @@ def _doc(bufs: tuple[Buffer, ...], names: list[str]) -> list[str]:
 def emit(prog: Program) -> tuple[str, str]:
     """The ``.cu`` and ``.h`` text of ``prog``."""
     sig = signature(prog)
-    kernels = [{"name": k.name, "threads": k.threads, "comment": k.comment, "body": k.body,
+    kernels = [{"name": k.name, "comment": k.comment, "body": k.body,
+                "bounds": f"{k.threads}, {k.min_blocks}" if k.min_blocks else str(k.threads),
                 "params": [f"{p.ctype} {p.name}" for p in k.params]} for k in prog.kernels]
     summary = [f"kernel {k.name}: grid {list(k.grid)}, {k.threads} threads, "
                f"{k.smem_bytes} B dynamic shared memory" for k in prog.kernels]

@@ -9,7 +9,8 @@ program without custom kernels (the same thing; named for the benchmark).
 
 from __future__ import annotations
 
-from mirage_cli.codegen.fused import lower_custom
+from mirage_cli.arch import DEFAULT_ARCH
+from mirage_cli.codegen.kernel import lower_custom
 from mirage_cli.codegen.plan import Buffer, Copy, Kernel, Launch, Program, align
 from mirage_cli.codegen.standalone import lower_kernel_op
 from mirage_cli.diagnostics import MirageError
@@ -33,7 +34,7 @@ def c_name(name: str) -> str:
     return name
 
 
-def lower(g: Graph) -> Program:
+def lower(g: Graph, arch: str = DEFAULT_ARCH) -> Program:
     name = c_name(g.name)
     types = g.tensor_types()
     inputs = tuple(Buffer(i.value.name, i.value.type, "input", k)
@@ -52,7 +53,7 @@ def lower(g: Graph) -> Program:
     for i, op in enumerate(g.ops):
         kname = f"{name}_k{i}"
         if op.block is not None:
-            k = lower_custom(op, kname, types)
+            k = lower_custom(op, kname, types, arch)
         else:
             k = lower_kernel_op(op, kname, types)
         kernels.append(k)

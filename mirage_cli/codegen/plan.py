@@ -8,7 +8,7 @@ launch sequence through the driver API, so both agree by construction.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from mirage_cli.ir import TensorType
 
@@ -35,6 +35,11 @@ class Kernel:
     smem_bytes: int
     scratch_bytes: int
     comment: str
+    plan: dict[str, Any] | None = None  # a fused kernel's plan (KernelPlan.as_json())
+    # __launch_bounds__ minimum blocks per SM (0: none). Fused kernels say 1: they hold
+    # their state in registers and run one or two blocks per SM anyway, and without it
+    # ptxas may cap registers low enough to spill the mma fragments.
+    min_blocks: int = 0
 
 
 @dataclass(frozen=True)

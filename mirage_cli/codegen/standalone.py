@@ -243,7 +243,7 @@ def _matmul_as_block_graph(kop: KernelOp, types: dict[str, TensorType]) -> Kerne
 def _matmul(kop: KernelOp, name: str, types: dict[str, TensorType]) -> Kernel:
     custom = _matmul_as_block_graph(kop, types)
     if custom is not None:
-        from mirage_cli.codegen.fused import lower_custom
+        from mirage_cli.codegen.kernel import lower_custom
 
         k = lower_custom(custom, name, types)
         g = custom.block

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from mirage_cli import arch as archs
 from mirage_cli import ops
 from mirage_cli.check import tile_type
 from mirage_cli.ir import BlockGraph, Graph, KernelOp, TensorType
@@ -27,8 +28,9 @@ L2_BW = 10e12            # bytes/s, a round figure for L2 -> SM traffic
 PEAK_FLOPS = 400e12      # f16 tensor-core FLOP/s actually reachable by small kernels
 LAUNCH_S = 2.5e-6        # per kernel launch
 ITER_S = 0.05e-6         # per forloop iteration and wave of blocks (synchronisation)
-NUM_SMS = 132
-SMEM_BYTES = 227 * 1024  # per block, opt-in maximum
+NUM_SMS = archs.get(archs.DEFAULT_ARCH).num_sms
+# The same per-block limit the kernel planner allocates against.
+SMEM_BYTES = archs.get(archs.DEFAULT_ARCH).smem_per_block
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,345 @@
+"""Emission: one custom kernel and its :class:`~mirage_cli.kplan.KernelPlan` → one CUDA
+kernel.
+
+Expects a checked block graph and a plan made for it by :mod:`planner` (the plan is
+the only place where thread-level decisions are taken; this module prints them).
+Guarantees a kernel that computes exactly what :func:`mirage_cli.interp.run_block_graph`
+computes, with f32 arithmetic: tiles staged in shared memory by 16-byte ``cp.async``
+copies (padded rows, a pipeline of the planned depth over forloop iterations),
+element-wise chains computed in registers where they are read, accumulators in
+registers (mma fragments or per-thread elements), reductions spread over whole warps
+or the whole block (:mod:`reduce`), tensor-core matmuls (:mod:`mma`), and stores of
+each block's tile at its omap position, 16 bytes at a time where the plan says so.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+from mirage_cli import ops
+from mirage_cli.arch import DEFAULT_ARCH
+from mirage_cli.codegen import mma, reduce
+from mirage_cli.codegen.expr import (
+    CTYPE,
+    Emitter,
+    Inline,
+    Lines,
+    Node,
+    Stored,
+    indent,
+    index_vars,
+    keep_used,
+    offset_expr,
+    row_major,
+)
+from mirage_cli.codegen.plan import Kernel, Param
+from mirage_cli.codegen.planner import RED, ZERO, Analysis, analyse, decompose, plan_kernel
+from mirage_cli.diagnostics import MirageError
+from mirage_cli.ir import BlockGraph, BlockInput, BlockOp, KernelOp, TensorType
+from mirage_cli.kplan import KernelPlan, Knobs, TilePlan
+
+BodyFn = Callable[[list[str]], Lines]
+
+
+def padded_strides(shape: tuple[int, ...], pitch: int) -> tuple[int, ...]:
+    """Row-major strides of a tile whose rows are ``pitch`` elements apart."""
+    return row_major(shape[:-1] + (pitch,))
+
+
+class FusedKernel:
+    """The emitter of one fused kernel; state shared by :mod:`mma` and :mod:`reduce`."""
+
+    def __init__(self, bg: BlockGraph, plan: KernelPlan, name: str,
+                 dev_types: dict[str, TensorType]) -> None:
+        # The plan may give the block another thread count: the block graph's result
+        # does not depend on it.
+        bg = dataclasses.replace(bg, threads=plan.threads)
+        self.a: Analysis = analyse(decompose(bg))
+        self.bg = self.a.bg
+        self.plan = plan
+        self.name = name
+        self.dev = dev_types
+        self.T, self.W, self.F = plan.threads, plan.warps, self.bg.forloop
+        self.em = Emitter()
+        self.params: list[Param] = []
+        self.pname: dict[str, str] = {}
+        self.tiles = {t.name: t for t in plan.tiles}
+        self.mmas = {m.output: m for m in plan.mmas}
+        self.mma_acc = {m.accumulator: m for m in plan.mmas if m.accumulator}
+        self.reds = {r.output: r for r in plan.reductions}
+
+    def tile(self, name: str) -> TilePlan:
+        return self.tiles[name]
+
+    def staged(self, phase: str) -> list[BlockInput]:
+        return [bi for bi in self.bg.inputs if self.tile(bi.value.name).pitch
+                and self.a.phases[bi.value.name] == phase]
+
+    # -- the kernel ------------------------------------------------------------------
+
+    def lower(self) -> Kernel:
+        for bi in self.bg.inputs:
+            self._param(bi.source, True)
+        for bo in self.bg.outputs:
+            self._param(bo.value.name, False)
+        if self.plan.scratch_floats:
+            self.params.append(Param("float* __restrict__", "mg_ws", "$scratch"))
+        accs = [op for op in self.bg.ops if ops.get(op.op).is_accumulator]
+        body = self._prologue() + self._define_nodes() + self._invariant()
+        body += reduce.acc_init(self, accs)
+        loop = self._loop_body(accs)
+        body += [f"for (int it = 0; it < {self.F}; ++it) {{"] + indent(loop) + ["}"]
+        body += reduce.acc_finish(self, accs)
+        body += self._materialize_phase("epilogue")
+        for bo in self.bg.outputs:
+            body += self._store(bo.source, bo.value.name, bo.omap)
+        k = self.plan.knobs
+        comment = (f"fused kernel: grid {list(self.bg.grid)}, {self.T} threads, forloop "
+                   f"{self.F}; plan: {k.stages} stage(s), kwarps {k.kwarps}, "
+                   f"{self.plan.smem_bytes} B shared memory")
+        return Kernel(self.name, tuple(self.params), tuple(body), self.T, self.bg.grid,
+                      self.plan.smem_bytes, self.plan.scratch_floats * 4, comment,
+                      self.plan.as_json(), min_blocks=1)
+
+    def _param(self, dev: str, is_input: bool) -> None:
+        if dev in self.pname:
+            return
+        t = self.dev[dev]
+        p = f"p{len(self.params)}"
+        ctype = ("const " if is_input else "") + CTYPE[t.dtype] + "* __restrict__"
+        self.params.append(Param(ctype, p, dev))
+        self.pname[dev] = p
+
+    def _prologue(self) -> Lines:
+        lines = ["const int bx = blockIdx.x, by = blockIdx.y, bz = blockIdx.z;",
+                 "(void)bx; (void)by; (void)bz;"]
+        if self.plan.smem_bytes:
+            lines.append("extern __shared__ __align__(16) unsigned char mg_smem[];")
+        if self.plan.scratch_floats:
+            g = self.bg.grid
+            lines.append(f"float* mg_blk = mg_ws + (size_t)(bx + {g[0]} * (by + {g[1]} * bz))"
+                         f" * {self.plan.scratch_floats};")
+        for bi in self.bg.inputs:
+            lines.append(f"const int base_{bi.value.name} = {self._block_base(bi)};")
+        if ZERO in self.tiles:
+            lines += [(f"unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + "
+                       f"{self.tile(ZERO).smem_offset});"),
+                      "if (threadIdx.x < 4) mg_zero[threadIdx.x] = 0u;"]
+        if RED in self.tiles:
+            lines.append(f"float* mg_red = reinterpret_cast<float*>(mg_smem + "
+                         f"{self.tile(RED).smem_offset});")
+        return lines
+
+    def _block_base(self, bi: BlockInput) -> str:
+        src = self.dev[bi.source]
+        strides = row_major(src.shape)
+        terms = [f"{axis} * {src.shape[d] // g * strides[d]}"
+                 for axis, g, d in zip(("bx", "by", "bz"), self.bg.grid, bi.imap)
+                 if d is not None and g > 1]
+        return " + ".join(terms) if terms else "0"
+
+    def _fmap_step(self, bi: BlockInput) -> int:
+        assert bi.fmap is not None
+        return bi.value.type.shape[bi.fmap] * row_major(self.dev[bi.source].shape)[bi.fmap]
+
+    def _define_nodes(self) -> Lines:
+        """Register every tensor with the expression engine; declare tile pointers."""
+        lines: Lines = []
+        for bi in self.bg.inputs:
+            t, vt = self.tile(bi.value.name), bi.value.type
+            ct = CTYPE[vt.dtype]
+            if not t.pitch:
+                base = f"off_{t.name}" if self.a.phases[t.name] == "loop" else f"base_{t.name}"
+                self.em.nodes[t.name] = Node(vt.shape, Stored(
+                    self.pname[bi.source], base, row_major(self.dev[bi.source].shape), ct))
+                continue
+            lines.append(f"{ct}* sm_{t.name}_0 = reinterpret_cast<{ct}*>(mg_smem + "
+                         f"{t.smem_offset});")
+            self.em.nodes[t.name] = Node(vt.shape, Stored(
+                f"sm_{t.name}", "0", padded_strides(vt.shape, t.pitch), ct))
+        for op in self.bg.ops:
+            v = op.outputs[0]
+            t = self.tile(v.name)
+            if t.home == "inline":
+                attrs = ops.get(op.op).attr_values(op.attrs)
+                self.em.nodes[v.name] = Node(v.type.shape, Inline(op.op, op.inputs, attrs))
+                continue
+            where = (f"mg_blk + {t.scratch_offset}" if t.scratch_offset >= 0 else
+                     f"reinterpret_cast<float*>(mg_smem + {t.smem_offset})")
+            lines.append(f"float* buf_{v.name} = {where};")
+            self.em.nodes[v.name] = Node(v.type.shape, Stored(
+                f"buf_{v.name}", "0", row_major(v.type.shape), "float"))
+        return lines
+
+    def elem_loop(self, shape: tuple[int, ...], body_fn: BodyFn) -> Lines:
+        n = 1
+        for d in shape:
+            n *= d
+        e = self.em.fresh("e")
+        decl, idx = index_vars(shape, e, self.em.fresh("i") + "_")
+        inner = body_fn(idx)
+        inner = keep_used(decl, inner) + inner
+        return [f"for (int {e} = threadIdx.x; {e} < {n}; {e} += {self.T}) {{"] + indent(inner) + ["}"]
+
+    def _materialize(self, op: BlockOp) -> Lines:
+        name = op.outputs[0].name
+        if name in self.mmas:
+            return mma.materialize(self, op, self.mmas[name]) + ["__syncthreads();"]
+        if name in self.reds:
+            return reduce.materialize(self, op, self.reds[name])
+        t = op.outputs[0].type
+        attrs = ops.get(op.op).attr_values(op.attrs)
+
+        def body(idx: list[str]) -> Lines:
+            lines, e = self.em._inline(op.op, op.inputs, attrs, t.shape, idx)
+            return lines + [f"buf_{name}[{offset_expr('0', idx, row_major(t.shape))}] = {e};"]
+        return self.elem_loop(t.shape, body) + ["__syncthreads();"]
+
+    def _materialize_phase(self, phase: str) -> Lines:
+        lines: Lines = []
+        for op in self.bg.ops:
+            name = op.outputs[0].name
+            if self.a.phases[name] == phase and self.tile(name).home == "smem":
+                lines += self._materialize(op)
+        return lines
+
+    def _invariant(self) -> Lines:
+        lines: Lines = []
+        staged = self.staged("invariant")
+        for bi in staged:
+            lines += self._stage(bi, f"base_{bi.value.name}", f"sm_{bi.value.name}_0")
+        if staged:
+            lines += ["mg_cp_async_wait_all();", "__syncthreads();"]
+            lines += [f"const auto* sm_{bi.value.name} = sm_{bi.value.name}_0;" for bi in staged]
+        return lines + self._materialize_phase("invariant")
+
+    # -- staging of input tiles ---------------------------------------------------------
+
+    def _stage(self, bi: BlockInput, base: str, dst: str) -> Lines:
+        """Copy this block's tile of ``bi`` into shared memory (16-byte cp.async chunks
+        where the plan allows, scalar copies otherwise), rows ``pitch`` apart."""
+        t, shape = self.tile(bi.value.name), bi.value.type.shape
+        src_strides = row_major(self.dev[bi.source].shape)
+        dst_strides = padded_strides(shape, t.pitch)
+        vec = t.vec
+        chunks = shape[:-1] + (shape[-1] // vec,)
+        n = 1
+        for d in chunks:
+            n *= d
+        c = self.em.fresh("c")
+        decl, idx = index_vars(chunks, c, self.em.fresh("s") + "_")
+        if vec > 1:
+            idx = idx[:-1] + [f"({idx[-1]} * {vec})" if idx[-1] != "0" else "0"]
+        g = offset_expr(base, idx, src_strides)
+        o = offset_expr("0", idx, dst_strides)
+        src = self.pname[bi.source]
+        op = (f"mg_cp_async16({dst} + ({o}), {src} + ({g}));" if vec > 1
+              else f"{dst}[{o}] = {src}[{g}];")
+        return ([f"for (int {c} = threadIdx.x; {c} < {n}; {c} += {self.T}) {{"]
+                + indent(keep_used(decl, [op]) + [op]) + ["}"])
+
+    def _slot(self, bi: BlockInput, iteration: str) -> str:
+        """The shared-memory stage that holds ``iteration``'s tile of ``bi``."""
+        t = self.tile(bi.value.name)
+        vt = bi.value.type
+        elems = (vt.numel // vt.shape[-1]) * t.pitch
+        elems = (elems * vt.dtype.nbytes + 15) // 16 * 16 // vt.dtype.nbytes
+        return f"(sm_{t.name}_0 + (({iteration}) % {t.stages}) * {elems})"
+
+    def prefetch(self) -> Lines:
+        """Before the loop: issue the copies of iterations 0 .. S-2, one group each."""
+        staged = self.staged("loop")
+        S = max([self.tile(bi.value.name).stages for bi in staged] + [1])
+        lines: Lines = []
+        for i in range(S - 1 if staged else 0):
+            for bi in staged:
+                lines += self._stage(bi, f"(base_{bi.value.name} + {i * self._fmap_step(bi)})",
+                                     self._slot(bi, str(i)))
+            lines.append("mg_cp_async_commit();")
+        return lines
+
+    def _loop_body(self, accs: list[BlockOp]) -> Lines:
+        lines: Lines = []
+        loop_inputs = [bi for bi in self.bg.inputs if self.a.phases[bi.value.name] == "loop"]
+        for bi in loop_inputs:
+            lines.append(f"const int off_{bi.value.name} = base_{bi.value.name} + it * "
+                         f"{self._fmap_step(bi)};")
+        staged = self.staged("loop")
+        S = max([self.tile(bi.value.name).stages for bi in staged] + [1])
+        if staged and S == 1:
+            for bi in staged:
+                lines += self._stage(bi, f"off_{bi.value.name}", f"sm_{bi.value.name}_0")
+            lines.append("mg_cp_async_wait_all();")
+        elif staged:
+            # Issue iteration it + S - 1's copies (one commit group per iteration, empty
+            # at the end), then wait until only the S - 1 newest groups are pending:
+            # iteration it's tiles have landed.
+            pre: Lines = []
+            for bi in staged:
+                step = self._fmap_step(bi)
+                pre += self._stage(bi, f"(off_{bi.value.name} + {(S - 1) * step})",
+                                   self._slot(bi, f"(it + {S - 1})"))
+            lines += [f"if (it + {S - 1} < {self.F}) {{"] + indent(pre) + ["}",
+                      "mg_cp_async_commit();", f"mg_cp_async_wait<{S - 1}>();"]
+        if staged:
+            lines.append("__syncthreads();")
+        for bi in staged:
+            cur = self._slot(bi, "it") if S > 1 else f"sm_{bi.value.name}_0"
+            lines.append(f"const auto* sm_{bi.value.name} = {cur};")
+        lines += self._materialize_phase("loop")
+        for op in accs:
+            lines += reduce.acc_update(self, op)
+        lines.append("__syncthreads();")
+        return lines
+
+    # -- stores ---------------------------------------------------------------------------
+
+    def _store(self, source: str, dev: str, omap: tuple[int | None, int | None, int | None]
+               ) -> Lines:
+        shape = self.em.nodes[source].shape
+        out = self.dev[dev]
+        strides = row_major(out.shape)
+        terms = [f"{ax} * {shape[d] * strides[d]}"
+                 for ax, d, g in zip(("bx", "by", "bz"), omap, self.bg.grid)
+                 if d is not None and g > 1]
+        base = " + ".join(terms) if terms else "0"
+        p = self.pname[dev]
+        vec = self.plan.knobs.vec or 1
+        if vec > 1:
+            return self._store_vec(source, p, base, strides, shape, vec)
+
+        def body(idx: list[str]) -> Lines:
+            st, v = self.em.value(source, idx)
+            return st + [f"mg_st({p} + ({offset_expr(base, idx, strides)}), {v});"]
+        return self.elem_loop(shape, body)
+
+    def _store_vec(self, source: str, p: str, base: str, strides: tuple[int, ...],
+                   shape: tuple[int, ...], vec: int) -> Lines:
+        """Each thread computes ``vec`` consecutive elements and stores them at once."""
+        chunks = shape[:-1] + (shape[-1] // vec,)
+
+        def body(idx: list[str]) -> Lines:
+            first = f"({idx[-1]} * {vec})" if idx[-1] != "0" else "0"
+            lines: Lines = []
+            vals = []
+            for j in range(vec):
+                st, v = self.em.value(source, idx[:-1] + [f"({first} + {j})"])
+                lines += st
+                vals.append(v)
+            off = offset_expr(base, idx[:-1] + [first], strides)
+            return lines + [f"mg_st8({p} + ({off}), {', '.join(vals)});"]
+        return self.elem_loop(chunks, body)
+
+
+def lower_custom(kop: KernelOp, name: str, dev_types: dict[str, TensorType],
+                 target: str = DEFAULT_ARCH) -> Kernel:
+    """The CUDA kernel of one custom kernel for ``target``, planned with the knobs of
+    its recorded plan (if any) pinned."""
+    assert kop.block is not None
+    if any(t.numel >= 2 ** 31 for t in dev_types.values()):
+        raise MirageError("tensors of 2^31 elements or more are not supported by the "
+                          "code generator (32-bit indexing)")
+    pins = kop.plan.knobs if kop.plan is not None else Knobs()
+    plan = plan_kernel(kop.block, dev_types, target, pins)
+    return FusedKernel(kop.block, plan, name, dev_types).lower()

@@ -1,0 +1,261 @@
+"""Emission of block matmuls on tensor cores (``mma.sync.m16n8k16``, f32 accumulation).
+
+Follows the matmul's :class:`~mirage_cli.kplan.MmaPlan`: the output's m16n8 tiles are
+dealt to ``warps / kwarps`` warp groups; the ``kwarps`` warps of a group each take
+every ``kwarps``-th 16-wide step of K, so all warps work even when a block has fewer
+output tiles than warps, and their fragments are summed (shared-memory atomics) once,
+after the loop. Operands come from shared memory through ``ldmatrix`` (A, row-major)
+and ``ldmatrix.trans`` (B, stored K-major) where the plan says so (rows past the end of
+a short A tile read a zero row), otherwise as packed 32-bit loads or element by
+element with bounds checks.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from mirage_cli.codegen.expr import (
+    CTYPE,
+    Lines,
+    Stored,
+    broadcast_index,
+    indent,
+    index_vars,
+    offset_expr,
+    row_major,
+)
+from mirage_cli.ir import BlockOp, DType
+from mirage_cli.kplan import MmaPlan
+
+if TYPE_CHECKING:
+    from mirage_cli.codegen.kernel import FusedKernel
+
+
+def _grid(op: BlockOp) -> tuple[int, int, int]:
+    """(batch tiles, 16-row tiles, 8-column tiles) covering the output tile."""
+    t = op.outputs[0].type
+    nb = 1
+    for d in t.shape[:-2]:
+        nb *= d
+    return nb, -(-t.shape[-2] // 16), -(-t.shape[-1] // 8)
+
+
+def acc_init(k: FusedKernel, acc: BlockOp, mp: MmaPlan) -> Lines:
+    name = acc.outputs[0].name
+    j = mp.tiles_per_warp
+    lines = [f"float acc_{name}[{j}][4];", "#pragma unroll",
+             (f"for (int j = 0; j < {j}; ++j) acc_{name}[j][0] = acc_{name}[j][1] = "
+              f"acc_{name}[j][2] = acc_{name}[j][3] = 0.0f;")]
+    if mp.kwarps > 1:  # the K-split warps add their fragments into the f32 tile
+        n = acc.outputs[0].type.numel
+        lines.append(f"for (int e = threadIdx.x; e < {n}; e += {k.T}) buf_{name}[e] = 0.0f;")
+    return lines
+
+
+def acc_update(k: FusedKernel, acc: BlockOp, mp: MmaPlan) -> Lines:
+    """One forloop iteration of an accumulated matmul: this warp's K steps outside, its
+    output tiles inside, so the tiles' mma chains are independent (and a single row of
+    tiles shares one A fragment per step)."""
+    op = k.a.producer[acc.inputs[0]]
+    dreg = f"acc_{acc.outputs[0].name}[j]"
+    nb, tm, tn = _grid(op)
+    groups = k.W // mp.kwarps
+    shared_a = nb == 1 and tm == 1
+    a_lines, b_lines, mma = _operands(k, op, mp, [])
+    inner = _tile_coords(op) + (b_lines if shared_a else a_lines + b_lines)
+    inner.append(f"{mma}({dreg}, ra0, ra1, ra2, ra3, rb0, rb1);")
+    tile_loop = ["#pragma unroll", f"for (int j = 0; j < {mp.tiles_per_warp}; ++j) {{",
+                 f"  const int q = mg_grp + {groups} * j;",
+                 f"  if (q < {nb * tm * tn}) {{"] + indent(inner, 2) + ["  }", "}"]
+    steps = -(-k.a.types[op.inputs[0]].shape[-1] // 16) // mp.kwarps
+    step = [f"const int kk = (mg_ks + s * {mp.kwarps}) * 16;",
+            "const int k0 = kk + 2 * mg_t, k1 = k0 + 8;", "(void)k0; (void)k1;",
+            "unsigned ra0, ra1, ra2, ra3;"]
+    if shared_a:
+        step += ["const int mg_mi = 0, r0 = mg_g, r1 = r0 + 8;", "(void)r0; (void)r1;"] + a_lines
+    return (_warp_ids(groups) + ["#pragma unroll 2", f"for (int s = 0; s < {steps}; ++s) {{"]
+            + indent(step + tile_loop) + ["}", "}"])
+
+
+def _warp_ids(groups: int) -> Lines:
+    return ["{", "  const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;",
+            "  const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;", "  (void)mg_g; (void)mg_t;",
+            f"  const int mg_grp = mg_warp % {groups}, mg_ks = mg_warp / {groups};",
+            "  (void)mg_ks;"]
+
+
+def _tile_coords(op: BlockOp) -> Lines:
+    """Output tile q's batch index, 16-row and 8-column tile indices, and this lane's
+    rows and columns of the m16n8 fragment."""
+    tc = op.outputs[0].type
+    nb, tm, tn = _grid(op)
+    bdecl, _ = index_vars(tc.shape[:-2] or (1,), "mg_nb", "mg_b")
+    return ([f"const int mg_nb = q / {tm * tn};", f"const int mg_ni = q % {tn};"]
+            + ([f"const int mg_mi = (q / {tn}) % {tm};",
+                "const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;"] if not (nb == 1 and tm == 1)
+               else [])
+            + bdecl + ["const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;",
+                       "(void)mg_nb; (void)c0; (void)n0;"])
+
+
+def acc_finish(k: FusedKernel, acc: BlockOp, mp: MmaPlan, fin: str) -> Lines:
+    """The fragments into the accumulator's f32 tile, then its finish (``fin``, a format
+    of the summed value) in place."""
+    mm = k.a.producer[acc.inputs[0]]
+    name = acc.outputs[0].name
+    lines = tiles(k, mm, mp, f"acc_{name}[j]", name, compute=False)
+    if fin != "{0}":
+        n = acc.outputs[0].type.numel
+        lines += ["__syncthreads();", (f"for (int e = threadIdx.x; e < {n}; e += {k.T}) "
+                                       f"buf_{name}[e] = {fin.format(f'buf_{name}[e]')};")]
+    return lines
+
+
+def materialize(k: FusedKernel, op: BlockOp, mp: MmaPlan) -> Lines:
+    return tiles(k, op, mp, "mg_d", op.outputs[0].name, local=True)
+
+
+def tiles(k: FusedKernel, op: BlockOp, mp: MmaPlan, dreg: str, sink: str | None,
+          local: bool = False, compute: bool = True) -> Lines:
+    """Loop over the m16n8 tiles of ``op``'s output owned by this warp: multiply over
+    this warp's share of K into ``dreg`` (a float[4] fragment) and, with ``sink``,
+    write (or, for K-split warps, add) the fragment into that f32 tile."""
+    tc = op.outputs[0].type
+    M, N = tc.shape[-2], tc.shape[-1]
+    nb, tm, tn = _grid(op)
+    groups = k.W // mp.kwarps
+    bdecl, bidx = index_vars(tc.shape[:-2] or (1,), "mg_nb", "mg_b")
+    bidx = bidx if tc.shape[:-2] else []
+    body: Lines = [f"const int mg_nb = q / {tm * tn};", f"const int mg_mi = (q / {tn}) % {tm};",
+                   f"const int mg_ni = q % {tn};"] + bdecl
+    body += ["const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;",
+             "const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;",
+             "(void)mg_nb; (void)r1; (void)c0; (void)n0;"]
+    if local:
+        body.append(f"float {dreg}[4] = {{0.0f, 0.0f, 0.0f, 0.0f}};")
+    if compute:
+        body += _k_loop(k, op, mp, dreg, bidx)
+    if sink is not None:
+        ostr = row_major(tc.shape)
+        for i, (r, c) in enumerate((("r0", "c0"), ("r0", "(c0 + 1)"), ("r1", "c0"),
+                                    ("r1", "(c0 + 1)"))):
+            cond = " && ".join(([f"{r} < {M}"] if M % 16 else []) + ([f"{c} < {N}"] if N % 8 else []))
+            dst = f"buf_{sink}[{offset_expr('0', bidx + [r, c], ostr)}]"
+            st = (f"atomicAdd(&{dst}, {dreg}[{i}]);" if mp.kwarps > 1 and not local
+                  else f"{dst} = {dreg}[{i}];")
+            body.append(f"if ({cond}) {st}" if cond else st)
+    return _warp_ids(groups) + ["  #pragma unroll", f"  for (int j = 0; j < {mp.tiles_per_warp}; ++j) {{",
+            f"    const int q = mg_grp + {groups} * j;",
+            f"    if (q < {nb * tm * tn}) {{"] + indent(body, 3) + ["    }", "  }", "}"]
+
+
+def _operands(k: FusedKernel, op: BlockOp, mp: MmaPlan, bidx: list[str]
+              ) -> tuple[Lines, Lines, str]:
+    """Statements loading A's fragment (ra0..ra3) and B's (rb0, rb1) at step ``kk``,
+    and the mma function."""
+    a, b = op.inputs
+    ta, tb, tc = k.a.types[a], k.a.types[b], op.outputs[0].type
+    M, K, N = tc.shape[-2], ta.shape[-1], tc.shape[-1]
+    if not bidx and tc.shape[:-2]:
+        _, bidx = index_vars(tc.shape[:-2], "mg_nb", "mg_b")
+    ia = broadcast_index(bidx, ta.shape[:-2])
+    ib = broadcast_index(bidx, tb.shape[:-2])
+    if mp.a_path == "ldmatrix":
+        a_lines = _ldsm_a(k, a, ia, M)
+    else:
+        a_lines = [f"ra{i} = {e};" for i, e in enumerate(_direct_a(k, a, ia, M, K, tc.dtype))]
+    b_lines = ["unsigned rb0, rb1;"]
+    if mp.b_path == "ldmatrix.trans":
+        b_lines += _ldsm_b(k, b, ib)
+    else:
+        b_lines += [f"rb{i} = {e};" for i, e in enumerate(_direct_b(k, b, ib, K, N, tc.dtype))]
+    return a_lines, b_lines, "mg_mma_f16" if tc.dtype is DType.F16 else "mg_mma_bf16"
+
+
+def _k_loop(k: FusedKernel, op: BlockOp, mp: MmaPlan, dreg: str, bidx: list[str]) -> Lines:
+    """This warp's steps over K for one output tile: fragments, then one mma a step."""
+    a_lines, b_lines, mma = _operands(k, op, mp, bidx)
+    kl = [f"const int kk = (mg_ks + s * {mp.kwarps}) * 16;",
+          "const int k0 = kk + 2 * mg_t, k1 = k0 + 8;", "(void)k0; (void)k1;",
+          "unsigned ra0, ra1, ra2, ra3;"] + a_lines + b_lines
+    kl.append(f"{mma}({dreg}, ra0, ra1, ra2, ra3, rb0, rb1);")
+    steps = -(-k.a.types[op.inputs[0]].shape[-1] // 16) // mp.kwarps
+    return ["#pragma unroll 2", f"for (int s = 0; s < {steps}; ++s) {{"] + indent(kl) + ["}"]
+
+
+def _smem_ptr(k: FusedKernel, name: str, idx: list[str]) -> str:
+    how = k.em.nodes[name].how
+    assert isinstance(how, Stored)
+    return f"({how.ptr} + ({offset_expr('0', idx, how.strides)}))"
+
+
+def _ldsm_a(k: FusedKernel, a: str, ia: list[str], M: int) -> Lines:
+    """A's 16x16 fragment: lanes 0-7, 8-15, 16-23, 24-31 address rows 0-7 / 8-15 of
+    columns kk..kk+7, then of kk+8..kk+15 (a0..a3 of the mma)."""
+    row = "(mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8)"
+    col = "(kk + (mg_lane >> 4) * 8)"
+    ptr = _smem_ptr(k, a, ia + [row, col])
+    if M % 16:
+        ptr = f"({row} < {M} ? (const void*){ptr} : (const void*)mg_zero)"
+    return [f"mg_ldsm_x4(ra0, ra1, ra2, ra3, {ptr});"]
+
+
+def _ldsm_b(k: FusedKernel, b: str, ib: list[str]) -> Lines:
+    """B's 16x8 fragment from a K-major tile: lanes 0-15 address rows kk..kk+15 of
+    columns n0..n0+7; the transposed load gives each lane its pairs along K."""
+    ptr = _smem_ptr(k, b, ib + ["(kk + (mg_lane & 15))", "(mg_ni * 8)"])
+    return [f"mg_ldsm_x2_t(rb0, rb1, {ptr});"]
+
+
+def _ld(k: FusedKernel, name: str, pre: list[str], r: str, c: str, rows: int, cols: int) -> str:
+    cond = ([f"{r} < {rows}"] if rows % 16 else []) + ([f"{c} < {cols}"] if cols % 16 else [])
+    v = k.em.load(name, pre + [r, c])
+    return f"(({' && '.join(cond)}) ? {v} : 0.0f)" if cond else v
+
+
+def _direct_a(k: FusedKernel, a: str, ia: list[str], M: int, K: int, dt: DType) -> list[str]:
+    pack = "mg_pack_f16" if dt is DType.F16 else "mg_pack_bf16"
+    regs = []
+    for r, c in (("r0", "k0"), ("r1", "k0"), ("r0", "k1"), ("r1", "k1")):
+        fast = _pair(k, a, ia + [r, c], 1, dt, f"{r} < {M}" if M % 16 else None)
+        regs.append(fast if fast is not None and K % 16 == 0 else
+                    f"{pack}({_ld(k, a, ia, r, c, M, K)}, {_ld(k, a, ia, r, f'({c} + 1)', M, K)})")
+    return regs
+
+
+def _direct_b(k: FusedKernel, b: str, ib: list[str], K: int, N: int, dt: DType) -> list[str]:
+    pack = "mg_pack_f16" if dt is DType.F16 else "mg_pack_bf16"
+    regs = []
+    for kv in ("k0", "k1"):
+        fast = _pair(k, b, ib + [kv, "n0"], 0, dt, f"n0 < {N}" if N % 8 else None)
+        regs.append(fast if fast is not None and K % 16 == 0 else
+                    f"{pack}({_ld(k, b, ib, kv, 'n0', K, N)}, {_ld(k, b, ib, f'({kv} + 1)', 'n0', K, N)})")
+    return regs
+
+
+def _pair(k: FusedKernel, name: str, idx: list[str], axis: int, dtype: DType, guard: str | None
+          ) -> str | None:
+    """A packed 32-bit operand register holding elements ``idx`` and ``idx`` + 1 along
+    ``axis`` (0: rows, 1: columns of the last two dims) of a shared-memory or scratch
+    tile, without f32 round trips; None where only the element-wise path fits."""
+    how = k.em.nodes[name].how
+    if not isinstance(how, Stored) or how.base != "0":
+        return None
+    shape = k.em.nodes[name].shape
+    off = offset_expr("0", idx, how.strides)
+    nxt = list(idx)
+    nxt[-2 + axis] = f"({idx[-2 + axis]} + 1)"
+    off2 = offset_expr("0", nxt, how.strides)
+    pack = "mg_pack_f16" if dtype is DType.F16 else "mg_pack_bf16"
+    if axis == 1 and how.strides[-1] == 1 and shape[-1] % 2 == 0:
+        if how.ctype == CTYPE[dtype]:
+            e = f"*reinterpret_cast<const unsigned*>({how.ptr} + ({off}))"
+        elif how.ctype == "float":
+            e = f"{pack}2(*reinterpret_cast<const float2*>({how.ptr} + ({off})))"
+        else:
+            return None
+    elif how.ctype == CTYPE[dtype]:
+        e = f"mg_bits2({how.ptr}[{off}], {how.ptr}[{off2}])"
+    else:
+        return None
+    return f"(({guard}) ? {e} : 0u)" if guard else e

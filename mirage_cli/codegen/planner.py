@@ -1,0 +1,466 @@
+"""Planning: one custom kernel's block graph → its :class:`~mirage_cli.kplan.KernelPlan`.
+
+Expects a checked block graph. Decides, from the block graph, the target and the
+knobs (pinned by the user or chosen here), every thread-level fact the emitter needs:
+where each tile lives, how wide its accesses are, the pipeline depth, the shared
+memory layout (row pitches padded against bank conflicts), how tensor-core matmuls are
+spread over warps and how reductions are spread over threads. Guarantees a plan that
+fits the target's shared memory, or a :class:`MirageError` naming the knob or the
+tile that does not fit. :func:`knob_space` gives each knob's legal values.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from mirage_cli import arch as archs
+from mirage_cli import ops
+from mirage_cli.check import block_phases
+from mirage_cli.diagnostics import MirageError
+from mirage_cli.ir import BlockGraph, BlockOp, DType, TensorType, Value, make_attrs
+from mirage_cli.kplan import Home, KernelPlan, Knobs, MmaPlan, ReducePlan, TilePlan
+
+MAX_STAGES = 4        # copies in flight per loop input
+ACC_REGS_MAX = 32     # accumulator elements per thread kept in registers
+MMA_ACC_REGS_MAX = 64  # mma accumulator registers per thread
+VEC_BYTES = 16
+
+
+def decompose(bg: BlockGraph) -> BlockGraph:
+    """Rewrite operators that read their input twice per element (``rms_norm``) into
+    ones that read it once (``rms`` then ``div`` [then ``mul``]), so no element is
+    recomputed per output."""
+    new_ops: list[BlockOp] = []
+    for op in bg.ops:
+        if ops.get(op.op).cuda.kind != "rms_norm":
+            new_ops.append(op)
+            continue
+        out, x, t = op.outputs[0], op.inputs[0], op.outputs[0].type
+        r = Value(f"{out.name}__rms", TensorType(t.shape[:-1] + (1,), t.dtype))
+        new_ops.append(BlockOp("rms", (x,), (r,), make_attrs(eps=dict(op.attrs).get("eps"))))
+        if len(op.inputs) == 2:
+            y = Value(f"{out.name}__n", t)
+            new_ops.append(BlockOp("div", (x, r.name), (y,)))
+            new_ops.append(BlockOp("mul", (y.name, op.inputs[1]), (out,)))
+        else:
+            new_ops.append(BlockOp("div", (x, r.name), (out,)))
+    return dataclasses.replace(bg, ops=tuple(new_ops))
+
+
+@dataclass
+class Analysis:
+    """Facts about a (decomposed) block graph that planning and emission share."""
+
+    bg: BlockGraph
+    types: dict[str, TensorType]
+    phases: dict[str, str]
+    uses: dict[str, list[BlockOp | None]]   # None: a store
+    producer: dict[str, BlockOp] = field(default_factory=dict)
+
+
+def analyse(bg: BlockGraph) -> Analysis:
+    types = {bi.value.name: bi.value.type for bi in bg.inputs}
+    types.update({op.outputs[0].name: op.outputs[0].type for op in bg.ops})
+    uses: dict[str, list[BlockOp | None]] = {n: [] for n in types}
+    for op in bg.ops:
+        for i in op.inputs:
+            uses[i].append(op)
+    for bo in bg.outputs:
+        uses[bo.source].append(None)
+    producer = {op.outputs[0].name: op for op in bg.ops}
+    return Analysis(bg, types, dict(block_phases(bg)), uses, producer)
+
+
+def reads_once(consumer: BlockOp, operand: TensorType, types: Mapping[str, TensorType]) -> bool:
+    """Whether ``consumer`` reads each element of this operand exactly once."""
+    match ops.get(consumer.op).cuda.kind:
+        case "elementwise":
+            return types[consumer.outputs[0].name].shape == operand.shape
+        case "reduce" | "rms" | "sum_to" | "concat" | "accum":
+            return True
+        case "matmul" | "rms_norm" | "softmax" | "custom":
+            return False
+    raise AssertionError(consumer.op)
+
+
+def is_mma(op: BlockOp, threads: int) -> bool:
+    """f16/bf16 block matmuls run on tensor cores; f32 ones keep f32 FMAs."""
+    return (ops.get(op.op).cuda.kind == "matmul" and threads % 32 == 0
+            and op.outputs[0].type.dtype in (DType.F16, DType.BF16))
+
+
+def mma_tiles(t: TensorType) -> int:
+    """m16n8 tiles covering an output tile (batch dims included)."""
+    n = 1
+    for d in t.shape[:-2]:
+        n *= d
+    return n * -(-t.shape[-2] // 16) * -(-t.shape[-1] // 8)
+
+
+def reduced_dim(op: BlockOp, types: Mapping[str, TensorType]) -> tuple[int, int] | None:
+    """(reduced dimension, its length) of a row reduction operator, else None."""
+    spec = ops.get(op.op).cuda
+    xs = types[op.inputs[0]].shape
+    if spec.kind == "rms":
+        return len(xs) - 1, xs[-1]
+    if spec.kind == "reduce":
+        d = int(dict(op.attrs)["dim"])
+        return d, xs[d]
+    return None
+
+
+def row_reduction(op: BlockOp, a: Analysis, threads: int) -> bool:
+    """Reductions along the contiguous last dimension, or with fewer results than
+    threads, are spread over the lanes of one or more warps per result."""
+    red = reduced_dim(op, a.types)
+    if red is None or red[1] < 32:
+        return False
+    return red[0] == len(a.types[op.inputs[0]].shape) - 1 or op.outputs[0].type.numel < threads
+
+
+def acc_row_reduction(op: BlockOp, a: Analysis) -> bool:
+    """Accumulators that reduce the tile's last dimension (of 32 or more) over lanes."""
+    spec = ops.get(op.op).accum
+    assert spec is not None
+    return spec.reduce == "last" and a.types[op.inputs[0]].shape[-1] >= 32
+
+
+def threads_per_row(rows: int, threads: int) -> int:
+    """Whole warps per row: every warp works even when there are fewer rows than warps."""
+    warps = threads // 32
+    per = warps // rows if 0 < rows < warps and warps % rows == 0 else 1
+    return 32 * per
+
+
+def _vec(t: TensorType, *row_lengths: int) -> int:
+    """Elements per 16-byte access along the last dimension, or 1 if rows do not align."""
+    v = VEC_BYTES // t.dtype.nbytes
+    return v if all(n % v == 0 for n in (t.shape[-1],) + row_lengths) else 1
+
+
+def _pitch(t: TensorType, pad: bool) -> int:
+    """Elements per shared-memory row: an odd number of 16-byte chunks, so that 8 rows
+    read by ``ldmatrix`` (or 8 lanes' 16-byte accesses) fall in distinct banks."""
+    n = t.shape[-1]
+    chunk = VEC_BYTES // t.dtype.nbytes
+    if not pad or n % chunk or (n // chunk) % 2:
+        return n
+    return n + chunk
+
+
+def _smem_bytes(t: TensorType, pitch: int) -> int:
+    rows = t.numel // t.shape[-1]
+    return _pad16(rows * pitch * t.dtype.nbytes)
+
+
+def _pad16(n: int) -> int:
+    return (n + 15) // 16 * 16
+
+
+# -- the plan ---------------------------------------------------------------------------
+
+DEFAULTS = Knobs(stages=None, kwarps=None, pad=1, ldmatrix=1, stage_once=1, vec=None)
+
+
+@dataclass
+class _Tile:
+    """A tile while it is being planned (a mutable :class:`TilePlan`)."""
+
+    name: str
+    type: TensorType
+    phase: str
+    home: Home
+    vec: int = 1
+    stages: int = 1
+    pitch: int = 0
+    smem_offset: int = -1
+    scratch_offset: int = -1
+    owner: str = ""
+
+    def smem_need(self) -> int:
+        """Bytes of shared memory: staged inputs (pitch > 0) in their own dtype, one copy
+        per pipeline stage; other tiles as f32."""
+        if self.pitch:
+            return _smem_bytes(self.type, self.pitch) * self.stages
+        return _pad16(self.type.numel * 4)
+
+
+def plan_kernel(bg: BlockGraph, dev_types: Mapping[str, TensorType], target: str,
+                pins: Knobs | None = None) -> KernelPlan:
+    """The plan of one custom kernel for ``target`` with the given knob pins."""
+    arch = archs.get(target)
+    pins = pins or Knobs()
+    check_pins(bg, dev_types, target, pins)
+    bg = dataclasses.replace(bg, threads=pins.threads or default_threads(bg))
+    a = analyse(decompose(bg))
+    k = _resolve(a, dev_types, pins)
+    tiles = _homes(a, dev_types, k)
+    mmas = _mmas(a, tiles, k)
+    reds = _reductions(a, tiles)
+    smem, scratch = _allocate(a, tiles, bool(mmas), reds, k, pins, arch)
+    k = dataclasses.replace(k, stages=max([t.stages for t in tiles.values()] + [1]))
+    mmas = _mmas(a, tiles, k)  # operand paths again: a tile may have left shared memory
+    T = bg.threads
+    out = []
+    for t in tiles.values():
+        if not t.owner:
+            t.owner = _owner(t, T)
+        out.append(TilePlan(t.name, t.home, t.owner, t.vec, t.stages, t.smem_offset, t.pitch,
+                            t.scratch_offset))
+    return KernelPlan(target, T, k, smem, scratch, tuple(out), tuple(mmas), tuple(reds))
+
+
+def _owner(t: _Tile, threads: int) -> str:
+    match t.home:
+        case "smem" if t.type.dtype is not DType.F32 and t.pitch:
+            return (f"{t.vec}-element cp.async chunks, chunk c copied by thread c % {threads}; "
+                    f"row pitch {t.pitch}")
+        case "global":
+            return f"read from global memory where used; element e by thread e % {threads}"
+        case "inline":
+            return "registers: computed where read"
+        case "acc_regs":
+            return f"registers: element e by thread e % {threads}"
+        case _:
+            return f"f32 tile; element e written by thread e % {threads}"
+
+
+def default_threads(bg: BlockGraph) -> int:
+    """The block graph's thread count; kernels without tensor-core work get enough
+    threads for one 16-byte access per thread over their largest tile (up to 512), so
+    row-wise kernels with few blocks still keep many loads in flight."""
+    if any(is_mma(op, bg.threads) for op in bg.ops):
+        return bg.threads
+    largest = max([bi.value.type.numel for bi in bg.inputs] + [1])
+    t = bg.threads
+    while t < 512 and t * 2 * 8 <= largest:
+        t *= 2
+    return t
+
+
+def _resolve(a: Analysis, dev: Mapping[str, TensorType], pins: Knobs) -> Knobs:
+    """Pinned knobs, and the planner's choice for the others."""
+    d = dataclasses.asdict(DEFAULTS)
+    d.update({k: v for k, v in dataclasses.asdict(pins).items() if v is not None})
+    d["threads"] = a.bg.threads
+    if d["kwarps"] is None:
+        # Measured on an H200 (docs/perf-log.md): splitting K pays while each warp keeps
+        # at least 8 mma steps per iteration; past that the fragment sums cost more.
+        steps = max([_ksteps(op, a) for op in a.bg.ops if is_mma(op, a.bg.threads)] + [1])
+        d["kwarps"] = max(kw for kw in _kwarps_range(a) if kw == 1 or steps // kw >= 8)
+    if d["vec"] is None:
+        d["vec"] = max(_vec_range(a, dev))
+    return Knobs(**d)
+
+
+def _homes(a: Analysis, dev: Mapping[str, TensorType], k: Knobs) -> dict[str, _Tile]:
+    bg, T = a.bg, a.bg.threads
+    tiles: dict[str, _Tile] = {}
+    for bi in bg.inputs:
+        name, t = bi.value.name, bi.value.type
+        users = a.uses[name]
+        once = all(u is None or reads_once(u, t, a.types) for u in users) and len(users) <= 1
+        vec = _vec(t, dev[bi.source].shape[-1])
+        staged = not once or (k.stage_once == 1 and vec > 1)
+        tile = _Tile(name, t, a.phases[name], "smem" if staged else "global", vec=vec)
+        if staged:
+            tile.pitch = _pitch(t, k.pad == 1) if vec > 1 else t.shape[-1]
+        tiles[name] = tile
+    for op in bg.ops:
+        v = op.outputs[0]
+        home: Home
+        if ops.get(op.op).is_accumulator:
+            n = -(-v.type.numel // T)
+            home = "acc_regs" if n <= ACC_REGS_MAX or acc_row_reduction(op, a) else "acc_smem"
+        else:
+            home = "inline" if _inlinable(v.name, a) else "smem"
+        tiles[v.name] = _Tile(v.name, v.type, a.phases[v.name], home)
+    return tiles
+
+
+def _inlinable(name: str, a: Analysis) -> bool:
+    users = a.uses[name]
+    if len(users) != 1:
+        return False
+    user = users[0]
+    if user is None:
+        return True
+    if ops.get(user.op).is_accumulator:
+        return a.phases[name] == "loop"
+    return (a.phases[user.outputs[0].name] == a.phases[name]
+            and reads_once(user, a.types[name], a.types))
+
+
+def _direct_acc(op: BlockOp, a: Analysis) -> BlockOp | None:
+    """The acc_sum that sums this loop matmul's result directly, if any."""
+    users = a.uses[op.outputs[0].name]
+    user = users[0] if len(users) == 1 else None
+    spec = ops.get(user.op).accum if user is not None else None
+    if (user is None or spec is None or spec.pre != "id" or spec.reduce != "none"
+            or spec.combine != "sum" or a.phases[op.outputs[0].name] != "loop"):
+        return None
+    return user
+
+
+def _ksteps(op: BlockOp, a: Analysis) -> int:
+    K = a.types[op.inputs[0]].shape[-1]
+    return K // 16 if K % 16 == 0 else 1
+
+
+def _kwarps_range(a: Analysis) -> list[int]:
+    """Warp counts that can split K of every accumulated mma of the kernel."""
+    W = a.bg.threads // 32
+    accs = [op for op in a.bg.ops if is_mma(op, a.bg.threads) and _direct_acc(op, a)]
+    if not accs:
+        return [1]
+    return [kw for kw in range(1, W + 1) if W % kw == 0
+            and all(_ksteps(op, a) % kw == 0 for op in accs)]
+
+
+def _vec_range(a: Analysis, dev: Mapping[str, TensorType]) -> list[int]:
+    """Store widths legal for every block output: 1, or a 16-byte vector."""
+    widths = [1]
+    # The tile's row length must be a multiple of the vector (so omap offsets along the
+    # last dimension are too) and so must the device tensor's.
+    outs = [(a.types[bo.source], dev[bo.value.name]) for bo in a.bg.outputs]
+    if outs and all(_vec(t, d.shape[-1]) > 1 and t.dtype is not DType.F32 for t, d in outs):
+        sizes = {VEC_BYTES // t.dtype.nbytes for t, _ in outs}
+        if len(sizes) == 1:
+            widths.append(sizes.pop())
+    return widths
+
+
+def _mmas(a: Analysis, tiles: dict[str, _Tile], k: Knobs) -> list[MmaPlan]:
+    W = a.bg.threads // 32
+    out = []
+    for op in a.bg.ops:
+        if not is_mma(op, a.bg.threads):
+            continue
+        name = op.outputs[0].name
+        acc = _direct_acc(op, a)
+        kw = (k.kwarps or 1) if acc is not None else 1
+        per_warp = -(-mma_tiles(op.outputs[0].type) // (W // kw))
+        if acc is not None and 4 * per_warp > MMA_ACC_REGS_MAX:
+            acc, kw = None, 1
+            per_warp = -(-mma_tiles(op.outputs[0].type) // W)
+        if acc is not None:
+            tiles[name].home = "inline"
+            tiles[acc.outputs[0].name].home = "acc_mma"
+            tiles[acc.outputs[0].name].owner = (
+                f"mma m16n8 accumulator fragments: {W // kw} warp group(s) x {kw} "
+                f"K-split warp(s), {per_warp} tile(s) per warp")
+        else:
+            tiles[name].home = "smem"
+        ta, tb = tiles[op.inputs[0]], tiles[op.inputs[1]]
+        dt = op.outputs[0].type.dtype
+        K, N = ta.type.shape[-1], tb.type.shape[-1]
+        use = k.ldmatrix == 1
+        a_ok = use and _ldmatrix_ok(ta, dt) and K % 16 == 0
+        b_ok = use and _ldmatrix_ok(tb, dt) and K % 16 == 0 and N % 8 == 0
+        out.append(MmaPlan(name, acc.outputs[0].name if acc else "",
+                           "ldmatrix" if a_ok else "direct",
+                           "ldmatrix.trans" if b_ok else "direct", kw, per_warp))
+    return out
+
+
+def _ldmatrix_ok(t: _Tile, dtype: DType) -> bool:
+    """ldmatrix reads 16-byte rows of 8 elements from shared memory."""
+    return (t.home == "smem" and t.type.dtype == dtype and t.pitch > 0
+            and (t.pitch * t.type.dtype.nbytes) % 16 == 0 and t.vec > 1)
+
+
+def _reductions(a: Analysis, tiles: dict[str, _Tile]) -> list[ReducePlan]:
+    T = a.bg.threads
+    out = []
+    for op in a.bg.ops:
+        name = op.outputs[0].name
+        if ops.get(op.op).is_accumulator:
+            if tiles[name].home != "acc_mma" and acc_row_reduction(op, a):
+                rows = op.outputs[0].type.numel
+                tpr = threads_per_row(rows, T)
+                tiles[name].owner = (f"registers: one partial per thread, {tpr} threads per "
+                                     f"row, combined once after the loop")
+                out.append(ReducePlan(name, "rows", tpr))
+        elif tiles[name].home == "smem" and row_reduction(op, a, T):
+            out.append(ReducePlan(name, "rows", threads_per_row(op.outputs[0].type.numel, T)))
+    return out
+
+
+RED = "$red"    # per-warp partial results of block-wide reductions
+ZERO = "$zero"  # 16 zero bytes: ldmatrix rows past the end of a short A tile
+
+
+def _allocate(a: Analysis, tiles: dict[str, _Tile], has_mma: bool, reds: list[ReducePlan],
+              k: Knobs, pins: Knobs, arch: archs.Arch) -> tuple[int, int]:
+    """Shared-memory offsets (and the scratch area) for every tile that needs them;
+    returns (dynamic shared memory bytes, scratch floats per block)."""
+    W = a.bg.threads // 32
+    staged = [t for t in tiles.values() if t.pitch]
+    loop_staged = [t for t in staged if t.phase == "loop"]
+    bufs = [t for t in tiles.values() if not t.pitch and t.home in
+            ("smem", "acc_regs", "acc_mma", "acc_smem")]
+    extra = (W * 4 if any(r.threads_per_row > 32 for r in reds) else 0) + (16 if has_mma else 0)
+
+    def total() -> int:
+        return extra + sum(t.smem_need() for t in staged + bufs if t.scratch_offset < 0)
+
+    stages = k.stages or min(MAX_STAGES, a.bg.forloop)
+    for t in loop_staged:
+        t.stages = stages
+    while total() > arch.smem_per_block and pins.stages is None and stages > 1:
+        stages -= 1
+        for t in loop_staged:
+            t.stages = stages
+    scratch = 0
+    for t in sorted(bufs, key=lambda t: (-t.type.numel, t.name)):
+        if total() <= arch.smem_per_block:
+            break
+        t.scratch_offset = scratch
+        scratch += _pad16(t.type.numel * 4) // 4
+    for t in sorted(staged, key=lambda t: (-t.type.nbytes, t.name)):
+        if total() <= arch.smem_per_block:
+            break
+        t.home, t.pitch, t.stages = "global", 0, 1
+        staged.remove(t)
+    if total() > arch.smem_per_block:
+        raise MirageError(f"the kernel needs {total()} bytes of shared memory, more than the "
+                          f"{arch.smem_per_block} a block may use on {arch.name} (pin fewer "
+                          f"stages)")
+    off = 0
+    for t in staged + [t for t in bufs if t.scratch_offset < 0]:
+        t.smem_offset = off
+        off += t.smem_need()
+    if extra:
+        if any(r.threads_per_row > 32 for r in reds):
+            tiles[RED] = _Tile(RED, TensorType((W,), DType.F32), "epilogue", "smem",
+                               smem_offset=off, owner="one partial per warp")
+            off += W * 4
+        if has_mma:
+            tiles[ZERO] = _Tile(ZERO, TensorType((8,), DType.F16), "invariant", "smem",
+                                smem_offset=off, owner="zeros")
+            off += 16
+    return off, scratch
+
+
+def knob_space(bg: BlockGraph, dev_types: Mapping[str, TensorType], target: str
+               ) -> dict[str, list[int]]:
+    """Each knob's legal values for this kernel (the tuning space of the design)."""
+    threads = sorted({bg.threads, default_threads(bg), 64, 128, 256, 512})
+    a = analyse(decompose(dataclasses.replace(bg, threads=default_threads(bg))))
+    return {"stages": list(range(1, min(MAX_STAGES, bg.forloop) + 1)) if bg.forloop > 1 else [1],
+            "kwarps": _kwarps_range(a), "pad": [0, 1], "ldmatrix": [0, 1],
+            "stage_once": [0, 1], "vec": _vec_range(a, dev_types), "threads": threads}
+
+
+def check_pins(bg: BlockGraph, dev_types: Mapping[str, TensorType], target: str,
+               pins: Knobs) -> None:
+    """A diagnostic for a pinned knob outside its legal range."""
+    if pins.threads is not None:
+        bg = dataclasses.replace(bg, threads=pins.threads)
+    space = knob_space(bg, dev_types, target)
+    for name, value in dataclasses.asdict(pins).items():
+        if value is not None and value not in space[name]:
+            raise MirageError(f"plan knob {name}={value} is not legal for this kernel "
+                              f"(legal values: {', '.join(map(str, space[name]))})")

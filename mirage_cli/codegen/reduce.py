@@ -1,0 +1,268 @@
+"""Emission of reductions and forloop accumulators inside a fused kernel.
+
+Row reductions (``rms``, ``sum``/``mean``/``max`` along a row, accumulators that reduce
+the tile's last dimension) follow their :class:`~mirage_cli.kplan.ReducePlan`:
+``threads_per_row`` threads stride each row (whole warps: every warp works even when a
+block has fewer rows than warps), combine with warp shuffles and, past one warp,
+through one shared-memory slot per warp. Accumulators that reduce rows keep one
+partial per thread across iterations and combine once, after the loop. Other
+accumulators keep their state in registers (fixed elements per thread, so updates
+need no barrier), in mma fragments (:mod:`mma`) or in shared memory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from mirage_cli import ops
+from mirage_cli.codegen import mma
+from mirage_cli.codegen.cudaspec import c_float
+from mirage_cli.codegen.expr import Lines, indent, index_vars, keep_used, numel
+from mirage_cli.ir import BlockOp
+from mirage_cli.kplan import ReducePlan
+
+if TYPE_CHECKING:
+    from mirage_cli.codegen.kernel import FusedKernel
+
+NEG_INF = "__int_as_float(0xff800000)"
+
+
+def _init(combine: str) -> str:
+    return "0.0f" if combine == "sum" else NEG_INF
+
+
+def _update(slot: str, v: str, combine: str) -> str:
+    return f"{slot} += {v};" if combine == "sum" else f"{slot} = fmaxf({slot}, {v});"
+
+
+Body = Callable[[str, str], tuple[Lines, Lines, Lines]]
+
+
+def _rows(k: FusedKernel, rp: ReducePlan, n_rows: int, body: Body) -> Lines:
+    """A loop over the rows this thread helps reduce (row ``threadIdx.x / tpr`` of each
+    pass, lane ``threadIdx.x % tpr`` within it). ``body(row, lane)`` gives statements
+    for every thread, for threads of a valid row, then again for every thread (those
+    may hold barriers: every thread runs the same passes)."""
+    per_pass = k.T // rp.threads_per_row
+    J = -(-n_rows // per_pass)
+    pre, valid, post = body("row", "mg_rl")
+    if n_rows % per_pass:
+        valid = [f"if (row < {n_rows}) {{"] + indent(valid) + ["}"]
+    return (["#pragma unroll", f"for (int j = 0; j < {J}; ++j) {{",
+             f"  const int row = threadIdx.x / {rp.threads_per_row} + {per_pass} * j;",
+             f"  const int mg_rl = threadIdx.x % {rp.threads_per_row};",
+             "  (void)row; (void)mg_rl;"] + indent(pre + valid + post) + ["}"])
+
+
+def _combine(k: FusedKernel, rp: ReducePlan, v: str, combine: str,
+             leader: Callable[[str], Lines]) -> Lines:
+    """Combine ``v`` over the row's threads; ``leader(total)`` runs once per row. Run by
+    every thread (past one warp per row it holds barriers)."""
+    red = "mg_warp_sum" if combine == "sum" else "mg_warp_max"
+    lines = [f"{v} = {red}({v});"]
+    if rp.threads_per_row == 32:
+        return lines + ["if ((threadIdx.x & 31) == 0) {"] + indent(leader(v)) + ["}"]
+    nw = rp.threads_per_row // 32
+    tot = k.em.fresh("tot")
+    acc = [f"float {tot} = mg_red[threadIdx.x / 32];",
+           f"for (int w = 1; w < {nw}; ++w) "
+           + _update(tot, "mg_red[threadIdx.x / 32 + w]", combine)]
+    return (lines + [f"if ((threadIdx.x & 31) == 0) mg_red[threadIdx.x / 32] = {v};",
+                     "__syncthreads();", f"if (threadIdx.x % {rp.threads_per_row} == 0) {{"]
+            + indent(acc + leader(tot)) + ["}", "__syncthreads();"])
+
+
+def _row_index(k: FusedKernel, shape: tuple[int, ...], row: str, dim: int | None,
+               keepdim: bool, kv: str) -> tuple[Lines, list[str]]:
+    """Index of element ``kv`` of reduced row ``row`` (a flat index into ``shape``, the
+    result's shape) in the reduced operand; ``dim`` None: the last dimension."""
+    decl, idx = index_vars(shape, row, k.em.fresh("w") + "_")
+    if dim is None:
+        return decl, idx[:-1] + [kv]
+    if keepdim:
+        return decl, idx[:dim] + [kv] + idx[dim + 1:]
+    return decl, idx[:dim] + [kv] + idx[dim:]
+
+
+def _lane_terms(k: FusedKernel, x: str, idx: list[str], kv: str, length: int, tpr: int,
+                slot: str, pre: str, combine: str, decl: Lines) -> Lines:
+    """``slot`` ⊕= pre(x[idx]) over this thread's elements ``kv`` of the row."""
+    st, v = k.em.value(x, idx)
+    if pre == "square":
+        w = k.em.fresh()
+        st = st + [f"const float {w} = {v};"]
+        v = f"{w} * {w}"
+    inner = st + [_update(slot, v, combine)]
+    loop = [f"for (int {kv} = mg_rl; {kv} < {length}; {kv} += {tpr}) {{"] + indent(inner) + ["}"]
+    return keep_used(decl, loop) + loop
+
+
+def materialize(k: FusedKernel, op: BlockOp, rp: ReducePlan) -> Lines:
+    """A row-reduction operator into its f32 tile."""
+    from mirage_cli.codegen.planner import reduced_dim
+
+    red = reduced_dim(op, k.a.types)
+    assert red is not None
+    dim, length = red
+    spec = ops.get(op.op).cuda
+    out = op.outputs[0]
+    attrs = ops.get(op.op).attr_values(op.attrs)
+    combine = spec.combine or "sum"
+    if spec.kind == "rms":
+        eps = c_float(float(attrs.get("eps", 0.0)))
+        fin = f"sqrtf({{0}} / {c_float(float(length))} + {eps})"
+    elif spec.finish == "mean":
+        fin = f"{{0}} / {c_float(float(length))}"
+    else:
+        fin = "{0}"
+    n_rows = out.type.numel
+    r, kv = k.em.fresh("r"), k.em.fresh("k")
+
+    def body(row: str, lane: str) -> tuple[Lines, Lines, Lines]:
+        decl, idx = _row_index(k, out.type.shape, row, None if spec.kind == "rms" else dim,
+                               bool(attrs.get("keepdim", False)), kv)
+        valid = _lane_terms(k, op.inputs[0], idx, kv, length, rp.threads_per_row, r,
+                            "square" if spec.kind == "rms" else "id", combine, decl)
+        post = _combine(k, rp, r, combine, lambda tot: [
+            f"if ({row} < {n_rows}) buf_{out.name}[{row}] = {fin.format(tot)};"])
+        return [f"float {r} = {_init(combine)};"], valid, post
+    return _rows(k, rp, n_rows, body) + ["__syncthreads();"]
+
+
+# -- forloop accumulators -------------------------------------------------------------
+
+
+def _spec(op: BlockOp) -> ops.AccumSpec:
+    spec = ops.get(op.op).accum
+    assert spec is not None
+    return spec
+
+
+def acc_init(k: FusedKernel, accs: list[BlockOp]) -> Lines:
+    lines = k.prefetch()
+    for op in accs:
+        spec, name = _spec(op), op.outputs[0].name
+        n = op.outputs[0].type.numel
+        init = _init(spec.combine)
+        if name in k.mma_acc:
+            lines += mma.acc_init(k, op, k.mma_acc[name])
+        elif name in k.reds:
+            J = -(-n // (k.T // k.reds[name].threads_per_row))
+            lines += [f"float acc_{name}[{J}];", "#pragma unroll",
+                      f"for (int j = 0; j < {J}; ++j) acc_{name}[j] = {init};"]
+        elif k.tile(name).home == "acc_regs":
+            npt = -(-n // k.T)
+            lines += [f"float acc_{name}[{npt}];", "#pragma unroll",
+                      f"for (int j = 0; j < {npt}; ++j) acc_{name}[j] = {init};"]
+        else:
+            lines.append(f"for (int e = threadIdx.x; e < {n}; e += {k.T}) buf_{name}[e] = {init};")
+    return lines
+
+
+def _acc_elems(k: FusedKernel, op: BlockOp, body_fn: Callable[[list[str], str, str], Lines]
+               ) -> Lines:
+    """A loop over the accumulator elements this thread owns (fixed across iterations,
+    so updates need no barrier); ``slot`` is where an element's state lives."""
+    name = op.outputs[0].name
+    shape = op.outputs[0].type.shape
+    n = numel(shape)
+    e = k.em.fresh("e")
+    decl, idx = index_vars(shape, e, k.em.fresh("a") + "_")
+    if k.tile(name).home == "acc_regs":
+        npt = -(-n // k.T)
+        inner = body_fn(idx, f"acc_{name}[j]", e)
+        inner = keep_used(decl, inner) + inner
+        core = ([f"if ({e} < {n}) {{"] + indent(inner) + ["}"]) if n % k.T else inner
+        return ["#pragma unroll", f"for (int j = 0; j < {npt}; ++j) {{",
+                f"  const int {e} = threadIdx.x + j * {k.T};"] + indent(core) + ["}"]
+    inner = body_fn(idx, f"buf_{name}[{e}]", e)
+    inner = keep_used(decl, inner) + inner
+    return [f"for (int {e} = threadIdx.x; {e} < {n}; {e} += {k.T}) {{"] + indent(inner) + ["}"]
+
+
+def acc_update(k: FusedKernel, op: BlockOp) -> Lines:
+    name, spec, x = op.outputs[0].name, _spec(op), op.inputs[0]
+    if name in k.mma_acc:
+        return mma.acc_update(k, op, k.mma_acc[name])
+    xshape = k.a.types[x].shape
+    if name in k.reds:
+        rp = k.reds[name]
+        kv = k.em.fresh("k")
+
+        def rbody(row: str, lane: str) -> tuple[Lines, Lines, Lines]:
+            decl, idx = _row_index(k, op.outputs[0].type.shape, row, None, True, kv)
+            return [], _lane_terms(k, x, idx, kv, xshape[-1], rp.threads_per_row,
+                                   f"acc_{name}[j]", spec.pre, spec.combine, decl), []
+        return _rows(k, rp, op.outputs[0].type.numel, rbody)
+    width = dict(op.attrs).get("width")
+
+    def body(idx: list[str], slot: str, e: str) -> Lines:
+        if spec.reduce == "none":
+            terms, loop = idx, None
+        elif spec.reduce == "last":
+            g = k.em.fresh("k")
+            terms, loop = idx[:-1] + [g], (g, xshape[-1])
+        else:
+            g = k.em.fresh("g")
+            assert isinstance(width, int)
+            terms, loop = idx[:-1] + [f"({g} * {width} + {idx[-1]})"], (g, xshape[-1] // width)
+        st, v = k.em.value(x, terms)
+        if spec.pre == "square":
+            w = k.em.fresh()
+            st = st + [f"const float {w} = {v};"]
+            v = f"{w} * {w}"
+        inner = st + [_update(slot, v, spec.combine)]
+        if loop is None:
+            return inner
+        return [f"for (int {loop[0]} = 0; {loop[0]} < {loop[1]}; ++{loop[0]}) {{"] + indent(inner) + ["}"]
+    return _acc_elems(k, op, body)
+
+
+def _finish(k: FusedKernel, op: BlockOp) -> str:
+    """The finish of an accumulator as a format string of its combined state."""
+    spec = _spec(op)
+    xshape = k.a.types[op.inputs[0]].shape
+    count = k.F
+    if spec.reduce == "last":
+        count *= xshape[-1]
+    elif spec.reduce == "to_width":
+        count *= xshape[-1] // int(dict(op.attrs)["width"])
+    eps = float(dict(op.attrs).get("eps") or 0.0)
+    match spec.finish:
+        case "id":
+            return "{0}"
+        case "mean":
+            return f"{{0}} / {c_float(float(count))}"
+        case "rms":
+            tail = f" + {c_float(eps)}" if eps else ""
+            return f"sqrtf({{0}} / {c_float(float(count))}{tail})"
+    raise AssertionError(spec.finish)
+
+
+def acc_finish(k: FusedKernel, accs: list[BlockOp]) -> Lines:
+    lines: Lines = []
+    for op in accs:
+        spec, name = _spec(op), op.outputs[0].name
+        fin = _finish(k, op)
+        if name in k.mma_acc:
+            lines += mma.acc_finish(k, op, k.mma_acc[name], fin)
+        elif name in k.reds:
+            rp = k.reds[name]
+            n_rows = op.outputs[0].type.numel
+
+            def rbody(row: str, lane: str, name: str = name, fin: str = fin,
+                      rp: ReducePlan = rp, n_rows: int = n_rows, combine: str = spec.combine
+                      ) -> tuple[Lines, Lines, Lines]:
+                v = k.em.fresh("v")
+                return [f"float {v} = acc_{name}[j];"], [], _combine(k, rp, v, combine, lambda t: [
+                    f"if ({row} < {n_rows}) buf_{name}[{row}] = {fin.format(t)};"])
+            lines += _rows(k, rp, n_rows, rbody)
+        elif k.tile(name).home == "acc_regs" or spec.finish != "id":
+            def store(idx: list[str], slot: str, e: str, name: str = name, fin: str = fin
+                      ) -> Lines:
+                return [f"buf_{name}[{e}] = {fin.format(slot)};"]
+            lines += _acc_elems(k, op, store)
+    if accs:
+        lines.append("__syncthreads();")
+    return lines

@@ -1,0 +1,119 @@
+"""Check and time a µGraph under every legal value of every plan knob, on a GPU.
+
+    python tools/plan_probe.py OUT.json PROGRAM.mir:BATCH:GRAPH.ugraph.json ...
+
+For each triple: the program (at ``-D batch=BATCH``) is the float64 reference and the
+baseline (PyTorch eager and torch.compile, timed the same way); the µGraph is lowered
+with its default plan and with each knob set to each of its legal values (the others
+left to the planner), checked against the reference with NaN-poisoned outputs and
+timed as CUDA-graph replays over input copies larger than twice the L2 (the bench's
+method). The floor uses the bandwidth of a large device-to-device copy through
+PyTorch's copy kernel measured in the same process. Prints a table; writes every row
+to OUT.json. Used for docs/perf-log.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+
+from mirage_cli.codegen import bench
+from mirage_cli.codegen.planner import knob_space, plan_kernel
+from mirage_cli.codegen.runner import Device
+from mirage_cli.ir import Graph
+from mirage_cli.kplan import Knobs
+from mirage_cli.loading import load_graph
+
+
+def copy_bandwidth(nbytes: int = 1 << 30) -> float:
+    import torch
+
+    a = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    b = torch.empty_like(a)
+    for _ in range(3):
+        b.copy_(a)
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    times = []
+    for _ in range(10):
+        start.record()
+        b.copy_(a)
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1e-3)
+    times.sort()
+    return 2 * nbytes / times[len(times) // 2]
+
+
+def pinned(g: Graph, pins: Knobs) -> Graph | None:
+    """``g`` with ``pins`` on every custom kernel where they are legal (None if nowhere)."""
+    types = g.tensor_types()
+    ops = []
+    any_ok = False
+    for op in g.ops:
+        if op.block is not None:
+            space = knob_space(op.block, types, "sm_90")
+            legal = {k: v for k, v in dataclasses.asdict(pins).items()
+                     if v is not None and v in space[k]}
+            if legal:
+                any_ok = True
+            op = dataclasses.replace(op, plan=plan_kernel(op.block, types, "sm_90",
+                                                          Knobs(**legal)))
+        ops.append(op)
+    return dataclasses.replace(g, ops=tuple(ops)) if any_ok else None
+
+
+def variants(g: Graph) -> list[tuple[str, Graph]]:
+    out = [("default", g)]
+    types = g.tensor_types()
+    spaces = [knob_space(op.block, types, "sm_90") for op in g.ops if op.block is not None]
+    for knob in Knobs.names():
+        values = sorted({v for s in spaces for v in s[knob]})
+        if len(values) < 2:
+            continue
+        for v in values:
+            pg = pinned(g, Knobs(**{knob: v}))
+            if pg is not None:
+                out.append((f"{knob}={v}", pg))
+    return out
+
+
+def main(argv: list[str]) -> int:
+    default_only = argv[0] == "--default-only"
+    argv = argv[1:] if default_only else argv
+    out_path, specs = argv[0], argv[1:]
+    dev = Device(0)
+    bw = copy_bandwidth()
+    print(f"copy bandwidth {bw / 1e12:.3f} TB/s", flush=True)
+    rows = []
+    for spec in specs:
+        prog_path, batch, graph_path = spec.split(":")
+        prog = load_graph(prog_path, {"batch": int(batch)})
+        g = load_graph(graph_path)
+        floor = (bench.input_bytes(prog) + sum(prog.tensor_types()[n].nbytes
+                                               for n in prog.outputs)) / bw * 1e6
+        scale = bench.input_scale(prog)
+        base = {}
+        for name, compiled in (("eager", False), ("compile", True)):
+            us, chk = bench._torch_baseline(dev, prog, compiled, 20, scale)
+            base[name] = us
+        for label, vg in (variants(g)[:1] if default_only else variants(g)):
+            us, chk = bench._measure(dev, label, vg, prog, 20, scale)
+            row = {"program": prog.name, "batch": int(batch), "variant": label, "us": us,
+                   "ok": chk.ok, "rel_err": chk.rel_err, "reason": chk.reason,
+                   "floor_us": floor, "bandwidth": bw, **base,
+                   "plans": [op.plan.as_json() if op.plan else None for op in vg.ops]}
+            rows.append(row)
+            print(f"{prog.name:16s} b={batch:>2} {label:14s} "
+                  f"{'-' if us is None else f'{us:7.2f}'} us  floor {floor:6.2f}  "
+                  f"eager {base['eager'] or 0:7.2f}  compile {base['compile'] or 0:7.2f}  "
+                  f"{'ok' if chk.ok else 'FAIL ' + chk.reason} err={chk.rel_err:.1e}",
+                  flush=True)
+    with open(out_path, "w") as f:
+        json.dump(rows, f, indent=1, default=str)
+    return 0 if all(r["ok"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
