@@ -1,13 +1,18 @@
-"""`mirage bench --gpu N`: correctness and speed of the fused µGraphs against the
-unfused lowering and PyTorch, measured the same way in one process (DESIGN.md §7).
+"""`mirage bench --gpu N`: correctness and speed of the µGraphs `mirage opt` ships and of
+the hand-written fused µGraphs, against the unfused lowering and PyTorch, measured the
+same way in one process (DESIGN.md §7).
 
-For each example program (``examples/*.mir``) and each batch size, the program and
-its fused µGraphs (``examples/mugraphs/<program>*.mir``) are lowered, compiled with
-NVRTC for the device, run on random inputs with NaN-poisoned outputs and checked
-against the float64 reference interpreter (relative L2 error ≤ 1e-2, no NaN). Each is
-then timed as CUDA-graph replays of calls rotating over input copies that total more
-than twice the L2 cache (median of the replays). PyTorch eager and ``torch.compile``
-of the program are timed the same way when torch is importable.
+For each example program (``examples/*.mir``) and each batch size, the variants are the
+hand-written fused µGraphs (``examples/mugraphs/<program>*.mir``) and the candidates a
+caller supplies (``mirage bench`` passes the first ``--top`` of `mirage opt`'s ranked,
+verified candidates: :func:`opt_variants`). Each is lowered, compiled with NVRTC for the
+device, run on random inputs with NaN-poisoned outputs and checked against the float64
+reference interpreter (relative L2 error ≤ 1e-2, no NaN); then timed as CUDA-graph
+replays of calls rotating over input copies that total more than twice the L2 cache
+(median of the replays). PyTorch eager and ``torch.compile`` of the program are timed
+the same way when torch is importable. The memory floor divides the bytes of inputs and
+outputs by the bandwidth of a streaming copy kernel (:mod:`.copybw`); the results are
+rendered by :mod:`.benchreport`.
 """
 
 from __future__ import annotations
@@ -17,17 +22,19 @@ import math
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from mirage_cli import interp, ops
+from mirage_cli.codegen import copybw
+from mirage_cli.codegen.copybw import Bandwidth
 from mirage_cli.codegen.emit import emit
 from mirage_cli.codegen.lower import lower
 from mirage_cli.codegen.nvrtc import compile_cuda
-from mirage_cli.codegen.runner import Device, Loaded, check
+from mirage_cli.codegen.runner import Device, Loaded
 from mirage_cli.console import info
 from mirage_cli.diagnostics import MirageError
 from mirage_cli.ir import Graph
@@ -146,19 +153,6 @@ def time_loaded(dev: Device, loaded: Loaded, g: Graph, replays: int, scale: floa
         loaded.free(base)
 
 
-def dram_bandwidth(dev: Device, nbytes: int = 1 << 30) -> float:
-    """Bytes per second of a device-to-device copy, counting bytes read and written."""
-    drv = dev.drv
-    a, b = dev.alloc(nbytes), dev.alloc(nbytes)
-    try:
-        us = dev.time_graph(lambda i: check(drv.cuMemcpyDtoDAsync(b, a, nbytes, dev.stream),
-                                            "cuMemcpyDtoDAsync"), 4, 10)
-        return 2 * nbytes / (us * 1e-6)
-    finally:
-        dev.free(a)
-        dev.free(b)
-
-
 # -- PyTorch baselines ---------------------------------------------------------------
 
 
@@ -228,6 +222,13 @@ def time_torch(dev: Device, g: Graph, fn: Callable[..., Any], replays: int, scal
 
 @dataclass
 class Row:
+    """One (benchmark, batch, variant) of the results; baselines are columns.
+
+    ``kernels`` holds each kernel of the variant as timed: launch configuration and its
+    plan (``None`` where the code generator records none); ``bandwidth`` is the copy
+    kernel's bytes per second that ``floor_us`` divides by; ``predicted_us`` is the
+    search's cost-model time of an ``opt`` candidate; ``search`` says how it was found."""
+
     benchmark: str
     batch: int
     variant: str
@@ -237,6 +238,31 @@ class Row:
     reason: str = ""
     floor_us: float = 0.0
     baselines: dict[str, float | None] = field(default_factory=dict)
+    bandwidth: float = 0.0
+    kernels: list[dict[str, Any]] = field(default_factory=list)
+    shipped: bool = False
+    predicted_us: float | None = None
+    search: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A µGraph to time for one program and batch: hand-written or found by the search.
+
+    ``graph`` is ``None`` when there is nothing to time; ``reason`` then says why, and
+    ``ok`` whether that is a failure (the search found nothing) or not (a fixed grid that
+    does not tile this batch)."""
+
+    label: str
+    graph: Graph | None
+    reason: str = ""
+    ok: bool = True
+    shipped: bool = False
+    predicted_us: float | None = None
+    search: dict[str, Any] | None = None
+
+
+Candidates = Callable[[Graph], list[Variant]]
 
 
 def discover(root: Path) -> list[tuple[Path, list[Path]]]:
@@ -249,71 +275,171 @@ def discover(root: Path) -> list[tuple[Path, list[Path]]]:
     return out
 
 
+def hand_written(paths: list[Path], defines: dict[str, int],
+                 load: Callable[[Path, dict[str, int]], Graph]) -> list[Variant]:
+    """The hand-written fused µGraphs at these sizes; one whose fixed grid does not tile
+    them is rejected with a diagnostic and reported as not applicable (not as a wrong
+    result)."""
+    out = []
+    for fp in paths:
+        try:
+            out.append(Variant(fp.stem, load(fp, defines)))
+        except MirageError as e:
+            out.append(Variant(fp.stem, None, "n/a: " + e.message))
+    return out
+
+
+def kernel_records(loaded: Loaded) -> list[dict[str, Any]]:
+    """Each kernel of a loaded program: launch configuration and plan, as JSON data."""
+    return [{"name": k.name, "grid": list(k.grid), "threads": k.threads,
+             "dynamic_smem_bytes": k.smem_bytes, "scratch_bytes": k.scratch_bytes,
+             "plan": plan_json(getattr(k, "plan", None))}
+            for k in loaded.prog.kernels]
+
+
+def plan_json(plan: Any) -> Any:
+    """A kernel's plan as JSON data: a dict as is, an object by its ``as_json``, a
+    dataclass by its fields; ``None`` where the kernel carries no plan."""
+    import dataclasses
+
+    if plan is None or isinstance(plan, dict):
+        return plan
+    if callable(getattr(plan, "as_json", None)):
+        return plan.as_json()
+    if dataclasses.is_dataclass(plan) and not isinstance(plan, type):
+        return dataclasses.asdict(plan)
+    return str(plan)
+
+
+@dataclass
+class Measured:
+    us: float | None
+    check: Check
+    kernels: list[dict[str, Any]] = field(default_factory=list)
+
+
 def _measure(dev: Device, label: str, g: Graph, ref: Graph, replays: int, scale: float
-             ) -> tuple[float | None, Check]:
+             ) -> Measured:
     try:
         loaded, chk = check_graph(dev, g, seed=0, reference=ref, scale=scale)
     except Exception as e:  # noqa: BLE001 - reported in the table, never hidden
-        return None, Check(False, math.nan, f"{type(e).__name__}: {e}")
+        info(f"  {label}: FAIL {type(e).__name__}: {e}")
+        return Measured(None, Check(False, math.nan, f"{type(e).__name__}: {e}"))
     try:
+        kernels = kernel_records(loaded)
         us = time_loaded(dev, loaded, g, replays, scale) if chk.ok else None
     finally:
         loaded.unload()
     info(f"  {label}: {'ok' if chk.ok else 'FAIL ' + chk.reason} rel_err={chk.rel_err:.2e}"
          + (f" {us:.1f} us" if us is not None else ""))
-    return us, chk
+    return Measured(us, chk, kernels)
+
+
+def floor_us(prog: Graph, bandwidth: float) -> float:
+    """Minimum bytes (every input read once, every output written once) / bandwidth."""
+    nbytes = input_bytes(prog) + sum(prog.tensor_types()[n].nbytes for n in prog.outputs)
+    return nbytes / bandwidth * 1e6
 
 
 def run_bench(dev: Device, pairs: list[tuple[Path, list[Path]]], batches: tuple[int, ...],
               replays: int = 30, use_torch: bool = True, use_compile: bool = True,
-              load: Callable[[Path, dict[str, int]], Graph] | None = None) -> list[Row]:
+              load: Callable[[Path, dict[str, int]], Graph] | None = None,
+              candidates: Candidates | None = None, bandwidth: Bandwidth | None = None
+              ) -> tuple[Bandwidth, list[Row]]:
+    """Measure every program at every batch: baselines, hand-written fused µGraphs and
+    the variants ``candidates`` gives for the program (the search's, see
+    :func:`opt_variants`). Returns the bandwidth that defines the floor and the rows."""
     from mirage_cli.loading import load_graph
 
     load = load or (lambda p, d: load_graph(str(p), d))
-    bw = dram_bandwidth(dev)
-    info(f"device {dev.name} ({dev.arch}), L2 {dev.l2_bytes >> 20} MiB, "
-         f"copy bandwidth {bw / 1e9:.0f} GB/s")
-    rows: list[Row] = []
-    torch_ok = use_torch and _torch_available()
+    # Every search runs before the first measurement: its worker processes are forked,
+    # which is safe before PyTorch (and torch.compile's threads) start, not after.
+    work: list[tuple[Graph, int, list[Variant]]] = []
     for prog_path, fused_paths in pairs:
         for batch in batches:
             defines = {"batch": batch}
             prog = load(prog_path, defines)
-            floor = (input_bytes(prog) + sum(prog.tensor_types()[n].nbytes
-                                             for n in prog.outputs)) / bw * 1e6
-            scale = input_scale(prog)
-            info(f"{prog.name} batch={batch} (memory floor {floor:.1f} us, input scale {scale})")
-            base: dict[str, float | None] = {}
-            base_chk: dict[str, Check] = {}
-            base["unfused"], base_chk["unfused"] = _measure(dev, "unfused", prog, prog, replays,
-                                                            scale)
-            if torch_ok:
-                base["eager"], base_chk["eager"] = _torch_baseline(dev, prog, False, replays,
+            variants = hand_written(fused_paths, defines, load)
+            if candidates is not None:
+                info(f"{prog.name} batch={batch}: the candidates of mirage opt")
+                variants += candidates(prog)
+            work.append((prog, batch, variants))
+    bw = bandwidth or copybw.measure(dev)
+    info(f"device {dev.name} ({dev.arch}), L2 {dev.l2_bytes >> 20} MiB, copy kernel "
+         f"{bw.copy_kernel / 1e9:.0f} GB/s ({bw.launch}), cuMemcpyDtoDAsync "
+         f"{bw.memcpy / 1e9:.0f} GB/s (bytes read + written)")
+    rows: list[Row] = []
+    torch_ok = use_torch and _torch_available()
+    for prog, batch, variants in work:
+        rows += _bench_one(dev, prog, batch, variants, bw.copy_kernel, replays, torch_ok,
+                           use_compile)
+    return bw, rows
+
+
+def _bench_one(dev: Device, prog: Graph, batch: int, variants: list[Variant], bw: float,
+               replays: int, torch_ok: bool, use_compile: bool) -> list[Row]:
+    """The rows of one program at one batch."""
+    floor = floor_us(prog, bw)
+    scale = input_scale(prog)
+    info(f"{prog.name} batch={batch} (memory floor {floor:.1f} us, input scale {scale})")
+    base: dict[str, float | None] = {}
+    base_chk: dict[str, Check] = {}
+    m = _measure(dev, "unfused", prog, prog, replays, scale)
+    base["unfused"], base_chk["unfused"] = m.us, m.check
+    if torch_ok:
+        base["eager"], base_chk["eager"] = _torch_baseline(dev, prog, False, replays, scale)
+        if use_compile:
+            base["compile"], base_chk["compile"] = _torch_baseline(dev, prog, True, replays,
                                                                    scale)
-                if use_compile:
-                    base["compile"], base_chk["compile"] = _torch_baseline(dev, prog, True,
-                                                                           replays, scale)
-            for bname, chk in base_chk.items():
-                if not chk.ok:
-                    rows.append(Row(prog.name, batch, f"baseline {bname}", base[bname], False,
-                                    chk.rel_err, chk.reason, floor))
-            for fp in fused_paths:
-                try:
-                    g = load(fp, defines)
-                except MirageError as e:
-                    # The µGraph's fixed grid does not tile this batch: rejected with a
-                    # diagnostic, reported as not applicable (not as a wrong result).
-                    rows.append(Row(prog.name, batch, fp.stem, None, True, None,
-                                    "n/a: " + e.message, floor, dict(base)))
-                    info(f"  {fp.stem}: n/a at batch {batch}: {e.message}")
-                    continue
-                us, chk = _measure(dev, fp.stem, g, prog, replays, scale)
-                rows.append(Row(prog.name, batch, fp.stem, us, chk.ok, chk.rel_err, chk.reason,
-                                floor, dict(base)))
-            if not fused_paths:
-                rows.append(Row(prog.name, batch, "(no fused µGraph)", None, True, None, "",
-                                floor, dict(base)))
+    rows = [Row(prog.name, batch, f"baseline {name}", base[name], False, chk.rel_err,
+                chk.reason, floor, bandwidth=bw)
+            for name, chk in base_chk.items() if not chk.ok]
+    for v in variants:
+        row = Row(prog.name, batch, v.label, None, v.ok, None, v.reason, floor, dict(base),
+                  bw, shipped=v.shipped, predicted_us=v.predicted_us, search=v.search)
+        if v.graph is not None:
+            m = _measure(dev, v.label, v.graph, prog, replays, scale)
+            row.us, row.ok, row.rel_err = m.us, m.check.ok, m.check.rel_err
+            row.reason, row.kernels = m.check.reason, m.kernels
+        else:
+            info(f"  {v.label}: {v.reason}")
+        rows.append(row)
+    if not variants:
+        rows.append(Row(prog.name, batch, "(no fused µGraph)", None, True, None, "", floor,
+                        dict(base), bw))
     return rows
+
+
+# -- the candidates `mirage opt` keeps ---------------------------------------------------
+
+
+def opt_variants(program: Graph, top: int, search: Callable[[Graph], Any],
+                 select: Callable[[Any], Graph]) -> list[Variant]:
+    """The first ``top`` ranked, verified candidates of ``search(program)`` (an
+    :class:`~mirage_cli.search.driver.Outcome`), labelled ``opt#1``, ``opt#2``, ...;
+    the one ``select`` picks (what ``mirage opt`` ships) is marked ``(shipped)``. No
+    candidate at all is a failure row, not an empty list."""
+    out = search(program)
+    info_search = {"cached": out.cached, "complete": out.complete}
+    if not out.candidates:
+        return [Variant("opt", None, "the search found no verified µGraph", ok=False,
+                        search=info_search)]
+    shipped = select(out)
+    variants = []
+    for i, (g, meta) in enumerate(out.candidates[:top]):
+        mark = g == shipped
+        cost = meta.get("cost", {})
+        variants.append(Variant(f"opt#{i + 1}" + (" (shipped)" if mark else ""), g,
+                                shipped=mark, predicted_us=cost.get("time_us"),
+                                search={**info_search, "rank": meta.get("rank", i),
+                                        "design": meta.get("design"),
+                                        "tuning": meta.get("tuning")}))
+    if not any(v.shipped for v in variants):
+        # The shipped µGraph is always one of the candidates; if it is not among the
+        # first ``top``, that is a bug to see, not to hide.
+        variants.append(Variant("opt (shipped)", None, "the shipped µGraph is not among "
+                                "the ranked candidates", ok=False, search=info_search))
+    return variants
 
 
 def _torch_available() -> bool:
@@ -344,36 +470,6 @@ def _torch_baseline(dev: Device, g: Graph, compiled: bool, replays: int, scale: 
         return None, Check(True, math.nan, f"unavailable: {type(e).__name__}")
     info(f"  {label}: {us:.1f} us rel_err={chk.rel_err:.2e}")
     return (us if chk.ok else None), chk
-
-
-def rows_json(dev: Device, rows: list[Row], command: str, bw: float | None = None
-              ) -> dict[str, Any]:
-    return {"device": dev.name, "arch": dev.arch, "command": command,
-            "rows": [asdict(r) for r in rows]}
-
-
-def markdown(doc: dict[str, Any]) -> str:
-    """The results of :func:`rows_json` as a Markdown table (for docs/perf.md)."""
-    def us(v: Any) -> str:
-        return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.1f}"
-
-    def x(base: Any, v: Any) -> str:
-        return "-" if base is None or v is None else f"{base / v:.2f}×"
-
-    lines = [("| benchmark | batch | µGraph | fused µs | unfused µs | eager µs | compile µs | "
-              "floor µs | vs unfused | vs eager | vs compile | % of floor | rel err |"),
-             "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    for r in doc["rows"]:
-        b = r["baselines"]
-        variant = r["variant"] if r["ok"] and not r["reason"] else (
-            f"{r['variant']} ({r['reason']})" if r["ok"] else f"{r['variant']} FAIL: {r['reason']}")
-        pct = "-" if r["us"] is None else f"{100 * r['floor_us'] / r['us']:.0f}%"
-        err = "-" if r["rel_err"] is None or math.isnan(r["rel_err"]) else f"{r['rel_err']:.1e}"
-        lines.append(f"| {r['benchmark']} | {r['batch']} | {variant} | {us(r['us'])} | "
-                     f"{us(b.get('unfused'))} | {us(b.get('eager'))} | {us(b.get('compile'))} | "
-                     f"{r['floor_us']:.1f} | {x(b.get('unfused'), r['us'])} | "
-                     f"{x(b.get('eager'), r['us'])} | {x(b.get('compile'), r['us'])} | {pct} | {err} |")
-    return "\n".join(lines) + "\n"
 
 
 def run_on_gpu(g: Graph, inputs: dict[str, np.ndarray], ordinal: int = 0

@@ -1,44 +1,96 @@
-"""`mirage bench --gpu N`: correctness and speed of the examples' fused µGraphs
-against the unfused lowering, PyTorch eager and torch.compile (DESIGN.md §7)."""
+"""`mirage bench --gpu N`: correctness and speed of what `mirage opt` ships, of the
+examples' hand-written fused µGraphs, of the unfused lowering, PyTorch eager and
+torch.compile, against the memory floor (DESIGN.md §7).
+
+The candidates of each program and batch come from the very search `mirage opt` runs:
+its stage functions, with its default options (read from its command-line options, so
+the two cannot drift apart) and its result cache, so a bench after an `opt` (or a
+second bench) does not search again. Only ``--jobs``, ``--budget`` and, when more than
+`opt` keeps, ``--top`` differ.
+"""
 
 from __future__ import annotations
 
-import json
-import math
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 from rich.console import Console
 from rich.table import Table
 
-from mirage_cli.codegen.bench import Row, discover, markdown, rows_json, run_bench
+from mirage_cli.codegen.bench import Variant, discover, opt_variants, run_bench
+from mirage_cli.codegen.benchreport import (
+    bandwidth_line,
+    csv_text,
+    document,
+    dumps,
+    markdown,
+    plot,
+    require_matplotlib,
+    table_cells,
+)
 from mirage_cli.diagnostics import MirageError
+from mirage_cli.ir import Graph
 from mirage_cli.util import write_atomic
 
-
-def _us(v: float | None) -> str:
-    return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.1f}"
-
-
-def _x(base: float | None, us: float | None) -> str:
-    return "-" if base is None or us is None else f"{base / us:.2f}x"
+# The options of `mirage opt` that choose its search (the rest are about its files).
+SEARCH_KEYS = ("budget", "jobs", "max_kernel_ops", "max_block_ops", "seed", "top",
+               "no_prune", "no_cache")
 
 
-def table(rows: list[Row]) -> Table:
-    t = Table("benchmark", "batch", "µGraph", "fused µs", "unfused µs", "eager µs",
-              "compile µs", "floor µs", "vs unfused", "vs eager", "vs compile", "% floor",
-              "rel err", title="mirage bench (median µs per call)")
-    for r in rows:
-        b = r.baselines
-        t.add_row(r.benchmark, str(r.batch), r.variant if r.ok and not r.reason else
-                  f"{r.variant} ({r.reason})" if r.ok else f"{r.variant} FAIL: {r.reason}",
-                  _us(r.us), _us(b.get("unfused")), _us(b.get("eager")), _us(b.get("compile")),
-                  f"{r.floor_us:.1f}", _x(b.get("unfused"), r.us), _x(b.get("eager"), r.us),
-                  _x(b.get("compile"), r.us),
-                  "-" if r.us is None else f"{100 * r.floor_us / r.us:.0f}%",
-                  "-" if r.rel_err is None or math.isnan(r.rel_err) else f"{r.rel_err:.1e}")
+def opt_settings(jobs: int | None = None, top: int = 1, budget: float | None = None
+                 ) -> dict[str, Any]:
+    """The keyword options `mirage opt` passes to its search stage when run without
+    options, but for ``jobs``, ``budget`` and a ``top`` of at least ``top``. With
+    ``top`` no larger than opt's default, the search (and its cache entry) is opt's."""
+    from mirage_cli.commands import opt
+
+    kw: dict[str, Any] = {p.name: p.default for p in opt.command.params
+                          if p.name in SEARCH_KEYS}
+    if jobs is not None:
+        kw["jobs"] = jobs
+    if budget is not None:
+        kw["budget"] = budget
+    kw["top"] = max(int(kw["top"]), top)
+    return kw
+
+
+def opt_candidates(program: Graph, top: int, kw: dict[str, Any]) -> list[Variant]:
+    """The first ``top`` candidates `mirage opt` keeps for ``program``, the shipped one
+    marked (found by opt's own stages: search, then select)."""
+    from mirage_cli.commands import opt
+
+    try:
+        return opt_variants(program, top, lambda g: opt.stage_search(g, kw), opt.stage_select)
+    except Exception as e:  # noqa: BLE001 - one program's failed search is a row, not the end
+        return [Variant("opt", None, f"search failed: {type(e).__name__}: {e}", ok=False)]
+
+
+def parse_batches(text: str) -> tuple[int, ...]:
+    """``--batch 1,8,16``; anything else is a usage error (exit 2)."""
+    try:
+        bs = tuple(int(b) for b in text.split(","))
+    except ValueError:
+        raise MirageError(f"--batch {text}: expected comma-separated integers") from None
+    if not bs or any(b < 1 for b in bs):
+        raise MirageError(f"--batch {text}: batch sizes must be positive integers")
+    return bs
+
+
+def table(doc: dict[str, Any]) -> Table:
+    head, body = table_cells(doc)
+    t = Table(*head, title=f"mirage bench (median µs per call)\n{bandwidth_line(doc)}")
+    for row in body:
+        t.add_row(*row)
     return t
+
+
+def _write(path: str, text: str | bytes) -> None:
+    if path == "-" and isinstance(text, str):
+        click.echo(text, nl=False)
+    else:
+        write_atomic(path, text)
 
 
 @click.command()
@@ -47,37 +99,54 @@ def table(rows: list[Row]) -> Table:
               help="Comma-separated batch sizes (-D batch=...).")
 @click.option("--only", multiple=True, metavar="NAME", help="Only these example programs.")
 @click.option("--root", default=".", show_default=True, help="Directory holding examples/.")
-@click.option("--replays", type=int, default=30, show_default=True,
+@click.option("--replays", type=click.IntRange(min=1), default=30, show_default=True,
               help="CUDA-graph replays per measurement (the median is reported).")
+@click.option("--top", type=click.IntRange(min=1), default=3, show_default=True,
+              help="Candidates of `mirage opt`'s search to time per program and batch.")
+@click.option("--jobs", "-j", type=click.IntRange(min=1), default=None,
+              help="Search worker processes [default: mirage opt's].")
+@click.option("--budget", type=click.FloatRange(min=0.1), default=None,
+              help="Search seconds per program and batch [default: mirage opt's].")
+@click.option("--no-search", is_flag=True,
+              help="Time only the hand-written µGraphs and baselines, not opt's candidates.")
 @click.option("--no-torch", is_flag=True, help="Skip the PyTorch baselines.")
 @click.option("--no-compile", is_flag=True, help="Skip the torch.compile baseline.")
-@click.option("--json", "json_path", metavar="FILE", help="Write the results as JSON ('-': stdout).")
+@click.option("--json", "json_path", metavar="FILE", help="Write the rows as JSON ('-': stdout).")
+@click.option("--csv", "csv_path", metavar="FILE", help="Write the rows as CSV ('-': stdout).")
 @click.option("--markdown", "md_path", metavar="FILE", help="Write the table as Markdown.")
-def command(gpu: int, batches: str, only: tuple[str, ...], root: str, replays: int,
-            no_torch: bool, no_compile: bool, json_path: str | None, md_path: str | None
-            ) -> None:
-    """Check and time every example's fused µGraphs on GPU N."""
+@click.option("--plot", "plot_path", metavar="FILE.png",
+              help="Plot µs per benchmark and variant, floor marked (needs matplotlib).")
+def command(gpu: int, batches: str, only: tuple[str, ...], root: str, replays: int, top: int,
+            jobs: int | None, budget: float | None, no_search: bool, no_torch: bool,
+            no_compile: bool, json_path: str | None, csv_path: str | None,
+            md_path: str | None, plot_path: str | None) -> None:
+    """Check and time, on GPU N, every example: the µGraphs `mirage opt` keeps (the
+    shipped one marked), the hand-written fused µGraphs and the baselines."""
     from mirage_cli.codegen.runner import Device
 
-    try:
-        bs = tuple(int(b) for b in batches.split(","))
-    except ValueError:
-        raise MirageError(f"--batch {batches}: expected comma-separated integers") from None
+    bs = parse_batches(batches)
+    if plot_path:
+        require_matplotlib(plot_path)
     pairs = [p for p in discover(Path(root)) if not only or p[0].stem in only]
     if not pairs:
         raise MirageError(f"no example programs under {root}/examples"
                           + (f" named {', '.join(only)}" if only else ""))
+    kw = opt_settings(jobs, top, budget)
     dev = Device(gpu)
-    rows = run_bench(dev, pairs, bs, replays, not no_torch, not no_compile)
-    Console(highlight=False, width=200).print(table(rows))
+    bw, rows = run_bench(dev, pairs, bs, replays, not no_torch, not no_compile,
+                         candidates=None if no_search else
+                         (lambda g: opt_candidates(g, top, kw)))
+    doc = document(dev.name, dev.arch, "mirage bench " + " ".join(sys.argv[2:]), bw, rows)
+    # The table goes to stderr when stdout carries the rows.
+    to_stderr = "-" in (json_path, csv_path, md_path)
+    Console(highlight=False, width=220, stderr=to_stderr).print(table(doc))
     if json_path:
-        text = json.dumps(rows_json(dev, rows, "mirage bench " + " ".join(sys.argv[2:])),
-                          indent=2, sort_keys=True) + "\n"
-        if json_path == "-":
-            click.echo(text, nl=False)
-        else:
-            write_atomic(json_path, text)
+        _write(json_path, dumps(doc))
+    if csv_path:
+        _write(csv_path, csv_text(doc))
     if md_path:
-        write_atomic(md_path, markdown(rows_json(dev, rows, "")))
+        _write(md_path, markdown(doc))
+    if plot_path:
+        write_atomic(plot_path, plot(doc, plot_path))
     if not all(r.ok for r in rows):
         sys.exit(1)

@@ -1,0 +1,379 @@
+"""`mirage bench`: the copy kernel of the floor, the candidates `mirage opt` keeps, the
+renderings of the results (table, JSON, CSV, plot) and the command line. The GPU
+test runs the command end to end."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from mirage_cli.cli import main
+from mirage_cli.codegen import benchreport, copybw
+from mirage_cli.codegen.bench import Row, Variant, opt_variants
+from mirage_cli.codegen.copybw import Bandwidth
+from mirage_cli.loading import load_graph
+from mirage_cli.parser import parse_text
+
+ROOT = Path(__file__).resolve().parent.parent
+
+SMALL = """
+program rmsnorm_linear(rows = 4, hidden = 64, n = 32) {
+  input X: f16[rows, hidden];
+  input W: f16[hidden, n];
+  Y = rms_norm(X);
+  Z = matmul(Y, W);
+  output Z;
+}
+"""
+
+
+# -- the copy kernel -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_copy_kernel_compiles_with_no_spills(arch):
+    pytest.importorskip("cuda.bindings")
+    from mirage_cli.codegen.nvrtc import compile_cuda
+
+    c = compile_cuda(copybw.SOURCE, "mirage_copy.cu", arch)
+    assert c.cubin
+    [res] = c.resources
+    assert res.kernel == copybw.KERNEL
+    assert (res.spill_stores, res.spill_loads, res.stack) == (0, 0, 0)
+
+
+def test_copy_kernel_moves_16_bytes_per_access():
+    nv = pytest.importorskip("cuda.bindings.nvrtc")
+    err, prog = nv.nvrtcCreateProgram(copybw.SOURCE.encode(), b"c.cu", 0, [], [])
+    assert int(err) == 0
+    try:
+        (res,) = nv.nvrtcCompileProgram(prog, 1, [b"--gpu-architecture=compute_90"])
+        assert int(res) == 0
+        _, size = nv.nvrtcGetPTXSize(prog)
+        buf = b" " * size
+        nv.nvrtcGetPTX(prog, buf)
+    finally:
+        nv.nvrtcDestroyProgram(prog)
+    ptx = buf.decode(errors="replace")
+    loads = [ln for ln in ptx.splitlines() if "ld.global" in ln]
+    stores = [ln for ln in ptx.splitlines() if "st.global" in ln]
+    # The unrolled body and the remainder loop; every access is a 4 x 32-bit vector.
+    assert len(loads) == len(stores) == copybw.UNROLL + 1
+    assert all(".v4." in ln for ln in loads + stores)
+
+
+@pytest.mark.parametrize("nbytes", [1 << 30, 3 * 64 * 256 * 7 + 64])
+def test_copy_launch_shapes_cover_the_buffer(nbytes):
+    shapes = copybw.launch_shapes(nbytes, sms=132)
+    one = shapes["one-per-thread"]
+    # One unrolled iteration per thread covers every 16-byte word; one block fewer
+    # would not.
+    assert one * copybw.THREADS * copybw.CHUNK >= nbytes
+    assert (one - 1) * copybw.THREADS * copybw.CHUNK < nbytes
+    assert 0 < shapes["persistent"] <= min(one, 132 * 8)
+
+
+# -- renderings from synthetic rows ------------------------------------------------------
+
+
+BW = Bandwidth(copy_kernel=4.25e12, launch="persistent",
+               shapes={"persistent": 4.25e12, "one-per-thread": 4.1e12}, memcpy=2.77e12,
+               nbytes=1 << 30)
+PLAN = {"threads": 256, "reduction": "block", "vector_bytes": 16}
+
+
+def _rows() -> list[Row]:
+    base = {"unfused": 40.0, "eager": 20.0, "compile": 16.0}
+    k1 = [{"name": "k0", "grid": [132, 1, 1], "threads": 256, "dynamic_smem_bytes": 49152,
+           "scratch_bytes": 0, "plan": PLAN}]
+    k2 = [{"name": "k0", "grid": [64, 2, 1], "threads": 128, "dynamic_smem_bytes": 0,
+           "scratch_bytes": 0, "plan": None}]
+    return [
+        Row("rmsnorm_linear", 1, "rmsnorm_linear_fused", 30.0, True, 2e-4, "", 12.0, dict(base),
+            BW.copy_kernel, k2),
+        Row("rmsnorm_linear", 1, "opt#1 (shipped)", 8.0, True, 1e-4, "", 12.0, dict(base),
+            BW.copy_kernel, k1, shipped=True, predicted_us=7.5,
+            search={"cached": True, "complete": True, "rank": 0}),
+        Row("rmsnorm_linear", 1, "opt#2", None, False, math.nan, "RuntimeError: boom", 12.0,
+            dict(base), BW.copy_kernel, predicted_us=9.0),
+        Row("rmsnorm_linear", 8, "opt#1 (shipped)", 24.0, True, 3e-4, "", 12.5,
+            {"unfused": 50.0, "eager": 30.0, "compile": None}, BW.copy_kernel, k1, shipped=True),
+        Row("lora", 1, "lora_fused", None, True, None, "n/a: grid does not divide", 0.5,
+            {"unfused": 3.0, "eager": 10.0, "compile": 10.0}, BW.copy_kernel),
+    ]
+
+
+def _doc():
+    return benchreport.document("NVIDIA H200", "sm_90", "mirage bench --gpu 0", BW, _rows())
+
+
+def test_json_carries_bandwidth_plans_and_no_nan():
+    text = benchreport.dumps(_doc())
+    doc = json.loads(text)  # strict JSON: allow_nan=False would have raised on NaN
+    assert doc["bandwidth"]["copy_kernel_bytes_per_s"] == 4.25e12
+    assert doc["bandwidth"]["memcpy_bytes_per_s"] == 2.77e12
+    rows = doc["rows"]
+    assert len(rows) == 5
+    assert rows[2]["rel_err"] is None and rows[2]["ok"] is False
+    assert rows[1]["kernels"][0]["plan"] == PLAN and rows[0]["kernels"][0]["plan"] is None
+    assert rows[1]["kernels"][0]["grid"] == [132, 1, 1]
+    assert rows[1]["shipped"] is True and rows[1]["predicted_us"] == 7.5
+    assert all(r["bandwidth"] == 4.25e12 for r in rows)
+
+
+def test_markdown_table_numbers():
+    md = benchreport.markdown(_doc())
+    assert "4250 GB/s" in md and "cuMemcpyDtoDAsync: 2770 GB/s" in md
+    lines = [ln for ln in md.splitlines() if ln.startswith("| rmsnorm_linear | 1 | opt#1")]
+    assert len(lines) == 1
+    cells = [c.strip() for c in lines[0].strip("|").split("|")]
+    # µs, unfused, eager, compile, floor, vs unfused/eager/compile, % floor, predicted, err
+    assert cells[2:] == ["opt#1 (shipped)", "8.0", "40.0", "20.0", "16.0", "12.0", "5.00×",
+                         "2.50×", "2.00×", "150%", "7.5", "1.0e-04"]
+    assert "| opt#2 FAIL: RuntimeError: boom | - |" in md
+    assert "lora_fused (n/a: grid does not divide)" in md
+    header = md.splitlines()[2]
+    assert header.count("|") == md.splitlines()[3].count("|")
+
+
+def test_csv_one_row_per_variant_with_kernels():
+    rows = list(csv.DictReader(io.StringIO(benchreport.csv_text(_doc()))))
+    assert [(r["benchmark"], r["batch"], r["variant"]) for r in rows] == [
+        ("rmsnorm_linear", "1", "rmsnorm_linear_fused"), ("rmsnorm_linear", "1", "opt#1 (shipped)"),
+        ("rmsnorm_linear", "1", "opt#2"), ("rmsnorm_linear", "8", "opt#1 (shipped)"),
+        ("lora", "1", "lora_fused")]
+    shipped = rows[1]
+    assert shipped["shipped"] == "1" and float(shipped["us"]) == 8.0
+    assert float(shipped["eager_us"]) == 20.0 and float(shipped["compile_us"]) == 16.0
+    assert float(shipped["floor_fraction"]) == pytest.approx(1.5)
+    assert float(shipped["bandwidth_gb_s"]) == pytest.approx(4250.0)
+    assert json.loads(shipped["kernels"])[0]["plan"] == PLAN
+    assert rows[2]["us"] == "" and rows[2]["rel_err"] == "" and rows[2]["ok"] == "0"
+    assert rows[3]["compile_us"] == ""
+
+
+def test_plot_series_groups_variants_and_baselines():
+    batches, labels, series, floors = benchreport.plot_series(_doc(), "rmsnorm_linear")
+    assert batches == [1, 8]
+    assert labels == ["rmsnorm_linear_fused", "opt#1 (shipped)", "opt#2", "unfused", "eager",
+                      "compile"]
+    assert series["opt#1 (shipped)"] == [8.0, 24.0]
+    assert series["rmsnorm_linear_fused"] == [30.0, None]
+    assert series["opt#2"] == [None, None]
+    assert series["eager"] == [20.0, 30.0] and series["compile"] == [16.0, None]
+    assert floors == [12.0, 12.5]
+
+
+def test_plot_writes_an_image():
+    pytest.importorskip("matplotlib")
+    png = benchreport.plot(_doc(), "bench.png")
+    assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) > 10_000
+
+
+# -- the candidates `mirage opt` keeps ---------------------------------------------------
+
+
+class _Outcome:
+    def __init__(self, cands):
+        self.candidates, self.cached, self.complete = cands, False, True
+
+
+def test_opt_variants_mark_what_select_ships():
+    a, b, c = (parse_text(SMALL.replace("n = 32", f"n = {n}"), "<t>", {}) for n in (32, 64, 96))
+    cands = [(g, {"rank": i, "cost": {"time_us": 1.0 + i}}) for i, g in enumerate((a, b, c))]
+    vs = opt_variants(a, 2, lambda g: _Outcome(cands), lambda out: out.candidates[1][0])
+    assert [v.label for v in vs] == ["opt#1", "opt#2 (shipped)"]
+    assert [v.predicted_us for v in vs] == [1.0, 2.0] and vs[1].graph == b
+    none = opt_variants(a, 3, lambda g: _Outcome([]), lambda out: None)
+    assert len(none) == 1 and none[0].graph is None and not none[0].ok
+
+
+def test_bench_candidates_are_what_opt_ships(tmp_path, monkeypatch):
+    from mirage_cli.commands.bench import opt_candidates, opt_settings
+
+    monkeypatch.setenv("MIRAGE_CACHE_DIR", str(tmp_path / "cache"))
+    prog = tmp_path / "small.mir"
+    prog.write_text(SMALL)
+    r = CliRunner().invoke(main, ["opt", str(prog), "-o", str(tmp_path / "s.cu"), "--jobs", "1",
+                                  "--save-temps", str(tmp_path / "t")])
+    assert r.exit_code == 0, r.output
+    shipped = load_graph(str(tmp_path / "t" / "small.best.ugraph.json"), {})
+    vs = opt_candidates(load_graph(str(prog), {}), 2, opt_settings(jobs=1, top=2))
+    assert [v.label for v in vs] == ["opt#1 (shipped)", "opt#2"]
+    assert vs[0].shipped and not vs[1].shipped
+    assert vs[0].graph == shipped and vs[1].graph != shipped
+    # Found through opt's cache entry: the same search, with the same options.
+    assert all(v.search is not None and v.search["cached"] for v in vs)
+    assert vs[0].predicted_us is not None and vs[0].predicted_us <= vs[1].predicted_us
+
+
+def test_a_failing_search_is_a_row():
+    from mirage_cli.commands import bench as cmd
+
+    def broken(*a, **k):
+        raise RuntimeError("no solver")
+
+    prog = parse_text(SMALL, "<t>", {})
+    orig = cmd.opt_variants
+    cmd.opt_variants = broken
+    try:
+        [v] = cmd.opt_candidates(prog, 3, cmd.opt_settings(jobs=1))
+    finally:
+        cmd.opt_variants = orig
+    assert isinstance(v, Variant) and not v.ok and v.graph is None
+    assert "search failed: RuntimeError: no solver" in v.reason
+
+
+def test_run_bench_rows_floor_and_variants(tmp_path, monkeypatch):
+    """The assembly of rows, with the GPU measurement replaced by fixed times."""
+    from mirage_cli.codegen import bench
+    from mirage_cli.codegen.bench import Check, Measured
+
+    timed: list[str] = []
+
+    def fake_measure(dev, label, g, ref, replays, scale):
+        timed.append(label)
+        if label == "opt#2":
+            return Measured(None, Check(False, 0.5, "relative L2 error 0.5 > 0.01"))
+        return Measured(10.0 + len(timed), Check(True, 1e-4),
+                        [{"name": "k", "grid": [1, 1, 1], "threads": 32,
+                          "dynamic_smem_bytes": 0, "scratch_bytes": 0, "plan": None}])
+
+    monkeypatch.setattr(bench, "_measure", fake_measure)
+    monkeypatch.setattr(bench, "input_scale", lambda g, seed=0: 1.0)
+    prog = tmp_path / "examples" / "small.mir"
+    prog.parent.mkdir()
+    prog.write_text(SMALL)
+    fused = tmp_path / "examples" / "mugraphs" / "small_fused.mir"
+    fused.parent.mkdir()
+    fused.write_text(SMALL.replace("rows = 4", "rows = 6"))  # the wrong shape: n/a
+
+    def load(p, d):
+        if p == fused:
+            raise bench.MirageError("grid does not tile rows")
+        return load_graph(str(p), {})
+
+    a, b = (parse_text(SMALL.replace("n = 32", f"n = {n}"), "<t>", {}) for n in (32, 64))
+
+    def cands(g):
+        return [Variant("opt#1 (shipped)", a, shipped=True, predicted_us=3.0),
+                Variant("opt#2", b, predicted_us=4.0)]
+
+    class Dev:
+        name, arch, l2_bytes = "fake", "sm_90", 50 << 20
+
+    pairs = bench.discover(tmp_path)
+    assert pairs == [(prog, [fused])]
+    bw, rows = bench.run_bench(Dev(), pairs, (1, 2), use_torch=False, load=load,
+                               candidates=cands, bandwidth=BW)  # type: ignore[arg-type]
+    assert bw is BW
+    assert timed == ["unfused", "opt#1 (shipped)", "opt#2"] * 2
+    assert [r.variant for r in rows] == ["small_fused", "opt#1 (shipped)", "opt#2"] * 2
+    fixed, shipped, failed = rows[:3]
+    assert fixed.us is None and fixed.ok and fixed.reason.startswith("n/a: ")
+    assert shipped.shipped and shipped.us == 12.0 and shipped.baselines == {"unfused": 11.0}
+    assert shipped.kernels[0]["threads"] == 32 and shipped.predicted_us == 3.0
+    assert not failed.ok and failed.us is None and "0.5 > 0.01" in failed.reason
+    # inputs X (4 x 64) and W (64 x 32), output Z (4 x 32), all f16
+    nbytes = 2 * (4 * 64 + 64 * 32 + 4 * 32)
+    assert shipped.floor_us == pytest.approx(nbytes / BW.copy_kernel * 1e6)
+    assert all(r.bandwidth == BW.copy_kernel for r in rows)
+
+
+# -- the command line ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("batch", ["1,x", "0", "8,-1", ""])
+def test_bad_batch_exits_2(batch):
+    r = CliRunner().invoke(main, ["bench", "--gpu", "0", "--batch", batch, "--root", str(ROOT)])
+    assert r.exit_code == 2
+    assert f"--batch {batch}" in r.output and "Traceback" not in r.output
+
+
+@pytest.mark.parametrize("top", ["0", "-2", "three"])
+def test_bad_top_exits_2(top):
+    r = CliRunner().invoke(main, ["bench", "--gpu", "0", "--top", top, "--root", str(ROOT)])
+    assert r.exit_code == 2 and "--top" in r.output
+
+
+def test_plot_without_matplotlib_exits_2_before_measuring(monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import fails
+    r = CliRunner().invoke(main, ["bench", "--gpu", "0", "--plot", "b.png", "--root", str(ROOT)])
+    assert r.exit_code == 2 and "--plot needs matplotlib" in r.output
+    r = CliRunner().invoke(main, ["bench", "--gpu", "0", "--plot", "b.txt", "--root", str(ROOT)])
+    assert r.exit_code == 2 and "must end in .png" in r.output
+
+
+def test_bench_command_writes_every_output(tmp_path, monkeypatch):
+    """The command end to end with the GPU replaced: device, copy bandwidth and
+    measurements are fakes; the search, the rows and every file are real."""
+    from mirage_cli.codegen import bench, runner
+    from mirage_cli.codegen.bench import Check, Measured
+
+    class Dev:
+        name, arch, l2_bytes = "fake", "sm_90", 50 << 20
+
+        def __init__(self, ordinal):
+            assert ordinal == 0
+
+    monkeypatch.setenv("MIRAGE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(runner, "Device", Dev)
+    monkeypatch.setattr(copybw, "measure", lambda dev: BW)
+    monkeypatch.setattr(bench, "_measure", lambda dev, label, g, ref, replays, scale:
+                        Measured(5.0 if label != "unfused" else 9.0, Check(True, 1e-4)))
+    monkeypatch.setattr(bench, "input_scale", lambda g, seed=0: 1.0)
+    (tmp_path / "examples").mkdir()
+    batched = SMALL.replace("rows", "batch").replace("rmsnorm_linear", "small")
+    (tmp_path / "examples" / "small.mir").write_text(batched)
+    out = tmp_path / "out"
+    args = ["bench", "--gpu", "0", "--root", str(tmp_path), "--batch", "1", "--top", "2",
+            "--jobs", "1", "--no-torch", "--json", str(out / "b.json"), "--csv",
+            str(out / "b.csv"), "--markdown", str(out / "b.md")]
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 0, r.output
+    doc = json.loads((out / "b.json").read_text())
+    assert [row["variant"] for row in doc["rows"]] == ["opt#1 (shipped)", "opt#2"]
+    assert doc["rows"][0]["baselines"] == {"unfused": 9.0}
+    assert doc["bandwidth"]["copy_kernel_bytes_per_s"] == BW.copy_kernel
+    assert len(list(csv.DictReader((out / "b.csv").open()))) == 2
+    assert "| small | 1 | opt#1 (shipped) | 5.0 | 9.0 |" in (out / "b.md").read_text()
+    assert "4250 GB/s" in " ".join(r.output.split())
+
+
+# -- on the GPU ------------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+def test_bench_lora_end_to_end(tmp_path, monkeypatch):
+    from mirage_cli.codegen.runner import gpu_available
+
+    if not gpu_available():
+        pytest.skip("no CUDA GPU")
+    monkeypatch.setenv("MIRAGE_CACHE_DIR", str(tmp_path / "cache"))
+    out = tmp_path / "bench.json"
+    args = ["bench", "--gpu", "0", "--only", "lora", "--batch", "1", "--top", "2",
+            "--replays", "3", "--root", str(ROOT), "--json", str(out), "--csv",
+            str(tmp_path / "bench.csv")]
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 0, r.output
+    doc = json.loads(out.read_text())
+    bw = doc["bandwidth"]
+    assert bw["copy_kernel_bytes_per_s"] > 0 and bw["memcpy_bytes_per_s"] > 0
+    # The table's title gives it (rich may wrap the title: compare words).
+    words = " ".join(r.output.split())
+    assert (f"/ {bw['copy_kernel_bytes_per_s'] / 1e9:.0f} GB/s, the bandwidth of a 16-byte "
+            f"streaming copy kernel") in words
+    variants = [row["variant"] for row in doc["rows"]]
+    assert variants[:3] == ["lora_fused", "opt#1 (shipped)", "opt#2"]
+    for row in doc["rows"]:
+        assert row["ok"] and row["us"] > 0 and row["rel_err"] <= 1e-2
+        assert row["floor_us"] > 0 and row["bandwidth"] == bw["copy_kernel_bytes_per_s"]
+        assert row["kernels"] and all(k["threads"] > 0 for k in row["kernels"])
+    assert len(list(csv.DictReader((tmp_path / "bench.csv").open()))) == len(doc["rows"])
