@@ -5,7 +5,6 @@ launcher build and link with nvcc; golden .cu files."""
 from __future__ import annotations
 
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest

@@ -14,9 +14,9 @@ from mirage_cli.codegen.names import (
     RESERVED,
     check_entry_name,
     default_entry_name,
+    is_safe_identifier,  # noqa: F401  (re-exported)
     kernel_name,
 )
-from mirage_cli.codegen.names import is_safe_identifier  # noqa: F401  (re-exported)
 from mirage_cli.codegen.plan import Buffer, Copy, Kernel, Launch, Program, align
 from mirage_cli.codegen.standalone import lower_kernel_op
 from mirage_cli.ir import Graph
