@@ -561,9 +561,8 @@ extern "C" cudaError_t mirage_lora_h16x256_h256x4096_h256x16_h16x4096_to_h16x409
   if (!mg_arg_ok_mirage_lora_h16x256_h256x4096_h256x16_h16x4096_to_h16x4096(mg_out0_O, mg_out0_O_shape, mg_out0_O_rank, mg_want4, 2, 131072u)) {
     return cudaErrorInvalidValue;
   }
-  if (mg_workspace_size < 262656u ||
-      (262656u > 0 && (mg_workspace == NULL ||
-                                      reinterpret_cast<uintptr_t>(mg_workspace) % 16 != 0))) {
+  if (mg_workspace_size < 262656u || mg_workspace == NULL ||
+      reinterpret_cast<uintptr_t>(mg_workspace) % 16 != 0) {
     return cudaErrorInvalidValue;
   }
   return mirage_lora_h16x256_h256x4096_h256x16_h16x4096_to_h16x4096(mg_in0_X, mg_in1_W, mg_in2_A, mg_in3_B, mg_out0_O, mg_workspace, mg_stream);

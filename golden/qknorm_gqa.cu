@@ -609,9 +609,8 @@ extern "C" cudaError_t mirage_qknorm_gqa_h16x256x64_h16x64x4096_h16x4096x64_to_h
   if (!mg_arg_ok_mirage_qknorm_gqa_h16x256x64_h16x64x4096_h16x4096x64_to_h16x256x64(mg_out0_O, mg_out0_O_shape, mg_out0_O_rank, mg_want3, 3, 524288u)) {
     return cudaErrorInvalidValue;
   }
-  if (mg_workspace_size < 151789568u ||
-      (151789568u > 0 && (mg_workspace == NULL ||
-                                      reinterpret_cast<uintptr_t>(mg_workspace) % 16 != 0))) {
+  if (mg_workspace_size < 151789568u || mg_workspace == NULL ||
+      reinterpret_cast<uintptr_t>(mg_workspace) % 16 != 0) {
     return cudaErrorInvalidValue;
   }
   return mirage_qknorm_gqa_h16x256x64_h16x64x4096_h16x4096x64_to_h16x256x64(mg_in0_Q, mg_in1_K, mg_in2_V, mg_out0_O, mg_workspace, mg_stream);

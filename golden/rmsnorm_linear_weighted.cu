@@ -315,9 +315,8 @@ extern "C" cudaError_t mirage_rmsnorm_linear_weighted_h16x4096_h4096_h4096x6144_
   if (!mg_arg_ok_mirage_rmsnorm_linear_weighted_h16x4096_h4096_h4096x6144_to_h16x6144(mg_out0_Z, mg_out0_Z_shape, mg_out0_Z_rank, mg_want3, 2, 196608u)) {
     return cudaErrorInvalidValue;
   }
-  if (mg_workspace_size < 131072u ||
-      (131072u > 0 && (mg_workspace == NULL ||
-                                      reinterpret_cast<uintptr_t>(mg_workspace) % 16 != 0))) {
+  if (mg_workspace_size < 131072u || mg_workspace == NULL ||
+      reinterpret_cast<uintptr_t>(mg_workspace) % 16 != 0) {
     return cudaErrorInvalidValue;
   }
   return mirage_rmsnorm_linear_weighted_h16x4096_h4096_h4096x6144_to_h16x6144(mg_in0_X, mg_in1_G, mg_in2_W, mg_out0_Z, mg_workspace, mg_stream);
