@@ -189,3 +189,12 @@ def test_depfile_lists_program_tool_and_names_the_stamp(tmp_path: Path,
     assert not (tmp_path / "my kernel.d").exists()  # nvcc -MMD's name stays free
     stamp = (tmp_path / "my kernel.mir.stamp").read_text()
     assert '"batch=1"' in stamp and "mirage-cli" in stamp
+
+
+def test_compile_reports_dynamic_shared_memory() -> None:
+    from mirage_cli.commands.compile import dynamic_smem
+
+    src = (ROOT / "golden" / "mugraphs" / "qknorm_gqa_fused.cu").read_text()
+    dyn = dynamic_smem(src)
+    assert len(dyn) == 2 and max(dyn.values()) > 48 * 1024
+    assert all(k.startswith("mg_k") for k in dyn)
