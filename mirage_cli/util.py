@@ -190,15 +190,3 @@ class OutputSet:
             os.close(self._lock_fd)  # releases the lock; the file stays (unlinking races)
             self._lock_fd = None
 
-
-def process_age() -> float:
-    """Seconds since this process started (Linux /proc; 0 where unknown), so a
-    budget on "the whole command" also counts the interpreter's start-up."""
-    try:
-        with open("/proc/self/stat", encoding="ascii") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        with open("/proc/uptime", encoding="ascii") as f:
-            uptime = float(f.read().split()[0])
-        return max(0.0, uptime - int(fields[19]) / os.sysconf("SC_CLK_TCK"))
-    except (OSError, ValueError, IndexError):
-        return 0.0

@@ -162,9 +162,8 @@ def test_name_and_arch_options(tmp_path: Path) -> None:
 
 
 def test_opt_budget_ships_the_unfused_lowering_with_a_warning(tmp_path: Path) -> None:
-    """In-process the budget is already spent by the test run's own age, so the search
-    is skipped: the fallback path, deterministically (the timed run is in
-    test_downstream.py)."""
+    """A budget smaller than the code-generation reserve skips the search: the fallback
+    path, deterministically (the timed run is in test_downstream.py)."""
     out = tmp_path / "r.cu"
     code, _, err = mirage("opt", LORA, *SMALL, "-o", str(out), "--budget", "0.1", "--no-cache",
                           "-MD")
