@@ -1,5 +1,6 @@
 # mirage-cli: `make demo` runs the compiler on an example, `make test` runs the tests.
-# Both install the project (and its test tools) into the current Python first.
+# Both install the project (with NVRTC and the CUDA bindings, and its test tools)
+# into the current Python first.
 PYTHON ?= python3
 PIP := $(PYTHON) -m pip
 BUILD := build
@@ -15,7 +16,7 @@ demo: install
 	$(PYTHON) -m mirage_cli run examples/mugraphs/rmsnorm_linear_fused.mir --seed 0 -o $(BUILD)/rmsnorm_linear.out.npz
 	$(PYTHON) -m mirage_cli opt examples/rmsnorm_linear.mir -o $(BUILD)/rmsnorm_linear.cu --save-temps $(BUILD)/temps -MD
 	$(PYTHON) -m mirage_cli compile $(BUILD)/rmsnorm_linear.cu --arch sm_90 -o $(BUILD)/rmsnorm_linear.cubin
-	@echo "wrote $(BUILD)/rmsnorm_linear.{ugraph.json,out.npz,cu,h,d,cubin} and $(BUILD)/temps/"
+	@echo "wrote $(BUILD)/rmsnorm_linear.{ugraph.json,out.npz,cu,h,mir.d,mir.stamp,cubin} and $(BUILD)/temps/"
 
 test: install
 	$(PYTHON) -m pytest -m "not gpu" -p no:cacheprovider -n auto

@@ -16,6 +16,7 @@ from typing import Any
 import click
 
 from mirage_cli import __version__
+from mirage_cli.commands.common import verbosity_params
 from mirage_cli.console import console, set_verbosity
 from mirage_cli.diagnostics import MirageError
 
@@ -74,4 +75,6 @@ def main(ctx: click.Context, quiet: bool, verbose: int, debug: bool) -> None:
 
 for _module, _name in COMMANDS:
     _cmd = importlib.import_module(f"mirage_cli.commands.{_module}").command
+    if not any("-q" in getattr(p, "opts", ()) for p in _cmd.params):
+        _cmd.params.extend(verbosity_params())  # -q/-v after the subcommand too
     main.add_command(_cmd, _name)

@@ -29,3 +29,8 @@ def info(msg: str) -> None:
 def debug(msg: str) -> None:
     if _verbosity > 0:
         console.print(msg, style="dim", markup=False)
+
+
+def warn(msg: str) -> None:
+    """A warning on stderr (hidden by -q, like progress)."""
+    console.print(f"warning: {msg}", style="yellow", markup=False)

@@ -188,7 +188,9 @@ def test_opt_keeps_temps_and_writes_a_depfile(tmp_path, monkeypatch):
         return
     assert r.exit_code == 0, r.output
     assert cu.exists() and cu.with_suffix(".h").exists()
-    assert cu.with_suffix(".d").read_text().startswith(f"{cu} {cu.with_suffix('.h')}:")
+    stamp = cu.with_suffix(".mir.stamp")
+    dep = cu.with_suffix(".mir.d").read_text()
+    assert dep.startswith(f"{stamp} {cu} {cu.with_suffix('.h')}:") and str(prog) in dep
 
 
 QKNORM = """

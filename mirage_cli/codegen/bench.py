@@ -414,7 +414,7 @@ def _bench_one(dev: Device, prog: Graph, batch: int, variants: list[Variant], bw
 
 
 def opt_variants(program: Graph, top: int, search: Callable[[Graph], Any],
-                 select: Callable[[Any], Graph]) -> list[Variant]:
+                 select: Callable[[Any], Graph | None]) -> list[Variant]:
     """The first ``top`` ranked, verified candidates of ``search(program)`` (an
     :class:`~mirage_cli.search.driver.Outcome`), labelled ``opt#1``, ``opt#2``, ...;
     the one ``select`` picks (what ``mirage opt`` ships) is marked ``(shipped)``. No

@@ -11,31 +11,35 @@ from __future__ import annotations
 
 from mirage_cli.arch import DEFAULT_ARCH
 from mirage_cli.codegen.kernel import lower_custom
+from mirage_cli.codegen.names import (
+    RESERVED,
+    check_entry_name,
+    default_entry_name,
+    is_safe_identifier,  # noqa: F401  (re-exported)
+    kernel_name,
+)
 from mirage_cli.codegen.plan import Buffer, Copy, Kernel, Launch, Program, align
 from mirage_cli.codegen.standalone import lower_kernel_op
-from mirage_cli.diagnostics import MirageError
 from mirage_cli.ir import Graph
 
-C_KEYWORDS = frozenset(["alignas", "alignof", "and", "and_eq", "asm", "auto", "bitand", "bitor", "bool", "break", "case", "catch", "char", "char16_t", "char32_t", "char8_t", "class", "compl", "concept", "const", "const_cast", "consteval", "constexpr", "constinit", "continue", "co_await", "co_return", "co_yield", "decltype", "default", "delete", "do", "double", "dynamic_cast", "else", "enum", "explicit", "export", "extern", "false", "float", "for", "friend", "goto", "if", "inline", "int", "long", "mutable", "namespace", "new", "noexcept", "not", "not_eq", "nullptr", "operator", "or", "or_eq", "private", "protected", "public", "register", "reinterpret_cast", "requires", "restrict", "return", "short", "signed", "sizeof", "static", "static_assert", "static_cast", "struct", "switch", "template", "this", "thread_local", "throw", "true", "try", "typedef", "typeid", "typename", "union", "unsigned", "using", "virtual", "void", "volatile", "wchar_t", "while", "xor", "xor_eq", "main", "workspace", "stream", "dim3", "size_t"])
+# Kept for callers of the old names: the rules now live in :mod:`names`.
+C_KEYWORDS = RESERVED
 
 
-def is_safe_identifier(name: str) -> bool:
-    """A name that can appear in generated C++ as is."""
-    return (name.isidentifier() and name.isascii() and name not in C_KEYWORDS
-            and not name.startswith(("mg_", "__", "cuda", "cu")) and not name.startswith("_"))
+def entry_name(g: Graph, name: str | None = None) -> str:
+    """The entry point's C name: ``name`` (``--name``) when given and safe, else the
+    prefixed program name with its ABI signature (:func:`names.default_entry_name`)."""
+    if name is not None:
+        return check_entry_name(name)
+    types = g.tensor_types()
+    return default_entry_name(g.name, [i.value.type for i in g.inputs],
+                              [types[n] for n in g.outputs])
 
 
-def c_name(name: str) -> str:
-    """The program name as a C identifier, or a diagnostic."""
-    if not is_safe_identifier(name):
-        raise MirageError(f"program name '{name}' cannot be a C function name (use letters, "
-                          f"digits and '_', not a C++ keyword, not starting with 'mg_', "
-                          f"'cu' or '_')")
-    return name
-
-
-def lower(g: Graph, arch: str = DEFAULT_ARCH) -> Program:
-    name = c_name(g.name)
+def lower(g: Graph, arch: str = DEFAULT_ARCH, *, name: str | None = None) -> Program:
+    """``g`` as kernels and launch steps; ``name`` is the entry point (default:
+    :func:`entry_name`), ``arch`` the target GPU (``sm_80`` / ``sm_90``)."""
+    name = entry_name(g, name)
     types = g.tensor_types()
     inputs = tuple(Buffer(i.value.name, i.value.type, "input", k)
                    for k, i in enumerate(g.inputs))
@@ -51,7 +55,7 @@ def lower(g: Graph, arch: str = DEFAULT_ARCH) -> Program:
     kernels: list[Kernel] = []
     steps: list[Launch | Copy] = []
     for i, op in enumerate(g.ops):
-        kname = f"{name}_k{i}"
+        kname = kernel_name(name, i)
         if op.block is not None:
             k = lower_custom(op, kname, types, arch)
         else:
@@ -63,4 +67,5 @@ def lower(g: Graph, arch: str = DEFAULT_ARCH) -> Program:
     for n in g.outputs:
         if n not in produced:  # an output that is an input: copy it
             steps.append(Copy(n, n, types[n].nbytes))
-    return Program(name, inputs, outputs, tuple(temps), tuple(kernels), tuple(steps), ws)
+    return Program(name, inputs, outputs, tuple(temps), tuple(kernels), tuple(steps), ws,
+                   arch=arch, source_name=g.name)

@@ -24,8 +24,9 @@ def _nvrtc() -> Any:
         try:
             from cuda import nvrtc  # type: ignore[no-redef]  # older cuda-python
         except ImportError:
-            raise MirageError("NVRTC is not available: install the project's CUDA extra "
-                              "(pip install 'mirage-cli[cuda12]' or '[cuda13]')") from None
+            raise MirageError("NVRTC is not available: mirage-cli depends on cuda-bindings "
+                              "and nvidia-cuda-nvrtc-cu12; reinstall it (pip install "
+                              "mirage-cli, or 'mirage-cli[cuda13]' for CUDA 13)") from None
     return nvrtc
 
 

@@ -69,6 +69,9 @@ class Copy:
 
 @dataclass(frozen=True)
 class Program:
+    """A lowered µGraph. ``name`` is the entry point's C name (minted by
+    :mod:`names`, never user text); kernels are named from it."""
+
     name: str
     inputs: tuple[Buffer, ...]
     outputs: tuple[Buffer, ...]
@@ -76,6 +79,8 @@ class Program:
     kernels: tuple[Kernel, ...]
     steps: tuple[Launch | Copy, ...]
     workspace_bytes: int
+    arch: str = "sm_90"    # the target GPU the plan is made for (sm_80, sm_90)
+    source_name: str = ""  # the µGraph's own name: user text, for comments only
 
     def buffer(self, name: str) -> Buffer:
         for b in self.inputs + self.outputs + self.temps:

@@ -62,7 +62,8 @@ def opt_candidates(program: Graph, top: int, kw: dict[str, Any]) -> list[Variant
     from mirage_cli.commands import opt
 
     try:
-        return opt_variants(program, top, lambda g: opt.stage_search(g, kw), opt.stage_select)
+        return opt_variants(program, top, lambda g: opt.stage_search(g, kw, kw["budget"]),
+                            opt.stage_select)
     except Exception as e:  # noqa: BLE001 - one program's failed search is a row, not the end
         return [Variant("opt", None, f"search failed: {type(e).__name__}: {e}", ok=False)]
 

@@ -6,114 +6,227 @@ extension, as in the design's pipeline)::
     prog.mir --parse--> prog.ugraph.json --search--> prog.cands.ugraph.json
              --select--> prog.best.ugraph.json --codegen--> prog.cu + prog.h
 
-``--save-temps DIR`` keeps every intermediate file in DIR; ``-MD`` writes a Make
-dependency file next to the output (``prog.d``), ``-MF FILE`` names it. Every output
-is written atomically. Search options are those of ``mirage search``. The chosen
-µGraph is the best verified candidate; the code generator is
-:mod:`mirage_cli.codegen` (``lower`` then ``emit``).
+``--budget S`` bounds the wall time of the whole command: the search gets what is
+left after parsing, less a reserve for code generation. When it finds no verified
+µGraph in time, ``opt`` ships the program's own (unfused) lowering with a warning
+and exit 0 — a build never breaks for want of search time — unless
+``--require-fused`` asks for exit 1 instead.
+
+Outputs (:class:`~mirage_cli.util.OutputSet`): ``prog.cu``, ``prog.h`` beside it,
+``prog.hpp`` with ``--hpp``, and with ``-MD`` the depfile ``prog.mir.d`` (``-MF``
+names it; the ``.mir.d`` suffix keeps it apart from the ``prog.d`` that nvcc -MMD
+writes) and the stamp ``prog.mir.stamp``. They are checked and locked before the
+search, written together, left untouched when unchanged (the stamp excepted: it is
+touched on every successful run, as the Make target that records it), and never
+written over the program. ``-o -`` writes the ``.cu`` alone to stdout.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import click
 
-from mirage_cli import serialize
-from mirage_cli.commands.common import defines_option, parse_defines
+from mirage_cli import __version__, serialize
+from mirage_cli.commands.common import codegen_options, defines_option, parse_defines
 from mirage_cli.commands.search import options_from, search_options
-from mirage_cli.console import info
+from mirage_cli.console import info, warn
 from mirage_cli.diagnostics import MirageError
 from mirage_cli.ir import Graph
 from mirage_cli.loading import load_graph
 from mirage_cli.search.display import progress_display
 from mirage_cli.search.driver import Outcome, cached_search
-from mirage_cli.util import write_atomic
+from mirage_cli.util import OutputSet, write_files
+
+# Seconds of the budget kept for code generation and writing (at most a quarter).
+CODEGEN_RESERVE = 0.3
 
 
 def stage_parse(path: str, defines: dict[str, int]) -> Graph:
     return load_graph(path, defines)
 
 
-def stage_search(program: Graph, kw: dict) -> Outcome:  # type: ignore[type-arg]
+def stage_search(program: Graph, kw: dict, budget: float) -> Outcome:  # type: ignore[type-arg]
     with progress_display() as show:
-        return cached_search(program, options_from(kw), kw["budget"], kw["jobs"],
+        return cached_search(program, options_from(kw), budget, kw["jobs"],
                              not kw["no_cache"], show)
 
 
-def stage_select(out: Outcome) -> Graph:
-    if not out.candidates:
-        raise NoCandidate()
-    return out.candidates[0][0]
+def stage_select(out: Outcome) -> Graph | None:
+    """The best verified candidate, or None."""
+    return out.candidates[0][0] if out.candidates else None
 
 
-def stage_codegen(best: Graph, name: str) -> tuple[str, str]:
-    """CUDA source and header of ``best`` (entry point ``name``)."""
-    import dataclasses
+def stage_codegen(best: Graph, name: str, arch: str, header: str | None
+                  ) -> tuple[str, str, str | None]:
+    """CUDA source, header and (when ``header`` is given) typed C++ interface of
+    ``best``, with entry point ``name``."""
+    from mirage_cli.codegen.emit import emit, emit_hpp
+    from mirage_cli.codegen.lower import lower
 
-    try:
-        from mirage_cli.codegen.emit import emit
-        from mirage_cli.codegen.lower import lower
-    except ImportError:
-        raise MirageError("the code generator (mirage_cli.codegen) is not installed in "
-                          "this build; use --save-temps to keep the chosen µGraph") from None
-    return emit(lower(dataclasses.replace(best, name=name)))
+    prog = lower(best, name=name, arch=arch)
+    cu, h = emit(prog)
+    return cu, h, None if header is None else emit_hpp(prog, header)
 
 
 class NoCandidate(Exception):
-    """The search found no verified µGraph (exit 1)."""
+    """The search found no verified µGraph and ``--require-fused`` was given (exit 1)."""
+
+
+def output_paths(output: str, make_deps: bool, dep_file: str | None, hpp: bool
+                 ) -> dict[str, str]:
+    """Every file ``opt`` writes, by role (cu, h, hpp, d, stamp)."""
+    if output == "-":
+        if make_deps or dep_file or hpp:
+            raise MirageError("-o -: the .cu goes to stdout alone; -MD, -MF and --hpp need "
+                              "a file name")
+        return {}
+    if not output.endswith(".cu"):
+        raise MirageError(f"-o {output}: the output file must end in .cu")
+    stem = output[:-len(".cu")]
+    paths = {"cu": output, "h": stem + ".h"}
+    if hpp:
+        paths["hpp"] = stem + ".hpp"
+    if make_deps or dep_file:
+        paths["d"] = dep_file or stem + ".mir.d"
+        paths["stamp"] = stem + ".mir.stamp"
+    return paths
+
+
+@contextlib.contextmanager
+def _locked(paths: dict[str, str], program: str) -> Iterator[OutputSet | None]:
+    if not paths:
+        yield None
+        return
+    with OutputSet(list(paths.values()), inputs=[program]) as out:
+        yield out
 
 
 @click.command("opt")
 @click.argument("program", type=click.Path(dir_okay=False))
-@click.option("-o", "output", required=True, type=click.Path(dir_okay=False),
-              help="The .cu file to write (its .h is written beside it).")
+@click.option("-o", "output", required=True,
+              help="The .cu file to write (its .h is written beside it); - for stdout.")
 @defines_option
 @search_options
+@codegen_options
+@click.option("--require-fused", is_flag=True,
+              help="Exit 1 when no verified fused µGraph is found (default: ship the "
+                   "unfused lowering with a warning).")
+@click.option("--hpp", is_flag=True, help="Also write the typed C++ interface (.hpp).")
 @click.option("--save-temps", "save_temps", type=click.Path(file_okay=False),
               help="Keep every intermediate file in this directory.")
-@click.option("-MD", "make_deps", is_flag=True, help="Write a Make dependency file.")
+@click.option("-MD", "make_deps", is_flag=True,
+              help="Write a depfile (prog.mir.d) and a stamp (prog.mir.stamp).")
 @click.option("-MF", "dep_file", type=click.Path(dir_okay=False),
-              help="Name of the dependency file (implies -MD).")
+              help="Name of the depfile (implies -MD).")
 def command(program: str, output: str, defines: tuple[str, ...], save_temps: str | None,
-            make_deps: bool, dep_file: str | None, **kw: object) -> None:
+            make_deps: bool, dep_file: str | None, name: str | None, arch: str,
+            require_fused: bool, hpp: bool, **kw: object) -> None:
     """Optimise PROGRAM end to end: parse, search, verify, rank, generate CUDA."""
-    if not output.endswith(".cu"):
-        raise MirageError(f"-o {output}: the output file must end in .cu")
-    stem = Path(output).with_suffix("")
-    header = str(stem) + ".h"
-    temps = Path(save_temps) if save_temps else None
+    # From the command's start: Python's own start-up (0.5-1.5 s) comes before it, and
+    # a process age would be wrong for in-process callers (tests, bench).
+    deadline = time.monotonic() + float(kw["budget"])  # type: ignore[arg-type]
+    paths = output_paths(output, make_deps, dep_file, hpp)
+    with _locked(paths, program) as out:
+        g = stage_parse(program, parse_defines(defines))
+        from mirage_cli.codegen.lower import entry_name
+
+        entry = entry_name(g, name)  # from the program: the same whichever µGraph wins
+        best, fused = _optimise(g, program, kw, deadline, save_temps, require_fused)
+        header = Path(paths["h"]).name if "hpp" in paths else None
+        cu, h, hpp_text = stage_codegen(best, entry, arch, header)
+        if out is None:
+            click.echo(cu, nl=False)
+            return
+        files: dict[str, str | bytes] = {paths["cu"]: cu, paths["h"]: h}
+        if hpp_text is not None:
+            files[paths["hpp"]] = hpp_text
+        if "d" in paths:
+            files[paths["stamp"]] = _stamp(program, defines, name, arch, fused, kw)
+            files[paths["d"]] = depfile([paths["stamp"], paths["cu"], paths["h"]]
+                                        + ([paths["hpp"]] if "hpp" in paths else []),
+                                        [program, *tool_files()])
+        changed = out.commit(files)
+        if "stamp" in paths:
+            os.utime(paths["stamp"])  # the Make target: newer than its prerequisites
+    kept = [p for p in files if p not in changed]
+    info(f"opt: wrote {', '.join(changed) or 'nothing'}"
+         + (f" ({', '.join(kept)} unchanged)" if kept else "")
+         + f"; entry point {entry}, {len(best.ops)} kernel(s)")
+
+
+def _optimise(g: Graph, program: str, kw: dict, deadline: float,  # type: ignore[type-arg]
+              save_temps: str | None, require_fused: bool) -> tuple[Graph, bool]:
+    """The µGraph to ship and whether it came from the search."""
     base = Path(program).name.split(".")[0]
-    g = stage_parse(program, parse_defines(defines))
-    if temps is not None:
-        write_atomic(temps / f"{base}.ugraph.json", serialize.dumps(g))
-    out = stage_search(g, kw)
-    if temps is not None:
-        write_atomic(temps / f"{base}.cands.ugraph.json", out.text)
-    try:
-        best = stage_select(out)
-    except NoCandidate:
-        info("opt: the search found no verified µGraph")
-        raise SystemExit(1) from None
-    if temps is not None:
-        write_atomic(temps / f"{base}.best.ugraph.json", serialize.dumps(best))
-    cu, h = stage_codegen(best, _c_name(stem.name))
-    write_atomic(output, cu)
-    write_atomic(header, h)
-    if make_deps or dep_file:
-        write_atomic(dep_file or str(stem) + ".d", _depfile(output, header, program))
-    info(f"opt: wrote {output} and {header} ({best.name}: "
-         f"{sum(1 for op in best.ops)} kernel(s))")
+    temps: list[tuple[str, str]] = []
+    if save_temps:
+        temps.append((os.path.join(save_temps, f"{base}.ugraph.json"), serialize.dumps(g)))
+    left = deadline - time.monotonic()
+    reserve = min(CODEGEN_RESERVE, left / 4)
+    best = None
+    if left - reserve > 0.05:
+        res = stage_search(g, kw, left - reserve)
+        if save_temps:
+            temps.append((os.path.join(save_temps, f"{base}.cands.ugraph.json"), res.text))
+        best = stage_select(res)
+    fused = best is not None
+    if best is None:
+        if require_fused:
+            _write_temps(temps, program)
+            info("opt: the search found no verified µGraph (--require-fused)")
+            raise SystemExit(1)
+        warn(f"opt: no verified fused µGraph within --budget {kw['budget']} s; shipping "
+             f"the unfused lowering of the program (exact, but slower)")
+        best = g
+    if save_temps:
+        temps.append((os.path.join(save_temps, f"{base}.best.ugraph.json"),
+                      serialize.dumps(best)))
+    _write_temps(temps, program)
+    return best, fused
 
 
-def _c_name(stem: str) -> str:
-    name = "".join(c if c.isalnum() or c == "_" else "_" for c in stem)
-    return name if name and not name[0].isdigit() else f"prog_{name}"
+def _write_temps(temps: list[tuple[str, str]], program: str) -> None:
+    if temps:
+        write_files(temps, inputs=[program])
 
 
-def _depfile(output: str, header: str, program: str) -> str:
-    """Make rule: both outputs depend on the program file."""
-    def esc(p: str) -> str:
-        return p.replace(" ", "\\ ")
-    return f"{esc(output)} {esc(header)}: {esc(os.path.normpath(program))}\n"
+def _stamp(program: str, defines: tuple[str, ...], name: str | None, arch: str, fused: bool,
+           kw: dict) -> str:  # type: ignore[type-arg]
+    """What the outputs were built from: tool version, program, options, -D values."""
+    doc = {"tool": f"mirage-cli {__version__}", "program": os.path.normpath(program),
+           "defines": sorted(defines), "name": name, "arch": arch, "fused": fused,
+           "options": {k: kw[k] for k in sorted(kw) if k != "jobs"}}
+    return json.dumps(doc, sort_keys=True, indent=1) + "\n"
+
+
+def _esc(path: str) -> str:
+    """A path as a Make word (spaces, '#' and '$' escaped)."""
+    return path.replace("\\", "\\\\").replace(" ", "\\ ").replace("#", "\\#").replace("$", "$$")
+
+
+def depfile(targets: list[str], deps: list[str]) -> str:
+    """One rule ``targets: deps`` and an empty rule per dependency (as ``-MP``), so a
+    deleted or renamed dependency does not stop the build."""
+    lines = [" ".join(_esc(t) for t in targets) + ":"
+             + "".join(f" \\\n  {_esc(d)}" for d in deps)]
+    lines += [f"{_esc(d)}:" for d in deps]
+    return "\n".join(lines) + "\n"
+
+
+def tool_files() -> list[str]:
+    """The files of this tool that shape its output (sources, templates, grammar)."""
+    import mirage_cli
+
+    root = Path(mirage_cli.__file__).resolve().parent
+    found = [p for p in root.rglob("*") if p.suffix in (".py", ".j2", ".cuh", ".lark")
+             and "__pycache__" not in p.parts]
+    grammar = root.parent / "grammar" / "mir.lark"
+    if grammar.is_file():
+        found.append(grammar)
+    return sorted(str(p) for p in found)

@@ -2,22 +2,27 @@
 
 Writes every verified candidate, best first (by the cost model), with its cost,
 design decisions, tuning and verification record. Exit 1 when none is found.
+The output file is checked and locked before the search (:class:`OutputSet`);
+``-o -`` is stdout. ``--name`` names the candidate µGraphs (a later ``codegen``
+derives its default entry point from it); ``--arch`` is the target GPU.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
 import os
 import sys
 
 import click
 
-from mirage_cli.commands.common import defines_option, parse_defines
+from mirage_cli.commands.common import codegen_options, defines_option, parse_defines
 from mirage_cli.console import info
 from mirage_cli.loading import load_graph
 from mirage_cli.search.display import progress_display
 from mirage_cli.search.driver import Outcome, SearchOptions, cached_search
-from mirage_cli.util import write_atomic
+from mirage_cli.util import OutputSet
 
 
 def search_options(f):  # type: ignore[no-untyped-def]
@@ -60,18 +65,29 @@ def run(program_path: str, defines: tuple[str, ...], kw: dict) -> Outcome:  # ty
 @click.option("-o", "output", type=click.Path(dir_okay=False), help="Candidates file.")
 @defines_option
 @search_options
+@codegen_options
 @click.option("--json", "as_json", is_flag=True, help="Summary as JSON on stdout.")
 def command(program: str, output: str | None, defines: tuple[str, ...], as_json: bool,
-            **kw: object) -> None:
+            name: str | None, arch: str, **kw: object) -> None:
     """Search for µGraphs equivalent to PROGRAM (with custom fused kernels)."""
-    out = run(program, defines, kw)
-    if out.cached:
-        info("search: cached result (MIRAGE_CACHE_DIR)")
-    elif not out.complete:
-        info("search: budget exhausted or interrupted; returning the best so far")
-    if output:
-        write_atomic(output, out.text)
-    elif not as_json:
+    if output == "-":
+        output = None
+    if name is not None:
+        from mirage_cli.codegen.names import check_entry_name
+
+        check_entry_name(name)
+    outputs = OutputSet([output], inputs=[program]) if output else contextlib.nullcontext()
+    with outputs as files:
+        out = run(program, defines, kw)
+        if name is not None:
+            out = _renamed(out, name)
+        if out.cached:
+            info("search: cached result (MIRAGE_CACHE_DIR)")
+        elif not out.complete:
+            info("search: budget exhausted or interrupted; returning the best so far")
+        if isinstance(files, OutputSet) and output:
+            files.commit({output: out.text})
+    if not output and not as_json:
         sys.stdout.write(out.text)
     if as_json:
         print(json.dumps(summary(out), indent=2, sort_keys=True))
@@ -82,6 +98,14 @@ def command(program: str, output: str | None, defines: tuple[str, ...], as_json:
     if not out.candidates:
         info("search: no verified candidate found")
         sys.exit(1)
+
+
+def _renamed(out: Outcome, name: str) -> Outcome:
+    """``out`` with every candidate µGraph named ``name``."""
+    from mirage_cli import serialize
+
+    pairs = [(dataclasses.replace(g, name=name), m) for g, m in out.candidates]
+    return dataclasses.replace(out, text=serialize.dumps_candidates(pairs), candidates=pairs)
 
 
 def summary(out: Outcome) -> dict:  # type: ignore[type-arg]

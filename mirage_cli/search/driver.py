@@ -190,7 +190,8 @@ def search(program: Graph, options: SearchOptions, budget: float | None = None,
             for sd in _splits(program, d):
                 designs[sd] = None
         prog.designs = len(designs)
-    cands = rank_and_verify(program, list(designs), options, prog, notify, jobs)
+    cands = rank_and_verify(program, list(designs), options, prog, notify, jobs, deadline)
+    complete &= deadline is None or time.time() < deadline
     return SearchResult(cands, prog, complete, time.time() - start)
 
 
@@ -232,13 +233,15 @@ def _check_chosen(program: Graph, out: list[Candidate], seed: int, prog: Progres
 
 
 def rank_and_verify(program: Graph, designs: list[Design], options: SearchOptions,
-                    prog: Progress, notify: Callable[[Progress], None], jobs: int = 1
-                    ) -> list[Candidate]:
+                    prog: Progress, notify: Callable[[Progress], None], jobs: int = 1,
+                    deadline: float | None = None) -> list[Candidate]:
     prog.phase = "tune"
     notify(prog)
     t0 = time.time()
     firsts: list[tuple[tuple[bool, float, int, int], Design]] = []
     for i, d in enumerate(designs):
+        if deadline is not None and time.time() > deadline:
+            break  # the budget bounds tuning and verification too
         tuned = tune(program, d, max_steps=0)
         if tuned:
             c = tuned[0][0]
@@ -264,7 +267,7 @@ def rank_and_verify(program: Graph, designs: list[Design], options: SearchOption
     # Verify best first, until ``top`` pass (in this process: see _verify_all).
     step = max(1, jobs)
     for i in range(0, len(todo), step):
-        if len(out) >= options.top:
+        if len(out) >= options.top or (deadline is not None and time.time() > deadline):
             break
         batch = todo[i:i + step]
         verdicts = _verify_all(program, [g for _, _, g, _ in batch], options.seed)
