@@ -99,7 +99,8 @@ def main(argv: list[str]) -> int:
             us, chk = bench._torch_baseline(dev, prog, compiled, 20, scale)
             base[name] = us
         for label, vg in (variants(g)[:1] if default_only else variants(g)):
-            us, chk = bench._measure(dev, label, vg, prog, 20, scale)
+            m = bench._measure(dev, label, vg, prog, 20, scale)
+            us, chk = m.us, m.check
             row = {"program": prog.name, "batch": int(batch), "variant": label, "us": us,
                    "ok": chk.ok, "rel_err": chk.rel_err, "reason": chk.reason,
                    "floor_us": floor, "bandwidth": bw, **base,
