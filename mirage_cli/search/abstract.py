@@ -332,7 +332,11 @@ def accumulator(spec: Any) -> AbstractRule:
         if spec.finish == "mean":
             return div(r, size(count))
         if spec.finish == "rms":
-            return fn("sqrt", div(r, size(count)))
+            # The same term as ``rms_term`` (rms / rms_norm with the same eps), so a
+            # normalisation accumulated over the forloop matches the program's.
+            mean_sq = div(r, size(count))
+            eps = float(a.get("eps", 0.0))
+            return fn("sqrt", add(mean_sq, const(eps)) if eps else mean_sq)
         return r
 
     syms = {"max" if spec.combine == "max" else "sum"}

@@ -1,0 +1,84 @@
+"""The search on sub-graphs of real models: eps and weights fused into the normalising
+kernel, mixed designs, non-power-of-two tilings, an answer for every program."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mirage_cli import interp, ops
+from mirage_cli.parser import parse_text
+from mirage_cli.search.driver import SearchOptions, search
+from mirage_cli.verifier.api import Verifier
+
+RMSNORM_EPS_W = """
+program rmsnorm_w_linear(rows = 8, hidden = 1024, n = 128) {
+  input X: f16[rows, hidden];
+  input G: f16[hidden];
+  input W: f16[hidden, n];
+  Y = rms_norm(X, G, eps=1e-05);
+  Z = matmul(Y, W);
+  output Z;
+}
+"""
+
+FUSED_EPS = """
+program rmsnorm_w_linear(rows = 8, hidden = 1024, n = 128) {
+  input X: f16[rows, hidden];
+  input G: f16[hidden];
+  input W: f16[hidden, n];
+  Z = custom(grid=(4, 1, 1), threads=128, forloop=8) {
+    x = load X fmap(1);
+    g = load G fmap(0);
+    w = load W imap(x=1) fmap(0);
+    r = acc_rms_ld(x, eps=EPS);
+    xg = mul(x, g);
+    m = matmul(xg, w);
+    s = acc_sum(m);
+    o = div(s, r);
+    store o -> Z omap(x=1);
+  }
+  output Z;
+}
+"""
+
+
+def _g(text: str):
+    return parse_text(text, "<test>", {})
+
+
+def test_accumulator_eps_is_sqrt_of_mean_plus_eps():
+    spec = ops.get("acc_rms_ld").accum
+    assert spec is not None
+    tiles = np.arange(1.0, 13.0).reshape(3, 1, 4)  # 3 iterations of a 1x4 tile
+    got = ops.np_accumulate(spec, tiles, None, eps=0.5)
+    assert np.allclose(got, np.sqrt((tiles ** 2).sum() / 12 + 0.5))
+    assert "eps" in {a.name for a in ops.get("acc_rms").attrs}
+    assert "eps" not in {a.name for a in ops.get("acc_sum").attrs}
+
+
+def test_fused_kernel_with_eps_verifies_and_a_wrong_eps_does_not():
+    prog = _g(RMSNORM_EPS_W)
+    v = Verifier(prog, seed=3)
+    good = _g(FUSED_EPS.replace("EPS", "1e-05"))
+    assert v.certify(good).verdict == "equivalent"
+    ins = interp.random_inputs(prog, 1)
+    ref = interp.run(prog, ins)["Z"]
+    assert np.allclose(interp.run(good, ins)["Z"], ref, rtol=1e-12, atol=1e-12)
+    for wrong in ("1e-06", "0.0"):  # a different eps, or none at all
+        bad = _g(FUSED_EPS.replace("EPS", wrong))
+        assert v.certify(bad).verdict == "not equivalent"
+
+
+def test_search_fuses_rmsnorm_eps_and_weight_with_the_matmul():
+    prog = _g(RMSNORM_EPS_W)
+    res = search(prog, SearchOptions(max_kernel_ops=1, max_block_ops=6, top=1))
+    assert res.candidates, "no verified candidate"
+    best = res.candidates[0].graph
+    assert [op.op for op in best.ops] == ["custom"]
+    block = best.ops[0].block
+    assert block is not None
+    accs = [o for o in block.ops if o.op == "acc_rms_ld"]
+    assert len(accs) == 1 and dict(accs[0].attrs)["eps"] == 1e-05
+    # The weight is folded into the loop (multiplied before the matmul).
+    assert "mul" in [o.op for o in block.ops]
+    assert res.candidates[0].verdict["equivalent"] is True
