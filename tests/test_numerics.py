@@ -50,3 +50,56 @@ def test_float64_tolerance_is_per_element():
     w[2] += 1e-16
     assert cc._distance(w, z)[1] <= cc.RTOL
     assert cc._distance(np.array([np.nan, 1.0]), np.array([0.0, 1.0]))[1] == np.inf
+
+
+SOFTMAX = """
+program sm(rows = 8, seq = 64) {
+  input X: f16[rows, seq];
+  S = mul_scalar(X, scalar=8.0);
+  P = softmax(S, dim=1);
+  output P;
+}
+"""
+
+# The same softmax without the max subtraction: equal over the reals.
+NO_MAX = """
+program sm(rows = 8, seq = 64) {
+  input X: f16[rows, seq];
+  P = custom(grid=(4, 1, 1), threads=128, forloop=1) {
+    x = load X imap(x=0);
+    s = mul_scalar(x, scalar=8.0);
+    e = exp(s);
+    a = acc_sum(e);
+    t = sum(a, dim=1, keepdim=true);
+    p = div(a, t);
+    store p -> P omap(x=0);
+  }
+  output P;
+}
+"""
+
+
+def test_softmax_search_result_is_finite_on_large_logits_and_no_max_is_rejected():
+    from mirage_cli import interp
+    from mirage_cli.search.driver import SearchOptions, search
+    from mirage_cli.verifier.numerics import safety_check, scaled_inputs
+
+    prog = _g(SOFTMAX)
+    res = search(prog, SearchOptions(max_kernel_ops=1, max_block_ops=6, top=1))
+    assert res.candidates, "no verified candidate"
+    best = res.candidates[0]
+    assert best.graph.ops[0].op == "custom"
+    assert {"max", "acc_max_ld"} & {o.op for o in best.graph.ops[0].block.ops}
+    assert best.verdict["numerics"]["verdict"] == "safe"
+    ins = scaled_inputs(prog, 0, 16.0)
+    logits = interp.run(_g(SOFTMAX.replace("output P;", "output S;")), ins, "native")["S"]
+    assert np.abs(logits).max() > 100  # the inputs do reach logits beyond +-100
+    out = interp.run(best.graph, ins, "native")["P"]
+    assert np.isfinite(out).all()
+    # The mutant dropping the max: equivalent in the finite field, unsafe numerically.
+    mutant = _g(NO_MAX)
+    assert Verifier(prog, seed=0).check(mutant, trials=1).equivalent is True
+    verdict = safety_check(prog, mutant)
+    assert not verdict.safe and verdict.scale == 16.0 and "NaN" in verdict.reason
+    assert not np.isfinite(interp.run(mutant, ins, "native")["P"]).all()
+    assert np.isfinite(interp.run(prog, ins, "native")["P"]).all()

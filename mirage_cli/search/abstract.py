@@ -379,8 +379,12 @@ def decompose_rms_norm(emit: Emit, xs: Sequence[Any], a: Mapping[str, AttrValue]
 
 
 def decompose_softmax(emit: Emit, xs: Sequence[Any], a: Mapping[str, AttrValue]) -> Any:
-    """softmax(x, dim) = exp(x) / sum(exp(x), dim) (the max shift cancels)."""
-    e = emit("exp", xs[0])
+    """softmax(x, dim) = e / sum(e, dim) with e = exp(x - max(x, dim)): the max shift
+    cancels over the reals, but without it exp overflows for logits near 100, so the
+    search only ever builds the numerically safe form (the verifier's numerical check,
+    ``verifier.numerics``, rejects a candidate that drops it)."""
+    m = emit("max", xs[0], dim=a["dim"], keepdim=True)
+    e = emit("exp", emit("sub", xs[0], m))
     return emit("div", e, emit("sum", e, dim=a["dim"], keepdim=True))
 
 # ---------------------------------------------------------------------------

@@ -212,18 +212,23 @@ def _verify_all(program: Graph, graphs: list[Graph], seed: int) -> list[Verdict]
 
 def _check_chosen(program: Graph, out: list[Candidate], seed: int, prog: Progress
                   ) -> list[Candidate]:
-    """The chosen (first) candidate must also pass the float64 cross-check; one that
-    does not is dropped and the next takes its place. Done on the final ranking, so
-    the result does not depend on how verification was batched over ``--jobs``."""
+    """The chosen (first) candidate must also pass the float64 cross-check and be no
+    less safe numerically than the program (:mod:`mirage_cli.verifier.numerics`); one
+    that fails either is dropped and the next takes its place. Done on the final
+    ranking, so the result does not depend on how verification was batched over
+    ``--jobs``."""
     from mirage_cli.verifier.crosscheck import crosscheck
+    from mirage_cli.verifier.numerics import safety_check
 
     while out:
         cc = crosscheck(program, out[0].graph, seed)
-        if cc.close:
+        safety = safety_check(program, out[0].graph, seed) if cc.close else None
+        if cc.close and safety is not None and safety.safe:
             record = {"verdict": "close", "method": "float64 reference interpreter",
                       "seed": cc.seed, "rtol": cc.rtol, "atol": cc.atol,
                       "max_rel_err": cc.max_rel_err}
-            out[0] = replace(out[0], verdict={**out[0].verdict, "float64": record})
+            out[0] = replace(out[0], verdict={**out[0].verdict, "float64": record,
+                                              "numerics": safety.as_json()})
             return out
         prog.verified -= 1
         prog.rejected += 1
