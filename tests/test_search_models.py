@@ -82,3 +82,26 @@ def test_search_fuses_rmsnorm_eps_and_weight_with_the_matmul():
     # The weight is folded into the loop (multiplied before the matmul).
     assert "mul" in [o.op for o in block.ops]
     assert res.candidates[0].verdict["equivalent"] is True
+
+
+RESIDUAL = """
+program residual_rmsnorm(batch = 4, hidden = 256) {
+  input X: bf16[batch, hidden];
+  input R: bf16[batch, hidden];
+  input G: bf16[hidden];
+  H = add(X, R);
+  Y = rms_norm(H, G, eps=1e-05);
+  output H;
+  output Y;
+}
+"""
+
+
+def test_residual_sum_is_computed_once_in_the_fused_kernel():
+    res = search(_g(RESIDUAL), SearchOptions(max_kernel_ops=1, max_block_ops=8, top=1))
+    assert res.candidates
+    (k,) = res.candidates[0].graph.ops
+    assert k.block is not None
+    block_ops = [o.op for o in k.block.ops]
+    assert block_ops.count("add") == 1, block_ops  # X + R stored and normalised
+    assert res.candidates[0].verdict["equivalent"] is True
