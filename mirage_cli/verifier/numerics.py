@@ -17,8 +17,9 @@ result on the same inputs. The candidate is *unsafe* at a scale when
   f16 outputs) and ``FACTOR`` times the program's own error: it lost accuracy where
   the program did not.
 
-Elements where the program itself is not finite are not judged (the candidate may do
-anything the program does). The rule is documented in docs/verification.md.
+Elements where the program itself is not finite, or where the exact (float64) value
+does not fit the output's dtype, are not judged: the candidate may do anything the
+program does, and overflowing a value that is out of range is not a loss of safety. The rule is documented in docs/verification.md.
 """
 
 from __future__ import annotations
@@ -76,7 +77,12 @@ def safety_check(program: Graph, candidate: Graph, seed: int = 0) -> Safety:
         ref = interp.run(program, ins_p, "float64")
         nat_p = interp.run(program, ins_p, "native")
         nat_c = interp.run(candidate, ins_c, "native")
+        types = program.tensor_types()
         for op, oc in zip(program.outputs, candidate.outputs):
+            # Out of the dtype's range: not judged (see the module docstring).
+            with np.errstate(over="ignore"):
+                fits = np.isfinite(round_to(types[op].dtype, ref[op]))
+            ref[op] = np.where(fits, ref[op], np.nan)
             bad = _judge(ref[op], nat_p[op], nat_c[oc])
             e_p, e_c = _rel_err(nat_p[op], ref[op]), _rel_err(nat_c[oc], ref[op])
             errors.append((scale, e_p, e_c))
@@ -90,7 +96,7 @@ def safety_check(program: Graph, candidate: Graph, seed: int = 0) -> Safety:
 
 def _judge(ref: np.ndarray, prog: np.ndarray, cand: np.ndarray) -> str | None:
     """Why ``cand`` is unsafe element-wise (None if it is not)."""
-    worse = np.isfinite(prog) & ~np.isfinite(cand)
+    worse = np.isfinite(prog) & np.isfinite(ref) & ~np.isfinite(cand)
     if not worse.any():
         return None
     n = int(worse.sum())
