@@ -105,3 +105,39 @@ def test_residual_sum_is_computed_once_in_the_fused_kernel():
     block_ops = [o.op for o in k.block.ops]
     assert block_ops.count("add") == 1, block_ops  # X + R stored and normalised
     assert res.candidates[0].verdict["equivalent"] is True
+
+
+MLP = """
+program mlp(batch = 2, hidden = 64, inter = 96) {
+  input X: f16[batch, hidden];
+  input W1: f16[hidden, inter];
+  input W3: f16[hidden, inter];
+  input W2: f16[inter, hidden];
+  A = matmul(X, W1);
+  B = matmul(X, W3);
+  S = silu(A);
+  H = mul(S, B);
+  O = matmul(H, W2);
+  output O;
+}
+"""
+
+
+def test_cut_program_parts_join_into_a_verified_mixed_design():
+    from mirage_cli.search import partition
+    from mirage_cli.search.driver import Progress, _mixed
+
+    prog = _g(MLP)
+    parts = partition.split(prog, 4)
+    assert parts is not None
+    first, second = parts
+    assert first.outputs == ("H",) and [i.value.name for i in second.graph.inputs] == ["H", "W2"]
+    assert partition.split(prog, 0) is None
+    p = Progress()
+    cands = _mixed(prog, SearchOptions(max_kernel_ops=1, max_block_ops=6, top=1), None, 1,
+                   p, 0)
+    assert cands, p.mixed
+    g = cands[0].graph
+    assert len(g.ops) == 2 and g.ops[0].op == "custom"  # gate/up fused, then the down proj
+    assert Verifier(prog, seed=5).certify(g).verdict == "equivalent"
+    assert "cut after 'H'" in p.mixed
