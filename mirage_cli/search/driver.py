@@ -199,7 +199,7 @@ def search(program: Graph, options: SearchOptions, budget: float | None = None,
             for sd in _splits(program, d):
                 designs[sd] = None
         prog.designs = len(designs)
-    cands = rank_and_verify(program, list(designs), options, prog, notify, jobs)
+    cands = rank_and_verify(program, list(designs), options, prog, notify, jobs, deadline)
     if not cands and depth < MAX_DEPTH and len(program.ops) > 1:
         cands = _mixed(program, options, deadline, jobs, prog, depth)
         complete &= deadline is None or time.time() < deadline
@@ -312,8 +312,11 @@ def _check_chosen(program: Graph, out: list[Candidate], seed: int, prog: Progres
 
 
 def rank_and_verify(program: Graph, designs: list[Design], options: SearchOptions,
-                    prog: Progress, notify: Callable[[Progress], None], jobs: int = 1
-                    ) -> list[Candidate]:
+                    prog: Progress, notify: Callable[[Progress], None], jobs: int = 1,
+                    deadline: float | None = None) -> list[Candidate]:
+    """Tune, cost and rank the designs, then verify best first until ``top`` pass; past
+    the ``deadline``, verification stops as soon as one candidate passed (certifying
+    a candidate of a large program takes tens of seconds)."""
     prog.phase = "tune"
     notify(prog)
     t0 = time.time()
@@ -352,7 +355,8 @@ def rank_and_verify(program: Graph, designs: list[Design], options: SearchOption
     # Verify best first, until ``top`` pass (in this process: see _verify_all).
     step = max(1, jobs)
     for i in range(0, len(todo), step):
-        if len(out) >= options.top:
+        if len(out) >= options.top or (out and deadline is not None
+                                       and time.time() > deadline):
             break
         batch = todo[i:i + step]
         verdicts = _verify_all(program, [g for _, _, g, _ in batch], options.seed)
