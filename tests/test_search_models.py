@@ -141,3 +141,26 @@ def test_cut_program_parts_join_into_a_verified_mixed_design():
     assert len(g.ops) == 2 and g.ops[0].op == "custom"  # gate/up fused, then the down proj
     assert Verifier(prog, seed=5).certify(g).verdict == "equivalent"
     assert "cut after 'H'" in p.mixed
+
+
+def test_tuner_moves_reach_odd_divisors():
+    from mirage_cli.search.tune import _moves
+
+    assert _moves(256, 14336) == [128, 224, 448, 512]  # 14336 = 7 * 2^11
+    assert 74 in _moves(64, 18944) and 37 in _moves(64, 18944)  # 18944 = 37 * 2^9
+    assert _moves(2, 0) == [4]
+
+
+def test_no_answer_says_which_constraint_excluded_the_fused_designs():
+    from mirage_cli.search.driver import explain_none
+    from mirage_cli.search.partition import MAX_DEPTH
+
+    big = _g(MLP.replace("batch = 2, hidden = 64, inter = 96",
+                         "batch = 1, hidden = 4096, inter = 14336"))
+    # At the depth limit there is no mixed-design fallback: one kernel cannot hold the
+    # MLP's intermediate.
+    res = search(big, SearchOptions(max_kernel_ops=1, max_block_ops=6, top=1),
+                 depth=MAX_DEPTH)
+    assert not res.candidates and res.progress.designs > 0
+    why = explain_none(res.progress)
+    assert "exceed the 227 KB of shared memory" in why and "the smallest needs" in why
