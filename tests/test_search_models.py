@@ -141,6 +141,9 @@ def test_cut_program_parts_join_into_a_verified_mixed_design():
     assert len(g.ops) == 2 and g.ops[0].op == "custom"  # gate/up fused, then the down proj
     assert Verifier(prog, seed=5).certify(g).verdict == "equivalent"
     assert "cut after 'H'" in p.mixed
+    verdict = cands[0].verdict
+    assert verdict["method"].startswith("composition") and verdict["bound"] < 2.0 ** -40
+    assert verdict["numerics"]["verdict"] == "safe"
 
 
 def test_tuner_moves_reach_odd_divisors():

@@ -34,7 +34,7 @@ from mirage_cli.search.enumerate import Limits, OutOfTime, Search, Stats, make_t
 from mirage_cli.search.partition import MAX_DEPTH
 from mirage_cli.search.split import split_reduction
 from mirage_cli.search.tune import tune
-from mirage_cli.search.verify import Verdict, verify
+from mirage_cli.search.verify import Verdict, verify, verify_composed
 
 Unit = tuple[int, Any]  # (max kernels, first move: a config or "predef")
 
@@ -225,11 +225,12 @@ def _mixed(program: Graph, options: SearchOptions, deadline: float | None, jobs:
         chosen = [_best_part(p.graph, options, deadline, jobs, depth) for p in parts]
         if any(c is None for c in chosen):
             continue
-        d, t = partition.join(program, [c for c in chosen if c is not None])
+        d, t = partition.join(program, [(c[0], c[1]) for c in chosen if c is not None])
         g = instantiate(program, d, t)
         if g is None:
             continue
-        v = verify(program, g, options.seed)
+        v = verify_composed(program, g, [c[2] for c in chosen if c is not None],
+                            options.seed)
         if not v.ok:
             prog.rejected += 1
             continue
@@ -243,13 +244,16 @@ def _mixed(program: Graph, options: SearchOptions, deadline: float | None, jobs:
 
 
 def _best_part(part: Graph, options: SearchOptions, deadline: float | None, jobs: int,
-               depth: int) -> tuple[Design, Tuning] | None:
-    """The best verified design of a part, or the part's one operator itself."""
+               depth: int) -> tuple[Design, Tuning, dict[str, Any] | None] | None:
+    """The best verified design of a part and its verdict, or the part's one operator
+    itself (verdict None: it is the program's own operator)."""
     budget = None if deadline is None else max(1.0, deadline - time.time())
     res = search(part, replace(options, top=1), budget, jobs, depth=depth + 1)
     if res.candidates:
-        return res.candidates[0].design, res.candidates[0].tuning
-    return partition.predefined(part)
+        c = res.candidates[0]
+        return c.design, c.tuning, c.verdict
+    pre = partition.predefined(part)
+    return None if pre is None else (pre[0], pre[1], None)
 
 
 def explain_none(prog: Progress) -> str:
