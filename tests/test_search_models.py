@@ -142,7 +142,7 @@ def test_cut_program_parts_join_into_a_verified_mixed_design():
     assert Verifier(prog, seed=5).certify(g).verdict == "equivalent"
     assert "cut after 'H'" in p.mixed
     verdict = cands[0].verdict
-    assert verdict["method"].startswith("composition") and verdict["bound"] < 2.0 ** -40
+    assert verdict["method"].startswith("composition") and verdict["bound"] <= 2 * 2.0 ** -40
     assert verdict["numerics"]["verdict"] == "safe"
 
 
