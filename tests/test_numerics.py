@@ -4,6 +4,7 @@ element-wise float64 tolerance, and numerical safety of softmax rewrites."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from mirage_cli.parser import parse_text
 from mirage_cli.verifier import crosscheck as cc
@@ -103,3 +104,29 @@ def test_softmax_search_result_is_finite_on_large_logits_and_no_max_is_rejected(
     assert not verdict.safe and verdict.scale == 16.0 and "NaN" in verdict.reason
     assert not np.isfinite(interp.run(mutant, ins, "native")["P"]).all()
     assert np.isfinite(interp.run(prog, ins, "native")["P"]).all()
+
+
+@pytest.mark.gpu
+def test_softmax_search_result_stays_finite_on_large_logits_on_the_gpu():
+    from mirage_cli import interp
+    from mirage_cli.codegen.runner import gpu_available
+    from mirage_cli.search.driver import SearchOptions, search
+    from mirage_cli.verifier.numerics import scaled_inputs
+
+    if not gpu_available():
+        pytest.skip("no CUDA GPU")
+    from mirage_cli.codegen.bench import build
+    from mirage_cli.codegen.runner import Device
+
+    prog = _g(SOFTMAX)
+    res = search(prog, SearchOptions(max_kernel_ops=1, max_block_ops=6, top=1))
+    assert res.candidates
+    loaded = build(Device(0), res.candidates[0].graph)
+    ins = scaled_inputs(prog, 0, 16.0)  # logits beyond +-100
+    try:
+        out = loaded.run(ins)["P"]
+    finally:
+        loaded.unload()
+    ref = interp.run(prog, ins, "float64")["P"]
+    assert np.isfinite(out).all()
+    assert np.linalg.norm(out - ref) / np.linalg.norm(ref) <= 1e-2
