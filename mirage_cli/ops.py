@@ -56,7 +56,8 @@ class AccumSpec:
       ``to_width`` (the last dim summed in groups down to ``width``);
     - ``combine``: ``sum`` or ``max`` over iterations;
     - ``finish``: ``id``, ``mean`` (divide by the number of elements reduced) or
-      ``rms`` (sqrt of that mean).
+      ``rms`` (sqrt of that mean plus the operator's ``eps`` attribute, default 0:
+      ``sqrt(sum / count + eps)``, RMSNorm's denominator).
     """
 
     pre: Literal["id", "square"]
@@ -318,8 +319,10 @@ def np_sum_to(x: np.ndarray, width: int) -> np.ndarray:
     return x.reshape(x.shape[:-1] + (groups, width)).sum(axis=-2)
 
 
-def np_accumulate(spec: AccumSpec, tiles: np.ndarray, width: int | None) -> np.ndarray:
-    """Apply an accumulator to ``tiles``, the per-iteration tiles stacked on axis 0."""
+def np_accumulate(spec: AccumSpec, tiles: np.ndarray, width: int | None,
+                  eps: float = 0.0) -> np.ndarray:
+    """Apply an accumulator to ``tiles``, the per-iteration tiles stacked on axis 0
+    (``eps`` is added under the square root of an ``rms`` finish)."""
     v = tiles * tiles if spec.pre == "square" else tiles
     count = tiles.shape[0]
     if spec.reduce == "last":
@@ -333,7 +336,7 @@ def np_accumulate(spec: AccumSpec, tiles: np.ndarray, width: int | None) -> np.n
     if spec.finish == "mean":
         return v / count
     if spec.finish == "rms":
-        return np.sqrt(v / count)
+        return np.sqrt(v / count + eps)
     return v
 
 
@@ -363,7 +366,8 @@ def _np_softmax(xs: Sequence[np.ndarray], a: dict[str, AttrValue]) -> np.ndarray
 
 def _np_accum(spec: AccumSpec) -> NumpyFn:
     # Called by the interpreter with one input: the iterations' tiles stacked on axis 0.
-    return lambda xs, a: np_accumulate(spec, xs[0], a.get("width"))  # type: ignore[arg-type]
+    return lambda xs, a: np_accumulate(spec, xs[0], a.get("width"),  # type: ignore[arg-type]
+                                       float(a.get("eps", 0.0)))  # type: ignore[arg-type]
 
 # ---------------------------------------------------------------------------
 # The operators
@@ -445,9 +449,18 @@ _MIRAGE_ACCUM: dict[str, MirageNames] = {
                        ("acc_mean_ld", "red_ld_mean"), ("acc_rms_ld", "red_ld_rms"),
                        ("acc_sum_to", "redtox_ld_sum"))}
 _MIRAGE_ACCUM["acc_max"] = mirage_names("tb_forloop_accum_max_op")  # added after the rename
+
+
+def _accum_attrs(spec: AccumSpec) -> tuple[AttrSpec, ...]:
+    """A width for ``to_width``; an eps for an rms finish (RMSNorm's eps, so that a
+    real model's normalisation fuses into the kernel that walks the hidden dim)."""
+    return (((_WIDTH,) if spec.reduce == "to_width" else ())
+            + ((_EPS,) if spec.finish == "rms" else ()))
+
+
 for _name, _spec in ACCUMULATORS.items():
     register(OpDef(_name, BLOCK_ONLY, (1, 1), infer_accum(_spec), _np_accum(_spec),
-                   attrs=(_WIDTH,) if _spec.reduce == "to_width" else (), accum=_spec,
+                   attrs=_accum_attrs(_spec), accum=_spec,
                    mirage=_MIRAGE_ACCUM.get(_name, ()),
                    doc=f"forloop accumulator: {_spec}"))
 

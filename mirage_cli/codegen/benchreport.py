@@ -223,12 +223,13 @@ def _panel(ax: Any, doc: dict[str, Any], bench: str) -> None:
         timed = [(x, t) for x, t in zip(xs, series[label]) if t is not None]
         # No time (failed, not applicable, not run) is marked, not hidden.
         missing += [x for x, t in zip(xs, series[label]) if t is None]
-        style = {"color": color(label), "hatch": "//" if label in BASELINES else None,
-                 "edgecolor": "white", "linewidth": 0.3}
+        face, hatch = color(label), "//" if label in BASELINES else None
+        style: dict[str, Any] = {"color": face, "hatch": hatch, "edgecolor": "white",
+                                 "linewidth": 0.3}
         bars = ax.bar([x for x, _ in timed], [t for _, t in timed], width, **style)
         ax.bar_label(bars, [f"{t:.1f}" for _, t in timed], fontsize=6, padding=1)
         # Explicit legend entries: a series with no bar at all still gets its colour.
-        handles.append(Patch(facecolor=style["color"], hatch=style["hatch"],
+        handles.append(Patch(facecolor=face, hatch=hatch,
                              edgecolor="white", label=label if timed else f"{label} (no time)"))
     for i, f in enumerate(floors):
         ax.hlines(f, i - 0.45, i + 0.45, colors="black", linewidth=1.5)

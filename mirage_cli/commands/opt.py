@@ -40,7 +40,7 @@ from mirage_cli.diagnostics import MirageError
 from mirage_cli.ir import Graph
 from mirage_cli.loading import load_graph
 from mirage_cli.search.display import progress_display
-from mirage_cli.search.driver import Outcome, cached_search
+from mirage_cli.search.driver import Outcome, cached_search, explain_none
 from mirage_cli.util import OutputSet, write_files
 
 # Seconds of the budget kept for code generation and writing (at most a quarter).
@@ -179,10 +179,12 @@ def _optimise(g: Graph, program: str, kw: dict, deadline: float,  # type: ignore
     if best is None:
         if require_fused:
             _write_temps(temps, program)
-            info("opt: the search found no verified µGraph (--require-fused)")
+            info(f"opt: the search found no verified µGraph (--require-fused): "
+                 f"{explain_none(res.progress) if res.progress else 'search interrupted'}")
             raise SystemExit(1)
-        warn(f"opt: no verified fused µGraph within --budget {kw['budget']} s; shipping "
-             f"the unfused lowering of the program (exact, but slower)")
+        warn(f"opt: no verified fused µGraph within --budget {kw['budget']} s "
+             f"({explain_none(res.progress) if res.progress else 'search interrupted'}); shipping the unfused lowering of the program "
+             f"(exact, but slower)")
         best = g
     if save_temps:
         temps.append((os.path.join(save_temps, f"{base}.best.ugraph.json"),

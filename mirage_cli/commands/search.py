@@ -21,7 +21,7 @@ from mirage_cli.commands.common import codegen_options, defines_option, parse_de
 from mirage_cli.console import info
 from mirage_cli.loading import load_graph
 from mirage_cli.search.display import progress_display
-from mirage_cli.search.driver import Outcome, SearchOptions, cached_search
+from mirage_cli.search.driver import Outcome, SearchOptions, cached_search, explain_none
 from mirage_cli.util import OutputSet
 
 
@@ -96,7 +96,8 @@ def command(program: str, output: str | None, defines: tuple[str, ...], as_json:
             print(f"#{meta['rank']}: {meta['kernels']} kernel(s), "
                   f"{meta['cost']['time_us']} us predicted, tuning {meta['tuning']}")
     if not out.candidates:
-        info("search: no verified candidate found")
+        why = "" if out.progress is None else f": {explain_none(out.progress)}"
+        info(f"search: no verified candidate found{why}")
         sys.exit(1)
 
 

@@ -332,7 +332,11 @@ def accumulator(spec: Any) -> AbstractRule:
         if spec.finish == "mean":
             return div(r, size(count))
         if spec.finish == "rms":
-            return fn("sqrt", div(r, size(count)))
+            # The same term as ``rms_term`` (rms / rms_norm with the same eps), so a
+            # normalisation accumulated over the forloop matches the program's.
+            mean_sq = div(r, size(count))
+            eps = float(a.get("eps", 0.0))
+            return fn("sqrt", add(mean_sq, const(eps)) if eps else mean_sq)
         return r
 
     syms = {"max" if spec.combine == "max" else "sum"}
@@ -375,8 +379,12 @@ def decompose_rms_norm(emit: Emit, xs: Sequence[Any], a: Mapping[str, AttrValue]
 
 
 def decompose_softmax(emit: Emit, xs: Sequence[Any], a: Mapping[str, AttrValue]) -> Any:
-    """softmax(x, dim) = exp(x) / sum(exp(x), dim) (the max shift cancels)."""
-    e = emit("exp", xs[0])
+    """softmax(x, dim) = e / sum(e, dim) with e = exp(x - max(x, dim)): the max shift
+    cancels over the reals, but without it exp overflows for logits near 100, so the
+    search only ever builds the numerically safe form (the verifier's numerical check,
+    ``verifier.numerics``, rejects a candidate that drops it)."""
+    m = emit("max", xs[0], dim=a["dim"], keepdim=True)
+    e = emit("exp", emit("sub", xs[0], m))
     return emit("div", e, emit("sum", e, dim=a["dim"], keepdim=True))
 
 # ---------------------------------------------------------------------------

@@ -25,9 +25,15 @@ def cache_dir() -> Path:
     return Path(env) if env else Path.home() / ".cache" / "mirage-cli"
 
 
+# Bumped when the search's answers change meaning within one tool version (2: softmax
+# is searched in its max-subtracted form and candidates pass the numerical check, so
+# older entries may hold the overflowing form).
+SEARCH_REVISION = 2
+
+
 def key(program: Graph, options: dict[str, Any], kind: str = "search") -> str:
     doc = {"kind": kind, "program": serialize.graph_to_json(program), "options": options,
-           "version": __version__}
+           "version": __version__, "revision": SEARCH_REVISION}
     text = json.dumps(doc, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()
 

@@ -27,12 +27,14 @@ from typing import Any
 from mirage_cli import __version__
 from mirage_cli.diagnostics import MirageError
 from mirage_cli.ir import Graph
-from mirage_cli.search.cost import Cost
+from mirage_cli.search import partition
+from mirage_cli.search.cost import SMEM_BYTES, Cost
 from mirage_cli.search.design import Design, Tuning
 from mirage_cli.search.enumerate import Limits, OutOfTime, Search, Stats, make_target
+from mirage_cli.search.partition import MAX_DEPTH
 from mirage_cli.search.split import split_reduction
 from mirage_cli.search.tune import tune
-from mirage_cli.search.verify import Verdict, verify
+from mirage_cli.search.verify import Verdict, verify, verify_composed
 
 Unit = tuple[int, Any]  # (max kernels, first move: a config or "predef")
 
@@ -72,6 +74,11 @@ class Progress:
     rejected: int = 0
     best_us: float | None = None
     seconds: dict[str, float] = field(default_factory=dict)  # per phase
+    # Why designs were excluded before verification (see ``explain_none``).
+    no_tuning: int = 0          # no tuning instantiates (sizes do not divide)
+    too_big: int = 0            # every tuning tried exceeds shared memory
+    smallest_smem: int | None = None  # bytes, over the designs that do not fit
+    mixed: str = ""             # what the cut-program (mixed design) search did
 
 
 @dataclass(frozen=True)
@@ -161,9 +168,11 @@ def _init_worker_inline(program: Graph, options: SearchOptions, deadline: float 
 
 
 def search(program: Graph, options: SearchOptions, budget: float | None = None,
-           jobs: int = 1, on_progress: Callable[[Progress], None] | None = None
-           ) -> SearchResult:
-    """Enumerate, tune, rank and verify; see the module docstring."""
+           jobs: int = 1, on_progress: Callable[[Progress], None] | None = None,
+           depth: int = 0) -> SearchResult:
+    """Enumerate, tune, rank and verify; see the module docstring. When nothing
+    verifies, the program is cut into parts searched alone (``depth`` counts the
+    cuts above this search, :mod:`.partition`)."""
     start = time.time()
     deadline = None if budget is None else start + budget
     prog = Progress()
@@ -191,8 +200,77 @@ def search(program: Graph, options: SearchOptions, budget: float | None = None,
                 designs[sd] = None
         prog.designs = len(designs)
     cands = rank_and_verify(program, list(designs), options, prog, notify, jobs, deadline)
+    if not cands and depth < MAX_DEPTH and len(program.ops) > 1:
+        cands = _mixed(program, options, deadline, jobs, prog, depth)
     complete &= deadline is None or time.time() < deadline
     return SearchResult(cands, prog, complete, time.time() - start)
+
+
+def _mixed(program: Graph, options: SearchOptions, deadline: float | None, jobs: int,
+           prog: Progress, depth: int) -> list[Candidate]:
+    """Nothing fused verified: cut the program at its own tensors (:mod:`.partition`),
+    search the parts, join them, verify the whole; the first cut that works, latest
+    cut first (the cheapest way to an answer)."""
+    from mirage_cli.search.cost import estimate
+    from mirage_cli.search.design import instantiate
+
+    tried = 0
+    for at in partition.cut_points(program):
+        if deadline is not None and time.time() > deadline:
+            break
+        parts = partition.split(program, at)
+        if parts is None:
+            continue
+        tried += 1
+        chosen = [_best_part(p.graph, options, deadline, jobs, depth) for p in parts]
+        if any(c is None for c in chosen):
+            continue
+        d, t = partition.join(program, [(c[0], c[1]) for c in chosen if c is not None])
+        g = instantiate(program, d, t)
+        if g is None:
+            continue
+        v = verify_composed(program, g, [c[2] for c in chosen if c is not None],
+                            options.seed)
+        if not v.ok:
+            prog.rejected += 1
+            continue
+        prog.verified += 1
+        prog.mixed = (f"cut after '{program.ops[at - 1].outputs[0].name}': "
+                      f"{len(d.steps)} kernel(s)")
+        return _check_chosen(program, [Candidate(g, d, t, estimate(g), v.as_json())],
+                             options.seed, prog)
+    prog.mixed = prog.mixed or f"{tried} cut(s) tried, none gave a verified µGraph"
+    return []
+
+
+def _best_part(part: Graph, options: SearchOptions, deadline: float | None, jobs: int,
+               depth: int) -> tuple[Design, Tuning, dict[str, Any] | None] | None:
+    """The best verified design of a part and its verdict, or the part's one operator
+    itself (verdict None: it is the program's own operator)."""
+    budget = None if deadline is None else max(1.0, deadline - time.time())
+    res = search(part, replace(options, top=1), budget, jobs, depth=depth + 1)
+    if res.candidates:
+        c = res.candidates[0]
+        return c.design, c.tuning, c.verdict
+    pre = partition.predefined(part)
+    return None if pre is None else (pre[0], pre[1], None)
+
+
+def explain_none(prog: Progress) -> str:
+    """Which constraint excluded the fused designs, for a search that found none."""
+    parts = [f"{prog.designs} design(s) enumerated"]
+    if prog.too_big:
+        smem = "" if prog.smallest_smem is None else \
+            f" (the smallest needs {prog.smallest_smem // 1024} KB)"
+        parts.append(f"{prog.too_big} exceed the {SMEM_BYTES // 1024} KB of shared memory "
+                     f"per block at every tuning tried{smem}")
+    if prog.no_tuning:
+        parts.append(f"{prog.no_tuning} have no tuning that divides the shapes")
+    if prog.rejected:
+        parts.append(f"{prog.rejected} rejected by verification")
+    if prog.mixed:
+        parts.append(f"mixed designs: {prog.mixed}")
+    return "; ".join(parts)
 
 
 def _splits(program: Graph, d: Design) -> list[Design]:
@@ -213,18 +291,23 @@ def _verify_all(program: Graph, graphs: list[Graph], seed: int) -> list[Verdict]
 
 def _check_chosen(program: Graph, out: list[Candidate], seed: int, prog: Progress
                   ) -> list[Candidate]:
-    """The chosen (first) candidate must also pass the float64 cross-check; one that
-    does not is dropped and the next takes its place. Done on the final ranking, so
-    the result does not depend on how verification was batched over ``--jobs``."""
+    """The chosen (first) candidate must also pass the float64 cross-check and be no
+    less safe numerically than the program (:mod:`mirage_cli.verifier.numerics`); one
+    that fails either is dropped and the next takes its place. Done on the final
+    ranking, so the result does not depend on how verification was batched over
+    ``--jobs``."""
     from mirage_cli.verifier.crosscheck import crosscheck
+    from mirage_cli.verifier.numerics import safety_check
 
     while out:
         cc = crosscheck(program, out[0].graph, seed)
-        if cc.close:
+        safety = safety_check(program, out[0].graph, seed) if cc.close else None
+        if cc.close and safety is not None and safety.safe:
             record = {"verdict": "close", "method": "float64 reference interpreter",
                       "seed": cc.seed, "rtol": cc.rtol, "atol": cc.atol,
                       "max_rel_err": cc.max_rel_err}
-            out[0] = replace(out[0], verdict={**out[0].verdict, "float64": record})
+            out[0] = replace(out[0], verdict={**out[0].verdict, "float64": record,
+                                              "numerics": safety.as_json()})
             return out
         prog.verified -= 1
         prog.rejected += 1
@@ -235,6 +318,8 @@ def _check_chosen(program: Graph, out: list[Candidate], seed: int, prog: Progres
 def rank_and_verify(program: Graph, designs: list[Design], options: SearchOptions,
                     prog: Progress, notify: Callable[[Progress], None], jobs: int = 1,
                     deadline: float | None = None) -> list[Candidate]:
+    """Tune, cost and rank the designs, then verify best first until ``top`` pass or
+    the ``deadline`` (the command's budget) is reached."""
     prog.phase = "tune"
     notify(prog)
     t0 = time.time()
@@ -246,6 +331,8 @@ def rank_and_verify(program: Graph, designs: list[Design], options: SearchOption
         if tuned:
             c = tuned[0][0]
             firsts.append(((not c.fits, c.time_us, _size(d), i), d))
+        else:
+            prog.no_tuning += 1
     firsts.sort(key=lambda x: x[0])
     ranked: list[tuple[tuple[bool, float, int, int, int, int], Design, Tuning, Graph, Cost]] = []
     for order, (_, d) in enumerate(firsts[:options.tune_designs]):
@@ -260,10 +347,16 @@ def rank_and_verify(program: Graph, designs: list[Design], options: SearchOption
     out: list[Candidate] = []
     todo: list[tuple[Design, Tuning, Graph, Cost]] = []
     seen_graphs: set[Graph] = set()
+    fitting: set[Design] = set()
     for _, d, t, g, c in ranked:
+        if c.fits:
+            fitting.add(d)
+        elif prog.smallest_smem is None or c.smem_bytes < prog.smallest_smem:
+            prog.smallest_smem = c.smem_bytes
         if g not in seen_graphs and c.fits:
             seen_graphs.add(g)
             todo.append((d, t, g, c))
+    prog.too_big = len({d for _, d, _, _, _ in ranked} - fitting)
     # Verify best first, until ``top`` pass (in this process: see _verify_all).
     step = max(1, jobs)
     for i in range(0, len(todo), step):

@@ -393,10 +393,14 @@ class BlockSearch:
         limit = self.s.limits.max_block_ops
         for _ in range(limit):
             new: list[int] = []
+            round_start = len(self.tiles)
             for newest in frontier:
                 self.s.check_time()
                 for c in list(self._new_cands(tuple(self.tiles), newest)):
-                    if (c.vid, c.phase == "epilogue") in present:
+                    old = present.get((c.vid, c.phase == "epilogue"))
+                    if old is not None:
+                        if old >= round_start:
+                            self._prefer_carried(old, c)
                         continue
                     idx = len(self.tiles)
                     anc = frozenset().union(*(self.anc[a] for a in c.op.args)) | {idx}
@@ -412,10 +416,30 @@ class BlockSearch:
                 break
             frontier = new
 
+    def _prefer_carried(self, old: int, c: Cand) -> None:
+        """Common subexpressions across the loop: an epilogue value that a loop tile
+        already holds (forloop 1, e.g. a residual sum X + R both stored and normalised)
+        is better carried out of the loop by its accumulator than recomputed after it
+        from other accumulators, so that derivation replaces an equally small one
+        found in the same round (which has no descendants yet)."""
+        if not self._carries(c.op, c.vid) or self._carries(self.prod[old], c.vid):
+            return
+        anc = frozenset().union(*(self.anc[a] for a in c.op.args)) | {old}
+        if len(anc) <= len(self.anc[old]):
+            self.prod[old] = c.op
+            self.anc[old] = anc
+
+    def _carries(self, op: OpD | None, vid: int) -> bool:
+        """Is ``op`` an accumulator applied to a tile of value ``vid`` itself?"""
+        return (op is not None and ops.get(op.op).is_accumulator
+                and self.tiles[op.args[0]].vid == vid)
+
     def _extract(self) -> Iterator[KState]:
         """Kernels storing every pending output: for each output the epilogue tiles
         equivalent to it (Z3), smallest derivation first; one kernel per choice for
-        the first pending output (at most ``ALTERNATIVES``), the smallest for others."""
+        the first pending output (at most ``ALTERNATIVES``); for each other output the
+        derivation that adds fewest operators to those already chosen, so a value two
+        outputs share (a residual sum stored and normalised) is computed once."""
         outputs = self.s.target.graph.outputs
         pending = [i for i, m in enumerate(self.state.matched) if m is None]
         options: dict[int, list[int]] = {}
@@ -434,10 +458,14 @@ class BlockSearch:
             return
         first, rest = pending[0], pending[1:]
         for choice in options[first][:ALTERNATIVES]:
-            chosen = {first: choice, **{i: options[i][0] for i in rest}}
+            chosen = {first: choice}
+            needed = self.anc[choice]
+            for i in rest:  # the derivation sharing most with what is chosen (CSE)
+                pick = min(options[i], key=lambda ti: (len(needed | self.anc[ti]), ti))
+                chosen[i] = pick
+                needed = needed | self.anc[pick]
             if len(set(chosen.values())) < len(chosen):
                 continue
-            needed = frozenset().union(*(self.anc[t] for t in chosen.values()))
             if len(needed) > self.s.limits.max_block_ops:
                 continue
             self.s.stats.designs += 1

@@ -4,8 +4,11 @@ Every split grid axis gets at least 2 blocks and a looping kernel at least 2
 iterations (a size of 1 would be a different, smaller design). A starting tuning aims
 at filling the GPU (doubling the axis with the largest tiles until about ``NUM_SMS``
 blocks) with loop tiles of about 64 along the iterated dimension; coordinate descent
-then doubles or halves one size at a time while the cost model improves. Every step
-instantiates the design through the builder, so only valid µGraphs are ever costed.
+then doubles or halves one size at a time, or moves it to the next divisor of the
+dimension it splits (so sizes with odd factors are reachable: 14336 = 7 * 2^11 splits
+into 7, 14, 28, 56, 112, 224, ... blocks, 18944 = 37 * 2^9 into 37, 74, ...), while the
+cost model improves. Every step instantiates the design through the builder, so only
+valid µGraphs are ever costed.
 """
 
 from __future__ import annotations
@@ -68,21 +71,33 @@ def _loop_extent(step: CustomD, types: dict, grid: list[int]) -> int:
     return 2 * LOOP_TILE
 
 
-def _neighbours(tuning: Tuning, design: Design) -> list[Tuning]:
+def _neighbours(tuning: Tuning, design: Design, types: dict | None = None) -> list[Tuning]:
     steps = custom_steps(design)
     out: list[Tuning] = []
     for k, ((grid, forloop), step) in enumerate(zip(tuning, steps)):
+        extents = _axis_extents(step, types) if types is not None else [0, 0, 0]
         variants: list[tuple[tuple[int, int, int], int]] = []
         for a in range(step.axes):
-            for f in (2, 0.5):
+            for n in _moves(grid[a], extents[a]):
                 g = list(grid)
-                g[a] = int(g[a] * f)
-                if g[a] >= 2:
-                    variants.append(((g[0], g[1], g[2]), forloop))
+                g[a] = n
+                variants.append(((g[0], g[1], g[2]), forloop))
         if step.looped:
-            variants += [(grid, f) for f in (forloop * 2, forloop // 2) if f >= 2]
+            ext = _loop_extent(step, types, list(grid)) if types is not None else 0
+            variants += [(grid, f) for f in _moves(forloop, ext)]
         out += [tuning[:k] + (v,) + tuning[k + 1:] for v in variants]
     return out
+
+
+def _moves(n: int, extent: int) -> list[int]:
+    """Sizes next to ``n`` (>= 2): double, half, and the divisors of ``extent`` just
+    above and below ``n`` (every divisor is reachable; the builder rejects the rest)."""
+    near = [n * 2, n // 2]
+    if extent > 0:
+        divs = [d for d in range(2, min(extent, 4096) + 1) if extent % d == 0]
+        near += [min((d for d in divs if d > n), default=0),
+                 max((d for d in divs if d < n), default=0)]
+    return sorted({m for m in near if m >= 2 and m != n})
 
 
 def tune(target: Graph, design: Design, max_steps: int = MAX_STEPS
@@ -96,13 +111,14 @@ def tune(target: Graph, design: Design, max_steps: int = MAX_STEPS
             seen[t] = None if g is None else (estimate(g), g)
         return seen[t]
 
+    types = target.tensor_types()
     current = _valid_start(target, design, cost)
     steps = 0
     while current is not None and steps < max_steps:
         steps += 1
         here = cost(current)
         assert here is not None
-        better = [(c, n) for n in _neighbours(current, design)
+        better = [(c, n) for n in _neighbours(current, design, types)
                   if (c := cost(n)) is not None and _key(c[0]) < _key(here[0])]
         if not better:
             break

@@ -45,6 +45,31 @@ def verify(reference: Graph, candidate: Graph, seed: int) -> Verdict:
                    {"certificate": doc})
 
 
+def verify_composed(reference: Graph, candidate: Graph, parts: list[dict[str, Any] | None],
+                    seed: int) -> Verdict:
+    """A candidate joined from parts of a cut program (:mod:`.partition`), each part
+    already certified against its own sub-program (``None``: the program's own
+    operator, identical). Replacing each part by an equivalent one composes to an
+    equivalent whole, and a wrong "equivalent" for the whole needs a wrong one for some
+    part: the whole's bound is the sum of the parts' bounds. One finite-field trial of
+    the whole checks the join itself (renaming, wiring)."""
+    bounds = []
+    for p in parts:
+        if p is not None:
+            cert = p.get("certificate") or {}
+            if not p.get("equivalent") or cert.get("bound") is None:
+                return Verdict(False, "composition (a part is not certified)", seed, {})
+            bounds.append(float(cert["bound"]))
+    quick = _verifier(reference, seed).check(candidate, trials=1)
+    if quick.equivalent is not True:
+        return Verdict(False, "finite-field random testing of the joined parts (1 trial)",
+                       seed, {"mismatch": quick.mismatch.to_json() if quick.mismatch
+                              else None, "reason": quick.reason})
+    return Verdict(True, "composition of certified parts (bound: the sum of the parts' "
+                   "bounds) and 1 finite-field trial of the whole", seed,
+                   {"bound": sum(bounds), "parts": parts})
+
+
 _VERIFIERS: dict[tuple[Graph, int], Any] = {}
 
 

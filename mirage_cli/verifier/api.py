@@ -42,6 +42,11 @@ from mirage_cli.verifier.values import FVal, TrialContext, Unsupported
 DEFAULT_BOUND = 2.0 ** -40
 # Trials that met a zero divisor are replaced; give up after this many replacements.
 MAX_DISCARDED = 16
+# In this trial the outputs are compared mod Q as well as mod P. A float constant c is
+# mapped to an exact dyadic rational mod each prime, so a constant chosen to agree with
+# another mod P (1 + P * 2^-52 is 1 mod P) still differs mod Q: a pair that only a
+# multiple of P separates is caught here (docs/verification.md, "constants").
+SECOND_FIELD_TRIAL = 0
 
 
 @dataclass(frozen=True)
@@ -56,16 +61,18 @@ class Mismatch:
     total: int
     value_a: int
     value_b: int
+    modulus: str = "P"
 
     def describe(self) -> str:
         idx = ", ".join(str(i) for i in self.index)
         return (f"output #{self.output} ('{self.name_a}' vs '{self.name_b}') differs at "
-                f"[{idx}]: {self.value_a} vs {self.value_b} (mod P); "
+                f"[{idx}]: {self.value_a} vs {self.value_b} (mod {self.modulus}); "
                 f"{self.count} of {self.total} elements differ")
 
     def to_json(self) -> dict[str, Any]:
         return {"output": self.output, "name_a": self.name_a, "name_b": self.name_b,
-                "index": list(self.index), "differing": self.count, "elements": self.total}
+                "index": list(self.index), "differing": self.count, "elements": self.total,
+                "modulus": self.modulus}
 
 
 @dataclass(frozen=True)
@@ -112,7 +119,9 @@ class Certificate:
                               "per trial",
                        "inputs": f"each residue uniform in [0, 2^{INPUT_BITS}), drawn per "
                                  "trial from (seed, trial)",
-                       "compared": "every output element's residue mod P, exactly"},
+                       "compared": "every output element's residue mod P, exactly; in "
+                                   f"trial {SECOND_FIELD_TRIAL} also mod Q (every output "
+                                   "with a Z_Q meaning: not computed from exp)"},
             "seed": self.seed,
             "requested": self.requested,
             "finite_field": {
@@ -176,6 +185,7 @@ class Verifier:
         self.profile: Profile = profile(reference)
         self._inputs: dict[int, list[FVal]] = {}
         self._ref: dict[int, tuple[list[np.ndarray] | None, bool, str]] = {}
+        self._ref_q: list[np.ndarray | None] | None = None
 
     # -- trials -----------------------------------------------------------------
 
@@ -189,16 +199,28 @@ class Verifier:
         return self._inputs[t]
 
     def run_trial(self, g: Graph, t: int) -> tuple[list[np.ndarray] | None, bool, str]:
+        outs, zero, why, _ = self._run(g, t)
+        return outs, zero, why
+
+    def _run(self, g: Graph, t: int) -> tuple[list[np.ndarray] | None, bool, str,
+                                               list[np.ndarray | None]]:
+        """Outputs mod P, zero division met, why unsupported, and (only in the second
+        field's trial) outputs mod Q, None where an output has no Z_Q meaning."""
         ctx = TrialContext(self.seed, t)
         try:
-            outs = [o.p for o in evaluate(g, self.trial_inputs(t), ctx)]
+            vals = evaluate(g, self.trial_inputs(t), ctx)
+            outs = [o.p for o in vals]
+            second = [o.q for o in vals] if t == SECOND_FIELD_TRIAL else []
         except Unsupported as e:
-            return None, False, str(e)
-        return outs, ctx.zero_division[0], ""
+            return None, False, str(e), []
+        return outs, ctx.zero_division[0], "", second
 
     def reference_outputs(self, t: int) -> tuple[list[np.ndarray] | None, bool, str]:
         if t not in self._ref:
-            self._ref[t] = self.run_trial(self.reference, t)
+            outs, zero, why, second = self._run(self.reference, t)
+            self._ref[t] = (outs, zero, why)
+            if t == SECOND_FIELD_TRIAL:
+                self._ref_q = second
         return self._ref[t]
 
     # -- verdicts ---------------------------------------------------------------
@@ -213,13 +235,16 @@ class Verifier:
                 return Verdict(None, passed, discarded, reason="a division met a zero "
                                "divisor in every trial")
             ref, ref_zero, why = self.reference_outputs(t)
-            out, zero, why_c = self.run_trial(candidate, t) if ref is not None else (None, False, "")
+            out, zero, why_c, second = (self._run(candidate, t) if ref is not None
+                                        else (None, False, "", []))
             if ref is None or out is None:
                 return Verdict(None, passed, discarded, reason=why or why_c)
             if ref_zero or zero:
                 discarded += 1
             else:
                 m = _mismatch(self.reference, candidate, ref, out)
+                if m is None and t == SECOND_FIELD_TRIAL and self._ref_q is not None:
+                    m = _mismatch_q(self.reference, candidate, self._ref_q, second)
                 if m is not None:
                     return Verdict(False, passed + 1, discarded, m, t, "outputs differ")
                 passed += 1
@@ -263,7 +288,9 @@ class Verifier:
     def _assumptions(self, candidate: Graph) -> tuple[str, ...]:
         used = self.profile.operators | profile(candidate).operators
         out = [("the cleared difference of the two graphs, a polynomial with rational "
-                "coefficients, has a coefficient that P does not divide"),
+                "coefficients, has a coefficient that P does not divide, or, for an "
+                "output not computed from exp, one that P * Q does not divide (trial "
+                f"{SECOND_FIELD_TRIAL} compares such outputs mod Q too)"),
                "random functions are a keyed 64-bit hash, modelled as uniformly random"]
         if any(ops.get(n).field.uses_exp for n in used):
             out.append("exp (generic-exponent model): the values g^b of pairwise distinct "
@@ -317,4 +344,19 @@ def _mismatch(a: Graph, b: Graph, ya: list[np.ndarray], yb: list[np.ndarray]
             idx = tuple(int(i) for i in diff[0])
             return Mismatch(k, a.outputs[k], b.outputs[k], idx, len(diff), int(x.size),
                             int(x[idx]), int(y[idx]))
+    return None
+
+
+def _mismatch_q(a: Graph, b: Graph, ya: list[np.ndarray | None],
+                yb: list[np.ndarray | None]) -> Mismatch | None:
+    """The first difference mod Q, over the outputs both graphs give a Z_Q meaning."""
+    pairs = [(x, y) if x is not None and y is not None else (None, None)
+             for x, y in zip(ya, yb)]
+    for k, (x, y) in enumerate(pairs):
+        if x is None or y is None:
+            continue
+        m = _mismatch(a, b, [np.zeros(1)] * k + [x], [np.zeros(1)] * k + [y])
+        if m is not None:
+            return Mismatch(m.output, m.name_a, m.name_b, m.index, m.count, m.total,
+                            m.value_a, m.value_b, "Q")
     return None

@@ -161,7 +161,14 @@ def st_concat(ss: Sequence[Stat], shapes: Sequence[Shape], a: Attrs, f: int) -> 
 def st_rms_key(ss: Sequence[Stat], shapes: Sequence[Shape], a: Attrs, f: int) -> Stat:
     """The key of rms's random sqrt: mean of squares over the last dim (+ eps)."""
     s = st_square(ss[:1], shapes, a, f)
-    return summed(s, shapes[0][-1], -1 in s.den_var)
+    return _plus_eps(summed(s, shapes[0][-1], -1 in s.den_var), a)
+
+
+def _plus_eps(s: Stat, a: Attrs) -> Stat:
+    """N/D + eps = (N + eps D)/D: the numerator's degree is at least the denominator's."""
+    if not float(a.get("eps", 0.0)):
+        return s
+    return Stat(max(s.num, s.den), s.den, s.p_only, s.den_var)
 
 
 def st_accumulate(spec: Any) -> StatFn:
@@ -188,7 +195,8 @@ def st_acc_rms_key(spec: Any) -> StatFn:
     def st(ss: Sequence[Stat], shapes: Sequence[Shape], a: Attrs, f: int) -> Stat:
         s = st_square(ss, shapes, a, f)
         varies = ITER in s.den_var or (spec.reduce == "last" and -1 in s.den_var)
-        return summed(s, f * (shapes[0][-1] if spec.reduce == "last" else 1), varies)
+        return _plus_eps(summed(s, f * (shapes[0][-1] if spec.reduce == "last" else 1),
+                                varies), a)
     return st
 
 

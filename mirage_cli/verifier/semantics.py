@@ -276,7 +276,11 @@ def ev_accumulate(spec: Any) -> EvalFn:
             case "mean":
                 return _squeeze_groups(mean_over(x, axes), spec)
             case "rms":
-                return random_fn("sqrt", _squeeze_groups(mean_over(x, axes), spec), ctx)
+                ms = _squeeze_groups(mean_over(x, axes), spec)
+                eps = float(a.get("eps", 0.0))
+                if eps:  # the same key as rms / rms_norm with this eps
+                    ms = lift(lambda v, m: (v + F.const(eps, m)) % m)([ms])
+                return random_fn("sqrt", ms, ctx)
             case other:
                 assert_never(other)
     return ev
@@ -359,8 +363,8 @@ def accumulator_sem(spec: Any) -> FieldSem:
                         "multiset of elements reduced (as max)", random_fn="max",
                         keys_from="in")
     if spec.finish == "rms":
-        return FieldSem(ev_accumulate(spec), st_accumulate(spec), "random sqrt of the mean "
-                        "of squares", random_fn="sqrt",
+        return FieldSem(ev_accumulate(spec), st_accumulate(spec), "random sqrt of (the mean "
+                        "of squares + eps)", random_fn="sqrt",
                         key_stat=st_acc_rms_key(spec))
     return FieldSem(ev_accumulate(spec), st_accumulate(spec), EXACT)
 

@@ -1,0 +1,133 @@
+"""Numerical safety: a candidate may not be numerically less safe than its program.
+
+The finite-field certificate and the float64 cross-check judge the *real function*;
+two graphs equal over the reals can still differ in floating point: ``exp(x) /
+sum(exp(x))`` overflows to inf/inf = NaN for logits near 100 where the max-subtracted
+form the program means stays finite. So a candidate is also run in **native
+precision** (device tensors in their dtype, arithmetic in f32: ``interp`` "native") next
+to its program, on inputs of large magnitude (standard normal times each of ``SCALES``:
+at 16, a 128-wide dot product of two such inputs scaled by 1/sqrt(128) gives logits of
+a few hundred, and rows have norms 16 times larger; inputs of scale 1 are the float64
+cross-check's), and both are compared with the program's float64 result on the same
+inputs. The program's two runs are cached, so checking the next candidate after a
+rejection costs one run. The candidate is *unsafe* at a scale when
+
+- an output element is NaN or infinite where the program's native result is finite
+  (overflow, or an underflow turned into 0/0), or
+- its relative error ``||c - ref|| / ||ref||`` (over the elements where the float64
+  reference is finite) exceeds both ``FLOOR`` (the project's accuracy criterion for
+  f16 outputs) and ``FACTOR`` times the program's own error: it lost accuracy where
+  the program did not.
+
+Elements where the program itself is not finite, or where the exact (float64) value
+does not fit the output's dtype, are not judged: the candidate may do anything the
+program does, and overflowing a value that is out of range is not a loss of safety. The rule is documented in docs/verification.md.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from mirage_cli import interp
+from mirage_cli.dtypes import round_to
+from mirage_cli.ir import Graph
+
+SCALES = (16.0,)
+FLOOR = 1e-2
+FACTOR = 4.0
+
+
+@dataclass(frozen=True)
+class Safety:
+    """The verdict: ``safe``, and at which scale and output it failed, and why."""
+
+    safe: bool
+    scale: float | None = None
+    output: str | None = None
+    reason: str = ""
+    errors: tuple[tuple[float, float, float], ...] = ()  # (scale, program, candidate)
+
+    def as_json(self) -> dict[str, object]:
+        return {"verdict": "safe" if self.safe else "unsafe",
+                "method": "native precision (f32 arithmetic, tensors in their dtype) "
+                          "against float64, inputs standard normal times each scale",
+                "scales": list(SCALES), "floor": FLOOR, "factor": FACTOR,
+                "errors": [{"scale": s, "program": p, "candidate": c}
+                           for s, p, c in self.errors],
+                **({} if self.safe else {"scale": self.scale, "output": self.output,
+                                         "reason": self.reason})}
+
+
+def scaled_inputs(g: Graph, seed: int, scale: float) -> dict[str, np.ndarray]:
+    """``interp.random_inputs`` times ``scale``, rounded to each input's dtype."""
+    base = interp.random_inputs(g, seed)
+    types = {i.value.name: i.value.type for i in g.inputs}
+    return {n: round_to(types[n].dtype, x * np.float32(scale)) for n, x in base.items()}
+
+
+def safety_check(program: Graph, candidate: Graph, seed: int = 0) -> Safety:
+    """Is ``candidate`` at least as safe numerically as ``program`` (inputs and outputs
+    matched by position)?"""
+    with np.errstate(all="ignore"):  # overflow to inf is what is being judged
+        return _check(program, candidate, seed)
+
+
+def _check(program: Graph, candidate: Graph, seed: int) -> Safety:
+    errors: list[tuple[float, float, float]] = []
+    for scale in SCALES:
+        ins_c = scaled_inputs(candidate, seed, scale)
+        ins_p = {ip.value.name: ins_c[ic.value.name]
+                 for ip, ic in zip(program.inputs, candidate.inputs)}
+        ref, nat_p = _program_runs(program, seed, scale, ins_p)
+        nat_c = interp.run(candidate, ins_c, "native")
+        types = program.tensor_types()
+        for op, oc in zip(program.outputs, candidate.outputs):
+            # Out of the dtype's range: not judged (see the module docstring).
+            fits = np.isfinite(round_to(types[op].dtype, ref[op]))
+            ref[op] = np.where(fits, ref[op], np.nan)
+            bad = _judge(ref[op], nat_p[op], nat_c[oc])
+            e_p, e_c = _rel_err(nat_p[op], ref[op]), _rel_err(nat_c[oc], ref[op])
+            errors.append((scale, e_p, e_c))
+            if bad is None and e_c > max(FLOOR, FACTOR * e_p):
+                bad = (f"relative error {e_c:.3g} where the program's is {e_p:.3g} "
+                       "(lost accuracy)")
+            if bad is not None:
+                return Safety(False, scale, oc, bad, tuple(errors))
+    return Safety(True, errors=tuple(errors))
+
+
+_RUNS: dict[tuple[Graph, int, float], tuple[dict[str, np.ndarray], dict[str, np.ndarray]]] = {}
+
+
+def _program_runs(program: Graph, seed: int, scale: float, ins: dict[str, np.ndarray]
+                  ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """The program's float64 and native outputs (copies: the caller edits them)."""
+    key = (program, seed, scale)
+    if key not in _RUNS:
+        _RUNS.clear()  # one program at a time: these hold whole outputs
+        _RUNS[key] = (interp.run(program, ins, "float64"), interp.run(program, ins, "native"))
+    ref, nat = _RUNS[key]
+    return dict(ref), dict(nat)
+
+
+def _judge(ref: np.ndarray, prog: np.ndarray, cand: np.ndarray) -> str | None:
+    """Why ``cand`` is unsafe element-wise (None if it is not)."""
+    worse = np.isfinite(prog) & np.isfinite(ref) & ~np.isfinite(cand)
+    if not worse.any():
+        return None
+    n = int(worse.sum())
+    kind = "NaN" if np.isnan(cand[worse]).any() else "infinite"
+    return f"{n} of {cand.size} elements {kind} where the program's are finite"
+
+
+def _rel_err(x: np.ndarray, ref: np.ndarray) -> float:
+    """||x - ref|| / ||ref|| over the elements where ``ref`` and ``x`` are finite (an
+    element where only ``x`` is not finite is judged by ``_judge``)."""
+    ok = np.isfinite(ref) & np.isfinite(x)
+    if not ok.any():
+        return 0.0
+    d = x[ok].astype(np.float64) - ref[ok]
+    norm = float(np.linalg.norm(ref[ok]))
+    return float(np.linalg.norm(d)) / norm if norm > 0 else float(np.linalg.norm(d))

@@ -1,0 +1,132 @@
+"""Numerical side of equivalence: constants the finite field cannot tell apart, the
+element-wise float64 tolerance, and numerical safety of softmax rewrites."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from mirage_cli.parser import parse_text
+from mirage_cli.verifier import crosscheck as cc
+from mirage_cli.verifier.api import Verifier
+from mirage_cli.verifier.field import P
+
+SCALED = """
+program scaled(n = 64) {
+  input X: f32[4, n];
+  input W: f32[n, n];
+  Y = matmul(X, W);
+  Z = mul_scalar(Y, scalar=SCALAR);
+  output Z;
+}
+"""
+
+
+def _g(text: str):
+    return parse_text(text, "<test>", {})
+
+
+def test_a_constant_equal_to_one_mod_p_is_not_one():
+    fooling = 1 + P * 2.0 ** -52  # an exact float64, and 1 in Z_P
+    assert fooling != 1.0
+    a = _g(SCALED.replace("SCALAR", "1.0"))
+    b = _g(SCALED.replace("SCALAR", repr(fooling)))
+    v = Verifier(a, seed=0)
+    verdict = v.check(b, trials=1)
+    assert verdict.equivalent is False
+    assert verdict.mismatch is not None and verdict.mismatch.modulus == "Q"
+    assert v.certify(b).verdict == "not equivalent"
+    # An equal constant still verifies.
+    assert v.certify(_g(SCALED.replace("SCALAR", "1.0"))).verdict == "equivalent"
+
+
+def test_float64_tolerance_is_per_element():
+    y = np.array([1e6, 1e6, 1.0, -2.0])
+    x = y.copy()
+    x[2] *= 1 + 1e-7  # a change far below 1e-9 of the largest element
+    assert not cc._distance(x, y)[1] <= cc.RTOL
+    # Reassociation-sized noise on an element that cancelled to nearly zero passes.
+    z = np.array([1.0, -1.0, 1e-14, 3.0])
+    w = z.copy()
+    w[2] += 1e-16
+    assert cc._distance(w, z)[1] <= cc.RTOL
+    assert cc._distance(np.array([np.nan, 1.0]), np.array([0.0, 1.0]))[1] == np.inf
+
+
+SOFTMAX = """
+program sm(rows = 8, seq = 64) {
+  input X: f16[rows, seq];
+  S = mul_scalar(X, scalar=8.0);
+  P = softmax(S, dim=1);
+  output P;
+}
+"""
+
+# The same softmax without the max subtraction: equal over the reals.
+NO_MAX = """
+program sm(rows = 8, seq = 64) {
+  input X: f16[rows, seq];
+  P = custom(grid=(4, 1, 1), threads=128, forloop=1) {
+    x = load X imap(x=0);
+    s = mul_scalar(x, scalar=8.0);
+    e = exp(s);
+    a = acc_sum(e);
+    t = sum(a, dim=1, keepdim=true);
+    p = div(a, t);
+    store p -> P omap(x=0);
+  }
+  output P;
+}
+"""
+
+
+def test_softmax_search_result_is_finite_on_large_logits_and_no_max_is_rejected():
+    from mirage_cli import interp
+    from mirage_cli.search.driver import SearchOptions, search
+    from mirage_cli.verifier.numerics import safety_check, scaled_inputs
+
+    prog = _g(SOFTMAX)
+    res = search(prog, SearchOptions(max_kernel_ops=1, max_block_ops=6, top=1))
+    assert res.candidates, "no verified candidate"
+    best = res.candidates[0]
+    assert best.graph.ops[0].op == "custom"
+    assert {"max", "acc_max_ld"} & {o.op for o in best.graph.ops[0].block.ops}
+    assert best.verdict["numerics"]["verdict"] == "safe"
+    ins = scaled_inputs(prog, 0, 16.0)
+    logits = interp.run(_g(SOFTMAX.replace("output P;", "output S;")), ins, "native")["S"]
+    assert np.abs(logits).max() > 100  # the inputs do reach logits beyond +-100
+    out = interp.run(best.graph, ins, "native")["P"]
+    assert np.isfinite(out).all()
+    # The mutant dropping the max: equivalent in the finite field, unsafe numerically.
+    mutant = _g(NO_MAX)
+    assert Verifier(prog, seed=0).check(mutant, trials=1).equivalent is True
+    verdict = safety_check(prog, mutant)
+    assert not verdict.safe and verdict.scale == 16.0 and "NaN" in verdict.reason
+    assert not np.isfinite(interp.run(mutant, ins, "native")["P"]).all()
+    assert np.isfinite(interp.run(prog, ins, "native")["P"]).all()
+
+
+@pytest.mark.gpu
+def test_softmax_search_result_stays_finite_on_large_logits_on_the_gpu():
+    from mirage_cli import interp
+    from mirage_cli.codegen.runner import gpu_available
+    from mirage_cli.search.driver import SearchOptions, search
+    from mirage_cli.verifier.numerics import scaled_inputs
+
+    if not gpu_available():
+        pytest.skip("no CUDA GPU")
+    from mirage_cli.codegen.bench import build
+    from mirage_cli.codegen.runner import Device
+
+    prog = _g(SOFTMAX)
+    res = search(prog, SearchOptions(max_kernel_ops=1, max_block_ops=6, top=1))
+    assert res.candidates
+    loaded = build(Device(0), res.candidates[0].graph)
+    ins = scaled_inputs(prog, 0, 16.0)  # logits beyond +-100
+    try:
+        out = loaded.run(ins)["P"]
+    finally:
+        loaded.unload()
+    ref = interp.run(prog, ins, "float64")["P"]
+    assert np.isfinite(out).all()
+    assert np.linalg.norm(out - ref) / np.linalg.norm(ref) <= 1e-2

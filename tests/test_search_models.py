@@ -1,0 +1,169 @@
+"""The search on sub-graphs of real models: eps and weights fused into the normalising
+kernel, mixed designs, non-power-of-two tilings, an answer for every program."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mirage_cli import interp, ops
+from mirage_cli.parser import parse_text
+from mirage_cli.search.driver import SearchOptions, search
+from mirage_cli.verifier.api import Verifier
+
+RMSNORM_EPS_W = """
+program rmsnorm_w_linear(rows = 8, hidden = 1024, n = 128) {
+  input X: f16[rows, hidden];
+  input G: f16[hidden];
+  input W: f16[hidden, n];
+  Y = rms_norm(X, G, eps=1e-05);
+  Z = matmul(Y, W);
+  output Z;
+}
+"""
+
+FUSED_EPS = """
+program rmsnorm_w_linear(rows = 8, hidden = 1024, n = 128) {
+  input X: f16[rows, hidden];
+  input G: f16[hidden];
+  input W: f16[hidden, n];
+  Z = custom(grid=(4, 1, 1), threads=128, forloop=8) {
+    x = load X fmap(1);
+    g = load G fmap(0);
+    w = load W imap(x=1) fmap(0);
+    r = acc_rms_ld(x, eps=EPS);
+    xg = mul(x, g);
+    m = matmul(xg, w);
+    s = acc_sum(m);
+    o = div(s, r);
+    store o -> Z omap(x=1);
+  }
+  output Z;
+}
+"""
+
+
+def _g(text: str):
+    return parse_text(text, "<test>", {})
+
+
+def test_accumulator_eps_is_sqrt_of_mean_plus_eps():
+    spec = ops.get("acc_rms_ld").accum
+    assert spec is not None
+    tiles = np.arange(1.0, 13.0).reshape(3, 1, 4)  # 3 iterations of a 1x4 tile
+    got = ops.np_accumulate(spec, tiles, None, eps=0.5)
+    assert np.allclose(got, np.sqrt((tiles ** 2).sum() / 12 + 0.5))
+    assert "eps" in {a.name for a in ops.get("acc_rms").attrs}
+    assert "eps" not in {a.name for a in ops.get("acc_sum").attrs}
+
+
+def test_fused_kernel_with_eps_verifies_and_a_wrong_eps_does_not():
+    prog = _g(RMSNORM_EPS_W)
+    v = Verifier(prog, seed=3)
+    good = _g(FUSED_EPS.replace("EPS", "1e-05"))
+    assert v.certify(good).verdict == "equivalent"
+    ins = interp.random_inputs(prog, 1)
+    ref = interp.run(prog, ins)["Z"]
+    assert np.allclose(interp.run(good, ins)["Z"], ref, rtol=1e-12, atol=1e-12)
+    for wrong in ("1e-06", "0.0"):  # a different eps, or none at all
+        bad = _g(FUSED_EPS.replace("EPS", wrong))
+        assert v.certify(bad).verdict == "not equivalent"
+
+
+def test_search_fuses_rmsnorm_eps_and_weight_with_the_matmul():
+    prog = _g(RMSNORM_EPS_W)
+    res = search(prog, SearchOptions(max_kernel_ops=1, max_block_ops=6, top=1))
+    assert res.candidates, "no verified candidate"
+    best = res.candidates[0].graph
+    assert [op.op for op in best.ops] == ["custom"]
+    block = best.ops[0].block
+    assert block is not None
+    accs = [o for o in block.ops if o.op == "acc_rms_ld"]
+    assert len(accs) == 1 and dict(accs[0].attrs)["eps"] == 1e-05
+    # The weight is folded into the loop (multiplied before the matmul).
+    assert "mul" in [o.op for o in block.ops]
+    assert res.candidates[0].verdict["equivalent"] is True
+
+
+RESIDUAL = """
+program residual_rmsnorm(batch = 4, hidden = 256) {
+  input X: bf16[batch, hidden];
+  input R: bf16[batch, hidden];
+  input G: bf16[hidden];
+  H = add(X, R);
+  Y = rms_norm(H, G, eps=1e-05);
+  output H;
+  output Y;
+}
+"""
+
+
+def test_residual_sum_is_computed_once_in_the_fused_kernel():
+    res = search(_g(RESIDUAL), SearchOptions(max_kernel_ops=1, max_block_ops=8, top=1))
+    assert res.candidates
+    (k,) = res.candidates[0].graph.ops
+    assert k.block is not None
+    block_ops = [o.op for o in k.block.ops]
+    assert block_ops.count("add") == 1, block_ops  # X + R stored and normalised
+    assert res.candidates[0].verdict["equivalent"] is True
+
+
+MLP = """
+program mlp(batch = 2, hidden = 64, inter = 96) {
+  input X: f16[batch, hidden];
+  input W1: f16[hidden, inter];
+  input W3: f16[hidden, inter];
+  input W2: f16[inter, hidden];
+  A = matmul(X, W1);
+  B = matmul(X, W3);
+  S = silu(A);
+  H = mul(S, B);
+  O = matmul(H, W2);
+  output O;
+}
+"""
+
+
+def test_cut_program_parts_join_into_a_verified_mixed_design():
+    from mirage_cli.search import partition
+    from mirage_cli.search.driver import Progress, _mixed
+
+    prog = _g(MLP)
+    parts = partition.split(prog, 4)
+    assert parts is not None
+    first, second = parts
+    assert first.outputs == ("H",) and [i.value.name for i in second.graph.inputs] == ["H", "W2"]
+    assert partition.split(prog, 0) is None
+    p = Progress()
+    cands = _mixed(prog, SearchOptions(max_kernel_ops=1, max_block_ops=6, top=1), None, 1,
+                   p, 0)
+    assert cands, p.mixed
+    g = cands[0].graph
+    assert len(g.ops) == 2 and g.ops[0].op == "custom"  # gate/up fused, then the down proj
+    assert Verifier(prog, seed=5).certify(g).verdict == "equivalent"
+    assert "cut after 'H'" in p.mixed
+    verdict = cands[0].verdict
+    assert verdict["method"].startswith("composition") and verdict["bound"] <= 2 * 2.0 ** -40
+    assert verdict["numerics"]["verdict"] == "safe"
+
+
+def test_tuner_moves_reach_odd_divisors():
+    from mirage_cli.search.tune import _moves
+
+    assert _moves(256, 14336) == [128, 224, 448, 512]  # 14336 = 7 * 2^11
+    assert 74 in _moves(64, 18944) and 37 in _moves(64, 18944)  # 18944 = 37 * 2^9
+    assert _moves(2, 0) == [4]
+
+
+def test_no_answer_says_which_constraint_excluded_the_fused_designs():
+    from mirage_cli.search.driver import explain_none
+    from mirage_cli.search.partition import MAX_DEPTH
+
+    big = _g(MLP.replace("batch = 2, hidden = 64, inter = 96",
+                         "batch = 1, hidden = 4096, inter = 14336"))
+    # At the depth limit there is no mixed-design fallback: one kernel cannot hold the
+    # MLP's intermediate.
+    res = search(big, SearchOptions(max_kernel_ops=1, max_block_ops=6, top=1),
+                 depth=MAX_DEPTH)
+    assert not res.candidates and res.progress.designs > 0
+    why = explain_none(res.progress)
+    assert "exceed the 227 KB of shared memory" in why and "the smallest needs" in why
