@@ -55,6 +55,7 @@ class GraphBuilder:
         self.inputs: list[Input] = []
         self.ops: list[KernelOp] = []
         self.outputs: list[str] = []
+        self._output_set: set[str] = set()  # membership in O(1): programs may have many
         self.types: dict[str, TensorType] = {}
         self._counter = 0
 
@@ -116,9 +117,10 @@ class GraphBuilder:
 
     def output(self, name: str, span: Span | None = None) -> None:
         self._types_of([name], span)
-        if name in self.outputs:
+        if name in self._output_set:
             raise MirageError(f"output '{name}' is declared twice", span)
         self.outputs.append(name)
+        self._output_set.add(name)
 
     def build(self) -> Graph:
         g = Graph(self.name, self.params, tuple(self.inputs), tuple(self.ops),

@@ -62,7 +62,12 @@ def load_graphs(path: str, defines: dict[str, int] | None = None,
 
     With ``strict_defines`` False, a ``-D`` name the program does not declare is
     skipped instead of rejected (``verify A B`` checks the names over both files)."""
-    text = read_text(path)
+    return graphs_from_text(read_text(path), path, defines, strict_defines)
+
+
+def graphs_from_text(text: str, path: str, defines: dict[str, int] | None = None,
+                     strict_defines: bool = True) -> list[Graph]:
+    """:func:`load_graphs` of text already read from ``path``."""
     name = display_name(path)
     if is_program(path, text):
         from mirage_cli.parser import parse_text

@@ -67,6 +67,15 @@ def parse_text(text: str, file: str = "<input>", defines: dict[str, int] | None 
         raise e.with_source(text) from None
 
 
+def parse_syntax(text: str, file: str = "<input>") -> tuple[Program, Graph]:
+    """The syntax tree and the checked graph of one program (parsed once)."""
+    try:
+        prog = parse_program(text, file)
+        return prog, _Lowering(file, {}).program(prog)
+    except MirageError as e:
+        raise e.with_source(text) from None
+
+
 def parse_file(path: str | Path, defines: dict[str, int] | None = None) -> Graph:
     from mirage_cli.loading import read_text
 

@@ -31,11 +31,58 @@ def defines_option(f: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def write_output(path: str, data: str | bytes) -> None:
-    """Write a command's output file atomically; an unwritable path is bad input (exit
-    2), not an internal error."""
+    """Write a command's output file atomically (``-``: standard output); an unwritable
+    path is bad input (exit 2), not an internal error."""
     from mirage_cli.util import write_atomic
 
+    if path == "-":
+        stream = click.get_binary_stream("stdout")
+        stream.write(data if isinstance(data, bytes) else data.encode("utf-8"))
+        stream.flush()
+        return
     try:
         write_atomic(path, data)
     except OSError as e:
         raise MirageError(f"cannot write the output: {e.strerror or e}", file=path) from None
+
+
+def default_max_memory() -> int:
+    """Half of physical memory or 8 GiB, whichever is smaller."""
+    import os
+
+    cap = 8 << 30
+    try:
+        phys = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return cap
+    return min(cap, phys // 2) if phys > 0 else cap
+
+
+_UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": 1 << 20,
+          "MB": 1 << 20, "MIB": 1 << 20, "G": 1 << 30, "GB": 1 << 30, "GIB": 1 << 30,
+          "T": 1 << 40, "TB": 1 << 40, "TIB": 1 << 40}
+
+
+def parse_size(text: str | None) -> int:
+    """``--max-memory``: bytes, or a number with K/M/G/T (powers of 1024); default
+    :func:`default_max_memory`."""
+    import re
+
+    if text is None:
+        return default_max_memory()
+    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*", text)
+    unit = m.group(2).upper() if m else ""
+    if m is None or unit not in _UNITS:
+        raise MirageError(f"--max-memory {text}: expected a size such as 512M, 8G or "
+                          f"1073741824")
+    n = int(float(m.group(1)) * _UNITS[unit])
+    if n < 1:
+        raise MirageError(f"--max-memory {text}: the limit must be positive")
+    return n
+
+
+def max_memory_option(f: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option("--max-memory", "max_memory", metavar="SIZE", default=None,
+                        help="Refuse programs estimated to need more memory than this "
+                             "(e.g. 512M, 8G) [default: half of physical memory, at "
+                             "most 8G].")(f)
