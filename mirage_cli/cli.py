@@ -116,6 +116,13 @@ def main(ctx: click.Context, quiet: bool, verbose: int, debug: bool) -> None:
     set_verbosity(-1 if quiet else verbose)
 
 
-for _module, _name in COMMANDS:
-    _cmd = importlib.import_module(f"mirage_cli.commands.{_module}").command
-    main.add_command(_cmd, _name)
+def _add_commands() -> None:
+    try:
+        for module, name in COMMANDS:
+            main.add_command(importlib.import_module(f"mirage_cli.commands.{module}").command,
+                             name)
+    except KeyboardInterrupt:  # Ctrl-C while starting up: the same exit as later
+        _interrupted()
+
+
+_add_commands()

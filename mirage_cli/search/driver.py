@@ -25,6 +25,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+import z3
+
 from mirage_cli import __version__
 from mirage_cli.diagnostics import MirageError
 from mirage_cli.ir import Graph
@@ -36,6 +38,9 @@ from mirage_cli.search.tune import tune
 from mirage_cli.search.verify import Verdict, verify
 
 Unit = tuple[int, Any]  # (max kernels, first move: a config or "predef")
+
+# Z3 catches Ctrl-C during a query and just cancels it; Python must see it (exit 130).
+z3.set_param("ctrl_c", False)
 
 
 @dataclass(frozen=True)
