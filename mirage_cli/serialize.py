@@ -111,7 +111,8 @@ def dumps_candidates(cands: list[tuple[Graph, Json]]) -> str:
 # ---------------------------------------------------------------------------
 
 Path = jsondoc.Path
-MAX_DIM_TEXT = 256  # characters of one recorded dimension expression ("2 * batch")
+MAX_DIM_TEXT = 16384  # characters of one dimension expression: more than any the parser
+# accepts can print to (200 levels of 64-character names and operators)
 _KINDS = {int: "an integer", str: "a string", list: "a list", dict: "an object",
           bool: "true or false"}
 

@@ -331,6 +331,18 @@ def test_mir_limits_are_located(tmp_path: Path, name: str, n: str, attr: str,
     assert where in err
 
 
+def test_longest_accepted_expression_round_trips(tmp_path: Path) -> None:
+    """A dimension at the nesting limit parses, and the .ugraph.json written for it
+    loads back (the JSON loader's bound on dimension text once was tighter: found by
+    the fuzzing campaign, mutant 1206)."""
+    dim = " + ".join(["1"] * 190) + " + n"
+    src = f"program p(n = 2) {{\n  input X: f16[4, {dim}];\n  output X;\n}}\n"
+    code, out, err = cli("parse", write(tmp_path, "wide.mir", src))
+    assert code == 0, err
+    code, back, err = cli("fmt", write(tmp_path, "wide.ugraph.json", out.decode()))
+    assert code == 0 and dim in back.decode(), err
+
+
 def _block(doc: dict[str, Any]) -> dict[str, Any]:
     block: dict[str, Any] = doc["graph"]["ops"][0]["block"]
     return block
