@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
 from typing import Any
 
 from mirage_cli import jsondoc
@@ -396,10 +395,3 @@ def load(path: str) -> Graph:
     with open(path, encoding="utf-8") as f:
         return loads(f.read(), path)
 
-
-def load_names(items: Sequence[str]) -> None:
-    """Raise on the first invalid name (for producers other than files)."""
-    for n in items:
-        problem = check_name(n)
-        if problem is not None:
-            raise MirageError(problem)
