@@ -152,6 +152,14 @@ class _Reader:
         self.check_name(n, path + (key,))
         return n
 
+    def op_name(self, d: Any, path: Path) -> str:
+        """An operator name: the grammar of names (it is quoted in messages)."""
+        n: str = self.get(d, "op", str, path)
+        problem = check_name(n, reserved_ok=True)
+        if problem is not None:
+            raise self.fail(path + ("op",), problem)
+        return n
+
     def check_name(self, n: Any, path: Path) -> None:
         problem = check_name(n)
         if problem is not None:
@@ -295,12 +303,12 @@ def _outputs(r: _Reader, op: Any, path: Path) -> list[Value]:
 
 
 def _build_op(r: _Reader, b: GraphBuilder, op: Any, path: Path) -> None:
-    name = r.get(op, "op", str, path)
+    name = r.op_name(op, path)
     inputs = r.names(op, "inputs", path)
     outs = _outputs(r, op, path)
     if name != "custom":
         if len(outs) != 1:
-            raise r.fail(path + ("outputs",), f"'{_op_name(name)}' has exactly one output, "
+            raise r.fail(path + ("outputs",), f"'{name}' has exactly one output, "
                          f"got {len(outs)}")
         if "block" in op:
             raise r.fail(path + ("block",), "only a custom operator has a block graph")
@@ -330,10 +338,6 @@ def _build_op(r: _Reader, b: GraphBuilder, op: Any, path: Path) -> None:
         _check_type(r, path + ("outputs", j), v.type, b.types[v.name])
 
 
-def _op_name(name: str) -> str:
-    return name if check_name(name) is None else ascii(name)[1:-1][:40]
-
-
 def _block_inputs(r: _Reader, k: BlockBuilder, bd: Any, bp: Path) -> None:
     for j, bi in enumerate(r.get(bd, "inputs", list, bp)):
         p = bp + ("inputs", j)
@@ -346,7 +350,7 @@ def _block_inputs(r: _Reader, k: BlockBuilder, bd: Any, bp: Path) -> None:
 def _block_ops(r: _Reader, k: BlockBuilder, bd: Any, bp: Path) -> None:
     for j, bop in enumerate(r.get(bd, "ops", list, bp)):
         p = bp + ("ops", j)
-        name = r.get(bop, "op", str, p)
+        name = r.op_name(bop, p)
         outs = _outputs(r, bop, p)
         if len(outs) != 1:
             raise r.fail(p + ("outputs",), f"a block operator has exactly one output, got "

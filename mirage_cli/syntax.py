@@ -45,10 +45,11 @@ MAX_INT = 2**63 - 1  # largest integer literal (an int64)
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 
 
-def check_name(name: object) -> str | None:
+def check_name(name: object, reserved_ok: bool = False) -> str | None:
     """Why ``name`` is not a valid name (tensor, program, parameter, attribute key),
     or None. A name is ASCII ``[A-Za-z_][A-Za-z0-9_]*``, at most :data:`MAX_NAME`
-    characters, and not a reserved word, so that every name can be written in `.mir`."""
+    characters, and not a reserved word, so that every name can be written in `.mir`
+    (``reserved_ok``: an operator name, where ``custom`` is one)."""
     if not isinstance(name, str):
         return "a name must be a string"
     if not name:
@@ -58,7 +59,7 @@ def check_name(name: object) -> str | None:
     if not _NAME.match(name):
         return ("a name is an ASCII letter or '_' followed by letters, digits or '_', got "
                 + ascii(name))
-    if name in KEYWORDS:
+    if name in KEYWORDS and not reserved_ok:
         return f"'{name}' is a reserved word and cannot be used as a name"
     return None
 

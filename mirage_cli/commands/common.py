@@ -1,4 +1,5 @@
-"""Options and helpers shared by several commands (-D overrides, graph loading)."""
+"""Options and helpers shared by several commands (-D overrides, output files,
+--max-memory)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any
 import click
 
 from mirage_cli.diagnostics import MirageError
+from mirage_cli.ir import Graph
 
 
 def parse_defines(values: tuple[str, ...]) -> dict[str, int]:
@@ -86,3 +88,18 @@ def max_memory_option(f: Callable[..., Any]) -> Callable[..., Any]:
                         help="Refuse programs estimated to need more memory than this "
                              "(e.g. 512M, 8G) [default: half of physical memory, at "
                              "most 8G].")(f)
+
+
+def check_graph_memory(graphs: list[tuple[Graph, str]], limit: int, what: str,
+                       itemsize: int = 8) -> None:
+    """:func:`mirage_cli.interp.check_memory`, with the source text for the excerpt."""
+    from mirage_cli import interp
+    from mirage_cli.loading import STDIN, display_name, read_text
+
+    try:
+        interp.check_memory([(g, display_name(f)) for g, f in graphs], limit, what, itemsize)
+    except MirageError as e:
+        for _, file in graphs:
+            if e.span is not None and file != STDIN and e.span.file == file:
+                e.with_source(read_text(file))
+        raise

@@ -30,6 +30,7 @@ import numpy as np
 
 from mirage_cli import interp
 from mirage_cli.commands.common import (
+    check_graph_memory,
     defines_option,
     max_memory_option,
     parse_defines,
@@ -40,7 +41,7 @@ from mirage_cli.console import console
 from mirage_cli.diagnostics import MirageError
 from mirage_cli.dtypes import round_to, storage_dtype
 from mirage_cli.ir import Graph
-from mirage_cli.loading import STDIN, display_name, load_graph, read_text
+from mirage_cli.loading import load_graph
 
 Executor = Callable[[Graph, Mapping[str, np.ndarray]], dict[str, np.ndarray]]
 
@@ -99,18 +100,6 @@ def command(file: str, inputs_path: str | None, output: str | None, seed: int,
             console.print(f"wrote {output}", markup=False, highlight=False, soft_wrap=True)
     if failed:
         sys.exit(1)
-
-
-def check_graph_memory(graphs: list[tuple[Graph, str]], limit: int, what: str,
-                       itemsize: int = 8) -> None:
-    """:func:`mirage_cli.interp.check_memory`, with the source text for the excerpt."""
-    try:
-        interp.check_memory([(g, display_name(f)) for g, f in graphs], limit, what, itemsize)
-    except MirageError as e:
-        for _, file in graphs:
-            if e.span is not None and file != STDIN and e.span.file == file:
-                e.with_source(read_text(file))
-        raise
 
 
 def _executor(precision: str) -> Executor:

@@ -24,12 +24,12 @@ import click
 import numpy as np
 
 from mirage_cli.commands.common import (
+    check_graph_memory,
     defines_option,
     max_memory_option,
     parse_defines,
     parse_size,
 )
-from mirage_cli.commands.run import check_graph_memory
 from mirage_cli.console import console, info
 from mirage_cli.diagnostics import MirageError
 from mirage_cli.ir import Graph

@@ -275,7 +275,7 @@ def _lookup(r: _Reader, op_type: str, level: str, where: str) -> tuple[str, Attr
         r.fail(where, f"'{op_type}' cannot appear here")
     if op_type not in index or not op_type.startswith(prefix):
         known = [n for n in (*index, *STRUCTURAL) if n.startswith(prefix)]
-        r.fail(where, f"unknown Mirage {level} operator '{op_type}'"
+        r.fail(where, f"unknown Mirage {level} operator '{ascii(op_type)[1:-1][:64]}'"
                       f"{did_you_mean(op_type, known)}")
     return index[op_type]
 
