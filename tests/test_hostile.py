@@ -184,7 +184,8 @@ def _entry(program_text: str, cands_text: str) -> tuple[Any, str, str]:
     g = parse_text(program_text, "p.mir")
     opts = SearchOptions().as_json()
     k = cache.key(g, opts)
-    cands = serialize.dumps_candidates([(parse_text(cands_text, "c.mir"), {"rank": 0})])
+    meta = {"rank": 0, "kernels": 1, "cost": {"time_us": 1.0}, "tuning": []}
+    cands = serialize.dumps_candidates([(parse_text(cands_text, "c.mir"), meta)])
     return g, k, cands
 
 
@@ -195,6 +196,20 @@ def test_cache_returns_a_proved_entry(cache_env: Path) -> None:
     g, k, cands = _entry(EXP, EXP)
     cache.put(k, cands, g, SearchOptions().as_json())
     assert cache.get(k, g, SearchOptions().as_json()) == cands
+
+
+def test_cache_entry_with_a_forged_record_is_refused(cache_env: Path, capsys: Any) -> None:
+    """`mirage search` prints each candidate's rank, kernels, cost and tuning: an
+    entry whose record lacks them would crash it (exit 3), so it is a miss."""
+    from mirage_cli.search import cache
+    from mirage_cli.search.driver import SearchOptions
+
+    g, k, cands = _entry(EXP, EXP)
+    doc = json.loads(cands)
+    del doc["candidates"][0]["meta"]["cost"]
+    cache.put(k, json.dumps(doc), g, SearchOptions().as_json())
+    assert cache.get(k, g, SearchOptions().as_json()) is None
+    assert "no valid record" in capsys.readouterr().err
 
 
 def test_cache_entry_of_another_program_is_detected(cache_env: Path, capsys: Any) -> None:

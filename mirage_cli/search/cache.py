@@ -95,7 +95,18 @@ def check_entry(raw: str, program: Graph, options: dict[str, Any], seed: int = 0
         cands = serialize.loads_candidates(doc["candidates"], "<cache>")
     except MirageError as e:
         return f"its candidates do not load ({e.message})"
+    for i, (_, meta) in enumerate(cands):
+        if not _meta_ok(meta, i):
+            return f"candidate {i} has no valid record (rank, kernels, cost, tuning)"
     return _recheck(program, [g for g, _ in cands], seed)
+
+
+def _meta_ok(meta: dict[str, Any], rank: int) -> bool:
+    """The record `mirage search` prints for a candidate has the shape it writes."""
+    cost = meta.get("cost")
+    return (meta.get("rank") == rank and type(meta.get("kernels")) is int
+            and isinstance(cost, dict) and type(cost.get("time_us")) in (int, float)
+            and isinstance(meta.get("tuning"), list))
 
 
 def _recheck(program: Graph, graphs: list[Graph], seed: int) -> str | None:
