@@ -18,7 +18,7 @@ every producer of µGraphs goes through the same inference and checks::
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from mirage_cli import ops
 from mirage_cli.check import check_block, check_graph, infer_op, stored_type, tile_type
@@ -55,6 +55,7 @@ class GraphBuilder:
         self.inputs: list[Input] = []
         self.ops: list[KernelOp] = []
         self.outputs: list[str] = []
+        self._output_set: set[str] = set()  # membership in O(1): programs may have many
         self.types: dict[str, TensorType] = {}
         self._counter = 0
 
@@ -94,7 +95,15 @@ class GraphBuilder:
     def op(self, name: str, *inputs: str, out: str | None = None, span: Span | None = None,
            **attrs: AttrValue) -> str:
         """Add a pre-defined kernel operator; returns the output tensor's name."""
-        a = _normalized(name, make_attrs(**attrs))
+        return self.op_with(name, inputs, attrs, out=out, span=span)
+
+    def op_with(self, name: str, inputs: Sequence[str], attrs: Mapping[str, AttrValue],
+                out: str | None = None, span: Span | None = None) -> str:
+        """:meth:`op` with the attributes as a mapping: for attributes read from a file,
+        whose keys may be anything (``out``, ``span``) and must not meet the keyword
+        arguments."""
+        inputs = tuple(inputs)
+        a = _normalized(name, make_attrs(**dict(attrs)))
         t = infer_op(ops.KERNEL, name, self._types_of(inputs, span), a, span)
         v = Value(out or self.fresh(), t, span)
         self._define(v)
@@ -108,9 +117,10 @@ class GraphBuilder:
 
     def output(self, name: str, span: Span | None = None) -> None:
         self._types_of([name], span)
-        if name in self.outputs:
+        if name in self._output_set:
             raise MirageError(f"output '{name}' is declared twice", span)
         self.outputs.append(name)
+        self._output_set.add(name)
 
     def build(self) -> Graph:
         g = Graph(self.name, self.params, tuple(self.inputs), tuple(self.ops),
@@ -158,8 +168,14 @@ class BlockBuilder:
 
     def op(self, name: str, *inputs: str, out: str | None = None, span: Span | None = None,
            **attrs: AttrValue) -> str:
+        return self.op_with(name, inputs, attrs, out=out, span=span)
+
+    def op_with(self, name: str, inputs: Sequence[str], attrs: Mapping[str, AttrValue],
+                out: str | None = None, span: Span | None = None) -> str:
+        """:meth:`op` with the attributes as a mapping (see GraphBuilder.op_with)."""
         from mirage_cli.diagnostics import did_you_mean
 
+        inputs = tuple(inputs)
         for n in inputs:
             if n not in self.types:
                 raise MirageError(f"undefined block tensor '{n}'"

@@ -37,7 +37,20 @@ COMMANDS: tuple[tuple[str, str], ...] = (
 
 
 class MirageGroup(click.Group):
-    """Turns MirageError into exit 2 and anything unexpected into exit 3."""
+    """Turns MirageError into exit 2, Ctrl-C into exit 130 and anything unexpected
+    into exit 3; a standard output that cannot be written (``> /dev/full``, a closed
+    pipe) is exit 2 with one line on stderr, never a traceback at interpreter exit."""
+
+    def main(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            try:
+                return super().main(*args, **kwargs)
+            finally:
+                sys.stdout.flush()  # the data goes out now, while errors can be reported
+        except KeyboardInterrupt:
+            _interrupted()
+        except OSError as e:
+            _stdout_failed(e)
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
@@ -49,15 +62,47 @@ class MirageGroup(click.Group):
         except (click.ClickException, click.exceptions.Exit, click.Abort, SystemExit):
             raise
         except KeyboardInterrupt:
-            console.print("interrupted", style="red")
-            sys.exit(130)
+            _interrupted()
         except Exception as e:
+            if isinstance(e, OSError) and _is_write_error(e):
+                _stdout_failed(e)
             if ctx.obj and ctx.obj.get("debug"):
                 raise
             console.quiet = False
             console.print(f"internal error: {type(e).__name__}: {e}\n"
                           f"(run with --debug for a traceback)", style="red", markup=False)
             sys.exit(3)
+
+
+def _is_write_error(e: OSError) -> bool:
+    """A failed write of the output (a full disk or device, a closed pipe): the
+    environment, not a bug. Errors naming a file are reported where they occur."""
+    import errno
+
+    return e.errno in (errno.ENOSPC, errno.EPIPE, errno.EIO, errno.EDQUOT) and \
+        not e.filename
+
+
+def _interrupted() -> None:
+    """Ctrl-C: exit 130 (128 + SIGINT), as a shell reports a process it interrupted.
+    Outputs are written atomically at the very end of each command, so none is left."""
+    console.print("interrupted", style="red")
+    sys.exit(130)
+
+
+def _stdout_failed(e: OSError) -> None:
+    # Point stdout at /dev/null so the interpreter's final flush cannot fail again.
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
+    console.quiet = False
+    console.print(f"error: cannot write the output: {e.strerror or e}", style="red",
+                  markup=False)
+    sys.exit(2)
 
 
 @click.group(cls=MirageGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -73,8 +118,15 @@ def main(ctx: click.Context, quiet: bool, verbose: int, debug: bool) -> None:
     set_verbosity(-1 if quiet else verbose)
 
 
-for _module, _name in COMMANDS:
-    _cmd = importlib.import_module(f"mirage_cli.commands.{_module}").command
-    if not any("-q" in getattr(p, "opts", ()) for p in _cmd.params):
-        _cmd.params.extend(verbosity_params())  # -q/-v after the subcommand too
-    main.add_command(_cmd, _name)
+def _add_commands() -> None:
+    try:
+        for module, name in COMMANDS:
+            cmd = importlib.import_module(f"mirage_cli.commands.{module}").command
+            if not any("-q" in getattr(p, "opts", ()) for p in cmd.params):
+                cmd.params.extend(verbosity_params())  # -q/-v after the subcommand too
+            main.add_command(cmd, name)
+    except KeyboardInterrupt:  # Ctrl-C while starting up: the same exit as later
+        _interrupted()
+
+
+_add_commands()

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mirage_cli.parser import DEFAULT_FORLOOP, DEFAULT_THREADS, parse_text
+from mirage_cli.diagnostics import source_lines
+from mirage_cli.parser import DEFAULT_FORLOOP, DEFAULT_THREADS, parse_syntax
 from mirage_cli.printer import Anchor, print_lines
 from mirage_cli.syntax import (
     AttrArg,
@@ -24,7 +25,6 @@ from mirage_cli.syntax import (
     Stmt,
     TupleExpr,
     expr_text,
-    parse_program,
 )
 
 
@@ -40,7 +40,7 @@ def scan_comments(text: str) -> list[Comment]:
     blank lines as one comment with empty text."""
     out = []
     previous_blank = True
-    for n, line in enumerate(text.splitlines(), start=1):
+    for n, line in enumerate(source_lines(text), start=1):  # numbered as the lexer does
         blank = not line.strip()
         if blank and not previous_blank:
             out.append(Comment(n, "", False))
@@ -100,10 +100,10 @@ def _headers(prog: Program) -> dict[int, str]:
 def format_source(text: str, file: str) -> str:
     """The canonical text of the program ``text``, with its comments (and the
     parameter expressions of its custom headers)."""
-    g = parse_text(text, file)
-    prog = parse_program(text, file)
+    prog, g = parse_syntax(text, file)
     anchors = _anchor_lines(prog)
-    pending = scan_comments(text)
+    pending = scan_comments(text)  # in line order; pending[i:] are not placed yet
+    i = 0
     out: list[str] = []
     after_open = True  # just after '{' (or at the top of the file): no blank line
     for line, anchor in print_lines(g, _headers(prog)):
@@ -111,22 +111,23 @@ def format_source(text: str, file: str) -> str:
         closes = line.strip() == "}"
         if src is not None:
             indent = line[:len(line) - len(line.lstrip())] + ("  " if closes else "")
-            for c in (c for c in pending if c.line < src):
+            while i < len(pending) and pending[i].line < src:
+                c = pending[i]
+                i += 1
                 if c.text:
                     out.append(indent + c.text)
                 elif not after_open and out and out[-1]:
                     out.append("")
                 after_open = False
-            pending = [c for c in pending if c.line >= src]
-            trail = [c for c in pending if c.line == src and c.trailing]
-            if trail:
-                pending.remove(trail[0])
-                line = f"{line}  {trail[0].text}"
+            # One comment per line at most: a trailing one on this line is next.
+            if i < len(pending) and pending[i].line == src and pending[i].trailing:
+                line = f"{line}  {pending[i].text}"
+                i += 1
         if closes and out and not out[-1]:
             out.pop()  # no blank line before a closing brace
         out.append(line)
         after_open = line.split("#", 1)[0].rstrip().endswith("{")
-    for c in pending:
+    for c in pending[i:]:
         if c.text or (out and out[-1]):
             out.append(c.text)
     while out and not out[-1]:

@@ -23,7 +23,7 @@ def verbosity() -> int:
 
 def info(msg: str) -> None:
     """A progress or status line on stderr (hidden by -q)."""
-    console.print(msg, markup=False)
+    console.print(msg, markup=False, soft_wrap=True)  # long paths stay on one line
 
 
 def debug(msg: str) -> None:

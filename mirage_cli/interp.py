@@ -15,7 +15,8 @@ Two precisions:
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping
+import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -25,7 +26,7 @@ from mirage_cli import ops
 from mirage_cli.check import block_phases
 from mirage_cli.diagnostics import MirageError
 from mirage_cli.dtypes import round_to
-from mirage_cli.ir import AttrValue, AxisMap, BlockGraph, Graph, KernelOp, TensorType
+from mirage_cli.ir import AttrValue, AxisMap, BlockGraph, Graph, KernelOp, TensorType, Value
 
 Precision = Literal["float64", "native"]
 
@@ -225,3 +226,74 @@ def _eval(steps: tuple[_Step, ...], values: dict[str, np.ndarray], dt: type) -> 
     """Evaluate the (non-accumulator) block operators of one phase, in order."""
     for s in steps:
         values[s.output] = np.asarray(s.fn([values[i] for i in s.inputs], s.attrs), dtype=dt)
+
+
+# ---------------------------------------------------------------------------
+# Memory, before anything is allocated
+# ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """What evaluating a graph holds at its peak, and its largest tensor."""
+
+    bytes: int
+    largest: Value | None
+    largest_bytes: int
+
+
+def memory_estimate(g: Graph, itemsize: int = 8) -> MemoryEstimate:
+    """An upper estimate of the bytes :func:`run` holds at its peak, from shapes alone:
+    every device tensor stays alive to the end (``itemsize`` bytes per element, plus a
+    float32 copy of each input as drawn or read), and one custom kernel at a time holds
+    its forloop's iterations stacked (``forloop`` times every tile of its block graph)."""
+    values = [i.value for i in g.inputs] + [v for op in g.ops for v in op.outputs]
+    total = sum(_elements(v.type) for v in values) * itemsize
+    total += sum(_elements(i.value.type) for i in g.inputs) * 4
+    stacked = max((_kernel_tiles(op.block) * itemsize for op in g.ops
+                   if op.block is not None), default=0)
+    largest = max(values, key=lambda v: _elements(v.type), default=None)
+    return MemoryEstimate(total + stacked, largest,
+                          0 if largest is None else _elements(largest.type) * itemsize)
+
+
+def _elements(t: TensorType) -> int:
+    return math.prod(t.shape)
+
+
+def _kernel_tiles(bg: BlockGraph) -> int:
+    tiles = [bi.value for bi in bg.inputs] + [v for op in bg.ops for v in op.outputs]
+    return bg.forloop * sum(_elements(v.type) for v in tiles)
+
+
+def check_memory(graphs: Sequence[tuple[Graph, str | None]], limit: int, what: str,
+                 itemsize: int = 8) -> None:
+    """Refuse (exit 2) to ``what`` (e.g. "run") the (graph, file) pairs together when
+    their estimates add up to more than ``limit`` bytes; the error names the largest
+    tensor and points at it where it has a place in the source."""
+    ests = [(memory_estimate(g, itemsize), g, file) for g, file in graphs]
+    need = sum(e.bytes for e, _, _ in ests)
+    if need <= limit:
+        return
+    est, g, file = max(ests, key=lambda x: x[0].largest_bytes)
+    big = est.largest
+    detail = "" if big is None else (f"; its largest tensor '{big.name}' is {big.type}, "
+                                     f"{format_bytes(est.largest_bytes)} at {itemsize} bytes "
+                                     f"per element")
+    names = " and ".join(f"'{x.name}'" for _, x, _ in ests)
+    raise MirageError(f"{names} would need about {format_bytes(need)} of memory to {what}, "
+                      f"over the limit of {format_bytes(limit)} (--max-memory); '{g.name}' is "
+                      f"the largest{detail}" if len(ests) > 1 else
+                      f"{names} would need about {format_bytes(need)} of memory to {what}, "
+                      f"over the limit of {format_bytes(limit)} (--max-memory){detail}",
+                      big.span if big is not None else None, file=file)
+
+
+def format_bytes(n: int) -> str:
+    """1536 -> '1.5 KiB'."""
+    size = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB", "PiB"):
+        if size < 1024 or unit == "PiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.3g} {unit}"
+        size /= 1024
+    raise AssertionError("unreachable")

@@ -25,6 +25,7 @@ from mirage_cli.builder import BlockBuilder, GraphBuilder
 from mirage_cli.diagnostics import MirageError, Span, did_you_mean
 from mirage_cli.ir import GRID_AXES, AttrValue, AxisMap, DType, Graph
 from mirage_cli.syntax import (
+    MAX_INT,
     AttrArg,
     BinOp,
     CustomStmt,
@@ -55,12 +56,22 @@ DEFAULT_THREADS = 128
 DEFAULT_FORLOOP = 1
 
 
-def parse_text(text: str, file: str = "<input>", defines: dict[str, int] | None = None
-               ) -> Graph:
-    """Parse and check one program; ``defines`` override parameter defaults."""
+def parse_text(text: str, file: str = "<input>", defines: dict[str, int] | None = None,
+               strict_defines: bool = True) -> Graph:
+    """Parse and check one program; ``defines`` override parameter defaults (with
+    ``strict_defines`` False, a define the program does not declare is skipped)."""
     try:
         prog = parse_program(text, file)
-        return _Lowering(file, defines or {}).program(prog)
+        return _Lowering(file, defines or {}, strict_defines).program(prog)
+    except MirageError as e:
+        raise e.with_source(text) from None
+
+
+def parse_syntax(text: str, file: str = "<input>") -> tuple[Program, Graph]:
+    """The syntax tree and the checked graph of one program (parsed once)."""
+    try:
+        prog = parse_program(text, file)
+        return prog, _Lowering(file, {}).program(prog)
     except MirageError as e:
         raise e.with_source(text) from None
 
@@ -81,7 +92,20 @@ def _span_of(e: Expr) -> Span:
 
 
 def eval_int(e: Expr, env: dict[str, int], what: str) -> int:
-    """An integer expression over parameters; ``/`` must divide exactly."""
+    """An integer expression over parameters; ``/`` must divide exactly, and every
+    intermediate value must fit in an int64 (a located error otherwise: sizes are
+    int64 everywhere downstream)."""
+    v = _eval_int(e, env, what)
+    if not -MAX_INT - 1 <= v <= MAX_INT:
+        raise MirageError(f"{what}: {_short(expr_text(e))} does not fit in 64 bits", e.span)
+    return v
+
+
+def _short(text: str) -> str:
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _eval_int(e: Expr, env: dict[str, int], what: str) -> int:
     match e:
         case Num(value=v):
             if isinstance(v, float):
@@ -95,7 +119,7 @@ def eval_int(e: Expr, env: dict[str, int], what: str) -> int:
         case Neg(operand=x):
             return -eval_int(x, env, what)
         case BinOp(op=op, left=a, right=b):
-            lv, rv = eval_int(a, env, what), eval_int(b, env, what)
+            lv, rv = eval_int(a, env, what), eval_int(b, env, what)  # each checked
             if op == "+":
                 return lv + rv
             if op == "-":
@@ -103,8 +127,8 @@ def eval_int(e: Expr, env: dict[str, int], what: str) -> int:
             if op == "*":
                 return lv * rv
             if rv == 0 or lv % rv:
-                raise MirageError(f"{expr_text(e)} = {lv} / {rv} is not an exact integer "
-                                  f"division", e.span)
+                raise MirageError(f"{_short(expr_text(e))} = {lv} / {rv} is not an exact "
+                                  f"integer division", e.span)
             return lv // rv
         case Lit() | TupleExpr():
             raise MirageError(f"{what} must be an integer, got {expr_text(e)}", e.span)
@@ -150,9 +174,11 @@ class _Store:
 class _Lowering:
     """Builds the graph of one program through :class:`GraphBuilder`."""
 
-    def __init__(self, file: str, defines: dict[str, int]) -> None:
+    def __init__(self, file: str, defines: dict[str, int], strict_defines: bool = True
+                 ) -> None:
         self.file = file
         self.defines = defines
+        self.strict_defines = strict_defines
         self.env: dict[str, int] = {}
 
     def program(self, prog: Program) -> Graph:
@@ -168,7 +194,7 @@ class _Lowering:
     def _params(self, prog: Program) -> None:
         names = [p.name.text for p in prog.params]
         for key in self.defines:
-            if key not in names:
+            if key not in names and self.strict_defines:
                 listed = ", ".join(names) if names else "none"
                 raise MirageError(f"-D {key}: program '{prog.name.text}' has no parameter "
                                   f"'{key}'{did_you_mean(key, names)}; its parameters: "
@@ -357,15 +383,13 @@ class _Lowering:
                 case AttrArg(key=key, value=v):
                     if key.text in attrs:
                         raise MirageError(f"attribute '{key.text}' is given twice", key.span)
-                    if key.text in ("out", "span"):  # reserved keywords of the builder API
-                        raise MirageError(f"'{name}' has no attribute '{key.text}'", key.span)
                     attrs[key.text] = eval_attr(v, self.env)
                 case _:
                     assert_never(a)
         self._normalize_dim(attrs, operands, b)
         what = "tensor" if level == ops.KERNEL else "block tensor"
         self._fresh(stmt.out, types, what)
-        b.op(name, *operands, out=stmt.out.text, span=stmt.span, **attrs)
+        b.op_with(name, operands, attrs, out=stmt.out.text, span=stmt.span)
 
     def _check_level(self, name: str, level: str, span: Span) -> None:
         opdef = ops.REGISTRY.get(name)

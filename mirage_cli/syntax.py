@@ -9,6 +9,12 @@ parse errors into :class:`~mirage_cli.diagnostics.MirageError` with plain words
 
 What the syntax tree *means* (names, types, tiling) is decided in
 :mod:`mirage_cli.parser`, which builds the µGraph from it.
+
+Limits that keep hostile text from exhausting the process (each a located error):
+the parse tree may nest at most :data:`MAX_DEPTH` levels (long ``1 + 1 + ...`` chains
+and ``- - - x`` nest one level per operator); an integer literal must fit in 63 bits;
+a name is at most :data:`MAX_NAME` characters. :func:`check_name` is the one grammar of
+names, shared with the `.ugraph.json` loader.
 """
 
 from __future__ import annotations
@@ -16,6 +22,9 @@ from __future__ import annotations
 import functools
 import importlib.resources
 import json
+import math
+import re
+import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, assert_never
@@ -24,11 +33,35 @@ import lark
 from lark import Token, Transformer, v_args
 from lark.tree import Meta
 
-from mirage_cli.diagnostics import MirageError, Span
+from mirage_cli.diagnostics import MirageError, Span, source_lines
 
 # Reserved words of the language (a name may not be one of these).
 KEYWORDS = ("program", "input", "output", "custom", "load", "store", "imap", "fmap", "omap",
             "true", "false")
+
+MAX_NAME = 64  # characters in a name
+MAX_DEPTH = 200  # levels of the parse tree (each is a few Python frames downstream)
+MAX_INT = 2**63 - 1  # largest integer literal (an int64)
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+
+
+def check_name(name: object, reserved_ok: bool = False) -> str | None:
+    """Why ``name`` is not a valid name (tensor, program, parameter, attribute key),
+    or None. A name is ASCII ``[A-Za-z_][A-Za-z0-9_]*``, at most :data:`MAX_NAME`
+    characters, and not a reserved word, so that every name can be written in `.mir`
+    (``reserved_ok``: an operator name, where ``custom`` is one)."""
+    if not isinstance(name, str):
+        return "a name must be a string"
+    if not name:
+        return "a name cannot be empty"
+    if len(name) > MAX_NAME:
+        return f"a name has at most {MAX_NAME} characters, this one has {len(name)}"
+    if not _NAME.match(name):
+        return ("a name is an ASCII letter or '_' followed by letters, digits or '_', got "
+                + ascii(name))
+    if name in KEYWORDS and not reserved_ok:
+        return f"'{name}' is a reserved word and cannot be used as a name"
+    return None
 
 # ---------------------------------------------------------------------------
 # Loading the grammar
@@ -226,6 +259,9 @@ class ToAst(Transformer):  # type: ignore[type-arg]
         self.file = file
 
     def _n(self, t: Token) -> Name:
+        if len(t) > MAX_NAME:
+            raise MirageError(f"a name has at most {MAX_NAME} characters, this one has "
+                              f"{len(t)}", _tok_span(self.file, t))
         return Name(str(t), _tok_span(self.file, t))
 
     def _s(self, t: Token) -> Span:
@@ -233,10 +269,19 @@ class ToAst(Transformer):  # type: ignore[type-arg]
 
     # --- expressions -------------------------------------------------------
     def int_lit(self, t: Token) -> Expr:
+        digits = str(t).lstrip("0")
+        # Compare digits before converting: int() of a 4,301-digit string raises.
+        if len(digits) > len(str(MAX_INT)) or (digits and int(digits) > MAX_INT):
+            raise MirageError(f"integer literal is too large (at most 2^63 - 1; this one has "
+                              f"{len(digits)} digits)", self._s(t))
         return Num(int(t), self._s(t))
 
     def float_lit(self, t: Token) -> Expr:
-        return Num(float(t), self._s(t))
+        v = float(t)
+        if not math.isfinite(v):
+            raise MirageError(f"number {_short(str(t))} is out of the range of a double",
+                              self._s(t))
+        return Num(v, self._s(t))
 
     def var(self, t: Token) -> Expr:
         return Var(str(t), self._s(t))
@@ -248,7 +293,17 @@ class ToAst(Transformer):  # type: ignore[type-arg]
         return Lit(False, self._s(t))
 
     def string_lit(self, t: Token) -> Expr:
-        return Lit(str(json.loads(str(t))), self._s(t))
+        try:
+            value = json.loads(str(t))
+        except ValueError as e:  # an escape JSON does not know (\q), a raw control char
+            bad = getattr(e, "pos", None)
+            span = self._s(t)
+            if bad is not None and t.line == t.end_line:
+                span = Span(self.file, span.line, span.col + bad)
+            msg = getattr(e, "msg", str(e))
+            raise MirageError(f"invalid string literal: {msg.lower()} (strings use JSON "
+                              f"escapes: \\\" \\\\ \\n \\t \\uXXXX)", span) from None
+        return Lit(str(value), self._s(t))
 
     @v_args(meta=True, inline=True)
     def neg(self, meta: Meta, x: Expr) -> Expr:
@@ -427,8 +482,22 @@ def _previous_token(text: str, pos: int) -> Token | None:
 
 
 def _end_span(file: str, text: str) -> Span:
-    lines = text.splitlines() or [""]
+    lines = source_lines(text) or [""]
     return Span(file, len(lines), len(lines[-1]) + 1)
+
+
+def _short(text: str, limit: int = 40) -> str:
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _char_words(ch: str) -> str:
+    """A character as a diagnostic shows it: quoted, with its Unicode name when it is
+    not plain ASCII (U+2028 LINE SEPARATOR), escaped when it is invisible."""
+    if ch.isascii() and ch.isprintable():
+        return f"'{ch}'"
+    name = unicodedata.name(ch, "")
+    return f"'{ascii(ch)[1:-1] if not ch.isprintable() else ch}' (U+{ord(ch):04X}" + \
+        (f" {name})" if name else ")")
 
 
 def syntax_error(e: lark.exceptions.UnexpectedInput, text: str, file: str) -> MirageError:
@@ -436,7 +505,8 @@ def syntax_error(e: lark.exceptions.UnexpectedInput, text: str, file: str) -> Mi
     if isinstance(e, lark.exceptions.UnexpectedCharacters):
         pos = e.pos_in_stream or 0
         ch = text[pos] if pos < len(text) else "?"
-        what = "a '\"' that starts an unterminated string" if ch == '"' else f"character '{ch}'"
+        what = ("a '\"' that starts an unterminated string" if ch == '"'
+                else f"character {_char_words(ch)}")
         return MirageError(f"unexpected {what}", Span(file, e.line, e.column), source=text)
     if isinstance(e, lark.exceptions.UnexpectedToken):
         return _unexpected_token(e, text, file)
@@ -475,18 +545,45 @@ def parse_program(text: str, file: str) -> Program:
         tree = lark_parser().parse(text, start="start")
     except lark.exceptions.UnexpectedInput as e:
         raise syntax_error(e, text, file) from None
-    result: Program = ToAst(file).transform(tree)
+    result: Program = _transform(tree, file, text)
     return result
 
 
-def parse_dim_expr(text: str) -> Expr:
+def parse_dim_expr(text: str, file: str = "<dims>") -> Expr:
     """One dimension expression (as kept in an input's ``dims_src``)."""
     try:
         tree = lark_parser().parse(text, start="dim_expr")
     except lark.exceptions.UnexpectedInput as e:
-        raise syntax_error(e, text, "<dims>") from None
-    result: Expr = ToAst("<dims>").transform(tree)
+        raise syntax_error(e, text, file) from None
+    result: Expr = _transform(tree, file, text)
     return result
+
+
+def _transform(tree: lark.Tree, file: str, text: str) -> Any:  # type: ignore[type-arg]
+    """The syntax tree of a parse tree whose depth was checked first (the transformer
+    and everything after it recurse along the tree)."""
+    _check_depth(tree, file, text)
+    try:
+        return ToAst(file).transform(tree)
+    except lark.exceptions.VisitError as e:
+        if isinstance(e.orig_exc, MirageError):
+            raise e.orig_exc.with_source(text) from None
+        raise
+
+
+def _check_depth(tree: lark.Tree, file: str, text: str) -> None:  # type: ignore[type-arg]
+    """A located error where the parse tree nests deeper than :data:`MAX_DEPTH`
+    (iterative: the check itself must not recurse)."""
+    stack = [(tree, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            meta = node.meta
+            span = Span(file, getattr(meta, "line", 1), getattr(meta, "column", 1))
+            raise MirageError(f"the program nests too deeply here (more than {MAX_DEPTH} "
+                              f"levels of expressions or blocks); split it into simpler "
+                              f"statements", span, source=text)
+        stack.extend((c, depth + 1) for c in node.children if isinstance(c, lark.Tree))
 
 
 # ---------------------------------------------------------------------------

@@ -1,4 +1,5 @@
-"""Options and helpers shared by several commands (-D overrides, graph loading)."""
+"""Options and helpers shared by several commands (-D overrides, output files,
+--max-memory)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from typing import Any
 import click
 
 from mirage_cli.diagnostics import MirageError
+from mirage_cli.ir import Graph
 
 
 def parse_defines(values: tuple[str, ...]) -> dict[str, int]:
@@ -31,10 +33,15 @@ def defines_option(f: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def write_output(path: str, data: str | bytes) -> None:
-    """Write a command's output file atomically; an unwritable path is bad input (exit
-    2), not an internal error."""
+    """Write a command's output file atomically (``-``: standard output); an unwritable
+    path is bad input (exit 2), not an internal error."""
     from mirage_cli.util import write_atomic
 
+    if path == "-":
+        stream = click.get_binary_stream("stdout")
+        stream.write(data if isinstance(data, bytes) else data.encode("utf-8"))
+        stream.flush()
+        return
     try:
         write_atomic(path, data)
     except OSError as e:
@@ -74,3 +81,60 @@ def verbosity_params() -> list[click.Parameter]:
                          callback=_set_quiet, help="Only errors on stderr."),
             click.Option(["-v", "--verbose"], count=True, expose_value=False,
                          callback=_set_verbose, help="More detail on stderr.")]
+
+
+def default_max_memory() -> int:
+    """Half of physical memory or 8 GiB, whichever is smaller."""
+    import os
+
+    cap = 8 << 30
+    try:
+        phys = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return cap
+    return min(cap, phys // 2) if phys > 0 else cap
+
+
+_UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": 1 << 20,
+          "MB": 1 << 20, "MIB": 1 << 20, "G": 1 << 30, "GB": 1 << 30, "GIB": 1 << 30,
+          "T": 1 << 40, "TB": 1 << 40, "TIB": 1 << 40}
+
+
+def parse_size(text: str | None) -> int:
+    """``--max-memory``: bytes, or a number with K/M/G/T (powers of 1024); default
+    :func:`default_max_memory`."""
+    import re
+
+    if text is None:
+        return default_max_memory()
+    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*", text)
+    unit = m.group(2).upper() if m else ""
+    if m is None or unit not in _UNITS:
+        raise MirageError(f"--max-memory {text}: expected a size such as 512M, 8G or "
+                          f"1073741824")
+    n = int(float(m.group(1)) * _UNITS[unit])
+    if n < 1:
+        raise MirageError(f"--max-memory {text}: the limit must be positive")
+    return n
+
+
+def max_memory_option(f: Callable[..., Any]) -> Callable[..., Any]:
+    return click.option("--max-memory", "max_memory", metavar="SIZE", default=None,
+                        help="Refuse programs estimated to need more memory than this "
+                             "(e.g. 512M, 8G) [default: half of physical memory, at "
+                             "most 8G].")(f)
+
+
+def check_graph_memory(graphs: list[tuple[Graph, str]], limit: int, what: str,
+                       itemsize: int = 8) -> None:
+    """:func:`mirage_cli.interp.check_memory`, with the source text for the excerpt."""
+    from mirage_cli import interp
+    from mirage_cli.loading import STDIN, display_name, read_text
+
+    try:
+        interp.check_memory([(g, display_name(f)) for g, f in graphs], limit, what, itemsize)
+    except MirageError as e:
+        for _, file in graphs:
+            if e.span is not None and file != STDIN and e.span.file == file:
+                e.with_source(read_text(file))
+        raise

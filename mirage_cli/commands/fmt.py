@@ -4,7 +4,8 @@ FILE may be a `.mir` program (its comments are kept, see :mod:`mirage_cli.commen
 a `.ugraph.json` file or a Mirage checkpoint (see :mod:`mirage_cli.loading`). With
 ``--check`` nothing is printed: the exit code says whether a `.mir` file already is in
 canonical form (0) or not (1). ``-o`` writes the text to a file and ``-i`` rewrites a
-`.mir` file in place (both atomically).
+`.mir` file in place (both atomically). FILE ``-`` is standard input (a program unless
+it starts with ``{`` or ``[``); ``-o -`` is standard output.
 """
 
 from __future__ import annotations
@@ -15,7 +16,14 @@ from mirage_cli.commands.common import write_output
 from mirage_cli.comments import format_source
 from mirage_cli.console import console
 from mirage_cli.diagnostics import MirageError
-from mirage_cli.loading import load_graph, read_text
+from mirage_cli.loading import (
+    STDIN,
+    display_name,
+    graphs_from_text,
+    is_program,
+    pick,
+    read_text,
+)
 from mirage_cli.printer import print_graph
 
 
@@ -30,29 +38,35 @@ from mirage_cli.printer import print_graph
 def command(file: str, check: bool, index: int | None, output: str | None,
             in_place: bool) -> None:
     """Print FILE (.mir, .ugraph.json or Mirage checkpoint) as canonical .mir."""
-    if (check or in_place) and not file.endswith(".mir"):
-        flag = "--check" if check else "--in-place"
-        raise MirageError(f"{flag} applies to .mir files only", file=file)
+    if in_place and file == STDIN:
+        raise MirageError("--in-place needs a file, not standard input")
     if sum((check, in_place, output is not None)) > 1:
         raise MirageError("--check, --in-place and -o exclude each other")
-    text = _formatted(file, index)
+    source = read_text(file)  # once: standard input cannot be read twice
+    if (check or in_place) and not is_program(file, source):
+        flag = "--check" if check else "--in-place"
+        raise MirageError(f"{flag} applies to .mir files only", file=display_name(file))
+    text = _formatted(file, source, index)
     if check:
-        if read_text(file) != text:
-            console.print(f"{file}: not in canonical form (run 'mirage fmt {file}' to see "
+        if source != text:
+            name = display_name(file)
+            console.print(f"{name}: not in canonical form (run 'mirage fmt {name}' to see "
                           f"it)", markup=False, highlight=False, soft_wrap=True)
             raise SystemExit(1)
-    elif in_place or output is not None:
+    elif in_place or (output is not None and output != "-"):
         target = file if in_place else str(output)
-        if not (in_place and read_text(file) == text):
+        if not (in_place and source == text):
             write_output(target, text)
     else:
         click.echo(text, nl=False)
 
 
-def _formatted(file: str, index: int | None) -> str:
-    if not file.endswith(".mir"):
-        return print_graph(load_graph(file, None, index))
+def _formatted(file: str, source: str, index: int | None) -> str:
+    name = display_name(file)
+    if not is_program(file, source):
+        return print_graph(pick(graphs_from_text(source, file), file, index))
     if index not in (None, 0):
         raise MirageError(f"--index {index} is out of range: a program is one graph",
-                          file=file)
-    return format_source(read_text(file), file)
+                          file=name)
+    return format_source(source, name)
+

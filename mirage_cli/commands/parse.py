@@ -2,7 +2,8 @@
 
 Any file that :func:`mirage_cli.loading.load_graph` reads is accepted (a `.ugraph.json`
 file or a Mirage checkpoint, with ``--index`` for one candidate), so `parse` also
-converts checkpoints to the canonical `.ugraph.json`.
+converts checkpoints to the canonical `.ugraph.json`. ``-`` as the input reads standard
+input; ``-o -`` is standard output (the default).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ def command(program: str, defines: tuple[str, ...], output: str | None,
     """Parse and check a .mir program; print its canonical .ugraph.json."""
     g = load_graph(program, parse_defines(defines), index)
     text = serialize.dumps(g)
-    if output is None:
+    if output is None or output == "-":
         click.echo(text, nl=False)
     else:
         write_output(output, text)

@@ -5,7 +5,12 @@ drawn at random (``--seed``). Outputs go to ``-o out.npz`` (written atomically),
 one-line summary of each output goes to stderr. ``--precision float64`` (default)
 computes everything in float64 and saves float64 arrays; ``native`` rounds device
 tensors to their dtype (f32 accumulation) and saves them in their storage dtype.
-``--json`` also prints the summary as JSON on stdout.
+``--json`` also prints the summary as JSON on stdout. ``-o -`` writes the .npz to
+standard output (then the summary stays on stderr only).
+
+Before anything is allocated, the memory the run needs is estimated from the shapes
+(:func:`mirage_cli.interp.memory_estimate`); over ``--max-memory`` the program is
+refused with exit 2, naming its largest tensor.
 
 The executor is chosen in :func:`_executor`, the one place a later ``--gpu N``
 option plugs in.
@@ -24,7 +29,14 @@ import click
 import numpy as np
 
 from mirage_cli import interp
-from mirage_cli.commands.common import defines_option, parse_defines, write_output
+from mirage_cli.commands.common import (
+    check_graph_memory,
+    defines_option,
+    max_memory_option,
+    parse_defines,
+    parse_size,
+    write_output,
+)
 from mirage_cli.console import console
 from mirage_cli.diagnostics import MirageError
 from mirage_cli.dtypes import round_to, storage_dtype
@@ -51,11 +63,17 @@ Executor = Callable[[Graph, Mapping[str, np.ndarray]], dict[str, np.ndarray]]
 @click.option("--gpu", type=int, default=None, metavar="N",
               help="Run the generated CUDA on GPU N and check it against the CPU reference "
                    "(exit 1 if the relative L2 error exceeds 1e-2 or an output is NaN).")
+@max_memory_option
 def command(file: str, inputs_path: str | None, output: str | None, seed: int,
             precision: str, defines: tuple[str, ...], index: int | None,
-            as_json: bool, gpu: int | None) -> None:
+            as_json: bool, gpu: int | None, max_memory: str | None) -> None:
     """Run FILE (.mir, .ugraph.json or Mirage checkpoint) with the CPU reference."""
+    limit = parse_size(max_memory)
+    if output == "-" and as_json:
+        raise MirageError("-o - writes the .npz to standard output; --json would mix "
+                          "text into it")
     g = load_graph(file, parse_defines(defines), index)
+    check_graph_memory([(g, file)], limit, "run")
     inputs = read_inputs(g, inputs_path) if inputs_path else interp.random_inputs(g, seed)
     failed = False
     if gpu is not None:
@@ -78,7 +96,8 @@ def command(file: str, inputs_path: str | None, output: str | None, seed: int,
         click.echo(json.dumps(stats, indent=2, sort_keys=True))
     if output is not None:
         write_output(output, _npz_bytes(g, outputs, precision))
-        console.print(f"wrote {output}", markup=False, highlight=False, soft_wrap=True)
+        if output != "-":
+            console.print(f"wrote {output}", markup=False, highlight=False, soft_wrap=True)
     if failed:
         sys.exit(1)
 

@@ -4,6 +4,15 @@ A and B are `.mir` programs, `.ugraph.json` graphs or candidate lists, or Mirage
 checkpoints (``--index-a``/``--index-b``, ``--index`` for B). Inputs and outputs are
 matched by position. Exit 0 equivalent, 1 not equivalent or undecided, 2 bad input.
 The verdict goes to stdout (``--json``: the certificate); progress to stderr.
+
+``-D NAME=VALUE`` applies to each `.mir` operand that declares the parameter NAME;
+every NAME must be declared by at least one `.mir` operand (else exit 2). A
+`.ugraph.json` or checkpoint operand has fixed sizes and takes no ``-D``: when ``-D``
+is given, a note on stderr says which operand it was not applied to.
+
+Before the trials, the memory of both graphs' field and float64 evaluation is
+estimated from their shapes (16 bytes per element of every tensor); over
+``--max-memory`` the pair is refused with exit 2.
 """
 
 from __future__ import annotations
@@ -14,18 +23,50 @@ import json
 import click
 import numpy as np
 
-from mirage_cli.commands.common import defines_option, parse_defines
+from mirage_cli.commands.common import (
+    check_graph_memory,
+    defines_option,
+    max_memory_option,
+    parse_defines,
+    parse_size,
+)
 from mirage_cli.console import console, info
 from mirage_cli.diagnostics import MirageError
 from mirage_cli.ir import Graph
 from mirage_cli.util import write_atomic
 from mirage_cli.verifier.api import DEFAULT_BOUND, Certificate, Verifier
 
+FIELD_BYTES = 16  # per element: residues mod p and mod q (int64 each) in the trials
 
-def _load(path: str, defines: dict[str, int], index: int | None) -> Graph:
-    from mirage_cli.loading import load_graph
 
-    return load_graph(path, defines if path.endswith(".mir") else None, index)
+def _load_pair(paths: tuple[str, str], defines: dict[str, int],
+               indexes: tuple[int | None, int | None]) -> tuple[Graph, Graph]:
+    """Both operands, with ``-D`` applied per file by the rule of the module docstring."""
+    from mirage_cli.loading import (
+        display_name,
+        graphs_from_text,
+        is_program,
+        pick,
+        read_text,
+    )
+
+    graphs: list[Graph] = []
+    declared: set[str] = set()
+    for path, index in zip(paths, indexes):
+        text = read_text(path)  # once: it may be standard input
+        program = is_program(path, text)
+        if defines and not program:
+            info(f"note: -D is not applied to {display_name(path)} (a fixed-size µGraph)")
+        g = pick(graphs_from_text(text, path, defines if program else None,
+                                  strict_defines=False), path, index)
+        if program:
+            declared.update(n for n, _ in g.params)
+        graphs.append(g)
+    unknown = [n for n in defines if n not in declared]
+    if unknown:
+        raise MirageError(f"-D {unknown[0]}: no .mir operand declares a parameter "
+                          f"'{unknown[0]}'")
+    return graphs[0], graphs[1]
 
 
 @click.command("verify")
@@ -44,14 +85,21 @@ def _load(path: str, defines: dict[str, int], index: int | None) -> Graph:
 @click.option("--counterexample", type=click.Path(dir_okay=False), default=None,
               help="On a mismatch, write inputs and both outputs to this .npz file.")
 @click.option("--json", "as_json", is_flag=True, help="Print the certificate as JSON.")
+@max_memory_option
 def command(a: str, b: str, defines: tuple[str, ...], index_a: int | None,
             index_b: int | None, seed: int, bound: float | None, trials: int | None,
-            no_float64: bool, counterexample: str | None, as_json: bool) -> None:
-    """Check that A and B compute the same function (inputs/outputs by position)."""
+            no_float64: bool, counterexample: str | None, as_json: bool,
+            max_memory: str | None) -> None:
+    """Check that A and B compute the same function (inputs/outputs by position).
+
+    -D applies to each .mir operand that declares the parameter (see the docs)."""
     if bound is not None and trials is not None:
         raise MirageError("give either --bound or --trials, not both")
-    d = parse_defines(defines)
-    ga, gb = _load(a, d, index_a), _load(b, d, index_b)
+    if a == "-" and b == "-":
+        raise MirageError("only one of A and B can be standard input")
+    limit = parse_size(max_memory)
+    ga, gb = _load_pair((a, b), parse_defines(defines), (index_a, index_b))
+    check_graph_memory([(ga, a), (gb, b)], limit, "verify", FIELD_BYTES)
     info(f"verifying {ga.name} against {gb.name} (seed {seed})")
     v = Verifier(ga, seed=seed, bound=bound if bound is not None else DEFAULT_BOUND,
                  trials=trials)

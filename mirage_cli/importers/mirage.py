@@ -32,7 +32,7 @@ from typing import Any, NoReturn
 
 from mirage_cli import ops
 from mirage_cli.builder import BlockBuilder, GraphBuilder
-from mirage_cli.diagnostics import MirageError, Span, did_you_mean
+from mirage_cli.diagnostics import MirageError, did_you_mean
 from mirage_cli.importers import mirage_dtypes
 from mirage_cli.ir import GRID_AXES, Attrs, AxisMap, Graph, TensorType
 
@@ -275,7 +275,7 @@ def _lookup(r: _Reader, op_type: str, level: str, where: str) -> tuple[str, Attr
         r.fail(where, f"'{op_type}' cannot appear here")
     if op_type not in index or not op_type.startswith(prefix):
         known = [n for n in (*index, *STRUCTURAL) if n.startswith(prefix)]
-        r.fail(where, f"unknown Mirage {level} operator '{op_type}'"
+        r.fail(where, f"unknown Mirage {level} operator '{ascii(op_type)[1:-1][:64]}'"
                       f"{did_you_mean(op_type, known)}")
     return index[op_type]
 
@@ -454,11 +454,9 @@ class _Kernel:
 
 
 def _document(text: str, file: str) -> list[Json]:
-    try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise MirageError(f"malformed JSON: {e.msg}", Span(file, e.lineno, e.colno),
-                          source=text) from None
+    from mirage_cli import jsondoc
+
+    doc = jsondoc.load(text, file)  # bounded nesting and numbers, located errors
     if not isinstance(doc, list):
         raise MirageError("not a Mirage checkpoint: expected a JSON array of candidate "
                           "µGraphs", file=file)
@@ -496,8 +494,9 @@ def _dtype_table(doc: list[Json], file: str, numbering: str | None) -> dict[int,
 
 
 def graph_name(file: str, index: int) -> str:
-    """``<file stem>_<index>``, made an identifier."""
-    stem = re.sub(r"\W", "_", Path(file).name.split(".")[0]) or "mirage"
+    """``<file stem>_<index>``, made a valid name (ASCII, at most 48 characters of
+    the stem: see mirage_cli.syntax.check_name)."""
+    stem = re.sub(r"[^A-Za-z0-9_]", "_", Path(file).name.split(".")[0])[:48] or "mirage"
     return f"{'g_' if stem[0].isdigit() else ''}{stem}_{index}"
 
 

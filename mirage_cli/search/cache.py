@@ -1,10 +1,22 @@
-"""The search result cache: a rerun with the same program and options is instant.
+"""The search result cache: a rerun with the same program and options is instant, and
+what it returns is proved, not trusted.
 
-Entries are candidate files (``.ugraph.json`` text) named by the SHA-256 of the
-program's canonical JSON, the result-changing options and the tool version, under
-``$MIRAGE_CACHE_DIR`` (default ``~/.cache/mirage-cli``). Only complete searches are
-stored (a search cut short by its budget is not reproducible). Writes are atomic;
-an unreadable cache is ignored, never an error.
+Entries live under ``$MIRAGE_CACHE_DIR`` (default ``~/.cache/mirage-cli``), one file per
+key: the SHA-256 of the program's canonical JSON, the result-changing options and the
+tool version. A file holds an envelope::
+
+    {"format": "mirage-cli/search-cache", "version": 1, "program_sha256": ...,
+     "options": {...}, "tool": "mirage-cli X.Y", "candidates": "<.ugraph.json text>"}
+
+Anyone who can write the directory can put anything there, so :func:`get` checks
+every entry before returning it: the envelope's program hash, options and tool must be
+those of the request; the candidates must load (and be checked) as µGraphs; and each
+candidate is re-verified against the program with one finite-field trial
+(:class:`mirage_cli.verifier.api.Verifier`, the same check the search runs). Any
+mismatch is a miss, reported as a warning, and the caller recomputes (and overwrites
+the entry). Only complete searches are stored (a search cut short by its budget is not
+reproducible). Writes are atomic; an unreadable or unwritable cache is a miss, never
+an error.
 """
 
 from __future__ import annotations
@@ -16,8 +28,15 @@ from pathlib import Path
 from typing import Any
 
 from mirage_cli import __version__, serialize
+from mirage_cli.console import info
+from mirage_cli.diagnostics import MirageError
 from mirage_cli.ir import Graph
 from mirage_cli.util import write_atomic
+
+FORMAT = "mirage-cli/search-cache"
+VERSION = 1
+TOOL = f"mirage-cli {__version__}"
+RECHECK_TRIALS = 1  # finite-field trials per cached candidate before it is shipped
 
 
 def cache_dir() -> Path:
@@ -31,22 +50,93 @@ def cache_dir() -> Path:
 SEARCH_REVISION = 2
 
 
+def program_hash(program: Graph) -> str:
+    """SHA-256 of the program's canonical JSON (names, shapes, operators, order)."""
+    text = json.dumps(serialize.graph_to_json(program), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
 def key(program: Graph, options: dict[str, Any], kind: str = "search") -> str:
-    doc = {"kind": kind, "program": serialize.graph_to_json(program), "options": options,
+    doc = {"kind": kind, "program": program_hash(program), "options": options,
            "version": __version__, "revision": SEARCH_REVISION}
     text = json.dumps(doc, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()
 
 
-def get(k: str) -> str | None:
+def _path(k: str) -> Path:
+    return cache_dir() / f"{k}.cache.json"
+
+
+def get(k: str, program: Graph, options: dict[str, Any], seed: int = 0) -> str | None:
+    """The candidates text cached under ``k``, once proved to be a result for
+    ``program`` under ``options``; None (with a warning when an entry was there but
+    failed a check) otherwise."""
     try:
-        return (cache_dir() / f"{k}.ugraph.json").read_text(encoding="utf-8")
-    except OSError:
+        raw = _path(k).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):
         return None
+    problem = check_entry(raw, program, options, seed)
+    if problem is not None:
+        info(f"warning: ignoring the cached search result {_path(k)}: {problem}; "
+             f"searching again")
+        return None
+    return str(json.loads(raw)["candidates"])
 
 
-def put(k: str, text: str) -> None:
+def check_entry(raw: str, program: Graph, options: dict[str, Any], seed: int = 0
+                ) -> str | None:
+    """Why the entry text ``raw`` is not a proved result for ``program`` (or None)."""
     try:
-        write_atomic(cache_dir() / f"{k}.ugraph.json", text)
+        doc = json.loads(raw)
+    except (ValueError, RecursionError):
+        return "it is not valid JSON"
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT or \
+            doc.get("version") != VERSION or not isinstance(doc.get("candidates"), str):
+        return "it is not a cache entry of this format"
+    if doc.get("program_sha256") != program_hash(program):
+        return "it was computed for another program"
+    if doc.get("options") != options or doc.get("tool") != TOOL:
+        return "it was computed with other options or another version"
+    try:
+        cands = serialize.loads_candidates(doc["candidates"], "<cache>")
+    except MirageError as e:
+        return f"its candidates do not load ({e.message})"
+    for i, (_, meta) in enumerate(cands):
+        if not _meta_ok(meta, i):
+            return f"candidate {i} has no valid record (rank, kernels, cost, tuning)"
+    return _recheck(program, [g for g, _ in cands], seed)
+
+
+def _meta_ok(meta: dict[str, Any], rank: int) -> bool:
+    """The record `mirage search` prints for a candidate has the shape it writes."""
+    cost = meta.get("cost")
+    return (meta.get("rank") == rank and type(meta.get("kernels")) is int
+            and isinstance(cost, dict) and type(cost.get("time_us")) in (int, float)
+            and isinstance(meta.get("tuning"), list))
+
+
+def _recheck(program: Graph, graphs: list[Graph], seed: int) -> str | None:
+    """One finite-field trial of every cached candidate against ``program``."""
+    from mirage_cli.verifier.api import Verifier
+
+    v = Verifier(program, seed=seed)
+    for i, g in enumerate(graphs):
+        try:
+            verdict = v.check(g, trials=RECHECK_TRIALS)
+        except MirageError as e:  # a different signature (inputs, outputs, shapes)
+            return f"candidate {i} does not match the program ({e.message})"
+        if verdict.equivalent is not True:
+            why = "computes another function" if verdict.equivalent is False else \
+                f"could not be re-verified ({verdict.reason})"
+            return f"candidate {i} {why}"
+    return None
+
+
+def put(k: str, text: str, program: Graph, options: dict[str, Any]) -> None:
+    """Store a complete search's candidates text for ``program`` under ``options``."""
+    doc = {"format": FORMAT, "version": VERSION, "program_sha256": program_hash(program),
+           "options": options, "tool": TOOL, "candidates": text}
+    try:
+        write_atomic(_path(k), json.dumps(doc, sort_keys=True) + "\n")
     except OSError:
         pass

@@ -7,9 +7,10 @@ then (when ``max_kernel_ops > 1``) "a pre-defined operator, then up to
 design also yields its split-reduction two-kernel form (:mod:`.split`).
 Units run in ``jobs`` worker processes (each with its own Z3 oracle and caches) and are
 merged in unit order, so the result does not depend on ``jobs`` or on timing as long
-as the search completes within its budget. When the budget runs out (or on Ctrl-C) the
-designs found so far are ranked and verified as usual, and the result says it is
-partial (``complete: false``) and is not cached.
+as the search completes within its budget. When the budget runs out the designs found
+so far are ranked and verified as usual, and the result says it is partial
+(``complete: false``) and is not cached. Ctrl-C stops every phase at once (the
+KeyboardInterrupt propagates; the command exits 130 and writes nothing).
 
 Ranking: each design is tuned (:mod:`.tune`) and costed (:mod:`.cost`); candidates are
 verified best first (:mod:`.verify`) and only verified ones are returned.
@@ -24,6 +25,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+import z3
+
 from mirage_cli import __version__
 from mirage_cli.diagnostics import MirageError
 from mirage_cli.ir import Graph
@@ -37,6 +40,9 @@ from mirage_cli.search.tune import tune
 from mirage_cli.search.verify import Verdict, verify, verify_composed
 
 Unit = tuple[int, Any]  # (max kernels, first move: a config or "predef")
+
+# Z3 catches Ctrl-C during a query and just cancels it; Python must see it (exit 130).
+z3.set_param("ctrl_c", False)
 
 
 @dataclass(frozen=True)
@@ -181,17 +187,15 @@ def search(program: Graph, options: SearchOptions, budget: float | None = None,
     prog.units_total = len(todo)
     designs: dict[Design, None] = {}
     complete = True
-    try:
-        for found, stats, queries, timed_out in _map(jobs, program, options, deadline, todo):
-            prog.units_done += 1
-            prog.stats.add(stats)
-            prog.z3_queries += queries
-            designs.update((d, None) for d in found)
-            prog.designs = len(designs)
-            complete &= not timed_out
-            notify(prog)
-    except KeyboardInterrupt:
-        complete = False
+    # Ctrl-C propagates (exit 130): the budget, not an interrupt, asks for the best so far.
+    for found, stats, queries, timed_out in _map(jobs, program, options, deadline, todo):
+        prog.units_done += 1
+        prog.stats.add(stats)
+        prog.z3_queries += queries
+        designs.update((d, None) for d in found)
+        prog.designs = len(designs)
+        complete &= not timed_out
+        notify(prog)
     complete &= prog.units_done == prog.units_total
     prog.seconds["enumerate"] = round(time.time() - start, 2)
     if options.max_kernel_ops >= 2:
@@ -407,7 +411,7 @@ def cached_search(program: Graph, options: SearchOptions, budget: float | None, 
 
     k = cache.key(program, options.as_json())
     if use_cache:
-        text = cache.get(k)
+        text = cache.get(k, program, options.as_json(), options.seed)
         if text is not None:
             try:
                 return Outcome(text, serialize.loads_candidates(text), True, True, None)
@@ -417,5 +421,5 @@ def cached_search(program: Graph, options: SearchOptions, budget: float | None, 
     pairs = [(c.graph, c.meta(i)) for i, c in enumerate(res.candidates)]
     text = serialize.dumps_candidates(pairs)
     if use_cache and res.complete:
-        cache.put(k, text)
+        cache.put(k, text, program, options.as_json())
     return Outcome(text, pairs, False, res.complete, res.progress)
