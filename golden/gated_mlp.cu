@@ -133,6 +133,20 @@ __device__ __forceinline__ void mg_st8(mg_bf16* p, float v0, float v1, float v2,
              mg_pack_bf16(v6, v7)};
   *reinterpret_cast<mg_u4*>(p) = u;
 }
+// Eight 16-bit values from one 16-byte (aligned) access, as f32.
+template <typename T>
+__device__ __forceinline__ void mg_ld8(const T* p, float* f) {
+  const mg_u4 u = *reinterpret_cast<const mg_u4*>(p);
+  const unsigned w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    T lo, hi;
+    lo.bits = (unsigned short)(w[i] & 0xffffu);
+    hi.bits = (unsigned short)(w[i] >> 16);
+    f[2 * i] = mg_ld(lo);
+    f[2 * i + 1] = mg_ld(hi);
+  }
+}
 
 // matmul as a generated block graph: grid [512, 1, 1], forloop 64, tensor cores
 extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_gated_mlp_h8x4096_h4096x4096_h4096x4096_to_h8x4096(
@@ -152,31 +166,31 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_gated_mlp_h8x4
   for (int c1 = threadIdx.x; c1 < 64; c1 += 128) {
     const int s2_0 = c1 / 8;
     const int s2_1 = (c1) % 8;
-    mg_cp_async16((sm_a_0 + ((0) % 4) * 576) + (s2_0 * 72 + (s2_1 * 8)), p0 + ((base_a + 0) + s2_0 * 4096 + (s2_1 * 8)));
+    mg_cp_async16((sm_a_0 + ((0) % 4) * 576) + (s2_0 * 72 + (s2_1 * 8)), p0 + ((base_a + 0)) + (s2_0 * 4096 + (s2_1 * 8)));
   }
   for (int c3 = threadIdx.x; c3 < 64; c3 += 128) {
     const int s4_0 = c3;
-    mg_cp_async16((sm_b_0 + ((0) % 4) * 512) + (s4_0 * 8), p1 + ((base_b + 0) + s4_0 * 4096));
+    mg_cp_async16((sm_b_0 + ((0) % 4) * 512) + (s4_0 * 8), p1 + ((base_b + 0)) + (s4_0 * 4096));
   }
   mg_cp_async_commit();
   for (int c5 = threadIdx.x; c5 < 64; c5 += 128) {
     const int s6_0 = c5 / 8;
     const int s6_1 = (c5) % 8;
-    mg_cp_async16((sm_a_0 + ((1) % 4) * 576) + (s6_0 * 72 + (s6_1 * 8)), p0 + ((base_a + 64) + s6_0 * 4096 + (s6_1 * 8)));
+    mg_cp_async16((sm_a_0 + ((1) % 4) * 576) + (s6_0 * 72 + (s6_1 * 8)), p0 + ((base_a + 64)) + (s6_0 * 4096 + (s6_1 * 8)));
   }
   for (int c7 = threadIdx.x; c7 < 64; c7 += 128) {
     const int s8_0 = c7;
-    mg_cp_async16((sm_b_0 + ((1) % 4) * 512) + (s8_0 * 8), p1 + ((base_b + 262144) + s8_0 * 4096));
+    mg_cp_async16((sm_b_0 + ((1) % 4) * 512) + (s8_0 * 8), p1 + ((base_b + 262144)) + (s8_0 * 4096));
   }
   mg_cp_async_commit();
   for (int c9 = threadIdx.x; c9 < 64; c9 += 128) {
     const int s10_0 = c9 / 8;
     const int s10_1 = (c9) % 8;
-    mg_cp_async16((sm_a_0 + ((2) % 4) * 576) + (s10_0 * 72 + (s10_1 * 8)), p0 + ((base_a + 128) + s10_0 * 4096 + (s10_1 * 8)));
+    mg_cp_async16((sm_a_0 + ((2) % 4) * 576) + (s10_0 * 72 + (s10_1 * 8)), p0 + ((base_a + 128)) + (s10_0 * 4096 + (s10_1 * 8)));
   }
   for (int c11 = threadIdx.x; c11 < 64; c11 += 128) {
     const int s12_0 = c11;
-    mg_cp_async16((sm_b_0 + ((2) % 4) * 512) + (s12_0 * 8), p1 + ((base_b + 524288) + s12_0 * 4096));
+    mg_cp_async16((sm_b_0 + ((2) % 4) * 512) + (s12_0 * 8), p1 + ((base_b + 524288)) + (s12_0 * 4096));
   }
   mg_cp_async_commit();
   float acc_s[1][4];
@@ -189,11 +203,11 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_gated_mlp_h8x4
       for (int c13 = threadIdx.x; c13 < 64; c13 += 128) {
         const int s14_0 = c13 / 8;
         const int s14_1 = (c13) % 8;
-        mg_cp_async16((sm_a_0 + (((it + 3)) % 4) * 576) + (s14_0 * 72 + (s14_1 * 8)), p0 + ((off_a + 192) + s14_0 * 4096 + (s14_1 * 8)));
+        mg_cp_async16((sm_a_0 + (((it + 3)) % 4) * 576) + (s14_0 * 72 + (s14_1 * 8)), p0 + ((off_a + 192)) + (s14_0 * 4096 + (s14_1 * 8)));
       }
       for (int c15 = threadIdx.x; c15 < 64; c15 += 128) {
         const int s16_0 = c15;
-        mg_cp_async16((sm_b_0 + (((it + 3)) % 4) * 512) + (s16_0 * 8), p1 + ((off_b + 786432) + s16_0 * 4096));
+        mg_cp_async16((sm_b_0 + (((it + 3)) % 4) * 512) + (s16_0 * 8), p1 + ((off_b + 786432)) + (s16_0 * 4096));
       }
     }
     mg_cp_async_commit();
@@ -294,31 +308,31 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k2_mirage_gated_mlp_h8x4
   for (int c1 = threadIdx.x; c1 < 64; c1 += 128) {
     const int s2_0 = c1 / 8;
     const int s2_1 = (c1) % 8;
-    mg_cp_async16((sm_a_0 + ((0) % 4) * 576) + (s2_0 * 72 + (s2_1 * 8)), p0 + ((base_a + 0) + s2_0 * 4096 + (s2_1 * 8)));
+    mg_cp_async16((sm_a_0 + ((0) % 4) * 576) + (s2_0 * 72 + (s2_1 * 8)), p0 + ((base_a + 0)) + (s2_0 * 4096 + (s2_1 * 8)));
   }
   for (int c3 = threadIdx.x; c3 < 64; c3 += 128) {
     const int s4_0 = c3;
-    mg_cp_async16((sm_b_0 + ((0) % 4) * 512) + (s4_0 * 8), p1 + ((base_b + 0) + s4_0 * 4096));
+    mg_cp_async16((sm_b_0 + ((0) % 4) * 512) + (s4_0 * 8), p1 + ((base_b + 0)) + (s4_0 * 4096));
   }
   mg_cp_async_commit();
   for (int c5 = threadIdx.x; c5 < 64; c5 += 128) {
     const int s6_0 = c5 / 8;
     const int s6_1 = (c5) % 8;
-    mg_cp_async16((sm_a_0 + ((1) % 4) * 576) + (s6_0 * 72 + (s6_1 * 8)), p0 + ((base_a + 64) + s6_0 * 4096 + (s6_1 * 8)));
+    mg_cp_async16((sm_a_0 + ((1) % 4) * 576) + (s6_0 * 72 + (s6_1 * 8)), p0 + ((base_a + 64)) + (s6_0 * 4096 + (s6_1 * 8)));
   }
   for (int c7 = threadIdx.x; c7 < 64; c7 += 128) {
     const int s8_0 = c7;
-    mg_cp_async16((sm_b_0 + ((1) % 4) * 512) + (s8_0 * 8), p1 + ((base_b + 262144) + s8_0 * 4096));
+    mg_cp_async16((sm_b_0 + ((1) % 4) * 512) + (s8_0 * 8), p1 + ((base_b + 262144)) + (s8_0 * 4096));
   }
   mg_cp_async_commit();
   for (int c9 = threadIdx.x; c9 < 64; c9 += 128) {
     const int s10_0 = c9 / 8;
     const int s10_1 = (c9) % 8;
-    mg_cp_async16((sm_a_0 + ((2) % 4) * 576) + (s10_0 * 72 + (s10_1 * 8)), p0 + ((base_a + 128) + s10_0 * 4096 + (s10_1 * 8)));
+    mg_cp_async16((sm_a_0 + ((2) % 4) * 576) + (s10_0 * 72 + (s10_1 * 8)), p0 + ((base_a + 128)) + (s10_0 * 4096 + (s10_1 * 8)));
   }
   for (int c11 = threadIdx.x; c11 < 64; c11 += 128) {
     const int s12_0 = c11;
-    mg_cp_async16((sm_b_0 + ((2) % 4) * 512) + (s12_0 * 8), p1 + ((base_b + 524288) + s12_0 * 4096));
+    mg_cp_async16((sm_b_0 + ((2) % 4) * 512) + (s12_0 * 8), p1 + ((base_b + 524288)) + (s12_0 * 4096));
   }
   mg_cp_async_commit();
   float acc_s[1][4];
@@ -331,11 +345,11 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k2_mirage_gated_mlp_h8x4
       for (int c13 = threadIdx.x; c13 < 64; c13 += 128) {
         const int s14_0 = c13 / 8;
         const int s14_1 = (c13) % 8;
-        mg_cp_async16((sm_a_0 + (((it + 3)) % 4) * 576) + (s14_0 * 72 + (s14_1 * 8)), p0 + ((off_a + 192) + s14_0 * 4096 + (s14_1 * 8)));
+        mg_cp_async16((sm_a_0 + (((it + 3)) % 4) * 576) + (s14_0 * 72 + (s14_1 * 8)), p0 + ((off_a + 192)) + (s14_0 * 4096 + (s14_1 * 8)));
       }
       for (int c15 = threadIdx.x; c15 < 64; c15 += 128) {
         const int s16_0 = c15;
-        mg_cp_async16((sm_b_0 + (((it + 3)) % 4) * 512) + (s16_0 * 8), p1 + ((off_b + 786432) + s16_0 * 4096));
+        mg_cp_async16((sm_b_0 + (((it + 3)) % 4) * 512) + (s16_0 * 8), p1 + ((off_b + 786432)) + (s16_0 * 4096));
       }
     }
     mg_cp_async_commit();

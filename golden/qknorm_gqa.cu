@@ -140,6 +140,20 @@ __device__ __forceinline__ void mg_st8(mg_bf16* p, float v0, float v1, float v2,
              mg_pack_bf16(v6, v7)};
   *reinterpret_cast<mg_u4*>(p) = u;
 }
+// Eight 16-bit values from one 16-byte (aligned) access, as f32.
+template <typename T>
+__device__ __forceinline__ void mg_ld8(const T* p, float* f) {
+  const mg_u4 u = *reinterpret_cast<const mg_u4*>(p);
+  const unsigned w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    T lo, hi;
+    lo.bits = (unsigned short)(w[i] & 0xffffu);
+    hi.bits = (unsigned short)(w[i] >> 16);
+    f[2 * i] = mg_ld(lo);
+    f[2 * i + 1] = mg_ld(hi);
+  }
+}
 
 // rms_norm: one warp per row of 64
 extern "C" __global__ void __launch_bounds__(256) mg_k0_mirage_qknorm_gqa_h16x256x64_h16x64x4096_h16x4096x64_to_h16x256x64(
@@ -231,22 +245,34 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k5_mirage_qknorm_gqa_h16
   mg_f16* sm_a_0 = reinterpret_cast<mg_f16*>(mg_smem + 0);
   mg_f16* sm_b_0 = reinterpret_cast<mg_f16*>(mg_smem + 9216);
   float* buf_s = reinterpret_cast<float*>(mg_smem + 18432);
+  int mg_so_a[4], mg_do_a[4];
+  #pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int c1 = threadIdx.x + i * 128;
+    const int s2_1 = c1 / 8;
+    const int s2_2 = (c1) % 8;
+    mg_so_a[i] = s2_1 * 64 + (s2_2 * 8);
+    mg_do_a[i] = s2_1 * 72 + (s2_2 * 8);
+  }
+  int mg_so_b[4], mg_do_b[4];
+  #pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int c3 = threadIdx.x + i * 128;
+    const int s4_1 = c3 / 8;
+    const int s4_2 = (c3) % 8;
+    mg_so_b[i] = s4_1 * 4096 + (s4_2 * 8);
+    mg_do_b[i] = s4_1 * 72 + (s4_2 * 8);
+  }
   float acc_s[8][4];
   #pragma unroll
   for (int j = 0; j < 8; ++j) acc_s[j][0] = acc_s[j][1] = acc_s[j][2] = acc_s[j][3] = 0.0f;
   for (int it = 0; it < 1; ++it) {
     const int off_a = base_a + it * 64;
     const int off_b = base_b + it * 262144;
-    for (int c1 = threadIdx.x; c1 < 512; c1 += 128) {
-      const int s2_1 = c1 / 8;
-      const int s2_2 = (c1) % 8;
-      mg_cp_async16(sm_a_0 + (s2_1 * 72 + (s2_2 * 8)), p0 + (off_a + s2_1 * 64 + (s2_2 * 8)));
-    }
-    for (int c3 = threadIdx.x; c3 < 512; c3 += 128) {
-      const int s4_1 = c3 / 8;
-      const int s4_2 = (c3) % 8;
-      mg_cp_async16(sm_b_0 + (s4_1 * 72 + (s4_2 * 8)), p1 + (off_b + s4_1 * 4096 + (s4_2 * 8)));
-    }
+    #pragma unroll
+    for (int i = 0; i < 4; ++i) mg_cp_async16(sm_a_0 + mg_do_a[i], p0 + (off_a) + mg_so_a[i]);
+    #pragma unroll
+    for (int i = 0; i < 4; ++i) mg_cp_async16(sm_b_0 + mg_do_b[i], p1 + (off_b) + mg_so_b[i]);
     mg_cp_async_wait_all();
     __syncthreads();
     const auto* sm_a = sm_a_0;
@@ -388,34 +414,34 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k10_mirage_qknorm_gqa_h1
   mg_f16* sm_a_0 = reinterpret_cast<mg_f16*>(mg_smem + 0);
   mg_f16* sm_b_0 = reinterpret_cast<mg_f16*>(mg_smem + 36864);
   float* buf_s = reinterpret_cast<float*>(mg_smem + 40960);
-  for (int c1 = threadIdx.x; c1 < 512; c1 += 128) {
+  int mg_so_a[4], mg_do_a[4];
+  #pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int c1 = threadIdx.x + i * 128;
     const int s2_1 = c1 / 8;
     const int s2_2 = (c1) % 8;
-    mg_cp_async16((sm_a_0 + ((0) % 4) * 4608) + (s2_1 * 72 + (s2_2 * 8)), p0 + ((base_a + 0) + s2_1 * 4096 + (s2_2 * 8)));
+    mg_so_a[i] = s2_1 * 4096 + (s2_2 * 8);
+    mg_do_a[i] = s2_1 * 72 + (s2_2 * 8);
   }
+  #pragma unroll
+  for (int i = 0; i < 4; ++i) mg_cp_async16((sm_a_0 + ((0) % 4) * 4608) + mg_do_a[i], p0 + ((base_a + 0)) + mg_so_a[i]);
   for (int c3 = threadIdx.x; c3 < 64; c3 += 128) {
     const int s4_1 = c3;
-    mg_cp_async16((sm_b_0 + ((0) % 4) * 512) + (s4_1 * 8), p1 + ((base_b + 0) + s4_1 * 64));
+    mg_cp_async16((sm_b_0 + ((0) % 4) * 512) + (s4_1 * 8), p1 + ((base_b + 0)) + (s4_1 * 64));
   }
   mg_cp_async_commit();
-  for (int c5 = threadIdx.x; c5 < 512; c5 += 128) {
-    const int s6_1 = c5 / 8;
-    const int s6_2 = (c5) % 8;
-    mg_cp_async16((sm_a_0 + ((1) % 4) * 4608) + (s6_1 * 72 + (s6_2 * 8)), p0 + ((base_a + 64) + s6_1 * 4096 + (s6_2 * 8)));
+  #pragma unroll
+  for (int i = 0; i < 4; ++i) mg_cp_async16((sm_a_0 + ((1) % 4) * 4608) + mg_do_a[i], p0 + ((base_a + 64)) + mg_so_a[i]);
+  for (int c5 = threadIdx.x; c5 < 64; c5 += 128) {
+    const int s6_1 = c5;
+    mg_cp_async16((sm_b_0 + ((1) % 4) * 512) + (s6_1 * 8), p1 + ((base_b + 4096)) + (s6_1 * 64));
   }
+  mg_cp_async_commit();
+  #pragma unroll
+  for (int i = 0; i < 4; ++i) mg_cp_async16((sm_a_0 + ((2) % 4) * 4608) + mg_do_a[i], p0 + ((base_a + 128)) + mg_so_a[i]);
   for (int c7 = threadIdx.x; c7 < 64; c7 += 128) {
     const int s8_1 = c7;
-    mg_cp_async16((sm_b_0 + ((1) % 4) * 512) + (s8_1 * 8), p1 + ((base_b + 4096) + s8_1 * 64));
-  }
-  mg_cp_async_commit();
-  for (int c9 = threadIdx.x; c9 < 512; c9 += 128) {
-    const int s10_1 = c9 / 8;
-    const int s10_2 = (c9) % 8;
-    mg_cp_async16((sm_a_0 + ((2) % 4) * 4608) + (s10_1 * 72 + (s10_2 * 8)), p0 + ((base_a + 128) + s10_1 * 4096 + (s10_2 * 8)));
-  }
-  for (int c11 = threadIdx.x; c11 < 64; c11 += 128) {
-    const int s12_1 = c11;
-    mg_cp_async16((sm_b_0 + ((2) % 4) * 512) + (s12_1 * 8), p1 + ((base_b + 8192) + s12_1 * 64));
+    mg_cp_async16((sm_b_0 + ((2) % 4) * 512) + (s8_1 * 8), p1 + ((base_b + 8192)) + (s8_1 * 64));
   }
   mg_cp_async_commit();
   float acc_s[1][4];
@@ -425,14 +451,11 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k10_mirage_qknorm_gqa_h1
     const int off_a = base_a + it * 64;
     const int off_b = base_b + it * 4096;
     if (it + 3 < 64) {
-      for (int c13 = threadIdx.x; c13 < 512; c13 += 128) {
-        const int s14_1 = c13 / 8;
-        const int s14_2 = (c13) % 8;
-        mg_cp_async16((sm_a_0 + (((it + 3)) % 4) * 4608) + (s14_1 * 72 + (s14_2 * 8)), p0 + ((off_a + 192) + s14_1 * 4096 + (s14_2 * 8)));
-      }
-      for (int c15 = threadIdx.x; c15 < 64; c15 += 128) {
-        const int s16_1 = c15;
-        mg_cp_async16((sm_b_0 + (((it + 3)) % 4) * 512) + (s16_1 * 8), p1 + ((off_b + 12288) + s16_1 * 64));
+      #pragma unroll
+      for (int i = 0; i < 4; ++i) mg_cp_async16((sm_a_0 + (((it + 3)) % 4) * 4608) + mg_do_a[i], p0 + ((off_a + 192)) + mg_so_a[i]);
+      for (int c9 = threadIdx.x; c9 < 64; c9 += 128) {
+        const int s10_1 = c9;
+        mg_cp_async16((sm_b_0 + (((it + 3)) % 4) * 512) + (s10_1 * 8), p1 + ((off_b + 12288)) + (s10_1 * 64));
       }
     }
     mg_cp_async_commit();
@@ -496,9 +519,9 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k10_mirage_qknorm_gqa_h1
     }
   }
   __syncthreads();
-  for (int e17 = threadIdx.x; e17 < 64; e17 += 128) {
-    const int i18_1 = e17;
-    mg_st8(p2 + (bx * 8 + by * 4096 + bz * 16384 + i18_1 * 64), buf_s[i18_1 * 8 + (0 + 0)], buf_s[i18_1 * 8 + (0 + 1)], buf_s[i18_1 * 8 + (0 + 2)], buf_s[i18_1 * 8 + (0 + 3)], buf_s[i18_1 * 8 + (0 + 4)], buf_s[i18_1 * 8 + (0 + 5)], buf_s[i18_1 * 8 + (0 + 6)], buf_s[i18_1 * 8 + (0 + 7)]);
+  for (int e11 = threadIdx.x; e11 < 64; e11 += 128) {
+    const int i12_1 = e11;
+    mg_st8(p2 + (bx * 8 + by * 4096 + bz * 16384 + i12_1 * 64), buf_s[i12_1 * 8 + (0 + 0)], buf_s[i12_1 * 8 + (0 + 1)], buf_s[i12_1 * 8 + (0 + 2)], buf_s[i12_1 * 8 + (0 + 3)], buf_s[i12_1 * 8 + (0 + 4)], buf_s[i12_1 * 8 + (0 + 5)], buf_s[i12_1 * 8 + (0 + 6)], buf_s[i12_1 * 8 + (0 + 7)]);
   }
 }
 

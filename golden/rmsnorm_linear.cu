@@ -130,6 +130,20 @@ __device__ __forceinline__ void mg_st8(mg_bf16* p, float v0, float v1, float v2,
              mg_pack_bf16(v6, v7)};
   *reinterpret_cast<mg_u4*>(p) = u;
 }
+// Eight 16-bit values from one 16-byte (aligned) access, as f32.
+template <typename T>
+__device__ __forceinline__ void mg_ld8(const T* p, float* f) {
+  const mg_u4 u = *reinterpret_cast<const mg_u4*>(p);
+  const unsigned w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    T lo, hi;
+    lo.bits = (unsigned short)(w[i] & 0xffffu);
+    hi.bits = (unsigned short)(w[i] >> 16);
+    f[2 * i] = mg_ld(lo);
+    f[2 * i + 1] = mg_ld(hi);
+  }
+}
 
 // rms_norm: one warp per row of 4096
 extern "C" __global__ void __launch_bounds__(256) mg_k0_mirage_rmsnorm_linear_h16x4096_h4096x6144_to_h16x6144(
@@ -161,38 +175,38 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k1_mirage_rmsnorm_linear
   mg_f16* sm_a_0 = reinterpret_cast<mg_f16*>(mg_smem + 0);
   mg_f16* sm_b_0 = reinterpret_cast<mg_f16*>(mg_smem + 9216);
   float* buf_s = reinterpret_cast<float*>(mg_smem + 21504);
-  for (int c1 = threadIdx.x; c1 < 128; c1 += 128) {
+  int mg_so_a[1], mg_do_a[1];
+  #pragma unroll
+  for (int i = 0; i < 1; ++i) {
+    const int c1 = threadIdx.x + i * 128;
     const int s2_0 = c1 / 8;
     const int s2_1 = (c1) % 8;
-    mg_cp_async16((sm_a_0 + ((0) % 4) * 1152) + (s2_0 * 72 + (s2_1 * 8)), p0 + ((base_a + 0) + s2_0 * 4096 + (s2_1 * 8)));
+    mg_so_a[i] = s2_0 * 4096 + (s2_1 * 8);
+    mg_do_a[i] = s2_0 * 72 + (s2_1 * 8);
   }
-  for (int c3 = threadIdx.x; c3 < 128; c3 += 128) {
+  int mg_so_b[1], mg_do_b[1];
+  #pragma unroll
+  for (int i = 0; i < 1; ++i) {
+    const int c3 = threadIdx.x + i * 128;
     const int s4_0 = c3 / 2;
     const int s4_1 = (c3) % 2;
-    mg_cp_async16((sm_b_0 + ((0) % 4) * 1536) + (s4_0 * 24 + (s4_1 * 8)), p1 + ((base_b + 0) + s4_0 * 6144 + (s4_1 * 8)));
+    mg_so_b[i] = s4_0 * 6144 + (s4_1 * 8);
+    mg_do_b[i] = s4_0 * 24 + (s4_1 * 8);
   }
+  #pragma unroll
+  for (int i = 0; i < 1; ++i) mg_cp_async16((sm_a_0 + ((0) % 4) * 1152) + mg_do_a[i], p0 + ((base_a + 0)) + mg_so_a[i]);
+  #pragma unroll
+  for (int i = 0; i < 1; ++i) mg_cp_async16((sm_b_0 + ((0) % 4) * 1536) + mg_do_b[i], p1 + ((base_b + 0)) + mg_so_b[i]);
   mg_cp_async_commit();
-  for (int c5 = threadIdx.x; c5 < 128; c5 += 128) {
-    const int s6_0 = c5 / 8;
-    const int s6_1 = (c5) % 8;
-    mg_cp_async16((sm_a_0 + ((1) % 4) * 1152) + (s6_0 * 72 + (s6_1 * 8)), p0 + ((base_a + 64) + s6_0 * 4096 + (s6_1 * 8)));
-  }
-  for (int c7 = threadIdx.x; c7 < 128; c7 += 128) {
-    const int s8_0 = c7 / 2;
-    const int s8_1 = (c7) % 2;
-    mg_cp_async16((sm_b_0 + ((1) % 4) * 1536) + (s8_0 * 24 + (s8_1 * 8)), p1 + ((base_b + 393216) + s8_0 * 6144 + (s8_1 * 8)));
-  }
+  #pragma unroll
+  for (int i = 0; i < 1; ++i) mg_cp_async16((sm_a_0 + ((1) % 4) * 1152) + mg_do_a[i], p0 + ((base_a + 64)) + mg_so_a[i]);
+  #pragma unroll
+  for (int i = 0; i < 1; ++i) mg_cp_async16((sm_b_0 + ((1) % 4) * 1536) + mg_do_b[i], p1 + ((base_b + 393216)) + mg_so_b[i]);
   mg_cp_async_commit();
-  for (int c9 = threadIdx.x; c9 < 128; c9 += 128) {
-    const int s10_0 = c9 / 8;
-    const int s10_1 = (c9) % 8;
-    mg_cp_async16((sm_a_0 + ((2) % 4) * 1152) + (s10_0 * 72 + (s10_1 * 8)), p0 + ((base_a + 128) + s10_0 * 4096 + (s10_1 * 8)));
-  }
-  for (int c11 = threadIdx.x; c11 < 128; c11 += 128) {
-    const int s12_0 = c11 / 2;
-    const int s12_1 = (c11) % 2;
-    mg_cp_async16((sm_b_0 + ((2) % 4) * 1536) + (s12_0 * 24 + (s12_1 * 8)), p1 + ((base_b + 786432) + s12_0 * 6144 + (s12_1 * 8)));
-  }
+  #pragma unroll
+  for (int i = 0; i < 1; ++i) mg_cp_async16((sm_a_0 + ((2) % 4) * 1152) + mg_do_a[i], p0 + ((base_a + 128)) + mg_so_a[i]);
+  #pragma unroll
+  for (int i = 0; i < 1; ++i) mg_cp_async16((sm_b_0 + ((2) % 4) * 1536) + mg_do_b[i], p1 + ((base_b + 786432)) + mg_so_b[i]);
   mg_cp_async_commit();
   float acc_s[1][4];
   #pragma unroll
@@ -201,16 +215,10 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k1_mirage_rmsnorm_linear
     const int off_a = base_a + it * 64;
     const int off_b = base_b + it * 393216;
     if (it + 3 < 64) {
-      for (int c13 = threadIdx.x; c13 < 128; c13 += 128) {
-        const int s14_0 = c13 / 8;
-        const int s14_1 = (c13) % 8;
-        mg_cp_async16((sm_a_0 + (((it + 3)) % 4) * 1152) + (s14_0 * 72 + (s14_1 * 8)), p0 + ((off_a + 192) + s14_0 * 4096 + (s14_1 * 8)));
-      }
-      for (int c15 = threadIdx.x; c15 < 128; c15 += 128) {
-        const int s16_0 = c15 / 2;
-        const int s16_1 = (c15) % 2;
-        mg_cp_async16((sm_b_0 + (((it + 3)) % 4) * 1536) + (s16_0 * 24 + (s16_1 * 8)), p1 + ((off_b + 1179648) + s16_0 * 6144 + (s16_1 * 8)));
-      }
+      #pragma unroll
+      for (int i = 0; i < 1; ++i) mg_cp_async16((sm_a_0 + (((it + 3)) % 4) * 1152) + mg_do_a[i], p0 + ((off_a + 192)) + mg_so_a[i]);
+      #pragma unroll
+      for (int i = 0; i < 1; ++i) mg_cp_async16((sm_b_0 + (((it + 3)) % 4) * 1536) + mg_do_b[i], p1 + ((off_b + 1179648)) + mg_so_b[i]);
     }
     mg_cp_async_commit();
     mg_cp_async_wait<3>();
@@ -273,10 +281,10 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k1_mirage_rmsnorm_linear
     }
   }
   __syncthreads();
-  for (int e17 = threadIdx.x; e17 < 32; e17 += 128) {
-    const int i18_0 = e17 / 2;
-    const int i18_1 = (e17) % 2;
-    mg_st8(p2 + (bx * 16 + i18_0 * 6144 + (i18_1 * 8)), buf_s[i18_0 * 16 + ((i18_1 * 8) + 0)], buf_s[i18_0 * 16 + ((i18_1 * 8) + 1)], buf_s[i18_0 * 16 + ((i18_1 * 8) + 2)], buf_s[i18_0 * 16 + ((i18_1 * 8) + 3)], buf_s[i18_0 * 16 + ((i18_1 * 8) + 4)], buf_s[i18_0 * 16 + ((i18_1 * 8) + 5)], buf_s[i18_0 * 16 + ((i18_1 * 8) + 6)], buf_s[i18_0 * 16 + ((i18_1 * 8) + 7)]);
+  for (int e5 = threadIdx.x; e5 < 32; e5 += 128) {
+    const int i6_0 = e5 / 2;
+    const int i6_1 = (e5) % 2;
+    mg_st8(p2 + (bx * 16 + i6_0 * 6144 + (i6_1 * 8)), buf_s[i6_0 * 16 + ((i6_1 * 8) + 0)], buf_s[i6_0 * 16 + ((i6_1 * 8) + 1)], buf_s[i6_0 * 16 + ((i6_1 * 8) + 2)], buf_s[i6_0 * 16 + ((i6_1 * 8) + 3)], buf_s[i6_0 * 16 + ((i6_1 * 8) + 4)], buf_s[i6_0 * 16 + ((i6_1 * 8) + 5)], buf_s[i6_0 * 16 + ((i6_1 * 8) + 6)], buf_s[i6_0 * 16 + ((i6_1 * 8) + 7)]);
   }
 }
 

@@ -31,7 +31,10 @@ MIRAGE = f"{sys.executable} -m mirage_cli -q"
 
 
 def _env(cache: Path) -> dict[str, str]:
-    env = dict(os.environ, PYTHONPATH=str(ROOT), MIRAGE_CACHE_DIR=str(cache), NO_COLOR="1")
+    # The project first, then whatever path the caller's Python already needed (the
+    # project's dependencies may live there).
+    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
+    env = dict(os.environ, PYTHONPATH=path, MIRAGE_CACHE_DIR=str(cache), NO_COLOR="1")
     env["PATH"] = f"{Path(NVCC).parent}:{env['PATH']}" if NVCC else env["PATH"]
     return env
 

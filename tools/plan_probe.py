@@ -68,7 +68,10 @@ def variants(g: Graph) -> list[tuple[str, Graph]]:
     out = [("default", g)]
     types = g.tensor_types()
     spaces = [knob_space(op.block, types, "sm_90") for op in g.ops if op.block is not None]
-    for knob in Knobs.names():
+    import os
+
+    only = os.environ.get("PROBE_KNOBS")
+    for knob in (only.split(",") if only else Knobs.names()):
         values = sorted({v for s in spaces for v in s[knob]})
         if len(values) < 2:
             continue

@@ -133,6 +133,20 @@ __device__ __forceinline__ void mg_st8(mg_bf16* p, float v0, float v1, float v2,
              mg_pack_bf16(v6, v7)};
   *reinterpret_cast<mg_u4*>(p) = u;
 }
+// Eight 16-bit values from one 16-byte (aligned) access, as f32.
+template <typename T>
+__device__ __forceinline__ void mg_ld8(const T* p, float* f) {
+  const mg_u4 u = *reinterpret_cast<const mg_u4*>(p);
+  const unsigned w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    T lo, hi;
+    lo.bits = (unsigned short)(w[i] & 0xffffu);
+    hi.bits = (unsigned short)(w[i] >> 16);
+    f[2 * i] = mg_ld(lo);
+    f[2 * i + 1] = mg_ld(hi);
+  }
+}
 
 // matmul as a generated block graph: grid [64, 1, 8], forloop 2, tensor cores
 extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_llama3_gqa_softmax_b1_f16_h8x4x128_h8x128x4096_h8x4096x128_to_h8x4x128(
@@ -149,16 +163,22 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_llama3_gqa_sof
   mg_f16* sm_a_0 = reinterpret_cast<mg_f16*>(mg_smem + 0);
   mg_f16* sm_b_0 = reinterpret_cast<mg_f16*>(mg_smem + 1152);
   float* buf_s = reinterpret_cast<float*>(mg_smem + 19584);
+  int mg_so_b[4], mg_do_b[4];
+  #pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int c3 = threadIdx.x + i * 128;
+    const int s4_1 = c3 / 8;
+    const int s4_2 = (c3) % 8;
+    mg_so_b[i] = s4_1 * 4096 + (s4_2 * 8);
+    mg_do_b[i] = s4_1 * 72 + (s4_2 * 8);
+  }
   for (int c1 = threadIdx.x; c1 < 32; c1 += 128) {
     const int s2_1 = c1 / 8;
     const int s2_2 = (c1) % 8;
-    mg_cp_async16((sm_a_0 + ((0) % 2) * 288) + (s2_1 * 72 + (s2_2 * 8)), p0 + ((base_a + 0) + s2_1 * 128 + (s2_2 * 8)));
+    mg_cp_async16((sm_a_0 + ((0) % 2) * 288) + (s2_1 * 72 + (s2_2 * 8)), p0 + ((base_a + 0)) + (s2_1 * 128 + (s2_2 * 8)));
   }
-  for (int c3 = threadIdx.x; c3 < 512; c3 += 128) {
-    const int s4_1 = c3 / 8;
-    const int s4_2 = (c3) % 8;
-    mg_cp_async16((sm_b_0 + ((0) % 2) * 4608) + (s4_1 * 72 + (s4_2 * 8)), p1 + ((base_b + 0) + s4_1 * 4096 + (s4_2 * 8)));
-  }
+  #pragma unroll
+  for (int i = 0; i < 4; ++i) mg_cp_async16((sm_b_0 + ((0) % 2) * 4608) + mg_do_b[i], p1 + ((base_b + 0)) + mg_so_b[i]);
   mg_cp_async_commit();
   float acc_s[2][4];
   #pragma unroll
@@ -170,13 +190,10 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_llama3_gqa_sof
       for (int c5 = threadIdx.x; c5 < 32; c5 += 128) {
         const int s6_1 = c5 / 8;
         const int s6_2 = (c5) % 8;
-        mg_cp_async16((sm_a_0 + (((it + 1)) % 2) * 288) + (s6_1 * 72 + (s6_2 * 8)), p0 + ((off_a + 64) + s6_1 * 128 + (s6_2 * 8)));
+        mg_cp_async16((sm_a_0 + (((it + 1)) % 2) * 288) + (s6_1 * 72 + (s6_2 * 8)), p0 + ((off_a + 64)) + (s6_1 * 128 + (s6_2 * 8)));
       }
-      for (int c7 = threadIdx.x; c7 < 512; c7 += 128) {
-        const int s8_1 = c7 / 8;
-        const int s8_2 = (c7) % 8;
-        mg_cp_async16((sm_b_0 + (((it + 1)) % 2) * 4608) + (s8_1 * 72 + (s8_2 * 8)), p1 + ((off_b + 262144) + s8_1 * 4096 + (s8_2 * 8)));
-      }
+      #pragma unroll
+      for (int i = 0; i < 4; ++i) mg_cp_async16((sm_b_0 + (((it + 1)) % 2) * 4608) + mg_do_b[i], p1 + ((off_b + 262144)) + mg_so_b[i]);
     }
     mg_cp_async_commit();
     mg_cp_async_wait<1>();
@@ -239,10 +256,10 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_llama3_gqa_sof
     }
   }
   __syncthreads();
-  for (int e9 = threadIdx.x; e9 < 32; e9 += 128) {
-    const int i10_1 = e9 / 8;
-    const int i10_2 = (e9) % 8;
-    mg_st8(p2 + (bx * 64 + bz * 16384 + i10_1 * 4096 + (i10_2 * 8)), buf_s[i10_1 * 64 + ((i10_2 * 8) + 0)], buf_s[i10_1 * 64 + ((i10_2 * 8) + 1)], buf_s[i10_1 * 64 + ((i10_2 * 8) + 2)], buf_s[i10_1 * 64 + ((i10_2 * 8) + 3)], buf_s[i10_1 * 64 + ((i10_2 * 8) + 4)], buf_s[i10_1 * 64 + ((i10_2 * 8) + 5)], buf_s[i10_1 * 64 + ((i10_2 * 8) + 6)], buf_s[i10_1 * 64 + ((i10_2 * 8) + 7)]);
+  for (int e7 = threadIdx.x; e7 < 32; e7 += 128) {
+    const int i8_1 = e7 / 8;
+    const int i8_2 = (e7) % 8;
+    mg_st8(p2 + (bx * 64 + bz * 16384 + i8_1 * 4096 + (i8_2 * 8)), buf_s[i8_1 * 64 + ((i8_2 * 8) + 0)], buf_s[i8_1 * 64 + ((i8_2 * 8) + 1)], buf_s[i8_1 * 64 + ((i8_2 * 8) + 2)], buf_s[i8_1 * 64 + ((i8_2 * 8) + 3)], buf_s[i8_1 * 64 + ((i8_2 * 8) + 4)], buf_s[i8_1 * 64 + ((i8_2 * 8) + 5)], buf_s[i8_1 * 64 + ((i8_2 * 8) + 6)], buf_s[i8_1 * 64 + ((i8_2 * 8) + 7)]);
   }
 }
 
@@ -297,31 +314,31 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k3_mirage_llama3_gqa_sof
   for (int c1 = threadIdx.x; c1 < 32; c1 += 128) {
     const int s2_1 = c1 / 8;
     const int s2_2 = (c1) % 8;
-    mg_cp_async16((sm_a_0 + ((0) % 4) * 288) + (s2_1 * 72 + (s2_2 * 8)), p0 + ((base_a + 0) + s2_1 * 4096 + (s2_2 * 8)));
+    mg_cp_async16((sm_a_0 + ((0) % 4) * 288) + (s2_1 * 72 + (s2_2 * 8)), p0 + ((base_a + 0)) + (s2_1 * 4096 + (s2_2 * 8)));
   }
   for (int c3 = threadIdx.x; c3 < 64; c3 += 128) {
     const int s4_1 = c3;
-    mg_cp_async16((sm_b_0 + ((0) % 4) * 512) + (s4_1 * 8), p1 + ((base_b + 0) + s4_1 * 128));
+    mg_cp_async16((sm_b_0 + ((0) % 4) * 512) + (s4_1 * 8), p1 + ((base_b + 0)) + (s4_1 * 128));
   }
   mg_cp_async_commit();
   for (int c5 = threadIdx.x; c5 < 32; c5 += 128) {
     const int s6_1 = c5 / 8;
     const int s6_2 = (c5) % 8;
-    mg_cp_async16((sm_a_0 + ((1) % 4) * 288) + (s6_1 * 72 + (s6_2 * 8)), p0 + ((base_a + 64) + s6_1 * 4096 + (s6_2 * 8)));
+    mg_cp_async16((sm_a_0 + ((1) % 4) * 288) + (s6_1 * 72 + (s6_2 * 8)), p0 + ((base_a + 64)) + (s6_1 * 4096 + (s6_2 * 8)));
   }
   for (int c7 = threadIdx.x; c7 < 64; c7 += 128) {
     const int s8_1 = c7;
-    mg_cp_async16((sm_b_0 + ((1) % 4) * 512) + (s8_1 * 8), p1 + ((base_b + 8192) + s8_1 * 128));
+    mg_cp_async16((sm_b_0 + ((1) % 4) * 512) + (s8_1 * 8), p1 + ((base_b + 8192)) + (s8_1 * 128));
   }
   mg_cp_async_commit();
   for (int c9 = threadIdx.x; c9 < 32; c9 += 128) {
     const int s10_1 = c9 / 8;
     const int s10_2 = (c9) % 8;
-    mg_cp_async16((sm_a_0 + ((2) % 4) * 288) + (s10_1 * 72 + (s10_2 * 8)), p0 + ((base_a + 128) + s10_1 * 4096 + (s10_2 * 8)));
+    mg_cp_async16((sm_a_0 + ((2) % 4) * 288) + (s10_1 * 72 + (s10_2 * 8)), p0 + ((base_a + 128)) + (s10_1 * 4096 + (s10_2 * 8)));
   }
   for (int c11 = threadIdx.x; c11 < 64; c11 += 128) {
     const int s12_1 = c11;
-    mg_cp_async16((sm_b_0 + ((2) % 4) * 512) + (s12_1 * 8), p1 + ((base_b + 16384) + s12_1 * 128));
+    mg_cp_async16((sm_b_0 + ((2) % 4) * 512) + (s12_1 * 8), p1 + ((base_b + 16384)) + (s12_1 * 128));
   }
   mg_cp_async_commit();
   float acc_s[1][4];
@@ -334,11 +351,11 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k3_mirage_llama3_gqa_sof
       for (int c13 = threadIdx.x; c13 < 32; c13 += 128) {
         const int s14_1 = c13 / 8;
         const int s14_2 = (c13) % 8;
-        mg_cp_async16((sm_a_0 + (((it + 3)) % 4) * 288) + (s14_1 * 72 + (s14_2 * 8)), p0 + ((off_a + 192) + s14_1 * 4096 + (s14_2 * 8)));
+        mg_cp_async16((sm_a_0 + (((it + 3)) % 4) * 288) + (s14_1 * 72 + (s14_2 * 8)), p0 + ((off_a + 192)) + (s14_1 * 4096 + (s14_2 * 8)));
       }
       for (int c15 = threadIdx.x; c15 < 64; c15 += 128) {
         const int s16_1 = c15;
-        mg_cp_async16((sm_b_0 + (((it + 3)) % 4) * 512) + (s16_1 * 8), p1 + ((off_b + 24576) + s16_1 * 128));
+        mg_cp_async16((sm_b_0 + (((it + 3)) % 4) * 512) + (s16_1 * 8), p1 + ((off_b + 24576)) + (s16_1 * 128));
       }
     }
     mg_cp_async_commit();

@@ -133,6 +133,20 @@ __device__ __forceinline__ void mg_st8(mg_bf16* p, float v0, float v1, float v2,
              mg_pack_bf16(v6, v7)};
   *reinterpret_cast<mg_u4*>(p) = u;
 }
+// Eight 16-bit values from one 16-byte (aligned) access, as f32.
+template <typename T>
+__device__ __forceinline__ void mg_ld8(const T* p, float* f) {
+  const mg_u4 u = *reinterpret_cast<const mg_u4*>(p);
+  const unsigned w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    T lo, hi;
+    lo.bits = (unsigned short)(w[i] & 0xffffu);
+    hi.bits = (unsigned short)(w[i] >> 16);
+    f[2 * i] = mg_ld(lo);
+    f[2 * i + 1] = mg_ld(hi);
+  }
+}
 
 // matmul as a generated block graph: grid [296, 1, 1], forloop 56, tensor cores
 extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_qwen2_swiglu_gateup_b1_bf16_b1x3584_b3584x18944_b3584x18944_to_b1x18944(
@@ -149,35 +163,35 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_qwen2_swiglu_g
   mg_bf16* sm_a_0 = reinterpret_cast<mg_bf16*>(mg_smem + 0);
   mg_bf16* sm_b_0 = reinterpret_cast<mg_bf16*>(mg_smem + 576);
   float* buf_s = reinterpret_cast<float*>(mg_smem + 37440);
-  for (int c1 = threadIdx.x; c1 < 8; c1 += 128) {
-    const int s2_1 = c1;
-    mg_cp_async16((sm_a_0 + ((0) % 4) * 72) + ((s2_1 * 8)), p0 + ((base_a + 0) + (s2_1 * 8)));
-  }
-  for (int c3 = threadIdx.x; c3 < 512; c3 += 128) {
+  int mg_so_b[4], mg_do_b[4];
+  #pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int c3 = threadIdx.x + i * 128;
     const int s4_0 = c3 / 8;
     const int s4_1 = (c3) % 8;
-    mg_cp_async16((sm_b_0 + ((0) % 4) * 4608) + (s4_0 * 72 + (s4_1 * 8)), p1 + ((base_b + 0) + s4_0 * 18944 + (s4_1 * 8)));
+    mg_so_b[i] = s4_0 * 18944 + (s4_1 * 8);
+    mg_do_b[i] = s4_0 * 72 + (s4_1 * 8);
   }
+  for (int c1 = threadIdx.x; c1 < 8; c1 += 128) {
+    const int s2_1 = c1;
+    mg_cp_async16((sm_a_0 + ((0) % 4) * 72) + ((s2_1 * 8)), p0 + ((base_a + 0)) + ((s2_1 * 8)));
+  }
+  #pragma unroll
+  for (int i = 0; i < 4; ++i) mg_cp_async16((sm_b_0 + ((0) % 4) * 4608) + mg_do_b[i], p1 + ((base_b + 0)) + mg_so_b[i]);
   mg_cp_async_commit();
   for (int c5 = threadIdx.x; c5 < 8; c5 += 128) {
     const int s6_1 = c5;
-    mg_cp_async16((sm_a_0 + ((1) % 4) * 72) + ((s6_1 * 8)), p0 + ((base_a + 64) + (s6_1 * 8)));
+    mg_cp_async16((sm_a_0 + ((1) % 4) * 72) + ((s6_1 * 8)), p0 + ((base_a + 64)) + ((s6_1 * 8)));
   }
-  for (int c7 = threadIdx.x; c7 < 512; c7 += 128) {
-    const int s8_0 = c7 / 8;
-    const int s8_1 = (c7) % 8;
-    mg_cp_async16((sm_b_0 + ((1) % 4) * 4608) + (s8_0 * 72 + (s8_1 * 8)), p1 + ((base_b + 1212416) + s8_0 * 18944 + (s8_1 * 8)));
-  }
+  #pragma unroll
+  for (int i = 0; i < 4; ++i) mg_cp_async16((sm_b_0 + ((1) % 4) * 4608) + mg_do_b[i], p1 + ((base_b + 1212416)) + mg_so_b[i]);
   mg_cp_async_commit();
-  for (int c9 = threadIdx.x; c9 < 8; c9 += 128) {
-    const int s10_1 = c9;
-    mg_cp_async16((sm_a_0 + ((2) % 4) * 72) + ((s10_1 * 8)), p0 + ((base_a + 128) + (s10_1 * 8)));
+  for (int c7 = threadIdx.x; c7 < 8; c7 += 128) {
+    const int s8_1 = c7;
+    mg_cp_async16((sm_a_0 + ((2) % 4) * 72) + ((s8_1 * 8)), p0 + ((base_a + 128)) + ((s8_1 * 8)));
   }
-  for (int c11 = threadIdx.x; c11 < 512; c11 += 128) {
-    const int s12_0 = c11 / 8;
-    const int s12_1 = (c11) % 8;
-    mg_cp_async16((sm_b_0 + ((2) % 4) * 4608) + (s12_0 * 72 + (s12_1 * 8)), p1 + ((base_b + 2424832) + s12_0 * 18944 + (s12_1 * 8)));
-  }
+  #pragma unroll
+  for (int i = 0; i < 4; ++i) mg_cp_async16((sm_b_0 + ((2) % 4) * 4608) + mg_do_b[i], p1 + ((base_b + 2424832)) + mg_so_b[i]);
   mg_cp_async_commit();
   float acc_s[2][4];
   #pragma unroll
@@ -186,15 +200,12 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_qwen2_swiglu_g
     const int off_a = base_a + it * 64;
     const int off_b = base_b + it * 1212416;
     if (it + 3 < 56) {
-      for (int c13 = threadIdx.x; c13 < 8; c13 += 128) {
-        const int s14_1 = c13;
-        mg_cp_async16((sm_a_0 + (((it + 3)) % 4) * 72) + ((s14_1 * 8)), p0 + ((off_a + 192) + (s14_1 * 8)));
+      for (int c9 = threadIdx.x; c9 < 8; c9 += 128) {
+        const int s10_1 = c9;
+        mg_cp_async16((sm_a_0 + (((it + 3)) % 4) * 72) + ((s10_1 * 8)), p0 + ((off_a + 192)) + ((s10_1 * 8)));
       }
-      for (int c15 = threadIdx.x; c15 < 512; c15 += 128) {
-        const int s16_0 = c15 / 8;
-        const int s16_1 = (c15) % 8;
-        mg_cp_async16((sm_b_0 + (((it + 3)) % 4) * 4608) + (s16_0 * 72 + (s16_1 * 8)), p1 + ((off_b + 3637248) + s16_0 * 18944 + (s16_1 * 8)));
-      }
+      #pragma unroll
+      for (int i = 0; i < 4; ++i) mg_cp_async16((sm_b_0 + (((it + 3)) % 4) * 4608) + mg_do_b[i], p1 + ((off_b + 3637248)) + mg_so_b[i]);
     }
     mg_cp_async_commit();
     mg_cp_async_wait<3>();
@@ -257,9 +268,9 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_qwen2_swiglu_g
     }
   }
   __syncthreads();
-  for (int e17 = threadIdx.x; e17 < 8; e17 += 128) {
-    const int i18_1 = e17;
-    mg_st8(p2 + (bx * 64 + (i18_1 * 8)), buf_s[((i18_1 * 8) + 0)], buf_s[((i18_1 * 8) + 1)], buf_s[((i18_1 * 8) + 2)], buf_s[((i18_1 * 8) + 3)], buf_s[((i18_1 * 8) + 4)], buf_s[((i18_1 * 8) + 5)], buf_s[((i18_1 * 8) + 6)], buf_s[((i18_1 * 8) + 7)]);
+  for (int e11 = threadIdx.x; e11 < 8; e11 += 128) {
+    const int i12_1 = e11;
+    mg_st8(p2 + (bx * 64 + (i12_1 * 8)), buf_s[((i12_1 * 8) + 0)], buf_s[((i12_1 * 8) + 1)], buf_s[((i12_1 * 8) + 2)], buf_s[((i12_1 * 8) + 3)], buf_s[((i12_1 * 8) + 4)], buf_s[((i12_1 * 8) + 5)], buf_s[((i12_1 * 8) + 6)], buf_s[((i12_1 * 8) + 7)]);
   }
 }
 
@@ -278,35 +289,35 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k1_mirage_qwen2_swiglu_g
   mg_bf16* sm_a_0 = reinterpret_cast<mg_bf16*>(mg_smem + 0);
   mg_bf16* sm_b_0 = reinterpret_cast<mg_bf16*>(mg_smem + 576);
   float* buf_s = reinterpret_cast<float*>(mg_smem + 37440);
-  for (int c1 = threadIdx.x; c1 < 8; c1 += 128) {
-    const int s2_1 = c1;
-    mg_cp_async16((sm_a_0 + ((0) % 4) * 72) + ((s2_1 * 8)), p0 + ((base_a + 0) + (s2_1 * 8)));
-  }
-  for (int c3 = threadIdx.x; c3 < 512; c3 += 128) {
+  int mg_so_b[4], mg_do_b[4];
+  #pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int c3 = threadIdx.x + i * 128;
     const int s4_0 = c3 / 8;
     const int s4_1 = (c3) % 8;
-    mg_cp_async16((sm_b_0 + ((0) % 4) * 4608) + (s4_0 * 72 + (s4_1 * 8)), p1 + ((base_b + 0) + s4_0 * 18944 + (s4_1 * 8)));
+    mg_so_b[i] = s4_0 * 18944 + (s4_1 * 8);
+    mg_do_b[i] = s4_0 * 72 + (s4_1 * 8);
   }
+  for (int c1 = threadIdx.x; c1 < 8; c1 += 128) {
+    const int s2_1 = c1;
+    mg_cp_async16((sm_a_0 + ((0) % 4) * 72) + ((s2_1 * 8)), p0 + ((base_a + 0)) + ((s2_1 * 8)));
+  }
+  #pragma unroll
+  for (int i = 0; i < 4; ++i) mg_cp_async16((sm_b_0 + ((0) % 4) * 4608) + mg_do_b[i], p1 + ((base_b + 0)) + mg_so_b[i]);
   mg_cp_async_commit();
   for (int c5 = threadIdx.x; c5 < 8; c5 += 128) {
     const int s6_1 = c5;
-    mg_cp_async16((sm_a_0 + ((1) % 4) * 72) + ((s6_1 * 8)), p0 + ((base_a + 64) + (s6_1 * 8)));
+    mg_cp_async16((sm_a_0 + ((1) % 4) * 72) + ((s6_1 * 8)), p0 + ((base_a + 64)) + ((s6_1 * 8)));
   }
-  for (int c7 = threadIdx.x; c7 < 512; c7 += 128) {
-    const int s8_0 = c7 / 8;
-    const int s8_1 = (c7) % 8;
-    mg_cp_async16((sm_b_0 + ((1) % 4) * 4608) + (s8_0 * 72 + (s8_1 * 8)), p1 + ((base_b + 1212416) + s8_0 * 18944 + (s8_1 * 8)));
-  }
+  #pragma unroll
+  for (int i = 0; i < 4; ++i) mg_cp_async16((sm_b_0 + ((1) % 4) * 4608) + mg_do_b[i], p1 + ((base_b + 1212416)) + mg_so_b[i]);
   mg_cp_async_commit();
-  for (int c9 = threadIdx.x; c9 < 8; c9 += 128) {
-    const int s10_1 = c9;
-    mg_cp_async16((sm_a_0 + ((2) % 4) * 72) + ((s10_1 * 8)), p0 + ((base_a + 128) + (s10_1 * 8)));
+  for (int c7 = threadIdx.x; c7 < 8; c7 += 128) {
+    const int s8_1 = c7;
+    mg_cp_async16((sm_a_0 + ((2) % 4) * 72) + ((s8_1 * 8)), p0 + ((base_a + 128)) + ((s8_1 * 8)));
   }
-  for (int c11 = threadIdx.x; c11 < 512; c11 += 128) {
-    const int s12_0 = c11 / 8;
-    const int s12_1 = (c11) % 8;
-    mg_cp_async16((sm_b_0 + ((2) % 4) * 4608) + (s12_0 * 72 + (s12_1 * 8)), p1 + ((base_b + 2424832) + s12_0 * 18944 + (s12_1 * 8)));
-  }
+  #pragma unroll
+  for (int i = 0; i < 4; ++i) mg_cp_async16((sm_b_0 + ((2) % 4) * 4608) + mg_do_b[i], p1 + ((base_b + 2424832)) + mg_so_b[i]);
   mg_cp_async_commit();
   float acc_s[2][4];
   #pragma unroll
@@ -315,15 +326,12 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k1_mirage_qwen2_swiglu_g
     const int off_a = base_a + it * 64;
     const int off_b = base_b + it * 1212416;
     if (it + 3 < 56) {
-      for (int c13 = threadIdx.x; c13 < 8; c13 += 128) {
-        const int s14_1 = c13;
-        mg_cp_async16((sm_a_0 + (((it + 3)) % 4) * 72) + ((s14_1 * 8)), p0 + ((off_a + 192) + (s14_1 * 8)));
+      for (int c9 = threadIdx.x; c9 < 8; c9 += 128) {
+        const int s10_1 = c9;
+        mg_cp_async16((sm_a_0 + (((it + 3)) % 4) * 72) + ((s10_1 * 8)), p0 + ((off_a + 192)) + ((s10_1 * 8)));
       }
-      for (int c15 = threadIdx.x; c15 < 512; c15 += 128) {
-        const int s16_0 = c15 / 8;
-        const int s16_1 = (c15) % 8;
-        mg_cp_async16((sm_b_0 + (((it + 3)) % 4) * 4608) + (s16_0 * 72 + (s16_1 * 8)), p1 + ((off_b + 3637248) + s16_0 * 18944 + (s16_1 * 8)));
-      }
+      #pragma unroll
+      for (int i = 0; i < 4; ++i) mg_cp_async16((sm_b_0 + (((it + 3)) % 4) * 4608) + mg_do_b[i], p1 + ((off_b + 3637248)) + mg_so_b[i]);
     }
     mg_cp_async_commit();
     mg_cp_async_wait<3>();
@@ -386,9 +394,9 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k1_mirage_qwen2_swiglu_g
     }
   }
   __syncthreads();
-  for (int e17 = threadIdx.x; e17 < 8; e17 += 128) {
-    const int i18_1 = e17;
-    mg_st8(p2 + (bx * 64 + (i18_1 * 8)), buf_s[((i18_1 * 8) + 0)], buf_s[((i18_1 * 8) + 1)], buf_s[((i18_1 * 8) + 2)], buf_s[((i18_1 * 8) + 3)], buf_s[((i18_1 * 8) + 4)], buf_s[((i18_1 * 8) + 5)], buf_s[((i18_1 * 8) + 6)], buf_s[((i18_1 * 8) + 7)]);
+  for (int e11 = threadIdx.x; e11 < 8; e11 += 128) {
+    const int i12_1 = e11;
+    mg_st8(p2 + (bx * 64 + (i12_1 * 8)), buf_s[((i12_1 * 8) + 0)], buf_s[((i12_1 * 8) + 1)], buf_s[((i12_1 * 8) + 2)], buf_s[((i12_1 * 8) + 3)], buf_s[((i12_1 * 8) + 4)], buf_s[((i12_1 * 8) + 5)], buf_s[((i12_1 * 8) + 6)], buf_s[((i12_1 * 8) + 7)]);
   }
 }
 

@@ -130,6 +130,20 @@ __device__ __forceinline__ void mg_st8(mg_bf16* p, float v0, float v1, float v2,
              mg_pack_bf16(v6, v7)};
   *reinterpret_cast<mg_u4*>(p) = u;
 }
+// Eight 16-bit values from one 16-byte (aligned) access, as f32.
+template <typename T>
+__device__ __forceinline__ void mg_ld8(const T* p, float* f) {
+  const mg_u4 u = *reinterpret_cast<const mg_u4*>(p);
+  const unsigned w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    T lo, hi;
+    lo.bits = (unsigned short)(w[i] & 0xffffu);
+    hi.bits = (unsigned short)(w[i] >> 16);
+    f[2 * i] = mg_ld(lo);
+    f[2 * i + 1] = mg_ld(hi);
+  }
+}
 
 // fused kernel: grid [128, 1, 1], 128 threads, forloop 32; plan: 4 stage(s), kwarps 1, 92688 B shared memory
 extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_gated_mlp_fused_h8x4096_h4096x4096_h4096x4096_to_h8x4096(
@@ -150,53 +164,53 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_gated_mlp_fuse
   mg_f16* sm_w2_0 = reinterpret_cast<mg_f16*>(mg_smem + 49664);
   float* buf_sa = reinterpret_cast<float*>(mg_smem + 90624);
   float* buf_sb = reinterpret_cast<float*>(mg_smem + 91648);
-  for (int c1 = threadIdx.x; c1 < 128; c1 += 128) {
+  int mg_so_x[1], mg_do_x[1];
+  #pragma unroll
+  for (int i = 0; i < 1; ++i) {
+    const int c1 = threadIdx.x + i * 128;
     const int s2_0 = c1 / 16;
     const int s2_1 = (c1) % 16;
-    mg_cp_async16((sm_x_0 + ((0) % 4) * 1088) + (s2_0 * 136 + (s2_1 * 8)), p0 + ((base_x + 0) + s2_0 * 4096 + (s2_1 * 8)));
+    mg_so_x[i] = s2_0 * 4096 + (s2_1 * 8);
+    mg_do_x[i] = s2_0 * 136 + (s2_1 * 8);
   }
-  for (int c3 = threadIdx.x; c3 < 512; c3 += 128) {
+  int mg_so_w1[4], mg_do_w1[4];
+  #pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int c3 = threadIdx.x + i * 128;
     const int s4_0 = c3 / 4;
     const int s4_1 = (c3) % 4;
-    mg_cp_async16((sm_w1_0 + ((0) % 4) * 5120) + (s4_0 * 40 + (s4_1 * 8)), p1 + ((base_w1 + 0) + s4_0 * 4096 + (s4_1 * 8)));
+    mg_so_w1[i] = s4_0 * 4096 + (s4_1 * 8);
+    mg_do_w1[i] = s4_0 * 40 + (s4_1 * 8);
   }
-  for (int c5 = threadIdx.x; c5 < 512; c5 += 128) {
+  int mg_so_w2[4], mg_do_w2[4];
+  #pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int c5 = threadIdx.x + i * 128;
     const int s6_0 = c5 / 4;
     const int s6_1 = (c5) % 4;
-    mg_cp_async16((sm_w2_0 + ((0) % 4) * 5120) + (s6_0 * 40 + (s6_1 * 8)), p2 + ((base_w2 + 0) + s6_0 * 4096 + (s6_1 * 8)));
+    mg_so_w2[i] = s6_0 * 4096 + (s6_1 * 8);
+    mg_do_w2[i] = s6_0 * 40 + (s6_1 * 8);
   }
+  #pragma unroll
+  for (int i = 0; i < 1; ++i) mg_cp_async16((sm_x_0 + ((0) % 4) * 1088) + mg_do_x[i], p0 + ((base_x + 0)) + mg_so_x[i]);
+  #pragma unroll
+  for (int i = 0; i < 4; ++i) mg_cp_async16((sm_w1_0 + ((0) % 4) * 5120) + mg_do_w1[i], p1 + ((base_w1 + 0)) + mg_so_w1[i]);
+  #pragma unroll
+  for (int i = 0; i < 4; ++i) mg_cp_async16((sm_w2_0 + ((0) % 4) * 5120) + mg_do_w2[i], p2 + ((base_w2 + 0)) + mg_so_w2[i]);
   mg_cp_async_commit();
-  for (int c7 = threadIdx.x; c7 < 128; c7 += 128) {
-    const int s8_0 = c7 / 16;
-    const int s8_1 = (c7) % 16;
-    mg_cp_async16((sm_x_0 + ((1) % 4) * 1088) + (s8_0 * 136 + (s8_1 * 8)), p0 + ((base_x + 128) + s8_0 * 4096 + (s8_1 * 8)));
-  }
-  for (int c9 = threadIdx.x; c9 < 512; c9 += 128) {
-    const int s10_0 = c9 / 4;
-    const int s10_1 = (c9) % 4;
-    mg_cp_async16((sm_w1_0 + ((1) % 4) * 5120) + (s10_0 * 40 + (s10_1 * 8)), p1 + ((base_w1 + 524288) + s10_0 * 4096 + (s10_1 * 8)));
-  }
-  for (int c11 = threadIdx.x; c11 < 512; c11 += 128) {
-    const int s12_0 = c11 / 4;
-    const int s12_1 = (c11) % 4;
-    mg_cp_async16((sm_w2_0 + ((1) % 4) * 5120) + (s12_0 * 40 + (s12_1 * 8)), p2 + ((base_w2 + 524288) + s12_0 * 4096 + (s12_1 * 8)));
-  }
+  #pragma unroll
+  for (int i = 0; i < 1; ++i) mg_cp_async16((sm_x_0 + ((1) % 4) * 1088) + mg_do_x[i], p0 + ((base_x + 128)) + mg_so_x[i]);
+  #pragma unroll
+  for (int i = 0; i < 4; ++i) mg_cp_async16((sm_w1_0 + ((1) % 4) * 5120) + mg_do_w1[i], p1 + ((base_w1 + 524288)) + mg_so_w1[i]);
+  #pragma unroll
+  for (int i = 0; i < 4; ++i) mg_cp_async16((sm_w2_0 + ((1) % 4) * 5120) + mg_do_w2[i], p2 + ((base_w2 + 524288)) + mg_so_w2[i]);
   mg_cp_async_commit();
-  for (int c13 = threadIdx.x; c13 < 128; c13 += 128) {
-    const int s14_0 = c13 / 16;
-    const int s14_1 = (c13) % 16;
-    mg_cp_async16((sm_x_0 + ((2) % 4) * 1088) + (s14_0 * 136 + (s14_1 * 8)), p0 + ((base_x + 256) + s14_0 * 4096 + (s14_1 * 8)));
-  }
-  for (int c15 = threadIdx.x; c15 < 512; c15 += 128) {
-    const int s16_0 = c15 / 4;
-    const int s16_1 = (c15) % 4;
-    mg_cp_async16((sm_w1_0 + ((2) % 4) * 5120) + (s16_0 * 40 + (s16_1 * 8)), p1 + ((base_w1 + 1048576) + s16_0 * 4096 + (s16_1 * 8)));
-  }
-  for (int c17 = threadIdx.x; c17 < 512; c17 += 128) {
-    const int s18_0 = c17 / 4;
-    const int s18_1 = (c17) % 4;
-    mg_cp_async16((sm_w2_0 + ((2) % 4) * 5120) + (s18_0 * 40 + (s18_1 * 8)), p2 + ((base_w2 + 1048576) + s18_0 * 4096 + (s18_1 * 8)));
-  }
+  #pragma unroll
+  for (int i = 0; i < 1; ++i) mg_cp_async16((sm_x_0 + ((2) % 4) * 1088) + mg_do_x[i], p0 + ((base_x + 256)) + mg_so_x[i]);
+  #pragma unroll
+  for (int i = 0; i < 4; ++i) mg_cp_async16((sm_w1_0 + ((2) % 4) * 5120) + mg_do_w1[i], p1 + ((base_w1 + 1048576)) + mg_so_w1[i]);
+  #pragma unroll
+  for (int i = 0; i < 4; ++i) mg_cp_async16((sm_w2_0 + ((2) % 4) * 5120) + mg_do_w2[i], p2 + ((base_w2 + 1048576)) + mg_so_w2[i]);
   mg_cp_async_commit();
   float acc_sa[1][4];
   #pragma unroll
@@ -209,21 +223,12 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_gated_mlp_fuse
     const int off_w1 = base_w1 + it * 524288;
     const int off_w2 = base_w2 + it * 524288;
     if (it + 3 < 32) {
-      for (int c19 = threadIdx.x; c19 < 128; c19 += 128) {
-        const int s20_0 = c19 / 16;
-        const int s20_1 = (c19) % 16;
-        mg_cp_async16((sm_x_0 + (((it + 3)) % 4) * 1088) + (s20_0 * 136 + (s20_1 * 8)), p0 + ((off_x + 384) + s20_0 * 4096 + (s20_1 * 8)));
-      }
-      for (int c21 = threadIdx.x; c21 < 512; c21 += 128) {
-        const int s22_0 = c21 / 4;
-        const int s22_1 = (c21) % 4;
-        mg_cp_async16((sm_w1_0 + (((it + 3)) % 4) * 5120) + (s22_0 * 40 + (s22_1 * 8)), p1 + ((off_w1 + 1572864) + s22_0 * 4096 + (s22_1 * 8)));
-      }
-      for (int c23 = threadIdx.x; c23 < 512; c23 += 128) {
-        const int s24_0 = c23 / 4;
-        const int s24_1 = (c23) % 4;
-        mg_cp_async16((sm_w2_0 + (((it + 3)) % 4) * 5120) + (s24_0 * 40 + (s24_1 * 8)), p2 + ((off_w2 + 1572864) + s24_0 * 4096 + (s24_1 * 8)));
-      }
+      #pragma unroll
+      for (int i = 0; i < 1; ++i) mg_cp_async16((sm_x_0 + (((it + 3)) % 4) * 1088) + mg_do_x[i], p0 + ((off_x + 384)) + mg_so_x[i]);
+      #pragma unroll
+      for (int i = 0; i < 4; ++i) mg_cp_async16((sm_w1_0 + (((it + 3)) % 4) * 5120) + mg_do_w1[i], p1 + ((off_w1 + 1572864)) + mg_so_w1[i]);
+      #pragma unroll
+      for (int i = 0; i < 4; ++i) mg_cp_async16((sm_w2_0 + (((it + 3)) % 4) * 5120) + mg_do_w2[i], p2 + ((off_w2 + 1572864)) + mg_so_w2[i]);
     }
     mg_cp_async_commit();
     mg_cp_async_wait<3>();
@@ -340,42 +345,42 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_gated_mlp_fuse
     }
   }
   __syncthreads();
-  for (int e25 = threadIdx.x; e25 < 32; e25 += 128) {
-    const int i26_0 = e25 / 4;
-    const int i26_1 = (e25) % 4;
-    const float v27 = buf_sa[i26_0 * 32 + ((i26_1 * 8) + 0)];
-    const float v28 = mg_silu(v27);
-    const float v29 = buf_sb[i26_0 * 32 + ((i26_1 * 8) + 0)];
-    const float v30 = (v28 * v29);
-    const float v31 = buf_sa[i26_0 * 32 + ((i26_1 * 8) + 1)];
-    const float v32 = mg_silu(v31);
-    const float v33 = buf_sb[i26_0 * 32 + ((i26_1 * 8) + 1)];
-    const float v34 = (v32 * v33);
-    const float v35 = buf_sa[i26_0 * 32 + ((i26_1 * 8) + 2)];
-    const float v36 = mg_silu(v35);
-    const float v37 = buf_sb[i26_0 * 32 + ((i26_1 * 8) + 2)];
-    const float v38 = (v36 * v37);
-    const float v39 = buf_sa[i26_0 * 32 + ((i26_1 * 8) + 3)];
-    const float v40 = mg_silu(v39);
-    const float v41 = buf_sb[i26_0 * 32 + ((i26_1 * 8) + 3)];
-    const float v42 = (v40 * v41);
-    const float v43 = buf_sa[i26_0 * 32 + ((i26_1 * 8) + 4)];
-    const float v44 = mg_silu(v43);
-    const float v45 = buf_sb[i26_0 * 32 + ((i26_1 * 8) + 4)];
-    const float v46 = (v44 * v45);
-    const float v47 = buf_sa[i26_0 * 32 + ((i26_1 * 8) + 5)];
-    const float v48 = mg_silu(v47);
-    const float v49 = buf_sb[i26_0 * 32 + ((i26_1 * 8) + 5)];
-    const float v50 = (v48 * v49);
-    const float v51 = buf_sa[i26_0 * 32 + ((i26_1 * 8) + 6)];
-    const float v52 = mg_silu(v51);
-    const float v53 = buf_sb[i26_0 * 32 + ((i26_1 * 8) + 6)];
-    const float v54 = (v52 * v53);
-    const float v55 = buf_sa[i26_0 * 32 + ((i26_1 * 8) + 7)];
-    const float v56 = mg_silu(v55);
-    const float v57 = buf_sb[i26_0 * 32 + ((i26_1 * 8) + 7)];
-    const float v58 = (v56 * v57);
-    mg_st8(p3 + (bx * 32 + i26_0 * 4096 + (i26_1 * 8)), v30, v34, v38, v42, v46, v50, v54, v58);
+  for (int e7 = threadIdx.x; e7 < 32; e7 += 128) {
+    const int i8_0 = e7 / 4;
+    const int i8_1 = (e7) % 4;
+    const float v9 = buf_sa[i8_0 * 32 + ((i8_1 * 8) + 0)];
+    const float v10 = mg_silu(v9);
+    const float v11 = buf_sb[i8_0 * 32 + ((i8_1 * 8) + 0)];
+    const float v12 = (v10 * v11);
+    const float v13 = buf_sa[i8_0 * 32 + ((i8_1 * 8) + 1)];
+    const float v14 = mg_silu(v13);
+    const float v15 = buf_sb[i8_0 * 32 + ((i8_1 * 8) + 1)];
+    const float v16 = (v14 * v15);
+    const float v17 = buf_sa[i8_0 * 32 + ((i8_1 * 8) + 2)];
+    const float v18 = mg_silu(v17);
+    const float v19 = buf_sb[i8_0 * 32 + ((i8_1 * 8) + 2)];
+    const float v20 = (v18 * v19);
+    const float v21 = buf_sa[i8_0 * 32 + ((i8_1 * 8) + 3)];
+    const float v22 = mg_silu(v21);
+    const float v23 = buf_sb[i8_0 * 32 + ((i8_1 * 8) + 3)];
+    const float v24 = (v22 * v23);
+    const float v25 = buf_sa[i8_0 * 32 + ((i8_1 * 8) + 4)];
+    const float v26 = mg_silu(v25);
+    const float v27 = buf_sb[i8_0 * 32 + ((i8_1 * 8) + 4)];
+    const float v28 = (v26 * v27);
+    const float v29 = buf_sa[i8_0 * 32 + ((i8_1 * 8) + 5)];
+    const float v30 = mg_silu(v29);
+    const float v31 = buf_sb[i8_0 * 32 + ((i8_1 * 8) + 5)];
+    const float v32 = (v30 * v31);
+    const float v33 = buf_sa[i8_0 * 32 + ((i8_1 * 8) + 6)];
+    const float v34 = mg_silu(v33);
+    const float v35 = buf_sb[i8_0 * 32 + ((i8_1 * 8) + 6)];
+    const float v36 = (v34 * v35);
+    const float v37 = buf_sa[i8_0 * 32 + ((i8_1 * 8) + 7)];
+    const float v38 = mg_silu(v37);
+    const float v39 = buf_sb[i8_0 * 32 + ((i8_1 * 8) + 7)];
+    const float v40 = (v38 * v39);
+    mg_st8(p3 + (bx * 32 + i8_0 * 4096 + (i8_1 * 8)), v12, v16, v20, v24, v28, v32, v36, v40);
   }
 }
 

@@ -131,6 +131,20 @@ __device__ __forceinline__ void mg_st8(mg_bf16* p, float v0, float v1, float v2,
              mg_pack_bf16(v6, v7)};
   *reinterpret_cast<mg_u4*>(p) = u;
 }
+// Eight 16-bit values from one 16-byte (aligned) access, as f32.
+template <typename T>
+__device__ __forceinline__ void mg_ld8(const T* p, float* f) {
+  const mg_u4 u = *reinterpret_cast<const mg_u4*>(p);
+  const unsigned w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    T lo, hi;
+    lo.bits = (unsigned short)(w[i] & 0xffffu);
+    hi.bits = (unsigned short)(w[i] >> 16);
+    f[2 * i] = mg_ld(lo);
+    f[2 * i + 1] = mg_ld(hi);
+  }
+}
 
 // fused kernel: grid [16, 16, 4], 128 threads, forloop 4; plan: 4 stage(s), kwarps 1, 132368 B shared memory
 extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_gqa_fused_h16x256x64_h16x64x4096_h16x4096x64_to_h16x256x64(
@@ -154,46 +168,52 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_gqa_fused_h16x
   float* buf_e = reinterpret_cast<float*>(mg_smem + 99328);
   float* buf_l = reinterpret_cast<float*>(mg_smem + 115712);
   float* buf_o = reinterpret_cast<float*>(mg_smem + 115968);
-  for (int c1 = threadIdx.x; c1 < 512; c1 += 128) {
+  int mg_so_q[4], mg_do_q[4];
+  #pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int c1 = threadIdx.x + i * 128;
     const int s2_1 = c1 / 8;
     const int s2_2 = (c1) % 8;
-    mg_cp_async16(sm_q_0 + (s2_1 * 72 + (s2_2 * 8)), p0 + (base_q + s2_1 * 64 + (s2_2 * 8)));
+    mg_so_q[i] = s2_1 * 64 + (s2_2 * 8);
+    mg_do_q[i] = s2_1 * 72 + (s2_2 * 8);
   }
+  int mg_so_k[4], mg_do_k[4];
+  #pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int c3 = threadIdx.x + i * 128;
+    const int s4_1 = c3 / 8;
+    const int s4_2 = (c3) % 8;
+    mg_so_k[i] = s4_1 * 4096 + (s4_2 * 8);
+    mg_do_k[i] = s4_1 * 72 + (s4_2 * 8);
+  }
+  int mg_so_v[4], mg_do_v[4];
+  #pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int c5 = threadIdx.x + i * 128;
+    const int s6_1 = c5 / 8;
+    const int s6_2 = (c5) % 8;
+    mg_so_v[i] = s6_1 * 64 + (s6_2 * 8);
+    mg_do_v[i] = s6_1 * 72 + (s6_2 * 8);
+  }
+  #pragma unroll
+  for (int i = 0; i < 4; ++i) mg_cp_async16(sm_q_0 + mg_do_q[i], p0 + (base_q) + mg_so_q[i]);
   mg_cp_async_wait_all();
   __syncthreads();
   const auto* sm_q = sm_q_0;
-  for (int c3 = threadIdx.x; c3 < 512; c3 += 128) {
-    const int s4_1 = c3 / 8;
-    const int s4_2 = (c3) % 8;
-    mg_cp_async16((sm_k_0 + ((0) % 4) * 4608) + (s4_1 * 72 + (s4_2 * 8)), p1 + ((base_k + 0) + s4_1 * 4096 + (s4_2 * 8)));
-  }
-  for (int c5 = threadIdx.x; c5 < 512; c5 += 128) {
-    const int s6_1 = c5 / 8;
-    const int s6_2 = (c5) % 8;
-    mg_cp_async16((sm_v_0 + ((0) % 4) * 4608) + (s6_1 * 72 + (s6_2 * 8)), p2 + ((base_v + 0) + s6_1 * 64 + (s6_2 * 8)));
-  }
+  #pragma unroll
+  for (int i = 0; i < 4; ++i) mg_cp_async16((sm_k_0 + ((0) % 4) * 4608) + mg_do_k[i], p1 + ((base_k + 0)) + mg_so_k[i]);
+  #pragma unroll
+  for (int i = 0; i < 4; ++i) mg_cp_async16((sm_v_0 + ((0) % 4) * 4608) + mg_do_v[i], p2 + ((base_v + 0)) + mg_so_v[i]);
   mg_cp_async_commit();
-  for (int c7 = threadIdx.x; c7 < 512; c7 += 128) {
-    const int s8_1 = c7 / 8;
-    const int s8_2 = (c7) % 8;
-    mg_cp_async16((sm_k_0 + ((1) % 4) * 4608) + (s8_1 * 72 + (s8_2 * 8)), p1 + ((base_k + 64) + s8_1 * 4096 + (s8_2 * 8)));
-  }
-  for (int c9 = threadIdx.x; c9 < 512; c9 += 128) {
-    const int s10_1 = c9 / 8;
-    const int s10_2 = (c9) % 8;
-    mg_cp_async16((sm_v_0 + ((1) % 4) * 4608) + (s10_1 * 72 + (s10_2 * 8)), p2 + ((base_v + 4096) + s10_1 * 64 + (s10_2 * 8)));
-  }
+  #pragma unroll
+  for (int i = 0; i < 4; ++i) mg_cp_async16((sm_k_0 + ((1) % 4) * 4608) + mg_do_k[i], p1 + ((base_k + 64)) + mg_so_k[i]);
+  #pragma unroll
+  for (int i = 0; i < 4; ++i) mg_cp_async16((sm_v_0 + ((1) % 4) * 4608) + mg_do_v[i], p2 + ((base_v + 4096)) + mg_so_v[i]);
   mg_cp_async_commit();
-  for (int c11 = threadIdx.x; c11 < 512; c11 += 128) {
-    const int s12_1 = c11 / 8;
-    const int s12_2 = (c11) % 8;
-    mg_cp_async16((sm_k_0 + ((2) % 4) * 4608) + (s12_1 * 72 + (s12_2 * 8)), p1 + ((base_k + 128) + s12_1 * 4096 + (s12_2 * 8)));
-  }
-  for (int c13 = threadIdx.x; c13 < 512; c13 += 128) {
-    const int s14_1 = c13 / 8;
-    const int s14_2 = (c13) % 8;
-    mg_cp_async16((sm_v_0 + ((2) % 4) * 4608) + (s14_1 * 72 + (s14_2 * 8)), p2 + ((base_v + 8192) + s14_1 * 64 + (s14_2 * 8)));
-  }
+  #pragma unroll
+  for (int i = 0; i < 4; ++i) mg_cp_async16((sm_k_0 + ((2) % 4) * 4608) + mg_do_k[i], p1 + ((base_k + 128)) + mg_so_k[i]);
+  #pragma unroll
+  for (int i = 0; i < 4; ++i) mg_cp_async16((sm_v_0 + ((2) % 4) * 4608) + mg_do_v[i], p2 + ((base_v + 8192)) + mg_so_v[i]);
   mg_cp_async_commit();
   float acc_l[16];
   #pragma unroll
@@ -205,16 +225,10 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_gqa_fused_h16x
     const int off_k = base_k + it * 64;
     const int off_v = base_v + it * 4096;
     if (it + 3 < 4) {
-      for (int c15 = threadIdx.x; c15 < 512; c15 += 128) {
-        const int s16_1 = c15 / 8;
-        const int s16_2 = (c15) % 8;
-        mg_cp_async16((sm_k_0 + (((it + 3)) % 4) * 4608) + (s16_1 * 72 + (s16_2 * 8)), p1 + ((off_k + 192) + s16_1 * 4096 + (s16_2 * 8)));
-      }
-      for (int c17 = threadIdx.x; c17 < 512; c17 += 128) {
-        const int s18_1 = c17 / 8;
-        const int s18_2 = (c17) % 8;
-        mg_cp_async16((sm_v_0 + (((it + 3)) % 4) * 4608) + (s18_1 * 72 + (s18_2 * 8)), p2 + ((off_v + 12288) + s18_1 * 64 + (s18_2 * 8)));
-      }
+      #pragma unroll
+      for (int i = 0; i < 4; ++i) mg_cp_async16((sm_k_0 + (((it + 3)) % 4) * 4608) + mg_do_k[i], p1 + ((off_k + 192)) + mg_so_k[i]);
+      #pragma unroll
+      for (int i = 0; i < 4; ++i) mg_cp_async16((sm_v_0 + (((it + 3)) % 4) * 4608) + mg_do_v[i], p2 + ((off_v + 12288)) + mg_so_v[i]);
     }
     mg_cp_async_commit();
     mg_cp_async_wait<3>();
@@ -257,11 +271,11 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_gqa_fused_h16x
       }
     }
     __syncthreads();
-    for (int e19 = threadIdx.x; e19 < 4096; e19 += 128) {
-      const int i20_1 = e19 / 64;
-      const int i20_2 = (e19) % 64;
-      const float v21 = buf_s[i20_1 * 64 + i20_2];
-      buf_e[i20_1 * 64 + i20_2] = expf(v21);
+    for (int e7 = threadIdx.x; e7 < 4096; e7 += 128) {
+      const int i8_1 = e7 / 64;
+      const int i8_2 = (e7) % 64;
+      const float v9 = buf_s[i8_1 * 64 + i8_2];
+      buf_e[i8_1 * 64 + i8_2] = expf(v9);
     }
     __syncthreads();
     #pragma unroll
@@ -269,9 +283,9 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_gqa_fused_h16x
       const int row = threadIdx.x / 32 + 4 * j;
       const int mg_rl = threadIdx.x % 32;
       (void)row; (void)mg_rl;
-      const int w23_1 = row;
-      for (int k22 = mg_rl; k22 < 64; k22 += 32) {
-        acc_l[j] += buf_e[w23_1 * 64 + k22];
+      const int w11_1 = row;
+      for (int k10 = mg_rl; k10 < 64; k10 += 32) {
+        acc_l[j] += buf_e[w11_1 * 64 + k10];
       }
     }
     {
@@ -314,10 +328,10 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_gqa_fused_h16x
     const int row = threadIdx.x / 32 + 4 * j;
     const int mg_rl = threadIdx.x % 32;
     (void)row; (void)mg_rl;
-    float v24 = acc_l[j];
-    v24 = mg_warp_sum(v24);
+    float v12 = acc_l[j];
+    v12 = mg_warp_sum(v12);
     if ((threadIdx.x & 31) == 0) {
-      if (row < 64) buf_l[row] = v24;
+      if (row < 64) buf_l[row] = v12;
     }
   }
   {
@@ -344,14 +358,14 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_gqa_fused_h16x
     }
   }
   __syncthreads();
-  for (int e25 = threadIdx.x; e25 < 64; e25 += 128) {
-    const int i26_1 = e25;
-    mg_st(p3 + (bx * 4096 + by * 1 + bz * 1024 + i26_1 * 16), buf_l[i26_1]);
+  for (int e13 = threadIdx.x; e13 < 64; e13 += 128) {
+    const int i14_1 = e13;
+    mg_st(p3 + (bx * 4096 + by * 1 + bz * 1024 + i14_1 * 16), buf_l[i14_1]);
   }
-  for (int e27 = threadIdx.x; e27 < 4096; e27 += 128) {
-    const int i28_1 = e27 / 64;
-    const int i28_2 = (e27) % 64;
-    mg_st(p4 + (bx * 262144 + by * 64 + bz * 65536 + i28_1 * 1024 + i28_2), buf_o[i28_1 * 64 + i28_2]);
+  for (int e15 = threadIdx.x; e15 < 4096; e15 += 128) {
+    const int i16_1 = e15 / 64;
+    const int i16_2 = (e15) % 64;
+    mg_st(p4 + (bx * 262144 + by * 64 + bz * 65536 + i16_1 * 1024 + i16_2), buf_o[i16_1 * 64 + i16_2]);
   }
 }
 
@@ -369,16 +383,22 @@ extern "C" __global__ void __launch_bounds__(512, 1) mg_k1_mirage_gqa_fused_h16x
   mg_f16* sm_op_0 = reinterpret_cast<mg_f16*>(mg_smem + 768);
   float* buf_l = reinterpret_cast<float*>(mg_smem + 33792);
   float* buf_o = reinterpret_cast<float*>(mg_smem + 33856);
+  int mg_so_op[4], mg_do_op[4];
+  #pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int c3 = threadIdx.x + i * 512;
+    const int s4_1 = c3 / 128;
+    const int s4_2 = (c3) % 128;
+    mg_so_op[i] = s4_1 * 1024 + (s4_2 * 8);
+    mg_do_op[i] = s4_1 * 1032 + (s4_2 * 8);
+  }
   for (int c1 = threadIdx.x; c1 < 32; c1 += 512) {
     const int s2_1 = c1 / 2;
     const int s2_2 = (c1) % 2;
-    mg_cp_async16(sm_lp_0 + (s2_1 * 24 + (s2_2 * 8)), p0 + (base_lp + s2_1 * 16 + (s2_2 * 8)));
+    mg_cp_async16(sm_lp_0 + (s2_1 * 24 + (s2_2 * 8)), p0 + (base_lp) + (s2_1 * 16 + (s2_2 * 8)));
   }
-  for (int c3 = threadIdx.x; c3 < 2048; c3 += 512) {
-    const int s4_1 = c3 / 128;
-    const int s4_2 = (c3) % 128;
-    mg_cp_async16(sm_op_0 + (s4_1 * 1032 + (s4_2 * 8)), p1 + (base_op + s4_1 * 1024 + (s4_2 * 8)));
-  }
+  #pragma unroll
+  for (int i = 0; i < 4; ++i) mg_cp_async16(sm_op_0 + mg_do_op[i], p1 + (base_op) + mg_so_op[i]);
   mg_cp_async_wait_all();
   __syncthreads();
   const auto* sm_lp = sm_lp_0;

@@ -131,6 +131,20 @@ __device__ __forceinline__ void mg_st8(mg_bf16* p, float v0, float v1, float v2,
              mg_pack_bf16(v6, v7)};
   *reinterpret_cast<mg_u4*>(p) = u;
 }
+// Eight 16-bit values from one 16-byte (aligned) access, as f32.
+template <typename T>
+__device__ __forceinline__ void mg_ld8(const T* p, float* f) {
+  const mg_u4 u = *reinterpret_cast<const mg_u4*>(p);
+  const unsigned w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    T lo, hi;
+    lo.bits = (unsigned short)(w[i] & 0xffffu);
+    hi.bits = (unsigned short)(w[i] >> 16);
+    f[2 * i] = mg_ld(lo);
+    f[2 * i + 1] = mg_ld(hi);
+  }
+}
 
 // fused kernel: grid [64, 1, 1], 128 threads, forloop 4; plan: 4 stage(s), kwarps 1, 69904 B shared memory
 extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_lora_fused_h16x256_h256x4096_h256x16_h16x4096_to_h16x4096(
@@ -155,61 +169,67 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_lora_fused_h16
   float* buf_sxw = reinterpret_cast<float*>(mg_smem + 60672);
   float* buf_sxa = reinterpret_cast<float*>(mg_smem + 64768);
   float* buf_lo = reinterpret_cast<float*>(mg_smem + 65792);
-  for (int c1 = threadIdx.x; c1 < 128; c1 += 128) {
+  int mg_so_b[1], mg_do_b[1];
+  #pragma unroll
+  for (int i = 0; i < 1; ++i) {
+    const int c1 = threadIdx.x + i * 128;
     const int s2_0 = c1 / 8;
     const int s2_1 = (c1) % 8;
-    mg_cp_async16(sm_b_0 + (s2_0 * 72 + (s2_1 * 8)), p3 + (base_b + s2_0 * 4096 + (s2_1 * 8)));
+    mg_so_b[i] = s2_0 * 4096 + (s2_1 * 8);
+    mg_do_b[i] = s2_0 * 72 + (s2_1 * 8);
   }
+  int mg_so_x[1], mg_do_x[1];
+  #pragma unroll
+  for (int i = 0; i < 1; ++i) {
+    const int c3 = threadIdx.x + i * 128;
+    const int s4_0 = c3 / 8;
+    const int s4_1 = (c3) % 8;
+    mg_so_x[i] = s4_0 * 256 + (s4_1 * 8);
+    mg_do_x[i] = s4_0 * 72 + (s4_1 * 8);
+  }
+  int mg_so_w[4], mg_do_w[4];
+  #pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int c5 = threadIdx.x + i * 128;
+    const int s6_0 = c5 / 8;
+    const int s6_1 = (c5) % 8;
+    mg_so_w[i] = s6_0 * 4096 + (s6_1 * 8);
+    mg_do_w[i] = s6_0 * 72 + (s6_1 * 8);
+  }
+  int mg_so_a[1], mg_do_a[1];
+  #pragma unroll
+  for (int i = 0; i < 1; ++i) {
+    const int c7 = threadIdx.x + i * 128;
+    const int s8_0 = c7 / 2;
+    const int s8_1 = (c7) % 2;
+    mg_so_a[i] = s8_0 * 16 + (s8_1 * 8);
+    mg_do_a[i] = s8_0 * 24 + (s8_1 * 8);
+  }
+  #pragma unroll
+  for (int i = 0; i < 1; ++i) mg_cp_async16(sm_b_0 + mg_do_b[i], p3 + (base_b) + mg_so_b[i]);
   mg_cp_async_wait_all();
   __syncthreads();
   const auto* sm_b = sm_b_0;
-  for (int c3 = threadIdx.x; c3 < 128; c3 += 128) {
-    const int s4_0 = c3 / 8;
-    const int s4_1 = (c3) % 8;
-    mg_cp_async16((sm_x_0 + ((0) % 4) * 1152) + (s4_0 * 72 + (s4_1 * 8)), p0 + ((base_x + 0) + s4_0 * 256 + (s4_1 * 8)));
-  }
-  for (int c5 = threadIdx.x; c5 < 512; c5 += 128) {
-    const int s6_0 = c5 / 8;
-    const int s6_1 = (c5) % 8;
-    mg_cp_async16((sm_w_0 + ((0) % 4) * 4608) + (s6_0 * 72 + (s6_1 * 8)), p1 + ((base_w + 0) + s6_0 * 4096 + (s6_1 * 8)));
-  }
-  for (int c7 = threadIdx.x; c7 < 128; c7 += 128) {
-    const int s8_0 = c7 / 2;
-    const int s8_1 = (c7) % 2;
-    mg_cp_async16((sm_a_0 + ((0) % 4) * 1536) + (s8_0 * 24 + (s8_1 * 8)), p2 + ((base_a + 0) + s8_0 * 16 + (s8_1 * 8)));
-  }
+  #pragma unroll
+  for (int i = 0; i < 1; ++i) mg_cp_async16((sm_x_0 + ((0) % 4) * 1152) + mg_do_x[i], p0 + ((base_x + 0)) + mg_so_x[i]);
+  #pragma unroll
+  for (int i = 0; i < 4; ++i) mg_cp_async16((sm_w_0 + ((0) % 4) * 4608) + mg_do_w[i], p1 + ((base_w + 0)) + mg_so_w[i]);
+  #pragma unroll
+  for (int i = 0; i < 1; ++i) mg_cp_async16((sm_a_0 + ((0) % 4) * 1536) + mg_do_a[i], p2 + ((base_a + 0)) + mg_so_a[i]);
   mg_cp_async_commit();
-  for (int c9 = threadIdx.x; c9 < 128; c9 += 128) {
-    const int s10_0 = c9 / 8;
-    const int s10_1 = (c9) % 8;
-    mg_cp_async16((sm_x_0 + ((1) % 4) * 1152) + (s10_0 * 72 + (s10_1 * 8)), p0 + ((base_x + 64) + s10_0 * 256 + (s10_1 * 8)));
-  }
-  for (int c11 = threadIdx.x; c11 < 512; c11 += 128) {
-    const int s12_0 = c11 / 8;
-    const int s12_1 = (c11) % 8;
-    mg_cp_async16((sm_w_0 + ((1) % 4) * 4608) + (s12_0 * 72 + (s12_1 * 8)), p1 + ((base_w + 262144) + s12_0 * 4096 + (s12_1 * 8)));
-  }
-  for (int c13 = threadIdx.x; c13 < 128; c13 += 128) {
-    const int s14_0 = c13 / 2;
-    const int s14_1 = (c13) % 2;
-    mg_cp_async16((sm_a_0 + ((1) % 4) * 1536) + (s14_0 * 24 + (s14_1 * 8)), p2 + ((base_a + 1024) + s14_0 * 16 + (s14_1 * 8)));
-  }
+  #pragma unroll
+  for (int i = 0; i < 1; ++i) mg_cp_async16((sm_x_0 + ((1) % 4) * 1152) + mg_do_x[i], p0 + ((base_x + 64)) + mg_so_x[i]);
+  #pragma unroll
+  for (int i = 0; i < 4; ++i) mg_cp_async16((sm_w_0 + ((1) % 4) * 4608) + mg_do_w[i], p1 + ((base_w + 262144)) + mg_so_w[i]);
+  #pragma unroll
+  for (int i = 0; i < 1; ++i) mg_cp_async16((sm_a_0 + ((1) % 4) * 1536) + mg_do_a[i], p2 + ((base_a + 1024)) + mg_so_a[i]);
   mg_cp_async_commit();
-  for (int c15 = threadIdx.x; c15 < 128; c15 += 128) {
-    const int s16_0 = c15 / 8;
-    const int s16_1 = (c15) % 8;
-    mg_cp_async16((sm_x_0 + ((2) % 4) * 1152) + (s16_0 * 72 + (s16_1 * 8)), p0 + ((base_x + 128) + s16_0 * 256 + (s16_1 * 8)));
-  }
-  for (int c17 = threadIdx.x; c17 < 512; c17 += 128) {
-    const int s18_0 = c17 / 8;
-    const int s18_1 = (c17) % 8;
-    mg_cp_async16((sm_w_0 + ((2) % 4) * 4608) + (s18_0 * 72 + (s18_1 * 8)), p1 + ((base_w + 524288) + s18_0 * 4096 + (s18_1 * 8)));
-  }
-  for (int c19 = threadIdx.x; c19 < 128; c19 += 128) {
-    const int s20_0 = c19 / 2;
-    const int s20_1 = (c19) % 2;
-    mg_cp_async16((sm_a_0 + ((2) % 4) * 1536) + (s20_0 * 24 + (s20_1 * 8)), p2 + ((base_a + 2048) + s20_0 * 16 + (s20_1 * 8)));
-  }
+  #pragma unroll
+  for (int i = 0; i < 1; ++i) mg_cp_async16((sm_x_0 + ((2) % 4) * 1152) + mg_do_x[i], p0 + ((base_x + 128)) + mg_so_x[i]);
+  #pragma unroll
+  for (int i = 0; i < 4; ++i) mg_cp_async16((sm_w_0 + ((2) % 4) * 4608) + mg_do_w[i], p1 + ((base_w + 524288)) + mg_so_w[i]);
+  #pragma unroll
+  for (int i = 0; i < 1; ++i) mg_cp_async16((sm_a_0 + ((2) % 4) * 1536) + mg_do_a[i], p2 + ((base_a + 2048)) + mg_so_a[i]);
   mg_cp_async_commit();
   float acc_sxw[2][4];
   #pragma unroll
@@ -222,21 +242,12 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_lora_fused_h16
     const int off_w = base_w + it * 262144;
     const int off_a = base_a + it * 1024;
     if (it + 3 < 4) {
-      for (int c21 = threadIdx.x; c21 < 128; c21 += 128) {
-        const int s22_0 = c21 / 8;
-        const int s22_1 = (c21) % 8;
-        mg_cp_async16((sm_x_0 + (((it + 3)) % 4) * 1152) + (s22_0 * 72 + (s22_1 * 8)), p0 + ((off_x + 192) + s22_0 * 256 + (s22_1 * 8)));
-      }
-      for (int c23 = threadIdx.x; c23 < 512; c23 += 128) {
-        const int s24_0 = c23 / 8;
-        const int s24_1 = (c23) % 8;
-        mg_cp_async16((sm_w_0 + (((it + 3)) % 4) * 4608) + (s24_0 * 72 + (s24_1 * 8)), p1 + ((off_w + 786432) + s24_0 * 4096 + (s24_1 * 8)));
-      }
-      for (int c25 = threadIdx.x; c25 < 128; c25 += 128) {
-        const int s26_0 = c25 / 2;
-        const int s26_1 = (c25) % 2;
-        mg_cp_async16((sm_a_0 + (((it + 3)) % 4) * 1536) + (s26_0 * 24 + (s26_1 * 8)), p2 + ((off_a + 3072) + s26_0 * 16 + (s26_1 * 8)));
-      }
+      #pragma unroll
+      for (int i = 0; i < 1; ++i) mg_cp_async16((sm_x_0 + (((it + 3)) % 4) * 1152) + mg_do_x[i], p0 + ((off_x + 192)) + mg_so_x[i]);
+      #pragma unroll
+      for (int i = 0; i < 4; ++i) mg_cp_async16((sm_w_0 + (((it + 3)) % 4) * 4608) + mg_do_w[i], p1 + ((off_w + 786432)) + mg_so_w[i]);
+      #pragma unroll
+      for (int i = 0; i < 1; ++i) mg_cp_async16((sm_a_0 + (((it + 3)) % 4) * 1536) + mg_do_a[i], p2 + ((off_a + 3072)) + mg_so_a[i]);
     }
     mg_cp_async_commit();
     mg_cp_async_wait<3>();
@@ -392,34 +403,34 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_lora_fused_h16
     }
   }
   __syncthreads();
-  for (int e27 = threadIdx.x; e27 < 128; e27 += 128) {
-    const int i28_0 = e27 / 8;
-    const int i28_1 = (e27) % 8;
-    const float v29 = buf_sxw[i28_0 * 64 + ((i28_1 * 8) + 0)];
-    const float v30 = buf_lo[i28_0 * 64 + ((i28_1 * 8) + 0)];
+  for (int e9 = threadIdx.x; e9 < 128; e9 += 128) {
+    const int i10_0 = e9 / 8;
+    const int i10_1 = (e9) % 8;
+    const float v11 = buf_sxw[i10_0 * 64 + ((i10_1 * 8) + 0)];
+    const float v12 = buf_lo[i10_0 * 64 + ((i10_1 * 8) + 0)];
+    const float v13 = (v11 + v12);
+    const float v14 = buf_sxw[i10_0 * 64 + ((i10_1 * 8) + 1)];
+    const float v15 = buf_lo[i10_0 * 64 + ((i10_1 * 8) + 1)];
+    const float v16 = (v14 + v15);
+    const float v17 = buf_sxw[i10_0 * 64 + ((i10_1 * 8) + 2)];
+    const float v18 = buf_lo[i10_0 * 64 + ((i10_1 * 8) + 2)];
+    const float v19 = (v17 + v18);
+    const float v20 = buf_sxw[i10_0 * 64 + ((i10_1 * 8) + 3)];
+    const float v21 = buf_lo[i10_0 * 64 + ((i10_1 * 8) + 3)];
+    const float v22 = (v20 + v21);
+    const float v23 = buf_sxw[i10_0 * 64 + ((i10_1 * 8) + 4)];
+    const float v24 = buf_lo[i10_0 * 64 + ((i10_1 * 8) + 4)];
+    const float v25 = (v23 + v24);
+    const float v26 = buf_sxw[i10_0 * 64 + ((i10_1 * 8) + 5)];
+    const float v27 = buf_lo[i10_0 * 64 + ((i10_1 * 8) + 5)];
+    const float v28 = (v26 + v27);
+    const float v29 = buf_sxw[i10_0 * 64 + ((i10_1 * 8) + 6)];
+    const float v30 = buf_lo[i10_0 * 64 + ((i10_1 * 8) + 6)];
     const float v31 = (v29 + v30);
-    const float v32 = buf_sxw[i28_0 * 64 + ((i28_1 * 8) + 1)];
-    const float v33 = buf_lo[i28_0 * 64 + ((i28_1 * 8) + 1)];
+    const float v32 = buf_sxw[i10_0 * 64 + ((i10_1 * 8) + 7)];
+    const float v33 = buf_lo[i10_0 * 64 + ((i10_1 * 8) + 7)];
     const float v34 = (v32 + v33);
-    const float v35 = buf_sxw[i28_0 * 64 + ((i28_1 * 8) + 2)];
-    const float v36 = buf_lo[i28_0 * 64 + ((i28_1 * 8) + 2)];
-    const float v37 = (v35 + v36);
-    const float v38 = buf_sxw[i28_0 * 64 + ((i28_1 * 8) + 3)];
-    const float v39 = buf_lo[i28_0 * 64 + ((i28_1 * 8) + 3)];
-    const float v40 = (v38 + v39);
-    const float v41 = buf_sxw[i28_0 * 64 + ((i28_1 * 8) + 4)];
-    const float v42 = buf_lo[i28_0 * 64 + ((i28_1 * 8) + 4)];
-    const float v43 = (v41 + v42);
-    const float v44 = buf_sxw[i28_0 * 64 + ((i28_1 * 8) + 5)];
-    const float v45 = buf_lo[i28_0 * 64 + ((i28_1 * 8) + 5)];
-    const float v46 = (v44 + v45);
-    const float v47 = buf_sxw[i28_0 * 64 + ((i28_1 * 8) + 6)];
-    const float v48 = buf_lo[i28_0 * 64 + ((i28_1 * 8) + 6)];
-    const float v49 = (v47 + v48);
-    const float v50 = buf_sxw[i28_0 * 64 + ((i28_1 * 8) + 7)];
-    const float v51 = buf_lo[i28_0 * 64 + ((i28_1 * 8) + 7)];
-    const float v52 = (v50 + v51);
-    mg_st8(p4 + (bx * 64 + i28_0 * 4096 + (i28_1 * 8)), v31, v34, v37, v40, v43, v46, v49, v52);
+    mg_st8(p4 + (bx * 64 + i10_0 * 4096 + (i10_1 * 8)), v13, v16, v19, v22, v25, v28, v31, v34);
   }
 }
 

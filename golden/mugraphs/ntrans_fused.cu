@@ -130,6 +130,20 @@ __device__ __forceinline__ void mg_st8(mg_bf16* p, float v0, float v1, float v2,
              mg_pack_bf16(v6, v7)};
   *reinterpret_cast<mg_u4*>(p) = u;
 }
+// Eight 16-bit values from one 16-byte (aligned) access, as f32.
+template <typename T>
+__device__ __forceinline__ void mg_ld8(const T* p, float* f) {
+  const mg_u4 u = *reinterpret_cast<const mg_u4*>(p);
+  const unsigned w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    T lo, hi;
+    lo.bits = (unsigned short)(w[i] & 0xffffu);
+    hi.bits = (unsigned short)(w[i] >> 16);
+    f[2 * i] = mg_ld(lo);
+    f[2 * i + 1] = mg_ld(hi);
+  }
+}
 
 // fused kernel: grid [64, 1, 1], 512 threads, forloop 1; plan: 1 stage(s), kwarps 1, 73872 B shared memory
 extern "C" __global__ void __launch_bounds__(512, 1) mg_k0_mirage_ntrans_fused_h64x4096_h64x4096_h64x4096_to_h64x4096(
@@ -152,18 +166,36 @@ extern "C" __global__ void __launch_bounds__(512, 1) mg_k0_mirage_ntrans_fused_h
   float* buf_o__rms = reinterpret_cast<float*>(mg_smem + 41024);
   float* buf_o = reinterpret_cast<float*>(mg_smem + 41040);
   float* buf_so = reinterpret_cast<float*>(mg_smem + 57424);
-  for (int c1 = threadIdx.x; c1 < 512; c1 += 512) {
+  int mg_so_h[1], mg_do_h[1];
+  #pragma unroll
+  for (int i = 0; i < 1; ++i) {
+    const int c1 = threadIdx.x + i * 512;
     const int s2_1 = c1;
-    mg_cp_async16(sm_h_0 + ((s2_1 * 8)), p0 + (base_h + (s2_1 * 8)));
+    mg_so_h[i] = (s2_1 * 8);
+    mg_do_h[i] = (s2_1 * 8);
   }
-  for (int c3 = threadIdx.x; c3 < 512; c3 += 512) {
+  int mg_so_x[1], mg_do_x[1];
+  #pragma unroll
+  for (int i = 0; i < 1; ++i) {
+    const int c3 = threadIdx.x + i * 512;
     const int s4_1 = c3;
-    mg_cp_async16(sm_x_0 + ((s4_1 * 8)), p1 + (base_x + (s4_1 * 8)));
+    mg_so_x[i] = (s4_1 * 8);
+    mg_do_x[i] = (s4_1 * 8);
   }
-  for (int c5 = threadIdx.x; c5 < 512; c5 += 512) {
+  int mg_so_al[1], mg_do_al[1];
+  #pragma unroll
+  for (int i = 0; i < 1; ++i) {
+    const int c5 = threadIdx.x + i * 512;
     const int s6_1 = c5;
-    mg_cp_async16(sm_al_0 + ((s6_1 * 8)), p2 + (base_al + (s6_1 * 8)));
+    mg_so_al[i] = (s6_1 * 8);
+    mg_do_al[i] = (s6_1 * 8);
   }
+  #pragma unroll
+  for (int i = 0; i < 1; ++i) mg_cp_async16(sm_h_0 + mg_do_h[i], p0 + (base_h) + mg_so_h[i]);
+  #pragma unroll
+  for (int i = 0; i < 1; ++i) mg_cp_async16(sm_x_0 + mg_do_x[i], p1 + (base_x) + mg_so_x[i]);
+  #pragma unroll
+  for (int i = 0; i < 1; ++i) mg_cp_async16(sm_al_0 + mg_do_al[i], p2 + (base_al) + mg_so_al[i]);
   mg_cp_async_wait_all();
   __syncthreads();
   const auto* sm_h = sm_h_0;
@@ -175,9 +207,11 @@ extern "C" __global__ void __launch_bounds__(512, 1) mg_k0_mirage_ntrans_fused_h
     const int mg_rl = threadIdx.x % 512;
     (void)row; (void)mg_rl;
     float r7 = 0.0f;
-    for (int k8 = mg_rl; k8 < 4096; k8 += 512) {
-      const float v10 = mg_ld(sm_h[k8]);
-      r7 += v10 * v10;
+    for (int k8 = mg_rl; k8 < 512; k8 += 512) {
+      float f10[8];
+      mg_ld8(sm_h + (k8 * 8), f10);
+      #pragma unroll
+      for (int q = 0; q < 8; ++q) r7 += f10[q] * f10[q];
     }
     r7 = mg_warp_sum(r7);
     if ((threadIdx.x & 31) == 0) mg_red[threadIdx.x / 32] = r7;

@@ -131,6 +131,20 @@ __device__ __forceinline__ void mg_st8(mg_bf16* p, float v0, float v1, float v2,
              mg_pack_bf16(v6, v7)};
   *reinterpret_cast<mg_u4*>(p) = u;
 }
+// Eight 16-bit values from one 16-byte (aligned) access, as f32.
+template <typename T>
+__device__ __forceinline__ void mg_ld8(const T* p, float* f) {
+  const mg_u4 u = *reinterpret_cast<const mg_u4*>(p);
+  const unsigned w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    T lo, hi;
+    lo.bits = (unsigned short)(w[i] & 0xffffu);
+    hi.bits = (unsigned short)(w[i] >> 16);
+    f[2 * i] = mg_ld(lo);
+    f[2 * i + 1] = mg_ld(hi);
+  }
+}
 
 // fused kernel: grid [16, 16, 4], 128 threads, forloop 4; plan: 4 stage(s), kwarps 1, 165648 B shared memory
 extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_qknorm_gqa_fused_h16x256x64_h16x64x4096_h16x4096x64_to_h16x256x64(
@@ -158,11 +172,35 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_qknorm_gqa_fus
   float* buf_e = reinterpret_cast<float*>(mg_smem + 132608);
   float* buf_l = reinterpret_cast<float*>(mg_smem + 148992);
   float* buf_o = reinterpret_cast<float*>(mg_smem + 149248);
-  for (int c1 = threadIdx.x; c1 < 512; c1 += 128) {
+  int mg_so_q[4], mg_do_q[4];
+  #pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int c1 = threadIdx.x + i * 128;
     const int s2_1 = c1 / 8;
     const int s2_2 = (c1) % 8;
-    mg_cp_async16(sm_q_0 + (s2_1 * 72 + (s2_2 * 8)), p0 + (base_q + s2_1 * 64 + (s2_2 * 8)));
+    mg_so_q[i] = s2_1 * 64 + (s2_2 * 8);
+    mg_do_q[i] = s2_1 * 72 + (s2_2 * 8);
   }
+  int mg_so_k[4], mg_do_k[4];
+  #pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int c11 = threadIdx.x + i * 128;
+    const int s12_1 = c11 / 8;
+    const int s12_2 = (c11) % 8;
+    mg_so_k[i] = s12_1 * 4096 + (s12_2 * 8);
+    mg_do_k[i] = s12_1 * 72 + (s12_2 * 8);
+  }
+  int mg_so_v[4], mg_do_v[4];
+  #pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int c13 = threadIdx.x + i * 128;
+    const int s14_1 = c13 / 8;
+    const int s14_2 = (c13) % 8;
+    mg_so_v[i] = s14_1 * 64 + (s14_2 * 8);
+    mg_do_v[i] = s14_1 * 72 + (s14_2 * 8);
+  }
+  #pragma unroll
+  for (int i = 0; i < 4; ++i) mg_cp_async16(sm_q_0 + mg_do_q[i], p0 + (base_q) + mg_so_q[i]);
   mg_cp_async_wait_all();
   __syncthreads();
   const auto* sm_q = sm_q_0;
@@ -191,38 +229,20 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_qknorm_gqa_fus
     buf_qn[i8_1 * 64 + i8_2] = (v9 / v10);
   }
   __syncthreads();
-  for (int c11 = threadIdx.x; c11 < 512; c11 += 128) {
-    const int s12_1 = c11 / 8;
-    const int s12_2 = (c11) % 8;
-    mg_cp_async16((sm_k_0 + ((0) % 4) * 4608) + (s12_1 * 72 + (s12_2 * 8)), p1 + ((base_k + 0) + s12_1 * 4096 + (s12_2 * 8)));
-  }
-  for (int c13 = threadIdx.x; c13 < 512; c13 += 128) {
-    const int s14_1 = c13 / 8;
-    const int s14_2 = (c13) % 8;
-    mg_cp_async16((sm_v_0 + ((0) % 4) * 4608) + (s14_1 * 72 + (s14_2 * 8)), p2 + ((base_v + 0) + s14_1 * 64 + (s14_2 * 8)));
-  }
+  #pragma unroll
+  for (int i = 0; i < 4; ++i) mg_cp_async16((sm_k_0 + ((0) % 4) * 4608) + mg_do_k[i], p1 + ((base_k + 0)) + mg_so_k[i]);
+  #pragma unroll
+  for (int i = 0; i < 4; ++i) mg_cp_async16((sm_v_0 + ((0) % 4) * 4608) + mg_do_v[i], p2 + ((base_v + 0)) + mg_so_v[i]);
   mg_cp_async_commit();
-  for (int c15 = threadIdx.x; c15 < 512; c15 += 128) {
-    const int s16_1 = c15 / 8;
-    const int s16_2 = (c15) % 8;
-    mg_cp_async16((sm_k_0 + ((1) % 4) * 4608) + (s16_1 * 72 + (s16_2 * 8)), p1 + ((base_k + 64) + s16_1 * 4096 + (s16_2 * 8)));
-  }
-  for (int c17 = threadIdx.x; c17 < 512; c17 += 128) {
-    const int s18_1 = c17 / 8;
-    const int s18_2 = (c17) % 8;
-    mg_cp_async16((sm_v_0 + ((1) % 4) * 4608) + (s18_1 * 72 + (s18_2 * 8)), p2 + ((base_v + 4096) + s18_1 * 64 + (s18_2 * 8)));
-  }
+  #pragma unroll
+  for (int i = 0; i < 4; ++i) mg_cp_async16((sm_k_0 + ((1) % 4) * 4608) + mg_do_k[i], p1 + ((base_k + 64)) + mg_so_k[i]);
+  #pragma unroll
+  for (int i = 0; i < 4; ++i) mg_cp_async16((sm_v_0 + ((1) % 4) * 4608) + mg_do_v[i], p2 + ((base_v + 4096)) + mg_so_v[i]);
   mg_cp_async_commit();
-  for (int c19 = threadIdx.x; c19 < 512; c19 += 128) {
-    const int s20_1 = c19 / 8;
-    const int s20_2 = (c19) % 8;
-    mg_cp_async16((sm_k_0 + ((2) % 4) * 4608) + (s20_1 * 72 + (s20_2 * 8)), p1 + ((base_k + 128) + s20_1 * 4096 + (s20_2 * 8)));
-  }
-  for (int c21 = threadIdx.x; c21 < 512; c21 += 128) {
-    const int s22_1 = c21 / 8;
-    const int s22_2 = (c21) % 8;
-    mg_cp_async16((sm_v_0 + ((2) % 4) * 4608) + (s22_1 * 72 + (s22_2 * 8)), p2 + ((base_v + 8192) + s22_1 * 64 + (s22_2 * 8)));
-  }
+  #pragma unroll
+  for (int i = 0; i < 4; ++i) mg_cp_async16((sm_k_0 + ((2) % 4) * 4608) + mg_do_k[i], p1 + ((base_k + 128)) + mg_so_k[i]);
+  #pragma unroll
+  for (int i = 0; i < 4; ++i) mg_cp_async16((sm_v_0 + ((2) % 4) * 4608) + mg_do_v[i], p2 + ((base_v + 8192)) + mg_so_v[i]);
   mg_cp_async_commit();
   float acc_l[16];
   #pragma unroll
@@ -234,40 +254,34 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_qknorm_gqa_fus
     const int off_k = base_k + it * 64;
     const int off_v = base_v + it * 4096;
     if (it + 3 < 4) {
-      for (int c23 = threadIdx.x; c23 < 512; c23 += 128) {
-        const int s24_1 = c23 / 8;
-        const int s24_2 = (c23) % 8;
-        mg_cp_async16((sm_k_0 + (((it + 3)) % 4) * 4608) + (s24_1 * 72 + (s24_2 * 8)), p1 + ((off_k + 192) + s24_1 * 4096 + (s24_2 * 8)));
-      }
-      for (int c25 = threadIdx.x; c25 < 512; c25 += 128) {
-        const int s26_1 = c25 / 8;
-        const int s26_2 = (c25) % 8;
-        mg_cp_async16((sm_v_0 + (((it + 3)) % 4) * 4608) + (s26_1 * 72 + (s26_2 * 8)), p2 + ((off_v + 12288) + s26_1 * 64 + (s26_2 * 8)));
-      }
+      #pragma unroll
+      for (int i = 0; i < 4; ++i) mg_cp_async16((sm_k_0 + (((it + 3)) % 4) * 4608) + mg_do_k[i], p1 + ((off_k + 192)) + mg_so_k[i]);
+      #pragma unroll
+      for (int i = 0; i < 4; ++i) mg_cp_async16((sm_v_0 + (((it + 3)) % 4) * 4608) + mg_do_v[i], p2 + ((off_v + 12288)) + mg_so_v[i]);
     }
     mg_cp_async_commit();
     mg_cp_async_wait<3>();
     __syncthreads();
     const auto* sm_k = (sm_k_0 + ((it) % 4) * 4608);
     const auto* sm_v = (sm_v_0 + ((it) % 4) * 4608);
-    for (int e27 = threadIdx.x; e27 < 64; e27 += 128) {
-      const int i28_2 = e27;
-      float acc30 = 0.0f;
-      for (int k29 = 0; k29 < 64; ++k29) {
-        const float v31 = mg_ld(sm_k[k29 * 72 + i28_2]);
-        const float v32 = (v31 * v31);
-        acc30 += v32;
+    for (int e15 = threadIdx.x; e15 < 64; e15 += 128) {
+      const int i16_2 = e15;
+      float acc18 = 0.0f;
+      for (int k17 = 0; k17 < 64; ++k17) {
+        const float v19 = mg_ld(sm_k[k17 * 72 + i16_2]);
+        const float v20 = (v19 * v19);
+        acc18 += v20;
       }
-      const float v33 = (acc30 / 64.0f);
-      buf_kr[i28_2] = sqrtf(v33);
+      const float v21 = (acc18 / 64.0f);
+      buf_kr[i16_2] = sqrtf(v21);
     }
     __syncthreads();
-    for (int e34 = threadIdx.x; e34 < 4096; e34 += 128) {
-      const int i35_1 = e34 / 64;
-      const int i35_2 = (e34) % 64;
-      const float v36 = mg_ld(sm_k[i35_1 * 72 + i35_2]);
-      const float v37 = buf_kr[i35_2];
-      buf_kn[i35_1 * 64 + i35_2] = (v36 / v37);
+    for (int e22 = threadIdx.x; e22 < 4096; e22 += 128) {
+      const int i23_1 = e22 / 64;
+      const int i23_2 = (e22) % 64;
+      const float v24 = mg_ld(sm_k[i23_1 * 72 + i23_2]);
+      const float v25 = buf_kr[i23_2];
+      buf_kn[i23_1 * 64 + i23_2] = (v24 / v25);
     }
     __syncthreads();
     {
@@ -310,12 +324,12 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_qknorm_gqa_fus
       }
     }
     __syncthreads();
-    for (int e38 = threadIdx.x; e38 < 4096; e38 += 128) {
-      const int i39_1 = e38 / 64;
-      const int i39_2 = (e38) % 64;
-      const float v40 = buf_s[i39_1 * 64 + i39_2];
-      const float v41 = (v40 * 0.125f);
-      buf_e[i39_1 * 64 + i39_2] = expf(v41);
+    for (int e26 = threadIdx.x; e26 < 4096; e26 += 128) {
+      const int i27_1 = e26 / 64;
+      const int i27_2 = (e26) % 64;
+      const float v28 = buf_s[i27_1 * 64 + i27_2];
+      const float v29 = (v28 * 0.125f);
+      buf_e[i27_1 * 64 + i27_2] = expf(v29);
     }
     __syncthreads();
     #pragma unroll
@@ -323,9 +337,9 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_qknorm_gqa_fus
       const int row = threadIdx.x / 32 + 4 * j;
       const int mg_rl = threadIdx.x % 32;
       (void)row; (void)mg_rl;
-      const int w43_1 = row;
-      for (int k42 = mg_rl; k42 < 64; k42 += 32) {
-        acc_l[j] += buf_e[w43_1 * 64 + k42];
+      const int w31_1 = row;
+      for (int k30 = mg_rl; k30 < 64; k30 += 32) {
+        acc_l[j] += buf_e[w31_1 * 64 + k30];
       }
     }
     {
@@ -368,10 +382,10 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_qknorm_gqa_fus
     const int row = threadIdx.x / 32 + 4 * j;
     const int mg_rl = threadIdx.x % 32;
     (void)row; (void)mg_rl;
-    float v44 = acc_l[j];
-    v44 = mg_warp_sum(v44);
+    float v32 = acc_l[j];
+    v32 = mg_warp_sum(v32);
     if ((threadIdx.x & 31) == 0) {
-      if (row < 64) buf_l[row] = v44;
+      if (row < 64) buf_l[row] = v32;
     }
   }
   {
@@ -398,14 +412,14 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_qknorm_gqa_fus
     }
   }
   __syncthreads();
-  for (int e45 = threadIdx.x; e45 < 64; e45 += 128) {
-    const int i46_1 = e45;
-    mg_st(p3 + (bx * 4096 + by * 1 + bz * 1024 + i46_1 * 16), buf_l[i46_1]);
+  for (int e33 = threadIdx.x; e33 < 64; e33 += 128) {
+    const int i34_1 = e33;
+    mg_st(p3 + (bx * 4096 + by * 1 + bz * 1024 + i34_1 * 16), buf_l[i34_1]);
   }
-  for (int e47 = threadIdx.x; e47 < 4096; e47 += 128) {
-    const int i48_1 = e47 / 64;
-    const int i48_2 = (e47) % 64;
-    mg_st(p4 + (bx * 262144 + by * 64 + bz * 65536 + i48_1 * 1024 + i48_2), buf_o[i48_1 * 64 + i48_2]);
+  for (int e35 = threadIdx.x; e35 < 4096; e35 += 128) {
+    const int i36_1 = e35 / 64;
+    const int i36_2 = (e35) % 64;
+    mg_st(p4 + (bx * 262144 + by * 64 + bz * 65536 + i36_1 * 1024 + i36_2), buf_o[i36_1 * 64 + i36_2]);
   }
 }
 
@@ -423,16 +437,22 @@ extern "C" __global__ void __launch_bounds__(512, 1) mg_k1_mirage_qknorm_gqa_fus
   mg_f16* sm_op_0 = reinterpret_cast<mg_f16*>(mg_smem + 768);
   float* buf_l = reinterpret_cast<float*>(mg_smem + 33792);
   float* buf_o = reinterpret_cast<float*>(mg_smem + 33856);
+  int mg_so_op[4], mg_do_op[4];
+  #pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int c3 = threadIdx.x + i * 512;
+    const int s4_1 = c3 / 128;
+    const int s4_2 = (c3) % 128;
+    mg_so_op[i] = s4_1 * 1024 + (s4_2 * 8);
+    mg_do_op[i] = s4_1 * 1032 + (s4_2 * 8);
+  }
   for (int c1 = threadIdx.x; c1 < 32; c1 += 512) {
     const int s2_1 = c1 / 2;
     const int s2_2 = (c1) % 2;
-    mg_cp_async16(sm_lp_0 + (s2_1 * 24 + (s2_2 * 8)), p0 + (base_lp + s2_1 * 16 + (s2_2 * 8)));
+    mg_cp_async16(sm_lp_0 + (s2_1 * 24 + (s2_2 * 8)), p0 + (base_lp) + (s2_1 * 16 + (s2_2 * 8)));
   }
-  for (int c3 = threadIdx.x; c3 < 2048; c3 += 512) {
-    const int s4_1 = c3 / 128;
-    const int s4_2 = (c3) % 128;
-    mg_cp_async16(sm_op_0 + (s4_1 * 1032 + (s4_2 * 8)), p1 + (base_op + s4_1 * 1024 + (s4_2 * 8)));
-  }
+  #pragma unroll
+  for (int i = 0; i < 4; ++i) mg_cp_async16(sm_op_0 + mg_do_op[i], p1 + (base_op) + mg_so_op[i]);
   mg_cp_async_wait_all();
   __syncthreads();
   const auto* sm_lp = sm_lp_0;

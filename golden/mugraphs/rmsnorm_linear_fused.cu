@@ -129,6 +129,20 @@ __device__ __forceinline__ void mg_st8(mg_bf16* p, float v0, float v1, float v2,
              mg_pack_bf16(v6, v7)};
   *reinterpret_cast<mg_u4*>(p) = u;
 }
+// Eight 16-bit values from one 16-byte (aligned) access, as f32.
+template <typename T>
+__device__ __forceinline__ void mg_ld8(const T* p, float* f) {
+  const mg_u4 u = *reinterpret_cast<const mg_u4*>(p);
+  const unsigned w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    T lo, hi;
+    lo.bits = (unsigned short)(w[i] & 0xffffu);
+    hi.bits = (unsigned short)(w[i] >> 16);
+    f[2 * i] = mg_ld(lo);
+    f[2 * i + 1] = mg_ld(hi);
+  }
+}
 
 // fused kernel: grid [192, 1, 1], 128 threads, forloop 32; plan: 4 stage(s), kwarps 1, 60496 B shared memory
 extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_rmsnorm_linear_fused_h16x4096_h4096x6144_to_h16x6144(
@@ -146,38 +160,38 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_rmsnorm_linear
   mg_f16* sm_w_0 = reinterpret_cast<mg_f16*>(mg_smem + 17408);
   float* buf_r = reinterpret_cast<float*>(mg_smem + 58368);
   float* buf_s = reinterpret_cast<float*>(mg_smem + 58432);
-  for (int c1 = threadIdx.x; c1 < 256; c1 += 128) {
+  int mg_so_x[2], mg_do_x[2];
+  #pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int c1 = threadIdx.x + i * 128;
     const int s2_0 = c1 / 16;
     const int s2_1 = (c1) % 16;
-    mg_cp_async16((sm_x_0 + ((0) % 4) * 2176) + (s2_0 * 136 + (s2_1 * 8)), p0 + ((base_x + 0) + s2_0 * 4096 + (s2_1 * 8)));
+    mg_so_x[i] = s2_0 * 4096 + (s2_1 * 8);
+    mg_do_x[i] = s2_0 * 136 + (s2_1 * 8);
   }
-  for (int c3 = threadIdx.x; c3 < 512; c3 += 128) {
+  int mg_so_w[4], mg_do_w[4];
+  #pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int c3 = threadIdx.x + i * 128;
     const int s4_0 = c3 / 4;
     const int s4_1 = (c3) % 4;
-    mg_cp_async16((sm_w_0 + ((0) % 4) * 5120) + (s4_0 * 40 + (s4_1 * 8)), p1 + ((base_w + 0) + s4_0 * 6144 + (s4_1 * 8)));
+    mg_so_w[i] = s4_0 * 6144 + (s4_1 * 8);
+    mg_do_w[i] = s4_0 * 40 + (s4_1 * 8);
   }
+  #pragma unroll
+  for (int i = 0; i < 2; ++i) mg_cp_async16((sm_x_0 + ((0) % 4) * 2176) + mg_do_x[i], p0 + ((base_x + 0)) + mg_so_x[i]);
+  #pragma unroll
+  for (int i = 0; i < 4; ++i) mg_cp_async16((sm_w_0 + ((0) % 4) * 5120) + mg_do_w[i], p1 + ((base_w + 0)) + mg_so_w[i]);
   mg_cp_async_commit();
-  for (int c5 = threadIdx.x; c5 < 256; c5 += 128) {
-    const int s6_0 = c5 / 16;
-    const int s6_1 = (c5) % 16;
-    mg_cp_async16((sm_x_0 + ((1) % 4) * 2176) + (s6_0 * 136 + (s6_1 * 8)), p0 + ((base_x + 128) + s6_0 * 4096 + (s6_1 * 8)));
-  }
-  for (int c7 = threadIdx.x; c7 < 512; c7 += 128) {
-    const int s8_0 = c7 / 4;
-    const int s8_1 = (c7) % 4;
-    mg_cp_async16((sm_w_0 + ((1) % 4) * 5120) + (s8_0 * 40 + (s8_1 * 8)), p1 + ((base_w + 786432) + s8_0 * 6144 + (s8_1 * 8)));
-  }
+  #pragma unroll
+  for (int i = 0; i < 2; ++i) mg_cp_async16((sm_x_0 + ((1) % 4) * 2176) + mg_do_x[i], p0 + ((base_x + 128)) + mg_so_x[i]);
+  #pragma unroll
+  for (int i = 0; i < 4; ++i) mg_cp_async16((sm_w_0 + ((1) % 4) * 5120) + mg_do_w[i], p1 + ((base_w + 786432)) + mg_so_w[i]);
   mg_cp_async_commit();
-  for (int c9 = threadIdx.x; c9 < 256; c9 += 128) {
-    const int s10_0 = c9 / 16;
-    const int s10_1 = (c9) % 16;
-    mg_cp_async16((sm_x_0 + ((2) % 4) * 2176) + (s10_0 * 136 + (s10_1 * 8)), p0 + ((base_x + 256) + s10_0 * 4096 + (s10_1 * 8)));
-  }
-  for (int c11 = threadIdx.x; c11 < 512; c11 += 128) {
-    const int s12_0 = c11 / 4;
-    const int s12_1 = (c11) % 4;
-    mg_cp_async16((sm_w_0 + ((2) % 4) * 5120) + (s12_0 * 40 + (s12_1 * 8)), p1 + ((base_w + 1572864) + s12_0 * 6144 + (s12_1 * 8)));
-  }
+  #pragma unroll
+  for (int i = 0; i < 2; ++i) mg_cp_async16((sm_x_0 + ((2) % 4) * 2176) + mg_do_x[i], p0 + ((base_x + 256)) + mg_so_x[i]);
+  #pragma unroll
+  for (int i = 0; i < 4; ++i) mg_cp_async16((sm_w_0 + ((2) % 4) * 5120) + mg_do_w[i], p1 + ((base_w + 1572864)) + mg_so_w[i]);
   mg_cp_async_commit();
   float acc_r[4];
   #pragma unroll
@@ -189,16 +203,10 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_rmsnorm_linear
     const int off_x = base_x + it * 128;
     const int off_w = base_w + it * 786432;
     if (it + 3 < 32) {
-      for (int c13 = threadIdx.x; c13 < 256; c13 += 128) {
-        const int s14_0 = c13 / 16;
-        const int s14_1 = (c13) % 16;
-        mg_cp_async16((sm_x_0 + (((it + 3)) % 4) * 2176) + (s14_0 * 136 + (s14_1 * 8)), p0 + ((off_x + 384) + s14_0 * 4096 + (s14_1 * 8)));
-      }
-      for (int c15 = threadIdx.x; c15 < 512; c15 += 128) {
-        const int s16_0 = c15 / 4;
-        const int s16_1 = (c15) % 4;
-        mg_cp_async16((sm_w_0 + (((it + 3)) % 4) * 5120) + (s16_0 * 40 + (s16_1 * 8)), p1 + ((off_w + 2359296) + s16_0 * 6144 + (s16_1 * 8)));
-      }
+      #pragma unroll
+      for (int i = 0; i < 2; ++i) mg_cp_async16((sm_x_0 + (((it + 3)) % 4) * 2176) + mg_do_x[i], p0 + ((off_x + 384)) + mg_so_x[i]);
+      #pragma unroll
+      for (int i = 0; i < 4; ++i) mg_cp_async16((sm_w_0 + (((it + 3)) % 4) * 5120) + mg_do_w[i], p1 + ((off_w + 2359296)) + mg_so_w[i]);
     }
     mg_cp_async_commit();
     mg_cp_async_wait<3>();
@@ -210,10 +218,10 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_rmsnorm_linear
       const int row = threadIdx.x / 32 + 4 * j;
       const int mg_rl = threadIdx.x % 32;
       (void)row; (void)mg_rl;
-      const int w18_0 = row;
-      for (int k17 = mg_rl; k17 < 128; k17 += 32) {
-        const float v19 = mg_ld(sm_x[w18_0 * 136 + k17]);
-        acc_r[j] += v19 * v19;
+      const int w6_0 = row;
+      for (int k5 = mg_rl; k5 < 128; k5 += 32) {
+        const float v7 = mg_ld(sm_x[w6_0 * 136 + k5]);
+        acc_r[j] += v7 * v7;
       }
     }
     {
@@ -253,10 +261,10 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_rmsnorm_linear
     const int row = threadIdx.x / 32 + 4 * j;
     const int mg_rl = threadIdx.x % 32;
     (void)row; (void)mg_rl;
-    float v20 = acc_r[j];
-    v20 = mg_warp_sum(v20);
+    float v8 = acc_r[j];
+    v8 = mg_warp_sum(v8);
     if ((threadIdx.x & 31) == 0) {
-      if (row < 16) buf_r[row] = sqrtf(v20 / 4096.0f);
+      if (row < 16) buf_r[row] = sqrtf(v8 / 4096.0f);
     }
   }
   {
@@ -283,34 +291,34 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_rmsnorm_linear
     }
   }
   __syncthreads();
-  for (int e21 = threadIdx.x; e21 < 64; e21 += 128) {
-    const int i22_0 = e21 / 4;
-    const int i22_1 = (e21) % 4;
-    const float v23 = buf_s[i22_0 * 32 + ((i22_1 * 8) + 0)];
-    const float v24 = buf_r[i22_0];
+  for (int e9 = threadIdx.x; e9 < 64; e9 += 128) {
+    const int i10_0 = e9 / 4;
+    const int i10_1 = (e9) % 4;
+    const float v11 = buf_s[i10_0 * 32 + ((i10_1 * 8) + 0)];
+    const float v12 = buf_r[i10_0];
+    const float v13 = (v11 / v12);
+    const float v14 = buf_s[i10_0 * 32 + ((i10_1 * 8) + 1)];
+    const float v15 = buf_r[i10_0];
+    const float v16 = (v14 / v15);
+    const float v17 = buf_s[i10_0 * 32 + ((i10_1 * 8) + 2)];
+    const float v18 = buf_r[i10_0];
+    const float v19 = (v17 / v18);
+    const float v20 = buf_s[i10_0 * 32 + ((i10_1 * 8) + 3)];
+    const float v21 = buf_r[i10_0];
+    const float v22 = (v20 / v21);
+    const float v23 = buf_s[i10_0 * 32 + ((i10_1 * 8) + 4)];
+    const float v24 = buf_r[i10_0];
     const float v25 = (v23 / v24);
-    const float v26 = buf_s[i22_0 * 32 + ((i22_1 * 8) + 1)];
-    const float v27 = buf_r[i22_0];
+    const float v26 = buf_s[i10_0 * 32 + ((i10_1 * 8) + 5)];
+    const float v27 = buf_r[i10_0];
     const float v28 = (v26 / v27);
-    const float v29 = buf_s[i22_0 * 32 + ((i22_1 * 8) + 2)];
-    const float v30 = buf_r[i22_0];
+    const float v29 = buf_s[i10_0 * 32 + ((i10_1 * 8) + 6)];
+    const float v30 = buf_r[i10_0];
     const float v31 = (v29 / v30);
-    const float v32 = buf_s[i22_0 * 32 + ((i22_1 * 8) + 3)];
-    const float v33 = buf_r[i22_0];
+    const float v32 = buf_s[i10_0 * 32 + ((i10_1 * 8) + 7)];
+    const float v33 = buf_r[i10_0];
     const float v34 = (v32 / v33);
-    const float v35 = buf_s[i22_0 * 32 + ((i22_1 * 8) + 4)];
-    const float v36 = buf_r[i22_0];
-    const float v37 = (v35 / v36);
-    const float v38 = buf_s[i22_0 * 32 + ((i22_1 * 8) + 5)];
-    const float v39 = buf_r[i22_0];
-    const float v40 = (v38 / v39);
-    const float v41 = buf_s[i22_0 * 32 + ((i22_1 * 8) + 6)];
-    const float v42 = buf_r[i22_0];
-    const float v43 = (v41 / v42);
-    const float v44 = buf_s[i22_0 * 32 + ((i22_1 * 8) + 7)];
-    const float v45 = buf_r[i22_0];
-    const float v46 = (v44 / v45);
-    mg_st8(p2 + (bx * 32 + i22_0 * 6144 + (i22_1 * 8)), v25, v28, v31, v34, v37, v40, v43, v46);
+    mg_st8(p2 + (bx * 32 + i10_0 * 6144 + (i10_1 * 8)), v13, v16, v19, v22, v25, v28, v31, v34);
   }
 }
 

@@ -459,6 +459,9 @@ def _torch_baseline(dev: Device, g: Graph, compiled: bool, replays: int, scale: 
         fn = torch_fn(g)
         if compiled:
             t0 = time.perf_counter()
+            # Each program is its own compilation: without a reset, dynamo's per-function
+            # recompile limit is reached after a few programs and it silently runs eager.
+            torch._dynamo.reset()
             fn = torch.compile(fn, dynamic=False)
             info("  torch.compile ... ")
             us, chk = time_torch(dev, g, fn, replays, scale)

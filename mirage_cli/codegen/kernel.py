@@ -68,6 +68,8 @@ class FusedKernel:
         self.mmas = {m.output: m for m in plan.mmas}
         self.mma_acc = {m.accumulator: m for m in plan.mmas if m.accumulator}
         self.reds = {r.output: r for r in plan.reductions}
+        self.hoisted: Lines = []          # per-thread tables computed once, before use
+        self._tables: set[str] = set()
 
     def tile(self, name: str) -> TilePlan:
         return self.tiles[name]
@@ -86,10 +88,12 @@ class FusedKernel:
         if self.plan.scratch_floats:
             self.params.append(Param("float* __restrict__", "mg_ws", "$scratch"))
         accs = [op for op in self.bg.ops if ops.get(op.op).is_accumulator]
-        body = self._prologue() + self._define_nodes() + self._invariant()
+        head = self._prologue() + self._define_nodes()
+        body = self._invariant()
         body += reduce.acc_init(self, accs)
         loop = self._loop_body(accs)
         body += [f"for (int it = 0; it < {self.F}; ++it) {{"] + indent(loop) + ["}"]
+        body = head + self.hoisted + body
         body += reduce.acc_finish(self, accs)
         body += self._materialize_phase("epilogue")
         for bo in self.bg.outputs:
@@ -220,24 +224,49 @@ class FusedKernel:
         """Copy this block's tile of ``bi`` into shared memory (16-byte cp.async chunks
         where the plan allows, scalar copies otherwise), rows ``pitch`` apart."""
         t, shape = self.tile(bi.value.name), bi.value.type.shape
-        src_strides = row_major(self.dev[bi.source].shape)
-        dst_strides = padded_strides(shape, t.pitch)
         vec = t.vec
         chunks = shape[:-1] + (shape[-1] // vec,)
         n = 1
         for d in chunks:
             n *= d
-        c = self.em.fresh("c")
-        decl, idx = index_vars(chunks, c, self.em.fresh("s") + "_")
-        if vec > 1:
-            idx = idx[:-1] + [f"({idx[-1]} * {vec})" if idx[-1] != "0" else "0"]
-        g = offset_expr(base, idx, src_strides)
-        o = offset_expr("0", idx, dst_strides)
         src = self.pname[bi.source]
-        op = (f"mg_cp_async16({dst} + ({o}), {src} + ({g}));" if vec > 1
-              else f"{dst}[{o}] = {src}[{g}];")
+        if vec > 1 and n % self.T == 0 and n // self.T <= 16:
+            # Each thread copies the same chunks every iteration: their offsets are
+            # computed once (registers), not divided out again per copy.
+            tab = self._offset_table(bi, chunks, n // self.T)
+            copy = (f"mg_cp_async16({dst} + mg_do_{tab}[i], {src} + ({base}) + "
+                    f"mg_so_{tab}[i]);")
+            return ["#pragma unroll", f"for (int i = 0; i < {n // self.T}; ++i) {copy}"]
+        c = self.em.fresh("c")
+        src_o, dst_o, decl = self._chunk_offsets(bi, chunks, c)
+        op = (f"mg_cp_async16({dst} + ({dst_o}), {src} + ({base}) + ({src_o}));" if vec > 1
+              else f"{dst}[{dst_o}] = {src}[{base} + ({src_o})];")
         return ([f"for (int {c} = threadIdx.x; {c} < {n}; {c} += {self.T}) {{"]
                 + indent(keep_used(decl, [op]) + [op]) + ["}"])
+
+    def _chunk_offsets(self, bi: BlockInput, chunks: tuple[int, ...], c: str
+                       ) -> tuple[str, str, Lines]:
+        """Source (from the tile's base) and shared-memory offsets of chunk ``c``."""
+        t, shape = self.tile(bi.value.name), bi.value.type.shape
+        decl, idx = index_vars(chunks, c, self.em.fresh("s") + "_")
+        if t.vec > 1:
+            idx = idx[:-1] + [f"({idx[-1]} * {t.vec})" if idx[-1] != "0" else "0"]
+        return (offset_expr("0", idx, row_major(self.dev[bi.source].shape)),
+                offset_expr("0", idx, padded_strides(shape, t.pitch)), decl)
+
+    def _offset_table(self, bi: BlockInput, chunks: tuple[int, ...], count: int) -> str:
+        name = bi.value.name
+        if name not in self._tables:
+            self._tables.add(name)
+            c = self.em.fresh("c")
+            src_o, dst_o, decl = self._chunk_offsets(bi, chunks, c)
+            body = [f"const int {c} = threadIdx.x + i * {self.T};"]
+            ops_ = [f"mg_so_{name}[i] = {src_o};", f"mg_do_{name}[i] = {dst_o};"]
+            body += keep_used(decl, ops_) + ops_
+            self.hoisted += [f"int mg_so_{name}[{count}], mg_do_{name}[{count}];",
+                             "#pragma unroll", f"for (int i = 0; i < {count}; ++i) {{"]
+            self.hoisted += indent(body) + ["}"]
+        return name
 
     def _slot(self, bi: BlockInput, iteration: str) -> str:
         """The shared-memory stage that holds ``iteration``'s tile of ``bi``."""

@@ -231,8 +231,13 @@ def default_threads(bg: BlockGraph) -> int:
     """The block graph's thread count; kernels without tensor-core work get enough
     threads for one 16-byte access per thread over their largest tile (up to 512), so
     row-wise kernels with few blocks still keep many loads in flight."""
-    if any(is_mma(op, bg.threads) for op in bg.ops):
-        return bg.threads
+    mmas = [op for op in bg.ops if is_mma(op, bg.threads)]
+    if mmas:
+        # Streaming matmuls issue many instructions per byte (copies, fragment loads):
+        # with one block per SM, 8 warps issue faster than 4 (docs/perf-log.md).
+        a = analyse(bg)
+        heavy = max(_ksteps(op, a) for op in mmas) >= 16
+        return max(bg.threads, 256) if heavy else bg.threads
     largest = max([bi.value.type.numel for bi in bg.inputs] + [1])
     t = bg.threads
     while t < 512 and t * 2 * 8 <= largest:

@@ -18,7 +18,15 @@ from typing import TYPE_CHECKING
 from mirage_cli import ops
 from mirage_cli.codegen import mma
 from mirage_cli.codegen.cudaspec import c_float
-from mirage_cli.codegen.expr import Lines, indent, index_vars, keep_used, numel
+from mirage_cli.codegen.expr import (
+    Lines,
+    Stored,
+    indent,
+    index_vars,
+    keep_used,
+    numel,
+    offset_expr,
+)
 from mirage_cli.ir import BlockOp
 from mirage_cli.kplan import ReducePlan
 
@@ -88,6 +96,9 @@ def _row_index(k: FusedKernel, shape: tuple[int, ...], row: str, dim: int | None
 def _lane_terms(k: FusedKernel, x: str, idx: list[str], kv: str, length: int, tpr: int,
                 slot: str, pre: str, combine: str, decl: Lines) -> Lines:
     """``slot`` ⊕= pre(x[idx]) over this thread's elements ``kv`` of the row."""
+    vec = _vec_row(k, x, length, tpr)
+    if vec:
+        return _lane_terms_vec(k, x, idx, kv, length, tpr, slot, pre, combine, decl)
     st, v = k.em.value(x, idx)
     if pre == "square":
         w = k.em.fresh()
@@ -95,6 +106,28 @@ def _lane_terms(k: FusedKernel, x: str, idx: list[str], kv: str, length: int, tp
         v = f"{w} * {w}"
     inner = st + [_update(slot, v, combine)]
     loop = [f"for (int {kv} = mg_rl; {kv} < {length}; {kv} += {tpr}) {{"] + indent(inner) + ["}"]
+    return keep_used(decl, loop) + loop
+
+
+def _vec_row(k: FusedKernel, x: str, length: int, tpr: int) -> bool:
+    """Whether the row can be read 16 bytes (8 elements) per lane: a 16-bit tile in
+    shared memory with 16-byte-aligned rows, 8 elements per lane per pass."""
+    how = k.em.nodes[x].how
+    return (isinstance(how, Stored) and how.base == "0" and how.ctype in ("mg_f16", "mg_bf16")
+            and how.ptr.startswith("sm_") and how.strides[-1] == 1
+            and all(s % 8 == 0 for s in how.strides[:-1]) and length % (8 * tpr) == 0)
+
+
+def _lane_terms_vec(k: FusedKernel, x: str, idx: list[str], kv: str, length: int, tpr: int,
+                    slot: str, pre: str, combine: str, decl: Lines) -> Lines:
+    how = k.em.nodes[x].how
+    assert isinstance(how, Stored)
+    f = k.em.fresh("f")
+    off = offset_expr("0", idx[:-1] + [f"{kv} * 8"], how.strides)
+    v = f"{f}[q] * {f}[q]" if pre == "square" else f"{f}[q]"
+    loop = [f"for (int {kv} = mg_rl; {kv} < {length // 8}; {kv} += {tpr}) {{",
+            f"  float {f}[8];", f"  mg_ld8({how.ptr} + ({off}), {f});",
+            "  #pragma unroll", f"  for (int q = 0; q < 8; ++q) {_update(slot, v, combine)}", "}"]
     return keep_used(decl, loop) + loop
 
 

@@ -110,3 +110,17 @@ __device__ __forceinline__ void mg_st8(mg_bf16* p, float v0, float v1, float v2,
              mg_pack_bf16(v6, v7)};
   *reinterpret_cast<mg_u4*>(p) = u;
 }
+// Eight 16-bit values from one 16-byte (aligned) access, as f32.
+template <typename T>
+__device__ __forceinline__ void mg_ld8(const T* p, float* f) {
+  const mg_u4 u = *reinterpret_cast<const mg_u4*>(p);
+  const unsigned w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    T lo, hi;
+    lo.bits = (unsigned short)(w[i] & 0xffffu);
+    hi.bits = (unsigned short)(w[i] >> 16);
+    f[2 * i] = mg_ld(lo);
+    f[2 * i + 1] = mg_ld(hi);
+  }
+}
