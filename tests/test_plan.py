@@ -121,3 +121,35 @@ def test_threads_knob_changes_the_launch() -> None:
         (k,) = lower(planned(g, "sm_90", [Knobs(threads=t)])).kernels
         assert k.threads == t and f"__launch_bounds__({t}, 1)" in emit(
             dataclasses.replace(lower(g), kernels=(k,)))[0]
+
+
+def test_opt_records_the_plan_it_ships(tmp_path: Path) -> None:
+    src = tmp_path / "lora.mir"
+    src.write_text((ROOT / "examples/lora.mir").read_text().replace("n = 4096", "n = 512"))
+    temps = tmp_path / "temps"
+    code, _, err = run_cli(("opt", str(src), "-o", str(tmp_path / "lora.cu"), "--save-temps",
+                            str(temps), "--jobs", "1"))
+    assert code == 0, err
+    best = load_graph(str(temps / "lora.best.ugraph.json"))
+    plans = _plans(best)
+    assert plans and all(p is not None for p in plans)
+    # The shipped code is the code of the recorded plan.
+    assert (tmp_path / "lora.cu").read_text().count("plan: ") == len(plans)
+    cu, _ = emit(lower(best, name=lower(best).name))
+    assert cu == (tmp_path / "lora.cu").read_text()
+
+
+def test_fmt_plan_and_codegen_pins(tmp_path: Path) -> None:
+    src = str(ROOT / "examples/mugraphs/lora_fused.mir")
+    code, out, err = run_cli(("fmt", src, "--plan"))
+    assert code == 0 and "# kernel 0:" in out and "#   mma xw:" in out
+    reparsed = tmp_path / "x.mir"
+    reparsed.write_text(out)
+    assert load_graph(str(reparsed)) == load_graph(src)  # the plan lines are comments
+    pins = tmp_path / "pins.json"
+    pins.write_text(json.dumps([{"kwarps": 1, "stages": 2}]))
+    code, cu, err = run_cli(("codegen", src, "--plan", str(pins)))
+    assert code == 0 and "2 stage(s), kwarps 1" in cu
+    pins.write_text(json.dumps([{"kwarps": 3}]))
+    code, _, err = run_cli(("codegen", src, "--plan", str(pins)))
+    assert code == 2 and "kwarps=3 is not legal" in err

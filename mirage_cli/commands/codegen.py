@@ -11,7 +11,8 @@ import click
 
 from mirage_cli.codegen.emit import emit, emit_hpp
 from mirage_cli.codegen.lower import lower
-from mirage_cli.commands.common import codegen_options, defines_option, parse_defines
+from mirage_cli.commands.common import codegen_options, defines_option, parse_defines, plan_option
+from mirage_cli.commands.plan import pins_file, planned
 from mirage_cli.console import info
 from mirage_cli.diagnostics import MirageError
 from mirage_cli.loading import load_graph
@@ -25,17 +26,20 @@ from mirage_cli.util import OutputSet
                    "the .cu to stdout.")
 @codegen_options
 @click.option("--hpp", is_flag=True, help="Also write the typed C++ interface (.hpp).")
+@plan_option
 @defines_option
 @click.option("--index", type=int, default=None, metavar="N",
               help="Which candidate of a candidate list (default: the first).")
 def command(file: str, output: str | None, name: str | None, arch: str, hpp: bool,
-            defines: tuple[str, ...], index: int | None) -> None:
+            plan_pins: str | None, defines: tuple[str, ...], index: int | None) -> None:
     """Generate CUDA for FILE (.mir, .ugraph.json or Mirage checkpoint)."""
+    g = load_graph(file, parse_defines(defines), index)
+    if plan_pins:
+        g = planned(g, arch, pins_file(plan_pins))
     if output is None or output == "-":
         if hpp:
             raise MirageError("--hpp needs -o FILE.cu (the .hpp includes the .h beside it)")
-        cu, _ = emit(lower(load_graph(file, parse_defines(defines), index), name=name,
-                           arch=arch))
+        cu, _ = emit(lower(g, name=name, arch=arch))
         click.echo(cu, nl=False)
         return
     if not output.endswith(".cu"):
@@ -43,7 +47,7 @@ def command(file: str, output: str | None, name: str | None, arch: str, hpp: boo
     stem = output[:-len(".cu")]
     paths = [output, stem + ".h"] + ([stem + ".hpp"] if hpp else [])
     with OutputSet(paths, inputs=[file]) as out:
-        prog = lower(load_graph(file, parse_defines(defines), index), name=name, arch=arch)
+        prog = lower(g, name=name, arch=arch)
         cu, h = emit(prog)
         files: dict[str, str | bytes] = {paths[0]: cu, paths[1]: h}
         if hpp:

@@ -61,6 +61,13 @@ def codegen_options(f: Callable[..., Any]) -> Callable[..., Any]:
                              "instantiations link into one binary).")(f)
 
 
+def plan_option(f: Callable[..., Any]) -> Callable[..., Any]:
+    """``--plan PINS.json``: knob pins of the kernel plans, one object per custom kernel."""
+    return click.option("--plan", "plan_pins", metavar="PINS.json",
+                        help="Pin plan knobs: a JSON list with one object of knob values per "
+                             "custom kernel (see 'mirage plan').")(f)
+
+
 def _set_quiet(ctx: click.Context, param: click.Parameter, value: bool) -> None:
     from mirage_cli.console import set_verbosity
 

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import click
 
+from mirage_cli.arch import DEFAULT_ARCH
 from mirage_cli.commands.common import write_output
 from mirage_cli.comments import format_source
 from mirage_cli.console import console
 from mirage_cli.diagnostics import MirageError
+from mirage_cli.ir import Graph
 from mirage_cli.loading import (
     STDIN,
     display_name,
@@ -35,9 +37,15 @@ from mirage_cli.printer import print_graph
               help="Which candidate of a candidate list (default: the first).")
 @click.option("-o", "--output", metavar="OUT.mir", help="Write here instead of stdout.")
 @click.option("-i", "--in-place", is_flag=True, help="Rewrite the .mir FILE itself.")
+@click.option("--plan", "with_plan", is_flag=True,
+              help="Append each custom kernel's plan (the thread level) as comments.")
+@click.option("--arch", default=DEFAULT_ARCH, show_default=True,
+              help="Target of the printed plans (with --plan).")
 def command(file: str, check: bool, index: int | None, output: str | None,
-            in_place: bool) -> None:
+            in_place: bool, with_plan: bool, arch: str) -> None:
     """Print FILE (.mir, .ugraph.json or Mirage checkpoint) as canonical .mir."""
+    if with_plan and (check or in_place):
+        raise MirageError("--plan prints plans: it excludes --check and --in-place")
     if in_place and file == STDIN:
         raise MirageError("--in-place needs a file, not standard input")
     if sum((check, in_place, output is not None)) > 1:
@@ -47,6 +55,8 @@ def command(file: str, check: bool, index: int | None, output: str | None,
         flag = "--check" if check else "--in-place"
         raise MirageError(f"{flag} applies to .mir files only", file=display_name(file))
     text = _formatted(file, source, index)
+    if with_plan:
+        text += _plan_comments(pick(graphs_from_text(source, file), file, index), arch)
     if check:
         if source != text:
             name = display_name(file)
@@ -59,6 +69,16 @@ def command(file: str, check: bool, index: int | None, output: str | None,
             write_output(target, text)
     else:
         click.echo(text, nl=False)
+
+
+def _plan_comments(g: Graph, arch: str) -> str:
+    """The plans of ``g``'s custom kernels as ``#`` comment lines (the text stays .mir)."""
+    from mirage_cli.commands.plan import plan_report, plan_text
+
+    doc = plan_report(g, arch)
+    if not doc:
+        return "\n# no custom kernel: nothing to plan\n"
+    return "\n" + "".join(f"# {line}\n" for line in plan_text(doc).splitlines())
 
 
 def _formatted(file: str, source: str, index: int | None) -> str:

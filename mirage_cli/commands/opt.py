@@ -27,13 +27,19 @@ import contextlib
 import json
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import click
 
 from mirage_cli import __version__, serialize
-from mirage_cli.commands.common import codegen_options, defines_option, parse_defines
+from mirage_cli.commands.common import (
+    codegen_options,
+    defines_option,
+    parse_defines,
+    plan_option,
+)
+from mirage_cli.commands.plan import pins_file, planned
 from mirage_cli.commands.search import options_from, search_options
 from mirage_cli.console import info, warn
 from mirage_cli.diagnostics import MirageError
@@ -117,6 +123,7 @@ def _locked(paths: dict[str, str], program: str) -> Iterator[OutputSet | None]:
 @click.option("--require-fused", is_flag=True,
               help="Exit 1 when no verified fused µGraph is found (default: ship the "
                    "unfused lowering with a warning).")
+@plan_option
 @click.option("--hpp", is_flag=True, help="Also write the typed C++ interface (.hpp).")
 @click.option("--save-temps", "save_temps", type=click.Path(file_okay=False),
               help="Keep every intermediate file in this directory.")
@@ -126,7 +133,7 @@ def _locked(paths: dict[str, str], program: str) -> Iterator[OutputSet | None]:
               help="Name of the depfile (implies -MD).")
 def command(program: str, output: str, defines: tuple[str, ...], save_temps: str | None,
             make_deps: bool, dep_file: str | None, name: str | None, arch: str,
-            require_fused: bool, hpp: bool, **kw: object) -> None:
+            require_fused: bool, hpp: bool, plan_pins: str | None, **kw: object) -> None:
     """Optimise PROGRAM end to end: parse, search, verify, rank, generate CUDA."""
     # From the command's start: Python's own start-up (0.5-1.5 s) comes before it, and
     # a process age would be wrong for in-process callers (tests, bench).
@@ -137,7 +144,9 @@ def command(program: str, output: str, defines: tuple[str, ...], save_temps: str
         from mirage_cli.codegen.lower import entry_name
 
         entry = entry_name(g, name)  # from the program: the same whichever µGraph wins
-        best, fused = _optimise(g, program, kw, deadline, save_temps, require_fused)
+        pins = pins_file(plan_pins) if plan_pins else []
+        best, fused = _optimise(g, program, kw, deadline, save_temps, require_fused,
+                                lambda b: planned(b, arch, pins))
         header = Path(paths["h"]).name if "hpp" in paths else None
         cu, h, hpp_text = stage_codegen(best, entry, arch, header)
         if out is None:
@@ -161,8 +170,9 @@ def command(program: str, output: str, defines: tuple[str, ...], save_temps: str
 
 
 def _optimise(g: Graph, program: str, kw: dict, deadline: float,  # type: ignore[type-arg]
-              save_temps: str | None, require_fused: bool) -> tuple[Graph, bool]:
-    """The µGraph to ship and whether it came from the search."""
+              save_temps: str | None, require_fused: bool,
+              plan: Callable[[Graph], Graph]) -> tuple[Graph, bool]:
+    """The µGraph to ship, with its kernel plans, and whether it came from the search."""
     base = Path(program).name.split(".")[0]
     temps: list[tuple[str, str]] = []
     if save_temps:
@@ -179,13 +189,14 @@ def _optimise(g: Graph, program: str, kw: dict, deadline: float,  # type: ignore
     if best is None:
         if require_fused:
             _write_temps(temps, program)
-            info(f"opt: the search found no verified µGraph (--require-fused): "
-                 f"{explain_none(res.progress) if res.progress else 'search interrupted'}")
+            why = explain_none(res.progress) if res.progress else "search interrupted"
+            info(f"opt: the search found no verified µGraph (--require-fused): {why}")
             raise SystemExit(1)
-        warn(f"opt: no verified fused µGraph within --budget {kw['budget']} s "
-             f"({explain_none(res.progress) if res.progress else 'search interrupted'}); shipping the unfused lowering of the program "
-             f"(exact, but slower)")
+        why = explain_none(res.progress) if res.progress else "search interrupted"
+        warn(f"opt: no verified fused µGraph within --budget {kw['budget']} s ({why}); "
+             f"shipping the unfused lowering of the program (exact, but slower)")
         best = g
+    best = plan(best)  # the thread level, recorded in best.ugraph.json and followed by codegen
     if save_temps:
         temps.append((os.path.join(save_temps, f"{base}.best.ugraph.json"),
                       serialize.dumps(best)))

@@ -53,6 +53,21 @@ def pins_file(path: str) -> list[Knobs]:
         raise MirageError(str(e)) from None
 
 
+def recorded_pins(g: Graph) -> list[Knobs]:
+    """The knobs of the plans a µGraph carries (defaults where it carries none)."""
+    return [op.plan.knobs if op.plan is not None else Knobs()
+            for op in g.ops if op.block is not None]
+
+
+def plan_report(g: Graph, arch: str) -> list[dict]:  # type: ignore[type-arg]
+    """Each custom kernel's plan (its recorded knobs pinned) and tuning space."""
+    g = planned(g, arch, recorded_pins(g))
+    types = g.tensor_types()
+    return [{"kernel": i, "plan": op.plan.as_json() if op.plan else None,
+             "space": knob_space(op.block, types, arch) if op.block else None}
+            for i, op in enumerate(g.ops) if op.block is not None]
+
+
 def planned(g: Graph, arch: str, pins: list[Knobs]) -> Graph:
     """``g`` with a plan on every custom kernel (the i-th pins on the i-th kernel)."""
     types = g.tensor_types()
@@ -88,16 +103,13 @@ def command(file: str, output: str | None, arch: str, pin: str, plan_path: str |
     n = sum(1 for op in g.ops if op.block is not None)
     pins = pins_file(plan_path) if plan_path else [parse_pins(pin)] * n
     g = planned(g, arch, pins)
-    types = g.tensor_types()
-    doc = [{"kernel": i, "plan": op.plan.as_json() if op.plan else None,
-            "space": knob_space(op.block, types, arch) if op.block else None}
-           for i, op in enumerate(g.ops) if op.block is not None]
-    click.echo(json.dumps(doc, indent=2, sort_keys=True) if as_json else _text(doc))
+    doc = plan_report(g, arch)
+    click.echo(json.dumps(doc, indent=2, sort_keys=True) if as_json else plan_text(doc))
     if output:
         write_atomic(output, serialize.dumps(g))
 
 
-def _text(doc: list[dict]) -> str:  # type: ignore[type-arg]
+def plan_text(doc: list[dict]) -> str:  # type: ignore[type-arg]
     out = []
     for d in doc:
         p = d["plan"]
