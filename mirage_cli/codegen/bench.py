@@ -341,19 +341,22 @@ def floor_us(prog: Graph, bandwidth: float) -> float:
     return nbytes / bandwidth * 1e6
 
 
-def run_bench(dev: Device, pairs: list[tuple[Path, list[Path]]], batches: tuple[int, ...],
+def run_bench(dev: Device | Callable[[], Device], pairs: list[tuple[Path, list[Path]]],
+              batches: tuple[int, ...],
               replays: int = 30, use_torch: bool = True, use_compile: bool = True,
               load: Callable[[Path, dict[str, int]], Graph] | None = None,
               candidates: Candidates | None = None, bandwidth: Bandwidth | None = None
               ) -> tuple[Bandwidth, list[Row]]:
     """Measure every program at every batch: baselines, hand-written fused µGraphs and
     the variants ``candidates`` gives for the program (the search's, see
-    :func:`opt_variants`). Returns the bandwidth that defines the floor and the rows."""
+    :func:`opt_variants`). ``dev`` may be a function that opens the device: it is then
+    called after the searches. Returns the bandwidth that defines the floor and the rows."""
     from mirage_cli.loading import load_graph
 
     load = load or (lambda p, d: load_graph(str(p), d))
     # Every search runs before the first measurement: its worker processes are forked,
-    # which is safe before PyTorch (and torch.compile's threads) start, not after.
+    # which is safe before the CUDA context and PyTorch (their threads) start, not after:
+    # a search forked from a multi-threaded process found nothing on an H200 machine.
     work: list[tuple[Graph, int, list[Variant]]] = []
     for prog_path, fused_paths in pairs:
         for batch in batches:
@@ -364,6 +367,8 @@ def run_bench(dev: Device, pairs: list[tuple[Path, list[Path]]], batches: tuple[
                 info(f"{prog.name} batch={batch}: the candidates of mirage opt")
                 variants += candidates(prog)
             work.append((prog, batch, variants))
+    # A CUDA context starts driver threads: open it only once no more workers fork.
+    dev = dev() if callable(dev) else dev
     bw = bandwidth or copybw.measure(dev)
     info(f"device {dev.name} ({dev.arch}), L2 {dev.l2_bytes >> 20} MiB, copy kernel "
          f"{bw.copy_kernel / 1e9:.0f} GB/s ({bw.launch}), cuMemcpyDtoDAsync "
@@ -414,19 +419,23 @@ def _bench_one(dev: Device, prog: Graph, batch: int, variants: list[Variant], bw
 
 
 def opt_variants(program: Graph, top: int, search: Callable[[Graph], Any],
-                 select: Callable[[Any], Graph | None]) -> list[Variant]:
+                 select: Callable[[Any], Graph | None],
+                 plan: Callable[[Graph], Graph] = lambda g: g) -> list[Variant]:
     """The first ``top`` ranked, verified candidates of ``search(program)`` (an
-    :class:`~mirage_cli.search.driver.Outcome`), labelled ``opt#1``, ``opt#2``, ...;
-    the one ``select`` picks (what ``mirage opt`` ships) is marked ``(shipped)``. No
-    candidate at all is a failure row, not an empty list."""
+    :class:`~mirage_cli.search.driver.Outcome`), labelled ``opt#1``, ``opt#2``, ...,
+    each with its kernel plans as ``plan`` (opt's planning step) gives them; the one
+    ``select`` picks (what ``mirage opt`` ships) is marked ``(shipped)``. No candidate
+    at all is a failure row, not an empty list."""
     out = search(program)
     info_search = {"cached": out.cached, "complete": out.complete}
     if not out.candidates:
         return [Variant("opt", None, "the search found no verified µGraph", ok=False,
                         search=info_search)]
-    shipped = select(out)
+    chosen = select(out)
+    shipped = plan(chosen) if chosen is not None else None
     variants = []
     for i, (g, meta) in enumerate(out.candidates[:top]):
+        g = plan(g)
         mark = g == shipped
         cost = meta.get("cost", {})
         variants.append(Variant(f"opt#{i + 1}" + (" (shipped)" if mark else ""), g,

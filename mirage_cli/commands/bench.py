@@ -19,6 +19,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from mirage_cli.arch import DEFAULT_ARCH
 from mirage_cli.codegen.bench import Variant, discover, opt_variants, run_bench
 from mirage_cli.codegen.benchreport import (
     bandwidth_line,
@@ -30,6 +31,7 @@ from mirage_cli.codegen.benchreport import (
     require_matplotlib,
     table_cells,
 )
+from mirage_cli.commands.plan import planned
 from mirage_cli.diagnostics import MirageError
 from mirage_cli.ir import Graph
 from mirage_cli.util import write_atomic
@@ -63,7 +65,7 @@ def opt_candidates(program: Graph, top: int, kw: dict[str, Any]) -> list[Variant
 
     try:
         return opt_variants(program, top, lambda g: opt.stage_search(g, kw, kw["budget"]),
-                            opt.stage_select)
+                            opt.stage_select, lambda g: planned(g, DEFAULT_ARCH, []))
     except Exception as e:  # noqa: BLE001 - one program's failed search is a row, not the end
         return [Variant("opt", None, f"search failed: {type(e).__name__}: {e}", ok=False)]
 
@@ -133,10 +135,16 @@ def command(gpu: int, batches: str, only: tuple[str, ...], root: str, replays: i
         raise MirageError(f"no example programs under {root}/examples"
                           + (f" named {', '.join(only)}" if only else ""))
     kw = opt_settings(jobs, top, budget)
-    dev = Device(gpu)
-    bw, rows = run_bench(dev, pairs, bs, replays, not no_torch, not no_compile,
+    opened: list[Device] = []
+
+    def device() -> Device:  # opened after the searches (see run_bench)
+        if not opened:
+            opened.append(Device(gpu))
+        return opened[0]
+    bw, rows = run_bench(device, pairs, bs, replays, not no_torch, not no_compile,
                          candidates=None if no_search else
                          (lambda g: opt_candidates(g, top, kw)))
+    dev = device()
     doc = document(dev.name, dev.arch, "mirage bench " + " ".join(sys.argv[2:]), bw, rows)
     # The table goes to stderr when stdout carries the rows.
     to_stderr = "-" in (json_path, csv_path, md_path)
