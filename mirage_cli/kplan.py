@@ -36,6 +36,7 @@ class Knobs:
     stage_once: int | None = None  # 1: stage inputs read once through 16 B cp.async too
     vec: int | None = None        # elements per global store (1 or a 16-byte vector)
     threads: int | None = None    # threads per block (the block graph's value by default)
+    ksplit: int | None = None     # blocks of a cluster (sm_90) splitting the forloop
 
     def as_json(self) -> dict[str, int]:
         return {k: v for k, v in asdict(self).items() if v is not None}

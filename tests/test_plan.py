@@ -153,3 +153,22 @@ def test_fmt_plan_and_codegen_pins(tmp_path: Path) -> None:
     pins.write_text(json.dumps([{"kwarps": 3}]))
     code, _, err = run_cli(("codegen", src, "--plan", str(pins)))
     assert code == 2 and "kwarps=3 is not legal" in err
+
+
+def test_ksplit_spreads_the_forloop_over_a_cluster() -> None:
+    g = load_graph(str(ROOT / "examples/mugraphs/rmsnorm_linear_fused.mir"))
+    types = g.tensor_types()
+    (op,) = g.ops
+    assert op.block is not None
+    assert knob_space(op.block, types, "sm_90")["ksplit"] == [1, 2, 4, 8]
+    assert knob_space(op.block, types, "sm_80")["ksplit"] == [1]   # clusters are sm_90
+    gqa = load_graph(str(ROOT / "examples/mugraphs/gqa_fused.mir"))
+    first = gqa.ops[0].block
+    assert first is not None and knob_space(first, gqa.tensor_types(), "sm_90")["ksplit"] == [1]
+    (k,) = lower(planned(g, "sm_90", [Knobs(ksplit=4)])).kernels
+    assert k.grid == (op.block.grid[0], 1, 4) and k.cluster == 4
+    cu, _ = emit(lower(planned(g, "sm_90", [Knobs(ksplit=4)])))
+    assert "__cluster_dims__(1, 1, 4)" in cu and "mg_cluster_sync();" in cu
+    assert compile_cuda(cu, "k.cu", "sm_90").cubin
+    with pytest.raises(MirageError, match="ksplit=4 is not legal"):
+        planned(g, "sm_80", [Knobs(ksplit=4)])

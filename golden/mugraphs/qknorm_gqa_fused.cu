@@ -145,6 +145,23 @@ __device__ __forceinline__ void mg_ld8(const T* p, float* f) {
     f[2 * i + 1] = mg_ld(hi);
   }
 }
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+// Thread-block clusters (sm_90): a barrier over every thread of the cluster (release /
+// acquire, so shared-memory writes before it are seen after it), and a load from the
+// shared memory of block `rank` of the cluster at the address `p` has in this block.
+__device__ __forceinline__ void mg_cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\n"
+               "barrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+__device__ __forceinline__ float mg_dsmem_ld(const float* p, unsigned rank) {
+  const unsigned a = (unsigned)__cvta_generic_to_shared(p);
+  unsigned r;
+  float v;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(rank));
+  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(r) : "memory");
+  return v;
+}
+#endif
 
 // fused kernel: grid [16, 16, 4], 128 threads, forloop 4; plan: 4 stage(s), kwarps 1, 165648 B shared memory
 extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_qknorm_gqa_fused_h16x256x64_h16x64x4096_h16x4096x64_to_h16x256x64(

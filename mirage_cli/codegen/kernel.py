@@ -61,6 +61,9 @@ class FusedKernel:
         self.name = name
         self.dev = dev_types
         self.T, self.W, self.F = plan.threads, plan.warps, self.bg.forloop
+        # With a K split over a cluster, each block runs FL of the F iterations.
+        self.KS = plan.knobs.ksplit or 1
+        self.FL = self.F // self.KS
         self.em = Emitter()
         self.params: list[Param] = []
         self.pname: dict[str, str] = {}
@@ -92,19 +95,24 @@ class FusedKernel:
         body = self._invariant()
         body += reduce.acc_init(self, accs)
         loop = self._loop_body(accs)
-        body += [f"for (int it = 0; it < {self.F}; ++it) {{"] + indent(loop) + ["}"]
+        body += [f"for (int it = 0; it < {self.FL}; ++it) {{"] + indent(loop) + ["}"]
         body = head + self.hoisted + body
-        body += reduce.acc_finish(self, accs)
+        body += reduce.acc_finish(self, accs, raw=self.KS > 1)
+        if self.KS > 1:
+            body += self._cluster_combine(accs)
         body += self._materialize_phase("epilogue")
         for bo in self.bg.outputs:
             body += self._store(bo.source, bo.value.name, bo.omap)
         k = self.plan.knobs
         comment = (f"fused kernel: grid {list(self.bg.grid)}, {self.T} threads, forloop "
                    f"{self.F}; plan: {k.stages} stage(s), kwarps {k.kwarps}, "
-                   f"{self.plan.smem_bytes} B shared memory")
-        return Kernel(self.name, tuple(self.params), tuple(body), self.T, self.bg.grid,
-                      self.plan.smem_bytes, self.plan.scratch_floats * 4, comment,
-                      self.plan.as_json(), min_blocks=1)
+                   f"{self.plan.smem_bytes} B shared memory"
+                   + (f", forloop split over a cluster of {self.KS}" if self.KS > 1 else ""))
+        gx, gy, gz = self.bg.grid
+        return Kernel(self.name, tuple(self.params), tuple(body), self.T,
+                      (gx, gy, gz * self.KS), self.plan.smem_bytes,
+                      self.plan.scratch_floats * 4, comment, self.plan.as_json(),
+                      min_blocks=1, cluster=self.KS)
 
     def _param(self, dev: str, is_input: bool) -> None:
         if dev in self.pname:
@@ -118,6 +126,11 @@ class FusedKernel:
     def _prologue(self) -> Lines:
         lines = ["const int bx = blockIdx.x, by = blockIdx.y, bz = blockIdx.z;",
                  "(void)bx; (void)by; (void)bz;"]
+        if self.KS > 1:  # grid.z holds the cluster's blocks: the µGraph's z is 0
+            lines = ["const int bx = blockIdx.x, by = blockIdx.y, bz = 0;",
+                     "(void)bx; (void)by; (void)bz;",
+                     "const unsigned mg_rank = blockIdx.z;",
+                     f"const int mg_it0 = (int)mg_rank * {self.FL};"]
         if self.plan.smem_bytes:
             lines.append("extern __shared__ __align__(16) unsigned char mg_smem[];")
         if self.plan.scratch_floats:
@@ -283,17 +296,42 @@ class FusedKernel:
         lines: Lines = []
         for i in range(S - 1 if staged else 0):
             for bi in staged:
-                lines += self._stage(bi, f"(base_{bi.value.name} + {i * self._fmap_step(bi)})",
+                step = self._fmap_step(bi)
+                first = (f"{self._global_it(str(i))} * {step}" if self.KS > 1
+                         else str(i * step))
+                lines += self._stage(bi, f"(base_{bi.value.name} + {first})",
                                      self._slot(bi, str(i)))
             lines.append("mg_cp_async_commit();")
         return lines
+
+    def _global_it(self, local: str) -> str:
+        """The forloop iteration that this block's local iteration ``local`` is."""
+        return f"(mg_it0 + {local})" if self.KS > 1 else local
+
+    def _cluster_combine(self, accs: list[BlockOp]) -> Lines:
+        """Block 0 of the cluster combines the others' accumulator tiles (distributed
+        shared memory) and finishes them; the others wait until it has read them, then
+        leave: the epilogue and the stores run once per cluster."""
+        lines = ["mg_cluster_sync();", "if (mg_rank == 0) {"]
+        for op in accs:
+            name, n = op.outputs[0].name, op.outputs[0].type.numel
+            spec = ops.get(op.op).accum
+            assert spec is not None
+            fin = reduce.finish_format(self, op)
+            upd = ("v += mg_dsmem_ld(buf_{0} + e, r);" if spec.combine == "sum"
+                   else "v = fmaxf(v, mg_dsmem_ld(buf_{0} + e, r));").format(name)
+            lines += indent([f"for (int e = threadIdx.x; e < {n}; e += {self.T}) {{",
+                             f"  float v = buf_{name}[e];",
+                             f"  for (unsigned r = 1; r < {self.KS}; ++r) {upd}",
+                             f"  buf_{name}[e] = {fin.format('v')};", "}"])
+        return lines + ["}", "mg_cluster_sync();", "if (mg_rank != 0) return;"]
 
     def _loop_body(self, accs: list[BlockOp]) -> Lines:
         lines: Lines = []
         loop_inputs = [bi for bi in self.bg.inputs if self.a.phases[bi.value.name] == "loop"]
         for bi in loop_inputs:
-            lines.append(f"const int off_{bi.value.name} = base_{bi.value.name} + it * "
-                         f"{self._fmap_step(bi)};")
+            lines.append(f"const int off_{bi.value.name} = base_{bi.value.name} + "
+                         f"{self._global_it('it')} * {self._fmap_step(bi)};")
         staged = self.staged("loop")
         S = max([self.tile(bi.value.name).stages for bi in staged] + [1])
         if staged and S == 1:
@@ -309,7 +347,7 @@ class FusedKernel:
                 step = self._fmap_step(bi)
                 pre += self._stage(bi, f"(off_{bi.value.name} + {(S - 1) * step})",
                                    self._slot(bi, f"(it + {S - 1})"))
-            lines += [f"if (it + {S - 1} < {self.F}) {{"] + indent(pre) + ["}",
+            lines += [f"if (it + {S - 1} < {self.FL}) {{"] + indent(pre) + ["}",
                       "mg_cp_async_commit();", f"mg_cp_async_wait<{S - 1}>();"]
         if staged:
             lines.append("__syncthreads();")

@@ -40,6 +40,7 @@ class Kernel:
     # their state in registers and run one or two blocks per SM anyway, and without it
     # ptxas may cap registers low enough to spill the mma fragments.
     min_blocks: int = 0
+    cluster: int = 1  # blocks of a thread-block cluster along grid z (__cluster_dims__)
 
 
 @dataclass(frozen=True)

@@ -250,6 +250,8 @@ def _resolve(a: Analysis, dev: Mapping[str, TensorType], pins: Knobs) -> Knobs:
     d = dataclasses.asdict(DEFAULTS)
     d.update({k: v for k, v in dataclasses.asdict(pins).items() if v is not None})
     d["threads"] = a.bg.threads
+    if d["ksplit"] is None:
+        d["ksplit"] = 1
     if d["kwarps"] is None:
         # Measured on an H200 (docs/perf-log.md): splitting K pays while each warp keeps
         # at least 8 mma steps per iteration; past that the fragment sums cost more.
@@ -411,7 +413,9 @@ def _allocate(a: Analysis, tiles: dict[str, _Tile], has_mma: bool, reds: list[Re
     def total() -> int:
         return extra + sum(t.smem_need() for t in staged + bufs if t.scratch_offset < 0)
 
-    stages = k.stages or min(MAX_STAGES, a.bg.forloop)
+    # A block's forloop runs forloop / ksplit iterations: no deeper pipeline than that.
+    local = a.bg.forloop // (k.ksplit or 1)
+    stages = min(k.stages or MAX_STAGES, local)
     for t in loop_staged:
         t.stages = stages
     while total() > arch.smem_per_block and pins.stages is None and stages > 1:
@@ -429,6 +433,9 @@ def _allocate(a: Analysis, tiles: dict[str, _Tile], has_mma: bool, reds: list[Re
             break
         t.home, t.pitch, t.stages = "global", 0, 1
         staged.remove(t)
+    if scratch and (k.ksplit or 1) > 1:
+        raise MirageError(f"ksplit={k.ksplit} needs every tile in shared memory (the blocks of "
+                          f"a cluster share one scratch area): pin fewer stages or no ksplit")
     if total() > arch.smem_per_block:
         raise MirageError(f"the kernel needs {total()} bytes of shared memory, more than the "
                           f"{arch.smem_per_block} a block may use on {arch.name} (pin fewer "
@@ -456,7 +463,19 @@ def knob_space(bg: BlockGraph, dev_types: Mapping[str, TensorType], target: str
     a = analyse(decompose(dataclasses.replace(bg, threads=default_threads(bg))))
     return {"stages": list(range(1, min(MAX_STAGES, bg.forloop) + 1)) if bg.forloop > 1 else [1],
             "kwarps": _kwarps_range(a), "pad": [0, 1], "ldmatrix": [0, 1],
-            "stage_once": [0, 1], "vec": _vec_range(a, dev_types), "threads": threads}
+            "stage_once": [0, 1], "vec": _vec_range(a, dev_types), "threads": threads,
+            "ksplit": _ksplit_range(a, target)}
+
+
+def _ksplit_range(a: Analysis, target: str) -> list[int]:
+    """Cluster sizes that can split the forloop: sm_90, a grid with no z axis (the
+    cluster's blocks go there), and only accumulator results stored (each block of the
+    cluster holds partial sums until they are combined)."""
+    bg = a.bg
+    stored_after_loop = all(a.phases[bo.source] == "epilogue" for bo in bg.outputs)
+    if target != "sm_90" or bg.grid[2] != 1 or not stored_after_loop:
+        return [1]
+    return [1] + [k for k in (2, 4, 8) if bg.forloop % k == 0]
 
 
 def check_pins(bg: BlockGraph, dev_types: Mapping[str, TensorType], target: str,

@@ -252,7 +252,7 @@ def acc_update(k: FusedKernel, op: BlockOp) -> Lines:
     return _acc_elems(k, op, body)
 
 
-def _finish(k: FusedKernel, op: BlockOp) -> str:
+def finish_format(k: FusedKernel, op: BlockOp) -> str:
     """The finish of an accumulator as a format string of its combined state."""
     spec = _spec(op)
     xshape = k.a.types[op.inputs[0]].shape
@@ -273,11 +273,13 @@ def _finish(k: FusedKernel, op: BlockOp) -> str:
     raise AssertionError(spec.finish)
 
 
-def acc_finish(k: FusedKernel, accs: list[BlockOp]) -> Lines:
+def acc_finish(k: FusedKernel, accs: list[BlockOp], raw: bool = False) -> Lines:
+    """Each accumulator's combined state into its f32 tile, finished (``raw``: not yet:
+    the blocks of a cluster still have partial states to combine)."""
     lines: Lines = []
     for op in accs:
         spec, name = _spec(op), op.outputs[0].name
-        fin = _finish(k, op)
+        fin = "{0}" if raw else finish_format(k, op)
         if name in k.mma_acc:
             lines += mma.acc_finish(k, op, k.mma_acc[name], fin)
         elif name in k.reds:
