@@ -13,7 +13,9 @@ so far are ranked and verified as usual, and the result says it is partial
 KeyboardInterrupt propagates; the command exits 130 and writes nothing).
 
 Ranking: each design is tuned (:mod:`.tune`) and costed (:mod:`.cost`); candidates are
-verified best first (:mod:`.verify`) and only verified ones are returned.
+ordered by :func:`.cost.rank_key` (predicted time, then the stated tie rule
+``cost.TIE_RULE``), verified best first (:mod:`.verify`), and only verified ones are
+returned.
 """
 
 from __future__ import annotations
@@ -27,11 +29,11 @@ from typing import Any
 
 import z3
 
-from mirage_cli import __version__
+from mirage_cli import __version__, serialize
 from mirage_cli.diagnostics import MirageError
 from mirage_cli.ir import Graph
 from mirage_cli.search import partition
-from mirage_cli.search.cost import SMEM_BYTES, Cost
+from mirage_cli.search.cost import SMEM_BYTES, Cost, rank_key
 from mirage_cli.search.design import Design, Tuning
 from mirage_cli.search.enumerate import Limits, OutOfTime, Search, Stats, make_target
 from mirage_cli.search.partition import MAX_DEPTH
@@ -338,12 +340,11 @@ def rank_and_verify(program: Graph, designs: list[Design], options: SearchOption
         else:
             prog.no_tuning += 1
     firsts.sort(key=lambda x: x[0])
-    ranked: list[tuple[tuple[bool, float, int, int, int, int], Design, Tuning, Graph, Cost]] = []
-    for order, (_, d) in enumerate(firsts[:options.tune_designs]):
+    ranked: list[tuple[tuple[Any, ...], Design, Tuning, Graph, Cost]] = []
+    for _, d in firsts[:options.tune_designs]:
         for c, t, g in tune(program, d)[:2]:
-            ranked.append(((not c.fits, c.time_us, c.l2_bytes, c.smem_bytes, _size(d), order),
-                           d, t, g, c))
-    ranked.sort(key=lambda x: x[0])
+            ranked.append((rank_key(c, serialize.dumps(g)), d, t, g, c))
+    ranked.sort(key=lambda x: x[0])  # the tie rule (cost.TIE_RULE)
     prog.phase = "verify"
     prog.seconds["tune"] = round(time.time() - t0, 2)
     t0 = time.time()
@@ -406,7 +407,6 @@ def cached_search(program: Graph, options: SearchOptions, budget: float | None, 
                   use_cache: bool = True,
                   on_progress: Callable[[Progress], None] | None = None) -> Outcome:
     """:func:`search` behind the result cache (:mod:`.cache`)."""
-    from mirage_cli import serialize
     from mirage_cli.search import cache
 
     k = cache.key(program, options.as_json())
