@@ -33,6 +33,7 @@ COMMANDS: tuple[tuple[str, str], ...] = (
     ("bench", "bench"),
     ("search", "search"),
     ("opt", "opt"),
+    ("explain", "explain"),
 )
 
 
