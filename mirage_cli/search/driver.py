@@ -87,6 +87,7 @@ class Progress:
     too_big: int = 0            # every tuning tried exceeds shared memory
     smallest_smem: int | None = None  # bytes, over the designs that do not fit
     mixed: str = ""             # what the cut-program (mixed design) search did
+    reused: int = 0             # designs taken from known µGraphs (no enumeration)
 
 
 @dataclass(frozen=True)
@@ -210,6 +211,23 @@ def search(program: Graph, options: SearchOptions, budget: float | None = None,
         cands = _mixed(program, options, deadline, jobs, prog, depth)
     complete &= deadline is None or time.time() < deadline
     return SearchResult(cands, prog, complete, time.time() - start)
+
+
+def reuse(program: Graph, known: list[Graph], options: SearchOptions,
+          on_progress: Callable[[Progress], None] | None = None) -> SearchResult:
+    """Shape reuse: the designs of ``known`` µGraphs (found at other sizes; designs are
+    size-independent, :mod:`.design`) re-instantiated, re-tuned, ranked and re-verified
+    at ``program``'s sizes, without enumerating. Nothing enumerated is reported as
+    ``units_total == 0`` and ``reused`` designs."""
+    from mirage_cli.search.design import design_of
+
+    start = time.time()
+    prog = Progress(phase="reuse")
+    designs = list(dict.fromkeys(design_of(g)[0] for g in known))
+    prog.designs = prog.reused = len(designs)
+    notify = on_progress or (lambda p: None)
+    cands = rank_and_verify(program, designs, options, prog, notify)
+    return SearchResult(cands, prog, True, time.time() - start)
 
 
 def _mixed(program: Graph, options: SearchOptions, deadline: float | None, jobs: int,
@@ -423,3 +441,15 @@ def cached_search(program: Graph, options: SearchOptions, budget: float | None, 
     if use_cache and res.complete:
         cache.put(k, text, program, options.as_json())
     return Outcome(text, pairs, False, res.complete, res.progress)
+
+
+def reused_search(program: Graph, known_path: str, options: SearchOptions,
+                  on_progress: Callable[[Progress], None] | None = None) -> Outcome:
+    """:func:`reuse` of the candidates in the file ``known_path`` (``--reuse``)."""
+    from mirage_cli.loading import read_text
+
+    known = [g for g, _ in serialize.loads_candidates(read_text(known_path), known_path)]
+    res = reuse(program, known, options, on_progress)
+    pairs = [(c.graph, {**c.meta(i), "reused_from": known_path})
+             for i, c in enumerate(res.candidates)]
+    return Outcome(serialize.dumps_candidates(pairs), pairs, False, True, res.progress)
