@@ -34,6 +34,7 @@ COMMANDS: tuple[tuple[str, str], ...] = (
     ("search", "search"),
     ("opt", "opt"),
     ("explain", "explain"),
+    ("tune", "tune"),
 )
 
 

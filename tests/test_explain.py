@@ -188,3 +188,21 @@ def test_shape_reuse_retunes_known_designs_without_searching() -> None:
     assert t_reuse <= t_fresh / 10, (t_reuse, t_fresh)
     # The fresh search finds nothing cheaper than the reused design at the new sizes.
     assert res.candidates[0].cost.time_us <= fresh.candidates[0].cost.time_us + 1e-3
+
+
+def test_tune_space_pin_and_widen(tmp_path: Path) -> None:
+    f = str(DATA / "gqa.cands.ugraph.json")
+    space = run(["tune", f, "--space"])
+    assert "forloop = 2  legal [2, 4, 8, 16, 32, 64]" in space
+    assert "stages  legal [1, 2]" in space and "grid.z = 16  legal [2, 4, 8, 16]" in space
+    out = tmp_path / "t.ugraph.json"
+    run(["tune", f, "--pin", "grid=2x2x16,forloop=2", "-o", str(out)])
+    cands = serialize.loads_candidates(out.read_text())
+    assert cands and all(m["tuning"] == [{"grid": [2, 2, 16], "forloop": 2}] for _, m in cands)
+    wide = run(["tune", f, "--widen", "forloop=4,64"])
+    assert "'forloop': 64" in wide
+    for argv, msg in ((["--pin", "grid=3x3x3"], "no tuning within the pins"),
+                      (["--pin", "stages=9"], "stages=9 is not legal"),
+                      (["--gpu", "0"], "needs a GPU")):
+        r = CliRunner().invoke(main, ["tune", f, *argv])
+        assert r.exit_code == 2 and msg in r.output, r.output
