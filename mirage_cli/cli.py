@@ -33,6 +33,8 @@ COMMANDS: tuple[tuple[str, str], ...] = (
     ("bench", "bench"),
     ("search", "search"),
     ("opt", "opt"),
+    ("explain", "explain"),
+    ("tune", "tune"),
 )
 
 

@@ -58,6 +58,11 @@ def stage_parse(path: str, defines: dict[str, int]) -> Graph:
 
 
 def stage_search(program: Graph, kw: dict, budget: float) -> Outcome:  # type: ignore[type-arg]
+    if kw.get("reuse"):  # --reuse: the known designs at this program's sizes, no search
+        from mirage_cli.search.driver import reused_search
+
+        with progress_display() as show:
+            return reused_search(program, str(kw["reuse"]), options_from(kw), show)
     with progress_display() as show:
         return cached_search(program, options_from(kw), budget, kw["jobs"],
                              not kw["no_cache"], show)
@@ -124,6 +129,9 @@ def _locked(paths: dict[str, str], program: str) -> Iterator[OutputSet | None]:
               help="Exit 1 when no verified fused µGraph is found (default: ship the "
                    "unfused lowering with a warning).")
 @plan_option
+@click.option("--reuse", type=click.Path(dir_okay=False), metavar="CANDS.ugraph.json",
+              help="Re-tune and re-verify the designs of these candidates (found at "
+                   "other sizes) instead of searching.")
 @click.option("--hpp", is_flag=True, help="Also write the typed C++ interface (.hpp).")
 @click.option("--save-temps", "save_temps", type=click.Path(file_okay=False),
               help="Keep every intermediate file in this directory.")

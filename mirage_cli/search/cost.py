@@ -54,28 +54,103 @@ def op_flops(op: str, ins: list[TensorType], out: TensorType) -> int:
     return int(ops.get(op).cost(ins, out))
 
 
-def estimate(g: Graph) -> Cost:
+@dataclass(frozen=True)
+class KernelCost:
+    """One kernel's terms of the model (what :func:`estimate` sums), for ``explain``."""
+
+    dram_bytes: int
+    l2_bytes: int
+    flops: int
+    smem_bytes: int      # the model's count (the kernel plan's is in ``explain``)
+    blocks: int
+    forloop: int
+    dram_us: float       # dram_bytes at DRAM_BW
+    l2_us: float         # l2_bytes at L2_BW
+    compute_us: float    # flops at PEAK_FLOPS
+    util: float          # fraction of the SMs the grid occupies
+    stream_us: float     # max(dram, l2, compute) / util * (1 + 1/forloop)
+    sync_us: float       # waves * forloop * ITER_S
+    launch_us: float
+    time_us: float
+
+    @property
+    def binding(self) -> str:
+        """The term that sets the kernel's time: memory (DRAM or L2), compute, or
+        latency (launch and synchronisation exceed the streaming time)."""
+        if self.launch_us + self.sync_us >= self.stream_us:
+            return "latency"
+        if self.compute_us >= max(self.dram_us, self.l2_us):
+            return "compute"
+        return "memory (DRAM)" if self.dram_us >= self.l2_us else "memory (L2)"
+
+
+def kernel_costs(g: Graph) -> list[KernelCost]:
+    """The model's terms for each kernel of ``g``, in launch order."""
     types = g.tensor_types()
-    dram = l2 = flops = smem = 0
-    time_s = 0.0
-    min_blocks = 0
-    fits = True
+    out: list[KernelCost] = []
     for op in g.ops:
         if op.block is None:
             k_dram, k_l2, k_flops, k_smem, blocks = _predefined(op, types)
         else:
             k_dram, k_l2, k_flops, k_smem, blocks = _custom(op.block, types)
-            min_blocks = blocks if not min_blocks else min(min_blocks, blocks)
-        fits &= k_smem <= SMEM_BYTES
         util = min(1.0, blocks / NUM_SMS)
-        stream = max(k_dram / DRAM_BW, k_l2 / L2_BW, k_flops / PEAK_FLOPS) / util
+        d_s, l_s, c_s = k_dram / DRAM_BW, k_l2 / L2_BW, k_flops / PEAK_FLOPS
         forloop = op.block.forloop if op.block is not None else 4
         waves = -(-blocks // NUM_SMS)
         # Loads of iteration i+1 overlap compute of iteration i, so one iteration's
         # loads are exposed (the pipeline fill), and each iteration synchronises.
-        time_s += stream * (1 + 1 / forloop) + waves * forloop * ITER_S + LAUNCH_S
-        dram, l2, flops, smem = dram + k_dram, l2 + k_l2, flops + k_flops, max(smem, k_smem)
+        stream = max(d_s, l_s, c_s) / util * (1 + 1 / forloop)
+        sync = waves * forloop * ITER_S
+        out.append(KernelCost(k_dram, k_l2, k_flops, k_smem, blocks, forloop, d_s * 1e6,
+                              l_s * 1e6, c_s * 1e6, util, stream * 1e6, sync * 1e6,
+                              LAUNCH_S * 1e6, (stream + sync + LAUNCH_S) * 1e6))
+    return out
+
+
+def estimate(g: Graph) -> Cost:
+    dram = l2 = flops = smem = 0
+    time_s = 0.0
+    min_blocks = 0
+    fits = True
+    for op, k in zip(g.ops, kernel_costs(g)):
+        if op.block is not None:
+            min_blocks = k.blocks if not min_blocks else min(min_blocks, k.blocks)
+        fits &= k.smem_bytes <= SMEM_BYTES
+        time_s += k.time_us * 1e-6
+        dram, l2 = dram + k.dram_bytes, l2 + k.l2_bytes
+        flops, smem = flops + k.flops, max(smem, k.smem_bytes)
     return Cost(dram, l2, flops, len(g.ops), smem, min_blocks, fits, time_s * 1e6)
+
+
+# The tie rule (docs/search.md "How the choice is made"): candidates are ordered by
+# feasibility, then predicted time rounded to TIE_US (closer predictions are not
+# distinguished by a model this coarse), then fewer kernels, fewer DRAM bytes, fewer
+# FLOPs, fewer L2 bytes, less shared memory, and last the canonical JSON text of the
+# µGraph, so the order never depends on the order in which designs were found.
+TIE_US = 0.001
+TIE_RULE = ("equal predicted times (to 0.001 us) are ordered by fewer kernels, then fewer "
+            "DRAM bytes, then fewer FLOPs, then fewer L2 bytes, then less shared memory, "
+            "then the canonical JSON text of the µGraph")
+
+
+def rank_key(c: Cost, canonical: str) -> tuple[bool, int, int, int, int, int, int, str]:
+    """The ranking key of a candidate (smaller is better): the tie rule above."""
+    return (not c.fits, round(c.time_us / TIE_US), c.launches, c.dram_bytes, c.flops,
+            c.l2_bytes, c.smem_bytes, canonical)
+
+
+def tie_breaker(a: Cost, b: Cost) -> str | None:
+    """The first term of the tie rule that orders ``a`` before ``b`` when their
+    predicted times tie, or None when they do not tie."""
+    if (not a.fits) != (not b.fits) or round(a.time_us / TIE_US) != round(b.time_us / TIE_US):
+        return None
+    for name, x, y in (("kernels", a.launches, b.launches),
+                       ("DRAM bytes", a.dram_bytes, b.dram_bytes),
+                       ("FLOPs", a.flops, b.flops), ("L2 bytes", a.l2_bytes, b.l2_bytes),
+                       ("shared memory", a.smem_bytes, b.smem_bytes)):
+        if x != y:
+            return name
+    return "canonical text"
 
 
 def _predefined(op: KernelOp, types: dict[str, TensorType]) -> tuple[int, int, int, int, int]:

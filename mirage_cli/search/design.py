@@ -130,3 +130,26 @@ def _custom(b: GraphBuilder, step: CustomD, grid: tuple[int, int, int], forloop:
 
 def custom_steps(design: Design) -> list[CustomD]:
     return [s for s in design.steps if isinstance(s, CustomD)]
+
+
+def design_of(g: Graph) -> tuple[Design, Tuning]:
+    """The design and tuning of a µGraph (the inverse of :func:`instantiate`), so a
+    candidate read from a file can be re-tuned, pinned or moved to other sizes."""
+    steps: list[Step] = []
+    tuning: list[tuple[tuple[int, int, int], int]] = []
+    for op in g.ops:
+        bg = op.block
+        if bg is None:
+            steps.append(PredefD(op.op, op.inputs, op.attrs, op.outputs[0].name))
+            continue
+        index = {bi.value.name: i for i, bi in enumerate(bg.inputs)}
+        for bop in bg.ops:
+            index[bop.outputs[0].name] = len(index)
+        loads = tuple(LoadD(bi.source, bi.imap, bi.fmap) for bi in bg.inputs)
+        ops = tuple(OpD(o.op, tuple(index[i] for i in o.inputs), o.attrs) for o in bg.ops)
+        stores = tuple(StoreD(index[bo.source], bo.value.name, bo.omap) for bo in bg.outputs)
+        # The builder splits the leading grid axes; a size of 1 is an unsplit axis.
+        axes = sum(1 for n in bg.grid if n > 1)
+        steps.append(CustomD(loads, ops, stores, axes, bg.forloop > 1))
+        tuning.append((bg.grid, bg.forloop))
+    return Design(tuple(steps), g.outputs), tuple(tuning)

@@ -13,7 +13,9 @@ so far are ranked and verified as usual, and the result says it is partial
 KeyboardInterrupt propagates; the command exits 130 and writes nothing).
 
 Ranking: each design is tuned (:mod:`.tune`) and costed (:mod:`.cost`); candidates are
-verified best first (:mod:`.verify`) and only verified ones are returned.
+ordered by :func:`.cost.rank_key` (predicted time, then the stated tie rule
+``cost.TIE_RULE``), verified best first (:mod:`.verify`), and only verified ones are
+returned.
 """
 
 from __future__ import annotations
@@ -27,11 +29,11 @@ from typing import Any
 
 import z3
 
-from mirage_cli import __version__
+from mirage_cli import __version__, serialize
 from mirage_cli.diagnostics import MirageError
 from mirage_cli.ir import Graph
 from mirage_cli.search import partition
-from mirage_cli.search.cost import SMEM_BYTES, Cost
+from mirage_cli.search.cost import SMEM_BYTES, Cost, rank_key
 from mirage_cli.search.design import Design, Tuning
 from mirage_cli.search.enumerate import Limits, OutOfTime, Search, Stats, make_target
 from mirage_cli.search.partition import MAX_DEPTH
@@ -85,6 +87,7 @@ class Progress:
     too_big: int = 0            # every tuning tried exceeds shared memory
     smallest_smem: int | None = None  # bytes, over the designs that do not fit
     mixed: str = ""             # what the cut-program (mixed design) search did
+    reused: int = 0             # designs taken from known µGraphs (no enumeration)
 
 
 @dataclass(frozen=True)
@@ -208,6 +211,23 @@ def search(program: Graph, options: SearchOptions, budget: float | None = None,
         cands = _mixed(program, options, deadline, jobs, prog, depth)
     complete &= deadline is None or time.time() < deadline
     return SearchResult(cands, prog, complete, time.time() - start)
+
+
+def reuse(program: Graph, known: list[Graph], options: SearchOptions,
+          on_progress: Callable[[Progress], None] | None = None) -> SearchResult:
+    """Shape reuse: the designs of ``known`` µGraphs (found at other sizes; designs are
+    size-independent, :mod:`.design`) re-instantiated, re-tuned, ranked and re-verified
+    at ``program``'s sizes, without enumerating. Nothing enumerated is reported as
+    ``units_total == 0`` and ``reused`` designs."""
+    from mirage_cli.search.design import design_of
+
+    start = time.time()
+    prog = Progress(phase="reuse")
+    designs = list(dict.fromkeys(design_of(g)[0] for g in known))
+    prog.designs = prog.reused = len(designs)
+    notify = on_progress or (lambda p: None)
+    cands = rank_and_verify(program, designs, options, prog, notify)
+    return SearchResult(cands, prog, True, time.time() - start)
 
 
 def _mixed(program: Graph, options: SearchOptions, deadline: float | None, jobs: int,
@@ -338,12 +358,11 @@ def rank_and_verify(program: Graph, designs: list[Design], options: SearchOption
         else:
             prog.no_tuning += 1
     firsts.sort(key=lambda x: x[0])
-    ranked: list[tuple[tuple[bool, float, int, int, int, int], Design, Tuning, Graph, Cost]] = []
-    for order, (_, d) in enumerate(firsts[:options.tune_designs]):
+    ranked: list[tuple[tuple[Any, ...], Design, Tuning, Graph, Cost]] = []
+    for _, d in firsts[:options.tune_designs]:
         for c, t, g in tune(program, d)[:2]:
-            ranked.append(((not c.fits, c.time_us, c.l2_bytes, c.smem_bytes, _size(d), order),
-                           d, t, g, c))
-    ranked.sort(key=lambda x: x[0])
+            ranked.append((rank_key(c, serialize.dumps(g)), d, t, g, c))
+    ranked.sort(key=lambda x: x[0])  # the tie rule (cost.TIE_RULE)
     prog.phase = "verify"
     prog.seconds["tune"] = round(time.time() - t0, 2)
     t0 = time.time()
@@ -406,7 +425,6 @@ def cached_search(program: Graph, options: SearchOptions, budget: float | None, 
                   use_cache: bool = True,
                   on_progress: Callable[[Progress], None] | None = None) -> Outcome:
     """:func:`search` behind the result cache (:mod:`.cache`)."""
-    from mirage_cli import serialize
     from mirage_cli.search import cache
 
     k = cache.key(program, options.as_json())
@@ -423,3 +441,15 @@ def cached_search(program: Graph, options: SearchOptions, budget: float | None, 
     if use_cache and res.complete:
         cache.put(k, text, program, options.as_json())
     return Outcome(text, pairs, False, res.complete, res.progress)
+
+
+def reused_search(program: Graph, known_path: str, options: SearchOptions,
+                  on_progress: Callable[[Progress], None] | None = None) -> Outcome:
+    """:func:`reuse` of the candidates in the file ``known_path`` (``--reuse``)."""
+    from mirage_cli.loading import read_text
+
+    known = [g for g, _ in serialize.loads_candidates(read_text(known_path), known_path)]
+    res = reuse(program, known, options, on_progress)
+    pairs = [(c.graph, {**c.meta(i), "reused_from": known_path})
+             for i, c in enumerate(res.candidates)]
+    return Outcome(serialize.dumps_candidates(pairs), pairs, False, True, res.progress)

@@ -1,0 +1,218 @@
+"""`mirage tune CANDS.ugraph.json [--space] [--pin ...] [--widen ...] [-o out]`.
+
+``--space`` prints the tuning space of each design in the file: per custom kernel, each
+split grid axis and the forloop with the values the builder accepts (divisors of the
+extent they split; at least 2, as the tuner requires), and each kernel-plan knob with
+its legal values (:func:`mirage_cli.codegen.planner.knob_space`) and the constraint
+bounding it. ``--pin grid=4x8x1,forloop=2`` fixes values and ``--widen forloop=2,8``
+adds values to try; the tunings are then re-ranked by the cost model (ties by the
+stated rule) and, with ``-o``, written as candidates. Plan knobs (``stages=2``) are
+checked against their legal range and attached as plans. ``--gpu N`` (measured
+selection) needs a GPU and is refused here with exit 2.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+
+import click
+
+from mirage_cli import serialize
+from mirage_cli.arch import DEFAULT_ARCH
+from mirage_cli.diagnostics import MirageError
+from mirage_cli.ir import Graph
+from mirage_cli.kplan import Knobs
+from mirage_cli.loading import read_text
+from mirage_cli.search.cost import estimate, rank_key
+from mirage_cli.search.design import Design, Tuning, custom_steps, design_of, instantiate
+from mirage_cli.util import write_atomic
+
+MAX_TUNINGS = 4096  # tunings costed per design (the product of the values tried)
+GRID_KEYS = ("grid", "forloop")
+
+
+def _legal(g: Graph, design: Design, tuning: Tuning, k: int, axis: int | None,
+           extent: int) -> list[int]:
+    """Values of grid ``axis`` (None: the forloop) of custom kernel ``k`` that the builder
+    accepts, everything else as in ``tuning``."""
+    out = []
+    for n in range(2, min(extent, 4096) + 1):
+        if extent % n:
+            continue
+        grid, f = tuning[k]
+        if axis is None:
+            t = tuning[:k] + ((grid, n),) + tuning[k + 1:]
+        else:
+            g3 = list(grid)
+            g3[axis] = n
+            t = tuning[:k] + (((g3[0], g3[1], g3[2]), f),) + tuning[k + 1:]
+        if instantiate(g, design, t) is not None:
+            out.append(n)
+    return out
+
+
+def space_lines(g: Graph, arch: str) -> list[str]:
+    from mirage_cli.codegen.planner import MAX_STAGES, knob_space
+
+    design, tuning = design_of(g)
+    types = g.tensor_types()
+    lines = []
+    k = 0
+    for op in g.ops:
+        if op.block is None:
+            continue
+        bg, step = op.block, custom_steps(design)[k]
+        lines.append(f"  kernel {k} ({' '.join(b.op for b in bg.ops)}):")
+        for a in range(step.axes):
+            dims = {(bi.source, dim) for bi in bg.inputs if (dim := bi.imap[a]) is not None}
+            src, d = min(dims) if dims else ("?", 0)
+            ext = types[src].shape[d] if src in types else 0
+            vals = _legal(g, design, tuning, k, a, ext)
+            lines.append(f"    grid.{'xyz'[a]} = {bg.grid[a]}  legal {vals}  "
+                         f"(divides {src} dim {d} = {ext}; >= 2: a split axis)")
+        if step.looped:
+            loop = [(bi.source, bi.fmap) for bi in bg.inputs if bi.fmap is not None]
+            src, d = loop[0]
+            ext = types[src].shape[d] if src in types else 0
+            vals = _legal(g, design, tuning, k, None, ext)
+            lines.append(f"    forloop = {bg.forloop}  legal {vals}  "
+                         f"(divides {src} dim {d} / its grid split; >= 2: a looped kernel)")
+        bounds = {"stages": f"<= min({MAX_STAGES}, forloop) copies in flight",
+                  "kwarps": "warps splitting the K dimension of accumulated mmas",
+                  "pad": "0/1", "ldmatrix": "0/1", "stage_once": "0/1",
+                  "vec": "16-byte vectors dividing the stored rows",
+                  "threads": "threads per block"}
+        for name, vals in knob_space(bg, types, arch).items():
+            lines.append(f"    {name}  legal {vals}  ({bounds.get(name, '')})")
+        k += 1
+    return lines
+
+
+def parse_assignments(text: str, flag: str) -> dict[str, list[str]]:
+    """``grid=4x8x1,forloop=2`` (pins) or ``forloop=2,8`` (widen: one knob, values)."""
+    out: dict[str, list[str]] = {}
+    key = None
+    for item in filter(None, (p.strip() for p in text.split(","))):
+        name, sep, value = item.partition("=")
+        if sep:
+            key = name.strip()
+            out.setdefault(key, []).append(value.strip())
+        elif key is not None and flag == "--widen":
+            out[key].append(item)
+        else:
+            raise MirageError(f"{flag} {item}: expected KNOB=VALUE")
+    return out
+
+
+def _grid(v: str, flag: str) -> tuple[int, int, int]:
+    parts = v.lower().split("x")
+    if not all(p.isdigit() for p in parts) or not 1 <= len(parts) <= 3:
+        raise MirageError(f"{flag} grid={v}: expected AxBxC (positive integers)")
+    g = [int(p) for p in parts] + [1] * (3 - len(parts))
+    return g[0], g[1], g[2]
+
+
+def _int(v: str, flag: str, name: str) -> int:
+    if not v.isdigit():
+        raise MirageError(f"{flag} {name}={v}: expected an integer")
+    return int(v)
+
+
+def retune(g: Graph, pins: dict[str, list[str]], widen: dict[str, list[str]]
+           ) -> list[tuple[Graph, Tuning]]:
+    """The tunings of ``g``'s design allowed by pins and widening, best first (the
+    cost model's order with the tie rule). Grid and forloop pins apply to every custom
+    kernel."""
+    from mirage_cli.search.tune import tune
+
+    design, tuning = design_of(g)
+    per_kernel: list[list[tuple[tuple[int, int, int], int]]] = []
+    for grid, f in tuning:
+        grids = [_grid(v, "--pin") for v in pins.get("grid", [])] or \
+            [grid] + [_grid(v, "--widen") for v in widen.get("grid", [])]
+        loops = [_int(v, "--pin", "forloop") for v in pins.get("forloop", [])] or \
+            [f] + [_int(v, "--widen", "forloop") for v in widen.get("forloop", [])]
+        per_kernel.append(list(dict.fromkeys(itertools.product(grids, loops))))
+    tried: list[Tuning] = list(itertools.islice(itertools.product(*per_kernel), MAX_TUNINGS))
+    if not pins:  # also the tuner's own neighbourhood
+        tried += [t for _, t, _ in tune(g, design)]
+    out = {}
+    for t in dict.fromkeys(tried):
+        ng = instantiate(g, design, t)
+        if ng is not None:
+            out[t] = ng
+    if not out:
+        raise MirageError("tune: no tuning within the pins is legal for this design "
+                          "(see --space)")
+    return sorted(((ng, t) for t, ng in out.items()),
+                  key=lambda x: rank_key(estimate(x[0]), serialize.dumps(x[0])))
+
+
+def _plan_pins(g: Graph, pins: dict[str, list[str]], arch: str) -> Graph:
+    """``g`` with the pinned plan knobs attached (checked against their ranges)."""
+    from mirage_cli.codegen.planner import plan_kernel
+
+    knobs = {k: _int(v[0], "--pin", k) for k, v in pins.items() if k not in GRID_KEYS}
+    unknown = set(knobs) - set(Knobs.names())
+    if unknown:
+        raise MirageError(f"--pin {min(unknown)}: not a knob (grid, forloop, "
+                          f"{', '.join(Knobs.names())})")
+    if not knobs:
+        return g
+    types = g.tensor_types()
+    ops = [op if op.block is None else
+           dataclasses.replace(op, plan=plan_kernel(op.block, types, arch, Knobs(**knobs)))
+           for op in g.ops]
+    return dataclasses.replace(g, ops=tuple(ops))
+
+
+@click.command("tune")
+@click.argument("file", type=click.Path(dir_okay=False))
+@click.option("--space", is_flag=True, help="Print each design's tuning space.")
+@click.option("--pin", default="", metavar="K=V,...", help="Fix grid=AxBxC, forloop=N, "
+              "or plan knobs (stages=2,...).")
+@click.option("--widen", "widen", multiple=True, metavar="K=V1,V2",
+              help="Extra grid or forloop values to try (repeatable).")
+@click.option("-o", "output", type=click.Path(dir_okay=False),
+              help="Write the re-ranked candidates here.")
+@click.option("--gpu", type=int, default=None, help="Select by measurement on GPU N.")
+def command(file: str, space: bool, pin: str, widen: tuple[str, ...], output: str | None,
+            gpu: int | None) -> None:
+    """Show, pin or widen the tuning space of the designs in FILE and re-rank them."""
+    if gpu is not None:
+        raise MirageError(f"--gpu {gpu}: measured selection needs a GPU and a CUDA driver, "
+                          "and is not available in this build; rank by the cost model "
+                          "(omit --gpu)")
+    cands = serialize.loads_candidates(read_text(file), file)
+    if not cands:
+        raise MirageError("tune: the file holds no candidate µGraph")
+    designs = list(dict.fromkeys(design_of(g)[0] for g, _ in cands))
+    firsts = [next(g for g, _ in cands if design_of(g)[0] == d) for d in designs]
+    if space:
+        for i, g in enumerate(firsts):
+            click.echo(f"design {i}:")
+            for line in space_lines(g, DEFAULT_ARCH):
+                click.echo(line)
+        return
+    pins = parse_assignments(pin, "--pin")
+    wide: dict[str, list[str]] = {}
+    for w in widen:
+        wide.update(parse_assignments(w, "--widen"))
+    for k in wide:
+        if k not in GRID_KEYS:
+            raise MirageError(f"--widen {k}: only grid and forloop are widened (plan knobs "
+                              "are tried over their whole legal range by --space)")
+    ranked = sorted((x for g in firsts for x in retune(g, pins, wide)),
+                    key=lambda x: rank_key(estimate(x[0]), serialize.dumps(x[0])))
+    pairs = []
+    for i, (g, t) in enumerate(ranked):
+        c = estimate(g)
+        pairs.append((_plan_pins(g, pins, DEFAULT_ARCH),
+                      {"rank": i, "cost": c.as_json(), "kernels": len(g.ops),
+                       "tuning": [{"grid": list(gr), "forloop": f} for gr, f in t],
+                       "pins": pin}))
+        click.echo(f"#{i}: {c.time_us:.3f} us predicted, tuning "
+                   f"{[{'grid': list(gr), 'forloop': f} for gr, f in t]}")
+    if output:
+        write_atomic(output, serialize.dumps_candidates(pairs))
