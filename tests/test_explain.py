@@ -19,7 +19,7 @@ from click.testing import CliRunner
 from mirage_cli import serialize
 from mirage_cli.cli import main
 from mirage_cli.loading import load_graph
-from mirage_cli.search.cost import estimate, rank_key, tie_breaker
+from mirage_cli.search.cost import estimate, rank, tie_breaker
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "tests" / "explain_data"
@@ -117,7 +117,7 @@ def test_tie_rule_orders_tied_candidates() -> None:
     (g0, _), (g1, _) = cands[:2]
     c0, c1 = estimate(g0), estimate(g1)
     assert round(c0.time_us, 3) == round(c1.time_us, 3)
-    assert rank_key(c0, serialize.dumps(g0)) < rank_key(c1, serialize.dumps(g1))
+    assert rank([g1, g0], estimate, serialize.dumps) == [g0, g1]
     term = tie_breaker(c0, c1)
     assert term is not None
     doc = json.loads(run(["explain", str(DATA / "rmsnorm_linear.cands.ugraph.json"),
@@ -126,15 +126,19 @@ def test_tie_rule_orders_tied_candidates() -> None:
 
 
 def test_lora_search_ranks_by_the_tie_rule(tmp_path: Path, monkeypatch) -> None:
-    """The search's own ranking of lora follows rank_key (ties included)."""
+    """The search's own ranking of lora follows the tie rule (ties included), and its
+    tied designs (predicted within 1%) come fewest FLOPs first."""
     monkeypatch.setenv("MIRAGE_CACHE_DIR", str(tmp_path / "cache"))
     from mirage_cli.search.driver import SearchOptions, search
 
     prog = load_graph(str(ROOT / "examples" / "lora.mir"), {"batch": 1, "hidden": 64,
                                                             "n": 256})
     res = search(prog, SearchOptions(top=4))
-    keys = [rank_key(c.cost, serialize.dumps(c.graph)) for c in res.candidates]
-    assert len(keys) == 4 and keys == sorted(keys)
+    got = list(res.candidates)
+    assert len(got) == 4
+    assert rank(got, lambda c: c.cost, lambda c: serialize.dumps(c.graph)) == got
+    tied = [c for c in got if tie_breaker(got[0].cost, c.cost) is not None]
+    assert [c.cost.flops for c in tied] == sorted(c.cost.flops for c in tied)
 
 
 def test_explain_a_program_searches_through_the_cache(tmp_path: Path, monkeypatch) -> None:

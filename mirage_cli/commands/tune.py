@@ -24,7 +24,7 @@ from mirage_cli.diagnostics import MirageError
 from mirage_cli.ir import Graph
 from mirage_cli.kplan import Knobs
 from mirage_cli.loading import read_text
-from mirage_cli.search.cost import estimate, rank_key
+from mirage_cli.search.cost import estimate, rank
 from mirage_cli.search.design import Design, Tuning, custom_steps, design_of, instantiate
 from mirage_cli.util import write_atomic
 
@@ -145,8 +145,8 @@ def retune(g: Graph, pins: dict[str, list[str]], widen: dict[str, list[str]]
     if not out:
         raise MirageError("tune: no tuning within the pins is legal for this design "
                           "(see --space)")
-    return sorted(((ng, t) for t, ng in out.items()),
-                  key=lambda x: rank_key(estimate(x[0]), serialize.dumps(x[0])))
+    return rank([(ng, t) for t, ng in out.items()], lambda x: estimate(x[0]),
+                lambda x: serialize.dumps(x[0]))
 
 
 def _plan_pins(g: Graph, pins: dict[str, list[str]], arch: str) -> Graph:
@@ -203,8 +203,8 @@ def command(file: str, space: bool, pin: str, widen: tuple[str, ...], output: st
         if k not in GRID_KEYS:
             raise MirageError(f"--widen {k}: only grid and forloop are widened (plan knobs "
                               "are tried over their whole legal range by --space)")
-    ranked = sorted((x for g in firsts for x in retune(g, pins, wide)),
-                    key=lambda x: rank_key(estimate(x[0]), serialize.dumps(x[0])))
+    ranked = rank([x for g in firsts for x in retune(g, pins, wide)],
+                  lambda x: estimate(x[0]), lambda x: serialize.dumps(x[0]))
     pairs = []
     for i, (g, t) in enumerate(ranked):
         c = estimate(g)

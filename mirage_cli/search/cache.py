@@ -47,8 +47,8 @@ def cache_dir() -> Path:
 # Bumped when the search's answers change meaning within one tool version (2: softmax
 # is searched in its max-subtracted form and candidates pass the numerical check, so
 # older entries may hold the overflowing form; 3: ties in predicted time are broken by
-# the stated rule of cost.rank_key, so older rankings may differ).
-SEARCH_REVISION = 3
+# the stated rule of cost.rank, so older rankings may differ; 4: ties within 1%).
+SEARCH_REVISION = 4
 
 
 def program_hash(program: Graph) -> str:

@@ -16,7 +16,9 @@ issue replaces them with measured ones and explains the ranking.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
+from typing import TypeVar
 
 from mirage_cli import arch as archs
 from mirage_cli import ops
@@ -123,26 +125,46 @@ def estimate(g: Graph) -> Cost:
 
 
 # The tie rule (docs/search.md "How the choice is made"): candidates are ordered by
-# feasibility, then predicted time rounded to TIE_US (closer predictions are not
-# distinguished by a model this coarse), then fewer kernels, fewer DRAM bytes, fewer
-# FLOPs, fewer L2 bytes, less shared memory, and last the canonical JSON text of the
-# µGraph, so the order never depends on the order in which designs were found.
-TIE_US = 0.001
-TIE_RULE = ("equal predicted times (to 0.001 us) are ordered by fewer kernels, then fewer "
+# feasibility, then predicted time; predictions within TIE_REL of the first of a run
+# of candidates are ties (a model this coarse does not distinguish them: lora's
+# designs differ in the fifth digit), ordered by fewer kernels, fewer DRAM bytes,
+# fewer FLOPs, fewer L2 bytes, less shared memory, and last the canonical JSON text of
+# the µGraph, so the order never depends on the order in which designs were found.
+TIE_REL = 0.01
+TIE_RULE = ("predicted times within 1% are ties, ordered by fewer kernels, then fewer "
             "DRAM bytes, then fewer FLOPs, then fewer L2 bytes, then less shared memory, "
             "then the canonical JSON text of the µGraph")
 
+T = TypeVar("T")
 
-def rank_key(c: Cost, canonical: str) -> tuple[bool, int, int, int, int, int, int, str]:
-    """The ranking key of a candidate (smaller is better): the tie rule above."""
-    return (not c.fits, round(c.time_us / TIE_US), c.launches, c.dram_bytes, c.flops,
-            c.l2_bytes, c.smem_bytes, canonical)
+
+def _tie_key(c: Cost, canonical: str) -> tuple[int, int, int, int, int, str]:
+    return (c.launches, c.dram_bytes, c.flops, c.l2_bytes, c.smem_bytes, canonical)
+
+
+def rank(items: Sequence[T], cost: Callable[[T], Cost], canonical: Callable[[T], str]
+         ) -> list[T]:
+    """``items`` best first by the tie rule above."""
+    by_time = sorted(items, key=lambda x: (not cost(x).fits, cost(x).time_us,
+                                           _tie_key(cost(x), canonical(x))))
+    out: list[T] = []
+    i = 0
+    while i < len(by_time):
+        first = cost(by_time[i])
+        j = i + 1
+        while (j < len(by_time) and cost(by_time[j]).fits == first.fits
+               and cost(by_time[j]).time_us <= first.time_us * (1 + TIE_REL)):
+            j += 1
+        out += sorted(by_time[i:j], key=lambda x: _tie_key(cost(x), canonical(x)))
+        i = j
+    return out
 
 
 def tie_breaker(a: Cost, b: Cost) -> str | None:
     """The first term of the tie rule that orders ``a`` before ``b`` when their
     predicted times tie, or None when they do not tie."""
-    if (not a.fits) != (not b.fits) or round(a.time_us / TIE_US) != round(b.time_us / TIE_US):
+    lo, hi = sorted((a.time_us, b.time_us))
+    if a.fits != b.fits or hi > lo * (1 + TIE_REL):
         return None
     for name, x, y in (("kernels", a.launches, b.launches),
                        ("DRAM bytes", a.dram_bytes, b.dram_bytes),

@@ -13,7 +13,7 @@ so far are ranked and verified as usual, and the result says it is partial
 KeyboardInterrupt propagates; the command exits 130 and writes nothing).
 
 Ranking: each design is tuned (:mod:`.tune`) and costed (:mod:`.cost`); candidates are
-ordered by :func:`.cost.rank_key` (predicted time, then the stated tie rule
+ordered by :func:`.cost.rank` (predicted time, then the stated tie rule
 ``cost.TIE_RULE``), verified best first (:mod:`.verify`), and only verified ones are
 returned.
 """
@@ -33,7 +33,7 @@ from mirage_cli import __version__, serialize
 from mirage_cli.diagnostics import MirageError
 from mirage_cli.ir import Graph
 from mirage_cli.search import partition
-from mirage_cli.search.cost import SMEM_BYTES, Cost, rank_key
+from mirage_cli.search.cost import SMEM_BYTES, Cost, rank
 from mirage_cli.search.design import Design, Tuning
 from mirage_cli.search.enumerate import Limits, OutOfTime, Search, Stats, make_target
 from mirage_cli.search.partition import MAX_DEPTH
@@ -358,11 +358,11 @@ def rank_and_verify(program: Graph, designs: list[Design], options: SearchOption
         else:
             prog.no_tuning += 1
     firsts.sort(key=lambda x: x[0])
-    ranked: list[tuple[tuple[Any, ...], Design, Tuning, Graph, Cost]] = []
+    tuned_all: list[tuple[str, Design, Tuning, Graph, Cost]] = []
     for _, d in firsts[:options.tune_designs]:
         for c, t, g in tune(program, d)[:2]:
-            ranked.append((rank_key(c, serialize.dumps(g)), d, t, g, c))
-    ranked.sort(key=lambda x: x[0])  # the tie rule (cost.TIE_RULE)
+            tuned_all.append((serialize.dumps(g), d, t, g, c))
+    ranked = rank(tuned_all, lambda x: x[4], lambda x: x[0])  # the tie rule (cost.TIE_RULE)
     prog.phase = "verify"
     prog.seconds["tune"] = round(time.time() - t0, 2)
     t0 = time.time()
