@@ -188,19 +188,19 @@ def _optimise(g: Graph, program: str, kw: dict, deadline: float,  # type: ignore
     left = deadline - time.monotonic()
     reserve = min(CODEGEN_RESERVE, left / 4)
     best = None
+    why = "no time left in the budget for a search"
     if left - reserve > 0.05:
         res = stage_search(g, kw, left - reserve)
         if save_temps:
             temps.append((os.path.join(save_temps, f"{base}.cands.ugraph.json"), res.text))
         best = stage_select(res)
+        why = explain_none(res.progress) if res.progress else "search interrupted"
     fused = best is not None
     if best is None:
         if require_fused:
             _write_temps(temps, program)
-            why = explain_none(res.progress) if res.progress else "search interrupted"
             info(f"opt: the search found no verified µGraph (--require-fused): {why}")
             raise SystemExit(1)
-        why = explain_none(res.progress) if res.progress else "search interrupted"
         warn(f"opt: no verified fused µGraph within --budget {kw['budget']} s ({why}); "
              f"shipping the unfused lowering of the program (exact, but slower)")
         best = g
