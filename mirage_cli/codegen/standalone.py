@@ -20,7 +20,6 @@ from typing import assert_never
 from mirage_cli import ops
 from mirage_cli.check import check_block, tile_type
 from mirage_cli.codegen import templates
-from mirage_cli.codegen.cudaspec import c_float
 from mirage_cli.codegen.expr import (
     CTYPE,
     Emitter,
@@ -47,6 +46,8 @@ from mirage_cli.ir import (
     Value,
 )
 from mirage_cli.ops import infer_matmul
+from mirage_cli.semantics.accum import Combine, Finish
+from mirage_cli.semantics.cuda import c_float, c_init, c_update, c_warp
 
 ELEM_THREADS = 256
 ROW_WARPS = 8
@@ -119,6 +120,19 @@ def _warp_reduce_fits(kop: KernelOp, types: dict[str, TensorType]) -> bool:
     return x.shape[d] >= 32 and (d == x.rank - 1 or kop.outputs[0].type.numel < 8192)
 
 
+def _reduce_finish(finish: Finish, n: int) -> str:
+    """The result of a reduction over ``n`` elements from its combined state ``s``."""
+    match finish:
+        case Finish.ID:
+            return "s"
+        case Finish.MEAN:
+            return f"s / {c_float(float(n))}"
+        case Finish.RMS:
+            raise AssertionError("rms is its own CUDA kind, not a reduce finish")
+        case other:
+            assert_never(other)
+
+
 def _warp_reduce(kop: KernelOp, name: str, types: dict[str, TensorType]) -> Kernel:
     """Reductions (sum/mean/max over a dimension, rms): one warp per result, lanes
     stride the reduced dimension, warp shuffles combine."""
@@ -134,20 +148,17 @@ def _warp_reduce(kop: KernelOp, name: str, types: dict[str, TensorType]) -> Kern
     keep = spec.kind == "rms" or bool(attrs.get("keepdim", False))
     in_idx = idx[:d] + ["k"] + (idx[d + 1:] if keep else idx[d:])
     xv = em.load(x, in_idx)
-    combine = spec.combine or "sum"
+    combine = Combine.SUM if spec.kind == "rms" else spec.combine or Combine.SUM
     if spec.kind == "rms":
-        body_acc, red = f"{{ const float t = {xv}; s = fmaf(t, t, s); }}", "mg_warp_sum"
+        body_acc = f"{{ const float t = {xv}; s = fmaf(t, t, s); }}"
         fin = f"sqrtf(s / {c_float(float(n))} + {c_float(float(attrs.get('eps', 0.0)))})"
-    elif combine == "max":
-        body_acc, red, fin = f"s = fmaxf(s, {xv});", "mg_warp_max", "s"
     else:
-        body_acc, red = f"s += {xv};", "mg_warp_sum"
-        fin = f"s / {c_float(float(n))}" if spec.finish == "mean" else "s"
-    init = "__int_as_float(0xff800000)" if combine == "max" and spec.kind != "rms" else "0.0f"
+        body_acc, fin = c_update("s", xv, combine), _reduce_finish(spec.finish, n)
     body = [f"const int row = blockIdx.x * {ROW_WARPS} + threadIdx.x / 32;",
             "const int lane = threadIdx.x % 32;", f"if (row >= {out.numel}) return;"]
-    loop = [f"float s = {init};", f"for (int k = lane; k < {n}; k += 32) {body_acc}",
-            f"s = {red}(s);", f"if (lane == 0) mg_st({params[-1].name} + row, {fin});"]
+    loop = [f"float s = {c_init(combine)};", f"for (int k = lane; k < {n}; k += 32) {body_acc}",
+            f"s = {c_warp(combine, 's')};",
+            f"if (lane == 0) mg_st({params[-1].name} + row, {fin});"]
     body += keep_used(decl, loop) + loop
     return Kernel(name, params, tuple(body), 32 * ROW_WARPS, (-(-out.numel // ROW_WARPS), 1, 1),
                   0, 0, f"{kop.op} over {n}: one warp per result")
