@@ -20,7 +20,8 @@ the prelude if it has no intrinsic); an accumulator is one ``AccumSpec``.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import KW_ONLY, dataclass
 from typing import assert_never
 
@@ -150,9 +151,25 @@ REGISTRY: dict[str, OpDef] = {}
 
 
 def register(op: OpDef) -> OpDef:
+    """Add one row. A row names every meaning (the type makes the slots required);
+    an accumulator's ``AccumSpec`` was validated when it was built."""
     assert op.name not in REGISTRY, f"operator {op.name} registered twice"
+    assert (op.accum is not None) == (op.cuda.kind == "accum"), \
+        f"operator {op.name}: an accumulator needs an AccumSpec and the accum CUDA kind"
     REGISTRY[op.name] = op
     return op
+
+
+@contextmanager
+def scratch_registry() -> Iterator[dict[str, OpDef]]:
+    """Within the block, the registry is a copy that rows may be added to (tests of
+    what adding an operator takes); the original comes back on exit."""
+    saved = dict(REGISTRY)
+    try:
+        yield REGISTRY
+    finally:
+        REGISTRY.clear()
+        REGISTRY.update(saved)
 
 
 def get(name: str) -> OpDef:
