@@ -39,3 +39,15 @@ def read_text(path: str) -> str:
     except OSError as e:
         raise MirageError(f"cannot read: {e.strerror or e}", file=display_name(path)) from None
     return text.removeprefix(_BOM)
+
+
+def attach_source(e: MirageError) -> MirageError:
+    """Give a located diagnostic raised after parsing (by a later stage, which holds
+    the span but not the text) its source excerpt, read back from the file named in
+    the span; standard input cannot be read twice and keeps the one-line form."""
+    if e.span is None or e.source is not None or e.span.file in (STDIN, STDIN_NAME):
+        return e
+    try:
+        return e.with_source(read_text(e.span.file))
+    except MirageError:
+        return e
