@@ -164,3 +164,17 @@ def test_numpy_meaning_of_each_combine() -> None:
 def test_every_valid_accumulator_conforms(scratch, kinds) -> None:  # type: ignore[no-untyped-def]
     ops.register(ops.accumulator("acc_scratch", AccumSpec(*kinds)))
     rc.conforms_on_cpu("acc_scratch")
+
+
+def test_numpy_and_field_disagreeing_fails_the_suite(scratch) -> None:  # type: ignore[no-untyped-def]
+    """A row whose numpy meaning is add but whose field meaning is sub: each form agrees
+    with itself, so only the cross-check between interpretations can catch it."""
+    sub = ops.get("sub")
+    ops.register(ops.elementwise("bad_add", 2, np.add, terms.elementwise(terms.add, "add"),
+                                 sub.field, "({0} + {1})", lambda t, xs, a: xs[0] + xs[1],
+                                 "add whose field meaning is sub"))
+    p = rc.pair("bad_add")
+    rc.numpy_agrees(p)
+    rc.field_agrees(p)
+    with pytest.raises(AssertionError, match="bad_add"):
+        rc.numpy_matches_field(p)
