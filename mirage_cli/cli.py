@@ -19,6 +19,7 @@ from mirage_cli import __version__
 from mirage_cli.commands.common import verbosity_params
 from mirage_cli.console import console, set_verbosity
 from mirage_cli.diagnostics import MirageError
+from mirage_cli.sourcefile import attach_source
 
 # Module name in mirage_cli.commands -> command name.
 COMMANDS: tuple[tuple[str, str], ...] = (
@@ -59,6 +60,7 @@ class MirageGroup(click.Group):
             return super().invoke(ctx)
         except MirageError as e:
             console.quiet = False  # -q hides progress, never errors
+            attach_source(e)
             console.print(e.render(), style="red", markup=False, highlight=False, soft_wrap=True)
             sys.exit(2)
         except (click.ClickException, click.exceptions.Exit, click.Abort, SystemExit):

@@ -13,40 +13,12 @@ else a `.mir` program. A UTF-8 byte order mark at the start of a file is accepte
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 from mirage_cli.diagnostics import MirageError
 from mirage_cli.ir import Graph
+from mirage_cli.sourcefile import STDIN, STDIN_NAME, display_name, read_text
 
-STDIN = "-"
-STDIN_NAME = "<stdin>"
-_BOM = "\ufeff"
-
-
-def display_name(path: str) -> str:
-    """How diagnostics name ``path``."""
-    return STDIN_NAME if path == STDIN else path
-
-
-def read_text(path: str) -> str:
-    """The text of ``path`` (``-``: standard input), without a leading BOM."""
-    try:
-        if path == STDIN:
-            data = sys.stdin.buffer.read() if hasattr(sys.stdin, "buffer") else \
-                sys.stdin.read().encode("utf-8")
-            text = data.decode("utf-8")
-        else:
-            text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise MirageError("no such file", file=path) from None
-    except IsADirectoryError:
-        raise MirageError("is a directory, expected a file", file=path) from None
-    except UnicodeDecodeError:
-        raise MirageError("not a UTF-8 text file", file=display_name(path)) from None
-    except OSError as e:
-        raise MirageError(f"cannot read: {e.strerror or e}", file=display_name(path)) from None
-    return text.removeprefix(_BOM)
+__all__ = ["STDIN", "STDIN_NAME", "display_name", "graphs_from_text", "is_program",
+           "load_graph", "load_graphs", "read_text"]
 
 
 def is_program(path: str, text: str) -> bool:

@@ -6,24 +6,45 @@ and its numpy semantics (the executable definition used by the reference
 interpreter). Forloop accumulators also carry an :class:`AccumSpec`, a data
 description of what they reduce, so every pass can treat them uniformly.
 
-Later stages extend the same entries, never a ``switch`` on operator names in a pass:
-``field`` (finite-field semantics, verifier), ``abstract`` (abstract expression,
-search), ``cost`` (cost model) and ``cuda`` (code emission). A test checks every entry
-is complete.
+The same row carries every other pass's meaning, never a ``switch`` on operator
+names in a pass: ``field`` (finite-field semantics, verifier), ``abstract`` (abstract
+expression, search), ``cost`` (cost model) and ``cuda`` (CUDA spelling and torch
+baseline). Those meanings live on the floor below, :mod:`mirage_cli.semantics`; this
+module imports nothing from ``search``, ``verifier`` or ``codegen`` (a test walks the
+imports).
 
-Adding an operator means adding one ``register(OpDef(...))`` call here.
+Adding an operator means adding one ``register(...)`` row here (plus a CUDA helper in
+the prelude if it has no intrinsic); an accumulator is one ``AccumSpec``.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
-from typing import Any, Literal
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import KW_ONLY, dataclass
+from typing import assert_never
 
 import numpy as np
 
 from mirage_cli.ir import Attrs, AttrValue, DType, TensorType, attr
+from mirage_cli.semantics import cuda as _cuda
+from mirage_cli.semantics import degrees as _D
+from mirage_cli.semantics import fieldsem as _F
+from mirage_cli.semantics import flops as _fl
+from mirage_cli.semantics import terms as _ab
+from mirage_cli.semantics.accum import (
+    AccumSpec,
+    Combine,
+    Finish,
+    Pre,
+    Reduce,
+    np_accumulate,
+    np_sum_to,
+)
+from mirage_cli.semantics.cuda import CudaSpec
+from mirage_cli.semantics.fieldsem import FieldSem
+from mirage_cli.semantics.terms import AbstractRule as Rule
 
 KERNEL = "kernel"
 BLOCK = "block"
@@ -43,27 +64,6 @@ class AttrSpec:
     kind: type
     default: AttrValue | None = None
     required: bool = False
-
-
-@dataclass(frozen=True)
-class AccumSpec:
-    """What a forloop accumulator computes from the tiles ``x_i`` of iterations
-    ``i = 0..F-1``.
-
-    result = finish( combine_i reduce(pre(x_i)) ), where
-    - ``pre``: ``id`` or ``square`` (element-wise, before reducing);
-    - ``reduce``: ``none``, ``last`` (the tile's last dim, kept as size 1) or
-      ``to_width`` (the last dim summed in groups down to ``width``);
-    - ``combine``: ``sum`` or ``max`` over iterations;
-    - ``finish``: ``id``, ``mean`` (divide by the number of elements reduced) or
-      ``rms`` (sqrt of that mean plus the operator's ``eps`` attribute, default 0:
-      ``sqrt(sum / count + eps)``, RMSNorm's denominator).
-    """
-
-    pre: Literal["id", "square"]
-    reduce: Literal["none", "last", "to_width"]
-    combine: Literal["sum", "max"]
-    finish: Literal["id", "mean", "rms"]
 
 
 # Names under which Mirage's checkpoints (kn_*/tb_* ``op_type``) spell an operator, each
@@ -96,19 +96,22 @@ class OpDef:
     arity: tuple[int, int]
     infer: InferFn
     numpy: NumpyFn | None
+    _: KW_ONLY
+    # The meanings each pass needs (all from mirage_cli.semantics): finite-field
+    # semantics (verifier), abstract term (search; None for custom kernels, whose term
+    # is their block graph's), FLOPs (cost model), CUDA spelling and torch baseline.
+    field: FieldSem
+    abstract: Rule | None
+    cost: _fl.FlopFn
+    cuda: CudaSpec
     attrs: tuple[AttrSpec, ...] = ()
     doc: str = ""
     # Set for forloop accumulators (block level only).
     accum: AccumSpec | None = None
     # True for element-wise operators (fusable into registers at thread level).
     elementwise: bool = False
-    # Extension slots, filled by the stages that need them (see module docstring).
-    field: Any = None
-    abstract: Any = None
-    cost: Any = None
-    cuda: Any = None
     # Composite operators: how to write them in simpler ones (search).
-    decompose: Any = None
+    decompose: _ab.Decomposition | None = None
     # Mirage checkpoint names of this operator (importer); see ``mirage_names``.
     mirage: MirageNames = ()
 
@@ -148,9 +151,25 @@ REGISTRY: dict[str, OpDef] = {}
 
 
 def register(op: OpDef) -> OpDef:
+    """Add one row. A row names every meaning (the type makes the slots required);
+    an accumulator's ``AccumSpec`` was validated when it was built."""
     assert op.name not in REGISTRY, f"operator {op.name} registered twice"
+    assert (op.accum is not None) == (op.cuda.kind == "accum"), \
+        f"operator {op.name}: an accumulator needs an AccumSpec and the accum CUDA kind"
     REGISTRY[op.name] = op
     return op
+
+
+@contextmanager
+def scratch_registry() -> Iterator[dict[str, OpDef]]:
+    """Within the block, the registry is a copy that rows may be added to (tests of
+    what adding an operator takes); the original comes back on exit."""
+    saved = dict(REGISTRY)
+    try:
+        yield REGISTRY
+    finally:
+        REGISTRY.clear()
+        REGISTRY.update(saved)
 
 
 def get(name: str) -> OpDef:
@@ -279,11 +298,15 @@ def infer_sum_to(ts: Sequence[TensorType], a: dict[str, AttrValue]) -> TensorTyp
 def infer_accum(spec: AccumSpec) -> InferFn:
     def infer(ts: Sequence[TensorType], a: dict[str, AttrValue]) -> TensorType:
         t = ts[0]
-        if spec.reduce == "last":
-            return TensorType(t.shape[:-1] + (1,), t.dtype)
-        if spec.reduce == "to_width":
-            return TensorType(t.shape[:-1] + (_width(t, a),), t.dtype)
-        return t
+        match spec.reduce:
+            case Reduce.LAST:
+                return TensorType(t.shape[:-1] + (1,), t.dtype)
+            case Reduce.TO_WIDTH:
+                return TensorType(t.shape[:-1] + (_width(t, a),), t.dtype)
+            case Reduce.NONE:
+                return t
+            case other:
+                assert_never(other)
     return infer
 
 
@@ -310,34 +333,6 @@ def np_gelu(x: np.ndarray) -> np.ndarray:
 
 def np_rms(x: np.ndarray, eps: float = 0.0) -> np.ndarray:
     return np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps)
-
-
-def np_sum_to(x: np.ndarray, width: int) -> np.ndarray:
-    """Sum the last dimension in groups down to ``width``: out[..., j] is the sum of
-    x[..., g*width + j] over g (block g's columns are concatenated in order)."""
-    groups = x.shape[-1] // width
-    return x.reshape(x.shape[:-1] + (groups, width)).sum(axis=-2)
-
-
-def np_accumulate(spec: AccumSpec, tiles: np.ndarray, width: int | None,
-                  eps: float = 0.0) -> np.ndarray:
-    """Apply an accumulator to ``tiles``, the per-iteration tiles stacked on axis 0
-    (``eps`` is added under the square root of an ``rms`` finish)."""
-    v = tiles * tiles if spec.pre == "square" else tiles
-    count = tiles.shape[0]
-    if spec.reduce == "last":
-        count *= tiles.shape[-1]
-        v = (v.max if spec.combine == "max" else v.sum)(axis=-1, keepdims=True)
-    elif spec.reduce == "to_width":
-        assert width is not None
-        count *= tiles.shape[-1] // width
-        v = np_sum_to(v, width)
-    v = v.max(axis=0) if spec.combine == "max" else v.sum(axis=0)
-    if spec.finish == "mean":
-        return v / count
-    if spec.finish == "rms":
-        return np.sqrt(v / count + eps)
-    return v
 
 
 def _unary(fn: Callable[[np.ndarray], np.ndarray]) -> NumpyFn:
@@ -379,67 +374,154 @@ _KEEPDIM = AttrSpec("keepdim", bool, default=False)
 _EPS = AttrSpec("eps", float, default=0.0)
 _WIDTH = AttrSpec("width", int, required=True)
 
+# Each row below is the whole definition of one operator: shape rule, numpy meaning,
+# finite-field meaning (verifier), abstract term (search), cost, CUDA spelling and torch
+# baseline (codegen, bench). The meanings they name live in mirage_cli.semantics.
+
+
+def elementwise(name: str, arity: int, fn: Callable[..., np.ndarray], abstract: Rule,
+                field: FieldSem, cuda: str, torch: _cuda.TorchFn, doc: str,
+                mirage: MirageNames = ()) -> OpDef:
+    """The row of an element-wise operator of ``arity`` operands (numpy broadcasting);
+    ``cuda`` is its C spelling over ``{0}``, ``{1}`` (see :mod:`mirage_cli.semantics.cuda`)."""
+    return OpDef(name, BOTH, (arity, arity), infer_binary if arity == 2 else infer_unary,
+                 lambda xs, a: fn(*xs), field=field, abstract=abstract,
+                 cost=_fl.per_element, cuda=_cuda.elementwise(cuda, torch),
+                 elementwise=True, mirage=mirage, doc=doc)
+
+
+def _kn_tb(n: str) -> MirageNames:
+    return mirage_names(f"kn_{n}_op", f"tb_{n}_op")
+
+
 register(OpDef("matmul", BOTH, (2, 2), infer_matmul, _binary(np.matmul),
-               mirage=mirage_names("kn_matmul_op", "tb_matmul_op"),
+               field=FieldSem(_F.ev_matmul, _D.st_matmul, _F.EXACT), abstract=_ab.MATMUL,
+               cost=_fl.contraction,
+               cuda=CudaSpec("matmul", torch=lambda t, xs, a: t.matmul(xs[0], xs[1])),
+               mirage=_kn_tb("matmul"),
                doc="matrix product, batched over leading dims (numpy broadcasting)"))
-# Mirage's element-wise operators (rsqrt and neg have no Mirage counterpart).
-_MIRAGE_ELEMENTWISE: dict[str, MirageNames] = {
-    n: mirage_names(f"kn_{n}_op", f"tb_{n}_op")
-    for n in ("add", "mul", "div", "exp", "silu", "gelu", "relu", "sqrt", "square")}
-_MIRAGE_ELEMENTWISE["sub"] = mirage_names("tb_sub_op")  # no kernel-level sub in Mirage
-for _name, _fn in (("add", np.add), ("sub", np.subtract), ("mul", np.multiply),
-                   ("div", np.divide)):
-    register(OpDef(_name, BOTH, (2, 2), infer_binary, _binary(_fn), elementwise=True,
-                   mirage=_MIRAGE_ELEMENTWISE.get(_name, ()),
-                   doc=f"element-wise {_name} with numpy broadcasting"))
-for _name, _ufn in (("exp", np.exp), ("silu", np_silu), ("gelu", np_gelu),
-                    ("relu", lambda x: np.maximum(x, 0.0)), ("sqrt", np.sqrt),
-                    ("rsqrt", lambda x: 1.0 / np.sqrt(x)), ("square", np.square),
-                    ("neg", np.negative)):
-    register(OpDef(_name, BOTH, (1, 1), infer_unary, _unary(_ufn), elementwise=True,
-                   mirage=_MIRAGE_ELEMENTWISE.get(_name, ()), doc=f"element-wise {_name}"))
+register(elementwise("add", 2, np.add, _ab.elementwise(_ab.add, "add"),
+                     FieldSem(_F.ring(lambda x, y, m: (x + y) % m), _D.st_add, _F.EXACT),
+                     "({0} + {1})", lambda t, xs, a: xs[0] + xs[1],
+                     "element-wise add with numpy broadcasting", _kn_tb("add")))
+register(elementwise("sub", 2, np.subtract, _ab.SUB,
+                     FieldSem(_F.ring(lambda x, y, m: (x - y) % m), _D.st_add, _F.EXACT),
+                     "({0} - {1})", lambda t, xs, a: xs[0] - xs[1],
+                     "element-wise sub with numpy broadcasting",
+                     mirage_names("tb_sub_op")))  # no kernel-level sub in Mirage
+register(elementwise("mul", 2, np.multiply, _ab.elementwise(_ab.mul, "mul"),
+                     FieldSem(_F.ring(lambda x, y, m: x * y % m), _D.st_mul, _F.EXACT),
+                     "({0} * {1})", lambda t, xs, a: xs[0] * xs[1],
+                     "element-wise mul with numpy broadcasting", _kn_tb("mul")))
+register(elementwise("div", 2, np.divide, _ab.elementwise(_ab.div, "div"),
+                     FieldSem(_F.ev_div, _D.st_div, _F.RATIONAL, inverts=_D.inv_divisor),
+                     "({0} / {1})", lambda t, xs, a: xs[0] / xs[1],
+                     "element-wise div with numpy broadcasting", _kn_tb("div")))
+register(elementwise("exp", 1, np.exp, _ab.unary("exp"),
+                     FieldSem(_F.ev_exp, _D.st_exp, "exp(a) = g^a: Z_Q additive -> Z_P "
+                              "multiplicative, g of order Q drawn per trial", uses_exp=True),
+                     "expf({0})", lambda t, xs, a: t.exp(xs[0]), "element-wise exp",
+                     _kn_tb("exp")))
+register(elementwise("silu", 1, np_silu, _ab.unary("silu"), _F.random_sem("silu"),
+                     "mg_silu({0})", lambda t, xs, a: t.nn.functional.silu(xs[0]),
+                     "element-wise silu", _kn_tb("silu")))
+register(elementwise("gelu", 1, np_gelu, _ab.unary("gelu"), _F.random_sem("gelu"),
+                     "mg_gelu({0})", lambda t, xs, a: t.nn.functional.gelu(xs[0]),
+                     "element-wise gelu", _kn_tb("gelu")))
+register(elementwise("relu", 1, lambda x: np.maximum(x, 0.0), _ab.unary("relu"),
+                     _F.random_sem("relu"), "fmaxf({0}, 0.0f)",
+                     lambda t, xs, a: t.relu(xs[0]), "element-wise relu", _kn_tb("relu")))
+register(elementwise("sqrt", 1, np.sqrt, _ab.unary("sqrt"), _F.random_sem("sqrt"),
+                     "sqrtf({0})", lambda t, xs, a: t.sqrt(xs[0]), "element-wise sqrt",
+                     _kn_tb("sqrt")))
+register(elementwise("rsqrt", 1, lambda x: 1.0 / np.sqrt(x), _ab.RSQRT,
+                     FieldSem(_F.ev_rsqrt, _D.st_inv_atom, "1 / (the random sqrt of this "
+                              "trial)", random_fn="sqrt", inverts=_D.inv_all),
+                     "rsqrtf({0})", lambda t, xs, a: t.rsqrt(xs[0]), "element-wise rsqrt"))
+register(elementwise("square", 1, np.square, _ab.SQUARE,
+                     FieldSem(_F.ring(lambda x, m: x * x % m), _D.st_square, _F.EXACT),
+                     "({0} * {0})", lambda t, xs, a: xs[0] * xs[0], "element-wise square",
+                     _kn_tb("square")))
+register(elementwise("neg", 1, np.negative, _ab.unary("neg"),
+                     FieldSem(_F.ring(lambda x, m: -x % m), _D.st_same, _F.EXACT),
+                     "(-{0})", lambda t, xs, a: -xs[0], "element-wise neg"))
 register(OpDef("mul_scalar", BOTH, (1, 1), infer_unary,
                lambda xs, a: xs[0] * float(a["scalar"]),  # type: ignore[arg-type]
+               field=FieldSem(_F.ev_mul_scalar, _D.st_same, _F.EXACT + " (the scalar as an "
+                              "exact dyadic rational)"),
+               abstract=_ab.MUL_SCALAR, cost=_fl.per_element,
+               cuda=_cuda.elementwise("({0} * {scalar})",
+                                      lambda t, xs, a: xs[0] * float(a["scalar"])),
                attrs=(AttrSpec("scalar", float, required=True),), elementwise=True,
-               mirage=mirage_names("kn_mul_scalar_op", "tb_mul_scalar_op"),
-               doc="multiply by a constant"))
+               mirage=_kn_tb("mul_scalar"), doc="multiply by a constant"))
 register(OpDef("sum", BOTH, (1, 1), infer_reduce, _np_reduce(np.sum),
+               field=FieldSem(_F.ev_sum, _D.st_reduce, _F.EXACT), abstract=_ab.REDUCE_SUM,
+               cost=_fl.per_element,
+               cuda=CudaSpec("reduce", combine=Combine.SUM, torch=_cuda.t_reduce("sum")),
                attrs=(_DIM, _KEEPDIM), doc="sum over one dimension",
                mirage=_mirage_per_dim(("kn_reduction_{d}_op", "tb_reduction_{d}_op"),
                                       keepdim=True)))
 register(OpDef("mean", BOTH, (1, 1), infer_reduce, _np_reduce(np.mean),
+               field=FieldSem(_F.ev_mean, _D.st_reduce,
+                              _F.EXACT + " (times the inverse of the count)"),
+               abstract=_ab.REDUCE_MEAN, cost=_fl.per_element,
+               cuda=CudaSpec("reduce", combine=Combine.SUM, finish=Finish.MEAN,
+                             torch=_cuda.t_reduce("mean")),
                attrs=(_DIM, _KEEPDIM), doc="mean over one dimension"))
 register(OpDef("max", BOTH, (1, 1), infer_reduce, _np_reduce(np.max),
+               field=_F.MAX_SEM, abstract=_ab.REDUCE_MAX, cost=_fl.per_element,
+               cuda=CudaSpec("reduce", combine=Combine.MAX, torch=_cuda.t_reduce("max")),
                attrs=(_DIM, _KEEPDIM), doc="maximum over one dimension"))
 register(OpDef("rms", BOTH, (1, 1), infer_rms,
                lambda xs, a: np_rms(xs[0], float(a.get("eps", 0.0))),  # type: ignore[arg-type]
+               field=FieldSem(_F.ev_rms, _D.st_atom, "random sqrt of (mean of squares + eps)",
+                              random_fn="sqrt", keys_from="rows", key_stat=_D.st_rms_key),
+               abstract=_ab.RMS, cost=_fl.rms_like, cuda=CudaSpec("rms", torch=_cuda.t_rms),
                attrs=(_EPS,), doc="sqrt(mean(x^2) + eps) over the last dim, kept as size 1"))
-register(OpDef("rms_norm", BOTH, (1, 2), infer_rms_norm, _np_rms_norm, attrs=(_EPS,),
-               mirage=mirage_names("kn_rms_norm_op", "tb_rms_norm_op"),
+register(OpDef("rms_norm", BOTH, (1, 2), infer_rms_norm, _np_rms_norm,
+               field=FieldSem(_F.ev_rms_norm, _D.st_rms_norm, "x / random sqrt of (mean of "
+                              "squares + eps), times g", random_fn="sqrt", keys_from="rows",
+                              inverts=_D.inv_rows, key_stat=_D.st_rms_key),
+               abstract=_ab.composite(_ab.decompose_rms_norm, get),
+               decompose=_ab.decompose_rms_norm, cost=_fl.rms_like,
+               cuda=CudaSpec("rms_norm", torch=_cuda.t_rms_norm), attrs=(_EPS,),
+               mirage=_kn_tb("rms_norm"),
                doc="x / rms(x, eps) over the last dim, times the optional weight g"))
-register(OpDef("softmax", KERNEL_ONLY, (1, 1), infer_softmax, _np_softmax, attrs=(_DIM,),
-               doc="exp(x) / sum(exp(x)) over dim"))
+register(OpDef("softmax", KERNEL_ONLY, (1, 1), infer_softmax, _np_softmax,
+               field=FieldSem(_F.ev_softmax, _D.st_softmax, "exp (as above) divided by its "
+                              "sum", inverts=_D.inv_rows, uses_exp=True),
+               abstract=_ab.composite(_ab.decompose_softmax, get),
+               decompose=_ab.decompose_softmax, cost=_fl.per_element,
+               cuda=CudaSpec("softmax", torch=lambda t, xs, a: t.softmax(
+                   xs[0].float(), dim=int(a["dim"])).to(xs[0].dtype)),
+               attrs=(_DIM,), doc="exp(x) / sum(exp(x)) over dim"))
 register(OpDef("concat", BOTH, (2, 2), infer_concat,
                lambda xs, a: np.concatenate(list(xs), axis=int(a["dim"])),  # type: ignore[arg-type]
+               field=FieldSem(_F.ev_concat, _D.st_concat, _F.EXACT), abstract=_ab.CONCAT,
+               cost=_fl.per_element,
+               cuda=CudaSpec("concat", torch=lambda t, xs, a: t.cat(xs, dim=int(a["dim"]))),
                attrs=(_DIM,), doc="concatenation along dim",
                mirage=_mirage_per_dim(("kn_concat_{d}_op", "tb_concat_{d}_op"))))
 register(OpDef("sum_to", BLOCK_ONLY, (1, 1), infer_sum_to,
                lambda xs, a: np_sum_to(xs[0], int(a["width"])),  # type: ignore[arg-type]
+               field=FieldSem(_F.ev_sum_to, _D.st_sum_to, _F.EXACT), abstract=_ab.SUM_TO,
+               cost=_fl.per_element, cuda=CudaSpec("sum_to"),
                attrs=(_WIDTH,), doc="sum the last dim in groups down to width"))
-register(OpDef("custom", KERNEL_ONLY, (1, 64), infer_custom, None,
+register(OpDef("custom", KERNEL_ONLY, (1, 64), infer_custom, None, field=_F.custom_sem(),
+               abstract=None,  # a custom kernel's expression is its block graph's
+               cost=_fl.per_element, cuda=CudaSpec("custom"),
                doc="a custom kernel: a block graph run by every block of a grid"))
 
-ACCUMULATORS: dict[str, AccumSpec] = {
-    "acc_sum": AccumSpec("id", "none", "sum", "id"),
-    "acc_mean": AccumSpec("id", "none", "sum", "mean"),
-    "acc_rms": AccumSpec("square", "none", "sum", "rms"),
-    "acc_max": AccumSpec("id", "none", "max", "id"),
-    "acc_sum_ld": AccumSpec("id", "last", "sum", "id"),
-    "acc_mean_ld": AccumSpec("id", "last", "sum", "mean"),
-    "acc_rms_ld": AccumSpec("square", "last", "sum", "rms"),
-    "acc_max_ld": AccumSpec("id", "last", "max", "id"),
-    "acc_sum_to": AccumSpec("id", "to_width", "sum", "id"),
-}
+
+def accumulator(name: str, spec: AccumSpec, mirage: MirageNames = ()) -> OpDef:
+    """The row of a forloop accumulator: every meaning follows from its ``AccumSpec``
+    (validated when the spec is built), so one spec is the whole definition of one."""
+    return OpDef(name, BLOCK_ONLY, (1, 1), infer_accum(spec), _np_accum(spec),
+                 field=_F.accumulator_sem(spec), abstract=_ab.accumulator(spec),
+                 cost=_fl.per_element, cuda=_cuda.ACCUM_SPEC, attrs=_accum_attrs(spec),
+                 accum=spec, mirage=mirage, doc=f"forloop accumulator: {spec}")
+
+
 # Mirage's forloop accumulators: checkpoints before March 2025 spell them tb_accum_*,
 # later ones tb_forloop_accum_* (include/mirage/type.h). acc_sum_to's width is the
 # block graph's reduction_dimx, supplied by the importer.
@@ -454,78 +536,20 @@ _MIRAGE_ACCUM["acc_max"] = mirage_names("tb_forloop_accum_max_op")  # added afte
 def _accum_attrs(spec: AccumSpec) -> tuple[AttrSpec, ...]:
     """A width for ``to_width``; an eps for an rms finish (RMSNorm's eps, so that a
     real model's normalisation fuses into the kernel that walks the hidden dim)."""
-    return (((_WIDTH,) if spec.reduce == "to_width" else ())
-            + ((_EPS,) if spec.finish == "rms" else ()))
+    return (((_WIDTH,) if spec.reduce is Reduce.TO_WIDTH else ())
+            + ((_EPS,) if spec.finish is Finish.RMS else ()))
 
 
+ACCUMULATORS: dict[str, AccumSpec] = {
+    "acc_sum": AccumSpec(Pre.ID, Reduce.NONE, Combine.SUM, Finish.ID),
+    "acc_mean": AccumSpec(Pre.ID, Reduce.NONE, Combine.SUM, Finish.MEAN),
+    "acc_rms": AccumSpec(Pre.SQUARE, Reduce.NONE, Combine.SUM, Finish.RMS),
+    "acc_max": AccumSpec(Pre.ID, Reduce.NONE, Combine.MAX, Finish.ID),
+    "acc_sum_ld": AccumSpec(Pre.ID, Reduce.LAST, Combine.SUM, Finish.ID),
+    "acc_mean_ld": AccumSpec(Pre.ID, Reduce.LAST, Combine.SUM, Finish.MEAN),
+    "acc_rms_ld": AccumSpec(Pre.SQUARE, Reduce.LAST, Combine.SUM, Finish.RMS),
+    "acc_max_ld": AccumSpec(Pre.ID, Reduce.LAST, Combine.MAX, Finish.ID),
+    "acc_sum_to": AccumSpec(Pre.ID, Reduce.TO_WIDTH, Combine.SUM, Finish.ID),
+}
 for _name, _spec in ACCUMULATORS.items():
-    register(OpDef(_name, BLOCK_ONLY, (1, 1), infer_accum(_spec), _np_accum(_spec),
-                   attrs=_accum_attrs(_spec), accum=_spec,
-                   mirage=_MIRAGE_ACCUM.get(_name, ()),
-                   doc=f"forloop accumulator: {_spec}"))
-
-# ---------------------------------------------------------------------------
-# Search: abstract expressions (slot ``abstract``) and decompositions of composite
-# operators (slot ``decompose``); the rule library is mirage_cli.search.abstract.
-# ---------------------------------------------------------------------------
-
-from mirage_cli.search import abstract as _ab
-from mirage_cli.search import flops as _fl
-
-_ABSTRACT: dict[str, Any] = {
-    "matmul": _ab.MATMUL,
-    "add": _ab.elementwise(_ab.add, "add"),
-    "sub": _ab.SUB,
-    "mul": _ab.elementwise(_ab.mul, "mul"),
-    "div": _ab.elementwise(_ab.div, "div"),
-    "exp": _ab.unary("exp"),
-    "silu": _ab.unary("silu"),
-    "gelu": _ab.unary("gelu"),
-    "relu": _ab.unary("relu"),
-    "sqrt": _ab.unary("sqrt"),
-    "rsqrt": _ab.RSQRT,
-    "square": _ab.SQUARE,
-    "neg": _ab.unary("neg"),
-    "mul_scalar": _ab.MUL_SCALAR,
-    "sum": _ab.REDUCE_SUM,
-    "mean": _ab.REDUCE_MEAN,
-    "max": _ab.REDUCE_MAX,
-    "rms": _ab.RMS,
-    "rms_norm": _ab.composite(_ab.decompose_rms_norm),
-    "softmax": _ab.composite(_ab.decompose_softmax),
-    "concat": _ab.CONCAT,
-    "sum_to": _ab.SUM_TO,
-    "custom": None,  # a custom kernel's expression is its block graph's
-    **{_name: _ab.accumulator(_spec) for _name, _spec in ACCUMULATORS.items()},
-}
-_DECOMPOSE: dict[str, Any] = {
-    "rms_norm": _ab.decompose_rms_norm,
-    "softmax": _ab.decompose_softmax,
-}
-# Cost model (mirage_cli.search.cost): FLOPs per operator; per element unless listed.
-_FLOPS: dict[str, Any] = {"matmul": _fl.contraction, "rms": _fl.rms_like,
-                          "rms_norm": _fl.rms_like}
-for _name, _rule in _ABSTRACT.items():
-    REGISTRY[_name] = replace(REGISTRY[_name], abstract=_rule,
-                              decompose=_DECOMPOSE.get(_name),
-                              cost=_FLOPS.get(_name, _fl.per_element))
-
-# Finite-field semantics (the verifier's ``field`` slot): the table and its arithmetic
-# library live in mirage_cli/verifier/semantics.py, which does not import this module.
-from mirage_cli.verifier import semantics as _field
-
-for _name, _op in list(REGISTRY.items()):
-    _sem = (_field.accumulator_sem(_op.accum) if _op.accum is not None else
-            _field.custom_sem() if _name == "custom" else _field.SEMANTICS[_name])
-    REGISTRY[_name] = replace(_op, field=_sem)
-
-# ---------------------------------------------------------------------------
-# CUDA emission (slot ``cuda``): see mirage_cli/codegen/cudaspec.py
-# ---------------------------------------------------------------------------
-
-# No import cycle: cudaspec imports nothing from this module.
-from mirage_cli.codegen import cudaspec as _cudaspec
-
-for _name, _def in list(REGISTRY.items()):
-    REGISTRY[_name] = replace(
-        _def, cuda=_cudaspec.ACCUM_SPEC if _def.is_accumulator else _cudaspec.CUDA_SPECS[_name])
+    register(accumulator(_name, _spec, _MIRAGE_ACCUM.get(_name, ())))

@@ -24,6 +24,7 @@ from mirage_cli import ops
 from mirage_cli.builder import BlockBuilder, GraphBuilder
 from mirage_cli.diagnostics import MirageError, Span, did_you_mean
 from mirage_cli.ir import GRID_AXES, AttrValue, AxisMap, DType, Graph
+from mirage_cli.sourcefile import read_text
 from mirage_cli.syntax import (
     MAX_INT,
     AttrArg,
@@ -77,8 +78,6 @@ def parse_syntax(text: str, file: str = "<input>") -> tuple[Program, Graph]:
 
 
 def parse_file(path: str | Path, defines: dict[str, int] | None = None) -> Graph:
-    from mirage_cli.loading import read_text
-
     return parse_text(read_text(str(path)), str(path), defines)
 
 

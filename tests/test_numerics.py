@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from mirage_cli.parser import parse_text
+from mirage_cli.semantics.field import P
 from mirage_cli.verifier import crosscheck as cc
 from mirage_cli.verifier.api import Verifier
-from mirage_cli.verifier.field import P
 
 SCALED = """
 program scaled(n = 64) {

@@ -8,13 +8,14 @@ from mirage_cli import serialize
 from mirage_cli.cli import main
 from mirage_cli.loading import load_graph
 from mirage_cli.parser import parse_text
-from mirage_cli.search import abstract as ab
+from mirage_cli.search import abstract as ab_search
 from mirage_cli.search.analysis import analyze
 from mirage_cli.search.driver import SearchOptions, search
 from mirage_cli.search.enumerate import Limits, Search, make_target
 from mirage_cli.search.prune import Oracle
 from mirage_cli.search.split import split_reduction
 from mirage_cli.search.tune import tune
+from mirage_cli.semantics import terms as ab
 from mirage_cli.verifier.api import Verifier
 
 RMSNORM = """
@@ -51,7 +52,7 @@ def test_every_operator_has_an_abstract_rule():
 
     missing = [n for n, o in ops.REGISTRY.items() if o.abstract is None and n != "custom"]
     assert missing == []
-    assert ab.op_symbols("rms_norm") == frozenset({"div", "sqrt", "sum", "mul"})
+    assert ab_search.op_symbols("rms_norm") == frozenset({"div", "sqrt", "sum", "mul"})
 
 
 def test_fused_example_has_the_programs_expression():
@@ -237,7 +238,7 @@ def test_oracle_keeps_every_tile_of_the_hand_written_qknorm_kernels():
             attrs = dict(opdef.attr_values(o.attrs))
             if opdef.is_accumulator:
                 attrs[ab.FORLOOP_KEY] = bg.forloop
-            tiles[o.outputs[0].name] = ab.apply(o.op, [tiles[n] for n in o.inputs], attrs)[0]
+            tiles[o.outputs[0].name] = ab_search.apply(o.op, [tiles[n] for n in o.inputs], attrs)[0]
             assert oracle.is_subexpr(tiles[o.outputs[0].name].term), o.outputs[0].name
         for v, bo in zip(kop.outputs, bg.outputs):
             env[v.name] = ab.AVal(tiles[bo.source].term, v.type, tiles[bo.source].labels)

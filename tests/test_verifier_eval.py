@@ -16,11 +16,11 @@ from mirage_cli.builder import GraphBuilder
 from mirage_cli.check import block_phases
 from mirage_cli.interp import _block_slices
 from mirage_cli.ir import BlockGraph, Graph
-from mirage_cli.verifier import field as F
+from mirage_cli.semantics import field as F
+from mirage_cli.semantics.fieldsem import FieldSem
+from mirage_cli.semantics.values import FVal, TrialContext
 from mirage_cli.verifier.api import Verifier
 from mirage_cli.verifier.evaluate import LEAD, evaluate, sem
-from mirage_cli.verifier.semantics import FieldSem
-from mirage_cli.verifier.values import FVal, TrialContext
 
 
 def test_every_operator_has_field_semantics() -> None:

@@ -15,8 +15,9 @@ from dataclasses import dataclass
 from typing import assert_never
 
 from mirage_cli import ops
-from mirage_cli.codegen.cudaspec import c_float
 from mirage_cli.ir import AttrValue, DType
+from mirage_cli.semantics.accum import Combine, Finish
+from mirage_cli.semantics.cuda import c_float, c_init, c_update
 
 Lines = list[str]
 
@@ -150,7 +151,7 @@ class Emitter:
                 return self._matmul(inputs, shapes, idx)
             case "reduce":
                 return self._reduce(inputs[0], shapes[0], idx, int(attrs["dim"]),
-                                    bool(attrs.get("keepdim", False)), spec.combine or "sum",
+                                    bool(attrs.get("keepdim", False)), spec.combine or Combine.SUM,
                                     spec.finish)
             case "rms":
                 return self._rms(inputs[0], shapes[0], idx, float(attrs.get("eps", 0.0)))
@@ -188,18 +189,24 @@ class Emitter:
         return lines, acc
 
     def _reduce(self, x: str, sx: tuple[int, ...], idx: list[str], dim: int, keepdim: bool,
-                combine: str, finish: str) -> tuple[Lines, str]:
+                combine: Combine, finish: Finish) -> tuple[Lines, str]:
         k, acc = self.fresh("k"), self.fresh("acc")
         inner = idx[:dim] + [k] + (idx[dim + 1:] if keepdim else idx[dim:])
         body: Lines = []
         e = self._operand(x, inner, body)
-        init = "0.0f" if combine == "sum" else "__int_as_float(0xff800000)"
-        body.append(f"{acc} += {e};" if combine == "sum" else f"{acc} = fmaxf({acc}, {e});")
+        init = c_init(combine)
+        body.append(c_update(acc, e, combine))
         lines = [f"float {acc} = {init};", f"for (int {k} = 0; {k} < {sx[dim]}; ++{k}) {{"]
         lines += indent(body) + ["}"]
-        if finish == "mean":
-            return lines, f"({acc} / {c_float(float(sx[dim]))})"
-        return lines, acc
+        match finish:
+            case Finish.ID:
+                return lines, acc
+            case Finish.MEAN:
+                return lines, f"({acc} / {c_float(float(sx[dim]))})"
+            case Finish.RMS:
+                raise AssertionError("rms is its own CUDA kind, not a reduce finish")
+            case other:
+                assert_never(other)
 
     def _rms(self, x: str, sx: tuple[int, ...], idx: list[str], eps: float
              ) -> tuple[Lines, str]:

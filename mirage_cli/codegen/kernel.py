@@ -33,11 +33,12 @@ from mirage_cli.codegen.expr import (
     offset_expr,
     row_major,
 )
+from mirage_cli.codegen.indexing import check_index_range
 from mirage_cli.codegen.plan import Kernel, Param
 from mirage_cli.codegen.planner import RED, ZERO, Analysis, analyse, decompose, plan_kernel
-from mirage_cli.diagnostics import MirageError
 from mirage_cli.ir import BlockGraph, BlockInput, BlockOp, KernelOp, TensorType
 from mirage_cli.kplan import KernelPlan, Knobs, TilePlan
+from mirage_cli.semantics.cuda import c_update
 
 BodyFn = Callable[[list[str]], Lines]
 
@@ -318,8 +319,7 @@ class FusedKernel:
             spec = ops.get(op.op).accum
             assert spec is not None
             fin = reduce.finish_format(self, op)
-            upd = ("v += mg_dsmem_ld(buf_{0} + e, r);" if spec.combine == "sum"
-                   else "v = fmaxf(v, mg_dsmem_ld(buf_{0} + e, r));").format(name)
+            upd = c_update("v", f"mg_dsmem_ld(buf_{name} + e, r)", spec.combine)
             lines += indent([f"for (int e = threadIdx.x; e < {n}; e += {self.T}) {{",
                              f"  float v = buf_{name}[e];",
                              f"  for (unsigned r = 1; r < {self.KS}; ++r) {upd}",
@@ -404,9 +404,7 @@ def lower_custom(kop: KernelOp, name: str, dev_types: dict[str, TensorType],
     """The CUDA kernel of one custom kernel for ``target``, planned with the knobs of
     its recorded plan (if any) pinned."""
     assert kop.block is not None
-    if any(t.numel >= 2 ** 31 for t in dev_types.values()):
-        raise MirageError("tensors of 2^31 elements or more are not supported by the "
-                          "code generator (32-bit indexing)")
+    check_index_range(kop, dev_types)
     pins = kop.plan.knobs if kop.plan is not None else Knobs()
     plan = plan_kernel(kop.block, dev_types, target, pins)
     return FusedKernel(kop.block, plan, name, dev_types).lower()

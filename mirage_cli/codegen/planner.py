@@ -124,7 +124,7 @@ def acc_row_reduction(op: BlockOp, a: Analysis) -> bool:
     """Accumulators that reduce the tile's last dimension (of 32 or more) over lanes."""
     spec = ops.get(op.op).accum
     assert spec is not None
-    return spec.reduce == "last" and a.types[op.inputs[0]].shape[-1] >= 32
+    return spec.reduce is ops.Reduce.LAST and a.types[op.inputs[0]].shape[-1] >= 32
 
 
 def threads_per_row(rows: int, threads: int) -> int:
@@ -305,8 +305,8 @@ def _direct_acc(op: BlockOp, a: Analysis) -> BlockOp | None:
     users = a.uses[op.outputs[0].name]
     user = users[0] if len(users) == 1 else None
     spec = ops.get(user.op).accum if user is not None else None
-    if (user is None or spec is None or spec.pre != "id" or spec.reduce != "none"
-            or spec.combine != "sum" or a.phases[op.outputs[0].name] != "loop"):
+    if (user is None or spec is None or not spec.is_plain_sum
+            or spec.reduce is not ops.Reduce.NONE or a.phases[op.outputs[0].name] != "loop"):
         return None
     return user
 

@@ -13,11 +13,10 @@ need no barrier), in mma fragments (:mod:`mma`) or in shared memory.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, assert_never
 
 from mirage_cli import ops
 from mirage_cli.codegen import mma
-from mirage_cli.codegen.cudaspec import c_float
 from mirage_cli.codegen.expr import (
     Lines,
     Stored,
@@ -29,19 +28,15 @@ from mirage_cli.codegen.expr import (
 )
 from mirage_cli.ir import BlockOp
 from mirage_cli.kplan import ReducePlan
+from mirage_cli.semantics.accum import Combine, Finish, Pre, Reduce
+from mirage_cli.semantics.cuda import c_float, c_init, c_update, c_warp
 
 if TYPE_CHECKING:
     from mirage_cli.codegen.kernel import FusedKernel
 
-NEG_INF = "__int_as_float(0xff800000)"
-
-
-def _init(combine: str) -> str:
-    return "0.0f" if combine == "sum" else NEG_INF
-
-
-def _update(slot: str, v: str, combine: str) -> str:
-    return f"{slot} += {v};" if combine == "sum" else f"{slot} = fmaxf({slot}, {v});"
+# How a combine is spelled (identity, update, warp shuffle) is the registry's floor's.
+_init = c_init
+_update = c_update
 
 
 Body = Callable[[str, str], tuple[Lines, Lines, Lines]]
@@ -63,12 +58,11 @@ def _rows(k: FusedKernel, rp: ReducePlan, n_rows: int, body: Body) -> Lines:
              "  (void)row; (void)mg_rl;"] + indent(pre + valid + post) + ["}"])
 
 
-def _combine(k: FusedKernel, rp: ReducePlan, v: str, combine: str,
+def _combine(k: FusedKernel, rp: ReducePlan, v: str, combine: Combine,
              leader: Callable[[str], Lines]) -> Lines:
     """Combine ``v`` over the row's threads; ``leader(total)`` runs once per row. Run by
     every thread (past one warp per row it holds barriers)."""
-    red = "mg_warp_sum" if combine == "sum" else "mg_warp_max"
-    lines = [f"{v} = {red}({v});"]
+    lines = [f"{v} = {c_warp(combine, v)};"]
     if rp.threads_per_row == 32:
         return lines + ["if ((threadIdx.x & 31) == 0) {"] + indent(leader(v)) + ["}"]
     nw = rp.threads_per_row // 32
@@ -94,16 +88,12 @@ def _row_index(k: FusedKernel, shape: tuple[int, ...], row: str, dim: int | None
 
 
 def _lane_terms(k: FusedKernel, x: str, idx: list[str], kv: str, length: int, tpr: int,
-                slot: str, pre: str, combine: str, decl: Lines) -> Lines:
+                slot: str, pre: Pre, combine: Combine, decl: Lines) -> Lines:
     """``slot`` ⊕= pre(x[idx]) over this thread's elements ``kv`` of the row."""
     vec = _vec_row(k, x, length, tpr)
     if vec:
         return _lane_terms_vec(k, x, idx, kv, length, tpr, slot, pre, combine, decl)
-    st, v = k.em.value(x, idx)
-    if pre == "square":
-        w = k.em.fresh()
-        st = st + [f"const float {w} = {v};"]
-        v = f"{w} * {w}"
+    st, v = _pre(k, pre, *k.em.value(x, idx))
     inner = st + [_update(slot, v, combine)]
     loop = [f"for (int {kv} = mg_rl; {kv} < {length}; {kv} += {tpr}) {{"] + indent(inner) + ["}"]
     return keep_used(decl, loop) + loop
@@ -119,12 +109,12 @@ def _vec_row(k: FusedKernel, x: str, length: int, tpr: int) -> bool:
 
 
 def _lane_terms_vec(k: FusedKernel, x: str, idx: list[str], kv: str, length: int, tpr: int,
-                    slot: str, pre: str, combine: str, decl: Lines) -> Lines:
+                    slot: str, pre: Pre, combine: Combine, decl: Lines) -> Lines:
     how = k.em.nodes[x].how
     assert isinstance(how, Stored)
     f = k.em.fresh("f")
     off = offset_expr("0", idx[:-1] + [f"{kv} * 8"], how.strides)
-    v = f"{f}[q] * {f}[q]" if pre == "square" else f"{f}[q]"
+    _, v = _pre(k, pre, [], f"{f}[q]", bind=False)
     loop = [f"for (int {kv} = mg_rl; {kv} < {length // 8}; {kv} += {tpr}) {{",
             f"  float {f}[8];", f"  mg_ld8({how.ptr} + ({off}), {f});",
             "  #pragma unroll", f"  for (int q = 0; q < 8; ++q) {_update(slot, v, combine)}", "}"]
@@ -141,11 +131,11 @@ def materialize(k: FusedKernel, op: BlockOp, rp: ReducePlan) -> Lines:
     spec = ops.get(op.op).cuda
     out = op.outputs[0]
     attrs = ops.get(op.op).attr_values(op.attrs)
-    combine = spec.combine or "sum"
+    combine = spec.combine or Combine.SUM
     if spec.kind == "rms":
         eps = c_float(float(attrs.get("eps", 0.0)))
         fin = f"sqrtf({{0}} / {c_float(float(length))} + {eps})"
-    elif spec.finish == "mean":
+    elif spec.finish is Finish.MEAN:
         fin = f"{{0}} / {c_float(float(length))}"
     else:
         fin = "{0}"
@@ -156,7 +146,7 @@ def materialize(k: FusedKernel, op: BlockOp, rp: ReducePlan) -> Lines:
         decl, idx = _row_index(k, out.type.shape, row, None if spec.kind == "rms" else dim,
                                bool(attrs.get("keepdim", False)), kv)
         valid = _lane_terms(k, op.inputs[0], idx, kv, length, rp.threads_per_row, r,
-                            "square" if spec.kind == "rms" else "id", combine, decl)
+                            Pre.SQUARE if spec.kind == "rms" else Pre.ID, combine, decl)
         post = _combine(k, rp, r, combine, lambda tot: [
             f"if ({row} < {n_rows}) buf_{out.name}[{row}] = {fin.format(tot)};"])
         return [f"float {r} = {_init(combine)};"], valid, post
@@ -231,20 +221,22 @@ def acc_update(k: FusedKernel, op: BlockOp) -> Lines:
     width = dict(op.attrs).get("width")
 
     def body(idx: list[str], slot: str, e: str) -> Lines:
-        if spec.reduce == "none":
-            terms, loop = idx, None
-        elif spec.reduce == "last":
-            g = k.em.fresh("k")
-            terms, loop = idx[:-1] + [g], (g, xshape[-1])
-        else:
-            g = k.em.fresh("g")
-            assert isinstance(width, int)
-            terms, loop = idx[:-1] + [f"({g} * {width} + {idx[-1]})"], (g, xshape[-1] // width)
+        loop: tuple[str, int] | None
+        match spec.reduce:
+            case Reduce.NONE:
+                terms, loop = idx, None
+            case Reduce.LAST:
+                g = k.em.fresh("k")
+                terms, loop = idx[:-1] + [g], (g, xshape[-1])
+            case Reduce.TO_WIDTH:
+                g = k.em.fresh("g")
+                assert isinstance(width, int)
+                terms = idx[:-1] + [f"({g} * {width} + {idx[-1]})"]
+                loop = (g, xshape[-1] // width)
+            case other:
+                assert_never(other)
         st, v = k.em.value(x, terms)
-        if spec.pre == "square":
-            w = k.em.fresh()
-            st = st + [f"const float {w} = {v};"]
-            v = f"{w} * {w}"
+        st, v = _pre(k, spec.pre, st, v)
         inner = st + [_update(slot, v, spec.combine)]
         if loop is None:
             return inner
@@ -252,25 +244,47 @@ def acc_update(k: FusedKernel, op: BlockOp) -> Lines:
     return _acc_elems(k, op, body)
 
 
+def _pre(k: FusedKernel, pre: Pre, st: Lines, v: str, bind: bool = True
+         ) -> tuple[Lines, str]:
+    """Statements and expression of ``pre(v)`` (``bind``: name ``v`` first, so that an
+    expression is evaluated once; a plain element read needs no name)."""
+    match pre:
+        case Pre.ID:
+            return st, v
+        case Pre.SQUARE:
+            if not bind:
+                return st, f"{v} * {v}"
+            w = k.em.fresh()
+            return st + [f"const float {w} = {v};"], f"{w} * {w}"
+        case other:
+            assert_never(other)
+
+
 def finish_format(k: FusedKernel, op: BlockOp) -> str:
     """The finish of an accumulator as a format string of its combined state."""
     spec = _spec(op)
     xshape = k.a.types[op.inputs[0]].shape
     count = k.F
-    if spec.reduce == "last":
-        count *= xshape[-1]
-    elif spec.reduce == "to_width":
-        count *= xshape[-1] // int(dict(op.attrs)["width"])
+    match spec.reduce:
+        case Reduce.NONE:
+            pass
+        case Reduce.LAST:
+            count *= xshape[-1]
+        case Reduce.TO_WIDTH:
+            count *= xshape[-1] // int(dict(op.attrs)["width"])  # type: ignore[call-overload]
+        case other:
+            assert_never(other)
     eps = float(dict(op.attrs).get("eps") or 0.0)
     match spec.finish:
-        case "id":
+        case Finish.ID:
             return "{0}"
-        case "mean":
+        case Finish.MEAN:
             return f"{{0}} / {c_float(float(count))}"
-        case "rms":
+        case Finish.RMS:
             tail = f" + {c_float(eps)}" if eps else ""
             return f"sqrtf({{0}} / {c_float(float(count))}{tail})"
-    raise AssertionError(spec.finish)
+        case finish:
+            assert_never(finish)
 
 
 def acc_finish(k: FusedKernel, accs: list[BlockOp], raw: bool = False) -> Lines:
@@ -287,13 +301,13 @@ def acc_finish(k: FusedKernel, accs: list[BlockOp], raw: bool = False) -> Lines:
             n_rows = op.outputs[0].type.numel
 
             def rbody(row: str, lane: str, name: str = name, fin: str = fin,
-                      rp: ReducePlan = rp, n_rows: int = n_rows, combine: str = spec.combine
+                      rp: ReducePlan = rp, n_rows: int = n_rows, combine: Combine = spec.combine
                       ) -> tuple[Lines, Lines, Lines]:
                 v = k.em.fresh("v")
                 return [f"float {v} = acc_{name}[j];"], [], _combine(k, rp, v, combine, lambda t: [
                     f"if ({row} < {n_rows}) buf_{name}[{row}] = {fin.format(t)};"])
             lines += _rows(k, rp, n_rows, rbody)
-        elif k.tile(name).home == "acc_regs" or spec.finish != "id":
+        elif k.tile(name).home == "acc_regs" or spec.finish is not Finish.ID:
             def store(idx: list[str], slot: str, e: str, name: str = name, fin: str = fin
                       ) -> Lines:
                 return [f"buf_{name}[{e}] = {fin.format(slot)};"]

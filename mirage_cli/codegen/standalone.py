@@ -20,7 +20,6 @@ from typing import assert_never
 from mirage_cli import ops
 from mirage_cli.check import check_block, tile_type
 from mirage_cli.codegen import templates
-from mirage_cli.codegen.cudaspec import c_float
 from mirage_cli.codegen.expr import (
     CTYPE,
     Emitter,
@@ -34,6 +33,7 @@ from mirage_cli.codegen.expr import (
     offset_expr,
     row_major,
 )
+from mirage_cli.codegen.indexing import check_index_range, loop_index_type
 from mirage_cli.codegen.plan import Kernel, Param
 from mirage_cli.ir import (
     AxisMap,
@@ -47,6 +47,8 @@ from mirage_cli.ir import (
     Value,
 )
 from mirage_cli.ops import infer_matmul
+from mirage_cli.semantics.accum import Combine, Finish
+from mirage_cli.semantics.cuda import c_float, c_init, c_update, c_warp
 
 ELEM_THREADS = 256
 ROW_WARPS = 8
@@ -70,6 +72,7 @@ def _emitter(kop: KernelOp, types: dict[str, TensorType], params: tuple[Param, .
 
 
 def lower_kernel_op(kop: KernelOp, name: str, types: dict[str, TensorType]) -> Kernel:
+    check_index_range(kop, types)
     spec = ops.get(kop.op).cuda
     match spec.kind:
         case "matmul":
@@ -95,11 +98,12 @@ def _per_element(kop: KernelOp, name: str, types: dict[str, TensorType]) -> Kern
     n = out.type.numel
     decl, idx = index_vars(out.type.shape, "e", "i")
     st, v = em.value(out.name, idx)
-    body = [(f"for (int e = blockIdx.x * {ELEM_THREADS} + threadIdx.x; e < {n}; "
+    grid = (min(-(-n // ELEM_THREADS), MAX_GRID), 1, 1)
+    ix = loop_index_type(n, grid[0] * ELEM_THREADS)
+    body = [(f"for ({ix} e = blockIdx.x * {ELEM_THREADS} + threadIdx.x; e < {n}; "
              f"e += gridDim.x * {ELEM_THREADS}) {{")]
     inner = st + [f"mg_st({params[-1].name} + e, {v});"]
     body += indent(keep_used(decl, inner) + inner) + ["}"]
-    grid = (min(-(-n // ELEM_THREADS), MAX_GRID), 1, 1)
     return Kernel(name, params, tuple(body), ELEM_THREADS, grid, 0, 0,
                   f"{kop.op}: one thread per output element")
 
@@ -119,6 +123,19 @@ def _warp_reduce_fits(kop: KernelOp, types: dict[str, TensorType]) -> bool:
     return x.shape[d] >= 32 and (d == x.rank - 1 or kop.outputs[0].type.numel < 8192)
 
 
+def _reduce_finish(finish: Finish, n: int) -> str:
+    """The result of a reduction over ``n`` elements from its combined state ``s``."""
+    match finish:
+        case Finish.ID:
+            return "s"
+        case Finish.MEAN:
+            return f"s / {c_float(float(n))}"
+        case Finish.RMS:
+            raise AssertionError("rms is its own CUDA kind, not a reduce finish")
+        case other:
+            assert_never(other)
+
+
 def _warp_reduce(kop: KernelOp, name: str, types: dict[str, TensorType]) -> Kernel:
     """Reductions (sum/mean/max over a dimension, rms): one warp per result, lanes
     stride the reduced dimension, warp shuffles combine."""
@@ -134,20 +151,19 @@ def _warp_reduce(kop: KernelOp, name: str, types: dict[str, TensorType]) -> Kern
     keep = spec.kind == "rms" or bool(attrs.get("keepdim", False))
     in_idx = idx[:d] + ["k"] + (idx[d + 1:] if keep else idx[d:])
     xv = em.load(x, in_idx)
-    combine = spec.combine or "sum"
+    combine = Combine.SUM if spec.kind == "rms" else spec.combine or Combine.SUM
     if spec.kind == "rms":
-        body_acc, red = f"{{ const float t = {xv}; s = fmaf(t, t, s); }}", "mg_warp_sum"
+        body_acc = f"{{ const float t = {xv}; s = fmaf(t, t, s); }}"
         fin = f"sqrtf(s / {c_float(float(n))} + {c_float(float(attrs.get('eps', 0.0)))})"
-    elif combine == "max":
-        body_acc, red, fin = f"s = fmaxf(s, {xv});", "mg_warp_max", "s"
     else:
-        body_acc, red = f"s += {xv};", "mg_warp_sum"
-        fin = f"s / {c_float(float(n))}" if spec.finish == "mean" else "s"
-    init = "__int_as_float(0xff800000)" if combine == "max" and spec.kind != "rms" else "0.0f"
-    body = [f"const int row = blockIdx.x * {ROW_WARPS} + threadIdx.x / 32;",
+        body_acc, fin = c_update("s", xv, combine), _reduce_finish(spec.finish, n)
+    body = [(f"const {loop_index_type(out.numel, ROW_WARPS)} row = blockIdx.x * {ROW_WARPS} "
+            "+ threadIdx.x / 32;"),
             "const int lane = threadIdx.x % 32;", f"if (row >= {out.numel}) return;"]
-    loop = [f"float s = {init};", f"for (int k = lane; k < {n}; k += 32) {body_acc}",
-            f"s = {red}(s);", f"if (lane == 0) mg_st({params[-1].name} + row, {fin});"]
+    loop = [f"float s = {c_init(combine)};",
+            f"for ({loop_index_type(n, 32)} k = lane; k < {n}; k += 32) {body_acc}",
+            f"s = {c_warp(combine, 's')};",
+            f"if (lane == 0) mg_st({params[-1].name} + row, {fin});"]
     body += keep_used(decl, loop) + loop
     return Kernel(name, params, tuple(body), 32 * ROW_WARPS, (-(-out.numel // ROW_WARPS), 1, 1),
                   0, 0, f"{kop.op} over {n}: one warp per result")
@@ -168,8 +184,10 @@ def _rows(kop: KernelOp, name: str, types: dict[str, TensorType]) -> Kernel:
     oidx = oidx if other else []
     idx = oidx[:dim] + ["k"] + oidx[dim:]
     out = params[-1].name
+    ik = loop_index_type(n, 32)
     ostrides = row_major(kop.outputs[0].type.shape)
-    body = [f"const int row = blockIdx.x * {ROW_WARPS} + threadIdx.x / 32;",
+    body = [(f"const {loop_index_type(rows, ROW_WARPS)} row = blockIdx.x * {ROW_WARPS} "
+            "+ threadIdx.x / 32;"),
             "const int lane = threadIdx.x % 32;", f"if (row >= {rows}) return;"] + decl
     xv = em.load(x, idx)
     o = offset_expr("0", idx, ostrides)
@@ -180,17 +198,17 @@ def _rows(kop: KernelOp, name: str, types: dict[str, TensorType]) -> Kernel:
             from mirage_cli.codegen.expr import broadcast_index
             wv = " * " + em.load(kop.inputs[1], broadcast_index(idx, types[kop.inputs[1]].shape))
         body += ["float ss = 0.0f;",
-                 f"for (int k = lane; k < {n}; k += 32) {{ const float t = {xv}; ss = fmaf(t, t, ss); }}",
+                 f"for ({ik} k = lane; k < {n}; k += 32) {{ const float t = {xv}; ss = fmaf(t, t, ss); }}",
                  "ss = mg_warp_sum(ss);",
                  f"const float inv = 1.0f / sqrtf(ss / {c_float(float(n))} + {eps});",
-                 f"for (int k = lane; k < {n}; k += 32) mg_st({out} + ({o}), {xv} * inv{wv});"]
+                 f"for ({ik} k = lane; k < {n}; k += 32) mg_st({out} + ({o}), {xv} * inv{wv});"]
     else:
         body += ["float m = __int_as_float(0xff800000);",
-                 f"for (int k = lane; k < {n}; k += 32) m = fmaxf(m, {xv});",
+                 f"for ({ik} k = lane; k < {n}; k += 32) m = fmaxf(m, {xv});",
                  "m = mg_warp_max(m);", "float s = 0.0f;",
-                 f"for (int k = lane; k < {n}; k += 32) s += expf({xv} - m);",
+                 f"for ({ik} k = lane; k < {n}; k += 32) s += expf({xv} - m);",
                  "s = mg_warp_sum(s);", "const float inv = 1.0f / s;",
-                 f"for (int k = lane; k < {n}; k += 32) mg_st({out} + ({o}), expf({xv} - m) * inv);"]
+                 f"for ({ik} k = lane; k < {n}; k += 32) mg_st({out} + ({o}), expf({xv} - m) * inv);"]
     grid = (-(-rows // ROW_WARPS), 1, 1)
     return Kernel(name, params, tuple(body), 32 * ROW_WARPS, grid, 0, 0,
                   f"{kop.op}: one warp per row of {n}")

@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 
 import z3
 
-from mirage_cli.search.abstract import Term, children
+from mirage_cli.semantics.terms import REDUCTIONS, Term, children
 
 # Functions of two tensor arguments; everything else with tensor arguments is unary
 # (or n-ary via folding for add/mul). Sizes take the second sort.
@@ -87,7 +87,7 @@ class Oracle:
     def _fn(self, name: str, arity: int) -> z3.FuncDeclRef:
         key = (name, arity)
         if key not in self._funcs:
-            if name in ("sum", "max"):
+            if name in REDUCTIONS:
                 decl = z3.Function(name, self.N, self.E, self.E)
             elif name == "size":
                 decl = z3.Function(name, self.N, self.E)
@@ -129,7 +129,7 @@ class Oracle:
             return self._const(f"c:{t[1]}")
         if head == "size":
             return self._fn("size", 1)(self._size(t[1]))
-        if head in ("sum", "max"):
+        if head in REDUCTIONS:
             return self._fn(head, 2)(self._size(t[1]), self.encode(t[2]))
         args = [self.encode(c) for c in children(t)]
         if head in ("add", "mul"):
@@ -152,7 +152,7 @@ class Oracle:
         m, n = z3.Consts("m n", self.N)
         S, fa = self.S, z3.ForAll
         ax: list[z3.BoolRef] = []
-        if name in ("sum", "max"):
+        if name in REDUCTIONS:
             ax.append(fa([n, x], z3.Implies(S(f(n, x)), S(x)), patterns=[f(n, x)]))
             ax.append(fa([m, n, x], z3.Implies(z3.And(S(f(n, x)), self.le(m, n)),
                                                S(f(m, x))),

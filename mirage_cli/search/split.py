@@ -39,7 +39,7 @@ def split_reduction(target: Graph, design: Design, tuning: Tuning) -> Design | N
     for o in c.ops:
         spec = ops.get(o.op).accum
         if spec is not None:
-            if (spec.pre, spec.combine, spec.finish) != ("id", "sum", "id"):
+            if not spec.is_plain_sum:
                 return None
             phase.append("acc")
         elif any(phase[a] in ("acc", "epilogue") for a in o.args):
@@ -84,7 +84,7 @@ def split_reduction(target: Graph, design: Design, tuning: Tuning) -> Design | N
         spec = ops.get(acc.op).accum
         assert spec is not None
         width = block.ops[t - nl].outputs[0].type.shape[-1]
-        if spec.reduce == "last":
+        if spec.reduce is ops.Reduce.LAST:
             ops2.append(OpD("acc_sum_ld", (j,), ()))
         else:
             ops2.append(OpD("acc_sum_to", (j,), (("width", width),)))

@@ -17,8 +17,8 @@ from math import prod
 from mirage_cli import ops
 from mirage_cli.check import block_phases
 from mirage_cli.ir import BlockGraph, Graph, TensorType
-from mirage_cli.verifier.degrees import ITER, Stat, spread
-from mirage_cli.verifier.semantics import FieldSem
+from mirage_cli.semantics.degrees import ITER, Stat, spread
+from mirage_cli.semantics.fieldsem import FieldSem
 
 
 @dataclass

@@ -31,13 +31,13 @@ import numpy as np
 from mirage_cli import ops
 from mirage_cli.diagnostics import MirageError
 from mirage_cli.ir import Graph
+from mirage_cli.semantics.field import INPUT_BITS, P, Q, register_bits
+from mirage_cli.semantics.fieldsem import FieldSem
+from mirage_cli.semantics.values import FVal, TrialContext, Unsupported
 from mirage_cli.verifier.analysis import Profile, profile
 from mirage_cli.verifier.bound import TrialBound, trial_bound
 from mirage_cli.verifier.crosscheck import CrossCheck, crosscheck
 from mirage_cli.verifier.evaluate import evaluate
-from mirage_cli.verifier.field import INPUT_BITS, P, Q, register_bits
-from mirage_cli.verifier.semantics import FieldSem
-from mirage_cli.verifier.values import FVal, TrialContext, Unsupported
 
 DEFAULT_BOUND = 2.0 ** -40
 # Trials that met a zero divisor are replaced; give up after this many replacements.

@@ -26,8 +26,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from mirage_cli.semantics.field import INPUT_BITS, Q
 from mirage_cli.verifier.analysis import Profile
-from mirage_cli.verifier.field import INPUT_BITS, Q
 
 
 @dataclass(frozen=True)

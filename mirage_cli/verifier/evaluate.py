@@ -20,8 +20,8 @@ import numpy as np
 
 from mirage_cli import ops
 from mirage_cli.ir import AxisMap, BlockGraph, Graph, KernelOp, TensorType
-from mirage_cli.verifier.semantics import FieldSem, lift
-from mirage_cli.verifier.values import FVal, TrialContext
+from mirage_cli.semantics.fieldsem import FieldSem, lift
+from mirage_cli.semantics.values import FVal, TrialContext
 
 LEAD = 4  # grid x, y, z and the forloop iteration
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from mirage_cli.verifier.field import ExpTable, P, Q, mix64, subgroup_generator
+from mirage_cli.semantics.field import ExpTable, P, Q, mix64, subgroup_generator
 
 
 class Unsupported(Exception):

@@ -31,32 +31,16 @@ from typing import Any, assert_never
 
 import numpy as np
 
-from mirage_cli.verifier import field as F
-from mirage_cli.verifier.degrees import (
+from mirage_cli.semantics import field as F
+from mirage_cli.semantics.accum import AccumSpec, Finish, Pre, Reduce, is_extreme
+from mirage_cli.semantics.degrees import (
     Stat,
     StatFn,
-    inv_all,
-    inv_divisor,
-    inv_rows,
     st_acc_rms_key,
     st_accumulate,
-    st_add,
     st_atom,
-    st_concat,
-    st_div,
-    st_exp,
-    st_inv_atom,
-    st_matmul,
-    st_mul,
-    st_reduce,
-    st_rms_key,
-    st_rms_norm,
-    st_same,
-    st_softmax,
-    st_square,
-    st_sum_to,
 )
-from mirage_cli.verifier.values import MODULI, FVal, TrialContext, Unsupported
+from mirage_cli.semantics.values import MODULI, FVal, TrialContext, Unsupported
 
 Attrs = dict[str, Any]
 Shape = tuple[int, ...]
@@ -109,7 +93,7 @@ def lift(fn: Callable[..., Res]) -> Callable[[Sequence[FVal]], FVal]:
     return apply
 
 
-def _ring(fn: Callable[..., Res]) -> EvalFn:
+def ring(fn: Callable[..., Res]) -> EvalFn:
     lifted = lift(fn)
     return lambda xs, a, ctx: lifted(xs)
 
@@ -148,7 +132,7 @@ def random_fn(name: str, x: FVal, ctx: TrialContext) -> FVal:
     return FVal(lambda: values()[0], lambda: values()[1], lambda: values()[2])
 
 
-def _ev_random(name: str) -> EvalFn:
+def ev_random(name: str) -> EvalFn:
     return lambda xs, a, ctx: random_fn(name, xs[0], ctx)
 
 
@@ -175,15 +159,17 @@ def mean_over(x: FVal, axes: tuple[int, ...], keepdims: bool = True) -> FVal:
     return lift(fn)([x])
 
 
-def multiset_max(x: FVal, axes: tuple[int, ...], keepdims: bool, ctx: TrialContext) -> FVal:
-    """max over ``axes`` as a random function of the multiset of elements reduced: a
-    64-bit fingerprint (sum of per-element hashes, wrapping) fed to a random function."""
+def multiset_max(x: FVal, axes: tuple[int, ...], keepdims: bool, ctx: TrialContext,
+                 name: str = "max") -> FVal:
+    """max (or min, by ``name``) over ``axes`` as a random function of the multiset of
+    elements reduced: a 64-bit fingerprint (sum of per-element hashes, wrapping) fed to a
+    random function named ``name``, so max and min never agree."""
     def key() -> FVal:
-        h = F.hash_key(ctx.salt("max.element"), x.p, x.q, x.r)
+        h = F.hash_key(ctx.salt(f"{name}.element"), x.p, x.q, x.r)
         with np.errstate(over="ignore"):
             s = h.sum(axis=axes, keepdims=keepdims, dtype=np.uint64)
         return FVal.of(s.view(np.int64), None)
-    return random_fn("max", key(), ctx)
+    return random_fn(name, key(), ctx)
 
 
 def _axis(ctx: TrialContext, a: Attrs) -> int:
@@ -252,38 +238,51 @@ def ev_sum_to(xs: Sequence[FVal], a: Attrs, ctx: TrialContext) -> FVal:
     return lift(lambda v, m: sum_to(v, w, m))(xs)
 
 
-def ev_accumulate(spec: Any) -> EvalFn:
-    """An accumulator (an ``ops.AccumSpec``, read by attribute): its input holds every
-    iteration's tile on axis ``ctx.lead - 1``; the result keeps that axis as size 1."""
+def ev_accumulate(spec: AccumSpec) -> EvalFn:
+    """An accumulator: its input holds every iteration's tile on axis ``ctx.lead - 1``;
+    the result keeps that axis as size 1."""
     def ev(xs: Sequence[FVal], a: Attrs, ctx: TrialContext) -> FVal:
-        x = xs[0]
+        x = _pre(spec.pre, xs[0])
         it = ctx.lead - 1
-        if spec.pre == "square":
-            x = lift(lambda v, m: v * v % m)([x])
-        if spec.combine == "max":
-            assert spec.reduce != "to_width", "acc_max to a width is not an operator"
-            return multiset_max(x, (it, -1) if spec.reduce == "last" else (it,), True, ctx)
+        if is_extreme(spec.combine):  # AccumSpec admits only reduce none/last here
+            return multiset_max(x, (it, -1) if spec.reduce is Reduce.LAST else (it,), True,
+                                ctx, spec.combine.value)
         axes: tuple[int, ...]
-        if spec.reduce == "to_width":
-            w = int(a["width"])
-            x = lift(lambda v, m: _sum_groups(v, w, m))([x])
-            axes = (it, -2)
-        else:
-            axes = (it, -1) if spec.reduce == "last" else (it,)
+        match spec.reduce:
+            case Reduce.TO_WIDTH:
+                w = int(a["width"])
+                x = lift(lambda v, m: _sum_groups(v, w, m))([x])
+                axes = (it, -2)
+            case Reduce.LAST:
+                axes = (it, -1)
+            case Reduce.NONE:
+                axes = (it,)
+            case other:
+                assert_never(other)
         match spec.finish:
-            case "id":
+            case Finish.ID:
                 return _squeeze_groups(reduce_sum(x, axes), spec)
-            case "mean":
+            case Finish.MEAN:
                 return _squeeze_groups(mean_over(x, axes), spec)
-            case "rms":
+            case Finish.RMS:
                 ms = _squeeze_groups(mean_over(x, axes), spec)
                 eps = float(a.get("eps", 0.0))
                 if eps:  # the same key as rms / rms_norm with this eps
                     ms = lift(lambda v, m: (v + F.const(eps, m)) % m)([ms])
                 return random_fn("sqrt", ms, ctx)
-            case other:
-                assert_never(other)
+            case finish:
+                assert_never(finish)
     return ev
+
+
+def _pre(pre: Pre, x: FVal) -> FVal:
+    match pre:
+        case Pre.ID:
+            return x
+        case Pre.SQUARE:
+            return lift(lambda v, m: v * v % m)([x])
+        case other:
+            assert_never(other)
 
 
 def _sum_groups(v: Res, width: int, m: int) -> Res:
@@ -291,8 +290,8 @@ def _sum_groups(v: Res, width: int, m: int) -> Res:
     return v.reshape(v.shape[:-1] + (v.shape[-1] // width, width))
 
 
-def _squeeze_groups(x: FVal, spec: Any) -> FVal:
-    if spec.reduce != "to_width":
+def _squeeze_groups(x: FVal, spec: AccumSpec) -> FVal:
+    if spec.reduce is not Reduce.TO_WIDTH:
         return x
     return lift(lambda v, m: v.reshape(v.shape[:-2] + v.shape[-1:]))([x])
 
@@ -308,43 +307,15 @@ def ev_matmul(xs: Sequence[FVal], a: Attrs, ctx: TrialContext) -> FVal:
 EXACT = "exact field arithmetic"
 RATIONAL = "field inverse; a zero divisor discards the trial"
 
-SEMANTICS: dict[str, FieldSem] = {
-    "matmul": FieldSem(ev_matmul, st_matmul, EXACT),
-    "add": FieldSem(_ring(lambda x, y, m: (x + y) % m), st_add, EXACT),
-    "sub": FieldSem(_ring(lambda x, y, m: (x - y) % m), st_add, EXACT),
-    "mul": FieldSem(_ring(lambda x, y, m: x * y % m), st_mul, EXACT),
-    "div": FieldSem(ev_div, st_div, RATIONAL, inverts=inv_divisor),
-    "exp": FieldSem(ev_exp, st_exp, "exp(a) = g^a: Z_Q additive -> Z_P multiplicative, "
-                    "g of order Q drawn per trial", uses_exp=True),
-    "silu": FieldSem(_ev_random("silu"), st_atom, "random function per trial, shared by "
-                     "both sides", random_fn="silu"),
-    "gelu": FieldSem(_ev_random("gelu"), st_atom, "random function per trial, shared by "
-                     "both sides", random_fn="gelu"),
-    "relu": FieldSem(_ev_random("relu"), st_atom, "random function per trial, shared by "
-                     "both sides", random_fn="relu"),
-    "sqrt": FieldSem(_ev_random("sqrt"), st_atom, "random function per trial, shared by "
-                     "both sides", random_fn="sqrt"),
-    "rsqrt": FieldSem(ev_rsqrt, st_inv_atom, "1 / (the random sqrt of this trial)",
-                      random_fn="sqrt", inverts=inv_all),
-    "square": FieldSem(_ring(lambda x, m: x * x % m), st_square, EXACT),
-    "neg": FieldSem(_ring(lambda x, m: -x % m), st_same, EXACT),
-    "mul_scalar": FieldSem(ev_mul_scalar, st_same, EXACT + " (the scalar as an exact "
-                           "dyadic rational)"),
-    "sum": FieldSem(ev_sum, st_reduce, EXACT),
-    "mean": FieldSem(ev_mean, st_reduce, EXACT + " (times the inverse of the count)"),
-    "max": FieldSem(ev_max, st_atom, "random function of the multiset of elements "
-                    "reduced, per trial, shared by both sides", random_fn="max",
-                    keys_from="in"),
-    "rms": FieldSem(ev_rms, st_atom, "random sqrt of (mean of squares + eps)",
-                    random_fn="sqrt", keys_from="rows", key_stat=st_rms_key),
-    "rms_norm": FieldSem(ev_rms_norm, st_rms_norm, "x / random sqrt of (mean of squares "
-                         "+ eps), times g", random_fn="sqrt", keys_from="rows",
-                         inverts=inv_rows, key_stat=st_rms_key),
-    "softmax": FieldSem(ev_softmax, st_softmax, "exp (as above) divided by its sum",
-                        inverts=inv_rows, uses_exp=True),
-    "concat": FieldSem(ev_concat, st_concat, EXACT),
-    "sum_to": FieldSem(ev_sum_to, st_sum_to, EXACT),
-}
+def random_sem(name: str) -> FieldSem:
+    """An element-wise operator modelled as a random function named ``name``."""
+    return FieldSem(ev_random(name), st_atom, "random function per trial, shared by "
+                    "both sides", random_fn=name)
+
+
+MAX_SEM = FieldSem(ev_max, st_atom, "random function of the multiset of elements "
+                   "reduced, per trial, shared by both sides", random_fn="max",
+                   keys_from="in")
 
 
 def custom_sem() -> FieldSem:
@@ -356,17 +327,21 @@ def custom_sem() -> FieldSem:
                     "iterations")
 
 
-def accumulator_sem(spec: Any) -> FieldSem:
+def accumulator_sem(spec: AccumSpec) -> FieldSem:
     """A forloop accumulator from its ``AccumSpec``."""
-    if spec.combine == "max":
-        return FieldSem(ev_accumulate(spec), st_accumulate(spec), "random function of the "
-                        "multiset of elements reduced (as max)", random_fn="max",
+    ev, st = ev_accumulate(spec), st_accumulate(spec)
+    if is_extreme(spec.combine):
+        return FieldSem(ev, st, "random function of the multiset of elements reduced "
+                        f"(as {spec.combine.value})", random_fn=spec.combine.value,
                         keys_from="in")
-    if spec.finish == "rms":
-        return FieldSem(ev_accumulate(spec), st_accumulate(spec), "random sqrt of (the mean "
-                        "of squares + eps)", random_fn="sqrt",
-                        key_stat=st_acc_rms_key(spec))
-    return FieldSem(ev_accumulate(spec), st_accumulate(spec), EXACT)
+    match spec.finish:
+        case Finish.RMS:
+            return FieldSem(ev, st, "random sqrt of (the mean of squares + eps)",
+                            random_fn="sqrt", key_stat=st_acc_rms_key(spec))
+        case Finish.ID | Finish.MEAN:
+            return FieldSem(ev, st, EXACT)
+        case other:
+            assert_never(other)
 
 
 def numel(shape: Shape) -> int:

@@ -6,9 +6,12 @@ import :mod:`mirage_cli.ops` (ops imports it).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from mirage_cli.ir import TensorType
+
+# FLOPs of one application, from the operand and result types.
+FlopFn = Callable[[Sequence[TensorType], TensorType], int]
 
 
 def per_element(ins: Sequence[TensorType], out: TensorType) -> int:

@@ -17,7 +17,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, assert_never
+
+from mirage_cli.semantics.accum import AccumSpec, Finish, Pre, Reduce, is_extreme
 
 Attrs = dict[str, Any]
 Shape = tuple[int, ...]
@@ -171,31 +173,45 @@ def _plus_eps(s: Stat, a: Attrs) -> Stat:
     return Stat(max(s.num, s.den), s.den, s.p_only, s.den_var)
 
 
-def st_accumulate(spec: Any) -> StatFn:
+def st_accumulate(spec: AccumSpec) -> StatFn:
     """Sum over the iterations (and the last dim or groups of it): one common
     denominator unless it varies across iterations or along the reduced dim."""
     def st(ss: Sequence[Stat], shapes: Sequence[Shape], a: Attrs, f: int) -> Stat:
-        if spec.combine == "max" or spec.finish == "rms":
-            return Stat(1, 0, False)
-        s = st_square(ss, shapes, a, f) if spec.pre == "square" else ss[0]
-        n, varies = f, ITER in s.den_var
-        if spec.reduce == "last":
-            n *= shapes[0][-1]
-            varies = varies or -1 in s.den_var
-        elif spec.reduce == "to_width":
-            n *= shapes[0][-1] // int(a["width"])
+        if is_extreme(spec.combine) or spec.finish is Finish.RMS:
+            return Stat(1, 0, False)  # a random function's value: an atom
+        match spec.pre:
+            case Pre.SQUARE:
+                s = st_square(ss, shapes, a, f)
+            case Pre.ID:
+                s = ss[0]
+            case other:
+                assert_never(other)
+        n, varies = f * _reduced_per_tile(spec.reduce, shapes[0], a), ITER in s.den_var
+        if spec.reduce is not Reduce.NONE:
             varies = varies or -1 in s.den_var
         r = summed(s, n, varies)
-        axes = s.den_var - {ITER} - ({-1} if spec.reduce == "last" else set())
+        axes = s.den_var - {ITER} - ({-1} if spec.reduce is Reduce.LAST else set())
         return r.with_axes(axes)
     return st
 
 
-def st_acc_rms_key(spec: Any) -> StatFn:
+def _reduced_per_tile(reduce: Reduce, shape: Shape, a: Attrs) -> int:
+    match reduce:
+        case Reduce.NONE:
+            return 1
+        case Reduce.LAST:
+            return shape[-1]
+        case Reduce.TO_WIDTH:
+            return shape[-1] // int(a["width"])
+        case other:
+            assert_never(other)
+
+
+def st_acc_rms_key(spec: AccumSpec) -> StatFn:
     def st(ss: Sequence[Stat], shapes: Sequence[Shape], a: Attrs, f: int) -> Stat:
         s = st_square(ss, shapes, a, f)
-        varies = ITER in s.den_var or (spec.reduce == "last" and -1 in s.den_var)
-        return _plus_eps(summed(s, f * (shapes[0][-1] if spec.reduce == "last" else 1),
+        varies = ITER in s.den_var or (spec.reduce is Reduce.LAST and -1 in s.den_var)
+        return _plus_eps(summed(s, f * _reduced_per_tile(spec.reduce, shapes[0], a),
                                 varies), a)
     return st
 

@@ -1,11 +1,11 @@
 """What the code generator knows about one operator: the ``cuda`` slot of its OpDef.
 
-Each operator's entry in :mod:`mirage_cli.ops` holds a :class:`CudaSpec`; the lowering
+Each operator's row in :mod:`mirage_cli.ops` holds a :class:`CudaSpec`; the lowering
 dispatches on :attr:`CudaSpec.kind` (a closed set) and never on operator names.
 
 - ``elementwise``: ``expr`` is a C expression over ``{0}``, ``{1}`` (f32 operands,
   already bound to locals) and attribute placeholders such as ``{scalar}``;
-- ``reduce``: ``combine`` (``sum``/``max``) over one dimension, ``finish`` ``mean``
+- ``reduce``: ``combine`` (a :class:`Combine`) over one dimension, ``finish`` ``mean``
   divides by the reduced size;
 - ``matmul``, ``rms``, ``rms_norm``, ``softmax``, ``concat``, ``sum_to``: structural
   kinds with their own lowering;
@@ -14,14 +14,17 @@ dispatches on :attr:`CudaSpec.kind` (a closed set) and never on operator names.
 
 ``torch`` gives the PyTorch form of the operator, used only for benchmark baselines.
 
-This module must not import :mod:`mirage_cli.ops` (ops imports it).
+This module is on the floor below the registry: it imports only its neighbour
+:mod:`mirage_cli.semantics.accum`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, assert_never
+
+from mirage_cli.semantics.accum import Combine, Finish
 
 CudaKind = Literal["elementwise", "reduce", "matmul", "rms", "rms_norm", "softmax",
                    "concat", "sum_to", "accum", "custom"]
@@ -34,8 +37,8 @@ TorchFn = Callable[[Any, list[Any], dict[str, Any]], Any]
 class CudaSpec:
     kind: CudaKind
     expr: str | None = None
-    combine: Literal["sum", "max"] | None = None
-    finish: Literal["id", "mean"] = "id"
+    combine: Combine | None = None
+    finish: Finish = Finish.ID
     torch: TorchFn | None = None
 
 
@@ -43,7 +46,7 @@ def elementwise(expr: str, torch: TorchFn) -> CudaSpec:
     return CudaSpec("elementwise", expr=expr, torch=torch)
 
 
-def _t_reduce(name: str) -> TorchFn:
+def t_reduce(name: str) -> TorchFn:
     def fn(t: Any, xs: list[Any], a: dict[str, Any]) -> Any:
         dim, keep = int(a["dim"]), bool(a.get("keepdim", False))
         if name == "max":
@@ -52,13 +55,13 @@ def _t_reduce(name: str) -> TorchFn:
     return fn
 
 
-def _t_rms(t: Any, xs: list[Any], a: dict[str, Any]) -> Any:
+def t_rms(t: Any, xs: list[Any], a: dict[str, Any]) -> Any:
     x = xs[0]
     return t.sqrt((x.float() * x.float()).mean(dim=-1, keepdim=True) + float(a.get("eps", 0.0))
                   ).to(x.dtype)
 
 
-def _t_rms_norm(t: Any, xs: list[Any], a: dict[str, Any]) -> Any:
+def t_rms_norm(t: Any, xs: list[Any], a: dict[str, Any]) -> Any:
     x = xs[0]
     w = xs[1] if len(xs) > 1 else None
     if w is not None and tuple(w.shape) == (x.shape[-1],):
@@ -67,35 +70,53 @@ def _t_rms_norm(t: Any, xs: list[Any], a: dict[str, Any]) -> Any:
     return y * w if w is not None else y
 
 
-CUDA_SPECS: dict[str, CudaSpec] = {
-    "matmul": CudaSpec("matmul", torch=lambda t, xs, a: t.matmul(xs[0], xs[1])),
-    "add": elementwise("({0} + {1})", lambda t, xs, a: xs[0] + xs[1]),
-    "sub": elementwise("({0} - {1})", lambda t, xs, a: xs[0] - xs[1]),
-    "mul": elementwise("({0} * {1})", lambda t, xs, a: xs[0] * xs[1]),
-    "div": elementwise("({0} / {1})", lambda t, xs, a: xs[0] / xs[1]),
-    "exp": elementwise("expf({0})", lambda t, xs, a: t.exp(xs[0])),
-    "silu": elementwise("mg_silu({0})", lambda t, xs, a: t.nn.functional.silu(xs[0])),
-    "gelu": elementwise("mg_gelu({0})", lambda t, xs, a: t.nn.functional.gelu(xs[0])),
-    "relu": elementwise("fmaxf({0}, 0.0f)", lambda t, xs, a: t.relu(xs[0])),
-    "sqrt": elementwise("sqrtf({0})", lambda t, xs, a: t.sqrt(xs[0])),
-    "rsqrt": elementwise("rsqrtf({0})", lambda t, xs, a: t.rsqrt(xs[0])),
-    "square": elementwise("({0} * {0})", lambda t, xs, a: xs[0] * xs[0]),
-    "neg": elementwise("(-{0})", lambda t, xs, a: -xs[0]),
-    "mul_scalar": elementwise("({0} * {scalar})",
-                              lambda t, xs, a: xs[0] * float(a["scalar"])),
-    "sum": CudaSpec("reduce", combine="sum", torch=_t_reduce("sum")),
-    "mean": CudaSpec("reduce", combine="sum", finish="mean", torch=_t_reduce("mean")),
-    "max": CudaSpec("reduce", combine="max", torch=_t_reduce("max")),
-    "rms": CudaSpec("rms", torch=_t_rms),
-    "rms_norm": CudaSpec("rms_norm", torch=_t_rms_norm),
-    "softmax": CudaSpec("softmax",
-                        torch=lambda t, xs, a: t.softmax(xs[0].float(), dim=int(a["dim"])
-                                                         ).to(xs[0].dtype)),
-    "concat": CudaSpec("concat", torch=lambda t, xs, a: t.cat(xs, dim=int(a["dim"]))),
-    "sum_to": CudaSpec("sum_to"),
-    "custom": CudaSpec("custom"),
-}
 ACCUM_SPEC = CudaSpec("accum")
+
+
+# -- how each accumulator combine is spelled in C (exhaustive over Combine) ----------
+
+NEG_INF = "__int_as_float(0xff800000)"
+POS_INF = "__int_as_float(0x7f800000)"
+
+
+def c_init(combine: Combine) -> str:
+    """The identity of ``combine``, the initial value of its running state."""
+    match combine:
+        case Combine.SUM:
+            return "0.0f"
+        case Combine.MAX:
+            return NEG_INF
+        case Combine.MIN:
+            return POS_INF
+        case other:
+            assert_never(other)
+
+
+def c_update(slot: str, v: str, combine: Combine) -> str:
+    """The statement folding ``v`` into the running state ``slot``."""
+    match combine:
+        case Combine.SUM:
+            return f"{slot} += {v};"
+        case Combine.MAX:
+            return f"{slot} = fmaxf({slot}, {v});"
+        case Combine.MIN:
+            return f"{slot} = fminf({slot}, {v});"
+        case other:
+            assert_never(other)
+
+
+def c_warp(combine: Combine, v: str) -> str:
+    """``v`` combined over the 32 lanes of a warp (the prelude's shuffle helpers; min
+    as the negated max of the negations, exact in floating point)."""
+    match combine:
+        case Combine.SUM:
+            return f"mg_warp_sum({v})"
+        case Combine.MAX:
+            return f"mg_warp_max({v})"
+        case Combine.MIN:
+            return f"(-mg_warp_max(-({v})))"
+        case other:
+            assert_never(other)
 
 
 def c_float(v: float) -> str:
