@@ -381,3 +381,12 @@ def test_bench_lora_end_to_end(tmp_path, monkeypatch):
         assert row["floor_us"] > 0 and row["bandwidth"] == bw["copy_kernel_bytes_per_s"]
         assert row["kernels"] and all(k["threads"] > 0 for k in row["kernels"])
     assert len(list(csv.DictReader((tmp_path / "bench.csv").open()))) == len(doc["rows"])
+
+
+def test_opt_settings_are_opts_own_defaults():
+    """The bench searches with opt's defaults: pruning and the cache on (a flag's default
+    read as a truthy sentinel once turned both off)."""
+    from mirage_cli.commands.bench import opt_settings
+
+    kw = opt_settings(jobs=1)
+    assert kw["no_prune"] is False and kw["no_cache"] is False and kw["jobs"] == 1

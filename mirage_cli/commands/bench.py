@@ -48,7 +48,10 @@ def opt_settings(jobs: int | None = None, top: int = 1, budget: float | None = N
     ``top`` no larger than opt's default, the search (and its cache entry) is opt's."""
     from mirage_cli.commands import opt
 
-    kw: dict[str, Any] = {p.name: p.default for p in opt.command.params
+    # get_default, not .default: newer click versions keep an UNSET sentinel (truthy)
+    # in a flag's .default, which read as --no-prune and --no-cache.
+    ctx = click.Context(opt.command)
+    kw: dict[str, Any] = {p.name: p.get_default(ctx) for p in opt.command.params
                           if p.name in SEARCH_KEYS}
     if jobs is not None:
         kw["jobs"] = jobs
