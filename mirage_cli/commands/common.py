@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -38,7 +39,7 @@ def write_output(path: str, data: str | bytes) -> None:
     from mirage_cli.util import write_atomic
 
     if path == "-":
-        stream = click.get_binary_stream("stdout")
+        stream = sys.stdout.buffer
         stream.write(data if isinstance(data, bytes) else data.encode("utf-8"))
         stream.flush()
         return
