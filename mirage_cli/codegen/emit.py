@@ -18,13 +18,13 @@ from typing import Any
 
 from mirage_cli import __version__
 from mirage_cli.codegen import templates
+from mirage_cli.codegen.indexing import INT_MAX
 from mirage_cli.codegen.names import comment_text, param_names
 from mirage_cli.codegen.plan import Buffer, Copy, Launch, Program
 from mirage_cli.diagnostics import MirageError
 from mirage_cli.ir import DType
 
 SMEM_DEFAULT_LIMIT = 48 * 1024
-INT_MAX = 2**31 - 1
 _DTYPE_CODE = {DType.F16: "MIRAGE_DTYPE_F16", DType.BF16: "MIRAGE_DTYPE_BF16",
                DType.F32: "MIRAGE_DTYPE_F32"}
 _CPP_TYPE = {DType.F16: "__half", DType.BF16: "__nv_bfloat16", DType.F32: "float"}
