@@ -16,8 +16,11 @@ def _listed_packages() -> set[str]:
 
 
 def test_every_subpackage_is_listed_in_pyproject():
+    # Any folder holding Python source, with or without __init__.py (a namespace
+    # package imports from a checkout but is left out of a wheel unless listed).
     found = {".".join(p.parent.relative_to(ROOT).parts)
-             for p in (ROOT / "mirage_cli").rglob("__init__.py")}
+             for p in (ROOT / "mirage_cli").rglob("*.py")
+             if "__pycache__" not in p.parts}
     missing = found - _listed_packages()
     assert not missing, f"add to [tool.setuptools] packages: {sorted(missing)}"
 

@@ -1,0 +1,1 @@
+"""Operator meanings below the registry: values, field and CUDA semantics, terms."""
