@@ -87,6 +87,18 @@ def test_plan_cli_diagnostics(tmp_path: Path) -> None:
     assert code == 0 and json.loads(out)[0]["plan"]["knobs"]["stages"] == 2
 
 
+def test_plan_prints_the_recorded_plan(tmp_path: Path) -> None:
+    """Without pins, `mirage plan` shows (and writes) the plan a file carries."""
+    src = str(ROOT / "examples/mugraphs/rmsnorm_linear_fused.mir")
+    pinned_file = tmp_path / "p.ugraph.json"
+    code, _, err = run_cli(("plan", src, "--pin", "stages=2", "-o", str(pinned_file)))
+    assert code == 0, err
+    code, out, err = run_cli(("plan", str(pinned_file), "--json"))
+    assert code == 0 and json.loads(out)[0]["plan"]["knobs"]["stages"] == 2
+    code, out, err = run_cli(("plan", str(pinned_file), "--pin", "stages=3", "--json"))
+    assert code == 0 and json.loads(out)[0]["plan"]["knobs"]["stages"] == 3
+
+
 # One example per kind of kernel: tensor-core accumulation, a materialised mma with a
 # second mma, row reductions, and a generated matmul from the unfused lowering.
 KNOB_CASES = ["rmsnorm_linear_fused", "gqa_fused", "ntrans_fused", "lora_fused"]

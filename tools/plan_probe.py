@@ -21,6 +21,7 @@ import sys
 from mirage_cli.codegen import bench
 from mirage_cli.codegen.planner import knob_space, plan_kernel
 from mirage_cli.codegen.runner import Device
+from mirage_cli.diagnostics import MirageError
 from mirage_cli.ir import Graph
 from mirage_cli.kplan import Knobs
 from mirage_cli.loading import load_graph
@@ -58,8 +59,11 @@ def pinned(g: Graph, pins: Knobs) -> Graph | None:
                      if v is not None and v in space[k]}
             if legal:
                 any_ok = True
-            op = dataclasses.replace(op, plan=plan_kernel(op.block, types, "sm_90",
-                                                          Knobs(**legal)))
+            try:
+                plan = plan_kernel(op.block, types, "sm_90", Knobs(**legal))
+            except MirageError:  # legal alone, not with the planner's other choices
+                return None
+            op = dataclasses.replace(op, plan=plan)
         ops.append(op)
     return dataclasses.replace(g, ops=tuple(ops)) if any_ok else None
 
@@ -101,7 +105,7 @@ def main(argv: list[str]) -> int:
         for name, compiled in (("eager", False), ("compile", True)):
             us, chk = bench._torch_baseline(dev, prog, compiled, 20, scale)
             base[name] = us
-        for label, vg in (variants(g)[:1] if default_only else variants(g)):
+        for label, vg in ([("default", g)] if default_only else variants(g)):
             m = bench._measure(dev, label, vg, prog, 20, scale)
             us, chk = m.us, m.check
             row = {"program": prog.name, "batch": int(batch), "variant": label, "us": us,

@@ -101,7 +101,14 @@ def command(file: str, output: str | None, arch: str, pin: str, plan_path: str |
     """Plan the custom kernels of FILE and print the plans and their tuning space."""
     g = load_graph(file, parse_defines(defines))
     n = sum(1 for op in g.ops if op.block is not None)
-    pins = pins_file(plan_path) if plan_path else [parse_pins(pin)] * n
+    # Without pins, the plans FILE records are kept (re-planning from defaults would
+    # print and write plans that are not the ones codegen follows).
+    if plan_path:
+        pins = pins_file(plan_path)
+    elif pin:
+        pins = [parse_pins(pin)] * n
+    else:
+        pins = recorded_pins(g)
     g = planned(g, arch, pins)
     doc = plan_report(g, arch)
     click.echo(json.dumps(doc, indent=2, sort_keys=True) if as_json else plan_text(doc))
