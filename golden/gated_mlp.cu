@@ -216,6 +216,8 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_gated_mlp_h8x4
   for (int it = 0; it < 64; ++it) {
     const int off_a = base_a + it * 64;
     const int off_b = base_b + it * 262144;
+    mg_cp_async_wait<2>();
+    __syncthreads();
     if (it + 3 < 64) {
       for (int c13 = threadIdx.x; c13 < 64; c13 += 128) {
         const int s14_0 = c13 / 8;
@@ -228,8 +230,6 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_gated_mlp_h8x4
       }
     }
     mg_cp_async_commit();
-    mg_cp_async_wait<3>();
-    __syncthreads();
     const auto* sm_a = (sm_a_0 + ((it) % 4) * 576);
     const auto* sm_b = (sm_b_0 + ((it) % 4) * 512);
     {
@@ -238,7 +238,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_gated_mlp_h8x4
       (void)mg_g; (void)mg_t;
       const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
       (void)mg_ks;
-    #pragma unroll 2
+    #pragma unroll
     for (int s = 0; s < 4; ++s) {
       const int kk = (mg_ks + s * 1) * 16;
       const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
@@ -262,8 +262,8 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_gated_mlp_h8x4
       }
     }
     }
-    __syncthreads();
   }
+  __syncthreads();
   {
     const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
     const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
@@ -358,6 +358,8 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k2_mirage_gated_mlp_h8x4
   for (int it = 0; it < 64; ++it) {
     const int off_a = base_a + it * 64;
     const int off_b = base_b + it * 262144;
+    mg_cp_async_wait<2>();
+    __syncthreads();
     if (it + 3 < 64) {
       for (int c13 = threadIdx.x; c13 < 64; c13 += 128) {
         const int s14_0 = c13 / 8;
@@ -370,8 +372,6 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k2_mirage_gated_mlp_h8x4
       }
     }
     mg_cp_async_commit();
-    mg_cp_async_wait<3>();
-    __syncthreads();
     const auto* sm_a = (sm_a_0 + ((it) % 4) * 576);
     const auto* sm_b = (sm_b_0 + ((it) % 4) * 512);
     {
@@ -380,7 +380,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k2_mirage_gated_mlp_h8x4
       (void)mg_g; (void)mg_t;
       const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
       (void)mg_ks;
-    #pragma unroll 2
+    #pragma unroll
     for (int s = 0; s < 4; ++s) {
       const int kk = (mg_ks + s * 1) * 16;
       const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
@@ -404,8 +404,8 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k2_mirage_gated_mlp_h8x4
       }
     }
     }
-    __syncthreads();
   }
+  __syncthreads();
   {
     const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
     const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;

@@ -300,7 +300,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k5_mirage_qknorm_gqa_h16
       (void)mg_g; (void)mg_t;
       const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
       (void)mg_ks;
-    #pragma unroll 2
+    #pragma unroll
     for (int s = 0; s < 4; ++s) {
       const int kk = (mg_ks + s * 1) * 16;
       const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
@@ -467,6 +467,8 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k10_mirage_qknorm_gqa_h1
   for (int it = 0; it < 64; ++it) {
     const int off_a = base_a + it * 64;
     const int off_b = base_b + it * 4096;
+    mg_cp_async_wait<2>();
+    __syncthreads();
     if (it + 3 < 64) {
       #pragma unroll
       for (int i = 0; i < 4; ++i) mg_cp_async16((sm_a_0 + (((it + 3)) % 4) * 4608) + mg_do_a[i], p0 + ((off_a + 192)) + mg_so_a[i]);
@@ -476,8 +478,6 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k10_mirage_qknorm_gqa_h1
       }
     }
     mg_cp_async_commit();
-    mg_cp_async_wait<3>();
-    __syncthreads();
     const auto* sm_a = (sm_a_0 + ((it) % 4) * 4608);
     const auto* sm_b = (sm_b_0 + ((it) % 4) * 512);
     {
@@ -486,7 +486,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k10_mirage_qknorm_gqa_h1
       (void)mg_g; (void)mg_t;
       const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
       (void)mg_ks;
-    #pragma unroll 2
+    #pragma unroll
     for (int s = 0; s < 4; ++s) {
       const int kk = (mg_ks + s * 1) * 16;
       const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
@@ -510,8 +510,8 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k10_mirage_qknorm_gqa_h1
       }
     }
     }
-    __syncthreads();
   }
+  __syncthreads();
   {
     const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
     const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;

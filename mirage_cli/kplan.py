@@ -37,6 +37,7 @@ class Knobs:
     vec: int | None = None        # elements per global store (1 or a 16-byte vector)
     threads: int | None = None    # threads per block (the block graph's value by default)
     ksplit: int | None = None     # blocks of a cluster (sm_90) splitting the forloop
+    stagger: int | None = None    # 1: each block starts its forloop at its own iteration
 
     def as_json(self) -> dict[str, int]:
         return {k: v for k, v in asdict(self).items() if v is not None}

@@ -203,6 +203,8 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_llama3_gqa_sof
   for (int it = 0; it < 2; ++it) {
     const int off_a = base_a + it * 64;
     const int off_b = base_b + it * 262144;
+    mg_cp_async_wait<0>();
+    __syncthreads();
     if (it + 1 < 2) {
       for (int c5 = threadIdx.x; c5 < 32; c5 += 128) {
         const int s6_1 = c5 / 8;
@@ -213,8 +215,6 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_llama3_gqa_sof
       for (int i = 0; i < 4; ++i) mg_cp_async16((sm_b_0 + (((it + 1)) % 2) * 4608) + mg_do_b[i], p1 + ((off_b + 262144)) + mg_so_b[i]);
     }
     mg_cp_async_commit();
-    mg_cp_async_wait<1>();
-    __syncthreads();
     const auto* sm_a = (sm_a_0 + ((it) % 2) * 288);
     const auto* sm_b = (sm_b_0 + ((it) % 2) * 4608);
     {
@@ -223,7 +223,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_llama3_gqa_sof
       (void)mg_g; (void)mg_t;
       const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
       (void)mg_ks;
-    #pragma unroll 2
+    #pragma unroll
     for (int s = 0; s < 4; ++s) {
       const int kk = (mg_ks + s * 1) * 16;
       const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
@@ -247,8 +247,8 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_llama3_gqa_sof
       }
     }
     }
-    __syncthreads();
   }
+  __syncthreads();
   {
     const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
     const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
@@ -364,6 +364,8 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k3_mirage_llama3_gqa_sof
   for (int it = 0; it < 64; ++it) {
     const int off_a = base_a + it * 64;
     const int off_b = base_b + it * 8192;
+    mg_cp_async_wait<2>();
+    __syncthreads();
     if (it + 3 < 64) {
       for (int c13 = threadIdx.x; c13 < 32; c13 += 128) {
         const int s14_1 = c13 / 8;
@@ -376,8 +378,6 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k3_mirage_llama3_gqa_sof
       }
     }
     mg_cp_async_commit();
-    mg_cp_async_wait<3>();
-    __syncthreads();
     const auto* sm_a = (sm_a_0 + ((it) % 4) * 288);
     const auto* sm_b = (sm_b_0 + ((it) % 4) * 512);
     {
@@ -386,7 +386,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k3_mirage_llama3_gqa_sof
       (void)mg_g; (void)mg_t;
       const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
       (void)mg_ks;
-    #pragma unroll 2
+    #pragma unroll
     for (int s = 0; s < 4; ++s) {
       const int kk = (mg_ks + s * 1) * 16;
       const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
@@ -410,8 +410,8 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k3_mirage_llama3_gqa_sof
       }
     }
     }
-    __syncthreads();
   }
+  __syncthreads();
   {
     const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
     const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;

@@ -216,6 +216,8 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_qwen2_swiglu_g
   for (int it = 0; it < 56; ++it) {
     const int off_a = base_a + it * 64;
     const int off_b = base_b + it * 1212416;
+    mg_cp_async_wait<2>();
+    __syncthreads();
     if (it + 3 < 56) {
       for (int c9 = threadIdx.x; c9 < 8; c9 += 128) {
         const int s10_1 = c9;
@@ -225,8 +227,6 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_qwen2_swiglu_g
       for (int i = 0; i < 4; ++i) mg_cp_async16((sm_b_0 + (((it + 3)) % 4) * 4608) + mg_do_b[i], p1 + ((off_b + 3637248)) + mg_so_b[i]);
     }
     mg_cp_async_commit();
-    mg_cp_async_wait<3>();
-    __syncthreads();
     const auto* sm_a = (sm_a_0 + ((it) % 4) * 72);
     const auto* sm_b = (sm_b_0 + ((it) % 4) * 4608);
     {
@@ -235,7 +235,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_qwen2_swiglu_g
       (void)mg_g; (void)mg_t;
       const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
       (void)mg_ks;
-    #pragma unroll 2
+    #pragma unroll
     for (int s = 0; s < 4; ++s) {
       const int kk = (mg_ks + s * 1) * 16;
       const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
@@ -259,8 +259,8 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_qwen2_swiglu_g
       }
     }
     }
-    __syncthreads();
   }
+  __syncthreads();
   {
     const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
     const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
@@ -342,6 +342,8 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k1_mirage_qwen2_swiglu_g
   for (int it = 0; it < 56; ++it) {
     const int off_a = base_a + it * 64;
     const int off_b = base_b + it * 1212416;
+    mg_cp_async_wait<2>();
+    __syncthreads();
     if (it + 3 < 56) {
       for (int c9 = threadIdx.x; c9 < 8; c9 += 128) {
         const int s10_1 = c9;
@@ -351,8 +353,6 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k1_mirage_qwen2_swiglu_g
       for (int i = 0; i < 4; ++i) mg_cp_async16((sm_b_0 + (((it + 3)) % 4) * 4608) + mg_do_b[i], p1 + ((off_b + 3637248)) + mg_so_b[i]);
     }
     mg_cp_async_commit();
-    mg_cp_async_wait<3>();
-    __syncthreads();
     const auto* sm_a = (sm_a_0 + ((it) % 4) * 72);
     const auto* sm_b = (sm_b_0 + ((it) % 4) * 4608);
     {
@@ -361,7 +361,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k1_mirage_qwen2_swiglu_g
       (void)mg_g; (void)mg_t;
       const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
       (void)mg_ks;
-    #pragma unroll 2
+    #pragma unroll
     for (int s = 0; s < 4; ++s) {
       const int kk = (mg_ks + s * 1) * 16;
       const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
@@ -385,8 +385,8 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k1_mirage_qwen2_swiglu_g
       }
     }
     }
-    __syncthreads();
   }
+  __syncthreads();
   {
     const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
     const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;

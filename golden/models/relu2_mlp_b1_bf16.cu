@@ -216,6 +216,8 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_relu2_mlp_b1_b
   for (int it = 0; it < 64; ++it) {
     const int off_a = base_a + it * 64;
     const int off_b = base_b + it * 917504;
+    mg_cp_async_wait<2>();
+    __syncthreads();
     if (it + 3 < 64) {
       for (int c9 = threadIdx.x; c9 < 8; c9 += 128) {
         const int s10_1 = c9;
@@ -225,8 +227,6 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_relu2_mlp_b1_b
       for (int i = 0; i < 2; ++i) mg_cp_async16((sm_b_0 + (((it + 3)) % 4) * 2560) + mg_do_b[i], p1 + ((off_b + 2752512)) + mg_so_b[i]);
     }
     mg_cp_async_commit();
-    mg_cp_async_wait<3>();
-    __syncthreads();
     const auto* sm_a = (sm_a_0 + ((it) % 4) * 72);
     const auto* sm_b = (sm_b_0 + ((it) % 4) * 2560);
     {
@@ -235,7 +235,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_relu2_mlp_b1_b
       (void)mg_g; (void)mg_t;
       const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
       (void)mg_ks;
-    #pragma unroll 2
+    #pragma unroll
     for (int s = 0; s < 4; ++s) {
       const int kk = (mg_ks + s * 1) * 16;
       const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
@@ -259,8 +259,8 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_relu2_mlp_b1_b
       }
     }
     }
-    __syncthreads();
   }
+  __syncthreads();
   {
     const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
     const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
@@ -363,6 +363,8 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k3_mirage_relu2_mlp_b1_b
   for (int it = 0; it < 224; ++it) {
     const int off_a = base_a + it * 64;
     const int off_b = base_b + it * 262144;
+    mg_cp_async_wait<2>();
+    __syncthreads();
     if (it + 3 < 224) {
       for (int c13 = threadIdx.x; c13 < 8; c13 += 128) {
         const int s14_1 = c13;
@@ -374,8 +376,6 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k3_mirage_relu2_mlp_b1_b
       }
     }
     mg_cp_async_commit();
-    mg_cp_async_wait<3>();
-    __syncthreads();
     const auto* sm_a = (sm_a_0 + ((it) % 4) * 72);
     const auto* sm_b = (sm_b_0 + ((it) % 4) * 512);
     {
@@ -384,7 +384,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k3_mirage_relu2_mlp_b1_b
       (void)mg_g; (void)mg_t;
       const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
       (void)mg_ks;
-    #pragma unroll 2
+    #pragma unroll
     for (int s = 0; s < 4; ++s) {
       const int kk = (mg_ks + s * 1) * 16;
       const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
@@ -408,8 +408,8 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k3_mirage_relu2_mlp_b1_b
       }
     }
     }
-    __syncthreads();
   }
+  __syncthreads();
   {
     const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
     const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;

@@ -239,6 +239,8 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_gated_mlp_fuse
     const int off_x = base_x + it * 128;
     const int off_w1 = base_w1 + it * 524288;
     const int off_w2 = base_w2 + it * 524288;
+    mg_cp_async_wait<2>();
+    __syncthreads();
     if (it + 3 < 32) {
       #pragma unroll
       for (int i = 0; i < 1; ++i) mg_cp_async16((sm_x_0 + (((it + 3)) % 4) * 1088) + mg_do_x[i], p0 + ((off_x + 384)) + mg_so_x[i]);
@@ -248,8 +250,6 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_gated_mlp_fuse
       for (int i = 0; i < 4; ++i) mg_cp_async16((sm_w2_0 + (((it + 3)) % 4) * 5120) + mg_do_w2[i], p2 + ((off_w2 + 1572864)) + mg_so_w2[i]);
     }
     mg_cp_async_commit();
-    mg_cp_async_wait<3>();
-    __syncthreads();
     const auto* sm_x = (sm_x_0 + ((it) % 4) * 1088);
     const auto* sm_w1 = (sm_w1_0 + ((it) % 4) * 5120);
     const auto* sm_w2 = (sm_w2_0 + ((it) % 4) * 5120);
@@ -259,7 +259,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_gated_mlp_fuse
       (void)mg_g; (void)mg_t;
       const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
       (void)mg_ks;
-    #pragma unroll 2
+    #pragma unroll
     for (int s = 0; s < 8; ++s) {
       const int kk = (mg_ks + s * 1) * 16;
       const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
@@ -289,7 +289,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_gated_mlp_fuse
       (void)mg_g; (void)mg_t;
       const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
       (void)mg_ks;
-    #pragma unroll 2
+    #pragma unroll
     for (int s = 0; s < 8; ++s) {
       const int kk = (mg_ks + s * 1) * 16;
       const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
@@ -313,8 +313,8 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_gated_mlp_fuse
       }
     }
     }
-    __syncthreads();
   }
+  __syncthreads();
   {
     const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
     const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;

@@ -241,6 +241,8 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_gqa_fused_h16x
   for (int it = 0; it < 4; ++it) {
     const int off_k = base_k + it * 64;
     const int off_v = base_v + it * 4096;
+    mg_cp_async_wait<2>();
+    __syncthreads();
     if (it + 3 < 4) {
       #pragma unroll
       for (int i = 0; i < 4; ++i) mg_cp_async16((sm_k_0 + (((it + 3)) % 4) * 4608) + mg_do_k[i], p1 + ((off_k + 192)) + mg_so_k[i]);
@@ -248,8 +250,6 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_gqa_fused_h16x
       for (int i = 0; i < 4; ++i) mg_cp_async16((sm_v_0 + (((it + 3)) % 4) * 4608) + mg_do_v[i], p2 + ((off_v + 12288)) + mg_so_v[i]);
     }
     mg_cp_async_commit();
-    mg_cp_async_wait<3>();
-    __syncthreads();
     const auto* sm_k = (sm_k_0 + ((it) % 4) * 4608);
     const auto* sm_v = (sm_v_0 + ((it) % 4) * 4608);
     {
@@ -269,7 +269,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_gqa_fused_h16x
           const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
           (void)mg_nb; (void)r1; (void)c0; (void)n0;
           float mg_d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-          #pragma unroll 2
+          #pragma unroll
           for (int s = 0; s < 4; ++s) {
             const int kk = (mg_ks + s * 1) * 16;
             const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
@@ -311,7 +311,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_gqa_fused_h16x
       (void)mg_g; (void)mg_t;
       const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
       (void)mg_ks;
-    #pragma unroll 2
+    #pragma unroll
     for (int s = 0; s < 4; ++s) {
       const int kk = (mg_ks + s * 1) * 16;
       const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
@@ -338,8 +338,8 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_gqa_fused_h16x
       }
     }
     }
-    __syncthreads();
   }
+  __syncthreads();
   #pragma unroll
   for (int j = 0; j < 16; ++j) {
     const int row = threadIdx.x / 32 + 4 * j;

@@ -258,6 +258,8 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_lora_fused_h16
     const int off_x = base_x + it * 64;
     const int off_w = base_w + it * 262144;
     const int off_a = base_a + it * 1024;
+    mg_cp_async_wait<2>();
+    __syncthreads();
     if (it + 3 < 4) {
       #pragma unroll
       for (int i = 0; i < 1; ++i) mg_cp_async16((sm_x_0 + (((it + 3)) % 4) * 1152) + mg_do_x[i], p0 + ((off_x + 192)) + mg_so_x[i]);
@@ -267,8 +269,6 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_lora_fused_h16
       for (int i = 0; i < 1; ++i) mg_cp_async16((sm_a_0 + (((it + 3)) % 4) * 1536) + mg_do_a[i], p2 + ((off_a + 3072)) + mg_so_a[i]);
     }
     mg_cp_async_commit();
-    mg_cp_async_wait<3>();
-    __syncthreads();
     const auto* sm_x = (sm_x_0 + ((it) % 4) * 1152);
     const auto* sm_w = (sm_w_0 + ((it) % 4) * 4608);
     const auto* sm_a = (sm_a_0 + ((it) % 4) * 1536);
@@ -278,7 +278,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_lora_fused_h16
       (void)mg_g; (void)mg_t;
       const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
       (void)mg_ks;
-    #pragma unroll 2
+    #pragma unroll
     for (int s = 0; s < 4; ++s) {
       const int kk = (mg_ks + s * 1) * 16;
       const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
@@ -308,7 +308,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_lora_fused_h16
       (void)mg_g; (void)mg_t;
       const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
       (void)mg_ks;
-    #pragma unroll 2
+    #pragma unroll
     for (int s = 0; s < 4; ++s) {
       const int kk = (mg_ks + s * 1) * 16;
       const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
@@ -332,8 +332,8 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_lora_fused_h16
       }
     }
     }
-    __syncthreads();
   }
+  __syncthreads();
   {
     const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
     const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
@@ -398,7 +398,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_lora_fused_h16
         const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
         (void)mg_nb; (void)r1; (void)c0; (void)n0;
         float mg_d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-        #pragma unroll 2
+        #pragma unroll
         for (int s = 0; s < 1; ++s) {
           const int kk = (mg_ks + s * 1) * 16;
           const int k0 = kk + 2 * mg_t, k1 = k0 + 8;

@@ -219,6 +219,8 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_rmsnorm_linear
   for (int it = 0; it < 32; ++it) {
     const int off_x = base_x + it * 128;
     const int off_w = base_w + it * 786432;
+    mg_cp_async_wait<2>();
+    __syncthreads();
     if (it + 3 < 32) {
       #pragma unroll
       for (int i = 0; i < 2; ++i) mg_cp_async16((sm_x_0 + (((it + 3)) % 4) * 2176) + mg_do_x[i], p0 + ((off_x + 384)) + mg_so_x[i]);
@@ -226,8 +228,6 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_rmsnorm_linear
       for (int i = 0; i < 4; ++i) mg_cp_async16((sm_w_0 + (((it + 3)) % 4) * 5120) + mg_do_w[i], p1 + ((off_w + 2359296)) + mg_so_w[i]);
     }
     mg_cp_async_commit();
-    mg_cp_async_wait<3>();
-    __syncthreads();
     const auto* sm_x = (sm_x_0 + ((it) % 4) * 2176);
     const auto* sm_w = (sm_w_0 + ((it) % 4) * 5120);
     #pragma unroll
@@ -247,7 +247,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_rmsnorm_linear
       (void)mg_g; (void)mg_t;
       const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
       (void)mg_ks;
-    #pragma unroll 2
+    #pragma unroll
     for (int s = 0; s < 8; ++s) {
       const int kk = (mg_ks + s * 1) * 16;
       const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
@@ -271,8 +271,8 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_rmsnorm_linear
       }
     }
     }
-    __syncthreads();
   }
+  __syncthreads();
   #pragma unroll
   for (int j = 0; j < 4; ++j) {
     const int row = threadIdx.x / 32 + 4 * j;

@@ -65,6 +65,8 @@ class FusedKernel:
         # With a K split over a cluster, each block runs FL of the F iterations.
         self.KS = plan.knobs.ksplit or 1
         self.FL = self.F // self.KS
+        # Staggered: block b runs its iterations starting from its own (see the knob).
+        self.STAG = plan.knobs.stagger == 1 and self.FL > 1
         self.em = Emitter()
         self.params: list[Param] = []
         self.pname: dict[str, str] = {}
@@ -97,6 +99,8 @@ class FusedKernel:
         body += reduce.acc_init(self, accs)
         loop = self._loop_body(accs)
         body += [f"for (int it = 0; it < {self.FL}; ++it) {{"] + indent(loop) + ["}"]
+        if self.pipelined():  # the loop's last iteration ends without a barrier
+            body.append("__syncthreads();")
         body = head + self.hoisted + body
         body += reduce.acc_finish(self, accs, raw=self.KS > 1)
         if self.KS > 1:
@@ -132,6 +136,11 @@ class FusedKernel:
                      "(void)bx; (void)by; (void)bz;",
                      "const unsigned mg_rank = blockIdx.z;",
                      f"const int mg_it0 = (int)mg_rank * {self.FL};"]
+        if self.STAG:
+            gx, gy, _ = self.bg.grid
+            rank = " + mg_rank" if self.KS > 1 else ""
+            lines.append(f"const int mg_rot = (int)((bx + {gx} * (by + {gy} * bz)){rank}) "
+                         f"% {self.FL};")
         if self.plan.smem_bytes:
             lines.append("extern __shared__ __align__(16) unsigned char mg_smem[];")
         if self.plan.scratch_floats:
@@ -298,7 +307,7 @@ class FusedKernel:
         for i in range(S - 1 if staged else 0):
             for bi in staged:
                 step = self._fmap_step(bi)
-                first = (f"{self._global_it(str(i))} * {step}" if self.KS > 1
+                first = (f"{self._global_it(str(i))} * {step}" if self.KS > 1 or self.STAG
                          else str(i * step))
                 lines += self._stage(bi, f"(base_{bi.value.name} + {first})",
                                      self._slot(bi, str(i)))
@@ -307,7 +316,16 @@ class FusedKernel:
 
     def _global_it(self, local: str) -> str:
         """The forloop iteration that this block's local iteration ``local`` is."""
+        if self.STAG:
+            fl = self.FL
+            wrap = f"& {fl - 1}" if fl & (fl - 1) == 0 else f"% {fl}"
+            local = f"((({local}) + mg_rot) {wrap})"
         return f"(mg_it0 + {local})" if self.KS > 1 else local
+
+    def pipelined(self) -> bool:
+        """Loop inputs staged through a ring of two or more shared-memory stages."""
+        staged = self.staged("loop")
+        return bool(staged) and max(self.tile(bi.value.name).stages for bi in staged) > 1
 
     def _cluster_combine(self, accs: list[BlockOp]) -> Lines:
         """Block 0 of the cluster combines the others' accumulator tiles (distributed
@@ -339,17 +357,20 @@ class FusedKernel:
                 lines += self._stage(bi, f"off_{bi.value.name}", f"sm_{bi.value.name}_0")
             lines.append("mg_cp_async_wait_all();")
         elif staged:
-            # Issue iteration it + S - 1's copies (one commit group per iteration, empty
-            # at the end), then wait until only the S - 1 newest groups are pending:
-            # iteration it's tiles have landed.
+            # Wait until iteration it's tiles have landed (only the S - 2 newest groups
+            # pending), then, past the barrier (every thread is done with iteration
+            # it - 1), issue iteration it + S - 1's copies into the stage it - 1 used:
+            # one barrier per iteration. One commit group per iteration, empty at the end.
             pre: Lines = []
             for bi in staged:
                 step = self._fmap_step(bi)
-                pre += self._stage(bi, f"(off_{bi.value.name} + {(S - 1) * step})",
-                                   self._slot(bi, f"(it + {S - 1})"))
-            lines += [f"if (it + {S - 1} < {self.FL}) {{"] + indent(pre) + ["}",
-                      "mg_cp_async_commit();", f"mg_cp_async_wait<{S - 1}>();"]
-        if staged:
+                ahead = (f"(base_{bi.value.name} + {self._global_it(f'it + {S - 1}')} * {step})"
+                         if self.STAG else f"(off_{bi.value.name} + {(S - 1) * step})")
+                pre += self._stage(bi, ahead, self._slot(bi, f"(it + {S - 1})"))
+            lines += [f"mg_cp_async_wait<{S - 2}>();", "__syncthreads();",
+                      f"if (it + {S - 1} < {self.FL}) {{"] + indent(pre) + ["}",
+                      "mg_cp_async_commit();"]
+        if staged and S == 1:
             lines.append("__syncthreads();")
         for bi in staged:
             cur = self._slot(bi, "it") if S > 1 else f"sm_{bi.value.name}_0"
@@ -357,7 +378,9 @@ class FusedKernel:
         lines += self._materialize_phase("loop")
         for op in accs:
             lines += reduce.acc_update(self, op)
-        lines.append("__syncthreads();")
+        if not self.pipelined():
+            # The next iteration writes shared memory before any barrier of its own.
+            lines.append("__syncthreads();")
         return lines
 
     # -- stores ---------------------------------------------------------------------------

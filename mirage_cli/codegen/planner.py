@@ -252,6 +252,10 @@ def _resolve(a: Analysis, dev: Mapping[str, TensorType], pins: Knobs) -> Knobs:
     d["threads"] = a.bg.threads
     if d["ksplit"] is None:
         d["ksplit"] = 1
+    if d["stagger"] is None:
+        # Off by default: measured on an H200 (docs/perf-log.md v5) it saves 5% on lora,
+        # 2% on rmsnorm_linear and costs 25% on gated_mlp; measured selection tries it.
+        d["stagger"] = 0
     if d["kwarps"] is None:
         # Measured on an H200 (docs/perf-log.md): splitting K pays while each warp keeps
         # at least 8 mma steps per iteration; past that the fragment sums cost more.
@@ -464,7 +468,26 @@ def knob_space(bg: BlockGraph, dev_types: Mapping[str, TensorType], target: str
     return {"stages": list(range(1, min(MAX_STAGES, bg.forloop) + 1)) if bg.forloop > 1 else [1],
             "kwarps": _kwarps_range(a), "pad": [0, 1], "ldmatrix": [0, 1],
             "stage_once": [0, 1], "vec": _vec_range(a, dev_types), "threads": threads,
-            "ksplit": _ksplit_range(a, target)}
+            "ksplit": _ksplit_range(a, target) if _no_scratch(a, dev_types, target) else [1],
+            "stagger": _stagger_range(a)}
+
+
+def _no_scratch(a: Analysis, dev_types: Mapping[str, TensorType], target: str) -> bool:
+    """Whether the default plan keeps every tile out of the workspace scratch area (a
+    cluster's blocks cannot split the forloop otherwise)."""
+    k = _resolve(a, dev_types, Knobs())
+    tiles = _homes(a, dev_types, k)
+    _, scratch = _allocate(a, tiles, bool(_mmas(a, tiles, k)), _reductions(a, tiles), k,
+                           Knobs(), archs.get(target))
+    return scratch == 0
+
+
+def _stagger_range(a: Analysis) -> list[int]:
+    """Staggering needs more than one iteration and more than one block; every
+    accumulator combines with sum, max or min, so any iteration order gives the same
+    value (up to float rounding)."""
+    gx, gy, gz = a.bg.grid
+    return [0, 1] if a.bg.forloop > 1 and gx * gy * gz > 1 else [0]
 
 
 def _ksplit_range(a: Analysis, target: str) -> list[int]:
