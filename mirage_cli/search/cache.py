@@ -47,8 +47,9 @@ def cache_dir() -> Path:
 # Bumped when the search's answers change meaning within one tool version (2: softmax
 # is searched in its max-subtracted form and candidates pass the numerical check, so
 # older entries may hold the overflowing form; 3: ties in predicted time are broken by
-# the stated rule of cost.rank, so older rankings may differ; 4: ties within 1%).
-SEARCH_REVISION = 4
+# the stated rule of cost.rank, so older rankings may differ; 4: ties within 1%; 5: the
+# model reads the kernel plan (occupancy, plan feasibility) and a device profile).
+SEARCH_REVISION = 5
 
 
 def program_hash(program: Graph) -> str:
@@ -58,8 +59,13 @@ def program_hash(program: Graph) -> str:
 
 
 def key(program: Graph, options: dict[str, Any], kind: str = "search") -> str:
+    """The entry name: program, options, tool version and the cost model's device
+    profile (``--target``: another profile ranks the candidates differently)."""
+    from mirage_cli.search.cost import profile
+
     doc = {"kind": kind, "program": program_hash(program), "options": options,
-           "version": __version__, "revision": SEARCH_REVISION}
+           "version": __version__, "revision": SEARCH_REVISION,
+           "profile": profile().digest}
     text = json.dumps(doc, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()
 
