@@ -36,6 +36,7 @@ COMMANDS: tuple[tuple[str, str], ...] = (
     ("opt", "opt"),
     ("explain", "explain"),
     ("tune", "tune"),
+    ("calibrate", "calibrate"),
 )
 
 
