@@ -186,7 +186,8 @@ def command(program: str, output: str, defines: tuple[str, ...], save_temps: str
         if hpp_text is not None:
             files[paths["hpp"]] = hpp_text
         if "d" in paths:
-            files[paths["stamp"]] = _stamp(program, defines, name, arch, fused, kw)
+            files[paths["stamp"]] = _stamp(program, defines, name, arch, fused,
+                                           {**kw, "gpu": gpu, "target": target})
             files[paths["d"]] = depfile([paths["stamp"], paths["cu"], paths["h"]]
                                         + ([paths["hpp"]] if "hpp" in paths else []),
                                         [program, *tool_files()])
