@@ -73,10 +73,10 @@ def stage_search(program: Graph, kw: dict, budget: float) -> Outcome:  # type: i
         with progress_display() as show:
             return reused_search(program, str(kw["reuse"]), options_from(kw), show)
     if not kw["no_cache"]:  # the same program searched at other sizes: reuse its designs
-        from mirage_cli.search import cache
+        from mirage_cli.search.reuse import reused
 
         with progress_display() as show:
-            out = cache.reused(program, options_from(kw), show)
+            out = reused(program, options_from(kw), show)
         if out is not None:
             return out
     with progress_display() as show:
