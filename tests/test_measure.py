@@ -234,3 +234,16 @@ def test_reference_is_the_program() -> None:
     res = measure.measure(cs, prog, FakeTimer(), top=1, tunings=1, knobs=2,
                           compiler=no_compile)
     assert all(t.ok for t in res.timings)
+
+
+def test_tune_gpu_writes_every_variant_fastest_first(tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(measure, "GpuTimer", lambda ordinal: FakeTimer({"d1.t0.k0": 0.5}))
+    monkeypatch.setattr(measure, "compile_all", no_compile)
+    out = tmp_path / "best.ugraph.json"
+    r = CliRunner().invoke(main, ["tune", str(DATA / "lora.cands.ugraph.json"), "--gpu", "0",
+                                  "--top", "2", "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    assert r.stdout.startswith("#0: d1.t0.k0 0.500 us measured")
+    pairs = serialize.loads_candidates(out.read_text())
+    assert pairs[0][1]["measured"]["variant"] == "d1.t0.k0" and len(pairs) > 4
