@@ -138,3 +138,17 @@ def test_model_fit_tool_reports_both_models(tmp_path: Path) -> None:
 def test_calibration_kernels_compile() -> None:
     cubin = cal.compile_kernels("sm_90")
     assert len(cubin) > 1000
+
+
+def test_measured_figures_make_a_loadable_profile(tmp_path: Path) -> None:
+    m = {"device": "NVIDIA H200", "arch": "sm_90", "num_sms": 132, "dram_bw": 4.1e12,
+         "l2_bw": 11e12, "l2_bytes": 60 << 20, "launch_us": 1.9, "fma_flops": 60e12,
+         "peak_flops": 650e12, "barrier_us": 0.02, "smem_per_block": 232448,
+         "smem_per_sm": 233472, "regs_per_sm": 65536, "max_threads_per_sm": 2048,
+         "copy": {"copy_kernel_bytes_per_s": 4.1e12}}
+    p = cal.profile_from_measurements(profiles.load("h200"), m)
+    f = tmp_path / "d.json"
+    f.write_text(json.dumps(p.as_json()))
+    q = profiles.load(str(f))
+    assert q == p and q.calibrated and q.iter_us == 0.02 and q.dram_bw == 4.1e12
+    assert q.fit == {"stream": 1.0, "sync": 1.0, "launch": 1.0, "const_us": 0.0}

@@ -58,3 +58,18 @@ def test_opt_gpu_ships_the_fastest_variant(tmp_path: Path, name: str) -> None:
     best = serialize.loads((tmp_path / "t" / f"{name}.best.ugraph.json").read_text())
     assert [op.block for op in best.ops] == [op.block for op in cands[0][0].ops]
     assert cu.exists() and "measure: shipped" in r.output
+
+
+def test_calibrate_measures_plausible_figures(tmp_path: Path) -> None:
+    from mirage_cli import profiles
+
+    out = tmp_path / "device.json"
+    r = CliRunner().invoke(main, ["calibrate", "--gpu", "0", "--target", "sm_90/h200",
+                                  "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    p = profiles.load(str(out))
+    assert p.calibrated and p.num_sms >= 16
+    assert 0.3e12 < p.dram_bw < 20e12 and p.l2_bw > p.dram_bw
+    assert 0 < p.launch_us < 20 and p.barrier_us is not None and 0 < p.barrier_us < 1
+    assert 10e12 < p.peak_flops < 5000e12 and p.fma_flops < p.peak_flops
+    assert p.smem_per_block <= p.smem_per_sm
