@@ -92,6 +92,11 @@ def test_calibrate_fit_writes_a_usable_profile(tmp_path: Path) -> None:
                                   "-o", str(out)])
     assert r.exit_code == 0, r.output
     assert "Spearman 1.000" in r.output
+    n = len(cal.load_samples(json.loads(f.read_text()), "m"))
+    assert f"fit over {n} timed variants" in r.output
+    r2 = CliRunner().invoke(main, ["calibrate", "--fit", str(f), "--fit", str(f), "-o",
+                                   str(tmp_path / "twice.json")])
+    assert r2.exit_code == 0 and f"fit over {2 * n} timed variants" in r2.output
     prof = profiles.load(str(out))
     assert prof.calibrated and prof.fit["stream"] == pytest.approx(2.5)
     r = CliRunner().invoke(main, ["explain", str(DATA / "lora.cands.ugraph.json"),

@@ -1,9 +1,9 @@
 """How well the cost model ranks measured kernels (issue 10, Must-show 2). No GPU needed.
 
-    PYTHONPATH=$PWD python tools/model_fit.py MEASURED.json [--target sm_90/h200]
+    PYTHONPATH=$PWD python tools/model_fit.py MEASURED.json... [--target sm_90/h200]
         [--calibrated device.json] [--png scatter.png] [--json report.json]
 
-MEASURED.json is what ``tools/selection_table.py`` writes (every timed variant of the
+MEASURED.json (one or more, e.g. one per batch) is what ``tools/selection_table.py`` writes (every timed variant of the
 six examples with its µGraph and measured µs). For the uncalibrated model (``--target``,
 default the shipped H200 profile) and the calibrated one, reports the Spearman rank
 correlation between predicted and measured time over all correct timed variants, and
@@ -96,13 +96,14 @@ def scatter(path: str, samples: list[cal.Sample], series: dict[str, list[float]]
 
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("measured")
+    ap.add_argument("measured", nargs="+")
     ap.add_argument("--target", default="sm_90/h200")
     ap.add_argument("--calibrated", default=None)
     ap.add_argument("--png", default=None)
     ap.add_argument("--json", dest="json_out", default=None)
     a = ap.parse_args(argv)
-    samples = cal.load_samples(json.loads(Path(a.measured).read_text()), a.measured)
+    samples = [s for f in a.measured
+               for s in cal.load_samples(json.loads(Path(f).read_text()), f)]
     base = profiles.load(a.target)
     series = {f"uncalibrated ({base.name})": cal.predict(samples, base)}
     if a.calibrated:

@@ -23,27 +23,29 @@ from mirage_cli.util import write_atomic
 
 @click.command("calibrate")
 @click.option("--gpu", type=int, default=None, metavar="N", help="Measure GPU N.")
-@click.option("--fit", "fit_path", type=click.Path(dir_okay=False), metavar="MEASURED.json",
-              help="Fit the model's coefficients to these measured kernel times.")
+@click.option("--fit", "fit_paths", type=click.Path(dir_okay=False), metavar="MEASURED.json",
+              multiple=True,
+              help="Fit the model's coefficients to these measured kernel times "
+                   "(repeatable: e.g. one table per batch).")
 @profiles.target_option
 @click.option("-o", "output", required=True, type=click.Path(dir_okay=False),
               help="The device profile to write.")
-def command(gpu: int | None, fit_path: str | None, target: str, output: str) -> None:
+def command(gpu: int | None, fit_paths: tuple[str, ...], target: str, output: str) -> None:
     """Measure a GPU and/or fit the cost model to measured kernels; write a profile."""
     from mirage_cli.profiles import calibrate
 
-    if gpu is None and fit_path is None:
+    if gpu is None and not fit_paths:
         raise MirageError("calibrate: give --gpu N (measure a device), --fit MEASURED.json "
                           "(fit the model), or both")
     prof = profiles.load(target)
-    samples = None
-    if fit_path is not None:  # read and check before any measurement
+    samples = []
+    for fit_path in fit_paths:  # read and check before any measurement
         try:
             doc = json.loads(read_text(fit_path))
         except json.JSONDecodeError as e:
             raise MirageError(f"{fit_path}:{e.lineno}:{e.colno}: error: invalid JSON: "
                               f"{e.msg}") from None
-        samples = calibrate.load_samples(doc, fit_path)
+        samples += calibrate.load_samples(doc, fit_path)
     if gpu is not None:
         from mirage_cli.codegen.runner import Device
 
@@ -53,7 +55,7 @@ def command(gpu: int | None, fit_path: str | None, target: str, output: str) -> 
                    f"{m['l2_bw'] / 1e12:.2f} TB/s, launch {m['launch_us']:.2f} us, mma "
                    f"{m['peak_flops'] / 1e12:.0f} TFLOP/s, FMA {m['fma_flops'] / 1e12:.1f} "
                    f"TFLOP/s, barrier {m['barrier_us'] * 1e3:.1f} ns")
-    if samples is not None:
+    if samples:
         prof = calibrate.fit(samples, prof)
         pred = calibrate.predict(samples, prof)
         rho = calibrate.spearman(pred, [s.measured_us for s in samples])
