@@ -61,3 +61,4 @@ def test_a_changed_program_or_options_search_again(tmp_path: Path) -> None:
     assert "reused" not in out and all("reused_from" not in m for _, m in cands)
     out, _ = opt(tmp_path, LORA, 2, "--max-block-ops", "11")
     assert "reused" not in out
+
