@@ -36,6 +36,7 @@ COMMANDS: tuple[tuple[str, str], ...] = (
     ("opt", "opt"),
     ("explain", "explain"),
     ("tune", "tune"),
+    ("calibrate", "calibrate"),
 )
 
 
@@ -68,6 +69,8 @@ class MirageGroup(click.Group):
         except KeyboardInterrupt:
             _interrupted()
         except Exception as e:
+            if _is_interrupt(e):
+                _interrupted()
             if isinstance(e, OSError) and _is_write_error(e):
                 _stdout_failed(e)
             if ctx.obj and ctx.obj.get("debug"):
@@ -85,6 +88,15 @@ def _is_write_error(e: OSError) -> bool:
 
     return e.errno in (errno.ENOSPC, errno.EPIPE, errno.EIO, errno.EDQUOT) and \
         not e.filename
+
+
+def _is_interrupt(e: Exception) -> bool:
+    """Ctrl-C inside the conversion of a ctypes call's arguments (Z3's and the CUDA
+    bindings' calls): ctypes reports it as ``ArgumentError: argument N:
+    KeyboardInterrupt``, not as the KeyboardInterrupt it is."""
+    import ctypes
+
+    return isinstance(e, ctypes.ArgumentError) and "KeyboardInterrupt" in str(e)
 
 
 def _interrupted() -> None:

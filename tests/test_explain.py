@@ -59,7 +59,8 @@ def _check_entry(e: dict, n_kernels: int | None = None) -> None:
     for k in e["kernels"]:
         assert set(k) == {"index", "kind", "dram_bytes", "l2_bytes", "flops", "launches",
                           "smem_bytes", "smem_source", "threads", "warps", "blocks", "sms",
-                          "waves", "terms_us", "time_us", "binds", "tight"}
+                          "waves", "per_sm", "terms_us", "time_us", "binds", "tight"}
+        assert k["per_sm"] >= 1 and k["waves"] == -(-k["blocks"] // (k["sms"] * k["per_sm"]))
         assert k["binds"] in ("latency", "compute", "memory (DRAM)", "memory (L2)")
         assert set(k["terms_us"]) == {"dram", "l2", "compute", "stream", "sync", "launch"}
         assert k["time_us"] == pytest.approx(
@@ -207,6 +208,6 @@ def test_tune_space_pin_and_widen(tmp_path: Path) -> None:
     assert "'forloop': 64" in wide
     for argv, msg in ((["--pin", "grid=3x3x3"], "no tuning within the pins"),
                       (["--pin", "stages=9"], "stages=9 is not legal"),
-                      (["--gpu", "0"], "needs a GPU")):
+                      (["--gpu", "0"], "needs a CUDA GPU")):
         r = CliRunner().invoke(main, ["tune", f, *argv])
         assert r.exit_code == 2 and msg in r.output, r.output

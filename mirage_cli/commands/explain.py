@@ -22,6 +22,8 @@ from mirage_cli import serialize
 from mirage_cli.commands.common import ARCHS, defines_option, parse_defines
 from mirage_cli.ir import Graph
 from mirage_cli.loading import load_graph, read_text
+from mirage_cli.profiles import target_option
+from mirage_cli.search.cost import use_profile
 from mirage_cli.search.explain import COLUMNS, entry_lines, explain, kernel_rows, render_text
 
 Json = dict
@@ -54,9 +56,11 @@ def load_candidates(path: str, defines: dict[str, int], program: str | None, job
               help="Search workers (a .mir FILE not in the cache).")
 @click.option("--budget", type=click.FloatRange(min=0.1), default=60.0, show_default=True,
               help="Search seconds (a .mir FILE not in the cache).")
+@target_option
 def command(file: str, as_json: bool, program: str | None, defines: tuple[str, ...],
-            arch: str, jobs: int, budget: float) -> None:
+            arch: str, jobs: int, budget: float, target: str) -> None:
     """Explain the choice of the first µGraph of FILE over its rivals."""
+    use_profile(target)
     cands, prog = load_candidates(file, parse_defines(defines), program, jobs, budget)
     doc = explain(cands, prog, arch)
     if as_json:

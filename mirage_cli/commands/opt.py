@@ -19,6 +19,12 @@ writes) and the stamp ``prog.mir.stamp``. They are checked and locked before the
 search, written together, left untouched when unchanged (the stamp excepted: it is
 touched on every successful run, as the Make target that records it), and never
 written over the program. ``-o -`` writes the ``.cu`` alone to stdout.
+
+``--gpu N`` selects among the verified candidates by measurement on GPU N
+(:mod:`mirage_cli.search.measure`): the shipped µGraph is the fastest correct variant
+(design x tuning x plan knobs), with its measured plan knobs; ``--save-temps`` keeps
+every timed variant in ``prog.measured.ugraph.json``. ``--target`` picks the cost
+model's device profile (:mod:`mirage_cli.profiles`).
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ import os
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -39,12 +46,14 @@ from mirage_cli.commands.common import (
     parse_defines,
     plan_option,
 )
-from mirage_cli.commands.plan import pins_file, planned
+from mirage_cli.commands.plan import pins_file, planned, recorded_pins
 from mirage_cli.commands.search import options_from, search_options
 from mirage_cli.console import info, warn
 from mirage_cli.diagnostics import MirageError
 from mirage_cli.ir import Graph
 from mirage_cli.loading import load_graph
+from mirage_cli.profiles import target_option
+from mirage_cli.search.cost import use_profile
 from mirage_cli.search.display import progress_display
 from mirage_cli.search.driver import Outcome, cached_search, explain_none
 from mirage_cli.util import OutputSet, write_files
@@ -63,6 +72,13 @@ def stage_search(program: Graph, kw: dict, budget: float) -> Outcome:  # type: i
 
         with progress_display() as show:
             return reused_search(program, str(kw["reuse"]), options_from(kw), show)
+    if not kw["no_cache"]:  # the same program searched at other sizes: reuse its designs
+        from mirage_cli.search.reuse import reused
+
+        with progress_display() as show:
+            out = reused(program, options_from(kw), show)
+        if out is not None:
+            return out
     with progress_display() as show:
         return cached_search(program, options_from(kw), budget, kw["jobs"],
                              not kw["no_cache"], show)
@@ -132,6 +148,9 @@ def _locked(paths: dict[str, str], program: str) -> Iterator[OutputSet | None]:
 @click.option("--reuse", type=click.Path(dir_okay=False), metavar="CANDS.ugraph.json",
               help="Re-tune and re-verify the designs of these candidates (found at "
                    "other sizes) instead of searching.")
+@click.option("--gpu", type=int, default=None, metavar="N",
+              help="Select the fastest verified variant by measurement on GPU N.")
+@target_option
 @click.option("--hpp", is_flag=True, help="Also write the typed C++ interface (.hpp).")
 @click.option("--save-temps", "save_temps", type=click.Path(file_okay=False),
               help="Keep every intermediate file in this directory.")
@@ -141,8 +160,11 @@ def _locked(paths: dict[str, str], program: str) -> Iterator[OutputSet | None]:
               help="Name of the depfile (implies -MD).")
 def command(program: str, output: str, defines: tuple[str, ...], save_temps: str | None,
             make_deps: bool, dep_file: str | None, name: str | None, arch: str,
-            require_fused: bool, hpp: bool, plan_pins: str | None, **kw: object) -> None:
+            require_fused: bool, hpp: bool, plan_pins: str | None, gpu: int | None,
+            target: str, **kw: object) -> None:
     """Optimise PROGRAM end to end: parse, search, verify, rank, generate CUDA."""
+    use_profile(target)
+    timer = _open_gpu(gpu)  # before the search: no GPU is exit 2 at once
     # From the command's start: Python's own start-up (0.5-1.5 s) comes before it, and
     # a process age would be wrong for in-process callers (tests, bench).
     deadline = time.monotonic() + float(kw["budget"])  # type: ignore[arg-type]
@@ -154,7 +176,7 @@ def command(program: str, output: str, defines: tuple[str, ...], save_temps: str
         entry = entry_name(g, name)  # from the program: the same whichever µGraph wins
         pins = pins_file(plan_pins) if plan_pins else []
         best, fused = _optimise(g, program, kw, deadline, save_temps, require_fused,
-                                lambda b: planned(b, arch, pins))
+                                lambda b: planned(b, arch, pins or recorded_pins(b)), timer)
         header = Path(paths["h"]).name if "hpp" in paths else None
         cu, h, hpp_text = stage_codegen(best, entry, arch, header)
         if out is None:
@@ -164,7 +186,8 @@ def command(program: str, output: str, defines: tuple[str, ...], save_temps: str
         if hpp_text is not None:
             files[paths["hpp"]] = hpp_text
         if "d" in paths:
-            files[paths["stamp"]] = _stamp(program, defines, name, arch, fused, kw)
+            files[paths["stamp"]] = _stamp(program, defines, name, arch, fused,
+                                           {**kw, "gpu": gpu, "target": target})
             files[paths["d"]] = depfile([paths["stamp"], paths["cu"], paths["h"]]
                                         + ([paths["hpp"]] if "hpp" in paths else []),
                                         [program, *tool_files()])
@@ -177,9 +200,32 @@ def command(program: str, output: str, defines: tuple[str, ...], save_temps: str
          + f"; entry point {entry}, {len(best.ops)} kernel(s)")
 
 
+def _open_gpu(gpu: int | None) -> Any:
+    """The measuring timer on GPU ``gpu`` (None without ``--gpu``)."""
+    if gpu is None:
+        return None
+    from mirage_cli.search import measure
+
+    return measure.GpuTimer(gpu)
+
+
+def stage_measure(g: Graph, res: Outcome, timer: Any, kw: dict  # type: ignore[type-arg]
+                  ) -> tuple[Graph, str]:
+    """``--gpu``: the fastest correct variant of the candidates, and every timed variant
+    as a candidates file."""
+    from mirage_cli.search import measure
+
+    r = measure.measure([c for c, _ in res.candidates], g, timer, top=int(kw["top"]),
+                        workers=max(int(kw["jobs"]), os.cpu_count() or 1),
+                        use_cache=not kw["no_cache"],
+                        accept=measure.reverified(g, int(kw["seed"])))
+    pairs = r.candidates()
+    return pairs[0][0], serialize.dumps_candidates(pairs)
+
+
 def _optimise(g: Graph, program: str, kw: dict, deadline: float,  # type: ignore[type-arg]
               save_temps: str | None, require_fused: bool,
-              plan: Callable[[Graph], Graph]) -> tuple[Graph, bool]:
+              plan: Callable[[Graph], Graph], timer: Any = None) -> tuple[Graph, bool]:
     """The µGraph to ship, with its kernel plans, and whether it came from the search."""
     base = Path(program).name.split(".")[0]
     temps: list[tuple[str, str]] = []
@@ -194,6 +240,11 @@ def _optimise(g: Graph, program: str, kw: dict, deadline: float,  # type: ignore
         if save_temps:
             temps.append((os.path.join(save_temps, f"{base}.cands.ugraph.json"), res.text))
         best = stage_select(res)
+        if timer is not None and best is not None:
+            best, measured = stage_measure(g, res, timer, kw)
+            if save_temps:
+                temps.append((os.path.join(save_temps, f"{base}.measured.ugraph.json"),
+                              measured))
         why = explain_none(res.progress) if res.progress else "search interrupted"
     fused = best is not None
     if best is None:

@@ -20,6 +20,8 @@ import click
 from mirage_cli.commands.common import codegen_options, defines_option, parse_defines
 from mirage_cli.console import info
 from mirage_cli.loading import load_graph
+from mirage_cli.profiles import target_option
+from mirage_cli.search.cost import use_profile
 from mirage_cli.search.display import progress_display
 from mirage_cli.search.driver import Outcome, SearchOptions, cached_search, explain_none
 from mirage_cli.util import OutputSet
@@ -67,9 +69,11 @@ def run(program_path: str, defines: tuple[str, ...], kw: dict) -> Outcome:  # ty
 @search_options
 @codegen_options
 @click.option("--json", "as_json", is_flag=True, help="Summary as JSON on stdout.")
+@target_option
 def command(program: str, output: str | None, defines: tuple[str, ...], as_json: bool,
-            name: str | None, arch: str, **kw: object) -> None:
+            name: str | None, arch: str, target: str, **kw: object) -> None:
     """Search for µGraphs equivalent to PROGRAM (with custom fused kernels)."""
+    use_profile(target)
     if output == "-":
         output = None
     if name is not None:

@@ -7,8 +7,14 @@ its legal values (:func:`mirage_cli.codegen.planner.knob_space`) and the constra
 bounding it. ``--pin grid=4x8x1,forloop=2`` fixes values and ``--widen forloop=2,8``
 adds values to try; the tunings are then re-ranked by the cost model (ties by the
 stated rule) and, with ``-o``, written as candidates. Plan knobs (``stages=2``) are
-checked against their legal range and attached as plans. ``--gpu N`` (measured
-selection) needs a GPU and is refused here with exit 2.
+checked against their legal range and attached as plans.
+
+``--gpu N`` selects by measurement (:mod:`mirage_cli.search.measure`): the first
+``--top`` designs of FILE, each at its best tunings and plan-knob settings, compiled in
+``--jobs`` worker processes, checked on GPU N against the float64 reference of the first
+candidate (every candidate of a search is verified equivalent to the program) and
+timed; ``-o`` then writes every variant with its measured time, the fastest first.
+Without a usable GPU it exits 2.
 """
 
 from __future__ import annotations
@@ -24,7 +30,7 @@ from mirage_cli.diagnostics import MirageError
 from mirage_cli.ir import Graph
 from mirage_cli.kplan import Knobs
 from mirage_cli.loading import read_text
-from mirage_cli.search.cost import estimate, rank
+from mirage_cli.search.cost import estimate, rank, target_option, use_profile
 from mirage_cli.search.design import Design, Tuning, custom_steps, design_of, instantiate
 from mirage_cli.util import write_atomic
 
@@ -149,6 +155,28 @@ def retune(g: Graph, pins: dict[str, list[str]], widen: dict[str, list[str]]
                 lambda x: serialize.dumps(x[0]))
 
 
+def _measured(cands: list[tuple[Graph, dict]], gpu: int, top: int,  # type: ignore[type-arg]
+              jobs: int | None, use_cache: bool, output: str | None) -> None:
+    """``--gpu``: measured selection; one line per variant on stdout, fastest first."""
+    import os
+
+    from mirage_cli.search.measure import GpuTimer, measure
+
+    timer = GpuTimer(gpu)
+    graphs = [g for g, _ in cands]
+    res = measure(graphs, graphs[0], timer, top=top, workers=jobs or os.cpu_count() or 1,
+                  use_cache=use_cache)
+    pairs = res.candidates()
+    for g, meta in pairs:
+        m = meta["measured"]
+        took = "wrong: " + m["reason"] if not m["ok"] else f"{meta['measured_us']:.3f} us"
+        click.echo(f"#{meta['rank']}: {m['variant']} {took} measured, "
+                   f"{meta['cost']['time_us']} us predicted, tuning {meta['tuning']} "
+                   f"knobs {meta['knobs']}")
+    if output:
+        write_atomic(output, serialize.dumps_candidates(pairs))
+
+
 def _plan_pins(g: Graph, pins: dict[str, list[str]], arch: str) -> Graph:
     """``g`` with the pinned plan knobs attached (checked against their ranges)."""
     from mirage_cli.codegen.planner import plan_kernel
@@ -177,16 +205,23 @@ def _plan_pins(g: Graph, pins: dict[str, list[str]], arch: str) -> Graph:
 @click.option("-o", "output", type=click.Path(dir_okay=False),
               help="Write the re-ranked candidates here.")
 @click.option("--gpu", type=int, default=None, help="Select by measurement on GPU N.")
+@click.option("--top", type=click.IntRange(min=1), default=3, show_default=True,
+              help="Designs measured (with --gpu).")
+@click.option("--jobs", "-j", type=click.IntRange(min=1), default=None,
+              help="Compiler processes (with --gpu; default: the CPU count).")
+@click.option("--no-cache", is_flag=True, help="Ignore and do not fill the measurement cache.")
+@target_option
 def command(file: str, space: bool, pin: str, widen: tuple[str, ...], output: str | None,
-            gpu: int | None) -> None:
+            gpu: int | None, top: int, jobs: int | None, no_cache: bool,
+            target: str) -> None:
     """Show, pin or widen the tuning space of the designs in FILE and re-rank them."""
-    if gpu is not None:
-        raise MirageError(f"--gpu {gpu}: measured selection needs a GPU and a CUDA driver, "
-                          "and is not available in this build; rank by the cost model "
-                          "(omit --gpu)")
+    use_profile(target)
     cands = serialize.loads_candidates(read_text(file), file)
     if not cands:
         raise MirageError("tune: the file holds no candidate µGraph")
+    if gpu is not None:
+        _measured(cands, gpu, top, jobs, not no_cache, output)
+        return
     designs = list(dict.fromkeys(design_of(g)[0] for g, _ in cands))
     firsts = [next(g for g, _ in cands if design_of(g)[0] == d) for d in designs]
     if space:

@@ -47,8 +47,9 @@ def cache_dir() -> Path:
 # Bumped when the search's answers change meaning within one tool version (2: softmax
 # is searched in its max-subtracted form and candidates pass the numerical check, so
 # older entries may hold the overflowing form; 3: ties in predicted time are broken by
-# the stated rule of cost.rank, so older rankings may differ; 4: ties within 1%).
-SEARCH_REVISION = 4
+# the stated rule of cost.rank, so older rankings may differ; 4: ties within 1%; 5: the
+# model reads the kernel plan (occupancy, plan feasibility) and a device profile).
+SEARCH_REVISION = 5
 
 
 def program_hash(program: Graph) -> str:
@@ -58,8 +59,13 @@ def program_hash(program: Graph) -> str:
 
 
 def key(program: Graph, options: dict[str, Any], kind: str = "search") -> str:
+    """The entry name: program, options, tool version and the cost model's device
+    profile (``--target``: another profile ranks the candidates differently)."""
+    from mirage_cli.search.cost import profile
+
     doc = {"kind": kind, "program": program_hash(program), "options": options,
-           "version": __version__, "revision": SEARCH_REVISION}
+           "version": __version__, "revision": SEARCH_REVISION,
+           "profile": profile().digest}
     text = json.dumps(doc, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()
 
@@ -134,10 +140,76 @@ def _recheck(program: Graph, graphs: list[Graph], seed: int) -> str | None:
 
 
 def put(k: str, text: str, program: Graph, options: dict[str, Any]) -> None:
-    """Store a complete search's candidates text for ``program`` under ``options``."""
+    """Store a complete search's candidates text for ``program`` under ``options``, and
+    as the latest result of its family (the same program at any sizes)."""
     doc = {"format": FORMAT, "version": VERSION, "program_sha256": program_hash(program),
            "options": options, "tool": TOOL, "candidates": text}
+    fam = {"format": FAMILY_FORMAT, "version": VERSION, "structure": structure_hash(program),
+           "options": options, "tool": TOOL, "sizes": dict(program.params),
+           "candidates": text}
     try:
         write_atomic(_path(k), json.dumps(doc, sort_keys=True) + "\n")
+        write_atomic(_family_path(program, options), json.dumps(fam, sort_keys=True) + "\n")
     except OSError:
         pass
+
+
+# -- shape reuse: the same program at other sizes -----------------------------------------
+
+FAMILY_FORMAT = "mirage-cli/search-family"
+
+
+def _sizeless(doc: Any) -> Any:
+    """A µGraph's JSON without its sizes: no ``shape`` and no parameter values (dims
+    stay as the program wrote them, e.g. ``2 * batch``)."""
+    if isinstance(doc, dict):
+        return {k: _sizeless(v) for k, v in doc.items()
+                if k != "shape" and not (k == "value" and "name" in doc and len(doc) == 2)}
+    if isinstance(doc, list):
+        return [_sizeless(v) for v in doc]
+    return doc
+
+
+def structure_hash(program: Graph) -> str:
+    """SHA-256 of the program with its sizes left out: equal for the same program at
+    other ``-D`` values, different after any other change (an operator, a name, a
+    dtype, an attribute, a dimension expression)."""
+    text = json.dumps(_sizeless(serialize.graph_to_json(program)), sort_keys=True,
+                      separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _family_path(program: Graph, options: dict[str, Any]) -> Path:
+    """One file per (structure, options, tool version, revision, model profile): the
+    latest complete search at any sizes."""
+    from mirage_cli.search.cost import profile
+
+    doc = {"kind": "family", "structure": structure_hash(program), "options": options,
+           "version": __version__, "revision": SEARCH_REVISION, "profile": profile().digest}
+    text = json.dumps(doc, sort_keys=True, separators=(",", ":"))
+    return cache_dir() / f"{hashlib.sha256(text.encode()).hexdigest()}.family.json"
+
+
+def get_family(program: Graph, options: dict[str, Any]) -> tuple[str, dict[str, int]] | None:
+    """The candidates text and sizes of the latest complete search of ``program``'s
+    structure under ``options`` at *other* sizes, or None. Nothing here is trusted: the
+    caller re-instantiates the designs at the new sizes and verifies them again."""
+    try:
+        doc = json.loads(_family_path(program, options).read_text(encoding="utf-8"))
+    except (OSError, ValueError, UnicodeDecodeError, RecursionError):
+        return None
+    if not isinstance(doc, dict) or doc.get("format") != FAMILY_FORMAT or \
+            doc.get("version") != VERSION or doc.get("tool") != TOOL or \
+            doc.get("options") != options or doc.get("structure") != structure_hash(program) \
+            or not isinstance(doc.get("candidates"), str) or \
+            not isinstance(doc.get("sizes"), dict):
+        return None
+    if doc["sizes"] == dict(program.params):
+        return None  # the same sizes: that is the exact entry's business
+    return doc["candidates"], doc["sizes"]
+
+
+def has(k: str) -> bool:
+    """Whether an entry exists under ``k`` (checked only when read, by :func:`get`)."""
+    return _path(k).is_file()
+

@@ -1,38 +1,60 @@
-"""A first cost model: rank candidate µGraphs before anything runs on a GPU.
+"""The cost model: rank candidate µGraphs before anything runs on a GPU.
 
 For each kernel it counts device-memory bytes (each device tensor read once per
 kernel that reads it, plus what it writes: repeated reads of a tile by many blocks are
 assumed to hit L2 and are counted separately as ``l2_bytes``), FLOPs (a matmul is
 ``2*m*n*k``, any other operator one per output element), launches, and the shared
-memory one block needs (tiles of loop loads twice, for double buffering, plus every
-other tile). The predicted time is the sum over kernels of
-``max(dram / BW, l2 / L2BW, flops / PEAK) / utilisation * (1 + 1/F) + waves * F * ITER
-+ LAUNCH`` where utilisation is the fraction of SMs the grid occupies, ``F`` the
-forloop range (one iteration's loads are not overlapped with compute: the pipeline
-fill) and ``waves`` the number of rounds of blocks over the SMs. A kernel whose block does not fit in shared
-memory makes the candidate infeasible. The constants describe an H100 SXM; a later
-issue replaces them with measured ones and explains the ranking.
+memory one block needs (the model's own count: tiles of loop loads twice, for double
+buffering, plus every other tile). The predicted time is the sum over kernels of
+``a * max(dram / BW, l2 / L2BW, flops / PEAK) / utilisation * (1 + 1/F)
++ b * waves * F * ITER + c * LAUNCH``, plus ``d`` once per µGraph, where utilisation is the fraction of SMs the
+grid occupies, ``F`` the forloop range (one iteration's loads are not overlapped with
+compute: the pipeline fill) and ``waves`` the number of rounds of blocks over the SMs
+at the occupancy the kernel plan allows (threads and shared memory per block).
+
+The figures (bandwidths, peak, launch and iteration costs, SM count) and the
+coefficients ``a, b, c, d`` come from a device profile (:mod:`mirage_cli.profiles`,
+``--target``; fitted by ``mirage calibrate --fit``). The model reads each custom
+kernel's plan (:func:`mirage_cli.codegen.planner.plan_kernel`: the one the µGraph
+carries, else the planner's default): its threads and shared memory set the
+occupancy, and a kernel with no plan that fits (shared memory, the planner's limits)
+or whose plan exceeds the profile's shared memory is a constraint violation: the
+candidate is infeasible and ``explain`` names the violation.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import TypeVar
 
 from mirage_cli import arch as archs
 from mirage_cli import ops
+from mirage_cli import profiles as device_profiles
 from mirage_cli.check import tile_type
+from mirage_cli.diagnostics import MirageError
 from mirage_cli.ir import BlockGraph, Graph, KernelOp, TensorType
+from mirage_cli.profiles import Profile, target_option  # noqa: F401 - re-exported
 
-DRAM_BW = 3.35e12        # bytes/s
-L2_BW = 10e12            # bytes/s, a round figure for L2 -> SM traffic
-PEAK_FLOPS = 400e12      # f16 tensor-core FLOP/s actually reachable by small kernels
-LAUNCH_S = 2.5e-6        # per kernel launch
-ITER_S = 0.05e-6         # per forloop iteration and wave of blocks (synchronisation)
-NUM_SMS = archs.get(archs.DEFAULT_ARCH).num_sms
-# The same per-block limit the kernel planner allocates against.
+_ACTIVE: list[Profile] = []
+# The per-block limit of the default architecture, for messages that name it (the
+# model itself checks against the active profile's ``smem_per_block``).
 SMEM_BYTES = archs.get(archs.DEFAULT_ARCH).smem_per_block
+
+
+def profile() -> Profile:
+    """The device profile the model uses now (``--target``; default sm_90/h100)."""
+    if not _ACTIVE:
+        _ACTIVE.append(device_profiles.load(device_profiles.DEFAULT_TARGET))
+    return _ACTIVE[0]
+
+
+def use_profile(target: str | Profile) -> Profile:
+    """Make ``target`` the model's profile (a command's ``--target``)."""
+    p = target if isinstance(target, Profile) else device_profiles.load(target)
+    _ACTIVE[:] = [p]
+    return p
 
 
 @dataclass(frozen=True)
@@ -41,14 +63,18 @@ class Cost:
     l2_bytes: int
     flops: int
     launches: int
-    smem_bytes: int      # the largest block's shared memory
+    smem_bytes: int      # the largest block's shared memory (the model's count)
     min_blocks: int      # the smallest grid among custom kernels (0: none)
     fits: bool
     time_us: float
+    violations: tuple[str, ...] = ()   # why it does not fit (the plan's constraints)
 
     def as_json(self) -> dict[str, object]:
-        return {k: (round(v, 3) if isinstance(v, float) else v)
-                for k, v in asdict(self).items()}
+        d = {k: (round(v, 3) if isinstance(v, float) else v)
+             for k, v in asdict(self).items() if k != "violations"}
+        if self.violations:
+            d["violations"] = list(self.violations)
+        return d
 
 
 def op_flops(op: str, ins: list[TensorType], out: TensorType) -> int:
@@ -63,17 +89,22 @@ class KernelCost:
     dram_bytes: int
     l2_bytes: int
     flops: int
-    smem_bytes: int      # the model's count (the kernel plan's is in ``explain``)
+    smem_bytes: int      # the model's count (the tie rule's term)
     blocks: int
     forloop: int
-    dram_us: float       # dram_bytes at DRAM_BW
-    l2_us: float         # l2_bytes at L2_BW
-    compute_us: float    # flops at PEAK_FLOPS
+    dram_us: float       # dram_bytes at the profile's DRAM bandwidth
+    l2_us: float         # l2_bytes at its L2 bandwidth
+    compute_us: float    # flops at its peak
     util: float          # fraction of the SMs the grid occupies
-    stream_us: float     # max(dram, l2, compute) / util * (1 + 1/forloop)
-    sync_us: float       # waves * forloop * ITER_S
-    launch_us: float
+    stream_us: float     # fit.stream * max(dram, l2, compute) / util * (1 + 1/forloop)
+    sync_us: float       # fit.sync * waves * forloop * iter_us
+    launch_us: float     # fit.launch * launch_us
     time_us: float
+    plan_smem: int = 0   # shared memory of the kernel plan (0: none, pre-defined)
+    threads: int = 0     # threads per block of the plan (0: pre-defined)
+    per_sm: int = 1      # blocks resident per SM at the plan's threads and shared memory
+    waves: int = 1
+    violation: str = ""  # why the kernel cannot run as planned ("": it can)
 
     @property
     def binding(self) -> str:
@@ -86,26 +117,69 @@ class KernelCost:
         return "memory (DRAM)" if self.dram_us >= self.l2_us else "memory (L2)"
 
 
+def _plan_facts(op: KernelOp, types: dict[str, TensorType], p: Profile
+                ) -> tuple[int, int, str]:
+    """(shared memory bytes, threads, violation) of a custom kernel's plan."""
+    assert op.block is not None
+    if op.plan is not None:
+        smem, threads = op.plan.smem_bytes, op.plan.threads
+    else:
+        planned = _default_plan(op.block, tuple(sorted(types.items())), p.arch)
+        if isinstance(planned, str):
+            return 0, 0, f"no kernel plan fits: {planned}"
+        smem, threads = planned
+    if smem > p.smem_per_block:
+        return smem, threads, (f"the plan's shared memory {smem} B exceeds the "
+                               f"{p.smem_per_block} B per block")
+    return smem, threads, ""
+
+
+@functools.lru_cache(maxsize=4096)
+def _default_plan(bg: BlockGraph, types: tuple[tuple[str, TensorType], ...], arch: str
+                  ) -> tuple[int, int] | str:
+    """(shared memory, threads) of the planner's default plan, or why there is none
+    (cached: the tuner costs the same kernel many times)."""
+    from mirage_cli.codegen.planner import plan_kernel
+
+    try:
+        plan = plan_kernel(bg, dict(types), arch)
+    except MirageError as e:
+        return e.message
+    return plan.smem_bytes, plan.threads
+
+
 def kernel_costs(g: Graph) -> list[KernelCost]:
     """The model's terms for each kernel of ``g``, in launch order."""
+    p = profile()
+    fit = p.fit
     types = g.tensor_types()
     out: list[KernelCost] = []
     for op in g.ops:
+        plan_smem = threads = 0
+        violation = ""
         if op.block is None:
-            k_dram, k_l2, k_flops, k_smem, blocks = _predefined(op, types)
+            k_dram, k_l2, k_flops, k_smem, blocks = _predefined(op, types, p.num_sms)
         else:
             k_dram, k_l2, k_flops, k_smem, blocks = _custom(op.block, types)
-        util = min(1.0, blocks / NUM_SMS)
-        d_s, l_s, c_s = k_dram / DRAM_BW, k_l2 / L2_BW, k_flops / PEAK_FLOPS
+            plan_smem, threads, violation = _plan_facts(op, types, p)
+        util = min(1.0, blocks / p.num_sms)
+        d_s, l_s, c_s = k_dram / p.dram_bw, k_l2 / p.l2_bw, k_flops / p.peak_flops
         forloop = op.block.forloop if op.block is not None else 4
-        waves = -(-blocks // NUM_SMS)
+        # Blocks resident on one SM: bounded by threads and by shared memory per SM.
+        per_sm = 1
+        if threads:
+            per_sm = max(1, min(p.max_threads_per_sm // threads,
+                                p.smem_per_sm // max(plan_smem, 1), 32))
+        waves = -(-blocks // (p.num_sms * per_sm))
         # Loads of iteration i+1 overlap compute of iteration i, so one iteration's
         # loads are exposed (the pipeline fill), and each iteration synchronises.
-        stream = max(d_s, l_s, c_s) / util * (1 + 1 / forloop)
-        sync = waves * forloop * ITER_S
+        stream = fit["stream"] * max(d_s, l_s, c_s) / util * (1 + 1 / forloop)
+        sync = fit["sync"] * waves * forloop * p.iter_us * 1e-6
+        launch = fit["launch"] * p.launch_us * 1e-6
         out.append(KernelCost(k_dram, k_l2, k_flops, k_smem, blocks, forloop, d_s * 1e6,
                               l_s * 1e6, c_s * 1e6, util, stream * 1e6, sync * 1e6,
-                              LAUNCH_S * 1e6, (stream + sync + LAUNCH_S) * 1e6))
+                              launch * 1e6, (stream + sync + launch) * 1e6, plan_smem,
+                              threads, per_sm, waves, violation))
     return out
 
 
@@ -113,15 +187,24 @@ def estimate(g: Graph) -> Cost:
     dram = l2 = flops = smem = 0
     time_s = 0.0
     min_blocks = 0
-    fits = True
-    for op, k in zip(g.ops, kernel_costs(g)):
+    violations: list[str] = []
+    p = profile()
+    for i, (op, k) in enumerate(zip(g.ops, kernel_costs(g))):
         if op.block is not None:
             min_blocks = k.blocks if not min_blocks else min(min_blocks, k.blocks)
-        fits &= k.smem_bytes <= SMEM_BYTES
+        if k.smem_bytes > p.smem_per_block:
+            violations.append(f"kernel {i}: the model's shared memory {k.smem_bytes} B "
+                              f"exceeds the {p.smem_per_block} B per block")
+        if k.violation:
+            violations.append(f"kernel {i}: {k.violation}")
         time_s += k.time_us * 1e-6
         dram, l2 = dram + k.dram_bytes, l2 + k.l2_bytes
         flops, smem = flops + k.flops, max(smem, k.smem_bytes)
-    return Cost(dram, l2, flops, len(g.ops), smem, min_blocks, fits, time_s * 1e6)
+    # The fit's constant is paid once per µGraph (what per-kernel terms do not explain:
+    # the graph's own launch, timing overhead); per kernel it would duplicate ``launch``.
+    time_us = time_s * 1e6 + p.fit["const_us"]
+    return Cost(dram, l2, flops, len(g.ops), smem, min_blocks, not violations, time_us,
+                tuple(violations))
 
 
 # The tie rule (docs/search.md "How the choice is made"): candidates are ordered by
@@ -175,12 +258,13 @@ def tie_breaker(a: Cost, b: Cost) -> str | None:
     return "canonical text"
 
 
-def _predefined(op: KernelOp, types: dict[str, TensorType]) -> tuple[int, int, int, int, int]:
+def _predefined(op: KernelOp, types: dict[str, TensorType], num_sms: int
+                ) -> tuple[int, int, int, int, int]:
     ins = [types[i] for i in op.inputs]
     out = op.outputs[0].type
     nbytes = sum(t.nbytes for t in ins) + out.nbytes
     # A library kernel uses enough blocks to fill the GPU unless the output is tiny.
-    blocks = max(1, min(NUM_SMS, out.numel // 1024))
+    blocks = max(1, min(num_sms, out.numel // 1024))
     return nbytes, nbytes, op_flops(op.op, ins, out), 0, blocks
 
 

@@ -10,14 +10,14 @@ input is split, which operators accumulate) are reported apart from tuning value
 Schema (``format: mirage-cli/explain``, ``version: 1``)::
 
     {"format", "version", "arch", "tie_rule": str,
-     "model": {"dram_bw", "l2_bw", "peak_flops", "launch_us", "iter_us", "num_sms",
-               "smem_per_block"},
+     "model": {"profile", "calibrated", "dram_bw", "l2_bw", "peak_flops", "launch_us",
+               "iter_us", "num_sms", "smem_per_block", "fit": {...}},
      "chosen": ENTRY, "rivals": [ENTRY + {"loses_on": LOSS}], "unfused": ENTRY | null}
     ENTRY = {"label", "rank": int | null, "predicted_us", "measured_us": float | null,
              "fits": bool, "kernels": [KERNEL], "design": [DESIGN], "tuning": [TUNING]}
     KERNEL = {"index", "kind", "dram_bytes", "l2_bytes", "flops", "launches",
               "smem_bytes", "smem_source": "plan" | "model", "threads", "warps",
-              "blocks", "sms", "waves", "terms_us": {"dram", "l2", "compute",
+              "blocks", "sms", "waves", "per_sm", "terms_us": {"dram", "l2", "compute",
               "stream", "sync", "launch"}, "time_us", "binds", "tight": [str]}
     DESIGN = {"kernel", "kind", "fuses": [str], "splits": [{"tensor", "imap", "fmap"}],
               "accumulators": [str], "stores": [str]}
@@ -29,7 +29,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from mirage_cli import arch as archs
 from mirage_cli import ops
 from mirage_cli.diagnostics import MirageError
 from mirage_cli.ir import Graph, KernelOp, TensorType
@@ -44,48 +43,46 @@ TIGHT = 0.75
 Json = dict[str, Any]
 
 
-def _plan(op: KernelOp, types: dict[str, TensorType], arch: str) -> tuple[int, int, Json] | str:
-    """(shared memory bytes, threads, knobs) of the kernel plan, or why it has none."""
+def _knobs(op: KernelOp, types: dict[str, TensorType], arch: str) -> Json:
+    """The knobs of the kernel's plan (the one it carries, else the planner's)."""
     from mirage_cli.codegen.planner import plan_kernel
 
     assert op.block is not None
     try:
         p = op.plan if op.plan is not None else plan_kernel(op.block, types, arch)
-    except MirageError as e:
-        return str(e)
-    return p.smem_bytes, p.threads, p.knobs.as_json()
+    except MirageError:
+        return {}
+    return p.knobs.as_json()
 
 
 def _kernel(i: int, op: KernelOp, k: KernelCost, types: dict[str, TensorType], arch: str
             ) -> tuple[Json, Json | None]:
     """A kernel's cost entry and (custom kernels) its tuning entry."""
-    a = archs.get(arch)
+    prof = model.profile()
+    limit = prof.smem_per_block
     tight: list[str] = []
     smem, source, threads = k.smem_bytes, "model", 0
     knobs: Json = {}
+    sms = prof.num_sms
     if op.block is not None:
-        planned = _plan(op, types, arch)
-        if isinstance(planned, str):
-            tight.append(f"no kernel plan: {planned}")
-        else:
-            smem, threads, knobs = planned
-            source = "plan"
-        if smem > a.smem_per_block:
-            tight.append(f"shared memory {smem} B exceeds the {a.smem_per_block} B per block")
-        elif smem >= TIGHT * a.smem_per_block:
-            tight.append(f"shared memory {smem} B is {100 * smem // a.smem_per_block}% "
-                         f"of the {a.smem_per_block} B per block")
-        if k.blocks < model.NUM_SMS:
-            tight.append(f"grid of {k.blocks} blocks fills {k.blocks} of {model.NUM_SMS} SMs")
-        elif k.blocks % model.NUM_SMS:
-            tight.append(f"{k.blocks} blocks: a last wave of {k.blocks % model.NUM_SMS} "
-                         f"on {model.NUM_SMS} SMs")
-    waves = -(-k.blocks // model.NUM_SMS)
+        if k.violation:
+            tight.append(k.violation)
+        if k.threads:
+            smem, threads, source = k.plan_smem, k.threads, "plan"
+            knobs = _knobs(op, types, arch)
+        if not k.violation and smem >= TIGHT * limit:
+            tight.append(f"shared memory {smem} B is {100 * smem // limit}% "
+                         f"of the {limit} B per block")
+        if k.blocks < sms:
+            tight.append(f"grid of {k.blocks} blocks fills {k.blocks} of {sms} SMs")
+        elif k.blocks % (sms * k.per_sm):
+            tight.append(f"{k.blocks} blocks: a last wave of {k.blocks % (sms * k.per_sm)} "
+                         f"on {sms} SMs x {k.per_sm} resident")
     entry = {"index": i, "kind": "custom" if op.block is not None else op.op,
              "dram_bytes": k.dram_bytes, "l2_bytes": k.l2_bytes, "flops": k.flops,
              "launches": 1, "smem_bytes": smem, "smem_source": source,
              "threads": threads, "warps": threads // 32, "blocks": k.blocks,
-             "sms": model.NUM_SMS, "waves": waves,
+             "sms": sms, "waves": k.waves, "per_sm": k.per_sm,
              "terms_us": {"dram": _r(k.dram_us), "l2": _r(k.l2_us),
                           "compute": _r(k.compute_us), "stream": _r(k.stream_us),
                           "sync": _r(k.sync_us), "launch": _r(k.launch_us)},
@@ -145,7 +142,7 @@ def loses_on(rival: Graph, rc: Cost, chosen: Graph, cc: Cost) -> Json:
     with the largest excess over the chosen candidate's."""
     if not rc.fits and cc.fits:
         return {"term": "feasibility", "delta_us": None,
-                "detail": "does not fit in shared memory"}
+                "detail": "; ".join(rc.violations) or "does not fit in shared memory"}
     tie = tie_breaker(cc, rc)
     if tie is not None:
         return {"term": f"tie: {tie}", "delta_us": _r(rc.time_us - cc.time_us),
@@ -167,7 +164,7 @@ def explain(cands: list[tuple[Graph, Json]], program: Graph | None, arch: str) -
     """The explanation document of a ranked candidate list (first = chosen)."""
     if not cands:
         raise MirageError("explain: the file holds no candidate µGraph")
-    a = archs.get(arch)
+    prof = model.profile()
     g0, m0 = cands[0]
     chosen, c0 = entry(g0, "#0", _rank(m0, 0), m0, arch)
     rivals = []
@@ -180,10 +177,11 @@ def explain(cands: list[tuple[Graph, Json]], program: Graph | None, arch: str) -
         unfused, cu = entry(program, "unfused", None, {}, arch)
         unfused["loses_on"] = loses_on(program, cu, g0, c0)
     return {"format": FORMAT, "version": VERSION, "arch": arch, "tie_rule": model.TIE_RULE,
-            "model": {"dram_bw": model.DRAM_BW, "l2_bw": model.L2_BW,
-                      "peak_flops": model.PEAK_FLOPS, "launch_us": model.LAUNCH_S * 1e6,
-                      "iter_us": model.ITER_S * 1e6, "num_sms": model.NUM_SMS,
-                      "smem_per_block": a.smem_per_block},
+            "model": {"profile": prof.name, "calibrated": prof.calibrated,
+                      "dram_bw": prof.dram_bw, "l2_bw": prof.l2_bw,
+                      "peak_flops": prof.peak_flops, "launch_us": prof.launch_us,
+                      "iter_us": prof.iter_us, "num_sms": prof.num_sms,
+                      "smem_per_block": prof.smem_per_block, "fit": dict(prof.fit)},
             "chosen": chosen, "rivals": rivals, "unfused": unfused}
 
 

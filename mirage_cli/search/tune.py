@@ -2,8 +2,8 @@
 
 Every split grid axis gets at least 2 blocks and a looping kernel at least 2
 iterations (a size of 1 would be a different, smaller design). A starting tuning aims
-at filling the GPU (doubling the axis with the largest tiles until about ``NUM_SMS``
-blocks) with loop tiles of about 64 along the iterated dimension; coordinate descent
+at filling the GPU (doubling the axis with the largest tiles until about the
+profile's SM count of blocks) with loop tiles of about 64 along the iterated dimension; coordinate descent
 then doubles or halves one size at a time, or moves it to the next divisor of the
 dimension it splits (so sizes with odd factors are reachable: 14336 = 7 * 2^11 splits
 into 7, 14, 28, 56, 112, 224, ... blocks, 18944 = 37 * 2^9 into 37, 74, ...), while the
@@ -14,7 +14,7 @@ valid µGraphs are ever costed.
 from __future__ import annotations
 
 from mirage_cli.ir import Graph
-from mirage_cli.search.cost import NUM_SMS, Cost, estimate
+from mirage_cli.search.cost import Cost, estimate, profile
 from mirage_cli.search.design import CustomD, Design, Tuning, custom_steps, instantiate
 
 LOOP_TILE = 64
@@ -32,7 +32,7 @@ def start(target: Graph, design: Design) -> Tuning:
     for step in custom_steps(design):
         grid = [2 if a < step.axes else 1 for a in range(3)]
         extents = _axis_extents(step, types)
-        while grid[0] * grid[1] * grid[2] < NUM_SMS:
+        while grid[0] * grid[1] * grid[2] < profile().num_sms:
             options = [a for a in range(step.axes) if extents[a] // (grid[a] * 2) >= 16]
             if not options:
                 break

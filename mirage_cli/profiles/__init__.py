@@ -1,0 +1,154 @@
+"""Device profiles: the cost model's figures for one GPU, as data shipped in the package.
+
+``h100.json`` holds the model's original constants (H100 SXM figures, never measured
+against a kernel); ``h200.json`` starts from the H200 data sheet and the bench's
+measured copy bandwidth; ``mirage calibrate --gpu N -o device.json`` writes a profile
+measured on a device (and, with ``--fit``, the model's coefficients fitted to measured
+kernel times). ``--target`` picks one: ``sm_90/h100`` (the default), ``sm_90/h200``,
+the short names ``h100``/``h200``, or the path of a profile file.
+
+Fields (``format: mirage-cli/device-profile``, ``version: 1``): ``name``, ``device``,
+``arch``, ``calibrated``, ``source``; figures ``num_sms``, ``dram_bw`` and ``l2_bw``
+(bytes/s), ``l2_bytes``, ``peak_flops`` (tensor-core FLOP/s reachable by small kernels),
+``fma_flops``, ``launch_us``, ``iter_us`` (per forloop iteration and wave),
+``barrier_us`` (null when unmeasured), ``smem_per_block``, ``smem_per_sm``,
+``regs_per_sm``, ``max_threads_per_sm``; and ``fit``: the coefficients of the model's
+terms (``stream``, ``sync``, ``launch``, ``const_us``), 1/1/1/0 when unfitted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from mirage_cli.diagnostics import MirageError
+
+FORMAT = "mirage-cli/device-profile"
+VERSION = 1
+HERE = Path(__file__).resolve().parent
+NAMES = ("h100", "h200")
+DEFAULT_TARGET = "sm_90/h100"
+FIT_TERMS = ("stream", "sync", "launch", "const_us")
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    device: str
+    arch: str
+    calibrated: bool
+    source: str
+    num_sms: int
+    dram_bw: float
+    l2_bw: float
+    l2_bytes: int
+    peak_flops: float
+    fma_flops: float
+    launch_us: float
+    iter_us: float
+    barrier_us: float | None
+    smem_per_block: int
+    smem_per_sm: int
+    regs_per_sm: int
+    max_threads_per_sm: int
+    fit: dict[str, float] = field(default_factory=lambda: {"stream": 1.0, "sync": 1.0,
+                                                           "launch": 1.0, "const_us": 0.0})
+    extra: dict[str, Any] = field(default_factory=dict)  # other recorded figures
+
+    def as_json(self) -> dict[str, Any]:
+        d = asdict(self)
+        extra = d.pop("extra")
+        return {"format": FORMAT, "version": VERSION, **d, **extra}
+
+    @property
+    def digest(self) -> str:
+        """SHA-256 of the profile's canonical JSON (part of the search cache key)."""
+        text = json.dumps(self.as_json(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+_NUMBERS: dict[str, Callable[[Any], bool]] = {
+    "num_sms": lambda v: isinstance(v, int) and v > 0,
+    "dram_bw": lambda v: _pos(v), "l2_bw": lambda v: _pos(v),
+    "l2_bytes": lambda v: isinstance(v, int) and v > 0,
+    "peak_flops": lambda v: _pos(v), "fma_flops": lambda v: _pos(v),
+    "launch_us": lambda v: _nonneg(v), "iter_us": lambda v: _nonneg(v),
+    "barrier_us": lambda v: v is None or _nonneg(v),
+    "smem_per_block": lambda v: isinstance(v, int) and v > 0,
+    "smem_per_sm": lambda v: isinstance(v, int) and v > 0,
+    "regs_per_sm": lambda v: isinstance(v, int) and v > 0,
+    "max_threads_per_sm": lambda v: isinstance(v, int) and v > 0,
+}
+
+
+def _pos(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
+
+
+def _nonneg(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0
+
+
+def from_json(doc: Any, where: str) -> Profile:
+    """A profile from its JSON document; a diagnostic naming the bad field otherwise."""
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        raise MirageError(f"{where}: not a device profile (format {FORMAT!r} expected)")
+    if doc.get("version") != VERSION:
+        raise MirageError(f"{where}: profile version {doc.get('version')!r} is not "
+                          f"supported (this version reads {VERSION})")
+    for key in ("name", "device", "arch", "source"):
+        if not isinstance(doc.get(key), str):
+            raise MirageError(f"{where}: '{key}' must be a string")
+    for key, ok in _NUMBERS.items():
+        if not ok(doc.get(key)):
+            raise MirageError(f"{where}: '{key}' is missing or out of range "
+                              f"(got {doc.get(key)!r})")
+    fit = doc.get("fit", {})
+    if not isinstance(fit, dict) or set(fit) - set(FIT_TERMS) or \
+            not all(_nonneg(fit.get(k, 0.0)) for k in FIT_TERMS):
+        raise MirageError(f"{where}: 'fit' must map {', '.join(FIT_TERMS)} to numbers >= 0")
+    known = {"format", "version", "calibrated", "fit", "name", "device", "arch", "source",
+             *_NUMBERS}
+    return Profile(doc["name"], doc["device"], doc["arch"], bool(doc.get("calibrated")),
+                   doc["source"], **{k: doc[k] for k in _NUMBERS},
+                   fit={"stream": 1.0, "sync": 1.0, "launch": 1.0, "const_us": 0.0,
+                        **{k: float(v) for k, v in fit.items()}},
+                   extra={k: v for k, v in doc.items() if k not in known})
+
+
+def load(target: str) -> Profile:
+    """The profile ``target`` names: ``sm_90/h200``, ``h200``, ... or a file path."""
+    name = target.split("/", 1)[1] if target.startswith("sm_") and "/" in target else target
+    if name in NAMES:
+        path = HERE / f"{name}.json"
+    elif target.endswith(".json"):
+        path = Path(target)
+    else:
+        raise MirageError(f"--target {target}: unknown target (expected "
+                          f"{', '.join('sm_90/' + n for n in NAMES)}, "
+                          f"{', '.join(NAMES)}, or a device profile .json file)")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise MirageError(f"--target {target}: cannot read {path}: {e.strerror}") from None
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise MirageError(f"{path}:{e.lineno}:{e.colno}: error: invalid JSON: {e.msg}") from None
+    prof = from_json(doc, str(path))
+    if target.startswith("sm_") and "/" in target and target.split("/")[0] != prof.arch:
+        raise MirageError(f"--target {target}: the {prof.name} profile is for {prof.arch}")
+    return prof
+
+
+def target_option(f: Callable[..., Any]) -> Callable[..., Any]:
+    """``--target``: the device profile the cost model uses."""
+    import click
+
+    return click.option("--target", default=DEFAULT_TARGET, show_default=True,
+                        metavar="sm_90/h100|sm_90/h200|FILE.json",
+                        help="Device profile of the cost model.")(f)

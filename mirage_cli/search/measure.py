@@ -1,0 +1,452 @@
+"""Measured selection: the fastest correct kernel among the top designs' tunings.
+
+Steps (``mirage tune --gpu N``, ``mirage opt --gpu N``):
+
+1. :func:`variants`: for each of the first ``top`` distinct designs of a ranked
+   candidate list, its tunings (the candidate's own, then the tuner's, best first by
+   the cost model: :func:`mirage_cli.search.tune.tune`) times the kernel-plan knob
+   settings (:func:`knob_sets`: the planner's defaults, then every single-knob
+   deviation from them within :func:`~mirage_cli.codegen.planner.knob_space`, evenly
+   thinned to a bound), each with its plans attached. Deterministic: no randomness,
+   the order depends only on the candidates.
+2. :func:`compile_all`: NVRTC compilation in worker processes (``spawn``: safe even
+   after a CUDA context exists; compilation needs no GPU).
+3. A :class:`Timer` runs each variant once on NaN-poisoned outputs, compares it with
+   the float64 reference of the program (the bench's check), and times the correct
+   ones with the bench's method (CUDA-graph replays over input copies larger than
+   twice the L2 cache, median). :class:`GpuTimer` is the real one; tests inject fakes.
+4. :func:`select`: the fastest correct variant wins (ties: the earlier variant, i.e.
+   the model's order). A variant whose output is wrong is a bug in the code generator:
+   it is dropped and reported as an error line, never shipped.
+
+Measured timings are cached beside the search cache (:mod:`.cache`, kind
+``measure``), keyed by the reference program's hash, the options, the device name and
+the tool version; one entry maps each variant (the SHA-256 of its canonical JSON, plans
+included) to its timing, so a rerun times only what it has not timed before.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from mirage_cli import serialize
+from mirage_cli.console import console, info
+from mirage_cli.diagnostics import MirageError
+from mirage_cli.ir import Graph
+from mirage_cli.kplan import Knobs
+from mirage_cli.search.design import Design, Tuning, design_of, instantiate
+from mirage_cli.util import write_atomic
+
+TUNINGS_PER_DESIGN = 4   # grid/forloop tunings timed per design
+KNOBS_PER_TUNING = 4     # plan-knob settings timed per tuning (defaults first)
+REPLAYS = 30             # CUDA-graph replays per timing (the bench's default)
+FORMAT = "mirage-cli/measure-cache"
+VERSION = 1
+
+Json = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One µGraph to time: a design, one of its tunings and one knob setting."""
+
+    label: str            # "d0.t1.k2": design, tuning, knob setting
+    design: int           # index among the designs measured
+    graph: Graph          # with a plan on every custom kernel
+    tuning: Tuning
+    knobs: tuple[Knobs, ...]   # pins per custom kernel (empty Knobs: the planner's choice)
+    predicted_us: float
+
+    @property
+    def key(self) -> str:
+        """SHA-256 of the canonical JSON (plans included): the variant's identity."""
+        return hashlib.sha256(serialize.dumps(self.graph).encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class Timing:
+    """The measurement of one variant: ``us`` is None when it was not timed."""
+
+    us: float | None
+    ok: bool
+    rel_err: float | None = None
+    reason: str = ""
+
+    def as_json(self) -> Json:
+        return {"us": self.us, "ok": self.ok, "rel_err": self.rel_err, "reason": self.reason}
+
+    @staticmethod
+    def from_json(d: Any) -> Timing | None:
+        if not isinstance(d, dict) or not isinstance(d.get("ok"), bool):
+            return None
+        us, err = d.get("us"), d.get("rel_err")
+        if us is not None and (not isinstance(us, (int, float)) or us <= 0):
+            return None
+        if d["ok"] and us is None:
+            return None
+        return Timing(None if us is None else float(us), d["ok"],
+                      None if not isinstance(err, (int, float)) else float(err),
+                      str(d.get("reason", "")))
+
+
+class Timer(Protocol):
+    """The GPU seam: everything that touches a device."""
+
+    device: str   # the device's name (part of the cache key)
+    arch: str     # the target the variants are planned and compiled for
+
+    def time(self, v: Variant, cubin: bytes, reference: Graph) -> Timing:
+        """Check ``v`` (compiled to ``cubin``) against the float64 reference of
+        ``reference`` and, when correct, time it."""
+        ...
+
+
+# -- variants ---------------------------------------------------------------------------
+
+
+def knob_sets(g: Graph, arch: str, limit: int) -> list[tuple[Knobs, ...]]:
+    """Knob pins for every custom kernel of ``g``: the planner's defaults first, then
+    each single-knob deviation (one kernel, one knob, one legal value other than the
+    planner's), thinned evenly to ``limit`` settings."""
+    from mirage_cli.codegen.planner import knob_space, plan_kernel
+
+    types = g.tensor_types()
+    blocks = [op.block for op in g.ops if op.block is not None]
+    default = tuple(Knobs() for _ in blocks)
+    out: list[tuple[Knobs, ...]] = [default]
+    for k, bg in enumerate(blocks):
+        try:
+            chosen = plan_kernel(bg, types, arch).knobs
+        except MirageError:
+            continue  # no default plan: the deviations would not fit either
+        for name, values in sorted(knob_space(bg, types, arch).items()):
+            for v in values:
+                if getattr(chosen, name) == v:
+                    continue
+                pins = list(default)
+                pins[k] = Knobs(**{name: v})
+                out.append(tuple(pins))
+    return thin(out, limit)
+
+
+def thin(items: list[Any], limit: int) -> list[Any]:
+    """At most ``limit`` items, the first kept, the rest evenly spaced (deterministic)."""
+    if len(items) <= limit:
+        return items
+    if limit <= 1:
+        return items[:limit]
+    step = (len(items) - 1) / (limit - 1)
+    return [items[round(i * step)] for i in range(limit)]
+
+
+def _tunings(g: Graph, design: Design, own: Tuning, limit: int) -> list[tuple[Tuning, Graph]]:
+    """``own`` then the tuner's tunings of ``design``, best first, at most ``limit``."""
+    from mirage_cli.search.tune import tune
+
+    out: dict[Tuning, Graph] = {own: g}
+    for _, t, ng in tune(g, design):
+        if len(out) >= limit:
+            break
+        out.setdefault(t, ng)
+    return list(out.items())
+
+
+def variants(cands: Sequence[Graph], top: int, arch: str,
+             tunings: int = TUNINGS_PER_DESIGN, knobs: int = KNOBS_PER_TUNING
+             ) -> tuple[list[Variant], int]:
+    """The variants of the first ``top`` distinct designs of ``cands`` (ranked, best
+    first), and how many knob settings were skipped because no plan fits."""
+    from mirage_cli.commands.plan import planned
+    from mirage_cli.search.cost import estimate
+
+    seen: dict[Design, Graph] = {}
+    for g in cands:
+        d = design_of(g)[0]
+        if d not in seen and len(seen) < top:
+            seen[d] = g
+    out: list[Variant] = []
+    keys: set[Graph] = set()
+    skipped = 0
+    for di, (design, g) in enumerate(seen.items()):
+        own = design_of(g)[1]
+        base = instantiate(g, design, own) or g
+        for ti, (t, ng) in enumerate(_tunings(base, design, own, tunings)):
+            for ki, pins in enumerate(knob_sets(ng, arch, knobs)):
+                try:
+                    pg = planned(ng, arch, list(pins))
+                except MirageError:
+                    skipped += 1
+                    continue
+                if pg in keys:
+                    continue
+                keys.add(pg)
+                out.append(Variant(f"d{di}.t{ti}.k{ki}", di, pg, t, pins,
+                                   estimate(pg).time_us))
+    return out, skipped
+
+
+# -- compilation (worker processes, no GPU) ----------------------------------------------
+
+
+def compile_one(job: tuple[Graph, str]) -> bytes | str:
+    """NVRTC cubin of one µGraph for ``arch``, or the error text (reported, not raised:
+    one kernel that does not compile must not stop the others)."""
+    from mirage_cli.codegen.emit import emit
+    from mirage_cli.codegen.lower import lower
+    from mirage_cli.codegen.nvrtc import compile_cuda
+
+    g, arch = job
+    try:
+        prog = lower(g, arch)
+        cu, _ = emit(prog)
+        return compile_cuda(cu, f"{prog.name}.cu", arch).cubin
+    except MirageError as e:
+        return e.message
+    except Exception as e:  # noqa: BLE001 - a compiler crash is a result to report
+        return f"{type(e).__name__}: {e}"
+
+
+Compiler = Callable[[list[tuple[Graph, str]], int], list["bytes | str"]]
+
+
+def compile_all(jobs: list[tuple[Graph, str]], workers: int) -> list[bytes | str]:
+    """:func:`compile_one` of every job, in order, on ``workers`` processes (spawned:
+    forking a process that holds a CUDA context is unsafe)."""
+    if workers <= 1 or len(jobs) <= 1:
+        return [compile_one(j) for j in jobs]
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    ctx = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=min(workers, len(jobs)), mp_context=ctx) as pool:
+        return list(pool.map(compile_one, jobs, chunksize=1))
+
+
+# -- the GPU timer -----------------------------------------------------------------------
+
+
+class GpuTimer:
+    """:class:`Timer` on CUDA device ``ordinal``, with the bench's check and timing."""
+
+    def __init__(self, ordinal: int, replays: int = REPLAYS) -> None:
+        from mirage_cli.codegen.runner import Device
+
+        try:
+            self.dev = Device(ordinal)
+        except MirageError as e:
+            raise MirageError(f"--gpu {ordinal}: {e.message}; measured selection needs a "
+                              f"CUDA GPU (omit --gpu to rank by the cost model)") from None
+        self.device = self.dev.name
+        self.arch = self.dev.arch
+        self.replays = replays
+        self._scales: dict[Graph, float] = {}
+
+    def time(self, v: Variant, cubin: bytes, reference: Graph) -> Timing:
+        from mirage_cli.codegen import bench
+        from mirage_cli.codegen.lower import lower
+
+        if reference not in self._scales:
+            self._scales[reference] = bench.input_scale(reference)
+        scale = self._scales[reference]
+        loaded = self.dev.load(lower(v.graph, self.arch), cubin)
+        try:
+            outs = loaded.run(bench.scaled_inputs(v.graph, 0, scale))
+            chk = bench.compare(outs, bench.reference_outputs(reference, 0, scale),
+                                list(v.graph.outputs))
+            if not chk.ok:
+                return Timing(None, False, chk.rel_err, chk.reason)
+            us = bench.time_loaded(self.dev, loaded, v.graph, self.replays, scale)
+            return Timing(us, True, chk.rel_err)
+        finally:
+            loaded.unload()
+
+
+# -- the cache of measured timings ---------------------------------------------------------
+
+
+def cache_key(reference: Graph, options: Json, device: str) -> str:
+    from mirage_cli.search import cache
+
+    return cache.key(reference, {**options, "device": device}, kind="measure")
+
+
+def cache_load(k: str, device: str) -> dict[str, Timing]:
+    """Timings cached under ``k`` for ``device`` (empty on any problem: a miss)."""
+    from mirage_cli.search import cache
+
+    try:
+        doc = json.loads((cache.cache_dir() / f"{k}.measure.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError, UnicodeDecodeError, RecursionError):
+        return {}
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT or \
+            doc.get("version") != VERSION or doc.get("device") != device or \
+            doc.get("tool") != cache.TOOL or not isinstance(doc.get("timings"), dict):
+        return {}
+    out = {}
+    for vk, t in doc["timings"].items():
+        parsed = Timing.from_json(t)
+        if parsed is not None:
+            out[vk] = parsed
+    return out
+
+
+def cache_store(k: str, device: str, timings: dict[str, Timing]) -> None:
+    from mirage_cli.search import cache
+
+    doc = {"format": FORMAT, "version": VERSION, "device": device, "tool": cache.TOOL,
+           "timings": {vk: t.as_json() for vk, t in sorted(timings.items())}}
+    try:
+        write_atomic(cache.cache_dir() / f"{k}.measure.json",
+                     json.dumps(doc, sort_keys=True) + "\n")
+    except OSError:
+        pass  # an unwritable cache is a miss next time, never an error
+
+
+# -- selection ---------------------------------------------------------------------------
+
+
+@dataclass
+class Result:
+    """The variants measured, their timings (same order) and the index of the winner."""
+
+    variants: list[Variant]
+    timings: list[Timing]
+    best: int
+    device: str
+    seconds: float
+    cached: int             # timings taken from the cache
+    skipped: int            # knob settings with no plan that fits
+
+    @property
+    def wrong(self) -> list[int]:
+        return [i for i, t in enumerate(self.timings) if not t.ok]
+
+    def fastest_us(self) -> float:
+        return min(t.us for t in self.timings if t.ok and t.us is not None)
+
+    def candidates(self) -> list[tuple[Graph, Json]]:
+        """Every variant as a candidate, the winner first, then correct ones by
+        measured time, then the wrong ones; each with its measurement."""
+        order = sorted(range(len(self.variants)),
+                       key=lambda i: (i != self.best, not self.timings[i].ok,
+                                      self.timings[i].us or 0.0, i))
+        out = []
+        for rank, i in enumerate(order):
+            v, t = self.variants[i], self.timings[i]
+            out.append((v.graph, {
+                "rank": rank, "kernels": len(v.graph.ops),
+                "cost": {"time_us": round(v.predicted_us, 3)},
+                "tuning": [{"grid": list(g), "forloop": f} for g, f in v.tuning],
+                "knobs": [k.as_json() for k in v.knobs],
+                "measured_us": None if t.us is None else round(t.us, 3),
+                "measured": {"device": self.device, "variant": v.label,
+                             "design": v.design, "ok": t.ok, "rel_err": t.rel_err,
+                             "reason": t.reason, "method": "median of CUDA-graph replays "
+                             "over input copies > 2x L2"}}))
+        return out
+
+    def summary(self) -> Json:
+        ok = [t for t in self.timings if t.ok]
+        best = self.timings[self.best]
+        return {"device": self.device, "variants": len(self.variants), "correct": len(ok),
+                "wrong": [self.variants[i].label for i in self.wrong],
+                "shipped": self.variants[self.best].label, "shipped_us": best.us,
+                "fastest_us": self.fastest_us(),
+                "model_pick": self.variants[0].label,
+                "model_pick_us": self.timings[0].us, "seconds": round(self.seconds, 2),
+                "cached": self.cached, "skipped_no_plan": self.skipped}
+
+
+def measure(cands: Sequence[Graph], reference: Graph, timer: Timer, *, top: int = 3,
+            tunings: int | None = None, knobs: int | None = None,
+            workers: int = 1, use_cache: bool = True, compiler: Compiler | None = None,
+            accept: Callable[[Graph], bool] = lambda g: True) -> Result:
+    """Measured selection over ``cands`` (ranked, best first). ``accept`` is the last
+    check of the winner (the caller's re-verification); a winner it refuses is dropped
+    for the next fastest. ``tunings`` and ``knobs`` default to the module's bounds."""
+    start = time.monotonic()
+    tunings = TUNINGS_PER_DESIGN if tunings is None else tunings
+    knobs = KNOBS_PER_TUNING if knobs is None else knobs
+    vs, skipped = variants(cands, top, timer.arch, tunings, knobs)
+    if not vs:
+        raise MirageError("measure: no variant of the candidates has a kernel plan that "
+                          "fits (see mirage tune --space)")
+    options = {"top": top, "tunings": tunings, "knobs": knobs, "arch": timer.arch}
+    k = cache_key(reference, options, timer.device)
+    known = cache_load(k, timer.device) if use_cache else {}
+    todo = [i for i, v in enumerate(vs) if v.key not in known]
+    info(f"measure: {len(vs)} variants of {len({v.design for v in vs})} design(s) on "
+         f"{timer.device} ({len(vs) - len(todo)} cached); compiling {len(todo)} with "
+         f"{workers} worker(s)")
+    cubins = (compiler or compile_all)([(vs[i].graph, timer.arch) for i in todo], workers)
+    timings: dict[int, Timing] = {i: known[v.key] for i, v in enumerate(vs) if v.key in known}
+    _time_all(vs, todo, cubins, reference, timer, timings)
+    ordered = [timings[i] for i in range(len(vs))]
+    if use_cache:
+        cache_store(k, timer.device, {**known, **{vs[i].key: timings[i] for i in todo}})
+    for i, t in enumerate(ordered):
+        if not t.ok:
+            console.print(f"error: variant {vs[i].label} computes a wrong result "
+                          f"({t.reason}); dropped. This is a bug in the code generator: "
+                          f"please report it with the candidates file", style="red",
+                          markup=False)
+    best = _winner(vs, ordered, accept)
+    res = Result(vs, ordered, best, timer.device, time.monotonic() - start,
+                 len(vs) - len(todo), skipped)
+    s = res.summary()
+    info(f"measure: shipped {s['shipped']} at {s['shipped_us']:.2f} us (model's pick "
+         f"{s['model_pick']}: {_us(s['model_pick_us'])}); {s['correct']}/{s['variants']} "
+         f"correct, {res.seconds:.1f} s")
+    return res
+
+
+def _us(x: float | None) -> str:
+    return "wrong" if x is None else f"{x:.2f} us"
+
+
+def _time_all(vs: list[Variant], todo: list[int], cubins: list[bytes | str],
+              reference: Graph, timer: Timer, timings: dict[int, Timing]) -> None:
+    """Time each variant of ``todo`` (progress on stderr, a live bar on a terminal)."""
+    from rich.progress import Progress
+
+    with Progress(console=console, transient=True,
+                  disable=not console.is_terminal or console.quiet) as bar:
+        task = bar.add_task("timing", total=len(todo))
+        for i, cubin in zip(todo, cubins):
+            if isinstance(cubin, str):
+                timings[i] = Timing(None, False, None, f"does not compile: {cubin[:300]}")
+            else:
+                try:
+                    timings[i] = timer.time(vs[i], cubin, reference)
+                except MirageError:
+                    raise
+                except Exception as e:  # noqa: BLE001 - a failed launch is a wrong variant
+                    timings[i] = Timing(None, False, None, f"{type(e).__name__}: {e}")
+            bar.advance(task)
+
+
+def _winner(vs: list[Variant], timings: list[Timing], accept: Callable[[Graph], bool]
+            ) -> int:
+    order = sorted((t.us, i) for i, t in enumerate(timings) if t.ok and t.us is not None)
+    for _, i in order:
+        if accept(vs[i].graph):
+            return i
+        console.print(f"error: variant {vs[i].label} failed re-verification; dropped",
+                      style="red", markup=False)
+    raise RuntimeError("measured selection: no variant computes the right result on the "
+                       "GPU (every one was dropped above); this is a bug")
+
+
+
+def reverified(program: Graph, seed: int = 0) -> Callable[[Graph], bool]:
+    """A finite-field trial of a winner against ``program`` (as the search cache
+    re-checks its entries): a variant is a new tuning of a verified design."""
+    from mirage_cli.verifier.api import Verifier
+
+    v = Verifier(program, seed=seed)
+    return lambda g: v.check(g, trials=1).equivalent is True

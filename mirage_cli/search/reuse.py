@@ -1,0 +1,52 @@
+"""Automatic shape reuse through the search cache (``mirage opt -D batch=16`` after a
+search at batch 8): the cache's family entry (:func:`.cache.get_family`: the same
+program at other sizes, same options) gives known designs, which
+:func:`mirage_cli.search.driver.reuse` re-instantiates, re-tunes, ranks and re-verifies
+at the new sizes instead of searching."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mirage_cli import serialize
+from mirage_cli.console import info
+from mirage_cli.diagnostics import MirageError
+from mirage_cli.ir import Graph
+from mirage_cli.search.cache import get_family, has, key, put
+
+
+def reused(program: Graph, options: Any, on_progress: Any = None) -> Any:
+    """Automatic shape reuse (``mirage opt -D batch=16`` after a search at batch 8): when
+    the cache holds no entry for ``program`` but one for the same program at other sizes
+    under the same options, that search's designs are re-instantiated, re-tuned, ranked
+    and re-verified at ``program``'s sizes (:func:`mirage_cli.search.driver.reuse`)
+    instead of searching again. Returns the :class:`~mirage_cli.search.driver.Outcome`,
+    or None when there is nothing to reuse or no known design verifies at these sizes
+    (the caller then searches)."""
+    from mirage_cli.search.driver import Outcome, reuse
+
+    opts = options.as_json()
+    if has(key(program, opts)):
+        return None
+    fam = get_family(program, opts)
+    if fam is None:
+        return None
+    text, sizes = fam
+    try:
+        known = [g for g, _ in serialize.loads_candidates(text, "<cache>")]
+    except MirageError:
+        return None
+    res = reuse(program, known, options, on_progress)
+    at = ", ".join(f"{k}={v}" for k, v in sorted(sizes.items()))
+    if not res.candidates:
+        info(f"search: no design of the cached search at {at} verifies at these sizes; "
+             f"searching")
+        return None
+    info(f"search: reused the {res.progress.reused} design(s) of the cached search of this "
+         f"program at {at}: re-tuned and re-verified at these sizes, no enumeration")
+    pairs = [(c.graph, {**c.meta(i), "reused_from": f"cache ({at})"})
+             for i, c in enumerate(res.candidates)]
+    text = serialize.dumps_candidates(pairs)
+    # Stored as this program's result: a rerun at these sizes is an exact hit.
+    put(key(program, opts), text, program, opts)
+    return Outcome(text, pairs, False, True, res.progress)

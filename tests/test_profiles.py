@@ -1,0 +1,106 @@
+"""Device profiles (`--target`) and the model reading the kernel plan."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from mirage_cli import profiles, serialize
+from mirage_cli.cli import main
+from mirage_cli.diagnostics import MirageError
+from mirage_cli.search import cache, cost
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA = ROOT / "tests" / "explain_data"
+
+
+@pytest.fixture(autouse=True)
+def _default_profile():  # type: ignore[no-untyped-def]
+    yield
+    cost.use_profile(profiles.DEFAULT_TARGET)
+
+
+def lora() -> list:  # type: ignore[type-arg]
+    return serialize.loads_candidates((DATA / "lora.cands.ugraph.json").read_text())
+
+
+def test_shipped_profiles_load_and_differ() -> None:
+    h100, h200 = profiles.load("sm_90/h100"), profiles.load("h200")
+    assert h100.dram_bw == 3.35e12 and h100.peak_flops == 400e12 and h100.num_sms == 132
+    assert h200.dram_bw == 4.2e12 and h200.extra["dram_bw_nominal"] == 4.8e12
+    assert h200.peak_flops == 790e12 and h200.l2_bytes == 50 << 20
+    assert not h100.calibrated and h100.digest != h200.digest
+    assert profiles.from_json(h200.as_json(), "x") == h200  # round trip
+
+
+def test_profile_changes_the_prediction_and_the_cache_key() -> None:
+    g = lora()[0][0]
+    p = profiles.load("h100")
+    cost.use_profile(p)
+    slow, k1 = cost.estimate(g).time_us, cache.key(g, {})
+    cost.use_profile(dataclasses.replace(p, launch_us=p.launch_us * 2))
+    assert cost.estimate(g).time_us > slow and cache.key(g, {}) != k1
+    cost.use_profile(dataclasses.replace(p, fit={**p.fit, "const_us": 1.0}))
+    assert cost.estimate(g).time_us == pytest.approx(slow + 1.0, abs=1e-6)
+
+
+@pytest.mark.parametrize(("target", "msg"), [
+    ("a100", "unknown target"), ("sm_80/h200", "is for sm_90"),
+    ("missing.json", "cannot read")])
+def test_bad_target_is_exit_2(target: str, msg: str) -> None:
+    r = CliRunner().invoke(main, ["explain", str(DATA / "lora.cands.ugraph.json"),
+                                  "--target", target])
+    assert r.exit_code == 2 and msg in r.output, r.output
+
+
+def test_bad_profile_file_names_the_field(tmp_path: Path) -> None:
+    doc = profiles.load("h200").as_json()
+    doc["dram_bw"] = -1
+    f = tmp_path / "dev.json"
+    f.write_text(json.dumps(doc))
+    with pytest.raises(MirageError, match="'dram_bw' is missing or out of range"):
+        profiles.load(str(f))
+    f.write_text("{bad")
+    with pytest.raises(MirageError, match=r"dev.json:1:2: error: invalid JSON"):
+        profiles.load(str(f))
+
+
+def test_explain_reports_the_profile() -> None:
+    r = CliRunner().invoke(main, ["explain", str(DATA / "lora.cands.ugraph.json"),
+                                  "--target", "sm_90/h200", "--json"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.stdout)
+    assert doc["model"]["profile"] == "h200" and doc["model"]["dram_bw"] == 4.2e12
+
+
+def test_the_model_reads_the_plan(tmp_path: Path) -> None:
+    """Occupancy comes from the plan's threads and shared memory, and a plan that does
+    not fit the profile's shared memory is a named constraint violation."""
+    g = lora()[0][0]
+    ks = cost.kernel_costs(g)
+    op = next(op for op in g.ops if op.block is not None)
+    k = next(k for k, o in zip(ks, g.ops) if o.block is not None)
+    from mirage_cli.codegen.planner import plan_kernel
+
+    plan = plan_kernel(op.block, g.tensor_types(), "sm_90")
+    assert k.plan_smem == plan.smem_bytes and k.threads == plan.threads
+    p = profiles.load("h100")
+    assert k.per_sm == max(1, min(p.max_threads_per_sm // plan.threads,
+                                  p.smem_per_sm // max(plan.smem_bytes, 1), 32))
+    cost.use_profile(dataclasses.replace(p, smem_per_block=plan.smem_bytes - 1))
+    c = cost.estimate(g)
+    assert not c.fits and any("plan's shared memory" in v for v in c.violations)
+    # explain names the violated constraint (a profile file with that limit).
+    f = tmp_path / "small.json"
+    f.write_text(json.dumps(dataclasses.replace(p, smem_per_block=plan.smem_bytes - 1)
+                            .as_json()))
+    r = CliRunner().invoke(main, ["explain", str(DATA / "lora.cands.ugraph.json"),
+                                  "--json", "--target", str(f)])
+    doc = json.loads(r.stdout)
+    k0 = doc["chosen"]["kernels"][0]
+    assert doc["chosen"]["fits"] is False and k0["smem_source"] == "plan"
+    assert any("exceeds" in t for t in k0["tight"])

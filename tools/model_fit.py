@@ -1,0 +1,133 @@
+"""How well the cost model ranks measured kernels (issue 10, Must-show 2). No GPU needed.
+
+    PYTHONPATH=$PWD python tools/model_fit.py MEASURED.json... [--target sm_90/h200]
+        [--calibrated device.json] [--png scatter.png] [--json report.json]
+
+MEASURED.json (one or more, e.g. one per batch) is what ``tools/selection_table.py`` writes (every timed variant of the
+six examples with its µGraph and measured µs). For the uncalibrated model (``--target``,
+default the shipped H200 profile) and the calibrated one, reports the Spearman rank
+correlation between predicted and measured time over all correct timed variants, and
+per example (program at a batch) whether the model's pick (lowest prediction) is
+within 15% of the measured best. The calibrated model is ``--calibrated`` when given;
+otherwise its coefficients are fitted here (``mirage calibrate --fit``), and the
+figures are reported both in sample and leave-one-program-out (fitted without the
+program it then predicts), since an in-sample fit flatters itself. ``--png`` draws the
+scatter plot (predicted vs measured, log-log) when matplotlib is installed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+from mirage_cli import profiles
+from mirage_cli.profiles import Profile
+from mirage_cli.profiles import calibrate as cal
+
+PICK_WITHIN = 1.15
+RHO_GOAL = 0.8
+
+
+def report(samples: list[cal.Sample], predicted: list[float]) -> dict[str, Any]:
+    """Spearman over everything; per example the pick ratio and its own Spearman."""
+    measured = [s.measured_us for s in samples]
+    groups: dict[str, list[int]] = {}
+    for i, s in enumerate(samples):
+        groups.setdefault(s.group, []).append(i)
+    per = {}
+    for g, idx in sorted(groups.items()):
+        p, m = [predicted[i] for i in idx], [measured[i] for i in idx]
+        ratio = cal.pick_ratio(p, m)
+        per[g] = {"variants": len(idx), "pick_ratio": round(ratio, 4),
+                  "within_15pct": ratio <= PICK_WITHIN, "spearman": _r(cal.spearman(p, m))}
+    rho = cal.spearman(predicted, measured)
+    return {"samples": len(samples), "spearman": _r(rho),
+            "spearman_ok": not math.isnan(rho) and rho >= RHO_GOAL,
+            "picks_within_15pct": sum(v["within_15pct"] for v in per.values()),
+            "examples": len(per), "per_example": per}
+
+
+def _r(x: float) -> float | None:
+    return None if math.isnan(x) else round(x, 4)
+
+
+def leave_one_program_out(samples: list[cal.Sample], base: Profile) -> list[float]:
+    """Predictions of a model fitted without the predicted sample's program."""
+    prog = [s.group.split("@")[0] for s in samples]
+    out = [0.0] * len(samples)
+    for name in sorted(set(prog)):
+        train = [s for s, p in zip(samples, prog) if p != name]
+        test = [i for i, p in enumerate(prog) if p == name]
+        fitted = cal.fit(train, base) if train else base
+        for i, t in zip(test, cal.predict([samples[i] for i in test], fitted)):
+            out[i] = t
+    return out
+
+
+def scatter(path: str, samples: list[cal.Sample], series: dict[str, list[float]]) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print(f"matplotlib is not installed: no scatter plot ({path})", file=sys.stderr)
+        return
+    measured = [s.measured_us for s in samples]
+    fig, ax = plt.subplots(figsize=(6, 6))
+    for label, pred in series.items():
+        ax.scatter(pred, measured, s=10, alpha=0.6, label=label)
+    lo = min(min(measured), *(min(p) for p in series.values()))
+    hi = max(max(measured), *(max(p) for p in series.values()))
+    ax.plot([lo, hi], [lo, hi], color="grey", linewidth=0.8)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("predicted µs")
+    ax.set_ylabel("measured µs")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("measured", nargs="+")
+    ap.add_argument("--target", default="sm_90/h200")
+    ap.add_argument("--calibrated", default=None)
+    ap.add_argument("--png", default=None)
+    ap.add_argument("--json", dest="json_out", default=None)
+    a = ap.parse_args(argv)
+    samples = [s for f in a.measured
+               for s in cal.load_samples(json.loads(Path(f).read_text()), f)]
+    base = profiles.load(a.target)
+    series = {f"uncalibrated ({base.name})": cal.predict(samples, base)}
+    if a.calibrated:
+        calibrated = profiles.load(a.calibrated)
+        series[f"calibrated ({calibrated.name})"] = cal.predict(samples, calibrated)
+    else:
+        fitted = cal.fit(samples, base)
+        series["fitted, in sample"] = cal.predict(samples, fitted)
+        series["fitted, leave one program out"] = leave_one_program_out(samples, base)
+    doc = {name: report(samples, pred) for name, pred in series.items()}
+    for name, r in doc.items():
+        print(f"{name}: Spearman {r['spearman']} over {r['samples']} variants "
+              f"({'>=' if r['spearman_ok'] else '<'} {RHO_GOAL}); pick within 15% on "
+              f"{r['picks_within_15pct']}/{r['examples']} examples")
+        for g, v in r["per_example"].items():
+            print(f"  {g}: pick {v['pick_ratio']:.3f}x the best "
+                  f"({'ok' if v['within_15pct'] else 'NO'}), Spearman {v['spearman']}, "
+                  f"{v['variants']} variants")
+    if a.json_out:
+        Path(a.json_out).write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+    if a.png:
+        scatter(a.png, samples, series)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
