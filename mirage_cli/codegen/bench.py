@@ -35,7 +35,7 @@ from mirage_cli.codegen.emit import emit
 from mirage_cli.codegen.lower import lower
 from mirage_cli.codegen.nvrtc import compile_cuda
 from mirage_cli.codegen.runner import Device, Loaded
-from mirage_cli.console import info
+from mirage_cli.console import info, warn
 from mirage_cli.diagnostics import MirageError
 from mirage_cli.ir import Graph
 
@@ -374,7 +374,11 @@ def run_bench(dev: Device | Callable[[], Device], pairs: list[tuple[Path, list[P
          f"{bw.copy_kernel / 1e9:.0f} GB/s ({bw.launch}), cuMemcpyDtoDAsync "
          f"{bw.memcpy / 1e9:.0f} GB/s (bytes read + written)")
     rows: list[Row] = []
-    torch_ok = use_torch and _torch_available()
+    why_not = torch_unavailable() if use_torch else None
+    torch_ok = use_torch and why_not is None
+    if why_not:
+        # Numbers without the baselines read as absolute: say so, loudly.
+        warn(f"PyTorch baselines skipped: {why_not}")
     for prog, batch, variants in work:
         rows += _bench_one(dev, prog, batch, variants, bw.copy_kernel, replays, torch_ok,
                            use_compile)
@@ -451,12 +455,18 @@ def opt_variants(program: Graph, top: int, search: Callable[[Graph], Any],
     return variants
 
 
-def _torch_available() -> bool:
+def torch_unavailable() -> str | None:
+    """Why PyTorch cannot give the baselines here (None: it can)."""
     try:
         import torch
-        return bool(torch.cuda.is_available())
-    except Exception:  # noqa: BLE001
-        return False
+    except Exception as e:  # noqa: BLE001 - any import failure is a reason to report
+        return f"import torch failed: {type(e).__name__}: {e}"
+    try:
+        if not torch.cuda.is_available():
+            return f"torch {torch.__version__} sees no CUDA device"
+    except Exception as e:  # noqa: BLE001
+        return f"torch.cuda failed: {type(e).__name__}: {e}"
+    return None
 
 
 def _torch_baseline(dev: Device, g: Graph, compiled: bool, replays: int, scale: float

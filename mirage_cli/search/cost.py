@@ -170,7 +170,12 @@ def kernel_costs(g: Graph) -> list[KernelCost]:
         if threads:
             per_sm = max(1, min(p.max_threads_per_sm // threads,
                                 p.smem_per_sm // max(plan_smem, 1), 32))
-        waves = -(-blocks // (p.num_sms * per_sm))
+        # Waves count rounds of one block per SM, whatever the occupancy: on an H200 a
+        # second resident block did not double a streaming kernel's rate
+        # (rmsnorm_linear and gated_mlp at batch 8: grid 256 at two blocks per SM ran
+        # 36.8 and 53.0 µs, grid 128 at one 27.3 and 25.6; docs/perf-log.md v5), so
+        # counting it as free picked the slower tuning. ``per_sm`` is reported only.
+        waves = -(-blocks // p.num_sms)
         # Loads of iteration i+1 overlap compute of iteration i, so one iteration's
         # loads are exposed (the pipeline fill), and each iteration synchronises.
         stream = fit["stream"] * max(d_s, l_s, c_s) / util * (1 + 1 / forloop)
