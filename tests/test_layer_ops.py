@@ -93,7 +93,7 @@ def test_layer_example_full_size_types(name: str) -> None:
     types = g.tensor_types()
     hidden = 4096 if name.startswith("llama") else 3584
     assert types["Y"].shape == (8, hidden)
-    assert types["P"].shape[-1] == 4096 + 1  # kv cached keys and the new one
+    assert types["P"].shape[-1] == 4096  # kv - 1 cached keys and the new one
 
 
 ROT = """program rot(n = 8) {

@@ -47,6 +47,7 @@ from mirage_cli.ir import Graph
 from mirage_cli.loading import load_graph
 from mirage_cli.search.display import progress_display
 from mirage_cli.search.driver import Outcome, cached_search, explain_none
+from mirage_cli.search.layer import DEFAULT_MAX_OPS
 from mirage_cli.util import OutputSet, write_files
 
 # Seconds of the budget kept for code generation and writing (at most a quarter).
@@ -64,8 +65,42 @@ def stage_search(program: Graph, kw: dict, budget: float) -> Outcome:  # type: i
         with progress_display() as show:
             return reused_search(program, str(kw["reuse"]), options_from(kw), show)
     with progress_display() as show:
+        from mirage_cli.search.executor import unit_map
+
         return cached_search(program, options_from(kw), budget, kw["jobs"],
-                             not kw["no_cache"], show)
+                             not kw["no_cache"], show,
+                             unit_map(str(kw["executor"]), int(kw["jobs"]),
+                                      kw.get("ray_address")))
+
+
+def stage_layer(program: Graph, kw: dict, base: str, save_temps: str | None,  # type: ignore[type-arg]
+                temps: list[tuple[str, str]]) -> tuple[Graph | None, str]:
+    """A program too large for one search (:mod:`mirage_cli.search.layer`): its parts
+    searched (``--budget`` seconds each), stitched and verified whole. Returns the
+    stitched µGraph (None: it did not verify) and what to say when there is none."""
+    from mirage_cli.search import layer
+    from mirage_cli.search.executor import part_mapper
+
+    mapper = part_mapper(str(kw["executor"]), int(kw["jobs"]), kw.get("ray_address"))
+    info(f"opt: {len(program.ops)} operators: searching "
+         f"{len(layer.plan_parts(program, int(kw['max_part_ops'])))} parts "
+         f"(at most {kw['max_part_ops']} operators each; --executor {kw['executor']})")
+    res = layer.optimise_layer(program, options_from(kw), float(kw["budget"]),  # type: ignore[arg-type]
+                               mapper, int(kw["max_part_ops"]), not kw["no_cache"])
+    for line in layer.render_parts(res.as_json()):
+        info("opt: " + line)
+    if save_temps:
+        for r in res.parts:
+            stem = os.path.join(save_temps, f"{base}.part{r.plan.index}")
+            temps.append((stem + ".ugraph.json", serialize.dumps(layer.part_program(
+                program, r.plan))))
+            temps.append((stem + ".best.ugraph.json", serialize.dumps(r.graph)))
+        if res.graph is not None:
+            meta = {"rank": 0, "layer": res.as_json(), "verification": res.verdict,
+                    "tool": f"mirage-cli {__version__}"}
+            temps.append((os.path.join(save_temps, f"{base}.cands.ugraph.json"),
+                          serialize.dumps_candidates([(res.graph, meta)])))
+    return res.graph, "the stitched parts did not verify as a whole"
 
 
 def stage_select(out: Outcome) -> Graph | None:
@@ -135,6 +170,15 @@ def _locked(paths: dict[str, str], program: str) -> Iterator[OutputSet | None]:
 @click.option("--hpp", is_flag=True, help="Also write the typed C++ interface (.hpp).")
 @click.option("--save-temps", "save_temps", type=click.Path(file_okay=False),
               help="Keep every intermediate file in this directory.")
+@click.option("--max-part-ops", type=click.IntRange(1, 12), default=DEFAULT_MAX_OPS,
+              show_default=True,
+              help="A larger program is cut into parts of at most this many operators, "
+                   "searched apart (docs/search.md, Whole layers); --budget is then per part.")
+@click.option("--executor", type=click.Choice(["local", "ray"]), default="local",
+              show_default=True, help="Where the search runs: worker processes here, or "
+                                      "tasks on a Ray cluster (docs/distributed.md).")
+@click.option("--ray-address", metavar="ADDR",
+              help="The Ray cluster to use (default: start one on 127.0.0.1).")
 @click.option("-MD", "make_deps", is_flag=True,
               help="Write a depfile (prog.mir.d) and a stamp (prog.mir.stamp).")
 @click.option("-MF", "dep_file", type=click.Path(dir_okay=False),
@@ -189,7 +233,11 @@ def _optimise(g: Graph, program: str, kw: dict, deadline: float,  # type: ignore
     reserve = min(CODEGEN_RESERVE, left / 4)
     best = None
     why = "no time left in the budget for a search"
-    if left - reserve > 0.05:
+    from mirage_cli.search.layer import needs_layering
+
+    if needs_layering(g, int(kw["max_part_ops"])) and not kw.get("reuse"):
+        best, why = stage_layer(g, kw, base, save_temps, temps)
+    elif left - reserve > 0.05:
         res = stage_search(g, kw, left - reserve)
         if save_temps:
             temps.append((os.path.join(save_temps, f"{base}.cands.ugraph.json"), res.text))
@@ -222,7 +270,8 @@ def _stamp(program: str, defines: tuple[str, ...], name: str | None, arch: str, 
     """What the outputs were built from: tool version, program, options, -D values."""
     doc = {"tool": f"mirage-cli {__version__}", "program": os.path.normpath(program),
            "defines": sorted(defines), "name": name, "arch": arch, "fused": fused,
-           "options": {k: kw[k] for k in sorted(kw) if k != "jobs"}}
+           "options": {k: kw[k] for k in sorted(kw)
+                       if k not in ("jobs", "executor", "ray_address")}}
     return json.dumps(doc, sort_keys=True, indent=1) + "\n"
 
 
