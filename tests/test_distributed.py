@@ -15,12 +15,12 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
-from mirage_cli import serialize  # noqa: E402
-from mirage_cli.codegen.emit import emit  # noqa: E402
-from mirage_cli.codegen.lower import lower  # noqa: E402
-from mirage_cli.parser import parse_text  # noqa: E402
-from mirage_cli.search import executor, layer  # noqa: E402
-from mirage_cli.search.driver import SearchOptions, cached_search, run_units_here  # noqa: E402
+from mirage_cli import serialize
+from mirage_cli.codegen.emit import emit
+from mirage_cli.codegen.lower import lower
+from mirage_cli.parser import parse_text
+from mirage_cli.search import executor, layer
+from mirage_cli.search.driver import SearchOptions, cached_search, run_units_here
 
 WORKERS = 2
 

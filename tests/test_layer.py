@@ -5,6 +5,7 @@ explain` on a small layer."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import random
@@ -79,7 +80,7 @@ def test_parts_cover_the_program_within_the_limits(n_ops: int, max_ops: int) -> 
     assert layer.plan_parts(parse_text(print_graph(g), "g.mir"), max_ops) == parts
     assert [p.index for p in parts] == list(range(len(parts)))
     assert parts[0].start == 0 and parts[-1].stop == n_ops
-    assert all(a.stop == b.start for a, b in zip(parts, parts[1:], strict=False))
+    assert all(a.stop == b.start for a, b in itertools.pairwise(parts))
     for p in parts:
         barrier = [layer.is_barrier(op) for op in g.ops[p.start:p.stop]]
         if p.searched:

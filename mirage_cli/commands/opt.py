@@ -7,7 +7,12 @@ extension, as in the design's pipeline)::
              --select--> prog.best.ugraph.json --codegen--> prog.cu + prog.h
 
 ``--budget S`` bounds the wall time of the whole command: the search gets what is
-left after parsing, less a reserve for code generation. When it finds no verified
+left after parsing, less a reserve for code generation. A program larger than
+``--max-part-ops`` operators, or with a barrier, is cut into parts searched apart
+(:mod:`mirage_cli.search.layer`); ``--budget`` is then each part's.
+``--executor ray [--ray-address ADDR]`` runs the search's work units as Ray tasks
+(:mod:`mirage_cli.search.executor`); the output is the same as with the default
+``--executor local``. When it finds no verified
 µGraph in time, ``opt`` ships the program's own (unfused) lowering with a warning
 and exit 0 — a build never breaks for want of search time — unless
 ``--require-fused`` asks for exit 1 instead.
