@@ -270,3 +270,22 @@ def test_explain_shows_the_parts_of_a_layer_program() -> None:
     assert code == 0, err
     assert "is a barrier: reshape is a kernel-level operator" in out
     assert "not searched: concat is an operator the search never builds" in out
+
+
+def test_only_layers_are_cut_other_examples_are_searched_whole() -> None:
+    for path in sorted((ROOT / "examples").rglob("*.mir")):
+        if "downstream" in path.parts:
+            continue
+        g = load_graph(str(path))
+        assert layer.needs_layering(g) == path.stem.endswith("_layer"), path
+    # without any barrier, only size decides
+    def chain(n: int) -> Graph:
+        b = GraphBuilder("chain", ())
+        b.input("X", (8, 16), DType.F32)
+        for k in range(n):
+            b.op("exp", f"t{k - 1}" if k else "X", out=f"t{k}")
+        b.output(f"t{n - 1}")
+        return b.build()
+
+    assert not layer.needs_layering(chain(layer.WHOLE_MAX_OPS))
+    assert layer.needs_layering(chain(layer.WHOLE_MAX_OPS + 1))

@@ -52,7 +52,7 @@ from mirage_cli.ir import Graph
 from mirage_cli.loading import load_graph
 from mirage_cli.search.display import progress_display
 from mirage_cli.search.driver import Outcome, cached_search, explain_none
-from mirage_cli.search.layer import DEFAULT_MAX_OPS
+from mirage_cli.search.layer import DEFAULT_MAX_OPS, LayerResult
 from mirage_cli.util import OutputSet, write_files
 
 # Seconds of the budget kept for code generation and writing (at most a quarter).
@@ -64,6 +64,8 @@ def stage_parse(path: str, defines: dict[str, int]) -> Graph:
 
 
 def stage_search(program: Graph, kw: dict, budget: float) -> Outcome:  # type: ignore[type-arg]
+    if _layered(program, kw):  # a whole layer: its parts searched, --budget each
+        return stage_layer(program, kw)[0]
     if kw.get("reuse"):  # --reuse: the known designs at this program's sizes, no search
         from mirage_cli.search.driver import reused_search
 
@@ -78,34 +80,46 @@ def stage_search(program: Graph, kw: dict, budget: float) -> Outcome:  # type: i
                                       kw.get("ray_address")))
 
 
-def stage_layer(program: Graph, kw: dict, base: str, save_temps: str | None,  # type: ignore[type-arg]
-                temps: list[tuple[str, str]]) -> tuple[Graph | None, str]:
+def _layered(program: Graph, kw: dict) -> bool:  # type: ignore[type-arg]
+    from mirage_cli.search.layer import needs_layering
+
+    return needs_layering(program) and not kw.get("reuse")
+
+
+def stage_layer(program: Graph, kw: dict) -> tuple[Outcome, LayerResult]:  # type: ignore[type-arg]
     """A program too large for one search (:mod:`mirage_cli.search.layer`): its parts
-    searched (``--budget`` seconds each), stitched and verified whole. Returns the
-    stitched µGraph (None: it did not verify) and what to say when there is none."""
+    searched (``--budget`` seconds each), stitched and verified whole; as an
+    :class:`Outcome` of one candidate (none when the whole did not verify), and the
+    parts."""
     from mirage_cli.search import layer
     from mirage_cli.search.executor import part_mapper
 
-    mapper = part_mapper(str(kw["executor"]), int(kw["jobs"]), kw.get("ray_address"))
+    max_ops = int(kw.get("max_part_ops", DEFAULT_MAX_OPS))
+    executor = str(kw.get("executor", "local"))
+    mapper = part_mapper(executor, int(kw["jobs"]), kw.get("ray_address"))
     info(f"opt: {len(program.ops)} operators: searching "
-         f"{len(layer.plan_parts(program, int(kw['max_part_ops'])))} parts "
-         f"(at most {kw['max_part_ops']} operators each; --executor {kw['executor']})")
-    res = layer.optimise_layer(program, options_from(kw), float(kw["budget"]),  # type: ignore[arg-type]
-                               mapper, int(kw["max_part_ops"]), not kw["no_cache"])
+         f"{len(layer.plan_parts(program, max_ops))} parts "
+         f"(at most {max_ops} operators each; --executor {executor})")
+    res = layer.optimise_layer(program, options_from(kw), float(kw["budget"]), mapper,
+                               max_ops, not kw["no_cache"])
     for line in layer.render_parts(res.as_json()):
         info("opt: " + line)
-    if save_temps:
-        for r in res.parts:
-            stem = os.path.join(save_temps, f"{base}.part{r.plan.index}")
-            temps.append((stem + ".ugraph.json", serialize.dumps(layer.part_program(
-                program, r.plan))))
-            temps.append((stem + ".best.ugraph.json", serialize.dumps(r.graph)))
-        if res.graph is not None:
-            meta = {"rank": 0, "layer": res.as_json(), "verification": res.verdict,
-                    "tool": f"mirage-cli {__version__}"}
-            temps.append((os.path.join(save_temps, f"{base}.cands.ugraph.json"),
-                          serialize.dumps_candidates([(res.graph, meta)])))
-    return res.graph, "the stitched parts did not verify as a whole"
+    cands = [] if res.graph is None else [
+        (res.graph, {"rank": 0, "layer": res.as_json(), "verification": res.verdict,
+                     "kernels": len(res.graph.ops), "tool": f"mirage-cli {__version__}"})]
+    return Outcome(serialize.dumps_candidates(cands), cands, False, res.complete, None), res
+
+
+def _part_temps(program: Graph, res: LayerResult, stem: str) -> list[tuple[str, str]]:
+    """``--save-temps``: each part's program and what it ships."""
+    from mirage_cli.search.layer import part_program
+
+    out = []
+    for r in res.parts:
+        out.append((f"{stem}.part{r.plan.index}.ugraph.json",
+                    serialize.dumps(part_program(program, r.plan))))
+        out.append((f"{stem}.part{r.plan.index}.best.ugraph.json", serialize.dumps(r.graph)))
+    return out
 
 
 def stage_select(out: Outcome) -> Graph | None:
@@ -177,8 +191,9 @@ def _locked(paths: dict[str, str], program: str) -> Iterator[OutputSet | None]:
               help="Keep every intermediate file in this directory.")
 @click.option("--max-part-ops", type=click.IntRange(1, 12), default=DEFAULT_MAX_OPS,
               show_default=True,
-              help="A larger program is cut into parts of at most this many operators, "
-                   "searched apart (docs/search.md, Whole layers); --budget is then per part.")
+              help="A program of more than 12 operators, or with a reshape, rotate_half or "
+                   "concat, is cut into parts of at most this many operators, searched "
+                   "apart (docs/search.md, Whole layers); --budget is then per part.")
 @click.option("--executor", type=click.Choice(["local", "ray"]), default="local",
               show_default=True, help="Where the search runs: worker processes here, or "
                                       "tasks on a Ray cluster (docs/distributed.md).")
@@ -238,10 +253,14 @@ def _optimise(g: Graph, program: str, kw: dict, deadline: float,  # type: ignore
     reserve = min(CODEGEN_RESERVE, left / 4)
     best = None
     why = "no time left in the budget for a search"
-    from mirage_cli.search.layer import needs_layering
-
-    if needs_layering(g, int(kw["max_part_ops"])) and not kw.get("reuse"):
-        best, why = stage_layer(g, kw, base, save_temps, temps)
+    if _layered(g, kw):
+        res, parts = stage_layer(g, kw)
+        if save_temps:
+            stem = os.path.join(save_temps, base)
+            temps.extend(_part_temps(g, parts, stem))
+            temps.append((stem + ".cands.ugraph.json", res.text))
+        best = stage_select(res)
+        why = "the stitched parts did not verify as a whole"
     elif left - reserve > 0.05:
         res = stage_search(g, kw, left - reserve)
         if save_temps:

@@ -6,7 +6,8 @@
 - ``ray``: an existing Ray cluster (``--ray-address``), or a local one started on the
   loopback interface when no address is given. The search's *work units* (for each
   part, each first move: a block configuration, or "a pre-defined operator first")
-  become Ray tasks; their results are gathered in unit order, so the merge — and so
+  become Ray tasks (a few consecutive units per task, :func:`chunk_size`); their
+  results are gathered in unit order, so the merge — and so
   the output — is the one of a local run. Ray re-runs the task of a lost worker
   (``max_retries``); a unit is a pure function of (program, options, unit), so a
   retried unit gives the same designs. Parts are taken one after the other, each
@@ -78,8 +79,16 @@ def ray_unit_map(address: str | None, workers: int,
         ray = start_ray(address, workers)
         task = ray.remote(max_retries=RAY_RETRIES)(unit_fn)
         prog = ray.put(program)
-        refs = [task.remote(prog, options, deadline, [u]) for u in todo]
+        size = chunk_size(len(todo), int(ray.cluster_resources().get("CPU", workers)))
+        refs = [task.remote(prog, options, deadline, todo[i:i + size])
+                for i in range(0, len(todo), size)]
         for ref in refs:  # in unit order, whatever order they finish in
-            (res,) = ray.get(ref)
-            yield res
+            yield from ray.get(ref)
     return run
+
+
+def chunk_size(units: int, cpus: int) -> int:
+    """Units per Ray task: about four tasks per CPU, so that the cost of a task (its
+    scheduling, a Z3 context and the program's analysis, built once per task) is
+    shared by several units while the load still balances."""
+    return max(1, units // max(1, 4 * cpus))

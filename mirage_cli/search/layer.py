@@ -3,8 +3,8 @@ part, stitched back into one µGraph and verified whole.
 
 Not to be confused with :mod:`.partition`, which cuts a *small* program that found no
 fused design into a mixed design. This pass runs first, on programs the search
-cannot take whole (a decoder layer has some thirty operators; the search handles a
-handful).
+cannot take whole (:func:`needs_layering`: a decoder layer has some thirty operators
+and reshapes between them; the search handles about a dozen).
 
 **The rule** (``plan_parts``), over the operators in program order:
 
@@ -43,6 +43,8 @@ from mirage_cli.search import partition
 from mirage_cli.search.enumerate import NEVER_BUILT
 
 DEFAULT_MAX_OPS = 4
+# The largest program searched whole (examples/qknorm_gqa.mir, 11 operators, is).
+WHOLE_MAX_OPS = 12
 
 
 @dataclass(frozen=True)
@@ -72,10 +74,13 @@ def is_barrier(op: KernelOp) -> str | None:
     return None
 
 
-def needs_layering(g: Graph, max_ops: int = DEFAULT_MAX_OPS) -> bool:
-    """Whether ``g`` goes through this pass: more operators than one search takes, or
-    a barrier between operators that could fuse."""
-    return len(g.ops) > max_ops or (len(g.ops) > 1 and any(is_barrier(o) for o in g.ops))
+def needs_layering(g: Graph) -> bool:
+    """Whether ``g`` goes through this pass: more than ``WHOLE_MAX_OPS`` operators, or
+    a barrier the program wrote (not a custom kernel: a hand-fused µGraph is searched
+    as before) between operators that could fuse. Smaller programs are searched whole,
+    as they always were (the parts' size limit, ``max_ops``, is smaller than that)."""
+    written = any(is_barrier(o) for o in g.ops if o.block is None)
+    return len(g.ops) > WHOLE_MAX_OPS or (len(g.ops) > 1 and written)
 
 
 def plan_parts(g: Graph, max_ops: int = DEFAULT_MAX_OPS) -> list[PartPlan]:
