@@ -289,3 +289,15 @@ def test_only_layers_are_cut_other_examples_are_searched_whole() -> None:
 
     assert not layer.needs_layering(chain(layer.WHOLE_MAX_OPS))
     assert layer.needs_layering(chain(layer.WHOLE_MAX_OPS + 1))
+
+
+def test_bench_gets_a_layer_through_opt_s_search_stage(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    from mirage_cli.commands.bench import opt_candidates, opt_settings
+
+    monkeypatch.setenv("MIRAGE_CACHE_DIR", str(tmp_path / "cache"))
+    prog = parse_text(TINY, "tiny.mir")
+    kw = {**opt_settings(jobs=1, top=1, budget=20.0), "max_kernel_ops": 1}
+    (v,) = opt_candidates(prog, 1, kw)
+    assert v.label == "opt#1 (shipped)" and v.graph is not None
+    assert [op.op for op in v.graph.ops][1:3] == ["reshape", "rotate_half"]

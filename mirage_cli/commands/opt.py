@@ -76,7 +76,7 @@ def stage_search(program: Graph, kw: dict, budget: float) -> Outcome:  # type: i
 
         return cached_search(program, options_from(kw), budget, kw["jobs"],
                              not kw["no_cache"], show,
-                             unit_map(str(kw["executor"]), int(kw["jobs"]),
+                             unit_map(str(kw.get("executor", "local")), int(kw["jobs"]),
                                       kw.get("ray_address")))
 
 

@@ -470,7 +470,8 @@ def cached_search(program: Graph, options: SearchOptions, budget: float | None, 
                 return Outcome(text, serialize.loads_candidates(text), True, True, None)
             except MirageError:  # a damaged cache entry is just a miss
                 pass
-    res = search(program, options, budget, jobs, on_progress, unit_map=unit_map)
+    res = search(program, options, budget, jobs, on_progress) if unit_map is None else \
+        search(program, options, budget, jobs, on_progress, unit_map=unit_map)
     pairs = [(c.graph, c.meta(i)) for i, c in enumerate(res.candidates)]
     text = serialize.dumps_candidates(pairs)
     if use_cache and res.complete:
