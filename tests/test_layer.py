@@ -301,3 +301,14 @@ def test_bench_gets_a_layer_through_opt_s_search_stage(tmp_path: Path,
     (v,) = opt_candidates(prog, 1, kw)
     assert v.label == "opt#1 (shipped)" and v.graph is not None
     assert [op.op for op in v.graph.ops][1:3] == ["reshape", "rotate_half"]
+
+
+def test_executor_ray_without_ray_is_a_usage_error(monkeypatch: pytest.MonkeyPatch,
+                                                   tmp_path: Path) -> None:
+    monkeypatch.setitem(sys.modules, "ray", None)  # as if the extra were not installed
+    src = tmp_path / "tiny.mir"
+    src.write_text(TINY)
+    code, _, err = run_cli(("opt", str(src), "-o", str(tmp_path / "t.cu"), "--executor", "ray"))
+    assert code == 2, err
+    assert "--executor ray needs Ray: pip install 'mirage-cli[ray]'" in err
+    assert not (tmp_path / "t.cu").exists()
