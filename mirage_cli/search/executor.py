@@ -10,9 +10,10 @@
   results are gathered in unit order, so the merge — and so
   the output — is the one of a local run. Ray re-runs the task of a lost worker
   (``max_retries``); a unit is a pure function of (program, options, unit), so a
-  retried unit gives the same designs. Parts are taken one after the other, each
-  spread over the cluster; the result cache (:mod:`.cache`) is consulted per part by
-  its content hash before any task is sent.
+  retried unit gives the same designs. A whole layer's searched parts are Ray tasks
+  too, :func:`parts_in_flight` at a time: each runs its search's driver (tuning, ranking,
+  verification) on a worker and sends its units out as tasks; the result cache
+  (:mod:`.cache`) is consulted per part by its content hash before any unit is sent.
 
 Ray is an optional extra (``pip install 'mirage-cli[ray]'``); asking for it without
 it installed is a usage error.
@@ -37,11 +38,44 @@ def part_mapper(executor: str, jobs: int, address: str | None) -> layer.PartMapp
     """How the parts of a layer are searched."""
     if executor == "local":
         return layer.local_mapper(jobs)
-    units = ray_unit_map(address, jobs)
 
     def run(tasks: Sequence[layer.PartTask]) -> list[layer.PartResult]:
-        return [layer.search_part(t, units) for t in tasks]
+        ray = start_ray(address, jobs)
+        remote = ray.remote(max_retries=RAY_RETRIES)(_search_part_on_ray)
+        window = parts_in_flight(int(ray.cluster_resources().get("CPU", jobs)))
+        done: dict[int, layer.PartResult] = {}
+        running: dict[Any, int] = {}
+        for i, t in enumerate(tasks):
+            if not t.plan.searched:
+                done[i] = layer.search_part(t)
+                continue
+            while len(running) >= window:
+                _collect(ray, running, done)
+            running[remote.remote(t, address, jobs)] = i
+        while running:
+            _collect(ray, running, done)
+        return [done[i] for i in range(len(tasks))]  # in part order
     return run
+
+
+def parts_in_flight(cpus: int) -> int:
+    """Parts searched at once on a cluster of ``cpus``: at least two CPUs per part for
+    its units, so that a part's budget is not spent waiting for a CPU (a budget that
+    runs out makes the result depend on timing)."""
+    return max(1, cpus // 2)
+
+
+def _collect(ray: Any, running: dict[Any, int], done: dict[int, layer.PartResult]) -> None:
+    (ready,), _ = ray.wait(list(running), num_returns=1)
+    done[running.pop(ready)] = ray.get(ready)
+
+
+def _search_part_on_ray(task: layer.PartTask, address: str | None, workers: int
+                        ) -> layer.PartResult:
+    """One part's search, as a Ray task: its driver (tuning, ranking, verification)
+    runs here, its units as further tasks (a task blocked on them gives its CPU back
+    to the cluster while it waits)."""
+    return layer.search_part(task, ray_unit_map(address, workers))
 
 
 def unit_map(executor: str, jobs: int, address: str | None) -> UnitMap | None:
