@@ -282,6 +282,27 @@ def infer_concat(ts: Sequence[TensorType], a: dict[str, AttrValue]) -> TensorTyp
     return TensorType(shape, dtype)
 
 
+def infer_reshape(ts: Sequence[TensorType], a: dict[str, AttrValue]) -> TensorType:
+    t = ts[0]
+    given = [a.get(f"d{i}", 0) for i in range(4)]
+    if any(not isinstance(d, int) or isinstance(d, bool) or d < 0 for d in given):
+        raise ShapeError(f"reshape sizes must be positive integers, got {given}")
+    if 0 in given and any(given[given.index(0):]):
+        raise ShapeError("reshape: d0, d1, ... must be given in order without gaps")
+    shape = _F.reshape_dims(a)
+    if math.prod(shape) != t.numel:
+        raise ShapeError(f"cannot reshape {t} ({t.numel} elements) to {list(shape)} "
+                         f"({math.prod(shape)} elements)")
+    return TensorType(shape, t.dtype)
+
+
+def infer_rotate_half(ts: Sequence[TensorType], a: dict[str, AttrValue]) -> TensorType:
+    t = ts[0]
+    if t.shape[-1] % 2:
+        raise ShapeError(f"rotate_half needs an even last dimension, got {t}")
+    return t
+
+
 def _width(t: TensorType, a: dict[str, AttrValue]) -> int:
     width = a["width"]
     if not isinstance(width, int) or width <= 0 or t.shape[-1] % width:
@@ -357,6 +378,12 @@ def _np_softmax(xs: Sequence[np.ndarray], a: dict[str, AttrValue]) -> np.ndarray
     x = xs[0]
     e = np.exp(x - x.max(axis=dim, keepdims=True))
     return e / e.sum(axis=dim, keepdims=True)
+
+
+def np_rotate_half(x: np.ndarray) -> np.ndarray:
+    """[x1, x2] -> [-x2, x1] over the last dim (the rotary embedding's rotate_half)."""
+    h = x.shape[-1] // 2
+    return np.concatenate([-x[..., h:], x[..., :h]], axis=-1)
 
 
 def _np_accum(spec: AccumSpec) -> NumpyFn:
@@ -502,6 +529,25 @@ register(OpDef("concat", BOTH, (2, 2), infer_concat,
                cuda=CudaSpec("concat", torch=lambda t, xs, a: t.cat(xs, dim=int(a["dim"]))),
                attrs=(_DIM,), doc="concatenation along dim",
                mirage=_mirage_per_dim(("kn_concat_{d}_op", "tb_concat_{d}_op"))))
+register(OpDef("reshape", KERNEL_ONLY, (1, 1), infer_reshape,
+               lambda xs, a: xs[0].reshape(_F.reshape_dims(a)),
+               field=FieldSem(_F.ev_reshape, _D.st_reshape, _F.EXACT + " (residues moved)"),
+               abstract=_ab.RESHAPE, cost=_fl.per_element,
+               cuda=CudaSpec("elementwise", expr="{0}", gather=_cuda.gather_reshape,
+                             torch=lambda t, xs, a: xs[0].reshape(_F.reshape_dims(a))),
+               attrs=tuple(AttrSpec(f"d{i}", int, required=i == 0,
+                                    default=None if i == 0 else 0) for i in range(4)),
+               doc="row-major reshape to [d0, d1, d2, d3] (trailing ones may be omitted); "
+                   "kernel level only: a layer is cut here (search/layer.py)"))
+register(OpDef("rotate_half", KERNEL_ONLY, (1, 1), infer_rotate_half,
+               _unary(np_rotate_half),
+               field=FieldSem(_F.ev_rotate_half, _D.st_same,
+                              _F.EXACT + " (a signed permutation)"),
+               abstract=_ab.ROTATE_HALF, cost=_fl.per_element,
+               cuda=CudaSpec("elementwise", expr="{0}", gather=_cuda.gather_rotate_half,
+                             torch=_cuda.t_rotate_half),
+               doc="[x1, x2] -> [-x2, x1] over the even last dim (rotary embeddings: "
+                   "x * cos + rotate_half(x) * sin); kernel level only"))
 register(OpDef("sum_to", BLOCK_ONLY, (1, 1), infer_sum_to,
                lambda xs, a: np_sum_to(xs[0], int(a["width"])),  # type: ignore[arg-type]
                field=FieldSem(_F.ev_sum_to, _D.st_sum_to, _F.EXACT), abstract=_ab.SUM_TO,

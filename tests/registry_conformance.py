@@ -37,7 +37,7 @@ from mirage_cli.semantics.terms import show
 
 ROWS, COLS, GRID = 64, 256, 4
 # Attribute values a conformance program gives an operator's required attributes.
-ATTR_VALUES = {"scalar": "0.75", "dim": "1", "width": "8"}
+ATTR_VALUES = {"scalar": "0.75", "dim": "1", "width": "8", "d0": str(ROWS * COLS)}
 
 
 @dataclass(frozen=True)
@@ -97,9 +97,28 @@ def _accum_program(name: str, opdef: ops.OpDef, forloop: int) -> str:
             f"    store a -> Y {omap};\n  }}\n  output Y;\n}}\n")
 
 
+def _movement_pair(opdef: ops.OpDef) -> tuple[str, str]:
+    """A kernel-only operator without a decomposition (data movement: ``reshape``,
+    ``rotate_half``) has no block form to compare with: its reference is the operator
+    alone, its candidate the operator followed by a custom kernel that copies the
+    result block by block. What this checks is that the row's meanings agree with each
+    other (numpy with the field residue for residue, the terms, the CUDA spelling with
+    numpy on the GPU), each through the same pipeline as every other row."""
+    call = f"{opdef.name}(X{_attrs(opdef)})"
+    decl = f"  input X: f32[{ROWS}, {COLS}];\n"
+    ref = f"program ref() {{\n{decl}  Y = {call};\n  output Y;\n}}\n"
+    cand = (f"program cand() {{\n{decl}  T = {call};\n  Y = custom(grid=({GRID}, 1, 1), "
+            f"threads=128, forloop=1) {{\n    t = load T imap(x=0);\n    s = acc_sum(t);\n"
+            f"    store s -> Y omap(x=0);\n  }}\n  output Y;\n}}\n")
+    return ref, cand
+
+
 def pair(op: str) -> Pair:
     """The reference and candidate programs of operator ``op``."""
     opdef = ops.get(op)
+    if ops.BLOCK not in opdef.levels:
+        ref, cand = _movement_pair(opdef)
+        return Pair(op, parse_text(ref, "ref.mir"), parse_text(cand, "cand.mir"))
     if opdef.accum is not None:
         if opdef.accum.reduce is Reduce.NONE:
             # Combining whole tiles over iterations has no one-iteration form with the
@@ -219,7 +238,9 @@ def conforms_on_cpu(op: str) -> None:
 
 def operators() -> list[str]:
     """Every registry operator a conformance pair is built for: all but ``custom``
-    (a whole kernel, tested by every example) and the kernel-only ones, which have no
-    block form (their meanings are checked through the decomposition the search uses)."""
+    (a whole kernel, tested by every example) and the kernel-only composites, which
+    have no block form (their meanings are checked through the decomposition the
+    search uses). Kernel-only operators without a decomposition (data movement) get
+    the pair of :func:`_movement_pair`."""
     return [n for n, d in sorted(ops.REGISTRY.items())
-            if n != "custom" and ops.BLOCK in d.levels]
+            if n != "custom" and (ops.BLOCK in d.levels or d.decompose is None)]

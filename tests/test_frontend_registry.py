@@ -12,7 +12,7 @@ from mirage_cli.parser import parse_text
 from mirage_cli.printer import print_graph
 
 # Attribute values that fit an (8, 8) operand, for the required attributes.
-REQUIRED = {"dim": 1, "width": 4, "scalar": 0.5}
+REQUIRED = {"dim": 1, "width": 4, "scalar": 0.5, "d0": 64}
 
 
 @pytest.mark.parametrize("name", sorted(ops.REGISTRY))

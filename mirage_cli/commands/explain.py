@@ -61,11 +61,20 @@ def command(file: str, as_json: bool, program: str | None, defines: tuple[str, .
             arch: str, jobs: int, budget: float, target: str) -> None:
     """Explain the choice of the first µGraph of FILE over its rivals."""
     use_profile(target)
+    if file.endswith(".mir") and _explain_parts(file, parse_defines(defines), as_json):
+        return
     cands, prog = load_candidates(file, parse_defines(defines), program, jobs, budget)
     doc = explain(cands, prog, arch)
+    layer = cands[0][1].get("layer") if cands else None
+    if layer is not None:  # a whole layer (mirage opt): its parts, and why they end there
+        doc["layer"] = layer
     if as_json:
         click.echo(json.dumps(doc, indent=1, sort_keys=True))
         return
+    if layer is not None:
+        from mirage_cli.search.layer import render_parts
+
+        click.echo("\n".join(render_parts(layer)) + "\n")
     from rich.console import Console
 
     out = Console()
@@ -73,6 +82,24 @@ def command(file: str, as_json: bool, program: str | None, defines: tuple[str, .
         click.echo(render_text(doc), nl=False)
         return
     _rich(out, doc)
+
+
+def _explain_parts(path: str, defines: dict[str, int], as_json: bool) -> bool:
+    """A program that ``mirage opt`` cuts into parts (:mod:`mirage_cli.search.layer`):
+    the parts and why each ends where it does, without searching them (``mirage opt
+    --save-temps DIR`` keeps the searched result, which explain reads from
+    ``DIR/NAME.cands.ugraph.json``). False for a program searched whole."""
+    from mirage_cli.search.layer import needs_layering, plan_parts, render_parts
+
+    prog = load_graph(path, defines)
+    if not needs_layering(prog):
+        return False
+    doc = {"parts": [p.as_json() for p in plan_parts(prog)]}
+    if as_json:
+        click.echo(json.dumps({"layer": doc}, indent=1, sort_keys=True))
+    else:
+        click.echo("\n".join(render_parts(doc)) + "\n")
+    return True
 
 
 def _rich(out: object, doc: Json) -> None:

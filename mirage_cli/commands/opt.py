@@ -7,7 +7,12 @@ extension, as in the design's pipeline)::
              --select--> prog.best.ugraph.json --codegen--> prog.cu + prog.h
 
 ``--budget S`` bounds the wall time of the whole command: the search gets what is
-left after parsing, less a reserve for code generation. When it finds no verified
+left after parsing, less a reserve for code generation. A program larger than
+``--max-part-ops`` operators, or with a barrier, is cut into parts searched apart
+(:mod:`mirage_cli.search.layer`); ``--budget`` is then each part's.
+``--executor ray [--ray-address ADDR]`` runs the search's work units as Ray tasks
+(:mod:`mirage_cli.search.executor`); the output is the same as with the default
+``--executor local``. When it finds no verified
 µGraph in time, ``opt`` ships the program's own (unfused) lowering with a warning
 and exit 0 — a build never breaks for want of search time — unless
 ``--require-fused`` asks for exit 1 instead.
@@ -56,6 +61,7 @@ from mirage_cli.profiles import target_option
 from mirage_cli.search.cost import use_profile
 from mirage_cli.search.display import progress_display
 from mirage_cli.search.driver import Outcome, cached_search, explain_none
+from mirage_cli.search.layer import DEFAULT_MAX_OPS, LayerResult
 from mirage_cli.util import OutputSet, write_files
 
 # Seconds of the budget kept for code generation and writing (at most a quarter).
@@ -67,6 +73,8 @@ def stage_parse(path: str, defines: dict[str, int]) -> Graph:
 
 
 def stage_search(program: Graph, kw: dict, budget: float) -> Outcome:  # type: ignore[type-arg]
+    if _layered(program, kw):  # a whole layer: its parts searched, --budget each
+        return stage_layer(program, kw)[0]
     if kw.get("reuse"):  # --reuse: the known designs at this program's sizes, no search
         from mirage_cli.search.driver import reused_search
 
@@ -80,8 +88,54 @@ def stage_search(program: Graph, kw: dict, budget: float) -> Outcome:  # type: i
         if out is not None:
             return out
     with progress_display() as show:
+        from mirage_cli.search.executor import unit_map
+
         return cached_search(program, options_from(kw), budget, kw["jobs"],
-                             not kw["no_cache"], show)
+                             not kw["no_cache"], show,
+                             unit_map(str(kw.get("executor", "local")), int(kw["jobs"]),
+                                      kw.get("ray_address")))
+
+
+def _layered(program: Graph, kw: dict) -> bool:  # type: ignore[type-arg]
+    from mirage_cli.search.layer import needs_layering
+
+    return needs_layering(program) and not kw.get("reuse")
+
+
+def stage_layer(program: Graph, kw: dict) -> tuple[Outcome, LayerResult]:  # type: ignore[type-arg]
+    """A program too large for one search (:mod:`mirage_cli.search.layer`): its parts
+    searched (``--budget`` seconds each), stitched and verified whole; as an
+    :class:`Outcome` of one candidate (none when the whole did not verify), and the
+    parts."""
+    from mirage_cli.search import layer
+    from mirage_cli.search.executor import part_mapper
+
+    max_ops = int(kw.get("max_part_ops", DEFAULT_MAX_OPS))
+    executor = str(kw.get("executor", "local"))
+    mapper = part_mapper(executor, int(kw["jobs"]), kw.get("ray_address"))
+    info(f"opt: {len(program.ops)} operators: searching "
+         f"{len(layer.plan_parts(program, max_ops))} parts "
+         f"(at most {max_ops} operators each; --executor {executor})")
+    res = layer.optimise_layer(program, options_from(kw), float(kw["budget"]), mapper,
+                               max_ops, not kw["no_cache"])
+    for line in layer.render_parts(res.as_json()):
+        info("opt: " + line)
+    cands = [] if res.graph is None else [
+        (res.graph, {"rank": 0, "layer": res.as_json(), "verification": res.verdict,
+                     "kernels": len(res.graph.ops), "tool": f"mirage-cli {__version__}"})]
+    return Outcome(serialize.dumps_candidates(cands), cands, False, res.complete, None), res
+
+
+def _part_temps(program: Graph, res: LayerResult, stem: str) -> list[tuple[str, str]]:
+    """``--save-temps``: each part's program and what it ships."""
+    from mirage_cli.search.layer import part_program
+
+    out = []
+    for r in res.parts:
+        out.append((f"{stem}.part{r.plan.index}.ugraph.json",
+                    serialize.dumps(part_program(program, r.plan))))
+        out.append((f"{stem}.part{r.plan.index}.best.ugraph.json", serialize.dumps(r.graph)))
+    return out
 
 
 def stage_select(out: Outcome) -> Graph | None:
@@ -154,6 +208,16 @@ def _locked(paths: dict[str, str], program: str) -> Iterator[OutputSet | None]:
 @click.option("--hpp", is_flag=True, help="Also write the typed C++ interface (.hpp).")
 @click.option("--save-temps", "save_temps", type=click.Path(file_okay=False),
               help="Keep every intermediate file in this directory.")
+@click.option("--max-part-ops", type=click.IntRange(1, 12), default=DEFAULT_MAX_OPS,
+              show_default=True,
+              help="A program of more than 12 operators, or with a reshape, rotate_half or "
+                   "concat, is cut into parts of at most this many operators, searched "
+                   "apart (docs/search.md, Whole layers); --budget is then per part.")
+@click.option("--executor", type=click.Choice(["local", "ray"]), default="local",
+              show_default=True, help="Where the search runs: worker processes here, or "
+                                      "tasks on a Ray cluster (docs/distributed.md).")
+@click.option("--ray-address", metavar="ADDR",
+              help="The Ray cluster to use (default: start one on 127.0.0.1).")
 @click.option("-MD", "make_deps", is_flag=True,
               help="Write a depfile (prog.mir.d) and a stamp (prog.mir.stamp).")
 @click.option("-MF", "dep_file", type=click.Path(dir_okay=False),
@@ -235,7 +299,15 @@ def _optimise(g: Graph, program: str, kw: dict, deadline: float,  # type: ignore
     reserve = min(CODEGEN_RESERVE, left / 4)
     best = None
     why = "no time left in the budget for a search"
-    if left - reserve > 0.05:
+    if _layered(g, kw):
+        res, parts = stage_layer(g, kw)
+        if save_temps:
+            stem = os.path.join(save_temps, base)
+            temps.extend(_part_temps(g, parts, stem))
+            temps.append((stem + ".cands.ugraph.json", res.text))
+        best = stage_select(res)
+        why = "the stitched parts did not verify as a whole"
+    elif left - reserve > 0.05:
         res = stage_search(g, kw, left - reserve)
         if save_temps:
             temps.append((os.path.join(save_temps, f"{base}.cands.ugraph.json"), res.text))
@@ -273,7 +345,8 @@ def _stamp(program: str, defines: tuple[str, ...], name: str | None, arch: str, 
     """What the outputs were built from: tool version, program, options, -D values."""
     doc = {"tool": f"mirage-cli {__version__}", "program": os.path.normpath(program),
            "defines": sorted(defines), "name": name, "arch": arch, "fused": fused,
-           "options": {k: kw[k] for k in sorted(kw) if k != "jobs"}}
+           "options": {k: kw[k] for k in sorted(kw)
+                       if k not in ("jobs", "executor", "ray_address")}}
     return json.dumps(doc, sort_keys=True, indent=1) + "\n"
 
 

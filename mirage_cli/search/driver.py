@@ -155,8 +155,25 @@ def units(program: Graph, options: SearchOptions) -> list[Unit]:
     return first + [(options.max_kernel_ops, "predef")]
 
 
+UnitResult = tuple[list[Design], Stats, int, bool]
+# Runs the units of one program elsewhere (``--executor ray``, :mod:`.executor`):
+# (program, options, deadline, units) -> their results, in unit order.
+UnitMap = Callable[[Graph, SearchOptions, float | None, list[Unit]], Iterator[UnitResult]]
+
+
+def run_units_here(program: Graph, options: SearchOptions, deadline: float | None,
+                   todo: list[Unit]) -> list[UnitResult]:
+    """Units run in this process, in order (what a remote worker does with its
+    share; ``deadline`` is wall-clock time as from ``time.time()``)."""
+    _init_worker_inline(program, options, deadline)
+    return [_run_unit(u) for u in todo]
+
+
 def _map(jobs: int, program: Graph, options: SearchOptions, deadline: float | None,
-         todo: list[Unit]) -> Iterator[tuple[list[Design], Stats, int, bool]]:
+         todo: list[Unit], unit_map: UnitMap | None = None) -> Iterator[UnitResult]:
+    if unit_map is not None:
+        yield from unit_map(program, options, deadline, todo)
+        return
     if jobs <= 1:
         _init_worker_inline(program, options, deadline)
         for u in todo:
@@ -178,10 +195,11 @@ def _init_worker_inline(program: Graph, options: SearchOptions, deadline: float 
 
 def search(program: Graph, options: SearchOptions, budget: float | None = None,
            jobs: int = 1, on_progress: Callable[[Progress], None] | None = None,
-           depth: int = 0) -> SearchResult:
+           depth: int = 0, unit_map: UnitMap | None = None) -> SearchResult:
     """Enumerate, tune, rank and verify; see the module docstring. When nothing
     verifies, the program is cut into parts searched alone (``depth`` counts the
-    cuts above this search, :mod:`.partition`)."""
+    cuts above this search, :mod:`.partition`). ``unit_map`` runs the units
+    elsewhere (``--executor ray``); the merge is in unit order either way."""
     start = time.time()
     deadline = None if budget is None else start + budget
     prog = Progress()
@@ -191,7 +209,8 @@ def search(program: Graph, options: SearchOptions, budget: float | None = None,
     designs: dict[Design, None] = {}
     complete = True
     # Ctrl-C propagates (exit 130): the budget, not an interrupt, asks for the best so far.
-    for found, stats, queries, timed_out in _map(jobs, program, options, deadline, todo):
+    for found, stats, queries, timed_out in _map(jobs, program, options, deadline, todo,
+                                                 unit_map):
         prog.units_done += 1
         prog.stats.add(stats)
         prog.z3_queries += queries
@@ -208,7 +227,7 @@ def search(program: Graph, options: SearchOptions, budget: float | None = None,
         prog.designs = len(designs)
     cands = rank_and_verify(program, list(designs), options, prog, notify, jobs, deadline)
     if not cands and depth < MAX_DEPTH and len(program.ops) > 1:
-        cands = _mixed(program, options, deadline, jobs, prog, depth)
+        cands = _mixed(program, options, deadline, jobs, prog, depth, unit_map)
     complete &= deadline is None or time.time() < deadline
     return SearchResult(cands, prog, complete, time.time() - start)
 
@@ -231,7 +250,7 @@ def reuse(program: Graph, known: list[Graph], options: SearchOptions,
 
 
 def _mixed(program: Graph, options: SearchOptions, deadline: float | None, jobs: int,
-           prog: Progress, depth: int) -> list[Candidate]:
+           prog: Progress, depth: int, unit_map: UnitMap | None = None) -> list[Candidate]:
     """Nothing fused verified: cut the program at its own tensors (:mod:`.partition`),
     search the parts, join them, verify the whole; the first cut that works, latest
     cut first (the cheapest way to an answer)."""
@@ -246,15 +265,19 @@ def _mixed(program: Graph, options: SearchOptions, deadline: float | None, jobs:
         if parts is None:
             continue
         tried += 1
-        chosen = [_best_part(p.graph, options, deadline, jobs, depth) for p in parts]
+        chosen = [_best_part(p.graph, options, deadline, jobs, depth, unit_map)
+                  for p in parts]
         if any(c is None for c in chosen):
             continue
         d, t = partition.join(program, [(c[0], c[1]) for c in chosen if c is not None])
         g = instantiate(program, d, t)
         if g is None:
             continue
-        v = verify_composed(program, g, [c[2] for c in chosen if c is not None],
-                            options.seed)
+        try:
+            v = verify_composed(program, g, [c[2] for c in chosen if c is not None],
+                                options.seed)
+        except MirageError:  # the joined parts do not have the program's signature
+            v = Verdict(False, "signature differs", options.seed)
         if not v.ok:
             prog.rejected += 1
             continue
@@ -268,11 +291,13 @@ def _mixed(program: Graph, options: SearchOptions, deadline: float | None, jobs:
 
 
 def _best_part(part: Graph, options: SearchOptions, deadline: float | None, jobs: int,
-               depth: int) -> tuple[Design, Tuning, dict[str, Any] | None] | None:
+               depth: int, unit_map: UnitMap | None = None
+               ) -> tuple[Design, Tuning, dict[str, Any] | None] | None:
     """The best verified design of a part and its verdict, or the part's one operator
     itself (verdict None: it is the program's own operator)."""
     budget = None if deadline is None else max(1.0, deadline - time.time())
-    res = search(part, replace(options, top=1), budget, jobs, depth=depth + 1)
+    res = search(part, replace(options, top=1), budget, jobs, depth=depth + 1,
+                 unit_map=unit_map)
     if res.candidates:
         c = res.candidates[0]
         return c.design, c.tuning, c.verdict
@@ -310,7 +335,16 @@ def _verify_all(program: Graph, graphs: list[Graph], seed: int) -> list[Verdict]
     """Finite-field verdicts of a batch, best first. In this process, so the
     verifier's cached reference outputs serve every candidate; the chosen candidate's
     float64 check is :func:`_check_chosen`."""
-    return [verify(program, g, seed) for g in graphs]
+    return [_verify_one(program, g, seed) for g in graphs]
+
+
+def _verify_one(program: Graph, g: Graph, seed: int) -> Verdict:
+    """:func:`.verify.verify`, with a candidate whose signature differs from the
+    program's (an input or output of another type) rejected, not raised."""
+    try:
+        return verify(program, g, seed)
+    except MirageError as e:
+        return Verdict(False, f"signature differs: {e.message}", seed, {})
 
 
 def _check_chosen(program: Graph, out: list[Candidate], seed: int, prog: Progress
@@ -423,7 +457,8 @@ class Outcome:
 
 def cached_search(program: Graph, options: SearchOptions, budget: float | None, jobs: int,
                   use_cache: bool = True,
-                  on_progress: Callable[[Progress], None] | None = None) -> Outcome:
+                  on_progress: Callable[[Progress], None] | None = None,
+                  unit_map: UnitMap | None = None) -> Outcome:
     """:func:`search` behind the result cache (:mod:`.cache`)."""
     from mirage_cli.search import cache
 
@@ -435,7 +470,8 @@ def cached_search(program: Graph, options: SearchOptions, budget: float | None, 
                 return Outcome(text, serialize.loads_candidates(text), True, True, None)
             except MirageError:  # a damaged cache entry is just a miss
                 pass
-    res = search(program, options, budget, jobs, on_progress)
+    res = search(program, options, budget, jobs, on_progress) if unit_map is None else \
+        search(program, options, budget, jobs, on_progress, unit_map=unit_map)
     pairs = [(c.graph, c.meta(i)) for i, c in enumerate(res.candidates)]
     text = serialize.dumps_candidates(pairs)
     if use_cache and res.complete:

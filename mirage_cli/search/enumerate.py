@@ -98,6 +98,12 @@ class Target:
         return tuple(v.type for v in self.analysis.outputs)
 
 
+# Operators the generator never builds (a custom kernel is what it builds; concat has
+# no abstract rule that splits over blocks). A whole layer is cut at them
+# (:mod:`.layer`).
+NEVER_BUILT = ("custom", "concat")
+
+
 def make_target(g: Graph, timeout_ms: int = 1000) -> Target:
     """Analyse ``g``: output expressions, the operator vocabulary its expressions
     allow (operators introducing a symbol the target never uses are not tried), and the
@@ -107,7 +113,7 @@ def make_target(g: Graph, timeout_ms: int = 1000) -> Target:
 
     def allowed(name: str, level: str) -> bool:
         opdef = ops.get(name)
-        return (level in opdef.levels and name not in ("custom", "concat")
+        return (level in opdef.levels and name not in NEVER_BUILT
                 and op_symbols(name) <= syms)
 
     kernel = tuple(n for n in ops.names(ops.KERNEL) if allowed(n, ops.KERNEL))

@@ -55,14 +55,14 @@ def split(program: Graph, at: int) -> tuple[Part, Part] | None:
     if not live or not outs2:
         return None
     try:
-        g1 = _subprogram(program, first, live, f"{program.name}_part1")
-        g2 = _subprogram(program, second, outs2, f"{program.name}_part2")
+        g1 = subprogram(program, first, live, f"{program.name}_part1")
+        g2 = subprogram(program, second, outs2, f"{program.name}_part2")
     except MirageError:
         return None
     return Part(g1, live), Part(g2, outs2)
 
 
-def _subprogram(program: Graph, ops: tuple, outputs: tuple[str, ...], name: str) -> Graph:
+def subprogram(program: Graph, ops: tuple, outputs: tuple[str, ...], name: str) -> Graph:
     types = program.tensor_types()
     made = {v.name for op in ops for v in op.outputs}
     needed = [i for op in ops for i in op.inputs if i not in made]

@@ -4,7 +4,10 @@ Each operator's row in :mod:`mirage_cli.ops` holds a :class:`CudaSpec`; the lowe
 dispatches on :attr:`CudaSpec.kind` (a closed set) and never on operator names.
 
 - ``elementwise``: ``expr`` is a C expression over ``{0}``, ``{1}`` (f32 operands,
-  already bound to locals) and attribute placeholders such as ``{scalar}``;
+  already bound to locals) and attribute placeholders such as ``{scalar}``; with a
+  ``gather`` (kernel-only data movement: ``reshape``, ``rotate_half``) the one operand
+  is read at the index the gather computes from the output index, and the gather's
+  template wraps the value (a sign, for ``rotate_half``);
 - ``reduce``: ``combine`` (a :class:`Combine`) over one dimension, ``finish`` ``mean``
   divides by the reduced size;
 - ``matmul``, ``rms``, ``rms_norm``, ``softmax``, ``concat``, ``sum_to``: structural
@@ -20,6 +23,7 @@ This module is on the floor below the registry: it imports only its neighbour
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal, assert_never
@@ -31,6 +35,10 @@ CudaKind = Literal["elementwise", "reduce", "matmul", "rms", "rms_norm", "softma
 
 # f32 helper functions every generated file defines (see templates/prelude.cu.j2).
 TorchFn = Callable[[Any, list[Any], dict[str, Any]], Any]
+# (output index expressions, operand shape, output shape, attributes) ->
+# (operand index expressions, C template over {0}, the operand's value).
+GatherFn = Callable[[list[str], tuple[int, ...], tuple[int, ...], dict[str, Any]],
+                    tuple[list[str], str]]
 
 
 @dataclass(frozen=True)
@@ -40,6 +48,7 @@ class CudaSpec:
     combine: Combine | None = None
     finish: Finish = Finish.ID
     torch: TorchFn | None = None
+    gather: GatherFn | None = None
 
 
 def elementwise(expr: str, torch: TorchFn) -> CudaSpec:
@@ -68,6 +77,41 @@ def t_rms_norm(t: Any, xs: list[Any], a: dict[str, Any]) -> Any:
         return t.nn.functional.rms_norm(x, (x.shape[-1],), w, eps=float(a.get("eps", 0.0)))
     y = t.nn.functional.rms_norm(x, (x.shape[-1],), eps=float(a.get("eps", 0.0)))
     return y * w if w is not None else y
+
+
+def gather_reshape(idx: list[str], sx: tuple[int, ...], so: tuple[int, ...],
+                   a: dict[str, Any]) -> tuple[list[str], str]:
+    """Row-major reshape: the output index flattened, then unflattened in the
+    operand's shape (64-bit, so that no product of sizes wraps)."""
+    terms = [f"(long long)({i}) * {st}" for i, st, n in zip(idx, _strides(so), so) if n > 1]
+    flat = " + ".join(terms) or "0LL"
+    total = math.prod(sx)
+    return [("0" if n == 1 else f"(int)((({flat}) / {st})" + (")" if st * n == total
+                                                             else f" % {n})"))
+            for st, n in zip(_strides(sx), sx)], "{0}"
+
+
+def gather_rotate_half(idx: list[str], sx: tuple[int, ...], so: tuple[int, ...],
+                       a: dict[str, Any]) -> tuple[list[str], str]:
+    """rotate_half over the last dim d = 2h: out[j] = -x[j + h] for j < h, else
+    x[j - h]; both halves read one index, ``(j + h) % d``."""
+    d = sx[-1]
+    h, j = d // 2, idx[-1]
+    return idx[:-1] + [f"(({j} + {h}) % {d})"], f"(({j}) < {h} ? -({{0}}) : ({{0}}))"
+
+
+def _strides(shape: tuple[int, ...]) -> list[int]:
+    out, acc = [], 1
+    for n in reversed(shape):
+        out.append(acc)
+        acc *= n
+    return out[::-1]
+
+
+def t_rotate_half(t: Any, xs: list[Any], a: dict[str, Any]) -> Any:
+    x = xs[0]
+    h = x.shape[-1] // 2
+    return t.cat((-x[..., h:], x[..., :h]), dim=-1)
 
 
 ACCUM_SPEC = CudaSpec("accum")

@@ -160,6 +160,17 @@ def st_concat(ss: Sequence[Stat], shapes: Sequence[Shape], a: Attrs, f: int) -> 
     return Stat(max(s.num for s in ss), max(s.den for s in ss), _p_only(ss)).with_axes(axes)
 
 
+def st_reshape(ss: Sequence[Stat], shapes: Sequence[Shape], a: Attrs, f: int) -> Stat:
+    """A reshape moves elements between axes: a denominator that varied along any
+    axis may vary along every axis of the result (over-approximated by all of them,
+    the iteration pseudo-axis kept)."""
+    s = ss[0]
+    if not s.den:
+        return s
+    axes = frozenset(range(-4, 0)) | (s.den_var & {ITER})
+    return Stat(s.num, s.den, s.p_only, axes)
+
+
 def st_rms_key(ss: Sequence[Stat], shapes: Sequence[Shape], a: Attrs, f: int) -> Stat:
     """The key of rms's random sqrt: mean of squares over the last dim (+ eps)."""
     s = st_square(ss[:1], shapes, a, f)

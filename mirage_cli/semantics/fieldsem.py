@@ -10,7 +10,8 @@ the operator's ``field`` slot; this module never imports ``ops``). A FieldSem sa
 
 Models (docs/verification.md derives the bound):
 - ``add sub mul neg square matmul sum mean concat sum_to mul_scalar`` and the sum/mean
-  accumulators are exact field arithmetic (constants are exact dyadic rationals);
+  accumulators are exact field arithmetic; ``reshape`` and ``rotate_half`` move
+  residues (with a sign) and are exact too (constants are exact dyadic rationals);
 - ``div`` multiplies by the field inverse; a zero divisor is flagged and the trial is
   discarded and replaced;
 - ``exp`` maps a residue a in Z_Q to g^a in Z_P (g of order Q, fresh per trial);
@@ -226,6 +227,26 @@ def _broadcast_lead(x: Res, y: Res, axis: int) -> tuple[Res, Res]:
     sx, sy = list(shape), list(shape)
     sx[axis], sy[axis] = x.shape[axis], y.shape[axis]
     return np.broadcast_to(x, sx), np.broadcast_to(y, sy)
+
+
+def reshape_dims(a: Attrs) -> Shape:
+    """The target shape of ``reshape``: its ``d0..d3`` attributes, absent (0) ones
+    dropped (the shape rule admits only trailing absent ones)."""
+    return tuple(int(a.get(f"d{i}", 0)) for i in range(4) if int(a.get(f"d{i}", 0)))
+
+
+def ev_reshape(xs: Sequence[FVal], a: Attrs, ctx: TrialContext) -> FVal:
+    """Row-major reshape: the same residues in the same order (exact)."""
+    shape = reshape_dims(a)
+    return lift(lambda v, m: v.reshape(v.shape[:ctx.lead] + shape))(xs)
+
+
+def ev_rotate_half(xs: Sequence[FVal], a: Attrs, ctx: TrialContext) -> FVal:
+    """[x1, x2] -> [-x2, x1] over the last dim: a signed permutation (exact)."""
+    def rot(v: Res, m: int) -> Res:
+        h = v.shape[-1] // 2
+        return np.concatenate([(-v[..., h:]) % m, v[..., :h]], axis=-1)
+    return lift(rot)(xs)
 
 
 def sum_to(v: Res, width: int, m: int) -> Res:

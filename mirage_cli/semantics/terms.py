@@ -28,6 +28,7 @@ identities, and more, as equations.
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, assert_never
@@ -47,6 +48,8 @@ UNIT = -1
 # Attribute key through which block-level evaluation passes the forloop range to
 # accumulator rules (accumulators have no such attribute of their own).
 FORLOOP_KEY = "__forloop__"
+# Labels minted by ``index_fresh`` start here (an analysis counts input dims from 0).
+FRESH_LABELS = 1 << 30
 # Heads of the terms that reduce a counted number of elements: (head, n, term).
 REDUCTIONS = frozenset({"sum", "max", "min"})
 
@@ -325,6 +328,23 @@ SUM_TO = AbstractRule(lambda xs, a, out: sum_(xs[0].type.shape[-1] // int(a["wid
                       index_first, frozenset({"sum"}))
 CONCAT = AbstractRule(lambda xs, a, out: fn("concat", xs[0].term, xs[1].term),
                       index_concat, frozenset({"concat"}))
+
+
+def index_fresh(xs: Sequence[AVal], a: Mapping[str, AttrValue], out: TensorType
+                ) -> tuple[Labels, Unions]:
+    """Labels for a result whose dimensions are none of its operand's (a reshape):
+    fresh ones, derived deterministically from the operand's term and labels and the
+    result's shape, far above the labels an analysis counts from 0."""
+    seed = zlib.crc32(repr((xs[0].term, xs[0].labels, out.shape)).encode())
+    base = FRESH_LABELS + (seed & 0xFFFFFF) * 8
+    return tuple(UNIT if n == 1 else base + i for i, n in enumerate(out.shape)), []
+
+
+RESHAPE = AbstractRule(lambda xs, a, out: fn("reshape", xs[0].term), index_fresh,
+                       frozenset({"reshape"}))
+# rotate_half keeps its operand's indices (it permutes within the last one).
+ROTATE_HALF = AbstractRule(lambda xs, a, out: fn("rotate_half", xs[0].term), index_first,
+                           frozenset({"rotate_half"}))
 
 
 def accumulator(spec: AccumSpec) -> AbstractRule:

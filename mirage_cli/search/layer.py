@@ -1,0 +1,354 @@
+"""Whole layers: a program too large for one search, cut into parts, searched part by
+part, stitched back into one µGraph and verified whole.
+
+Not to be confused with :mod:`.partition`, which cuts a *small* program that found no
+fused design into a mixed design. This pass runs first, on programs the search
+cannot take whole (:func:`needs_layering`: a decoder layer has some thirty operators
+and reshapes between them; the search handles about a dozen).
+
+**The rule** (``plan_parts``), over the operators in program order:
+
+1. *Barriers.* An operator the search cannot fuse through — a kernel-level operator
+   without a decomposition into block operators (``reshape``, ``rotate_half``), an
+   operator the generator never builds (``concat``, :data:`.enumerate.NEVER_BUILT`),
+   or a custom kernel already written — is a part of its own, never searched: it
+   ships as its pre-defined (unfused) kernel.
+2. *Size.* Each run of operators between barriers is cut into the fewest parts of at
+   most ``max_ops`` operators (the search's limit); among the ways to do so, the cuts
+   are put where the fewest bytes are live (tensors made before the cut and read
+   after it, or program outputs), earliest on ties. Fewest bytes is where a model's
+   blocks meet (after a residual add, before a normalisation feeds two projections).
+
+The rule depends on the program alone, so the parts are deterministic. Each searched
+part is the existing search (:func:`.driver.search`) on a sub-program whose inputs and
+outputs are the program's own tensors; a part that finds no verified µGraph ships its
+own operators (the unfused lowering), never an unverified kernel. The parts' chosen
+µGraphs are stitched in part order (names a part invents are prefixed ``p{k}_``) into
+one graph with the program's inputs and outputs, one entry point and one workspace,
+and verified against the whole program (:func:`.verify.verify_composed`: every part
+certified against its sub-program, plus one finite-field trial of the whole).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from mirage_cli import ops
+from mirage_cli.ir import BlockGraph, Graph, KernelOp, Value
+from mirage_cli.search import partition
+from mirage_cli.search.enumerate import NEVER_BUILT
+
+DEFAULT_MAX_OPS = 4
+# The largest program searched whole (examples/qknorm_gqa.mir, 11 operators, is).
+WHOLE_MAX_OPS = 12
+
+
+@dataclass(frozen=True)
+class PartPlan:
+    """Operators ``start:stop`` of the program, searched or not, and why the part ends
+    where it does (``why``, for ``mirage explain``)."""
+
+    index: int
+    start: int
+    stop: int
+    searched: bool
+    why: str
+
+    def as_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def is_barrier(op: KernelOp) -> str | None:
+    """Why the search cannot fuse through ``op``, or None when it can."""
+    if op.block is not None:
+        return "a custom kernel written in the program"
+    if op.op in NEVER_BUILT:
+        return f"{op.op} is an operator the search never builds"
+    d = ops.get(op.op)
+    if ops.BLOCK not in d.levels and d.decompose is None:
+        return f"{op.op} is a kernel-level operator the search does not fuse through"
+    return None
+
+
+def needs_layering(g: Graph) -> bool:
+    """Whether ``g`` goes through this pass: more than ``WHOLE_MAX_OPS`` operators, or
+    a barrier the program wrote (not a custom kernel: a hand-fused µGraph is searched
+    as before) between operators that could fuse. Smaller programs are searched whole,
+    as they always were (the parts' size limit, ``max_ops``, is smaller than that)."""
+    written = any(is_barrier(o) for o in g.ops if o.block is None)
+    return len(g.ops) > WHOLE_MAX_OPS or (len(g.ops) > 1 and written)
+
+
+def plan_parts(g: Graph, max_ops: int = DEFAULT_MAX_OPS) -> list[PartPlan]:
+    """The parts of ``g`` by the rule of the module docstring."""
+    bounds: list[tuple[int, int, bool, str]] = []
+    run_start = 0
+    for i, op in enumerate(g.ops):
+        why = is_barrier(op)
+        if why is None:
+            continue
+        bounds += _split_run(g, run_start, i, max_ops,
+                             f"the next operator, {op.outputs[0].name} = {op.op}(...), is a "
+                             f"barrier: {why}")
+        bounds.append((i, i + 1, False, why))
+        run_start = i + 1
+    bounds += _split_run(g, run_start, len(g.ops), max_ops, "end of the program")
+    return [PartPlan(k, a, b, s, w) for k, (a, b, s, w) in enumerate(bounds)]
+
+
+def _split_run(g: Graph, start: int, stop: int, max_ops: int, end_why: str
+               ) -> list[tuple[int, int, bool, str]]:
+    """Operators ``start:stop`` (no barrier among them) in the fewest parts of at
+    most ``max_ops``, cut where the fewest bytes are live."""
+    if start >= stop:
+        return []
+    n = stop - start
+    parts = -(-n // max_ops)
+    cuts = _best_cuts(g, start, stop, parts, max_ops)
+    edges = [start, *cuts, stop]
+    out = []
+    for a, b in itertools.pairwise(edges):
+        why = end_why if b == stop else (
+            f"size: at most {max_ops} operators per part; {_live_bytes(g, b)} bytes live "
+            f"after '{g.ops[b - 1].outputs[0].name}', the fewest of the possible cuts")
+        out.append((a, b, True, why))
+    return out
+
+
+def _best_cuts(g: Graph, start: int, stop: int, parts: int, max_ops: int) -> list[int]:
+    """``parts - 1`` cut positions in ``(start, stop)``, every part of 1..max_ops
+    operators, minimising the total live bytes (earliest cuts on ties): a small
+    dynamic program over (cut position, parts so far)."""
+    inf = (float("inf"), ())
+    best: dict[tuple[int, int], tuple[float, tuple[int, ...]]] = {(start, 0): (0.0, ())}
+    for k in range(1, parts + 1):
+        for end in range(start + 1, stop + 1):
+            options = []
+            for begin in range(max(start, end - max_ops), end):
+                prev = best.get((begin, k - 1), inf)
+                if prev[0] == float("inf"):
+                    continue
+                cost = 0.0 if end == stop else float(_live_bytes(g, end))
+                options.append((prev[0] + cost, prev[1] + ((end,) if end != stop else ())))
+            if options:
+                best[(end, k)] = min(options)
+    return list(best[(stop, parts)][1])
+
+
+def _live_bytes(g: Graph, at: int) -> int:
+    """Bytes of the tensors made by operators before ``at`` and read at or after it
+    (or returned by the program)."""
+    later = {i for op in g.ops[at:] for i in op.inputs} | set(g.outputs)
+    return sum(v.type.nbytes for op in g.ops[:at] for v in op.outputs if v.name in later)
+
+
+def part_program(g: Graph, part: PartPlan) -> Graph:
+    """The program of one part: its operators over the program tensors it reads,
+    returning the program tensors it makes that later parts or the program use."""
+    made = [v.name for op in g.ops[part.start:part.stop] for v in op.outputs]
+    later = {i for op in g.ops[part.stop:] for i in op.inputs} | set(g.outputs)
+    outs = tuple(n for n in made if n in later)
+    return partition.subprogram(g, g.ops[part.start:part.stop], outs,
+                                f"{g.name}_part{part.index}")
+
+
+@dataclass(frozen=True)
+class PartResult:
+    """What one part ships: a verified µGraph of the sub-program, or (``fused`` False)
+    the sub-program itself; ``verdict`` is the certificate (None: the program's own
+    operators, nothing to certify)."""
+
+    plan: PartPlan
+    graph: Graph
+    fused: bool
+    verdict: dict[str, Any] | None
+    seconds: float
+    note: str
+
+
+def stitch(program: Graph, results: Sequence[PartResult]) -> Graph:
+    """One µGraph of ``program`` from the parts' µGraphs, in part order: device
+    tensors a part invents (not the program's) are renamed ``p{k}_NAME``."""
+    keep = set(program.tensor_types())
+    taken = set(keep)
+    out_ops: list[KernelOp] = []
+    for r in results:
+        rename = _renamer(keep, taken, f"p{r.plan.index}_")
+        out_ops.extend(_rename_op(op, rename) for op in r.graph.ops)
+    return Graph(program.name, program.params, program.inputs, tuple(out_ops),
+                 program.outputs)
+
+
+def _renamer(keep: set[str], taken: set[str], prefix: str) -> Callable[[str], str]:
+    memo: dict[str, str] = {}
+
+    def rename(n: str) -> str:
+        if n in keep:
+            return n
+        if n not in memo:
+            new = prefix + n
+            while new in taken:
+                new += "_"
+            taken.add(new)
+            memo[n] = new
+        return memo[n]
+    return rename
+
+
+def _rename_op(op: KernelOp, r: Callable[[str], str]) -> KernelOp:
+    outs = tuple(Value(r(v.name), v.type) for v in op.outputs)
+    block = None if op.block is None else _rename_block(op.block, r)
+    return dataclasses.replace(op, inputs=tuple(r(i) for i in op.inputs), outputs=outs,
+                               block=block)
+
+
+def _rename_block(bg: BlockGraph, r: Callable[[str], str]) -> BlockGraph:
+    ins = tuple(dataclasses.replace(bi, source=r(bi.source)) for bi in bg.inputs)
+    outs = tuple(dataclasses.replace(bo, value=Value(r(bo.value.name), bo.value.type))
+                 for bo in bg.outputs)
+    return dataclasses.replace(bg, inputs=ins, outputs=outs)
+
+
+# -- searching the parts ----------------------------------------------------------
+
+@dataclass(frozen=True)
+class PartTask:
+    """Everything a worker needs to search one part (picklable)."""
+
+    plan: PartPlan
+    graph: Graph
+    options: Any            # driver.SearchOptions
+    budget: float | None    # seconds for this part's search (``--budget``)
+    use_cache: bool
+
+
+@dataclass(frozen=True)
+class LayerResult:
+    """The stitched µGraph (None when it did not verify), its verdict and the parts."""
+
+    graph: Graph | None
+    verdict: dict[str, Any]
+    parts: tuple[PartResult, ...]
+    complete: bool
+    seconds: float
+
+    def as_json(self) -> dict[str, Any]:
+        return {"verification": self.verdict, "complete": self.complete,
+                "parts": [part_json(r) for r in self.parts]}
+
+
+def part_json(r: PartResult) -> dict[str, Any]:
+    """A part as ``mirage explain`` reads it from the candidate's metadata."""
+    return {**r.plan.as_json(), "fused": r.fused, "kernels": len(r.graph.ops),
+            "operators": [op.outputs[0].name for op in r.graph.ops] if not r.fused else [],
+            "certified": r.verdict is not None, "seconds": round(r.seconds, 2),
+            "note": r.note}
+
+
+def search_part(task: PartTask, unit_map: Any = None) -> PartResult:
+    """One part: its best verified µGraph, or its own operators (unfused).
+    ``unit_map`` runs the search's units elsewhere (:mod:`.executor`)."""
+    import time
+
+    from mirage_cli.search.driver import cached_search
+
+    t0 = time.time()
+    if not task.plan.searched:
+        return PartResult(task.plan, task.graph, False, None, 0.0,
+                          "not searched: " + task.plan.why)
+    opts = dataclasses.replace(task.options, top=1)
+    out = cached_search(task.graph, opts, task.budget, 1, task.use_cache, None, unit_map)
+    secs = time.time() - t0
+    if not out.candidates:
+        from mirage_cli.search.driver import explain_none
+
+        why = explain_none(out.progress) if out.progress else "no candidate"
+        return PartResult(task.plan, task.graph, False, None, secs,
+                          f"unfused: no verified µGraph ({why})")
+    g, meta = out.candidates[0]
+    note = "cached" if out.cached else ("complete" if out.complete else "budget ran out")
+    return PartResult(task.plan, g, True, meta.get("verification"), secs,
+                      f"{len(g.ops)} kernel(s), verified ({note})")
+
+
+PartMapper = Callable[[Sequence[PartTask]], list[PartResult]]
+
+
+def local_mapper(jobs: int) -> PartMapper:
+    """Parts searched in ``jobs`` worker processes (one search each), results in part
+    order whatever order they finish in."""
+    def run(tasks: Sequence[PartTask]) -> list[PartResult]:
+        searched = [t for t in tasks if t.plan.searched]
+        if jobs <= 1 or len(searched) <= 1:
+            return [search_part(t) for t in tasks]
+        import multiprocessing as mp
+
+        ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() \
+            else mp.get_context()
+        with ctx.Pool(min(jobs, len(searched)), _init_part_worker) as pool:
+            # the longest parts first, so two workers finish close together
+            order = sorted(range(len(tasks)), key=lambda i: -_weight(tasks[i]))
+            done = dict(zip(order, pool.map(search_part, [tasks[i] for i in order],
+                                            chunksize=1)))
+        return [done[i] for i in range(len(tasks))]
+    return run
+
+
+def _init_part_worker() -> None:
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C
+
+
+def _weight(t: PartTask) -> int:
+    return (t.plan.stop - t.plan.start) if t.plan.searched else 0
+
+
+def optimise_layer(program: Graph, options: Any, part_budget: float | None,
+                   mapper: PartMapper, max_ops: int = DEFAULT_MAX_OPS,
+                   use_cache: bool = True) -> LayerResult:
+    """Plan the parts, search them (through ``mapper``; each part's search gets
+    ``part_budget`` seconds), stitch, verify the whole."""
+    import time
+
+    from mirage_cli.search.verify import verify_composed
+
+    t0 = time.time()
+    plans = plan_parts(program, max_ops)
+    tasks = [PartTask(p, part_program(program, p), options, part_budget, use_cache)
+             for p in plans]
+    results = mapper(tasks)
+    whole = stitch(program, results)
+    v = verify_composed(program, whole, [_certified(r.verdict) for r in results if r.fused],
+                        options.seed)
+    complete = all("budget ran out" not in r.note for r in results)
+    return LayerResult(whole if v.ok else None, v.as_json(), tuple(results), complete,
+                       time.time() - t0)
+
+
+def _certified(verdict: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A part's verdict in the form :func:`.verify.verify_composed` reads: a part
+    whose own search composed a mixed design carries its bound at the top level."""
+    if verdict is None or "certificate" in verdict or "bound" not in verdict:
+        return verdict
+    return {**verdict, "certificate": {"bound": verdict["bound"]}}
+
+
+def render_parts(doc: dict[str, Any]) -> list[str]:
+    """The parts of a layer (``LayerResult.as_json``, or a plan alone) as text lines."""
+    lines = []
+    for p in doc["parts"]:
+        ops_ = f"ops {p['start']}..{p['stop'] - 1}" if p["stop"] - p["start"] > 1 \
+            else f"op {p['start']}"
+        what = p.get("note", "searched" if p["searched"] else "not searched: " + p["why"])
+        lines.append(f"part {p['index']} ({ops_}): {what}")
+        lines.append(f"    ends here because: {p['why']}")
+    if "verification" in doc:
+        v = doc["verification"]
+        lines.append(f"whole layer: {'verified' if v.get('equivalent') else 'NOT verified'}"
+                     f" ({v.get('method')})")
+    return lines
