@@ -269,6 +269,8 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k1_mirage_llama3_8b_laye
   for (int it = 0; it < 64; ++it) {
     const int off_a = base_a + it * 64;
     const int off_b = base_b + it * 262144;
+    mg_cp_async_wait<2>();
+    __syncthreads();
     if (it + 3 < 64) {
       for (int c13 = threadIdx.x; c13 < 8; c13 += 128) {
         const int s14_1 = c13;
@@ -280,8 +282,6 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k1_mirage_llama3_8b_laye
       }
     }
     mg_cp_async_commit();
-    mg_cp_async_wait<3>();
-    __syncthreads();
     const auto* sm_a = (sm_a_0 + ((it) % 4) * 72);
     const auto* sm_b = (sm_b_0 + ((it) % 4) * 512);
     {
@@ -290,7 +290,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k1_mirage_llama3_8b_laye
       (void)mg_g; (void)mg_t;
       const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
       (void)mg_ks;
-    #pragma unroll 2
+    #pragma unroll
     for (int s = 0; s < 4; ++s) {
       const int kk = (mg_ks + s * 1) * 16;
       const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
@@ -314,8 +314,8 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k1_mirage_llama3_8b_laye
       }
     }
     }
-    __syncthreads();
   }
+  __syncthreads();
   {
     const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
     const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
@@ -393,6 +393,8 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k2_mirage_llama3_8b_laye
   for (int it = 0; it < 64; ++it) {
     const int off_a = base_a + it * 64;
     const int off_b = base_b + it * 65536;
+    mg_cp_async_wait<2>();
+    __syncthreads();
     if (it + 3 < 64) {
       for (int c13 = threadIdx.x; c13 < 8; c13 += 128) {
         const int s14_1 = c13;
@@ -404,8 +406,6 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k2_mirage_llama3_8b_laye
       }
     }
     mg_cp_async_commit();
-    mg_cp_async_wait<3>();
-    __syncthreads();
     const auto* sm_a = (sm_a_0 + ((it) % 4) * 72);
     const auto* sm_b = (sm_b_0 + ((it) % 4) * 512);
     {
@@ -414,7 +414,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k2_mirage_llama3_8b_laye
       (void)mg_g; (void)mg_t;
       const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
       (void)mg_ks;
-    #pragma unroll 2
+    #pragma unroll
     for (int s = 0; s < 4; ++s) {
       const int kk = (mg_ks + s * 1) * 16;
       const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
@@ -438,8 +438,8 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k2_mirage_llama3_8b_laye
       }
     }
     }
-    __syncthreads();
   }
+  __syncthreads();
   {
     const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
     const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
@@ -517,6 +517,8 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k3_mirage_llama3_8b_laye
   for (int it = 0; it < 64; ++it) {
     const int off_a = base_a + it * 64;
     const int off_b = base_b + it * 65536;
+    mg_cp_async_wait<2>();
+    __syncthreads();
     if (it + 3 < 64) {
       for (int c13 = threadIdx.x; c13 < 8; c13 += 128) {
         const int s14_1 = c13;
@@ -528,8 +530,6 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k3_mirage_llama3_8b_laye
       }
     }
     mg_cp_async_commit();
-    mg_cp_async_wait<3>();
-    __syncthreads();
     const auto* sm_a = (sm_a_0 + ((it) % 4) * 72);
     const auto* sm_b = (sm_b_0 + ((it) % 4) * 512);
     {
@@ -538,7 +538,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k3_mirage_llama3_8b_laye
       (void)mg_g; (void)mg_t;
       const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
       (void)mg_ks;
-    #pragma unroll 2
+    #pragma unroll
     for (int s = 0; s < 4; ++s) {
       const int kk = (mg_ks + s * 1) * 16;
       const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
@@ -562,8 +562,8 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k3_mirage_llama3_8b_laye
       }
     }
     }
-    __syncthreads();
   }
+  __syncthreads();
   {
     const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
     const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
@@ -994,6 +994,8 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k23_mirage_llama3_8b_lay
   for (int it = 0; it < 64; ++it) {
     const int off_a = base_a + it * 64;
     const int off_b = base_b + it * 262144;
+    mg_cp_async_wait<2>();
+    __syncthreads();
     if (it + 3 < 64) {
       for (int c13 = threadIdx.x; c13 < 8; c13 += 128) {
         const int s14_1 = c13;
@@ -1005,8 +1007,6 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k23_mirage_llama3_8b_lay
       }
     }
     mg_cp_async_commit();
-    mg_cp_async_wait<3>();
-    __syncthreads();
     const auto* sm_a = (sm_a_0 + ((it) % 4) * 72);
     const auto* sm_b = (sm_b_0 + ((it) % 4) * 512);
     {
@@ -1015,7 +1015,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k23_mirage_llama3_8b_lay
       (void)mg_g; (void)mg_t;
       const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
       (void)mg_ks;
-    #pragma unroll 2
+    #pragma unroll
     for (int s = 0; s < 4; ++s) {
       const int kk = (mg_ks + s * 1) * 16;
       const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
@@ -1039,8 +1039,8 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k23_mirage_llama3_8b_lay
       }
     }
     }
-    __syncthreads();
   }
+  __syncthreads();
   {
     const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
     const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
@@ -1150,6 +1150,8 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k26_mirage_llama3_8b_lay
   for (int it = 0; it < 64; ++it) {
     const int off_a = base_a + it * 64;
     const int off_b = base_b + it * 917504;
+    mg_cp_async_wait<2>();
+    __syncthreads();
     if (it + 3 < 64) {
       for (int c9 = threadIdx.x; c9 < 8; c9 += 128) {
         const int s10_1 = c9;
@@ -1159,8 +1161,6 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k26_mirage_llama3_8b_lay
       for (int i = 0; i < 2; ++i) mg_cp_async16((sm_b_0 + (((it + 3)) % 4) * 2560) + mg_do_b[i], p1 + ((off_b + 2752512)) + mg_so_b[i]);
     }
     mg_cp_async_commit();
-    mg_cp_async_wait<3>();
-    __syncthreads();
     const auto* sm_a = (sm_a_0 + ((it) % 4) * 72);
     const auto* sm_b = (sm_b_0 + ((it) % 4) * 2560);
     {
@@ -1169,7 +1169,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k26_mirage_llama3_8b_lay
       (void)mg_g; (void)mg_t;
       const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
       (void)mg_ks;
-    #pragma unroll 2
+    #pragma unroll
     for (int s = 0; s < 4; ++s) {
       const int kk = (mg_ks + s * 1) * 16;
       const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
@@ -1193,8 +1193,8 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k26_mirage_llama3_8b_lay
       }
     }
     }
-    __syncthreads();
   }
+  __syncthreads();
   {
     const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
     const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
@@ -1276,6 +1276,8 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k27_mirage_llama3_8b_lay
   for (int it = 0; it < 64; ++it) {
     const int off_a = base_a + it * 64;
     const int off_b = base_b + it * 917504;
+    mg_cp_async_wait<2>();
+    __syncthreads();
     if (it + 3 < 64) {
       for (int c9 = threadIdx.x; c9 < 8; c9 += 128) {
         const int s10_1 = c9;
@@ -1285,8 +1287,6 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k27_mirage_llama3_8b_lay
       for (int i = 0; i < 2; ++i) mg_cp_async16((sm_b_0 + (((it + 3)) % 4) * 2560) + mg_do_b[i], p1 + ((off_b + 2752512)) + mg_so_b[i]);
     }
     mg_cp_async_commit();
-    mg_cp_async_wait<3>();
-    __syncthreads();
     const auto* sm_a = (sm_a_0 + ((it) % 4) * 72);
     const auto* sm_b = (sm_b_0 + ((it) % 4) * 2560);
     {
@@ -1295,7 +1295,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k27_mirage_llama3_8b_lay
       (void)mg_g; (void)mg_t;
       const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
       (void)mg_ks;
-    #pragma unroll 2
+    #pragma unroll
     for (int s = 0; s < 4; ++s) {
       const int kk = (mg_ks + s * 1) * 16;
       const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
@@ -1319,8 +1319,8 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k27_mirage_llama3_8b_lay
       }
     }
     }
-    __syncthreads();
   }
+  __syncthreads();
   {
     const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
     const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
@@ -1425,6 +1425,8 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k30_mirage_llama3_8b_lay
   for (int it = 0; it < 224; ++it) {
     const int off_a = base_a + it * 64;
     const int off_b = base_b + it * 262144;
+    mg_cp_async_wait<2>();
+    __syncthreads();
     if (it + 3 < 224) {
       for (int c13 = threadIdx.x; c13 < 8; c13 += 128) {
         const int s14_1 = c13;
@@ -1436,8 +1438,6 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k30_mirage_llama3_8b_lay
       }
     }
     mg_cp_async_commit();
-    mg_cp_async_wait<3>();
-    __syncthreads();
     const auto* sm_a = (sm_a_0 + ((it) % 4) * 72);
     const auto* sm_b = (sm_b_0 + ((it) % 4) * 512);
     {
@@ -1446,7 +1446,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k30_mirage_llama3_8b_lay
       (void)mg_g; (void)mg_t;
       const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
       (void)mg_ks;
-    #pragma unroll 2
+    #pragma unroll
     for (int s = 0; s < 4; ++s) {
       const int kk = (mg_ks + s * 1) * 16;
       const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
@@ -1470,8 +1470,8 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k30_mirage_llama3_8b_lay
       }
     }
     }
-    __syncthreads();
   }
+  __syncthreads();
   {
     const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
     const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;

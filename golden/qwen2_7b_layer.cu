@@ -275,6 +275,8 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k1_mirage_qwen2_7b_layer
   for (int it = 0; it < 56; ++it) {
     const int off_a = base_a + it * 64;
     const int off_b = base_b + it * 229376;
+    mg_cp_async_wait<2>();
+    __syncthreads();
     if (it + 3 < 56) {
       for (int c13 = threadIdx.x; c13 < 8; c13 += 128) {
         const int s14_1 = c13;
@@ -286,8 +288,6 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k1_mirage_qwen2_7b_layer
       }
     }
     mg_cp_async_commit();
-    mg_cp_async_wait<3>();
-    __syncthreads();
     const auto* sm_a = (sm_a_0 + ((it) % 4) * 72);
     const auto* sm_b = (sm_b_0 + ((it) % 4) * 512);
     {
@@ -296,7 +296,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k1_mirage_qwen2_7b_layer
       (void)mg_g; (void)mg_t;
       const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
       (void)mg_ks;
-    #pragma unroll 2
+    #pragma unroll
     for (int s = 0; s < 4; ++s) {
       const int kk = (mg_ks + s * 1) * 16;
       const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
@@ -320,8 +320,8 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k1_mirage_qwen2_7b_layer
       }
     }
     }
-    __syncthreads();
   }
+  __syncthreads();
   {
     const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
     const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
@@ -399,6 +399,8 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k2_mirage_qwen2_7b_layer
   for (int it = 0; it < 56; ++it) {
     const int off_a = base_a + it * 64;
     const int off_b = base_b + it * 32768;
+    mg_cp_async_wait<2>();
+    __syncthreads();
     if (it + 3 < 56) {
       for (int c13 = threadIdx.x; c13 < 8; c13 += 128) {
         const int s14_1 = c13;
@@ -410,8 +412,6 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k2_mirage_qwen2_7b_layer
       }
     }
     mg_cp_async_commit();
-    mg_cp_async_wait<3>();
-    __syncthreads();
     const auto* sm_a = (sm_a_0 + ((it) % 4) * 72);
     const auto* sm_b = (sm_b_0 + ((it) % 4) * 512);
     {
@@ -420,7 +420,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k2_mirage_qwen2_7b_layer
       (void)mg_g; (void)mg_t;
       const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
       (void)mg_ks;
-    #pragma unroll 2
+    #pragma unroll
     for (int s = 0; s < 4; ++s) {
       const int kk = (mg_ks + s * 1) * 16;
       const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
@@ -444,8 +444,8 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k2_mirage_qwen2_7b_layer
       }
     }
     }
-    __syncthreads();
   }
+  __syncthreads();
   {
     const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
     const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
@@ -523,6 +523,8 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k3_mirage_qwen2_7b_layer
   for (int it = 0; it < 56; ++it) {
     const int off_a = base_a + it * 64;
     const int off_b = base_b + it * 32768;
+    mg_cp_async_wait<2>();
+    __syncthreads();
     if (it + 3 < 56) {
       for (int c13 = threadIdx.x; c13 < 8; c13 += 128) {
         const int s14_1 = c13;
@@ -534,8 +536,6 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k3_mirage_qwen2_7b_layer
       }
     }
     mg_cp_async_commit();
-    mg_cp_async_wait<3>();
-    __syncthreads();
     const auto* sm_a = (sm_a_0 + ((it) % 4) * 72);
     const auto* sm_b = (sm_b_0 + ((it) % 4) * 512);
     {
@@ -544,7 +544,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k3_mirage_qwen2_7b_layer
       (void)mg_g; (void)mg_t;
       const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
       (void)mg_ks;
-    #pragma unroll 2
+    #pragma unroll
     for (int s = 0; s < 4; ++s) {
       const int kk = (mg_ks + s * 1) * 16;
       const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
@@ -568,8 +568,8 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k3_mirage_qwen2_7b_layer
       }
     }
     }
-    __syncthreads();
   }
+  __syncthreads();
   {
     const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
     const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
@@ -1042,6 +1042,8 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k26_mirage_qwen2_7b_laye
   for (int it = 0; it < 56; ++it) {
     const int off_a = base_a + it * 64;
     const int off_b = base_b + it * 229376;
+    mg_cp_async_wait<2>();
+    __syncthreads();
     if (it + 3 < 56) {
       for (int c13 = threadIdx.x; c13 < 8; c13 += 128) {
         const int s14_1 = c13;
@@ -1053,8 +1055,6 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k26_mirage_qwen2_7b_laye
       }
     }
     mg_cp_async_commit();
-    mg_cp_async_wait<3>();
-    __syncthreads();
     const auto* sm_a = (sm_a_0 + ((it) % 4) * 72);
     const auto* sm_b = (sm_b_0 + ((it) % 4) * 512);
     {
@@ -1063,7 +1063,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k26_mirage_qwen2_7b_laye
       (void)mg_g; (void)mg_t;
       const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
       (void)mg_ks;
-    #pragma unroll 2
+    #pragma unroll
     for (int s = 0; s < 4; ++s) {
       const int kk = (mg_ks + s * 1) * 16;
       const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
@@ -1087,8 +1087,8 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k26_mirage_qwen2_7b_laye
       }
     }
     }
-    __syncthreads();
   }
+  __syncthreads();
   {
     const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
     const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
@@ -1198,6 +1198,8 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k29_mirage_qwen2_7b_laye
   for (int it = 0; it < 56; ++it) {
     const int off_a = base_a + it * 64;
     const int off_b = base_b + it * 1212416;
+    mg_cp_async_wait<2>();
+    __syncthreads();
     if (it + 3 < 56) {
       for (int c9 = threadIdx.x; c9 < 8; c9 += 128) {
         const int s10_1 = c9;
@@ -1207,8 +1209,6 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k29_mirage_qwen2_7b_laye
       for (int i = 0; i < 4; ++i) mg_cp_async16((sm_b_0 + (((it + 3)) % 4) * 4608) + mg_do_b[i], p1 + ((off_b + 3637248)) + mg_so_b[i]);
     }
     mg_cp_async_commit();
-    mg_cp_async_wait<3>();
-    __syncthreads();
     const auto* sm_a = (sm_a_0 + ((it) % 4) * 72);
     const auto* sm_b = (sm_b_0 + ((it) % 4) * 4608);
     {
@@ -1217,7 +1217,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k29_mirage_qwen2_7b_laye
       (void)mg_g; (void)mg_t;
       const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
       (void)mg_ks;
-    #pragma unroll 2
+    #pragma unroll
     for (int s = 0; s < 4; ++s) {
       const int kk = (mg_ks + s * 1) * 16;
       const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
@@ -1241,8 +1241,8 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k29_mirage_qwen2_7b_laye
       }
     }
     }
-    __syncthreads();
   }
+  __syncthreads();
   {
     const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
     const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
@@ -1324,6 +1324,8 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k30_mirage_qwen2_7b_laye
   for (int it = 0; it < 56; ++it) {
     const int off_a = base_a + it * 64;
     const int off_b = base_b + it * 1212416;
+    mg_cp_async_wait<2>();
+    __syncthreads();
     if (it + 3 < 56) {
       for (int c9 = threadIdx.x; c9 < 8; c9 += 128) {
         const int s10_1 = c9;
@@ -1333,8 +1335,6 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k30_mirage_qwen2_7b_laye
       for (int i = 0; i < 4; ++i) mg_cp_async16((sm_b_0 + (((it + 3)) % 4) * 4608) + mg_do_b[i], p1 + ((off_b + 3637248)) + mg_so_b[i]);
     }
     mg_cp_async_commit();
-    mg_cp_async_wait<3>();
-    __syncthreads();
     const auto* sm_a = (sm_a_0 + ((it) % 4) * 72);
     const auto* sm_b = (sm_b_0 + ((it) % 4) * 4608);
     {
@@ -1343,7 +1343,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k30_mirage_qwen2_7b_laye
       (void)mg_g; (void)mg_t;
       const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
       (void)mg_ks;
-    #pragma unroll 2
+    #pragma unroll
     for (int s = 0; s < 4; ++s) {
       const int kk = (mg_ks + s * 1) * 16;
       const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
@@ -1367,8 +1367,8 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k30_mirage_qwen2_7b_laye
       }
     }
     }
-    __syncthreads();
   }
+  __syncthreads();
   {
     const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
     const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
@@ -1473,6 +1473,8 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k33_mirage_qwen2_7b_laye
   for (int it = 0; it < 296; ++it) {
     const int off_a = base_a + it * 64;
     const int off_b = base_b + it * 229376;
+    mg_cp_async_wait<2>();
+    __syncthreads();
     if (it + 3 < 296) {
       for (int c13 = threadIdx.x; c13 < 8; c13 += 128) {
         const int s14_1 = c13;
@@ -1484,8 +1486,6 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k33_mirage_qwen2_7b_laye
       }
     }
     mg_cp_async_commit();
-    mg_cp_async_wait<3>();
-    __syncthreads();
     const auto* sm_a = (sm_a_0 + ((it) % 4) * 72);
     const auto* sm_b = (sm_b_0 + ((it) % 4) * 512);
     {
@@ -1494,7 +1494,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k33_mirage_qwen2_7b_laye
       (void)mg_g; (void)mg_t;
       const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
       (void)mg_ks;
-    #pragma unroll 2
+    #pragma unroll
     for (int s = 0; s < 4; ++s) {
       const int kk = (mg_ks + s * 1) * 16;
       const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
@@ -1518,8 +1518,8 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k33_mirage_qwen2_7b_laye
       }
     }
     }
-    __syncthreads();
   }
+  __syncthreads();
   {
     const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
     const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
