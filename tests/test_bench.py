@@ -390,3 +390,19 @@ def test_opt_settings_are_opts_own_defaults():
 
     kw = opt_settings(jobs=1)
     assert kw["no_prune"] is False and kw["no_cache"] is False and kw["jobs"] == 1
+
+
+def test_inputs_are_drawn_once_per_program_and_read_only():
+    """Every variant of a program times over the same input copies: drawn once, shared
+    read-only, and dropped when another program's inputs are drawn."""
+    from mirage_cli.codegen import bench
+
+    a = parse_text("program a() {\n  input X: f16[4, 8];\n  Y = exp(X);\n  output Y;\n}\n")
+    b = parse_text("program b() {\n  input Z: f32[2, 8];\n  Y = exp(Z);\n  output Y;\n}\n")
+    first = bench.scaled_inputs(a, 3, 0.5)
+    assert bench.scaled_inputs(a, 3, 0.5) is first
+    assert not first["X"].flags.writeable
+    assert bench.scaled_inputs(a, 4, 0.5)["X"].tolist() != first["X"].tolist()
+    bench.scaled_inputs(b, 3, 0.5)
+    again = bench.scaled_inputs(a, 3, 0.5)
+    assert again is not first and again["X"].tolist() == first["X"].tolist()

@@ -74,12 +74,31 @@ def build(dev: Device, g: Graph) -> Loaded:
 
 
 def scaled_inputs(g: Graph, seed: int, scale: float) -> dict[str, np.ndarray]:
-    """Random normal inputs times ``scale`` (a power of two), rounded to each dtype."""
-    from mirage_cli.dtypes import round_to
+    """Random normal inputs times ``scale`` (a power of two), rounded to each dtype.
 
-    ins = interp.random_inputs(g, seed)
-    return {i.value.name: round_to(i.value.type.dtype, ins[i.value.name] * scale)
-            for i in g.inputs}
+    Read-only arrays, kept for the inputs of one program at a time: timing rotates over
+    input copies totalling twice the L2 (about 50 copies of a small program's inputs),
+    and every variant of a program (the bench's rows, measured selection's dozens of
+    tunings) draws the same ones, so drawing them once per program saves seconds per
+    variant; holding one program's copies keeps the memory bounded."""
+    sig = tuple((i.value.name, i.value.type) for i in g.inputs)
+    key = (sig, seed, scale)
+    hit = _INPUTS.get(key)
+    if hit is None:
+        from mirage_cli.dtypes import round_to
+
+        if any(k[0] != sig for k in _INPUTS):
+            _INPUTS.clear()
+        ins = interp.random_inputs(g, seed)
+        hit = {i.value.name: round_to(i.value.type.dtype, ins[i.value.name] * scale)
+               for i in g.inputs}
+        for a in hit.values():
+            a.flags.writeable = False  # shared between callers: nobody may write
+        _INPUTS[key] = hit
+    return hit
+
+
+_INPUTS: dict[tuple[Any, int, float], dict[str, np.ndarray]] = {}
 
 
 @functools.lru_cache(maxsize=8)
@@ -182,12 +201,12 @@ def time_torch(dev: Device, g: Graph, fn: Callable[..., Any], replays: int, scal
     sets = []
     for k in range(n):
         ins = scaled_inputs(g, 1000 + k, scale)
-        sets.append([torch.from_numpy(ins[i.value.name]).to("cuda", dt[i.value.type.dtype.value])
+        sets.append([torch.from_numpy(ins[i.value.name].copy()).to("cuda", dt[i.value.type.dtype.value])
                      for i in g.inputs])
     ref = reference_outputs(g, 0, scale)
     with torch.no_grad():
         ins0 = scaled_inputs(g, 0, scale)
-        outs = fn(*[torch.from_numpy(ins0[i.value.name]).to("cuda", dt[i.value.type.dtype.value])
+        outs = fn(*[torch.from_numpy(ins0[i.value.name].copy()).to("cuda", dt[i.value.type.dtype.value])
                     for i in g.inputs])
         torch.cuda.synchronize()
         got = {name: o.float().cpu().numpy() for name, o in zip(g.outputs, outs)}
