@@ -19,7 +19,8 @@ from collections.abc import Callable
 
 from mirage_cli import ops
 from mirage_cli.arch import DEFAULT_ARCH
-from mirage_cli.codegen import mma, reduce
+from mirage_cli.codegen import mma, reduce, stores
+from mirage_cli.codegen.blockfacts import Analysis, analyse, decompose
 from mirage_cli.codegen.expr import (
     CTYPE,
     Emitter,
@@ -35,7 +36,7 @@ from mirage_cli.codegen.expr import (
 )
 from mirage_cli.codegen.indexing import check_index_range
 from mirage_cli.codegen.plan import Kernel, Param
-from mirage_cli.codegen.planner import RED, ZERO, Analysis, analyse, decompose, plan_kernel
+from mirage_cli.codegen.planner import RED, ZERO, plan_kernel
 from mirage_cli.ir import BlockGraph, BlockInput, BlockOp, KernelOp, TensorType
 from mirage_cli.kplan import KernelPlan, Knobs, TilePlan
 from mirage_cli.semantics.cuda import c_update
@@ -107,7 +108,7 @@ class FusedKernel:
             body += self._cluster_combine(accs)
         body += self._materialize_phase("epilogue")
         for bo in self.bg.outputs:
-            body += self._store(bo.source, bo.value.name, bo.omap)
+            body += stores.store(self, bo.source, bo.value.name, bo.omap)
         k = self.plan.knobs
         comment = (f"fused kernel: grid {list(self.bg.grid)}, {self.T} threads, forloop "
                    f"{self.F}; plan: {k.stages} stage(s), kwarps {k.kwarps}, "
@@ -382,44 +383,6 @@ class FusedKernel:
             # The next iteration writes shared memory before any barrier of its own.
             lines.append("__syncthreads();")
         return lines
-
-    # -- stores ---------------------------------------------------------------------------
-
-    def _store(self, source: str, dev: str, omap: tuple[int | None, int | None, int | None]
-               ) -> Lines:
-        shape = self.em.nodes[source].shape
-        out = self.dev[dev]
-        strides = row_major(out.shape)
-        terms = [f"{ax} * {shape[d] * strides[d]}"
-                 for ax, d, g in zip(("bx", "by", "bz"), omap, self.bg.grid)
-                 if d is not None and g > 1]
-        base = " + ".join(terms) if terms else "0"
-        p = self.pname[dev]
-        vec = self.plan.knobs.vec or 1
-        if vec > 1:
-            return self._store_vec(source, p, base, strides, shape, vec)
-
-        def body(idx: list[str]) -> Lines:
-            st, v = self.em.value(source, idx)
-            return st + [f"mg_st({p} + ({offset_expr(base, idx, strides)}), {v});"]
-        return self.elem_loop(shape, body)
-
-    def _store_vec(self, source: str, p: str, base: str, strides: tuple[int, ...],
-                   shape: tuple[int, ...], vec: int) -> Lines:
-        """Each thread computes ``vec`` consecutive elements and stores them at once."""
-        chunks = shape[:-1] + (shape[-1] // vec,)
-
-        def body(idx: list[str]) -> Lines:
-            first = f"({idx[-1]} * {vec})" if idx[-1] != "0" else "0"
-            lines: Lines = []
-            vals = []
-            for j in range(vec):
-                st, v = self.em.value(source, idx[:-1] + [f"({first} + {j})"])
-                lines += st
-                vals.append(v)
-            off = offset_expr(base, idx[:-1] + [first], strides)
-            return lines + [f"mg_st8({p} + ({off}), {', '.join(vals)});"]
-        return self.elem_loop(chunks, body)
 
 
 def lower_custom(kop: KernelOp, name: str, dev_types: dict[str, TensorType],

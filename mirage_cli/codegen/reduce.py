@@ -123,7 +123,7 @@ def _lane_terms_vec(k: FusedKernel, x: str, idx: list[str], kv: str, length: int
 
 def materialize(k: FusedKernel, op: BlockOp, rp: ReducePlan) -> Lines:
     """A row-reduction operator into its f32 tile."""
-    from mirage_cli.codegen.planner import reduced_dim
+    from mirage_cli.codegen.blockfacts import reduced_dim
 
     red = reduced_dim(op, k.a.types)
     assert red is not None

@@ -1,0 +1,124 @@
+"""What a block graph says, before any plan: the facts planning and emission share.
+
+``decompose`` rewrites operators that would read an element twice into ones that read
+it once; :class:`Analysis` records each tensor's type, phase (invariant, loop,
+epilogue), consumers and producer; the predicates say which matmuls run on tensor
+cores and which reductions are spread over the lanes of warps. Nothing here depends
+on the knobs or the target.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from mirage_cli import ops
+from mirage_cli.check import block_phases
+from mirage_cli.ir import BlockGraph, BlockOp, DType, TensorType, Value, make_attrs
+
+
+def decompose(bg: BlockGraph) -> BlockGraph:
+    """Rewrite operators that read their input twice per element (``rms_norm``) into
+    ones that read it once (``rms`` then ``div`` [then ``mul``]), so no element is
+    recomputed per output."""
+    new_ops: list[BlockOp] = []
+    for op in bg.ops:
+        if ops.get(op.op).cuda.kind != "rms_norm":
+            new_ops.append(op)
+            continue
+        out, x, t = op.outputs[0], op.inputs[0], op.outputs[0].type
+        r = Value(f"{out.name}__rms", TensorType(t.shape[:-1] + (1,), t.dtype))
+        new_ops.append(BlockOp("rms", (x,), (r,), make_attrs(eps=dict(op.attrs).get("eps"))))
+        if len(op.inputs) == 2:
+            y = Value(f"{out.name}__n", t)
+            new_ops.append(BlockOp("div", (x, r.name), (y,)))
+            new_ops.append(BlockOp("mul", (y.name, op.inputs[1]), (out,)))
+        else:
+            new_ops.append(BlockOp("div", (x, r.name), (out,)))
+    return dataclasses.replace(bg, ops=tuple(new_ops))
+
+
+@dataclass
+class Analysis:
+    """Facts about a (decomposed) block graph that planning and emission share."""
+
+    bg: BlockGraph
+    types: dict[str, TensorType]
+    phases: dict[str, str]
+    uses: dict[str, list[BlockOp | None]]   # None: a store
+    producer: dict[str, BlockOp] = field(default_factory=dict)
+
+
+def analyse(bg: BlockGraph) -> Analysis:
+    types = {bi.value.name: bi.value.type for bi in bg.inputs}
+    types.update({op.outputs[0].name: op.outputs[0].type for op in bg.ops})
+    uses: dict[str, list[BlockOp | None]] = {n: [] for n in types}
+    for op in bg.ops:
+        for i in op.inputs:
+            uses[i].append(op)
+    for bo in bg.outputs:
+        uses[bo.source].append(None)
+    producer = {op.outputs[0].name: op for op in bg.ops}
+    return Analysis(bg, types, dict(block_phases(bg)), uses, producer)
+
+
+def reads_once(consumer: BlockOp, operand: TensorType, types: Mapping[str, TensorType]) -> bool:
+    """Whether ``consumer`` reads each element of this operand exactly once."""
+    match ops.get(consumer.op).cuda.kind:
+        case "elementwise":
+            return types[consumer.outputs[0].name].shape == operand.shape
+        case "reduce" | "rms" | "sum_to" | "concat" | "accum":
+            return True
+        case "matmul" | "rms_norm" | "softmax" | "custom":
+            return False
+    raise AssertionError(consumer.op)
+
+
+def is_mma(op: BlockOp, threads: int) -> bool:
+    """f16/bf16 block matmuls run on tensor cores; f32 ones keep f32 FMAs."""
+    return (ops.get(op.op).cuda.kind == "matmul" and threads % 32 == 0
+            and op.outputs[0].type.dtype in (DType.F16, DType.BF16))
+
+
+def mma_tiles(t: TensorType) -> int:
+    """m16n8 tiles covering an output tile (batch dims included)."""
+    n = 1
+    for d in t.shape[:-2]:
+        n *= d
+    return n * -(-t.shape[-2] // 16) * -(-t.shape[-1] // 8)
+
+
+def reduced_dim(op: BlockOp, types: Mapping[str, TensorType]) -> tuple[int, int] | None:
+    """(reduced dimension, its length) of a row reduction operator, else None."""
+    spec = ops.get(op.op).cuda
+    xs = types[op.inputs[0]].shape
+    if spec.kind == "rms":
+        return len(xs) - 1, xs[-1]
+    if spec.kind == "reduce":
+        d = int(dict(op.attrs)["dim"])
+        return d, xs[d]
+    return None
+
+
+def row_reduction(op: BlockOp, a: Analysis, threads: int) -> bool:
+    """Reductions along the contiguous last dimension, or with fewer results than
+    threads, are spread over the lanes of one or more warps per result."""
+    red = reduced_dim(op, a.types)
+    if red is None or red[1] < 32:
+        return False
+    return red[0] == len(a.types[op.inputs[0]].shape) - 1 or op.outputs[0].type.numel < threads
+
+
+def acc_row_reduction(op: BlockOp, a: Analysis) -> bool:
+    """Accumulators that reduce the tile's last dimension (of 32 or more) over lanes."""
+    spec = ops.get(op.op).accum
+    assert spec is not None
+    return spec.reduce is ops.Reduce.LAST and a.types[op.inputs[0]].shape[-1] >= 32
+
+
+def threads_per_row(rows: int, threads: int) -> int:
+    """Whole warps per row: every warp works even when there are fewer rows than warps."""
+    warps = threads // 32
+    per = warps // rows if 0 < rows < warps and warps % rows == 0 else 1
+    return 32 * per
