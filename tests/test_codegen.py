@@ -40,6 +40,8 @@ def test_every_operator_has_a_cuda_entry() -> None:
         assert opdef.cuda is not None, name
         if opdef.cuda.kind == "elementwise":
             assert opdef.cuda.expr and opdef.cuda.torch is not None, name
+        if opdef.cuda.kind == "gather":
+            assert opdef.cuda.gather is not None and opdef.cuda.torch is not None, name
 
 
 def _sources(g):  # type: ignore[no-untyped-def]

@@ -68,7 +68,7 @@ def reads_once(consumer: BlockOp, operand: TensorType, types: Mapping[str, Tenso
     match ops.get(consumer.op).cuda.kind:
         case "elementwise":
             return types[consumer.outputs[0].name].shape == operand.shape
-        case "reduce" | "rms" | "sum_to" | "concat" | "accum":
+        case "gather" | "reduce" | "rms" | "sum_to" | "concat" | "accum":
             return True
         case "matmul" | "rms_norm" | "softmax" | "custom":
             return False

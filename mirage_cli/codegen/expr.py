@@ -136,8 +136,9 @@ class Emitter:
         lines: Lines = []
         shapes = [self.nodes[i].shape for i in inputs]
         match spec.kind:
-            case "elementwise" if spec.gather is not None:
+            case "gather":
                 # Data movement (reshape, rotate_half): one operand, read elsewhere.
+                assert spec.gather is not None
                 at, wrap = spec.gather(idx, shapes[0], shape, attrs)
                 e = self._operand(inputs[0], at, lines)
                 return lines, wrap.format(e)

@@ -81,7 +81,7 @@ def lower_kernel_op(kop: KernelOp, name: str, types: dict[str, TensorType]) -> K
             return _rows(kop, name, types)
         case "reduce" | "rms" if _warp_reduce_fits(kop, types):
             return _warp_reduce(kop, name, types)
-        case "elementwise" | "reduce" | "rms" | "concat" | "sum_to":
+        case "elementwise" | "gather" | "reduce" | "rms" | "concat" | "sum_to":
             return _per_element(kop, name, types)
         case "accum" | "custom":
             raise AssertionError(f"{kop.op} is not a standalone kernel")

@@ -4,10 +4,10 @@ Each operator's row in :mod:`mirage_cli.ops` holds a :class:`CudaSpec`; the lowe
 dispatches on :attr:`CudaSpec.kind` (a closed set) and never on operator names.
 
 - ``elementwise``: ``expr`` is a C expression over ``{0}``, ``{1}`` (f32 operands,
-  already bound to locals) and attribute placeholders such as ``{scalar}``; with a
-  ``gather`` (kernel-only data movement: ``reshape``, ``rotate_half``) the one operand
-  is read at the index the gather computes from the output index, and the gather's
-  template wraps the value (a sign, for ``rotate_half``);
+  already bound to locals) and attribute placeholders such as ``{scalar}``;
+- ``gather``: data movement (kernel-only ``reshape``, ``rotate_half``): the one operand
+  is read at the index the ``gather`` function computes from the output index, and the
+  template it returns wraps the value (a sign, for ``rotate_half``);
 - ``reduce``: ``combine`` (a :class:`Combine`) over one dimension, ``finish`` ``mean``
   divides by the reduced size;
 - ``matmul``, ``rms``, ``rms_norm``, ``softmax``, ``concat``, ``sum_to``: structural
@@ -30,8 +30,8 @@ from typing import Any, Literal, assert_never
 
 from mirage_cli.semantics.accum import Combine, Finish
 
-CudaKind = Literal["elementwise", "reduce", "matmul", "rms", "rms_norm", "softmax",
-                   "concat", "sum_to", "accum", "custom"]
+CudaKind = Literal["elementwise", "gather", "reduce", "matmul", "rms", "rms_norm",
+                   "softmax", "concat", "sum_to", "accum", "custom"]
 
 # f32 helper functions every generated file defines (see templates/prelude.cu.j2).
 TorchFn = Callable[[Any, list[Any], dict[str, Any]], Any]
