@@ -99,11 +99,7 @@ def plan_kernel(bg: BlockGraph, dev_types: Mapping[str, TensorType], target: str
     check_pins(bg, dev_types, target, pins)
     bg = dataclasses.replace(bg, threads=pins.threads or default_threads(bg))
     a = analyse(decompose(bg))
-    k = _resolve(a, dev_types, pins)
-    tiles = _homes(a, dev_types, k)
-    mmas = _mmas(a, tiles, k)
-    reds = _reductions(a, tiles)
-    smem, scratch = _allocate(a, tiles, bool(mmas), reds, k, pins, arch)
+    k, tiles, mmas, reds, smem, scratch = _lay_out(a, dev_types, pins, arch)
     k = dataclasses.replace(k, stages=max([t.stages for t in tiles.values()] + [1]))
     mmas = _mmas(a, tiles, k)  # operand paths again: a tile may have left shared memory
     T = bg.threads
@@ -114,6 +110,18 @@ def plan_kernel(bg: BlockGraph, dev_types: Mapping[str, TensorType], target: str
         out.append(TilePlan(t.name, t.home, t.owner, t.vec, t.stages, t.smem_offset, t.pitch,
                             t.scratch_offset))
     return KernelPlan(target, T, k, smem, scratch, tuple(out), tuple(mmas), tuple(reds))
+
+
+def _lay_out(a: Analysis, dev_types: Mapping[str, TensorType], pins: Knobs, arch: archs.Arch
+             ) -> tuple[Knobs, dict[str, _Tile], list[MmaPlan], list[ReducePlan], int, int]:
+    """Knobs resolved, tile homes, mma and reduction mappings, and the shared-memory
+    allocation: (knobs, tiles, mmas, reductions, shared memory bytes, scratch floats)."""
+    k = _resolve(a, dev_types, pins)
+    tiles = _homes(a, dev_types, k)
+    mmas = _mmas(a, tiles, k)
+    reds = _reductions(a, tiles)
+    smem, scratch = _allocate(a, tiles, bool(mmas), reds, k, pins, arch)
+    return k, tiles, mmas, reds, smem, scratch
 
 
 def _owner(t: _Tile, threads: int) -> str:
@@ -379,11 +387,7 @@ def knob_space(bg: BlockGraph, dev_types: Mapping[str, TensorType], target: str
 def _no_scratch(a: Analysis, dev_types: Mapping[str, TensorType], target: str) -> bool:
     """Whether the default plan keeps every tile out of the workspace scratch area (a
     cluster's blocks cannot split the forloop otherwise)."""
-    k = _resolve(a, dev_types, Knobs())
-    tiles = _homes(a, dev_types, k)
-    _, scratch = _allocate(a, tiles, bool(_mmas(a, tiles, k)), _reductions(a, tiles), k,
-                           Knobs(), archs.get(target))
-    return scratch == 0
+    return _lay_out(a, dev_types, Knobs(), archs.get(target))[5] == 0
 
 
 def _stagger_range(a: Analysis) -> list[int]:
