@@ -52,6 +52,18 @@ def test_pinned_knobs_reach_the_code() -> None:
         assert f"mg_cp_async_wait<{stages - 2}>();" in cu
 
 
+def test_k_split_warps_combine_in_order_without_atomics() -> None:
+    # Each level of K-split warps writes (level 0) or adds (later levels) its own
+    # fragments after a barrier: one writer per element and level, a fixed order.
+    g = load_graph(str(ROOT / "examples/mugraphs/rmsnorm_linear_fused.mir"))
+    for kwarps in (2, 4):
+        cu, _ = emit(lower(planned(g, "sm_90", [Knobs(kwarps=kwarps, threads=256)])))
+        assert "atomicAdd" not in cu
+        for lvl in range(kwarps):
+            assert f"if (mg_ks == {lvl}) {{" in cu
+        assert cu.count("] += acc_") == 4 * (kwarps - 1)
+
+
 def test_plan_fits_the_target() -> None:
     g = load_graph(str(ROOT / "examples/mugraphs/gqa_fused.mir"))
     types = g.tensor_types()

@@ -46,9 +46,6 @@ def acc_init(k: FusedKernel, acc: BlockOp, mp: MmaPlan) -> Lines:
     lines = [f"float acc_{name}[{j}][4];", "#pragma unroll",
              (f"for (int j = 0; j < {j}; ++j) acc_{name}[j][0] = acc_{name}[j][1] = "
               f"acc_{name}[j][2] = acc_{name}[j][3] = 0.0f;")]
-    if mp.kwarps > 1:  # the K-split warps add their fragments into the f32 tile
-        n = acc.outputs[0].type.numel
-        lines.append(f"for (int e = threadIdx.x; e < {n}; e += {k.T}) buf_{name}[e] = 0.0f;")
     return lines
 
 
@@ -142,18 +139,37 @@ def tiles(k: FusedKernel, op: BlockOp, mp: MmaPlan, dreg: str, sink: str | None,
         body.append(f"float {dreg}[4] = {{0.0f, 0.0f, 0.0f, 0.0f}};")
     if compute:
         body += _k_loop(k, op, mp, dreg, bidx)
-    if sink is not None:
+    levels = mp.kwarps if sink is not None and not local and not compute else 1
+
+    def sink_lines(assign: str) -> Lines:
         ostr = row_major(tc.shape)
+        out: Lines = []
         for i, (r, c) in enumerate((("r0", "c0"), ("r0", "(c0 + 1)"), ("r1", "c0"),
                                     ("r1", "(c0 + 1)"))):
             cond = " && ".join(([f"{r} < {M}"] if M % 16 else []) + ([f"{c} < {N}"] if N % 8 else []))
-            dst = f"buf_{sink}[{offset_expr('0', bidx + [r, c], ostr)}]"
-            st = (f"atomicAdd(&{dst}, {dreg}[{i}]);" if mp.kwarps > 1 and not local
-                  else f"{dst} = {dreg}[{i}];")
-            body.append(f"if ({cond}) {st}" if cond else st)
-    return _warp_ids(groups) + ["  #pragma unroll", f"  for (int j = 0; j < {mp.tiles_per_warp}; ++j) {{",
-            f"    const int q = mg_grp + {groups} * j;",
-            f"    if (q < {nb * tm * tn}) {{"] + indent(body, 3) + ["    }", "  }", "}"]
+            st = f"buf_{sink}[{offset_expr('0', bidx + [r, c], ostr)}] {assign} {dreg}[{i}];"
+            out.append(f"if ({cond}) {st}" if cond else st)
+        return out
+
+    def tile_loop(inner: Lines) -> Lines:
+        return ["  #pragma unroll", f"  for (int j = 0; j < {mp.tiles_per_warp}; ++j) {{",
+                f"    const int q = mg_grp + {groups} * j;",
+                f"    if (q < {nb * tm * tn}) {{"] + indent(inner, 3) + ["    }", "  }"]
+    if levels == 1:
+        return _warp_ids(groups) + tile_loop(body + (sink_lines("=") if sink else [])) + ["}"]
+    # K-split warps combine in a fixed order, one level of warps at a time: the warps
+    # of split 0 write their fragments, each further split adds its own after a barrier.
+    # Every element has exactly one writer per level, so no atomics (on an H200 the
+    # shared-memory atomicAdd of this combine cost 1.6 µs of a 17 µs kernel, in the
+    # kernel's tail where nothing hides it; docs/perf-log.md v6), and the sum is
+    # deterministic.
+    out: Lines = _warp_ids(groups)
+    for lvl in range(levels):
+        if lvl:
+            out.append("  __syncthreads();")
+        out += [f"  if (mg_ks == {lvl}) {{"] + indent(tile_loop(body + sink_lines(
+            "=" if lvl == 0 else "+=")), 1) + ["  }"]
+    return out + ["}"]
 
 
 def _operands(k: FusedKernel, op: BlockOp, mp: MmaPlan, bidx: list[str]
