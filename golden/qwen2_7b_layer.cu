@@ -28,8 +28,8 @@
 // output 2 'V4': bf16[1, 4, 1, 128]
 // kernel mg_k0_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [1, 1, 1], 256 threads, 0 B dynamic shared memory
 // kernel mg_k1_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [448, 1, 1], 128 threads, 4720 B dynamic shared memory
-// kernel mg_k2_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [64, 1, 1], 128 threads, 4720 B dynamic shared memory
-// kernel mg_k3_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [64, 1, 1], 128 threads, 4720 B dynamic shared memory
+// kernel mg_k2_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [64, 1, 2], 128 threads, 4720 B dynamic shared memory
+// kernel mg_k3_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [64, 1, 2], 128 threads, 4720 B dynamic shared memory
 // kernel mg_k4_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [14, 1, 1], 256 threads, 0 B dynamic shared memory
 // kernel mg_k5_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [2, 1, 1], 256 threads, 0 B dynamic shared memory
 // kernel mg_k6_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [2, 1, 1], 256 threads, 0 B dynamic shared memory
@@ -352,12 +352,14 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k1_mirage_qwen2_7b_layer
 }
 
 // matmul as a generated block graph: grid [64, 1, 1], forloop 56, tensor cores
-extern "C" __global__ void __launch_bounds__(128, 1) mg_k2_mirage_qwen2_7b_layer_cc9a7bb5bfd5(
+extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(128, 1) mg_k2_mirage_qwen2_7b_layer_cc9a7bb5bfd5(
     const mg_bf16* __restrict__ p0,
     const mg_bf16* __restrict__ p1,
     mg_bf16* __restrict__ p2) {
-  const int bx = blockIdx.x, by = blockIdx.y, bz = blockIdx.z;
+  const int bx = blockIdx.x, by = blockIdx.y, bz = 0;
   (void)bx; (void)by; (void)bz;
+  const unsigned mg_rank = blockIdx.z;
+  const int mg_it0 = (int)mg_rank * 28;
   extern __shared__ __align__(16) unsigned char mg_smem[];
   const int base_a = 0;
   const int base_b = bx * 8;
@@ -368,40 +370,40 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k2_mirage_qwen2_7b_layer
   float* buf_s = reinterpret_cast<float*>(mg_smem + 4672);
   for (int c1 = threadIdx.x; c1 < 8; c1 += 128) {
     const int s2_1 = c1;
-    mg_cp_async16((sm_a_0 + ((0) % 4) * 72) + ((s2_1 * 8)), p0 + ((base_a + 0)) + ((s2_1 * 8)));
+    mg_cp_async16((sm_a_0 + ((0) % 4) * 72) + ((s2_1 * 8)), p0 + ((base_a + (mg_it0 + 0) * 64)) + ((s2_1 * 8)));
   }
   for (int c3 = threadIdx.x; c3 < 64; c3 += 128) {
     const int s4_0 = c3;
-    mg_cp_async16((sm_b_0 + ((0) % 4) * 512) + (s4_0 * 8), p1 + ((base_b + 0)) + (s4_0 * 512));
+    mg_cp_async16((sm_b_0 + ((0) % 4) * 512) + (s4_0 * 8), p1 + ((base_b + (mg_it0 + 0) * 32768)) + (s4_0 * 512));
   }
   mg_cp_async_commit();
   for (int c5 = threadIdx.x; c5 < 8; c5 += 128) {
     const int s6_1 = c5;
-    mg_cp_async16((sm_a_0 + ((1) % 4) * 72) + ((s6_1 * 8)), p0 + ((base_a + 64)) + ((s6_1 * 8)));
+    mg_cp_async16((sm_a_0 + ((1) % 4) * 72) + ((s6_1 * 8)), p0 + ((base_a + (mg_it0 + 1) * 64)) + ((s6_1 * 8)));
   }
   for (int c7 = threadIdx.x; c7 < 64; c7 += 128) {
     const int s8_0 = c7;
-    mg_cp_async16((sm_b_0 + ((1) % 4) * 512) + (s8_0 * 8), p1 + ((base_b + 32768)) + (s8_0 * 512));
+    mg_cp_async16((sm_b_0 + ((1) % 4) * 512) + (s8_0 * 8), p1 + ((base_b + (mg_it0 + 1) * 32768)) + (s8_0 * 512));
   }
   mg_cp_async_commit();
   for (int c9 = threadIdx.x; c9 < 8; c9 += 128) {
     const int s10_1 = c9;
-    mg_cp_async16((sm_a_0 + ((2) % 4) * 72) + ((s10_1 * 8)), p0 + ((base_a + 128)) + ((s10_1 * 8)));
+    mg_cp_async16((sm_a_0 + ((2) % 4) * 72) + ((s10_1 * 8)), p0 + ((base_a + (mg_it0 + 2) * 64)) + ((s10_1 * 8)));
   }
   for (int c11 = threadIdx.x; c11 < 64; c11 += 128) {
     const int s12_0 = c11;
-    mg_cp_async16((sm_b_0 + ((2) % 4) * 512) + (s12_0 * 8), p1 + ((base_b + 65536)) + (s12_0 * 512));
+    mg_cp_async16((sm_b_0 + ((2) % 4) * 512) + (s12_0 * 8), p1 + ((base_b + (mg_it0 + 2) * 32768)) + (s12_0 * 512));
   }
   mg_cp_async_commit();
   float acc_s[1][4];
   #pragma unroll
   for (int j = 0; j < 1; ++j) acc_s[j][0] = acc_s[j][1] = acc_s[j][2] = acc_s[j][3] = 0.0f;
-  for (int it = 0; it < 56; ++it) {
-    const int off_a = base_a + it * 64;
-    const int off_b = base_b + it * 32768;
+  for (int it = 0; it < 28; ++it) {
+    const int off_a = base_a + (mg_it0 + it) * 64;
+    const int off_b = base_b + (mg_it0 + it) * 32768;
     mg_cp_async_wait<2>();
     __syncthreads();
-    if (it + 3 < 56) {
+    if (it + 3 < 28) {
       for (int c13 = threadIdx.x; c13 < 8; c13 += 128) {
         const int s14_1 = c13;
         mg_cp_async16((sm_a_0 + (((it + 3)) % 4) * 72) + ((s14_1 * 8)), p0 + ((off_a + 192)) + ((s14_1 * 8)));
@@ -470,18 +472,30 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k2_mirage_qwen2_7b_layer
     }
   }
   __syncthreads();
+  mg_cluster_sync();
+  if (mg_rank == 0) {
+    for (int e = threadIdx.x; e < 8; e += 128) {
+      float v = buf_s[e];
+      for (unsigned r = 1; r < 2; ++r) v += mg_dsmem_ld(buf_s + e, r);
+      buf_s[e] = v;
+    }
+  }
+  mg_cluster_sync();
+  if (mg_rank != 0) return;
   for (int e17 = threadIdx.x; e17 < 1; e17 += 128) {
     mg_st8(p2 + (bx * 8), buf_s[(0 + 0)], buf_s[(0 + 1)], buf_s[(0 + 2)], buf_s[(0 + 3)], buf_s[(0 + 4)], buf_s[(0 + 5)], buf_s[(0 + 6)], buf_s[(0 + 7)]);
   }
 }
 
 // matmul as a generated block graph: grid [64, 1, 1], forloop 56, tensor cores
-extern "C" __global__ void __launch_bounds__(128, 1) mg_k3_mirage_qwen2_7b_layer_cc9a7bb5bfd5(
+extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(128, 1) mg_k3_mirage_qwen2_7b_layer_cc9a7bb5bfd5(
     const mg_bf16* __restrict__ p0,
     const mg_bf16* __restrict__ p1,
     mg_bf16* __restrict__ p2) {
-  const int bx = blockIdx.x, by = blockIdx.y, bz = blockIdx.z;
+  const int bx = blockIdx.x, by = blockIdx.y, bz = 0;
   (void)bx; (void)by; (void)bz;
+  const unsigned mg_rank = blockIdx.z;
+  const int mg_it0 = (int)mg_rank * 28;
   extern __shared__ __align__(16) unsigned char mg_smem[];
   const int base_a = 0;
   const int base_b = bx * 8;
@@ -492,40 +506,40 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k3_mirage_qwen2_7b_layer
   float* buf_s = reinterpret_cast<float*>(mg_smem + 4672);
   for (int c1 = threadIdx.x; c1 < 8; c1 += 128) {
     const int s2_1 = c1;
-    mg_cp_async16((sm_a_0 + ((0) % 4) * 72) + ((s2_1 * 8)), p0 + ((base_a + 0)) + ((s2_1 * 8)));
+    mg_cp_async16((sm_a_0 + ((0) % 4) * 72) + ((s2_1 * 8)), p0 + ((base_a + (mg_it0 + 0) * 64)) + ((s2_1 * 8)));
   }
   for (int c3 = threadIdx.x; c3 < 64; c3 += 128) {
     const int s4_0 = c3;
-    mg_cp_async16((sm_b_0 + ((0) % 4) * 512) + (s4_0 * 8), p1 + ((base_b + 0)) + (s4_0 * 512));
+    mg_cp_async16((sm_b_0 + ((0) % 4) * 512) + (s4_0 * 8), p1 + ((base_b + (mg_it0 + 0) * 32768)) + (s4_0 * 512));
   }
   mg_cp_async_commit();
   for (int c5 = threadIdx.x; c5 < 8; c5 += 128) {
     const int s6_1 = c5;
-    mg_cp_async16((sm_a_0 + ((1) % 4) * 72) + ((s6_1 * 8)), p0 + ((base_a + 64)) + ((s6_1 * 8)));
+    mg_cp_async16((sm_a_0 + ((1) % 4) * 72) + ((s6_1 * 8)), p0 + ((base_a + (mg_it0 + 1) * 64)) + ((s6_1 * 8)));
   }
   for (int c7 = threadIdx.x; c7 < 64; c7 += 128) {
     const int s8_0 = c7;
-    mg_cp_async16((sm_b_0 + ((1) % 4) * 512) + (s8_0 * 8), p1 + ((base_b + 32768)) + (s8_0 * 512));
+    mg_cp_async16((sm_b_0 + ((1) % 4) * 512) + (s8_0 * 8), p1 + ((base_b + (mg_it0 + 1) * 32768)) + (s8_0 * 512));
   }
   mg_cp_async_commit();
   for (int c9 = threadIdx.x; c9 < 8; c9 += 128) {
     const int s10_1 = c9;
-    mg_cp_async16((sm_a_0 + ((2) % 4) * 72) + ((s10_1 * 8)), p0 + ((base_a + 128)) + ((s10_1 * 8)));
+    mg_cp_async16((sm_a_0 + ((2) % 4) * 72) + ((s10_1 * 8)), p0 + ((base_a + (mg_it0 + 2) * 64)) + ((s10_1 * 8)));
   }
   for (int c11 = threadIdx.x; c11 < 64; c11 += 128) {
     const int s12_0 = c11;
-    mg_cp_async16((sm_b_0 + ((2) % 4) * 512) + (s12_0 * 8), p1 + ((base_b + 65536)) + (s12_0 * 512));
+    mg_cp_async16((sm_b_0 + ((2) % 4) * 512) + (s12_0 * 8), p1 + ((base_b + (mg_it0 + 2) * 32768)) + (s12_0 * 512));
   }
   mg_cp_async_commit();
   float acc_s[1][4];
   #pragma unroll
   for (int j = 0; j < 1; ++j) acc_s[j][0] = acc_s[j][1] = acc_s[j][2] = acc_s[j][3] = 0.0f;
-  for (int it = 0; it < 56; ++it) {
-    const int off_a = base_a + it * 64;
-    const int off_b = base_b + it * 32768;
+  for (int it = 0; it < 28; ++it) {
+    const int off_a = base_a + (mg_it0 + it) * 64;
+    const int off_b = base_b + (mg_it0 + it) * 32768;
     mg_cp_async_wait<2>();
     __syncthreads();
-    if (it + 3 < 56) {
+    if (it + 3 < 28) {
       for (int c13 = threadIdx.x; c13 < 8; c13 += 128) {
         const int s14_1 = c13;
         mg_cp_async16((sm_a_0 + (((it + 3)) % 4) * 72) + ((s14_1 * 8)), p0 + ((off_a + 192)) + ((s14_1 * 8)));
@@ -594,6 +608,16 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k3_mirage_qwen2_7b_layer
     }
   }
   __syncthreads();
+  mg_cluster_sync();
+  if (mg_rank == 0) {
+    for (int e = threadIdx.x; e < 8; e += 128) {
+      float v = buf_s[e];
+      for (unsigned r = 1; r < 2; ++r) v += mg_dsmem_ld(buf_s + e, r);
+      buf_s[e] = v;
+    }
+  }
+  mg_cluster_sync();
+  if (mg_rank != 0) return;
   for (int e17 = threadIdx.x; e17 < 1; e17 += 128) {
     mg_st8(p2 + (bx * 8), buf_s[(0 + 0)], buf_s[(0 + 1)], buf_s[(0 + 2)], buf_s[(0 + 3)], buf_s[(0 + 4)], buf_s[(0 + 5)], buf_s[(0 + 6)], buf_s[(0 + 7)]);
   }
@@ -1600,7 +1624,7 @@ extern "C" cudaError_t mirage_qwen2_7b_layer_cc9a7bb5bfd5(const void* mg_in0_X, 
     const mg_bf16* mg_a1 = (const mg_bf16*)(mg_in3_WK);
     mg_bf16* mg_a2 = (mg_bf16*)(mg_ws + 14336);
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
-    mg_err = cudaLaunchKernel((const void*)mg_k2_mirage_qwen2_7b_layer_cc9a7bb5bfd5, dim3(64, 1, 1),
+    mg_err = cudaLaunchKernel((const void*)mg_k2_mirage_qwen2_7b_layer_cc9a7bb5bfd5, dim3(64, 1, 2),
                               dim3(128), mg_args, 4720, mg_stream);
   }
   if (mg_err != cudaSuccess) return mg_err;
@@ -1609,7 +1633,7 @@ extern "C" cudaError_t mirage_qwen2_7b_layer_cc9a7bb5bfd5(const void* mg_in0_X, 
     const mg_bf16* mg_a1 = (const mg_bf16*)(mg_in4_WV);
     mg_bf16* mg_a2 = (mg_bf16*)(mg_ws + 15360);
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
-    mg_err = cudaLaunchKernel((const void*)mg_k3_mirage_qwen2_7b_layer_cc9a7bb5bfd5, dim3(64, 1, 1),
+    mg_err = cudaLaunchKernel((const void*)mg_k3_mirage_qwen2_7b_layer_cc9a7bb5bfd5, dim3(64, 1, 2),
                               dim3(128), mg_args, 4720, mg_stream);
   }
   if (mg_err != cudaSuccess) return mg_err;

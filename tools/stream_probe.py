@@ -142,7 +142,8 @@ def main(argv: list[str]) -> int:
             max(smem, 1)), "attr")
         cells = {}
 
-        def launch(i: int, cfg: dict[str, int | str] = cfg, fn=fn, smem=smem) -> None:
+        def launch(i: int, cfg: dict[str, int | str] = cfg, fn=fn, smem=smem,
+                   cells: dict = cells) -> None:
             vals = [ctypes.c_void_p(ws[i % COPIES]), ctypes.c_void_p(out),
                     ctypes.c_int(int(cfg["piece"])), ctypes.c_int(int(cfg["rows_k"])),
                     ctypes.c_int(int(cfg["rows_stage"]))]

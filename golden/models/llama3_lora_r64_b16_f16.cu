@@ -12,7 +12,7 @@
 // input 3 'B': f16[64, 4096]
 // output 0 'Y': f16[16, 4096]
 // kernel mg_k0_mirage_llama3_lora_r64_b16_f16_h16x4096_h4096x4096_h4096x64_h64x4096_to_h16x4096: grid [512, 1, 1], 128 threads, 13840 B dynamic shared memory
-// kernel mg_k1_mirage_llama3_lora_r64_b16_f16_h16x4096_h4096x4096_h4096x64_h64x4096_to_h16x4096: grid [8, 1, 1], 128 threads, 13840 B dynamic shared memory
+// kernel mg_k1_mirage_llama3_lora_r64_b16_f16_h16x4096_h4096x4096_h4096x64_h64x4096_to_h16x4096: grid [8, 1, 2], 128 threads, 13840 B dynamic shared memory
 // kernel mg_k2_mirage_llama3_lora_r64_b16_f16_h16x4096_h4096x4096_h4096x64_h64x4096_to_h16x4096: grid [512, 1, 1], 128 threads, 3856 B dynamic shared memory
 // kernel mg_k3_mirage_llama3_lora_r64_b16_f16_h16x4096_h4096x4096_h4096x64_h64x4096_to_h16x4096: grid [256, 1, 1], 256 threads, 0 B dynamic shared memory
 
@@ -293,12 +293,14 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_llama3_lora_r6
 }
 
 // matmul as a generated block graph: grid [8, 1, 1], forloop 64, tensor cores
-extern "C" __global__ void __launch_bounds__(128, 1) mg_k1_mirage_llama3_lora_r64_b16_f16_h16x4096_h4096x4096_h4096x64_h64x4096_to_h16x4096(
+extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(128, 1) mg_k1_mirage_llama3_lora_r64_b16_f16_h16x4096_h4096x4096_h4096x64_h64x4096_to_h16x4096(
     const mg_f16* __restrict__ p0,
     const mg_f16* __restrict__ p1,
     mg_f16* __restrict__ p2) {
-  const int bx = blockIdx.x, by = blockIdx.y, bz = blockIdx.z;
+  const int bx = blockIdx.x, by = blockIdx.y, bz = 0;
   (void)bx; (void)by; (void)bz;
+  const unsigned mg_rank = blockIdx.z;
+  const int mg_it0 = (int)mg_rank * 32;
   extern __shared__ __align__(16) unsigned char mg_smem[];
   const int base_a = 0;
   const int base_b = bx * 8;
@@ -317,35 +319,35 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k1_mirage_llama3_lora_r6
     mg_do_a[i] = s2_0 * 72 + (s2_1 * 8);
   }
   #pragma unroll
-  for (int i = 0; i < 1; ++i) mg_cp_async16((sm_a_0 + ((0) % 4) * 1152) + mg_do_a[i], p0 + ((base_a + 0)) + mg_so_a[i]);
+  for (int i = 0; i < 1; ++i) mg_cp_async16((sm_a_0 + ((0) % 4) * 1152) + mg_do_a[i], p0 + ((base_a + (mg_it0 + 0) * 64)) + mg_so_a[i]);
   for (int c3 = threadIdx.x; c3 < 64; c3 += 128) {
     const int s4_0 = c3;
-    mg_cp_async16((sm_b_0 + ((0) % 4) * 512) + (s4_0 * 8), p1 + ((base_b + 0)) + (s4_0 * 64));
+    mg_cp_async16((sm_b_0 + ((0) % 4) * 512) + (s4_0 * 8), p1 + ((base_b + (mg_it0 + 0) * 4096)) + (s4_0 * 64));
   }
   mg_cp_async_commit();
   #pragma unroll
-  for (int i = 0; i < 1; ++i) mg_cp_async16((sm_a_0 + ((1) % 4) * 1152) + mg_do_a[i], p0 + ((base_a + 64)) + mg_so_a[i]);
+  for (int i = 0; i < 1; ++i) mg_cp_async16((sm_a_0 + ((1) % 4) * 1152) + mg_do_a[i], p0 + ((base_a + (mg_it0 + 1) * 64)) + mg_so_a[i]);
   for (int c5 = threadIdx.x; c5 < 64; c5 += 128) {
     const int s6_0 = c5;
-    mg_cp_async16((sm_b_0 + ((1) % 4) * 512) + (s6_0 * 8), p1 + ((base_b + 4096)) + (s6_0 * 64));
+    mg_cp_async16((sm_b_0 + ((1) % 4) * 512) + (s6_0 * 8), p1 + ((base_b + (mg_it0 + 1) * 4096)) + (s6_0 * 64));
   }
   mg_cp_async_commit();
   #pragma unroll
-  for (int i = 0; i < 1; ++i) mg_cp_async16((sm_a_0 + ((2) % 4) * 1152) + mg_do_a[i], p0 + ((base_a + 128)) + mg_so_a[i]);
+  for (int i = 0; i < 1; ++i) mg_cp_async16((sm_a_0 + ((2) % 4) * 1152) + mg_do_a[i], p0 + ((base_a + (mg_it0 + 2) * 64)) + mg_so_a[i]);
   for (int c7 = threadIdx.x; c7 < 64; c7 += 128) {
     const int s8_0 = c7;
-    mg_cp_async16((sm_b_0 + ((2) % 4) * 512) + (s8_0 * 8), p1 + ((base_b + 8192)) + (s8_0 * 64));
+    mg_cp_async16((sm_b_0 + ((2) % 4) * 512) + (s8_0 * 8), p1 + ((base_b + (mg_it0 + 2) * 4096)) + (s8_0 * 64));
   }
   mg_cp_async_commit();
   float acc_s[1][4];
   #pragma unroll
   for (int j = 0; j < 1; ++j) acc_s[j][0] = acc_s[j][1] = acc_s[j][2] = acc_s[j][3] = 0.0f;
-  for (int it = 0; it < 64; ++it) {
-    const int off_a = base_a + it * 64;
-    const int off_b = base_b + it * 4096;
+  for (int it = 0; it < 32; ++it) {
+    const int off_a = base_a + (mg_it0 + it) * 64;
+    const int off_b = base_b + (mg_it0 + it) * 4096;
     mg_cp_async_wait<2>();
     __syncthreads();
-    if (it + 3 < 64) {
+    if (it + 3 < 32) {
       #pragma unroll
       for (int i = 0; i < 1; ++i) mg_cp_async16((sm_a_0 + (((it + 3)) % 4) * 1152) + mg_do_a[i], p0 + ((off_a + 192)) + mg_so_a[i]);
       for (int c9 = threadIdx.x; c9 < 64; c9 += 128) {
@@ -412,6 +414,16 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k1_mirage_llama3_lora_r6
     }
   }
   __syncthreads();
+  mg_cluster_sync();
+  if (mg_rank == 0) {
+    for (int e = threadIdx.x; e < 128; e += 128) {
+      float v = buf_s[e];
+      for (unsigned r = 1; r < 2; ++r) v += mg_dsmem_ld(buf_s + e, r);
+      buf_s[e] = v;
+    }
+  }
+  mg_cluster_sync();
+  if (mg_rank != 0) return;
   for (int e11 = threadIdx.x; e11 < 16; e11 += 128) {
     const int i12_0 = e11;
     mg_st8(p2 + (bx * 8 + i12_0 * 64), buf_s[i12_0 * 8 + (0 + 0)], buf_s[i12_0 * 8 + (0 + 1)], buf_s[i12_0 * 8 + (0 + 2)], buf_s[i12_0 * 8 + (0 + 3)], buf_s[i12_0 * 8 + (0 + 4)], buf_s[i12_0 * 8 + (0 + 5)], buf_s[i12_0 * 8 + (0 + 6)], buf_s[i12_0 * 8 + (0 + 7)]);
@@ -563,7 +575,7 @@ extern "C" cudaError_t mirage_llama3_lora_r64_b16_f16_h16x4096_h4096x4096_h4096x
     const mg_f16* mg_a1 = (const mg_f16*)(mg_in2_A);
     mg_f16* mg_a2 = (mg_f16*)(mg_ws + 131072);
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
-    mg_err = cudaLaunchKernel((const void*)mg_k1_mirage_llama3_lora_r64_b16_f16_h16x4096_h4096x4096_h4096x64_h64x4096_to_h16x4096, dim3(8, 1, 1),
+    mg_err = cudaLaunchKernel((const void*)mg_k1_mirage_llama3_lora_r64_b16_f16_h16x4096_h4096x4096_h4096x64_h64x4096_to_h16x4096, dim3(8, 1, 2),
                               dim3(128), mg_args, 13840, mg_stream);
   }
   if (mg_err != cudaSuccess) return mg_err;

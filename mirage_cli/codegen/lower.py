@@ -59,7 +59,7 @@ def lower(g: Graph, arch: str = DEFAULT_ARCH, *, name: str | None = None) -> Pro
         if op.block is not None:
             k = lower_custom(op, kname, types, arch)
         else:
-            k = lower_kernel_op(op, kname, types)
+            k = lower_kernel_op(op, kname, types, arch)
         kernels.append(k)
         steps.append(Launch(k.name, ws))
         ws = align(ws + k.scratch_bytes * k.grid[0] * k.grid[1] * k.grid[2])

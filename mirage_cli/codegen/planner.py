@@ -117,11 +117,43 @@ def _lay_out(a: Analysis, dev_types: Mapping[str, TensorType], pins: Knobs, arch
     """Knobs resolved, tile homes, mma and reduction mappings, and the shared-memory
     allocation: (knobs, tiles, mmas, reductions, shared memory bytes, scratch floats)."""
     k = _resolve(a, dev_types, pins)
+    if pins.ksplit is None:
+        k = dataclasses.replace(k, ksplit=_default_ksplit(a, arch))
+    try:
+        return _lay_out_with(a, dev_types, k, pins, arch)
+    except MirageError:
+        if k.ksplit == 1 or pins.ksplit is not None:
+            raise
+        # The default split did not fit (a cluster needs every tile in shared memory).
+        return _lay_out_with(a, dev_types, dataclasses.replace(k, ksplit=1), pins, arch)
+
+
+def _lay_out_with(a: Analysis, dev_types: Mapping[str, TensorType], k: Knobs, pins: Knobs,
+                  arch: archs.Arch
+                  ) -> tuple[Knobs, dict[str, _Tile], list[MmaPlan], list[ReducePlan], int, int]:
     tiles = _homes(a, dev_types, k)
     mmas = _mmas(a, tiles, k)
     reds = _reductions(a, tiles)
     smem, scratch = _allocate(a, tiles, bool(mmas), reds, k, pins, arch)
     return k, tiles, mmas, reds, smem, scratch
+
+
+def _default_ksplit(a: Analysis, arch: archs.Arch) -> int:
+    """2 when the grid fills at most half the SMs and the forloop splits into halves of
+    8 or more iterations, else 1: a small grid's blocks then stream twice as many
+    columns per row of the weight (wider pieces, half the re-reads of the shared
+    operand) and the cluster still fills the GPU. Measured on an H200 (docs/perf-log.md
+    v7): rmsnorm_linear grid 64 with the split ran 17.5 / 20.3 / 23.5 µs at batch 1 /
+    8 / 16, grid 128 without it 20.7 / 23.6 / 29.7, grid 64 without it 22.0 / 25.3 /
+    34.6. Splits of 4 lost (grid 32: 27–47 µs): a block's wider tile leaves room for
+    fewer pipeline stages. Short loops do not pay for the cluster's combine (lora at
+    batch 16, grid 64, 4 iterations per block: 8.3 µs against 5.9 unsplit)."""
+    gx, gy, gz = a.bg.grid
+    blocks = gx * gy * gz
+    if (2 not in _ksplit_range(a, arch.name) or 2 * blocks > arch.num_sms
+            or a.bg.forloop // 2 < 8):
+        return 1
+    return 2
 
 
 def _owner(t: _Tile, threads: int) -> str:
@@ -163,7 +195,7 @@ def _resolve(a: Analysis, dev: Mapping[str, TensorType], pins: Knobs) -> Knobs:
     d.update({k: v for k, v in dataclasses.asdict(pins).items() if v is not None})
     d["threads"] = a.bg.threads
     if d["ksplit"] is None:
-        d["ksplit"] = 1
+        d["ksplit"] = 1  # the caller (_lay_out) chooses the default split
     if d["stagger"] is None:
         # Off by default: measured on an H200 (docs/perf-log.md v5) it saves 5% on lora,
         # 2% on rmsnorm_linear and costs 25% on gated_mlp; measured selection tries it.
@@ -387,7 +419,7 @@ def knob_space(bg: BlockGraph, dev_types: Mapping[str, TensorType], target: str
 def _no_scratch(a: Analysis, dev_types: Mapping[str, TensorType], target: str) -> bool:
     """Whether the default plan keeps every tile out of the workspace scratch area (a
     cluster's blocks cannot split the forloop otherwise)."""
-    return _lay_out(a, dev_types, Knobs(), archs.get(target))[5] == 0
+    return _lay_out(a, dev_types, Knobs(ksplit=1), archs.get(target))[5] == 0
 
 
 def _stagger_range(a: Analysis) -> list[int]:

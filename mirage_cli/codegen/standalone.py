@@ -18,6 +18,7 @@ import dataclasses
 from typing import assert_never
 
 from mirage_cli import ops
+from mirage_cli.arch import DEFAULT_ARCH
 from mirage_cli.check import check_block, tile_type
 from mirage_cli.codegen import templates
 from mirage_cli.codegen.expr import (
@@ -71,12 +72,13 @@ def _emitter(kop: KernelOp, types: dict[str, TensorType], params: tuple[Param, .
     return em
 
 
-def lower_kernel_op(kop: KernelOp, name: str, types: dict[str, TensorType]) -> Kernel:
+def lower_kernel_op(kop: KernelOp, name: str, types: dict[str, TensorType],
+                    arch: str = DEFAULT_ARCH) -> Kernel:
     check_index_range(kop, types)
     spec = ops.get(kop.op).cuda
     match spec.kind:
         case "matmul":
-            return _matmul(kop, name, types)
+            return _matmul(kop, name, types, arch)
         case "rms_norm" | "softmax":
             return _rows(kop, name, types)
         case "reduce" | "rms" if _warp_reduce_fits(kop, types):
@@ -258,12 +260,12 @@ def _matmul_as_block_graph(kop: KernelOp, types: dict[str, TensorType]) -> Kerne
     return KernelOp("custom", (a, b), kop.outputs, (), bg)
 
 
-def _matmul(kop: KernelOp, name: str, types: dict[str, TensorType]) -> Kernel:
+def _matmul(kop: KernelOp, name: str, types: dict[str, TensorType], arch: str) -> Kernel:
     custom = _matmul_as_block_graph(kop, types)
     if custom is not None:
         from mirage_cli.codegen.kernel import lower_custom
 
-        k = lower_custom(custom, name, types)
+        k = lower_custom(custom, name, types, arch)
         g = custom.block
         assert g is not None
         return dataclasses.replace(k, comment=f"matmul as a generated block graph: grid "

@@ -4,7 +4,8 @@
 against a kernel); ``h200.json`` starts from the H200 data sheet and the bench's
 measured copy bandwidth; ``mirage calibrate --gpu N -o device.json`` writes a profile
 measured on a device (and, with ``--fit``, the model's coefficients fitted to measured
-kernel times). ``--target`` picks one: ``sm_90/h100`` (the default), ``sm_90/h200``,
+kernel times). ``--target`` picks one: ``sm_90/h200`` (the default: the profile
+fitted to measured kernels), ``sm_90/h100``,
 the short names ``h100``/``h200``, or the path of a profile file.
 
 Fields (``format: mirage-cli/device-profile``, ``version: 1``): ``name``, ``device``,
@@ -12,7 +13,8 @@ Fields (``format: mirage-cli/device-profile``, ``version: 1``): ``name``, ``devi
 (bytes/s), ``l2_bytes``, ``peak_flops`` (tensor-core FLOP/s reachable by small kernels),
 ``fma_flops``, ``launch_us``, ``iter_us`` (per forloop iteration and wave),
 ``barrier_us`` (null when unmeasured), ``smem_per_block``, ``smem_per_sm``,
-``regs_per_sm``, ``max_threads_per_sm``; and ``fit``: the coefficients of the model's
+``regs_per_sm``, ``max_threads_per_sm``, optionally ``stage_penalty`` (0 when
+absent: see :class:`Profile`); and ``fit``: the coefficients of the model's
 terms (``stream``, ``sync``, ``launch``, ``const_us``), 1/1/1/0 when unfitted.
 """
 
@@ -31,7 +33,7 @@ FORMAT = "mirage-cli/device-profile"
 VERSION = 1
 HERE = Path(__file__).resolve().parent
 NAMES = ("h100", "h200")
-DEFAULT_TARGET = "sm_90/h100"
+DEFAULT_TARGET = "sm_90/h200"
 FIT_TERMS = ("stream", "sync", "launch", "const_us")
 
 
@@ -55,6 +57,9 @@ class Profile:
     smem_per_sm: int
     regs_per_sm: int
     max_threads_per_sm: int
+    # A loop whose plan keeps S copies in flight is slower by 1 + stage_penalty / S**2
+    # (S = 1: loads and compute in series; fitted on an H200, docs/perf-log.md v7).
+    stage_penalty: float = 0.0
     fit: dict[str, float] = field(default_factory=lambda: {"stream": 1.0, "sync": 1.0,
                                                            "launch": 1.0, "const_us": 0.0})
     extra: dict[str, Any] = field(default_factory=dict)  # other recorded figures
@@ -111,10 +116,14 @@ def from_json(doc: Any, where: str) -> Profile:
     if not isinstance(fit, dict) or set(fit) - set(FIT_TERMS) or \
             not all(_nonneg(fit.get(k, 0.0)) for k in FIT_TERMS):
         raise MirageError(f"{where}: 'fit' must map {', '.join(FIT_TERMS)} to numbers >= 0")
+    penalty = doc.get("stage_penalty", 0.0)
+    if not _nonneg(penalty):
+        raise MirageError(f"{where}: 'stage_penalty' must be a number >= 0 (got {penalty!r})")
     known = {"format", "version", "calibrated", "fit", "name", "device", "arch", "source",
-             *_NUMBERS}
+             "stage_penalty", *_NUMBERS}
     return Profile(doc["name"], doc["device"], doc["arch"], bool(doc.get("calibrated")),
                    doc["source"], **{k: doc[k] for k in _NUMBERS},
+                   stage_penalty=float(penalty),
                    fit={"stream": 1.0, "sync": 1.0, "launch": 1.0, "const_us": 0.0,
                         **{k: float(v) for k, v in fit.items()}},
                    extra={k: v for k, v in doc.items() if k not in known})

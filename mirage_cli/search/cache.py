@@ -48,8 +48,10 @@ def cache_dir() -> Path:
 # is searched in its max-subtracted form and candidates pass the numerical check, so
 # older entries may hold the overflowing form; 3: ties in predicted time are broken by
 # the stated rule of cost.rank, so older rankings may differ; 4: ties within 1%; 5: the
-# model reads the kernel plan (occupancy, plan feasibility) and a device profile).
-SEARCH_REVISION = 6
+# model reads the kernel plan (occupancy, plan feasibility) and a device profile; 7: the
+# plan may split the forloop over a cluster by default, and the model counts launched
+# blocks and per-block iterations at 0.5 µs each).
+SEARCH_REVISION = 7
 
 
 def program_hash(program: Graph) -> str:

@@ -6,11 +6,14 @@ assumed to hit L2 and are counted separately as ``l2_bytes``), FLOPs (a matmul i
 ``2*m*n*k``, any other operator one per output element), launches, and the shared
 memory one block needs (the model's own count: tiles of loop loads twice, for double
 buffering, plus every other tile). The predicted time is the sum over kernels of
-``a * max(dram / BW, l2 / L2BW, flops / PEAK) / utilisation * (1 + 1/F)
+``a * max(dram / BW, l2 / L2BW, flops / PEAK) / utilisation * (1 + 1/F) * (1 + p/S²)
 + b * waves * F * ITER + c * LAUNCH``, plus ``d`` once per µGraph, where utilisation is the fraction of SMs the
-grid occupies, ``F`` the forloop range (one iteration's loads are not overlapped with
-compute: the pipeline fill) and ``waves`` the number of rounds of blocks over the SMs
-at the occupancy the kernel plan allows (threads and shared memory per block).
+grid occupies, ``F`` the forloop iterations one block runs (one iteration's loads are
+not overlapped with compute: the pipeline fill) and ``waves`` the number of rounds of
+blocks over the SMs. Blocks and iterations are the launched ones: a plan that splits
+the forloop over a cluster of ``ksplit`` blocks launches ``ksplit`` times the µGraph's
+blocks, each running ``F / ksplit`` iterations. ``S`` is the plan's pipeline depth
+and ``p`` the profile's ``stage_penalty`` (loops only).
 
 The figures (bandwidths, peak, launch and iteration costs, SM count) and the
 coefficients ``a, b, c, d`` come from a device profile (:mod:`mirage_cli.profiles`,
@@ -44,7 +47,7 @@ SMEM_BYTES = archs.get(archs.DEFAULT_ARCH).smem_per_block
 
 
 def profile() -> Profile:
-    """The device profile the model uses now (``--target``; default sm_90/h100)."""
+    """The device profile the model uses now (``--target``; default sm_90/h200)."""
     if not _ACTIVE:
         _ACTIVE.append(device_profiles.load(device_profiles.DEFAULT_TARGET))
     return _ACTIVE[0]
@@ -118,34 +121,36 @@ class KernelCost:
 
 
 def _plan_facts(op: KernelOp, types: dict[str, TensorType], p: Profile
-                ) -> tuple[int, int, str]:
-    """(shared memory bytes, threads, violation) of a custom kernel's plan."""
+                ) -> tuple[int, int, int, int, str]:
+    """(shared memory bytes, threads, forloop split over a cluster, pipeline stages,
+    violation) of a custom kernel's plan."""
     assert op.block is not None
     if op.plan is not None:
         smem, threads = op.plan.smem_bytes, op.plan.threads
+        ksplit, stages = op.plan.knobs.ksplit or 1, op.plan.knobs.stages or 1
     else:
         planned = _default_plan(op.block, tuple(sorted(types.items())), p.arch)
         if isinstance(planned, str):
-            return 0, 0, f"no kernel plan fits: {planned}"
-        smem, threads = planned
+            return 0, 0, 1, 1, f"no kernel plan fits: {planned}"
+        smem, threads, ksplit, stages = planned
     if smem > p.smem_per_block:
-        return smem, threads, (f"the plan's shared memory {smem} B exceeds the "
-                               f"{p.smem_per_block} B per block")
-    return smem, threads, ""
+        return smem, threads, ksplit, stages, (f"the plan's shared memory {smem} B exceeds "
+                                               f"the {p.smem_per_block} B per block")
+    return smem, threads, ksplit, stages, ""
 
 
 @functools.lru_cache(maxsize=4096)
 def _default_plan(bg: BlockGraph, types: tuple[tuple[str, TensorType], ...], arch: str
-                  ) -> tuple[int, int] | str:
-    """(shared memory, threads) of the planner's default plan, or why there is none
-    (cached: the tuner costs the same kernel many times)."""
+                  ) -> tuple[int, int, int, int] | str:
+    """(shared memory, threads, forloop split, stages) of the planner's default plan, or
+    why there is none (cached: the tuner costs the same kernel many times)."""
     from mirage_cli.codegen.planner import plan_kernel
 
     try:
         plan = plan_kernel(bg, dict(types), arch)
     except MirageError as e:
         return e.message
-    return plan.smem_bytes, plan.threads
+    return plan.smem_bytes, plan.threads, plan.knobs.ksplit or 1, plan.knobs.stages or 1
 
 
 def kernel_costs(g: Graph) -> list[KernelCost]:
@@ -156,15 +161,19 @@ def kernel_costs(g: Graph) -> list[KernelCost]:
     out: list[KernelCost] = []
     for op in g.ops:
         plan_smem = threads = 0
+        ksplit = stages = 1
         violation = ""
         if op.block is None:
             k_dram, k_l2, k_flops, k_smem, blocks = _predefined(op, types, p.num_sms)
         else:
             k_dram, k_l2, k_flops, k_smem, blocks = _custom(op.block, types)
-            plan_smem, threads, violation = _plan_facts(op, types, p)
+            plan_smem, threads, ksplit, stages, violation = _plan_facts(op, types, p)
+        # A forloop split over a cluster launches ksplit blocks per µGraph block, each
+        # running forloop / ksplit iterations.
+        blocks *= ksplit
         util = min(1.0, blocks / p.num_sms)
         d_s, l_s, c_s = k_dram / p.dram_bw, k_l2 / p.l2_bw, k_flops / p.peak_flops
-        forloop = op.block.forloop if op.block is not None else 4
+        forloop = op.block.forloop // ksplit if op.block is not None else 4
         # Blocks resident on one SM: bounded by threads and by shared memory per SM.
         per_sm = 1
         if threads:
@@ -178,7 +187,9 @@ def kernel_costs(g: Graph) -> list[KernelCost]:
         waves = -(-blocks // p.num_sms)
         # Loads of iteration i+1 overlap compute of iteration i, so one iteration's
         # loads are exposed (the pipeline fill), and each iteration synchronises.
-        stream = fit["stream"] * max(d_s, l_s, c_s) / util * (1 + 1 / forloop)
+        # A loop with few copies in flight exposes part of each load's latency.
+        depth = 1 + p.stage_penalty / stages ** 2 if forloop > 1 else 1.0
+        stream = fit["stream"] * max(d_s, l_s, c_s) / util * (1 + 1 / forloop) * depth
         sync = fit["sync"] * waves * forloop * p.iter_us * 1e-6
         launch = fit["launch"] * p.launch_us * 1e-6
         out.append(KernelCost(k_dram, k_l2, k_flops, k_smem, blocks, forloop, d_s * 1e6,
