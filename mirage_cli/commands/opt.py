@@ -72,19 +72,23 @@ def stage_parse(path: str, defines: dict[str, int]) -> Graph:
     return load_graph(path, defines)
 
 
-def stage_search(program: Graph, kw: dict, budget: float) -> Outcome:  # type: ignore[type-arg]
+def stage_search(program: Graph, kw: dict, budget: float,  # type: ignore[type-arg]
+                 need: int | None = None) -> Outcome:
+    """The candidates: searched, or (shape reuse) the known designs re-verified at these
+    sizes, of which only ``need`` (default ``--top``) are certified: `opt` ships the
+    first unless ``--gpu`` measures the top ones."""
     if _layered(program, kw):  # a whole layer: its parts searched, --budget each
         return stage_layer(program, kw)[0]
     if kw.get("reuse"):  # --reuse: the known designs at this program's sizes, no search
         from mirage_cli.search.driver import reused_search
 
         with progress_display() as show:
-            return reused_search(program, str(kw["reuse"]), options_from(kw), show)
+            return reused_search(program, str(kw["reuse"]), options_from(kw), show, need)
     if not kw["no_cache"]:  # the same program searched at other sizes: reuse its designs
         from mirage_cli.search.reuse import reused
 
         with progress_display() as show:
-            out = reused(program, options_from(kw), show)
+            out = reused(program, options_from(kw), show, need)
         if out is not None:
             return out
     with progress_display() as show:
@@ -308,7 +312,8 @@ def _optimise(g: Graph, program: str, kw: dict, deadline: float,  # type: ignore
         best = stage_select(res)
         why = "the stitched parts did not verify as a whole"
     elif left - reserve > 0.05:
-        res = stage_search(g, kw, left - reserve)
+        # Without --gpu only the first candidate ships: a shape reuse certifies just it.
+        res = stage_search(g, kw, left - reserve, None if timer is not None else 1)
         if save_temps:
             temps.append((os.path.join(save_temps, f"{base}.cands.ugraph.json"), res.text))
         best = stage_select(res)

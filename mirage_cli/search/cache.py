@@ -141,9 +141,12 @@ def _recheck(program: Graph, graphs: list[Graph], seed: int) -> str | None:
     return None
 
 
-def put(k: str, text: str, program: Graph, options: dict[str, Any]) -> None:
+def put(k: str, text: str, program: Graph, options: dict[str, Any], family: bool = True
+        ) -> None:
     """Store a complete search's candidates text for ``program`` under ``options``, and
-    as the latest result of its family (the same program at any sizes)."""
+    (``family``) as the latest result of its family (the same program at any sizes; a
+    shape reuse does not replace it: it certifies only the candidates it needs, while
+    the family keeps every design the search found)."""
     doc = {"format": FORMAT, "version": VERSION, "program_sha256": program_hash(program),
            "options": options, "tool": TOOL, "candidates": text}
     fam = {"format": FAMILY_FORMAT, "version": VERSION, "structure": structure_hash(program),
@@ -151,9 +154,23 @@ def put(k: str, text: str, program: Graph, options: dict[str, Any]) -> None:
            "candidates": text}
     try:
         write_atomic(_path(k), json.dumps(doc, sort_keys=True) + "\n")
-        write_atomic(_family_path(program, options), json.dumps(fam, sort_keys=True) + "\n")
+        if family:
+            write_atomic(_family_path(program, options),
+                         json.dumps(fam, sort_keys=True) + "\n")
     except OSError:
         pass
+
+
+def peek(k: str) -> str | None:
+    """The candidates text of the entry under ``k``, *unchecked* (None when absent or
+    unreadable): for decisions that ship nothing, such as whether a reuse certified
+    enough candidates (:mod:`.reuse`); :func:`get` is the only way to a result."""
+    try:
+        doc = json.loads(_path(k).read_text(encoding="utf-8"))
+    except (OSError, ValueError, UnicodeDecodeError, RecursionError):
+        return None
+    text = doc.get("candidates") if isinstance(doc, dict) else None
+    return text if isinstance(text, str) else None
 
 
 # -- shape reuse: the same program at other sizes -----------------------------------------

@@ -233,11 +233,17 @@ def search(program: Graph, options: SearchOptions, budget: float | None = None,
 
 
 def reuse(program: Graph, known: list[Graph], options: SearchOptions,
-          on_progress: Callable[[Progress], None] | None = None) -> SearchResult:
+          on_progress: Callable[[Progress], None] | None = None,
+          need: int | None = None) -> SearchResult:
     """Shape reuse: the designs of ``known`` µGraphs (found at other sizes; designs are
     size-independent, :mod:`.design`) re-instantiated, re-tuned, ranked and re-verified
     at ``program``'s sizes, without enumerating. Nothing enumerated is reported as
-    ``units_total == 0`` and ``reused`` designs."""
+    ``units_total == 0`` and ``reused`` designs.
+
+    Only ``need`` candidates (default ``options.top``) are certified, in rank order:
+    verification at the new sizes is nearly all of a reuse's time, and a caller that
+    ships the first candidate (``mirage opt`` without ``--gpu``) needs one. The
+    candidates returned are each certified at these sizes, as a search's are."""
     from mirage_cli.search.design import design_of
 
     start = time.time()
@@ -245,7 +251,8 @@ def reuse(program: Graph, known: list[Graph], options: SearchOptions,
     designs = list(dict.fromkeys(design_of(g)[0] for g in known))
     prog.designs = prog.reused = len(designs)
     notify = on_progress or (lambda p: None)
-    cands = rank_and_verify(program, designs, options, prog, notify)
+    keep = options.top if need is None else max(1, min(need, options.top))
+    cands = rank_and_verify(program, designs, replace(options, top=keep), prog, notify)
     return SearchResult(cands, prog, True, time.time() - start)
 
 
@@ -414,26 +421,39 @@ def rank_and_verify(program: Graph, designs: list[Design], options: SearchOption
             seen_graphs.add(g)
             todo.append((d, t, g, c))
     prog.too_big = len({d for _, d, _, _, _ in ranked} - fitting)
-    # Verify best first, until ``top`` pass (in this process: see _verify_all).
+    # Verify best first, until ``top`` pass (in this process: see _verify_all). When
+    # every one that passed then fails the chosen candidate's checks, go on down the
+    # ranking: the next certified candidate is still a verified answer.
     step = max(1, jobs)
-    for i in range(0, len(todo), step):
-        if len(out) >= options.top or (deadline is not None and time.time() > deadline):
+    i = 0
+    while True:
+        while i < len(todo) and len(out) < options.top and \
+                (deadline is None or time.time() <= deadline):
+            batch = todo[i:i + step]
+            i += step
+            _verify_batch(program, batch, options, prog, out)
+            notify(prog)
+        out = _check_chosen(program, out, options.seed, prog)
+        if out or i >= len(todo) or (deadline is not None and time.time() > deadline):
             break
-        batch = todo[i:i + step]
-        verdicts = _verify_all(program, [g for _, _, g, _ in batch], options.seed)
-        for (d, t, g, c), v in zip(batch, verdicts):
-            if v.ok and len(out) < options.top:
-                prog.verified += 1
-                out.append(Candidate(g, d, t, c, v.as_json()))
-                prog.best_us = out[0].cost.time_us
-            elif not v.ok:
-                prog.rejected += 1
-        notify(prog)
-    out = _check_chosen(program, out, options.seed, prog)
     prog.phase = "done"
     prog.seconds["verify"] = round(time.time() - t0, 2)
     notify(prog)
     return out
+
+
+def _verify_batch(program: Graph, batch: list[tuple[Design, Tuning, Graph, Cost]],
+                  options: SearchOptions, prog: Progress, out: list[Candidate]) -> None:
+    """Verify one batch of ranked candidates; the certified ones join ``out`` (up to
+    ``top``)."""
+    verdicts = _verify_all(program, [g for _, _, g, _ in batch], options.seed)
+    for (d, t, g, c), v in zip(batch, verdicts):
+        if v.ok and len(out) < options.top:
+            prog.verified += 1
+            out.append(Candidate(g, d, t, c, v.as_json()))
+            prog.best_us = out[0].cost.time_us
+        elif not v.ok:
+            prog.rejected += 1
 
 
 def _size(d: Design) -> int:
@@ -480,12 +500,13 @@ def cached_search(program: Graph, options: SearchOptions, budget: float | None, 
 
 
 def reused_search(program: Graph, known_path: str, options: SearchOptions,
-                  on_progress: Callable[[Progress], None] | None = None) -> Outcome:
+                  on_progress: Callable[[Progress], None] | None = None,
+                  need: int | None = None) -> Outcome:
     """:func:`reuse` of the candidates in the file ``known_path`` (``--reuse``)."""
     from mirage_cli.loading import read_text
 
     known = [g for g, _ in serialize.loads_candidates(read_text(known_path), known_path)]
-    res = reuse(program, known, options, on_progress)
+    res = reuse(program, known, options, on_progress, need)
     pairs = [(c.graph, {**c.meta(i), "reused_from": known_path})
              for i, c in enumerate(res.candidates)]
     return Outcome(serialize.dumps_candidates(pairs), pairs, False, True, res.progress)

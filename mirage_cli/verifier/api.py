@@ -186,6 +186,9 @@ class Verifier:
         self._inputs: dict[int, list[FVal]] = {}
         self._ref: dict[int, tuple[list[np.ndarray] | None, bool, str]] = {}
         self._ref_q: list[np.ndarray | None] | None = None
+        # The last candidate's trials (``check`` then ``certify`` of one candidate
+        # replay the same trials; a trial's result depends only on (graph, trial)).
+        self._cand: tuple[Graph | None, dict[int, Any]] = (None, {})
 
     # -- trials -----------------------------------------------------------------
 
@@ -215,6 +218,17 @@ class Verifier:
             return None, False, str(e), []
         return outs, ctx.zero_division[0], "", second
 
+    def _run_candidate(self, g: Graph, t: int) -> tuple[list[np.ndarray] | None, bool,
+                                                        str, list[np.ndarray | None]]:
+        """:meth:`_run` of a candidate, remembered for the last candidate checked."""
+        last, runs = self._cand
+        if last is not g:
+            runs = {}
+            self._cand = (g, runs)
+        if t not in runs:
+            runs[t] = self._run(g, t)
+        return runs[t]  # type: ignore[no-any-return]
+
     def reference_outputs(self, t: int) -> tuple[list[np.ndarray] | None, bool, str]:
         if t not in self._ref:
             outs, zero, why, second = self._run(self.reference, t)
@@ -235,8 +249,8 @@ class Verifier:
                 return Verdict(None, passed, discarded, reason="a division met a zero "
                                "divisor in every trial")
             ref, ref_zero, why = self.reference_outputs(t)
-            out, zero, why_c, second = (self._run(candidate, t) if ref is not None
-                                        else (None, False, "", []))
+            out, zero, why_c, second = (self._run_candidate(candidate, t)
+                                        if ref is not None else (None, False, "", []))
             if ref is None or out is None:
                 return Verdict(None, passed, discarded, reason=why or why_c)
             if ref_zero or zero:

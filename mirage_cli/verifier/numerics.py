@@ -33,6 +33,7 @@ import numpy as np
 from mirage_cli import interp
 from mirage_cli.dtypes import round_to
 from mirage_cli.ir import Graph
+from mirage_cli.verifier.crosscheck import float_inputs
 
 SCALES = (16.0,)
 FLOOR = 1e-2
@@ -61,8 +62,9 @@ class Safety:
 
 
 def scaled_inputs(g: Graph, seed: int, scale: float) -> dict[str, np.ndarray]:
-    """``interp.random_inputs`` times ``scale``, rounded to each input's dtype."""
-    base = interp.random_inputs(g, seed)
+    """``interp.random_inputs`` times ``scale``, rounded to each input's dtype (the
+    draw is the float64 cross-check's, :func:`.crosscheck.float_inputs`)."""
+    base = float_inputs(g, seed)
     types = {i.value.name: i.value.type for i in g.inputs}
     return {n: round_to(types[n].dtype, x * np.float32(scale)) for n, x in base.items()}
 

@@ -1,0 +1,139 @@
+"""Shape reuse certifies only what ships: `mirage opt -D batch=2` after a search at batch 1
+re-verifies the first-ranked reused candidate at the new sizes (and the next ones only
+when it fails), a later run that needs more candidates (``--gpu``) reuses again, and
+the verifier does not repeat a trial or a float64 draw it already made."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from mirage_cli import interp, serialize
+from mirage_cli.cli import main
+from mirage_cli.loading import load_graph
+from mirage_cli.search.driver import SearchOptions, reuse, search
+from mirage_cli.verifier import api
+from mirage_cli.verifier.api import Verifier
+from mirage_cli.verifier.crosscheck import crosscheck
+from mirage_cli.verifier.numerics import safety_check
+
+ROOT = Path(__file__).resolve().parent.parent
+LORA = ROOT / "examples" / "lora.mir"
+SIZES = {"hidden": 64, "n": 256}
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MIRAGE_CACHE_DIR", str(tmp_path / "cache"))
+
+
+def opt(tmp_path: Path, batch: int) -> tuple[str, list[Any], str]:
+    """`mirage opt` of lora at ``batch``: its log, candidates file and .cu text."""
+    temps, cu = tmp_path / f"t{batch}", tmp_path / f"o{batch}.cu"
+    defs = [a for k, v in {**SIZES, "batch": batch}.items() for a in ("-D", f"{k}={v}")]
+    r = CliRunner().invoke(main, ["opt", str(LORA), "-o", str(cu), *defs, "--jobs", "1",
+                                  "--save-temps", str(temps)])
+    assert r.exit_code == 0, r.output
+    cands = serialize.loads_candidates(next(temps.glob("*.cands.ugraph.json")).read_text())
+    return r.output, cands, cu.read_text()
+
+
+def program(batch: int) -> Any:
+    return load_graph(str(LORA), {**SIZES, "batch": batch})
+
+
+def test_reuse_certifies_the_shipped_candidate_at_the_new_sizes(tmp_path: Path) -> None:
+    _, first, _ = opt(tmp_path, 1)
+    assert len(first) == 3  # the search keeps --top 3 for the family
+    log, cands, cu = opt(tmp_path, 2)
+    assert "search: reused the" in log and "1 re-verified at these sizes" in log
+    assert len(cands) == 1 and cands[0][1]["reused_from"].startswith("cache (batch=1")
+    cert = cands[0][1]["verification"]
+    assert cert["equivalent"] and cert["certificate"]["bound"] <= 2.0 ** -40
+    assert cert["float64"]["verdict"] == "close" and cert["numerics"]["verdict"] == "safe"
+    # Independently: the shipped µGraph is equivalent to the program at batch 2.
+    independent = Verifier(program(2), seed=7).certify(cands[0][0])
+    assert independent.verdict == "equivalent"
+    # And it is what a fresh search at batch 2 ships.
+    fresh = search(program(2), SearchOptions())
+    assert cands[0][0] == fresh.candidates[0].graph
+    # The rerun at batch 2 is the exact cache entry: the same single candidate.
+    log2, again, cu2 = opt(tmp_path, 2)
+    assert "search: reused" not in log2 and again == cands and cu2 == cu
+
+
+def test_a_run_that_needs_more_candidates_reuses_again(tmp_path: Path) -> None:
+    from mirage_cli.search.reuse import reused
+
+    opt(tmp_path, 1)
+    opt(tmp_path, 2)  # stores one certified candidate at batch 2
+    out = reused(program(2), SearchOptions(), need=3)  # as `opt --gpu` asks
+    assert out is not None and len(out.candidates) == 3
+    assert all(m["verification"]["equivalent"] for _, m in out.candidates)
+    assert reused(program(2), SearchOptions(), need=3) is None  # now the exact entry
+
+
+def test_reuse_goes_down_the_ranking_when_the_first_fails(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from mirage_cli.verifier import crosscheck as cc
+
+    _, first, _ = opt(tmp_path, 1)
+    real = cc.crosscheck
+    seen: list[Any] = []
+
+    def first_one_far(a: Any, b: Any, seed: int = 0) -> Any:
+        res = real(a, b, seed)
+        seen.append(b)
+        return res if len(seen) > 1 else type(res)(**{**res.__dict__, "close": False})
+
+    monkeypatch.setattr(cc, "crosscheck", first_one_far)
+    res = reuse(program(2), [g for g, _ in first], SearchOptions(), need=1)
+    assert len(seen) == 2 and seen[0] != seen[1]
+    assert res.progress.rejected == 1 and res.progress.verified == 1
+    assert len(res.candidates) == 1 and res.candidates[0].graph == seen[1]
+    assert res.candidates[0].verdict["float64"]["verdict"] == "close"
+
+
+def test_certify_after_check_does_not_rerun_a_trial(monkeypatch: pytest.MonkeyPatch) -> None:
+    prog = program(2)
+    cand = search(prog, SearchOptions(top=1)).candidates[0].graph
+    v = Verifier(prog, seed=3)
+    runs: list[int] = []
+    real = v._run
+
+    def counted(g: Any, t: int) -> Any:
+        if g is cand:
+            runs.append(t)
+        return real(g, t)
+
+    monkeypatch.setattr(v, "_run", counted)
+    assert v.check(cand, trials=1).equivalent is True
+    cert = v.certify(cand, crosscheck_float64=False)
+    assert cert.verdict == "equivalent" and cert.field_verdict.trials >= 2
+    assert sorted(runs) == list(range(cert.field_verdict.trials))  # each trial once
+    assert api.Verifier(prog, seed=3).certify(cand, crosscheck_float64=False).to_json() \
+        == cert.to_json()
+
+
+def test_crosscheck_and_safety_share_one_draw(monkeypatch: pytest.MonkeyPatch) -> None:
+    prog = program(2)
+    cand = search(prog, SearchOptions(top=1)).candidates[0].graph
+    draws: list[int] = []
+    real = interp.random_inputs
+
+    def counted(g: Any, seed: int = 0) -> Any:
+        draws.append(seed)
+        return real(g, seed)
+
+    monkeypatch.setattr(interp, "random_inputs", counted)
+    first = crosscheck(prog, cand, 11)
+    assert first.close and safety_check(prog, cand, 11).safe
+    assert draws == [11]
+    # The shared arrays are read-only, and give the same verdicts as a fresh draw.
+    assert all(not x.flags.writeable for x in first.inputs.values())
+    assert crosscheck(prog, cand, 12).close and draws == [11, 12]
+    again = crosscheck(prog, cand, 11)
+    assert draws == [11, 12, 11] and again.max_rel_err == first.max_rel_err
