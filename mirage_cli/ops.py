@@ -289,6 +289,8 @@ def infer_reshape(ts: Sequence[TensorType], a: dict[str, AttrValue]) -> TensorTy
         raise ShapeError(f"reshape sizes must be positive integers, got {given}")
     if 0 in given and any(given[given.index(0):]):
         raise ShapeError("reshape: d0, d1, ... must be given in order without gaps")
+    if not given[0]:
+        raise ShapeError("reshape: d0 must be given (a tensor has rank 1 to 4)")
     shape = _F.reshape_dims(a)
     if math.prod(shape) != t.numel:
         raise ShapeError(f"cannot reshape {t} ({t.numel} elements) to {list(shape)} "

@@ -155,6 +155,7 @@ def test_reshape_round_trip_is_the_identity_and_a_rotation_is_not() -> None:
 @pytest.mark.parametrize(("call", "message"), [
     ("reshape(X, d0=5, d1=8)", "cannot reshape f32[6, 8] (48 elements) to [5, 8]"),
     ("reshape(X, d0=48, d2=1)", "without gaps"),
+    ("reshape(Y, d0=0)", "d0 must be given"),
     ("rotate_half(Y)", "even last dimension"),
 ])
 def test_shape_errors_are_located(call: str, message: str) -> None:
