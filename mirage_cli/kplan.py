@@ -21,7 +21,8 @@ from typing import Any, Literal
 
 PLAN_VERSION = 1
 
-Home = Literal["global", "smem", "inline", "acc_regs", "acc_mma", "acc_smem", "scratch"]
+Home = Literal["global", "smem", "inline", "acc_regs", "acc_mma", "acc_smem", "scratch",
+               "regs"]
 Reduction = Literal["thread", "rows", "block"]
 
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from mirage_cli import ops
 from mirage_cli.check import block_phases
 from mirage_cli.ir import BlockGraph, BlockOp, DType, TensorType, Value, make_attrs
+from mirage_cli.semantics.accum import Finish
 
 
 def decompose(bg: BlockGraph) -> BlockGraph:
@@ -122,3 +123,66 @@ def threads_per_row(rows: int, threads: int) -> int:
     warps = threads // 32
     per = warps // rows if 0 < rows < warps and warps % rows == 0 else 1
     return 32 * per
+
+
+# -- row kernels with their rows in registers (codegen/rowregs.py) --------------------
+
+ROW_VEC = 8  # elements per 16-byte chunk of a 16-bit tile
+
+
+def row_tile(a: Analysis) -> tuple[int, int] | None:
+    """(R, L) when every tensor is an [R, L] tile or a per-row [R, 1] result."""
+    shapes = {t.shape for t in a.types.values()}
+    full = {s for s in shapes if len(s) == 2 and s[1] != 1}
+    if len(full) != 1:
+        return None
+    R, L = next(iter(full))
+    return (R, L) if shapes <= {(R, L), (R, 1)} else None
+
+
+def rows_in_registers(a: Analysis, dev: Mapping[str, TensorType], threads: int
+                      ) -> str | None:
+    """None when the block graph can keep its rows in registers with ``threads``
+    threads, else the first reason it cannot."""
+    bg = a.bg
+    if bg.forloop != 1:
+        return "the forloop has more than one iteration"
+    shape = row_tile(a)
+    if shape is None:
+        return "not every tensor is an [R, L] tile or a per-row [R, 1] result"
+    R, L = shape
+    if L % ROW_VEC or (L // ROW_VEC) % threads:
+        return f"a row of {L} elements is not a multiple of {ROW_VEC} x {threads} threads"
+    if R * L // ROW_VEC // threads > 8:
+        return "more than 8 chunks per thread"
+    for bi in bg.inputs:
+        t = bi.value.type
+        if t.shape != (R, L) or t.dtype is DType.F32 or dev[bi.source].shape[-1] % ROW_VEC:
+            return f"input {bi.value.name} is not a 16-bit [R, L] tile"
+    for bo in bg.outputs:
+        if a.types[bo.source].shape != (R, L) or bo.value.type.dtype is DType.F32:
+            return f"output {bo.value.name} is not a 16-bit [R, L] tile"
+    for op in bg.ops:
+        if row_kind(op, a) is None:
+            return f"operator {op.op} has no register form"
+    return None
+
+
+def row_kind(op: BlockOp, a: Analysis) -> str | None:
+    """'elementwise', 'row' (a reduction along the last dimension) or 'alias' (an
+    accumulator of one iteration that returns its input), else None."""
+    reg = ops.get(op.op)
+    if reg.is_accumulator:
+        spec = reg.accum
+        assert spec is not None
+        ok = (spec.reduce is ops.Reduce.NONE and spec.finish is Finish.ID
+              and spec.pre is ops.Pre.ID)
+        return "alias" if ok else None
+    kind = reg.cuda.kind
+    if kind == "elementwise":
+        return "elementwise"
+    red = reduced_dim(op, a.types)
+    if kind in ("rms", "reduce") and red is not None and red[0] == 1:
+        keep = kind == "rms" or bool(reg.attr_values(op.attrs).get("keepdim", False))
+        return "row" if keep else None
+    return None

@@ -80,9 +80,18 @@ class Inline:
 
 
 @dataclass(frozen=True)
+class Regs:
+    """Elements live in this thread's registers: ``array[slot]``, where ``slot`` is the
+    register element the enclosing loop is at (:attr:`Emitter.reg_slot`): a thread only
+    ever reads its own elements of such a tile (``codegen/rowregs.py``)."""
+
+    array: str
+
+
+@dataclass(frozen=True)
 class Node:
     shape: tuple[int, ...]
-    how: Stored | Inline
+    how: Stored | Inline | Regs
 
 
 def attr_c(v: AttrValue) -> str:
@@ -101,6 +110,7 @@ class Emitter:
     def __init__(self) -> None:
         self.nodes: dict[str, Node] = {}
         self._n = 0
+        self.reg_slot: str | None = None  # the register element being computed (Regs)
 
     def fresh(self, prefix: str = "v") -> str:
         self._n += 1
@@ -122,6 +132,9 @@ class Emitter:
                 lines, e = self._inline(op, inputs, attrs, node.shape, list(idx))
                 v = self.fresh()
                 return lines + [f"const float {v} = {e};"], v
+            case Regs(array=array):
+                assert self.reg_slot is not None, f"{name} is read outside its owner's loop"
+                return [], f"{array}[{self.reg_slot}]"
             case _:
                 assert_never(node.how)
 

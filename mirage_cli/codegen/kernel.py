@@ -18,7 +18,6 @@ import dataclasses
 from collections.abc import Callable
 
 from mirage_cli import ops
-from mirage_cli.arch import DEFAULT_ARCH
 from mirage_cli.codegen import mma, reduce, stores
 from mirage_cli.codegen.blockfacts import Analysis, analyse, decompose
 from mirage_cli.codegen.expr import (
@@ -34,11 +33,10 @@ from mirage_cli.codegen.expr import (
     offset_expr,
     row_major,
 )
-from mirage_cli.codegen.indexing import check_index_range
 from mirage_cli.codegen.plan import Kernel, Param
-from mirage_cli.codegen.planner import RED, ZERO, plan_kernel
-from mirage_cli.ir import BlockGraph, BlockInput, BlockOp, KernelOp, TensorType
-from mirage_cli.kplan import KernelPlan, Knobs, TilePlan
+from mirage_cli.codegen.planner import RED, ZERO
+from mirage_cli.ir import BlockGraph, BlockInput, BlockOp, TensorType
+from mirage_cli.kplan import KernelPlan, TilePlan
 from mirage_cli.semantics.cuda import c_update
 
 BodyFn = Callable[[list[str]], Lines]
@@ -383,14 +381,3 @@ class FusedKernel:
             # The next iteration writes shared memory before any barrier of its own.
             lines.append("__syncthreads();")
         return lines
-
-
-def lower_custom(kop: KernelOp, name: str, dev_types: dict[str, TensorType],
-                 target: str = DEFAULT_ARCH) -> Kernel:
-    """The CUDA kernel of one custom kernel for ``target``, planned with the knobs of
-    its recorded plan (if any) pinned."""
-    assert kop.block is not None
-    check_index_range(kop, dev_types)
-    pins = kop.plan.knobs if kop.plan is not None else Knobs()
-    plan = plan_kernel(kop.block, dev_types, target, pins)
-    return FusedKernel(kop.block, plan, name, dev_types).lower()

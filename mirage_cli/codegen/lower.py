@@ -10,7 +10,7 @@ program without custom kernels (the same thing; named for the benchmark).
 from __future__ import annotations
 
 from mirage_cli.arch import DEFAULT_ARCH
-from mirage_cli.codegen.kernel import lower_custom
+from mirage_cli.codegen.custom import lower_custom
 from mirage_cli.codegen.names import (
     RESERVED,
     check_entry_name,

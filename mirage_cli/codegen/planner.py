@@ -26,22 +26,29 @@ from mirage_cli.codegen.blockfacts import (
     mma_tiles,
     reads_once,
     row_reduction,
+    row_tile,
+    rows_in_registers,
     threads_per_row,
 )
+from mirage_cli.codegen.knobranges import (
+    VEC_BYTES,
+    default_ksplit,
+    default_threads,
+    direct_acc,
+    ksplit_range,
+    ksteps,
+    kwarps_range,
+    stagger_range,
+    vec_elems,
+    vec_range,
+)
 from mirage_cli.diagnostics import MirageError
-from mirage_cli.ir import BlockGraph, BlockOp, DType, TensorType
+from mirage_cli.ir import BlockGraph, DType, TensorType
 from mirage_cli.kplan import Home, KernelPlan, Knobs, MmaPlan, ReducePlan, TilePlan
 
 MAX_STAGES = 4        # copies in flight per loop input
 ACC_REGS_MAX = 32     # accumulator elements per thread kept in registers
 MMA_ACC_REGS_MAX = 64  # mma accumulator registers per thread
-VEC_BYTES = 16
-
-
-def _vec(t: TensorType, *row_lengths: int) -> int:
-    """Elements per 16-byte access along the last dimension, or 1 if rows do not align."""
-    v = VEC_BYTES // t.dtype.nbytes
-    return v if all(n % v == 0 for n in (t.shape[-1],) + row_lengths) else 1
 
 
 def _pitch(t: TensorType, pad: bool) -> int:
@@ -99,6 +106,8 @@ def plan_kernel(bg: BlockGraph, dev_types: Mapping[str, TensorType], target: str
     check_pins(bg, dev_types, target, pins)
     bg = dataclasses.replace(bg, threads=pins.threads or default_threads(bg))
     a = analyse(decompose(bg))
+    if rows_in_registers(a, dev_types, bg.threads) is None:
+        return _row_plan(a, dev_types, target, pins)
     k, tiles, mmas, reds, smem, scratch = _lay_out(a, dev_types, pins, arch)
     k = dataclasses.replace(k, stages=max([t.stages for t in tiles.values()] + [1]))
     mmas = _mmas(a, tiles, k)  # operand paths again: a tile may have left shared memory
@@ -112,13 +121,31 @@ def plan_kernel(bg: BlockGraph, dev_types: Mapping[str, TensorType], target: str
     return KernelPlan(target, T, k, smem, scratch, tuple(out), tuple(mmas), tuple(reds))
 
 
+def _row_plan(a: Analysis, dev_types: Mapping[str, TensorType], target: str, pins: Knobs
+              ) -> KernelPlan:
+    """A row kernel with its rows in registers (``codegen/rowregs.py``): no tile in
+    shared memory, 16-byte chunks, one block-wide reduction per row reduction."""
+    T = a.bg.threads
+    shape = row_tile(a)
+    assert shape is not None
+    k = dataclasses.replace(_resolve(a, dev_types, pins), stages=1, ksplit=1)
+    owner = (f"registers: 8-element chunk c of each row held by thread c % {T} in every "
+             f"tile ({shape[0] * shape[1] // 8 // T} chunk(s) per thread)")
+    tiles = tuple(TilePlan(n, "regs", owner if t.shape[-1] > 1 else
+                           "registers: one value per row, in every thread", 8 if t.shape[-1] > 1
+                           else 1) for n, t in a.types.items())
+    reds = tuple(ReducePlan(op.outputs[0].name, "block", T) for op in a.bg.ops
+                 if op.outputs[0].type.shape[-1] == 1 and not ops.get(op.op).is_accumulator)
+    return KernelPlan(target, T, k, 0, 0, tiles, (), reds)
+
+
 def _lay_out(a: Analysis, dev_types: Mapping[str, TensorType], pins: Knobs, arch: archs.Arch
              ) -> tuple[Knobs, dict[str, _Tile], list[MmaPlan], list[ReducePlan], int, int]:
     """Knobs resolved, tile homes, mma and reduction mappings, and the shared-memory
     allocation: (knobs, tiles, mmas, reductions, shared memory bytes, scratch floats)."""
     k = _resolve(a, dev_types, pins)
     if pins.ksplit is None:
-        k = dataclasses.replace(k, ksplit=_default_ksplit(a, arch))
+        k = dataclasses.replace(k, ksplit=default_ksplit(a, arch))
     try:
         return _lay_out_with(a, dev_types, k, pins, arch)
     except MirageError:
@@ -138,24 +165,6 @@ def _lay_out_with(a: Analysis, dev_types: Mapping[str, TensorType], k: Knobs, pi
     return k, tiles, mmas, reds, smem, scratch
 
 
-def _default_ksplit(a: Analysis, arch: archs.Arch) -> int:
-    """2 when the grid fills at most half the SMs and the forloop splits into halves of
-    8 or more iterations, else 1: a small grid's blocks then stream twice as many
-    columns per row of the weight (wider pieces, half the re-reads of the shared
-    operand) and the cluster still fills the GPU. Measured on an H200 (docs/perf-log.md
-    v7): rmsnorm_linear grid 64 with the split ran 17.5 / 20.3 / 23.5 µs at batch 1 /
-    8 / 16, grid 128 without it 20.7 / 23.6 / 29.7, grid 64 without it 22.0 / 25.3 /
-    34.6. Splits of 4 lost (grid 32: 27–47 µs): a block's wider tile leaves room for
-    fewer pipeline stages. Short loops do not pay for the cluster's combine (lora at
-    batch 16, grid 64, 4 iterations per block: 8.3 µs against 5.9 unsplit)."""
-    gx, gy, gz = a.bg.grid
-    blocks = gx * gy * gz
-    if (2 not in _ksplit_range(a, arch.name) or 2 * blocks > arch.num_sms
-            or a.bg.forloop // 2 < 8):
-        return 1
-    return 2
-
-
 def _owner(t: _Tile, threads: int) -> str:
     match t.home:
         case "smem" if t.type.dtype is not DType.F32 and t.pitch:
@@ -169,24 +178,6 @@ def _owner(t: _Tile, threads: int) -> str:
             return f"registers: element e by thread e % {threads}"
         case _:
             return f"f32 tile; element e written by thread e % {threads}"
-
-
-def default_threads(bg: BlockGraph) -> int:
-    """The block graph's thread count; kernels without tensor-core work get enough
-    threads for one 16-byte access per thread over their largest tile (up to 512), so
-    row-wise kernels with few blocks still keep many loads in flight."""
-    mmas = [op for op in bg.ops if is_mma(op, bg.threads)]
-    if mmas:
-        # Streaming matmuls issue many instructions per byte (copies, fragment loads):
-        # with one block per SM, 8 warps issue faster than 4 (docs/perf-log.md).
-        a = analyse(bg)
-        heavy = max(_ksteps(op, a) for op in mmas) >= 16
-        return max(bg.threads, 256) if heavy else bg.threads
-    largest = max([bi.value.type.numel for bi in bg.inputs] + [1])
-    t = bg.threads
-    while t < 512 and t * 2 * 8 <= largest:
-        t *= 2
-    return t
 
 
 def _resolve(a: Analysis, dev: Mapping[str, TensorType], pins: Knobs) -> Knobs:
@@ -203,10 +194,10 @@ def _resolve(a: Analysis, dev: Mapping[str, TensorType], pins: Knobs) -> Knobs:
     if d["kwarps"] is None:
         # Measured on an H200 (docs/perf-log.md): splitting K pays while each warp keeps
         # at least 8 mma steps per iteration; past that the fragment sums cost more.
-        steps = max([_ksteps(op, a) for op in a.bg.ops if is_mma(op, a.bg.threads)] + [1])
-        d["kwarps"] = max(kw for kw in _kwarps_range(a) if kw == 1 or steps // kw >= 8)
+        steps = max([ksteps(op, a) for op in a.bg.ops if is_mma(op, a.bg.threads)] + [1])
+        d["kwarps"] = max(kw for kw in kwarps_range(a) if kw == 1 or steps // kw >= 8)
     if d["vec"] is None:
-        d["vec"] = max(_vec_range(a, dev))
+        d["vec"] = max(vec_range(a, dev))
     return Knobs(**d)
 
 
@@ -217,7 +208,7 @@ def _homes(a: Analysis, dev: Mapping[str, TensorType], k: Knobs) -> dict[str, _T
         name, t = bi.value.name, bi.value.type
         users = a.uses[name]
         once = all(u is None or reads_once(u, t, a.types) for u in users) and len(users) <= 1
-        vec = _vec(t, dev[bi.source].shape[-1])
+        vec = vec_elems(t, dev[bi.source].shape[-1])
         staged = not once or (k.stage_once == 1 and vec > 1)
         tile = _Tile(name, t, a.phases[name], "smem" if staged else "global", vec=vec)
         if staged:
@@ -248,45 +239,6 @@ def _inlinable(name: str, a: Analysis) -> bool:
             and reads_once(user, a.types[name], a.types))
 
 
-def _direct_acc(op: BlockOp, a: Analysis) -> BlockOp | None:
-    """The acc_sum that sums this loop matmul's result directly, if any."""
-    users = a.uses[op.outputs[0].name]
-    user = users[0] if len(users) == 1 else None
-    spec = ops.get(user.op).accum if user is not None else None
-    if (user is None or spec is None or not spec.is_plain_sum
-            or spec.reduce is not ops.Reduce.NONE or a.phases[op.outputs[0].name] != "loop"):
-        return None
-    return user
-
-
-def _ksteps(op: BlockOp, a: Analysis) -> int:
-    K = a.types[op.inputs[0]].shape[-1]
-    return K // 16 if K % 16 == 0 else 1
-
-
-def _kwarps_range(a: Analysis) -> list[int]:
-    """Warp counts that can split K of every accumulated mma of the kernel."""
-    W = a.bg.threads // 32
-    accs = [op for op in a.bg.ops if is_mma(op, a.bg.threads) and _direct_acc(op, a)]
-    if not accs:
-        return [1]
-    return [kw for kw in range(1, W + 1) if W % kw == 0
-            and all(_ksteps(op, a) % kw == 0 for op in accs)]
-
-
-def _vec_range(a: Analysis, dev: Mapping[str, TensorType]) -> list[int]:
-    """Store widths legal for every block output: 1, or a 16-byte vector."""
-    widths = [1]
-    # The tile's row length must be a multiple of the vector (so omap offsets along the
-    # last dimension are too) and so must the device tensor's.
-    outs = [(a.types[bo.source], dev[bo.value.name]) for bo in a.bg.outputs]
-    if outs and all(_vec(t, d.shape[-1]) > 1 and t.dtype is not DType.F32 for t, d in outs):
-        sizes = {VEC_BYTES // t.dtype.nbytes for t, _ in outs}
-        if len(sizes) == 1:
-            widths.append(sizes.pop())
-    return widths
-
-
 def _mmas(a: Analysis, tiles: dict[str, _Tile], k: Knobs) -> list[MmaPlan]:
     W = a.bg.threads // 32
     out = []
@@ -294,7 +246,7 @@ def _mmas(a: Analysis, tiles: dict[str, _Tile], k: Knobs) -> list[MmaPlan]:
         if not is_mma(op, a.bg.threads):
             continue
         name = op.outputs[0].name
-        acc = _direct_acc(op, a)
+        acc = direct_acc(op, a)
         kw = (k.kwarps or 1) if acc is not None else 1
         per_warp = -(-mma_tiles(op.outputs[0].type) // (W // kw))
         if acc is not None and 4 * per_warp > MMA_ACC_REGS_MAX:
@@ -410,35 +362,16 @@ def knob_space(bg: BlockGraph, dev_types: Mapping[str, TensorType], target: str
     threads = sorted({bg.threads, default_threads(bg), 64, 128, 256, 512})
     a = analyse(decompose(dataclasses.replace(bg, threads=default_threads(bg))))
     return {"stages": list(range(1, min(MAX_STAGES, bg.forloop) + 1)) if bg.forloop > 1 else [1],
-            "kwarps": _kwarps_range(a), "pad": [0, 1], "ldmatrix": [0, 1],
-            "stage_once": [0, 1], "vec": _vec_range(a, dev_types), "threads": threads,
-            "ksplit": _ksplit_range(a, target) if _no_scratch(a, dev_types, target) else [1],
-            "stagger": _stagger_range(a)}
+            "kwarps": kwarps_range(a), "pad": [0, 1], "ldmatrix": [0, 1],
+            "stage_once": [0, 1], "vec": vec_range(a, dev_types), "threads": threads,
+            "ksplit": ksplit_range(a, target) if _no_scratch(a, dev_types, target) else [1],
+            "stagger": stagger_range(a)}
 
 
 def _no_scratch(a: Analysis, dev_types: Mapping[str, TensorType], target: str) -> bool:
     """Whether the default plan keeps every tile out of the workspace scratch area (a
     cluster's blocks cannot split the forloop otherwise)."""
     return _lay_out(a, dev_types, Knobs(ksplit=1), archs.get(target))[5] == 0
-
-
-def _stagger_range(a: Analysis) -> list[int]:
-    """Staggering needs more than one iteration and more than one block; every
-    accumulator combines with sum, max or min, so any iteration order gives the same
-    value (up to float rounding)."""
-    gx, gy, gz = a.bg.grid
-    return [0, 1] if a.bg.forloop > 1 and gx * gy * gz > 1 else [0]
-
-
-def _ksplit_range(a: Analysis, target: str) -> list[int]:
-    """Cluster sizes that can split the forloop: sm_90, a grid with no z axis (the
-    cluster's blocks go there), and only accumulator results stored (each block of the
-    cluster holds partial sums until they are combined)."""
-    bg = a.bg
-    stored_after_loop = all(a.phases[bo.source] == "epilogue" for bo in bg.outputs)
-    if target != "sm_90" or bg.grid[2] != 1 or not stored_after_loop:
-        return [1]
-    return [1] + [k for k in (2, 4, 8) if bg.forloop % k == 0]
 
 
 def check_pins(bg: BlockGraph, dev_types: Mapping[str, TensorType], target: str,

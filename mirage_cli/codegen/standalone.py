@@ -263,7 +263,7 @@ def _matmul_as_block_graph(kop: KernelOp, types: dict[str, TensorType]) -> Kerne
 def _matmul(kop: KernelOp, name: str, types: dict[str, TensorType], arch: str) -> Kernel:
     custom = _matmul_as_block_graph(kop, types)
     if custom is not None:
-        from mirage_cli.codegen.kernel import lower_custom
+        from mirage_cli.codegen.custom import lower_custom
 
         k = lower_custom(custom, name, types, arch)
         g = custom.block

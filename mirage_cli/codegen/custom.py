@@ -1,0 +1,27 @@
+"""Lowering of one custom kernel: plan it, then emit it with the emitter its plan calls
+for (:mod:`rowregs` when the plan keeps every tile in registers, :mod:`kernel`
+otherwise)."""
+
+from __future__ import annotations
+
+from mirage_cli.arch import DEFAULT_ARCH
+from mirage_cli.codegen.indexing import check_index_range
+from mirage_cli.codegen.kernel import FusedKernel
+from mirage_cli.codegen.plan import Kernel
+from mirage_cli.codegen.planner import plan_kernel
+from mirage_cli.codegen.rowregs import RowKernel
+from mirage_cli.ir import KernelOp, TensorType
+from mirage_cli.kplan import Knobs
+
+
+def lower_custom(kop: KernelOp, name: str, dev_types: dict[str, TensorType],
+                 target: str = DEFAULT_ARCH) -> Kernel:
+    """The CUDA kernel of one custom kernel for ``target``, planned with the knobs of
+    its recorded plan (if any) pinned."""
+    assert kop.block is not None
+    check_index_range(kop, dev_types)
+    pins = kop.plan.knobs if kop.plan is not None else Knobs()
+    plan = plan_kernel(kop.block, dev_types, target, pins)
+    if plan.tiles and all(t.home == "regs" for t in plan.tiles):
+        return RowKernel(kop.block, plan, name, dev_types).lower()
+    return FusedKernel(kop.block, plan, name, dev_types).lower()

@@ -1,0 +1,116 @@
+"""The legal values of a block graph's plan knobs, and the defaults that depend only
+on the block graph and the target: thread count, K-split warps, store width, the
+forloop split over a cluster, staggering. Read by :mod:`planner` (which resolves the
+knobs and lays the kernel out) and by the tuner through :func:`planner.knob_space`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from mirage_cli import arch as archs
+from mirage_cli import ops
+from mirage_cli.codegen.blockfacts import Analysis, analyse, is_mma
+from mirage_cli.ir import BlockGraph, BlockOp, DType, TensorType
+
+VEC_BYTES = 16
+
+
+def vec_elems(t: TensorType, *row_lengths: int) -> int:
+    """Elements per 16-byte access along the last dimension, or 1 if rows do not align."""
+    v = VEC_BYTES // t.dtype.nbytes
+    return v if all(n % v == 0 for n in (t.shape[-1],) + row_lengths) else 1
+
+
+def default_ksplit(a: Analysis, arch: archs.Arch) -> int:
+    """2 when the grid fills at most half the SMs and the forloop splits into halves of
+    8 or more iterations, else 1: a small grid's blocks then stream twice as many
+    columns per row of the weight (wider pieces, half the re-reads of the shared
+    operand) and the cluster still fills the GPU. Measured on an H200 (docs/perf-log.md
+    v7): rmsnorm_linear grid 64 with the split ran 17.5 / 20.3 / 23.5 µs at batch 1 /
+    8 / 16, grid 128 without it 20.7 / 23.6 / 29.7, grid 64 without it 22.0 / 25.3 /
+    34.6. Splits of 4 lost (grid 32: 27–47 µs): a block's wider tile leaves room for
+    fewer pipeline stages. Short loops do not pay for the cluster's combine (lora at
+    batch 16, grid 64, 4 iterations per block: 8.3 µs against 5.9 unsplit)."""
+    gx, gy, gz = a.bg.grid
+    blocks = gx * gy * gz
+    if (2 not in ksplit_range(a, arch.name) or 2 * blocks > arch.num_sms
+            or a.bg.forloop // 2 < 8):
+        return 1
+    return 2
+
+
+def default_threads(bg: BlockGraph) -> int:
+    """The block graph's thread count; kernels without tensor-core work get enough
+    threads for one 16-byte access per thread over their largest tile (up to 512), so
+    row-wise kernels with few blocks still keep many loads in flight."""
+    mmas = [op for op in bg.ops if is_mma(op, bg.threads)]
+    if mmas:
+        # Streaming matmuls issue many instructions per byte (copies, fragment loads):
+        # with one block per SM, 8 warps issue faster than 4 (docs/perf-log.md).
+        a = analyse(bg)
+        heavy = max(ksteps(op, a) for op in mmas) >= 16
+        return max(bg.threads, 256) if heavy else bg.threads
+    largest = max([bi.value.type.numel for bi in bg.inputs] + [1])
+    t = bg.threads
+    while t < 512 and t * 2 * 8 <= largest:
+        t *= 2
+    return t
+
+
+def direct_acc(op: BlockOp, a: Analysis) -> BlockOp | None:
+    """The acc_sum that sums this loop matmul's result directly, if any."""
+    users = a.uses[op.outputs[0].name]
+    user = users[0] if len(users) == 1 else None
+    spec = ops.get(user.op).accum if user is not None else None
+    if (user is None or spec is None or not spec.is_plain_sum
+            or spec.reduce is not ops.Reduce.NONE or a.phases[op.outputs[0].name] != "loop"):
+        return None
+    return user
+
+
+def ksteps(op: BlockOp, a: Analysis) -> int:
+    K = a.types[op.inputs[0]].shape[-1]
+    return K // 16 if K % 16 == 0 else 1
+
+
+def kwarps_range(a: Analysis) -> list[int]:
+    """Warp counts that can split K of every accumulated mma of the kernel."""
+    W = a.bg.threads // 32
+    accs = [op for op in a.bg.ops if is_mma(op, a.bg.threads) and direct_acc(op, a)]
+    if not accs:
+        return [1]
+    return [kw for kw in range(1, W + 1) if W % kw == 0
+            and all(ksteps(op, a) % kw == 0 for op in accs)]
+
+
+def vec_range(a: Analysis, dev: Mapping[str, TensorType]) -> list[int]:
+    """Store widths legal for every block output: 1, or a 16-byte vector."""
+    widths = [1]
+    # The tile's row length must be a multiple of the vector (so omap offsets along the
+    # last dimension are too) and so must the device tensor's.
+    outs = [(a.types[bo.source], dev[bo.value.name]) for bo in a.bg.outputs]
+    if outs and all(vec_elems(t, d.shape[-1]) > 1 and t.dtype is not DType.F32 for t, d in outs):
+        sizes = {VEC_BYTES // t.dtype.nbytes for t, _ in outs}
+        if len(sizes) == 1:
+            widths.append(sizes.pop())
+    return widths
+
+
+def stagger_range(a: Analysis) -> list[int]:
+    """Staggering needs more than one iteration and more than one block; every
+    accumulator combines with sum, max or min, so any iteration order gives the same
+    value (up to float rounding)."""
+    gx, gy, gz = a.bg.grid
+    return [0, 1] if a.bg.forloop > 1 and gx * gy * gz > 1 else [0]
+
+
+def ksplit_range(a: Analysis, target: str) -> list[int]:
+    """Cluster sizes that can split the forloop: sm_90, a grid with no z axis (the
+    cluster's blocks go there), and only accumulator results stored (each block of the
+    cluster holds partial sums until they are combined)."""
+    bg = a.bg
+    stored_after_loop = all(a.phases[bo.source] == "epilogue" for bo in bg.outputs)
+    if target != "sm_90" or bg.grid[2] != 1 or not stored_after_loop:
+        return [1]
+    return [1] + [k for k in (2, 4, 8) if bg.forloop % k == 0]
