@@ -121,6 +121,18 @@ def _lane_terms_vec(k: FusedKernel, x: str, idx: list[str], kv: str, length: int
     return keep_used(decl, loop) + loop
 
 
+def row_combine(op: BlockOp, length: int) -> tuple[Combine, str]:
+    """How a reduction operator over ``length`` elements combines, and the format of
+    its finish (``{0}``: the combined value): rms is sqrt(sum / n + eps), mean sum / n."""
+    spec = ops.get(op.op).cuda
+    attrs = ops.get(op.op).attr_values(op.attrs)
+    if spec.kind == "rms":
+        eps = c_float(float(attrs.get("eps", 0.0)))
+        return Combine.SUM, f"sqrtf({{0}} / {c_float(float(length))} + {eps})"
+    fin = f"{{0}} / {c_float(float(length))}" if spec.finish is Finish.MEAN else "{0}"
+    return spec.combine or Combine.SUM, fin
+
+
 def materialize(k: FusedKernel, op: BlockOp, rp: ReducePlan) -> Lines:
     """A row-reduction operator into its f32 tile."""
     from mirage_cli.codegen.blockfacts import reduced_dim
@@ -131,14 +143,7 @@ def materialize(k: FusedKernel, op: BlockOp, rp: ReducePlan) -> Lines:
     spec = ops.get(op.op).cuda
     out = op.outputs[0]
     attrs = ops.get(op.op).attr_values(op.attrs)
-    combine = spec.combine or Combine.SUM
-    if spec.kind == "rms":
-        eps = c_float(float(attrs.get("eps", 0.0)))
-        fin = f"sqrtf({{0}} / {c_float(float(length))} + {eps})"
-    elif spec.finish is Finish.MEAN:
-        fin = f"{{0}} / {c_float(float(length))}"
-    else:
-        fin = "{0}"
+    combine, fin = row_combine(op, length)
     n_rows = out.type.numel
     r, kv = k.em.fresh("r"), k.em.fresh("k")
 

@@ -25,9 +25,9 @@ from mirage_cli.codegen.blockfacts import row_kind, row_tile
 from mirage_cli.codegen.expr import Lines, Node, Regs, Stored, row_major
 from mirage_cli.codegen.kernel import FusedKernel
 from mirage_cli.codegen.plan import Kernel
+from mirage_cli.codegen.reduce import row_combine
 from mirage_cli.ir import BlockOp
-from mirage_cli.semantics.accum import Combine, Finish
-from mirage_cli.semantics.cuda import c_float, c_init, c_update, c_warp
+from mirage_cli.semantics.cuda import c_init, c_update, c_warp
 
 
 class RowKernel(FusedKernel):
@@ -111,15 +111,7 @@ class RowKernel(FusedKernel):
         """Per-row partials over this thread's chunks, then warp shuffles, one slot per
         warp and row in shared memory, one barrier, and every thread sums the slots."""
         out, spec = op.outputs[0], ops.get(op.op).cuda
-        attrs = ops.get(op.op).attr_values(op.attrs)
-        combine = spec.combine or Combine.SUM
-        if spec.kind == "rms":
-            eps = c_float(float(attrs.get("eps", 0.0)))
-            fin = f"sqrtf({{0}} / {c_float(float(self.L))} + {eps})"
-        elif spec.finish is Finish.MEAN:
-            fin = f"{{0}} / {c_float(float(self.L))}"
-        else:
-            fin = "{0}"
+        combine, fin = row_combine(op, self.L)
         part, red, res = f"p_{out.name}", f"red_{out.name}", f"s_{out.name}"
         W = self.W
         lines = [f"float {part}[{self.R}];", "#pragma unroll",
