@@ -199,32 +199,33 @@ extern "C" __global__ void __launch_bounds__(512, 1) mg_k0_mirage_ntrans_fused_h
     s_hn__rms[r] = sqrtf(t1 / 4096.0f + 0.0f);
   }
   float r_hn[8];
+  float inv_hn[1];
+  #pragma unroll
+  for (int r = 0; r < 1; ++r) inv_hn[r] = 1.0f / s_hn__rms[r];
   #pragma unroll
   for (int q = 0; q < 8; ++q) {
-    const float v2 = r_h[0 + q];
-    const float v3 = s_hn__rms[0];
-    r_hn[0 + q] = (v2 / v3);
+    r_hn[0 + q] = r_h[0 + q] * inv_hn[0];
   }
   float r_a[8];
   #pragma unroll
   for (int q = 0; q < 8; ++q) {
-    const float v4 = r_hn[0 + q];
-    const float v5 = r_x[0 + q];
-    r_a[0 + q] = (v4 + v5);
+    const float v2 = r_hn[0 + q];
+    const float v3 = r_x[0 + q];
+    r_a[0 + q] = (v2 + v3);
   }
   float r_b[8];
   #pragma unroll
   for (int q = 0; q < 8; ++q) {
-    const float v6 = r_al[0 + q];
-    const float v7 = r_a[0 + q];
-    r_b[0 + q] = (v6 * v7);
+    const float v4 = r_al[0 + q];
+    const float v5 = r_a[0 + q];
+    r_b[0 + q] = (v4 * v5);
   }
   float r_c[8];
   #pragma unroll
   for (int q = 0; q < 8; ++q) {
-    const float v8 = r_x[0 + q];
-    const float v9 = r_b[0 + q];
-    r_c[0 + q] = (v8 + v9);
+    const float v6 = r_x[0 + q];
+    const float v7 = r_b[0 + q];
+    r_c[0 + q] = (v6 + v7);
   }
   float p_o__rms[1];
   #pragma unroll
@@ -244,16 +245,17 @@ extern "C" __global__ void __launch_bounds__(512, 1) mg_k0_mirage_ntrans_fused_h
   float s_o__rms[1];
   #pragma unroll
   for (int r = 0; r < 1; ++r) {
-    float t10 = red_o__rms[r * 16];
-    for (int w = 1; w < 16; ++w) t10 += red_o__rms[r * 16 + w];
-    s_o__rms[r] = sqrtf(t10 / 4096.0f + 0.0f);
+    float t8 = red_o__rms[r * 16];
+    for (int w = 1; w < 16; ++w) t8 += red_o__rms[r * 16 + w];
+    s_o__rms[r] = sqrtf(t8 / 4096.0f + 0.0f);
   }
   float r_o[8];
+  float inv_o[1];
+  #pragma unroll
+  for (int r = 0; r < 1; ++r) inv_o[r] = 1.0f / s_o__rms[r];
   #pragma unroll
   for (int q = 0; q < 8; ++q) {
-    const float v11 = r_c[0 + q];
-    const float v12 = s_o__rms[0];
-    r_o[0 + q] = (v11 / v12);
+    r_o[0 + q] = r_c[0 + q] * inv_o[0];
   }
   mg_st8(p3 + (bx * 4096 + 0 + threadIdx.x * 8), r_o[0], r_o[1], r_o[2], r_o[3], r_o[4], r_o[5], r_o[6], r_o[7]);
 }
