@@ -120,7 +120,15 @@ class Device:
         check(self.drv.cuMemFree(ptr), "cuMemFree")
 
     def upload(self, ptr: int, host: np.ndarray) -> None:
-        check(self.drv.cuMemcpyHtoD(ptr, host.ctypes.data, host.nbytes), "cuMemcpyHtoD")
+        # On the device's own stream, then waited for: kernels run on a non-blocking
+        # stream, which is not ordered after the legacy stream's copies, and a
+        # synchronous copy from pageable memory may return before its DMA has landed
+        # (a kernel then read stale inputs under load: wrong results in 2 of 126 GPU
+        # tests run 6 at a time on one GPU).
+        host = np.ascontiguousarray(host)
+        check(self.drv.cuMemcpyHtoDAsync(ptr, host.ctypes.data, host.nbytes, self.stream),
+              "cuMemcpyHtoDAsync")
+        self.sync()
 
     def download(self, ptr: int, nbytes: int) -> np.ndarray:
         out = np.empty(nbytes, dtype=np.uint8)
