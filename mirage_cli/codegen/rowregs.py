@@ -106,8 +106,8 @@ class RowKernel(FusedKernel):
             # per element, instead of an IEEE division (a slow-path call) per element.
             inv = f"inv_{out.name}"
             lines += [f"float {inv}[{self.R}];", "#pragma unroll",
-                      f"for (int r = 0; r < {self.R}; ++r) {inv}[r] = "
-                      f"1.0f / {self._row_value(op.inputs[1], 'r')};"]
+                      (f"for (int r = 0; r < {self.R}; ++r) {inv}[r] = "
+                       f"1.0f / {self._row_value(op.inputs[1], 'r')};")]
 
         def body(j: int, idx: list[str]) -> Lines:
             if per_row:
