@@ -254,3 +254,35 @@ def test_search_finds_a_verified_qknorm_kernel():
     assert res.complete and res.candidates
     assert res.candidates[0].verdict["equivalent"] is True
     assert "rms_norm" in [o.op for o in res.candidates[0].graph.ops[0].block.ops]
+
+
+def test_ctrl_c_during_a_pruning_query_reaches_the_search(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Z3 must not swallow Ctrl-C: by default it answers an interrupted check with
+    "unknown", which the search reads as a timeout and carries on (the interrupt is
+    lost); once an oracle exists the signal is left to Python, raised when the query
+    returns. Run in a fresh process: the setting is process-wide."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = tmp_path / "q.py"
+    script.write_text(
+        "import os, signal, threading, time, z3\n"
+        "from mirage_cli.search.prune import Oracle\n"
+        "o = Oracle([])\n"
+        "x, y = (z3.BitVec(n, 128, ctx=o._ctx) for n in 'xy')\n"
+        "# factoring a 128-bit product: no answer within the 1 s query timeout\n"
+        "o.solver.add(x * y == 0xC2F0A7E3B8D1F4A9235B7E1D9F0C3A57, z3.ULT(x, 2**64),\n"
+        "             z3.ULT(y, 2**64), z3.UGT(x, 1), z3.UGT(y, 1))\n"
+        "threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGINT)).start()\n"
+        "try:\n"
+        "    r = o.solver.check()\n"
+        "    time.sleep(2.0)\n"
+        "    print('lost', o.solver.reason_unknown())\n"
+        "except KeyboardInterrupt:\n"
+        "    print('interrupted')\n")
+    root = Path(__file__).resolve().parent.parent
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                       timeout=60, env={**os.environ, "PYTHONPATH": str(root)})
+    assert r.stdout.strip() == "interrupted", r.stdout + r.stderr

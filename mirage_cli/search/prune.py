@@ -76,6 +76,12 @@ class Oracle:
         self.solver = z3.Solver(ctx=self._ctx)
         self.solver.set("timeout", self.timeout_ms)
         self.solver.set("mbqi", False)  # E-matching only: saturation answers quickly
+        # Z3 otherwise catches Ctrl-C during a check itself and answers "unknown", which
+        # the search reads as a timeout and goes on: the interrupt was lost (a search
+        # interrupted while in a query ran to its budget). Without it Python's handler
+        # sees the signal once the query returns (within timeout_ms). A global
+        # parameter: the solver-level one is not honoured.
+        z3.set_param("ctrl_c", False)
         self._axiomatised: set[str] = set()
         self._target_z3 = [self.encode(t) for t in self.targets]
         self._target_counts = [_counts(t) for t in self.targets]
