@@ -410,12 +410,13 @@ _WIDTH = AttrSpec("width", int, required=True)
 
 def elementwise(name: str, arity: int, fn: Callable[..., np.ndarray], abstract: Rule,
                 field: FieldSem, cuda: str, torch: _cuda.TorchFn, doc: str,
-                mirage: MirageNames = ()) -> OpDef:
+                mirage: MirageNames = (), by_inverse: str | None = None) -> OpDef:
     """The row of an element-wise operator of ``arity`` operands (numpy broadcasting);
-    ``cuda`` is its C spelling over ``{0}``, ``{1}`` (see :mod:`mirage_cli.semantics.cuda`)."""
+    ``cuda`` is its C spelling over ``{0}``, ``{1}`` (see :mod:`mirage_cli.semantics.cuda`),
+    ``by_inverse`` that of a division given operand 1's reciprocal."""
     return OpDef(name, BOTH, (arity, arity), infer_binary if arity == 2 else infer_unary,
                  lambda xs, a: fn(*xs), field=field, abstract=abstract,
-                 cost=_fl.per_element, cuda=_cuda.elementwise(cuda, torch),
+                 cost=_fl.per_element, cuda=_cuda.elementwise(cuda, torch, by_inverse),
                  elementwise=True, mirage=mirage, doc=doc)
 
 
@@ -445,7 +446,8 @@ register(elementwise("mul", 2, np.multiply, _ab.elementwise(_ab.mul, "mul"),
 register(elementwise("div", 2, np.divide, _ab.elementwise(_ab.div, "div"),
                      FieldSem(_F.ev_div, _D.st_div, _F.RATIONAL, inverts=_D.inv_divisor),
                      "({0} / {1})", lambda t, xs, a: xs[0] / xs[1],
-                     "element-wise div with numpy broadcasting", _kn_tb("div")))
+                     "element-wise div with numpy broadcasting", _kn_tb("div"),
+                     by_inverse="({0} * {1})"))
 register(elementwise("exp", 1, np.exp, _ab.unary("exp"),
                      FieldSem(_F.ev_exp, _D.st_exp, "exp(a) = g^a: Z_Q additive -> Z_P "
                               "multiplicative, g of order Q drawn per trial", uses_exp=True),

@@ -204,7 +204,7 @@ extern "C" __global__ void __launch_bounds__(512, 1) mg_k0_mirage_ntrans_fused_h
   for (int r = 0; r < 1; ++r) inv_hn[r] = 1.0f / s_hn__rms[r];
   #pragma unroll
   for (int q = 0; q < 8; ++q) {
-    r_hn[0 + q] = r_h[0 + q] * inv_hn[0];
+    r_hn[0 + q] = (r_h[0 + q] * inv_hn[0]);
   }
   float r_a[8];
   #pragma unroll
@@ -255,7 +255,7 @@ extern "C" __global__ void __launch_bounds__(512, 1) mg_k0_mirage_ntrans_fused_h
   for (int r = 0; r < 1; ++r) inv_o[r] = 1.0f / s_o__rms[r];
   #pragma unroll
   for (int q = 0; q < 8; ++q) {
-    r_o[0 + q] = r_c[0 + q] * inv_o[0];
+    r_o[0 + q] = (r_c[0 + q] * inv_o[0]);
   }
   mg_st8(p3 + (bx * 4096 + 0 + threadIdx.x * 8), r_o[0], r_o[1], r_o[2], r_o[3], r_o[4], r_o[5], r_o[6], r_o[7]);
 }

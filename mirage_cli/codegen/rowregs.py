@@ -100,7 +100,8 @@ class RowKernel(FusedKernel):
         arr = f"r_{out.name}"
         attrs = ops.get(op.op).attr_values(op.attrs)
         lines = [f"float {arr}[{self.CH * VEC}];"]
-        per_row = op.op == "div" and self.em.nodes[op.inputs[1]].shape[-1] == 1
+        by_inverse = ops.get(op.op).cuda.by_inverse
+        per_row = by_inverse is not None and self.em.nodes[op.inputs[1]].shape[-1] == 1
         if per_row:
             # Division by a per-row value (a norm): one reciprocal per row, then a product
             # per element, instead of an IEEE division (a slow-path call) per element.
@@ -111,8 +112,10 @@ class RowKernel(FusedKernel):
 
         def body(j: int, idx: list[str]) -> Lines:
             if per_row:
+                assert by_inverse is not None
                 st, x = self.em.value(op.inputs[0], idx)
-                return st + [f"{arr}[{j * VEC} + q] = {x} * {inv}[{self._row(j)}];"]
+                e = by_inverse.format(x, f"{inv}[{self._row(j)}]")
+                return st + [f"{arr}[{j * VEC} + q] = {e};"]
             st, e = self.em._inline(op.op, op.inputs, attrs, out.type.shape, idx)
             return st + [f"{arr}[{j * VEC} + q] = {e};"]
         lines += self._chunks(body)

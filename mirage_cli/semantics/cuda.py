@@ -49,10 +49,13 @@ class CudaSpec:
     finish: Finish = Finish.ID
     torch: TorchFn | None = None
     gather: GatherFn | None = None
+    # A division by operand 1: the same value from operand 1's reciprocal, so that a
+    # kernel dividing many elements by one value computes the reciprocal once.
+    by_inverse: str | None = None
 
 
-def elementwise(expr: str, torch: TorchFn) -> CudaSpec:
-    return CudaSpec("elementwise", expr=expr, torch=torch)
+def elementwise(expr: str, torch: TorchFn, by_inverse: str | None = None) -> CudaSpec:
+    return CudaSpec("elementwise", expr=expr, torch=torch, by_inverse=by_inverse)
 
 
 def t_reduce(name: str) -> TorchFn:
