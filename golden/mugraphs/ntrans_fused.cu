@@ -196,12 +196,12 @@ extern "C" __global__ void __launch_bounds__(512, 1) mg_k0_mirage_ntrans_fused_h
   for (int r = 0; r < 1; ++r) {
     float t1 = red_hn__rms[r * 16];
     for (int w = 1; w < 16; ++w) t1 += red_hn__rms[r * 16 + w];
-    s_hn__rms[r] = sqrtf(t1 / 4096.0f + 0.0f);
+    s_hn__rms[r] = rsqrtf(t1 / 4096.0f + 0.0f);
   }
   float r_hn[8];
   float inv_hn[1];
   #pragma unroll
-  for (int r = 0; r < 1; ++r) inv_hn[r] = 1.0f / s_hn__rms[r];
+  for (int r = 0; r < 1; ++r) inv_hn[r] = s_hn__rms[r];
   #pragma unroll
   for (int q = 0; q < 8; ++q) {
     r_hn[0 + q] = (r_h[0 + q] * inv_hn[0]);
@@ -247,12 +247,12 @@ extern "C" __global__ void __launch_bounds__(512, 1) mg_k0_mirage_ntrans_fused_h
   for (int r = 0; r < 1; ++r) {
     float t8 = red_o__rms[r * 16];
     for (int w = 1; w < 16; ++w) t8 += red_o__rms[r * 16 + w];
-    s_o__rms[r] = sqrtf(t8 / 4096.0f + 0.0f);
+    s_o__rms[r] = rsqrtf(t8 / 4096.0f + 0.0f);
   }
   float r_o[8];
   float inv_o[1];
   #pragma unroll
-  for (int r = 0; r < 1; ++r) inv_o[r] = 1.0f / s_o__rms[r];
+  for (int r = 0; r < 1; ++r) inv_o[r] = s_o__rms[r];
   #pragma unroll
   for (int q = 0; q < 8; ++q) {
     r_o[0 + q] = (r_c[0 + q] * inv_o[0]);

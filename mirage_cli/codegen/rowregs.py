@@ -27,7 +27,7 @@ from mirage_cli.codegen.kernel import FusedKernel
 from mirage_cli.codegen.plan import Kernel
 from mirage_cli.codegen.reduce import row_combine
 from mirage_cli.ir import BlockOp
-from mirage_cli.semantics.cuda import c_init, c_update, c_warp
+from mirage_cli.semantics.cuda import c_float, c_init, c_update, c_warp
 
 
 class RowKernel(FusedKernel):
@@ -43,6 +43,7 @@ class RowKernel(FusedKernel):
         self.R, self.L = shape
         self.S = self.L // VEC // self.T   # chunks of one row per thread
         self.CH = self.R * self.S          # chunks of the tile per thread
+        self._recip: set[str] = set()      # per-row results kept as their reciprocals
         body = ["const int bx = blockIdx.x, by = blockIdx.y, bz = blockIdx.z;",
                 "(void)bx; (void)by; (void)bz;"]
         for bi in self.bg.inputs:
@@ -106,9 +107,10 @@ class RowKernel(FusedKernel):
             # Division by a per-row value (a norm): one reciprocal per row, then a product
             # per element, instead of an IEEE division (a slow-path call) per element.
             inv = f"inv_{out.name}"
+            d = self._row_value(op.inputs[1], "r")
+            recip = d if op.inputs[1] in self._recip else f"1.0f / {d}"
             lines += [f"float {inv}[{self.R}];", "#pragma unroll",
-                      (f"for (int r = 0; r < {self.R}; ++r) {inv}[r] = "
-                       f"1.0f / {self._row_value(op.inputs[1], 'r')};")]
+                      f"for (int r = 0; r < {self.R}; ++r) {inv}[r] = {recip};"]
 
         def body(j: int, idx: list[str]) -> Lines:
             if per_row:
@@ -128,11 +130,23 @@ class RowKernel(FusedKernel):
         assert isinstance(how, Stored), f"{name} is not a per-row result"
         return f"{how.ptr}[{row}]"
 
+    def _only_divides(self, name: str) -> bool:
+        """Whether every use of ``name`` divides something else by it."""
+        return all(u is not None and u.op == "div" and u.inputs[1] == name
+                   and u.inputs[0] != name for u in self.a.uses[name])
+
     def _reduce(self, op: BlockOp) -> Lines:
         """Per-row partials over this thread's chunks, then warp shuffles, one slot per
         warp and row in shared memory, one barrier, and every thread sums the slots."""
         out, spec = op.outputs[0], ops.get(op.op).cuda
         combine, fin = row_combine(op, self.L)
+        if spec.kind == "rms" and self._only_divides(out.name):
+            # A norm used only as a divisor is kept as its reciprocal (rsqrtf: within a
+            # few ulp of f32) instead of sqrtf and then 1 / x, two correctly rounded
+            # slow paths per row; its divisions become products.
+            eps = c_float(float(ops.get(op.op).attr_values(op.attrs).get("eps", 0.0)))
+            fin = f"rsqrtf({{0}} / {c_float(float(self.L))} + {eps})"
+            self._recip.add(out.name)
         part, red, res = f"p_{out.name}", f"red_{out.name}", f"s_{out.name}"
         W = self.W
         lines = [f"float {part}[{self.R}];", "#pragma unroll",
