@@ -132,8 +132,9 @@ class RowKernel(FusedKernel):
 
     def _only_divides(self, name: str) -> bool:
         """Whether every use of ``name`` divides something else by it."""
-        return all(u is not None and u.op == "div" and u.inputs[1] == name
-                   and u.inputs[0] != name for u in self.a.uses[name])
+        return all(u is not None and ops.get(u.op).cuda.by_inverse is not None
+                   and u.inputs[1] == name and u.inputs[0] != name
+                   for u in self.a.uses[name])
 
     def _reduce(self, op: BlockOp) -> Lines:
         """Per-row partials over this thread's chunks, then warp shuffles, one slot per
