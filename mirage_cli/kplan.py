@@ -22,8 +22,8 @@ from typing import Any, Literal
 PLAN_VERSION = 1
 
 Home = Literal["global", "smem", "inline", "acc_regs", "acc_mma", "acc_smem", "scratch",
-               "regs"]
-Reduction = Literal["thread", "rows", "block"]
+               "regs", "frag"]
+Reduction = Literal["thread", "rows", "block", "quad"]
 
 
 @dataclass(frozen=True)
@@ -39,6 +39,7 @@ class Knobs:
     threads: int | None = None    # threads per block (the block graph's value by default)
     ksplit: int | None = None     # blocks of a cluster (sm_90) splitting the forloop
     stagger: int | None = None    # 1: each block starts its forloop at its own iteration
+    chain: int | None = None      # 1: a matmul chain keeps its score tile in mma fragments
 
     def as_json(self) -> dict[str, int]:
         return {k: v for k, v in asdict(self).items() if v is not None}
@@ -68,8 +69,8 @@ class MmaPlan:
 
     output: str
     accumulator: str           # the acc_sum it feeds in registers ("" if materialised)
-    a_path: str                # "ldmatrix" | "lds32" | "generic"
-    b_path: str                # "ldmatrix.trans" | "lds32" | "generic"
+    a_path: str                # "ldmatrix" | "direct" | "frag" (the first mma's fragments)
+    b_path: str                # "ldmatrix.trans" | "direct"
     kwarps: int                # warps splitting K (their fragments are summed after the loop)
     tiles_per_warp: int        # m16n8 output tiles per warp
 
@@ -79,7 +80,8 @@ class ReducePlan:
     """How a reduction over a row (an operator or an accumulator) is spread over threads."""
 
     output: str
-    strategy: Reduction        # thread: one thread per result; rows: threads_per_row per row
+    strategy: Reduction        # thread: one thread per result; rows: threads_per_row per row;
+    #                            quad: the 4 lanes holding a row of mma fragments
     threads_per_row: int
 
 

@@ -172,6 +172,53 @@ def kernel_matmuls() -> Graph:
     return b.build()
 
 
+def attention_chain() -> Graph:
+    """A matmul chain planned into registers (chain=1): bf16, a scaled score plus a
+    per-key bias (a loaded [1, n] tile), a per-row weight (an invariant [R, 1] tile),
+    row accumulators of two different links (a sum of the exponentials and a max of
+    the scores), 32 rows (two 16-row tiles), 2 forloop iterations; an epilogue that
+    reads all three accumulators."""
+    b = GraphBuilder("attention_chain")
+    q = b.input("Q", (2, 32, 32), "bf16")
+    kk = b.input("K", (2, 32, 64), "bf16")
+    v = b.input("V", (2, 64, 16), "bf16")
+    c = b.input("C", (2, 1, 64), "bf16")
+    w = b.input("W", (2, 32, 1), "bf16")
+    k = b.custom((2, 1, 1), 128, 2)
+    qt = k.load(q, (0, None, None))          # (1, 32, 32)
+    kt = k.load(kk, (0, None, None), 2)      # (1, 32, 32)
+    vt = k.load(v, (0, None, None), 1)       # (1, 32, 16)
+    ct = k.load(c, (0, None, None), 2)       # (1, 1, 32)
+    wt = k.load(w, (0, None, None))          # (1, 32, 1)
+    t = k.op("add", k.op("mul_scalar", k.op("matmul", qt, kt), scalar=0.125), ct)
+    e = k.op("mul", k.op("exp", t), wt)
+    total = k.op("acc_sum_ld", e)
+    top = k.op("acc_max_ld", t)
+    o = k.op("acc_sum", k.op("matmul", e, vt))
+    (r,) = k.finish([(k.op("add", k.op("div", o, total), top), "O", (0, None, None))])
+    b.output(r)
+    return b.build()
+
+
+def attention_chain_batched() -> Graph:
+    """A matmul chain over a batch of two matrices per block, the first matmul's B
+    broadcast over it (f16), split over two forloop iterations of 32 keys."""
+    b = GraphBuilder("attention_chain_batched")
+    q = b.input("Q", (4, 32, 32), "f16")
+    kk = b.input("K", (1, 32, 64), "f16")
+    v = b.input("V", (4, 64, 16), "f16")
+    k = b.custom((2, 1, 1), 64, 2)
+    qt = k.load(q, (0, None, None))          # (2, 32, 32)
+    kt = k.load(kk, (None, None, None), 2)   # (1, 32, 32)
+    vt = k.load(v, (0, None, None), 1)       # (2, 32, 16)
+    e = k.op("exp", k.op("mul_scalar", k.op("matmul", qt, kt), scalar=0.25))
+    o = k.op("acc_sum", k.op("matmul", e, vt))
+    (r,) = k.finish([(k.op("div", o, k.op("acc_sum_ld", e)), "O", (0, None, None))])
+    b.output(r)
+    return b.build()
+
+
 CASES: dict[str, Callable[[], Graph]] = {f.__name__: f for f in (
+    attention_chain, attention_chain_batched,
     rmsnorm_linear_small, bf16_kernel_ops, f32_block_ops, big_tiles_scratch, passthrough,
     single_buffer_unaligned, warp_reductions, mma_odd_shapes, kernel_matmuls)}

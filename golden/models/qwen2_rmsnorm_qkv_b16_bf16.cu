@@ -117,6 +117,12 @@ __device__ __forceinline__ void mg_ldsm_x2_t(unsigned& r0, unsigned& r1, const v
   asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];"
                : "=r"(r0), "=r"(r1) : "r"(s));
 }
+__device__ __forceinline__ void mg_ldsm_x4_t(unsigned& r0, unsigned& r1, unsigned& r2,
+                                             unsigned& r3, const void* p) {
+  const unsigned s = (unsigned)__cvta_generic_to_shared(p);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(s));
+}
 // Eight f32 values rounded and stored as one 16-byte access.
 struct __align__(16) mg_u4 { unsigned x, y, z, w; };
 __device__ __forceinline__ void mg_st8(mg_f16* p, float v0, float v1, float v2, float v3,

@@ -10,7 +10,7 @@
 // input 1 'K': f16[16, 64, 4096]
 // input 2 'V': f16[16, 4096, 64]
 // output 0 'O': f16[16, 256, 64]
-// kernel mg_k0_mirage_gqa_fused_h16x256x64_h16x64x4096_h16x4096x64_to_h16x256x64: grid [16, 16, 4], 128 threads, 132368 B dynamic shared memory
+// kernel mg_k0_mirage_gqa_fused_h16x256x64_h16x64x4096_h16x4096x64_to_h16x256x64: grid [16, 16, 4], 128 threads, 99600 B dynamic shared memory
 // kernel mg_k1_mirage_gqa_fused_h16x256x64_h16x64x4096_h16x4096x64_to_h16x256x64: grid [16, 16, 1], 512 threads, 37952 B dynamic shared memory
 
 // The kernels use cp.async, bf16 conversions and mma.sync shapes of sm_80 and later:
@@ -117,6 +117,12 @@ __device__ __forceinline__ void mg_ldsm_x2_t(unsigned& r0, unsigned& r1, const v
   asm volatile("ldmatrix.sync.aligned.m8n8.x2.trans.shared.b16 {%0,%1}, [%2];"
                : "=r"(r0), "=r"(r1) : "r"(s));
 }
+__device__ __forceinline__ void mg_ldsm_x4_t(unsigned& r0, unsigned& r1, unsigned& r2,
+                                             unsigned& r3, const void* p) {
+  const unsigned s = (unsigned)__cvta_generic_to_shared(p);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+               : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(s));
+}
 // Eight f32 values rounded and stored as one 16-byte access.
 struct __align__(16) mg_u4 { unsigned x, y, z, w; };
 __device__ __forceinline__ void mg_st8(mg_f16* p, float v0, float v1, float v2, float v3,
@@ -163,7 +169,7 @@ __device__ __forceinline__ float mg_dsmem_ld(const float* p, unsigned rank) {
 }
 #endif
 
-// fused kernel: grid [16, 16, 4], 128 threads, forloop 4; plan: 4 stage(s), kwarps 1, 132368 B shared memory
+// fused kernel: grid [16, 16, 4], 128 threads, forloop 4; plan: 4 stage(s), kwarps 1, 99600 B shared memory
 extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_gqa_fused_h16x256x64_h16x64x4096_h16x4096x64_to_h16x256x64(
     const mg_f16* __restrict__ p0,
     const mg_f16* __restrict__ p1,
@@ -176,15 +182,13 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_gqa_fused_h16x
   const int base_q = bx * 16384 + bz * 4096;
   const int base_k = bx * 262144 + by * 256;
   const int base_v = bx * 262144 + by * 16384;
-  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 132352);
+  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 99584);
   if (threadIdx.x < 4) mg_zero[threadIdx.x] = 0u;
   mg_f16* sm_q_0 = reinterpret_cast<mg_f16*>(mg_smem + 0);
   mg_f16* sm_k_0 = reinterpret_cast<mg_f16*>(mg_smem + 9216);
   mg_f16* sm_v_0 = reinterpret_cast<mg_f16*>(mg_smem + 46080);
-  float* buf_s = reinterpret_cast<float*>(mg_smem + 82944);
-  float* buf_e = reinterpret_cast<float*>(mg_smem + 99328);
-  float* buf_l = reinterpret_cast<float*>(mg_smem + 115712);
-  float* buf_o = reinterpret_cast<float*>(mg_smem + 115968);
+  float* buf_l = reinterpret_cast<float*>(mg_smem + 82944);
+  float* buf_o = reinterpret_cast<float*>(mg_smem + 83200);
   int mg_so_q[4], mg_do_q[4];
   #pragma unroll
   for (int i = 0; i < 4; ++i) {
@@ -232,12 +236,20 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_gqa_fused_h16x
   #pragma unroll
   for (int i = 0; i < 4; ++i) mg_cp_async16((sm_v_0 + ((2) % 4) * 4608) + mg_do_v[i], p2 + ((base_v + 8192)) + mg_so_v[i]);
   mg_cp_async_commit();
-  float acc_l[16];
+  float acc_o[1][8][4];
   #pragma unroll
-  for (int j = 0; j < 16; ++j) acc_l[j] = 0.0f;
-  float acc_o[8][4];
+  for (int m = 0; m < 1; ++m) {
+    #pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      acc_o[m][j][0] = acc_o[m][j][1] = acc_o[m][j][2] = acc_o[m][j][3] = 0.0f;
+    }
+  }
+  float acc_l[1][2];
   #pragma unroll
-  for (int j = 0; j < 8; ++j) acc_o[j][0] = acc_o[j][1] = acc_o[j][2] = acc_o[j][3] = 0.0f;
+  for (int m = 0; m < 1; ++m) {
+    acc_l[m][0] = acc_l[m][1] = 0.0f;
+  }
+  #pragma unroll 1
   for (int it = 0; it < 4; ++it) {
     const int off_k = base_k + it * 64;
     const int off_v = base_v + it * 4096;
@@ -255,134 +267,552 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_gqa_fused_h16x
     {
       const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
       const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
-      (void)mg_g; (void)mg_t;
       const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
-      (void)mg_ks;
-      #pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const int q = mg_grp + 4 * j;
-        if (q < 32) {
-          const int mg_nb = q / 32;
-          const int mg_mi = (q / 8) % 4;
-          const int mg_ni = q % 8;
-          const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
-          const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
-          (void)mg_nb; (void)r1; (void)c0; (void)n0;
-          float mg_d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-          #pragma unroll
-          for (int s = 0; s < 4; ++s) {
-            const int kk = (mg_ks + s * 1) * 16;
-            const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
-            (void)k0; (void)k1;
-            unsigned ra0, ra1, ra2, ra3;
-            mg_ldsm_x4(ra0, ra1, ra2, ra3, (sm_q + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) * 72 + (kk + (mg_lane >> 4) * 8))));
-            unsigned rb0, rb1;
-            mg_ldsm_x2_t(rb0, rb1, (sm_k + ((kk + (mg_lane & 15)) * 72 + (mg_ni * 8))));
-            mg_mma_f16(mg_d, ra0, ra1, ra2, ra3, rb0, rb1);
-          }
-          buf_s[r0 * 64 + c0] = mg_d[0];
-          buf_s[r0 * 64 + (c0 + 1)] = mg_d[1];
-          buf_s[r1 * 64 + c0] = mg_d[2];
-          buf_s[r1 * 64 + (c0 + 1)] = mg_d[3];
-        }
+      (void)mg_g; (void)mg_t; (void)mg_grp; (void)mg_ks;
+      float mg_s[1][8][4];
+      mg_s[0][0][0] = mg_s[0][0][1] = mg_s[0][0][2] = mg_s[0][0][3] = 0.0f;
+      mg_s[0][1][0] = mg_s[0][1][1] = mg_s[0][1][2] = mg_s[0][1][3] = 0.0f;
+      mg_s[0][2][0] = mg_s[0][2][1] = mg_s[0][2][2] = mg_s[0][2][3] = 0.0f;
+      mg_s[0][3][0] = mg_s[0][3][1] = mg_s[0][3][2] = mg_s[0][3][3] = 0.0f;
+      mg_s[0][4][0] = mg_s[0][4][1] = mg_s[0][4][2] = mg_s[0][4][3] = 0.0f;
+      mg_s[0][5][0] = mg_s[0][5][1] = mg_s[0][5][2] = mg_s[0][5][3] = 0.0f;
+      mg_s[0][6][0] = mg_s[0][6][1] = mg_s[0][6][2] = mg_s[0][6][3] = 0.0f;
+      mg_s[0][7][0] = mg_s[0][7][1] = mg_s[0][7][2] = mg_s[0][7][3] = 0.0f;
+      const int mg_b = (mg_grp * 1) / 4;
+      (void)mg_b;
+      const int mg_mi0 = (mg_grp * 1 + 0) % 4;
+      {
+        const int kk = 0;
+        unsigned ra0_0, ra0_1, ra0_2, ra0_3;
+        mg_ldsm_x4(ra0_0, ra0_1, ra0_2, ra0_3, (sm_q + ((mg_mi0 * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) * 72 + (kk + (mg_lane >> 4) * 8))));
+        unsigned rb0_0, rb0_1, rb1_0, rb1_1;
+        mg_ldsm_x4_t(rb0_0, rb0_1, rb1_0, rb1_1, (sm_k + ((kk + (mg_lane & 15)) * 72 + ((mg_ks * 8 + 0 + (mg_lane >> 4)) * 8))));
+        unsigned rb2_0, rb2_1, rb3_0, rb3_1;
+        mg_ldsm_x4_t(rb2_0, rb2_1, rb3_0, rb3_1, (sm_k + ((kk + (mg_lane & 15)) * 72 + ((mg_ks * 8 + 2 + (mg_lane >> 4)) * 8))));
+        unsigned rb4_0, rb4_1, rb5_0, rb5_1;
+        mg_ldsm_x4_t(rb4_0, rb4_1, rb5_0, rb5_1, (sm_k + ((kk + (mg_lane & 15)) * 72 + ((mg_ks * 8 + 4 + (mg_lane >> 4)) * 8))));
+        unsigned rb6_0, rb6_1, rb7_0, rb7_1;
+        mg_ldsm_x4_t(rb6_0, rb6_1, rb7_0, rb7_1, (sm_k + ((kk + (mg_lane & 15)) * 72 + ((mg_ks * 8 + 6 + (mg_lane >> 4)) * 8))));
+        mg_mma_f16(mg_s[0][0], ra0_0, ra0_1, ra0_2, ra0_3, rb0_0, rb0_1);
+        mg_mma_f16(mg_s[0][1], ra0_0, ra0_1, ra0_2, ra0_3, rb1_0, rb1_1);
+        mg_mma_f16(mg_s[0][2], ra0_0, ra0_1, ra0_2, ra0_3, rb2_0, rb2_1);
+        mg_mma_f16(mg_s[0][3], ra0_0, ra0_1, ra0_2, ra0_3, rb3_0, rb3_1);
+        mg_mma_f16(mg_s[0][4], ra0_0, ra0_1, ra0_2, ra0_3, rb4_0, rb4_1);
+        mg_mma_f16(mg_s[0][5], ra0_0, ra0_1, ra0_2, ra0_3, rb5_0, rb5_1);
+        mg_mma_f16(mg_s[0][6], ra0_0, ra0_1, ra0_2, ra0_3, rb6_0, rb6_1);
+        mg_mma_f16(mg_s[0][7], ra0_0, ra0_1, ra0_2, ra0_3, rb7_0, rb7_1);
       }
-    }
-    __syncthreads();
-    for (int e7 = threadIdx.x; e7 < 4096; e7 += 128) {
-      const int i8_1 = e7 / 64;
-      const int i8_2 = (e7) % 64;
-      const float v9 = buf_s[i8_1 * 64 + i8_2];
-      buf_e[i8_1 * 64 + i8_2] = expf(v9);
-    }
-    __syncthreads();
-    #pragma unroll
-    for (int j = 0; j < 16; ++j) {
-      const int row = threadIdx.x / 32 + 4 * j;
-      const int mg_rl = threadIdx.x % 32;
-      (void)row; (void)mg_rl;
-      const int w11_1 = row;
-      for (int k10 = mg_rl; k10 < 64; k10 += 32) {
-        acc_l[j] += buf_e[w11_1 * 64 + k10];
+      {
+        const int kk = 16;
+        unsigned ra0_0, ra0_1, ra0_2, ra0_3;
+        mg_ldsm_x4(ra0_0, ra0_1, ra0_2, ra0_3, (sm_q + ((mg_mi0 * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) * 72 + (kk + (mg_lane >> 4) * 8))));
+        unsigned rb0_0, rb0_1, rb1_0, rb1_1;
+        mg_ldsm_x4_t(rb0_0, rb0_1, rb1_0, rb1_1, (sm_k + ((kk + (mg_lane & 15)) * 72 + ((mg_ks * 8 + 0 + (mg_lane >> 4)) * 8))));
+        unsigned rb2_0, rb2_1, rb3_0, rb3_1;
+        mg_ldsm_x4_t(rb2_0, rb2_1, rb3_0, rb3_1, (sm_k + ((kk + (mg_lane & 15)) * 72 + ((mg_ks * 8 + 2 + (mg_lane >> 4)) * 8))));
+        unsigned rb4_0, rb4_1, rb5_0, rb5_1;
+        mg_ldsm_x4_t(rb4_0, rb4_1, rb5_0, rb5_1, (sm_k + ((kk + (mg_lane & 15)) * 72 + ((mg_ks * 8 + 4 + (mg_lane >> 4)) * 8))));
+        unsigned rb6_0, rb6_1, rb7_0, rb7_1;
+        mg_ldsm_x4_t(rb6_0, rb6_1, rb7_0, rb7_1, (sm_k + ((kk + (mg_lane & 15)) * 72 + ((mg_ks * 8 + 6 + (mg_lane >> 4)) * 8))));
+        mg_mma_f16(mg_s[0][0], ra0_0, ra0_1, ra0_2, ra0_3, rb0_0, rb0_1);
+        mg_mma_f16(mg_s[0][1], ra0_0, ra0_1, ra0_2, ra0_3, rb1_0, rb1_1);
+        mg_mma_f16(mg_s[0][2], ra0_0, ra0_1, ra0_2, ra0_3, rb2_0, rb2_1);
+        mg_mma_f16(mg_s[0][3], ra0_0, ra0_1, ra0_2, ra0_3, rb3_0, rb3_1);
+        mg_mma_f16(mg_s[0][4], ra0_0, ra0_1, ra0_2, ra0_3, rb4_0, rb4_1);
+        mg_mma_f16(mg_s[0][5], ra0_0, ra0_1, ra0_2, ra0_3, rb5_0, rb5_1);
+        mg_mma_f16(mg_s[0][6], ra0_0, ra0_1, ra0_2, ra0_3, rb6_0, rb6_1);
+        mg_mma_f16(mg_s[0][7], ra0_0, ra0_1, ra0_2, ra0_3, rb7_0, rb7_1);
       }
-    }
-    {
-      const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
-      const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
-      (void)mg_g; (void)mg_t;
-      const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
-      (void)mg_ks;
-    #pragma unroll
-    for (int s = 0; s < 4; ++s) {
-      const int kk = (mg_ks + s * 1) * 16;
-      const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
-      (void)k0; (void)k1;
-      unsigned ra0, ra1, ra2, ra3;
-      #pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const int q = mg_grp + 4 * j;
-        if (q < 32) {
-          const int mg_nb = q / 32;
-          const int mg_ni = q % 8;
-          const int mg_mi = (q / 8) % 4;
-          const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
-          const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
-          (void)mg_nb; (void)c0; (void)n0;
-          ra0 = mg_pack_f162(*reinterpret_cast<const float2*>(buf_e + (r0 * 64 + k0)));
-          ra1 = mg_pack_f162(*reinterpret_cast<const float2*>(buf_e + (r1 * 64 + k0)));
-          ra2 = mg_pack_f162(*reinterpret_cast<const float2*>(buf_e + (r0 * 64 + k1)));
-          ra3 = mg_pack_f162(*reinterpret_cast<const float2*>(buf_e + (r1 * 64 + k1)));
-          unsigned rb0, rb1;
-          mg_ldsm_x2_t(rb0, rb1, (sm_v + ((kk + (mg_lane & 15)) * 72 + (mg_ni * 8))));
-          mg_mma_f16(acc_o[j], ra0, ra1, ra2, ra3, rb0, rb1);
-        }
+      {
+        const int kk = 32;
+        unsigned ra0_0, ra0_1, ra0_2, ra0_3;
+        mg_ldsm_x4(ra0_0, ra0_1, ra0_2, ra0_3, (sm_q + ((mg_mi0 * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) * 72 + (kk + (mg_lane >> 4) * 8))));
+        unsigned rb0_0, rb0_1, rb1_0, rb1_1;
+        mg_ldsm_x4_t(rb0_0, rb0_1, rb1_0, rb1_1, (sm_k + ((kk + (mg_lane & 15)) * 72 + ((mg_ks * 8 + 0 + (mg_lane >> 4)) * 8))));
+        unsigned rb2_0, rb2_1, rb3_0, rb3_1;
+        mg_ldsm_x4_t(rb2_0, rb2_1, rb3_0, rb3_1, (sm_k + ((kk + (mg_lane & 15)) * 72 + ((mg_ks * 8 + 2 + (mg_lane >> 4)) * 8))));
+        unsigned rb4_0, rb4_1, rb5_0, rb5_1;
+        mg_ldsm_x4_t(rb4_0, rb4_1, rb5_0, rb5_1, (sm_k + ((kk + (mg_lane & 15)) * 72 + ((mg_ks * 8 + 4 + (mg_lane >> 4)) * 8))));
+        unsigned rb6_0, rb6_1, rb7_0, rb7_1;
+        mg_ldsm_x4_t(rb6_0, rb6_1, rb7_0, rb7_1, (sm_k + ((kk + (mg_lane & 15)) * 72 + ((mg_ks * 8 + 6 + (mg_lane >> 4)) * 8))));
+        mg_mma_f16(mg_s[0][0], ra0_0, ra0_1, ra0_2, ra0_3, rb0_0, rb0_1);
+        mg_mma_f16(mg_s[0][1], ra0_0, ra0_1, ra0_2, ra0_3, rb1_0, rb1_1);
+        mg_mma_f16(mg_s[0][2], ra0_0, ra0_1, ra0_2, ra0_3, rb2_0, rb2_1);
+        mg_mma_f16(mg_s[0][3], ra0_0, ra0_1, ra0_2, ra0_3, rb3_0, rb3_1);
+        mg_mma_f16(mg_s[0][4], ra0_0, ra0_1, ra0_2, ra0_3, rb4_0, rb4_1);
+        mg_mma_f16(mg_s[0][5], ra0_0, ra0_1, ra0_2, ra0_3, rb5_0, rb5_1);
+        mg_mma_f16(mg_s[0][6], ra0_0, ra0_1, ra0_2, ra0_3, rb6_0, rb6_1);
+        mg_mma_f16(mg_s[0][7], ra0_0, ra0_1, ra0_2, ra0_3, rb7_0, rb7_1);
       }
-    }
+      {
+        const int kk = 48;
+        unsigned ra0_0, ra0_1, ra0_2, ra0_3;
+        mg_ldsm_x4(ra0_0, ra0_1, ra0_2, ra0_3, (sm_q + ((mg_mi0 * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) * 72 + (kk + (mg_lane >> 4) * 8))));
+        unsigned rb0_0, rb0_1, rb1_0, rb1_1;
+        mg_ldsm_x4_t(rb0_0, rb0_1, rb1_0, rb1_1, (sm_k + ((kk + (mg_lane & 15)) * 72 + ((mg_ks * 8 + 0 + (mg_lane >> 4)) * 8))));
+        unsigned rb2_0, rb2_1, rb3_0, rb3_1;
+        mg_ldsm_x4_t(rb2_0, rb2_1, rb3_0, rb3_1, (sm_k + ((kk + (mg_lane & 15)) * 72 + ((mg_ks * 8 + 2 + (mg_lane >> 4)) * 8))));
+        unsigned rb4_0, rb4_1, rb5_0, rb5_1;
+        mg_ldsm_x4_t(rb4_0, rb4_1, rb5_0, rb5_1, (sm_k + ((kk + (mg_lane & 15)) * 72 + ((mg_ks * 8 + 4 + (mg_lane >> 4)) * 8))));
+        unsigned rb6_0, rb6_1, rb7_0, rb7_1;
+        mg_ldsm_x4_t(rb6_0, rb6_1, rb7_0, rb7_1, (sm_k + ((kk + (mg_lane & 15)) * 72 + ((mg_ks * 8 + 6 + (mg_lane >> 4)) * 8))));
+        mg_mma_f16(mg_s[0][0], ra0_0, ra0_1, ra0_2, ra0_3, rb0_0, rb0_1);
+        mg_mma_f16(mg_s[0][1], ra0_0, ra0_1, ra0_2, ra0_3, rb1_0, rb1_1);
+        mg_mma_f16(mg_s[0][2], ra0_0, ra0_1, ra0_2, ra0_3, rb2_0, rb2_1);
+        mg_mma_f16(mg_s[0][3], ra0_0, ra0_1, ra0_2, ra0_3, rb3_0, rb3_1);
+        mg_mma_f16(mg_s[0][4], ra0_0, ra0_1, ra0_2, ra0_3, rb4_0, rb4_1);
+        mg_mma_f16(mg_s[0][5], ra0_0, ra0_1, ra0_2, ra0_3, rb5_0, rb5_1);
+        mg_mma_f16(mg_s[0][6], ra0_0, ra0_1, ra0_2, ra0_3, rb6_0, rb6_1);
+        mg_mma_f16(mg_s[0][7], ra0_0, ra0_1, ra0_2, ra0_3, rb7_0, rb7_1);
+      }
+      {
+        const int mg_r = mg_mi0 * 16 + mg_g + 0;
+        const int mg_c = (mg_ks * 8 + 0) * 8 + 2 * mg_t + 0;
+        (void)mg_r; (void)mg_c;
+        const float v7 = mg_s[0][0][0];
+        const float mg_v_e = expf(v7);
+        acc_l[0][0] += mg_v_e;
+        mg_s[0][0][0] = mg_v_e;
+      }
+      {
+        const int mg_r = mg_mi0 * 16 + mg_g + 0;
+        const int mg_c = (mg_ks * 8 + 0) * 8 + 2 * mg_t + 1;
+        (void)mg_r; (void)mg_c;
+        const float v8 = mg_s[0][0][1];
+        const float mg_v_e = expf(v8);
+        acc_l[0][0] += mg_v_e;
+        mg_s[0][0][1] = mg_v_e;
+      }
+      {
+        const int mg_r = mg_mi0 * 16 + mg_g + 8;
+        const int mg_c = (mg_ks * 8 + 0) * 8 + 2 * mg_t + 0;
+        (void)mg_r; (void)mg_c;
+        const float v9 = mg_s[0][0][2];
+        const float mg_v_e = expf(v9);
+        acc_l[0][1] += mg_v_e;
+        mg_s[0][0][2] = mg_v_e;
+      }
+      {
+        const int mg_r = mg_mi0 * 16 + mg_g + 8;
+        const int mg_c = (mg_ks * 8 + 0) * 8 + 2 * mg_t + 1;
+        (void)mg_r; (void)mg_c;
+        const float v10 = mg_s[0][0][3];
+        const float mg_v_e = expf(v10);
+        acc_l[0][1] += mg_v_e;
+        mg_s[0][0][3] = mg_v_e;
+      }
+      {
+        const int mg_r = mg_mi0 * 16 + mg_g + 0;
+        const int mg_c = (mg_ks * 8 + 1) * 8 + 2 * mg_t + 0;
+        (void)mg_r; (void)mg_c;
+        const float v11 = mg_s[0][1][0];
+        const float mg_v_e = expf(v11);
+        acc_l[0][0] += mg_v_e;
+        mg_s[0][1][0] = mg_v_e;
+      }
+      {
+        const int mg_r = mg_mi0 * 16 + mg_g + 0;
+        const int mg_c = (mg_ks * 8 + 1) * 8 + 2 * mg_t + 1;
+        (void)mg_r; (void)mg_c;
+        const float v12 = mg_s[0][1][1];
+        const float mg_v_e = expf(v12);
+        acc_l[0][0] += mg_v_e;
+        mg_s[0][1][1] = mg_v_e;
+      }
+      {
+        const int mg_r = mg_mi0 * 16 + mg_g + 8;
+        const int mg_c = (mg_ks * 8 + 1) * 8 + 2 * mg_t + 0;
+        (void)mg_r; (void)mg_c;
+        const float v13 = mg_s[0][1][2];
+        const float mg_v_e = expf(v13);
+        acc_l[0][1] += mg_v_e;
+        mg_s[0][1][2] = mg_v_e;
+      }
+      {
+        const int mg_r = mg_mi0 * 16 + mg_g + 8;
+        const int mg_c = (mg_ks * 8 + 1) * 8 + 2 * mg_t + 1;
+        (void)mg_r; (void)mg_c;
+        const float v14 = mg_s[0][1][3];
+        const float mg_v_e = expf(v14);
+        acc_l[0][1] += mg_v_e;
+        mg_s[0][1][3] = mg_v_e;
+      }
+      {
+        const int mg_r = mg_mi0 * 16 + mg_g + 0;
+        const int mg_c = (mg_ks * 8 + 2) * 8 + 2 * mg_t + 0;
+        (void)mg_r; (void)mg_c;
+        const float v15 = mg_s[0][2][0];
+        const float mg_v_e = expf(v15);
+        acc_l[0][0] += mg_v_e;
+        mg_s[0][2][0] = mg_v_e;
+      }
+      {
+        const int mg_r = mg_mi0 * 16 + mg_g + 0;
+        const int mg_c = (mg_ks * 8 + 2) * 8 + 2 * mg_t + 1;
+        (void)mg_r; (void)mg_c;
+        const float v16 = mg_s[0][2][1];
+        const float mg_v_e = expf(v16);
+        acc_l[0][0] += mg_v_e;
+        mg_s[0][2][1] = mg_v_e;
+      }
+      {
+        const int mg_r = mg_mi0 * 16 + mg_g + 8;
+        const int mg_c = (mg_ks * 8 + 2) * 8 + 2 * mg_t + 0;
+        (void)mg_r; (void)mg_c;
+        const float v17 = mg_s[0][2][2];
+        const float mg_v_e = expf(v17);
+        acc_l[0][1] += mg_v_e;
+        mg_s[0][2][2] = mg_v_e;
+      }
+      {
+        const int mg_r = mg_mi0 * 16 + mg_g + 8;
+        const int mg_c = (mg_ks * 8 + 2) * 8 + 2 * mg_t + 1;
+        (void)mg_r; (void)mg_c;
+        const float v18 = mg_s[0][2][3];
+        const float mg_v_e = expf(v18);
+        acc_l[0][1] += mg_v_e;
+        mg_s[0][2][3] = mg_v_e;
+      }
+      {
+        const int mg_r = mg_mi0 * 16 + mg_g + 0;
+        const int mg_c = (mg_ks * 8 + 3) * 8 + 2 * mg_t + 0;
+        (void)mg_r; (void)mg_c;
+        const float v19 = mg_s[0][3][0];
+        const float mg_v_e = expf(v19);
+        acc_l[0][0] += mg_v_e;
+        mg_s[0][3][0] = mg_v_e;
+      }
+      {
+        const int mg_r = mg_mi0 * 16 + mg_g + 0;
+        const int mg_c = (mg_ks * 8 + 3) * 8 + 2 * mg_t + 1;
+        (void)mg_r; (void)mg_c;
+        const float v20 = mg_s[0][3][1];
+        const float mg_v_e = expf(v20);
+        acc_l[0][0] += mg_v_e;
+        mg_s[0][3][1] = mg_v_e;
+      }
+      {
+        const int mg_r = mg_mi0 * 16 + mg_g + 8;
+        const int mg_c = (mg_ks * 8 + 3) * 8 + 2 * mg_t + 0;
+        (void)mg_r; (void)mg_c;
+        const float v21 = mg_s[0][3][2];
+        const float mg_v_e = expf(v21);
+        acc_l[0][1] += mg_v_e;
+        mg_s[0][3][2] = mg_v_e;
+      }
+      {
+        const int mg_r = mg_mi0 * 16 + mg_g + 8;
+        const int mg_c = (mg_ks * 8 + 3) * 8 + 2 * mg_t + 1;
+        (void)mg_r; (void)mg_c;
+        const float v22 = mg_s[0][3][3];
+        const float mg_v_e = expf(v22);
+        acc_l[0][1] += mg_v_e;
+        mg_s[0][3][3] = mg_v_e;
+      }
+      {
+        const int mg_r = mg_mi0 * 16 + mg_g + 0;
+        const int mg_c = (mg_ks * 8 + 4) * 8 + 2 * mg_t + 0;
+        (void)mg_r; (void)mg_c;
+        const float v23 = mg_s[0][4][0];
+        const float mg_v_e = expf(v23);
+        acc_l[0][0] += mg_v_e;
+        mg_s[0][4][0] = mg_v_e;
+      }
+      {
+        const int mg_r = mg_mi0 * 16 + mg_g + 0;
+        const int mg_c = (mg_ks * 8 + 4) * 8 + 2 * mg_t + 1;
+        (void)mg_r; (void)mg_c;
+        const float v24 = mg_s[0][4][1];
+        const float mg_v_e = expf(v24);
+        acc_l[0][0] += mg_v_e;
+        mg_s[0][4][1] = mg_v_e;
+      }
+      {
+        const int mg_r = mg_mi0 * 16 + mg_g + 8;
+        const int mg_c = (mg_ks * 8 + 4) * 8 + 2 * mg_t + 0;
+        (void)mg_r; (void)mg_c;
+        const float v25 = mg_s[0][4][2];
+        const float mg_v_e = expf(v25);
+        acc_l[0][1] += mg_v_e;
+        mg_s[0][4][2] = mg_v_e;
+      }
+      {
+        const int mg_r = mg_mi0 * 16 + mg_g + 8;
+        const int mg_c = (mg_ks * 8 + 4) * 8 + 2 * mg_t + 1;
+        (void)mg_r; (void)mg_c;
+        const float v26 = mg_s[0][4][3];
+        const float mg_v_e = expf(v26);
+        acc_l[0][1] += mg_v_e;
+        mg_s[0][4][3] = mg_v_e;
+      }
+      {
+        const int mg_r = mg_mi0 * 16 + mg_g + 0;
+        const int mg_c = (mg_ks * 8 + 5) * 8 + 2 * mg_t + 0;
+        (void)mg_r; (void)mg_c;
+        const float v27 = mg_s[0][5][0];
+        const float mg_v_e = expf(v27);
+        acc_l[0][0] += mg_v_e;
+        mg_s[0][5][0] = mg_v_e;
+      }
+      {
+        const int mg_r = mg_mi0 * 16 + mg_g + 0;
+        const int mg_c = (mg_ks * 8 + 5) * 8 + 2 * mg_t + 1;
+        (void)mg_r; (void)mg_c;
+        const float v28 = mg_s[0][5][1];
+        const float mg_v_e = expf(v28);
+        acc_l[0][0] += mg_v_e;
+        mg_s[0][5][1] = mg_v_e;
+      }
+      {
+        const int mg_r = mg_mi0 * 16 + mg_g + 8;
+        const int mg_c = (mg_ks * 8 + 5) * 8 + 2 * mg_t + 0;
+        (void)mg_r; (void)mg_c;
+        const float v29 = mg_s[0][5][2];
+        const float mg_v_e = expf(v29);
+        acc_l[0][1] += mg_v_e;
+        mg_s[0][5][2] = mg_v_e;
+      }
+      {
+        const int mg_r = mg_mi0 * 16 + mg_g + 8;
+        const int mg_c = (mg_ks * 8 + 5) * 8 + 2 * mg_t + 1;
+        (void)mg_r; (void)mg_c;
+        const float v30 = mg_s[0][5][3];
+        const float mg_v_e = expf(v30);
+        acc_l[0][1] += mg_v_e;
+        mg_s[0][5][3] = mg_v_e;
+      }
+      {
+        const int mg_r = mg_mi0 * 16 + mg_g + 0;
+        const int mg_c = (mg_ks * 8 + 6) * 8 + 2 * mg_t + 0;
+        (void)mg_r; (void)mg_c;
+        const float v31 = mg_s[0][6][0];
+        const float mg_v_e = expf(v31);
+        acc_l[0][0] += mg_v_e;
+        mg_s[0][6][0] = mg_v_e;
+      }
+      {
+        const int mg_r = mg_mi0 * 16 + mg_g + 0;
+        const int mg_c = (mg_ks * 8 + 6) * 8 + 2 * mg_t + 1;
+        (void)mg_r; (void)mg_c;
+        const float v32 = mg_s[0][6][1];
+        const float mg_v_e = expf(v32);
+        acc_l[0][0] += mg_v_e;
+        mg_s[0][6][1] = mg_v_e;
+      }
+      {
+        const int mg_r = mg_mi0 * 16 + mg_g + 8;
+        const int mg_c = (mg_ks * 8 + 6) * 8 + 2 * mg_t + 0;
+        (void)mg_r; (void)mg_c;
+        const float v33 = mg_s[0][6][2];
+        const float mg_v_e = expf(v33);
+        acc_l[0][1] += mg_v_e;
+        mg_s[0][6][2] = mg_v_e;
+      }
+      {
+        const int mg_r = mg_mi0 * 16 + mg_g + 8;
+        const int mg_c = (mg_ks * 8 + 6) * 8 + 2 * mg_t + 1;
+        (void)mg_r; (void)mg_c;
+        const float v34 = mg_s[0][6][3];
+        const float mg_v_e = expf(v34);
+        acc_l[0][1] += mg_v_e;
+        mg_s[0][6][3] = mg_v_e;
+      }
+      {
+        const int mg_r = mg_mi0 * 16 + mg_g + 0;
+        const int mg_c = (mg_ks * 8 + 7) * 8 + 2 * mg_t + 0;
+        (void)mg_r; (void)mg_c;
+        const float v35 = mg_s[0][7][0];
+        const float mg_v_e = expf(v35);
+        acc_l[0][0] += mg_v_e;
+        mg_s[0][7][0] = mg_v_e;
+      }
+      {
+        const int mg_r = mg_mi0 * 16 + mg_g + 0;
+        const int mg_c = (mg_ks * 8 + 7) * 8 + 2 * mg_t + 1;
+        (void)mg_r; (void)mg_c;
+        const float v36 = mg_s[0][7][1];
+        const float mg_v_e = expf(v36);
+        acc_l[0][0] += mg_v_e;
+        mg_s[0][7][1] = mg_v_e;
+      }
+      {
+        const int mg_r = mg_mi0 * 16 + mg_g + 8;
+        const int mg_c = (mg_ks * 8 + 7) * 8 + 2 * mg_t + 0;
+        (void)mg_r; (void)mg_c;
+        const float v37 = mg_s[0][7][2];
+        const float mg_v_e = expf(v37);
+        acc_l[0][1] += mg_v_e;
+        mg_s[0][7][2] = mg_v_e;
+      }
+      {
+        const int mg_r = mg_mi0 * 16 + mg_g + 8;
+        const int mg_c = (mg_ks * 8 + 7) * 8 + 2 * mg_t + 1;
+        (void)mg_r; (void)mg_c;
+        const float v38 = mg_s[0][7][3];
+        const float mg_v_e = expf(v38);
+        acc_l[0][1] += mg_v_e;
+        mg_s[0][7][3] = mg_v_e;
+      }
+      {
+        const int kk = (mg_ks * 4 + 0) * 16;
+        const unsigned ra0_0 = mg_pack_f16(mg_s[0][0][0], mg_s[0][0][1]);
+        const unsigned ra0_1 = mg_pack_f16(mg_s[0][0][2], mg_s[0][0][3]);
+        const unsigned ra0_2 = mg_pack_f16(mg_s[0][1][0], mg_s[0][1][1]);
+        const unsigned ra0_3 = mg_pack_f16(mg_s[0][1][2], mg_s[0][1][3]);
+        unsigned rb0_0, rb0_1, rb1_0, rb1_1;
+        mg_ldsm_x4_t(rb0_0, rb0_1, rb1_0, rb1_1, (sm_v + ((kk + (mg_lane & 15)) * 72 + ((0 + 0 + (mg_lane >> 4)) * 8))));
+        unsigned rb2_0, rb2_1, rb3_0, rb3_1;
+        mg_ldsm_x4_t(rb2_0, rb2_1, rb3_0, rb3_1, (sm_v + ((kk + (mg_lane & 15)) * 72 + ((0 + 2 + (mg_lane >> 4)) * 8))));
+        unsigned rb4_0, rb4_1, rb5_0, rb5_1;
+        mg_ldsm_x4_t(rb4_0, rb4_1, rb5_0, rb5_1, (sm_v + ((kk + (mg_lane & 15)) * 72 + ((0 + 4 + (mg_lane >> 4)) * 8))));
+        unsigned rb6_0, rb6_1, rb7_0, rb7_1;
+        mg_ldsm_x4_t(rb6_0, rb6_1, rb7_0, rb7_1, (sm_v + ((kk + (mg_lane & 15)) * 72 + ((0 + 6 + (mg_lane >> 4)) * 8))));
+        mg_mma_f16(acc_o[0][0], ra0_0, ra0_1, ra0_2, ra0_3, rb0_0, rb0_1);
+        mg_mma_f16(acc_o[0][1], ra0_0, ra0_1, ra0_2, ra0_3, rb1_0, rb1_1);
+        mg_mma_f16(acc_o[0][2], ra0_0, ra0_1, ra0_2, ra0_3, rb2_0, rb2_1);
+        mg_mma_f16(acc_o[0][3], ra0_0, ra0_1, ra0_2, ra0_3, rb3_0, rb3_1);
+        mg_mma_f16(acc_o[0][4], ra0_0, ra0_1, ra0_2, ra0_3, rb4_0, rb4_1);
+        mg_mma_f16(acc_o[0][5], ra0_0, ra0_1, ra0_2, ra0_3, rb5_0, rb5_1);
+        mg_mma_f16(acc_o[0][6], ra0_0, ra0_1, ra0_2, ra0_3, rb6_0, rb6_1);
+        mg_mma_f16(acc_o[0][7], ra0_0, ra0_1, ra0_2, ra0_3, rb7_0, rb7_1);
+      }
+      {
+        const int kk = (mg_ks * 4 + 1) * 16;
+        const unsigned ra0_0 = mg_pack_f16(mg_s[0][2][0], mg_s[0][2][1]);
+        const unsigned ra0_1 = mg_pack_f16(mg_s[0][2][2], mg_s[0][2][3]);
+        const unsigned ra0_2 = mg_pack_f16(mg_s[0][3][0], mg_s[0][3][1]);
+        const unsigned ra0_3 = mg_pack_f16(mg_s[0][3][2], mg_s[0][3][3]);
+        unsigned rb0_0, rb0_1, rb1_0, rb1_1;
+        mg_ldsm_x4_t(rb0_0, rb0_1, rb1_0, rb1_1, (sm_v + ((kk + (mg_lane & 15)) * 72 + ((0 + 0 + (mg_lane >> 4)) * 8))));
+        unsigned rb2_0, rb2_1, rb3_0, rb3_1;
+        mg_ldsm_x4_t(rb2_0, rb2_1, rb3_0, rb3_1, (sm_v + ((kk + (mg_lane & 15)) * 72 + ((0 + 2 + (mg_lane >> 4)) * 8))));
+        unsigned rb4_0, rb4_1, rb5_0, rb5_1;
+        mg_ldsm_x4_t(rb4_0, rb4_1, rb5_0, rb5_1, (sm_v + ((kk + (mg_lane & 15)) * 72 + ((0 + 4 + (mg_lane >> 4)) * 8))));
+        unsigned rb6_0, rb6_1, rb7_0, rb7_1;
+        mg_ldsm_x4_t(rb6_0, rb6_1, rb7_0, rb7_1, (sm_v + ((kk + (mg_lane & 15)) * 72 + ((0 + 6 + (mg_lane >> 4)) * 8))));
+        mg_mma_f16(acc_o[0][0], ra0_0, ra0_1, ra0_2, ra0_3, rb0_0, rb0_1);
+        mg_mma_f16(acc_o[0][1], ra0_0, ra0_1, ra0_2, ra0_3, rb1_0, rb1_1);
+        mg_mma_f16(acc_o[0][2], ra0_0, ra0_1, ra0_2, ra0_3, rb2_0, rb2_1);
+        mg_mma_f16(acc_o[0][3], ra0_0, ra0_1, ra0_2, ra0_3, rb3_0, rb3_1);
+        mg_mma_f16(acc_o[0][4], ra0_0, ra0_1, ra0_2, ra0_3, rb4_0, rb4_1);
+        mg_mma_f16(acc_o[0][5], ra0_0, ra0_1, ra0_2, ra0_3, rb5_0, rb5_1);
+        mg_mma_f16(acc_o[0][6], ra0_0, ra0_1, ra0_2, ra0_3, rb6_0, rb6_1);
+        mg_mma_f16(acc_o[0][7], ra0_0, ra0_1, ra0_2, ra0_3, rb7_0, rb7_1);
+      }
+      {
+        const int kk = (mg_ks * 4 + 2) * 16;
+        const unsigned ra0_0 = mg_pack_f16(mg_s[0][4][0], mg_s[0][4][1]);
+        const unsigned ra0_1 = mg_pack_f16(mg_s[0][4][2], mg_s[0][4][3]);
+        const unsigned ra0_2 = mg_pack_f16(mg_s[0][5][0], mg_s[0][5][1]);
+        const unsigned ra0_3 = mg_pack_f16(mg_s[0][5][2], mg_s[0][5][3]);
+        unsigned rb0_0, rb0_1, rb1_0, rb1_1;
+        mg_ldsm_x4_t(rb0_0, rb0_1, rb1_0, rb1_1, (sm_v + ((kk + (mg_lane & 15)) * 72 + ((0 + 0 + (mg_lane >> 4)) * 8))));
+        unsigned rb2_0, rb2_1, rb3_0, rb3_1;
+        mg_ldsm_x4_t(rb2_0, rb2_1, rb3_0, rb3_1, (sm_v + ((kk + (mg_lane & 15)) * 72 + ((0 + 2 + (mg_lane >> 4)) * 8))));
+        unsigned rb4_0, rb4_1, rb5_0, rb5_1;
+        mg_ldsm_x4_t(rb4_0, rb4_1, rb5_0, rb5_1, (sm_v + ((kk + (mg_lane & 15)) * 72 + ((0 + 4 + (mg_lane >> 4)) * 8))));
+        unsigned rb6_0, rb6_1, rb7_0, rb7_1;
+        mg_ldsm_x4_t(rb6_0, rb6_1, rb7_0, rb7_1, (sm_v + ((kk + (mg_lane & 15)) * 72 + ((0 + 6 + (mg_lane >> 4)) * 8))));
+        mg_mma_f16(acc_o[0][0], ra0_0, ra0_1, ra0_2, ra0_3, rb0_0, rb0_1);
+        mg_mma_f16(acc_o[0][1], ra0_0, ra0_1, ra0_2, ra0_3, rb1_0, rb1_1);
+        mg_mma_f16(acc_o[0][2], ra0_0, ra0_1, ra0_2, ra0_3, rb2_0, rb2_1);
+        mg_mma_f16(acc_o[0][3], ra0_0, ra0_1, ra0_2, ra0_3, rb3_0, rb3_1);
+        mg_mma_f16(acc_o[0][4], ra0_0, ra0_1, ra0_2, ra0_3, rb4_0, rb4_1);
+        mg_mma_f16(acc_o[0][5], ra0_0, ra0_1, ra0_2, ra0_3, rb5_0, rb5_1);
+        mg_mma_f16(acc_o[0][6], ra0_0, ra0_1, ra0_2, ra0_3, rb6_0, rb6_1);
+        mg_mma_f16(acc_o[0][7], ra0_0, ra0_1, ra0_2, ra0_3, rb7_0, rb7_1);
+      }
+      {
+        const int kk = (mg_ks * 4 + 3) * 16;
+        const unsigned ra0_0 = mg_pack_f16(mg_s[0][6][0], mg_s[0][6][1]);
+        const unsigned ra0_1 = mg_pack_f16(mg_s[0][6][2], mg_s[0][6][3]);
+        const unsigned ra0_2 = mg_pack_f16(mg_s[0][7][0], mg_s[0][7][1]);
+        const unsigned ra0_3 = mg_pack_f16(mg_s[0][7][2], mg_s[0][7][3]);
+        unsigned rb0_0, rb0_1, rb1_0, rb1_1;
+        mg_ldsm_x4_t(rb0_0, rb0_1, rb1_0, rb1_1, (sm_v + ((kk + (mg_lane & 15)) * 72 + ((0 + 0 + (mg_lane >> 4)) * 8))));
+        unsigned rb2_0, rb2_1, rb3_0, rb3_1;
+        mg_ldsm_x4_t(rb2_0, rb2_1, rb3_0, rb3_1, (sm_v + ((kk + (mg_lane & 15)) * 72 + ((0 + 2 + (mg_lane >> 4)) * 8))));
+        unsigned rb4_0, rb4_1, rb5_0, rb5_1;
+        mg_ldsm_x4_t(rb4_0, rb4_1, rb5_0, rb5_1, (sm_v + ((kk + (mg_lane & 15)) * 72 + ((0 + 4 + (mg_lane >> 4)) * 8))));
+        unsigned rb6_0, rb6_1, rb7_0, rb7_1;
+        mg_ldsm_x4_t(rb6_0, rb6_1, rb7_0, rb7_1, (sm_v + ((kk + (mg_lane & 15)) * 72 + ((0 + 6 + (mg_lane >> 4)) * 8))));
+        mg_mma_f16(acc_o[0][0], ra0_0, ra0_1, ra0_2, ra0_3, rb0_0, rb0_1);
+        mg_mma_f16(acc_o[0][1], ra0_0, ra0_1, ra0_2, ra0_3, rb1_0, rb1_1);
+        mg_mma_f16(acc_o[0][2], ra0_0, ra0_1, ra0_2, ra0_3, rb2_0, rb2_1);
+        mg_mma_f16(acc_o[0][3], ra0_0, ra0_1, ra0_2, ra0_3, rb3_0, rb3_1);
+        mg_mma_f16(acc_o[0][4], ra0_0, ra0_1, ra0_2, ra0_3, rb4_0, rb4_1);
+        mg_mma_f16(acc_o[0][5], ra0_0, ra0_1, ra0_2, ra0_3, rb5_0, rb5_1);
+        mg_mma_f16(acc_o[0][6], ra0_0, ra0_1, ra0_2, ra0_3, rb6_0, rb6_1);
+        mg_mma_f16(acc_o[0][7], ra0_0, ra0_1, ra0_2, ra0_3, rb7_0, rb7_1);
+      }
     }
   }
   __syncthreads();
-  #pragma unroll
-  for (int j = 0; j < 16; ++j) {
-    const int row = threadIdx.x / 32 + 4 * j;
-    const int mg_rl = threadIdx.x % 32;
-    (void)row; (void)mg_rl;
-    float v12 = acc_l[j];
-    v12 = mg_warp_sum(v12);
-    if ((threadIdx.x & 31) == 0) {
-      if (row < 64) buf_l[row] = v12;
-    }
-  }
   {
     const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
     const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
-    (void)mg_g; (void)mg_t;
     const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
-    (void)mg_ks;
+    (void)mg_g; (void)mg_t; (void)mg_grp; (void)mg_ks;
     #pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const int q = mg_grp + 4 * j;
-      if (q < 32) {
-        const int mg_nb = q / 32;
-        const int mg_mi = (q / 8) % 4;
-        const int mg_ni = q % 8;
-        const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
-        const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
-        (void)mg_nb; (void)r1; (void)c0; (void)n0;
-        buf_o[r0 * 64 + c0] = acc_o[j][0];
-        buf_o[r0 * 64 + (c0 + 1)] = acc_o[j][1];
-        buf_o[r1 * 64 + c0] = acc_o[j][2];
-        buf_o[r1 * 64 + (c0 + 1)] = acc_o[j][3];
+    for (int m = 0; m < 1; ++m) {
+      #pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        acc_l[m][h] += __shfl_xor_sync(0xffffffffu, acc_l[m][h], 1);
+        acc_l[m][h] += __shfl_xor_sync(0xffffffffu, acc_l[m][h], 2);
       }
+    }
+    const int mg_b = (mg_grp * 1) / 4;
+    (void)mg_b;
+    const int mg_mi0 = (mg_grp * 1 + 0) % 4;
+    {
+      const int r0 = mg_mi0 * 16 + mg_g, r1 = r0 + 8;
+      if (mg_t == 0) {
+        buf_l[mg_b * 64 + r0] = acc_l[0][0];
+        buf_l[mg_b * 64 + r1] = acc_l[0][1];
+      }
+      buf_o[mg_b * 4096 + r0 * 64 + (0 + 2 * mg_t)] = acc_o[0][0][0];
+      buf_o[mg_b * 4096 + r0 * 64 + (0 + 2 * mg_t + 1)] = acc_o[0][0][1];
+      buf_o[mg_b * 4096 + r1 * 64 + (0 + 2 * mg_t)] = acc_o[0][0][2];
+      buf_o[mg_b * 4096 + r1 * 64 + (0 + 2 * mg_t + 1)] = acc_o[0][0][3];
+      buf_o[mg_b * 4096 + r0 * 64 + (8 + 2 * mg_t)] = acc_o[0][1][0];
+      buf_o[mg_b * 4096 + r0 * 64 + (8 + 2 * mg_t + 1)] = acc_o[0][1][1];
+      buf_o[mg_b * 4096 + r1 * 64 + (8 + 2 * mg_t)] = acc_o[0][1][2];
+      buf_o[mg_b * 4096 + r1 * 64 + (8 + 2 * mg_t + 1)] = acc_o[0][1][3];
+      buf_o[mg_b * 4096 + r0 * 64 + (16 + 2 * mg_t)] = acc_o[0][2][0];
+      buf_o[mg_b * 4096 + r0 * 64 + (16 + 2 * mg_t + 1)] = acc_o[0][2][1];
+      buf_o[mg_b * 4096 + r1 * 64 + (16 + 2 * mg_t)] = acc_o[0][2][2];
+      buf_o[mg_b * 4096 + r1 * 64 + (16 + 2 * mg_t + 1)] = acc_o[0][2][3];
+      buf_o[mg_b * 4096 + r0 * 64 + (24 + 2 * mg_t)] = acc_o[0][3][0];
+      buf_o[mg_b * 4096 + r0 * 64 + (24 + 2 * mg_t + 1)] = acc_o[0][3][1];
+      buf_o[mg_b * 4096 + r1 * 64 + (24 + 2 * mg_t)] = acc_o[0][3][2];
+      buf_o[mg_b * 4096 + r1 * 64 + (24 + 2 * mg_t + 1)] = acc_o[0][3][3];
+      buf_o[mg_b * 4096 + r0 * 64 + (32 + 2 * mg_t)] = acc_o[0][4][0];
+      buf_o[mg_b * 4096 + r0 * 64 + (32 + 2 * mg_t + 1)] = acc_o[0][4][1];
+      buf_o[mg_b * 4096 + r1 * 64 + (32 + 2 * mg_t)] = acc_o[0][4][2];
+      buf_o[mg_b * 4096 + r1 * 64 + (32 + 2 * mg_t + 1)] = acc_o[0][4][3];
+      buf_o[mg_b * 4096 + r0 * 64 + (40 + 2 * mg_t)] = acc_o[0][5][0];
+      buf_o[mg_b * 4096 + r0 * 64 + (40 + 2 * mg_t + 1)] = acc_o[0][5][1];
+      buf_o[mg_b * 4096 + r1 * 64 + (40 + 2 * mg_t)] = acc_o[0][5][2];
+      buf_o[mg_b * 4096 + r1 * 64 + (40 + 2 * mg_t + 1)] = acc_o[0][5][3];
+      buf_o[mg_b * 4096 + r0 * 64 + (48 + 2 * mg_t)] = acc_o[0][6][0];
+      buf_o[mg_b * 4096 + r0 * 64 + (48 + 2 * mg_t + 1)] = acc_o[0][6][1];
+      buf_o[mg_b * 4096 + r1 * 64 + (48 + 2 * mg_t)] = acc_o[0][6][2];
+      buf_o[mg_b * 4096 + r1 * 64 + (48 + 2 * mg_t + 1)] = acc_o[0][6][3];
+      buf_o[mg_b * 4096 + r0 * 64 + (56 + 2 * mg_t)] = acc_o[0][7][0];
+      buf_o[mg_b * 4096 + r0 * 64 + (56 + 2 * mg_t + 1)] = acc_o[0][7][1];
+      buf_o[mg_b * 4096 + r1 * 64 + (56 + 2 * mg_t)] = acc_o[0][7][2];
+      buf_o[mg_b * 4096 + r1 * 64 + (56 + 2 * mg_t + 1)] = acc_o[0][7][3];
     }
   }
   __syncthreads();
-  for (int e13 = threadIdx.x; e13 < 64; e13 += 128) {
-    const int i14_1 = e13;
-    mg_st(p3 + (bx * 4096 + by * 1 + bz * 1024 + i14_1 * 16), buf_l[i14_1]);
+  for (int e39 = threadIdx.x; e39 < 64; e39 += 128) {
+    const int i40_1 = e39;
+    mg_st(p3 + (bx * 4096 + by * 1 + bz * 1024 + i40_1 * 16), buf_l[i40_1]);
   }
-  for (int e15 = threadIdx.x; e15 < 4096; e15 += 128) {
-    const int i16_1 = e15 / 64;
-    const int i16_2 = (e15) % 64;
-    mg_st(p4 + (bx * 262144 + by * 64 + bz * 65536 + i16_1 * 1024 + i16_2), buf_o[i16_1 * 64 + i16_2]);
+  for (int e41 = threadIdx.x; e41 < 4096; e41 += 128) {
+    const int i42_1 = e41 / 64;
+    const int i42_2 = (e41) % 64;
+    mg_st(p4 + (bx * 262144 + by * 64 + bz * 65536 + i42_1 * 1024 + i42_2), buf_o[i42_1 * 64 + i42_2]);
   }
 }
 
@@ -515,7 +945,7 @@ static cudaError_t mg_prepare_mirage_gqa_fused_h16x256x64_h16x64x4096_h16x4096x6
     return cudaSuccess;
   }
   mg_err = cudaFuncSetAttribute((const void*)mg_k0_mirage_gqa_fused_h16x256x64_h16x64x4096_h16x4096x64_to_h16x256x64,
-                                cudaFuncAttributeMaxDynamicSharedMemorySize, 132368);
+                                cudaFuncAttributeMaxDynamicSharedMemorySize, 99600);
   if (mg_err != cudaSuccess) return mg_err;
   if (mg_tabled) mg_smem_ready_mirage_gqa_fused_h16x256x64_h16x64x4096_h16x4096x64_to_h16x256x64[mg_dev].store(1, std::memory_order_release);
   return cudaSuccess;
@@ -538,7 +968,7 @@ extern "C" cudaError_t mirage_gqa_fused_h16x256x64_h16x64x4096_h16x4096x64_to_h1
     mg_f16* mg_a4 = (mg_f16*)(mg_ws + 131072);
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2, &mg_a3, &mg_a4};
     mg_err = cudaLaunchKernel((const void*)mg_k0_mirage_gqa_fused_h16x256x64_h16x64x4096_h16x4096x64_to_h16x256x64, dim3(16, 16, 4),
-                              dim3(128), mg_args, 132368, mg_stream);
+                              dim3(128), mg_args, 99600, mg_stream);
   }
   if (mg_err != cudaSuccess) return mg_err;
   {

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from mirage_cli import ops
 from mirage_cli.check import block_phases
+from mirage_cli.codegen.expr import numel
 from mirage_cli.ir import BlockGraph, BlockOp, DType, TensorType, Value, make_attrs
 from mirage_cli.semantics.accum import Finish
 
@@ -186,3 +187,107 @@ def row_kind(op: BlockOp, a: Analysis) -> str | None:
         keep = kind == "rms" or bool(reg.attr_values(op.attrs).get("keepdim", False))
         return "row" if keep else None
     return None
+
+
+# -- matmul chains with the score tile in registers (codegen/chain.py) ----------------
+
+
+@dataclass(frozen=True)
+class Chain:
+    """Two block matmuls joined through element-wise operators, the attention family:
+    ``first = matmul(A, B1)`` ([R, d] @ [d, n]); element-wise operators on [R, n]
+    tiles (``links``, in block order) derive ``p``; ``second = matmul(p, B2)``
+    ([R, n] @ [n, e]) feeds the plain sum ``acc``; ``row_accs`` accumulate link values
+    along their rows. The first matmul's result and the links live in the registers of
+    mma fragments: the accumulator fragments of the first become, packed to 16 bits,
+    the A fragments of the second."""
+
+    first: BlockOp
+    links: tuple[BlockOp, ...]
+    second: BlockOp
+    acc: BlockOp
+    row_accs: tuple[BlockOp, ...]
+
+    @property
+    def members(self) -> frozenset[str]:
+        """The tensors that live in fragments (first, links, second)."""
+        return frozenset(op.outputs[0].name for op in (self.first, *self.links, self.second))
+
+
+def chain_form(a: Analysis) -> Chain | str:
+    """The block graph's matmul chain, or the first reason it has none."""
+    bg = a.bg
+    mms = [op for op in bg.ops if is_mma(op, bg.threads)]
+    if len(mms) != 2:
+        return "not exactly two tensor-core matmuls"
+    first, second = mms
+    if any(a.phases[m.outputs[0].name] != "loop" for m in mms):
+        return "a matmul is not computed in the forloop"
+    loaded = {bi.value.name for bi in bg.inputs}
+    for operand in (first.inputs[0], first.inputs[1], second.inputs[1]):
+        if operand not in loaded:
+            return f"matmul operand {operand} is computed, not loaded"
+    ta, tb1, tb2 = (a.types[n] for n in (first.inputs[0], first.inputs[1], second.inputs[1]))
+    score = first.outputs[0].type.shape
+    lead = score[:-2]
+    if len(lead) > 1 or any(t.shape[:-2] != lead and numel(t.shape[:-2]) != 1
+                            for t in (ta, tb1, tb2)):
+        return "the matmul tiles' batch dimensions are not one shared (or broadcast) one"
+    R, n = score[-2:]
+    if R % 16 or ta.shape[-1] % 16 or n % 16 or tb2.shape[-1] % 8:
+        return "tile sizes are not multiples of the mma shape"
+    if len({ta.dtype, tb1.dtype, tb2.dtype, second.outputs[0].type.dtype}) != 1:
+        return "operands of different dtypes"
+    links, members = _links(a, first, second)
+    if links is None:
+        return "the second matmul's A operand is not an element-wise function of the first's result"
+    acc = _plain_acc(a, second)
+    if acc is None:
+        return "the second matmul's result does not feed a plain sum accumulator"
+    row_accs = []
+    for name in members:
+        for user in a.uses[name]:
+            if user is None:
+                return f"{name} is stored"
+            if user.outputs[0].name in members or user is second:
+                continue
+            spec = ops.get(user.op).accum
+            if spec is None or spec.reduce is not ops.Reduce.LAST:
+                return f"{name} is read by {user.op}, which has no fragment form"
+            row_accs.append(user)
+    for op in bg.ops:
+        if ops.get(op.op).is_accumulator and op is not acc and op not in row_accs:
+            return f"accumulator {op.op} is outside the chain"
+    order = {id(op): i for i, op in enumerate(bg.ops)}
+    row_accs.sort(key=lambda op: order[id(op)])
+    return Chain(first, links, second, acc, tuple(row_accs))
+
+
+def _links(a: Analysis, first: BlockOp, second: BlockOp
+           ) -> tuple[tuple[BlockOp, ...] | None, set[str]]:
+    """The element-wise operators from the first matmul's result to the second's A
+    operand (None if it is not such a function), and the tensors on that path."""
+    shape = first.outputs[0].type.shape
+    members = {first.outputs[0].name}
+    links: list[BlockOp] = []
+    for op in a.bg.ops:
+        if not any(i in members for i in op.inputs) or op is second:
+            continue
+        if ops.get(op.op).is_accumulator:
+            continue
+        if ops.get(op.op).cuda.kind != "elementwise" or op.outputs[0].type.shape != shape:
+            return None, members
+        links.append(op)
+        members.add(op.outputs[0].name)
+    if second.inputs[0] not in members or second.inputs[1] in members:
+        return None, members
+    return tuple(links), members
+
+
+def _plain_acc(a: Analysis, op: BlockOp) -> BlockOp | None:
+    users = a.uses[op.outputs[0].name]
+    user = users[0] if len(users) == 1 else None
+    spec = ops.get(user.op).accum if user is not None else None
+    if user is None or spec is None or not spec.is_plain_sum or spec.reduce is not ops.Reduce.NONE:
+        return None
+    return user

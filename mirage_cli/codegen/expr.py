@@ -89,9 +89,18 @@ class Regs:
 
 
 @dataclass(frozen=True)
+class Local:
+    """The element being computed is already in the C expression ``var`` (a local
+    variable or register of this thread): an enclosing loop visits one element at a
+    time and computes each tensor of it once (``codegen/chain.py``)."""
+
+    var: str
+
+
+@dataclass(frozen=True)
 class Node:
     shape: tuple[int, ...]
-    how: Stored | Inline | Regs
+    how: Stored | Inline | Regs | Local
 
 
 def attr_c(v: AttrValue) -> str:
@@ -135,6 +144,8 @@ class Emitter:
             case Regs(array=array):
                 assert self.reg_slot is not None, f"{name} is read outside its owner's loop"
                 return [], f"{array}[{self.reg_slot}]"
+            case Local(var=var):
+                return [], var
             case _:
                 assert_never(node.how)
 

@@ -18,7 +18,7 @@ import dataclasses
 from collections.abc import Callable
 
 from mirage_cli import ops
-from mirage_cli.codegen import mma, reduce, stores
+from mirage_cli.codegen import chain, chainplan, mma, reduce, stores
 from mirage_cli.codegen.blockfacts import Analysis, analyse, decompose
 from mirage_cli.codegen.expr import (
     CTYPE,
@@ -75,6 +75,15 @@ class FusedKernel:
         self.reds = {r.output: r for r in plan.reductions}
         self.hoisted: Lines = []          # per-thread tables computed once, before use
         self._tables: set[str] = set()
+        # A matmul chain planned into registers (codegen/chain.py emits it).
+        self.chain = chainplan.chain_of(self.a) if plan.knobs.chain == 1 else None
+        self.chain_accs: set[str] = set()
+        if self.chain is not None:
+            lay = chainplan.layout(self.chain, self.W, plan.knobs.kwarps or 1)
+            assert isinstance(lay, chainplan.ChainLayout), lay
+            self.chain_lay = lay
+            self.chain_accs = {op.outputs[0].name for op in (self.chain.acc,
+                                                              *self.chain.row_accs)}
 
     def tile(self, name: str) -> TilePlan:
         return self.tiles[name]
@@ -93,15 +102,25 @@ class FusedKernel:
         if self.plan.scratch_floats:
             self.params.append(Param("float* __restrict__", "mg_ws", "$scratch"))
         accs = [op for op in self.bg.ops if ops.get(op.op).is_accumulator]
+        plain = [op for op in accs if op.outputs[0].name not in self.chain_accs]
         head = self._prologue() + self._define_nodes()
         body = self._invariant()
-        body += reduce.acc_init(self, accs)
-        loop = self._loop_body(accs)
-        body += [f"for (int it = 0; it < {self.FL}; ++it) {{"] + indent(loop) + ["}"]
+        body += reduce.acc_init(self, plain)
+        if self.chain is not None:
+            body += chain.init(self, self.chain, self.chain_lay)
+        loop = self._loop_body(plain)
+        # A chain's iteration is long and register-heavy: unrolling the forloop (which
+        # the compiler does for a ring of two stages) would double its live registers.
+        body += (["#pragma unroll 1"] if self.chain is not None else []) + [
+            f"for (int it = 0; it < {self.FL}; ++it) {{"] + indent(loop) + ["}"]
         if self.pipelined():  # the loop's last iteration ends without a barrier
             body.append("__syncthreads();")
         body = head + self.hoisted + body
-        body += reduce.acc_finish(self, accs, raw=self.KS > 1)
+        if self.chain is not None:
+            fins = {op.outputs[0].name: "{0}" if self.KS > 1 else reduce.finish_format(self, op)
+                    for op in accs if op.outputs[0].name in self.chain_accs}
+            body += chain.finish(self, self.chain, self.chain_lay, fins) + ["__syncthreads();"]
+        body += reduce.acc_finish(self, plain, raw=self.KS > 1)
         if self.KS > 1:
             body += self._cluster_combine(accs)
         body += self._materialize_phase("epilogue")
@@ -187,6 +206,8 @@ class FusedKernel:
         for op in self.bg.ops:
             v = op.outputs[0]
             t = self.tile(v.name)
+            if t.home == "frag":  # the chain's emitter names each element as it goes
+                continue
             if t.home == "inline":
                 attrs = ops.get(op.op).attr_values(op.attrs)
                 self.em.nodes[v.name] = Node(v.type.shape, Inline(op.op, op.inputs, attrs))
@@ -375,6 +396,8 @@ class FusedKernel:
             cur = self._slot(bi, "it") if S > 1 else f"sm_{bi.value.name}_0"
             lines.append(f"const auto* sm_{bi.value.name} = {cur};")
         lines += self._materialize_phase("loop")
+        if self.chain is not None:
+            lines += chain.update(self, self.chain, self.chain_lay)
         for op in accs:
             lines += reduce.acc_update(self, op)
         if not self.pipelined():

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 
 from mirage_cli import arch as archs
 from mirage_cli import ops
+from mirage_cli.codegen import chainplan
 from mirage_cli.codegen.blockfacts import Analysis, analyse, is_mma
 from mirage_cli.ir import BlockGraph, BlockOp, DType, TensorType
 
@@ -45,6 +46,9 @@ def default_threads(bg: BlockGraph) -> int:
     threads for one 16-byte access per thread over their largest tile (up to 512), so
     row-wise kernels with few blocks still keep many loads in flight."""
     mmas = [op for op in bg.ops if is_mma(op, bg.threads)]
+    chained = chainplan.chain_threads(analyse(bg)) if len(mmas) == 2 else None
+    if chained is not None:
+        return chained
     if mmas:
         # Streaming matmuls issue many instructions per byte (copies, fragment loads):
         # with one block per SM, 8 warps issue faster than 4 (docs/perf-log.md).

@@ -17,8 +17,10 @@ from dataclasses import dataclass
 
 from mirage_cli import arch as archs
 from mirage_cli import ops
+from mirage_cli.codegen import chainplan
 from mirage_cli.codegen.blockfacts import (
     Analysis,
+    Chain,
     acc_row_reduction,
     analyse,
     decompose,
@@ -110,7 +112,8 @@ def plan_kernel(bg: BlockGraph, dev_types: Mapping[str, TensorType], target: str
         return _row_plan(a, dev_types, target, pins)
     k, tiles, mmas, reds, smem, scratch = _lay_out(a, dev_types, pins, arch)
     k = dataclasses.replace(k, stages=max([t.stages for t in tiles.values()] + [1]))
-    mmas = _mmas(a, tiles, k)  # operand paths again: a tile may have left shared memory
+    if k.chain != 1:
+        mmas = _mmas(a, tiles, k)  # operand paths again: a tile may have left shared memory
     T = bg.threads
     out = []
     for t in tiles.values():
@@ -159,10 +162,41 @@ def _lay_out_with(a: Analysis, dev_types: Mapping[str, TensorType], k: Knobs, pi
                   arch: archs.Arch
                   ) -> tuple[Knobs, dict[str, _Tile], list[MmaPlan], list[ReducePlan], int, int]:
     tiles = _homes(a, dev_types, k)
-    mmas = _mmas(a, tiles, k)
-    reds = _reductions(a, tiles)
+    ch = chainplan.chain_of(a) if k.chain == 1 else None
+    if ch is not None:
+        mmas, reds = _chain(a, ch, tiles, k)
+    else:
+        mmas, reds = _mmas(a, tiles, k), _reductions(a, tiles)
     smem, scratch = _allocate(a, tiles, bool(mmas), reds, k, pins, arch)
+    if ch is not None and any(tiles[n].home != "smem" for n in _chain_operands(ch)):
+        raise MirageError("chain=1 needs the matmul operands in shared memory, which they "
+                          "do not fit (pin fewer stages or chain=0)")
     return k, tiles, mmas, reds, smem, scratch
+
+
+def _chain_operands(ch: Chain) -> tuple[str, str, str]:
+    return ch.first.inputs[0], ch.first.inputs[1], ch.second.inputs[1]
+
+
+def _chain(a: Analysis, ch: Chain, tiles: dict[str, _Tile], k: Knobs
+           ) -> tuple[list[MmaPlan], list[ReducePlan]]:
+    """Homes, mma and reduction entries of a matmul chain in registers (chainplan)."""
+    lay = chainplan.layout(ch, a.bg.threads // 32, k.kwarps or 1)
+    if isinstance(lay, str):
+        raise MirageError(f"plan knob chain=1 is not legal here: {lay}")
+    dt = ch.first.outputs[0].type.dtype
+    if k.ldmatrix != 1 or not all(_ldmatrix_ok(tiles[n], dt) for n in _chain_operands(ch)):
+        raise MirageError("plan knob chain=1 needs ldmatrix=1 and the matmul operands staged "
+                          "in shared memory as 16-byte rows")
+    mmas, reds, owners = chainplan.plan_entries(ch, lay, "ldmatrix")
+    for name in ch.members:
+        tiles[name].home = "frag"
+    tiles[ch.acc.outputs[0].name].home = "acc_mma"
+    for op in ch.row_accs:
+        tiles[op.outputs[0].name].home = "acc_regs"
+    for name, owner in owners.items():
+        tiles[name].owner = owner
+    return mmas, reds
 
 
 def _owner(t: _Tile, threads: int) -> str:
@@ -191,6 +225,18 @@ def _resolve(a: Analysis, dev: Mapping[str, TensorType], pins: Knobs) -> Knobs:
         # Off by default: measured on an H200 (docs/perf-log.md v5) it saves 5% on lora,
         # 2% on rmsnorm_linear and costs 25% on gated_mlp; measured selection tries it.
         d["stagger"] = 0
+    ch = chainplan.chain_of(a) if d["chain"] != 0 and d["ldmatrix"] == 1 else None
+    if ch is not None:
+        # The chain's warps split the score's columns only where there are fewer 16-row
+        # tiles than warps: every warp then owns rows.
+        kw = d["kwarps"] or chainplan.default_kwarps(ch, a.bg.threads // 32)
+        ok = not isinstance(chainplan.layout(ch, a.bg.threads // 32, kw), str)
+        if d["chain"] is None:
+            d["chain"] = 1 if ok else 0
+        if d["chain"] == 1:
+            d["kwarps"] = kw
+    if d["chain"] is None:
+        d["chain"] = 0
     if d["kwarps"] is None:
         # Measured on an H200 (docs/perf-log.md): splitting K pays while each warp keeps
         # at least 8 mma steps per iteration; past that the fragment sums cost more.
@@ -365,7 +411,7 @@ def knob_space(bg: BlockGraph, dev_types: Mapping[str, TensorType], target: str
             "kwarps": kwarps_range(a), "pad": [0, 1], "ldmatrix": [0, 1],
             "stage_once": [0, 1], "vec": vec_range(a, dev_types), "threads": threads,
             "ksplit": ksplit_range(a, target) if _no_scratch(a, dev_types, target) else [1],
-            "stagger": stagger_range(a)}
+            "stagger": stagger_range(a), "chain": chainplan.chain_range(a, kwarps_range(a))}
 
 
 def _no_scratch(a: Analysis, dev_types: Mapping[str, TensorType], target: str) -> bool:

@@ -14,7 +14,7 @@ Fields (``format: mirage-cli/device-profile``, ``version: 1``): ``name``, ``devi
 ``fma_flops``, ``launch_us``, ``iter_us`` (per forloop iteration and wave),
 ``barrier_us`` (null when unmeasured), ``smem_per_block``, ``smem_per_sm``,
 ``regs_per_sm``, ``max_threads_per_sm``, optionally ``stage_penalty`` (0 when
-absent: see :class:`Profile`); and ``fit``: the coefficients of the model's
+absent) and ``mma_flops`` (``peak_flops`` when absent; see :class:`Profile`); and ``fit``: the coefficients of the model's
 terms (``stream``, ``sync``, ``launch``, ``const_us``), 1/1/1/0 when unfitted.
 """
 
@@ -60,12 +60,23 @@ class Profile:
     # A loop whose plan keeps S copies in flight is slower by 1 + stage_penalty / S**2
     # (S = 1: loads and compute in series; fitted on an H200, docs/perf-log.md v7).
     stage_penalty: float = 0.0
+    # The rate at which generated kernels do tensor-core work (mma.sync with its operand
+    # loads and the element-wise work between two matmuls), fitted to measured kernels;
+    # peak_flops when absent.
+    mma_flops: float | None = None
     fit: dict[str, float] = field(default_factory=lambda: {"stream": 1.0, "sync": 1.0,
                                                            "launch": 1.0, "const_us": 0.0})
     extra: dict[str, Any] = field(default_factory=dict)  # other recorded figures
 
+    @property
+    def flop_rate(self) -> float:
+        """FLOP/s of the model's compute term."""
+        return self.mma_flops or self.peak_flops
+
     def as_json(self) -> dict[str, Any]:
         d = asdict(self)
+        if d["mma_flops"] is None:
+            del d["mma_flops"]
         extra = d.pop("extra")
         return {"format": FORMAT, "version": VERSION, **d, **extra}
 
@@ -119,11 +130,15 @@ def from_json(doc: Any, where: str) -> Profile:
     penalty = doc.get("stage_penalty", 0.0)
     if not _nonneg(penalty):
         raise MirageError(f"{where}: 'stage_penalty' must be a number >= 0 (got {penalty!r})")
+    mma = doc.get("mma_flops")
+    if mma is not None and not _pos(mma):
+        raise MirageError(f"{where}: 'mma_flops' must be a number > 0 (got {mma!r})")
     known = {"format", "version", "calibrated", "fit", "name", "device", "arch", "source",
-             "stage_penalty", *_NUMBERS}
+             "stage_penalty", "mma_flops", *_NUMBERS}
     return Profile(doc["name"], doc["device"], doc["arch"], bool(doc.get("calibrated")),
                    doc["source"], **{k: doc[k] for k in _NUMBERS},
                    stage_penalty=float(penalty),
+                   mma_flops=float(mma) if mma is not None else None,
                    fit={"stream": 1.0, "sync": 1.0, "launch": 1.0, "const_us": 0.0,
                         **{k: float(v) for k, v in fit.items()}},
                    extra={k: v for k, v in doc.items() if k not in known})

@@ -51,7 +51,7 @@ def cache_dir() -> Path:
 # model reads the kernel plan (occupancy, plan feasibility) and a device profile; 7: the
 # plan may split the forloop over a cluster by default, and the model counts launched
 # blocks and per-block iterations at 0.5 µs each).
-SEARCH_REVISION = 7
+SEARCH_REVISION = 8
 
 
 def program_hash(program: Graph) -> str:

@@ -172,7 +172,7 @@ def kernel_costs(g: Graph) -> list[KernelCost]:
         # running forloop / ksplit iterations.
         blocks *= ksplit
         util = min(1.0, blocks / p.num_sms)
-        d_s, l_s, c_s = k_dram / p.dram_bw, k_l2 / p.l2_bw, k_flops / p.peak_flops
+        d_s, l_s, c_s = k_dram / p.dram_bw, k_l2 / p.l2_bw, k_flops / p.flop_rate
         forloop = op.block.forloop // ksplit if op.block is not None else 4
         # Blocks resident on one SM: bounded by threads and by shared memory per SM.
         per_sm = 1

@@ -1,0 +1,253 @@
+"""Emission of a matmul chain with its score tile in registers (the attention family).
+
+Expects a :class:`~mirage_cli.codegen.blockfacts.Chain` planned by
+:mod:`chainplan` (``chain=1``): ``S = A @ B1``, element-wise links ``P = f(S, ...)``,
+row accumulators of links, and ``acc += P @ B2``. Per forloop iteration each warp, for
+each 16-row tile it owns: multiplies its rows of A (``ldmatrix`` from shared memory)
+by its columns of B1 (``ldmatrix.trans``) into m16n8 fragments; applies the links to
+every fragment element where it sits (each link computed once per element, into a
+local), folding row accumulators into per-lane partials; packs the fragments to 16
+bits as the A fragments of the second mma (the accumulator layout of two adjacent
+m16n8 tiles is the A layout of one m16k16 step) and multiplies them by B2
+(``ldmatrix.trans``) into the output fragments. No barrier and no shared memory for
+anything but the staged operands. After the loop the row partials are combined over
+the 4 lanes of a row (shuffles) and, with the output fragments, written into the
+accumulators' f32 tiles (warps that split a row's columns add theirs in a fixed
+order), where the epilogue (and a cluster's combine) read them as any accumulator.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from mirage_cli import ops
+from mirage_cli.codegen.chainplan import ChainLayout
+from mirage_cli.codegen.expr import Lines, Local, Node, indent, offset_expr, row_major
+from mirage_cli.codegen.mma import _smem_ptr
+from mirage_cli.ir import BlockOp, DType
+from mirage_cli.semantics.accum import Combine, Pre
+from mirage_cli.semantics.cuda import c_init, c_update
+
+if TYPE_CHECKING:
+    from mirage_cli.codegen.blockfacts import Chain
+    from mirage_cli.codegen.kernel import FusedKernel
+
+
+def _lead(name: str, k: FusedKernel) -> list[str]:
+    """A tile's index along its batch dimension (``mg_b``, the warp's matrix; 0 where it
+    is 1, broadcast)."""
+    return ["0" if d == 1 else "mg_b" for d in k.a.types[name].shape[:-2]]
+
+
+def _tile_rows(ch: Chain, lay: ChainLayout) -> Lines:
+    """This warp's matrix of the batch (``mg_b``) and its 16-row tiles in it (``mg_mi{m}``)."""
+    per = ch.first.outputs[0].type.shape[-2] // 16
+    first = f"mg_grp * {lay.tiles_per_warp}"
+    return ([f"const int mg_b = ({first}) / {per};", "(void)mg_b;"]
+            + [f"const int mg_mi{m} = ({first} + {m}) % {per};"
+               for m in range(lay.tiles_per_warp)])
+
+
+def _warps(lay: ChainLayout) -> Lines:
+    return ["const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;",
+            "const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;",
+            f"const int mg_grp = mg_warp % {lay.groups}, mg_ks = mg_warp / {lay.groups};",
+            "(void)mg_g; (void)mg_t; (void)mg_grp; (void)mg_ks;"]
+
+
+def _spec(op: BlockOp) -> ops.AccumSpec:
+    spec = ops.get(op.op).accum
+    assert spec is not None
+    return spec
+
+
+def _unrolled(var: str, n: int, body: Lines) -> Lines:
+    return ["#pragma unroll", f"for (int {var} = 0; {var} < {n}; ++{var}) {{"] + indent(body) + ["}"]
+
+
+def init(k: FusedKernel, ch: Chain, lay: ChainLayout) -> Lines:
+    """Zeroed output fragments and row partials (the accumulators' identities)."""
+    acc = ch.acc.outputs[0].name
+    mt, no = lay.tiles_per_warp, lay.out_tiles
+    lines = [f"float acc_{acc}[{mt}][{no}][4];"]
+    lines += _unrolled("m", mt, _unrolled("j", no, [
+        f"acc_{acc}[m][j][0] = acc_{acc}[m][j][1] = acc_{acc}[m][j][2] = "
+        f"acc_{acc}[m][j][3] = 0.0f;"]))
+    for op in ch.row_accs:
+        name = op.outputs[0].name
+        lines += [f"float acc_{name}[{mt}][2];"]
+        lines += _unrolled("m", mt, [f"acc_{name}[m][0] = acc_{name}[m][1] = "
+                                     f"{c_init(_spec(op).combine)};"])
+    return lines
+
+
+def update(k: FusedKernel, ch: Chain, lay: ChainLayout) -> Lines:
+    """One forloop iteration of the chain over every 16-row tile this warp owns; the
+    tiles go through each step together, so they share each B fragment loaded."""
+    mt, ns = lay.tiles_per_warp, lay.score_tiles
+    lines = _warps(lay) + [f"float mg_s[{mt}][{ns}][4];"]
+    lines += [f"mg_s[{m}][{j}][0] = mg_s[{m}][{j}][1] = mg_s[{m}][{j}][2] = "
+              f"mg_s[{m}][{j}][3] = 0.0f;" for m in range(mt) for j in range(ns)]
+    lines += _tile_rows(ch, lay)
+    lines += _first(k, ch, lay) + _links(k, ch, lay) + _second(k, ch, lay)
+    return ["{"] + indent(lines) + ["}"]
+
+
+def _mma_fn(op: BlockOp) -> str:
+    return "mg_mma_f16" if op.outputs[0].type.dtype is DType.F16 else "mg_mma_bf16"
+
+
+def _b_loads(k: FusedKernel, b: str, tiles: int, col0: str) -> Lines:
+    """B fragments of ``tiles`` adjacent n8 tiles at K step ``kk`` from a K-major tile:
+    two tiles per ``ldmatrix.x4.trans`` (lanes 16-31 address the second), into
+    ``rb{t}_0``, ``rb{t}_1``. Issued together, ahead of the mmas that read them."""
+    lines: Lines = []
+    for t in range(0, tiles - 1, 2):
+        p = _smem_ptr(k, b, _lead(b, k) + ["(kk + (mg_lane & 15))",
+                                            f"(({col0} + {t} + (mg_lane >> 4)) * 8)"])
+        lines += [f"unsigned rb{t}_0, rb{t}_1, rb{t + 1}_0, rb{t + 1}_1;",
+                  f"mg_ldsm_x4_t(rb{t}_0, rb{t}_1, rb{t + 1}_0, rb{t + 1}_1, {p});"]
+    if tiles % 2:
+        t = tiles - 1
+        p = _smem_ptr(k, b, _lead(b, k) + ["(kk + (mg_lane & 15))", f"(({col0} + {t}) * 8)"])
+        lines += [f"unsigned rb{t}_0, rb{t}_1;", f"mg_ldsm_x2_t(rb{t}_0, rb{t}_1, {p});"]
+    return lines
+
+
+def _first(k: FusedKernel, ch: Chain, lay: ChainLayout) -> Lines:
+    """S = A @ B1 over this warp's rows and columns into ``mg_s``."""
+    a, b = ch.first.inputs
+    d = k.a.types[a].shape[-1]
+    mma = _mma_fn(ch.first)
+    lines: Lines = []
+    for s in range(d // 16):
+        step = [f"const int kk = {s * 16};"]
+        for m in range(lay.tiles_per_warp):
+            row = f"(mg_mi{m} * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8)"
+            pa = _smem_ptr(k, a, _lead(a, k) + [row, "(kk + (mg_lane >> 4) * 8)"])
+            step += [f"unsigned ra{m}_0, ra{m}_1, ra{m}_2, ra{m}_3;",
+                     f"mg_ldsm_x4(ra{m}_0, ra{m}_1, ra{m}_2, ra{m}_3, {pa});"]
+        step += _b_loads(k, b, lay.score_tiles, f"mg_ks * {lay.score_tiles}")
+        step += [f"{mma}(mg_s[{m}][{j}], ra{m}_0, ra{m}_1, ra{m}_2, ra{m}_3, rb{j}_0, rb{j}_1);"
+                 for m in range(lay.tiles_per_warp) for j in range(lay.score_tiles)]
+        lines += ["{"] + indent(step) + ["}"]
+    return lines
+
+
+def _links(k: FusedKernel, ch: Chain, lay: ChainLayout) -> Lines:
+    """Every link at every element of the score fragments, once each; row partials;
+    the second matmul's A operand left in ``mg_s``."""
+    # Written out element by element (not as loops): every register array index is then
+    # a constant, whatever the compiler's unrolling heuristics decide about a long body
+    # (an un-unrolled loop put the fragments in local memory).
+    first = ch.first.outputs[0].name
+    idx = _lead(first, k) + ["mg_r", "mg_c"]
+    lines: Lines = []
+    for m in range(lay.tiles_per_warp):
+        for j in range(lay.score_tiles):
+            for i in range(4):
+                lines += ["{"] + indent(_element(k, ch, lay, first, idx, m, j, i)) + ["}"]
+    return lines
+
+
+def _element(k: FusedKernel, ch: Chain, lay: ChainLayout, first: str, idx: list[str],
+             m: int, j: int, i: int) -> Lines:
+    """The links at element ``i`` of score fragment ``j``."""
+    k.em.nodes[first] = Node(k.a.types[first].shape, Local(f"mg_s[{m}][{j}][{i}]"))
+    body = [f"const int mg_r = mg_mi{m} * 16 + mg_g + {(i >> 1) * 8};",
+            f"const int mg_c = (mg_ks * {lay.score_tiles} + {j}) * 8 + 2 * mg_t + {i & 1};",
+            "(void)mg_r; (void)mg_c;"]
+    for op in ch.links:
+        name = op.outputs[0].name
+        attrs = ops.get(op.op).attr_values(op.attrs)
+        st, e = k.em._inline(op.op, op.inputs, attrs, op.outputs[0].type.shape, list(idx))
+        body += st + [f"const float mg_v_{name} = {e};"]
+        k.em.nodes[name] = Node(op.outputs[0].type.shape, Local(f"mg_v_{name}"))
+    for op in ch.row_accs:
+        spec = _spec(op)
+        st, v = k.em.value(op.inputs[0], idx)
+        if spec.pre is Pre.SQUARE:
+            v = f"({v} * {v})"
+        body += st + [c_update(f"acc_{op.outputs[0].name}[{m}][{i >> 1}]", v, spec.combine)]
+    st, p = k.em.value(ch.second.inputs[0], idx)
+    return body + st + [f"mg_s[{m}][{j}][{i}] = {p};"]
+
+
+def _second(k: FusedKernel, ch: Chain, lay: ChainLayout) -> Lines:
+    """acc += P @ B2: P's fragments packed to 16 bits as A, B2 by ``ldmatrix.trans``."""
+    b = ch.second.inputs[1]
+    acc = ch.acc.outputs[0].name
+    pack = "mg_pack_f16" if ch.second.outputs[0].type.dtype is DType.F16 else "mg_pack_bf16"
+    mma = _mma_fn(ch.second)
+    lines: Lines = []
+    for s in range(lay.score_tiles // 2):
+        lo, hi = 2 * s, 2 * s + 1
+        step = [f"const int kk = (mg_ks * {lay.score_tiles // 2} + {s}) * 16;"]
+        for m in range(lay.tiles_per_warp):
+            step += [f"const unsigned ra{m}_0 = {pack}(mg_s[{m}][{lo}][0], mg_s[{m}][{lo}][1]);",
+                     f"const unsigned ra{m}_1 = {pack}(mg_s[{m}][{lo}][2], mg_s[{m}][{lo}][3]);",
+                     f"const unsigned ra{m}_2 = {pack}(mg_s[{m}][{hi}][0], mg_s[{m}][{hi}][1]);",
+                     f"const unsigned ra{m}_3 = {pack}(mg_s[{m}][{hi}][2], mg_s[{m}][{hi}][3]);"]
+        step += _b_loads(k, b, lay.out_tiles, "0")
+        step += [f"{mma}(acc_{acc}[{m}][{j}], ra{m}_0, ra{m}_1, ra{m}_2, ra{m}_3, rb{j}_0, rb{j}_1);"
+                 for m in range(lay.tiles_per_warp) for j in range(lay.out_tiles)]
+        lines += ["{"] + indent(step) + ["}"]
+    return lines
+
+
+def finish(k: FusedKernel, ch: Chain, lay: ChainLayout, fins: dict[str, str]) -> Lines:
+    """Row partials combined over each row's 4 lanes, then every accumulator into its
+    f32 tile: one level of column-split warps at a time (the first writes, each further
+    one folds its values in after a barrier: one writer per element and level, a fixed
+    order). ``fins``: each accumulator's finish, a format of its combined state."""
+    out: Lines = ["{"] + indent(_warps(lay))
+    for op in ch.row_accs:
+        name, comb = op.outputs[0].name, _spec(op).combine
+        out += indent(_unrolled("m", lay.tiles_per_warp, _unrolled("h", 2, [
+            c_update(f"acc_{name}[m][h]",
+                     f"__shfl_xor_sync(0xffffffffu, acc_{name}[m][h], {x})", comb)
+            for x in (1, 2)])))
+    for lvl in range(lay.kwarps):
+        body = _tile_rows(ch, lay) + _writes(k, ch, lay, first=lvl == 0)
+        if lay.kwarps > 1:
+            out += indent((["__syncthreads();"] if lvl else [])
+                          + [f"if (mg_ks == {lvl}) {{"] + indent(body) + ["}"])
+        else:
+            out += indent(body)
+    out.append("}")
+    todo = [op for op in (ch.acc, *ch.row_accs) if fins[op.outputs[0].name] != "{0}"]
+    if todo:
+        out.append("__syncthreads();")
+        for op in todo:
+            name, n = op.outputs[0].name, op.outputs[0].type.numel
+            out.append(f"for (int e = threadIdx.x; e < {n}; e += {k.T}) "
+                       f"buf_{name}[e] = {fins[name].format(f'buf_{name}[e]')};")
+    return out
+
+
+def _writes(k: FusedKernel, ch: Chain, lay: ChainLayout, first: bool) -> Lines:
+    """This warp's accumulator values into the f32 tiles (``=`` for the first level of
+    column-split warps, the accumulator's combine after it)."""
+    lines: Lines = []
+
+    def put(name: str, idx: list[str], v: str, comb: Combine) -> str:
+        shape = k.a.types[name].shape
+        lead = ["mg_b"] if len(shape) == 3 else []
+        slot = f"buf_{name}[{offset_expr('0', lead + idx, row_major(shape))}]"
+        return f"{slot} = {v};" if first else c_update(slot, v, comb)
+
+    acc = ch.acc.outputs[0].name
+    for m in range(lay.tiles_per_warp):
+        rows = [f"const int r0 = mg_mi{m} * 16 + mg_g, r1 = r0 + 8;"]
+        for op in ch.row_accs:
+            name, comb = op.outputs[0].name, _spec(op).combine
+            rows += ["if (mg_t == 0) {"] + indent(
+                [put(name, [r, "0"], f"acc_{name}[{m}][{h}]", comb)
+                 for h, r in enumerate(("r0", "r1"))]) + ["}"]
+        for j in range(lay.out_tiles):
+            c0 = f"{j * 8} + 2 * mg_t"
+            rows += [put(acc, [r, f"({c0}{plus})"], f"acc_{acc}[{m}][{j}][{i}]", Combine.SUM)
+                     for i, (r, plus) in enumerate((("r0", ""), ("r0", " + 1"), ("r1", ""),
+                                                    ("r1", " + 1")))]
+        lines += ["{"] + indent(rows) + ["}"]
+    return lines

@@ -1,0 +1,123 @@
+"""Planning of matmul chains (the attention family) with the score tile in registers.
+
+A block graph whose two tensor-core matmuls are joined by element-wise operators
+(:func:`blockfacts.chain_form`) can keep the first matmul's result, the operators
+after it and their row accumulators in the registers of mma fragments: each warp owns
+whole 16-row tiles of the score (its rows times its share of the columns), so the
+accumulator fragments of the first mma are, packed to 16 bits, the A fragments of the
+second, and a row's partial sums sit in the 4 lanes that hold that row. Nothing of
+the score tile goes through shared memory (``codegen/chain.py`` emits it).
+
+Here: whether the ``chain`` knob may be 1, the warp layout that follows from the
+threads and the ``kwarps`` knob (warps sharing 16-row tiles split the score's
+columns), and the homes, mma and reduction entries of the plan.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mirage_cli.codegen.blockfacts import Analysis, Chain, chain_form
+from mirage_cli.kplan import MmaPlan, ReducePlan
+
+# f32 fragment registers per thread (score, output, row partials): past this the kernel
+# spills (255 registers per thread at most; operands and addresses need the rest).
+FRAG_REGS_MAX = 128
+
+
+@dataclass(frozen=True)
+class ChainLayout:
+    """How the warps of a block share the chain: ``groups`` of ``kwarps`` warps; group g
+    owns the ``tiles_per_warp`` 16-row tiles from g * tiles_per_warp on (of one matrix of
+    a batched tile), and warp j of a group the j-th ``kwarps``-th of the score's
+    columns."""
+
+    groups: int
+    kwarps: int
+    tiles_per_warp: int
+    score_tiles: int   # m16n8 tiles of the score per warp and 16-row tile
+    out_tiles: int     # m16n8 tiles of the output per 16-row tile
+
+
+def layout(ch: Chain, warps: int, kwarps: int) -> ChainLayout | str:
+    """The warp layout for ``warps`` warps, ``kwarps`` of them per 16-row tile, or why
+    there is none."""
+    shape = ch.first.outputs[0].type.shape
+    R, n = shape[-2:]
+    e = ch.second.outputs[0].type.shape[-1]
+    slices = shape[0] if len(shape) == 3 else 1
+    tm = slices * (R // 16)
+    if warps % kwarps:
+        return f"kwarps={kwarps} does not divide {warps} warps"
+    groups = warps // kwarps
+    if tm % groups:
+        return f"{tm} tiles of 16 rows do not split over {groups} warp group(s)"
+    if (n // 16) % kwarps:
+        return f"the score's {n} columns do not split over {kwarps} warps in steps of 16"
+    lay = ChainLayout(groups, kwarps, tm // groups, n // 8 // kwarps, e // 8)
+    if slices > 1 and (R // 16) % lay.tiles_per_warp:
+        return (f"a warp's {lay.tiles_per_warp} tiles of 16 rows would span two of the "
+                f"{slices} matrices of the batch")
+    # The 16-row tiles of a warp are unrolled: their registers are live together.
+    regs = lay.tiles_per_warp * (4 * lay.score_tiles + 4 * lay.out_tiles + 2 * len(ch.row_accs))
+    if regs > FRAG_REGS_MAX:
+        return (f"{regs} f32 fragment registers per thread (at most {FRAG_REGS_MAX}): "
+                f"more threads or kwarps")
+    return lay
+
+
+def default_kwarps(ch: Chain, warps: int) -> int:
+    """Fewest warps per 16-row tile that give every warp rows to own."""
+    shape = ch.first.outputs[0].type.shape
+    tm = (shape[0] if len(shape) == 3 else 1) * (shape[-2] // 16)
+    return max(1, warps // tm)
+
+
+def chain_of(a: Analysis) -> Chain | None:
+    ch = chain_form(a)
+    return ch if isinstance(ch, Chain) else None
+
+
+def chain_range(a: Analysis, kwarps: list[int]) -> list[int]:
+    """[0, 1] when some legal kwarps gives the chain a warp layout, else [0]."""
+    ch = chain_of(a)
+    W = a.bg.threads // 32
+    if ch is None or not any(isinstance(layout(ch, W, kw), ChainLayout) for kw in kwarps):
+        return [0]
+    return [0, 1]
+
+
+def plan_entries(ch: Chain, lay: ChainLayout, a_path: str
+                 ) -> tuple[list[MmaPlan], list[ReducePlan], dict[str, str]]:
+    """The chain's mma and reduction entries, and each chain tensor's owner (in words)."""
+    first, second = ch.first.outputs[0].name, ch.second.outputs[0].name
+    acc = ch.acc.outputs[0].name
+    mmas = [MmaPlan(first, "", a_path, "ldmatrix.trans", lay.kwarps,
+                    lay.tiles_per_warp * lay.score_tiles),
+            MmaPlan(second, acc, "frag", "ldmatrix.trans", lay.kwarps,
+                    lay.tiles_per_warp * lay.out_tiles)]
+    reds = [ReducePlan(op.outputs[0].name, "quad", 4) for op in ch.row_accs]
+    frag = (f"registers: mma m16n8 fragments; warp group g of {lay.groups} owns 16-row "
+            f"tiles {lay.tiles_per_warp}g.. ({lay.tiles_per_warp} per warp), its {lay.kwarps} "
+            f"warp(s) a share of the columns each")
+    owners = {name: frag for name in ch.members - {second}}
+    owners[second] = "registers: mma fragments, summed into the accumulator where computed"
+    owners[acc] = (f"mma m16n8 accumulator fragments: {lay.groups} warp group(s) x "
+                   f"{lay.kwarps} column-split warp(s), {lay.tiles_per_warp * lay.out_tiles} "
+                   f"tile(s) per warp")
+    for op in ch.row_accs:
+        owners[op.outputs[0].name] = ("registers: partials of a row in the 4 lanes holding "
+                                      "it, combined by shuffles once after the loop")
+    return mmas, reds, owners
+
+
+def chain_threads(a: Analysis) -> int | None:
+    """The fewest threads (from the block graph's, doubling up to 512) whose warps hold
+    the chain in registers with one warp per 16-row tile at most; None without a chain."""
+    ch = chain_of(a)
+    if ch is None:
+        return None
+    t = a.bg.threads
+    while t < 512 and isinstance(layout(ch, t // 32, default_kwarps(ch, t // 32)), str):
+        t *= 2
+    return t

@@ -1,0 +1,122 @@
+"""Matmul chains planned into registers (the attention family, ``codegen/chain.py``),
+without a GPU: which block graphs qualify and why others do not, the plan (no shared
+memory for the score, the warp layout, the knob's range), the emitted code (the score
+never touches shared memory), and every knob value of the hand-built chain cases
+compiling without spills. ``tests/test_plan_gpu.py`` checks each against float64."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from codegen_cases import attention_chain, attention_chain_batched  # noqa: E402
+
+from mirage_cli.codegen.blockfacts import Chain, analyse, chain_form, decompose  # noqa: E402
+from mirage_cli.codegen.chainplan import layout  # noqa: E402
+from mirage_cli.codegen.emit import emit  # noqa: E402
+from mirage_cli.codegen.lower import lower  # noqa: E402
+from mirage_cli.codegen.nvrtc import compile_cuda  # noqa: E402
+from mirage_cli.codegen.planner import knob_space, plan_kernel  # noqa: E402
+from mirage_cli.commands.plan import planned  # noqa: E402
+from mirage_cli.diagnostics import MirageError  # noqa: E402
+from mirage_cli.ir import Graph  # noqa: E402
+from mirage_cli.kplan import Knobs  # noqa: E402
+from mirage_cli.loading import load_graph  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _kernel(g: Graph, i: int = 0):  # type: ignore[no-untyped-def]
+    return [op for op in g.ops if op.block is not None][i]
+
+
+def test_gqa_fused_is_a_chain_with_the_score_in_registers() -> None:
+    g = load_graph(str(ROOT / "examples/mugraphs/gqa_fused.mir"), {"batch": 1})
+    op = _kernel(g)
+    ch = chain_form(analyse(decompose(op.block)))
+    assert isinstance(ch, Chain)
+    assert [o.op for o in ch.links] == ["exp"] and [o.op for o in ch.row_accs] == ["acc_sum_ld"]
+    types = g.tensor_types()
+    on, off = (plan_kernel(op.block, types, "sm_90", Knobs(chain=c)) for c in (1, 0))
+    assert on.knobs.chain == 1 and off.knobs.chain == 0
+    assert {t.name for t in on.tiles if t.home == "frag"} == {"s", "e", "ev"}
+    assert all(t.smem_offset < 0 for t in on.tiles if t.home == "frag")
+    # The f32 score and exp tiles (64 x 64 each) leave shared memory.
+    assert off.smem_bytes - on.smem_bytes >= 2 * 64 * 64 * 4
+    mm = {m.output: m for m in on.mmas}
+    assert mm["ev"].a_path == "frag" and mm["ev"].accumulator == "o"
+    assert [r.strategy for r in on.reductions] == ["quad"]
+
+
+def test_the_chain_kernel_keeps_the_score_out_of_shared_memory() -> None:
+    g = planned(load_graph(str(ROOT / "examples/mugraphs/gqa_fused.mir"), {"batch": 1}),
+                "sm_90", [Knobs(chain=1), Knobs()])
+    cu, _ = emit(lower(g, "sm_90"))
+    body = cu  # kernel 1 (the combine) has no tensor named s, e or l
+    assert "buf_s" not in body and "buf_e" not in body   # no f32 score tiles
+    assert "mg_pack_f16(mg_s[0][0][0], mg_s[0][0][1])" in body  # fragments as A operand
+    assert "__shfl_xor_sync(0xffffffffu, acc_l[m][h], 1)" in body  # row sums by shuffles
+
+
+@pytest.mark.parametrize("why", ["computed", "store", "three"])
+def test_graphs_that_are_not_chains_say_why(why: str) -> None:
+    from mirage_cli.builder import GraphBuilder
+
+    b = GraphBuilder("nc")
+    q = b.input("Q", (1, 32, 32), "f16")
+    kk = b.input("K", (1, 32, 64), "f16")
+    v = b.input("V", (1, 64, 16), "f16")
+    k = b.custom((1, 1, 1), 128, 2)
+    qt, kt, vt = k.load(q, (0, None, None)), k.load(kk, (0, None, None), 2), \
+        k.load(v, (0, None, None), 1)
+    if why == "computed":
+        kt = k.op("exp", kt)
+    s = k.op("matmul", qt, kt)
+    e = k.op("exp", s)
+    o = k.op("acc_sum", k.op("matmul", e, vt))
+    if why == "three":
+        o = k.op("acc_sum", k.op("matmul", e, vt))
+    stores = [(o, "O", (0, None, None))]
+    if why == "store":
+        stores.append((k.op("acc_max", e), "M", (0, None, None)))
+    for name in k.finish(stores):
+        b.output(name)
+    g = b.build()
+    reason = chain_form(analyse(decompose(_kernel(g).block)))
+    assert isinstance(reason, str)
+    assert {"computed": "computed, not loaded", "store": "has no fragment form",
+            "three": "not exactly two"}[why] in reason
+    assert knob_space(_kernel(g).block, g.tensor_types(), "sm_90")["chain"] == [0]
+    with pytest.raises(MirageError):
+        planned(g, "sm_90", [Knobs(chain=1)])
+
+
+def test_the_warp_layout_follows_threads_and_kwarps() -> None:
+    ch = chain_form(analyse(decompose(_kernel(attention_chain()).block)))
+    assert isinstance(ch, Chain)
+    lay = layout(ch, 4, 2)  # two 16-row tiles, four warps: two split each tile's columns
+    assert not isinstance(lay, str)
+    assert (lay.groups, lay.kwarps, lay.tiles_per_warp, lay.score_tiles) == (2, 2, 1, 2)
+    assert "do not split" in str(layout(ch, 4, 1))
+    batched = chain_form(analyse(decompose(_kernel(attention_chain_batched()).block)))
+    assert isinstance(batched, Chain)
+    two = layout(batched, 2, 1)  # two warps, two tiles each, in one matrix of the batch
+    assert not isinstance(two, str) and two.tiles_per_warp == 2
+
+
+@pytest.mark.parametrize("case", [attention_chain, attention_chain_batched],
+                         ids=lambda f: f.__name__)
+def test_every_knob_value_of_the_chain_cases_compiles(case) -> None:  # type: ignore[no-untyped-def]
+    g = case()
+    types = g.tensor_types()
+    space = knob_space(_kernel(g).block, types, "sm_90")
+    assert space["chain"] == [0, 1]
+    for knob, values in space.items():
+        for value in values:
+            pg = planned(g, "sm_90", [Knobs(**{knob: value})])
+            res = compile_cuda(emit(lower(pg, "sm_90"))[0], f"{g.name}.cu", "sm_90")
+            assert all(r.spill_stores == 0 and r.stack == 0 for r in res.resources), \
+                (knob, value, res.resources)
