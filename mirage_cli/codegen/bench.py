@@ -5,11 +5,12 @@ same way in one process (DESIGN.md §7).
 For each example program (``examples/*.mir``) and each batch size, the variants are the
 hand-written fused µGraphs (``examples/mugraphs/<program>*.mir``) and the candidates a
 caller supplies (``mirage bench`` passes the first ``--top`` of `mirage opt`'s ranked,
-verified candidates: :func:`opt_variants`). Each is lowered, compiled with NVRTC for the
-device, run on random inputs with NaN-poisoned outputs and checked against the float64
-reference interpreter (relative L2 error ≤ 1e-2, no NaN); then timed as CUDA-graph
-replays of calls rotating over input copies that total more than twice the L2 cache
-(median of the replays). PyTorch eager and ``torch.compile`` of the program are timed
+verified candidates: :func:`opt_variants`; with ``--mirage-ckpt DIR``, every candidate
+of Mirage's own checkpoints for the program: :func:`mirage_variants`). Each is lowered,
+compiled with NVRTC for the device, run on random inputs with NaN-poisoned outputs and
+checked against the float64 reference interpreter (relative L2 error ≤ 1e-2, no NaN);
+then timed as CUDA-graph replays of calls rotating over input copies that total more
+than twice the L2 cache (median of the replays). PyTorch eager and ``torch.compile`` of the program are timed
 the same way when torch is importable. The memory floor divides the bytes of inputs and
 outputs by the bandwidth of a streaming copy kernel (:mod:`.copybw`); the results are
 rendered by :mod:`.benchreport`.
@@ -37,6 +38,7 @@ from mirage_cli.codegen.nvrtc import compile_cuda
 from mirage_cli.codegen.runner import Device, Loaded
 from mirage_cli.console import info, warn
 from mirage_cli.diagnostics import MirageError
+from mirage_cli.importers.mirage import import_checkpoint
 from mirage_cli.ir import Graph
 
 TOLERANCE = 1e-2
@@ -282,6 +284,10 @@ class Variant:
 
 
 Candidates = Callable[[Graph], list[Variant]]
+# (program, candidate) -> (certified equivalent?, what the verifier did, as JSON data)
+Verify = Callable[[Graph, Graph], tuple[bool, dict[str, Any]]]
+# (example program file, batch, program at that batch) -> the variants to time
+Checkpoints = Callable[[Path, int, Graph], list[Variant]]
 
 
 def discover(root: Path) -> list[tuple[Path, list[Path]]]:
@@ -364,12 +370,14 @@ def run_bench(dev: Device | Callable[[], Device], pairs: list[tuple[Path, list[P
               batches: tuple[int, ...],
               replays: int = 30, use_torch: bool = True, use_compile: bool = True,
               load: Callable[[Path, dict[str, int]], Graph] | None = None,
-              candidates: Candidates | None = None, bandwidth: Bandwidth | None = None
-              ) -> tuple[Bandwidth, list[Row]]:
-    """Measure every program at every batch: baselines, hand-written fused µGraphs and
-    the variants ``candidates`` gives for the program (the search's, see
-    :func:`opt_variants`). ``dev`` may be a function that opens the device: it is then
-    called after the searches. Returns the bandwidth that defines the floor and the rows."""
+              candidates: Candidates | None = None, bandwidth: Bandwidth | None = None,
+              checkpoints: Checkpoints | None = None) -> tuple[Bandwidth, list[Row]]:
+    """Measure every program at every batch: baselines, hand-written fused µGraphs, the
+    variants ``candidates`` gives for the program (the search's, see
+    :func:`opt_variants`) and those ``checkpoints`` gives for the example and batch
+    (Mirage's, see :func:`mirage_variants`). ``dev`` may be a function that opens the
+    device: it is then called after the searches and verifications. Returns the
+    bandwidth that defines the floor and the rows."""
     from mirage_cli.loading import load_graph
 
     load = load or (lambda p, d: load_graph(str(p), d))
@@ -385,6 +393,8 @@ def run_bench(dev: Device | Callable[[], Device], pairs: list[tuple[Path, list[P
             if candidates is not None:
                 info(f"{prog.name} batch={batch}: the candidates of mirage opt")
                 variants += candidates(prog)
+            if checkpoints is not None:
+                variants += checkpoints(prog_path, batch, prog)
             work.append((prog, batch, variants))
     # A CUDA context starts driver threads: open it only once no more workers fork.
     dev = dev() if callable(dev) else dev
@@ -472,6 +482,98 @@ def opt_variants(program: Graph, top: int, search: Callable[[Graph], Any],
         variants.append(Variant("opt (shipped)", None, "the shipped µGraph is not among "
                                 "the ranked candidates", ok=False, search=info_search))
     return variants
+
+
+# -- Mirage's own candidates (its published checkpoints) -----------------------------------
+
+def checkpoint_files(ckpt_dir: Path, example: str, batch: int) -> list[Path]:
+    """The Mirage checkpoints of ``example`` at ``batch`` found in ``ckpt_dir``, in the
+    order their candidates are numbered: ``<example>_bs<batch>.json``, then
+    ``<example>.json`` (a checkpoint for no batch in particular: its shapes decide)."""
+    names = (f"{example}_bs{batch}.json", f"{example}.json")
+    return [ckpt_dir / n for n in names if (ckpt_dir / n).is_file()]
+
+
+def mirage_variants(program: Graph, files: list[Path], verify: Verify,
+                    plan: Callable[[Graph], Graph] = lambda g: g,
+                    price: Callable[[Graph], float | None] = lambda g: None
+                    ) -> list[Variant]:
+    """Every candidate of the checkpoints ``files`` (in file, then candidate order),
+    labelled ``mirage#1``, ``mirage#2``, ...: imported, bound to ``program``'s inputs
+    and outputs by position (:func:`~mirage_cli.importers.bind.bind`), certified
+    against it by ``verify``, then given its kernel plans by ``plan`` (opt's planning
+    step, as opt's candidates) and a predicted time by ``price`` (the search's cost
+    model, as opt's candidates). Nothing is dropped: a file that cannot be imported is
+    a FAIL row; a file none of whose candidates has the program's signature at this
+    batch is one n/a row saying why; a candidate that does not bind is an n/a row, one
+    that is not certified or cannot be planned a FAIL row."""
+    out: list[Variant] = []
+    numbered = 0  # candidates are numbered across the files, in order
+    for path in files:
+        try:
+            graphs = import_checkpoint(path.read_text(encoding="utf-8"), str(path))
+        except (MirageError, OSError, UnicodeDecodeError) as e:
+            out.append(Variant("mirage", None, f"{path.name}: cannot import: {_message(e)}",
+                               ok=False, search={"checkpoint": path.name}))
+            continue
+        bound = [_bound(g, program) for g in graphs]
+        if graphs and all(isinstance(b, str) for b in bound):
+            info(f"  {path.name}: not for this batch: {bound[0]}")
+            out.append(Variant("mirage", None, f"n/a: {path.name}: {bound[0]}",
+                               search={"checkpoint": path.name, "candidates": len(graphs)}))
+            continue
+        for i, b in enumerate(bound):
+            numbered += 1
+            out.append(_checkpoint_variant(f"mirage#{numbered}", path.name, i, b, program,
+                                           verify, plan, price))
+    return out
+
+
+def _bound(candidate: Graph, program: Graph) -> Graph | str:
+    """The candidate bound to the program, or why it cannot be."""
+    from mirage_cli.importers.bind import bind
+
+    try:
+        return bind(candidate, program)
+    except MirageError as e:
+        return e.message
+
+
+def _checkpoint_variant(label: str, file: str, index: int, g: Graph | str, program: Graph,
+                        verify: Verify, plan: Callable[[Graph], Graph],
+                        price: Callable[[Graph], float | None]) -> Variant:
+    """One checkpoint candidate as a variant (see :func:`mirage_variants`)."""
+    where: dict[str, Any] = {"checkpoint": file, "index": index}
+    if isinstance(g, str):
+        return Variant(label, None, f"n/a: {file} candidate {index}: {g}", search=where)
+    try:
+        ok, how = verify(program, g)
+    except Exception as e:  # noqa: BLE001 - reported in the table, never hidden
+        return Variant(label, None, f"verification failed: {type(e).__name__}: {e}",
+                       ok=False, search=where)
+    where["verify"] = how
+    bound = how.get("bound")
+    info(f"  {label} ({file} candidate {index}): " + (
+        f"certified (bound {bound:.2g})" if ok and isinstance(bound, float)
+        else f"{'certified' if ok else 'NOT certified'} ({how.get('method')})"))
+    if not ok:
+        return Variant(label, None, f"{file} candidate {index} is not certified equivalent "
+                       f"to the program ({how.get('method')})", ok=False, search=where)
+    try:
+        # Priced as the search prices its candidates: before opt's planning step.
+        predicted = price(g)
+    except Exception:  # noqa: BLE001 - a prediction is information, not a condition
+        predicted = None
+    try:
+        g = plan(g)
+    except Exception as e:  # noqa: BLE001
+        return Variant(label, None, f"planning failed: {type(e).__name__}: {e}", ok=False,
+                       predicted_us=predicted, search=where)
+    return Variant(label, g, predicted_us=predicted, search=where)
+
+
+def _message(e: Exception) -> str:
+    return e.message if isinstance(e, MirageError) else f"{type(e).__name__}: {e}"
 
 
 def torch_unavailable() -> str | None:

@@ -247,19 +247,25 @@ def _panel(ax: Any, doc: dict[str, Any], bench: str) -> None:
 
 
 # One colour per role, the same in every panel: what opt ships stands out, its other
-# candidates are lighter shades, hand-written µGraphs green, baselines warm and hatched.
+# candidates are lighter shades, hand-written µGraphs green, Mirage's own candidates
+# (--mirage-ckpt) purple, baselines warm and hatched.
 _ROLE_COLORS = {"unfused": "#9e9e9e", "eager": "#ff7f0e", "compile": "#d62728"}
 _OPT_SHADES = ("#6baed6", "#9ecae1", "#c6dbef")
 _HAND_SHADES = ("#2ca02c", "#74c476", "#a1d99b")
+_MIRAGE_SHADES = ("#6a51a3", "#9e9ac8", "#cbc9e2")
 
 
 def color(label: str) -> str:
-    """The bar colour of a series label (a baseline, ``opt#k``, or a µGraph's name)."""
+    """The bar colour of a series label (a baseline, ``opt#k``, ``mirage#k``, or a
+    µGraph's name)."""
     if label in _ROLE_COLORS:
         return _ROLE_COLORS[label]
     if label.endswith("(shipped)"):
         return "#08519c"
-    if label.startswith("opt#"):
-        digits = "".join(c for c in label[4:] if c.isdigit())
-        return _OPT_SHADES[(int(digits or 1) - 1) % len(_OPT_SHADES)]
+    for prefix, shades in (("opt#", _OPT_SHADES), ("mirage#", _MIRAGE_SHADES)):
+        if label.startswith(prefix):
+            digits = "".join(c for c in label[len(prefix):] if c.isdigit())
+            return shades[(int(digits or 1) - 1) % len(shades)]
+    if label == "mirage":
+        return _MIRAGE_SHADES[0]
     return _HAND_SHADES[sum(map(ord, label)) % len(_HAND_SHADES)]

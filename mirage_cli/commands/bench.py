@@ -7,6 +7,11 @@ its stage functions, with its default options (read from its command-line option
 the two cannot drift apart) and its result cache, so a bench after an `opt` (or a
 second bench) does not search again. Only ``--jobs``, ``--budget`` and, when more than
 `opt` keeps, ``--top`` differ.
+
+``--mirage-ckpt DIR`` adds Mirage's own candidates for each example and batch
+(``DIR/<example>_bs<batch>.json``, then ``DIR/<example>.json``), certified by the same
+verification as the search's candidates, planned and priced as opt's, and timed as
+``mirage#1``, ``mirage#2``, ... (:func:`mirage_cli.codegen.bench.mirage_variants`).
 """
 
 from __future__ import annotations
@@ -20,7 +25,16 @@ from rich.console import Console
 from rich.table import Table
 
 from mirage_cli.arch import DEFAULT_ARCH
-from mirage_cli.codegen.bench import Variant, discover, opt_variants, run_bench
+from mirage_cli.codegen.bench import (
+    Checkpoints,
+    Variant,
+    Verify,
+    checkpoint_files,
+    discover,
+    mirage_variants,
+    opt_variants,
+    run_bench,
+)
 from mirage_cli.codegen.benchreport import (
     bandwidth_line,
     csv_text,
@@ -32,6 +46,7 @@ from mirage_cli.codegen.benchreport import (
     table_cells,
 )
 from mirage_cli.commands.plan import planned
+from mirage_cli.console import info
 from mirage_cli.diagnostics import MirageError
 from mirage_cli.ir import Graph
 from mirage_cli.util import write_atomic
@@ -71,6 +86,39 @@ def opt_candidates(program: Graph, top: int, kw: dict[str, Any]) -> list[Variant
                             opt.stage_select, lambda g: planned(g, DEFAULT_ARCH, []))
     except Exception as e:  # noqa: BLE001 - one program's failed search is a row, not the end
         return [Variant("opt", None, f"search failed: {type(e).__name__}: {e}", ok=False)]
+
+
+def certify(seed: int) -> Verify:
+    """A checkpoint candidate's verification: the one the search gives each of opt's
+    candidates (finite-field trials to the default bound, :mod:`mirage_cli.search.verify`),
+    with opt's seed; the verdict summarised as JSON data for the row."""
+    from mirage_cli.search.verify import verify
+
+    def run(program: Graph, candidate: Graph) -> tuple[bool, dict[str, Any]]:
+        v = verify(program, candidate, seed)
+        cert = v.detail.get("certificate") or {}
+        return v.ok, {"equivalent": v.ok, "method": v.method, "seed": v.seed,
+                      "trials": (cert.get("finite_field") or {}).get("trials"),
+                      "bound": cert.get("bound")}
+    return run
+
+
+def checkpoint_candidates(ckpt_dir: Path, seed: int) -> Checkpoints:
+    """``--mirage-ckpt DIR``: for an example and batch, every candidate of its Mirage
+    checkpoints in DIR, certified against the program, planned and priced as opt's."""
+    from mirage_cli.search.cost import estimate
+
+    check = certify(seed)
+
+    def variants(prog_path: Path, batch: int, program: Graph) -> list[Variant]:
+        files = checkpoint_files(ckpt_dir, prog_path.stem, batch)
+        if files:
+            info(f"{program.name} batch={batch}: Mirage's candidates "
+                 f"({', '.join(f.name for f in files)})")
+        return mirage_variants(program, files, check,
+                               lambda g: planned(g, DEFAULT_ARCH, []),
+                               lambda g: estimate(g).time_us)
+    return variants
 
 
 def parse_batches(text: str) -> tuple[int, ...]:
@@ -114,7 +162,12 @@ def _write(path: str, text: str | bytes) -> None:
 @click.option("--budget", type=click.FloatRange(min=0.1), default=None,
               help="Search seconds per program and batch [default: mirage opt's].")
 @click.option("--no-search", is_flag=True,
-              help="Time only the hand-written µGraphs and baselines, not opt's candidates.")
+              help="Skip opt's candidates (and its search); time the rest.")
+@click.option("--mirage-ckpt", "mirage_ckpt", metavar="DIR",
+              type=click.Path(exists=True, file_okay=False),
+              help="Also time Mirage's own candidates: every candidate of "
+                   "DIR/<example>_bs<batch>.json and DIR/<example>.json whose shapes are "
+                   "the program's at the batch, as mirage#1, mirage#2, ...")
 @click.option("--no-torch", is_flag=True, help="Skip the PyTorch baselines.")
 @click.option("--no-compile", is_flag=True, help="Skip the torch.compile baseline.")
 @click.option("--json", "json_path", metavar="FILE", help="Write the rows as JSON ('-': stdout).")
@@ -123,11 +176,13 @@ def _write(path: str, text: str | bytes) -> None:
 @click.option("--plot", "plot_path", metavar="FILE.png",
               help="Plot µs per benchmark and variant, floor marked (needs matplotlib).")
 def command(gpu: int, batches: str, only: tuple[str, ...], root: str, replays: int, top: int,
-            jobs: int | None, budget: float | None, no_search: bool, no_torch: bool,
+            jobs: int | None, budget: float | None, no_search: bool,
+            mirage_ckpt: str | None, no_torch: bool,
             no_compile: bool, json_path: str | None, csv_path: str | None,
             md_path: str | None, plot_path: str | None) -> None:
     """Check and time, on GPU N, every example: the µGraphs `mirage opt` keeps (the
-    shipped one marked), the hand-written fused µGraphs and the baselines."""
+    shipped one marked), the hand-written fused µGraphs, Mirage's own candidates
+    (--mirage-ckpt) and the baselines."""
     from mirage_cli.codegen.runner import Device
 
     bs = parse_batches(batches)
@@ -146,7 +201,9 @@ def command(gpu: int, batches: str, only: tuple[str, ...], root: str, replays: i
         return opened[0]
     bw, rows = run_bench(device, pairs, bs, replays, not no_torch, not no_compile,
                          candidates=None if no_search else
-                         (lambda g: opt_candidates(g, top, kw)))
+                         (lambda g: opt_candidates(g, top, kw)),
+                         checkpoints=None if mirage_ckpt is None else
+                         checkpoint_candidates(Path(mirage_ckpt), int(kw["seed"])))
     dev = device()
     doc = document(dev.name, dev.arch, "mirage bench " + " ".join(sys.argv[2:]), bw, rows)
     # The table goes to stderr when stdout carries the rows.
