@@ -12,19 +12,19 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from codegen_cases import attention_chain, attention_chain_batched  # noqa: E402
+from codegen_cases import attention_chain, attention_chain_batched
 
-from mirage_cli.codegen.blockfacts import Chain, analyse, chain_form, decompose  # noqa: E402
-from mirage_cli.codegen.chainplan import layout  # noqa: E402
-from mirage_cli.codegen.emit import emit  # noqa: E402
-from mirage_cli.codegen.lower import lower  # noqa: E402
-from mirage_cli.codegen.nvrtc import compile_cuda  # noqa: E402
-from mirage_cli.codegen.planner import knob_space, plan_kernel  # noqa: E402
-from mirage_cli.commands.plan import planned  # noqa: E402
-from mirage_cli.diagnostics import MirageError  # noqa: E402
-from mirage_cli.ir import Graph  # noqa: E402
-from mirage_cli.kplan import Knobs  # noqa: E402
-from mirage_cli.loading import load_graph  # noqa: E402
+from mirage_cli.codegen.blockfacts import Chain, analyse, chain_form, decompose
+from mirage_cli.codegen.chainplan import layout
+from mirage_cli.codegen.emit import emit
+from mirage_cli.codegen.lower import lower
+from mirage_cli.codegen.nvrtc import compile_cuda
+from mirage_cli.codegen.planner import knob_space, plan_kernel
+from mirage_cli.commands.plan import planned
+from mirage_cli.diagnostics import MirageError
+from mirage_cli.ir import Graph
+from mirage_cli.kplan import Knobs
+from mirage_cli.loading import load_graph
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -71,13 +71,13 @@ def init(k: FusedKernel, ch: Chain, lay: ChainLayout) -> Lines:
     mt, no = lay.tiles_per_warp, lay.out_tiles
     lines = [f"float acc_{acc}[{mt}][{no}][4];"]
     lines += _unrolled("m", mt, _unrolled("j", no, [
-        f"acc_{acc}[m][j][0] = acc_{acc}[m][j][1] = acc_{acc}[m][j][2] = "
-        f"acc_{acc}[m][j][3] = 0.0f;"]))
+        (f"acc_{acc}[m][j][0] = acc_{acc}[m][j][1] = acc_{acc}[m][j][2] = "
+        f"acc_{acc}[m][j][3] = 0.0f;")]))
     for op in ch.row_accs:
         name = op.outputs[0].name
         lines += [f"float acc_{name}[{mt}][2];"]
-        lines += _unrolled("m", mt, [f"acc_{name}[m][0] = acc_{name}[m][1] = "
-                                     f"{c_init(_spec(op).combine)};"])
+        lines += _unrolled("m", mt, [(f"acc_{name}[m][0] = acc_{name}[m][1] = "
+                                     f"{c_init(_spec(op).combine)};")])
     return lines
 
 
