@@ -267,8 +267,9 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_gqa_fused_h16x
     {
       const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
       const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
+      (void)mg_g; (void)mg_t;
       const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
-      (void)mg_g; (void)mg_t; (void)mg_grp; (void)mg_ks;
+      (void)mg_ks;
       float mg_s[1][8][4];
       mg_s[0][0][0] = mg_s[0][0][1] = mg_s[0][0][2] = mg_s[0][0][3] = 0.0f;
       mg_s[0][1][0] = mg_s[0][1][1] = mg_s[0][1][2] = mg_s[0][1][3] = 0.0f;
@@ -751,8 +752,9 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_gqa_fused_h16x
   {
     const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
     const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
+    (void)mg_g; (void)mg_t;
     const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
-    (void)mg_g; (void)mg_t; (void)mg_grp; (void)mg_ks;
+    (void)mg_ks;
     #pragma unroll
     for (int m = 0; m < 1; ++m) {
       #pragma unroll

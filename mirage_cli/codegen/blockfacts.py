@@ -83,6 +83,17 @@ def is_mma(op: BlockOp, threads: int) -> bool:
             and op.outputs[0].type.dtype in (DType.F16, DType.BF16))
 
 
+def direct_acc(op: BlockOp, a: Analysis) -> BlockOp | None:
+    """The acc_sum that sums this loop matmul's result directly, if any."""
+    users = a.uses[op.outputs[0].name]
+    user = users[0] if len(users) == 1 else None
+    spec = ops.get(user.op).accum if user is not None else None
+    if (user is None or spec is None or not spec.is_plain_sum
+            or spec.reduce is not ops.Reduce.NONE or a.phases[op.outputs[0].name] != "loop"):
+        return None
+    return user
+
+
 def mma_tiles(t: TensorType) -> int:
     """m16n8 tiles covering an output tile (batch dims included)."""
     n = 1
@@ -241,7 +252,7 @@ def chain_form(a: Analysis) -> Chain | str:
     links, members = _links(a, first, second)
     if links is None:
         return "the second matmul's A operand is not an element-wise function of the first's result"
-    acc = _plain_acc(a, second)
+    acc = direct_acc(second, a)
     if acc is None:
         return "the second matmul's result does not feed a plain sum accumulator"
     row_accs = []
@@ -282,12 +293,3 @@ def _links(a: Analysis, first: BlockOp, second: BlockOp
     if second.inputs[0] not in members or second.inputs[1] in members:
         return None, members
     return tuple(links), members
-
-
-def _plain_acc(a: Analysis, op: BlockOp) -> BlockOp | None:
-    users = a.uses[op.outputs[0].name]
-    user = users[0] if len(users) == 1 else None
-    spec = ops.get(user.op).accum if user is not None else None
-    if user is None or spec is None or not spec.is_plain_sum or spec.reduce is not ops.Reduce.NONE:
-        return None
-    return user

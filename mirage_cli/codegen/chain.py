@@ -23,8 +23,9 @@ from typing import TYPE_CHECKING
 from mirage_cli import ops
 from mirage_cli.codegen.chainplan import ChainLayout
 from mirage_cli.codegen.expr import Lines, Local, Node, indent, offset_expr, row_major
-from mirage_cli.codegen.mma import _smem_ptr
-from mirage_cli.ir import BlockOp, DType
+from mirage_cli.codegen.mma import mma_fn, smem_ptr, warp_ids
+from mirage_cli.codegen.reduce import accum_spec
+from mirage_cli.ir import DType
 from mirage_cli.semantics.accum import Combine, Pre
 from mirage_cli.semantics.cuda import c_init, c_update
 
@@ -48,19 +49,6 @@ def _tile_rows(ch: Chain, lay: ChainLayout) -> Lines:
                for m in range(lay.tiles_per_warp)])
 
 
-def _warps(lay: ChainLayout) -> Lines:
-    return ["const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;",
-            "const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;",
-            f"const int mg_grp = mg_warp % {lay.groups}, mg_ks = mg_warp / {lay.groups};",
-            "(void)mg_g; (void)mg_t; (void)mg_grp; (void)mg_ks;"]
-
-
-def _spec(op: BlockOp) -> ops.AccumSpec:
-    spec = ops.get(op.op).accum
-    assert spec is not None
-    return spec
-
-
 def _unrolled(var: str, n: int, body: Lines) -> Lines:
     return ["#pragma unroll", f"for (int {var} = 0; {var} < {n}; ++{var}) {{"] + indent(body) + ["}"]
 
@@ -77,7 +65,7 @@ def init(k: FusedKernel, ch: Chain, lay: ChainLayout) -> Lines:
         name = op.outputs[0].name
         lines += [f"float acc_{name}[{mt}][2];"]
         lines += _unrolled("m", mt, [(f"acc_{name}[m][0] = acc_{name}[m][1] = "
-                                     f"{c_init(_spec(op).combine)};")])
+                                     f"{c_init(accum_spec(op).combine)};")])
     return lines
 
 
@@ -85,16 +73,12 @@ def update(k: FusedKernel, ch: Chain, lay: ChainLayout) -> Lines:
     """One forloop iteration of the chain over every 16-row tile this warp owns; the
     tiles go through each step together, so they share each B fragment loaded."""
     mt, ns = lay.tiles_per_warp, lay.score_tiles
-    lines = _warps(lay) + [f"float mg_s[{mt}][{ns}][4];"]
+    lines = [f"float mg_s[{mt}][{ns}][4];"]
     lines += [f"mg_s[{m}][{j}][0] = mg_s[{m}][{j}][1] = mg_s[{m}][{j}][2] = "
               f"mg_s[{m}][{j}][3] = 0.0f;" for m in range(mt) for j in range(ns)]
     lines += _tile_rows(ch, lay)
     lines += _first(k, ch, lay) + _links(k, ch, lay) + _second(k, ch, lay)
-    return ["{"] + indent(lines) + ["}"]
-
-
-def _mma_fn(op: BlockOp) -> str:
-    return "mg_mma_f16" if op.outputs[0].type.dtype is DType.F16 else "mg_mma_bf16"
+    return warp_ids(lay.groups) + indent(lines) + ["}"]
 
 
 def _b_loads(k: FusedKernel, b: str, tiles: int, col0: str) -> Lines:
@@ -103,13 +87,13 @@ def _b_loads(k: FusedKernel, b: str, tiles: int, col0: str) -> Lines:
     ``rb{t}_0``, ``rb{t}_1``. Issued together, ahead of the mmas that read them."""
     lines: Lines = []
     for t in range(0, tiles - 1, 2):
-        p = _smem_ptr(k, b, _lead(b, k) + ["(kk + (mg_lane & 15))",
+        p = smem_ptr(k, b, _lead(b, k) + ["(kk + (mg_lane & 15))",
                                             f"(({col0} + {t} + (mg_lane >> 4)) * 8)"])
         lines += [f"unsigned rb{t}_0, rb{t}_1, rb{t + 1}_0, rb{t + 1}_1;",
                   f"mg_ldsm_x4_t(rb{t}_0, rb{t}_1, rb{t + 1}_0, rb{t + 1}_1, {p});"]
     if tiles % 2:
         t = tiles - 1
-        p = _smem_ptr(k, b, _lead(b, k) + ["(kk + (mg_lane & 15))", f"(({col0} + {t}) * 8)"])
+        p = smem_ptr(k, b, _lead(b, k) + ["(kk + (mg_lane & 15))", f"(({col0} + {t}) * 8)"])
         lines += [f"unsigned rb{t}_0, rb{t}_1;", f"mg_ldsm_x2_t(rb{t}_0, rb{t}_1, {p});"]
     return lines
 
@@ -118,13 +102,13 @@ def _first(k: FusedKernel, ch: Chain, lay: ChainLayout) -> Lines:
     """S = A @ B1 over this warp's rows and columns into ``mg_s``."""
     a, b = ch.first.inputs
     d = k.a.types[a].shape[-1]
-    mma = _mma_fn(ch.first)
+    mma = mma_fn(ch.first.outputs[0].type.dtype)
     lines: Lines = []
     for s in range(d // 16):
         step = [f"const int kk = {s * 16};"]
         for m in range(lay.tiles_per_warp):
             row = f"(mg_mi{m} * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8)"
-            pa = _smem_ptr(k, a, _lead(a, k) + [row, "(kk + (mg_lane >> 4) * 8)"])
+            pa = smem_ptr(k, a, _lead(a, k) + [row, "(kk + (mg_lane >> 4) * 8)"])
             step += [f"unsigned ra{m}_0, ra{m}_1, ra{m}_2, ra{m}_3;",
                      f"mg_ldsm_x4(ra{m}_0, ra{m}_1, ra{m}_2, ra{m}_3, {pa});"]
         step += _b_loads(k, b, lay.score_tiles, f"mg_ks * {lay.score_tiles}")
@@ -164,7 +148,7 @@ def _element(k: FusedKernel, ch: Chain, lay: ChainLayout, first: str, idx: list[
         body += st + [f"const float mg_v_{name} = {e};"]
         k.em.nodes[name] = Node(op.outputs[0].type.shape, Local(f"mg_v_{name}"))
     for op in ch.row_accs:
-        spec = _spec(op)
+        spec = accum_spec(op)
         st, v = k.em.value(op.inputs[0], idx)
         if spec.pre is Pre.SQUARE:
             v = f"({v} * {v})"
@@ -178,7 +162,7 @@ def _second(k: FusedKernel, ch: Chain, lay: ChainLayout) -> Lines:
     b = ch.second.inputs[1]
     acc = ch.acc.outputs[0].name
     pack = "mg_pack_f16" if ch.second.outputs[0].type.dtype is DType.F16 else "mg_pack_bf16"
-    mma = _mma_fn(ch.second)
+    mma = mma_fn(ch.second.outputs[0].type.dtype)
     lines: Lines = []
     for s in range(lay.score_tiles // 2):
         lo, hi = 2 * s, 2 * s + 1
@@ -200,9 +184,9 @@ def finish(k: FusedKernel, ch: Chain, lay: ChainLayout, fins: dict[str, str]) ->
     f32 tile: one level of column-split warps at a time (the first writes, each further
     one folds its values in after a barrier: one writer per element and level, a fixed
     order). ``fins``: each accumulator's finish, a format of its combined state."""
-    out: Lines = ["{"] + indent(_warps(lay))
+    out: Lines = warp_ids(lay.groups)
     for op in ch.row_accs:
-        name, comb = op.outputs[0].name, _spec(op).combine
+        name, comb = op.outputs[0].name, accum_spec(op).combine
         out += indent(_unrolled("m", lay.tiles_per_warp, _unrolled("h", 2, [
             c_update(f"acc_{name}[m][h]",
                      f"__shfl_xor_sync(0xffffffffu, acc_{name}[m][h], {x})", comb)
@@ -240,7 +224,7 @@ def _writes(k: FusedKernel, ch: Chain, lay: ChainLayout, first: bool) -> Lines:
     for m in range(lay.tiles_per_warp):
         rows = [f"const int r0 = mg_mi{m} * 16 + mg_g, r1 = r0 + 8;"]
         for op in ch.row_accs:
-            name, comb = op.outputs[0].name, _spec(op).combine
+            name, comb = op.outputs[0].name, accum_spec(op).combine
             rows += ["if (mg_t == 0) {"] + indent(
                 [put(name, [r, "0"], f"acc_{name}[{m}][{h}]", comb)
                  for h, r in enumerate(("r0", "r1"))]) + ["}"]

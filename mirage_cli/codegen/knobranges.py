@@ -9,9 +9,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from mirage_cli import arch as archs
-from mirage_cli import ops
 from mirage_cli.codegen import chainplan
-from mirage_cli.codegen.blockfacts import Analysis, analyse, is_mma
+from mirage_cli.codegen.blockfacts import Analysis, analyse, direct_acc, is_mma
 from mirage_cli.ir import BlockGraph, BlockOp, DType, TensorType
 
 VEC_BYTES = 16
@@ -60,17 +59,6 @@ def default_threads(bg: BlockGraph) -> int:
     while t < 512 and t * 2 * 8 <= largest:
         t *= 2
     return t
-
-
-def direct_acc(op: BlockOp, a: Analysis) -> BlockOp | None:
-    """The acc_sum that sums this loop matmul's result directly, if any."""
-    users = a.uses[op.outputs[0].name]
-    user = users[0] if len(users) == 1 else None
-    spec = ops.get(user.op).accum if user is not None else None
-    if (user is None or spec is None or not spec.is_plain_sum
-            or spec.reduce is not ops.Reduce.NONE or a.phases[op.outputs[0].name] != "loop"):
-        return None
-    return user
 
 
 def ksteps(op: BlockOp, a: Analysis) -> int:

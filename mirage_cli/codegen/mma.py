@@ -70,7 +70,7 @@ def acc_update(k: FusedKernel, acc: BlockOp, mp: MmaPlan) -> Lines:
             "unsigned ra0, ra1, ra2, ra3;"]
     if shared_a:
         step += ["const int mg_mi = 0, r0 = mg_g, r1 = r0 + 8;", "(void)r0; (void)r1;"] + a_lines
-    return (_warp_ids(groups) + [_unroll(steps), f"for (int s = 0; s < {steps}; ++s) {{"]
+    return (warp_ids(groups) + [_unroll(steps), f"for (int s = 0; s < {steps}; ++s) {{"]
             + indent(step + tile_loop) + ["}", "}"])
 
 
@@ -81,7 +81,9 @@ def _unroll(steps: int) -> str:
     return "#pragma unroll" if steps <= 16 else "#pragma unroll 2"
 
 
-def _warp_ids(groups: int) -> Lines:
+def warp_ids(groups: int) -> Lines:
+    """Opens a scope with this thread's warp, lane, fragment row/column (``mg_g``,
+    ``mg_t``), warp group (``mg_grp``, of ``groups``) and K-split index (``mg_ks``)."""
     return ["{", "  const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;",
             "  const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;", "  (void)mg_g; (void)mg_t;",
             f"  const int mg_grp = mg_warp % {groups}, mg_ks = mg_warp / {groups};",
@@ -156,14 +158,14 @@ def tiles(k: FusedKernel, op: BlockOp, mp: MmaPlan, dreg: str, sink: str | None,
                 f"    const int q = mg_grp + {groups} * j;",
                 f"    if (q < {nb * tm * tn}) {{"] + indent(inner, 3) + ["    }", "  }"]
     if levels == 1:
-        return _warp_ids(groups) + tile_loop(body + (sink_lines("=") if sink else [])) + ["}"]
+        return warp_ids(groups) + tile_loop(body + (sink_lines("=") if sink else [])) + ["}"]
     # K-split warps combine in a fixed order, one level of warps at a time: the warps
     # of split 0 write their fragments, each further split adds its own after a barrier.
     # Every element has exactly one writer per level, so no atomics (on an H200 the
     # shared-memory atomicAdd of this combine cost 1.6 µs of a 17 µs kernel, in the
     # kernel's tail where nothing hides it; docs/perf-log.md v6), and the sum is
     # deterministic.
-    out: Lines = _warp_ids(groups)
+    out: Lines = warp_ids(groups)
     for lvl in range(levels):
         if lvl:
             out.append("  __syncthreads();")
@@ -192,7 +194,12 @@ def _operands(k: FusedKernel, op: BlockOp, mp: MmaPlan, bidx: list[str]
         b_lines += _ldsm_b(k, b, ib)
     else:
         b_lines += [f"rb{i} = {e};" for i, e in enumerate(_direct_b(k, b, ib, K, N, tc.dtype))]
-    return a_lines, b_lines, "mg_mma_f16" if tc.dtype is DType.F16 else "mg_mma_bf16"
+    return a_lines, b_lines, mma_fn(tc.dtype)
+
+
+def mma_fn(dtype: DType) -> str:
+    """The prelude's m16n8k16 mma for 16-bit operands of ``dtype``."""
+    return "mg_mma_f16" if dtype is DType.F16 else "mg_mma_bf16"
 
 
 def _k_loop(k: FusedKernel, op: BlockOp, mp: MmaPlan, dreg: str, bidx: list[str]) -> Lines:
@@ -206,7 +213,7 @@ def _k_loop(k: FusedKernel, op: BlockOp, mp: MmaPlan, dreg: str, bidx: list[str]
     return [_unroll(steps), f"for (int s = 0; s < {steps}; ++s) {{"] + indent(kl) + ["}"]
 
 
-def _smem_ptr(k: FusedKernel, name: str, idx: list[str]) -> str:
+def smem_ptr(k: FusedKernel, name: str, idx: list[str]) -> str:
     how = k.em.nodes[name].how
     assert isinstance(how, Stored)
     return f"({how.ptr} + ({offset_expr('0', idx, how.strides)}))"
@@ -217,7 +224,7 @@ def _ldsm_a(k: FusedKernel, a: str, ia: list[str], M: int) -> Lines:
     columns kk..kk+7, then of kk+8..kk+15 (a0..a3 of the mma)."""
     row = "(mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8)"
     col = "(kk + (mg_lane >> 4) * 8)"
-    ptr = _smem_ptr(k, a, ia + [row, col])
+    ptr = smem_ptr(k, a, ia + [row, col])
     if M % 16:
         ptr = f"({row} < {M} ? (const void*){ptr} : (const void*)mg_zero)"
     return [f"mg_ldsm_x4(ra0, ra1, ra2, ra3, {ptr});"]
@@ -226,7 +233,7 @@ def _ldsm_a(k: FusedKernel, a: str, ia: list[str], M: int) -> Lines:
 def _ldsm_b(k: FusedKernel, b: str, ib: list[str]) -> Lines:
     """B's 16x8 fragment from a K-major tile: lanes 0-15 address rows kk..kk+15 of
     columns n0..n0+7; the transposed load gives each lane its pairs along K."""
-    ptr = _smem_ptr(k, b, ib + ["(kk + (mg_lane & 15))", "(mg_ni * 8)"])
+    ptr = smem_ptr(k, b, ib + ["(kk + (mg_lane & 15))", "(mg_ni * 8)"])
     return [f"mg_ldsm_x2_t(rb0, rb1, {ptr});"]
 
 

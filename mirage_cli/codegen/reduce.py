@@ -161,7 +161,7 @@ def materialize(k: FusedKernel, op: BlockOp, rp: ReducePlan) -> Lines:
 # -- forloop accumulators -------------------------------------------------------------
 
 
-def _spec(op: BlockOp) -> ops.AccumSpec:
+def accum_spec(op: BlockOp) -> ops.AccumSpec:
     spec = ops.get(op.op).accum
     assert spec is not None
     return spec
@@ -170,7 +170,7 @@ def _spec(op: BlockOp) -> ops.AccumSpec:
 def acc_init(k: FusedKernel, accs: list[BlockOp]) -> Lines:
     lines = k.prefetch()
     for op in accs:
-        spec, name = _spec(op), op.outputs[0].name
+        spec, name = accum_spec(op), op.outputs[0].name
         n = op.outputs[0].type.numel
         init = _init(spec.combine)
         if name in k.mma_acc:
@@ -210,7 +210,7 @@ def _acc_elems(k: FusedKernel, op: BlockOp, body_fn: Callable[[list[str], str, s
 
 
 def acc_update(k: FusedKernel, op: BlockOp) -> Lines:
-    name, spec, x = op.outputs[0].name, _spec(op), op.inputs[0]
+    name, spec, x = op.outputs[0].name, accum_spec(op), op.inputs[0]
     if name in k.mma_acc:
         return mma.acc_update(k, op, k.mma_acc[name])
     xshape = k.a.types[x].shape
@@ -267,7 +267,7 @@ def _pre(k: FusedKernel, pre: Pre, st: Lines, v: str, bind: bool = True
 
 def finish_format(k: FusedKernel, op: BlockOp) -> str:
     """The finish of an accumulator as a format string of its combined state."""
-    spec = _spec(op)
+    spec = accum_spec(op)
     xshape = k.a.types[op.inputs[0]].shape
     count = k.F
     match spec.reduce:
@@ -297,7 +297,7 @@ def acc_finish(k: FusedKernel, accs: list[BlockOp], raw: bool = False) -> Lines:
     the blocks of a cluster still have partial states to combine)."""
     lines: Lines = []
     for op in accs:
-        spec, name = _spec(op), op.outputs[0].name
+        spec, name = accum_spec(op), op.outputs[0].name
         fin = "{0}" if raw else finish_format(k, op)
         if name in k.mma_acc:
             lines += mma.acc_finish(k, op, k.mma_acc[name], fin)
