@@ -1,6 +1,6 @@
 """Automatic shape reuse through the cache: `mirage opt -D batch=2` after a search of the
-same program at batch 1 re-instantiates the cached designs (no enumeration) and
-re-verifies them; a changed program or changed options search again."""
+same program at batch 1 re-instantiates the cached designs beside those enumerated
+at the new sizes and verifies the best; a changed program or changed options search again."""
 
 from __future__ import annotations
 

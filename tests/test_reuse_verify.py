@@ -49,7 +49,7 @@ def test_reuse_certifies_the_shipped_candidate_at_the_new_sizes(tmp_path: Path) 
     _, first, _ = opt(tmp_path, 1)
     assert len(first) == 3  # the search keeps --top 3 for the family
     log, cands, cu = opt(tmp_path, 2)
-    assert "search: reused the" in log and "1 re-verified at these sizes" in log
+    assert "search: reused the" in log and "1 verified at these sizes" in log
     assert len(cands) == 1 and cands[0][1]["reused_from"].startswith("cache (batch=1")
     cert = cands[0][1]["verification"]
     assert cert["equivalent"] and cert["certificate"]["bound"] <= 2.0 ** -40
@@ -137,3 +137,15 @@ def test_crosscheck_and_safety_share_one_draw(monkeypatch: pytest.MonkeyPatch) -
     assert crosscheck(prog, cand, 12).close and draws == [11, 12]
     again = crosscheck(prog, cand, 11)
     assert draws == [11, 12, 11] and again.max_rel_err == first.max_rel_err
+
+
+def test_automatic_reuse_ranks_the_designs_found_at_the_new_sizes_too() -> None:
+    # Which designs exist depends on the sizes: an automatic reuse enumerates at the new
+    # sizes and ranks those beside the known ones (with no known design it still finds
+    # every candidate a search finds); the explicit --reuse path enumerates nothing.
+    fresh = search(program(2), SearchOptions(top=1))
+    res = reuse(program(2), [], SearchOptions(), need=1, enumerate_with=(None, 1))
+    assert res.progress.units_total > 0 and res.progress.reused == 0
+    assert [c.graph for c in res.candidates] == [c.graph for c in fresh.candidates]
+    alone = reuse(program(2), [], SearchOptions(), need=1)
+    assert alone.progress.units_total == 0 and alone.candidates == []

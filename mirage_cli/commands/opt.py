@@ -88,7 +88,7 @@ def stage_search(program: Graph, kw: dict, budget: float,  # type: ignore[type-a
         from mirage_cli.search.reuse import reused
 
         with progress_display() as show:
-            out = reused(program, options_from(kw), show, need)
+            out = reused(program, options_from(kw), show, need, budget, int(kw["jobs"]))
         if out is not None:
             return out
     with progress_display() as show:

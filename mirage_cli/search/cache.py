@@ -141,17 +141,18 @@ def _recheck(program: Graph, graphs: list[Graph], seed: int) -> str | None:
     return None
 
 
-def put(k: str, text: str, program: Graph, options: dict[str, Any], family: bool = True
-        ) -> None:
+def put(k: str, text: str, program: Graph, options: dict[str, Any], family: bool = True,
+        designs: str | None = None) -> None:
     """Store a complete search's candidates text for ``program`` under ``options``, and
     (``family``) as the latest result of its family (the same program at any sizes; a
     shape reuse does not replace it: it certifies only the candidates it needs, while
-    the family keeps every design the search found)."""
+    the family keeps every design the search ranked: ``designs``, one tuned µGraph
+    each, unverified; the candidates when absent)."""
     doc = {"format": FORMAT, "version": VERSION, "program_sha256": program_hash(program),
            "options": options, "tool": TOOL, "candidates": text}
     fam = {"format": FAMILY_FORMAT, "version": VERSION, "structure": structure_hash(program),
            "options": options, "tool": TOOL, "sizes": dict(program.params),
-           "candidates": text}
+           "candidates": designs if designs is not None else text}
     try:
         write_atomic(_path(k), json.dumps(doc, sort_keys=True) + "\n")
         if family:
@@ -210,8 +211,9 @@ def _family_path(program: Graph, options: dict[str, Any]) -> Path:
 
 
 def get_family(program: Graph, options: dict[str, Any]) -> tuple[str, dict[str, int]] | None:
-    """The candidates text and sizes of the latest complete search of ``program``'s
-    structure under ``options`` at *other* sizes, or None. Nothing here is trusted: the
+    """The designs (candidates text: one µGraph per design the search ranked) and sizes
+    of the latest complete search of ``program``'s structure under ``options`` at
+    *other* sizes, or None. Nothing here is trusted: the
     caller re-instantiates the designs at the new sizes and verifies them again."""
     try:
         doc = json.loads(_family_path(program, options).read_text(encoding="utf-8"))

@@ -111,6 +111,9 @@ class SearchResult:
     progress: Progress
     complete: bool
     seconds: float
+    # One tuned (unverified) µGraph per design that was ranked: what a shape reuse at
+    # other sizes starts from (the cache's family entry keeps them, :mod:`.reuse`).
+    designs: list[Graph] = field(default_factory=list)
 
 
 # -- worker side ------------------------------------------------------------------
@@ -204,6 +207,23 @@ def search(program: Graph, options: SearchOptions, budget: float | None = None,
     deadline = None if budget is None else start + budget
     prog = Progress()
     notify = on_progress or (lambda p: None)
+    designs, complete = _enumerate(program, options, deadline, jobs, prog, notify, unit_map)
+    tuned: list[Graph] = []
+    cands = rank_and_verify(program, list(designs), options, prog, notify, jobs, deadline,
+                            tuned)
+    if not cands and depth < MAX_DEPTH and len(program.ops) > 1:
+        cands = _mixed(program, options, deadline, jobs, prog, depth, unit_map)
+        tuned = []  # a mixed answer's designs are its parts', not this program's
+    complete &= deadline is None or time.time() < deadline
+    return SearchResult(cands, prog, complete, time.time() - start, tuned)
+
+
+def _enumerate(program: Graph, options: SearchOptions, deadline: float | None, jobs: int,
+               prog: Progress, notify: Callable[[Progress], None],
+               unit_map: UnitMap | None = None) -> tuple[dict[Design, None], bool]:
+    """Every design the search units find (and their splits), and whether every unit
+    ran to its end."""
+    start = time.time()
     todo = units(program, options)
     prog.units_total = len(todo)
     designs: dict[Design, None] = {}
@@ -225,35 +245,45 @@ def search(program: Graph, options: SearchOptions, budget: float | None = None,
             for sd in _splits(program, d):
                 designs[sd] = None
         prog.designs = len(designs)
-    cands = rank_and_verify(program, list(designs), options, prog, notify, jobs, deadline)
-    if not cands and depth < MAX_DEPTH and len(program.ops) > 1:
-        cands = _mixed(program, options, deadline, jobs, prog, depth, unit_map)
-    complete &= deadline is None or time.time() < deadline
-    return SearchResult(cands, prog, complete, time.time() - start)
+    return designs, complete
 
 
 def reuse(program: Graph, known: list[Graph], options: SearchOptions,
           on_progress: Callable[[Progress], None] | None = None,
-          need: int | None = None) -> SearchResult:
-    """Shape reuse: the designs of ``known`` µGraphs (found at other sizes; designs are
+          need: int | None = None, enumerate_with: tuple[float | None, int] | None = None
+          ) -> SearchResult:
+    """Shape reuse: the designs of ``known`` µGraphs (found at other sizes; a design is
     size-independent, :mod:`.design`) re-instantiated, re-tuned, ranked and re-verified
-    at ``program``'s sizes, without enumerating. Nothing enumerated is reported as
-    ``units_total == 0`` and ``reused`` designs.
+    at ``program``'s sizes. With ``enumerate_with`` (budget, jobs), the designs the
+    search units find at these sizes join them: which designs exist depends on the
+    sizes (at batch 1 a dimension of 2 rules out splits that batch 8 allows, and one
+    of those was 5x faster on an H200, docs/perf-log.md v10), so only the ranking
+    decides, as in a search. Without it (``--reuse``: the user's designs) nothing is
+    enumerated (``units_total == 0``).
 
     Only ``need`` candidates (default ``options.top``) are certified, in rank order:
-    verification at the new sizes is nearly all of a reuse's time, and a caller that
+    verification at the new sizes is most of a search's time, and a caller that
     ships the first candidate (``mirage opt`` without ``--gpu``) needs one. The
     candidates returned are each certified at these sizes, as a search's are."""
     from mirage_cli.search.design import design_of
 
     start = time.time()
     prog = Progress(phase="reuse")
-    designs = list(dict.fromkeys(design_of(g)[0] for g in known))
-    prog.designs = prog.reused = len(designs)
     notify = on_progress or (lambda p: None)
+    reused = dict.fromkeys(design_of(g)[0] for g in known)
+    complete, deadline, jobs = True, None, 1
+    designs: dict[Design, None] = {}
+    if enumerate_with is not None:
+        budget, jobs = enumerate_with
+        deadline = None if budget is None else start + budget
+        designs, complete = _enumerate(program, options, deadline, jobs, prog, notify)
+    designs.update(reused)
+    prog.designs, prog.reused = len(designs), len(reused)
     keep = options.top if need is None else max(1, min(need, options.top))
-    cands = rank_and_verify(program, designs, replace(options, top=keep), prog, notify)
-    return SearchResult(cands, prog, True, time.time() - start)
+    cands = rank_and_verify(program, list(designs), replace(options, top=keep), prog, notify,
+                            jobs, deadline)
+    complete &= deadline is None or time.time() < deadline
+    return SearchResult(cands, prog, complete, time.time() - start)
 
 
 def _mixed(program: Graph, options: SearchOptions, deadline: float | None, jobs: int,
@@ -382,25 +412,29 @@ def _check_chosen(program: Graph, out: list[Candidate], seed: int, prog: Progres
 
 def rank_and_verify(program: Graph, designs: list[Design], options: SearchOptions,
                     prog: Progress, notify: Callable[[Progress], None], jobs: int = 1,
-                    deadline: float | None = None) -> list[Candidate]:
+                    deadline: float | None = None, tuned: list[Graph] | None = None
+                    ) -> list[Candidate]:
     """Tune, cost and rank the designs, then verify best first until ``top`` pass or
-    the ``deadline`` (the command's budget) is reached."""
+    the ``deadline`` (the command's budget) is reached. ``tuned`` receives each
+    design's first tuning, in ranking order."""
     prog.phase = "tune"
     notify(prog)
     t0 = time.time()
-    firsts: list[tuple[tuple[bool, float, int, int], Design]] = []
+    firsts: list[tuple[tuple[bool, float, int, int], Design, Graph]] = []
     for i, d in enumerate(designs):
         if deadline is not None and time.time() > deadline:
             break  # the budget bounds tuning and verification too
-        tuned = tune(program, d, max_steps=0)
-        if tuned:
-            c = tuned[0][0]
-            firsts.append(((not c.fits, c.time_us, _size(d), i), d))
+        first = tune(program, d, max_steps=0)
+        if first:
+            c, _, g0 = first[0]
+            firsts.append(((not c.fits, c.time_us, _size(d), i), d, g0))
         else:
             prog.no_tuning += 1
     firsts.sort(key=lambda x: x[0])
+    if tuned is not None:
+        tuned.extend(g0 for _, _, g0 in firsts)
     tuned_all: list[tuple[str, Design, Tuning, Graph, Cost]] = []
-    for _, d in firsts[:options.tune_designs]:
+    for _, d, _ in firsts[:options.tune_designs]:
         for c, t, g in tune(program, d)[:2]:
             tuned_all.append((serialize.dumps(g), d, t, g, c))
     ranked = rank(tuned_all, lambda x: x[4], lambda x: x[0])  # the tie rule (cost.TIE_RULE)
@@ -495,7 +529,8 @@ def cached_search(program: Graph, options: SearchOptions, budget: float | None, 
     pairs = [(c.graph, c.meta(i)) for i, c in enumerate(res.candidates)]
     text = serialize.dumps_candidates(pairs)
     if use_cache and res.complete:
-        cache.put(k, text, program, options.as_json())
+        designs = serialize.dumps_candidates([(g, {}) for g in res.designs])
+        cache.put(k, text, program, options.as_json(), designs=designs)
     return Outcome(text, pairs, False, res.complete, res.progress)
 
 
