@@ -153,8 +153,9 @@ __device__ __forceinline__ void mg_ld8(const T* p, float* f) {
 }
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 // Thread-block clusters (sm_90): a barrier over every thread of the cluster (release /
-// acquire, so shared-memory writes before it are seen after it), and a load from the
-// shared memory of block `rank` of the cluster at the address `p` has in this block.
+// acquire, so shared-memory writes before it are seen after it), and a load from (a
+// store to) the shared memory of block `rank` of the cluster at the address `p` has in
+// this block.
 __device__ __forceinline__ void mg_cluster_sync() {
   asm volatile("barrier.cluster.arrive.release.aligned;\n"
                "barrier.cluster.wait.acquire.aligned;" ::: "memory");
@@ -167,6 +168,12 @@ __device__ __forceinline__ float mg_dsmem_ld(const float* p, unsigned rank) {
   asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(r) : "memory");
   return v;
 }
+__device__ __forceinline__ void mg_dsmem_st(float* p, unsigned rank, float v) {
+  const unsigned a = (unsigned)__cvta_generic_to_shared(p);
+  unsigned r;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(rank));
+  asm volatile("st.shared::cluster.f32 [%0], %1;" :: "r"(r), "f"(v) : "memory");
+}
 #endif
 
 // fused kernel: grid [64, 1, 1], 128 threads, forloop 4; plan: 4 stage(s), kwarps 1, 69904 B shared memory
@@ -178,6 +185,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_lora_fused_h16
     mg_f16* __restrict__ p4) {
   const int bx = blockIdx.x, by = blockIdx.y, bz = blockIdx.z;
   (void)bx; (void)by; (void)bz;
+  const int mg_rot = (int)((bx + 64 * (by + 1 * bz))) % 4;
   extern __shared__ __align__(16) unsigned char mg_smem[];
   const int base_x = 0;
   const int base_w = bx * 64;
@@ -234,25 +242,25 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_lora_fused_h16
   __syncthreads();
   const auto* sm_b = sm_b_0;
   #pragma unroll
-  for (int i = 0; i < 1; ++i) mg_cp_async16((sm_x_0 + ((0) % 4) * 1152) + mg_do_x[i], p0 + ((base_x + 0)) + mg_so_x[i]);
+  for (int i = 0; i < 1; ++i) mg_cp_async16((sm_x_0 + ((0) % 4) * 1152) + mg_do_x[i], p0 + ((base_x + (((0) + mg_rot) & 3) * 64)) + mg_so_x[i]);
   #pragma unroll
-  for (int i = 0; i < 4; ++i) mg_cp_async16((sm_w_0 + ((0) % 4) * 4608) + mg_do_w[i], p1 + ((base_w + 0)) + mg_so_w[i]);
+  for (int i = 0; i < 4; ++i) mg_cp_async16((sm_w_0 + ((0) % 4) * 4608) + mg_do_w[i], p1 + ((base_w + (((0) + mg_rot) & 3) * 262144)) + mg_so_w[i]);
   #pragma unroll
-  for (int i = 0; i < 1; ++i) mg_cp_async16((sm_a_0 + ((0) % 4) * 1536) + mg_do_a[i], p2 + ((base_a + 0)) + mg_so_a[i]);
+  for (int i = 0; i < 1; ++i) mg_cp_async16((sm_a_0 + ((0) % 4) * 1536) + mg_do_a[i], p2 + ((base_a + (((0) + mg_rot) & 3) * 1024)) + mg_so_a[i]);
   mg_cp_async_commit();
   #pragma unroll
-  for (int i = 0; i < 1; ++i) mg_cp_async16((sm_x_0 + ((1) % 4) * 1152) + mg_do_x[i], p0 + ((base_x + 64)) + mg_so_x[i]);
+  for (int i = 0; i < 1; ++i) mg_cp_async16((sm_x_0 + ((1) % 4) * 1152) + mg_do_x[i], p0 + ((base_x + (((1) + mg_rot) & 3) * 64)) + mg_so_x[i]);
   #pragma unroll
-  for (int i = 0; i < 4; ++i) mg_cp_async16((sm_w_0 + ((1) % 4) * 4608) + mg_do_w[i], p1 + ((base_w + 262144)) + mg_so_w[i]);
+  for (int i = 0; i < 4; ++i) mg_cp_async16((sm_w_0 + ((1) % 4) * 4608) + mg_do_w[i], p1 + ((base_w + (((1) + mg_rot) & 3) * 262144)) + mg_so_w[i]);
   #pragma unroll
-  for (int i = 0; i < 1; ++i) mg_cp_async16((sm_a_0 + ((1) % 4) * 1536) + mg_do_a[i], p2 + ((base_a + 1024)) + mg_so_a[i]);
+  for (int i = 0; i < 1; ++i) mg_cp_async16((sm_a_0 + ((1) % 4) * 1536) + mg_do_a[i], p2 + ((base_a + (((1) + mg_rot) & 3) * 1024)) + mg_so_a[i]);
   mg_cp_async_commit();
   #pragma unroll
-  for (int i = 0; i < 1; ++i) mg_cp_async16((sm_x_0 + ((2) % 4) * 1152) + mg_do_x[i], p0 + ((base_x + 128)) + mg_so_x[i]);
+  for (int i = 0; i < 1; ++i) mg_cp_async16((sm_x_0 + ((2) % 4) * 1152) + mg_do_x[i], p0 + ((base_x + (((2) + mg_rot) & 3) * 64)) + mg_so_x[i]);
   #pragma unroll
-  for (int i = 0; i < 4; ++i) mg_cp_async16((sm_w_0 + ((2) % 4) * 4608) + mg_do_w[i], p1 + ((base_w + 524288)) + mg_so_w[i]);
+  for (int i = 0; i < 4; ++i) mg_cp_async16((sm_w_0 + ((2) % 4) * 4608) + mg_do_w[i], p1 + ((base_w + (((2) + mg_rot) & 3) * 262144)) + mg_so_w[i]);
   #pragma unroll
-  for (int i = 0; i < 1; ++i) mg_cp_async16((sm_a_0 + ((2) % 4) * 1536) + mg_do_a[i], p2 + ((base_a + 2048)) + mg_so_a[i]);
+  for (int i = 0; i < 1; ++i) mg_cp_async16((sm_a_0 + ((2) % 4) * 1536) + mg_do_a[i], p2 + ((base_a + (((2) + mg_rot) & 3) * 1024)) + mg_so_a[i]);
   mg_cp_async_commit();
   float acc_sxw[2][4];
   #pragma unroll
@@ -261,18 +269,18 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_lora_fused_h16
   #pragma unroll
   for (int j = 0; j < 1; ++j) acc_sxa[j][0] = acc_sxa[j][1] = acc_sxa[j][2] = acc_sxa[j][3] = 0.0f;
   for (int it = 0; it < 4; ++it) {
-    const int off_x = base_x + it * 64;
-    const int off_w = base_w + it * 262144;
-    const int off_a = base_a + it * 1024;
+    const int off_x = base_x + (((it) + mg_rot) & 3) * 64;
+    const int off_w = base_w + (((it) + mg_rot) & 3) * 262144;
+    const int off_a = base_a + (((it) + mg_rot) & 3) * 1024;
     mg_cp_async_wait<2>();
     __syncthreads();
     if (it + 3 < 4) {
       #pragma unroll
-      for (int i = 0; i < 1; ++i) mg_cp_async16((sm_x_0 + (((it + 3)) % 4) * 1152) + mg_do_x[i], p0 + ((off_x + 192)) + mg_so_x[i]);
+      for (int i = 0; i < 1; ++i) mg_cp_async16((sm_x_0 + (((it + 3)) % 4) * 1152) + mg_do_x[i], p0 + ((base_x + (((it + 3) + mg_rot) & 3) * 64)) + mg_so_x[i]);
       #pragma unroll
-      for (int i = 0; i < 4; ++i) mg_cp_async16((sm_w_0 + (((it + 3)) % 4) * 4608) + mg_do_w[i], p1 + ((off_w + 786432)) + mg_so_w[i]);
+      for (int i = 0; i < 4; ++i) mg_cp_async16((sm_w_0 + (((it + 3)) % 4) * 4608) + mg_do_w[i], p1 + ((base_w + (((it + 3) + mg_rot) & 3) * 262144)) + mg_so_w[i]);
       #pragma unroll
-      for (int i = 0; i < 1; ++i) mg_cp_async16((sm_a_0 + (((it + 3)) % 4) * 1536) + mg_do_a[i], p2 + ((off_a + 3072)) + mg_so_a[i]);
+      for (int i = 0; i < 1; ++i) mg_cp_async16((sm_a_0 + (((it + 3)) % 4) * 1536) + mg_do_a[i], p2 + ((base_a + (((it + 3) + mg_rot) & 3) * 1024)) + mg_so_a[i]);
     }
     mg_cp_async_commit();
     const auto* sm_x = (sm_x_0 + ((it) % 4) * 1152);

@@ -348,21 +348,26 @@ class FusedKernel:
         return bool(staged) and max(self.tile(bi.value.name).stages for bi in staged) > 1
 
     def _cluster_combine(self, accs: list[BlockOp]) -> Lines:
-        """Block 0 of the cluster combines the others' accumulator tiles (distributed
-        shared memory) and finishes them; the others wait until it has read them, then
-        leave: the epilogue and the stores run once per cluster."""
-        lines = ["mg_cluster_sync();", "if (mg_rank == 0) {"]
+        """Every block of the cluster combines a 1/KS share of each accumulator tile
+        over the cluster's blocks (distributed shared memory, ranks in a fixed order,
+        so the sums are deterministic), finishes it and writes it into block 0's tile;
+        block 0 then runs the epilogue and the stores once per cluster. With block 0
+        combining alone, its reads grew with the cluster (KS - 1 whole tiles); shared,
+        each block reads KS shares of one tile whatever the cluster's size."""
+        lines = ["mg_cluster_sync();"]
+        step = self.KS * self.T
         for op in accs:
             name, n = op.outputs[0].name, op.outputs[0].type.numel
             spec = ops.get(op.op).accum
             assert spec is not None
             fin = reduce.finish_format(self, op)
             upd = c_update("v", f"mg_dsmem_ld(buf_{name} + e, r)", spec.combine)
-            lines += indent([f"for (int e = threadIdx.x; e < {n}; e += {self.T}) {{",
-                             f"  float v = buf_{name}[e];",
-                             f"  for (unsigned r = 1; r < {self.KS}; ++r) {upd}",
-                             f"  buf_{name}[e] = {fin.format('v')};", "}"])
-        return lines + ["}", "mg_cluster_sync();", "if (mg_rank != 0) return;"]
+            first = f"(int)mg_rank * {self.T} + (int)threadIdx.x"
+            lines += [f"for (int e = {first}; e < {n}; e += {step}) {{",
+                      f"  float v = mg_dsmem_ld(buf_{name} + e, 0);",
+                      f"  for (unsigned r = 1; r < {self.KS}; ++r) {upd}",
+                      f"  mg_dsmem_st(buf_{name} + e, 0, {fin.format('v')});", "}"]
+        return lines + ["mg_cluster_sync();", "if (mg_rank != 0) return;"]
 
     def _loop_body(self, accs: list[BlockOp]) -> Lines:
         lines: Lines = []

@@ -36,6 +36,7 @@ from mirage_cli.codegen.blockfacts import (
 from mirage_cli.codegen.knobranges import (
     VEC_BYTES,
     default_ksplit,
+    default_stagger,
     default_threads,
     ksplit_range,
     ksteps,
@@ -222,9 +223,7 @@ def _resolve(a: Analysis, dev: Mapping[str, TensorType], pins: Knobs) -> Knobs:
     if d["ksplit"] is None:
         d["ksplit"] = 1  # the caller (_lay_out) chooses the default split
     if d["stagger"] is None:
-        # Off by default: measured on an H200 (docs/perf-log.md v5) it saves 5% on lora,
-        # 2% on rmsnorm_linear and costs 25% on gated_mlp; measured selection tries it.
-        d["stagger"] = 0
+        d["stagger"] = default_stagger(a, dev)
     ch = chainplan.chain_of(a) if d["chain"] != 0 and d["ldmatrix"] == 1 else None
     if ch is not None:
         # The chain's warps split the score's columns only where there are fewer 16-row

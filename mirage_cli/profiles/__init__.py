@@ -14,7 +14,8 @@ Fields (``format: mirage-cli/device-profile``, ``version: 1``): ``name``, ``devi
 ``fma_flops``, ``launch_us``, ``iter_us`` (per forloop iteration and wave),
 ``barrier_us`` (null when unmeasured), ``smem_per_block``, ``smem_per_sm``,
 ``regs_per_sm``, ``max_threads_per_sm``, optionally ``stage_penalty`` (0 when
-absent) and ``mma_flops`` (``peak_flops`` when absent; see :class:`Profile`); and ``fit``: the coefficients of the model's
+absent), ``mma_flops`` (``peak_flops`` when absent) and ``mem_util_exp`` (1 when
+absent; see :class:`Profile`); and ``fit``: the coefficients of the model's
 terms (``stream``, ``sync``, ``launch``, ``const_us``), 1/1/1/0 when unfitted.
 """
 
@@ -64,6 +65,9 @@ class Profile:
     # loads and the element-wise work between two matmuls), fitted to measured kernels;
     # peak_flops when absent.
     mma_flops: float | None = None
+    # A grid on a fraction u of the SMs streams memory u ** mem_util_exp as fast as a
+    # full one (compute scales with u itself); 1 when absent.
+    mem_util_exp: float | None = None
     fit: dict[str, float] = field(default_factory=lambda: {"stream": 1.0, "sync": 1.0,
                                                            "launch": 1.0, "const_us": 0.0})
     extra: dict[str, Any] = field(default_factory=dict)  # other recorded figures
@@ -75,8 +79,9 @@ class Profile:
 
     def as_json(self) -> dict[str, Any]:
         d = asdict(self)
-        if d["mma_flops"] is None:
-            del d["mma_flops"]
+        for key in ("mma_flops", "mem_util_exp"):
+            if d[key] is None:
+                del d[key]
         extra = d.pop("extra")
         return {"format": FORMAT, "version": VERSION, **d, **extra}
 
@@ -133,12 +138,17 @@ def from_json(doc: Any, where: str) -> Profile:
     mma = doc.get("mma_flops")
     if mma is not None and not _pos(mma):
         raise MirageError(f"{where}: 'mma_flops' must be a number > 0 (got {mma!r})")
+    mem_exp = doc.get("mem_util_exp")
+    if mem_exp is not None and not (_nonneg(mem_exp) and mem_exp <= 1):
+        raise MirageError(f"{where}: 'mem_util_exp' must be a number in [0, 1] "
+                          f"(got {mem_exp!r})")
     known = {"format", "version", "calibrated", "fit", "name", "device", "arch", "source",
-             "stage_penalty", "mma_flops", *_NUMBERS}
+             "stage_penalty", "mma_flops", "mem_util_exp", *_NUMBERS}
     return Profile(doc["name"], doc["device"], doc["arch"], bool(doc.get("calibrated")),
                    doc["source"], **{k: doc[k] for k in _NUMBERS},
                    stage_penalty=float(penalty),
                    mma_flops=float(mma) if mma is not None else None,
+                   mem_util_exp=float(mem_exp) if mem_exp is not None else None,
                    fit={"stream": 1.0, "sync": 1.0, "launch": 1.0, "const_us": 0.0,
                         **{k: float(v) for k, v in fit.items()}},
                    extra={k: v for k, v in doc.items() if k not in known})

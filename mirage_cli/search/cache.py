@@ -50,8 +50,9 @@ def cache_dir() -> Path:
 # the stated rule of cost.rank, so older rankings may differ; 4: ties within 1%; 5: the
 # model reads the kernel plan (occupancy, plan feasibility) and a device profile; 7: the
 # plan may split the forloop over a cluster by default, and the model counts launched
-# blocks and per-block iterations at 0.5 µs each).
-SEARCH_REVISION = 8
+# blocks and per-block iterations at 0.5 µs each; 9: small forloops are staggered by
+# default, and memory terms scale with the profile's mem_util_exp).
+SEARCH_REVISION = 9
 
 
 def program_hash(program: Graph) -> str:

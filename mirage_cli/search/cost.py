@@ -6,12 +6,13 @@ assumed to hit L2 and are counted separately as ``l2_bytes``), FLOPs (a matmul i
 ``2*m*n*k``, any other operator one per output element), launches, and the shared
 memory one block needs (the model's own count: tiles of loop loads twice, for double
 buffering, plus every other tile). The predicted time is the sum over kernels of
-``a * max(dram / BW, l2 / L2BW, flops / PEAK) / utilisation * (1 + 1/F) * (1 + p/S²)
-+ b * waves * F * ITER + c * LAUNCH``, plus ``d`` once per µGraph, where utilisation is the fraction of SMs the
-grid occupies, ``F`` the forloop iterations one block runs (one iteration's loads are
-not overlapped with compute: the pipeline fill) and ``waves`` the number of rounds of
-blocks over the SMs. Blocks and iterations are the launched ones: a plan that splits
-the forloop over a cluster of ``ksplit`` blocks launches ``ksplit`` times the µGraph's
+``a * max(max(dram / BW, l2 / L2BW) / u^e, flops / PEAK / u) * (1 + 1/F) * (1 + p/S²)
++ b * waves * F * ITER + c * LAUNCH``, plus ``d`` once per µGraph, where ``u`` (the
+utilisation) is the fraction of SMs the grid occupies, ``e`` the profile's
+``mem_util_exp`` (memory streams nearly as fast on part of the GPU), ``F`` the forloop
+iterations one block runs (one iteration's loads are not overlapped with compute: the
+pipeline fill) and ``waves`` the number of rounds of blocks over the SMs. Blocks and
+iterations are the launched ones: a plan that splits the forloop over a cluster of ``ksplit`` blocks launches ``ksplit`` times the µGraph's
 blocks, each running ``F / ksplit`` iterations. ``S`` is the plan's pipeline depth
 and ``p`` the profile's ``stage_penalty`` (loops only).
 
@@ -99,7 +100,7 @@ class KernelCost:
     l2_us: float         # l2_bytes at its L2 bandwidth
     compute_us: float    # flops at its peak
     util: float          # fraction of the SMs the grid occupies
-    stream_us: float     # fit.stream * max(dram, l2, compute) / util * (1 + 1/forloop)
+    stream_us: float     # fit.stream * max(mem / util^e, compute / util) * (1 + 1/forloop)
     sync_us: float       # fit.sync * waves * forloop * iter_us
     launch_us: float     # fit.launch * launch_us
     time_us: float
@@ -173,6 +174,11 @@ def kernel_costs(g: Graph) -> list[KernelCost]:
         blocks *= ksplit
         util = min(1.0, blocks / p.num_sms)
         d_s, l_s, c_s = k_dram / p.dram_bw, k_l2 / p.l2_bw, k_flops / p.flop_rate
+        # A grid on part of the GPU still draws most of the memory bandwidth (on an
+        # H200, 64 blocks streamed a weight 1.2x slower than 128, not 2x), while its
+        # compute scales with the SMs it occupies.
+        mem_util = util ** (p.mem_util_exp if p.mem_util_exp is not None else 1.0)
+        bound_s = max(max(d_s, l_s) / mem_util, c_s / util)
         forloop = op.block.forloop // ksplit if op.block is not None else 4
         # Blocks resident on one SM: bounded by threads and by shared memory per SM.
         per_sm = 1
@@ -189,7 +195,7 @@ def kernel_costs(g: Graph) -> list[KernelCost]:
         # loads are exposed (the pipeline fill), and each iteration synchronises.
         # A loop with few copies in flight exposes part of each load's latency.
         depth = 1 + p.stage_penalty / stages ** 2 if forloop > 1 else 1.0
-        stream = fit["stream"] * max(d_s, l_s, c_s) / util * (1 + 1 / forloop) * depth
+        stream = fit["stream"] * bound_s * (1 + 1 / forloop) * depth
         sync = fit["sync"] * waves * forloop * p.iter_us * 1e-6
         launch = fit["launch"] * p.launch_us * 1e-6
         out.append(KernelCost(k_dram, k_l2, k_flops, k_smem, blocks, forloop, d_s * 1e6,
