@@ -236,7 +236,7 @@ def _kernel1(c: CustomD, t: _Tiles, kinds: list[str], mx: int
                 return None
             x = remap1[src[0]]
             if src[1] is not None:
-                x = _append(ops1, nl, OpD("sum", (x,), (("dim", src[1]), ("keepdim", True))))
+                x = _append(ops1, nl, OpD("max", (x,), (("dim", src[1]), ("keepdim", True))))
             zero = _append(ops1, nl, OpD("mul_scalar", (x,), (("scalar", 0.0),)))
             spread[p] = _append(ops1, nl, OpD("add", (remap1[mx], zero), ()))
     out_omap = c.stores[0].omap
@@ -259,8 +259,9 @@ def _zero_source(t: _Tiles, kinds: list[str], mx: int, p: int
                  ) -> tuple[int, int | None] | None:
     """A tile free of the max whose zero, added to m_j, has the shape of the partial
     ``p``: one without L (attention's query tile, when the loop does not split it), or
-    else one whose sum over L has the right shape (the value tile: a column sum); as
-    ``(tile, dim to sum or None)``. It is a value of the exponent's domain (not a
+    else one whose max over L has the right shape (the value tile's column maxima: a
+    max, unlike a sum, cannot overflow a finite tile, so times 0 it is exactly 0); as
+    ``(tile, dim to reduce or None)``. It is a value of the exponent's domain (not a
     result of exp, such as ``p`` itself), so that kernel 2's exp(m_j - M) has a
     meaning in the finite field too (the verifier models exp as g^a over Z_Q and
     does not nest it)."""
