@@ -7,6 +7,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from mirage_cli import interp
 from mirage_cli.ir import Graph
@@ -177,3 +178,29 @@ def test_search_ships_the_online_form_when_whole_rows_do_not_fit():
     assert best.verdict["numerics"]["verdict"] == "safe"
     assert best.verdict["float64"]["verdict"] == "close"
     assert _exp_arguments_are_max_shifted(best.graph)
+
+
+@pytest.mark.gpu
+def test_online_candidate_runs_on_the_gpu_finite_on_large_logits():
+    """The generated CUDA of the rescaled split (both kernels, as `mirage opt` ships
+    them at reduced sizes) against float64, on inputs whose logits pass +-100."""
+    from mirage_cli.codegen.runner import gpu_available
+
+    if not gpu_available():
+        pytest.skip("no CUDA GPU")
+    from mirage_cli.codegen.bench import build
+    from mirage_cli.codegen.runner import Device
+
+    for name in ("mha_decode", "mqa_decode"):
+        prog = _program(name, seq=4096)
+        res = search(prog, SearchOptions(max_block_ops=9, max_grid_axes=1, top=1))
+        assert res.candidates and res.candidates[0].design.num_kernels == 2
+        loaded = build(Device(0), res.candidates[0].graph)
+        ins = scaled_inputs(prog, 0, 16.0)
+        try:
+            out = loaded.run(ins)["O"]
+        finally:
+            loaded.unload()
+        ref = interp.run(prog, ins, "float64")["O"]
+        assert np.isfinite(out).all()
+        assert np.linalg.norm(out - ref) / np.linalg.norm(ref) <= 1e-2
