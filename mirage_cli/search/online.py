@@ -117,10 +117,12 @@ def _tiles(target: Graph, c: CustomD, tuning: Tuning) -> _Tiles | None:
 
 
 def _is_max(o: OpD) -> bool:
+    """A maximum over one dimension: the ``max`` reduction or ``acc_max_ld`` (read
+    from the registry row: a reduction combining by MAX)."""
     opdef = ops.get(o.op)
     if opdef.accum is not None:
         return opdef.accum.combine is ops.Combine.MAX and opdef.accum.reduce is ops.Reduce.LAST
-    return o.op == "max"
+    return opdef.cuda.kind == "reduce" and opdef.cuda.combine is ops.Combine.MAX
 
 
 def _reduced_label(o: OpD, vals: list[AVal]) -> int | None:
@@ -129,7 +131,7 @@ def _reduced_label(o: OpD, vals: list[AVal]) -> int | None:
     opdef = ops.get(o.op)
     if opdef.accum is not None:
         return x.labels[-1] if opdef.accum.reduce is ops.Reduce.LAST else None
-    if o.op in ("sum", "max", "mean"):
+    if opdef.cuda.kind == "reduce":  # sum, mean, max over ``dim``
         return x.labels[int(dict(o.attrs)["dim"])]
     if o.op == "matmul":
         return x.labels[-1]
