@@ -4,7 +4,8 @@ Work is split into *units*, each the first move of the kernel-level search (a bl
 config, or "a pre-defined operator first"), in two rounds: every unit with one kernel,
 then (when ``max_kernel_ops > 1``) "a pre-defined operator, then up to
 ``max_kernel_ops - 1`` more kernels"; with ``max_kernel_ops > 1`` every one-kernel
-design also yields its split-reduction two-kernel form (:mod:`.split`).
+design also yields its split-reduction two-kernel forms (:mod:`.split`, and
+:mod:`.online` for a max-subtracted softmax).
 Units run in ``jobs`` worker processes (each with its own Z3 oracle and caches) and are
 merged in unit order, so the result does not depend on ``jobs`` or on timing as long
 as the search completes within its budget. When the budget runs out the designs found
@@ -36,6 +37,7 @@ from mirage_cli.search import partition
 from mirage_cli.search.cost import SMEM_BYTES, Cost, rank
 from mirage_cli.search.design import Design, Tuning
 from mirage_cli.search.enumerate import Limits, OutOfTime, Search, Stats, make_target
+from mirage_cli.search.online import online_split
 from mirage_cli.search.partition import MAX_DEPTH
 from mirage_cli.search.split import split_reduction
 from mirage_cli.search.tune import tune
@@ -360,12 +362,13 @@ def explain_none(prog: Progress) -> str:
 
 
 def _splits(program: Graph, d: Design) -> list[Design]:
-    """The split-reduction (two-kernel) form of a one-kernel design, if any."""
+    """The split-reduction (two-kernel) forms of a one-kernel design: sums split
+    (:mod:`.split`), or a max-subtracted softmax split with rescaling (:mod:`.online`)."""
     tuned = tune(program, d, max_steps=0)
     if not tuned:
         return []
-    sd = split_reduction(program, d, tuned[0][1])
-    return [] if sd is None else [sd]
+    found = (split_reduction(program, d, tuned[0][1]), online_split(program, d, tuned[0][1]))
+    return [sd for sd in found if sd is not None]
 
 
 def _verify_all(program: Graph, graphs: list[Graph], seed: int) -> list[Verdict]:
