@@ -155,8 +155,9 @@ __device__ __forceinline__ void mg_ld8(const T* p, float* f) {
 }
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 // Thread-block clusters (sm_90): a barrier over every thread of the cluster (release /
-// acquire, so shared-memory writes before it are seen after it), and a load from the
-// shared memory of block `rank` of the cluster at the address `p` has in this block.
+// acquire, so shared-memory writes before it are seen after it), and a load from (a
+// store to) the shared memory of block `rank` of the cluster at the address `p` has in
+// this block.
 __device__ __forceinline__ void mg_cluster_sync() {
   asm volatile("barrier.cluster.arrive.release.aligned;\n"
                "barrier.cluster.wait.acquire.aligned;" ::: "memory");
@@ -168,6 +169,12 @@ __device__ __forceinline__ float mg_dsmem_ld(const float* p, unsigned rank) {
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(rank));
   asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(r) : "memory");
   return v;
+}
+__device__ __forceinline__ void mg_dsmem_st(float* p, unsigned rank, float v) {
+  const unsigned a = (unsigned)__cvta_generic_to_shared(p);
+  unsigned r;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(rank));
+  asm volatile("st.shared::cluster.f32 [%0], %1;" :: "r"(r), "f"(v) : "memory");
 }
 #endif
 

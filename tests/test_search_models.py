@@ -158,10 +158,11 @@ def test_no_answer_says_which_constraint_excluded_the_fused_designs():
     from mirage_cli.search.driver import explain_none
     from mirage_cli.search.partition import MAX_DEPTH
 
-    big = _g(MLP.replace("batch = 2, hidden = 64, inter = 96",
-                         "batch = 1, hidden = 4096, inter = 14336"))
-    # At the depth limit there is no mixed-design fallback: one kernel cannot hold the
-    # MLP's intermediate.
+    # A max-subtracted softmax needs its whole row in one block (the max before any
+    # exp): 2 MB rows fit no block. At the depth limit there is no mixed-design
+    # fallback, and one kernel excludes the two-kernel rescaled split.
+    big = _g("program sm(rows = 4, n = 1048576) {\n  input X: f16[rows, n];\n"
+             "  Y = softmax(X, dim=1);\n  output Y;\n}\n")
     res = search(big, SearchOptions(max_kernel_ops=1, max_block_ops=6, top=1),
                  depth=MAX_DEPTH)
     assert not res.candidates and res.progress.designs > 0

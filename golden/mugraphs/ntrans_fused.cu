@@ -196,7 +196,7 @@ extern "C" __global__ void __launch_bounds__(512, 1) mg_k0_mirage_ntrans_fused_h
   for (int q = 0; q < 8; ++q) {
     p_hn__rms[0] += r_h[0 + q] * r_h[0 + q];
   }
-  __shared__ float red_hn__rms[16];
+  __shared__ __align__(16) float red_hn__rms[16];
   #pragma unroll
   for (int r = 0; r < 1; ++r) {
     float v = p_hn__rms[r];
@@ -207,8 +207,20 @@ extern "C" __global__ void __launch_bounds__(512, 1) mg_k0_mirage_ntrans_fused_h
   float s_hn__rms[1];
   #pragma unroll
   for (int r = 0; r < 1; ++r) {
-    float t1 = red_hn__rms[r * 16];
-    for (int w = 1; w < 16; ++w) t1 += red_hn__rms[r * 16 + w];
+    const float4* q_t1 = reinterpret_cast<const float4*>(red_hn__rms + r * 16);
+    float4 a_t1 = q_t1[0];
+    #pragma unroll
+    for (int w = 1; w < 4; ++w) {
+      const float4 b = q_t1[w];
+      a_t1.x += b.x;
+      a_t1.y += b.y;
+      a_t1.z += b.z;
+      a_t1.w += b.w;
+    }
+    a_t1.x += a_t1.y;
+    a_t1.z += a_t1.w;
+    a_t1.x += a_t1.z;
+    float t1 = a_t1.x;
     s_hn__rms[r] = rsqrtf(t1 / 4096.0f + 0.0f);
   }
   float r_hn[8];
@@ -247,7 +259,7 @@ extern "C" __global__ void __launch_bounds__(512, 1) mg_k0_mirage_ntrans_fused_h
   for (int q = 0; q < 8; ++q) {
     p_o__rms[0] += r_c[0 + q] * r_c[0 + q];
   }
-  __shared__ float red_o__rms[16];
+  __shared__ __align__(16) float red_o__rms[16];
   #pragma unroll
   for (int r = 0; r < 1; ++r) {
     float v = p_o__rms[r];
@@ -258,8 +270,20 @@ extern "C" __global__ void __launch_bounds__(512, 1) mg_k0_mirage_ntrans_fused_h
   float s_o__rms[1];
   #pragma unroll
   for (int r = 0; r < 1; ++r) {
-    float t8 = red_o__rms[r * 16];
-    for (int w = 1; w < 16; ++w) t8 += red_o__rms[r * 16 + w];
+    const float4* q_t8 = reinterpret_cast<const float4*>(red_o__rms + r * 16);
+    float4 a_t8 = q_t8[0];
+    #pragma unroll
+    for (int w = 1; w < 4; ++w) {
+      const float4 b = q_t8[w];
+      a_t8.x += b.x;
+      a_t8.y += b.y;
+      a_t8.z += b.z;
+      a_t8.w += b.w;
+    }
+    a_t8.x += a_t8.y;
+    a_t8.z += a_t8.w;
+    a_t8.x += a_t8.z;
+    float t8 = a_t8.x;
     s_o__rms[r] = rsqrtf(t8 / 4096.0f + 0.0f);
   }
   float r_o[8];

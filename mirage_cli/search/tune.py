@@ -21,8 +21,11 @@ LOOP_TILE = 64
 MAX_STEPS = 40
 
 
-def _key(c: Cost) -> tuple[bool, float]:
-    return (not c.fits, c.time_us)
+def _key(c: Cost) -> tuple[bool, int, float]:
+    """Feasible tunings by predicted time; infeasible ones by shared memory first, so
+    that the descent from an infeasible start moves toward tunings that fit (their
+    predicted time can rise as tiles shrink, which stopped it short of any)."""
+    return (not c.fits, 0 if c.fits else c.smem_bytes, c.time_us)
 
 
 def start(target: Graph, design: Design) -> Tuning:
