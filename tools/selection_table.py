@@ -104,12 +104,19 @@ def main(argv: list[str]) -> int:
                           "ok": t.ok, "reason": t.reason}
                          for v, t in zip(res.variants, res.timings)]})
         rows.append(row)
-    doc = {"format": FORMAT, "version": 1, "device": timer.device, "rows": rows}
-    Path(a.out).write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
-    md = markdown(rows)
-    Path(a.out).with_suffix(".md").write_text(md)
+        _write(a.out, timer.device, rows)  # after every row: a cut-short run keeps its rows
+    md = _write(a.out, timer.device, rows)
     print(md)
     return 0 if all(r.get("within_3pct") and not r.get("wrong") for r in rows) else 1
+
+
+def _write(out: str, device: str, rows: list[dict[str, Any]]) -> str:
+    """OUT.json and OUT.md from the rows so far; the table's text."""
+    doc = {"format": FORMAT, "version": 1, "device": device, "rows": rows}
+    Path(out).write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
+    md = markdown(rows)
+    Path(out).with_suffix(".md").write_text(md)
+    return md
 
 
 def _f(x: Any) -> str:
