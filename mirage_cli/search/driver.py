@@ -278,8 +278,8 @@ def reuse_designs(program: Graph, designs: list[Design], options: SearchOptions,
     Only ``need`` candidates (default ``options.top``) are certified, in rank order,
     one at a time: verification at the new sizes is most of a search's time, and a
     caller that ships the first candidate (``mirage opt`` without ``--gpu``) needs
-    one (:func:`_certify_first`). The candidates returned are each certified at these
-    sizes, as a search's are."""
+    one. The candidates returned are each certified at these sizes, as a search's
+    are."""
     start = time.time()
     deadline = None if budget is None else start + budget
     prog = Progress(phase="reuse")
@@ -293,82 +293,14 @@ def reuse_designs(program: Graph, designs: list[Design], options: SearchOptions,
     prog.designs, prog.reused = len(pool), len(known)
     keep = options.top if need is None else max(1, min(need, options.top))
     todo = _ranked(program, list(pool), options, prog, notify, deadline)
-    if keep == 1 and jobs > 1 and "fork" in mp.get_all_start_methods():
-        cands = _certify_first(program, todo, options, prog, notify, deadline)
-    else:  # one at a time: a candidate is verified only while one is still needed
-        cands = _verify_ranked(program, todo, replace(options, top=keep), prog, notify, 1,
-                               deadline)
+    # One at a time: a candidate is verified only while one is still needed. (Running
+    # the float64 checks in a forked worker beside the finite-field trials was tried:
+    # both sides' float64 GEMMs then run multi-threaded OpenBLAS on the same two cores,
+    # and qknorm_gqa's certificate took 117 s instead of 29 s.)
+    cands = _verify_ranked(program, todo, replace(options, top=keep), prog, notify, 1,
+                           deadline)
     complete &= deadline is None or time.time() < deadline
     return SearchResult(cands, prog, complete, time.time() - start)
-
-
-def _certify_first(program: Graph, todo: Ranked, options: SearchOptions, prog: Progress,
-                   notify: Callable[[Progress], None], deadline: float | None
-                   ) -> list[Candidate]:
-    """The first candidate of the ranking that passes every check, when only one is
-    needed (``mirage opt`` without ``--gpu``) and a second core is free: down the
-    ranking, each candidate's finite-field certificate is computed here while a forked
-    worker runs its float64 cross-check and numerics safety check (a third of a
-    certificate's time, docs/search.md). The same checks of the same candidates in the
-    same order, with the same records, as :func:`_verify_ranked` with ``top=1``; a
-    worker whose candidate fails the finite-field check is stopped."""
-    t0 = time.time()
-    for d, t, g, c in todo:
-        if deadline is not None and time.time() > deadline:
-            break
-        side = _FloatWorker(program, g, options.seed)
-        try:
-            v = _verify_one(program, g, options.seed)
-            record = side.result() if v.ok else None
-        finally:
-            side.stop()
-        if record is None:
-            prog.rejected += 1
-            notify(prog)
-            continue
-        prog.verified += 1
-        prog.best_us = c.time_us
-        _done(prog, notify, t0)
-        return [Candidate(g, d, t, c, {**v.as_json(), **record})]
-    _done(prog, notify, t0)
-    return []
-
-
-class _FloatWorker:
-    """:func:`float_checks` of one candidate in a forked process. Its answer is a few
-    numbers; when the worker cannot give one (it died, or raised), the checks run here,
-    so a failure surfaces as it would without the worker."""
-
-    def __init__(self, program: Graph, g: Graph, seed: int) -> None:
-        self.args = (program, g, seed)
-        ctx = mp.get_context("fork")
-        self.conn, send = ctx.Pipe(duplex=False)
-        self.proc = ctx.Process(target=_float_worker, args=(send, *self.args), daemon=True)
-        self.proc.start()
-        send.close()  # the worker holds the only writing end: its death is an EOF here
-
-    def result(self) -> dict[str, Any] | None:
-        try:
-            ok, record = self.conn.recv()
-        except (EOFError, OSError):
-            ok, record = False, None
-        return record if ok else float_checks(*self.args)
-
-    def stop(self) -> None:
-        if self.proc.is_alive():
-            self.proc.terminate()
-        self.proc.join()
-        self.conn.close()
-
-
-def _float_worker(send: Any, program: Graph, g: Graph, seed: int) -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent handles Ctrl-C
-    try:
-        send.send((True, float_checks(program, g, seed)))
-    except Exception:  # noqa: BLE001 - rerun in the parent, which reports it
-        send.send((False, None))
-    finally:
-        send.close()
 
 
 def _mixed(program: Graph, options: SearchOptions, deadline: float | None, jobs: int,
