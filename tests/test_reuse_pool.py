@@ -20,7 +20,7 @@ from mirage_cli.loading import load_graph
 from mirage_cli.search import driver
 from mirage_cli.search.design import Design
 from mirage_cli.search.driver import SearchOptions, reuse_designs, search
-from mirage_cli.search.reuse import BadDesign, design_from_json, design_to_json, size_pattern
+from mirage_cli.search.family import BadDesign, design_from_json, design_to_json, size_pattern
 
 ROOT = Path(__file__).resolve().parent.parent
 MLP = ROOT / "examples" / "gated_mlp.mir"

@@ -271,7 +271,7 @@ def reuse_designs(program: Graph, designs: list[Design], options: SearchOptions,
     ``enumerate_here``, the designs the search units find at these sizes join them:
     which designs exist depends on the sizes (at batch 1 a dimension of 1 is never
     split), so a reuse whose known designs are not the enumeration at these sizes
-    (another size pattern, :func:`.reuse.size_pattern`) ranks both, and only the
+    (another size pattern, :func:`.family.size_pattern`) ranks both, and only the
     ranking decides, as in a search. Without it nothing is enumerated
     (``units_total == 0``).
 
@@ -576,7 +576,7 @@ def cached_search(program: Graph, options: SearchOptions, budget: float | None, 
     pairs = [(c.graph, c.meta(i)) for i, c in enumerate(res.candidates)]
     text = serialize.dumps_candidates(pairs)
     if use_cache and res.complete:
-        from mirage_cli.search.reuse import design_to_json, size_pattern
+        from mirage_cli.search.family import design_to_json, size_pattern
 
         family = None if res.pool is None else \
             ([design_to_json(d) for d in res.pool], size_pattern(program))
