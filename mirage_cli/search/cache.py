@@ -142,21 +142,22 @@ def _recheck(program: Graph, graphs: list[Graph], seed: int) -> str | None:
     return None
 
 
-def put(k: str, text: str, program: Graph, options: dict[str, Any], family: bool = True,
-        designs: str | None = None) -> None:
+def put(k: str, text: str, program: Graph, options: dict[str, Any],
+        family: tuple[list[Any], str] | None = None) -> None:
     """Store a complete search's candidates text for ``program`` under ``options``, and
-    (``family``) as the latest result of its family (the same program at any sizes; a
-    shape reuse does not replace it: it certifies only the candidates it needs, while
-    the family keeps every design the search ranked: ``designs``, one tuned µGraph
-    each, unverified; the candidates when absent)."""
+    with ``family`` = (design pool as JSON, size pattern) as the latest search of its
+    family (the same program at any sizes), which a shape reuse starts from
+    (:mod:`.reuse`). A reuse stores its own result but not a family entry: the family
+    keeps the pool of the last search that enumerated."""
     doc = {"format": FORMAT, "version": VERSION, "program_sha256": program_hash(program),
            "options": options, "tool": TOOL, "candidates": text}
-    fam = {"format": FAMILY_FORMAT, "version": VERSION, "structure": structure_hash(program),
-           "options": options, "tool": TOOL, "sizes": dict(program.params),
-           "candidates": designs if designs is not None else text}
     try:
         write_atomic(_path(k), json.dumps(doc, sort_keys=True) + "\n")
-        if family:
+        if family is not None:
+            fam = {"format": FAMILY_FORMAT, "version": FAMILY_VERSION,
+                   "structure": structure_hash(program), "options": options, "tool": TOOL,
+                   "sizes": dict(program.params), "designs": family[0],
+                   "pattern": family[1]}
             write_atomic(_family_path(program, options),
                          json.dumps(fam, sort_keys=True) + "\n")
     except OSError:
@@ -178,6 +179,9 @@ def peek(k: str) -> str | None:
 # -- shape reuse: the same program at other sizes -----------------------------------------
 
 FAMILY_FORMAT = "mirage-cli/search-family"
+# 2: the entry holds the whole design pool (size-free design JSON) and the size
+# pattern, no longer one tuned µGraph per ranked design.
+FAMILY_VERSION = 2
 
 
 def _sizeless(doc: Any) -> Any:
@@ -211,24 +215,25 @@ def _family_path(program: Graph, options: dict[str, Any]) -> Path:
     return cache_dir() / f"{hashlib.sha256(text.encode()).hexdigest()}.family.json"
 
 
-def get_family(program: Graph, options: dict[str, Any]) -> tuple[str, dict[str, int]] | None:
-    """The designs (candidates text: one µGraph per design the search ranked) and sizes
-    of the latest complete search of ``program``'s structure under ``options`` at
-    *other* sizes, or None. Nothing here is trusted: the
-    caller re-instantiates the designs at the new sizes and verifies them again."""
+def get_family(program: Graph, options: dict[str, Any]
+               ) -> tuple[list[Any], dict[str, int], str] | None:
+    """The design pool (JSON, as :func:`.reuse.design_to_json` writes it), sizes and
+    size pattern of the latest complete search of ``program``'s structure under
+    ``options`` at *other* sizes, or None. Nothing here is trusted: the caller decodes
+    the designs with checks, instantiates them at the new sizes and verifies them."""
     try:
         doc = json.loads(_family_path(program, options).read_text(encoding="utf-8"))
     except (OSError, ValueError, UnicodeDecodeError, RecursionError):
         return None
     if not isinstance(doc, dict) or doc.get("format") != FAMILY_FORMAT or \
-            doc.get("version") != VERSION or doc.get("tool") != TOOL or \
+            doc.get("version") != FAMILY_VERSION or doc.get("tool") != TOOL or \
             doc.get("options") != options or doc.get("structure") != structure_hash(program) \
-            or not isinstance(doc.get("candidates"), str) or \
-            not isinstance(doc.get("sizes"), dict):
+            or not isinstance(doc.get("designs"), list) or \
+            not isinstance(doc.get("sizes"), dict) or not isinstance(doc.get("pattern"), str):
         return None
     if doc["sizes"] == dict(program.params):
         return None  # the same sizes: that is the exact entry's business
-    return doc["candidates"], doc["sizes"]
+    return doc["designs"], doc["sizes"], doc["pattern"]
 
 
 def has(k: str) -> bool:

@@ -113,9 +113,10 @@ class SearchResult:
     progress: Progress
     complete: bool
     seconds: float
-    # One tuned (unverified) µGraph per design that was ranked: what a shape reuse at
-    # other sizes starts from (the cache's family entry keeps them, :mod:`.reuse`).
-    designs: list[Graph] = field(default_factory=list)
+    # Every design enumerated (split forms included), when the candidates came from
+    # them (not from a mixed design): what a shape reuse at other sizes starts from
+    # (the cache's family entry keeps them, :mod:`.reuse`).
+    pool: list[Design] | None = None
 
 
 # -- worker side ------------------------------------------------------------------
@@ -210,14 +211,13 @@ def search(program: Graph, options: SearchOptions, budget: float | None = None,
     prog = Progress()
     notify = on_progress or (lambda p: None)
     designs, complete = _enumerate(program, options, deadline, jobs, prog, notify, unit_map)
-    tuned: list[Graph] = []
-    cands = rank_and_verify(program, list(designs), options, prog, notify, jobs, deadline,
-                            tuned)
+    pool: list[Design] | None = list(designs)
+    cands = rank_and_verify(program, list(designs), options, prog, notify, jobs, deadline)
     if not cands and depth < MAX_DEPTH and len(program.ops) > 1:
         cands = _mixed(program, options, deadline, jobs, prog, depth, unit_map)
-        tuned = []  # a mixed answer's designs are its parts', not this program's
+        pool = None  # a mixed answer's designs are its parts', not this program's
     complete &= deadline is None or time.time() < deadline
-    return SearchResult(cands, prog, complete, time.time() - start, tuned)
+    return SearchResult(cands, prog, complete, time.time() - start, pool)
 
 
 def _enumerate(program: Graph, options: SearchOptions, deadline: float | None, jobs: int,
@@ -254,36 +254,53 @@ def reuse(program: Graph, known: list[Graph], options: SearchOptions,
           on_progress: Callable[[Progress], None] | None = None,
           need: int | None = None, enumerate_with: tuple[float | None, int] | None = None
           ) -> SearchResult:
-    """Shape reuse: the designs of ``known`` µGraphs (found at other sizes; a design is
-    size-independent, :mod:`.design`) re-instantiated, re-tuned, ranked and re-verified
-    at ``program``'s sizes. With ``enumerate_with`` (budget, jobs), the designs the
-    search units find at these sizes join them: which designs exist depends on the
-    sizes (at batch 1 a dimension of 2 rules out splits that batch 8 allows, and one
-    of those was 5x faster on an H200, docs/perf-log.md v10), so only the ranking
-    decides, as in a search. Without it (``--reuse``: the user's designs) nothing is
-    enumerated (``units_total == 0``).
-
-    Only ``need`` candidates (default ``options.top``) are certified, in rank order:
-    verification at the new sizes is most of a search's time, and a caller that
-    ships the first candidate (``mirage opt`` without ``--gpu``) needs one. The
-    candidates returned are each certified at these sizes, as a search's are."""
+    """:func:`reuse_designs` of the designs of ``known`` µGraphs (``--reuse FILE``);
+    ``enumerate_with`` = (budget, jobs) enumerates at these sizes too."""
     from mirage_cli.search.design import design_of
 
+    budget, jobs = enumerate_with if enumerate_with is not None else (None, 1)
+    return reuse_designs(program, [design_of(g)[0] for g in known], options, on_progress,
+                         need, budget, jobs, enumerate_here=enumerate_with is not None)
+
+
+def reuse_designs(program: Graph, designs: list[Design], options: SearchOptions,
+                  on_progress: Callable[[Progress], None] | None = None,
+                  need: int | None = None, budget: float | None = None, jobs: int = 1,
+                  enumerate_here: bool = False) -> SearchResult:
+    """Shape reuse: known ``designs`` (found at other sizes; a design is
+    size-independent, :mod:`.design`) tuned, ranked and re-verified at ``program``'s
+    sizes as a search ranks its own (``budget`` seconds, ``jobs`` workers). With
+    ``enumerate_here``, the designs the search units find at these sizes join them:
+    which designs exist depends on the sizes (at batch 1 a dimension of 1 is never
+    split), so a reuse whose known designs are not the enumeration at these sizes
+    (another size pattern, :func:`.family.size_pattern`) ranks both, and only the
+    ranking decides, as in a search. Without it nothing is enumerated
+    (``units_total == 0``).
+
+    Only ``need`` candidates (default ``options.top``) are certified, in rank order,
+    one at a time: verification at the new sizes is most of a search's time, and a
+    caller that ships the first candidate (``mirage opt`` without ``--gpu``) needs
+    one. The candidates returned are each certified at these sizes, as a search's
+    are."""
     start = time.time()
+    deadline = None if budget is None else start + budget
     prog = Progress(phase="reuse")
     notify = on_progress or (lambda p: None)
-    reused = dict.fromkeys(design_of(g)[0] for g in known)
-    complete, deadline, jobs = True, None, 1
-    designs: dict[Design, None] = {}
-    if enumerate_with is not None:
-        budget, jobs = enumerate_with
-        deadline = None if budget is None else start + budget
-        designs, complete = _enumerate(program, options, deadline, jobs, prog, notify)
-    designs.update(reused)
-    prog.designs, prog.reused = len(designs), len(reused)
+    known = dict.fromkeys(designs)
+    complete = True
+    pool: dict[Design, None] = {}
+    if enumerate_here:
+        pool, complete = _enumerate(program, options, deadline, jobs, prog, notify)
+    pool.update(known)
+    prog.designs, prog.reused = len(pool), len(known)
     keep = options.top if need is None else max(1, min(need, options.top))
-    cands = rank_and_verify(program, list(designs), replace(options, top=keep), prog, notify,
-                            jobs, deadline)
+    todo = _ranked(program, list(pool), options, prog, notify, deadline)
+    # One at a time: a candidate is verified only while one is still needed. (Running
+    # the float64 checks in a forked worker beside the finite-field trials was tried:
+    # both sides' float64 GEMMs then run multi-threaded OpenBLAS on the same two cores,
+    # and qknorm_gqa's certificate took 117 s instead of 29 s.)
+    cands = _verify_ranked(program, todo, replace(options, top=keep), prog, notify, 1,
+                           deadline)
     complete &= deadline is None or time.time() < deadline
     return SearchResult(cands, prog, complete, time.time() - start)
 
@@ -394,23 +411,31 @@ def _check_chosen(program: Graph, out: list[Candidate], seed: int, prog: Progres
     that fails either is dropped and the next takes its place. Done on the final
     ranking, so the result does not depend on how verification was batched over
     ``--jobs``."""
-    from mirage_cli.verifier.crosscheck import crosscheck
-    from mirage_cli.verifier.numerics import safety_check
-
     while out:
-        cc = crosscheck(program, out[0].graph, seed)
-        safety = safety_check(program, out[0].graph, seed) if cc.close else None
-        if cc.close and safety is not None and safety.safe:
-            record = {"verdict": "close", "method": "float64 reference interpreter",
-                      "seed": cc.seed, "rtol": cc.rtol, "atol": cc.atol,
-                      "max_rel_err": cc.max_rel_err}
-            out[0] = replace(out[0], verdict={**out[0].verdict, "float64": record,
-                                              "numerics": safety.as_json()})
+        record = float_checks(program, out[0].graph, seed)
+        if record is not None:
+            out[0] = replace(out[0], verdict={**out[0].verdict, **record})
             return out
         prog.verified -= 1
         prog.rejected += 1
         out.pop(0)
     return out
+
+
+def float_checks(program: Graph, g: Graph, seed: int) -> dict[str, Any] | None:
+    """The records of the float64 cross-check and the numerics safety check of ``g``
+    (to join its verdict), or None when it fails either."""
+    from mirage_cli.verifier.crosscheck import crosscheck
+    from mirage_cli.verifier.numerics import safety_check
+
+    cc = crosscheck(program, g, seed)
+    safety = safety_check(program, g, seed) if cc.close else None
+    if not (cc.close and safety is not None and safety.safe):
+        return None
+    return {"float64": {"verdict": "close", "method": "float64 reference interpreter",
+                        "seed": cc.seed, "rtol": cc.rtol, "atol": cc.atol,
+                        "max_rel_err": cc.max_rel_err},
+            "numerics": safety.as_json()}
 
 
 def rank_and_verify(program: Graph, designs: list[Design], options: SearchOptions,
@@ -420,6 +445,42 @@ def rank_and_verify(program: Graph, designs: list[Design], options: SearchOption
     """Tune, cost and rank the designs, then verify best first until ``top`` pass or
     the ``deadline`` (the command's budget) is reached. ``tuned`` receives each
     design's first tuning, in ranking order."""
+    todo = _ranked(program, designs, options, prog, notify, deadline, tuned)
+    return _verify_ranked(program, todo, options, prog, notify, max(1, jobs), deadline)
+
+
+def _verify_ranked(program: Graph, todo: Ranked, options: SearchOptions, prog: Progress,
+                   notify: Callable[[Progress], None], step: int,
+                   deadline: float | None = None) -> list[Candidate]:
+    """Verify the ranked candidates best first, ``step`` at a time, until ``top`` pass
+    (in this process: see _verify_all). When every one that passed then fails the
+    chosen candidate's checks, go on down the ranking: the next certified candidate is
+    still a verified answer."""
+    t0 = time.time()
+    out: list[Candidate] = []
+    i = 0
+    while True:
+        while i < len(todo) and len(out) < options.top and \
+                (deadline is None or time.time() <= deadline):
+            batch = todo[i:i + step]
+            i += step
+            _verify_batch(program, batch, options, prog, out)
+            notify(prog)
+        out = _check_chosen(program, out, options.seed, prog)
+        if out or i >= len(todo) or (deadline is not None and time.time() > deadline):
+            break
+    _done(prog, notify, t0)
+    return out
+
+
+Ranked = list[tuple[Design, Tuning, Graph, Cost]]
+
+
+def _ranked(program: Graph, designs: list[Design], options: SearchOptions, prog: Progress,
+            notify: Callable[[Progress], None], deadline: float | None = None,
+            tuned: list[Graph] | None = None) -> Ranked:
+    """The designs tuned and costed, as (design, tuning, µGraph, cost), best first:
+    the fitting tunings of the ``tune_designs`` best designs, each µGraph once."""
     prog.phase = "tune"
     notify(prog)
     t0 = time.time()
@@ -443,10 +504,8 @@ def rank_and_verify(program: Graph, designs: list[Design], options: SearchOption
     ranked = rank(tuned_all, lambda x: x[4], lambda x: x[0])  # the tie rule (cost.TIE_RULE)
     prog.phase = "verify"
     prog.seconds["tune"] = round(time.time() - t0, 2)
-    t0 = time.time()
     notify(prog)
-    out: list[Candidate] = []
-    todo: list[tuple[Design, Tuning, Graph, Cost]] = []
+    todo: Ranked = []
     seen_graphs: set[Graph] = set()
     fitting: set[Design] = set()
     for _, d, t, g, c in ranked:
@@ -458,25 +517,13 @@ def rank_and_verify(program: Graph, designs: list[Design], options: SearchOption
             seen_graphs.add(g)
             todo.append((d, t, g, c))
     prog.too_big = len({d for _, d, _, _, _ in ranked} - fitting)
-    # Verify best first, until ``top`` pass (in this process: see _verify_all). When
-    # every one that passed then fails the chosen candidate's checks, go on down the
-    # ranking: the next certified candidate is still a verified answer.
-    step = max(1, jobs)
-    i = 0
-    while True:
-        while i < len(todo) and len(out) < options.top and \
-                (deadline is None or time.time() <= deadline):
-            batch = todo[i:i + step]
-            i += step
-            _verify_batch(program, batch, options, prog, out)
-            notify(prog)
-        out = _check_chosen(program, out, options.seed, prog)
-        if out or i >= len(todo) or (deadline is not None and time.time() > deadline):
-            break
+    return todo
+
+
+def _done(prog: Progress, notify: Callable[[Progress], None], t0: float) -> None:
     prog.phase = "done"
     prog.seconds["verify"] = round(time.time() - t0, 2)
     notify(prog)
-    return out
 
 
 def _verify_batch(program: Graph, batch: list[tuple[Design, Tuning, Graph, Cost]],
@@ -532,8 +579,11 @@ def cached_search(program: Graph, options: SearchOptions, budget: float | None, 
     pairs = [(c.graph, c.meta(i)) for i, c in enumerate(res.candidates)]
     text = serialize.dumps_candidates(pairs)
     if use_cache and res.complete:
-        designs = serialize.dumps_candidates([(g, {}) for g in res.designs])
-        cache.put(k, text, program, options.as_json(), designs=designs)
+        from mirage_cli.search.family import design_to_json, size_pattern
+
+        family = None if res.pool is None else \
+            ([design_to_json(d) for d in res.pool], size_pattern(program))
+        cache.put(k, text, program, options.as_json(), family)
     return Outcome(text, pairs, False, res.complete, res.progress)
 
 

@@ -1,0 +1,166 @@
+"""Shape reuse from the family entry's design pool: at sizes of the same size pattern
+nothing is enumerated and the reuse ships what a fresh search ships; at sizes of
+another pattern the designs enumerated there are ranked beside the pool's; a damaged
+pool is a miss; a reuse verifies only as many candidates as it ships."""
+
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from mirage_cli import serialize
+from mirage_cli.cli import main
+from mirage_cli.ir import Graph
+from mirage_cli.loading import load_graph
+from mirage_cli.search import driver
+from mirage_cli.search.design import Design
+from mirage_cli.search.driver import SearchOptions, reuse_designs, search
+from mirage_cli.search.family import BadDesign, design_from_json, design_to_json, size_pattern
+
+ROOT = Path(__file__).resolve().parent.parent
+MLP = ROOT / "examples" / "gated_mlp.mir"
+LORA = ROOT / "examples" / "lora.mir"
+GQA = ROOT / "examples" / "gqa.mir"
+SMALL = {"hidden": 64, "n": 64}
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MIRAGE_CACHE_DIR", str(tmp_path / "cache"))
+
+
+def mlp(batch: int) -> Graph:
+    return load_graph(str(MLP), {**SMALL, "batch": batch})
+
+
+def opt(tmp_path: Path, batch: int) -> tuple[str, list[Any]]:
+    temps = tmp_path / f"t{batch}"
+    r = CliRunner().invoke(main, ["opt", str(MLP), "-o", str(tmp_path / "o.cu"),
+                                  "-D", "hidden=64", "-D", "n=64", "-D", f"batch={batch}",
+                                  "--jobs", "1", "--save-temps", str(temps)])
+    assert r.exit_code == 0, r.output
+    return r.output, serialize.loads_candidates(
+        next(temps.glob("*.cands.ugraph.json")).read_text())
+
+
+def family_file(tmp_path: Path) -> Path:
+    (f,) = (tmp_path / "cache").glob("*.family.json")
+    return f
+
+
+def test_the_size_pattern_tells_sizes_apart_only_where_the_generator_can() -> None:
+    # Rows of batch (gated_mlp at hidden = n = 64): 8 and 16 are alike (8/2 = 4 and
+    # 16/2 = 8 equal no other size), 1 is never split, 64 equals hidden.
+    assert size_pattern(mlp(8)) == size_pattern(mlp(16))
+    assert size_pattern(mlp(1)) != size_pattern(mlp(8)) != size_pattern(mlp(64))
+    # lora at batch 16: the batch equals the LoRA rank (16), so shapes that differ at
+    # batch 8 are equal there (a [batch, rank] tile is square).
+    def lora(batch: int) -> str:
+        return size_pattern(load_graph(str(LORA), {"batch": batch}))
+    assert lora(8) != lora(16)
+    # gqa at batch 16: 2 * batch = 32 is half the head dimension 64; at batch 8 it is
+    # 16, a quarter, which the generator never forms.
+    def gqa(batch: int, d: int = 64) -> str:
+        return size_pattern(load_graph(str(GQA), {"batch": batch, "d": d}))
+    assert gqa(8) != gqa(16) and gqa(8, 128) == gqa(16, 128)
+
+
+def test_same_pattern_reuses_the_pool_and_ships_the_fresh_pick(tmp_path: Path) -> None:
+    opt(tmp_path, 8)
+    fam = json.loads(family_file(tmp_path).read_text())
+    pool = [design_from_json(d) for d in fam["designs"]]
+    # The rule's premise, on this program: the pool is the enumeration at batch 16.
+    fresh = search(mlp(16), SearchOptions())
+    assert fresh.pool is not None and pool == fresh.pool
+    log, cands = opt(tmp_path, 16)
+    assert "the same size pattern: nothing enumerated" in log
+    assert len(cands) == 1 and cands[0][1]["reused_from"].startswith("cache (batch=8")
+    assert cands[0][0] == fresh.candidates[0].graph  # what the fresh search ships
+    cert = cands[0][1]["verification"]
+    assert cert["equivalent"] and cert["float64"]["verdict"] == "close"
+
+
+def test_another_pattern_ships_a_design_the_cached_pool_lacks(tmp_path: Path) -> None:
+    # Which designs exist depends on the sizes: the design a fresh search at batch 8
+    # ships is not among those enumerated at batch 1. The reuse from batch 1
+    # enumerates at batch 8 too (another size pattern) and ships it; the pool alone
+    # would have shipped a design the model ranks worse.
+    opt(tmp_path, 1)
+    pool = [design_from_json(d) for d in
+            json.loads(family_file(tmp_path).read_text())["designs"]]
+    fresh = search(mlp(8), SearchOptions(top=1)).candidates[0]
+    assert fresh.design not in pool
+    log, cands = opt(tmp_path, 8)
+    assert "another size pattern: ranked with the" in log
+    assert cands[0][0] == fresh.graph
+    alone = reuse_designs(mlp(8), pool, SearchOptions(), need=1).candidates[0]
+    assert alone.cost.time_us > fresh.cost.time_us
+
+
+def test_designs_round_trip_through_json() -> None:
+    res = search(load_graph(str(LORA), {"batch": 2, "hidden": 64, "n": 256}),
+                 SearchOptions())
+    assert res.pool
+    for d in res.pool:
+        doc = json.loads(json.dumps(design_to_json(d)))
+        assert design_from_json(doc) == d
+
+
+@functools.cache
+def _one_design() -> Design:
+    res = search(mlp(8), SearchOptions(max_kernel_ops=1, top=1))
+    assert res.pool
+    return res.pool[0]
+
+
+@pytest.mark.parametrize("damage", [
+    lambda s: s["ops"][0].__setitem__(1, [99]),            # an operand out of range
+    lambda s: s["ops"][0].__setitem__(0, "no_such_op"),    # an unknown operator
+    lambda s: s.__setitem__("axes", "2"),                  # a string for an integer
+    lambda s: s["loads"][0].__setitem__(1, [0, None]),     # an imap of two axes
+    lambda s: s["stores"][0].__setitem__(0, -1),           # a negative tile index
+    lambda s: s.__setitem__("extra", 1),                   # an unknown key
+])
+def test_a_damaged_design_does_not_decode(damage: Any) -> None:
+    doc = design_to_json(_one_design())
+    design_from_json(doc)
+    damage(next(s for s in doc["steps"] if "loads" in s))
+    with pytest.raises(BadDesign):
+        design_from_json(doc)
+
+
+def test_a_damaged_pool_is_a_miss(tmp_path: Path) -> None:
+    opt(tmp_path, 8)
+    f = family_file(tmp_path)
+    fam = json.loads(f.read_text())
+    custom = next(s for d in fam["designs"] for s in d["steps"] if "loads" in s)
+    custom["ops"][0][1] = [99]
+    f.write_text(json.dumps(fam))
+    log, cands = opt(tmp_path, 16)
+    assert "ignoring the cached family entry" in log and "search: reused" not in log
+    assert cands and all("reused_from" not in m for _, m in cands)
+
+
+def test_a_reuse_verifies_only_what_it_needs(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A search verifies --jobs candidates at a time; a reuse that ships one verifies
+    # one (the first in rank order passes here), whatever --jobs is.
+    pool = search(mlp(8), SearchOptions()).pool
+    assert pool
+    seen: list[Graph] = []
+    real = driver._verify_one
+
+    def counted(p: Graph, g: Graph, seed: int) -> Any:
+        seen.append(g)
+        return real(p, g, seed)
+
+    monkeypatch.setattr(driver, "_verify_one", counted)
+    res = reuse_designs(mlp(16), pool, SearchOptions(), need=1, jobs=2)
+    assert [c.graph for c in res.candidates] == seen and len(seen) == 1
+    seen.clear()
+    three = reuse_designs(mlp(16), pool, SearchOptions(), need=3, jobs=2)
+    assert len(three.candidates) == 3 and [c.graph for c in three.candidates] == seen
