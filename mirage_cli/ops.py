@@ -19,6 +19,7 @@ the prelude if it has no intrinsic); an accumulator is one ``AccumSpec``.
 
 from __future__ import annotations
 
+import enum
 import math
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -87,6 +88,15 @@ NumpyFn = Callable[[Sequence[np.ndarray], dict[str, AttrValue]], np.ndarray]
 InferFn = Callable[[Sequence[TensorType], dict[str, AttrValue]], TensorType]
 
 
+class Scaling(enum.Enum):
+    """How an operator's result follows its operands multiplied by one constant c (the
+    rescaled split, ``search/online.py``, moves such factors exp(m_j - M) across it)."""
+
+    ALL = "all"      # f(c·x, c·y) = c·f(x, y): scale every operand, the result scales
+    EACH = "each"    # f(c·x, y) = f(x, c·y) = c·f(x, y): linear in each operand alone
+    FIRST = "first"  # f(c·x, y) = c·f(x, y): linear in the first operand only
+
+
 @dataclass(frozen=True)
 class OpDef:
     """One operator: the single place where its facts live."""
@@ -114,6 +124,8 @@ class OpDef:
     decompose: _ab.Decomposition | None = None
     # Mirage checkpoint names of this operator (importer); see ``mirage_names``.
     mirage: MirageNames = ()
+    # How the result scales with its operands (None: not homogeneous of degree 1).
+    scaling: Scaling | None = None
 
     @property
     def is_accumulator(self) -> bool:
@@ -410,14 +422,15 @@ _WIDTH = AttrSpec("width", int, required=True)
 
 def elementwise(name: str, arity: int, fn: Callable[..., np.ndarray], abstract: Rule,
                 field: FieldSem, cuda: str, torch: _cuda.TorchFn, doc: str,
-                mirage: MirageNames = (), by_inverse: str | None = None) -> OpDef:
+                mirage: MirageNames = (), by_inverse: str | None = None,
+                scaling: Scaling | None = None) -> OpDef:
     """The row of an element-wise operator of ``arity`` operands (numpy broadcasting);
     ``cuda`` is its C spelling over ``{0}``, ``{1}`` (see :mod:`mirage_cli.semantics.cuda`),
     ``by_inverse`` that of a division given operand 1's reciprocal."""
     return OpDef(name, BOTH, (arity, arity), infer_binary if arity == 2 else infer_unary,
                  lambda xs, a: fn(*xs), field=field, abstract=abstract,
                  cost=_fl.per_element, cuda=_cuda.elementwise(cuda, torch, by_inverse),
-                 elementwise=True, mirage=mirage, doc=doc)
+                 elementwise=True, mirage=mirage, doc=doc, scaling=scaling)
 
 
 def _kn_tb(n: str) -> MirageNames:
@@ -428,26 +441,29 @@ register(OpDef("matmul", BOTH, (2, 2), infer_matmul, _binary(np.matmul),
                field=FieldSem(_F.ev_matmul, _D.st_matmul, _F.EXACT), abstract=_ab.MATMUL,
                cost=_fl.contraction,
                cuda=CudaSpec("matmul", torch=lambda t, xs, a: t.matmul(xs[0], xs[1])),
-               mirage=_kn_tb("matmul"),
+               mirage=_kn_tb("matmul"), scaling=Scaling.EACH,
                doc="matrix product, batched over leading dims (numpy broadcasting)"))
 register(elementwise("add", 2, np.add, _ab.elementwise(_ab.add, "add"),
                      FieldSem(_F.ring(lambda x, y, m: (x + y) % m), _D.st_add, _F.EXACT),
                      "({0} + {1})", lambda t, xs, a: xs[0] + xs[1],
-                     "element-wise add with numpy broadcasting", _kn_tb("add")))
+                     "element-wise add with numpy broadcasting", _kn_tb("add"),
+                     scaling=Scaling.ALL))
 register(elementwise("sub", 2, np.subtract, _ab.SUB,
                      FieldSem(_F.ring(lambda x, y, m: (x - y) % m), _D.st_add, _F.EXACT),
                      "({0} - {1})", lambda t, xs, a: xs[0] - xs[1],
                      "element-wise sub with numpy broadcasting",
-                     mirage_names("tb_sub_op")))  # no kernel-level sub in Mirage
+                     mirage_names("tb_sub_op"),  # no kernel-level sub in Mirage
+                     scaling=Scaling.ALL))
 register(elementwise("mul", 2, np.multiply, _ab.elementwise(_ab.mul, "mul"),
                      FieldSem(_F.ring(lambda x, y, m: x * y % m), _D.st_mul, _F.EXACT),
                      "({0} * {1})", lambda t, xs, a: xs[0] * xs[1],
-                     "element-wise mul with numpy broadcasting", _kn_tb("mul")))
+                     "element-wise mul with numpy broadcasting", _kn_tb("mul"),
+                     scaling=Scaling.EACH))
 register(elementwise("div", 2, np.divide, _ab.elementwise(_ab.div, "div"),
                      FieldSem(_F.ev_div, _D.st_div, _F.RATIONAL, inverts=_D.inv_divisor),
                      "({0} / {1})", lambda t, xs, a: xs[0] / xs[1],
                      "element-wise div with numpy broadcasting", _kn_tb("div"),
-                     by_inverse="({0} * {1})"))
+                     by_inverse="({0} * {1})", scaling=Scaling.FIRST))
 register(elementwise("exp", 1, np.exp, _ab.unary("exp"),
                      FieldSem(_F.ev_exp, _D.st_exp, "exp(a) = g^a: Z_Q additive -> Z_P "
                               "multiplicative, g of order Q drawn per trial", uses_exp=True),
@@ -475,7 +491,8 @@ register(elementwise("square", 1, np.square, _ab.SQUARE,
                      _kn_tb("square")))
 register(elementwise("neg", 1, np.negative, _ab.unary("neg"),
                      FieldSem(_F.ring(lambda x, m: -x % m), _D.st_same, _F.EXACT),
-                     "(-{0})", lambda t, xs, a: -xs[0], "element-wise neg"))
+                     "(-{0})", lambda t, xs, a: -xs[0], "element-wise neg",
+                     scaling=Scaling.ALL))
 register(OpDef("mul_scalar", BOTH, (1, 1), infer_unary,
                lambda xs, a: xs[0] * float(a["scalar"]),  # type: ignore[arg-type]
                field=FieldSem(_F.ev_mul_scalar, _D.st_same, _F.EXACT + " (the scalar as an "
@@ -484,12 +501,13 @@ register(OpDef("mul_scalar", BOTH, (1, 1), infer_unary,
                cuda=_cuda.elementwise("({0} * {scalar})",
                                       lambda t, xs, a: xs[0] * float(a["scalar"])),
                attrs=(AttrSpec("scalar", float, required=True),), elementwise=True,
-               mirage=_kn_tb("mul_scalar"), doc="multiply by a constant"))
+               mirage=_kn_tb("mul_scalar"), scaling=Scaling.ALL,
+               doc="multiply by a constant"))
 register(OpDef("sum", BOTH, (1, 1), infer_reduce, _np_reduce(np.sum),
                field=FieldSem(_F.ev_sum, _D.st_reduce, _F.EXACT), abstract=_ab.REDUCE_SUM,
                cost=_fl.per_element,
                cuda=CudaSpec("reduce", combine=Combine.SUM, torch=_cuda.t_reduce("sum")),
-               attrs=(_DIM, _KEEPDIM), doc="sum over one dimension",
+               attrs=(_DIM, _KEEPDIM), doc="sum over one dimension", scaling=Scaling.ALL,
                mirage=_mirage_per_dim(("kn_reduction_{d}_op", "tb_reduction_{d}_op"),
                                       keepdim=True)))
 register(OpDef("mean", BOTH, (1, 1), infer_reduce, _np_reduce(np.mean),
@@ -556,7 +574,8 @@ register(OpDef("sum_to", BLOCK_ONLY, (1, 1), infer_sum_to,
                lambda xs, a: np_sum_to(xs[0], int(a["width"])),  # type: ignore[arg-type]
                field=FieldSem(_F.ev_sum_to, _D.st_sum_to, _F.EXACT), abstract=_ab.SUM_TO,
                cost=_fl.per_element, cuda=CudaSpec("sum_to"),
-               attrs=(_WIDTH,), doc="sum the last dim in groups down to width"))
+               attrs=(_WIDTH,), doc="sum the last dim in groups down to width",
+               scaling=Scaling.ALL))
 register(OpDef("custom", KERNEL_ONLY, (1, 64), infer_custom, None, field=_F.custom_sem(),
                abstract=None,  # a custom kernel's expression is its block graph's
                cost=_fl.per_element, cuda=CudaSpec("custom"),

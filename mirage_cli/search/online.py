@@ -181,13 +181,15 @@ def _linear(o: OpD, args: list[str]) -> bool:
     if opdef.accum is not None:
         return opdef.accum.combine is ops.Combine.SUM and opdef.accum.pre is ops.Pre.ID \
             and opdef.accum.finish is ops.Finish.ID
-    if o.op in ("add", "sub"):
-        return all(a == SCALED for a in args)
-    if o.op in ("mul", "matmul"):
-        return sorted(args) == [FREE, SCALED]
-    if o.op == "div":
-        return args == [SCALED, FREE]
-    return o.op in ("mul_scalar", "neg", "sum", "sum_to")
+    match opdef.scaling:
+        case ops.Scaling.ALL:
+            return all(a == SCALED for a in args)
+        case ops.Scaling.EACH:
+            return sorted(args) == [FREE, SCALED]
+        case ops.Scaling.FIRST:
+            return args[0] == SCALED and all(a == FREE for a in args[1:])
+        case _:
+            return False
 
 
 def _build(c: CustomD, t: _Tiles, kinds: list[str], outputs: tuple[str, ...]
