@@ -209,6 +209,24 @@ __device__ __forceinline__ void mg_cluster_sync() {
   asm volatile("barrier.cluster.arrive.release.aligned;\n"
                "barrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
+// The two halves of that barrier, apart: a block arrives once it reads no peer's shared
+// memory any more, and waits before it exits (its own shared memory must outlive the
+// peers' reads of it).
+__device__ __forceinline__ void mg_cluster_arrive() {
+  asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void mg_cluster_wait() {
+  asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+__device__ __forceinline__ float4 mg_dsmem_ld4(const float* p, unsigned rank) {
+  const unsigned a = (unsigned)__cvta_generic_to_shared(p);
+  unsigned r;
+  float4 v;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(rank));
+  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(r) : "memory");
+  return v;
+}
 __device__ __forceinline__ float mg_dsmem_ld(const float* p, unsigned rank) {
   const unsigned a = (unsigned)__cvta_generic_to_shared(p);
   unsigned r;
@@ -486,16 +504,39 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(128, 1) m
   }
   __syncthreads();
   mg_cluster_sync();
-  for (int e = (int)mg_rank * 128 + (int)threadIdx.x; e < 8; e += 256) {
-    float v = mg_dsmem_ld(buf_s + e, 0);
-    for (unsigned r = 1; r < 2; ++r) v += mg_dsmem_ld(buf_s + e, r);
-    mg_dsmem_st(buf_s + e, 0, v);
+  for (int e0 = threadIdx.x; e0 < 2; e0 += 512) {
+    float4 mg_p[4][2];
+    #pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int e = e0 + j * 128;
+      if (e < 2) {
+        #pragma unroll
+        for (unsigned r = 0; r < 2; ++r) mg_p[j][r] = mg_dsmem_ld4(buf_s + 4 * e, r);
+      }
+    }
+    #pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int e = e0 + j * 128;
+      if (e < 2) {
+        float4 v = mg_p[j][0];
+        #pragma unroll
+        for (unsigned r = 1; r < 2; ++r) {
+          v.x += mg_p[j][r].x;
+          v.y += mg_p[j][r].y;
+          v.z += mg_p[j][r].z;
+          v.w += mg_p[j][r].w;
+        }
+        reinterpret_cast<float4*>(reinterpret_cast<float*>(mg_smem + 0))[e] = v;
+      }
+    }
   }
-  mg_cluster_sync();
-  if (mg_rank != 0) return;
-  for (int e17 = threadIdx.x; e17 < 1; e17 += 128) {
+  mg_cluster_arrive();
+  __syncthreads();
+  buf_s = reinterpret_cast<float*>(mg_smem + 0);
+  for (int e17 = (int)mg_rank * 128 + (int)threadIdx.x; e17 < 1; e17 += 256) {
     mg_st8(p2 + (bx * 8), buf_s[(0 + 0)], buf_s[(0 + 1)], buf_s[(0 + 2)], buf_s[(0 + 3)], buf_s[(0 + 4)], buf_s[(0 + 5)], buf_s[(0 + 6)], buf_s[(0 + 7)]);
   }
+  mg_cluster_wait();
 }
 
 // matmul as a generated block graph: grid [64, 1, 1], forloop 56, tensor cores
@@ -620,16 +661,39 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(128, 1) m
   }
   __syncthreads();
   mg_cluster_sync();
-  for (int e = (int)mg_rank * 128 + (int)threadIdx.x; e < 8; e += 256) {
-    float v = mg_dsmem_ld(buf_s + e, 0);
-    for (unsigned r = 1; r < 2; ++r) v += mg_dsmem_ld(buf_s + e, r);
-    mg_dsmem_st(buf_s + e, 0, v);
+  for (int e0 = threadIdx.x; e0 < 2; e0 += 512) {
+    float4 mg_p[4][2];
+    #pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int e = e0 + j * 128;
+      if (e < 2) {
+        #pragma unroll
+        for (unsigned r = 0; r < 2; ++r) mg_p[j][r] = mg_dsmem_ld4(buf_s + 4 * e, r);
+      }
+    }
+    #pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int e = e0 + j * 128;
+      if (e < 2) {
+        float4 v = mg_p[j][0];
+        #pragma unroll
+        for (unsigned r = 1; r < 2; ++r) {
+          v.x += mg_p[j][r].x;
+          v.y += mg_p[j][r].y;
+          v.z += mg_p[j][r].z;
+          v.w += mg_p[j][r].w;
+        }
+        reinterpret_cast<float4*>(reinterpret_cast<float*>(mg_smem + 0))[e] = v;
+      }
+    }
   }
-  mg_cluster_sync();
-  if (mg_rank != 0) return;
-  for (int e17 = threadIdx.x; e17 < 1; e17 += 128) {
+  mg_cluster_arrive();
+  __syncthreads();
+  buf_s = reinterpret_cast<float*>(mg_smem + 0);
+  for (int e17 = (int)mg_rank * 128 + (int)threadIdx.x; e17 < 1; e17 += 256) {
     mg_st8(p2 + (bx * 8), buf_s[(0 + 0)], buf_s[(0 + 1)], buf_s[(0 + 2)], buf_s[(0 + 3)], buf_s[(0 + 4)], buf_s[(0 + 5)], buf_s[(0 + 6)], buf_s[(0 + 7)]);
   }
+  mg_cluster_wait();
 }
 
 // add: one thread per output element

@@ -197,3 +197,24 @@ def test_ksplit_spreads_the_forloop_over_a_cluster() -> None:
     assert compile_cuda(cu, "k.cu", "sm_90").cubin
     with pytest.raises(MirageError, match="ksplit=4 is not legal"):
         planned(g, "sm_80", [Knobs(ksplit=4)])
+
+
+# (example, batch, pins) -> the cluster combine's form: the shared epilogue where the
+# staging ring holds a copy of every accumulator tile, the combine into block 0 where not.
+CLUSTER_FORMS = [("rmsnorm_linear_fused", 16, Knobs(ksplit=2), "shared"),
+                 ("gated_mlp_fused", 1, Knobs(ksplit=4, stages=1), "shared"),
+                 ("lora_fused", 64, Knobs(ksplit=2, stages=1), "block0")]
+
+
+@pytest.mark.parametrize("stem,batch,pins,form", CLUSTER_FORMS,
+                         ids=[f"{c[0]}-{c[3]}" for c in CLUSTER_FORMS])
+def test_cluster_combine_form(stem: str, batch: int, pins: Knobs, form: str) -> None:
+    g = load_graph(str(ROOT / f"examples/mugraphs/{stem}.mir"), {"batch": batch})
+    cu, _ = emit(lower(planned(g, "sm_90", [pins] * len(g.ops))))
+    kernel = cu[cu.index("extern \"C\" __global__"):]
+    if form == "shared":   # every block stores its share; none returns early
+        assert "mg_cluster_arrive();" in kernel and "  mg_cluster_wait();" in kernel
+        assert "(int)mg_rank * " in kernel and "mg_rank != 0" not in kernel
+    else:
+        assert "if (mg_rank != 0) return;" in kernel and "mg_cluster_arrive();" not in kernel
+    assert compile_cuda(cu, "k.cu", "sm_90").cubin

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from codegen_cases import CASES
+from test_plan import CLUSTER_FORMS
 
 from mirage_cli.codegen.planner import knob_space
 from mirage_cli.codegen.runner import gpu_available
@@ -64,3 +65,15 @@ def test_every_knob_value_on_cases(device, name: str) -> None:  # type: ignore[n
     g = CASES[name]()
     if any(op.block is not None for op in g.ops):
         _check_all(device, g)
+
+
+@pytest.mark.parametrize("stem,batch,pins,form", CLUSTER_FORMS,
+                         ids=[f"{c[0]}-{c[3]}" for c in CLUSTER_FORMS])
+def test_cluster_combine_forms_on_gpu(device, stem: str, batch: int, pins: Knobs,  # type: ignore[no-untyped-def]
+                                      form: str) -> None:
+    from mirage_cli.codegen.bench import check_graph
+
+    g = load_graph(str(ROOT / "examples" / "mugraphs" / f"{stem}.mir"), {"batch": batch})
+    loaded, chk = check_graph(device, planned(g, "sm_90", [pins] * len(g.ops)), seed=5)
+    loaded.unload()
+    assert chk.ok, f"{stem} ({form}): {chk.reason}"

@@ -158,6 +158,24 @@ __device__ __forceinline__ void mg_cluster_sync() {
   asm volatile("barrier.cluster.arrive.release.aligned;\n"
                "barrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
+// The two halves of that barrier, apart: a block arrives once it reads no peer's shared
+// memory any more, and waits before it exits (its own shared memory must outlive the
+// peers' reads of it).
+__device__ __forceinline__ void mg_cluster_arrive() {
+  asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void mg_cluster_wait() {
+  asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+__device__ __forceinline__ float4 mg_dsmem_ld4(const float* p, unsigned rank) {
+  const unsigned a = (unsigned)__cvta_generic_to_shared(p);
+  unsigned r;
+  float4 v;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(rank));
+  asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(r) : "memory");
+  return v;
+}
 __device__ __forceinline__ float mg_dsmem_ld(const float* p, unsigned rank) {
   const unsigned a = (unsigned)__cvta_generic_to_shared(p);
   unsigned r;

@@ -18,7 +18,7 @@ import dataclasses
 from collections.abc import Callable
 
 from mirage_cli import ops
-from mirage_cli.codegen import chain, chainplan, mma, reduce, stores
+from mirage_cli.codegen import chain, chainplan, cluster, mma, reduce, stores
 from mirage_cli.codegen.blockfacts import Analysis, analyse, decompose
 from mirage_cli.codegen.expr import (
     CTYPE,
@@ -37,7 +37,6 @@ from mirage_cli.codegen.plan import Kernel, Param
 from mirage_cli.codegen.planner import RED, ZERO
 from mirage_cli.ir import BlockGraph, BlockInput, BlockOp, TensorType
 from mirage_cli.kplan import KernelPlan, TilePlan
-from mirage_cli.semantics.cuda import c_update
 
 BodyFn = Callable[[list[str]], Lines]
 
@@ -121,11 +120,15 @@ class FusedKernel:
                     for op in accs if op.outputs[0].name in self.chain_accs}
             body += chain.finish(self, self.chain, self.chain_lay, fins) + ["__syncthreads();"]
         body += reduce.acc_finish(self, plain, raw=self.KS > 1)
+        shared = False
         if self.KS > 1:
-            body += self._cluster_combine(accs)
+            lines, shared = cluster.combine(self, accs)
+            body += lines
         body += self._materialize_phase("epilogue")
         for bo in self.bg.outputs:
-            body += stores.store(self, bo.source, bo.value.name, bo.omap)
+            body += stores.store(self, bo.source, bo.value.name, bo.omap, share=shared)
+        if shared:
+            body.append("mg_cluster_wait();")
         k = self.plan.knobs
         comment = (f"fused kernel: grid {list(self.bg.grid)}, {self.T} threads, forloop "
                    f"{self.F}; plan: {k.stages} stage(s), kwarps {k.kwarps}, "
@@ -219,7 +222,10 @@ class FusedKernel:
                 f"buf_{v.name}", "0", row_major(v.type.shape), "float"))
         return lines
 
-    def elem_loop(self, shape: tuple[int, ...], body_fn: BodyFn) -> Lines:
+    def elem_loop(self, shape: tuple[int, ...], body_fn: BodyFn, share: bool = False
+                  ) -> Lines:
+        """A loop of the block's threads over the elements of ``shape`` (``share``: only
+        this block's 1/KS share of them, the cluster's blocks taking turns)."""
         n = 1
         for d in shape:
             n *= d
@@ -227,7 +233,10 @@ class FusedKernel:
         decl, idx = index_vars(shape, e, self.em.fresh("i") + "_")
         inner = body_fn(idx)
         inner = keep_used(decl, inner) + inner
-        return [f"for (int {e} = threadIdx.x; {e} < {n}; {e} += {self.T}) {{"] + indent(inner) + ["}"]
+        first, step = "threadIdx.x", self.T
+        if share:
+            first, step = f"(int)mg_rank * {self.T} + (int)threadIdx.x", self.KS * self.T
+        return [f"for (int {e} = {first}; {e} < {n}; {e} += {step}) {{"] + indent(inner) + ["}"]
 
     def _materialize(self, op: BlockOp) -> Lines:
         name = op.outputs[0].name
@@ -346,28 +355,6 @@ class FusedKernel:
         """Loop inputs staged through a ring of two or more shared-memory stages."""
         staged = self.staged("loop")
         return bool(staged) and max(self.tile(bi.value.name).stages for bi in staged) > 1
-
-    def _cluster_combine(self, accs: list[BlockOp]) -> Lines:
-        """Every block of the cluster combines a 1/KS share of each accumulator tile
-        over the cluster's blocks (distributed shared memory, ranks in a fixed order,
-        so the sums are deterministic), finishes it and writes it into block 0's tile;
-        block 0 then runs the epilogue and the stores once per cluster. With block 0
-        combining alone, its reads grew with the cluster (KS - 1 whole tiles); shared,
-        each block reads KS shares of one tile whatever the cluster's size."""
-        lines = ["mg_cluster_sync();"]
-        step = self.KS * self.T
-        for op in accs:
-            name, n = op.outputs[0].name, op.outputs[0].type.numel
-            spec = ops.get(op.op).accum
-            assert spec is not None
-            fin = reduce.finish_format(self, op)
-            upd = c_update("v", f"mg_dsmem_ld(buf_{name} + e, r)", spec.combine)
-            first = f"(int)mg_rank * {self.T} + (int)threadIdx.x"
-            lines += [f"for (int e = {first}; e < {n}; e += {step}) {{",
-                      f"  float v = mg_dsmem_ld(buf_{name} + e, 0);",
-                      f"  for (unsigned r = 1; r < {self.KS}; ++r) {upd}",
-                      f"  mg_dsmem_st(buf_{name} + e, 0, {fin.format('v')});", "}"]
-        return lines + ["mg_cluster_sync();", "if (mg_rank != 0) return;"]
 
     def _loop_body(self, accs: list[BlockOp]) -> Lines:
         lines: Lines = []

@@ -16,8 +16,9 @@ if TYPE_CHECKING:
 
 
 def store(k: FusedKernel, source: str, dev: str,
-          omap: tuple[int | None, int | None, int | None]) -> Lines:
-    """Store block tensor ``source`` into device tensor ``dev`` at this block's tile."""
+          omap: tuple[int | None, int | None, int | None], share: bool = False) -> Lines:
+    """Store block tensor ``source`` into device tensor ``dev`` at this block's tile
+    (``share``: this block's 1/KS share of it, see :mod:`cluster`)."""
     shape = k.em.nodes[source].shape
     out = k.dev[dev]
     strides = row_major(out.shape)
@@ -28,16 +29,16 @@ def store(k: FusedKernel, source: str, dev: str,
     p = k.pname[dev]
     vec = k.plan.knobs.vec or 1
     if vec > 1:
-        return _store_vec(k, source, p, base, strides, shape, vec)
+        return _store_vec(k, source, p, base, strides, shape, vec, share)
 
     def body(idx: list[str]) -> Lines:
         st, v = k.em.value(source, idx)
         return st + [f"mg_st({p} + ({offset_expr(base, idx, strides)}), {v});"]
-    return k.elem_loop(shape, body)
+    return k.elem_loop(shape, body, share)
 
 
 def _store_vec(k: FusedKernel, source: str, p: str, base: str, strides: tuple[int, ...],
-               shape: tuple[int, ...], vec: int) -> Lines:
+               shape: tuple[int, ...], vec: int, share: bool) -> Lines:
     """Each thread computes ``vec`` consecutive elements and stores them at once."""
     chunks = shape[:-1] + (shape[-1] // vec,)
 
@@ -51,4 +52,4 @@ def _store_vec(k: FusedKernel, source: str, p: str, base: str, strides: tuple[in
             vals.append(v)
         off = offset_expr(base, idx[:-1] + [first], strides)
         return lines + [f"mg_st8({p} + ({off}), {', '.join(vals)});"]
-    return k.elem_loop(chunks, body)
+    return k.elem_loop(chunks, body, share)
