@@ -17,7 +17,11 @@ tunes, ranks and certifies at the new sizes:
 
 Either way the ranking is a search's ranking at the new sizes over at least the
 designs a search would find there, and only the candidates the caller needs are
-certified, best first, at the sizes they ship at.
+certified, best first. A candidate whose design the family's search certified, and
+which with its program satisfies the carry precondition against that certified
+µGraph (:mod:`mirage_cli.verifier.carry`: the only size that changes is a pointwise
+dimension of both), takes that certificate (``verification.carried``); any other is
+certified at the sizes it ships at.
 """
 
 from __future__ import annotations
