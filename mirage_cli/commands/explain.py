@@ -68,6 +68,9 @@ def command(file: str, as_json: bool, program: str | None, defines: tuple[str, .
     layer = cands[0][1].get("layer") if cands else None
     if layer is not None:  # a whole layer (mirage opt): its parts, and why they end there
         doc["layer"] = layer
+    carried = _carried(cands[0][1]) if cands else None
+    if carried is not None:  # a shape reuse's certificate (verifier/carry.py)
+        doc["certificate"] = carried
     if as_json:
         click.echo(json.dumps(doc, indent=1, sort_keys=True))
         return
@@ -80,8 +83,26 @@ def command(file: str, as_json: bool, program: str | None, defines: tuple[str, .
     out = Console()
     if not out.is_terminal:
         click.echo(render_text(doc), nl=False)
-        return
-    _rich(out, doc)
+    else:
+        _rich(out, doc)
+    if carried is not None:
+        click.echo(carried["text"])
+
+
+def _carried(meta: Json) -> Json | None:
+    """Where the chosen candidate's certificate was computed, when a shape reuse
+    carried it along a pointwise size parameter (``verification.carried``)."""
+    ver = meta.get("verification")
+    if not isinstance(ver, dict) or not isinstance(ver.get("carried"), dict):
+        return None
+    how = ver["carried"]
+    at = how.get("certified_at") or {}
+    cert = ver.get("certificate") or {}
+    sizes = ", ".join(f"{k}={v}" for k, v in sorted(at.items()))
+    text = (f"certificate: carried along '{how.get('dimension')}' from {how.get('from')} "
+            f"to {how.get('to')}: finite-field trials at {sizes} (bound "
+            f"{cert.get('bound')}), no trials at these sizes (docs/verification.md §10)")
+    return {**how, "text": text}
 
 
 def _explain_parts(path: str, defines: dict[str, int], as_json: bool) -> bool:

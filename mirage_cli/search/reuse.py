@@ -17,18 +17,27 @@ tunes, ranks and certifies at the new sizes:
 
 Either way the ranking is a search's ranking at the new sizes over at least the
 designs a search would find there, and only the candidates the caller needs are
-certified, best first, at the sizes they ship at.
+certified, best first. A candidate whose design the family's search certified, and
+which with its program satisfies the carry precondition against that certified
+µGraph (:mod:`mirage_cli.verifier.carry`: the only size that changes is a pointwise
+dimension of both), takes that certificate (``verification.carried``); any other is
+certified at the sizes it ships at.
 """
 
 from __future__ import annotations
 
+import time
+from dataclasses import dataclass
 from typing import Any
 
 from mirage_cli import serialize
+from mirage_cli.builder import GraphBuilder
 from mirage_cli.console import info
 from mirage_cli.ir import Graph
 from mirage_cli.search.cache import get_family, has, key, peek, put
+from mirage_cli.search.design import Design
 from mirage_cli.search.family import BadDesign, design_from_json, size_pattern
+from mirage_cli.verifier.api import DEFAULT_BOUND
 
 
 def reused(program: Graph, options: Any, on_progress: Any = None,
@@ -56,7 +65,10 @@ def reused(program: Graph, options: Any, on_progress: Any = None,
         info(f"warning: ignoring the cached family entry of this program: {e}")
         return None
     same = pattern == size_pattern(program)
+    source = _certified_at(program, sizes, opts)
     res = reuse_designs(program, pool, options, on_progress, need, budget, jobs,
+                        enumerate_here=not same) if source is None else \
+        _reuse_carrying(program, pool, options, source, on_progress, need, budget, jobs,
                         enumerate_here=not same)
     at = ", ".join(f"{k}={v}" for k, v in sorted(sizes.items()))
     if not res.candidates:
@@ -93,3 +105,179 @@ def _short(k: str, need: int) -> bool:
     except MirageError:
         return False
     return len(cands) < need and all("reused_from" in m for _, m in cands)
+
+
+# -- certificates carried along a pointwise size parameter (verifier/carry.py) ------------
+
+
+@dataclass(frozen=True)
+class Certified:
+    """The search at the family's sizes: its program, rebuilt at those sizes, and its
+    certified candidates by design (each with its verification record)."""
+
+    program: Graph
+    by_design: dict[Design, tuple[Graph, dict[str, Any]]]
+
+
+def _certified_at(program: Graph, sizes: dict[str, Any], opts: dict[str, Any]
+                  ) -> Certified | None:
+    """The exact cache entry of the family's search, when ``program`` rebuilt at its
+    sizes has one whose candidates load (checked as µGraphs); None otherwise (then
+    every reused candidate is certified at the new sizes)."""
+    from mirage_cli.diagnostics import MirageError
+    from mirage_cli.search.design import design_of
+
+    old = _at_sizes(program, sizes)
+    text = None if old is None else peek(key(old, opts))
+    if old is None or text is None:
+        return None
+    try:
+        cands = serialize.loads_candidates(text, "<cache>")
+    except MirageError:
+        return None
+    by_design: dict[Design, tuple[Graph, dict[str, Any]]] = {}
+    for g, meta in cands:
+        by_design.setdefault(design_of(g)[0], (g, meta))
+    return Certified(old, by_design)
+
+
+def _at_sizes(program: Graph, sizes: dict[str, Any]) -> Graph | None:
+    """``program`` rebuilt at other parameter values (its inputs' dimensions as
+    written, re-evaluated; its operators re-typed), or None where that is not possible
+    (a custom kernel, a dimension not written over the parameters, a shape that no
+    longer fits). A program whose attributes hold sizes (a reshape) rebuilds to another
+    program, whose cache key then finds nothing."""
+    from mirage_cli.diagnostics import MirageError
+    from mirage_cli.parser import eval_int
+    from mirage_cli.syntax import parse_dim_expr
+
+    if set(sizes) != {k for k, _ in program.params} or \
+            not all(type(v) is int for v in sizes.values()):
+        return None
+    params = tuple((k, int(sizes[k])) for k, _ in program.params)
+    b = GraphBuilder(program.name, params)
+    try:
+        for i in program.inputs:
+            if len(i.dims_src) != i.value.type.rank:
+                return None
+            shape = [eval_int(parse_dim_expr(s), dict(params), "a dimension")
+                     for s in i.dims_src]
+            b.input(i.value.name, shape, i.value.type.dtype, i.dims_src)
+        for op in program.ops:
+            if op.block is not None or len(op.outputs) != 1:
+                return None
+            b.op_with(op.op, op.inputs, dict(op.attrs), out=op.outputs[0].name)
+        for o in program.outputs:
+            b.output(o)
+        return b.build()
+    except MirageError:
+        return None
+
+
+def _reuse_carrying(program: Graph, designs: list[Design], options: Any, source: Certified,
+                    on_progress: Any, need: int | None, budget: float | None, jobs: int,
+                    enumerate_here: bool) -> Any:
+    """:func:`~mirage_cli.search.driver.reuse_designs`, except that a ranked candidate
+    whose design the family's search certified, and which satisfies the carry
+    precondition against it (:func:`mirage_cli.verifier.carry.carry`), takes that
+    certificate instead of finite-field trials at these sizes. The ranking, the order
+    of certification and the rule for the first candidate (it must also pass the
+    float64 and numerics checks) are the driver's."""
+    from mirage_cli.search import driver
+
+    start = time.time()
+    deadline = None if budget is None else start + budget
+    prog = driver.Progress(phase="reuse")
+    notify = on_progress or (lambda p: None)
+    known = dict.fromkeys(designs)
+    pool: dict[Design, None] = {}
+    complete = True
+    if enumerate_here:
+        pool, complete = driver._enumerate(program, options, deadline, jobs, prog, notify)
+    pool.update(known)
+    prog.designs, prog.reused = len(pool), len(known)
+    keep = options.top if need is None else max(1, min(need, options.top))
+    todo = driver._ranked(program, list(pool), options, prog, notify, deadline)
+    t0 = time.time()
+    out: list[Any] = []
+    for d, t, g, c in todo:
+        if len(out) >= keep or (deadline is not None and time.time() > deadline):
+            break
+        verdict = _carried(program, d, g, source, options.seed, first=not out)
+        if verdict is None:
+            v = driver._verify_one(program, g, options.seed)
+            verdict = v.as_json() if v.ok else None
+            if verdict is not None and not out:
+                floats = driver.float_checks(program, g, options.seed)
+                verdict = None if floats is None else {**verdict, **floats}
+        if verdict is None:
+            prog.rejected += 1
+            continue
+        prog.verified += 1
+        out.append(driver.Candidate(g, d, t, c, verdict))
+        prog.best_us = out[0].cost.time_us
+        notify(prog)
+    prog.phase = "done"
+    prog.seconds["verify"] = round(time.time() - t0, 2)
+    notify(prog)
+    complete &= deadline is None or time.time() < deadline
+    return driver.SearchResult(out, prog, complete, time.time() - start)
+
+
+def _carried(program: Graph, d: Design, g: Graph, source: Certified, seed: int,
+             first: bool) -> dict[str, Any] | None:
+    """The verification record of ``g`` carried from the family's certified candidate
+    of the same design, or None when there is none or the precondition fails. The
+    first candidate also carries the float64 and numerics records when the certified
+    one has them, and runs those two checks at these sizes when it does not."""
+    from mirage_cli.search.driver import float_checks
+    from mirage_cli.verifier.carry import NotCarried, carry
+
+    found = source.by_design.get(d)
+    if found is None:
+        return None
+    g_old, meta = found
+    rec = meta.get("verification")
+    if not _trial_certified(rec, seed):
+        return None
+    assert isinstance(rec, dict)
+    try:
+        how = carry(source.program, g_old, program, g)
+    except NotCarried as e:
+        info(f"search: certificate not carried from {_at(source.program)}: {e}")
+        return None
+    floats: dict[str, Any] | None = None
+    if first:
+        floats = {k: rec[k] for k in ("float64", "numerics")} if _floats_ok(rec) else \
+            float_checks(program, g, seed)
+        if floats is None:
+            return None
+    info(f"search: certificate carried from {_at(source.program)} along '{how.param}' "
+         f"(no finite-field trials at these sizes)")
+    return {"equivalent": True, "method": f"{rec.get('method')}, carried along a "
+            f"pointwise size parameter", "seed": rec.get("seed"),
+            "certificate": rec["certificate"],
+            "carried": {**how.as_json(), "certified_at": dict(source.program.params)},
+            **(floats or {})}
+
+
+def _trial_certified(rec: Any, seed: int) -> bool:
+    """A record of finite-field trials run (not itself carried) to the default bound
+    with this seed, verdict equivalent."""
+    if not isinstance(rec, dict) or rec.get("equivalent") is not True or "carried" in rec \
+            or rec.get("seed") != seed:
+        return False
+    cert = rec.get("certificate")
+    bound = cert.get("bound") if isinstance(cert, dict) else None
+    return isinstance(cert, dict) and cert.get("verdict") == "equivalent" and \
+        type(bound) is float and bound <= DEFAULT_BOUND
+
+
+def _floats_ok(rec: dict[str, Any]) -> bool:
+    f64, num = rec.get("float64"), rec.get("numerics")
+    return isinstance(f64, dict) and f64.get("verdict") == "close" and \
+        isinstance(num, dict) and num.get("verdict") == "safe"
+
+
+def _at(program: Graph) -> str:
+    return ", ".join(f"{k}={v}" for k, v in program.params)
