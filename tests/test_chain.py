@@ -61,6 +61,57 @@ def test_the_chain_kernel_keeps_the_score_out_of_shared_memory() -> None:
     assert "__shfl_xor_sync(0xffffffffu, acc_l[m][h], 1)" in body  # row sums by shuffles
 
 
+# The design `mirage opt` ships for qknorm_gqa at batch 1 (smaller key count): Q is
+# normalised once before the loop, K's norm divides the score inside it.
+QKNORM_ONE_KERNEL = """program qk(batch = 1, rows = 256, d = 64, seq = 512) {
+  input Q: f16[2 * batch, rows, d];
+  input K: f16[2 * batch, d, seq];
+  input V: f16[2 * batch, seq, d];
+  O = custom(grid=(16, 1, 1), threads=128, forloop=8) {
+    b0 = load Q imap(x=1);
+    b1 = load K fmap(2);
+    b2 = load V fmap(1);
+    b3 = rms_norm(b0);
+    b4 = mul(b1, b1);
+    b5 = matmul(b3, b1);
+    b6 = mean(b4, dim=1, keepdim=true);
+    b7 = sqrt(b6);
+    b8 = div(b5, b7);
+    b9 = mul_scalar(b8, scalar=0.125);
+    b10 = exp(b9);
+    b11 = acc_sum_ld(b10);
+    b12 = matmul(b10, b2);
+    b13 = acc_sum(b12);
+    b14 = div(b13, b11);
+    store b14 -> O omap(x=1);
+  }
+  output O;
+}
+"""
+
+
+def test_a_normalised_query_is_packed_for_the_chain(tmp_path: Path) -> None:
+    """The A operand rms_norm(Q) is computed once before the loop: it is written as a
+    padded f16 tile that ldmatrix reads, and the chain applies."""
+    src = tmp_path / "qk.mir"
+    src.write_text(QKNORM_ONE_KERNEL)
+    g = load_graph(str(src))
+    op = _kernel(g)
+    ch = chain_form(analyse(decompose(op.block)))
+    assert isinstance(ch, Chain)
+    a_operand = ch.first.inputs[0]
+    assert a_operand not in {bi.value.name for bi in op.block.inputs}
+    plan = plan_kernel(op.block, g.tensor_types(), "sm_90", Knobs(chain=1))
+    tile = {t.name: t for t in plan.tiles}[a_operand]
+    assert tile.home == "smem" and tile.pitch > 0 and tile.vec == 8 and tile.smem_offset >= 0
+    cu, _ = emit(lower(planned(g, "sm_90", [Knobs(chain=1)] + [Knobs()] * (len(g.ops) - 1))))
+    assert f"mg_st(sm_{a_operand}_0 + (" in cu          # written in f16 with its pitch
+    assert compile_cuda(cu, "k.cu", "sm_90").cubin
+    # Without ldmatrix there is no packed tile, hence no chain.
+    off = plan_kernel(op.block, g.tensor_types(), "sm_90", Knobs(ldmatrix=0))
+    assert {t.name: t for t in off.tiles}[a_operand].pitch == 0 and off.knobs.chain == 0
+
+
 @pytest.mark.parametrize("why", ["computed", "store", "three"])
 def test_graphs_that_are_not_chains_say_why(why: str) -> None:
     from mirage_cli.builder import GraphBuilder

@@ -77,3 +77,18 @@ def test_cluster_combine_forms_on_gpu(device, stem: str, batch: int, pins: Knobs
     loaded, chk = check_graph(device, planned(g, "sm_90", [pins] * len(g.ops)), seed=5)
     loaded.unload()
     assert chk.ok, f"{stem} ({form}): {chk.reason}"
+
+
+@pytest.mark.parametrize("pins", [Knobs(chain=1), Knobs(chain=1, ksplit=2), Knobs(chain=0)],
+                         ids=["chain", "chain-ksplit2", "no-chain"])
+def test_packed_query_chain_on_gpu(device, tmp_path: Path, pins: Knobs) -> None:  # type: ignore[no-untyped-def]
+    """The chain whose A operand is a tile computed before the loop (test_chain.py)."""
+    from test_chain import QKNORM_ONE_KERNEL
+
+    from mirage_cli.codegen.bench import check_graph
+
+    src = tmp_path / "qk.mir"
+    src.write_text(QKNORM_ONE_KERNEL)
+    loaded, chk = check_graph(device, planned(load_graph(str(src)), "sm_90", [pins]), seed=3)
+    loaded.unload()
+    assert chk.ok, chk.reason

@@ -10,7 +10,7 @@
 // input 1 'K': f16[16, 64, 4096]
 // input 2 'V': f16[16, 4096, 64]
 // output 0 'O': f16[16, 256, 64]
-// kernel mg_k0_mirage_qknorm_gqa_fused_h16x256x64_h16x64x4096_h16x4096x64_to_h16x256x64: grid [16, 16, 4], 128 threads, 165648 B dynamic shared memory
+// kernel mg_k0_mirage_qknorm_gqa_fused_h16x256x64_h16x64x4096_h16x4096x64_to_h16x256x64: grid [16, 16, 4], 128 threads, 158480 B dynamic shared memory
 // kernel mg_k1_mirage_qknorm_gqa_fused_h16x256x64_h16x64x4096_h16x4096x64_to_h16x256x64: grid [16, 16, 1], 512 threads, 37952 B dynamic shared memory
 
 // The kernels use cp.async, bf16 conversions and mma.sync shapes of sm_80 and later:
@@ -194,7 +194,7 @@ __device__ __forceinline__ void mg_dsmem_st(float* p, unsigned rank, float v) {
 }
 #endif
 
-// fused kernel: grid [16, 16, 4], 128 threads, forloop 4; plan: 4 stage(s), kwarps 1, 165648 B shared memory
+// fused kernel: grid [16, 16, 4], 128 threads, forloop 4; plan: 4 stage(s), kwarps 1, 158480 B shared memory
 extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_qknorm_gqa_fused_h16x256x64_h16x64x4096_h16x4096x64_to_h16x256x64(
     const mg_f16* __restrict__ p0,
     const mg_f16* __restrict__ p1,
@@ -207,19 +207,19 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_qknorm_gqa_fus
   const int base_q = bx * 16384 + bz * 4096;
   const int base_k = bx * 262144 + by * 256;
   const int base_v = bx * 262144 + by * 16384;
-  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 165632);
+  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 158464);
   if (threadIdx.x < 4) mg_zero[threadIdx.x] = 0u;
   mg_f16* sm_q_0 = reinterpret_cast<mg_f16*>(mg_smem + 0);
   mg_f16* sm_k_0 = reinterpret_cast<mg_f16*>(mg_smem + 9216);
   mg_f16* sm_v_0 = reinterpret_cast<mg_f16*>(mg_smem + 46080);
-  float* buf_qn__rms = reinterpret_cast<float*>(mg_smem + 82944);
-  float* buf_qn = reinterpret_cast<float*>(mg_smem + 83200);
-  float* buf_kr = reinterpret_cast<float*>(mg_smem + 99584);
-  float* buf_kn = reinterpret_cast<float*>(mg_smem + 99840);
-  float* buf_s = reinterpret_cast<float*>(mg_smem + 116224);
-  float* buf_e = reinterpret_cast<float*>(mg_smem + 132608);
-  float* buf_l = reinterpret_cast<float*>(mg_smem + 148992);
-  float* buf_o = reinterpret_cast<float*>(mg_smem + 149248);
+  float* buf_qn__rms = reinterpret_cast<float*>(mg_smem + 92160);
+  mg_f16* sm_qn_0 = reinterpret_cast<mg_f16*>(mg_smem + 82944);
+  float* buf_kr = reinterpret_cast<float*>(mg_smem + 92416);
+  float* buf_kn = reinterpret_cast<float*>(mg_smem + 92672);
+  float* buf_s = reinterpret_cast<float*>(mg_smem + 109056);
+  float* buf_e = reinterpret_cast<float*>(mg_smem + 125440);
+  float* buf_l = reinterpret_cast<float*>(mg_smem + 141824);
+  float* buf_o = reinterpret_cast<float*>(mg_smem + 142080);
   int mg_so_q[4], mg_do_q[4];
   #pragma unroll
   for (int i = 0; i < 4; ++i) {
@@ -274,7 +274,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_qknorm_gqa_fus
     const int i8_2 = (e7) % 64;
     const float v9 = mg_ld(sm_q[i8_1 * 72 + i8_2]);
     const float v10 = buf_qn__rms[i8_1];
-    buf_qn[i8_1 * 64 + i8_2] = (v9 / v10);
+    mg_st(sm_qn_0 + (i8_1 * 72 + i8_2), (v9 / v10));
   }
   __syncthreads();
   #pragma unroll
@@ -355,10 +355,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_qknorm_gqa_fus
             const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
             (void)k0; (void)k1;
             unsigned ra0, ra1, ra2, ra3;
-            ra0 = mg_pack_f162(*reinterpret_cast<const float2*>(buf_qn + (r0 * 64 + k0)));
-            ra1 = mg_pack_f162(*reinterpret_cast<const float2*>(buf_qn + (r1 * 64 + k0)));
-            ra2 = mg_pack_f162(*reinterpret_cast<const float2*>(buf_qn + (r0 * 64 + k1)));
-            ra3 = mg_pack_f162(*reinterpret_cast<const float2*>(buf_qn + (r1 * 64 + k1)));
+            mg_ldsm_x4(ra0, ra1, ra2, ra3, (sm_qn_0 + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) * 72 + (kk + (mg_lane >> 4) * 8))));
             unsigned rb0, rb1;
             rb0 = mg_pack_f16(buf_kn[k0 * 64 + n0], buf_kn[(k0 + 1) * 64 + n0]);
             rb1 = mg_pack_f16(buf_kn[k1 * 64 + n0], buf_kn[(k1 + 1) * 64 + n0]);
@@ -600,7 +597,7 @@ static cudaError_t mg_prepare_mirage_qknorm_gqa_fused_h16x256x64_h16x64x4096_h16
     return cudaSuccess;
   }
   mg_err = cudaFuncSetAttribute((const void*)mg_k0_mirage_qknorm_gqa_fused_h16x256x64_h16x64x4096_h16x4096x64_to_h16x256x64,
-                                cudaFuncAttributeMaxDynamicSharedMemorySize, 165648);
+                                cudaFuncAttributeMaxDynamicSharedMemorySize, 158480);
   if (mg_err != cudaSuccess) return mg_err;
   if (mg_tabled) mg_smem_ready_mirage_qknorm_gqa_fused_h16x256x64_h16x64x4096_h16x4096x64_to_h16x256x64[mg_dev].store(1, std::memory_order_release);
   return cudaSuccess;
@@ -623,7 +620,7 @@ extern "C" cudaError_t mirage_qknorm_gqa_fused_h16x256x64_h16x64x4096_h16x4096x6
     mg_f16* mg_a4 = (mg_f16*)(mg_ws + 131072);
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2, &mg_a3, &mg_a4};
     mg_err = cudaLaunchKernel((const void*)mg_k0_mirage_qknorm_gqa_fused_h16x256x64_h16x64x4096_h16x4096x64_to_h16x256x64, dim3(16, 16, 4),
-                              dim3(128), mg_args, 165648, mg_stream);
+                              dim3(128), mg_args, 158480, mg_stream);
   }
   if (mg_err != cudaSuccess) return mg_err;
   {

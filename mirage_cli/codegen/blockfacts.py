@@ -94,6 +94,20 @@ def direct_acc(op: BlockOp, a: Analysis) -> BlockOp | None:
     return user
 
 
+def packed(name: str, a: Analysis) -> bool:
+    """A tile computed once before the loop (an element-wise operator's result, 16-bit,
+    rows of whole 16-byte chunks) that only tensor-core matmuls read: it is written in
+    its own dtype into shared memory with padded rows, where ``ldmatrix`` reads it like
+    a staged input (e.g. Q normalised before an attention loop)."""
+    op = a.producer.get(name)
+    t = a.types[name]
+    users = a.uses[name]
+    return (op is not None and a.phases[name] == "invariant"
+            and ops.get(op.op).cuda.kind == "elementwise" and not ops.get(op.op).is_accumulator
+            and t.dtype in (DType.F16, DType.BF16) and t.shape[-1] % 8 == 0
+            and bool(users) and all(u is not None and is_mma(u, a.bg.threads) for u in users))
+
+
 def mma_tiles(t: TensorType) -> int:
     """m16n8 tiles covering an output tile (batch dims included)."""
     n = 1
@@ -236,7 +250,7 @@ def chain_form(a: Analysis) -> Chain | str:
         return "a matmul is not computed in the forloop"
     loaded = {bi.value.name for bi in bg.inputs}
     for operand in (first.inputs[0], first.inputs[1], second.inputs[1]):
-        if operand not in loaded:
+        if operand not in loaded and not (operand == first.inputs[0] and packed(operand, a)):
             return f"matmul operand {operand} is computed, not loaded"
     ta, tb1, tb2 = (a.types[n] for n in (first.inputs[0], first.inputs[1], second.inputs[1]))
     score = first.outputs[0].type.shape

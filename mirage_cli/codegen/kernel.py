@@ -215,6 +215,13 @@ class FusedKernel:
                 attrs = ops.get(op.op).attr_values(op.attrs)
                 self.em.nodes[v.name] = Node(v.type.shape, Inline(op.op, op.inputs, attrs))
                 continue
+            if t.pitch:  # packed: in its own dtype, rows padded for ldmatrix
+                ct = CTYPE[v.type.dtype]
+                lines.append(f"{ct}* sm_{v.name}_0 = reinterpret_cast<{ct}*>(mg_smem + "
+                             f"{t.smem_offset});")
+                self.em.nodes[v.name] = Node(v.type.shape, Stored(
+                    f"sm_{v.name}_0", "0", padded_strides(v.type.shape, t.pitch), ct))
+                continue
             where = (f"mg_blk + {t.scratch_offset}" if t.scratch_offset >= 0 else
                      f"reinterpret_cast<float*>(mg_smem + {t.smem_offset})")
             lines.append(f"float* buf_{v.name} = {where};")
@@ -247,8 +254,13 @@ class FusedKernel:
         t = op.outputs[0].type
         attrs = ops.get(op.op).attr_values(op.attrs)
 
+        pitch = self.tile(name).pitch
+
         def body(idx: list[str]) -> Lines:
             lines, e = self.em._inline(op.op, op.inputs, attrs, t.shape, idx)
+            if pitch:  # packed (blockfacts.packed): rounded to its dtype as it is stored
+                off = offset_expr("0", idx, padded_strides(t.shape, pitch))
+                return lines + [f"mg_st(sm_{name}_0 + ({off}), {e});"]
             return lines + [f"buf_{name}[{offset_expr('0', idx, row_major(t.shape))}] = {e};"]
         return self.elem_loop(t.shape, body) + ["__syncthreads();"]
 

@@ -27,6 +27,7 @@ from mirage_cli.codegen.blockfacts import (
     direct_acc,
     is_mma,
     mma_tiles,
+    packed,
     reads_once,
     row_reduction,
     row_tile,
@@ -268,6 +269,11 @@ def _homes(a: Analysis, dev: Mapping[str, TensorType], k: Knobs) -> dict[str, _T
         else:
             home = "inline" if _inlinable(v.name, a) else "smem"
         tiles[v.name] = _Tile(v.name, v.type, a.phases[v.name], home)
+        if home == "smem" and k.ldmatrix != 0 and packed(v.name, a):
+            tile = tiles[v.name]
+            tile.pitch, tile.vec = _pitch(v.type, k.pad == 1), VEC_BYTES // v.type.dtype.nbytes
+            tile.owner = (f"{v.type.dtype.name.lower()} tile for ldmatrix, row pitch "
+                          f"{tile.pitch}; element e written by thread e % {T}")
     return tiles
 
 
@@ -376,6 +382,8 @@ def _allocate(a: Analysis, tiles: dict[str, _Tile], has_mma: bool, reds: list[Re
     for t in sorted(staged, key=lambda t: (-t.type.nbytes, t.name)):
         if total() <= arch.smem_per_block:
             break
+        if t.name in a.producer:  # a packed computed tile has no global copy to read
+            continue
         t.home, t.pitch, t.stages = "global", 0, 1
         staged.remove(t)
     if scratch and (k.ksplit or 1) > 1:
