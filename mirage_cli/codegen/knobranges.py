@@ -6,7 +6,7 @@ knobs and lays the kernel out) and by the tuner through :func:`planner.knob_spac
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from mirage_cli import arch as archs
 from mirage_cli.codegen import chainplan
@@ -23,21 +23,45 @@ def vec_elems(t: TensorType, *row_lengths: int) -> int:
 
 
 def default_ksplit(a: Analysis, arch: archs.Arch) -> int:
-    """2 when the grid fills at most half the SMs and the forloop splits into halves of
-    8 or more iterations, else 1: a small grid's blocks then stream twice as many
-    columns per row of the weight (wider pieces, half the re-reads of the shared
-    operand) and the cluster still fills the GPU. Measured on an H200 (docs/perf-log.md
-    v7): rmsnorm_linear grid 64 with the split ran 17.5 / 20.3 / 23.5 µs at batch 1 /
-    8 / 16, grid 128 without it 20.7 / 23.6 / 29.7, grid 64 without it 22.0 / 25.3 /
-    34.6. Splits of 4 lost (grid 32: 27–47 µs): a block's wider tile leaves room for
-    fewer pipeline stages. Short loops do not pay for the cluster's combine (lora at
-    batch 16, grid 64, 4 iterations per block: 8.3 µs against 5.9 unsplit)."""
+    """The largest cluster (2, 4, 8) whose blocks still fit on the GPU at once, leaving
+    each block 8 or more iterations; past 2, only while the split grid fills at most half
+    the SMs. 1 when none qualifies. A small grid's blocks then stream more columns per
+    row of the weight (wider pieces, fewer re-reads of the shared operand) and the
+    cluster fills the GPU. Measured on an H200: rmsnorm_linear grid 64 with a split of
+    2 ran 17.5 / 20.3 / 23.5 µs at batch 1 / 8 / 16, grid 128 without it 20.7 / 23.6 /
+    29.7, grid 64 without it 22.0 / 25.3 / 34.6 (docs/perf-log.md v7); splits of 4 that
+    fill the GPU lost (grid 32: 27–47 µs, v11-v12: a wider tile leaves room for fewer
+    stages; grid 64: two waves); qknorm_gqa at batch 1 (grid 16, forloop 64) ran 124.4 /
+    64.7 / 34.3 / 41.1 µs with splits 1 / 2 / 4 / 8 (v14). Short loops do not pay for
+    the cluster's combine (lora at batch 16, grid 64, 4 iterations per block: 8.3 µs
+    against 5.9 unsplit)."""
     gx, gy, gz = a.bg.grid
     blocks = gx * gy * gz
-    if (2 not in ksplit_range(a, arch.name) or 2 * blocks > arch.num_sms
-            or a.bg.forloop // 2 < 8):
-        return 1
-    return 2
+    legal = ksplit_range(a, arch.name)
+    for ks in (8, 4, 2):
+        if (ks in legal and blocks * ks <= arch.num_sms and a.bg.forloop // ks >= 8
+                and (ks == 2 or 2 * blocks * ks <= arch.num_sms)):
+            return ks
+    return 1
+
+
+# Shared memory the hardware reserves per resident block (sm_80 and sm_90).
+SMEM_RESERVED = 1024
+
+
+def two_per_sm_stages(blocks: int, stages: int, arch: archs.Arch,
+                      need: Callable[[int], int]) -> int:
+    """The pipeline depth for a grid of ``blocks``: ``stages``, or fewer (not below 2)
+    when that lets two blocks share an SM and the grid has more blocks than SMs (one
+    block per SM would run it in two waves). ``need(s)``: the block's shared memory at
+    ``s`` stages. Measured on an H200 (docs/perf-log.md v14): qknorm_gqa at batch 8, 256
+    blocks of 149 KB at 4 stages, 99.6 µs; at 2 stages (109 KB, two per SM) 61.5 µs."""
+    def fits(s: int) -> bool:
+        return 2 * (need(s) + SMEM_RESERVED) <= arch.smem_per_sm
+
+    if blocks <= arch.num_sms or fits(stages):
+        return stages
+    return next((s for s in range(stages - 1, 1, -1) if fits(s)), stages)
 
 
 def default_threads(bg: BlockGraph) -> int:

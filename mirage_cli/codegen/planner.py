@@ -43,6 +43,7 @@ from mirage_cli.codegen.knobranges import (
     ksteps,
     kwarps_range,
     stagger_range,
+    two_per_sm_stages,
     vec_elems,
     vec_range,
 )
@@ -373,6 +374,13 @@ def _allocate(a: Analysis, tiles: dict[str, _Tile], has_mma: bool, reds: list[Re
         stages -= 1
         for t in loop_staged:
             t.stages = stages
+    if pins.stages is None and loop_staged:
+        def need(s: int) -> int:
+            for t in loop_staged:
+                t.stages = s
+            return total()
+        gx, gy, gz = a.bg.grid
+        need(two_per_sm_stages(gx * gy * gz * (k.ksplit or 1), stages, arch, need))
     scratch = 0
     for t in sorted(bufs, key=lambda t: (-t.type.numel, t.name)):
         if total() <= arch.smem_per_block:

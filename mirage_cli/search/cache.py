@@ -52,7 +52,7 @@ def cache_dir() -> Path:
 # plan may split the forloop over a cluster by default, and the model counts launched
 # blocks and per-block iterations at 0.5 µs each; 9: small forloops are staggered by
 # default, and memory terms scale with the profile's mem_util_exp).
-SEARCH_REVISION = 9
+SEARCH_REVISION = 10
 
 
 def program_hash(program: Graph) -> str:
