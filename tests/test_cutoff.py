@@ -75,3 +75,37 @@ def test_a_z3_query_stops_at_a_resource_count_not_a_time() -> None:
     assert starved.stats.unknown_limit == 1 and starved.stats.unknown_timeout == 0
     fed = Oracle([term])
     assert fed.is_subexpr(term) and fed.stats.unknown_limit == 0
+
+
+LAYER = """program tiny(rows = 8, hidden = 64, n = 32) {
+  input X: f32[rows, hidden];
+  input G: f32[hidden];
+  input W: f32[hidden, n];
+  Y = rms_norm(X, G, eps=1e-05);
+  Z = matmul(Y, W);
+  Z3 = reshape(Z, d0=rows, d1=2, d2=16);
+  R = rotate_half(Z3);
+  E = exp(R);
+  S = sum(E, dim=2, keepdim=true);
+  P = div(E, S);
+  output P;
+}
+"""
+
+
+def test_a_layer_part_the_budget_stopped_is_named_in_a_warning(tmp_path: Path) -> None:
+    src = tmp_path / "tiny.mir"
+    src.write_text(LAYER)
+    args = ["opt", str(src), "-o", str(tmp_path / "t.cu"), "--no-cache", "--jobs", "1",
+            "--max-kernel-ops", "1", "--save-temps", str(tmp_path)]
+    r = CliRunner().invoke(main, [*args, "--budget", "0.1"])
+    assert r.exit_code == 0, r.output
+    assert "--budget safety stop ended the search of part(s) 0, 3" in r.output
+    meta = json.loads((tmp_path / "tiny.cands.ugraph.json").read_text())
+    layer = meta["candidates"][0]["meta"]["layer"] if meta["candidates"] else None
+    assert layer is None or layer["complete"] is False
+    r = CliRunner().invoke(main, args)  # the default budget: every part ends by its work
+    assert r.exit_code == 0 and "safety stop" not in r.output, r.output
+    layer = json.loads((tmp_path / "tiny.cands.ugraph.json").read_text()
+                       )["candidates"][0]["meta"]["layer"]
+    assert layer["complete"] is True and all(p["complete"] for p in layer["parts"])
