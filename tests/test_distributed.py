@@ -96,3 +96,18 @@ def test_a_lost_worker_s_units_are_retried(local_ray: None, tmp_path: Path) -> N
     assert (tmp_path / "died").exists()  # a worker did die
     assert want.complete and got.complete and want.candidates
     assert got.text == want.text
+
+
+def test_a_search_cut_by_its_work_limit_is_identical_on_ray(local_ray: None) -> None:
+    """The work limit (``max_states`` per unit) stops a unit at the same point in a
+    Ray task as in a local process (``tests/test_cutoff.py``: and for any --jobs)."""
+    prog = parse_text(SMALL, "small.mir")
+    opts = SearchOptions(max_kernel_ops=1, max_states=20)
+    here = cached_search(prog, opts, 300.0, 2, use_cache=False)
+    there = cached_search(prog, opts, 300.0, 1, use_cache=False,
+                          unit_map=executor.ray_unit_map(None, WORKERS))
+    assert here.progress is not None and there.progress is not None
+    assert here.progress.limited > 0  # the limit is what stopped some units
+    assert there.progress.limited == here.progress.limited
+    assert here.complete and there.complete and here.candidates
+    assert there.text == here.text

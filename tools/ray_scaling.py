@@ -26,7 +26,7 @@ Run = Callable[[], list[driver.UnitResult]]
 
 def _round(run: Run) -> tuple[float, list[object]]:
     t0 = time.perf_counter()
-    found: list[object] = [d for ds, _, _, _ in run() for d in ds]
+    found: list[object] = [d for ds, *_ in run() for d in ds]
     return time.perf_counter() - t0, found
 
 

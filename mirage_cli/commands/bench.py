@@ -53,7 +53,7 @@ from mirage_cli.util import write_atomic
 
 # The options of `mirage opt` that choose its search (the rest are about its files).
 SEARCH_KEYS = ("budget", "jobs", "max_kernel_ops", "max_block_ops", "seed", "top",
-               "no_prune", "no_cache")
+               "max_states", "no_prune", "no_cache")
 
 
 def opt_settings(jobs: int | None = None, top: int = 1, budget: float | None = None

@@ -20,6 +20,7 @@ import click
 
 from mirage_cli import serialize
 from mirage_cli.commands.common import ARCHS, defines_option, parse_defines
+from mirage_cli.commands.search import DEFAULT_BUDGET
 from mirage_cli.ir import Graph
 from mirage_cli.loading import load_graph, read_text
 from mirage_cli.profiles import target_option
@@ -54,8 +55,9 @@ def load_candidates(path: str, defines: dict[str, int], program: str | None, job
               default="sm_90", show_default=True, help="Target of the kernel plans.")
 @click.option("--jobs", "-j", type=click.IntRange(min=1), default=1, show_default=True,
               help="Search workers (a .mir FILE not in the cache).")
-@click.option("--budget", type=click.FloatRange(min=0.1), default=60.0, show_default=True,
-              help="Search seconds (a .mir FILE not in the cache).")
+@click.option("--budget", type=click.FloatRange(min=0.1), default=DEFAULT_BUDGET,
+              show_default=True,
+              help="Search safety stop, seconds (a .mir FILE not in the cache).")
 @target_option
 def command(file: str, as_json: bool, program: str | None, defines: tuple[str, ...],
             arch: str, jobs: int, budget: float, target: str) -> None:

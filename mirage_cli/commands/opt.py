@@ -6,8 +6,11 @@ extension, as in the design's pipeline)::
     prog.mir --parse--> prog.ugraph.json --search--> prog.cands.ugraph.json
              --select--> prog.best.ugraph.json --codegen--> prog.cu + prog.h
 
-``--budget S`` bounds the wall time of the whole command: the search gets what is
-left after parsing, less a reserve for code generation. A program larger than
+The search ends where its work limit says (``--max-states``, docs/search.md "Where a
+search ends"), so the output is a function of the program and the options. ``--budget
+S`` is a safety stop on the wall time of the whole command: the search gets what is
+left after parsing, less a reserve for code generation; when it is what ends a search,
+``opt`` warns that the output depends on timing. A program larger than
 ``--max-part-ops`` operators, or with a barrier, is cut into parts searched apart
 (:mod:`mirage_cli.search.layer`); ``--budget`` is then each part's.
 ``--executor ray [--ray-address ADDR]`` runs the search's work units as Ray tasks
@@ -52,7 +55,7 @@ from mirage_cli.commands.common import (
     plan_option,
 )
 from mirage_cli.commands.plan import pins_file, planned, recorded_pins
-from mirage_cli.commands.search import options_from, search_options
+from mirage_cli.commands.search import clock_warning, options_from, search_options
 from mirage_cli.console import info, warn
 from mirage_cli.diagnostics import MirageError
 from mirage_cli.ir import Graph
@@ -124,6 +127,13 @@ def stage_layer(program: Graph, kw: dict) -> tuple[Outcome, LayerResult]:  # typ
                                max_ops, not kw["no_cache"])
     for line in layer.render_parts(res.as_json()):
         info("opt: " + line)
+    stopped = [r for r in res.parts if not r.complete]
+    if stopped:
+        warn("opt: the --budget safety stop ended the search of part(s) "
+             + ", ".join(str(r.plan.index) for r in stopped)
+             + f" (--budget {kw['budget']} s each): the output depends on timing "
+               "(complete: false); a larger --budget lets every part end by its work "
+               "limit (--max-states)")
     cands = [] if res.graph is None else [
         (res.graph, {"rank": 0, "layer": res.as_json(), "verification": res.verdict,
                      "kernels": len(res.graph.ops), "tool": f"mirage-cli {__version__}"})]
@@ -314,6 +324,8 @@ def _optimise(g: Graph, program: str, kw: dict, deadline: float,  # type: ignore
     elif left - reserve > 0.05:
         # Without --gpu only the first candidate ships: a shape reuse certifies just it.
         res = stage_search(g, kw, left - reserve, None if timer is not None else 1)
+        if not res.complete and not res.cached:
+            warn(clock_warning("opt", res))
         if save_temps:
             temps.append((os.path.join(save_temps, f"{base}.cands.ugraph.json"), res.text))
         best = stage_select(res)

@@ -18,20 +18,35 @@ import sys
 import click
 
 from mirage_cli.commands.common import codegen_options, defines_option, parse_defines
-from mirage_cli.console import info
+from mirage_cli.console import info, warn
 from mirage_cli.loading import load_graph
 from mirage_cli.profiles import target_option
 from mirage_cli.search.cost import use_profile
 from mirage_cli.search.display import progress_display
-from mirage_cli.search.driver import Outcome, SearchOptions, cached_search, explain_none
+from mirage_cli.search.driver import (
+    DEFAULT_MAX_STATES,
+    Outcome,
+    SearchOptions,
+    cached_search,
+    explain_none,
+)
+
+# Seconds; a safety stop only (docs/search.md, "Where a search ends"): the default
+# covers the largest default search measured on this 2-core machine (the attention part
+# of the Llama layer, about 2 to 3.5 minutes) with room to spare.
+DEFAULT_BUDGET = 600.0
 from mirage_cli.util import OutputSet
 
 
 def search_options(f):  # type: ignore[no-untyped-def]
     """The options `search` and `opt` share."""
     for opt in reversed([
-        click.option("--budget", type=click.FloatRange(min=0.1), default=60.0,
-                     show_default=True, help="Seconds; the best so far when it runs out."),
+        click.option("--budget", type=click.FloatRange(min=0.1), default=DEFAULT_BUDGET,
+                     show_default=True,
+                     help="Safety stop, in seconds: work, not time, decides where a "
+                          "search ends (--max-states); a search the budget stops keeps "
+                          "the best so far, with a warning (its result depends on "
+                          "timing and is not cached)."),
         click.option("--jobs", "-j", type=click.IntRange(min=1),
                      default=min(2, os.cpu_count() or 1), show_default=True,
                      help="Worker processes."),
@@ -43,6 +58,10 @@ def search_options(f):  # type: ignore[no-untyped-def]
                      help="Seed of the verification inputs."),
         click.option("--top", type=click.IntRange(min=1), default=3, show_default=True,
                      help="Verified candidates to keep."),
+        click.option("--max-states", type=click.IntRange(min=1), default=DEFAULT_MAX_STATES,
+                     show_default=True,
+                     help="Work limit: block-graph states each work unit may build "
+                          "(the same stopping point on every machine and load)."),
         click.option("--no-prune", is_flag=True, help="Turn Z3 pruning off (ablation)."),
         click.option("--no-cache", is_flag=True, help="Ignore and do not fill the cache."),
     ]):
@@ -52,7 +71,8 @@ def search_options(f):  # type: ignore[no-untyped-def]
 
 def options_from(kw: dict) -> SearchOptions:  # type: ignore[type-arg]
     return SearchOptions(max_kernel_ops=kw["max_kernel_ops"], max_block_ops=kw["max_block_ops"],
-                         prune=not kw["no_prune"], seed=kw["seed"], top=kw["top"])
+                         prune=not kw["no_prune"], seed=kw["seed"], top=kw["top"],
+                         max_states=int(kw.get("max_states", DEFAULT_MAX_STATES)))
 
 
 def run(program_path: str, defines: tuple[str, ...], kw: dict) -> Outcome:  # type: ignore
@@ -88,7 +108,7 @@ def command(program: str, output: str | None, defines: tuple[str, ...], as_json:
         if out.cached:
             info("search: cached result (MIRAGE_CACHE_DIR)")
         elif not out.complete:
-            info("search: budget exhausted or interrupted; returning the best so far")
+            warn(clock_warning("search", out))
         if isinstance(files, OutputSet) and output:
             files.commit({output: out.text})
     if not output and not as_json:
@@ -120,4 +140,14 @@ def summary(out: Outcome) -> dict:  # type: ignore[type-arg]
             "stats": None if p is None else {
                 "states": p.stats.explored, "pruned": p.stats.pruned,
                 "z3_queries": p.z3_queries, "designs": p.designs,
-                "verified": p.verified, "rejected": p.rejected, "seconds": p.seconds}}
+                "verified": p.verified, "rejected": p.rejected, "seconds": p.seconds,
+                "limited_units": p.limited, "clock_stopped": p.clock}}
+
+
+def clock_warning(command: str, out: Outcome) -> str:
+    """The warning for a search the wall clock stopped (``complete: false``)."""
+    what = out.progress.clock if out.progress is not None and out.progress.clock \
+        else "the search"
+    return (f"{command}: the --budget safety stop ended {what}: the result depends on "
+            f"timing (complete: false; not cached); a larger --budget lets the search "
+            f"end by its work limit (--max-states)")

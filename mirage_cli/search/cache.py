@@ -51,8 +51,11 @@ def cache_dir() -> Path:
 # model reads the kernel plan (occupancy, plan feasibility) and a device profile; 7: the
 # plan may split the forloop over a cluster by default, and the model counts launched
 # blocks and per-block iterations at 0.5 µs each; 9: small forloops are staggered by
-# default, and memory terms scale with the profile's mem_util_exp).
-SEARCH_REVISION = 10
+# default, and memory terms scale with the profile's mem_util_exp; 10: a search ends
+# by its work limit, max_states per unit, and Z3 queries by a resource count, not by
+# the clock, so an entry no longer depends on the load it was searched under; 11: the
+# planner's default stages and cluster split, which the model reads, changed).
+SEARCH_REVISION = 11
 
 
 def program_hash(program: Graph) -> str:

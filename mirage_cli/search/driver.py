@@ -7,11 +7,21 @@ then (when ``max_kernel_ops > 1``) "a pre-defined operator, then up to
 design also yields its split-reduction two-kernel forms (:mod:`.split`, and
 :mod:`.online` for a max-subtracted softmax).
 Units run in ``jobs`` worker processes (each with its own Z3 oracle and caches) and are
-merged in unit order, so the result does not depend on ``jobs`` or on timing as long
-as the search completes within its budget. When the budget runs out the designs found
-so far are ranked and verified as usual, and the result says it is partial
-(``complete: false``) and is not cached. Ctrl-C stops every phase at once (the
-KeyboardInterrupt propagates; the command exits 130 and writes nothing).
+merged in unit order.
+
+**Work decides where a search ends, never the clock.** Its extent is fixed by the
+program and the options: the units (one per first move), each building at most
+``max_states`` block-graph states (a unit that reaches the limit stops there and keeps
+the designs it completed: the same point on every machine, counted in
+``Progress.limited``), each Z3 query at most ``prune.QUERY_RLIMIT`` resource units,
+``tune_designs`` designs tuned, and verification down the ranking until ``top`` pass.
+So the result does not depend on ``jobs``, the executor, the machine's speed or its
+load. The budget (wall-clock seconds) is only a safety stop: when it, or a Z3 query's
+wall-clock timeout, ends any phase first, the designs found so far are ranked and
+verified as usual, but the result says it depends on timing (``complete: false``;
+``Progress.clock`` says what stopped it), the commands warn, and it is not cached.
+Ctrl-C stops every phase at once (the KeyboardInterrupt propagates; the command exits
+130 and writes nothing).
 
 Ranking: each design is tuned (:mod:`.tune`) and costed (:mod:`.cost`); candidates are
 ordered by :func:`.cost.rank` (predicted time, then the stated tie rule
@@ -36,7 +46,14 @@ from mirage_cli.ir import Graph
 from mirage_cli.search import partition
 from mirage_cli.search.cost import SMEM_BYTES, Cost, rank
 from mirage_cli.search.design import Design, Tuning
-from mirage_cli.search.enumerate import Limits, OutOfTime, Search, Stats, make_target
+from mirage_cli.search.enumerate import (
+    Limits,
+    OutOfStates,
+    OutOfTime,
+    Search,
+    Stats,
+    make_target,
+)
 from mirage_cli.search.online import online_split
 from mirage_cli.search.partition import MAX_DEPTH
 from mirage_cli.search.split import split_reduction
@@ -44,6 +61,14 @@ from mirage_cli.search.tune import tune
 from mirage_cli.search.verify import Verdict, verify, verify_composed
 
 Unit = tuple[int, Any]  # (max kernels, first move: a config or "predef")
+# What a unit gives back: designs, stats, Z3 queries, what the clock stopped ("" when
+# nothing), stopped by ``max_states``? (:func:`_run_unit`).
+UnitResult = tuple[list[Design], Stats, int, str, bool]
+
+# Block-graph states one unit may build (``--max-states``). The largest unit of the
+# examples (the Q/K/V part of the Llama layer, "pre-defined operator first") builds
+# about 20 000, in about 40 s on this machine's loaded cores.
+DEFAULT_MAX_STATES = 50_000
 
 # Z3 catches Ctrl-C during a query and just cancels it; Python must see it (exit 130).
 z3.set_param("ctrl_c", False)
@@ -52,7 +77,7 @@ z3.set_param("ctrl_c", False)
 @dataclass(frozen=True)
 class SearchOptions:
     """Every option that changes the result (``jobs`` and ``budget`` do not, unless
-    the budget cuts the search short)."""
+    the budget, a safety stop, cuts the search short)."""
 
     max_kernel_ops: int = 2
     max_block_ops: int = 12
@@ -61,10 +86,11 @@ class SearchOptions:
     seed: int = 0
     top: int = 3            # verified candidates to return
     tune_designs: int = 24  # designs tuned fully (best by their first tuning)
+    max_states: int = DEFAULT_MAX_STATES  # per unit: the work limit
 
     def limits(self) -> Limits:
         return Limits(self.max_kernel_ops, self.max_block_ops, self.max_grid_axes,
-                      prune=self.prune)
+                      prune=self.prune, max_states=self.max_states)
 
     def as_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -90,6 +116,14 @@ class Progress:
     smallest_smem: int | None = None  # bytes, over the designs that do not fit
     mixed: str = ""             # what the cut-program (mixed design) search did
     reused: int = 0             # designs taken from known µGraphs (no enumeration)
+    limited: int = 0            # units stopped by ``max_states`` (deterministic)
+    clock: str = ""             # what the clock stopped, when it did (see ``clock_stop``)
+
+    def clock_stop(self, what: str) -> None:
+        """Record that the wall clock (the budget, or a Z3 query's timeout) ended
+        ``what`` before its work was done: the result then depends on timing."""
+        if what not in self.clock.split("; "):
+            self.clock = f"{self.clock}; {what}" if self.clock else what
 
 
 @dataclass(frozen=True)
@@ -131,24 +165,31 @@ def _init_worker(program: Graph, options: SearchOptions, deadline: float | None)
     _WORKER["deadline"] = deadline
 
 
-def _run_unit(unit: Unit) -> tuple[list[Design], Stats, int, bool]:
-    """Designs of one unit (in generation order), stats, Z3 queries, timed out?"""
+def _run_unit(unit: Unit) -> UnitResult:
+    """Designs of one unit (in generation order), stats, Z3 queries, what the clock
+    stopped ("" when nothing: the unit's result is a function of the unit alone), and
+    whether ``max_states`` stopped it."""
     target = _WORKER["target"]
     opts: SearchOptions = _WORKER["options"]
     deadline: float | None = _WORKER["deadline"]
     before = target.oracle.stats.queries
+    timeouts = target.oracle.stats.unknown_timeout
     s = Search(target, opts.limits(), deadline=None if deadline is None
                else time.monotonic() + (deadline - time.time()))
     kernels, first = unit
     out: list[Design] = []
-    timed_out = False
+    clock, limited = "", False
     try:
-        # One at a time, so the designs found before the budget runs out are kept.
+        # One at a time, so the designs found before a stop are kept.
         for d in s.designs(s.initial(), kernels, first):
             out.append(d)  # noqa: PERF402
     except OutOfTime:
-        timed_out = True
-    return out, s.stats, target.oracle.stats.queries - before, timed_out
+        clock = "enumeration (budget)"
+    except OutOfStates:
+        limited = True
+    if target.oracle.stats.unknown_timeout > timeouts and not clock:
+        clock = "a Z3 query (wall-clock timeout)"
+    return out, s.stats, target.oracle.stats.queries - before, clock, limited
 
 
 def units(program: Graph, options: SearchOptions) -> list[Unit]:
@@ -161,7 +202,6 @@ def units(program: Graph, options: SearchOptions) -> list[Unit]:
     return first + [(options.max_kernel_ops, "predef")]
 
 
-UnitResult = tuple[list[Design], Stats, int, bool]
 # Runs the units of one program elsewhere (``--executor ray``, :mod:`.executor`):
 # (program, options, deadline, units) -> their results, in unit order.
 UnitMap = Callable[[Graph, SearchOptions, float | None, list[Unit]], Iterator[UnitResult]]
@@ -216,8 +256,16 @@ def search(program: Graph, options: SearchOptions, budget: float | None = None,
     if not cands and depth < MAX_DEPTH and len(program.ops) > 1:
         cands = _mixed(program, options, deadline, jobs, prog, depth, unit_map)
         pool = None  # a mixed answer's designs are its parts', not this program's
-    complete &= deadline is None or time.time() < deadline
-    return SearchResult(cands, prog, complete, time.time() - start, pool)
+    return SearchResult(cands, prog, _complete(complete, prog, deadline),
+                        time.time() - start, pool)
+
+
+def _complete(complete: bool, prog: Progress, deadline: float | None) -> bool:
+    """Whether the search ended by its work alone: no unit, phase or Z3 query stopped
+    by the clock, and the budget not spent (a phase it would have stopped next)."""
+    if deadline is not None and time.time() >= deadline:
+        prog.clock_stop("the budget ran out")
+    return complete and not prog.clock
 
 
 def _enumerate(program: Graph, options: SearchOptions, deadline: float | None, jobs: int,
@@ -231,14 +279,17 @@ def _enumerate(program: Graph, options: SearchOptions, deadline: float | None, j
     designs: dict[Design, None] = {}
     complete = True
     # Ctrl-C propagates (exit 130): the budget, not an interrupt, asks for the best so far.
-    for found, stats, queries, timed_out in _map(jobs, program, options, deadline, todo,
-                                                 unit_map):
+    for found, stats, queries, clock, limited in _map(jobs, program, options, deadline,
+                                                      todo, unit_map):
         prog.units_done += 1
         prog.stats.add(stats)
         prog.z3_queries += queries
+        prog.limited += limited
         designs.update((d, None) for d in found)
         prog.designs = len(designs)
-        complete &= not timed_out
+        if clock:
+            complete = False
+            prog.clock_stop(clock)
         notify(prog)
     complete &= prog.units_done == prog.units_total
     prog.seconds["enumerate"] = round(time.time() - start, 2)
@@ -301,8 +352,8 @@ def reuse_designs(program: Graph, designs: list[Design], options: SearchOptions,
     # and qknorm_gqa's certificate took 117 s instead of 29 s.)
     cands = _verify_ranked(program, todo, replace(options, top=keep), prog, notify, 1,
                            deadline)
-    complete &= deadline is None or time.time() < deadline
-    return SearchResult(cands, prog, complete, time.time() - start)
+    return SearchResult(cands, prog, _complete(complete, prog, deadline),
+                        time.time() - start)
 
 
 def _mixed(program: Graph, options: SearchOptions, deadline: float | None, jobs: int,
@@ -316,12 +367,13 @@ def _mixed(program: Graph, options: SearchOptions, deadline: float | None, jobs:
     tried = 0
     for at in partition.cut_points(program):
         if deadline is not None and time.time() > deadline:
+            prog.clock_stop("mixed designs (budget)")
             break
         parts = partition.split(program, at)
         if parts is None:
             continue
         tried += 1
-        chosen = [_best_part(p.graph, options, deadline, jobs, depth, unit_map)
+        chosen = [_best_part(p.graph, options, deadline, jobs, depth, prog, unit_map)
                   for p in parts]
         if any(c is None for c in chosen):
             continue
@@ -347,13 +399,17 @@ def _mixed(program: Graph, options: SearchOptions, deadline: float | None, jobs:
 
 
 def _best_part(part: Graph, options: SearchOptions, deadline: float | None, jobs: int,
-               depth: int, unit_map: UnitMap | None = None
+               depth: int, prog: Progress, unit_map: UnitMap | None = None
                ) -> tuple[Design, Tuning, dict[str, Any] | None] | None:
     """The best verified design of a part and its verdict, or the part's one operator
-    itself (verdict None: it is the program's own operator)."""
+    itself (verdict None: it is the program's own operator). What stopped the part's
+    search (units at ``max_states``, the clock) is the whole search's too."""
     budget = None if deadline is None else max(1.0, deadline - time.time())
     res = search(part, replace(options, top=1), budget, jobs, depth=depth + 1,
                  unit_map=unit_map)
+    prog.limited += res.progress.limited
+    for what in filter(None, res.progress.clock.split("; ")):
+        prog.clock_stop(what)
     if res.candidates:
         c = res.candidates[0]
         return c.design, c.tuning, c.verdict
@@ -467,6 +523,9 @@ def _verify_ranked(program: Graph, todo: Ranked, options: SearchOptions, prog: P
             _verify_batch(program, batch, options, prog, out)
             notify(prog)
         out = _check_chosen(program, out, options.seed, prog)
+        if deadline is not None and time.time() > deadline and i < len(todo) and \
+                len(out) < options.top:
+            prog.clock_stop("verification (budget)")
         if out or i >= len(todo) or (deadline is not None and time.time() > deadline):
             break
     _done(prog, notify, t0)
@@ -487,6 +546,7 @@ def _ranked(program: Graph, designs: list[Design], options: SearchOptions, prog:
     firsts: list[tuple[tuple[bool, float, int, int], Design, Graph]] = []
     for i, d in enumerate(designs):
         if deadline is not None and time.time() > deadline:
+            prog.clock_stop("tuning (budget)")
             break  # the budget bounds tuning and verification too
         first = tune(program, d, max_steps=0)
         if first:
@@ -576,7 +636,10 @@ def cached_search(program: Graph, options: SearchOptions, budget: float | None, 
                 pass
     res = search(program, options, budget, jobs, on_progress) if unit_map is None else \
         search(program, options, budget, jobs, on_progress, unit_map=unit_map)
-    pairs = [(c.graph, c.meta(i)) for i, c in enumerate(res.candidates)]
+    # ``complete: false``: the clock (a safety stop) ended the search, so these
+    # candidates depend on timing (``Progress.clock`` says what it stopped).
+    pairs = [(c.graph, {**c.meta(i), "complete": res.complete})
+             for i, c in enumerate(res.candidates)]
     text = serialize.dumps_candidates(pairs)
     if use_cache and res.complete:
         from mirage_cli.search.family import design_to_json, size_pattern

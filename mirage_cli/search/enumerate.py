@@ -53,7 +53,12 @@ COMMUTATIVE = frozenset({"add", "mul"})
 
 
 class OutOfTime(Exception):
-    """The search budget ran out."""
+    """The search budget (wall-clock time, a safety stop) ran out."""
+
+
+class OutOfStates(Exception):
+    """The unit built its ``Limits.max_states`` block-graph states: a deterministic
+    stop (the same point on every machine, at any load)."""
 
 
 @dataclass(frozen=True)
@@ -64,6 +69,7 @@ class Limits:
     max_stores: int = 2
     prune: bool = True
     max_tiles: int = 3000  # per kernel config: a safety net on saturation
+    max_states: int | None = None  # per search (one work unit): the work limit
 
 
 @dataclass
@@ -104,7 +110,7 @@ class Target:
 NEVER_BUILT = ("custom", "concat")
 
 
-def make_target(g: Graph, timeout_ms: int = 1000) -> Target:
+def make_target(g: Graph) -> Target:
     """Analyse ``g``: output expressions, the operator vocabulary its expressions
     allow (operators introducing a symbol the target never uses are not tried), and the
     attribute values it uses (scalars, eps, widths), which block operators may reuse."""
@@ -125,7 +131,7 @@ def make_target(g: Graph, timeout_ms: int = 1000) -> Target:
     widths = {t.shape[-1] for t in (v.type for v in an.outputs)}
     choices.setdefault("width", set()).update(widths)
     attr_choices = {k: tuple(sorted(v, key=repr)) for k, v in choices.items()}
-    oracle = Oracle([v.term for v in an.outputs], timeout_ms=timeout_ms)
+    oracle = Oracle([v.term for v in an.outputs])
     return Target(g, an, oracle, kernel, block, attr_choices)
 
 # ---------------------------------------------------------------------------
@@ -174,6 +180,14 @@ class Search:
     def check_time(self) -> None:
         if self.deadline is not None and time.monotonic() > self.deadline:
             raise OutOfTime()
+
+    def count_state(self) -> None:
+        """One more block-graph state built; past ``max_states`` the run stops (raised
+        after the count, so a limit of N builds exactly N states)."""
+        self.stats.explored += 1
+        if self.limits.max_states is not None and \
+                self.stats.explored >= self.limits.max_states:
+            raise OutOfStates()
 
     # -- configs ---------------------------------------------------------------
 
@@ -416,7 +430,7 @@ class BlockSearch:
                     self.tiles.append(Tile(c.value, c.phase, c.vid))
                     self.prod.append(c.op)
                     self.anc.append(anc)
-                    self.s.stats.explored += 1
+                    self.s.count_state()
                     new.append(idx)
             if not new:
                 break

@@ -168,6 +168,9 @@ class PartResult:
     verdict: dict[str, Any] | None
     seconds: float
     note: str
+    # False when the wall clock (the budget, a safety stop) ended the part's search:
+    # what it ships then depends on timing.
+    complete: bool = True
 
 
 def stitch(program: Graph, results: Sequence[PartResult]) -> Graph:
@@ -246,7 +249,7 @@ def part_json(r: PartResult) -> dict[str, Any]:
     return {**r.plan.as_json(), "fused": r.fused, "kernels": len(r.graph.ops),
             "operators": [op.outputs[0].name for op in r.graph.ops] if not r.fused else [],
             "certified": r.verdict is not None, "seconds": round(r.seconds, 2),
-            "note": r.note}
+            "complete": r.complete, "note": r.note}
 
 
 def search_part(task: PartTask, unit_map: Any = None) -> PartResult:
@@ -263,16 +266,18 @@ def search_part(task: PartTask, unit_map: Any = None) -> PartResult:
     opts = dataclasses.replace(task.options, top=1)
     out = cached_search(task.graph, opts, task.budget, 1, task.use_cache, None, unit_map)
     secs = time.time() - t0
+    stopped = "" if out.complete or out.progress is None else \
+        f"; stopped by the clock: {out.progress.clock}"
     if not out.candidates:
         from mirage_cli.search.driver import explain_none
 
         why = explain_none(out.progress) if out.progress else "no candidate"
         return PartResult(task.plan, task.graph, False, None, secs,
-                          f"unfused: no verified µGraph ({why})")
+                          f"unfused: no verified µGraph ({why}{stopped})", out.complete)
     g, meta = out.candidates[0]
-    note = "cached" if out.cached else ("complete" if out.complete else "budget ran out")
+    note = "cached" if out.cached else ("complete" if out.complete else stopped[2:])
     return PartResult(task.plan, g, True, meta.get("verification"), secs,
-                      f"{len(g.ops)} kernel(s), verified ({note})")
+                      f"{len(g.ops)} kernel(s), verified ({note})", out.complete)
 
 
 PartMapper = Callable[[Sequence[PartTask]], list[PartResult]]
@@ -325,7 +330,7 @@ def optimise_layer(program: Graph, options: Any, part_budget: float | None,
     whole = stitch(program, results)
     v = verify_composed(program, whole, [_certified(r.verdict) for r in results if r.fused],
                         options.seed)
-    complete = all("budget ran out" not in r.note for r in results)
+    complete = all(r.complete for r in results)
     return LayerResult(whole if v.ok else None, v.as_json(), tuple(results), complete,
                        time.time() - t0)
 

@@ -22,7 +22,12 @@ A query asks Z3 to refute ``not S(c)`` (subexpression) or ``c != t`` (equivalenc
 Answers: ``unsat`` -> yes; ``sat`` -> no. ``unknown`` comes in two kinds: *incomplete
 quantifiers* means E-matching saturated every axiom instance reachable from the terms
 without finding a proof, and the candidate is pruned (Mirage's rule too: only a proof
-keeps a candidate); any other unknown (the per-query timeout) *keeps* the candidate.
+keeps a candidate); any other unknown (the per-query resource limit) *keeps* the
+candidate. The per-query limit is Z3's deterministic resource count (``rlimit``,
+:data:`QUERY_RLIMIT`), not time, so the answer does not depend on the machine's load;
+a wall-clock timeout (``timeout_ms``, far above what the resource limit allows) stays as
+a safety stop, and a query it ends is counted apart (``unknown_timeout``: the search
+then reports that its result may depend on timing).
 Both are safe for correctness: pruning only ever removes candidates, and every
 candidate the search emits is verified independently (:mod:`.verify`), so a wrong
 answer here can cost completeness or time, never a wrong µGraph. Every query is asked
@@ -42,13 +47,21 @@ from mirage_cli.semantics.terms import REDUCTIONS, Term, children
 # (or n-ary via folding for add/mul). Sizes take the second sort.
 _BINARY = ("add", "mul", "div", "concat")
 
+# Z3 resource units per query. Z3 counts them deterministically; on this machine it
+# spends about 120 000 a second on these queries, so this is about the 1 s timeout the
+# oracle used before; the largest query of the Llama layer's parts needs about 5 200.
+QUERY_RLIMIT = 150_000
+# Wall-clock safety stop per query (ms): a query ended by it is reported, not hidden.
+QUERY_TIMEOUT_MS = 20_000
+
 
 @dataclass
 class OracleStats:
     queries: int = 0
     cache_hits: int = 0
     unknown_saturated: int = 0
-    unknown_timeout: int = 0
+    unknown_limit: int = 0     # the resource limit ended the query (deterministic)
+    unknown_timeout: int = 0   # the wall-clock safety stop ended it (timing-dependent)
     counted_out: int = 0   # rejected by the occurrence-count filter, before Z3
     seconds: float = 0.0
 
@@ -59,7 +72,8 @@ class Oracle:
     expressions). Not thread-safe; each worker process builds its own."""
 
     targets: Sequence[Term]
-    timeout_ms: int = 1000
+    timeout_ms: int = QUERY_TIMEOUT_MS
+    rlimit: int = QUERY_RLIMIT
     stats: OracleStats = field(default_factory=OracleStats)
 
     def __post_init__(self) -> None:
@@ -74,12 +88,13 @@ class Oracle:
         self.S = z3.Function("S", self.E, z3.BoolSort(ctx=self._ctx))
         self.le = z3.Function("le", self.N, self.N, z3.BoolSort(ctx=self._ctx))
         self.solver = z3.Solver(ctx=self._ctx)
+        self.solver.set("rlimit", self.rlimit)  # per check: Z3 counts from the call
         self.solver.set("timeout", self.timeout_ms)
         self.solver.set("mbqi", False)  # E-matching only: saturation answers quickly
         # Z3 otherwise catches Ctrl-C during a check itself and answers "unknown", which
         # the search reads as a timeout and goes on: the interrupt was lost (a search
         # interrupted while in a query ran to its budget). Without it Python's handler
-        # sees the signal once the query returns (within timeout_ms). A global
+        # sees the signal once the query returns (within its resource limit). A global
         # parameter: the solver-level one is not honoured.
         z3.set_param("ctrl_c", False)
         self._axiomatised: set[str] = set()
@@ -278,7 +293,11 @@ class Oracle:
         if "incomplete quantifiers" in reason:
             self.stats.unknown_saturated += 1
             return False
-        self.stats.unknown_timeout += 1
+        # Z3 says "canceled" for both limits; only the wall-clock one takes its time.
+        if time.perf_counter() - start < self.timeout_ms / 1000:
+            self.stats.unknown_limit += 1
+        else:
+            self.stats.unknown_timeout += 1
         return True
 
 
