@@ -34,7 +34,7 @@ from mirage_cli.codegen.expr import (
     row_major,
 )
 from mirage_cli.codegen.plan import Kernel, Param
-from mirage_cli.codegen.planner import RED, ZERO
+from mirage_cli.codegen.smemplan import RED, ZERO
 from mirage_cli.ir import BlockGraph, BlockInput, BlockOp, TensorType
 from mirage_cli.kplan import KernelPlan, TilePlan
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from dataclasses import dataclass
 
 from mirage_cli import arch as archs
 from mirage_cli import ops
@@ -43,36 +42,16 @@ from mirage_cli.codegen.knobranges import (
     ksteps,
     kwarps_range,
     stagger_range,
-    two_per_sm_stages,
     vec_elems,
     vec_range,
 )
+from mirage_cli.codegen.smemplan import MAX_STAGES, TileDraft, allocate, pitch_of
 from mirage_cli.diagnostics import MirageError
 from mirage_cli.ir import BlockGraph, DType, TensorType
 from mirage_cli.kplan import Home, KernelPlan, Knobs, MmaPlan, ReducePlan, TilePlan
 
-MAX_STAGES = 4        # copies in flight per loop input
 ACC_REGS_MAX = 32     # accumulator elements per thread kept in registers
 MMA_ACC_REGS_MAX = 64  # mma accumulator registers per thread
-
-
-def _pitch(t: TensorType, pad: bool) -> int:
-    """Elements per shared-memory row: an odd number of 16-byte chunks, so that 8 rows
-    read by ``ldmatrix`` (or 8 lanes' 16-byte accesses) fall in distinct banks."""
-    n = t.shape[-1]
-    chunk = VEC_BYTES // t.dtype.nbytes
-    if not pad or n % chunk or (n // chunk) % 2:
-        return n
-    return n + chunk
-
-
-def _smem_bytes(t: TensorType, pitch: int) -> int:
-    rows = t.numel // t.shape[-1]
-    return _pad16(rows * pitch * t.dtype.nbytes)
-
-
-def _pad16(n: int) -> int:
-    return (n + 15) // 16 * 16
 
 
 # -- the plan ---------------------------------------------------------------------------
@@ -80,27 +59,6 @@ def _pad16(n: int) -> int:
 DEFAULTS = Knobs(stages=None, kwarps=None, pad=1, ldmatrix=1, stage_once=1, vec=None)
 
 
-@dataclass
-class _Tile:
-    """A tile while it is being planned (a mutable :class:`TilePlan`)."""
-
-    name: str
-    type: TensorType
-    phase: str
-    home: Home
-    vec: int = 1
-    stages: int = 1
-    pitch: int = 0
-    smem_offset: int = -1
-    scratch_offset: int = -1
-    owner: str = ""
-
-    def smem_need(self) -> int:
-        """Bytes of shared memory: staged inputs (pitch > 0) in their own dtype, one copy
-        per pipeline stage; other tiles as f32."""
-        if self.pitch:
-            return _smem_bytes(self.type, self.pitch) * self.stages
-        return _pad16(self.type.numel * 4)
 
 
 def plan_kernel(bg: BlockGraph, dev_types: Mapping[str, TensorType], target: str,
@@ -146,7 +104,7 @@ def _row_plan(a: Analysis, dev_types: Mapping[str, TensorType], target: str, pin
 
 
 def _lay_out(a: Analysis, dev_types: Mapping[str, TensorType], pins: Knobs, arch: archs.Arch
-             ) -> tuple[Knobs, dict[str, _Tile], list[MmaPlan], list[ReducePlan], int, int]:
+             ) -> tuple[Knobs, dict[str, TileDraft], list[MmaPlan], list[ReducePlan], int, int]:
     """Knobs resolved, tile homes, mma and reduction mappings, and the shared-memory
     allocation: (knobs, tiles, mmas, reductions, shared memory bytes, scratch floats)."""
     k = _resolve(a, dev_types, pins)
@@ -163,14 +121,14 @@ def _lay_out(a: Analysis, dev_types: Mapping[str, TensorType], pins: Knobs, arch
 
 def _lay_out_with(a: Analysis, dev_types: Mapping[str, TensorType], k: Knobs, pins: Knobs,
                   arch: archs.Arch
-                  ) -> tuple[Knobs, dict[str, _Tile], list[MmaPlan], list[ReducePlan], int, int]:
+                  ) -> tuple[Knobs, dict[str, TileDraft], list[MmaPlan], list[ReducePlan], int, int]:
     tiles = _homes(a, dev_types, k)
     ch = chainplan.chain_of(a) if k.chain == 1 else None
     if ch is not None:
         mmas, reds = _chain(a, ch, tiles, k)
     else:
         mmas, reds = _mmas(a, tiles, k), _reductions(a, tiles)
-    smem, scratch = _allocate(a, tiles, bool(mmas), reds, k, pins, arch)
+    smem, scratch = allocate(a, tiles, bool(mmas), reds, k, pins, arch)
     if ch is not None and any(tiles[n].home != "smem" for n in _chain_operands(ch)):
         raise MirageError("chain=1 needs the matmul operands in shared memory, which they "
                           "do not fit (pin fewer stages or chain=0)")
@@ -181,7 +139,7 @@ def _chain_operands(ch: Chain) -> tuple[str, str, str]:
     return ch.first.inputs[0], ch.first.inputs[1], ch.second.inputs[1]
 
 
-def _chain(a: Analysis, ch: Chain, tiles: dict[str, _Tile], k: Knobs
+def _chain(a: Analysis, ch: Chain, tiles: dict[str, TileDraft], k: Knobs
            ) -> tuple[list[MmaPlan], list[ReducePlan]]:
     """Homes, mma and reduction entries of a matmul chain in registers (chainplan)."""
     lay = chainplan.layout(ch, a.bg.threads // 32, k.kwarps or 1)
@@ -202,7 +160,7 @@ def _chain(a: Analysis, ch: Chain, tiles: dict[str, _Tile], k: Knobs
     return mmas, reds
 
 
-def _owner(t: _Tile, threads: int) -> str:
+def _owner(t: TileDraft, threads: int) -> str:
     match t.home:
         case "smem" if t.type.dtype is not DType.F32 and t.pitch:
             return (f"{t.vec}-element cp.async chunks, chunk c copied by thread c % {threads}; "
@@ -248,18 +206,18 @@ def _resolve(a: Analysis, dev: Mapping[str, TensorType], pins: Knobs) -> Knobs:
     return Knobs(**d)
 
 
-def _homes(a: Analysis, dev: Mapping[str, TensorType], k: Knobs) -> dict[str, _Tile]:
+def _homes(a: Analysis, dev: Mapping[str, TensorType], k: Knobs) -> dict[str, TileDraft]:
     bg, T = a.bg, a.bg.threads
-    tiles: dict[str, _Tile] = {}
+    tiles: dict[str, TileDraft] = {}
     for bi in bg.inputs:
         name, t = bi.value.name, bi.value.type
         users = a.uses[name]
         once = all(u is None or reads_once(u, t, a.types) for u in users) and len(users) <= 1
         vec = vec_elems(t, dev[bi.source].shape[-1])
         staged = not once or (k.stage_once == 1 and vec > 1)
-        tile = _Tile(name, t, a.phases[name], "smem" if staged else "global", vec=vec)
+        tile = TileDraft(name, t, a.phases[name], "smem" if staged else "global", vec=vec)
         if staged:
-            tile.pitch = _pitch(t, k.pad == 1) if vec > 1 else t.shape[-1]
+            tile.pitch = pitch_of(t, k.pad == 1) if vec > 1 else t.shape[-1]
         tiles[name] = tile
     for op in bg.ops:
         v = op.outputs[0]
@@ -269,10 +227,10 @@ def _homes(a: Analysis, dev: Mapping[str, TensorType], k: Knobs) -> dict[str, _T
             home = "acc_regs" if n <= ACC_REGS_MAX or acc_row_reduction(op, a) else "acc_smem"
         else:
             home = "inline" if _inlinable(v.name, a) else "smem"
-        tiles[v.name] = _Tile(v.name, v.type, a.phases[v.name], home)
+        tiles[v.name] = TileDraft(v.name, v.type, a.phases[v.name], home)
         if home == "smem" and k.ldmatrix != 0 and packed(v.name, a):
             tile = tiles[v.name]
-            tile.pitch, tile.vec = _pitch(v.type, k.pad == 1), VEC_BYTES // v.type.dtype.nbytes
+            tile.pitch, tile.vec = pitch_of(v.type, k.pad == 1), VEC_BYTES // v.type.dtype.nbytes
             tile.owner = (f"{v.type.dtype.name.lower()} tile for ldmatrix, row pitch "
                           f"{tile.pitch}; element e written by thread e % {T}")
     return tiles
@@ -291,7 +249,7 @@ def _inlinable(name: str, a: Analysis) -> bool:
             and reads_once(user, a.types[name], a.types))
 
 
-def _mmas(a: Analysis, tiles: dict[str, _Tile], k: Knobs) -> list[MmaPlan]:
+def _mmas(a: Analysis, tiles: dict[str, TileDraft], k: Knobs) -> list[MmaPlan]:
     W = a.bg.threads // 32
     out = []
     for op in a.bg.ops:
@@ -324,13 +282,13 @@ def _mmas(a: Analysis, tiles: dict[str, _Tile], k: Knobs) -> list[MmaPlan]:
     return out
 
 
-def _ldmatrix_ok(t: _Tile, dtype: DType) -> bool:
+def _ldmatrix_ok(t: TileDraft, dtype: DType) -> bool:
     """ldmatrix reads 16-byte rows of 8 elements from shared memory."""
     return (t.home == "smem" and t.type.dtype == dtype and t.pitch > 0
             and (t.pitch * t.type.dtype.nbytes) % 16 == 0 and t.vec > 1)
 
 
-def _reductions(a: Analysis, tiles: dict[str, _Tile]) -> list[ReducePlan]:
+def _reductions(a: Analysis, tiles: dict[str, TileDraft]) -> list[ReducePlan]:
     T = a.bg.threads
     out = []
     for op in a.bg.ops:
@@ -345,76 +303,6 @@ def _reductions(a: Analysis, tiles: dict[str, _Tile]) -> list[ReducePlan]:
         elif tiles[name].home == "smem" and row_reduction(op, a, T):
             out.append(ReducePlan(name, "rows", threads_per_row(op.outputs[0].type.numel, T)))
     return out
-
-
-RED = "$red"    # per-warp partial results of block-wide reductions
-ZERO = "$zero"  # 16 zero bytes: ldmatrix rows past the end of a short A tile
-
-
-def _allocate(a: Analysis, tiles: dict[str, _Tile], has_mma: bool, reds: list[ReducePlan],
-              k: Knobs, pins: Knobs, arch: archs.Arch) -> tuple[int, int]:
-    """Shared-memory offsets (and the scratch area) for every tile that needs them;
-    returns (dynamic shared memory bytes, scratch floats per block)."""
-    W = a.bg.threads // 32
-    staged = [t for t in tiles.values() if t.pitch]
-    loop_staged = [t for t in staged if t.phase == "loop"]
-    bufs = [t for t in tiles.values() if not t.pitch and t.home in
-            ("smem", "acc_regs", "acc_mma", "acc_smem")]
-    extra = (W * 4 if any(r.threads_per_row > 32 for r in reds) else 0) + (16 if has_mma else 0)
-
-    def total() -> int:
-        return extra + sum(t.smem_need() for t in staged + bufs if t.scratch_offset < 0)
-
-    # A block's forloop runs forloop / ksplit iterations: no deeper pipeline than that.
-    local = a.bg.forloop // (k.ksplit or 1)
-    stages = min(k.stages or MAX_STAGES, local)
-    for t in loop_staged:
-        t.stages = stages
-    while total() > arch.smem_per_block and pins.stages is None and stages > 1:
-        stages -= 1
-        for t in loop_staged:
-            t.stages = stages
-    if pins.stages is None and loop_staged:
-        def need(s: int) -> int:
-            for t in loop_staged:
-                t.stages = s
-            return total()
-        gx, gy, gz = a.bg.grid
-        need(two_per_sm_stages(gx * gy * gz * (k.ksplit or 1), stages, arch, need))
-    scratch = 0
-    for t in sorted(bufs, key=lambda t: (-t.type.numel, t.name)):
-        if total() <= arch.smem_per_block:
-            break
-        t.scratch_offset = scratch
-        scratch += _pad16(t.type.numel * 4) // 4
-    for t in sorted(staged, key=lambda t: (-t.type.nbytes, t.name)):
-        if total() <= arch.smem_per_block:
-            break
-        if t.name in a.producer:  # a packed computed tile has no global copy to read
-            continue
-        t.home, t.pitch, t.stages = "global", 0, 1
-        staged.remove(t)
-    if scratch and (k.ksplit or 1) > 1:
-        raise MirageError(f"ksplit={k.ksplit} needs every tile in shared memory (the blocks of "
-                          f"a cluster share one scratch area): pin fewer stages or no ksplit")
-    if total() > arch.smem_per_block:
-        raise MirageError(f"the kernel needs {total()} bytes of shared memory, more than the "
-                          f"{arch.smem_per_block} a block may use on {arch.name} (pin fewer "
-                          f"stages)")
-    off = 0
-    for t in staged + [t for t in bufs if t.scratch_offset < 0]:
-        t.smem_offset = off
-        off += t.smem_need()
-    if extra:
-        if any(r.threads_per_row > 32 for r in reds):
-            tiles[RED] = _Tile(RED, TensorType((W,), DType.F32), "epilogue", "smem",
-                               smem_offset=off, owner="one partial per warp")
-            off += W * 4
-        if has_mma:
-            tiles[ZERO] = _Tile(ZERO, TensorType((8,), DType.F16), "invariant", "smem",
-                                smem_offset=off, owner="zeros")
-            off += 16
-    return off, scratch
 
 
 def knob_space(bg: BlockGraph, dev_types: Mapping[str, TensorType], target: str

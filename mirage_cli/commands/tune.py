@@ -59,7 +59,8 @@ def _legal(g: Graph, design: Design, tuning: Tuning, k: int, axis: int | None,
 
 
 def space_lines(g: Graph, arch: str) -> list[str]:
-    from mirage_cli.codegen.planner import MAX_STAGES, knob_space
+    from mirage_cli.codegen.planner import knob_space
+    from mirage_cli.codegen.smemplan import MAX_STAGES
 
     design, tuning = design_of(g)
     types = g.tensor_types()

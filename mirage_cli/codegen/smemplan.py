@@ -1,0 +1,134 @@
+"""Shared memory of a kernel plan: tile sizes, the pipeline depth that fits, tiles moved
+to the workspace, and every tile's offset.
+
+:mod:`planner` decides where each tile lives (:class:`TileDraft`, a mutable
+:class:`~mirage_cli.kplan.TilePlan`); :func:`allocate` then fits the tiles into the
+target's shared memory: it lowers the pipeline depth (unless pinned), moves f32 tiles
+to the block's workspace scratch, reads staged inputs from global memory instead, in
+that order, and raises a :class:`MirageError` naming the limit when nothing fits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mirage_cli import arch as archs
+from mirage_cli.codegen.blockfacts import Analysis
+from mirage_cli.codegen.knobranges import VEC_BYTES, two_per_sm_stages
+from mirage_cli.diagnostics import MirageError
+from mirage_cli.ir import DType, TensorType
+from mirage_cli.kplan import Home, Knobs, ReducePlan
+
+MAX_STAGES = 4        # copies in flight per loop input
+
+
+def pitch_of(t: TensorType, pad: bool) -> int:
+    """Elements per shared-memory row: an odd number of 16-byte chunks, so that 8 rows
+    read by ``ldmatrix`` (or 8 lanes' 16-byte accesses) fall in distinct banks."""
+    n = t.shape[-1]
+    chunk = VEC_BYTES // t.dtype.nbytes
+    if not pad or n % chunk or (n // chunk) % 2:
+        return n
+    return n + chunk
+
+
+def _smem_bytes(t: TensorType, pitch: int) -> int:
+    rows = t.numel // t.shape[-1]
+    return pad16(rows * pitch * t.dtype.nbytes)
+
+
+def pad16(n: int) -> int:
+    return (n + 15) // 16 * 16
+
+
+@dataclass
+class TileDraft:
+    """A tile while it is being planned (a mutable :class:`TilePlan`)."""
+
+    name: str
+    type: TensorType
+    phase: str
+    home: Home
+    vec: int = 1
+    stages: int = 1
+    pitch: int = 0
+    smem_offset: int = -1
+    scratch_offset: int = -1
+    owner: str = ""
+
+    def smem_need(self) -> int:
+        """Bytes of shared memory: staged inputs (pitch > 0) in their own dtype, one copy
+        per pipeline stage; other tiles as f32."""
+        if self.pitch:
+            return _smem_bytes(self.type, self.pitch) * self.stages
+        return pad16(self.type.numel * 4)
+
+
+RED = "$red"    # per-warp partial results of block-wide reductions
+ZERO = "$zero"  # 16 zero bytes: ldmatrix rows past the end of a short A tile
+
+
+def allocate(a: Analysis, tiles: dict[str, TileDraft], has_mma: bool, reds: list[ReducePlan],
+              k: Knobs, pins: Knobs, arch: archs.Arch) -> tuple[int, int]:
+    """Shared-memory offsets (and the scratch area) for every tile that needs them;
+    returns (dynamic shared memory bytes, scratch floats per block)."""
+    W = a.bg.threads // 32
+    staged = [t for t in tiles.values() if t.pitch]
+    loop_staged = [t for t in staged if t.phase == "loop"]
+    bufs = [t for t in tiles.values() if not t.pitch and t.home in
+            ("smem", "acc_regs", "acc_mma", "acc_smem")]
+    extra = (W * 4 if any(r.threads_per_row > 32 for r in reds) else 0) + (16 if has_mma else 0)
+
+    def total() -> int:
+        return extra + sum(t.smem_need() for t in staged + bufs if t.scratch_offset < 0)
+
+    # A block's forloop runs forloop / ksplit iterations: no deeper pipeline than that.
+    local = a.bg.forloop // (k.ksplit or 1)
+    stages = min(k.stages or MAX_STAGES, local)
+    for t in loop_staged:
+        t.stages = stages
+    while total() > arch.smem_per_block and pins.stages is None and stages > 1:
+        stages -= 1
+        for t in loop_staged:
+            t.stages = stages
+    if pins.stages is None and loop_staged:
+        def need(s: int) -> int:
+            for t in loop_staged:
+                t.stages = s
+            return total()
+        gx, gy, gz = a.bg.grid
+        need(two_per_sm_stages(gx * gy * gz * (k.ksplit or 1), stages, arch, need))
+    scratch = 0
+    for t in sorted(bufs, key=lambda t: (-t.type.numel, t.name)):
+        if total() <= arch.smem_per_block:
+            break
+        t.scratch_offset = scratch
+        scratch += pad16(t.type.numel * 4) // 4
+    for t in sorted(staged, key=lambda t: (-t.type.nbytes, t.name)):
+        if total() <= arch.smem_per_block:
+            break
+        if t.name in a.producer:  # a packed computed tile has no global copy to read
+            continue
+        t.home, t.pitch, t.stages = "global", 0, 1
+        staged.remove(t)
+    if scratch and (k.ksplit or 1) > 1:
+        raise MirageError(f"ksplit={k.ksplit} needs every tile in shared memory (the blocks of "
+                          f"a cluster share one scratch area): pin fewer stages or no ksplit")
+    if total() > arch.smem_per_block:
+        raise MirageError(f"the kernel needs {total()} bytes of shared memory, more than the "
+                          f"{arch.smem_per_block} a block may use on {arch.name} (pin fewer "
+                          f"stages)")
+    off = 0
+    for t in staged + [t for t in bufs if t.scratch_offset < 0]:
+        t.smem_offset = off
+        off += t.smem_need()
+    if extra:
+        if any(r.threads_per_row > 32 for r in reds):
+            tiles[RED] = TileDraft(RED, TensorType((W,), DType.F32), "epilogue", "smem",
+                               smem_offset=off, owner="one partial per warp")
+            off += W * 4
+        if has_mma:
+            tiles[ZERO] = TileDraft(ZERO, TensorType((8,), DType.F16), "invariant", "smem",
+                                smem_offset=off, owner="zeros")
+            off += 16
+    return off, scratch
