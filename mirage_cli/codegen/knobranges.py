@@ -6,7 +6,7 @@ knobs and lays the kernel out) and by the tuner through :func:`planner.knob_spac
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 from mirage_cli import arch as archs
 from mirage_cli.codegen import chainplan
@@ -43,25 +43,6 @@ def default_ksplit(a: Analysis, arch: archs.Arch) -> int:
                 and (ks == 2 or 2 * blocks * ks <= arch.num_sms)):
             return ks
     return 1
-
-
-# Shared memory the hardware reserves per resident block (sm_80 and sm_90).
-SMEM_RESERVED = 1024
-
-
-def two_per_sm_stages(blocks: int, stages: int, arch: archs.Arch,
-                      need: Callable[[int], int]) -> int:
-    """The pipeline depth for a grid of ``blocks``: ``stages``, or fewer (not below 2)
-    when that lets two blocks share an SM and the grid has more blocks than SMs (one
-    block per SM would run it in two waves). ``need(s)``: the block's shared memory at
-    ``s`` stages. Measured on an H200 (docs/perf-log.md v14): qknorm_gqa at batch 8, 256
-    blocks of 149 KB at 4 stages, 99.6 µs; at 2 stages (109 KB, two per SM) 61.5 µs."""
-    def fits(s: int) -> bool:
-        return 2 * (need(s) + SMEM_RESERVED) <= arch.smem_per_sm
-
-    if blocks <= arch.num_sms or fits(stages):
-        return stages
-    return next((s for s in range(stages - 1, 1, -1) if fits(s)), stages)
 
 
 def default_threads(bg: BlockGraph) -> int:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from mirage_cli import arch as archs
 from mirage_cli.codegen.blockfacts import Analysis
-from mirage_cli.codegen.knobranges import VEC_BYTES, two_per_sm_stages
+from mirage_cli.codegen.knobranges import VEC_BYTES
 from mirage_cli.diagnostics import MirageError
 from mirage_cli.ir import DType, TensorType
 from mirage_cli.kplan import Home, Knobs, ReducePlan
@@ -91,13 +91,6 @@ def allocate(a: Analysis, tiles: dict[str, TileDraft], has_mma: bool, reds: list
         stages -= 1
         for t in loop_staged:
             t.stages = stages
-    if pins.stages is None and loop_staged:
-        def need(s: int) -> int:
-            for t in loop_staged:
-                t.stages = s
-            return total()
-        gx, gy, gz = a.bg.grid
-        need(two_per_sm_stages(gx * gy * gz * (k.ksplit or 1), stages, arch, need))
     scratch = 0
     for t in sorted(bufs, key=lambda t: (-t.type.numel, t.name)):
         if total() <= arch.smem_per_block:

@@ -54,8 +54,9 @@ def cache_dir() -> Path:
 # default, and memory terms scale with the profile's mem_util_exp; 10: a search ends
 # by its work limit, max_states per unit, and Z3 queries by a resource count, not by
 # the clock, so an entry no longer depends on the load it was searched under; 11: the
-# planner's default stages and cluster split, which the model reads, changed).
-SEARCH_REVISION = 11
+# planner's default stages and cluster split, which the model reads, changed; 12: the
+# two-blocks-per-SM default depth of 11 withdrawn).
+SEARCH_REVISION = 12
 
 
 def program_hash(program: Graph) -> str:
