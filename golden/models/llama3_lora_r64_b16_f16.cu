@@ -12,7 +12,7 @@
 // input 3 'B': f16[64, 4096]
 // output 0 'Y': f16[16, 4096]
 // kernel mg_k0_mirage_llama3_lora_r64_b16_f16_h16x4096_h4096x4096_h4096x64_h64x4096_to_h16x4096: grid [512, 1, 1], 128 threads, 13840 B dynamic shared memory
-// kernel mg_k1_mirage_llama3_lora_r64_b16_f16_h16x4096_h4096x4096_h4096x64_h64x4096_to_h16x4096: grid [8, 1, 8], 128 threads, 13840 B dynamic shared memory
+// kernel mg_k1_mirage_llama3_lora_r64_b16_f16_h16x4096_h4096x4096_h4096x64_h64x4096_to_h16x4096: grid [8, 1, 2], 128 threads, 13840 B dynamic shared memory
 // kernel mg_k2_mirage_llama3_lora_r64_b16_f16_h16x4096_h4096x4096_h4096x64_h64x4096_to_h16x4096: grid [512, 1, 1], 128 threads, 3856 B dynamic shared memory
 // kernel mg_k3_mirage_llama3_lora_r64_b16_f16_h16x4096_h4096x4096_h4096x64_h64x4096_to_h16x4096: grid [256, 1, 1], 256 threads, 0 B dynamic shared memory
 
@@ -324,14 +324,14 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_llama3_lora_r6
 }
 
 // matmul as a generated block graph: grid [8, 1, 1], forloop 64, tensor cores
-extern "C" __global__ void __cluster_dims__(1, 1, 8) __launch_bounds__(128, 1) mg_k1_mirage_llama3_lora_r64_b16_f16_h16x4096_h4096x4096_h4096x64_h64x4096_to_h16x4096(
+extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(128, 1) mg_k1_mirage_llama3_lora_r64_b16_f16_h16x4096_h4096x4096_h4096x64_h64x4096_to_h16x4096(
     const mg_f16* __restrict__ p0,
     const mg_f16* __restrict__ p1,
     mg_f16* __restrict__ p2) {
   const int bx = blockIdx.x, by = blockIdx.y, bz = 0;
   (void)bx; (void)by; (void)bz;
   const unsigned mg_rank = blockIdx.z;
-  const int mg_it0 = (int)mg_rank * 8;
+  const int mg_it0 = (int)mg_rank * 32;
   extern __shared__ __align__(16) unsigned char mg_smem[];
   const int base_a = 0;
   const int base_b = bx * 8;
@@ -373,12 +373,12 @@ extern "C" __global__ void __cluster_dims__(1, 1, 8) __launch_bounds__(128, 1) m
   float acc_s[1][4];
   #pragma unroll
   for (int j = 0; j < 1; ++j) acc_s[j][0] = acc_s[j][1] = acc_s[j][2] = acc_s[j][3] = 0.0f;
-  for (int it = 0; it < 8; ++it) {
+  for (int it = 0; it < 32; ++it) {
     const int off_a = base_a + (mg_it0 + it) * 64;
     const int off_b = base_b + (mg_it0 + it) * 4096;
     mg_cp_async_wait<2>();
     __syncthreads();
-    if (it + 3 < 8) {
+    if (it + 3 < 32) {
       #pragma unroll
       for (int i = 0; i < 1; ++i) mg_cp_async16((sm_a_0 + (((it + 3)) % 4) * 1152) + mg_do_a[i], p0 + ((off_a + 192)) + mg_so_a[i]);
       for (int c9 = threadIdx.x; c9 < 64; c9 += 128) {
@@ -447,13 +447,13 @@ extern "C" __global__ void __cluster_dims__(1, 1, 8) __launch_bounds__(128, 1) m
   __syncthreads();
   mg_cluster_sync();
   for (int e0 = threadIdx.x; e0 < 32; e0 += 512) {
-    float4 mg_p[4][8];
+    float4 mg_p[4][2];
     #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const int e = e0 + j * 128;
       if (e < 32) {
         #pragma unroll
-        for (unsigned r = 0; r < 8; ++r) mg_p[j][r] = mg_dsmem_ld4(buf_s + 4 * e, r);
+        for (unsigned r = 0; r < 2; ++r) mg_p[j][r] = mg_dsmem_ld4(buf_s + 4 * e, r);
       }
     }
     #pragma unroll
@@ -462,7 +462,7 @@ extern "C" __global__ void __cluster_dims__(1, 1, 8) __launch_bounds__(128, 1) m
       if (e < 32) {
         float4 v = mg_p[j][0];
         #pragma unroll
-        for (unsigned r = 1; r < 8; ++r) {
+        for (unsigned r = 1; r < 2; ++r) {
           v.x += mg_p[j][r].x;
           v.y += mg_p[j][r].y;
           v.z += mg_p[j][r].z;
@@ -475,7 +475,7 @@ extern "C" __global__ void __cluster_dims__(1, 1, 8) __launch_bounds__(128, 1) m
   mg_cluster_arrive();
   __syncthreads();
   buf_s = reinterpret_cast<float*>(mg_smem + 0);
-  for (int e11 = (int)mg_rank * 128 + (int)threadIdx.x; e11 < 16; e11 += 1024) {
+  for (int e11 = (int)mg_rank * 128 + (int)threadIdx.x; e11 < 16; e11 += 256) {
     const int i12_0 = e11;
     mg_st8(p2 + (bx * 8 + i12_0 * 64), buf_s[i12_0 * 8 + (0 + 0)], buf_s[i12_0 * 8 + (0 + 1)], buf_s[i12_0 * 8 + (0 + 2)], buf_s[i12_0 * 8 + (0 + 3)], buf_s[i12_0 * 8 + (0 + 4)], buf_s[i12_0 * 8 + (0 + 5)], buf_s[i12_0 * 8 + (0 + 6)], buf_s[i12_0 * 8 + (0 + 7)]);
   }
@@ -627,7 +627,7 @@ extern "C" cudaError_t mirage_llama3_lora_r64_b16_f16_h16x4096_h4096x4096_h4096x
     const mg_f16* mg_a1 = (const mg_f16*)(mg_in2_A);
     mg_f16* mg_a2 = (mg_f16*)(mg_ws + 131072);
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
-    mg_err = cudaLaunchKernel((const void*)mg_k1_mirage_llama3_lora_r64_b16_f16_h16x4096_h4096x4096_h4096x64_h64x4096_to_h16x4096, dim3(8, 1, 8),
+    mg_err = cudaLaunchKernel((const void*)mg_k1_mirage_llama3_lora_r64_b16_f16_h16x4096_h4096x4096_h4096x64_h64x4096_to_h16x4096, dim3(8, 1, 2),
                               dim3(128), mg_args, 13840, mg_stream);
   }
   if (mg_err != cudaSuccess) return mg_err;

@@ -23,26 +23,24 @@ def vec_elems(t: TensorType, *row_lengths: int) -> int:
 
 
 def default_ksplit(a: Analysis, arch: archs.Arch) -> int:
-    """The largest cluster (2, 4, 8) whose blocks still fit on the GPU at once, leaving
-    each block 8 or more iterations; past 2, only while the split grid fills at most half
-    the SMs. 1 when none qualifies. A small grid's blocks then stream more columns per
-    row of the weight (wider pieces, fewer re-reads of the shared operand) and the
-    cluster fills the GPU. Measured on an H200: rmsnorm_linear grid 64 with a split of
-    2 ran 17.5 / 20.3 / 23.5 µs at batch 1 / 8 / 16, grid 128 without it 20.7 / 23.6 /
-    29.7, grid 64 without it 22.0 / 25.3 / 34.6 (docs/perf-log.md v7); splits of 4 that
-    fill the GPU lost (grid 32: 27–47 µs, v11-v12: a wider tile leaves room for fewer
-    stages; grid 64: two waves); qknorm_gqa at batch 1 (grid 16, forloop 64) ran 124.4 /
-    64.7 / 34.3 / 41.1 µs with splits 1 / 2 / 4 / 8 (v14). Short loops do not pay for
-    the cluster's combine (lora at batch 16, grid 64, 4 iterations per block: 8.3 µs
-    against 5.9 unsplit)."""
+    """2 when the grid fills at most half the SMs and the forloop splits into halves of
+    8 or more iterations, else 1: a small grid's blocks then stream twice as many
+    columns per row of the weight (wider pieces, half the re-reads of the shared
+    operand) and the cluster still fills the GPU. Measured on an H200 (docs/perf-log.md
+    v7): rmsnorm_linear grid 64 with the split ran 17.5 / 20.3 / 23.5 µs at batch 1 /
+    8 / 16, grid 128 without it 20.7 / 23.6 / 29.7, grid 64 without it 22.0 / 25.3 /
+    34.6. Splits of 4 lost (grid 32: 27–47 µs): a block's wider tile leaves room for
+    fewer pipeline stages. Short loops do not pay for the cluster's combine (lora at
+    batch 16, grid 64, 4 iterations per block: 8.3 µs against 5.9 unsplit). Larger
+    default clusters for small grids (qknorm_gqa at batch 1: 34.3 µs with 4 against
+    64.7 with 2) were withdrawn (v14): the cost model, which reads the default plan,
+    then ranked grids of 2 to 4 blocks with clusters of 8 first for large weights."""
     gx, gy, gz = a.bg.grid
     blocks = gx * gy * gz
-    legal = ksplit_range(a, arch.name)
-    for ks in (8, 4, 2):
-        if (ks in legal and blocks * ks <= arch.num_sms and a.bg.forloop // ks >= 8
-                and (ks == 2 or 2 * blocks * ks <= arch.num_sms)):
-            return ks
-    return 1
+    if (2 not in ksplit_range(a, arch.name) or 2 * blocks > arch.num_sms
+            or a.bg.forloop // 2 < 8):
+        return 1
+    return 2
 
 
 def default_threads(bg: BlockGraph) -> int:
