@@ -287,3 +287,22 @@ def test_ctrl_c_during_a_pruning_query_reaches_the_search(tmp_path) -> None:  # 
                        text=True,
                        timeout=60, env={**os.environ, "PYTHONPATH": str(root)})
     assert r.stdout.strip() == "interrupted", r.stdout + r.stderr
+
+
+def test_a_whole_answer_slower_than_unfused_is_searched_cut_too():
+    """The cut into parts runs when nothing whole verified, and also when the best
+    whole answer is predicted slower than the unfused program; not otherwise."""
+    import dataclasses
+
+    from mirage_cli.search.cost import estimate
+    from mirage_cli.search.driver import Candidate, _cut_too
+
+    program = load_graph("examples/lora.mir")
+    unfused = estimate(program)
+
+    def cand(us: float) -> Candidate:
+        return Candidate(program, None, (), dataclasses.replace(unfused, time_us=us), {})  # type: ignore[arg-type]
+
+    assert _cut_too(program, [])
+    assert _cut_too(program, [cand(unfused.time_us * 2)])
+    assert not _cut_too(program, [cand(unfused.time_us / 2)])

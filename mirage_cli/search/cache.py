@@ -55,8 +55,9 @@ def cache_dir() -> Path:
 # by its work limit, max_states per unit, and Z3 queries by a resource count, not by
 # the clock, so an entry no longer depends on the load it was searched under; 11: the
 # planner's default stages and cluster split, which the model reads, changed; 12: the
-# two-blocks-per-SM default depth of 11 withdrawn; 13: and its larger default clusters).
-SEARCH_REVISION = 13
+# two-blocks-per-SM default depth of 11 withdrawn; 13: and its larger default clusters;
+# 14: a whole answer predicted slower than the unfused program is searched cut too).
+SEARCH_REVISION = 14
 
 
 def program_hash(program: Graph) -> str:

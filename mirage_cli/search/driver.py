@@ -253,11 +253,24 @@ def search(program: Graph, options: SearchOptions, budget: float | None = None,
     designs, complete = _enumerate(program, options, deadline, jobs, prog, notify, unit_map)
     pool: list[Design] | None = list(designs)
     cands = rank_and_verify(program, list(designs), options, prog, notify, jobs, deadline)
-    if not cands and depth < MAX_DEPTH and len(program.ops) > 1:
-        cands = _mixed(program, options, deadline, jobs, prog, depth, unit_map)
-        pool = None  # a mixed answer's designs are its parts', not this program's
+    if _cut_too(program, cands) and depth < MAX_DEPTH and len(program.ops) > 1:
+        mixed = _mixed(program, options, deadline, jobs, prog, depth, unit_map)
+        if mixed and (not cands or mixed[0].cost.time_us < cands[0].cost.time_us):
+            cands = mixed + cands
+            pool = None  # a mixed answer's designs are its parts', not this program's
     return SearchResult(cands, prog, _complete(complete, prog, deadline),
                         time.time() - start, pool)
+
+
+def _cut_too(program: Graph, cands: list[Candidate]) -> bool:
+    """Whether to search the program cut into parts as well: when nothing whole
+    verified, or when the best whole answer is predicted slower than the unfused
+    program (a fused answer slower than none is no answer: qwen2_mlp at batch 16
+    shipped a 945 µs design, a pre-defined matmul then one custom kernel of 8 blocks,
+    while the cut after the gated product gives 137 µs; docs/perf-log.md)."""
+    from mirage_cli.search.cost import estimate
+
+    return not cands or cands[0].cost.time_us > estimate(program).time_us
 
 
 def _complete(complete: bool, prog: Progress, deadline: float | None) -> bool:
