@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 
 from click.testing import CliRunner
+from test_distributed import LAYER  # the tiny layer both tests search
 
 from mirage_cli.cli import main
 from mirage_cli.parser import parse_text
@@ -77,20 +78,6 @@ def test_a_z3_query_stops_at_a_resource_count_not_a_time() -> None:
     assert fed.is_subexpr(term) and fed.stats.unknown_limit == 0
 
 
-LAYER = """program tiny(rows = 8, hidden = 64, n = 32) {
-  input X: f32[rows, hidden];
-  input G: f32[hidden];
-  input W: f32[hidden, n];
-  Y = rms_norm(X, G, eps=1e-05);
-  Z = matmul(Y, W);
-  Z3 = reshape(Z, d0=rows, d1=2, d2=16);
-  R = rotate_half(Z3);
-  E = exp(R);
-  S = sum(E, dim=2, keepdim=true);
-  P = div(E, S);
-  output P;
-}
-"""
 
 
 def test_a_layer_part_the_budget_stopped_is_named_in_a_warning(tmp_path: Path) -> None:
