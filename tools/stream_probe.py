@@ -11,7 +11,15 @@ rate it reaches is what the access pattern allows:
 
 - ``cp``: the generated kernels' path: 16-byte ``cp.async`` into a ring of shared-memory
   stages (``STAGES`` deep, about 24 KB each), one barrier per stage;
-- ``ld``: 16-byte loads straight into registers, 8 in flight per thread.
+- ``ld``: 16-byte loads straight into registers, 8 in flight per thread;
+- ``bulk``: Hopper bulk copies (``cp.async.bulk``, one per row piece, issued by one warp)
+  into the same ring, completion counted by an mbarrier per stage, one barrier per stage;
+- ``ws``: the bulk copies issued by a producer warp that waits on an "empty" mbarrier
+  per stage instead of a block barrier (warp specialisation), so copies for later stages
+  never wait for the slowest consumer warp.
+
+``--rows R1,R2,...`` repeats the sweep for W of R rows (default 4096): the time against
+the bytes read separates a fixed cost per call from the streaming rate.
 
 Configurations sweep the piece width (96 B to whole 12 KB rows), the number of blocks
 (128 or 256) and the pipeline depth. W is 4096 x 6144 f16 (rmsnorm_linear's), four
@@ -32,12 +40,34 @@ from mirage_cli.codegen.runner import Device, check
 K, ROW = 4096, 12288  # rows of W, bytes per row (6144 f16)
 THREADS = 256
 COPIES = 4
+ARENA = 192 << 20  # bytes of W copies at least: over three times the H200's 60 MiB L2
 
 SOURCE = r"""
 #define THREADS 256
 __device__ __forceinline__ void cp16(void* s, const void* g) {
   unsigned a = (unsigned)__cvta_generic_to_shared(s);
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" :: "r"(a), "l"(g) : "memory");
+}
+__device__ __forceinline__ unsigned smaddr(const void* p) {
+  return (unsigned)__cvta_generic_to_shared(p);
+}
+__device__ __forceinline__ void bar_init(unsigned long long* b, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(smaddr(b)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void bar_expect(unsigned long long* b, int bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
+               :: "r"(smaddr(b)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void bar_arrive(unsigned long long* b) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(smaddr(b)) : "memory");
+}
+__device__ __forceinline__ void bar_wait(unsigned long long* b, int parity) {
+  asm volatile("{\n .reg .pred p;\n W: mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+               " @!p bra W;\n}" :: "r"(smaddr(b)), "r"(parity) : "memory");
+}
+__device__ __forceinline__ void bulk(void* s, const void* g, int bytes, unsigned long long* b) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+               :: "r"(smaddr(s)), "l"(g), "r"(bytes), "r"(smaddr(b)) : "memory");
 }
 __device__ __forceinline__ float fold(uint4 v) {
   return __int_as_float(v.x & 0x3fffffff) + __int_as_float(v.y & 0x3fffffff)
@@ -73,6 +103,72 @@ extern "C" __global__ void __launch_bounds__(THREADS) probe_cp(
   }
   out[blockIdx.x * THREADS + threadIdx.x] = acc;
 }
+extern "C" __global__ void __launch_bounds__(THREADS) probe_bulk(
+    const char* __restrict__ W, float* out, int piece, int rows_k, int rows_stage) {
+  extern __shared__ __align__(128) char sm[];
+  __shared__ __align__(8) unsigned long long full[STAGES];
+  const int ntiles = ROW / piece, nt = blockIdx.x % ntiles, kp = blockIdx.x / ntiles;
+  const char* base = W + (size_t)kp * rows_k * ROW + (size_t)nt * piece;
+  const int sbytes = rows_stage * piece, chunks = sbytes / 16, iters = rows_k / rows_stage;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < STAGES; ++s) bar_init(&full[s], 1);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+  auto issue = [&](int s) {
+    char* dst = sm + (s % STAGES) * sbytes;
+    if (lane == 0) bar_expect(&full[s % STAGES], sbytes);
+    __syncwarp();
+    for (int r = lane; r < rows_stage; r += 32)
+      bulk(dst + r * piece, base + (size_t)(s * rows_stage + r) * ROW, piece, &full[s % STAGES]);
+  };
+  if (warp == 0)
+    for (int s = 0; s < STAGES && s < iters; ++s) issue(s);
+  float acc = 0.f;
+  for (int it = 0; it < iters; ++it) {
+    bar_wait(&full[it % STAGES], (it / STAGES) & 1);
+    for (int c = threadIdx.x; c < chunks; c += THREADS)
+      acc += fold(*(const uint4*)(sm + (it % STAGES) * sbytes + c * 16));
+    __syncthreads();
+    if (warp == 0 && it + STAGES < iters) issue(it + STAGES);
+  }
+  out[blockIdx.x * THREADS + threadIdx.x] = acc;
+}
+extern "C" __global__ void __launch_bounds__(THREADS) probe_ws(
+    const char* __restrict__ W, float* out, int piece, int rows_k, int rows_stage) {
+  extern __shared__ __align__(128) char sm[];
+  __shared__ __align__(8) unsigned long long full[STAGES], empty[STAGES];
+  const int ntiles = ROW / piece, nt = blockIdx.x % ntiles, kp = blockIdx.x / ntiles;
+  const char* base = W + (size_t)kp * rows_k * ROW + (size_t)nt * piece;
+  const int sbytes = rows_stage * piece, chunks = sbytes / 16, iters = rows_k / rows_stage;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, consumers = THREADS / 32 - 1;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < STAGES; ++s) { bar_init(&full[s], 1); bar_init(&empty[s], consumers); }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+  float acc = 0.f;
+  if (warp == 0) {
+    for (int s = 0; s < iters; ++s) {
+      if (s >= STAGES) bar_wait(&empty[s % STAGES], ((s / STAGES) - 1) & 1);
+      char* dst = sm + (s % STAGES) * sbytes;
+      if (lane == 0) bar_expect(&full[s % STAGES], sbytes);
+      __syncwarp();
+      for (int r = lane; r < rows_stage; r += 32)
+        bulk(dst + r * piece, base + (size_t)(s * rows_stage + r) * ROW, piece, &full[s % STAGES]);
+    }
+  } else {
+    for (int it = 0; it < iters; ++it) {
+      bar_wait(&full[it % STAGES], (it / STAGES) & 1);
+      for (int c = threadIdx.x - 32; c < chunks; c += THREADS - 32)
+        acc += fold(*(const uint4*)(sm + (it % STAGES) * sbytes + c * 16));
+      __syncwarp();
+      if (lane == 0) bar_arrive(&empty[it % STAGES]);
+    }
+  }
+  out[blockIdx.x * THREADS + threadIdx.x] = acc;
+}
 extern "C" __global__ void __launch_bounds__(THREADS) probe_ld(
     const char* __restrict__ W, float* out, int piece, int rows_k, int rows_stage) {
   const int ntiles = ROW / piece, nt = blockIdx.x % ntiles, kp = blockIdx.x / ntiles;
@@ -99,21 +195,31 @@ extern "C" __global__ void __launch_bounds__(THREADS) probe_ld(
 """
 
 
-def configs() -> list[dict[str, int | str]]:
+KINDS = {"cp": (2, 4), "ld": (0,), "bulk": (4, 6, 8), "ws": (4, 6, 8)}
+
+
+def configs(rows: int, kinds: list[str], pieces: tuple[int, ...],
+            blocks_list: tuple[int, ...]) -> list[dict[str, int | str]]:
     out: list[dict[str, int | str]] = []
-    for piece in (96, 192, 384, 768, 1536, 3072, 12288):
+    for piece in pieces:
         ntiles = ROW // piece
-        for blocks in (128, 256, 512):
-            if blocks % ntiles:
+        for blocks in blocks_list:
+            if blocks % ntiles or rows % (blocks // ntiles):
                 continue
-            rows_k = K // (blocks // ntiles)
+            rows_k = rows // (blocks // ntiles)
             rows_stage = max(1, min(rows_k, 24576 // piece))
             while rows_k % rows_stage:
                 rows_stage -= 1
-            for kind, stages in (("cp", 2), ("cp", 4), ("ld", 0)):
-                out.append({"kind": kind, "piece": piece, "blocks": blocks, "stages": stages,
-                            "rows_k": rows_k, "rows_stage": rows_stage})
+            for kind in kinds:
+                for stages in KINDS[kind]:
+                    out.append({"kind": kind, "piece": piece, "blocks": blocks,
+                                "stages": stages, "rows": rows, "rows_k": rows_k,
+                                "rows_stage": rows_stage})
     return out
+
+
+def option(argv: list[str], name: str, default: str) -> str:
+    return argv[argv.index(name) + 1] if name in argv else default
 
 
 def main(argv: list[str]) -> int:
@@ -121,30 +227,37 @@ def main(argv: list[str]) -> int:
     drv = dev.drv
     bw = copybw.measure(dev)
     print(f"copy kernel {bw.copy_kernel / 1e12:.3f} TB/s", flush=True)
-    nbytes = K * ROW
-    ws = [dev.alloc(nbytes) for _ in range(COPIES)]
-    for w in ws:
-        check(drv.cuMemsetD32Async(w, 0x3C003C00, nbytes // 4, dev.stream), "memset")
+    kinds = option(argv, "--kinds", "cp,ld,bulk,ws").split(",")
+    row_counts = [int(r) for r in option(argv, "--rows", str(K)).split(",")]
+    pieces = tuple(int(p) for p in option(argv, "--pieces", "96,192,384,768,1536,3072,12288").split(","))
+    blocks_list = tuple(int(b) for b in option(argv, "--blocks", "128,256,512").split(","))
+    # Enough copies of W, rotated between calls, that no call finds its W in the L2.
+    arena_bytes = max(COPIES * max(row_counts) * ROW, ARENA)
+    arena = dev.alloc(arena_bytes)
+    check(drv.cuMemsetD32Async(arena, 0x3C003C00, arena_bytes // 4, dev.stream), "memset")
     out = dev.alloc(512 * THREADS * 4)
     modules = {}
     rows = []
-    for cfg in configs():
+    for cfg in [c for r in row_counts for c in configs(r, kinds, pieces, blocks_list)]:
         stages = int(cfg["stages"]) or 2
         if stages not in modules:
             src = f"#define STAGES {stages}\n#define ROW {ROW}\n" + SOURCE
             modules[stages] = check(drv.cuModuleLoadData(
                 compile_cuda(src, "probe.cu", dev.arch).cubin), "load")
-        name = b"probe_cp" if cfg["kind"] == "cp" else b"probe_ld"
+        name = f"probe_{cfg['kind']}".encode()
         fn = check(drv.cuModuleGetFunction(modules[stages], name), "fn")
-        smem = stages * int(cfg["rows_stage"]) * int(cfg["piece"]) if cfg["kind"] == "cp" else 0
+        smem = stages * int(cfg["rows_stage"]) * int(cfg["piece"]) if cfg["kind"] != "ld" else 0
         check(drv.cuFuncSetAttribute(
             fn, drv.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
             max(smem, 1)), "attr")
         cells = {}
 
+        nbytes = int(cfg["rows"]) * ROW
+        copies = arena_bytes // nbytes
+
         def launch(i: int, cfg: dict[str, int | str] = cfg, fn=fn, smem=smem,
-                   cells: dict = cells) -> None:
-            vals = [ctypes.c_void_p(ws[i % COPIES]), ctypes.c_void_p(out),
+                   cells: dict = cells, nbytes: int = nbytes, copies: int = copies) -> None:
+            vals = [ctypes.c_void_p(arena + (i % copies) * nbytes), ctypes.c_void_p(out),
                     ctypes.c_int(int(cfg["piece"])), ctypes.c_int(int(cfg["rows_k"])),
                     ctypes.c_int(int(cfg["rows_stage"]))]
             cells[i] = vals
@@ -153,12 +266,13 @@ def main(argv: list[str]) -> int:
             check(drv.cuLaunchKernel(fn, int(cfg["blocks"]), 1, 1, THREADS, 1, 1, smem,
                                      dev.stream, ctypes.addressof(argv_), 0), "launch")
 
-        us = dev.time_graph(launch, COPIES * 2, 10)
+        us = dev.time_graph(launch, min(copies, 16), 10)
         row = {**cfg, "us": us, "tbps": nbytes / (us * 1e-6) / 1e12,
                "copy_tbps": bw.copy_kernel / 1e12}
         rows.append(row)
-        print(f"{cfg['kind']} piece {cfg['piece']:>5} B  blocks {cfg['blocks']:>3}  "
-              f"stages {cfg['stages']}  {us:6.2f} us  {row['tbps']:.2f} TB/s", flush=True)
+        print(f"{cfg['kind']:>4} rows {cfg['rows']:>5} piece {cfg['piece']:>5} B  "
+              f"blocks {cfg['blocks']:>3}  stages {cfg['stages']}  {us:6.2f} us  "
+              f"{row['tbps']:.2f} TB/s", flush=True)
     with open(argv[0], "w") as f:
         json.dump(rows, f, indent=1)
     return 0
