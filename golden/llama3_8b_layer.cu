@@ -87,6 +87,16 @@ __device__ __forceinline__ void mg_st(mg_bf16* p, float v) {
   asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(v));
   p->bits = h;
 }
+// Programmatic dependent launch (sm_90 and later): the entry point lets each kernel
+// start while the kernel before it in the stream drains, so the launch latency is
+// hidden. Every kernel's first act is this wait, which returns once that kernel has
+// finished and its writes are visible: no input is ever read early. On a launch
+// without the attribute it returns at once; before sm_90 it is not emitted.
+__device__ __forceinline__ void mg_grid_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
 __device__ __forceinline__ float mg_silu(float x) { return x / (1.0f + expf(-x)); }
 __device__ __forceinline__ float mg_gelu(float x) {
   return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
@@ -242,6 +252,7 @@ extern "C" __global__ void __launch_bounds__(256) mg_k0_mirage_llama3_8b_layer_a
     const mg_f16* __restrict__ p0,
     const mg_f16* __restrict__ p1,
     mg_f16* __restrict__ p2) {
+  mg_grid_wait();
   const int row = blockIdx.x * 8 + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (row >= 1) return;
@@ -257,6 +268,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k1_mirage_llama3_8b_laye
     const mg_f16* __restrict__ p0,
     const mg_f16* __restrict__ p1,
     mg_f16* __restrict__ p2) {
+  mg_grid_wait();
   const int bx = blockIdx.x, by = blockIdx.y, bz = blockIdx.z;
   (void)bx; (void)by; (void)bz;
   extern __shared__ __align__(16) unsigned char mg_smem[];
@@ -381,6 +393,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k2_mirage_llama3_8b_laye
     const mg_f16* __restrict__ p0,
     const mg_f16* __restrict__ p1,
     mg_f16* __restrict__ p2) {
+  mg_grid_wait();
   const int bx = blockIdx.x, by = blockIdx.y, bz = blockIdx.z;
   (void)bx; (void)by; (void)bz;
   extern __shared__ __align__(16) unsigned char mg_smem[];
@@ -505,6 +518,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k3_mirage_llama3_8b_laye
     const mg_f16* __restrict__ p0,
     const mg_f16* __restrict__ p1,
     mg_f16* __restrict__ p2) {
+  mg_grid_wait();
   const int bx = blockIdx.x, by = blockIdx.y, bz = blockIdx.z;
   (void)bx; (void)by; (void)bz;
   extern __shared__ __align__(16) unsigned char mg_smem[];
@@ -628,6 +642,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k3_mirage_llama3_8b_laye
 extern "C" __global__ void __launch_bounds__(256) mg_k4_mirage_llama3_8b_layer_aec50abcc000(
     const mg_f16* __restrict__ p0,
     mg_f16* __restrict__ p1) {
+  mg_grid_wait();
   for (int e = blockIdx.x * 256 + threadIdx.x; e < 4096; e += gridDim.x * 256) {
     const int i1 = e / 512;
     const int i2 = (e / 128) % 4;
@@ -641,6 +656,7 @@ extern "C" __global__ void __launch_bounds__(256) mg_k4_mirage_llama3_8b_layer_a
 extern "C" __global__ void __launch_bounds__(256) mg_k5_mirage_llama3_8b_layer_aec50abcc000(
     const mg_f16* __restrict__ p0,
     mg_f16* __restrict__ p1) {
+  mg_grid_wait();
   for (int e = blockIdx.x * 256 + threadIdx.x; e < 1024; e += gridDim.x * 256) {
     const int i1 = e / 128;
     const int i3 = (e) % 128;
@@ -653,6 +669,7 @@ extern "C" __global__ void __launch_bounds__(256) mg_k5_mirage_llama3_8b_layer_a
 extern "C" __global__ void __launch_bounds__(256) mg_k6_mirage_llama3_8b_layer_aec50abcc000(
     const mg_f16* __restrict__ p0,
     mg_f16* __restrict__ p1) {
+  mg_grid_wait();
   for (int e = blockIdx.x * 256 + threadIdx.x; e < 1024; e += gridDim.x * 256) {
     const int i1 = e / 128;
     const int i3 = (e) % 128;
@@ -665,6 +682,7 @@ extern "C" __global__ void __launch_bounds__(256) mg_k6_mirage_llama3_8b_layer_a
 extern "C" __global__ void __launch_bounds__(256) mg_k7_mirage_llama3_8b_layer_aec50abcc000(
     const mg_f16* __restrict__ p0,
     mg_f16* __restrict__ p1) {
+  mg_grid_wait();
   for (int e = blockIdx.x * 256 + threadIdx.x; e < 4096; e += gridDim.x * 256) {
     const int i1 = e / 512;
     const int i2 = (e / 128) % 4;
@@ -679,6 +697,7 @@ extern "C" __global__ void __launch_bounds__(256) mg_k8_mirage_llama3_8b_layer_a
     const mg_f16* __restrict__ p0,
     const mg_f16* __restrict__ p1,
     mg_f16* __restrict__ p2) {
+  mg_grid_wait();
   for (int e = blockIdx.x * 256 + threadIdx.x; e < 4096; e += gridDim.x * 256) {
     const int i1 = e / 512;
     const int i2 = (e / 128) % 4;
@@ -695,6 +714,7 @@ extern "C" __global__ void __launch_bounds__(256) mg_k9_mirage_llama3_8b_layer_a
     const mg_f16* __restrict__ p0,
     const mg_f16* __restrict__ p1,
     mg_f16* __restrict__ p2) {
+  mg_grid_wait();
   for (int e = blockIdx.x * 256 + threadIdx.x; e < 4096; e += gridDim.x * 256) {
     const int i1 = e / 512;
     const int i2 = (e / 128) % 4;
@@ -711,6 +731,7 @@ extern "C" __global__ void __launch_bounds__(256) mg_k10_mirage_llama3_8b_layer_
     const mg_f16* __restrict__ p0,
     const mg_f16* __restrict__ p1,
     mg_f16* __restrict__ p2) {
+  mg_grid_wait();
   for (int e = blockIdx.x * 256 + threadIdx.x; e < 4096; e += gridDim.x * 256) {
     const int i1 = e / 512;
     const int i2 = (e / 128) % 4;
@@ -726,6 +747,7 @@ extern "C" __global__ void __launch_bounds__(256) mg_k10_mirage_llama3_8b_layer_
 extern "C" __global__ void __launch_bounds__(256) mg_k11_mirage_llama3_8b_layer_aec50abcc000(
     const mg_f16* __restrict__ p0,
     mg_f16* __restrict__ p1) {
+  mg_grid_wait();
   for (int e = blockIdx.x * 256 + threadIdx.x; e < 1024; e += gridDim.x * 256) {
     const int i1 = e / 128;
     const int i3 = (e) % 128;
@@ -739,6 +761,7 @@ extern "C" __global__ void __launch_bounds__(256) mg_k12_mirage_llama3_8b_layer_
     const mg_f16* __restrict__ p0,
     const mg_f16* __restrict__ p1,
     mg_f16* __restrict__ p2) {
+  mg_grid_wait();
   for (int e = blockIdx.x * 256 + threadIdx.x; e < 1024; e += gridDim.x * 256) {
     const int i1 = e / 128;
     const int i3 = (e) % 128;
@@ -754,6 +777,7 @@ extern "C" __global__ void __launch_bounds__(256) mg_k13_mirage_llama3_8b_layer_
     const mg_f16* __restrict__ p0,
     const mg_f16* __restrict__ p1,
     mg_f16* __restrict__ p2) {
+  mg_grid_wait();
   for (int e = blockIdx.x * 256 + threadIdx.x; e < 1024; e += gridDim.x * 256) {
     const int i1 = e / 128;
     const int i3 = (e) % 128;
@@ -769,6 +793,7 @@ extern "C" __global__ void __launch_bounds__(256) mg_k14_mirage_llama3_8b_layer_
     const mg_f16* __restrict__ p0,
     const mg_f16* __restrict__ p1,
     mg_f16* __restrict__ p2) {
+  mg_grid_wait();
   for (int e = blockIdx.x * 256 + threadIdx.x; e < 1024; e += gridDim.x * 256) {
     const int i1 = e / 128;
     const int i3 = (e) % 128;
@@ -783,6 +808,7 @@ extern "C" __global__ void __launch_bounds__(256) mg_k14_mirage_llama3_8b_layer_
 extern "C" __global__ void __launch_bounds__(256) mg_k15_mirage_llama3_8b_layer_aec50abcc000(
     const mg_f16* __restrict__ p0,
     mg_f16* __restrict__ p1) {
+  mg_grid_wait();
   for (int e = blockIdx.x * 256 + threadIdx.x; e < 1024; e += gridDim.x * 256) {
     const int i1 = e / 128;
     const int i2 = (e) % 128;
@@ -796,6 +822,7 @@ extern "C" __global__ void __launch_bounds__(256) mg_k16_mirage_llama3_8b_layer_
     const mg_f16* __restrict__ p0,
     const mg_f16* __restrict__ p1,
     mg_f16* __restrict__ p2) {
+  mg_grid_wait();
   for (int e = blockIdx.x * 256 + threadIdx.x; e < 4194304; e += gridDim.x * 256) {
     const int i1 = e / 524288;
     const int i2 = (e / 4096) % 128;
@@ -816,6 +843,7 @@ extern "C" __global__ void __launch_bounds__(256) mg_k17_mirage_llama3_8b_layer_
     const mg_f16* __restrict__ p0,
     const mg_f16* __restrict__ p1,
     mg_f16* __restrict__ p2) {
+  mg_grid_wait();
   for (int e = blockIdx.x * 256 + threadIdx.x; e < 4194304; e += gridDim.x * 256) {
     const int i1 = e / 524288;
     const int i2 = (e / 128) % 4096;
@@ -836,6 +864,7 @@ extern "C" __global__ void __launch_bounds__(256) mg_k18_mirage_llama3_8b_layer_
     const mg_f16* __restrict__ p0,
     const mg_f16* __restrict__ p1,
     mg_f16* __restrict__ p2) {
+  mg_grid_wait();
   const int bz = blockIdx.z;
   (void)bz;
   const int z1 = bz;
@@ -886,6 +915,7 @@ extern "C" __global__ void __launch_bounds__(256) mg_k18_mirage_llama3_8b_layer_
 extern "C" __global__ void __launch_bounds__(256) mg_k19_mirage_llama3_8b_layer_aec50abcc000(
     const mg_f16* __restrict__ p0,
     mg_f16* __restrict__ p1) {
+  mg_grid_wait();
   for (int e = blockIdx.x * 256 + threadIdx.x; e < 131072; e += gridDim.x * 256) {
     const int i1 = e / 16384;
     const int i2 = (e / 4096) % 4;
@@ -900,6 +930,7 @@ extern "C" __global__ void __launch_bounds__(256) mg_k19_mirage_llama3_8b_layer_
 extern "C" __global__ void __launch_bounds__(256) mg_k20_mirage_llama3_8b_layer_aec50abcc000(
     const mg_f16* __restrict__ p0,
     mg_f16* __restrict__ p1) {
+  mg_grid_wait();
   const int row = blockIdx.x * 8 + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (row >= 32) return;
@@ -920,6 +951,7 @@ extern "C" __global__ void __launch_bounds__(256) mg_k21_mirage_llama3_8b_layer_
     const mg_f16* __restrict__ p0,
     const mg_f16* __restrict__ p1,
     mg_f16* __restrict__ p2) {
+  mg_grid_wait();
   const int bz = blockIdx.z;
   (void)bz;
   const int z1 = bz;
@@ -970,6 +1002,7 @@ extern "C" __global__ void __launch_bounds__(256) mg_k21_mirage_llama3_8b_layer_
 extern "C" __global__ void __launch_bounds__(256) mg_k22_mirage_llama3_8b_layer_aec50abcc000(
     const mg_f16* __restrict__ p0,
     mg_f16* __restrict__ p1) {
+  mg_grid_wait();
   for (int e = blockIdx.x * 256 + threadIdx.x; e < 4096; e += gridDim.x * 256) {
     const int i1 = e;
     const float v1 = mg_ld(p0[(int)((((long long)(i1) * 1) / 512)) * 512 + (int)((((long long)(i1) * 1) / 128) % 4) * 128 + (int)((((long long)(i1) * 1) / 1) % 128)]);
@@ -982,6 +1015,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k23_mirage_llama3_8b_lay
     const mg_f16* __restrict__ p0,
     const mg_f16* __restrict__ p1,
     mg_f16* __restrict__ p2) {
+  mg_grid_wait();
   const int bx = blockIdx.x, by = blockIdx.y, bz = blockIdx.z;
   (void)bx; (void)by; (void)bz;
   extern __shared__ __align__(16) unsigned char mg_smem[];
@@ -1106,6 +1140,7 @@ extern "C" __global__ void __launch_bounds__(256) mg_k24_mirage_llama3_8b_layer_
     const mg_f16* __restrict__ p0,
     const mg_f16* __restrict__ p1,
     mg_f16* __restrict__ p2) {
+  mg_grid_wait();
   for (int e = blockIdx.x * 256 + threadIdx.x; e < 4096; e += gridDim.x * 256) {
     const int i1 = e;
     const float v1 = mg_ld(p0[i1]);
@@ -1120,6 +1155,7 @@ extern "C" __global__ void __launch_bounds__(256) mg_k25_mirage_llama3_8b_layer_
     const mg_f16* __restrict__ p0,
     const mg_f16* __restrict__ p1,
     mg_f16* __restrict__ p2) {
+  mg_grid_wait();
   const int row = blockIdx.x * 8 + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (row >= 1) return;
@@ -1135,6 +1171,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k26_mirage_llama3_8b_lay
     const mg_f16* __restrict__ p0,
     const mg_f16* __restrict__ p1,
     mg_f16* __restrict__ p2) {
+  mg_grid_wait();
   const int bx = blockIdx.x, by = blockIdx.y, bz = blockIdx.z;
   (void)bx; (void)by; (void)bz;
   extern __shared__ __align__(16) unsigned char mg_smem[];
@@ -1261,6 +1298,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k27_mirage_llama3_8b_lay
     const mg_f16* __restrict__ p0,
     const mg_f16* __restrict__ p1,
     mg_f16* __restrict__ p2) {
+  mg_grid_wait();
   const int bx = blockIdx.x, by = blockIdx.y, bz = blockIdx.z;
   (void)bx; (void)by; (void)bz;
   extern __shared__ __align__(16) unsigned char mg_smem[];
@@ -1386,6 +1424,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k27_mirage_llama3_8b_lay
 extern "C" __global__ void __launch_bounds__(256) mg_k28_mirage_llama3_8b_layer_aec50abcc000(
     const mg_f16* __restrict__ p0,
     mg_f16* __restrict__ p1) {
+  mg_grid_wait();
   for (int e = blockIdx.x * 256 + threadIdx.x; e < 14336; e += gridDim.x * 256) {
     const int i1 = e;
     const float v1 = mg_ld(p0[i1]);
@@ -1399,6 +1438,7 @@ extern "C" __global__ void __launch_bounds__(256) mg_k29_mirage_llama3_8b_layer_
     const mg_f16* __restrict__ p0,
     const mg_f16* __restrict__ p1,
     mg_f16* __restrict__ p2) {
+  mg_grid_wait();
   for (int e = blockIdx.x * 256 + threadIdx.x; e < 14336; e += gridDim.x * 256) {
     const int i1 = e;
     const float v1 = mg_ld(p0[i1]);
@@ -1413,6 +1453,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k30_mirage_llama3_8b_lay
     const mg_f16* __restrict__ p0,
     const mg_f16* __restrict__ p1,
     mg_f16* __restrict__ p2) {
+  mg_grid_wait();
   const int bx = blockIdx.x, by = blockIdx.y, bz = blockIdx.z;
   (void)bx; (void)by; (void)bz;
   extern __shared__ __align__(16) unsigned char mg_smem[];
@@ -1537,6 +1578,7 @@ extern "C" __global__ void __launch_bounds__(256) mg_k31_mirage_llama3_8b_layer_
     const mg_f16* __restrict__ p0,
     const mg_f16* __restrict__ p1,
     mg_f16* __restrict__ p2) {
+  mg_grid_wait();
   for (int e = blockIdx.x * 256 + threadIdx.x; e < 4096; e += gridDim.x * 256) {
     const int i1 = e;
     const float v1 = mg_ld(p0[i1]);
@@ -1550,23 +1592,64 @@ extern "C" __global__ void __launch_bounds__(256) mg_k31_mirage_llama3_8b_layer_
 #include <cuda_runtime.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <atomic>
+
+#if CUDART_VERSION < 11080
+#error "mirage-cli generated code needs CUDA 11.8 or newer (cudaLaunchKernelExC)"
+#endif
 
 extern "C" size_t mirage_llama3_8b_layer_aec50abcc000_workspace_bytes(void) { return 17799168u; }
 
-// Every CUDA call's own status is returned (cudaLaunchKernel reports the launch's
+// What the launcher needs to know about the current device, found once per device
+// (a state per device ordinal; two threads racing store the same value, which is
+// harmless) and on every call for ordinals past the table: bit 0 says the device is
+// prepared (no kernel needs a per-device
+// attribute), bit 1 that it has compute capability 9.0 or
+// later, where kernels are launched with programmatic stream serialisation.
+static std::atomic<int> mg_device_state_mirage_llama3_8b_layer_aec50abcc000[64];
+
+static cudaError_t mg_prepare_mirage_llama3_8b_layer_aec50abcc000(int* mg_state) {
+  int mg_dev = -1;
+  cudaError_t mg_err = cudaGetDevice(&mg_dev);
+  if (mg_err != cudaSuccess) return mg_err;
+  const bool mg_tabled = mg_dev >= 0 && mg_dev < 64;
+  if (mg_tabled) {
+    *mg_state = mg_device_state_mirage_llama3_8b_layer_aec50abcc000[mg_dev].load(std::memory_order_acquire);
+    if (*mg_state != 0) return cudaSuccess;
+  }
+  int mg_major = 0;
+  mg_err = cudaDeviceGetAttribute(&mg_major, cudaDevAttrComputeCapabilityMajor, mg_dev);
+  if (mg_err != cudaSuccess) return mg_err;
+  *mg_state = 1 | (mg_major >= 9 ? 2 : 0);
+  if (mg_tabled) mg_device_state_mirage_llama3_8b_layer_aec50abcc000[mg_dev].store(*mg_state, std::memory_order_release);
+  return cudaSuccess;
+}
+
+// Every CUDA call's own status is returned (cudaLaunchKernelExC reports the launch's
 // error itself), so an earlier, unrelated error left in the runtime's last-error
 // state is neither reported as ours nor cleared.
 extern "C" cudaError_t mirage_llama3_8b_layer_aec50abcc000(const void* mg_in0_X, const void* mg_in1_G1, const void* mg_in2_WQ, const void* mg_in3_WK, const void* mg_in4_WV, const void* mg_in5_COS, const void* mg_in6_SIN, const void* mg_in7_KC, const void* mg_in8_VC, const void* mg_in9_WO, const void* mg_in10_G2, const void* mg_in11_W1, const void* mg_in12_W3, const void* mg_in13_W2, void* mg_out0_Y, void* mg_out1_KE, void* mg_out2_V4, void* mg_workspace, cudaStream_t mg_stream) {
   char* const mg_ws = static_cast<char*>(mg_workspace);
   (void)mg_ws;
-  cudaError_t mg_err = cudaSuccess;
+  int mg_state = 0;
+  cudaError_t mg_err = mg_prepare_mirage_llama3_8b_layer_aec50abcc000(&mg_state);
+  if (mg_err != cudaSuccess) return mg_err;
+  cudaLaunchAttribute mg_pdl[1];
+  mg_pdl[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  mg_pdl[0].val.programmaticStreamSerializationAllowed = 1;
   {
     const mg_f16* mg_a0 = (const mg_f16*)(mg_in0_X);
     const mg_f16* mg_a1 = (const mg_f16*)(mg_in1_G1);
     mg_f16* mg_a2 = (mg_f16*)(mg_ws + 0);
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
-    mg_err = cudaLaunchKernel((const void*)mg_k0_mirage_llama3_8b_layer_aec50abcc000, dim3(1, 1, 1),
-                              dim3(256), mg_args, 0, mg_stream);
+    cudaLaunchConfig_t mg_cfg = {};
+    mg_cfg.gridDim = dim3(1, 1, 1);
+    mg_cfg.blockDim = dim3(256);
+    mg_cfg.dynamicSmemBytes = 0;
+    mg_cfg.stream = mg_stream;
+    mg_cfg.attrs = mg_pdl;
+    mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
+    mg_err = cudaLaunchKernelExC(&mg_cfg, (const void*)mg_k0_mirage_llama3_8b_layer_aec50abcc000, mg_args);
   }
   if (mg_err != cudaSuccess) return mg_err;
   {
@@ -1574,8 +1657,14 @@ extern "C" cudaError_t mirage_llama3_8b_layer_aec50abcc000(const void* mg_in0_X,
     const mg_f16* mg_a1 = (const mg_f16*)(mg_in2_WQ);
     mg_f16* mg_a2 = (mg_f16*)(mg_ws + 8192);
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
-    mg_err = cudaLaunchKernel((const void*)mg_k1_mirage_llama3_8b_layer_aec50abcc000, dim3(512, 1, 1),
-                              dim3(128), mg_args, 4720, mg_stream);
+    cudaLaunchConfig_t mg_cfg = {};
+    mg_cfg.gridDim = dim3(512, 1, 1);
+    mg_cfg.blockDim = dim3(128);
+    mg_cfg.dynamicSmemBytes = 4720;
+    mg_cfg.stream = mg_stream;
+    mg_cfg.attrs = mg_pdl;
+    mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
+    mg_err = cudaLaunchKernelExC(&mg_cfg, (const void*)mg_k1_mirage_llama3_8b_layer_aec50abcc000, mg_args);
   }
   if (mg_err != cudaSuccess) return mg_err;
   {
@@ -1583,8 +1672,14 @@ extern "C" cudaError_t mirage_llama3_8b_layer_aec50abcc000(const void* mg_in0_X,
     const mg_f16* mg_a1 = (const mg_f16*)(mg_in3_WK);
     mg_f16* mg_a2 = (mg_f16*)(mg_ws + 16384);
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
-    mg_err = cudaLaunchKernel((const void*)mg_k2_mirage_llama3_8b_layer_aec50abcc000, dim3(128, 1, 1),
-                              dim3(128), mg_args, 4720, mg_stream);
+    cudaLaunchConfig_t mg_cfg = {};
+    mg_cfg.gridDim = dim3(128, 1, 1);
+    mg_cfg.blockDim = dim3(128);
+    mg_cfg.dynamicSmemBytes = 4720;
+    mg_cfg.stream = mg_stream;
+    mg_cfg.attrs = mg_pdl;
+    mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
+    mg_err = cudaLaunchKernelExC(&mg_cfg, (const void*)mg_k2_mirage_llama3_8b_layer_aec50abcc000, mg_args);
   }
   if (mg_err != cudaSuccess) return mg_err;
   {
@@ -1592,40 +1687,70 @@ extern "C" cudaError_t mirage_llama3_8b_layer_aec50abcc000(const void* mg_in0_X,
     const mg_f16* mg_a1 = (const mg_f16*)(mg_in4_WV);
     mg_f16* mg_a2 = (mg_f16*)(mg_ws + 18432);
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
-    mg_err = cudaLaunchKernel((const void*)mg_k3_mirage_llama3_8b_layer_aec50abcc000, dim3(128, 1, 1),
-                              dim3(128), mg_args, 4720, mg_stream);
+    cudaLaunchConfig_t mg_cfg = {};
+    mg_cfg.gridDim = dim3(128, 1, 1);
+    mg_cfg.blockDim = dim3(128);
+    mg_cfg.dynamicSmemBytes = 4720;
+    mg_cfg.stream = mg_stream;
+    mg_cfg.attrs = mg_pdl;
+    mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
+    mg_err = cudaLaunchKernelExC(&mg_cfg, (const void*)mg_k3_mirage_llama3_8b_layer_aec50abcc000, mg_args);
   }
   if (mg_err != cudaSuccess) return mg_err;
   {
     const mg_f16* mg_a0 = (const mg_f16*)(mg_ws + 8192);
     mg_f16* mg_a1 = (mg_f16*)(mg_ws + 20480);
     void* mg_args[] = {&mg_a0, &mg_a1};
-    mg_err = cudaLaunchKernel((const void*)mg_k4_mirage_llama3_8b_layer_aec50abcc000, dim3(16, 1, 1),
-                              dim3(256), mg_args, 0, mg_stream);
+    cudaLaunchConfig_t mg_cfg = {};
+    mg_cfg.gridDim = dim3(16, 1, 1);
+    mg_cfg.blockDim = dim3(256);
+    mg_cfg.dynamicSmemBytes = 0;
+    mg_cfg.stream = mg_stream;
+    mg_cfg.attrs = mg_pdl;
+    mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
+    mg_err = cudaLaunchKernelExC(&mg_cfg, (const void*)mg_k4_mirage_llama3_8b_layer_aec50abcc000, mg_args);
   }
   if (mg_err != cudaSuccess) return mg_err;
   {
     const mg_f16* mg_a0 = (const mg_f16*)(mg_ws + 16384);
     mg_f16* mg_a1 = (mg_f16*)(mg_ws + 28672);
     void* mg_args[] = {&mg_a0, &mg_a1};
-    mg_err = cudaLaunchKernel((const void*)mg_k5_mirage_llama3_8b_layer_aec50abcc000, dim3(4, 1, 1),
-                              dim3(256), mg_args, 0, mg_stream);
+    cudaLaunchConfig_t mg_cfg = {};
+    mg_cfg.gridDim = dim3(4, 1, 1);
+    mg_cfg.blockDim = dim3(256);
+    mg_cfg.dynamicSmemBytes = 0;
+    mg_cfg.stream = mg_stream;
+    mg_cfg.attrs = mg_pdl;
+    mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
+    mg_err = cudaLaunchKernelExC(&mg_cfg, (const void*)mg_k5_mirage_llama3_8b_layer_aec50abcc000, mg_args);
   }
   if (mg_err != cudaSuccess) return mg_err;
   {
     const mg_f16* mg_a0 = (const mg_f16*)(mg_ws + 18432);
     mg_f16* mg_a1 = (mg_f16*)(mg_out2_V4);
     void* mg_args[] = {&mg_a0, &mg_a1};
-    mg_err = cudaLaunchKernel((const void*)mg_k6_mirage_llama3_8b_layer_aec50abcc000, dim3(4, 1, 1),
-                              dim3(256), mg_args, 0, mg_stream);
+    cudaLaunchConfig_t mg_cfg = {};
+    mg_cfg.gridDim = dim3(4, 1, 1);
+    mg_cfg.blockDim = dim3(256);
+    mg_cfg.dynamicSmemBytes = 0;
+    mg_cfg.stream = mg_stream;
+    mg_cfg.attrs = mg_pdl;
+    mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
+    mg_err = cudaLaunchKernelExC(&mg_cfg, (const void*)mg_k6_mirage_llama3_8b_layer_aec50abcc000, mg_args);
   }
   if (mg_err != cudaSuccess) return mg_err;
   {
     const mg_f16* mg_a0 = (const mg_f16*)(mg_ws + 20480);
     mg_f16* mg_a1 = (mg_f16*)(mg_ws + 30720);
     void* mg_args[] = {&mg_a0, &mg_a1};
-    mg_err = cudaLaunchKernel((const void*)mg_k7_mirage_llama3_8b_layer_aec50abcc000, dim3(16, 1, 1),
-                              dim3(256), mg_args, 0, mg_stream);
+    cudaLaunchConfig_t mg_cfg = {};
+    mg_cfg.gridDim = dim3(16, 1, 1);
+    mg_cfg.blockDim = dim3(256);
+    mg_cfg.dynamicSmemBytes = 0;
+    mg_cfg.stream = mg_stream;
+    mg_cfg.attrs = mg_pdl;
+    mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
+    mg_err = cudaLaunchKernelExC(&mg_cfg, (const void*)mg_k7_mirage_llama3_8b_layer_aec50abcc000, mg_args);
   }
   if (mg_err != cudaSuccess) return mg_err;
   {
@@ -1633,8 +1758,14 @@ extern "C" cudaError_t mirage_llama3_8b_layer_aec50abcc000(const void* mg_in0_X,
     const mg_f16* mg_a1 = (const mg_f16*)(mg_in5_COS);
     mg_f16* mg_a2 = (mg_f16*)(mg_ws + 38912);
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
-    mg_err = cudaLaunchKernel((const void*)mg_k8_mirage_llama3_8b_layer_aec50abcc000, dim3(16, 1, 1),
-                              dim3(256), mg_args, 0, mg_stream);
+    cudaLaunchConfig_t mg_cfg = {};
+    mg_cfg.gridDim = dim3(16, 1, 1);
+    mg_cfg.blockDim = dim3(256);
+    mg_cfg.dynamicSmemBytes = 0;
+    mg_cfg.stream = mg_stream;
+    mg_cfg.attrs = mg_pdl;
+    mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
+    mg_err = cudaLaunchKernelExC(&mg_cfg, (const void*)mg_k8_mirage_llama3_8b_layer_aec50abcc000, mg_args);
   }
   if (mg_err != cudaSuccess) return mg_err;
   {
@@ -1642,8 +1773,14 @@ extern "C" cudaError_t mirage_llama3_8b_layer_aec50abcc000(const void* mg_in0_X,
     const mg_f16* mg_a1 = (const mg_f16*)(mg_in6_SIN);
     mg_f16* mg_a2 = (mg_f16*)(mg_ws + 47104);
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
-    mg_err = cudaLaunchKernel((const void*)mg_k9_mirage_llama3_8b_layer_aec50abcc000, dim3(16, 1, 1),
-                              dim3(256), mg_args, 0, mg_stream);
+    cudaLaunchConfig_t mg_cfg = {};
+    mg_cfg.gridDim = dim3(16, 1, 1);
+    mg_cfg.blockDim = dim3(256);
+    mg_cfg.dynamicSmemBytes = 0;
+    mg_cfg.stream = mg_stream;
+    mg_cfg.attrs = mg_pdl;
+    mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
+    mg_err = cudaLaunchKernelExC(&mg_cfg, (const void*)mg_k9_mirage_llama3_8b_layer_aec50abcc000, mg_args);
   }
   if (mg_err != cudaSuccess) return mg_err;
   {
@@ -1651,16 +1788,28 @@ extern "C" cudaError_t mirage_llama3_8b_layer_aec50abcc000(const void* mg_in0_X,
     const mg_f16* mg_a1 = (const mg_f16*)(mg_ws + 47104);
     mg_f16* mg_a2 = (mg_f16*)(mg_ws + 55296);
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
-    mg_err = cudaLaunchKernel((const void*)mg_k10_mirage_llama3_8b_layer_aec50abcc000, dim3(16, 1, 1),
-                              dim3(256), mg_args, 0, mg_stream);
+    cudaLaunchConfig_t mg_cfg = {};
+    mg_cfg.gridDim = dim3(16, 1, 1);
+    mg_cfg.blockDim = dim3(256);
+    mg_cfg.dynamicSmemBytes = 0;
+    mg_cfg.stream = mg_stream;
+    mg_cfg.attrs = mg_pdl;
+    mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
+    mg_err = cudaLaunchKernelExC(&mg_cfg, (const void*)mg_k10_mirage_llama3_8b_layer_aec50abcc000, mg_args);
   }
   if (mg_err != cudaSuccess) return mg_err;
   {
     const mg_f16* mg_a0 = (const mg_f16*)(mg_ws + 28672);
     mg_f16* mg_a1 = (mg_f16*)(mg_ws + 63488);
     void* mg_args[] = {&mg_a0, &mg_a1};
-    mg_err = cudaLaunchKernel((const void*)mg_k11_mirage_llama3_8b_layer_aec50abcc000, dim3(4, 1, 1),
-                              dim3(256), mg_args, 0, mg_stream);
+    cudaLaunchConfig_t mg_cfg = {};
+    mg_cfg.gridDim = dim3(4, 1, 1);
+    mg_cfg.blockDim = dim3(256);
+    mg_cfg.dynamicSmemBytes = 0;
+    mg_cfg.stream = mg_stream;
+    mg_cfg.attrs = mg_pdl;
+    mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
+    mg_err = cudaLaunchKernelExC(&mg_cfg, (const void*)mg_k11_mirage_llama3_8b_layer_aec50abcc000, mg_args);
   }
   if (mg_err != cudaSuccess) return mg_err;
   {
@@ -1668,8 +1817,14 @@ extern "C" cudaError_t mirage_llama3_8b_layer_aec50abcc000(const void* mg_in0_X,
     const mg_f16* mg_a1 = (const mg_f16*)(mg_in5_COS);
     mg_f16* mg_a2 = (mg_f16*)(mg_ws + 65536);
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
-    mg_err = cudaLaunchKernel((const void*)mg_k12_mirage_llama3_8b_layer_aec50abcc000, dim3(4, 1, 1),
-                              dim3(256), mg_args, 0, mg_stream);
+    cudaLaunchConfig_t mg_cfg = {};
+    mg_cfg.gridDim = dim3(4, 1, 1);
+    mg_cfg.blockDim = dim3(256);
+    mg_cfg.dynamicSmemBytes = 0;
+    mg_cfg.stream = mg_stream;
+    mg_cfg.attrs = mg_pdl;
+    mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
+    mg_err = cudaLaunchKernelExC(&mg_cfg, (const void*)mg_k12_mirage_llama3_8b_layer_aec50abcc000, mg_args);
   }
   if (mg_err != cudaSuccess) return mg_err;
   {
@@ -1677,8 +1832,14 @@ extern "C" cudaError_t mirage_llama3_8b_layer_aec50abcc000(const void* mg_in0_X,
     const mg_f16* mg_a1 = (const mg_f16*)(mg_in6_SIN);
     mg_f16* mg_a2 = (mg_f16*)(mg_ws + 67584);
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
-    mg_err = cudaLaunchKernel((const void*)mg_k13_mirage_llama3_8b_layer_aec50abcc000, dim3(4, 1, 1),
-                              dim3(256), mg_args, 0, mg_stream);
+    cudaLaunchConfig_t mg_cfg = {};
+    mg_cfg.gridDim = dim3(4, 1, 1);
+    mg_cfg.blockDim = dim3(256);
+    mg_cfg.dynamicSmemBytes = 0;
+    mg_cfg.stream = mg_stream;
+    mg_cfg.attrs = mg_pdl;
+    mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
+    mg_err = cudaLaunchKernelExC(&mg_cfg, (const void*)mg_k13_mirage_llama3_8b_layer_aec50abcc000, mg_args);
   }
   if (mg_err != cudaSuccess) return mg_err;
   {
@@ -1686,16 +1847,28 @@ extern "C" cudaError_t mirage_llama3_8b_layer_aec50abcc000(const void* mg_in0_X,
     const mg_f16* mg_a1 = (const mg_f16*)(mg_ws + 67584);
     mg_f16* mg_a2 = (mg_f16*)(mg_out1_KE);
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
-    mg_err = cudaLaunchKernel((const void*)mg_k14_mirage_llama3_8b_layer_aec50abcc000, dim3(4, 1, 1),
-                              dim3(256), mg_args, 0, mg_stream);
+    cudaLaunchConfig_t mg_cfg = {};
+    mg_cfg.gridDim = dim3(4, 1, 1);
+    mg_cfg.blockDim = dim3(256);
+    mg_cfg.dynamicSmemBytes = 0;
+    mg_cfg.stream = mg_stream;
+    mg_cfg.attrs = mg_pdl;
+    mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
+    mg_err = cudaLaunchKernelExC(&mg_cfg, (const void*)mg_k14_mirage_llama3_8b_layer_aec50abcc000, mg_args);
   }
   if (mg_err != cudaSuccess) return mg_err;
   {
     const mg_f16* mg_a0 = (const mg_f16*)(mg_out1_KE);
     mg_f16* mg_a1 = (mg_f16*)(mg_ws + 69632);
     void* mg_args[] = {&mg_a0, &mg_a1};
-    mg_err = cudaLaunchKernel((const void*)mg_k15_mirage_llama3_8b_layer_aec50abcc000, dim3(4, 1, 1),
-                              dim3(256), mg_args, 0, mg_stream);
+    cudaLaunchConfig_t mg_cfg = {};
+    mg_cfg.gridDim = dim3(4, 1, 1);
+    mg_cfg.blockDim = dim3(256);
+    mg_cfg.dynamicSmemBytes = 0;
+    mg_cfg.stream = mg_stream;
+    mg_cfg.attrs = mg_pdl;
+    mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
+    mg_err = cudaLaunchKernelExC(&mg_cfg, (const void*)mg_k15_mirage_llama3_8b_layer_aec50abcc000, mg_args);
   }
   if (mg_err != cudaSuccess) return mg_err;
   {
@@ -1703,8 +1876,14 @@ extern "C" cudaError_t mirage_llama3_8b_layer_aec50abcc000(const void* mg_in0_X,
     const mg_f16* mg_a1 = (const mg_f16*)(mg_ws + 69632);
     mg_f16* mg_a2 = (mg_f16*)(mg_ws + 71680);
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
-    mg_err = cudaLaunchKernel((const void*)mg_k16_mirage_llama3_8b_layer_aec50abcc000, dim3(16384, 1, 1),
-                              dim3(256), mg_args, 0, mg_stream);
+    cudaLaunchConfig_t mg_cfg = {};
+    mg_cfg.gridDim = dim3(16384, 1, 1);
+    mg_cfg.blockDim = dim3(256);
+    mg_cfg.dynamicSmemBytes = 0;
+    mg_cfg.stream = mg_stream;
+    mg_cfg.attrs = mg_pdl;
+    mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
+    mg_err = cudaLaunchKernelExC(&mg_cfg, (const void*)mg_k16_mirage_llama3_8b_layer_aec50abcc000, mg_args);
   }
   if (mg_err != cudaSuccess) return mg_err;
   {
@@ -1712,8 +1891,14 @@ extern "C" cudaError_t mirage_llama3_8b_layer_aec50abcc000(const void* mg_in0_X,
     const mg_f16* mg_a1 = (const mg_f16*)(mg_out2_V4);
     mg_f16* mg_a2 = (mg_f16*)(mg_ws + 8460288);
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
-    mg_err = cudaLaunchKernel((const void*)mg_k17_mirage_llama3_8b_layer_aec50abcc000, dim3(16384, 1, 1),
-                              dim3(256), mg_args, 0, mg_stream);
+    cudaLaunchConfig_t mg_cfg = {};
+    mg_cfg.gridDim = dim3(16384, 1, 1);
+    mg_cfg.blockDim = dim3(256);
+    mg_cfg.dynamicSmemBytes = 0;
+    mg_cfg.stream = mg_stream;
+    mg_cfg.attrs = mg_pdl;
+    mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
+    mg_err = cudaLaunchKernelExC(&mg_cfg, (const void*)mg_k17_mirage_llama3_8b_layer_aec50abcc000, mg_args);
   }
   if (mg_err != cudaSuccess) return mg_err;
   {
@@ -1721,24 +1906,42 @@ extern "C" cudaError_t mirage_llama3_8b_layer_aec50abcc000(const void* mg_in0_X,
     const mg_f16* mg_a1 = (const mg_f16*)(mg_ws + 71680);
     mg_f16* mg_a2 = (mg_f16*)(mg_ws + 16848896);
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
-    mg_err = cudaLaunchKernel((const void*)mg_k18_mirage_llama3_8b_layer_aec50abcc000, dim3(64, 1, 8),
-                              dim3(256), mg_args, 0, mg_stream);
+    cudaLaunchConfig_t mg_cfg = {};
+    mg_cfg.gridDim = dim3(64, 1, 8);
+    mg_cfg.blockDim = dim3(256);
+    mg_cfg.dynamicSmemBytes = 0;
+    mg_cfg.stream = mg_stream;
+    mg_cfg.attrs = mg_pdl;
+    mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
+    mg_err = cudaLaunchKernelExC(&mg_cfg, (const void*)mg_k18_mirage_llama3_8b_layer_aec50abcc000, mg_args);
   }
   if (mg_err != cudaSuccess) return mg_err;
   {
     const mg_f16* mg_a0 = (const mg_f16*)(mg_ws + 16848896);
     mg_f16* mg_a1 = (mg_f16*)(mg_ws + 17111040);
     void* mg_args[] = {&mg_a0, &mg_a1};
-    mg_err = cudaLaunchKernel((const void*)mg_k19_mirage_llama3_8b_layer_aec50abcc000, dim3(512, 1, 1),
-                              dim3(256), mg_args, 0, mg_stream);
+    cudaLaunchConfig_t mg_cfg = {};
+    mg_cfg.gridDim = dim3(512, 1, 1);
+    mg_cfg.blockDim = dim3(256);
+    mg_cfg.dynamicSmemBytes = 0;
+    mg_cfg.stream = mg_stream;
+    mg_cfg.attrs = mg_pdl;
+    mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
+    mg_err = cudaLaunchKernelExC(&mg_cfg, (const void*)mg_k19_mirage_llama3_8b_layer_aec50abcc000, mg_args);
   }
   if (mg_err != cudaSuccess) return mg_err;
   {
     const mg_f16* mg_a0 = (const mg_f16*)(mg_ws + 17111040);
     mg_f16* mg_a1 = (mg_f16*)(mg_ws + 17373184);
     void* mg_args[] = {&mg_a0, &mg_a1};
-    mg_err = cudaLaunchKernel((const void*)mg_k20_mirage_llama3_8b_layer_aec50abcc000, dim3(4, 1, 1),
-                              dim3(256), mg_args, 0, mg_stream);
+    cudaLaunchConfig_t mg_cfg = {};
+    mg_cfg.gridDim = dim3(4, 1, 1);
+    mg_cfg.blockDim = dim3(256);
+    mg_cfg.dynamicSmemBytes = 0;
+    mg_cfg.stream = mg_stream;
+    mg_cfg.attrs = mg_pdl;
+    mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
+    mg_err = cudaLaunchKernelExC(&mg_cfg, (const void*)mg_k20_mirage_llama3_8b_layer_aec50abcc000, mg_args);
   }
   if (mg_err != cudaSuccess) return mg_err;
   {
@@ -1746,16 +1949,28 @@ extern "C" cudaError_t mirage_llama3_8b_layer_aec50abcc000(const void* mg_in0_X,
     const mg_f16* mg_a1 = (const mg_f16*)(mg_ws + 8460288);
     mg_f16* mg_a2 = (mg_f16*)(mg_ws + 17635328);
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
-    mg_err = cudaLaunchKernel((const void*)mg_k21_mirage_llama3_8b_layer_aec50abcc000, dim3(2, 1, 8),
-                              dim3(256), mg_args, 0, mg_stream);
+    cudaLaunchConfig_t mg_cfg = {};
+    mg_cfg.gridDim = dim3(2, 1, 8);
+    mg_cfg.blockDim = dim3(256);
+    mg_cfg.dynamicSmemBytes = 0;
+    mg_cfg.stream = mg_stream;
+    mg_cfg.attrs = mg_pdl;
+    mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
+    mg_err = cudaLaunchKernelExC(&mg_cfg, (const void*)mg_k21_mirage_llama3_8b_layer_aec50abcc000, mg_args);
   }
   if (mg_err != cudaSuccess) return mg_err;
   {
     const mg_f16* mg_a0 = (const mg_f16*)(mg_ws + 17635328);
     mg_f16* mg_a1 = (mg_f16*)(mg_ws + 17643520);
     void* mg_args[] = {&mg_a0, &mg_a1};
-    mg_err = cudaLaunchKernel((const void*)mg_k22_mirage_llama3_8b_layer_aec50abcc000, dim3(16, 1, 1),
-                              dim3(256), mg_args, 0, mg_stream);
+    cudaLaunchConfig_t mg_cfg = {};
+    mg_cfg.gridDim = dim3(16, 1, 1);
+    mg_cfg.blockDim = dim3(256);
+    mg_cfg.dynamicSmemBytes = 0;
+    mg_cfg.stream = mg_stream;
+    mg_cfg.attrs = mg_pdl;
+    mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
+    mg_err = cudaLaunchKernelExC(&mg_cfg, (const void*)mg_k22_mirage_llama3_8b_layer_aec50abcc000, mg_args);
   }
   if (mg_err != cudaSuccess) return mg_err;
   {
@@ -1763,8 +1978,14 @@ extern "C" cudaError_t mirage_llama3_8b_layer_aec50abcc000(const void* mg_in0_X,
     const mg_f16* mg_a1 = (const mg_f16*)(mg_in9_WO);
     mg_f16* mg_a2 = (mg_f16*)(mg_ws + 17651712);
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
-    mg_err = cudaLaunchKernel((const void*)mg_k23_mirage_llama3_8b_layer_aec50abcc000, dim3(512, 1, 1),
-                              dim3(128), mg_args, 4720, mg_stream);
+    cudaLaunchConfig_t mg_cfg = {};
+    mg_cfg.gridDim = dim3(512, 1, 1);
+    mg_cfg.blockDim = dim3(128);
+    mg_cfg.dynamicSmemBytes = 4720;
+    mg_cfg.stream = mg_stream;
+    mg_cfg.attrs = mg_pdl;
+    mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
+    mg_err = cudaLaunchKernelExC(&mg_cfg, (const void*)mg_k23_mirage_llama3_8b_layer_aec50abcc000, mg_args);
   }
   if (mg_err != cudaSuccess) return mg_err;
   {
@@ -1772,8 +1993,14 @@ extern "C" cudaError_t mirage_llama3_8b_layer_aec50abcc000(const void* mg_in0_X,
     const mg_f16* mg_a1 = (const mg_f16*)(mg_ws + 17651712);
     mg_f16* mg_a2 = (mg_f16*)(mg_ws + 17659904);
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
-    mg_err = cudaLaunchKernel((const void*)mg_k24_mirage_llama3_8b_layer_aec50abcc000, dim3(16, 1, 1),
-                              dim3(256), mg_args, 0, mg_stream);
+    cudaLaunchConfig_t mg_cfg = {};
+    mg_cfg.gridDim = dim3(16, 1, 1);
+    mg_cfg.blockDim = dim3(256);
+    mg_cfg.dynamicSmemBytes = 0;
+    mg_cfg.stream = mg_stream;
+    mg_cfg.attrs = mg_pdl;
+    mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
+    mg_err = cudaLaunchKernelExC(&mg_cfg, (const void*)mg_k24_mirage_llama3_8b_layer_aec50abcc000, mg_args);
   }
   if (mg_err != cudaSuccess) return mg_err;
   {
@@ -1781,8 +2008,14 @@ extern "C" cudaError_t mirage_llama3_8b_layer_aec50abcc000(const void* mg_in0_X,
     const mg_f16* mg_a1 = (const mg_f16*)(mg_in10_G2);
     mg_f16* mg_a2 = (mg_f16*)(mg_ws + 17668096);
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
-    mg_err = cudaLaunchKernel((const void*)mg_k25_mirage_llama3_8b_layer_aec50abcc000, dim3(1, 1, 1),
-                              dim3(256), mg_args, 0, mg_stream);
+    cudaLaunchConfig_t mg_cfg = {};
+    mg_cfg.gridDim = dim3(1, 1, 1);
+    mg_cfg.blockDim = dim3(256);
+    mg_cfg.dynamicSmemBytes = 0;
+    mg_cfg.stream = mg_stream;
+    mg_cfg.attrs = mg_pdl;
+    mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
+    mg_err = cudaLaunchKernelExC(&mg_cfg, (const void*)mg_k25_mirage_llama3_8b_layer_aec50abcc000, mg_args);
   }
   if (mg_err != cudaSuccess) return mg_err;
   {
@@ -1790,8 +2023,14 @@ extern "C" cudaError_t mirage_llama3_8b_layer_aec50abcc000(const void* mg_in0_X,
     const mg_f16* mg_a1 = (const mg_f16*)(mg_in11_W1);
     mg_f16* mg_a2 = (mg_f16*)(mg_ws + 17676288);
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
-    mg_err = cudaLaunchKernel((const void*)mg_k26_mirage_llama3_8b_layer_aec50abcc000, dim3(448, 1, 1),
-                              dim3(128), mg_args, 21200, mg_stream);
+    cudaLaunchConfig_t mg_cfg = {};
+    mg_cfg.gridDim = dim3(448, 1, 1);
+    mg_cfg.blockDim = dim3(128);
+    mg_cfg.dynamicSmemBytes = 21200;
+    mg_cfg.stream = mg_stream;
+    mg_cfg.attrs = mg_pdl;
+    mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
+    mg_err = cudaLaunchKernelExC(&mg_cfg, (const void*)mg_k26_mirage_llama3_8b_layer_aec50abcc000, mg_args);
   }
   if (mg_err != cudaSuccess) return mg_err;
   {
@@ -1799,16 +2038,28 @@ extern "C" cudaError_t mirage_llama3_8b_layer_aec50abcc000(const void* mg_in0_X,
     const mg_f16* mg_a1 = (const mg_f16*)(mg_in12_W3);
     mg_f16* mg_a2 = (mg_f16*)(mg_ws + 17704960);
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
-    mg_err = cudaLaunchKernel((const void*)mg_k27_mirage_llama3_8b_layer_aec50abcc000, dim3(448, 1, 1),
-                              dim3(128), mg_args, 21200, mg_stream);
+    cudaLaunchConfig_t mg_cfg = {};
+    mg_cfg.gridDim = dim3(448, 1, 1);
+    mg_cfg.blockDim = dim3(128);
+    mg_cfg.dynamicSmemBytes = 21200;
+    mg_cfg.stream = mg_stream;
+    mg_cfg.attrs = mg_pdl;
+    mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
+    mg_err = cudaLaunchKernelExC(&mg_cfg, (const void*)mg_k27_mirage_llama3_8b_layer_aec50abcc000, mg_args);
   }
   if (mg_err != cudaSuccess) return mg_err;
   {
     const mg_f16* mg_a0 = (const mg_f16*)(mg_ws + 17676288);
     mg_f16* mg_a1 = (mg_f16*)(mg_ws + 17733632);
     void* mg_args[] = {&mg_a0, &mg_a1};
-    mg_err = cudaLaunchKernel((const void*)mg_k28_mirage_llama3_8b_layer_aec50abcc000, dim3(56, 1, 1),
-                              dim3(256), mg_args, 0, mg_stream);
+    cudaLaunchConfig_t mg_cfg = {};
+    mg_cfg.gridDim = dim3(56, 1, 1);
+    mg_cfg.blockDim = dim3(256);
+    mg_cfg.dynamicSmemBytes = 0;
+    mg_cfg.stream = mg_stream;
+    mg_cfg.attrs = mg_pdl;
+    mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
+    mg_err = cudaLaunchKernelExC(&mg_cfg, (const void*)mg_k28_mirage_llama3_8b_layer_aec50abcc000, mg_args);
   }
   if (mg_err != cudaSuccess) return mg_err;
   {
@@ -1816,8 +2067,14 @@ extern "C" cudaError_t mirage_llama3_8b_layer_aec50abcc000(const void* mg_in0_X,
     const mg_f16* mg_a1 = (const mg_f16*)(mg_ws + 17704960);
     mg_f16* mg_a2 = (mg_f16*)(mg_ws + 17762304);
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
-    mg_err = cudaLaunchKernel((const void*)mg_k29_mirage_llama3_8b_layer_aec50abcc000, dim3(56, 1, 1),
-                              dim3(256), mg_args, 0, mg_stream);
+    cudaLaunchConfig_t mg_cfg = {};
+    mg_cfg.gridDim = dim3(56, 1, 1);
+    mg_cfg.blockDim = dim3(256);
+    mg_cfg.dynamicSmemBytes = 0;
+    mg_cfg.stream = mg_stream;
+    mg_cfg.attrs = mg_pdl;
+    mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
+    mg_err = cudaLaunchKernelExC(&mg_cfg, (const void*)mg_k29_mirage_llama3_8b_layer_aec50abcc000, mg_args);
   }
   if (mg_err != cudaSuccess) return mg_err;
   {
@@ -1825,8 +2082,14 @@ extern "C" cudaError_t mirage_llama3_8b_layer_aec50abcc000(const void* mg_in0_X,
     const mg_f16* mg_a1 = (const mg_f16*)(mg_in13_W2);
     mg_f16* mg_a2 = (mg_f16*)(mg_ws + 17790976);
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
-    mg_err = cudaLaunchKernel((const void*)mg_k30_mirage_llama3_8b_layer_aec50abcc000, dim3(512, 1, 1),
-                              dim3(128), mg_args, 4720, mg_stream);
+    cudaLaunchConfig_t mg_cfg = {};
+    mg_cfg.gridDim = dim3(512, 1, 1);
+    mg_cfg.blockDim = dim3(128);
+    mg_cfg.dynamicSmemBytes = 4720;
+    mg_cfg.stream = mg_stream;
+    mg_cfg.attrs = mg_pdl;
+    mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
+    mg_err = cudaLaunchKernelExC(&mg_cfg, (const void*)mg_k30_mirage_llama3_8b_layer_aec50abcc000, mg_args);
   }
   if (mg_err != cudaSuccess) return mg_err;
   {
@@ -1834,8 +2097,14 @@ extern "C" cudaError_t mirage_llama3_8b_layer_aec50abcc000(const void* mg_in0_X,
     const mg_f16* mg_a1 = (const mg_f16*)(mg_ws + 17790976);
     mg_f16* mg_a2 = (mg_f16*)(mg_out0_Y);
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
-    mg_err = cudaLaunchKernel((const void*)mg_k31_mirage_llama3_8b_layer_aec50abcc000, dim3(16, 1, 1),
-                              dim3(256), mg_args, 0, mg_stream);
+    cudaLaunchConfig_t mg_cfg = {};
+    mg_cfg.gridDim = dim3(16, 1, 1);
+    mg_cfg.blockDim = dim3(256);
+    mg_cfg.dynamicSmemBytes = 0;
+    mg_cfg.stream = mg_stream;
+    mg_cfg.attrs = mg_pdl;
+    mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
+    mg_err = cudaLaunchKernelExC(&mg_cfg, (const void*)mg_k31_mirage_llama3_8b_layer_aec50abcc000, mg_args);
   }
   if (mg_err != cudaSuccess) return mg_err;
   return cudaSuccess;

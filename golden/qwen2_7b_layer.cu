@@ -93,6 +93,16 @@ __device__ __forceinline__ void mg_st(mg_bf16* p, float v) {
   asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(v));
   p->bits = h;
 }
+// Programmatic dependent launch (sm_90 and later): the entry point lets each kernel
+// start while the kernel before it in the stream drains, so the launch latency is
+// hidden. Every kernel's first act is this wait, which returns once that kernel has
+// finished and its writes are visible: no input is ever read early. On a launch
+// without the attribute it returns at once; before sm_90 it is not emitted.
+__device__ __forceinline__ void mg_grid_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
 __device__ __forceinline__ float mg_silu(float x) { return x / (1.0f + expf(-x)); }
 __device__ __forceinline__ float mg_gelu(float x) {
   return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
@@ -248,6 +258,7 @@ extern "C" __global__ void __launch_bounds__(256) mg_k0_mirage_qwen2_7b_layer_cc
     const mg_bf16* __restrict__ p0,
     const mg_bf16* __restrict__ p1,
     mg_bf16* __restrict__ p2) {
+  mg_grid_wait();
   const int row = blockIdx.x * 8 + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (row >= 1) return;
@@ -263,6 +274,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k1_mirage_qwen2_7b_layer
     const mg_bf16* __restrict__ p0,
     const mg_bf16* __restrict__ p1,
     mg_bf16* __restrict__ p2) {
+  mg_grid_wait();
   const int bx = blockIdx.x, by = blockIdx.y, bz = blockIdx.z;
   (void)bx; (void)by; (void)bz;
   extern __shared__ __align__(16) unsigned char mg_smem[];
@@ -387,6 +399,7 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(128, 1) m
     const mg_bf16* __restrict__ p0,
     const mg_bf16* __restrict__ p1,
     mg_bf16* __restrict__ p2) {
+  mg_grid_wait();
   const int bx = blockIdx.x, by = blockIdx.y, bz = 0;
   (void)bx; (void)by; (void)bz;
   const unsigned mg_rank = blockIdx.z;
@@ -544,6 +557,7 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(128, 1) m
     const mg_bf16* __restrict__ p0,
     const mg_bf16* __restrict__ p1,
     mg_bf16* __restrict__ p2) {
+  mg_grid_wait();
   const int bx = blockIdx.x, by = blockIdx.y, bz = 0;
   (void)bx; (void)by; (void)bz;
   const unsigned mg_rank = blockIdx.z;
@@ -701,6 +715,7 @@ extern "C" __global__ void __launch_bounds__(256) mg_k4_mirage_qwen2_7b_layer_cc
     const mg_bf16* __restrict__ p0,
     const mg_bf16* __restrict__ p1,
     mg_bf16* __restrict__ p2) {
+  mg_grid_wait();
   for (int e = blockIdx.x * 256 + threadIdx.x; e < 3584; e += gridDim.x * 256) {
     const int i1 = e;
     const float v1 = mg_ld(p0[i1]);
@@ -715,6 +730,7 @@ extern "C" __global__ void __launch_bounds__(256) mg_k5_mirage_qwen2_7b_layer_cc
     const mg_bf16* __restrict__ p0,
     const mg_bf16* __restrict__ p1,
     mg_bf16* __restrict__ p2) {
+  mg_grid_wait();
   for (int e = blockIdx.x * 256 + threadIdx.x; e < 512; e += gridDim.x * 256) {
     const int i1 = e;
     const float v1 = mg_ld(p0[i1]);
@@ -729,6 +745,7 @@ extern "C" __global__ void __launch_bounds__(256) mg_k6_mirage_qwen2_7b_layer_cc
     const mg_bf16* __restrict__ p0,
     const mg_bf16* __restrict__ p1,
     mg_bf16* __restrict__ p2) {
+  mg_grid_wait();
   for (int e = blockIdx.x * 256 + threadIdx.x; e < 512; e += gridDim.x * 256) {
     const int i1 = e;
     const float v1 = mg_ld(p0[i1]);
@@ -742,6 +759,7 @@ extern "C" __global__ void __launch_bounds__(256) mg_k6_mirage_qwen2_7b_layer_cc
 extern "C" __global__ void __launch_bounds__(256) mg_k7_mirage_qwen2_7b_layer_cc9a7bb5bfd5(
     const mg_bf16* __restrict__ p0,
     mg_bf16* __restrict__ p1) {
+  mg_grid_wait();
   for (int e = blockIdx.x * 256 + threadIdx.x; e < 3584; e += gridDim.x * 256) {
     const int i1 = e / 896;
     const int i2 = (e / 128) % 7;
@@ -755,6 +773,7 @@ extern "C" __global__ void __launch_bounds__(256) mg_k7_mirage_qwen2_7b_layer_cc
 extern "C" __global__ void __launch_bounds__(256) mg_k8_mirage_qwen2_7b_layer_cc9a7bb5bfd5(
     const mg_bf16* __restrict__ p0,
     mg_bf16* __restrict__ p1) {
+  mg_grid_wait();
   for (int e = blockIdx.x * 256 + threadIdx.x; e < 512; e += gridDim.x * 256) {
     const int i1 = e / 128;
     const int i3 = (e) % 128;
@@ -767,6 +786,7 @@ extern "C" __global__ void __launch_bounds__(256) mg_k8_mirage_qwen2_7b_layer_cc
 extern "C" __global__ void __launch_bounds__(256) mg_k9_mirage_qwen2_7b_layer_cc9a7bb5bfd5(
     const mg_bf16* __restrict__ p0,
     mg_bf16* __restrict__ p1) {
+  mg_grid_wait();
   for (int e = blockIdx.x * 256 + threadIdx.x; e < 512; e += gridDim.x * 256) {
     const int i1 = e / 128;
     const int i3 = (e) % 128;
@@ -779,6 +799,7 @@ extern "C" __global__ void __launch_bounds__(256) mg_k9_mirage_qwen2_7b_layer_cc
 extern "C" __global__ void __launch_bounds__(256) mg_k10_mirage_qwen2_7b_layer_cc9a7bb5bfd5(
     const mg_bf16* __restrict__ p0,
     mg_bf16* __restrict__ p1) {
+  mg_grid_wait();
   for (int e = blockIdx.x * 256 + threadIdx.x; e < 3584; e += gridDim.x * 256) {
     const int i1 = e / 896;
     const int i2 = (e / 128) % 7;
@@ -793,6 +814,7 @@ extern "C" __global__ void __launch_bounds__(256) mg_k11_mirage_qwen2_7b_layer_c
     const mg_bf16* __restrict__ p0,
     const mg_bf16* __restrict__ p1,
     mg_bf16* __restrict__ p2) {
+  mg_grid_wait();
   for (int e = blockIdx.x * 256 + threadIdx.x; e < 3584; e += gridDim.x * 256) {
     const int i1 = e / 896;
     const int i2 = (e / 128) % 7;
@@ -809,6 +831,7 @@ extern "C" __global__ void __launch_bounds__(256) mg_k12_mirage_qwen2_7b_layer_c
     const mg_bf16* __restrict__ p0,
     const mg_bf16* __restrict__ p1,
     mg_bf16* __restrict__ p2) {
+  mg_grid_wait();
   for (int e = blockIdx.x * 256 + threadIdx.x; e < 3584; e += gridDim.x * 256) {
     const int i1 = e / 896;
     const int i2 = (e / 128) % 7;
@@ -825,6 +848,7 @@ extern "C" __global__ void __launch_bounds__(256) mg_k13_mirage_qwen2_7b_layer_c
     const mg_bf16* __restrict__ p0,
     const mg_bf16* __restrict__ p1,
     mg_bf16* __restrict__ p2) {
+  mg_grid_wait();
   for (int e = blockIdx.x * 256 + threadIdx.x; e < 3584; e += gridDim.x * 256) {
     const int i1 = e / 896;
     const int i2 = (e / 128) % 7;
@@ -840,6 +864,7 @@ extern "C" __global__ void __launch_bounds__(256) mg_k13_mirage_qwen2_7b_layer_c
 extern "C" __global__ void __launch_bounds__(256) mg_k14_mirage_qwen2_7b_layer_cc9a7bb5bfd5(
     const mg_bf16* __restrict__ p0,
     mg_bf16* __restrict__ p1) {
+  mg_grid_wait();
   for (int e = blockIdx.x * 256 + threadIdx.x; e < 512; e += gridDim.x * 256) {
     const int i1 = e / 128;
     const int i3 = (e) % 128;
@@ -853,6 +878,7 @@ extern "C" __global__ void __launch_bounds__(256) mg_k15_mirage_qwen2_7b_layer_c
     const mg_bf16* __restrict__ p0,
     const mg_bf16* __restrict__ p1,
     mg_bf16* __restrict__ p2) {
+  mg_grid_wait();
   for (int e = blockIdx.x * 256 + threadIdx.x; e < 512; e += gridDim.x * 256) {
     const int i1 = e / 128;
     const int i3 = (e) % 128;
@@ -868,6 +894,7 @@ extern "C" __global__ void __launch_bounds__(256) mg_k16_mirage_qwen2_7b_layer_c
     const mg_bf16* __restrict__ p0,
     const mg_bf16* __restrict__ p1,
     mg_bf16* __restrict__ p2) {
+  mg_grid_wait();
   for (int e = blockIdx.x * 256 + threadIdx.x; e < 512; e += gridDim.x * 256) {
     const int i1 = e / 128;
     const int i3 = (e) % 128;
@@ -883,6 +910,7 @@ extern "C" __global__ void __launch_bounds__(256) mg_k17_mirage_qwen2_7b_layer_c
     const mg_bf16* __restrict__ p0,
     const mg_bf16* __restrict__ p1,
     mg_bf16* __restrict__ p2) {
+  mg_grid_wait();
   for (int e = blockIdx.x * 256 + threadIdx.x; e < 512; e += gridDim.x * 256) {
     const int i1 = e / 128;
     const int i3 = (e) % 128;
@@ -897,6 +925,7 @@ extern "C" __global__ void __launch_bounds__(256) mg_k17_mirage_qwen2_7b_layer_c
 extern "C" __global__ void __launch_bounds__(256) mg_k18_mirage_qwen2_7b_layer_cc9a7bb5bfd5(
     const mg_bf16* __restrict__ p0,
     mg_bf16* __restrict__ p1) {
+  mg_grid_wait();
   for (int e = blockIdx.x * 256 + threadIdx.x; e < 512; e += gridDim.x * 256) {
     const int i1 = e / 128;
     const int i2 = (e) % 128;
@@ -910,6 +939,7 @@ extern "C" __global__ void __launch_bounds__(256) mg_k19_mirage_qwen2_7b_layer_c
     const mg_bf16* __restrict__ p0,
     const mg_bf16* __restrict__ p1,
     mg_bf16* __restrict__ p2) {
+  mg_grid_wait();
   for (int e = blockIdx.x * 256 + threadIdx.x; e < 2097152; e += gridDim.x * 256) {
     const int i1 = e / 524288;
     const int i2 = (e / 4096) % 128;
@@ -930,6 +960,7 @@ extern "C" __global__ void __launch_bounds__(256) mg_k20_mirage_qwen2_7b_layer_c
     const mg_bf16* __restrict__ p0,
     const mg_bf16* __restrict__ p1,
     mg_bf16* __restrict__ p2) {
+  mg_grid_wait();
   for (int e = blockIdx.x * 256 + threadIdx.x; e < 2097152; e += gridDim.x * 256) {
     const int i1 = e / 524288;
     const int i2 = (e / 128) % 4096;
@@ -950,6 +981,7 @@ extern "C" __global__ void __launch_bounds__(256) mg_k21_mirage_qwen2_7b_layer_c
     const mg_bf16* __restrict__ p0,
     const mg_bf16* __restrict__ p1,
     mg_bf16* __restrict__ p2) {
+  mg_grid_wait();
   const int bz = blockIdx.z;
   (void)bz;
   const int z1 = bz;
@@ -1000,6 +1032,7 @@ extern "C" __global__ void __launch_bounds__(256) mg_k21_mirage_qwen2_7b_layer_c
 extern "C" __global__ void __launch_bounds__(256) mg_k22_mirage_qwen2_7b_layer_cc9a7bb5bfd5(
     const mg_bf16* __restrict__ p0,
     mg_bf16* __restrict__ p1) {
+  mg_grid_wait();
   for (int e = blockIdx.x * 256 + threadIdx.x; e < 114688; e += gridDim.x * 256) {
     const int i1 = e / 28672;
     const int i2 = (e / 4096) % 7;
@@ -1014,6 +1047,7 @@ extern "C" __global__ void __launch_bounds__(256) mg_k22_mirage_qwen2_7b_layer_c
 extern "C" __global__ void __launch_bounds__(256) mg_k23_mirage_qwen2_7b_layer_cc9a7bb5bfd5(
     const mg_bf16* __restrict__ p0,
     mg_bf16* __restrict__ p1) {
+  mg_grid_wait();
   const int row = blockIdx.x * 8 + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (row >= 28) return;
@@ -1034,6 +1068,7 @@ extern "C" __global__ void __launch_bounds__(256) mg_k24_mirage_qwen2_7b_layer_c
     const mg_bf16* __restrict__ p0,
     const mg_bf16* __restrict__ p1,
     mg_bf16* __restrict__ p2) {
+  mg_grid_wait();
   const int bz = blockIdx.z;
   (void)bz;
   const int z1 = bz;
@@ -1084,6 +1119,7 @@ extern "C" __global__ void __launch_bounds__(256) mg_k24_mirage_qwen2_7b_layer_c
 extern "C" __global__ void __launch_bounds__(256) mg_k25_mirage_qwen2_7b_layer_cc9a7bb5bfd5(
     const mg_bf16* __restrict__ p0,
     mg_bf16* __restrict__ p1) {
+  mg_grid_wait();
   for (int e = blockIdx.x * 256 + threadIdx.x; e < 3584; e += gridDim.x * 256) {
     const int i1 = e;
     const float v1 = mg_ld(p0[(int)((((long long)(i1) * 1) / 896)) * 896 + (int)((((long long)(i1) * 1) / 128) % 7) * 128 + (int)((((long long)(i1) * 1) / 1) % 128)]);
@@ -1096,6 +1132,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k26_mirage_qwen2_7b_laye
     const mg_bf16* __restrict__ p0,
     const mg_bf16* __restrict__ p1,
     mg_bf16* __restrict__ p2) {
+  mg_grid_wait();
   const int bx = blockIdx.x, by = blockIdx.y, bz = blockIdx.z;
   (void)bx; (void)by; (void)bz;
   extern __shared__ __align__(16) unsigned char mg_smem[];
@@ -1220,6 +1257,7 @@ extern "C" __global__ void __launch_bounds__(256) mg_k27_mirage_qwen2_7b_layer_c
     const mg_bf16* __restrict__ p0,
     const mg_bf16* __restrict__ p1,
     mg_bf16* __restrict__ p2) {
+  mg_grid_wait();
   for (int e = blockIdx.x * 256 + threadIdx.x; e < 3584; e += gridDim.x * 256) {
     const int i1 = e;
     const float v1 = mg_ld(p0[i1]);
@@ -1234,6 +1272,7 @@ extern "C" __global__ void __launch_bounds__(256) mg_k28_mirage_qwen2_7b_layer_c
     const mg_bf16* __restrict__ p0,
     const mg_bf16* __restrict__ p1,
     mg_bf16* __restrict__ p2) {
+  mg_grid_wait();
   const int row = blockIdx.x * 8 + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (row >= 1) return;
@@ -1249,6 +1288,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k29_mirage_qwen2_7b_laye
     const mg_bf16* __restrict__ p0,
     const mg_bf16* __restrict__ p1,
     mg_bf16* __restrict__ p2) {
+  mg_grid_wait();
   const int bx = blockIdx.x, by = blockIdx.y, bz = blockIdx.z;
   (void)bx; (void)by; (void)bz;
   extern __shared__ __align__(16) unsigned char mg_smem[];
@@ -1375,6 +1415,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k30_mirage_qwen2_7b_laye
     const mg_bf16* __restrict__ p0,
     const mg_bf16* __restrict__ p1,
     mg_bf16* __restrict__ p2) {
+  mg_grid_wait();
   const int bx = blockIdx.x, by = blockIdx.y, bz = blockIdx.z;
   (void)bx; (void)by; (void)bz;
   extern __shared__ __align__(16) unsigned char mg_smem[];
@@ -1500,6 +1541,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k30_mirage_qwen2_7b_laye
 extern "C" __global__ void __launch_bounds__(256) mg_k31_mirage_qwen2_7b_layer_cc9a7bb5bfd5(
     const mg_bf16* __restrict__ p0,
     mg_bf16* __restrict__ p1) {
+  mg_grid_wait();
   for (int e = blockIdx.x * 256 + threadIdx.x; e < 18944; e += gridDim.x * 256) {
     const int i1 = e;
     const float v1 = mg_ld(p0[i1]);
@@ -1513,6 +1555,7 @@ extern "C" __global__ void __launch_bounds__(256) mg_k32_mirage_qwen2_7b_layer_c
     const mg_bf16* __restrict__ p0,
     const mg_bf16* __restrict__ p1,
     mg_bf16* __restrict__ p2) {
+  mg_grid_wait();
   for (int e = blockIdx.x * 256 + threadIdx.x; e < 18944; e += gridDim.x * 256) {
     const int i1 = e;
     const float v1 = mg_ld(p0[i1]);
@@ -1527,6 +1570,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k33_mirage_qwen2_7b_laye
     const mg_bf16* __restrict__ p0,
     const mg_bf16* __restrict__ p1,
     mg_bf16* __restrict__ p2) {
+  mg_grid_wait();
   const int bx = blockIdx.x, by = blockIdx.y, bz = blockIdx.z;
   (void)bx; (void)by; (void)bz;
   extern __shared__ __align__(16) unsigned char mg_smem[];
@@ -1651,6 +1695,7 @@ extern "C" __global__ void __launch_bounds__(256) mg_k34_mirage_qwen2_7b_layer_c
     const mg_bf16* __restrict__ p0,
     const mg_bf16* __restrict__ p1,
     mg_bf16* __restrict__ p2) {
+  mg_grid_wait();
   for (int e = blockIdx.x * 256 + threadIdx.x; e < 3584; e += gridDim.x * 256) {
     const int i1 = e;
     const float v1 = mg_ld(p0[i1]);
@@ -1664,23 +1709,64 @@ extern "C" __global__ void __launch_bounds__(256) mg_k34_mirage_qwen2_7b_layer_c
 #include <cuda_runtime.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <atomic>
+
+#if CUDART_VERSION < 11080
+#error "mirage-cli generated code needs CUDA 11.8 or newer (cudaLaunchKernelExC)"
+#endif
 
 extern "C" size_t mirage_qwen2_7b_layer_cc9a7bb5bfd5_workspace_bytes(void) { return 9337856u; }
 
-// Every CUDA call's own status is returned (cudaLaunchKernel reports the launch's
+// What the launcher needs to know about the current device, found once per device
+// (a state per device ordinal; two threads racing store the same value, which is
+// harmless) and on every call for ordinals past the table: bit 0 says the device is
+// prepared (no kernel needs a per-device
+// attribute), bit 1 that it has compute capability 9.0 or
+// later, where kernels are launched with programmatic stream serialisation.
+static std::atomic<int> mg_device_state_mirage_qwen2_7b_layer_cc9a7bb5bfd5[64];
+
+static cudaError_t mg_prepare_mirage_qwen2_7b_layer_cc9a7bb5bfd5(int* mg_state) {
+  int mg_dev = -1;
+  cudaError_t mg_err = cudaGetDevice(&mg_dev);
+  if (mg_err != cudaSuccess) return mg_err;
+  const bool mg_tabled = mg_dev >= 0 && mg_dev < 64;
+  if (mg_tabled) {
+    *mg_state = mg_device_state_mirage_qwen2_7b_layer_cc9a7bb5bfd5[mg_dev].load(std::memory_order_acquire);
+    if (*mg_state != 0) return cudaSuccess;
+  }
+  int mg_major = 0;
+  mg_err = cudaDeviceGetAttribute(&mg_major, cudaDevAttrComputeCapabilityMajor, mg_dev);
+  if (mg_err != cudaSuccess) return mg_err;
+  *mg_state = 1 | (mg_major >= 9 ? 2 : 0);
+  if (mg_tabled) mg_device_state_mirage_qwen2_7b_layer_cc9a7bb5bfd5[mg_dev].store(*mg_state, std::memory_order_release);
+  return cudaSuccess;
+}
+
+// Every CUDA call's own status is returned (cudaLaunchKernelExC reports the launch's
 // error itself), so an earlier, unrelated error left in the runtime's last-error
 // state is neither reported as ours nor cleared.
 extern "C" cudaError_t mirage_qwen2_7b_layer_cc9a7bb5bfd5(const void* mg_in0_X, const void* mg_in1_G1, const void* mg_in2_WQ, const void* mg_in3_WK, const void* mg_in4_WV, const void* mg_in5_COS, const void* mg_in6_SIN, const void* mg_in7_KC, const void* mg_in8_VC, const void* mg_in9_BQ, const void* mg_in10_BK, const void* mg_in11_BV, const void* mg_in12_WO, const void* mg_in13_G2, const void* mg_in14_W1, const void* mg_in15_W3, const void* mg_in16_W2, void* mg_out0_Y, void* mg_out1_KE, void* mg_out2_V4, void* mg_workspace, cudaStream_t mg_stream) {
   char* const mg_ws = static_cast<char*>(mg_workspace);
   (void)mg_ws;
-  cudaError_t mg_err = cudaSuccess;
+  int mg_state = 0;
+  cudaError_t mg_err = mg_prepare_mirage_qwen2_7b_layer_cc9a7bb5bfd5(&mg_state);
+  if (mg_err != cudaSuccess) return mg_err;
+  cudaLaunchAttribute mg_pdl[1];
+  mg_pdl[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  mg_pdl[0].val.programmaticStreamSerializationAllowed = 1;
   {
     const mg_bf16* mg_a0 = (const mg_bf16*)(mg_in0_X);
     const mg_bf16* mg_a1 = (const mg_bf16*)(mg_in1_G1);
     mg_bf16* mg_a2 = (mg_bf16*)(mg_ws + 0);
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
-    mg_err = cudaLaunchKernel((const void*)mg_k0_mirage_qwen2_7b_layer_cc9a7bb5bfd5, dim3(1, 1, 1),
-                              dim3(256), mg_args, 0, mg_stream);
+    cudaLaunchConfig_t mg_cfg = {};
+    mg_cfg.gridDim = dim3(1, 1, 1);
+    mg_cfg.blockDim = dim3(256);
+    mg_cfg.dynamicSmemBytes = 0;
+    mg_cfg.stream = mg_stream;
+    mg_cfg.attrs = mg_pdl;
+    mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
+    mg_err = cudaLaunchKernelExC(&mg_cfg, (const void*)mg_k0_mirage_qwen2_7b_layer_cc9a7bb5bfd5, mg_args);
   }
   if (mg_err != cudaSuccess) return mg_err;
   {
@@ -1688,8 +1774,14 @@ extern "C" cudaError_t mirage_qwen2_7b_layer_cc9a7bb5bfd5(const void* mg_in0_X, 
     const mg_bf16* mg_a1 = (const mg_bf16*)(mg_in2_WQ);
     mg_bf16* mg_a2 = (mg_bf16*)(mg_ws + 7168);
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
-    mg_err = cudaLaunchKernel((const void*)mg_k1_mirage_qwen2_7b_layer_cc9a7bb5bfd5, dim3(448, 1, 1),
-                              dim3(128), mg_args, 4720, mg_stream);
+    cudaLaunchConfig_t mg_cfg = {};
+    mg_cfg.gridDim = dim3(448, 1, 1);
+    mg_cfg.blockDim = dim3(128);
+    mg_cfg.dynamicSmemBytes = 4720;
+    mg_cfg.stream = mg_stream;
+    mg_cfg.attrs = mg_pdl;
+    mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
+    mg_err = cudaLaunchKernelExC(&mg_cfg, (const void*)mg_k1_mirage_qwen2_7b_layer_cc9a7bb5bfd5, mg_args);
   }
   if (mg_err != cudaSuccess) return mg_err;
   {
@@ -1697,8 +1789,14 @@ extern "C" cudaError_t mirage_qwen2_7b_layer_cc9a7bb5bfd5(const void* mg_in0_X, 
     const mg_bf16* mg_a1 = (const mg_bf16*)(mg_in3_WK);
     mg_bf16* mg_a2 = (mg_bf16*)(mg_ws + 14336);
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
-    mg_err = cudaLaunchKernel((const void*)mg_k2_mirage_qwen2_7b_layer_cc9a7bb5bfd5, dim3(64, 1, 2),
-                              dim3(128), mg_args, 4720, mg_stream);
+    cudaLaunchConfig_t mg_cfg = {};
+    mg_cfg.gridDim = dim3(64, 1, 2);
+    mg_cfg.blockDim = dim3(128);
+    mg_cfg.dynamicSmemBytes = 4720;
+    mg_cfg.stream = mg_stream;
+    mg_cfg.attrs = mg_pdl;
+    mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
+    mg_err = cudaLaunchKernelExC(&mg_cfg, (const void*)mg_k2_mirage_qwen2_7b_layer_cc9a7bb5bfd5, mg_args);
   }
   if (mg_err != cudaSuccess) return mg_err;
   {
@@ -1706,8 +1804,14 @@ extern "C" cudaError_t mirage_qwen2_7b_layer_cc9a7bb5bfd5(const void* mg_in0_X, 
     const mg_bf16* mg_a1 = (const mg_bf16*)(mg_in4_WV);
     mg_bf16* mg_a2 = (mg_bf16*)(mg_ws + 15360);
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
-    mg_err = cudaLaunchKernel((const void*)mg_k3_mirage_qwen2_7b_layer_cc9a7bb5bfd5, dim3(64, 1, 2),
-                              dim3(128), mg_args, 4720, mg_stream);
+    cudaLaunchConfig_t mg_cfg = {};
+    mg_cfg.gridDim = dim3(64, 1, 2);
+    mg_cfg.blockDim = dim3(128);
+    mg_cfg.dynamicSmemBytes = 4720;
+    mg_cfg.stream = mg_stream;
+    mg_cfg.attrs = mg_pdl;
+    mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
+    mg_err = cudaLaunchKernelExC(&mg_cfg, (const void*)mg_k3_mirage_qwen2_7b_layer_cc9a7bb5bfd5, mg_args);
   }
   if (mg_err != cudaSuccess) return mg_err;
   {
@@ -1715,8 +1819,14 @@ extern "C" cudaError_t mirage_qwen2_7b_layer_cc9a7bb5bfd5(const void* mg_in0_X, 
     const mg_bf16* mg_a1 = (const mg_bf16*)(mg_in9_BQ);
     mg_bf16* mg_a2 = (mg_bf16*)(mg_ws + 16384);
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
-    mg_err = cudaLaunchKernel((const void*)mg_k4_mirage_qwen2_7b_layer_cc9a7bb5bfd5, dim3(14, 1, 1),
-                              dim3(256), mg_args, 0, mg_stream);
+    cudaLaunchConfig_t mg_cfg = {};
+    mg_cfg.gridDim = dim3(14, 1, 1);
+    mg_cfg.blockDim = dim3(256);
+    mg_cfg.dynamicSmemBytes = 0;
+    mg_cfg.stream = mg_stream;
+    mg_cfg.attrs = mg_pdl;
+    mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
+    mg_err = cudaLaunchKernelExC(&mg_cfg, (const void*)mg_k4_mirage_qwen2_7b_layer_cc9a7bb5bfd5, mg_args);
   }
   if (mg_err != cudaSuccess) return mg_err;
   {
@@ -1724,8 +1834,14 @@ extern "C" cudaError_t mirage_qwen2_7b_layer_cc9a7bb5bfd5(const void* mg_in0_X, 
     const mg_bf16* mg_a1 = (const mg_bf16*)(mg_in10_BK);
     mg_bf16* mg_a2 = (mg_bf16*)(mg_ws + 23552);
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
-    mg_err = cudaLaunchKernel((const void*)mg_k5_mirage_qwen2_7b_layer_cc9a7bb5bfd5, dim3(2, 1, 1),
-                              dim3(256), mg_args, 0, mg_stream);
+    cudaLaunchConfig_t mg_cfg = {};
+    mg_cfg.gridDim = dim3(2, 1, 1);
+    mg_cfg.blockDim = dim3(256);
+    mg_cfg.dynamicSmemBytes = 0;
+    mg_cfg.stream = mg_stream;
+    mg_cfg.attrs = mg_pdl;
+    mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
+    mg_err = cudaLaunchKernelExC(&mg_cfg, (const void*)mg_k5_mirage_qwen2_7b_layer_cc9a7bb5bfd5, mg_args);
   }
   if (mg_err != cudaSuccess) return mg_err;
   {
@@ -1733,40 +1849,70 @@ extern "C" cudaError_t mirage_qwen2_7b_layer_cc9a7bb5bfd5(const void* mg_in0_X, 
     const mg_bf16* mg_a1 = (const mg_bf16*)(mg_in11_BV);
     mg_bf16* mg_a2 = (mg_bf16*)(mg_ws + 24576);
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
-    mg_err = cudaLaunchKernel((const void*)mg_k6_mirage_qwen2_7b_layer_cc9a7bb5bfd5, dim3(2, 1, 1),
-                              dim3(256), mg_args, 0, mg_stream);
+    cudaLaunchConfig_t mg_cfg = {};
+    mg_cfg.gridDim = dim3(2, 1, 1);
+    mg_cfg.blockDim = dim3(256);
+    mg_cfg.dynamicSmemBytes = 0;
+    mg_cfg.stream = mg_stream;
+    mg_cfg.attrs = mg_pdl;
+    mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
+    mg_err = cudaLaunchKernelExC(&mg_cfg, (const void*)mg_k6_mirage_qwen2_7b_layer_cc9a7bb5bfd5, mg_args);
   }
   if (mg_err != cudaSuccess) return mg_err;
   {
     const mg_bf16* mg_a0 = (const mg_bf16*)(mg_ws + 16384);
     mg_bf16* mg_a1 = (mg_bf16*)(mg_ws + 25600);
     void* mg_args[] = {&mg_a0, &mg_a1};
-    mg_err = cudaLaunchKernel((const void*)mg_k7_mirage_qwen2_7b_layer_cc9a7bb5bfd5, dim3(14, 1, 1),
-                              dim3(256), mg_args, 0, mg_stream);
+    cudaLaunchConfig_t mg_cfg = {};
+    mg_cfg.gridDim = dim3(14, 1, 1);
+    mg_cfg.blockDim = dim3(256);
+    mg_cfg.dynamicSmemBytes = 0;
+    mg_cfg.stream = mg_stream;
+    mg_cfg.attrs = mg_pdl;
+    mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
+    mg_err = cudaLaunchKernelExC(&mg_cfg, (const void*)mg_k7_mirage_qwen2_7b_layer_cc9a7bb5bfd5, mg_args);
   }
   if (mg_err != cudaSuccess) return mg_err;
   {
     const mg_bf16* mg_a0 = (const mg_bf16*)(mg_ws + 23552);
     mg_bf16* mg_a1 = (mg_bf16*)(mg_ws + 32768);
     void* mg_args[] = {&mg_a0, &mg_a1};
-    mg_err = cudaLaunchKernel((const void*)mg_k8_mirage_qwen2_7b_layer_cc9a7bb5bfd5, dim3(2, 1, 1),
-                              dim3(256), mg_args, 0, mg_stream);
+    cudaLaunchConfig_t mg_cfg = {};
+    mg_cfg.gridDim = dim3(2, 1, 1);
+    mg_cfg.blockDim = dim3(256);
+    mg_cfg.dynamicSmemBytes = 0;
+    mg_cfg.stream = mg_stream;
+    mg_cfg.attrs = mg_pdl;
+    mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
+    mg_err = cudaLaunchKernelExC(&mg_cfg, (const void*)mg_k8_mirage_qwen2_7b_layer_cc9a7bb5bfd5, mg_args);
   }
   if (mg_err != cudaSuccess) return mg_err;
   {
     const mg_bf16* mg_a0 = (const mg_bf16*)(mg_ws + 24576);
     mg_bf16* mg_a1 = (mg_bf16*)(mg_out2_V4);
     void* mg_args[] = {&mg_a0, &mg_a1};
-    mg_err = cudaLaunchKernel((const void*)mg_k9_mirage_qwen2_7b_layer_cc9a7bb5bfd5, dim3(2, 1, 1),
-                              dim3(256), mg_args, 0, mg_stream);
+    cudaLaunchConfig_t mg_cfg = {};
+    mg_cfg.gridDim = dim3(2, 1, 1);
+    mg_cfg.blockDim = dim3(256);
+    mg_cfg.dynamicSmemBytes = 0;
+    mg_cfg.stream = mg_stream;
+    mg_cfg.attrs = mg_pdl;
+    mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
+    mg_err = cudaLaunchKernelExC(&mg_cfg, (const void*)mg_k9_mirage_qwen2_7b_layer_cc9a7bb5bfd5, mg_args);
   }
   if (mg_err != cudaSuccess) return mg_err;
   {
     const mg_bf16* mg_a0 = (const mg_bf16*)(mg_ws + 25600);
     mg_bf16* mg_a1 = (mg_bf16*)(mg_ws + 33792);
     void* mg_args[] = {&mg_a0, &mg_a1};
-    mg_err = cudaLaunchKernel((const void*)mg_k10_mirage_qwen2_7b_layer_cc9a7bb5bfd5, dim3(14, 1, 1),
-                              dim3(256), mg_args, 0, mg_stream);
+    cudaLaunchConfig_t mg_cfg = {};
+    mg_cfg.gridDim = dim3(14, 1, 1);
+    mg_cfg.blockDim = dim3(256);
+    mg_cfg.dynamicSmemBytes = 0;
+    mg_cfg.stream = mg_stream;
+    mg_cfg.attrs = mg_pdl;
+    mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
+    mg_err = cudaLaunchKernelExC(&mg_cfg, (const void*)mg_k10_mirage_qwen2_7b_layer_cc9a7bb5bfd5, mg_args);
   }
   if (mg_err != cudaSuccess) return mg_err;
   {
@@ -1774,8 +1920,14 @@ extern "C" cudaError_t mirage_qwen2_7b_layer_cc9a7bb5bfd5(const void* mg_in0_X, 
     const mg_bf16* mg_a1 = (const mg_bf16*)(mg_in5_COS);
     mg_bf16* mg_a2 = (mg_bf16*)(mg_ws + 40960);
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
-    mg_err = cudaLaunchKernel((const void*)mg_k11_mirage_qwen2_7b_layer_cc9a7bb5bfd5, dim3(14, 1, 1),
-                              dim3(256), mg_args, 0, mg_stream);
+    cudaLaunchConfig_t mg_cfg = {};
+    mg_cfg.gridDim = dim3(14, 1, 1);
+    mg_cfg.blockDim = dim3(256);
+    mg_cfg.dynamicSmemBytes = 0;
+    mg_cfg.stream = mg_stream;
+    mg_cfg.attrs = mg_pdl;
+    mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
+    mg_err = cudaLaunchKernelExC(&mg_cfg, (const void*)mg_k11_mirage_qwen2_7b_layer_cc9a7bb5bfd5, mg_args);
   }
   if (mg_err != cudaSuccess) return mg_err;
   {
@@ -1783,8 +1935,14 @@ extern "C" cudaError_t mirage_qwen2_7b_layer_cc9a7bb5bfd5(const void* mg_in0_X, 
     const mg_bf16* mg_a1 = (const mg_bf16*)(mg_in6_SIN);
     mg_bf16* mg_a2 = (mg_bf16*)(mg_ws + 48128);
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
-    mg_err = cudaLaunchKernel((const void*)mg_k12_mirage_qwen2_7b_layer_cc9a7bb5bfd5, dim3(14, 1, 1),
-                              dim3(256), mg_args, 0, mg_stream);
+    cudaLaunchConfig_t mg_cfg = {};
+    mg_cfg.gridDim = dim3(14, 1, 1);
+    mg_cfg.blockDim = dim3(256);
+    mg_cfg.dynamicSmemBytes = 0;
+    mg_cfg.stream = mg_stream;
+    mg_cfg.attrs = mg_pdl;
+    mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
+    mg_err = cudaLaunchKernelExC(&mg_cfg, (const void*)mg_k12_mirage_qwen2_7b_layer_cc9a7bb5bfd5, mg_args);
   }
   if (mg_err != cudaSuccess) return mg_err;
   {
@@ -1792,16 +1950,28 @@ extern "C" cudaError_t mirage_qwen2_7b_layer_cc9a7bb5bfd5(const void* mg_in0_X, 
     const mg_bf16* mg_a1 = (const mg_bf16*)(mg_ws + 48128);
     mg_bf16* mg_a2 = (mg_bf16*)(mg_ws + 55296);
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
-    mg_err = cudaLaunchKernel((const void*)mg_k13_mirage_qwen2_7b_layer_cc9a7bb5bfd5, dim3(14, 1, 1),
-                              dim3(256), mg_args, 0, mg_stream);
+    cudaLaunchConfig_t mg_cfg = {};
+    mg_cfg.gridDim = dim3(14, 1, 1);
+    mg_cfg.blockDim = dim3(256);
+    mg_cfg.dynamicSmemBytes = 0;
+    mg_cfg.stream = mg_stream;
+    mg_cfg.attrs = mg_pdl;
+    mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
+    mg_err = cudaLaunchKernelExC(&mg_cfg, (const void*)mg_k13_mirage_qwen2_7b_layer_cc9a7bb5bfd5, mg_args);
   }
   if (mg_err != cudaSuccess) return mg_err;
   {
     const mg_bf16* mg_a0 = (const mg_bf16*)(mg_ws + 32768);
     mg_bf16* mg_a1 = (mg_bf16*)(mg_ws + 62464);
     void* mg_args[] = {&mg_a0, &mg_a1};
-    mg_err = cudaLaunchKernel((const void*)mg_k14_mirage_qwen2_7b_layer_cc9a7bb5bfd5, dim3(2, 1, 1),
-                              dim3(256), mg_args, 0, mg_stream);
+    cudaLaunchConfig_t mg_cfg = {};
+    mg_cfg.gridDim = dim3(2, 1, 1);
+    mg_cfg.blockDim = dim3(256);
+    mg_cfg.dynamicSmemBytes = 0;
+    mg_cfg.stream = mg_stream;
+    mg_cfg.attrs = mg_pdl;
+    mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
+    mg_err = cudaLaunchKernelExC(&mg_cfg, (const void*)mg_k14_mirage_qwen2_7b_layer_cc9a7bb5bfd5, mg_args);
   }
   if (mg_err != cudaSuccess) return mg_err;
   {
@@ -1809,8 +1979,14 @@ extern "C" cudaError_t mirage_qwen2_7b_layer_cc9a7bb5bfd5(const void* mg_in0_X, 
     const mg_bf16* mg_a1 = (const mg_bf16*)(mg_in5_COS);
     mg_bf16* mg_a2 = (mg_bf16*)(mg_ws + 63488);
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
-    mg_err = cudaLaunchKernel((const void*)mg_k15_mirage_qwen2_7b_layer_cc9a7bb5bfd5, dim3(2, 1, 1),
-                              dim3(256), mg_args, 0, mg_stream);
+    cudaLaunchConfig_t mg_cfg = {};
+    mg_cfg.gridDim = dim3(2, 1, 1);
+    mg_cfg.blockDim = dim3(256);
+    mg_cfg.dynamicSmemBytes = 0;
+    mg_cfg.stream = mg_stream;
+    mg_cfg.attrs = mg_pdl;
+    mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
+    mg_err = cudaLaunchKernelExC(&mg_cfg, (const void*)mg_k15_mirage_qwen2_7b_layer_cc9a7bb5bfd5, mg_args);
   }
   if (mg_err != cudaSuccess) return mg_err;
   {
@@ -1818,8 +1994,14 @@ extern "C" cudaError_t mirage_qwen2_7b_layer_cc9a7bb5bfd5(const void* mg_in0_X, 
     const mg_bf16* mg_a1 = (const mg_bf16*)(mg_in6_SIN);
     mg_bf16* mg_a2 = (mg_bf16*)(mg_ws + 64512);
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
-    mg_err = cudaLaunchKernel((const void*)mg_k16_mirage_qwen2_7b_layer_cc9a7bb5bfd5, dim3(2, 1, 1),
-                              dim3(256), mg_args, 0, mg_stream);
+    cudaLaunchConfig_t mg_cfg = {};
+    mg_cfg.gridDim = dim3(2, 1, 1);
+    mg_cfg.blockDim = dim3(256);
+    mg_cfg.dynamicSmemBytes = 0;
+    mg_cfg.stream = mg_stream;
+    mg_cfg.attrs = mg_pdl;
+    mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
+    mg_err = cudaLaunchKernelExC(&mg_cfg, (const void*)mg_k16_mirage_qwen2_7b_layer_cc9a7bb5bfd5, mg_args);
   }
   if (mg_err != cudaSuccess) return mg_err;
   {
@@ -1827,16 +2009,28 @@ extern "C" cudaError_t mirage_qwen2_7b_layer_cc9a7bb5bfd5(const void* mg_in0_X, 
     const mg_bf16* mg_a1 = (const mg_bf16*)(mg_ws + 64512);
     mg_bf16* mg_a2 = (mg_bf16*)(mg_out1_KE);
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
-    mg_err = cudaLaunchKernel((const void*)mg_k17_mirage_qwen2_7b_layer_cc9a7bb5bfd5, dim3(2, 1, 1),
-                              dim3(256), mg_args, 0, mg_stream);
+    cudaLaunchConfig_t mg_cfg = {};
+    mg_cfg.gridDim = dim3(2, 1, 1);
+    mg_cfg.blockDim = dim3(256);
+    mg_cfg.dynamicSmemBytes = 0;
+    mg_cfg.stream = mg_stream;
+    mg_cfg.attrs = mg_pdl;
+    mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
+    mg_err = cudaLaunchKernelExC(&mg_cfg, (const void*)mg_k17_mirage_qwen2_7b_layer_cc9a7bb5bfd5, mg_args);
   }
   if (mg_err != cudaSuccess) return mg_err;
   {
     const mg_bf16* mg_a0 = (const mg_bf16*)(mg_out1_KE);
     mg_bf16* mg_a1 = (mg_bf16*)(mg_ws + 65536);
     void* mg_args[] = {&mg_a0, &mg_a1};
-    mg_err = cudaLaunchKernel((const void*)mg_k18_mirage_qwen2_7b_layer_cc9a7bb5bfd5, dim3(2, 1, 1),
-                              dim3(256), mg_args, 0, mg_stream);
+    cudaLaunchConfig_t mg_cfg = {};
+    mg_cfg.gridDim = dim3(2, 1, 1);
+    mg_cfg.blockDim = dim3(256);
+    mg_cfg.dynamicSmemBytes = 0;
+    mg_cfg.stream = mg_stream;
+    mg_cfg.attrs = mg_pdl;
+    mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
+    mg_err = cudaLaunchKernelExC(&mg_cfg, (const void*)mg_k18_mirage_qwen2_7b_layer_cc9a7bb5bfd5, mg_args);
   }
   if (mg_err != cudaSuccess) return mg_err;
   {
@@ -1844,8 +2038,14 @@ extern "C" cudaError_t mirage_qwen2_7b_layer_cc9a7bb5bfd5(const void* mg_in0_X, 
     const mg_bf16* mg_a1 = (const mg_bf16*)(mg_ws + 65536);
     mg_bf16* mg_a2 = (mg_bf16*)(mg_ws + 66560);
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
-    mg_err = cudaLaunchKernel((const void*)mg_k19_mirage_qwen2_7b_layer_cc9a7bb5bfd5, dim3(8192, 1, 1),
-                              dim3(256), mg_args, 0, mg_stream);
+    cudaLaunchConfig_t mg_cfg = {};
+    mg_cfg.gridDim = dim3(8192, 1, 1);
+    mg_cfg.blockDim = dim3(256);
+    mg_cfg.dynamicSmemBytes = 0;
+    mg_cfg.stream = mg_stream;
+    mg_cfg.attrs = mg_pdl;
+    mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
+    mg_err = cudaLaunchKernelExC(&mg_cfg, (const void*)mg_k19_mirage_qwen2_7b_layer_cc9a7bb5bfd5, mg_args);
   }
   if (mg_err != cudaSuccess) return mg_err;
   {
@@ -1853,8 +2053,14 @@ extern "C" cudaError_t mirage_qwen2_7b_layer_cc9a7bb5bfd5(const void* mg_in0_X, 
     const mg_bf16* mg_a1 = (const mg_bf16*)(mg_out2_V4);
     mg_bf16* mg_a2 = (mg_bf16*)(mg_ws + 4260864);
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
-    mg_err = cudaLaunchKernel((const void*)mg_k20_mirage_qwen2_7b_layer_cc9a7bb5bfd5, dim3(8192, 1, 1),
-                              dim3(256), mg_args, 0, mg_stream);
+    cudaLaunchConfig_t mg_cfg = {};
+    mg_cfg.gridDim = dim3(8192, 1, 1);
+    mg_cfg.blockDim = dim3(256);
+    mg_cfg.dynamicSmemBytes = 0;
+    mg_cfg.stream = mg_stream;
+    mg_cfg.attrs = mg_pdl;
+    mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
+    mg_err = cudaLaunchKernelExC(&mg_cfg, (const void*)mg_k20_mirage_qwen2_7b_layer_cc9a7bb5bfd5, mg_args);
   }
   if (mg_err != cudaSuccess) return mg_err;
   {
@@ -1862,24 +2068,42 @@ extern "C" cudaError_t mirage_qwen2_7b_layer_cc9a7bb5bfd5(const void* mg_in0_X, 
     const mg_bf16* mg_a1 = (const mg_bf16*)(mg_ws + 66560);
     mg_bf16* mg_a2 = (mg_bf16*)(mg_ws + 8455168);
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
-    mg_err = cudaLaunchKernel((const void*)mg_k21_mirage_qwen2_7b_layer_cc9a7bb5bfd5, dim3(64, 1, 4),
-                              dim3(256), mg_args, 0, mg_stream);
+    cudaLaunchConfig_t mg_cfg = {};
+    mg_cfg.gridDim = dim3(64, 1, 4);
+    mg_cfg.blockDim = dim3(256);
+    mg_cfg.dynamicSmemBytes = 0;
+    mg_cfg.stream = mg_stream;
+    mg_cfg.attrs = mg_pdl;
+    mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
+    mg_err = cudaLaunchKernelExC(&mg_cfg, (const void*)mg_k21_mirage_qwen2_7b_layer_cc9a7bb5bfd5, mg_args);
   }
   if (mg_err != cudaSuccess) return mg_err;
   {
     const mg_bf16* mg_a0 = (const mg_bf16*)(mg_ws + 8455168);
     mg_bf16* mg_a1 = (mg_bf16*)(mg_ws + 8684544);
     void* mg_args[] = {&mg_a0, &mg_a1};
-    mg_err = cudaLaunchKernel((const void*)mg_k22_mirage_qwen2_7b_layer_cc9a7bb5bfd5, dim3(448, 1, 1),
-                              dim3(256), mg_args, 0, mg_stream);
+    cudaLaunchConfig_t mg_cfg = {};
+    mg_cfg.gridDim = dim3(448, 1, 1);
+    mg_cfg.blockDim = dim3(256);
+    mg_cfg.dynamicSmemBytes = 0;
+    mg_cfg.stream = mg_stream;
+    mg_cfg.attrs = mg_pdl;
+    mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
+    mg_err = cudaLaunchKernelExC(&mg_cfg, (const void*)mg_k22_mirage_qwen2_7b_layer_cc9a7bb5bfd5, mg_args);
   }
   if (mg_err != cudaSuccess) return mg_err;
   {
     const mg_bf16* mg_a0 = (const mg_bf16*)(mg_ws + 8684544);
     mg_bf16* mg_a1 = (mg_bf16*)(mg_ws + 8913920);
     void* mg_args[] = {&mg_a0, &mg_a1};
-    mg_err = cudaLaunchKernel((const void*)mg_k23_mirage_qwen2_7b_layer_cc9a7bb5bfd5, dim3(4, 1, 1),
-                              dim3(256), mg_args, 0, mg_stream);
+    cudaLaunchConfig_t mg_cfg = {};
+    mg_cfg.gridDim = dim3(4, 1, 1);
+    mg_cfg.blockDim = dim3(256);
+    mg_cfg.dynamicSmemBytes = 0;
+    mg_cfg.stream = mg_stream;
+    mg_cfg.attrs = mg_pdl;
+    mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
+    mg_err = cudaLaunchKernelExC(&mg_cfg, (const void*)mg_k23_mirage_qwen2_7b_layer_cc9a7bb5bfd5, mg_args);
   }
   if (mg_err != cudaSuccess) return mg_err;
   {
@@ -1887,16 +2111,28 @@ extern "C" cudaError_t mirage_qwen2_7b_layer_cc9a7bb5bfd5(const void* mg_in0_X, 
     const mg_bf16* mg_a1 = (const mg_bf16*)(mg_ws + 4260864);
     mg_bf16* mg_a2 = (mg_bf16*)(mg_ws + 9143296);
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
-    mg_err = cudaLaunchKernel((const void*)mg_k24_mirage_qwen2_7b_layer_cc9a7bb5bfd5, dim3(2, 1, 4),
-                              dim3(256), mg_args, 0, mg_stream);
+    cudaLaunchConfig_t mg_cfg = {};
+    mg_cfg.gridDim = dim3(2, 1, 4);
+    mg_cfg.blockDim = dim3(256);
+    mg_cfg.dynamicSmemBytes = 0;
+    mg_cfg.stream = mg_stream;
+    mg_cfg.attrs = mg_pdl;
+    mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
+    mg_err = cudaLaunchKernelExC(&mg_cfg, (const void*)mg_k24_mirage_qwen2_7b_layer_cc9a7bb5bfd5, mg_args);
   }
   if (mg_err != cudaSuccess) return mg_err;
   {
     const mg_bf16* mg_a0 = (const mg_bf16*)(mg_ws + 9143296);
     mg_bf16* mg_a1 = (mg_bf16*)(mg_ws + 9150464);
     void* mg_args[] = {&mg_a0, &mg_a1};
-    mg_err = cudaLaunchKernel((const void*)mg_k25_mirage_qwen2_7b_layer_cc9a7bb5bfd5, dim3(14, 1, 1),
-                              dim3(256), mg_args, 0, mg_stream);
+    cudaLaunchConfig_t mg_cfg = {};
+    mg_cfg.gridDim = dim3(14, 1, 1);
+    mg_cfg.blockDim = dim3(256);
+    mg_cfg.dynamicSmemBytes = 0;
+    mg_cfg.stream = mg_stream;
+    mg_cfg.attrs = mg_pdl;
+    mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
+    mg_err = cudaLaunchKernelExC(&mg_cfg, (const void*)mg_k25_mirage_qwen2_7b_layer_cc9a7bb5bfd5, mg_args);
   }
   if (mg_err != cudaSuccess) return mg_err;
   {
@@ -1904,8 +2140,14 @@ extern "C" cudaError_t mirage_qwen2_7b_layer_cc9a7bb5bfd5(const void* mg_in0_X, 
     const mg_bf16* mg_a1 = (const mg_bf16*)(mg_in12_WO);
     mg_bf16* mg_a2 = (mg_bf16*)(mg_ws + 9157632);
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
-    mg_err = cudaLaunchKernel((const void*)mg_k26_mirage_qwen2_7b_layer_cc9a7bb5bfd5, dim3(448, 1, 1),
-                              dim3(128), mg_args, 4720, mg_stream);
+    cudaLaunchConfig_t mg_cfg = {};
+    mg_cfg.gridDim = dim3(448, 1, 1);
+    mg_cfg.blockDim = dim3(128);
+    mg_cfg.dynamicSmemBytes = 4720;
+    mg_cfg.stream = mg_stream;
+    mg_cfg.attrs = mg_pdl;
+    mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
+    mg_err = cudaLaunchKernelExC(&mg_cfg, (const void*)mg_k26_mirage_qwen2_7b_layer_cc9a7bb5bfd5, mg_args);
   }
   if (mg_err != cudaSuccess) return mg_err;
   {
@@ -1913,8 +2155,14 @@ extern "C" cudaError_t mirage_qwen2_7b_layer_cc9a7bb5bfd5(const void* mg_in0_X, 
     const mg_bf16* mg_a1 = (const mg_bf16*)(mg_ws + 9157632);
     mg_bf16* mg_a2 = (mg_bf16*)(mg_ws + 9164800);
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
-    mg_err = cudaLaunchKernel((const void*)mg_k27_mirage_qwen2_7b_layer_cc9a7bb5bfd5, dim3(14, 1, 1),
-                              dim3(256), mg_args, 0, mg_stream);
+    cudaLaunchConfig_t mg_cfg = {};
+    mg_cfg.gridDim = dim3(14, 1, 1);
+    mg_cfg.blockDim = dim3(256);
+    mg_cfg.dynamicSmemBytes = 0;
+    mg_cfg.stream = mg_stream;
+    mg_cfg.attrs = mg_pdl;
+    mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
+    mg_err = cudaLaunchKernelExC(&mg_cfg, (const void*)mg_k27_mirage_qwen2_7b_layer_cc9a7bb5bfd5, mg_args);
   }
   if (mg_err != cudaSuccess) return mg_err;
   {
@@ -1922,8 +2170,14 @@ extern "C" cudaError_t mirage_qwen2_7b_layer_cc9a7bb5bfd5(const void* mg_in0_X, 
     const mg_bf16* mg_a1 = (const mg_bf16*)(mg_in13_G2);
     mg_bf16* mg_a2 = (mg_bf16*)(mg_ws + 9171968);
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
-    mg_err = cudaLaunchKernel((const void*)mg_k28_mirage_qwen2_7b_layer_cc9a7bb5bfd5, dim3(1, 1, 1),
-                              dim3(256), mg_args, 0, mg_stream);
+    cudaLaunchConfig_t mg_cfg = {};
+    mg_cfg.gridDim = dim3(1, 1, 1);
+    mg_cfg.blockDim = dim3(256);
+    mg_cfg.dynamicSmemBytes = 0;
+    mg_cfg.stream = mg_stream;
+    mg_cfg.attrs = mg_pdl;
+    mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
+    mg_err = cudaLaunchKernelExC(&mg_cfg, (const void*)mg_k28_mirage_qwen2_7b_layer_cc9a7bb5bfd5, mg_args);
   }
   if (mg_err != cudaSuccess) return mg_err;
   {
@@ -1931,8 +2185,14 @@ extern "C" cudaError_t mirage_qwen2_7b_layer_cc9a7bb5bfd5(const void* mg_in0_X, 
     const mg_bf16* mg_a1 = (const mg_bf16*)(mg_in14_W1);
     mg_bf16* mg_a2 = (mg_bf16*)(mg_ws + 9179136);
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
-    mg_err = cudaLaunchKernel((const void*)mg_k29_mirage_qwen2_7b_layer_cc9a7bb5bfd5, dim3(296, 1, 1),
-                              dim3(128), mg_args, 37712, mg_stream);
+    cudaLaunchConfig_t mg_cfg = {};
+    mg_cfg.gridDim = dim3(296, 1, 1);
+    mg_cfg.blockDim = dim3(128);
+    mg_cfg.dynamicSmemBytes = 37712;
+    mg_cfg.stream = mg_stream;
+    mg_cfg.attrs = mg_pdl;
+    mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
+    mg_err = cudaLaunchKernelExC(&mg_cfg, (const void*)mg_k29_mirage_qwen2_7b_layer_cc9a7bb5bfd5, mg_args);
   }
   if (mg_err != cudaSuccess) return mg_err;
   {
@@ -1940,16 +2200,28 @@ extern "C" cudaError_t mirage_qwen2_7b_layer_cc9a7bb5bfd5(const void* mg_in0_X, 
     const mg_bf16* mg_a1 = (const mg_bf16*)(mg_in15_W3);
     mg_bf16* mg_a2 = (mg_bf16*)(mg_ws + 9217024);
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
-    mg_err = cudaLaunchKernel((const void*)mg_k30_mirage_qwen2_7b_layer_cc9a7bb5bfd5, dim3(296, 1, 1),
-                              dim3(128), mg_args, 37712, mg_stream);
+    cudaLaunchConfig_t mg_cfg = {};
+    mg_cfg.gridDim = dim3(296, 1, 1);
+    mg_cfg.blockDim = dim3(128);
+    mg_cfg.dynamicSmemBytes = 37712;
+    mg_cfg.stream = mg_stream;
+    mg_cfg.attrs = mg_pdl;
+    mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
+    mg_err = cudaLaunchKernelExC(&mg_cfg, (const void*)mg_k30_mirage_qwen2_7b_layer_cc9a7bb5bfd5, mg_args);
   }
   if (mg_err != cudaSuccess) return mg_err;
   {
     const mg_bf16* mg_a0 = (const mg_bf16*)(mg_ws + 9179136);
     mg_bf16* mg_a1 = (mg_bf16*)(mg_ws + 9254912);
     void* mg_args[] = {&mg_a0, &mg_a1};
-    mg_err = cudaLaunchKernel((const void*)mg_k31_mirage_qwen2_7b_layer_cc9a7bb5bfd5, dim3(74, 1, 1),
-                              dim3(256), mg_args, 0, mg_stream);
+    cudaLaunchConfig_t mg_cfg = {};
+    mg_cfg.gridDim = dim3(74, 1, 1);
+    mg_cfg.blockDim = dim3(256);
+    mg_cfg.dynamicSmemBytes = 0;
+    mg_cfg.stream = mg_stream;
+    mg_cfg.attrs = mg_pdl;
+    mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
+    mg_err = cudaLaunchKernelExC(&mg_cfg, (const void*)mg_k31_mirage_qwen2_7b_layer_cc9a7bb5bfd5, mg_args);
   }
   if (mg_err != cudaSuccess) return mg_err;
   {
@@ -1957,8 +2229,14 @@ extern "C" cudaError_t mirage_qwen2_7b_layer_cc9a7bb5bfd5(const void* mg_in0_X, 
     const mg_bf16* mg_a1 = (const mg_bf16*)(mg_ws + 9217024);
     mg_bf16* mg_a2 = (mg_bf16*)(mg_ws + 9292800);
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
-    mg_err = cudaLaunchKernel((const void*)mg_k32_mirage_qwen2_7b_layer_cc9a7bb5bfd5, dim3(74, 1, 1),
-                              dim3(256), mg_args, 0, mg_stream);
+    cudaLaunchConfig_t mg_cfg = {};
+    mg_cfg.gridDim = dim3(74, 1, 1);
+    mg_cfg.blockDim = dim3(256);
+    mg_cfg.dynamicSmemBytes = 0;
+    mg_cfg.stream = mg_stream;
+    mg_cfg.attrs = mg_pdl;
+    mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
+    mg_err = cudaLaunchKernelExC(&mg_cfg, (const void*)mg_k32_mirage_qwen2_7b_layer_cc9a7bb5bfd5, mg_args);
   }
   if (mg_err != cudaSuccess) return mg_err;
   {
@@ -1966,8 +2244,14 @@ extern "C" cudaError_t mirage_qwen2_7b_layer_cc9a7bb5bfd5(const void* mg_in0_X, 
     const mg_bf16* mg_a1 = (const mg_bf16*)(mg_in16_W2);
     mg_bf16* mg_a2 = (mg_bf16*)(mg_ws + 9330688);
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
-    mg_err = cudaLaunchKernel((const void*)mg_k33_mirage_qwen2_7b_layer_cc9a7bb5bfd5, dim3(448, 1, 1),
-                              dim3(128), mg_args, 4720, mg_stream);
+    cudaLaunchConfig_t mg_cfg = {};
+    mg_cfg.gridDim = dim3(448, 1, 1);
+    mg_cfg.blockDim = dim3(128);
+    mg_cfg.dynamicSmemBytes = 4720;
+    mg_cfg.stream = mg_stream;
+    mg_cfg.attrs = mg_pdl;
+    mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
+    mg_err = cudaLaunchKernelExC(&mg_cfg, (const void*)mg_k33_mirage_qwen2_7b_layer_cc9a7bb5bfd5, mg_args);
   }
   if (mg_err != cudaSuccess) return mg_err;
   {
@@ -1975,8 +2259,14 @@ extern "C" cudaError_t mirage_qwen2_7b_layer_cc9a7bb5bfd5(const void* mg_in0_X, 
     const mg_bf16* mg_a1 = (const mg_bf16*)(mg_ws + 9330688);
     mg_bf16* mg_a2 = (mg_bf16*)(mg_out0_Y);
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
-    mg_err = cudaLaunchKernel((const void*)mg_k34_mirage_qwen2_7b_layer_cc9a7bb5bfd5, dim3(14, 1, 1),
-                              dim3(256), mg_args, 0, mg_stream);
+    cudaLaunchConfig_t mg_cfg = {};
+    mg_cfg.gridDim = dim3(14, 1, 1);
+    mg_cfg.blockDim = dim3(256);
+    mg_cfg.dynamicSmemBytes = 0;
+    mg_cfg.stream = mg_stream;
+    mg_cfg.attrs = mg_pdl;
+    mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
+    mg_err = cudaLaunchKernelExC(&mg_cfg, (const void*)mg_k34_mirage_qwen2_7b_layer_cc9a7bb5bfd5, mg_args);
   }
   if (mg_err != cudaSuccess) return mg_err;
   return cudaSuccess;

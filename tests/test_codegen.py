@@ -124,6 +124,23 @@ def test_header_declares_the_abi() -> None:
     assert "#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800\n#error" in cu
 
 
+def test_kernels_are_launched_for_programmatic_dependent_launch() -> None:
+    """Every kernel's first statement waits for the kernel before it in the stream, and
+    the entry point asks for the overlapped launch only on compute capability 9.0+."""
+    import re
+
+    prog = lower(CASES["rmsnorm_linear_small"]())
+    cu, _ = emit(prog)
+    bodies = re.findall(r'extern "C" __global__[^{]*\{\n(.*)\n', cu)
+    assert bodies and all(b.strip() == "mg_grid_wait();" for b in bodies)
+    assert 'asm volatile("griddepcontrol.wait;" ::: "memory");' in cu
+    host = cu[cu.index("#ifndef __CUDACC_RTC__"):]
+    assert "cudaLaunchKernel(" not in host
+    assert host.count("cudaLaunchKernelExC(") == len(prog.kernels)
+    assert "mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;" in host
+    assert "*mg_state = 1 | (mg_major >= 9 ? 2 : 0);" in host
+
+
 def test_user_names_reach_generated_files_only_escaped() -> None:
     """Hostile tensor and program names: a newline, a macro, a trigraph and a line
     splice appear only escaped inside comments; parameters are minted."""

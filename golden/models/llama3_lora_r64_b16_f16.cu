@@ -47,6 +47,16 @@ __device__ __forceinline__ void mg_st(mg_bf16* p, float v) {
   asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(v));
   p->bits = h;
 }
+// Programmatic dependent launch (sm_90 and later): the entry point lets each kernel
+// start while the kernel before it in the stream drains, so the launch latency is
+// hidden. Every kernel's first act is this wait, which returns once that kernel has
+// finished and its writes are visible: no input is ever read early. On a launch
+// without the attribute it returns at once; before sm_90 it is not emitted.
+__device__ __forceinline__ void mg_grid_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
 __device__ __forceinline__ float mg_silu(float x) { return x / (1.0f + expf(-x)); }
 __device__ __forceinline__ float mg_gelu(float x) {
   return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
@@ -202,6 +212,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_llama3_lora_r6
     const mg_f16* __restrict__ p0,
     const mg_f16* __restrict__ p1,
     mg_f16* __restrict__ p2) {
+  mg_grid_wait();
   const int bx = blockIdx.x, by = blockIdx.y, bz = blockIdx.z;
   (void)bx; (void)by; (void)bz;
   extern __shared__ __align__(16) unsigned char mg_smem[];
@@ -328,6 +339,7 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(128, 1) m
     const mg_f16* __restrict__ p0,
     const mg_f16* __restrict__ p1,
     mg_f16* __restrict__ p2) {
+  mg_grid_wait();
   const int bx = blockIdx.x, by = blockIdx.y, bz = 0;
   (void)bx; (void)by; (void)bz;
   const unsigned mg_rank = blockIdx.z;
@@ -487,6 +499,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k2_mirage_llama3_lora_r6
     const mg_f16* __restrict__ p0,
     const mg_f16* __restrict__ p1,
     mg_f16* __restrict__ p2) {
+  mg_grid_wait();
   const int bx = blockIdx.x, by = blockIdx.y, bz = blockIdx.z;
   (void)bx; (void)by; (void)bz;
   extern __shared__ __align__(16) unsigned char mg_smem[];
@@ -589,6 +602,7 @@ extern "C" __global__ void __launch_bounds__(256) mg_k3_mirage_llama3_lora_r64_b
     const mg_f16* __restrict__ p0,
     const mg_f16* __restrict__ p1,
     mg_f16* __restrict__ p2) {
+  mg_grid_wait();
   for (int e = blockIdx.x * 256 + threadIdx.x; e < 65536; e += gridDim.x * 256) {
     const int i0 = e / 4096;
     const int i1 = (e) % 4096;
@@ -603,23 +617,64 @@ extern "C" __global__ void __launch_bounds__(256) mg_k3_mirage_llama3_lora_r64_b
 #include <cuda_runtime.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <atomic>
+
+#if CUDART_VERSION < 11080
+#error "mirage-cli generated code needs CUDA 11.8 or newer (cudaLaunchKernelExC)"
+#endif
 
 extern "C" size_t mirage_llama3_lora_r64_b16_f16_h16x4096_h4096x4096_h4096x64_h64x4096_to_h16x4096_workspace_bytes(void) { return 264192u; }
 
-// Every CUDA call's own status is returned (cudaLaunchKernel reports the launch's
+// What the launcher needs to know about the current device, found once per device
+// (a state per device ordinal; two threads racing store the same value, which is
+// harmless) and on every call for ordinals past the table: bit 0 says the device is
+// prepared (no kernel needs a per-device
+// attribute), bit 1 that it has compute capability 9.0 or
+// later, where kernels are launched with programmatic stream serialisation.
+static std::atomic<int> mg_device_state_mirage_llama3_lora_r64_b16_f16_h16x4096_h4096x4096_h4096x64_h64x4096_to_h16x4096[64];
+
+static cudaError_t mg_prepare_mirage_llama3_lora_r64_b16_f16_h16x4096_h4096x4096_h4096x64_h64x4096_to_h16x4096(int* mg_state) {
+  int mg_dev = -1;
+  cudaError_t mg_err = cudaGetDevice(&mg_dev);
+  if (mg_err != cudaSuccess) return mg_err;
+  const bool mg_tabled = mg_dev >= 0 && mg_dev < 64;
+  if (mg_tabled) {
+    *mg_state = mg_device_state_mirage_llama3_lora_r64_b16_f16_h16x4096_h4096x4096_h4096x64_h64x4096_to_h16x4096[mg_dev].load(std::memory_order_acquire);
+    if (*mg_state != 0) return cudaSuccess;
+  }
+  int mg_major = 0;
+  mg_err = cudaDeviceGetAttribute(&mg_major, cudaDevAttrComputeCapabilityMajor, mg_dev);
+  if (mg_err != cudaSuccess) return mg_err;
+  *mg_state = 1 | (mg_major >= 9 ? 2 : 0);
+  if (mg_tabled) mg_device_state_mirage_llama3_lora_r64_b16_f16_h16x4096_h4096x4096_h4096x64_h64x4096_to_h16x4096[mg_dev].store(*mg_state, std::memory_order_release);
+  return cudaSuccess;
+}
+
+// Every CUDA call's own status is returned (cudaLaunchKernelExC reports the launch's
 // error itself), so an earlier, unrelated error left in the runtime's last-error
 // state is neither reported as ours nor cleared.
 extern "C" cudaError_t mirage_llama3_lora_r64_b16_f16_h16x4096_h4096x4096_h4096x64_h64x4096_to_h16x4096(const void* mg_in0_X, const void* mg_in1_W, const void* mg_in2_A, const void* mg_in3_B, void* mg_out0_Y, void* mg_workspace, cudaStream_t mg_stream) {
   char* const mg_ws = static_cast<char*>(mg_workspace);
   (void)mg_ws;
-  cudaError_t mg_err = cudaSuccess;
+  int mg_state = 0;
+  cudaError_t mg_err = mg_prepare_mirage_llama3_lora_r64_b16_f16_h16x4096_h4096x4096_h4096x64_h64x4096_to_h16x4096(&mg_state);
+  if (mg_err != cudaSuccess) return mg_err;
+  cudaLaunchAttribute mg_pdl[1];
+  mg_pdl[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  mg_pdl[0].val.programmaticStreamSerializationAllowed = 1;
   {
     const mg_f16* mg_a0 = (const mg_f16*)(mg_in0_X);
     const mg_f16* mg_a1 = (const mg_f16*)(mg_in1_W);
     mg_f16* mg_a2 = (mg_f16*)(mg_ws + 0);
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
-    mg_err = cudaLaunchKernel((const void*)mg_k0_mirage_llama3_lora_r64_b16_f16_h16x4096_h4096x4096_h4096x64_h64x4096_to_h16x4096, dim3(512, 1, 1),
-                              dim3(128), mg_args, 13840, mg_stream);
+    cudaLaunchConfig_t mg_cfg = {};
+    mg_cfg.gridDim = dim3(512, 1, 1);
+    mg_cfg.blockDim = dim3(128);
+    mg_cfg.dynamicSmemBytes = 13840;
+    mg_cfg.stream = mg_stream;
+    mg_cfg.attrs = mg_pdl;
+    mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
+    mg_err = cudaLaunchKernelExC(&mg_cfg, (const void*)mg_k0_mirage_llama3_lora_r64_b16_f16_h16x4096_h4096x4096_h4096x64_h64x4096_to_h16x4096, mg_args);
   }
   if (mg_err != cudaSuccess) return mg_err;
   {
@@ -627,8 +682,14 @@ extern "C" cudaError_t mirage_llama3_lora_r64_b16_f16_h16x4096_h4096x4096_h4096x
     const mg_f16* mg_a1 = (const mg_f16*)(mg_in2_A);
     mg_f16* mg_a2 = (mg_f16*)(mg_ws + 131072);
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
-    mg_err = cudaLaunchKernel((const void*)mg_k1_mirage_llama3_lora_r64_b16_f16_h16x4096_h4096x4096_h4096x64_h64x4096_to_h16x4096, dim3(8, 1, 2),
-                              dim3(128), mg_args, 13840, mg_stream);
+    cudaLaunchConfig_t mg_cfg = {};
+    mg_cfg.gridDim = dim3(8, 1, 2);
+    mg_cfg.blockDim = dim3(128);
+    mg_cfg.dynamicSmemBytes = 13840;
+    mg_cfg.stream = mg_stream;
+    mg_cfg.attrs = mg_pdl;
+    mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
+    mg_err = cudaLaunchKernelExC(&mg_cfg, (const void*)mg_k1_mirage_llama3_lora_r64_b16_f16_h16x4096_h4096x4096_h4096x64_h64x4096_to_h16x4096, mg_args);
   }
   if (mg_err != cudaSuccess) return mg_err;
   {
@@ -636,8 +697,14 @@ extern "C" cudaError_t mirage_llama3_lora_r64_b16_f16_h16x4096_h4096x4096_h4096x
     const mg_f16* mg_a1 = (const mg_f16*)(mg_in3_B);
     mg_f16* mg_a2 = (mg_f16*)(mg_ws + 133120);
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
-    mg_err = cudaLaunchKernel((const void*)mg_k2_mirage_llama3_lora_r64_b16_f16_h16x4096_h4096x4096_h4096x64_h64x4096_to_h16x4096, dim3(512, 1, 1),
-                              dim3(128), mg_args, 3856, mg_stream);
+    cudaLaunchConfig_t mg_cfg = {};
+    mg_cfg.gridDim = dim3(512, 1, 1);
+    mg_cfg.blockDim = dim3(128);
+    mg_cfg.dynamicSmemBytes = 3856;
+    mg_cfg.stream = mg_stream;
+    mg_cfg.attrs = mg_pdl;
+    mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
+    mg_err = cudaLaunchKernelExC(&mg_cfg, (const void*)mg_k2_mirage_llama3_lora_r64_b16_f16_h16x4096_h4096x4096_h4096x64_h64x4096_to_h16x4096, mg_args);
   }
   if (mg_err != cudaSuccess) return mg_err;
   {
@@ -645,8 +712,14 @@ extern "C" cudaError_t mirage_llama3_lora_r64_b16_f16_h16x4096_h4096x4096_h4096x
     const mg_f16* mg_a1 = (const mg_f16*)(mg_ws + 133120);
     mg_f16* mg_a2 = (mg_f16*)(mg_out0_Y);
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
-    mg_err = cudaLaunchKernel((const void*)mg_k3_mirage_llama3_lora_r64_b16_f16_h16x4096_h4096x4096_h4096x64_h64x4096_to_h16x4096, dim3(256, 1, 1),
-                              dim3(256), mg_args, 0, mg_stream);
+    cudaLaunchConfig_t mg_cfg = {};
+    mg_cfg.gridDim = dim3(256, 1, 1);
+    mg_cfg.blockDim = dim3(256);
+    mg_cfg.dynamicSmemBytes = 0;
+    mg_cfg.stream = mg_stream;
+    mg_cfg.attrs = mg_pdl;
+    mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
+    mg_err = cudaLaunchKernelExC(&mg_cfg, (const void*)mg_k3_mirage_llama3_lora_r64_b16_f16_h16x4096_h4096x4096_h4096x64_h64x4096_to_h16x4096, mg_args);
   }
   if (mg_err != cudaSuccess) return mg_err;
   return cudaSuccess;

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from mirage_cli.codegen.plan import Copy, Launch, Program
+from mirage_cli.codegen.plan import Copy, Kernel, Launch, Program
 from mirage_cli.diagnostics import MirageError
 from mirage_cli.dtypes import round_to
 from mirage_cli.ir import DType, TensorType
@@ -252,8 +252,26 @@ class Loaded:
                     vals.append(self.pointer(bufs, p.arg))
             cells = [ctypes.c_void_p(v) for v in vals]
             argv = (ctypes.c_void_p * len(cells))(*[ctypes.addressof(c) for c in cells])
-            check(drv.cuLaunchKernel(self.funcs[k.name], *k.grid, k.threads, 1, 1, k.smem_bytes,
-                                     self.d.stream, ctypes.addressof(argv), 0), "cuLaunchKernel")
+            check(drv.cuLaunchKernelEx(self._config(k), self.funcs[k.name],
+                                       ctypes.addressof(argv), 0), "cuLaunchKernelEx")
+
+    def _config(self, k: Kernel) -> Any:
+        """The launch of ``k`` as the generated entry point makes it: on compute
+        capability 9.0 and later with programmatic stream serialisation (the kernel may
+        start while the one before it drains; its first act waits for that one)."""
+        drv = self.d.drv
+        cfg = drv.CUlaunchConfig()
+        cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = k.grid
+        cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = k.threads, 1, 1
+        cfg.sharedMemBytes = k.smem_bytes
+        cfg.hStream = self.d.stream
+        if self.d.cc[0] >= 9:
+            attr = drv.CUlaunchAttribute()
+            attr.id = drv.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+            attr.value.programmaticStreamSerializationAllowed = 1
+            cfg.attrs = [attr]
+            cfg.numAttrs = 1
+        return cfg
 
     def run(self, inputs: Mapping[str, np.ndarray], bufs: Buffers | None = None
             ) -> dict[str, np.ndarray]:

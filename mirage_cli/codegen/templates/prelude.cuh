@@ -23,6 +23,16 @@ __device__ __forceinline__ void mg_st(mg_bf16* p, float v) {
   asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(v));
   p->bits = h;
 }
+// Programmatic dependent launch (sm_90 and later): the entry point lets each kernel
+// start while the kernel before it in the stream drains, so the launch latency is
+// hidden. Every kernel's first act is this wait, which returns once that kernel has
+// finished and its writes are visible: no input is ever read early. On a launch
+// without the attribute it returns at once; before sm_90 it is not emitted.
+__device__ __forceinline__ void mg_grid_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
 __device__ __forceinline__ float mg_silu(float x) { return x / (1.0f + expf(-x)); }
 __device__ __forceinline__ float mg_gelu(float x) {
   return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
