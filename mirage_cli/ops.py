@@ -8,8 +8,9 @@ description of what they reduce, so every pass can treat them uniformly.
 
 The same row carries every other pass's meaning, never a ``switch`` on operator
 names in a pass: ``field`` (finite-field semantics, verifier), ``abstract`` (abstract
-expression, search), ``cost`` (cost model) and ``cuda`` (CUDA spelling and torch
-baseline). Those meanings live on the floor below, :mod:`mirage_cli.semantics`; this
+expression, search), ``cost`` (cost model), ``cuda`` (CUDA spelling and torch
+baseline) and ``index`` (how result indices follow operand indices: the certificate
+carry, ``verifier/carry.py``). Those meanings live on the floor below, :mod:`mirage_cli.semantics`; this
 module imports nothing from ``search``, ``verifier`` or ``codegen`` (a test walks the
 imports).
 
@@ -97,6 +98,20 @@ class Scaling(enum.Enum):
     FIRST = "first"  # f(c·x, y) = c·f(x, y): linear in the first operand only
 
 
+class Index(enum.Enum):
+    """How an operator maps its operands' indices to its result's: what decides
+    whether a size parameter is pointwise through it (``verifier/carry.py``, which
+    holds the rule of each kind; docs/verification.md §10)."""
+
+    POINTWISE = "pointwise"   # numpy broadcasting, each result index from the same index
+    REDUCE_DIM = "reduce_dim"  # reduces attribute ``dim`` (kept as 1 with ``keepdim``)
+    MIX_DIM = "mix_dim"       # same shape; mixes along attribute ``dim`` (softmax)
+    MIX_LAST = "mix_last"     # mixes along the last dimension (rms, rms_norm, sum_to, ...)
+    MATMUL = "matmul"         # batch dims broadcast; rows of A, columns of B; k reduced
+    CONCAT = "concat"         # joins along attribute ``dim``
+    RESHAPE = "reshape"       # row-major reshape
+
+
 @dataclass(frozen=True)
 class OpDef:
     """One operator: the single place where its facts live."""
@@ -126,6 +141,10 @@ class OpDef:
     mirage: MirageNames = ()
     # How the result scales with its operands (None: not homogeneous of degree 1).
     scaling: Scaling | None = None
+    # How result indices come from operand indices (certificate carry). None for an
+    # accumulator (its ``accum`` spec says it) and a custom kernel (its block graph
+    # does); any other operator without one is never carried.
+    index: Index | None = None
 
     @property
     def is_accumulator(self) -> bool:
@@ -168,6 +187,12 @@ def register(op: OpDef) -> OpDef:
     assert op.name not in REGISTRY, f"operator {op.name} registered twice"
     assert (op.accum is not None) == (op.cuda.kind == "accum"), \
         f"operator {op.name}: an accumulator needs an AccumSpec and the accum CUDA kind"
+    # One source for each fact: an element-wise operator's index rule is pointwise,
+    # an accumulator's follows from its AccumSpec.
+    assert not op.elementwise or op.index is Index.POINTWISE, \
+        f"operator {op.name}: an element-wise operator maps indices pointwise"
+    assert op.accum is None or op.index is None, \
+        f"operator {op.name}: an accumulator's index rule is its AccumSpec's"
     REGISTRY[op.name] = op
     return op
 
@@ -430,7 +455,8 @@ def elementwise(name: str, arity: int, fn: Callable[..., np.ndarray], abstract: 
     return OpDef(name, BOTH, (arity, arity), infer_binary if arity == 2 else infer_unary,
                  lambda xs, a: fn(*xs), field=field, abstract=abstract,
                  cost=_fl.per_element, cuda=_cuda.elementwise(cuda, torch, by_inverse),
-                 elementwise=True, mirage=mirage, doc=doc, scaling=scaling)
+                 elementwise=True, index=Index.POINTWISE, mirage=mirage, doc=doc,
+                 scaling=scaling)
 
 
 def _kn_tb(n: str) -> MirageNames:
@@ -441,7 +467,7 @@ register(OpDef("matmul", BOTH, (2, 2), infer_matmul, _binary(np.matmul),
                field=FieldSem(_F.ev_matmul, _D.st_matmul, _F.EXACT), abstract=_ab.MATMUL,
                cost=_fl.contraction,
                cuda=CudaSpec("matmul", torch=lambda t, xs, a: t.matmul(xs[0], xs[1])),
-               mirage=_kn_tb("matmul"), scaling=Scaling.EACH,
+               mirage=_kn_tb("matmul"), scaling=Scaling.EACH, index=Index.MATMUL,
                doc="matrix product, batched over leading dims (numpy broadcasting)"))
 register(elementwise("add", 2, np.add, _ab.elementwise(_ab.add, "add"),
                      FieldSem(_F.ring(lambda x, y, m: (x + y) % m), _D.st_add, _F.EXACT),
@@ -501,6 +527,7 @@ register(OpDef("mul_scalar", BOTH, (1, 1), infer_unary,
                cuda=_cuda.elementwise("({0} * {scalar})",
                                       lambda t, xs, a: xs[0] * float(a["scalar"])),
                attrs=(AttrSpec("scalar", float, required=True),), elementwise=True,
+               index=Index.POINTWISE,
                mirage=_kn_tb("mul_scalar"), scaling=Scaling.ALL,
                doc="multiply by a constant"))
 register(OpDef("sum", BOTH, (1, 1), infer_reduce, _np_reduce(np.sum),
@@ -508,6 +535,7 @@ register(OpDef("sum", BOTH, (1, 1), infer_reduce, _np_reduce(np.sum),
                cost=_fl.per_element,
                cuda=CudaSpec("reduce", combine=Combine.SUM, torch=_cuda.t_reduce("sum")),
                attrs=(_DIM, _KEEPDIM), doc="sum over one dimension", scaling=Scaling.ALL,
+               index=Index.REDUCE_DIM,
                mirage=_mirage_per_dim(("kn_reduction_{d}_op", "tb_reduction_{d}_op"),
                                       keepdim=True)))
 register(OpDef("mean", BOTH, (1, 1), infer_reduce, _np_reduce(np.mean),
@@ -516,17 +544,20 @@ register(OpDef("mean", BOTH, (1, 1), infer_reduce, _np_reduce(np.mean),
                abstract=_ab.REDUCE_MEAN, cost=_fl.per_element,
                cuda=CudaSpec("reduce", combine=Combine.SUM, finish=Finish.MEAN,
                              torch=_cuda.t_reduce("mean")),
-               attrs=(_DIM, _KEEPDIM), doc="mean over one dimension"))
+               attrs=(_DIM, _KEEPDIM), index=Index.REDUCE_DIM,
+               doc="mean over one dimension"))
 register(OpDef("max", BOTH, (1, 1), infer_reduce, _np_reduce(np.max),
                field=_F.MAX_SEM, abstract=_ab.REDUCE_MAX, cost=_fl.per_element,
                cuda=CudaSpec("reduce", combine=Combine.MAX, torch=_cuda.t_reduce("max")),
-               attrs=(_DIM, _KEEPDIM), doc="maximum over one dimension"))
+               attrs=(_DIM, _KEEPDIM), index=Index.REDUCE_DIM,
+               doc="maximum over one dimension"))
 register(OpDef("rms", BOTH, (1, 1), infer_rms,
                lambda xs, a: np_rms(xs[0], float(a.get("eps", 0.0))),  # type: ignore[arg-type]
                field=FieldSem(_F.ev_rms, _D.st_atom, "random sqrt of (mean of squares + eps)",
                               random_fn="sqrt", keys_from="rows", key_stat=_D.st_rms_key),
                abstract=_ab.RMS, cost=_fl.rms_like, cuda=CudaSpec("rms", torch=_cuda.t_rms),
-               attrs=(_EPS,), doc="sqrt(mean(x^2) + eps) over the last dim, kept as size 1"))
+               attrs=(_EPS,), index=Index.MIX_LAST,
+               doc="sqrt(mean(x^2) + eps) over the last dim, kept as size 1"))
 register(OpDef("rms_norm", BOTH, (1, 2), infer_rms_norm, _np_rms_norm,
                field=FieldSem(_F.ev_rms_norm, _D.st_rms_norm, "x / random sqrt of (mean of "
                               "squares + eps), times g", random_fn="sqrt", keys_from="rows",
@@ -534,7 +565,7 @@ register(OpDef("rms_norm", BOTH, (1, 2), infer_rms_norm, _np_rms_norm,
                abstract=_ab.composite(_ab.decompose_rms_norm, get),
                decompose=_ab.decompose_rms_norm, cost=_fl.rms_like,
                cuda=CudaSpec("rms_norm", torch=_cuda.t_rms_norm), attrs=(_EPS,),
-               mirage=_kn_tb("rms_norm"),
+               mirage=_kn_tb("rms_norm"), index=Index.MIX_LAST,
                doc="x / rms(x, eps) over the last dim, times the optional weight g"))
 register(OpDef("softmax", KERNEL_ONLY, (1, 1), infer_softmax, _np_softmax,
                field=FieldSem(_F.ev_softmax, _D.st_softmax, "exp (as above) divided by its "
@@ -543,13 +574,13 @@ register(OpDef("softmax", KERNEL_ONLY, (1, 1), infer_softmax, _np_softmax,
                decompose=_ab.decompose_softmax, cost=_fl.per_element,
                cuda=CudaSpec("softmax", torch=lambda t, xs, a: t.softmax(
                    xs[0].float(), dim=int(a["dim"])).to(xs[0].dtype)),
-               attrs=(_DIM,), doc="exp(x) / sum(exp(x)) over dim"))
+               attrs=(_DIM,), index=Index.MIX_DIM, doc="exp(x) / sum(exp(x)) over dim"))
 register(OpDef("concat", BOTH, (2, 2), infer_concat,
                lambda xs, a: np.concatenate(list(xs), axis=int(a["dim"])),  # type: ignore[arg-type]
                field=FieldSem(_F.ev_concat, _D.st_concat, _F.EXACT), abstract=_ab.CONCAT,
                cost=_fl.per_element,
                cuda=CudaSpec("concat", torch=lambda t, xs, a: t.cat(xs, dim=int(a["dim"]))),
-               attrs=(_DIM,), doc="concatenation along dim",
+               attrs=(_DIM,), index=Index.CONCAT, doc="concatenation along dim",
                mirage=_mirage_per_dim(("kn_concat_{d}_op", "tb_concat_{d}_op"))))
 register(OpDef("reshape", KERNEL_ONLY, (1, 1), infer_reshape,
                lambda xs, a: xs[0].reshape(_F.reshape_dims(a)),
@@ -559,13 +590,14 @@ register(OpDef("reshape", KERNEL_ONLY, (1, 1), infer_reshape,
                              torch=lambda t, xs, a: xs[0].reshape(_F.reshape_dims(a))),
                attrs=tuple(AttrSpec(f"d{i}", int, required=i == 0,
                                     default=None if i == 0 else 0) for i in range(4)),
+               index=Index.RESHAPE,
                doc="row-major reshape to [d0, d1, d2, d3] (trailing ones may be omitted); "
                    "kernel level only: a layer is cut here (search/layer.py)"))
 register(OpDef("rotate_half", KERNEL_ONLY, (1, 1), infer_rotate_half,
                _unary(np_rotate_half),
                field=FieldSem(_F.ev_rotate_half, _D.st_same,
                               _F.EXACT + " (a signed permutation)"),
-               abstract=_ab.ROTATE_HALF, cost=_fl.per_element,
+               abstract=_ab.ROTATE_HALF, cost=_fl.per_element, index=Index.MIX_LAST,
                cuda=CudaSpec("gather", gather=_cuda.gather_rotate_half,
                              torch=_cuda.t_rotate_half),
                doc="[x1, x2] -> [-x2, x1] over the even last dim (rotary embeddings: "
@@ -574,7 +606,8 @@ register(OpDef("sum_to", BLOCK_ONLY, (1, 1), infer_sum_to,
                lambda xs, a: np_sum_to(xs[0], int(a["width"])),  # type: ignore[arg-type]
                field=FieldSem(_F.ev_sum_to, _D.st_sum_to, _F.EXACT), abstract=_ab.SUM_TO,
                cost=_fl.per_element, cuda=CudaSpec("sum_to"),
-               attrs=(_WIDTH,), doc="sum the last dim in groups down to width",
+               attrs=(_WIDTH,), index=Index.MIX_LAST,
+               doc="sum the last dim in groups down to width",
                scaling=Scaling.ALL))
 register(OpDef("custom", KERNEL_ONLY, (1, 64), infer_custom, None, field=_F.custom_sem(),
                abstract=None,  # a custom kernel's expression is its block graph's

@@ -4,6 +4,7 @@ can mix d indices, and the shape reuse uses it (docs/verification.md §10)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -18,7 +19,7 @@ from mirage_cli.cli import main
 from mirage_cli.ir import Graph
 from mirage_cli.loading import load_graph
 from mirage_cli.verifier.api import Verifier
-from mirage_cli.verifier.carry import RULES, NotCarried, carry, why_not
+from mirage_cli.verifier.carry import NotCarried, carry, why_not
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ("rmsnorm_linear", "gated_mlp", "lora", "ntrans", "gqa", "qknorm_gqa")
@@ -26,10 +27,41 @@ H = 8  # hidden size of the hand-built graphs below
 
 
 def test_every_operator_has_an_index_rule() -> None:
+    """Exactly one source per operator: its registry row's ``index``, or for an
+    accumulator its ``AccumSpec``; an element-wise operator's is pointwise."""
     for name, opdef in ops.REGISTRY.items():
         if name == "custom":
             continue  # its block graph is walked
-        assert opdef.elementwise or opdef.accum is not None or name in RULES, name
+        assert (opdef.index is not None) != (opdef.accum is not None), name
+        assert not opdef.elementwise or opdef.index is ops.Index.POINTWISE, name
+
+
+def test_the_rule_is_the_registry_rows() -> None:
+    """carry reads the row's ``index``: ``sum`` over the d axis is refused by its
+    rule, follows another rule when the row says so, and without one is refused as
+    having none (fail closed)."""
+    def why() -> str | None:
+        return why_not(_prog(1), _row_sum(1), _prog(2), _row_sum(2))
+
+    assert why() == "'sum' reduces over the d axis"
+    with ops.scratch_registry() as reg:
+        reg["sum"] = dataclasses.replace(ops.get("sum"), index=ops.Index.MIX_LAST)
+        # A (wrong) rule that mixes only the last dimension lets the sum through; the
+        # add that spreads its one row over every row is then refused.
+        assert why() == "'add' broadcasts one d index over several"
+        reg["sum"] = dataclasses.replace(ops.get("sum"), index=None)
+        assert why() == "operator 'sum' has no index rule"
+    assert why() == "'sum' reduces over the d axis"
+
+
+def test_the_registry_refuses_a_second_source_of_the_rule() -> None:
+    with ops.scratch_registry():
+        with pytest.raises(AssertionError, match="maps indices pointwise"):
+            ops.register(dataclasses.replace(ops.get("add"), name="add2",
+                                             index=ops.Index.MIX_LAST))
+        with pytest.raises(AssertionError, match="index rule is its AccumSpec"):
+            ops.register(dataclasses.replace(ops.get("acc_sum"), name="acc2",
+                                             index=ops.Index.POINTWISE))
 
 
 @pytest.mark.parametrize("name", EXAMPLES)

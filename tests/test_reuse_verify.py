@@ -149,3 +149,63 @@ def test_automatic_reuse_ranks_the_designs_found_at_the_new_sizes_too() -> None:
     assert [c.graph for c in res.candidates] == [c.graph for c in fresh.candidates]
     alone = reuse(program(2), [], SearchOptions(), need=1)
     assert alone.progress.units_total == 0 and alone.candidates == []
+
+
+def test_the_certify_hook_is_asked_first_in_rank_order(monkeypatch: pytest.MonkeyPatch
+                                                       ) -> None:
+    """The driver's verification loop asks ``certify`` (the carried certificate's way
+    in, search/reuse.py) before any finite-field trial: its verdicts are the
+    candidates' records, only the one to ship is asked as such, and a hook that
+    refuses everything leaves the reuse exactly as without one."""
+    from mirage_cli.search.design import design_of
+    from mirage_cli.search.driver import reuse_designs
+    from mirage_cli.search.verify import Verdict
+
+    designs = [c.design for c in search(program(1), SearchOptions()).candidates]
+    trials: list[int] = []
+    real = Verifier._run
+    monkeypatch.setattr(Verifier, "_run", lambda v, g, t: trials.append(t) or real(v, g, t))
+    asked: list[tuple[Any, bool]] = []
+
+    def accept(d: Any, g: Any, first: bool) -> Verdict:
+        asked.append((g, first))
+        assert design_of(g)[0] == d
+        return Verdict(True, "hook", 0, {"certificate": {"by": "hook"}})
+
+    res = reuse_designs(program(2), designs, SearchOptions(), need=3, certify=accept)
+    assert trials == []  # nothing verified with trials
+    assert [c.graph for c in res.candidates] == [g for g, _ in asked]
+    assert [f for _, f in asked] == [True, False, False]
+    assert all(c.verdict["method"] == "hook" for c in res.candidates)
+    # The one to ship still gets the float64 and numerics checks, run by the driver.
+    assert res.candidates[0].verdict["float64"]["verdict"] == "close"
+    assert all("float64" not in c.verdict for c in res.candidates[1:])
+
+    refused: list[Any] = []
+    full = reuse_designs(program(2), designs, SearchOptions(), need=3,
+                         certify=lambda d, g, first: refused.append(g))
+    plain = reuse_designs(program(2), designs, SearchOptions(), need=3)
+    assert refused == [c.graph for c in full.candidates]
+    assert [c.verdict for c in full.candidates] == [c.verdict for c in plain.candidates]
+    assert trials and all(c.verdict["certificate"]["finite_field"]["trials"] >= 1
+                          for c in full.candidates)
+
+    # Records that come with the verdict of the one to ship are kept, not run again;
+    # a verdict that refuses a candidate moves the reuse on down the ranking.
+    from mirage_cli.verifier import crosscheck as cc
+
+    monkeypatch.setattr(cc, "crosscheck", lambda *a, **k: pytest.fail("float64 rerun"))
+    floats = {"float64": {"verdict": "close", "by": "hook"},
+              "numerics": {"verdict": "safe", "by": "hook"}}
+
+    def carried_floats(d: Any, g: Any, first: bool) -> Verdict:
+        if g == plain.candidates[0].graph:
+            return Verdict(False, "refused", 0, {})
+        return Verdict(True, "hook", 0, {"certificate": {}, **(floats if first else {})})
+
+    res = reuse_designs(program(2), designs, SearchOptions(), need=1,
+                        certify=carried_floats)
+    assert res.progress.rejected == 1 and res.progress.verified == 1
+    assert res.candidates[0].graph == plain.candidates[1].graph
+    assert res.candidates[0].verdict == {"equivalent": True, "method": "hook", "seed": 0,
+                                         "certificate": {}, **floats}

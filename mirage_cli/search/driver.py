@@ -65,6 +65,14 @@ Unit = tuple[int, Any]  # (max kernels, first move: a config or "predef")
 # nothing), stopped by ``max_states``? (:func:`_run_unit`).
 UnitResult = tuple[list[Design], Stats, int, str, bool]
 
+# A way to certify a ranked candidate other than finite-field trials at its sizes (a
+# certificate carried from other sizes, :mod:`.reuse`): called with the candidate's
+# design, its µGraph and whether it is the one to ship if it passes (no candidate
+# certified before it); answers a Verdict, or None to verify it with trials. Its
+# verdict for the one to ship may hold the float64 and numerics records that come
+# with its certificate; :func:`_check_chosen` then does not run them again.
+Certify = Callable[[Design, Graph, bool], Verdict | None]
+
 # Block-graph states one unit may build (``--max-states``). The largest unit of the
 # examples (the Q/K/V part of the Llama layer, "pre-defined operator first") builds
 # about 20 000, in about 40 s on this machine's loaded cores.
@@ -330,7 +338,8 @@ def reuse(program: Graph, known: list[Graph], options: SearchOptions,
 def reuse_designs(program: Graph, designs: list[Design], options: SearchOptions,
                   on_progress: Callable[[Progress], None] | None = None,
                   need: int | None = None, budget: float | None = None, jobs: int = 1,
-                  enumerate_here: bool = False) -> SearchResult:
+                  enumerate_here: bool = False, certify: Certify | None = None
+                  ) -> SearchResult:
     """Shape reuse: known ``designs`` (found at other sizes; a design is
     size-independent, :mod:`.design`) tuned, ranked and re-verified at ``program``'s
     sizes as a search ranks its own (``budget`` seconds, ``jobs`` workers). With
@@ -344,8 +353,9 @@ def reuse_designs(program: Graph, designs: list[Design], options: SearchOptions,
     Only ``need`` candidates (default ``options.top``) are certified, in rank order,
     one at a time: verification at the new sizes is most of a search's time, and a
     caller that ships the first candidate (``mirage opt`` without ``--gpu``) needs
-    one. The candidates returned are each certified at these sizes, as a search's
-    are."""
+    one. The candidates returned are each certified at these sizes: by ``certify``
+    where it answers (a certificate carried from the sizes the designs were certified
+    at, :mod:`.reuse`), otherwise as a search's are."""
     start = time.time()
     deadline = None if budget is None else start + budget
     prog = Progress(phase="reuse")
@@ -364,7 +374,7 @@ def reuse_designs(program: Graph, designs: list[Design], options: SearchOptions,
     # both sides' float64 GEMMs then run multi-threaded OpenBLAS on the same two cores,
     # and qknorm_gqa's certificate took 117 s instead of 29 s.)
     cands = _verify_ranked(program, todo, replace(options, top=keep), prog, notify, 1,
-                           deadline)
+                           deadline, certify)
     return SearchResult(cands, prog, _complete(complete, prog, deadline),
                         time.time() - start)
 
@@ -457,11 +467,18 @@ def _splits(program: Graph, d: Design) -> list[Design]:
     return [sd for sd in found if sd is not None]
 
 
-def _verify_all(program: Graph, graphs: list[Graph], seed: int) -> list[Verdict]:
-    """Finite-field verdicts of a batch, best first. In this process, so the
-    verifier's cached reference outputs serve every candidate; the chosen candidate's
-    float64 check is :func:`_check_chosen`."""
-    return [_verify_one(program, g, seed) for g in graphs]
+def _verify_all(program: Graph, batch: Ranked, seed: int, first: bool,
+                certify: Certify | None = None) -> list[Verdict]:
+    """Verdicts of a batch, best first: ``certify``'s where it answers, finite-field
+    trials otherwise (``first``: nothing was certified before the batch). In this
+    process, so the verifier's cached reference outputs serve every candidate; the
+    chosen candidate's float64 check is :func:`_check_chosen`."""
+    verdicts: list[Verdict] = []
+    for d, _, g, _ in batch:
+        v = None if certify is None else \
+            certify(d, g, first and not any(w.ok for w in verdicts))
+        verdicts.append(_verify_one(program, g, seed) if v is None else v)
+    return verdicts
 
 
 def _verify_one(program: Graph, g: Graph, seed: int) -> Verdict:
@@ -479,11 +496,14 @@ def _check_chosen(program: Graph, out: list[Candidate], seed: int, prog: Progres
     less safe numerically than the program (:mod:`mirage_cli.verifier.numerics`); one
     that fails either is dropped and the next takes its place. Done on the final
     ranking, so the result does not depend on how verification was batched over
-    ``--jobs``."""
+    ``--jobs``. A verdict that already holds both records (they came with a carried
+    certificate, :data:`Certify`) keeps them."""
     while out:
-        record = float_checks(program, out[0].graph, seed)
+        verdict = out[0].verdict
+        record = {} if "float64" in verdict and "numerics" in verdict else \
+            float_checks(program, out[0].graph, seed)
         if record is not None:
-            out[0] = replace(out[0], verdict={**out[0].verdict, **record})
+            out[0] = replace(out[0], verdict={**verdict, **record})
             return out
         prog.verified -= 1
         prog.rejected += 1
@@ -520,11 +540,12 @@ def rank_and_verify(program: Graph, designs: list[Design], options: SearchOption
 
 def _verify_ranked(program: Graph, todo: Ranked, options: SearchOptions, prog: Progress,
                    notify: Callable[[Progress], None], step: int,
-                   deadline: float | None = None) -> list[Candidate]:
+                   deadline: float | None = None, certify: Certify | None = None
+                   ) -> list[Candidate]:
     """Verify the ranked candidates best first, ``step`` at a time, until ``top`` pass
-    (in this process: see _verify_all). When every one that passed then fails the
-    chosen candidate's checks, go on down the ranking: the next certified candidate is
-    still a verified answer."""
+    (in this process, through ``certify`` where it answers: see _verify_all). When
+    every one that passed then fails the chosen candidate's checks, go on down the
+    ranking: the next certified candidate is still a verified answer."""
     t0 = time.time()
     out: list[Candidate] = []
     i = 0
@@ -533,7 +554,7 @@ def _verify_ranked(program: Graph, todo: Ranked, options: SearchOptions, prog: P
                 (deadline is None or time.time() <= deadline):
             batch = todo[i:i + step]
             i += step
-            _verify_batch(program, batch, options, prog, out)
+            _verify_batch(program, batch, options, prog, out, certify)
             notify(prog)
         out = _check_chosen(program, out, options.seed, prog)
         if deadline is not None and time.time() > deadline and i < len(todo) and \
@@ -599,11 +620,11 @@ def _done(prog: Progress, notify: Callable[[Progress], None], t0: float) -> None
     notify(prog)
 
 
-def _verify_batch(program: Graph, batch: list[tuple[Design, Tuning, Graph, Cost]],
-                  options: SearchOptions, prog: Progress, out: list[Candidate]) -> None:
+def _verify_batch(program: Graph, batch: Ranked, options: SearchOptions, prog: Progress,
+                  out: list[Candidate], certify: Certify | None = None) -> None:
     """Verify one batch of ranked candidates; the certified ones join ``out`` (up to
     ``top``)."""
-    verdicts = _verify_all(program, [g for _, _, g, _ in batch], options.seed)
+    verdicts = _verify_all(program, batch, options.seed, not out, certify)
     for (d, t, g, c), v in zip(batch, verdicts):
         if v.ok and len(out) < options.top:
             prog.verified += 1

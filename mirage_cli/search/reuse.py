@@ -20,14 +20,15 @@ designs a search would find there, and only the candidates the caller needs are
 certified, best first. A candidate whose design the family's search certified, and
 which with its program satisfies the carry precondition against that certified
 µGraph (:mod:`mirage_cli.verifier.carry`: the only size that changes is a pointwise
-dimension of both), takes that certificate (``verification.carried``); any other is
-certified at the sizes it ships at.
+dimension of both), takes that certificate (``verification.carried``; :func:`_carried`
+is the ``certify`` hook of the driver's verification loop); any other is certified at
+the sizes it ships at.
 """
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from mirage_cli import serialize
@@ -37,6 +38,7 @@ from mirage_cli.ir import Graph
 from mirage_cli.search.cache import get_family, has, key, peek, put
 from mirage_cli.search.design import Design
 from mirage_cli.search.family import BadDesign, design_from_json, size_pattern
+from mirage_cli.search.verify import Verdict
 from mirage_cli.verifier.api import DEFAULT_BOUND
 
 
@@ -67,9 +69,9 @@ def reused(program: Graph, options: Any, on_progress: Any = None,
     same = pattern == size_pattern(program)
     source = _certified_at(program, sizes, opts)
     res = reuse_designs(program, pool, options, on_progress, need, budget, jobs,
-                        enumerate_here=not same) if source is None else \
-        _reuse_carrying(program, pool, options, source, on_progress, need, budget, jobs,
-                        enumerate_here=not same)
+                        enumerate_here=not same,
+                        certify=None if source is None else
+                        partial(_carried, program, source, options.seed))
     at = ", ".join(f"{k}={v}" for k, v in sorted(sizes.items()))
     if not res.candidates:
         info(f"search: no design of the cached search at {at} verifies at these sizes; "
@@ -174,63 +176,14 @@ def _at_sizes(program: Graph, sizes: dict[str, Any]) -> Graph | None:
         return None
 
 
-def _reuse_carrying(program: Graph, designs: list[Design], options: Any, source: Certified,
-                    on_progress: Any, need: int | None, budget: float | None, jobs: int,
-                    enumerate_here: bool) -> Any:
-    """:func:`~mirage_cli.search.driver.reuse_designs`, except that a ranked candidate
-    whose design the family's search certified, and which satisfies the carry
-    precondition against it (:func:`mirage_cli.verifier.carry.carry`), takes that
-    certificate instead of finite-field trials at these sizes. The ranking, the order
-    of certification and the rule for the first candidate (it must also pass the
-    float64 and numerics checks) are the driver's."""
-    from mirage_cli.search import driver
-
-    start = time.time()
-    deadline = None if budget is None else start + budget
-    prog = driver.Progress(phase="reuse")
-    notify = on_progress or (lambda p: None)
-    known = dict.fromkeys(designs)
-    pool: dict[Design, None] = {}
-    complete = True
-    if enumerate_here:
-        pool, complete = driver._enumerate(program, options, deadline, jobs, prog, notify)
-    pool.update(known)
-    prog.designs, prog.reused = len(pool), len(known)
-    keep = options.top if need is None else max(1, min(need, options.top))
-    todo = driver._ranked(program, list(pool), options, prog, notify, deadline)
-    t0 = time.time()
-    out: list[Any] = []
-    for d, t, g, c in todo:
-        if len(out) >= keep or (deadline is not None and time.time() > deadline):
-            break
-        verdict = _carried(program, d, g, source, options.seed, first=not out)
-        if verdict is None:
-            v = driver._verify_one(program, g, options.seed)
-            verdict = v.as_json() if v.ok else None
-            if verdict is not None and not out:
-                floats = driver.float_checks(program, g, options.seed)
-                verdict = None if floats is None else {**verdict, **floats}
-        if verdict is None:
-            prog.rejected += 1
-            continue
-        prog.verified += 1
-        out.append(driver.Candidate(g, d, t, c, verdict))
-        prog.best_us = out[0].cost.time_us
-        notify(prog)
-    prog.phase = "done"
-    prog.seconds["verify"] = round(time.time() - t0, 2)
-    notify(prog)
-    complete &= deadline is None or time.time() < deadline
-    return driver.SearchResult(out, prog, complete, time.time() - start)
-
-
-def _carried(program: Graph, d: Design, g: Graph, source: Certified, seed: int,
-             first: bool) -> dict[str, Any] | None:
-    """The verification record of ``g`` carried from the family's certified candidate
-    of the same design, or None when there is none or the precondition fails. The
-    first candidate also carries the float64 and numerics records when the certified
-    one has them, and runs those two checks at these sizes when it does not."""
-    from mirage_cli.search.driver import float_checks
+def _carried(program: Graph, source: Certified, seed: int, d: Design, g: Graph,
+             first: bool) -> Verdict | None:
+    """The driver's ``certify`` hook (:data:`mirage_cli.search.driver.Certify`): the
+    verdict of ``g`` carried from the family's certified candidate of the same design,
+    or None (certify it at these sizes) when there is none or the precondition fails.
+    The candidate to ship (``first``) also carries the float64 and numerics records
+    when the certified one has them; when it does not, the driver runs those two
+    checks at these sizes, as for any chosen candidate."""
     from mirage_cli.verifier.carry import NotCarried, carry
 
     found = source.by_design.get(d)
@@ -246,19 +199,16 @@ def _carried(program: Graph, d: Design, g: Graph, source: Certified, seed: int,
     except NotCarried as e:
         info(f"search: certificate not carried from {_at(source.program)}: {e}")
         return None
-    floats: dict[str, Any] | None = None
-    if first:
-        floats = {k: rec[k] for k in ("float64", "numerics")} if _floats_ok(rec) else \
-            float_checks(program, g, seed)
-        if floats is None:
-            return None
+    floats = {k: rec[k] for k in ("float64", "numerics")} if first and _floats_ok(rec) \
+        else {}
     info(f"search: certificate carried from {_at(source.program)} along '{how.param}' "
          f"(no finite-field trials at these sizes)")
-    return {"equivalent": True, "method": f"{rec.get('method')}, carried along a "
-            f"pointwise size parameter", "seed": rec.get("seed"),
-            "certificate": rec["certificate"],
-            "carried": {**how.as_json(), "certified_at": dict(source.program.params)},
-            **(floats or {})}
+    return Verdict(True, f"{rec.get('method')}, carried along a pointwise size parameter",
+                   rec["seed"], {
+                       "certificate": rec["certificate"],
+                       "carried": {**how.as_json(),
+                                   "certified_at": dict(source.program.params)},
+                       **floats})
 
 
 def _trial_certified(rec: Any, seed: int) -> bool:

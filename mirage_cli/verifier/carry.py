@@ -13,7 +13,9 @@ every i; equal expressions at the certified size are equal expressions at the ne
 size, P and G at the new size), walking each graph and its resized twin in lockstep:
 the same operators, operands, attributes, imaps, fmaps, omaps and forloop range; the
 same grid except along the one grid axis that splits the d axis; equal sizes except
-along d axes; and every operator's d axis passing its index rule. It answers with a
+along d axes; and every operator's d axis passing its index rule (its registry row's
+``index``, :class:`mirage_cli.ops.Index`; an accumulator's follows from its
+``AccumSpec``). It answers with a
 :class:`Carry` or raises :class:`NotCarried` with the first reason. It is an analysis
 of structure only: it never looks at values, so an operator it has no rule for is
 not carried (fail closed).
@@ -21,13 +23,13 @@ not carried (fail closed).
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, assert_never
 
 from mirage_cli import ops
 from mirage_cli.ir import Attrs, AxisMap, BlockGraph, Graph, KernelOp, TensorType, attr
+from mirage_cli.ops import Index
 from mirage_cli.semantics.accum import Reduce
 
 
@@ -50,32 +52,6 @@ class Carry:
         return {"dimension": self.param, "from": self.old, "to": self.new,
                 "axes": {name: ax for name, ax in self.axes}}
 
-
-class Index(enum.Enum):
-    """How an operator maps its operands' indices to its result's (the rules below)."""
-
-    POINTWISE = "pointwise"   # numpy broadcasting, each result index from the same index
-    REDUCE_DIM = "reduce_dim"  # reduces attribute ``dim`` (kept as 1 with ``keepdim``)
-    MIX_DIM = "mix_dim"       # same shape; mixes along attribute ``dim`` (softmax)
-    MIX_LAST = "mix_last"     # mixes along the last dimension (rms, rms_norm, sum_to, ...)
-    MATMUL = "matmul"         # batch dims broadcast; rows of A, columns of B; k reduced
-    CONCAT = "concat"         # joins along attribute ``dim``
-    RESHAPE = "reshape"       # row-major reshape
-
-
-# The index rule of every operator that is neither element-wise nor an accumulator
-# (those follow from the registry's ``elementwise`` and ``accum`` slots). A new operator
-# without a row is never carried; tests/test_carry.py checks every registered one has a
-# rule. (Its natural home is a registry slot; see the module docstring's caveat.)
-RULES: dict[str, Index] = {
-    "matmul": Index.MATMUL,
-    "sum": Index.REDUCE_DIM, "mean": Index.REDUCE_DIM, "max": Index.REDUCE_DIM,
-    "softmax": Index.MIX_DIM,
-    "rms": Index.MIX_LAST, "rms_norm": Index.MIX_LAST, "rotate_half": Index.MIX_LAST,
-    "sum_to": Index.MIX_LAST,
-    "concat": Index.CONCAT,
-    "reshape": Index.RESHAPE,
-}
 
 Ax = int | None  # a tensor's d axis, or None: it does not depend on d
 
@@ -194,7 +170,7 @@ def _rule(name: str, attrs: Attrs, axes: Sequence[Ax], shapes: Sequence[Shape],
     opdef = ops.get(name)
     if opdef.accum is not None:
         return _accum(name, opdef.accum.reduce, axes[0], shapes[0])
-    kind = Index.POINTWISE if opdef.elementwise else RULES.get(name)
+    kind = opdef.index  # the registry's index rule (element-wise: pointwise)
     if kind is None:
         raise NotCarried(f"operator '{name}' has no index rule")
     match kind:
