@@ -168,3 +168,85 @@ def test_no_answer_says_which_constraint_excluded_the_fused_designs():
     assert not res.candidates and res.progress.designs > 0
     why = explain_none(res.progress)
     assert "exceed the 227 KB of shared memory" in why and "the smallest needs" in why
+
+
+QWEN_MLP_SLOW = """
+program qwen2_mlp_b16_f16(batch = 16, hidden = 3584, inter = 18944) {
+  input X: f16[batch, hidden];
+  input W1: f16[hidden, inter];
+  input W3: f16[hidden, inter];
+  input W2: f16[inter, hidden];
+  t0 = matmul(X, W1);
+  O = custom(grid=(4, 1, 1), threads=128, forloop=9472) {
+    b0 = load X imap(x=0);
+    b1 = load W3 fmap(1);
+    b2 = load W2 fmap(0);
+    b3 = load t0 imap(x=0) fmap(1);
+    b4 = matmul(b0, b1);
+    b5 = silu(b3);
+    b6 = mul(b4, b5);
+    b7 = matmul(b6, b2);
+    b8 = acc_sum(b7);
+    store b8 -> O omap(x=0);
+  }
+  output O;
+}
+"""
+
+
+def test_a_fused_answer_predicted_slower_than_unfused_is_not_shipped():
+    """A design of 8 blocks looping over K two columns at a time (what the search found
+    for qwen2_mlp at batch 16) is predicted far slower than the program's own lowering,
+    so opt and the layer parts ship the unfused lowering; a good design is kept."""
+    from mirage_cli.loading import load_graph
+    from mirage_cli.search.driver import slower_than_unfused
+
+    program = load_graph("examples/models/qwen2_mlp_b16_f16.mir")
+    why = slower_than_unfused(program, parse_text(QWEN_MLP_SLOW, "slow.mir"))
+    assert why is not None and "slower than the unfused program" in why
+    small = parse_text(RMSNORM_EPS_W, "p.mir")
+    fused = parse_text(FUSED_EPS.replace("EPS", "1e-05"), "f.mir")
+    assert slower_than_unfused(small, fused) is None
+
+
+def test_tensor_cores_take_k_in_whole_steps_and_scalar_copies_cost_more():
+    """The model counts a block matmul's K in steps of 16, and streams a loop input
+    whose tile rows are not 16-byte multiples (148 f16 columns) the profile's
+    scalar_copy_slowdown times slower than 128-column tiles of the same weight."""
+    from mirage_cli.ir import TensorType
+    from mirage_cli.search import cost
+
+    from mirage_cli.dtypes import DType
+
+    f16 = DType.F16
+    a, b = TensorType((4, 1), f16), TensorType((1, 4096), f16)
+    out = TensorType((4, 4096), f16)
+    assert cost._block_flops("matmul", [a, b], out) == 16 * cost.op_flops("matmul", [a, b], out)
+    a24 = TensorType((4, 24), f16)
+    b24 = TensorType((24, 64), f16)
+    out24 = TensorType((4, 64), f16)
+    assert cost._block_flops("matmul", [a24, b24], out24) == 2 * 4 * 64 * 32
+
+    def streamed(cols: int, grid: int) -> float:
+        text = f"""
+program p(hidden = 1024, n = {cols * grid}) {{
+  input X: f16[16, hidden];
+  input W: f16[hidden, n];
+  O = custom(grid=({grid}, 1, 1), threads=128, forloop=16) {{
+    x = load X fmap(1);
+    w = load W imap(x=1) fmap(0);
+    m = matmul(x, w);
+    s = acc_sum(m);
+    store s -> O omap(x=1);
+  }}
+  output O;
+}}
+"""
+        g = parse_text(text, "p.mir")
+        (k,) = cost.kernel_costs(g)
+        return k.stream_us / (k.dram_bytes + k.l2_bytes)
+
+    slow = cost.profile().scalar_copy_slowdown
+    assert slow is not None and slow > 5
+    ratio = streamed(148, 128) / streamed(128, 128)
+    assert slow * 0.8 < ratio < slow * 1.2

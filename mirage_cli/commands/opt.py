@@ -63,7 +63,7 @@ from mirage_cli.loading import load_graph
 from mirage_cli.profiles import target_option
 from mirage_cli.search.cost import use_profile
 from mirage_cli.search.display import progress_display
-from mirage_cli.search.driver import Outcome, cached_search, explain_none
+from mirage_cli.search.driver import Outcome, cached_search, explain_none, slower_than_unfused
 from mirage_cli.search.layer import DEFAULT_MAX_OPS, LayerResult
 from mirage_cli.util import OutputSet, write_files
 
@@ -334,8 +334,13 @@ def _optimise(g: Graph, program: str, kw: dict, deadline: float,  # type: ignore
             if save_temps:
                 temps.append((os.path.join(save_temps, f"{base}.measured.ugraph.json"),
                               measured))
+        elif best is not None and not require_fused:
+            slower = slower_than_unfused(g, best)
+            if slower is not None:
+                info(f"opt: {slower}: shipping the unfused lowering")
+                best = g
         why = explain_none(res.progress) if res.progress else "search interrupted"
-    fused = best is not None
+    fused = best is not None and best is not g
     if best is None:
         if require_fused:
             _write_temps(temps, program)

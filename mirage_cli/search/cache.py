@@ -56,8 +56,10 @@ def cache_dir() -> Path:
 # the clock, so an entry no longer depends on the load it was searched under; 11: the
 # planner's default stages and cluster split, which the model reads, changed; 12: the
 # two-blocks-per-SM default depth of 11 withdrawn; 13: and its larger default clusters;
-# 14: a whole answer predicted slower than the unfused program is searched cut too).
-SEARCH_REVISION = 14
+# 14: a whole answer predicted slower than the unfused program is searched cut too;
+# 15: block matmuls cost whole tensor-core K steps, and element-by-element loop copies
+# stream the profile's scalar_copy_slowdown times slower).
+SEARCH_REVISION = 15
 
 
 def program_hash(program: Graph) -> str:

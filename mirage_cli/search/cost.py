@@ -14,7 +14,10 @@ iterations one block runs (one iteration's loads are not overlapped with compute
 pipeline fill) and ``waves`` the number of rounds of blocks over the SMs. Blocks and
 iterations are the launched ones: a plan that splits the forloop over a cluster of ``ksplit`` blocks launches ``ksplit`` times the µGraph's
 blocks, each running ``F / ksplit`` iterations. ``S`` is the plan's pipeline depth
-and ``p`` the profile's ``stage_penalty`` (loops only).
+and ``p`` the profile's ``stage_penalty`` (loops only). A block matmul's FLOPs count
+its K in whole tensor-core steps of 16, and a loop whose plan copies an input element
+by element (a tile row that is not a multiple of 16 bytes) has its memory term
+multiplied by the profile's ``scalar_copy_slowdown``.
 
 The figures (bandwidths, peak, launch and iteration costs, SM count) and the
 coefficients ``a, b, c, d`` come from a device profile (:mod:`mirage_cli.profiles`,
@@ -28,6 +31,7 @@ candidate is infeasible and ``explain`` names the violation.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
@@ -39,6 +43,7 @@ from mirage_cli import profiles as device_profiles
 from mirage_cli.check import tile_type
 from mirage_cli.diagnostics import MirageError
 from mirage_cli.ir import BlockGraph, Graph, KernelOp, TensorType
+from mirage_cli.kplan import KernelPlan
 from mirage_cli.profiles import Profile, target_option  # noqa: F401 - re-exported
 
 _ACTIVE: list[Profile] = []
@@ -121,37 +126,54 @@ class KernelCost:
         return "memory (DRAM)" if self.dram_us >= self.l2_us else "memory (L2)"
 
 
-def _plan_facts(op: KernelOp, types: dict[str, TensorType], p: Profile
-                ) -> tuple[int, int, int, int, str]:
-    """(shared memory bytes, threads, forloop split over a cluster, pipeline stages,
-    violation) of a custom kernel's plan."""
+@dataclass(frozen=True)
+class PlanFacts:
+    """What the model reads from a custom kernel's plan."""
+
+    smem: int = 0
+    threads: int = 0
+    ksplit: int = 1     # forloop split over the blocks of a cluster
+    stages: int = 1     # pipeline depth of the loop's copies
+    scalar: bool = False  # a loop input is copied element by element (vec 1)
+    violation: str = ""
+
+
+def _plan_facts(op: KernelOp, types: dict[str, TensorType], p: Profile) -> PlanFacts:
+    """The facts of a custom kernel's plan (the one it carries, else the default)."""
     assert op.block is not None
     if op.plan is not None:
-        smem, threads = op.plan.smem_bytes, op.plan.threads
-        ksplit, stages = op.plan.knobs.ksplit or 1, op.plan.knobs.stages or 1
+        facts = _facts(op.block, op.plan)
     else:
         planned = _default_plan(op.block, tuple(sorted(types.items())), p.arch)
         if isinstance(planned, str):
-            return 0, 0, 1, 1, f"no kernel plan fits: {planned}"
-        smem, threads, ksplit, stages = planned
-    if smem > p.smem_per_block:
-        return smem, threads, ksplit, stages, (f"the plan's shared memory {smem} B exceeds "
-                                               f"the {p.smem_per_block} B per block")
-    return smem, threads, ksplit, stages, ""
+            return PlanFacts(violation=f"no kernel plan fits: {planned}")
+        facts = planned
+    if facts.smem > p.smem_per_block:
+        return dataclasses.replace(facts, violation=(
+            f"the plan's shared memory {facts.smem} B exceeds the {p.smem_per_block} B "
+            f"per block"))
+    return facts
 
 
 @functools.lru_cache(maxsize=4096)
 def _default_plan(bg: BlockGraph, types: tuple[tuple[str, TensorType], ...], arch: str
-                  ) -> tuple[int, int, int, int] | str:
-    """(shared memory, threads, forloop split, stages) of the planner's default plan, or
-    why there is none (cached: the tuner costs the same kernel many times)."""
+                  ) -> PlanFacts | str:
+    """The facts of the planner's default plan, or why there is none (cached: the tuner
+    costs the same kernel many times)."""
     from mirage_cli.codegen.planner import plan_kernel
 
     try:
         plan = plan_kernel(bg, dict(types), arch)
     except MirageError as e:
         return e.message
-    return plan.smem_bytes, plan.threads, plan.knobs.ksplit or 1, plan.knobs.stages or 1
+    return _facts(bg, plan)
+
+
+def _facts(bg: BlockGraph, plan: KernelPlan) -> PlanFacts:
+    k = plan.knobs
+    inputs = {bi.value.name for bi in bg.inputs if bi.fmap is not None}
+    scalar = any(t.name in inputs and t.home == "smem" and t.vec == 1 for t in plan.tiles)
+    return PlanFacts(plan.smem_bytes, plan.threads, k.ksplit or 1, k.stages or 1, scalar)
 
 
 def kernel_costs(g: Graph) -> list[KernelCost]:
@@ -161,14 +183,14 @@ def kernel_costs(g: Graph) -> list[KernelCost]:
     types = g.tensor_types()
     out: list[KernelCost] = []
     for op in g.ops:
-        plan_smem = threads = 0
-        ksplit = stages = 1
-        violation = ""
+        facts = PlanFacts()
         if op.block is None:
             k_dram, k_l2, k_flops, k_smem, blocks = _predefined(op, types, p.num_sms)
         else:
             k_dram, k_l2, k_flops, k_smem, blocks = _custom(op.block, types)
-            plan_smem, threads, ksplit, stages, violation = _plan_facts(op, types, p)
+            facts = _plan_facts(op, types, p)
+        plan_smem, threads, ksplit, stages = facts.smem, facts.threads, facts.ksplit, \
+            facts.stages
         # A forloop split over a cluster launches ksplit blocks per µGraph block, each
         # running forloop / ksplit iterations.
         blocks *= ksplit
@@ -178,8 +200,11 @@ def kernel_costs(g: Graph) -> list[KernelCost]:
         # H200, 64 blocks streamed a weight 1.2x slower than 128, not 2x), while its
         # compute scales with the SMs it occupies.
         mem_util = util ** (p.mem_util_exp if p.mem_util_exp is not None else 1.0)
-        bound_s = max(max(d_s, l_s) / mem_util, c_s / util)
         forloop = op.block.forloop // ksplit if op.block is not None else 4
+        # Element-by-element copies (a tile width that is not a multiple of 16 bytes)
+        # stream the loop's inputs many times slower than 16-byte ones.
+        scalar = (p.scalar_copy_slowdown or 1.0) if facts.scalar and forloop > 1 else 1.0
+        bound_s = max(max(d_s, l_s) * scalar / mem_util, c_s / util)
         # Blocks resident on one SM: bounded by threads and by shared memory per SM.
         per_sm = 1
         if threads:
@@ -201,7 +226,7 @@ def kernel_costs(g: Graph) -> list[KernelCost]:
         out.append(KernelCost(k_dram, k_l2, k_flops, k_smem, blocks, forloop, d_s * 1e6,
                               l_s * 1e6, c_s * 1e6, util, stream * 1e6, sync * 1e6,
                               launch * 1e6, (stream + sync + launch) * 1e6, plan_smem,
-                              threads, per_sm, waves, violation))
+                              threads, per_sm, waves, facts.violation))
     return out
 
 
@@ -290,6 +315,20 @@ def _predefined(op: KernelOp, types: dict[str, TensorType], num_sms: int
     return nbytes, nbytes, op_flops(op.op, ins, out), 0, blocks
 
 
+# Tensor cores (mma.sync m16n8k16) take a block matmul's K in whole steps of 16.
+MMA_K = 16
+
+
+def _block_flops(op: str, ins: list[TensorType], out: TensorType) -> int:
+    """A block operator's FLOPs as the kernel does them: a matmul's K rounded up to
+    whole tensor-core steps (a design that loops over K one row at a time, as one found
+    for the Llama layer's Q/K/V projection, does 16x the work: it ran 1530 µs on an H200
+    where two-kernel forms take about 40, docs/perf-log.md v16)."""
+    flops = op_flops(op, ins, out)
+    k = ins[0].shape[-1] if op == "matmul" else 0
+    return flops // k * (-(-k // MMA_K) * MMA_K) if k > 0 else flops
+
+
 def _custom(bg: BlockGraph, types: dict[str, TensorType]) -> tuple[int, int, int, int, int]:
     tiles: dict[str, TensorType] = {}
     loop_l2 = smem = 0
@@ -308,7 +347,7 @@ def _custom(bg: BlockGraph, types: dict[str, TensorType]) -> tuple[int, int, int
         tiles[bop.outputs[0].name] = out
         smem += out.nbytes
         if not ops.get(bop.op).is_accumulator:
-            flops += op_flops(bop.op, ins, out)
+            flops += _block_flops(bop.op, ins, out)
     flops *= bg.forloop  # loop-body operators dominate; epilogue ops counted alike
     blocks = bg.num_blocks
     stored = sum(bo.value.type.nbytes for bo in bg.outputs)

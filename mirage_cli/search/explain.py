@@ -12,7 +12,8 @@ Schema (``format: mirage-cli/explain``, ``version: 1``)::
     {"format", "version", "arch", "tie_rule": str,
      "model": {"profile", "calibrated", "dram_bw", "l2_bw", "peak_flops", "launch_us",
                "iter_us", "num_sms", "smem_per_block", "fit": {...}},
-     "chosen": ENTRY, "rivals": [ENTRY + {"loses_on": LOSS}], "unfused": ENTRY | null}
+     "chosen": ENTRY, "rivals": [ENTRY + {"loses_on": LOSS}],
+     "unfused": ENTRY + ({"loses_on": LOSS} or {"wins_by_us": float}) | null}
     ENTRY = {"label", "rank": int | null, "predicted_us", "measured_us": float | null,
              "fits": bool, "kernels": [KERNEL], "design": [DESIGN], "tuning": [TUNING]}
     KERNEL = {"index", "kind", "dram_bytes", "l2_bytes", "flops", "launches",
@@ -175,7 +176,11 @@ def explain(cands: list[tuple[Graph, Json]], program: Graph | None, arch: str) -
     unfused = None
     if program is not None:
         unfused, cu = entry(program, "unfused", None, {}, arch)
-        unfused["loses_on"] = loses_on(program, cu, g0, c0)
+        if cu.fits and c0.fits and cu.time_us < c0.time_us:
+            # Without --gpu, opt ships the unfused lowering then (driver.slower_than_unfused).
+            unfused["wins_by_us"] = _r(c0.time_us - cu.time_us)
+        else:
+            unfused["loses_on"] = loses_on(program, cu, g0, c0)
     return {"format": FORMAT, "version": VERSION, "arch": arch, "tie_rule": model.TIE_RULE,
             "model": {"profile": prof.name, "calibrated": prof.calibrated,
                       "dram_bw": prof.dram_bw, "l2_bw": prof.l2_bw,
@@ -225,6 +230,9 @@ def entry_lines(e: Json) -> list[str]:
         lo = e["loses_on"]
         delta = "" if lo["delta_us"] is None else f" (+{lo['delta_us']} us)"
         lines.append(f"  loses on {lo['term']}{delta}: {lo['detail']}")
+    if "wins_by_us" in e:
+        lines.append(f"  predicted faster than #0 by {e['wins_by_us']} us: without --gpu, "
+                     f"opt ships this unfused lowering instead")
     lines += _table(kernel_rows(e))
     for k in e["kernels"]:
         lines += [f"  tight k{k['index']}: {t}" for t in k["tight"]]

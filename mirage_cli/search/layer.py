@@ -257,7 +257,7 @@ def search_part(task: PartTask, unit_map: Any = None) -> PartResult:
     ``unit_map`` runs the search's units elsewhere (:mod:`.executor`)."""
     import time
 
-    from mirage_cli.search.driver import cached_search
+    from mirage_cli.search.driver import cached_search, slower_than_unfused
 
     t0 = time.time()
     if not task.plan.searched:
@@ -275,6 +275,10 @@ def search_part(task: PartTask, unit_map: Any = None) -> PartResult:
         return PartResult(task.plan, task.graph, False, None, secs,
                           f"unfused: no verified µGraph ({why}{stopped})", out.complete)
     g, meta = out.candidates[0]
+    slower = slower_than_unfused(task.graph, g)
+    if slower is not None:
+        return PartResult(task.plan, task.graph, False, None, secs, f"unfused: {slower}",
+                          out.complete)
     note = "cached" if out.cached else ("complete" if out.complete else stopped[2:])
     return PartResult(task.plan, g, True, meta.get("verification"), secs,
                       f"{len(g.ops)} kernel(s), verified ({note})", out.complete)
