@@ -69,6 +69,23 @@ def test_bad_profile_file_names_the_field(tmp_path: Path) -> None:
         profiles.load(str(f))
 
 
+@pytest.mark.parametrize("key, value, msg", [
+    ("scalar_copy_slowdown", 0.5, "'scalar_copy_slowdown' must be a number >= 1"),
+    ("block_stream_bw", 0, "'block_stream_bw' must be a number > 0"),
+])
+def test_bad_optional_figure_names_the_field(tmp_path: Path, key: str, value: float,
+                                             msg: str) -> None:
+    doc = profiles.load("h200").as_json()
+    doc[key] = value
+    f = tmp_path / "dev.json"
+    f.write_text(json.dumps(doc))
+    with pytest.raises(MirageError, match=msg):
+        profiles.load(str(f))
+    del doc[key]
+    f.write_text(json.dumps(doc))
+    assert getattr(profiles.load(str(f)), key) is None
+
+
 def test_explain_reports_the_profile() -> None:
     r = CliRunner().invoke(main, ["explain", str(DATA / "lora.cands.ugraph.json"),
                                   "--target", "sm_90/h200", "--json"])

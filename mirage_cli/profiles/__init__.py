@@ -15,7 +15,8 @@ Fields (``format: mirage-cli/device-profile``, ``version: 1``): ``name``, ``devi
 ``barrier_us`` (null when unmeasured), ``smem_per_block``, ``smem_per_sm``,
 ``regs_per_sm``, ``max_threads_per_sm``, optionally ``stage_penalty`` (0 when
 absent), ``mma_flops`` (``peak_flops`` when absent), ``mem_util_exp`` and
-``scalar_copy_slowdown`` (1 when absent; see :class:`Profile`); and ``fit``: the coefficients of the model's
+``scalar_copy_slowdown`` (1 when absent), ``block_stream_bw`` (no bound when absent;
+see :class:`Profile`); and ``fit``: the coefficients of the model's
 terms (``stream``, ``sync``, ``launch``, ``const_us``), 1/1/1/0 when unfitted.
 """
 
@@ -72,6 +73,9 @@ class Profile:
     # that is not a multiple of 16 bytes) streams them this many times slower than with
     # 16-byte copies; 1 when absent.
     scalar_copy_slowdown: float | None = None
+    # Bytes/s one block streams from DRAM alone on its SM (a grid of n < num_sms blocks
+    # reads at most n times this); no bound when absent.
+    block_stream_bw: float | None = None
     fit: dict[str, float] = field(default_factory=lambda: {"stream": 1.0, "sync": 1.0,
                                                            "launch": 1.0, "const_us": 0.0})
     extra: dict[str, Any] = field(default_factory=dict)  # other recorded figures
@@ -83,7 +87,7 @@ class Profile:
 
     def as_json(self) -> dict[str, Any]:
         d = asdict(self)
-        for key in ("mma_flops", "mem_util_exp", "scalar_copy_slowdown"):
+        for key in ("mma_flops", "mem_util_exp", "scalar_copy_slowdown", "block_stream_bw"):
             if d[key] is None:
                 del d[key]
         extra = d.pop("extra")
@@ -150,14 +154,19 @@ def from_json(doc: Any, where: str) -> Profile:
     if scalar is not None and not (_pos(scalar) and scalar >= 1):
         raise MirageError(f"{where}: 'scalar_copy_slowdown' must be a number >= 1 "
                           f"(got {scalar!r})")
+    block_bw = doc.get("block_stream_bw")
+    if block_bw is not None and not _pos(block_bw):
+        raise MirageError(f"{where}: 'block_stream_bw' must be a number > 0 (got {block_bw!r})")
     known = {"format", "version", "calibrated", "fit", "name", "device", "arch", "source",
-             "stage_penalty", "mma_flops", "mem_util_exp", "scalar_copy_slowdown", *_NUMBERS}
+             "stage_penalty", "mma_flops", "mem_util_exp", "scalar_copy_slowdown",
+             "block_stream_bw", *_NUMBERS}
     return Profile(doc["name"], doc["device"], doc["arch"], bool(doc.get("calibrated")),
                    doc["source"], **{k: doc[k] for k in _NUMBERS},
                    stage_penalty=float(penalty),
                    mma_flops=float(mma) if mma is not None else None,
                    mem_util_exp=float(mem_exp) if mem_exp is not None else None,
                    scalar_copy_slowdown=float(scalar) if scalar is not None else None,
+                   block_stream_bw=float(block_bw) if block_bw is not None else None,
                    fit={"stream": 1.0, "sync": 1.0, "launch": 1.0, "const_us": 0.0,
                         **{k: float(v) for k, v in fit.items()}},
                    extra={k: v for k, v in doc.items() if k not in known})

@@ -57,8 +57,9 @@ def cache_dir() -> Path:
 # planner's default stages and cluster split, which the model reads, changed; 12: the
 # two-blocks-per-SM default depth of 11 withdrawn; 13: and its larger default clusters;
 # 14: a whole answer predicted slower than the unfused program is searched cut too;
-# 15: block matmuls cost whole tensor-core K steps, and element-by-element loop copies
-# stream the profile's scalar_copy_slowdown times slower).
+# 15: block matmuls cost whole tensor-core K steps, element-by-element loop copies
+# stream the profile's scalar_copy_slowdown times slower, and a grid of few blocks
+# reads DRAM at the profile's block_stream_bw per block).
 SEARCH_REVISION = 15
 
 

@@ -17,7 +17,8 @@ blocks, each running ``F / ksplit`` iterations. ``S`` is the plan's pipeline dep
 and ``p`` the profile's ``stage_penalty`` (loops only). A block matmul's FLOPs count
 its K in whole tensor-core steps of 16, and a loop whose plan copies an input element
 by element (a tile row that is not a multiple of 16 bytes) has its memory term
-multiplied by the profile's ``scalar_copy_slowdown``.
+multiplied by the profile's ``scalar_copy_slowdown``. A grid of fewer blocks than SMs
+reads DRAM no faster than ``block_stream_bw`` per block.
 
 The figures (bandwidths, peak, launch and iteration costs, SM count) and the
 coefficients ``a, b, c, d`` come from a device profile (:mod:`mirage_cli.profiles`,
@@ -205,6 +206,10 @@ def kernel_costs(g: Graph) -> list[KernelCost]:
         # stream the loop's inputs many times slower than 16-byte ones.
         scalar = (p.scalar_copy_slowdown or 1.0) if facts.scalar and forloop > 1 else 1.0
         bound_s = max(max(d_s, l_s) * scalar / mem_util, c_s / util)
+        if p.block_stream_bw:
+            # One block streams from DRAM at a bounded rate whatever the rest of the GPU
+            # does, so a grid of few blocks reads in proportion to its blocks.
+            bound_s = max(bound_s, k_dram * scalar / (min(blocks, p.num_sms) * p.block_stream_bw))
         # Blocks resident on one SM: bounded by threads and by shared memory per SM.
         per_sm = 1
         if threads:
