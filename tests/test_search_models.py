@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from mirage_cli import interp, ops
+from mirage_cli.ir import Graph
 from mirage_cli.parser import parse_text
 from mirage_cli.search.driver import SearchOptions, search
 from mirage_cli.verifier.api import Verifier
@@ -209,14 +210,31 @@ def test_a_fused_answer_predicted_slower_than_unfused_is_not_shipped():
     assert slower_than_unfused(small, fused) is None
 
 
+def _streaming_matmul(grid: int, n: int, hidden: int, forloop: int) -> Graph:
+    """One custom kernel streaming W[hidden, n] in ``grid`` column tiles."""
+    return parse_text(f"""
+program p(hidden = {hidden}, n = {n}) {{
+  input X: f16[16, hidden];
+  input W: f16[hidden, n];
+  O = custom(grid=({grid}, 1, 1), threads=128, forloop={forloop}) {{
+    x = load X fmap(1);
+    w = load W imap(x=1) fmap(0);
+    m = matmul(x, w);
+    s = acc_sum(m);
+    store s -> O omap(x=1);
+  }}
+  output O;
+}}
+""", "p.mir")
+
+
 def test_tensor_cores_take_k_in_whole_steps_and_scalar_copies_cost_more():
     """The model counts a block matmul's K in steps of 16, and streams a loop input
     whose tile rows are not 16-byte multiples (148 f16 columns) the profile's
     scalar_copy_slowdown times slower than 128-column tiles of the same weight."""
+    from mirage_cli.dtypes import DType
     from mirage_cli.ir import TensorType
     from mirage_cli.search import cost
-
-    from mirage_cli.dtypes import DType
 
     f16 = DType.F16
     a, b = TensorType((4, 1), f16), TensorType((1, 4096), f16)
@@ -228,22 +246,7 @@ def test_tensor_cores_take_k_in_whole_steps_and_scalar_copies_cost_more():
     assert cost._block_flops("matmul", [a24, b24], out24) == 2 * 4 * 64 * 32
 
     def streamed(cols: int, grid: int) -> float:
-        text = f"""
-program p(hidden = 1024, n = {cols * grid}) {{
-  input X: f16[16, hidden];
-  input W: f16[hidden, n];
-  O = custom(grid=({grid}, 1, 1), threads=128, forloop=16) {{
-    x = load X fmap(1);
-    w = load W imap(x=1) fmap(0);
-    m = matmul(x, w);
-    s = acc_sum(m);
-    store s -> O omap(x=1);
-  }}
-  output O;
-}}
-"""
-        g = parse_text(text, "p.mir")
-        (k,) = cost.kernel_costs(g)
+        (k,) = cost.kernel_costs(_streaming_matmul(grid, cols * grid, 1024, 16))
         return k.stream_us / (k.dram_bytes + k.l2_bytes)
 
     slow = cost.profile().scalar_copy_slowdown
@@ -258,21 +261,7 @@ def test_a_grid_of_few_blocks_reads_in_proportion_to_its_blocks():
     from mirage_cli.search import cost
 
     def stream(grid: int) -> tuple[float, int, int]:
-        g = parse_text(f"""
-program p(hidden = 4096, n = 8192) {{
-  input X: f16[16, hidden];
-  input W: f16[hidden, n];
-  O = custom(grid=({grid}, 1, 1), threads=128, forloop=64) {{
-    x = load X fmap(1);
-    w = load W imap(x=1) fmap(0);
-    m = matmul(x, w);
-    s = acc_sum(m);
-    store s -> O omap(x=1);
-  }}
-  output O;
-}}
-""", "p.mir")
-        (k,) = cost.kernel_costs(g)
+        (k,) = cost.kernel_costs(_streaming_matmul(grid, 8192, 4096, 64))
         return k.stream_us, k.blocks, k.dram_bytes
 
     bw = cost.profile().block_stream_bw
