@@ -311,7 +311,6 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_gqa_h16x256x64
     }
   }
   __syncthreads();
-  #pragma unroll 4
   for (int e5 = threadIdx.x; e5 < 512; e5 += 128) {
     const int i6_1 = e5 / 8;
     const int i6_2 = (e5) % 8;

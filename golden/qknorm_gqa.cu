@@ -397,7 +397,6 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k5_mirage_qknorm_gqa_h16
     }
   }
   __syncthreads();
-  #pragma unroll 4
   for (int e5 = threadIdx.x; e5 < 512; e5 += 128) {
     const int i6_1 = e5 / 8;
     const int i6_2 = (e5) % 8;

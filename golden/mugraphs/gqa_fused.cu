@@ -847,7 +847,6 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_gqa_fused_h16x
     const int i40_1 = e39;
     mg_st(p3 + (bx * 4096 + by * 1 + bz * 1024 + i40_1 * 16), buf_l[i40_1]);
   }
-  #pragma unroll 4
   for (int e41 = threadIdx.x; e41 < 4096; e41 += 128) {
     const int i42_1 = e41 / 64;
     const int i42_2 = (e41) % 64;

@@ -280,7 +280,6 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_qknorm_gqa_fus
     }
   }
   __syncthreads();
-  #pragma unroll 4
   for (int e7 = threadIdx.x; e7 < 4096; e7 += 128) {
     const int i8_1 = e7 / 64;
     const int i8_2 = (e7) % 64;
@@ -336,7 +335,6 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_qknorm_gqa_fus
       buf_kr[i16_2] = sqrtf(v21);
     }
     __syncthreads();
-    #pragma unroll 4
     for (int e22 = threadIdx.x; e22 < 4096; e22 += 128) {
       const int i23_1 = e22 / 64;
       const int i23_2 = (e22) % 64;
@@ -382,7 +380,6 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_qknorm_gqa_fus
       }
     }
     __syncthreads();
-    #pragma unroll 4
     for (int e26 = threadIdx.x; e26 < 4096; e26 += 128) {
       const int i27_1 = e26 / 64;
       const int i27_2 = (e26) % 64;
@@ -475,7 +472,6 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_qknorm_gqa_fus
     const int i34_1 = e33;
     mg_st(p3 + (bx * 4096 + by * 1 + bz * 1024 + i34_1 * 16), buf_l[i34_1]);
   }
-  #pragma unroll 4
   for (int e35 = threadIdx.x; e35 < 4096; e35 += 128) {
     const int i36_1 = e35 / 64;
     const int i36_2 = (e35) % 64;

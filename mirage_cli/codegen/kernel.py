@@ -40,9 +40,6 @@ from mirage_cli.kplan import KernelPlan, TilePlan
 
 BodyFn = Callable[[list[str]], Lines]
 
-# Element loops of at least this many elements per thread are unrolled by this factor.
-ELEM_UNROLL = 4
-
 
 def padded_strides(shape: tuple[int, ...], pitch: int) -> tuple[int, ...]:
     """Row-major strides of a tile whose rows are ``pitch`` elements apart."""
@@ -246,11 +243,7 @@ class FusedKernel:
         first, step = "threadIdx.x", self.T
         if share:
             first, step = f"(int)mg_rank * {self.T} + (int)threadIdx.x", self.KS * self.T
-        loop = [f"for (int {e} = {first}; {e} < {n}; {e} += {step}) {{"] + indent(inner) + ["}"]
-        # Four of a thread's elements in flight at once: one at a time, a chain such as
-        # gelu's erff is latency-bound at four warps per SM (gelu_mlp's down projection
-        # spent most of its 150 µs there, docs/perf-log.md v16).
-        return ([f"#pragma unroll {ELEM_UNROLL}"] if n >= ELEM_UNROLL * step else []) + loop
+        return [f"for (int {e} = {first}; {e} < {n}; {e} += {step}) {{"] + indent(inner) + ["}"]
 
     def _materialize(self, op: BlockOp) -> Lines:
         name = op.outputs[0].name
