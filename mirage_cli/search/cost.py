@@ -330,7 +330,7 @@ def _block_flops(op: str, ins: list[TensorType], out: TensorType) -> int:
     for the Llama layer's Q/K/V projection, does 16x the work: it ran 1530 µs on an H200
     where two-kernel forms take about 40, docs/perf-log.md v16)."""
     flops = op_flops(op, ins, out)
-    k = ins[0].shape[-1] if op == "matmul" else 0
+    k = ins[0].shape[-1] if ops.get(op).cuda.kind == "matmul" else 0
     return flops // k * (-(-k // MMA_K) * MMA_K) if k > 0 else flops
 
 
