@@ -10,11 +10,11 @@
 // input 1 'K': f16[16, 64, 4096]
 // input 2 'V': f16[16, 4096, 64]
 // output 0 'O': f16[16, 256, 64]
-// kernel mg_k0_mirage_gqa_h16x256x64_h16x64x4096_h16x4096x64_to_h16x256x64: grid [64, 4, 16], 128 threads, 34832 B dynamic shared memory
-// kernel mg_k1_mirage_gqa_h16x256x64_h16x64x4096_h16x4096x64_to_h16x256x64: grid [65535, 1, 1], 256 threads, 0 B dynamic shared memory
+// kernel mg_k0_mirage_gqa_h16x256x64_h16x64x4096_h16x4096x64_to_h16x256x64: grid [16, 4, 16], 128 threads, 177168 B dynamic shared memory
+// kernel mg_k1_mirage_gqa_h16x256x64_h16x64x4096_h16x4096x64_to_h16x256x64: grid [8192, 1, 1], 256 threads, 0 B dynamic shared memory
 // kernel mg_k2_mirage_gqa_h16x256x64_h16x64x4096_h16x4096x64_to_h16x256x64: grid [512, 1, 1], 256 threads, 0 B dynamic shared memory
-// kernel mg_k3_mirage_gqa_h16x256x64_h16x64x4096_h16x4096x64_to_h16x256x64: grid [65535, 1, 1], 256 threads, 0 B dynamic shared memory
-// kernel mg_k4_mirage_gqa_h16x256x64_h16x64x4096_h16x4096x64_to_h16x256x64: grid [8, 4, 16], 128 threads, 43024 B dynamic shared memory
+// kernel mg_k3_mirage_gqa_h16x256x64_h16x64x4096_h16x4096x64_to_h16x256x64: grid [8192, 1, 1], 256 threads, 0 B dynamic shared memory
+// kernel mg_k4_mirage_gqa_h16x256x64_h16x64x4096_h16x4096x64_to_h16x256x64: grid [2, 4, 16], 128 threads, 118800 B dynamic shared memory
 
 // The kernels use cp.async, bf16 conversions and mma.sync shapes of sm_80 and later:
 // one clear error instead of a wall of ptxas errors for an older target.
@@ -164,7 +164,8 @@ __device__ __forceinline__ void mg_ld8(const T* p, float* f) {
     f[2 * i + 1] = mg_ld(hi);
   }
 }
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+// (Host compilation sees these too: nvcc parses every kernel body in its host pass.)
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
 // Thread-block clusters (sm_90): a barrier over every thread of the cluster (release /
 // acquire, so shared-memory writes before it are seen after it), and a load from (a
 // store to) the shared memory of block `rank` of the cluster at the address `p` has in
@@ -207,7 +208,7 @@ __device__ __forceinline__ void mg_dsmem_st(float* p, unsigned rank, float v) {
 }
 #endif
 
-// matmul as a generated block graph: grid [64, 4, 16], forloop 1, tensor cores
+// matmul as a generated block graph: grid [16, 4, 16], forloop 4, tensor cores
 extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_gqa_h16x256x64_h16x64x4096_h16x4096x64_to_h16x256x64(
     const mg_f16* __restrict__ p0,
     const mg_f16* __restrict__ p1,
@@ -217,119 +218,139 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_gqa_h16x256x64
   (void)bx; (void)by; (void)bz;
   extern __shared__ __align__(16) unsigned char mg_smem[];
   const int base_a = by * 4096 + bz * 16384;
-  const int base_b = bx * 64 + bz * 262144;
-  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 34816);
+  const int base_b = bx * 256 + bz * 262144;
+  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 177152);
   if (threadIdx.x < 4) mg_zero[threadIdx.x] = 0u;
   mg_f16* sm_a_0 = reinterpret_cast<mg_f16*>(mg_smem + 0);
-  mg_f16* sm_b_0 = reinterpret_cast<mg_f16*>(mg_smem + 9216);
-  float* buf_s = reinterpret_cast<float*>(mg_smem + 18432);
-  int mg_so_a[4], mg_do_a[4];
+  mg_f16* sm_b_0 = reinterpret_cast<mg_f16*>(mg_smem + 12288);
+  float* buf_m = reinterpret_cast<float*>(mg_smem + 46080);
+  float* buf_s = reinterpret_cast<float*>(mg_smem + 111616);
+  int mg_so_a[1], mg_do_a[1];
   #pragma unroll
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < 1; ++i) {
     const int c1 = threadIdx.x + i * 128;
-    const int s2_1 = c1 / 8;
-    const int s2_2 = (c1) % 8;
+    const int s2_1 = c1 / 2;
+    const int s2_2 = (c1) % 2;
     mg_so_a[i] = s2_1 * 64 + (s2_2 * 8);
-    mg_do_a[i] = s2_1 * 72 + (s2_2 * 8);
+    mg_do_a[i] = s2_1 * 24 + (s2_2 * 8);
   }
   int mg_so_b[4], mg_do_b[4];
   #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const int c3 = threadIdx.x + i * 128;
-    const int s4_1 = c3 / 8;
-    const int s4_2 = (c3) % 8;
+    const int s4_1 = c3 / 32;
+    const int s4_2 = (c3) % 32;
     mg_so_b[i] = s4_1 * 4096 + (s4_2 * 8);
-    mg_do_b[i] = s4_1 * 72 + (s4_2 * 8);
+    mg_do_b[i] = s4_1 * 264 + (s4_2 * 8);
   }
-  float acc_s[8][4];
   #pragma unroll
-  for (int j = 0; j < 8; ++j) acc_s[j][0] = acc_s[j][1] = acc_s[j][2] = acc_s[j][3] = 0.0f;
-  for (int it = 0; it < 1; ++it) {
-    const int off_a = base_a + it * 64;
-    const int off_b = base_b + it * 262144;
-    #pragma unroll
-    for (int i = 0; i < 4; ++i) mg_cp_async16(sm_a_0 + mg_do_a[i], p0 + (off_a) + mg_so_a[i]);
-    #pragma unroll
-    for (int i = 0; i < 4; ++i) mg_cp_async16(sm_b_0 + mg_do_b[i], p1 + (off_b) + mg_so_b[i]);
-    mg_cp_async_wait_all();
+  for (int i = 0; i < 1; ++i) mg_cp_async16((sm_a_0 + ((0) % 4) * 1536) + mg_do_a[i], p0 + ((base_a + 0)) + mg_so_a[i]);
+  #pragma unroll
+  for (int i = 0; i < 4; ++i) mg_cp_async16((sm_b_0 + ((0) % 4) * 4224) + mg_do_b[i], p1 + ((base_b + 0)) + mg_so_b[i]);
+  mg_cp_async_commit();
+  #pragma unroll
+  for (int i = 0; i < 1; ++i) mg_cp_async16((sm_a_0 + ((1) % 4) * 1536) + mg_do_a[i], p0 + ((base_a + 16)) + mg_so_a[i]);
+  #pragma unroll
+  for (int i = 0; i < 4; ++i) mg_cp_async16((sm_b_0 + ((1) % 4) * 4224) + mg_do_b[i], p1 + ((base_b + 65536)) + mg_so_b[i]);
+  mg_cp_async_commit();
+  #pragma unroll
+  for (int i = 0; i < 1; ++i) mg_cp_async16((sm_a_0 + ((2) % 4) * 1536) + mg_do_a[i], p0 + ((base_a + 32)) + mg_so_a[i]);
+  #pragma unroll
+  for (int i = 0; i < 4; ++i) mg_cp_async16((sm_b_0 + ((2) % 4) * 4224) + mg_do_b[i], p1 + ((base_b + 131072)) + mg_so_b[i]);
+  mg_cp_async_commit();
+  for (int e = threadIdx.x; e < 16384; e += 128) buf_s[e] = 0.0f;
+  for (int it = 0; it < 4; ++it) {
+    const int off_a = base_a + it * 16;
+    const int off_b = base_b + it * 65536;
+    mg_cp_async_wait<2>();
     __syncthreads();
-    const auto* sm_a = sm_a_0;
-    const auto* sm_b = sm_b_0;
+    if (it + 3 < 4) {
+      #pragma unroll
+      for (int i = 0; i < 1; ++i) mg_cp_async16((sm_a_0 + (((it + 3)) % 4) * 1536) + mg_do_a[i], p0 + ((off_a + 48)) + mg_so_a[i]);
+      #pragma unroll
+      for (int i = 0; i < 4; ++i) mg_cp_async16((sm_b_0 + (((it + 3)) % 4) * 4224) + mg_do_b[i], p1 + ((off_b + 196608)) + mg_so_b[i]);
+    }
+    mg_cp_async_commit();
+    const auto* sm_a = (sm_a_0 + ((it) % 4) * 1536);
+    const auto* sm_b = (sm_b_0 + ((it) % 4) * 4224);
     {
       const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
       const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
       (void)mg_g; (void)mg_t;
       const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
       (void)mg_ks;
-    #pragma unroll
-    for (int s = 0; s < 4; ++s) {
-      const int kk = (mg_ks + s * 1) * 16;
-      const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
-      (void)k0; (void)k1;
-      unsigned ra0, ra1, ra2, ra3;
       #pragma unroll
-      for (int j = 0; j < 8; ++j) {
+      for (int j = 0; j < 32; ++j) {
         const int q = mg_grp + 4 * j;
-        if (q < 32) {
-          const int mg_nb = q / 32;
-          const int mg_ni = q % 8;
-          const int mg_mi = (q / 8) % 4;
+        if (q < 128) {
+          const int mg_nb = q / 128;
+          const int mg_mi = (q / 32) % 4;
+          const int mg_ni = q % 32;
           const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
           const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
-          (void)mg_nb; (void)c0; (void)n0;
-          mg_ldsm_x4(ra0, ra1, ra2, ra3, (sm_a + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) * 72 + (kk + (mg_lane >> 4) * 8))));
-          unsigned rb0, rb1;
-          mg_ldsm_x2_t(rb0, rb1, (sm_b + ((kk + (mg_lane & 15)) * 72 + (mg_ni * 8))));
-          mg_mma_f16(acc_s[j], ra0, ra1, ra2, ra3, rb0, rb1);
+          (void)mg_nb; (void)r1; (void)c0; (void)n0;
+          float mg_d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+          #pragma unroll
+          for (int s = 0; s < 1; ++s) {
+            const int kk = (mg_ks + s * 1) * 16;
+            const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
+            (void)k0; (void)k1;
+            unsigned ra0, ra1, ra2, ra3;
+            mg_ldsm_x4(ra0, ra1, ra2, ra3, (sm_a + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) * 24 + (kk + (mg_lane >> 4) * 8))));
+            unsigned rb0, rb1;
+            mg_ldsm_x2_t(rb0, rb1, (sm_b + ((kk + (mg_lane & 15)) * 264 + (mg_ni * 8))));
+            mg_mma_f16(mg_d, ra0, ra1, ra2, ra3, rb0, rb1);
+          }
+          buf_m[r0 * 256 + c0] = mg_d[0];
+          buf_m[r0 * 256 + (c0 + 1)] = mg_d[1];
+          buf_m[r1 * 256 + c0] = mg_d[2];
+          buf_m[r1 * 256 + (c0 + 1)] = mg_d[3];
         }
       }
     }
-    }
     __syncthreads();
-  }
-  {
-    const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
-    const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
-    (void)mg_g; (void)mg_t;
-    const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
-    (void)mg_ks;
-    #pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const int q = mg_grp + 4 * j;
-      if (q < 32) {
-        const int mg_nb = q / 32;
-        const int mg_mi = (q / 8) % 4;
-        const int mg_ni = q % 8;
-        const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
-        const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
-        (void)mg_nb; (void)r1; (void)c0; (void)n0;
-        buf_s[r0 * 64 + c0] = acc_s[j][0];
-        buf_s[r0 * 64 + (c0 + 1)] = acc_s[j][1];
-        buf_s[r1 * 64 + c0] = acc_s[j][2];
-        buf_s[r1 * 64 + (c0 + 1)] = acc_s[j][3];
-      }
+    for (int e5 = threadIdx.x; e5 < 16384; e5 += 128) {
+      const int a6_1 = e5 / 256;
+      const int a6_2 = (e5) % 256;
+      buf_s[e5] += buf_m[a6_1 * 256 + a6_2];
     }
   }
   __syncthreads();
-  for (int e5 = threadIdx.x; e5 < 512; e5 += 128) {
-    const int i6_1 = e5 / 8;
-    const int i6_2 = (e5) % 8;
-    mg_st8(p2 + (bx * 64 + by * 262144 + bz * 1048576 + i6_1 * 4096 + (i6_2 * 8)), buf_s[i6_1 * 64 + ((i6_2 * 8) + 0)], buf_s[i6_1 * 64 + ((i6_2 * 8) + 1)], buf_s[i6_1 * 64 + ((i6_2 * 8) + 2)], buf_s[i6_1 * 64 + ((i6_2 * 8) + 3)], buf_s[i6_1 * 64 + ((i6_2 * 8) + 4)], buf_s[i6_1 * 64 + ((i6_2 * 8) + 5)], buf_s[i6_1 * 64 + ((i6_2 * 8) + 6)], buf_s[i6_1 * 64 + ((i6_2 * 8) + 7)]);
+  __syncthreads();
+  for (int e7 = threadIdx.x; e7 < 2048; e7 += 128) {
+    const int i8_1 = e7 / 32;
+    const int i8_2 = (e7) % 32;
+    mg_st8(p2 + (bx * 256 + by * 262144 + bz * 1048576 + i8_1 * 4096 + (i8_2 * 8)), buf_s[i8_1 * 256 + ((i8_2 * 8) + 0)], buf_s[i8_1 * 256 + ((i8_2 * 8) + 1)], buf_s[i8_1 * 256 + ((i8_2 * 8) + 2)], buf_s[i8_1 * 256 + ((i8_2 * 8) + 3)], buf_s[i8_1 * 256 + ((i8_2 * 8) + 4)], buf_s[i8_1 * 256 + ((i8_2 * 8) + 5)], buf_s[i8_1 * 256 + ((i8_2 * 8) + 6)], buf_s[i8_1 * 256 + ((i8_2 * 8) + 7)]);
   }
 }
 
-// exp: one thread per output element
+// exp: 8 consecutive output elements per thread, one 16-byte store
 extern "C" __global__ void __launch_bounds__(256) mg_k1_mirage_gqa_h16x256x64_h16x64x4096_h16x4096x64_to_h16x256x64(
     const mg_f16* __restrict__ p0,
     mg_f16* __restrict__ p1) {
   mg_grid_wait();
-  for (int e = blockIdx.x * 256 + threadIdx.x; e < 16777216; e += gridDim.x * 256) {
+  for (int e8 = blockIdx.x * 256 + threadIdx.x; e8 < 2097152; e8 += gridDim.x * 256) {
+    const int e = e8 * 8;
     const int i0 = e / 1048576;
     const int i1 = (e / 4096) % 256;
     const int i2 = (e) % 4096;
-    const float v1 = mg_ld(p0[i0 * 1048576 + i1 * 4096 + i2]);
+    const float v1 = mg_ld(p0[i0 * 1048576 + i1 * 4096 + (i2 + 0)]);
     const float v2 = expf(v1);
-    mg_st(p1 + e, v2);
+    const float v3 = mg_ld(p0[i0 * 1048576 + i1 * 4096 + (i2 + 1)]);
+    const float v4 = expf(v3);
+    const float v5 = mg_ld(p0[i0 * 1048576 + i1 * 4096 + (i2 + 2)]);
+    const float v6 = expf(v5);
+    const float v7 = mg_ld(p0[i0 * 1048576 + i1 * 4096 + (i2 + 3)]);
+    const float v8 = expf(v7);
+    const float v9 = mg_ld(p0[i0 * 1048576 + i1 * 4096 + (i2 + 4)]);
+    const float v10 = expf(v9);
+    const float v11 = mg_ld(p0[i0 * 1048576 + i1 * 4096 + (i2 + 5)]);
+    const float v12 = expf(v11);
+    const float v13 = mg_ld(p0[i0 * 1048576 + i1 * 4096 + (i2 + 6)]);
+    const float v14 = expf(v13);
+    const float v15 = mg_ld(p0[i0 * 1048576 + i1 * 4096 + (i2 + 7)]);
+    const float v16 = expf(v15);
+    mg_st8(p1 + e, v2, v4, v6, v8, v10, v12, v14, v16);
   }
 }
 
@@ -349,24 +370,46 @@ extern "C" __global__ void __launch_bounds__(256) mg_k2_mirage_gqa_h16x256x64_h1
   if (lane == 0) mg_st(p1 + row, s);
 }
 
-// div: one thread per output element
+// div: 8 consecutive output elements per thread, one 16-byte store
 extern "C" __global__ void __launch_bounds__(256) mg_k3_mirage_gqa_h16x256x64_h16x64x4096_h16x4096x64_to_h16x256x64(
     const mg_f16* __restrict__ p0,
     const mg_f16* __restrict__ p1,
     mg_f16* __restrict__ p2) {
   mg_grid_wait();
-  for (int e = blockIdx.x * 256 + threadIdx.x; e < 16777216; e += gridDim.x * 256) {
+  for (int e8 = blockIdx.x * 256 + threadIdx.x; e8 < 2097152; e8 += gridDim.x * 256) {
+    const int e = e8 * 8;
     const int i0 = e / 1048576;
     const int i1 = (e / 4096) % 256;
     const int i2 = (e) % 4096;
-    const float v1 = mg_ld(p0[i0 * 1048576 + i1 * 4096 + i2]);
+    const float v1 = mg_ld(p0[i0 * 1048576 + i1 * 4096 + (i2 + 0)]);
     const float v2 = mg_ld(p1[i0 * 256 + i1]);
     const float v3 = (v1 / v2);
-    mg_st(p2 + e, v3);
+    const float v4 = mg_ld(p0[i0 * 1048576 + i1 * 4096 + (i2 + 1)]);
+    const float v5 = mg_ld(p1[i0 * 256 + i1]);
+    const float v6 = (v4 / v5);
+    const float v7 = mg_ld(p0[i0 * 1048576 + i1 * 4096 + (i2 + 2)]);
+    const float v8 = mg_ld(p1[i0 * 256 + i1]);
+    const float v9 = (v7 / v8);
+    const float v10 = mg_ld(p0[i0 * 1048576 + i1 * 4096 + (i2 + 3)]);
+    const float v11 = mg_ld(p1[i0 * 256 + i1]);
+    const float v12 = (v10 / v11);
+    const float v13 = mg_ld(p0[i0 * 1048576 + i1 * 4096 + (i2 + 4)]);
+    const float v14 = mg_ld(p1[i0 * 256 + i1]);
+    const float v15 = (v13 / v14);
+    const float v16 = mg_ld(p0[i0 * 1048576 + i1 * 4096 + (i2 + 5)]);
+    const float v17 = mg_ld(p1[i0 * 256 + i1]);
+    const float v18 = (v16 / v17);
+    const float v19 = mg_ld(p0[i0 * 1048576 + i1 * 4096 + (i2 + 6)]);
+    const float v20 = mg_ld(p1[i0 * 256 + i1]);
+    const float v21 = (v19 / v20);
+    const float v22 = mg_ld(p0[i0 * 1048576 + i1 * 4096 + (i2 + 7)]);
+    const float v23 = mg_ld(p1[i0 * 256 + i1]);
+    const float v24 = (v22 / v23);
+    mg_st8(p2 + e, v3, v6, v9, v12, v15, v18, v21, v24);
   }
 }
 
-// matmul as a generated block graph: grid [8, 4, 16], forloop 64, tensor cores
+// matmul as a generated block graph: grid [2, 4, 16], forloop 32, tensor cores
 extern "C" __global__ void __launch_bounds__(128, 1) mg_k4_mirage_gqa_h16x256x64_h16x64x4096_h16x4096x64_to_h16x256x64(
     const mg_f16* __restrict__ p0,
     const mg_f16* __restrict__ p1,
@@ -376,61 +419,62 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k4_mirage_gqa_h16x256x64
   (void)bx; (void)by; (void)bz;
   extern __shared__ __align__(16) unsigned char mg_smem[];
   const int base_a = by * 262144 + bz * 1048576;
-  const int base_b = bx * 8 + bz * 262144;
-  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 43008);
+  const int base_b = bx * 32 + bz * 262144;
+  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 118784);
   if (threadIdx.x < 4) mg_zero[threadIdx.x] = 0u;
   mg_f16* sm_a_0 = reinterpret_cast<mg_f16*>(mg_smem + 0);
-  mg_f16* sm_b_0 = reinterpret_cast<mg_f16*>(mg_smem + 36864);
-  float* buf_s = reinterpret_cast<float*>(mg_smem + 40960);
-  int mg_so_a[4], mg_do_a[4];
+  mg_f16* sm_b_0 = reinterpret_cast<mg_f16*>(mg_smem + 69632);
+  float* buf_s = reinterpret_cast<float*>(mg_smem + 110592);
+  int mg_so_a[8], mg_do_a[8];
+  #pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const int c1 = threadIdx.x + i * 128;
+    const int s2_1 = c1 / 16;
+    const int s2_2 = (c1) % 16;
+    mg_so_a[i] = s2_1 * 4096 + (s2_2 * 8);
+    mg_do_a[i] = s2_1 * 136 + (s2_2 * 8);
+  }
+  int mg_so_b[4], mg_do_b[4];
   #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    const int c1 = threadIdx.x + i * 128;
-    const int s2_1 = c1 / 8;
-    const int s2_2 = (c1) % 8;
-    mg_so_a[i] = s2_1 * 4096 + (s2_2 * 8);
-    mg_do_a[i] = s2_1 * 72 + (s2_2 * 8);
+    const int c3 = threadIdx.x + i * 128;
+    const int s4_1 = c3 / 4;
+    const int s4_2 = (c3) % 4;
+    mg_so_b[i] = s4_1 * 64 + (s4_2 * 8);
+    mg_do_b[i] = s4_1 * 40 + (s4_2 * 8);
   }
   #pragma unroll
-  for (int i = 0; i < 4; ++i) mg_cp_async16((sm_a_0 + ((0) % 4) * 4608) + mg_do_a[i], p0 + ((base_a + 0)) + mg_so_a[i]);
-  for (int c3 = threadIdx.x; c3 < 64; c3 += 128) {
-    const int s4_1 = c3;
-    mg_cp_async16((sm_b_0 + ((0) % 4) * 512) + (s4_1 * 8), p1 + ((base_b + 0)) + (s4_1 * 64));
-  }
+  for (int i = 0; i < 8; ++i) mg_cp_async16((sm_a_0 + ((0) % 4) * 8704) + mg_do_a[i], p0 + ((base_a + 0)) + mg_so_a[i]);
+  #pragma unroll
+  for (int i = 0; i < 4; ++i) mg_cp_async16((sm_b_0 + ((0) % 4) * 5120) + mg_do_b[i], p1 + ((base_b + 0)) + mg_so_b[i]);
   mg_cp_async_commit();
   #pragma unroll
-  for (int i = 0; i < 4; ++i) mg_cp_async16((sm_a_0 + ((1) % 4) * 4608) + mg_do_a[i], p0 + ((base_a + 64)) + mg_so_a[i]);
-  for (int c5 = threadIdx.x; c5 < 64; c5 += 128) {
-    const int s6_1 = c5;
-    mg_cp_async16((sm_b_0 + ((1) % 4) * 512) + (s6_1 * 8), p1 + ((base_b + 4096)) + (s6_1 * 64));
-  }
+  for (int i = 0; i < 8; ++i) mg_cp_async16((sm_a_0 + ((1) % 4) * 8704) + mg_do_a[i], p0 + ((base_a + 128)) + mg_so_a[i]);
+  #pragma unroll
+  for (int i = 0; i < 4; ++i) mg_cp_async16((sm_b_0 + ((1) % 4) * 5120) + mg_do_b[i], p1 + ((base_b + 8192)) + mg_so_b[i]);
   mg_cp_async_commit();
   #pragma unroll
-  for (int i = 0; i < 4; ++i) mg_cp_async16((sm_a_0 + ((2) % 4) * 4608) + mg_do_a[i], p0 + ((base_a + 128)) + mg_so_a[i]);
-  for (int c7 = threadIdx.x; c7 < 64; c7 += 128) {
-    const int s8_1 = c7;
-    mg_cp_async16((sm_b_0 + ((2) % 4) * 512) + (s8_1 * 8), p1 + ((base_b + 8192)) + (s8_1 * 64));
-  }
-  mg_cp_async_commit();
-  float acc_s[1][4];
+  for (int i = 0; i < 8; ++i) mg_cp_async16((sm_a_0 + ((2) % 4) * 8704) + mg_do_a[i], p0 + ((base_a + 256)) + mg_so_a[i]);
   #pragma unroll
-  for (int j = 0; j < 1; ++j) acc_s[j][0] = acc_s[j][1] = acc_s[j][2] = acc_s[j][3] = 0.0f;
-  for (int it = 0; it < 64; ++it) {
-    const int off_a = base_a + it * 64;
-    const int off_b = base_b + it * 4096;
+  for (int i = 0; i < 4; ++i) mg_cp_async16((sm_b_0 + ((2) % 4) * 5120) + mg_do_b[i], p1 + ((base_b + 16384)) + mg_so_b[i]);
+  mg_cp_async_commit();
+  float acc_s[4][4];
+  #pragma unroll
+  for (int j = 0; j < 4; ++j) acc_s[j][0] = acc_s[j][1] = acc_s[j][2] = acc_s[j][3] = 0.0f;
+  for (int it = 0; it < 32; ++it) {
+    const int off_a = base_a + it * 128;
+    const int off_b = base_b + it * 8192;
     mg_cp_async_wait<2>();
     __syncthreads();
-    if (it + 3 < 64) {
+    if (it + 3 < 32) {
       #pragma unroll
-      for (int i = 0; i < 4; ++i) mg_cp_async16((sm_a_0 + (((it + 3)) % 4) * 4608) + mg_do_a[i], p0 + ((off_a + 192)) + mg_so_a[i]);
-      for (int c9 = threadIdx.x; c9 < 64; c9 += 128) {
-        const int s10_1 = c9;
-        mg_cp_async16((sm_b_0 + (((it + 3)) % 4) * 512) + (s10_1 * 8), p1 + ((off_b + 12288)) + (s10_1 * 64));
-      }
+      for (int i = 0; i < 8; ++i) mg_cp_async16((sm_a_0 + (((it + 3)) % 4) * 8704) + mg_do_a[i], p0 + ((off_a + 384)) + mg_so_a[i]);
+      #pragma unroll
+      for (int i = 0; i < 4; ++i) mg_cp_async16((sm_b_0 + (((it + 3)) % 4) * 5120) + mg_do_b[i], p1 + ((off_b + 24576)) + mg_so_b[i]);
     }
     mg_cp_async_commit();
-    const auto* sm_a = (sm_a_0 + ((it) % 4) * 4608);
-    const auto* sm_b = (sm_b_0 + ((it) % 4) * 512);
+    const auto* sm_a = (sm_a_0 + ((it) % 4) * 8704);
+    const auto* sm_b = (sm_b_0 + ((it) % 4) * 5120);
     {
       const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
       const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
@@ -438,24 +482,24 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k4_mirage_gqa_h16x256x64
       const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
       (void)mg_ks;
     #pragma unroll
-    for (int s = 0; s < 4; ++s) {
+    for (int s = 0; s < 8; ++s) {
       const int kk = (mg_ks + s * 1) * 16;
       const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
       (void)k0; (void)k1;
       unsigned ra0, ra1, ra2, ra3;
       #pragma unroll
-      for (int j = 0; j < 1; ++j) {
+      for (int j = 0; j < 4; ++j) {
         const int q = mg_grp + 4 * j;
-        if (q < 4) {
-          const int mg_nb = q / 4;
-          const int mg_ni = q % 1;
-          const int mg_mi = (q / 1) % 4;
+        if (q < 16) {
+          const int mg_nb = q / 16;
+          const int mg_ni = q % 4;
+          const int mg_mi = (q / 4) % 4;
           const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
           const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
           (void)mg_nb; (void)c0; (void)n0;
-          mg_ldsm_x4(ra0, ra1, ra2, ra3, (sm_a + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) * 72 + (kk + (mg_lane >> 4) * 8))));
+          mg_ldsm_x4(ra0, ra1, ra2, ra3, (sm_a + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) * 136 + (kk + (mg_lane >> 4) * 8))));
           unsigned rb0, rb1;
-          mg_ldsm_x2_t(rb0, rb1, (sm_b + ((kk + (mg_lane & 15)) * 8 + (mg_ni * 8))));
+          mg_ldsm_x2_t(rb0, rb1, (sm_b + ((kk + (mg_lane & 15)) * 40 + (mg_ni * 8))));
           mg_mma_f16(acc_s[j], ra0, ra1, ra2, ra3, rb0, rb1);
         }
       }
@@ -470,26 +514,27 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k4_mirage_gqa_h16x256x64
     const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
     (void)mg_ks;
     #pragma unroll
-    for (int j = 0; j < 1; ++j) {
+    for (int j = 0; j < 4; ++j) {
       const int q = mg_grp + 4 * j;
-      if (q < 4) {
-        const int mg_nb = q / 4;
-        const int mg_mi = (q / 1) % 4;
-        const int mg_ni = q % 1;
+      if (q < 16) {
+        const int mg_nb = q / 16;
+        const int mg_mi = (q / 4) % 4;
+        const int mg_ni = q % 4;
         const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
         const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
         (void)mg_nb; (void)r1; (void)c0; (void)n0;
-        buf_s[r0 * 8 + c0] = acc_s[j][0];
-        buf_s[r0 * 8 + (c0 + 1)] = acc_s[j][1];
-        buf_s[r1 * 8 + c0] = acc_s[j][2];
-        buf_s[r1 * 8 + (c0 + 1)] = acc_s[j][3];
+        buf_s[r0 * 32 + c0] = acc_s[j][0];
+        buf_s[r0 * 32 + (c0 + 1)] = acc_s[j][1];
+        buf_s[r1 * 32 + c0] = acc_s[j][2];
+        buf_s[r1 * 32 + (c0 + 1)] = acc_s[j][3];
       }
     }
   }
   __syncthreads();
-  for (int e11 = threadIdx.x; e11 < 64; e11 += 128) {
-    const int i12_1 = e11;
-    mg_st8(p2 + (bx * 8 + by * 4096 + bz * 16384 + i12_1 * 64), buf_s[i12_1 * 8 + (0 + 0)], buf_s[i12_1 * 8 + (0 + 1)], buf_s[i12_1 * 8 + (0 + 2)], buf_s[i12_1 * 8 + (0 + 3)], buf_s[i12_1 * 8 + (0 + 4)], buf_s[i12_1 * 8 + (0 + 5)], buf_s[i12_1 * 8 + (0 + 6)], buf_s[i12_1 * 8 + (0 + 7)]);
+  for (int e5 = threadIdx.x; e5 < 256; e5 += 128) {
+    const int i6_1 = e5 / 4;
+    const int i6_2 = (e5) % 4;
+    mg_st8(p2 + (bx * 32 + by * 4096 + bz * 16384 + i6_1 * 64 + (i6_2 * 8)), buf_s[i6_1 * 32 + ((i6_2 * 8) + 0)], buf_s[i6_1 * 32 + ((i6_2 * 8) + 1)], buf_s[i6_1 * 32 + ((i6_2 * 8) + 2)], buf_s[i6_1 * 32 + ((i6_2 * 8) + 3)], buf_s[i6_1 * 32 + ((i6_2 * 8) + 4)], buf_s[i6_1 * 32 + ((i6_2 * 8) + 5)], buf_s[i6_1 * 32 + ((i6_2 * 8) + 6)], buf_s[i6_1 * 32 + ((i6_2 * 8) + 7)]);
   }
 }
 
@@ -508,8 +553,8 @@ extern "C" size_t mirage_gqa_h16x256x64_h16x64x4096_h16x4096x64_to_h16x256x64_wo
 // What the launcher needs to know about the current device, found once per device
 // (a state per device ordinal; two threads racing store the same value, which is
 // harmless) and on every call for ordinals past the table: bit 0 says the device is
-// prepared (no kernel needs a per-device
-// attribute), bit 1 that it has compute capability 9.0 or
+// prepared (more than 48 KB of dynamic shared memory needs
+// cudaFuncSetAttribute, a per-device setting), bit 1 that it has compute capability 9.0 or
 // later, where kernels are launched with programmatic stream serialisation.
 static std::atomic<int> mg_device_state_mirage_gqa_h16x256x64_h16x64x4096_h16x4096x64_to_h16x256x64[64];
 
@@ -522,6 +567,12 @@ static cudaError_t mg_prepare_mirage_gqa_h16x256x64_h16x64x4096_h16x4096x64_to_h
     *mg_state = mg_device_state_mirage_gqa_h16x256x64_h16x64x4096_h16x4096x64_to_h16x256x64[mg_dev].load(std::memory_order_acquire);
     if (*mg_state != 0) return cudaSuccess;
   }
+  mg_err = cudaFuncSetAttribute((const void*)mg_k0_mirage_gqa_h16x256x64_h16x64x4096_h16x4096x64_to_h16x256x64,
+                                cudaFuncAttributeMaxDynamicSharedMemorySize, 177168);
+  if (mg_err != cudaSuccess) return mg_err;
+  mg_err = cudaFuncSetAttribute((const void*)mg_k4_mirage_gqa_h16x256x64_h16x64x4096_h16x4096x64_to_h16x256x64,
+                                cudaFuncAttributeMaxDynamicSharedMemorySize, 118800);
+  if (mg_err != cudaSuccess) return mg_err;
   int mg_major = 0;
   mg_err = cudaDeviceGetAttribute(&mg_major, cudaDevAttrComputeCapabilityMajor, mg_dev);
   if (mg_err != cudaSuccess) return mg_err;
@@ -548,9 +599,9 @@ extern "C" cudaError_t mirage_gqa_h16x256x64_h16x64x4096_h16x4096x64_to_h16x256x
     mg_f16* mg_a2 = (mg_f16*)(mg_ws + 0);
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
     cudaLaunchConfig_t mg_cfg = {};
-    mg_cfg.gridDim = dim3(64, 4, 16);
+    mg_cfg.gridDim = dim3(16, 4, 16);
     mg_cfg.blockDim = dim3(128);
-    mg_cfg.dynamicSmemBytes = 34832;
+    mg_cfg.dynamicSmemBytes = 177168;
     mg_cfg.stream = mg_stream;
     mg_cfg.attrs = mg_pdl;
     mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
@@ -562,7 +613,7 @@ extern "C" cudaError_t mirage_gqa_h16x256x64_h16x64x4096_h16x4096x64_to_h16x256x
     mg_f16* mg_a1 = (mg_f16*)(mg_ws + 33554432);
     void* mg_args[] = {&mg_a0, &mg_a1};
     cudaLaunchConfig_t mg_cfg = {};
-    mg_cfg.gridDim = dim3(65535, 1, 1);
+    mg_cfg.gridDim = dim3(8192, 1, 1);
     mg_cfg.blockDim = dim3(256);
     mg_cfg.dynamicSmemBytes = 0;
     mg_cfg.stream = mg_stream;
@@ -591,7 +642,7 @@ extern "C" cudaError_t mirage_gqa_h16x256x64_h16x64x4096_h16x4096x64_to_h16x256x
     mg_f16* mg_a2 = (mg_f16*)(mg_ws + 67117056);
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
     cudaLaunchConfig_t mg_cfg = {};
-    mg_cfg.gridDim = dim3(65535, 1, 1);
+    mg_cfg.gridDim = dim3(8192, 1, 1);
     mg_cfg.blockDim = dim3(256);
     mg_cfg.dynamicSmemBytes = 0;
     mg_cfg.stream = mg_stream;
@@ -606,9 +657,9 @@ extern "C" cudaError_t mirage_gqa_h16x256x64_h16x64x4096_h16x4096x64_to_h16x256x
     mg_f16* mg_a2 = (mg_f16*)(mg_out0_O);
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
     cudaLaunchConfig_t mg_cfg = {};
-    mg_cfg.gridDim = dim3(8, 4, 16);
+    mg_cfg.gridDim = dim3(2, 4, 16);
     mg_cfg.blockDim = dim3(128);
-    mg_cfg.dynamicSmemBytes = 43024;
+    mg_cfg.dynamicSmemBytes = 118800;
     mg_cfg.stream = mg_stream;
     mg_cfg.attrs = mg_pdl;
     mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;

@@ -24,42 +24,45 @@
 // output 1 'KE': f16[1, 8, 1, 128]
 // output 2 'V4': f16[1, 8, 1, 128]
 // kernel mg_k0_mirage_llama3_8b_layer_aec50abcc000: grid [1, 1, 1], 256 threads, 0 B dynamic shared memory
-// kernel mg_k1_mirage_llama3_8b_layer_aec50abcc000: grid [512, 1, 1], 128 threads, 4720 B dynamic shared memory
-// kernel mg_k2_mirage_llama3_8b_layer_aec50abcc000: grid [128, 1, 1], 128 threads, 4720 B dynamic shared memory
-// kernel mg_k3_mirage_llama3_8b_layer_aec50abcc000: grid [128, 1, 1], 128 threads, 4720 B dynamic shared memory
+// kernel mg_k1_mirage_llama3_8b_layer_aec50abcc000: grid [64, 1, 2], 128 threads, 75088 B dynamic shared memory
+// kernel mg_k2_mirage_llama3_8b_layer_aec50abcc000: grid [64, 1, 2], 256 threads, 51344 B dynamic shared memory
+// kernel mg_k3_mirage_llama3_8b_layer_aec50abcc000: grid [64, 1, 2], 256 threads, 51344 B dynamic shared memory
 // kernel mg_k4_mirage_llama3_8b_layer_aec50abcc000: grid [16, 1, 1], 256 threads, 0 B dynamic shared memory
 // kernel mg_k5_mirage_llama3_8b_layer_aec50abcc000: grid [4, 1, 1], 256 threads, 0 B dynamic shared memory
 // kernel mg_k6_mirage_llama3_8b_layer_aec50abcc000: grid [4, 1, 1], 256 threads, 0 B dynamic shared memory
 // kernel mg_k7_mirage_llama3_8b_layer_aec50abcc000: grid [16, 1, 1], 256 threads, 0 B dynamic shared memory
-// kernel mg_k8_mirage_llama3_8b_layer_aec50abcc000: grid [16, 1, 1], 256 threads, 0 B dynamic shared memory
-// kernel mg_k9_mirage_llama3_8b_layer_aec50abcc000: grid [16, 1, 1], 256 threads, 0 B dynamic shared memory
-// kernel mg_k10_mirage_llama3_8b_layer_aec50abcc000: grid [16, 1, 1], 256 threads, 0 B dynamic shared memory
+// kernel mg_k8_mirage_llama3_8b_layer_aec50abcc000: grid [2, 1, 1], 256 threads, 0 B dynamic shared memory
+// kernel mg_k9_mirage_llama3_8b_layer_aec50abcc000: grid [2, 1, 1], 256 threads, 0 B dynamic shared memory
+// kernel mg_k10_mirage_llama3_8b_layer_aec50abcc000: grid [2, 1, 1], 256 threads, 0 B dynamic shared memory
 // kernel mg_k11_mirage_llama3_8b_layer_aec50abcc000: grid [4, 1, 1], 256 threads, 0 B dynamic shared memory
-// kernel mg_k12_mirage_llama3_8b_layer_aec50abcc000: grid [4, 1, 1], 256 threads, 0 B dynamic shared memory
-// kernel mg_k13_mirage_llama3_8b_layer_aec50abcc000: grid [4, 1, 1], 256 threads, 0 B dynamic shared memory
-// kernel mg_k14_mirage_llama3_8b_layer_aec50abcc000: grid [4, 1, 1], 256 threads, 0 B dynamic shared memory
+// kernel mg_k12_mirage_llama3_8b_layer_aec50abcc000: grid [1, 1, 1], 256 threads, 0 B dynamic shared memory
+// kernel mg_k13_mirage_llama3_8b_layer_aec50abcc000: grid [1, 1, 1], 256 threads, 0 B dynamic shared memory
+// kernel mg_k14_mirage_llama3_8b_layer_aec50abcc000: grid [1, 1, 1], 256 threads, 0 B dynamic shared memory
 // kernel mg_k15_mirage_llama3_8b_layer_aec50abcc000: grid [4, 1, 1], 256 threads, 0 B dynamic shared memory
-// kernel mg_k16_mirage_llama3_8b_layer_aec50abcc000: grid [16384, 1, 1], 256 threads, 0 B dynamic shared memory
-// kernel mg_k17_mirage_llama3_8b_layer_aec50abcc000: grid [16384, 1, 1], 256 threads, 0 B dynamic shared memory
-// kernel mg_k18_mirage_llama3_8b_layer_aec50abcc000: grid [64, 1, 8], 256 threads, 0 B dynamic shared memory
-// kernel mg_k19_mirage_llama3_8b_layer_aec50abcc000: grid [512, 1, 1], 256 threads, 0 B dynamic shared memory
+// kernel mg_k16_mirage_llama3_8b_layer_aec50abcc000: grid [2048, 1, 1], 256 threads, 0 B dynamic shared memory
+// kernel mg_k17_mirage_llama3_8b_layer_aec50abcc000: grid [2048, 1, 1], 256 threads, 0 B dynamic shared memory
+// kernel mg_k18_mirage_llama3_8b_layer_aec50abcc000: grid [16, 8, 1], 128 threads, 38672 B dynamic shared memory
+// kernel mg_k19_mirage_llama3_8b_layer_aec50abcc000: grid [64, 1, 1], 256 threads, 0 B dynamic shared memory
 // kernel mg_k20_mirage_llama3_8b_layer_aec50abcc000: grid [4, 1, 1], 256 threads, 0 B dynamic shared memory
-// kernel mg_k21_mirage_llama3_8b_layer_aec50abcc000: grid [2, 1, 8], 256 threads, 0 B dynamic shared memory
+// kernel mg_k21_mirage_llama3_8b_layer_aec50abcc000: grid [8, 8, 2], 256 threads, 57872 B dynamic shared memory
 // kernel mg_k22_mirage_llama3_8b_layer_aec50abcc000: grid [16, 1, 1], 256 threads, 0 B dynamic shared memory
-// kernel mg_k23_mirage_llama3_8b_layer_aec50abcc000: grid [512, 1, 1], 128 threads, 4720 B dynamic shared memory
-// kernel mg_k24_mirage_llama3_8b_layer_aec50abcc000: grid [16, 1, 1], 256 threads, 0 B dynamic shared memory
+// kernel mg_k23_mirage_llama3_8b_layer_aec50abcc000: grid [64, 1, 2], 128 threads, 75088 B dynamic shared memory
+// kernel mg_k24_mirage_llama3_8b_layer_aec50abcc000: grid [2, 1, 1], 256 threads, 0 B dynamic shared memory
 // kernel mg_k25_mirage_llama3_8b_layer_aec50abcc000: grid [1, 1, 1], 256 threads, 0 B dynamic shared memory
-// kernel mg_k26_mirage_llama3_8b_layer_aec50abcc000: grid [448, 1, 1], 128 threads, 21200 B dynamic shared memory
-// kernel mg_k27_mirage_llama3_8b_layer_aec50abcc000: grid [448, 1, 1], 128 threads, 21200 B dynamic shared memory
-// kernel mg_k28_mirage_llama3_8b_layer_aec50abcc000: grid [56, 1, 1], 256 threads, 0 B dynamic shared memory
-// kernel mg_k29_mirage_llama3_8b_layer_aec50abcc000: grid [56, 1, 1], 256 threads, 0 B dynamic shared memory
-// kernel mg_k30_mirage_llama3_8b_layer_aec50abcc000: grid [512, 1, 1], 128 threads, 4720 B dynamic shared memory
-// kernel mg_k31_mirage_llama3_8b_layer_aec50abcc000: grid [16, 1, 1], 256 threads, 0 B dynamic shared memory
+// kernel mg_k26_mirage_llama3_8b_layer_aec50abcc000: grid [64, 1, 2], 128 threads, 120272 B dynamic shared memory
+// kernel mg_k27_mirage_llama3_8b_layer_aec50abcc000: grid [64, 1, 2], 128 threads, 120272 B dynamic shared memory
+// kernel mg_k28_mirage_llama3_8b_layer_aec50abcc000: grid [7, 1, 1], 256 threads, 0 B dynamic shared memory
+// kernel mg_k29_mirage_llama3_8b_layer_aec50abcc000: grid [7, 1, 1], 256 threads, 0 B dynamic shared memory
+// kernel mg_k30_mirage_llama3_8b_layer_aec50abcc000: grid [64, 1, 2], 256 threads, 149840 B dynamic shared memory
+// kernel mg_k31_mirage_llama3_8b_layer_aec50abcc000: grid [2, 1, 1], 256 threads, 0 B dynamic shared memory
 
 // The kernels use cp.async, bf16 conversions and mma.sync shapes of sm_80 and later:
 // one clear error instead of a wall of ptxas errors for an older target.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
 #error "mirage-cli generated code needs sm_80 or newer: compile with -arch=sm_80 or -arch=sm_90"
+// Some kernels split their loop over a thread-block cluster, an sm_90 feature.
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+#error "this file was generated for sm_90 (thread-block clusters): compile with -arch=sm_90, or generate it with --arch sm_80"
 #endif
 
 // Storage types and helpers. The device code needs no header, so NVRTC compiles it
@@ -204,7 +207,8 @@ __device__ __forceinline__ void mg_ld8(const T* p, float* f) {
     f[2 * i + 1] = mg_ld(hi);
   }
 }
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+// (Host compilation sees these too: nvcc parses every kernel body in its host pass.)
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
 // Thread-block clusters (sm_90): a barrier over every thread of the cluster (release /
 // acquire, so shared-memory writes before it are seen after it), and a load from (a
 // store to) the shared memory of block `rank` of the cluster at the address `p` has in
@@ -263,70 +267,73 @@ extern "C" __global__ void __launch_bounds__(256) mg_k0_mirage_llama3_8b_layer_a
   for (int k = lane; k < 4096; k += 32) mg_st(p2 + (k), mg_ld(p0[k]) * inv * mg_ld(p1[k]));
 }
 
-// matmul as a generated block graph: grid [512, 1, 1], forloop 64, tensor cores
-extern "C" __global__ void __launch_bounds__(128, 1) mg_k1_mirage_llama3_8b_layer_aec50abcc000(
+// matmul as a generated block graph: grid [64, 1, 1], forloop 32, tensor cores
+extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(128, 1) mg_k1_mirage_llama3_8b_layer_aec50abcc000(
     const mg_f16* __restrict__ p0,
     const mg_f16* __restrict__ p1,
     mg_f16* __restrict__ p2) {
   mg_grid_wait();
-  const int bx = blockIdx.x, by = blockIdx.y, bz = blockIdx.z;
+  const int bx = blockIdx.x, by = blockIdx.y, bz = 0;
   (void)bx; (void)by; (void)bz;
+  const unsigned mg_rank = blockIdx.z;
+  const int mg_it0 = (int)mg_rank * 16;
   extern __shared__ __align__(16) unsigned char mg_smem[];
   const int base_a = 0;
-  const int base_b = bx * 8;
-  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 4704);
+  const int base_b = bx * 64;
+  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 75072);
   if (threadIdx.x < 4) mg_zero[threadIdx.x] = 0u;
   mg_f16* sm_a_0 = reinterpret_cast<mg_f16*>(mg_smem + 0);
-  mg_f16* sm_b_0 = reinterpret_cast<mg_f16*>(mg_smem + 576);
-  float* buf_s = reinterpret_cast<float*>(mg_smem + 4672);
-  for (int c1 = threadIdx.x; c1 < 8; c1 += 128) {
-    const int s2_1 = c1;
-    mg_cp_async16((sm_a_0 + ((0) % 4) * 72) + ((s2_1 * 8)), p0 + ((base_a + 0)) + ((s2_1 * 8)));
-  }
-  for (int c3 = threadIdx.x; c3 < 64; c3 += 128) {
-    const int s4_0 = c3;
-    mg_cp_async16((sm_b_0 + ((0) % 4) * 512) + (s4_0 * 8), p1 + ((base_b + 0)) + (s4_0 * 4096));
-  }
-  mg_cp_async_commit();
-  for (int c5 = threadIdx.x; c5 < 8; c5 += 128) {
-    const int s6_1 = c5;
-    mg_cp_async16((sm_a_0 + ((1) % 4) * 72) + ((s6_1 * 8)), p0 + ((base_a + 64)) + ((s6_1 * 8)));
-  }
-  for (int c7 = threadIdx.x; c7 < 64; c7 += 128) {
-    const int s8_0 = c7;
-    mg_cp_async16((sm_b_0 + ((1) % 4) * 512) + (s8_0 * 8), p1 + ((base_b + 262144)) + (s8_0 * 4096));
-  }
-  mg_cp_async_commit();
-  for (int c9 = threadIdx.x; c9 < 8; c9 += 128) {
-    const int s10_1 = c9;
-    mg_cp_async16((sm_a_0 + ((2) % 4) * 72) + ((s10_1 * 8)), p0 + ((base_a + 128)) + ((s10_1 * 8)));
-  }
-  for (int c11 = threadIdx.x; c11 < 64; c11 += 128) {
-    const int s12_0 = c11;
-    mg_cp_async16((sm_b_0 + ((2) % 4) * 512) + (s12_0 * 8), p1 + ((base_b + 524288)) + (s12_0 * 4096));
-  }
-  mg_cp_async_commit();
-  float acc_s[1][4];
+  mg_f16* sm_b_0 = reinterpret_cast<mg_f16*>(mg_smem + 1088);
+  float* buf_s = reinterpret_cast<float*>(mg_smem + 74816);
+  int mg_so_b[8], mg_do_b[8];
   #pragma unroll
-  for (int j = 0; j < 1; ++j) acc_s[j][0] = acc_s[j][1] = acc_s[j][2] = acc_s[j][3] = 0.0f;
-  for (int it = 0; it < 64; ++it) {
-    const int off_a = base_a + it * 64;
-    const int off_b = base_b + it * 262144;
+  for (int i = 0; i < 8; ++i) {
+    const int c3 = threadIdx.x + i * 128;
+    const int s4_0 = c3 / 8;
+    const int s4_1 = (c3) % 8;
+    mg_so_b[i] = s4_0 * 4096 + (s4_1 * 8);
+    mg_do_b[i] = s4_0 * 72 + (s4_1 * 8);
+  }
+  for (int c1 = threadIdx.x; c1 < 16; c1 += 128) {
+    const int s2_1 = c1;
+    mg_cp_async16((sm_a_0 + ((0) % 4) * 136) + ((s2_1 * 8)), p0 + ((base_a + (mg_it0 + 0) * 128)) + ((s2_1 * 8)));
+  }
+  #pragma unroll
+  for (int i = 0; i < 8; ++i) mg_cp_async16((sm_b_0 + ((0) % 4) * 9216) + mg_do_b[i], p1 + ((base_b + (mg_it0 + 0) * 524288)) + mg_so_b[i]);
+  mg_cp_async_commit();
+  for (int c5 = threadIdx.x; c5 < 16; c5 += 128) {
+    const int s6_1 = c5;
+    mg_cp_async16((sm_a_0 + ((1) % 4) * 136) + ((s6_1 * 8)), p0 + ((base_a + (mg_it0 + 1) * 128)) + ((s6_1 * 8)));
+  }
+  #pragma unroll
+  for (int i = 0; i < 8; ++i) mg_cp_async16((sm_b_0 + ((1) % 4) * 9216) + mg_do_b[i], p1 + ((base_b + (mg_it0 + 1) * 524288)) + mg_so_b[i]);
+  mg_cp_async_commit();
+  for (int c7 = threadIdx.x; c7 < 16; c7 += 128) {
+    const int s8_1 = c7;
+    mg_cp_async16((sm_a_0 + ((2) % 4) * 136) + ((s8_1 * 8)), p0 + ((base_a + (mg_it0 + 2) * 128)) + ((s8_1 * 8)));
+  }
+  #pragma unroll
+  for (int i = 0; i < 8; ++i) mg_cp_async16((sm_b_0 + ((2) % 4) * 9216) + mg_do_b[i], p1 + ((base_b + (mg_it0 + 2) * 524288)) + mg_so_b[i]);
+  mg_cp_async_commit();
+  float acc_s[2][4];
+  #pragma unroll
+  for (int j = 0; j < 2; ++j) acc_s[j][0] = acc_s[j][1] = acc_s[j][2] = acc_s[j][3] = 0.0f;
+  for (int it = 0; it < 16; ++it) {
+    const int off_a = base_a + (mg_it0 + it) * 128;
+    const int off_b = base_b + (mg_it0 + it) * 524288;
     mg_cp_async_wait<2>();
     __syncthreads();
-    if (it + 3 < 64) {
-      for (int c13 = threadIdx.x; c13 < 8; c13 += 128) {
-        const int s14_1 = c13;
-        mg_cp_async16((sm_a_0 + (((it + 3)) % 4) * 72) + ((s14_1 * 8)), p0 + ((off_a + 192)) + ((s14_1 * 8)));
+    if (it + 3 < 16) {
+      for (int c9 = threadIdx.x; c9 < 16; c9 += 128) {
+        const int s10_1 = c9;
+        mg_cp_async16((sm_a_0 + (((it + 3)) % 4) * 136) + ((s10_1 * 8)), p0 + ((off_a + 384)) + ((s10_1 * 8)));
       }
-      for (int c15 = threadIdx.x; c15 < 64; c15 += 128) {
-        const int s16_0 = c15;
-        mg_cp_async16((sm_b_0 + (((it + 3)) % 4) * 512) + (s16_0 * 8), p1 + ((off_b + 786432)) + (s16_0 * 4096));
-      }
+      #pragma unroll
+      for (int i = 0; i < 8; ++i) mg_cp_async16((sm_b_0 + (((it + 3)) % 4) * 9216) + mg_do_b[i], p1 + ((off_b + 1572864)) + mg_so_b[i]);
     }
     mg_cp_async_commit();
-    const auto* sm_a = (sm_a_0 + ((it) % 4) * 72);
-    const auto* sm_b = (sm_b_0 + ((it) % 4) * 512);
+    const auto* sm_a = (sm_a_0 + ((it) % 4) * 136);
+    const auto* sm_b = (sm_b_0 + ((it) % 4) * 9216);
     {
       const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
       const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
@@ -334,24 +341,24 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k1_mirage_llama3_8b_laye
       const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
       (void)mg_ks;
     #pragma unroll
-    for (int s = 0; s < 4; ++s) {
+    for (int s = 0; s < 8; ++s) {
       const int kk = (mg_ks + s * 1) * 16;
       const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
       (void)k0; (void)k1;
       unsigned ra0, ra1, ra2, ra3;
       const int mg_mi = 0, r0 = mg_g, r1 = r0 + 8;
       (void)r0; (void)r1;
-      mg_ldsm_x4(ra0, ra1, ra2, ra3, ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) < 1 ? (const void*)(sm_a + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) * 72 + (kk + (mg_lane >> 4) * 8))) : (const void*)mg_zero));
+      mg_ldsm_x4(ra0, ra1, ra2, ra3, ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) < 1 ? (const void*)(sm_a + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) * 136 + (kk + (mg_lane >> 4) * 8))) : (const void*)mg_zero));
       #pragma unroll
-      for (int j = 0; j < 1; ++j) {
+      for (int j = 0; j < 2; ++j) {
         const int q = mg_grp + 4 * j;
-        if (q < 1) {
-          const int mg_nb = q / 1;
-          const int mg_ni = q % 1;
+        if (q < 8) {
+          const int mg_nb = q / 8;
+          const int mg_ni = q % 8;
           const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
           (void)mg_nb; (void)c0; (void)n0;
           unsigned rb0, rb1;
-          mg_ldsm_x2_t(rb0, rb1, (sm_b + ((kk + (mg_lane & 15)) * 8 + (mg_ni * 8))));
+          mg_ldsm_x2_t(rb0, rb1, (sm_b + ((kk + (mg_lane & 15)) * 72 + (mg_ni * 8))));
           mg_mma_f16(acc_s[j], ra0, ra1, ra2, ra3, rb0, rb1);
         }
       }
@@ -366,92 +373,127 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k1_mirage_llama3_8b_laye
     const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
     (void)mg_ks;
     #pragma unroll
-    for (int j = 0; j < 1; ++j) {
+    for (int j = 0; j < 2; ++j) {
       const int q = mg_grp + 4 * j;
-      if (q < 1) {
-        const int mg_nb = q / 1;
-        const int mg_mi = (q / 1) % 1;
-        const int mg_ni = q % 1;
+      if (q < 8) {
+        const int mg_nb = q / 8;
+        const int mg_mi = (q / 8) % 1;
+        const int mg_ni = q % 8;
         const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
         const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
         (void)mg_nb; (void)r1; (void)c0; (void)n0;
-        if (r0 < 1) buf_s[r0 * 8 + c0] = acc_s[j][0];
-        if (r0 < 1) buf_s[r0 * 8 + (c0 + 1)] = acc_s[j][1];
-        if (r1 < 1) buf_s[r1 * 8 + c0] = acc_s[j][2];
-        if (r1 < 1) buf_s[r1 * 8 + (c0 + 1)] = acc_s[j][3];
+        if (r0 < 1) buf_s[r0 * 64 + c0] = acc_s[j][0];
+        if (r0 < 1) buf_s[r0 * 64 + (c0 + 1)] = acc_s[j][1];
+        if (r1 < 1) buf_s[r1 * 64 + c0] = acc_s[j][2];
+        if (r1 < 1) buf_s[r1 * 64 + (c0 + 1)] = acc_s[j][3];
       }
     }
   }
   __syncthreads();
-  for (int e17 = threadIdx.x; e17 < 1; e17 += 128) {
-    mg_st8(p2 + (bx * 8), buf_s[(0 + 0)], buf_s[(0 + 1)], buf_s[(0 + 2)], buf_s[(0 + 3)], buf_s[(0 + 4)], buf_s[(0 + 5)], buf_s[(0 + 6)], buf_s[(0 + 7)]);
+  mg_cluster_sync();
+  for (int e0 = threadIdx.x; e0 < 16; e0 += 512) {
+    float4 mg_p[4][2];
+    #pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int e = e0 + j * 128;
+      if (e < 16) {
+        #pragma unroll
+        for (unsigned r = 0; r < 2; ++r) mg_p[j][r] = mg_dsmem_ld4(buf_s + 4 * e, r);
+      }
+    }
+    #pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int e = e0 + j * 128;
+      if (e < 16) {
+        float4 v = mg_p[j][0];
+        #pragma unroll
+        for (unsigned r = 1; r < 2; ++r) {
+          v.x += mg_p[j][r].x;
+          v.y += mg_p[j][r].y;
+          v.z += mg_p[j][r].z;
+          v.w += mg_p[j][r].w;
+        }
+        reinterpret_cast<float4*>(reinterpret_cast<float*>(mg_smem + 0))[e] = v;
+      }
+    }
   }
+  mg_cluster_arrive();
+  __syncthreads();
+  buf_s = reinterpret_cast<float*>(mg_smem + 0);
+  for (int e11 = (int)mg_rank * 128 + (int)threadIdx.x; e11 < 8; e11 += 256) {
+    const int i12_1 = e11;
+    mg_st8(p2 + (bx * 64 + (i12_1 * 8)), buf_s[((i12_1 * 8) + 0)], buf_s[((i12_1 * 8) + 1)], buf_s[((i12_1 * 8) + 2)], buf_s[((i12_1 * 8) + 3)], buf_s[((i12_1 * 8) + 4)], buf_s[((i12_1 * 8) + 5)], buf_s[((i12_1 * 8) + 6)], buf_s[((i12_1 * 8) + 7)]);
+  }
+  mg_cluster_wait();
 }
 
-// matmul as a generated block graph: grid [128, 1, 1], forloop 64, tensor cores
-extern "C" __global__ void __launch_bounds__(128, 1) mg_k2_mirage_llama3_8b_layer_aec50abcc000(
+// matmul as a generated block graph: grid [64, 1, 1], forloop 16, tensor cores
+extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(256, 1) mg_k2_mirage_llama3_8b_layer_aec50abcc000(
     const mg_f16* __restrict__ p0,
     const mg_f16* __restrict__ p1,
     mg_f16* __restrict__ p2) {
   mg_grid_wait();
-  const int bx = blockIdx.x, by = blockIdx.y, bz = blockIdx.z;
+  const int bx = blockIdx.x, by = blockIdx.y, bz = 0;
   (void)bx; (void)by; (void)bz;
+  const unsigned mg_rank = blockIdx.z;
+  const int mg_it0 = (int)mg_rank * 8;
   extern __shared__ __align__(16) unsigned char mg_smem[];
   const int base_a = 0;
-  const int base_b = bx * 8;
-  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 4704);
+  const int base_b = bx * 16;
+  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 51328);
   if (threadIdx.x < 4) mg_zero[threadIdx.x] = 0u;
   mg_f16* sm_a_0 = reinterpret_cast<mg_f16*>(mg_smem + 0);
-  mg_f16* sm_b_0 = reinterpret_cast<mg_f16*>(mg_smem + 576);
-  float* buf_s = reinterpret_cast<float*>(mg_smem + 4672);
-  for (int c1 = threadIdx.x; c1 < 8; c1 += 128) {
+  mg_f16* sm_b_0 = reinterpret_cast<mg_f16*>(mg_smem + 2112);
+  float* buf_s = reinterpret_cast<float*>(mg_smem + 51264);
+  int mg_so_b[2], mg_do_b[2];
+  #pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int c3 = threadIdx.x + i * 256;
+    const int s4_0 = c3 / 2;
+    const int s4_1 = (c3) % 2;
+    mg_so_b[i] = s4_0 * 1024 + (s4_1 * 8);
+    mg_do_b[i] = s4_0 * 24 + (s4_1 * 8);
+  }
+  for (int c1 = threadIdx.x; c1 < 32; c1 += 256) {
     const int s2_1 = c1;
-    mg_cp_async16((sm_a_0 + ((0) % 4) * 72) + ((s2_1 * 8)), p0 + ((base_a + 0)) + ((s2_1 * 8)));
+    mg_cp_async16((sm_a_0 + ((0) % 4) * 264) + ((s2_1 * 8)), p0 + ((base_a + (mg_it0 + 0) * 256)) + ((s2_1 * 8)));
   }
-  for (int c3 = threadIdx.x; c3 < 64; c3 += 128) {
-    const int s4_0 = c3;
-    mg_cp_async16((sm_b_0 + ((0) % 4) * 512) + (s4_0 * 8), p1 + ((base_b + 0)) + (s4_0 * 1024));
-  }
+  #pragma unroll
+  for (int i = 0; i < 2; ++i) mg_cp_async16((sm_b_0 + ((0) % 4) * 6144) + mg_do_b[i], p1 + ((base_b + (mg_it0 + 0) * 262144)) + mg_so_b[i]);
   mg_cp_async_commit();
-  for (int c5 = threadIdx.x; c5 < 8; c5 += 128) {
+  for (int c5 = threadIdx.x; c5 < 32; c5 += 256) {
     const int s6_1 = c5;
-    mg_cp_async16((sm_a_0 + ((1) % 4) * 72) + ((s6_1 * 8)), p0 + ((base_a + 64)) + ((s6_1 * 8)));
+    mg_cp_async16((sm_a_0 + ((1) % 4) * 264) + ((s6_1 * 8)), p0 + ((base_a + (mg_it0 + 1) * 256)) + ((s6_1 * 8)));
   }
-  for (int c7 = threadIdx.x; c7 < 64; c7 += 128) {
-    const int s8_0 = c7;
-    mg_cp_async16((sm_b_0 + ((1) % 4) * 512) + (s8_0 * 8), p1 + ((base_b + 65536)) + (s8_0 * 1024));
-  }
+  #pragma unroll
+  for (int i = 0; i < 2; ++i) mg_cp_async16((sm_b_0 + ((1) % 4) * 6144) + mg_do_b[i], p1 + ((base_b + (mg_it0 + 1) * 262144)) + mg_so_b[i]);
   mg_cp_async_commit();
-  for (int c9 = threadIdx.x; c9 < 8; c9 += 128) {
-    const int s10_1 = c9;
-    mg_cp_async16((sm_a_0 + ((2) % 4) * 72) + ((s10_1 * 8)), p0 + ((base_a + 128)) + ((s10_1 * 8)));
+  for (int c7 = threadIdx.x; c7 < 32; c7 += 256) {
+    const int s8_1 = c7;
+    mg_cp_async16((sm_a_0 + ((2) % 4) * 264) + ((s8_1 * 8)), p0 + ((base_a + (mg_it0 + 2) * 256)) + ((s8_1 * 8)));
   }
-  for (int c11 = threadIdx.x; c11 < 64; c11 += 128) {
-    const int s12_0 = c11;
-    mg_cp_async16((sm_b_0 + ((2) % 4) * 512) + (s12_0 * 8), p1 + ((base_b + 131072)) + (s12_0 * 1024));
-  }
+  #pragma unroll
+  for (int i = 0; i < 2; ++i) mg_cp_async16((sm_b_0 + ((2) % 4) * 6144) + mg_do_b[i], p1 + ((base_b + (mg_it0 + 2) * 262144)) + mg_so_b[i]);
   mg_cp_async_commit();
   float acc_s[1][4];
   #pragma unroll
   for (int j = 0; j < 1; ++j) acc_s[j][0] = acc_s[j][1] = acc_s[j][2] = acc_s[j][3] = 0.0f;
-  for (int it = 0; it < 64; ++it) {
-    const int off_a = base_a + it * 64;
-    const int off_b = base_b + it * 65536;
+  for (int it = 0; it < 8; ++it) {
+    const int off_a = base_a + (mg_it0 + it) * 256;
+    const int off_b = base_b + (mg_it0 + it) * 262144;
     mg_cp_async_wait<2>();
     __syncthreads();
-    if (it + 3 < 64) {
-      for (int c13 = threadIdx.x; c13 < 8; c13 += 128) {
-        const int s14_1 = c13;
-        mg_cp_async16((sm_a_0 + (((it + 3)) % 4) * 72) + ((s14_1 * 8)), p0 + ((off_a + 192)) + ((s14_1 * 8)));
+    if (it + 3 < 8) {
+      for (int c9 = threadIdx.x; c9 < 32; c9 += 256) {
+        const int s10_1 = c9;
+        mg_cp_async16((sm_a_0 + (((it + 3)) % 4) * 264) + ((s10_1 * 8)), p0 + ((off_a + 768)) + ((s10_1 * 8)));
       }
-      for (int c15 = threadIdx.x; c15 < 64; c15 += 128) {
-        const int s16_0 = c15;
-        mg_cp_async16((sm_b_0 + (((it + 3)) % 4) * 512) + (s16_0 * 8), p1 + ((off_b + 196608)) + (s16_0 * 1024));
-      }
+      #pragma unroll
+      for (int i = 0; i < 2; ++i) mg_cp_async16((sm_b_0 + (((it + 3)) % 4) * 6144) + mg_do_b[i], p1 + ((off_b + 786432)) + mg_so_b[i]);
     }
     mg_cp_async_commit();
-    const auto* sm_a = (sm_a_0 + ((it) % 4) * 72);
-    const auto* sm_b = (sm_b_0 + ((it) % 4) * 512);
+    const auto* sm_a = (sm_a_0 + ((it) % 4) * 264);
+    const auto* sm_b = (sm_b_0 + ((it) % 4) * 6144);
     {
       const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
       const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
@@ -459,24 +501,24 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k2_mirage_llama3_8b_laye
       const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
       (void)mg_ks;
     #pragma unroll
-    for (int s = 0; s < 4; ++s) {
-      const int kk = (mg_ks + s * 1) * 16;
+    for (int s = 0; s < 8; ++s) {
+      const int kk = (mg_ks + s * 2) * 16;
       const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
       (void)k0; (void)k1;
       unsigned ra0, ra1, ra2, ra3;
       const int mg_mi = 0, r0 = mg_g, r1 = r0 + 8;
       (void)r0; (void)r1;
-      mg_ldsm_x4(ra0, ra1, ra2, ra3, ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) < 1 ? (const void*)(sm_a + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) * 72 + (kk + (mg_lane >> 4) * 8))) : (const void*)mg_zero));
+      mg_ldsm_x4(ra0, ra1, ra2, ra3, ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) < 1 ? (const void*)(sm_a + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) * 264 + (kk + (mg_lane >> 4) * 8))) : (const void*)mg_zero));
       #pragma unroll
       for (int j = 0; j < 1; ++j) {
         const int q = mg_grp + 4 * j;
-        if (q < 1) {
-          const int mg_nb = q / 1;
-          const int mg_ni = q % 1;
+        if (q < 2) {
+          const int mg_nb = q / 2;
+          const int mg_ni = q % 2;
           const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
           (void)mg_nb; (void)c0; (void)n0;
           unsigned rb0, rb1;
-          mg_ldsm_x2_t(rb0, rb1, (sm_b + ((kk + (mg_lane & 15)) * 8 + (mg_ni * 8))));
+          mg_ldsm_x2_t(rb0, rb1, (sm_b + ((kk + (mg_lane & 15)) * 24 + (mg_ni * 8))));
           mg_mma_f16(acc_s[j], ra0, ra1, ra2, ra3, rb0, rb1);
         }
       }
@@ -490,93 +532,149 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k2_mirage_llama3_8b_laye
     (void)mg_g; (void)mg_t;
     const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
     (void)mg_ks;
-    #pragma unroll
-    for (int j = 0; j < 1; ++j) {
-      const int q = mg_grp + 4 * j;
-      if (q < 1) {
-        const int mg_nb = q / 1;
-        const int mg_mi = (q / 1) % 1;
-        const int mg_ni = q % 1;
-        const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
-        const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
-        (void)mg_nb; (void)r1; (void)c0; (void)n0;
-        if (r0 < 1) buf_s[r0 * 8 + c0] = acc_s[j][0];
-        if (r0 < 1) buf_s[r0 * 8 + (c0 + 1)] = acc_s[j][1];
-        if (r1 < 1) buf_s[r1 * 8 + c0] = acc_s[j][2];
-        if (r1 < 1) buf_s[r1 * 8 + (c0 + 1)] = acc_s[j][3];
+    if (mg_ks == 0) {
+      #pragma unroll
+      for (int j = 0; j < 1; ++j) {
+        const int q = mg_grp + 4 * j;
+        if (q < 2) {
+          const int mg_nb = q / 2;
+          const int mg_mi = (q / 2) % 1;
+          const int mg_ni = q % 2;
+          const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
+          const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
+          (void)mg_nb; (void)r1; (void)c0; (void)n0;
+          if (r0 < 1) buf_s[r0 * 16 + c0] = acc_s[j][0];
+          if (r0 < 1) buf_s[r0 * 16 + (c0 + 1)] = acc_s[j][1];
+          if (r1 < 1) buf_s[r1 * 16 + c0] = acc_s[j][2];
+          if (r1 < 1) buf_s[r1 * 16 + (c0 + 1)] = acc_s[j][3];
+        }
+      }
+    }
+    __syncthreads();
+    if (mg_ks == 1) {
+      #pragma unroll
+      for (int j = 0; j < 1; ++j) {
+        const int q = mg_grp + 4 * j;
+        if (q < 2) {
+          const int mg_nb = q / 2;
+          const int mg_mi = (q / 2) % 1;
+          const int mg_ni = q % 2;
+          const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
+          const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
+          (void)mg_nb; (void)r1; (void)c0; (void)n0;
+          if (r0 < 1) buf_s[r0 * 16 + c0] += acc_s[j][0];
+          if (r0 < 1) buf_s[r0 * 16 + (c0 + 1)] += acc_s[j][1];
+          if (r1 < 1) buf_s[r1 * 16 + c0] += acc_s[j][2];
+          if (r1 < 1) buf_s[r1 * 16 + (c0 + 1)] += acc_s[j][3];
+        }
       }
     }
   }
   __syncthreads();
-  for (int e17 = threadIdx.x; e17 < 1; e17 += 128) {
-    mg_st8(p2 + (bx * 8), buf_s[(0 + 0)], buf_s[(0 + 1)], buf_s[(0 + 2)], buf_s[(0 + 3)], buf_s[(0 + 4)], buf_s[(0 + 5)], buf_s[(0 + 6)], buf_s[(0 + 7)]);
+  mg_cluster_sync();
+  for (int e0 = threadIdx.x; e0 < 4; e0 += 1024) {
+    float4 mg_p[4][2];
+    #pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int e = e0 + j * 256;
+      if (e < 4) {
+        #pragma unroll
+        for (unsigned r = 0; r < 2; ++r) mg_p[j][r] = mg_dsmem_ld4(buf_s + 4 * e, r);
+      }
+    }
+    #pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int e = e0 + j * 256;
+      if (e < 4) {
+        float4 v = mg_p[j][0];
+        #pragma unroll
+        for (unsigned r = 1; r < 2; ++r) {
+          v.x += mg_p[j][r].x;
+          v.y += mg_p[j][r].y;
+          v.z += mg_p[j][r].z;
+          v.w += mg_p[j][r].w;
+        }
+        reinterpret_cast<float4*>(reinterpret_cast<float*>(mg_smem + 0))[e] = v;
+      }
+    }
   }
+  mg_cluster_arrive();
+  __syncthreads();
+  buf_s = reinterpret_cast<float*>(mg_smem + 0);
+  for (int e11 = (int)mg_rank * 256 + (int)threadIdx.x; e11 < 2; e11 += 512) {
+    const int i12_1 = e11;
+    mg_st8(p2 + (bx * 16 + (i12_1 * 8)), buf_s[((i12_1 * 8) + 0)], buf_s[((i12_1 * 8) + 1)], buf_s[((i12_1 * 8) + 2)], buf_s[((i12_1 * 8) + 3)], buf_s[((i12_1 * 8) + 4)], buf_s[((i12_1 * 8) + 5)], buf_s[((i12_1 * 8) + 6)], buf_s[((i12_1 * 8) + 7)]);
+  }
+  mg_cluster_wait();
 }
 
-// matmul as a generated block graph: grid [128, 1, 1], forloop 64, tensor cores
-extern "C" __global__ void __launch_bounds__(128, 1) mg_k3_mirage_llama3_8b_layer_aec50abcc000(
+// matmul as a generated block graph: grid [64, 1, 1], forloop 16, tensor cores
+extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(256, 1) mg_k3_mirage_llama3_8b_layer_aec50abcc000(
     const mg_f16* __restrict__ p0,
     const mg_f16* __restrict__ p1,
     mg_f16* __restrict__ p2) {
   mg_grid_wait();
-  const int bx = blockIdx.x, by = blockIdx.y, bz = blockIdx.z;
+  const int bx = blockIdx.x, by = blockIdx.y, bz = 0;
   (void)bx; (void)by; (void)bz;
+  const unsigned mg_rank = blockIdx.z;
+  const int mg_it0 = (int)mg_rank * 8;
   extern __shared__ __align__(16) unsigned char mg_smem[];
   const int base_a = 0;
-  const int base_b = bx * 8;
-  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 4704);
+  const int base_b = bx * 16;
+  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 51328);
   if (threadIdx.x < 4) mg_zero[threadIdx.x] = 0u;
   mg_f16* sm_a_0 = reinterpret_cast<mg_f16*>(mg_smem + 0);
-  mg_f16* sm_b_0 = reinterpret_cast<mg_f16*>(mg_smem + 576);
-  float* buf_s = reinterpret_cast<float*>(mg_smem + 4672);
-  for (int c1 = threadIdx.x; c1 < 8; c1 += 128) {
+  mg_f16* sm_b_0 = reinterpret_cast<mg_f16*>(mg_smem + 2112);
+  float* buf_s = reinterpret_cast<float*>(mg_smem + 51264);
+  int mg_so_b[2], mg_do_b[2];
+  #pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int c3 = threadIdx.x + i * 256;
+    const int s4_0 = c3 / 2;
+    const int s4_1 = (c3) % 2;
+    mg_so_b[i] = s4_0 * 1024 + (s4_1 * 8);
+    mg_do_b[i] = s4_0 * 24 + (s4_1 * 8);
+  }
+  for (int c1 = threadIdx.x; c1 < 32; c1 += 256) {
     const int s2_1 = c1;
-    mg_cp_async16((sm_a_0 + ((0) % 4) * 72) + ((s2_1 * 8)), p0 + ((base_a + 0)) + ((s2_1 * 8)));
+    mg_cp_async16((sm_a_0 + ((0) % 4) * 264) + ((s2_1 * 8)), p0 + ((base_a + (mg_it0 + 0) * 256)) + ((s2_1 * 8)));
   }
-  for (int c3 = threadIdx.x; c3 < 64; c3 += 128) {
-    const int s4_0 = c3;
-    mg_cp_async16((sm_b_0 + ((0) % 4) * 512) + (s4_0 * 8), p1 + ((base_b + 0)) + (s4_0 * 1024));
-  }
+  #pragma unroll
+  for (int i = 0; i < 2; ++i) mg_cp_async16((sm_b_0 + ((0) % 4) * 6144) + mg_do_b[i], p1 + ((base_b + (mg_it0 + 0) * 262144)) + mg_so_b[i]);
   mg_cp_async_commit();
-  for (int c5 = threadIdx.x; c5 < 8; c5 += 128) {
+  for (int c5 = threadIdx.x; c5 < 32; c5 += 256) {
     const int s6_1 = c5;
-    mg_cp_async16((sm_a_0 + ((1) % 4) * 72) + ((s6_1 * 8)), p0 + ((base_a + 64)) + ((s6_1 * 8)));
+    mg_cp_async16((sm_a_0 + ((1) % 4) * 264) + ((s6_1 * 8)), p0 + ((base_a + (mg_it0 + 1) * 256)) + ((s6_1 * 8)));
   }
-  for (int c7 = threadIdx.x; c7 < 64; c7 += 128) {
-    const int s8_0 = c7;
-    mg_cp_async16((sm_b_0 + ((1) % 4) * 512) + (s8_0 * 8), p1 + ((base_b + 65536)) + (s8_0 * 1024));
-  }
+  #pragma unroll
+  for (int i = 0; i < 2; ++i) mg_cp_async16((sm_b_0 + ((1) % 4) * 6144) + mg_do_b[i], p1 + ((base_b + (mg_it0 + 1) * 262144)) + mg_so_b[i]);
   mg_cp_async_commit();
-  for (int c9 = threadIdx.x; c9 < 8; c9 += 128) {
-    const int s10_1 = c9;
-    mg_cp_async16((sm_a_0 + ((2) % 4) * 72) + ((s10_1 * 8)), p0 + ((base_a + 128)) + ((s10_1 * 8)));
+  for (int c7 = threadIdx.x; c7 < 32; c7 += 256) {
+    const int s8_1 = c7;
+    mg_cp_async16((sm_a_0 + ((2) % 4) * 264) + ((s8_1 * 8)), p0 + ((base_a + (mg_it0 + 2) * 256)) + ((s8_1 * 8)));
   }
-  for (int c11 = threadIdx.x; c11 < 64; c11 += 128) {
-    const int s12_0 = c11;
-    mg_cp_async16((sm_b_0 + ((2) % 4) * 512) + (s12_0 * 8), p1 + ((base_b + 131072)) + (s12_0 * 1024));
-  }
+  #pragma unroll
+  for (int i = 0; i < 2; ++i) mg_cp_async16((sm_b_0 + ((2) % 4) * 6144) + mg_do_b[i], p1 + ((base_b + (mg_it0 + 2) * 262144)) + mg_so_b[i]);
   mg_cp_async_commit();
   float acc_s[1][4];
   #pragma unroll
   for (int j = 0; j < 1; ++j) acc_s[j][0] = acc_s[j][1] = acc_s[j][2] = acc_s[j][3] = 0.0f;
-  for (int it = 0; it < 64; ++it) {
-    const int off_a = base_a + it * 64;
-    const int off_b = base_b + it * 65536;
+  for (int it = 0; it < 8; ++it) {
+    const int off_a = base_a + (mg_it0 + it) * 256;
+    const int off_b = base_b + (mg_it0 + it) * 262144;
     mg_cp_async_wait<2>();
     __syncthreads();
-    if (it + 3 < 64) {
-      for (int c13 = threadIdx.x; c13 < 8; c13 += 128) {
-        const int s14_1 = c13;
-        mg_cp_async16((sm_a_0 + (((it + 3)) % 4) * 72) + ((s14_1 * 8)), p0 + ((off_a + 192)) + ((s14_1 * 8)));
+    if (it + 3 < 8) {
+      for (int c9 = threadIdx.x; c9 < 32; c9 += 256) {
+        const int s10_1 = c9;
+        mg_cp_async16((sm_a_0 + (((it + 3)) % 4) * 264) + ((s10_1 * 8)), p0 + ((off_a + 768)) + ((s10_1 * 8)));
       }
-      for (int c15 = threadIdx.x; c15 < 64; c15 += 128) {
-        const int s16_0 = c15;
-        mg_cp_async16((sm_b_0 + (((it + 3)) % 4) * 512) + (s16_0 * 8), p1 + ((off_b + 196608)) + (s16_0 * 1024));
-      }
+      #pragma unroll
+      for (int i = 0; i < 2; ++i) mg_cp_async16((sm_b_0 + (((it + 3)) % 4) * 6144) + mg_do_b[i], p1 + ((off_b + 786432)) + mg_so_b[i]);
     }
     mg_cp_async_commit();
-    const auto* sm_a = (sm_a_0 + ((it) % 4) * 72);
-    const auto* sm_b = (sm_b_0 + ((it) % 4) * 512);
+    const auto* sm_a = (sm_a_0 + ((it) % 4) * 264);
+    const auto* sm_b = (sm_b_0 + ((it) % 4) * 6144);
     {
       const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
       const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
@@ -584,24 +682,24 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k3_mirage_llama3_8b_laye
       const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
       (void)mg_ks;
     #pragma unroll
-    for (int s = 0; s < 4; ++s) {
-      const int kk = (mg_ks + s * 1) * 16;
+    for (int s = 0; s < 8; ++s) {
+      const int kk = (mg_ks + s * 2) * 16;
       const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
       (void)k0; (void)k1;
       unsigned ra0, ra1, ra2, ra3;
       const int mg_mi = 0, r0 = mg_g, r1 = r0 + 8;
       (void)r0; (void)r1;
-      mg_ldsm_x4(ra0, ra1, ra2, ra3, ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) < 1 ? (const void*)(sm_a + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) * 72 + (kk + (mg_lane >> 4) * 8))) : (const void*)mg_zero));
+      mg_ldsm_x4(ra0, ra1, ra2, ra3, ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) < 1 ? (const void*)(sm_a + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) * 264 + (kk + (mg_lane >> 4) * 8))) : (const void*)mg_zero));
       #pragma unroll
       for (int j = 0; j < 1; ++j) {
         const int q = mg_grp + 4 * j;
-        if (q < 1) {
-          const int mg_nb = q / 1;
-          const int mg_ni = q % 1;
+        if (q < 2) {
+          const int mg_nb = q / 2;
+          const int mg_ni = q % 2;
           const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
           (void)mg_nb; (void)c0; (void)n0;
           unsigned rb0, rb1;
-          mg_ldsm_x2_t(rb0, rb1, (sm_b + ((kk + (mg_lane & 15)) * 8 + (mg_ni * 8))));
+          mg_ldsm_x2_t(rb0, rb1, (sm_b + ((kk + (mg_lane & 15)) * 24 + (mg_ni * 8))));
           mg_mma_f16(acc_s[j], ra0, ra1, ra2, ra3, rb0, rb1);
         }
       }
@@ -615,27 +713,80 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k3_mirage_llama3_8b_laye
     (void)mg_g; (void)mg_t;
     const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
     (void)mg_ks;
-    #pragma unroll
-    for (int j = 0; j < 1; ++j) {
-      const int q = mg_grp + 4 * j;
-      if (q < 1) {
-        const int mg_nb = q / 1;
-        const int mg_mi = (q / 1) % 1;
-        const int mg_ni = q % 1;
-        const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
-        const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
-        (void)mg_nb; (void)r1; (void)c0; (void)n0;
-        if (r0 < 1) buf_s[r0 * 8 + c0] = acc_s[j][0];
-        if (r0 < 1) buf_s[r0 * 8 + (c0 + 1)] = acc_s[j][1];
-        if (r1 < 1) buf_s[r1 * 8 + c0] = acc_s[j][2];
-        if (r1 < 1) buf_s[r1 * 8 + (c0 + 1)] = acc_s[j][3];
+    if (mg_ks == 0) {
+      #pragma unroll
+      for (int j = 0; j < 1; ++j) {
+        const int q = mg_grp + 4 * j;
+        if (q < 2) {
+          const int mg_nb = q / 2;
+          const int mg_mi = (q / 2) % 1;
+          const int mg_ni = q % 2;
+          const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
+          const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
+          (void)mg_nb; (void)r1; (void)c0; (void)n0;
+          if (r0 < 1) buf_s[r0 * 16 + c0] = acc_s[j][0];
+          if (r0 < 1) buf_s[r0 * 16 + (c0 + 1)] = acc_s[j][1];
+          if (r1 < 1) buf_s[r1 * 16 + c0] = acc_s[j][2];
+          if (r1 < 1) buf_s[r1 * 16 + (c0 + 1)] = acc_s[j][3];
+        }
+      }
+    }
+    __syncthreads();
+    if (mg_ks == 1) {
+      #pragma unroll
+      for (int j = 0; j < 1; ++j) {
+        const int q = mg_grp + 4 * j;
+        if (q < 2) {
+          const int mg_nb = q / 2;
+          const int mg_mi = (q / 2) % 1;
+          const int mg_ni = q % 2;
+          const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
+          const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
+          (void)mg_nb; (void)r1; (void)c0; (void)n0;
+          if (r0 < 1) buf_s[r0 * 16 + c0] += acc_s[j][0];
+          if (r0 < 1) buf_s[r0 * 16 + (c0 + 1)] += acc_s[j][1];
+          if (r1 < 1) buf_s[r1 * 16 + c0] += acc_s[j][2];
+          if (r1 < 1) buf_s[r1 * 16 + (c0 + 1)] += acc_s[j][3];
+        }
       }
     }
   }
   __syncthreads();
-  for (int e17 = threadIdx.x; e17 < 1; e17 += 128) {
-    mg_st8(p2 + (bx * 8), buf_s[(0 + 0)], buf_s[(0 + 1)], buf_s[(0 + 2)], buf_s[(0 + 3)], buf_s[(0 + 4)], buf_s[(0 + 5)], buf_s[(0 + 6)], buf_s[(0 + 7)]);
+  mg_cluster_sync();
+  for (int e0 = threadIdx.x; e0 < 4; e0 += 1024) {
+    float4 mg_p[4][2];
+    #pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int e = e0 + j * 256;
+      if (e < 4) {
+        #pragma unroll
+        for (unsigned r = 0; r < 2; ++r) mg_p[j][r] = mg_dsmem_ld4(buf_s + 4 * e, r);
+      }
+    }
+    #pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int e = e0 + j * 256;
+      if (e < 4) {
+        float4 v = mg_p[j][0];
+        #pragma unroll
+        for (unsigned r = 1; r < 2; ++r) {
+          v.x += mg_p[j][r].x;
+          v.y += mg_p[j][r].y;
+          v.z += mg_p[j][r].z;
+          v.w += mg_p[j][r].w;
+        }
+        reinterpret_cast<float4*>(reinterpret_cast<float*>(mg_smem + 0))[e] = v;
+      }
+    }
   }
+  mg_cluster_arrive();
+  __syncthreads();
+  buf_s = reinterpret_cast<float*>(mg_smem + 0);
+  for (int e11 = (int)mg_rank * 256 + (int)threadIdx.x; e11 < 2; e11 += 512) {
+    const int i12_1 = e11;
+    mg_st8(p2 + (bx * 16 + (i12_1 * 8)), buf_s[((i12_1 * 8) + 0)], buf_s[((i12_1 * 8) + 1)], buf_s[((i12_1 * 8) + 2)], buf_s[((i12_1 * 8) + 3)], buf_s[((i12_1 * 8) + 4)], buf_s[((i12_1 * 8) + 5)], buf_s[((i12_1 * 8) + 6)], buf_s[((i12_1 * 8) + 7)]);
+  }
+  mg_cluster_wait();
 }
 
 // reshape: one thread per output element
@@ -692,54 +843,120 @@ extern "C" __global__ void __launch_bounds__(256) mg_k7_mirage_llama3_8b_layer_a
   }
 }
 
-// mul: one thread per output element
+// mul: 8 consecutive output elements per thread, one 16-byte store
 extern "C" __global__ void __launch_bounds__(256) mg_k8_mirage_llama3_8b_layer_aec50abcc000(
     const mg_f16* __restrict__ p0,
     const mg_f16* __restrict__ p1,
     mg_f16* __restrict__ p2) {
   mg_grid_wait();
-  for (int e = blockIdx.x * 256 + threadIdx.x; e < 4096; e += gridDim.x * 256) {
+  for (int e8 = blockIdx.x * 256 + threadIdx.x; e8 < 512; e8 += gridDim.x * 256) {
+    const int e = e8 * 8;
     const int i1 = e / 512;
     const int i2 = (e / 128) % 4;
     const int i3 = (e) % 128;
-    const float v1 = mg_ld(p0[i1 * 512 + i2 * 128 + i3]);
-    const float v2 = mg_ld(p1[i3]);
+    const float v1 = mg_ld(p0[i1 * 512 + i2 * 128 + (i3 + 0)]);
+    const float v2 = mg_ld(p1[(i3 + 0)]);
     const float v3 = (v1 * v2);
-    mg_st(p2 + e, v3);
+    const float v4 = mg_ld(p0[i1 * 512 + i2 * 128 + (i3 + 1)]);
+    const float v5 = mg_ld(p1[(i3 + 1)]);
+    const float v6 = (v4 * v5);
+    const float v7 = mg_ld(p0[i1 * 512 + i2 * 128 + (i3 + 2)]);
+    const float v8 = mg_ld(p1[(i3 + 2)]);
+    const float v9 = (v7 * v8);
+    const float v10 = mg_ld(p0[i1 * 512 + i2 * 128 + (i3 + 3)]);
+    const float v11 = mg_ld(p1[(i3 + 3)]);
+    const float v12 = (v10 * v11);
+    const float v13 = mg_ld(p0[i1 * 512 + i2 * 128 + (i3 + 4)]);
+    const float v14 = mg_ld(p1[(i3 + 4)]);
+    const float v15 = (v13 * v14);
+    const float v16 = mg_ld(p0[i1 * 512 + i2 * 128 + (i3 + 5)]);
+    const float v17 = mg_ld(p1[(i3 + 5)]);
+    const float v18 = (v16 * v17);
+    const float v19 = mg_ld(p0[i1 * 512 + i2 * 128 + (i3 + 6)]);
+    const float v20 = mg_ld(p1[(i3 + 6)]);
+    const float v21 = (v19 * v20);
+    const float v22 = mg_ld(p0[i1 * 512 + i2 * 128 + (i3 + 7)]);
+    const float v23 = mg_ld(p1[(i3 + 7)]);
+    const float v24 = (v22 * v23);
+    mg_st8(p2 + e, v3, v6, v9, v12, v15, v18, v21, v24);
   }
 }
 
-// mul: one thread per output element
+// mul: 8 consecutive output elements per thread, one 16-byte store
 extern "C" __global__ void __launch_bounds__(256) mg_k9_mirage_llama3_8b_layer_aec50abcc000(
     const mg_f16* __restrict__ p0,
     const mg_f16* __restrict__ p1,
     mg_f16* __restrict__ p2) {
   mg_grid_wait();
-  for (int e = blockIdx.x * 256 + threadIdx.x; e < 4096; e += gridDim.x * 256) {
+  for (int e8 = blockIdx.x * 256 + threadIdx.x; e8 < 512; e8 += gridDim.x * 256) {
+    const int e = e8 * 8;
     const int i1 = e / 512;
     const int i2 = (e / 128) % 4;
     const int i3 = (e) % 128;
-    const float v1 = mg_ld(p0[i1 * 512 + i2 * 128 + i3]);
-    const float v2 = mg_ld(p1[i3]);
+    const float v1 = mg_ld(p0[i1 * 512 + i2 * 128 + (i3 + 0)]);
+    const float v2 = mg_ld(p1[(i3 + 0)]);
     const float v3 = (v1 * v2);
-    mg_st(p2 + e, v3);
+    const float v4 = mg_ld(p0[i1 * 512 + i2 * 128 + (i3 + 1)]);
+    const float v5 = mg_ld(p1[(i3 + 1)]);
+    const float v6 = (v4 * v5);
+    const float v7 = mg_ld(p0[i1 * 512 + i2 * 128 + (i3 + 2)]);
+    const float v8 = mg_ld(p1[(i3 + 2)]);
+    const float v9 = (v7 * v8);
+    const float v10 = mg_ld(p0[i1 * 512 + i2 * 128 + (i3 + 3)]);
+    const float v11 = mg_ld(p1[(i3 + 3)]);
+    const float v12 = (v10 * v11);
+    const float v13 = mg_ld(p0[i1 * 512 + i2 * 128 + (i3 + 4)]);
+    const float v14 = mg_ld(p1[(i3 + 4)]);
+    const float v15 = (v13 * v14);
+    const float v16 = mg_ld(p0[i1 * 512 + i2 * 128 + (i3 + 5)]);
+    const float v17 = mg_ld(p1[(i3 + 5)]);
+    const float v18 = (v16 * v17);
+    const float v19 = mg_ld(p0[i1 * 512 + i2 * 128 + (i3 + 6)]);
+    const float v20 = mg_ld(p1[(i3 + 6)]);
+    const float v21 = (v19 * v20);
+    const float v22 = mg_ld(p0[i1 * 512 + i2 * 128 + (i3 + 7)]);
+    const float v23 = mg_ld(p1[(i3 + 7)]);
+    const float v24 = (v22 * v23);
+    mg_st8(p2 + e, v3, v6, v9, v12, v15, v18, v21, v24);
   }
 }
 
-// add: one thread per output element
+// add: 8 consecutive output elements per thread, one 16-byte store
 extern "C" __global__ void __launch_bounds__(256) mg_k10_mirage_llama3_8b_layer_aec50abcc000(
     const mg_f16* __restrict__ p0,
     const mg_f16* __restrict__ p1,
     mg_f16* __restrict__ p2) {
   mg_grid_wait();
-  for (int e = blockIdx.x * 256 + threadIdx.x; e < 4096; e += gridDim.x * 256) {
+  for (int e8 = blockIdx.x * 256 + threadIdx.x; e8 < 512; e8 += gridDim.x * 256) {
+    const int e = e8 * 8;
     const int i1 = e / 512;
     const int i2 = (e / 128) % 4;
     const int i3 = (e) % 128;
-    const float v1 = mg_ld(p0[i1 * 512 + i2 * 128 + i3]);
-    const float v2 = mg_ld(p1[i1 * 512 + i2 * 128 + i3]);
+    const float v1 = mg_ld(p0[i1 * 512 + i2 * 128 + (i3 + 0)]);
+    const float v2 = mg_ld(p1[i1 * 512 + i2 * 128 + (i3 + 0)]);
     const float v3 = (v1 + v2);
-    mg_st(p2 + e, v3);
+    const float v4 = mg_ld(p0[i1 * 512 + i2 * 128 + (i3 + 1)]);
+    const float v5 = mg_ld(p1[i1 * 512 + i2 * 128 + (i3 + 1)]);
+    const float v6 = (v4 + v5);
+    const float v7 = mg_ld(p0[i1 * 512 + i2 * 128 + (i3 + 2)]);
+    const float v8 = mg_ld(p1[i1 * 512 + i2 * 128 + (i3 + 2)]);
+    const float v9 = (v7 + v8);
+    const float v10 = mg_ld(p0[i1 * 512 + i2 * 128 + (i3 + 3)]);
+    const float v11 = mg_ld(p1[i1 * 512 + i2 * 128 + (i3 + 3)]);
+    const float v12 = (v10 + v11);
+    const float v13 = mg_ld(p0[i1 * 512 + i2 * 128 + (i3 + 4)]);
+    const float v14 = mg_ld(p1[i1 * 512 + i2 * 128 + (i3 + 4)]);
+    const float v15 = (v13 + v14);
+    const float v16 = mg_ld(p0[i1 * 512 + i2 * 128 + (i3 + 5)]);
+    const float v17 = mg_ld(p1[i1 * 512 + i2 * 128 + (i3 + 5)]);
+    const float v18 = (v16 + v17);
+    const float v19 = mg_ld(p0[i1 * 512 + i2 * 128 + (i3 + 6)]);
+    const float v20 = mg_ld(p1[i1 * 512 + i2 * 128 + (i3 + 6)]);
+    const float v21 = (v19 + v20);
+    const float v22 = mg_ld(p0[i1 * 512 + i2 * 128 + (i3 + 7)]);
+    const float v23 = mg_ld(p1[i1 * 512 + i2 * 128 + (i3 + 7)]);
+    const float v24 = (v22 + v23);
+    mg_st8(p2 + e, v3, v6, v9, v12, v15, v18, v21, v24);
   }
 }
 
@@ -756,51 +973,117 @@ extern "C" __global__ void __launch_bounds__(256) mg_k11_mirage_llama3_8b_layer_
   }
 }
 
-// mul: one thread per output element
+// mul: 8 consecutive output elements per thread, one 16-byte store
 extern "C" __global__ void __launch_bounds__(256) mg_k12_mirage_llama3_8b_layer_aec50abcc000(
     const mg_f16* __restrict__ p0,
     const mg_f16* __restrict__ p1,
     mg_f16* __restrict__ p2) {
   mg_grid_wait();
-  for (int e = blockIdx.x * 256 + threadIdx.x; e < 1024; e += gridDim.x * 256) {
+  for (int e8 = blockIdx.x * 256 + threadIdx.x; e8 < 128; e8 += gridDim.x * 256) {
+    const int e = e8 * 8;
     const int i1 = e / 128;
     const int i3 = (e) % 128;
-    const float v1 = mg_ld(p0[i1 * 128 + i3]);
-    const float v2 = mg_ld(p1[i3]);
+    const float v1 = mg_ld(p0[i1 * 128 + (i3 + 0)]);
+    const float v2 = mg_ld(p1[(i3 + 0)]);
     const float v3 = (v1 * v2);
-    mg_st(p2 + e, v3);
+    const float v4 = mg_ld(p0[i1 * 128 + (i3 + 1)]);
+    const float v5 = mg_ld(p1[(i3 + 1)]);
+    const float v6 = (v4 * v5);
+    const float v7 = mg_ld(p0[i1 * 128 + (i3 + 2)]);
+    const float v8 = mg_ld(p1[(i3 + 2)]);
+    const float v9 = (v7 * v8);
+    const float v10 = mg_ld(p0[i1 * 128 + (i3 + 3)]);
+    const float v11 = mg_ld(p1[(i3 + 3)]);
+    const float v12 = (v10 * v11);
+    const float v13 = mg_ld(p0[i1 * 128 + (i3 + 4)]);
+    const float v14 = mg_ld(p1[(i3 + 4)]);
+    const float v15 = (v13 * v14);
+    const float v16 = mg_ld(p0[i1 * 128 + (i3 + 5)]);
+    const float v17 = mg_ld(p1[(i3 + 5)]);
+    const float v18 = (v16 * v17);
+    const float v19 = mg_ld(p0[i1 * 128 + (i3 + 6)]);
+    const float v20 = mg_ld(p1[(i3 + 6)]);
+    const float v21 = (v19 * v20);
+    const float v22 = mg_ld(p0[i1 * 128 + (i3 + 7)]);
+    const float v23 = mg_ld(p1[(i3 + 7)]);
+    const float v24 = (v22 * v23);
+    mg_st8(p2 + e, v3, v6, v9, v12, v15, v18, v21, v24);
   }
 }
 
-// mul: one thread per output element
+// mul: 8 consecutive output elements per thread, one 16-byte store
 extern "C" __global__ void __launch_bounds__(256) mg_k13_mirage_llama3_8b_layer_aec50abcc000(
     const mg_f16* __restrict__ p0,
     const mg_f16* __restrict__ p1,
     mg_f16* __restrict__ p2) {
   mg_grid_wait();
-  for (int e = blockIdx.x * 256 + threadIdx.x; e < 1024; e += gridDim.x * 256) {
+  for (int e8 = blockIdx.x * 256 + threadIdx.x; e8 < 128; e8 += gridDim.x * 256) {
+    const int e = e8 * 8;
     const int i1 = e / 128;
     const int i3 = (e) % 128;
-    const float v1 = mg_ld(p0[i1 * 128 + i3]);
-    const float v2 = mg_ld(p1[i3]);
+    const float v1 = mg_ld(p0[i1 * 128 + (i3 + 0)]);
+    const float v2 = mg_ld(p1[(i3 + 0)]);
     const float v3 = (v1 * v2);
-    mg_st(p2 + e, v3);
+    const float v4 = mg_ld(p0[i1 * 128 + (i3 + 1)]);
+    const float v5 = mg_ld(p1[(i3 + 1)]);
+    const float v6 = (v4 * v5);
+    const float v7 = mg_ld(p0[i1 * 128 + (i3 + 2)]);
+    const float v8 = mg_ld(p1[(i3 + 2)]);
+    const float v9 = (v7 * v8);
+    const float v10 = mg_ld(p0[i1 * 128 + (i3 + 3)]);
+    const float v11 = mg_ld(p1[(i3 + 3)]);
+    const float v12 = (v10 * v11);
+    const float v13 = mg_ld(p0[i1 * 128 + (i3 + 4)]);
+    const float v14 = mg_ld(p1[(i3 + 4)]);
+    const float v15 = (v13 * v14);
+    const float v16 = mg_ld(p0[i1 * 128 + (i3 + 5)]);
+    const float v17 = mg_ld(p1[(i3 + 5)]);
+    const float v18 = (v16 * v17);
+    const float v19 = mg_ld(p0[i1 * 128 + (i3 + 6)]);
+    const float v20 = mg_ld(p1[(i3 + 6)]);
+    const float v21 = (v19 * v20);
+    const float v22 = mg_ld(p0[i1 * 128 + (i3 + 7)]);
+    const float v23 = mg_ld(p1[(i3 + 7)]);
+    const float v24 = (v22 * v23);
+    mg_st8(p2 + e, v3, v6, v9, v12, v15, v18, v21, v24);
   }
 }
 
-// add: one thread per output element
+// add: 8 consecutive output elements per thread, one 16-byte store
 extern "C" __global__ void __launch_bounds__(256) mg_k14_mirage_llama3_8b_layer_aec50abcc000(
     const mg_f16* __restrict__ p0,
     const mg_f16* __restrict__ p1,
     mg_f16* __restrict__ p2) {
   mg_grid_wait();
-  for (int e = blockIdx.x * 256 + threadIdx.x; e < 1024; e += gridDim.x * 256) {
+  for (int e8 = blockIdx.x * 256 + threadIdx.x; e8 < 128; e8 += gridDim.x * 256) {
+    const int e = e8 * 8;
     const int i1 = e / 128;
     const int i3 = (e) % 128;
-    const float v1 = mg_ld(p0[i1 * 128 + i3]);
-    const float v2 = mg_ld(p1[i1 * 128 + i3]);
+    const float v1 = mg_ld(p0[i1 * 128 + (i3 + 0)]);
+    const float v2 = mg_ld(p1[i1 * 128 + (i3 + 0)]);
     const float v3 = (v1 + v2);
-    mg_st(p2 + e, v3);
+    const float v4 = mg_ld(p0[i1 * 128 + (i3 + 1)]);
+    const float v5 = mg_ld(p1[i1 * 128 + (i3 + 1)]);
+    const float v6 = (v4 + v5);
+    const float v7 = mg_ld(p0[i1 * 128 + (i3 + 2)]);
+    const float v8 = mg_ld(p1[i1 * 128 + (i3 + 2)]);
+    const float v9 = (v7 + v8);
+    const float v10 = mg_ld(p0[i1 * 128 + (i3 + 3)]);
+    const float v11 = mg_ld(p1[i1 * 128 + (i3 + 3)]);
+    const float v12 = (v10 + v11);
+    const float v13 = mg_ld(p0[i1 * 128 + (i3 + 4)]);
+    const float v14 = mg_ld(p1[i1 * 128 + (i3 + 4)]);
+    const float v15 = (v13 + v14);
+    const float v16 = mg_ld(p0[i1 * 128 + (i3 + 5)]);
+    const float v17 = mg_ld(p1[i1 * 128 + (i3 + 5)]);
+    const float v18 = (v16 + v17);
+    const float v19 = mg_ld(p0[i1 * 128 + (i3 + 6)]);
+    const float v20 = mg_ld(p1[i1 * 128 + (i3 + 6)]);
+    const float v21 = (v19 + v20);
+    const float v22 = mg_ld(p0[i1 * 128 + (i3 + 7)]);
+    const float v23 = mg_ld(p1[i1 * 128 + (i3 + 7)]);
+    const float v24 = (v22 + v23);
+    mg_st8(p2 + e, v3, v6, v9, v12, v15, v18, v21, v24);
   }
 }
 
@@ -817,112 +1100,307 @@ extern "C" __global__ void __launch_bounds__(256) mg_k15_mirage_llama3_8b_layer_
   }
 }
 
-// concat: one thread per output element
+// concat: 8 consecutive output elements per thread, one 16-byte store
 extern "C" __global__ void __launch_bounds__(256) mg_k16_mirage_llama3_8b_layer_aec50abcc000(
     const mg_f16* __restrict__ p0,
     const mg_f16* __restrict__ p1,
     mg_f16* __restrict__ p2) {
   mg_grid_wait();
-  for (int e = blockIdx.x * 256 + threadIdx.x; e < 4194304; e += gridDim.x * 256) {
+  for (int e8 = blockIdx.x * 256 + threadIdx.x; e8 < 524288; e8 += gridDim.x * 256) {
+    const int e = e8 * 8;
     const int i1 = e / 524288;
     const int i2 = (e / 4096) % 128;
     const int i3 = (e) % 4096;
     float v1;
-    if (i3 < 4095) {
-      v1 = mg_ld(p0[i1 * 524160 + i2 * 4095 + i3]);
+    if ((i3 + 0) < 4095) {
+      v1 = mg_ld(p0[i1 * 524160 + i2 * 4095 + (i3 + 0)]);
     } else {
-      v1 = mg_ld(p1[i1 * 128 + i2 + (i3 - 4095)]);
+      v1 = mg_ld(p1[i1 * 128 + i2 + ((i3 + 0) - 4095)]);
     }
     const float v2 = v1;
-    mg_st(p2 + e, v2);
+    float v3;
+    if ((i3 + 1) < 4095) {
+      v3 = mg_ld(p0[i1 * 524160 + i2 * 4095 + (i3 + 1)]);
+    } else {
+      v3 = mg_ld(p1[i1 * 128 + i2 + ((i3 + 1) - 4095)]);
+    }
+    const float v4 = v3;
+    float v5;
+    if ((i3 + 2) < 4095) {
+      v5 = mg_ld(p0[i1 * 524160 + i2 * 4095 + (i3 + 2)]);
+    } else {
+      v5 = mg_ld(p1[i1 * 128 + i2 + ((i3 + 2) - 4095)]);
+    }
+    const float v6 = v5;
+    float v7;
+    if ((i3 + 3) < 4095) {
+      v7 = mg_ld(p0[i1 * 524160 + i2 * 4095 + (i3 + 3)]);
+    } else {
+      v7 = mg_ld(p1[i1 * 128 + i2 + ((i3 + 3) - 4095)]);
+    }
+    const float v8 = v7;
+    float v9;
+    if ((i3 + 4) < 4095) {
+      v9 = mg_ld(p0[i1 * 524160 + i2 * 4095 + (i3 + 4)]);
+    } else {
+      v9 = mg_ld(p1[i1 * 128 + i2 + ((i3 + 4) - 4095)]);
+    }
+    const float v10 = v9;
+    float v11;
+    if ((i3 + 5) < 4095) {
+      v11 = mg_ld(p0[i1 * 524160 + i2 * 4095 + (i3 + 5)]);
+    } else {
+      v11 = mg_ld(p1[i1 * 128 + i2 + ((i3 + 5) - 4095)]);
+    }
+    const float v12 = v11;
+    float v13;
+    if ((i3 + 6) < 4095) {
+      v13 = mg_ld(p0[i1 * 524160 + i2 * 4095 + (i3 + 6)]);
+    } else {
+      v13 = mg_ld(p1[i1 * 128 + i2 + ((i3 + 6) - 4095)]);
+    }
+    const float v14 = v13;
+    float v15;
+    if ((i3 + 7) < 4095) {
+      v15 = mg_ld(p0[i1 * 524160 + i2 * 4095 + (i3 + 7)]);
+    } else {
+      v15 = mg_ld(p1[i1 * 128 + i2 + ((i3 + 7) - 4095)]);
+    }
+    const float v16 = v15;
+    mg_st8(p2 + e, v2, v4, v6, v8, v10, v12, v14, v16);
   }
 }
 
-// concat: one thread per output element
+// concat: 8 consecutive output elements per thread, one 16-byte store
 extern "C" __global__ void __launch_bounds__(256) mg_k17_mirage_llama3_8b_layer_aec50abcc000(
     const mg_f16* __restrict__ p0,
     const mg_f16* __restrict__ p1,
     mg_f16* __restrict__ p2) {
   mg_grid_wait();
-  for (int e = blockIdx.x * 256 + threadIdx.x; e < 4194304; e += gridDim.x * 256) {
+  for (int e8 = blockIdx.x * 256 + threadIdx.x; e8 < 524288; e8 += gridDim.x * 256) {
+    const int e = e8 * 8;
     const int i1 = e / 524288;
     const int i2 = (e / 128) % 4096;
     const int i3 = (e) % 128;
     float v1;
     if (i2 < 4095) {
-      v1 = mg_ld(p0[i1 * 524160 + i2 * 128 + i3]);
+      v1 = mg_ld(p0[i1 * 524160 + i2 * 128 + (i3 + 0)]);
     } else {
-      v1 = mg_ld(p1[i1 * 128 + (i2 - 4095) * 128 + i3]);
+      v1 = mg_ld(p1[i1 * 128 + (i2 - 4095) * 128 + (i3 + 0)]);
     }
     const float v2 = v1;
-    mg_st(p2 + e, v2);
+    float v3;
+    if (i2 < 4095) {
+      v3 = mg_ld(p0[i1 * 524160 + i2 * 128 + (i3 + 1)]);
+    } else {
+      v3 = mg_ld(p1[i1 * 128 + (i2 - 4095) * 128 + (i3 + 1)]);
+    }
+    const float v4 = v3;
+    float v5;
+    if (i2 < 4095) {
+      v5 = mg_ld(p0[i1 * 524160 + i2 * 128 + (i3 + 2)]);
+    } else {
+      v5 = mg_ld(p1[i1 * 128 + (i2 - 4095) * 128 + (i3 + 2)]);
+    }
+    const float v6 = v5;
+    float v7;
+    if (i2 < 4095) {
+      v7 = mg_ld(p0[i1 * 524160 + i2 * 128 + (i3 + 3)]);
+    } else {
+      v7 = mg_ld(p1[i1 * 128 + (i2 - 4095) * 128 + (i3 + 3)]);
+    }
+    const float v8 = v7;
+    float v9;
+    if (i2 < 4095) {
+      v9 = mg_ld(p0[i1 * 524160 + i2 * 128 + (i3 + 4)]);
+    } else {
+      v9 = mg_ld(p1[i1 * 128 + (i2 - 4095) * 128 + (i3 + 4)]);
+    }
+    const float v10 = v9;
+    float v11;
+    if (i2 < 4095) {
+      v11 = mg_ld(p0[i1 * 524160 + i2 * 128 + (i3 + 5)]);
+    } else {
+      v11 = mg_ld(p1[i1 * 128 + (i2 - 4095) * 128 + (i3 + 5)]);
+    }
+    const float v12 = v11;
+    float v13;
+    if (i2 < 4095) {
+      v13 = mg_ld(p0[i1 * 524160 + i2 * 128 + (i3 + 6)]);
+    } else {
+      v13 = mg_ld(p1[i1 * 128 + (i2 - 4095) * 128 + (i3 + 6)]);
+    }
+    const float v14 = v13;
+    float v15;
+    if (i2 < 4095) {
+      v15 = mg_ld(p0[i1 * 524160 + i2 * 128 + (i3 + 7)]);
+    } else {
+      v15 = mg_ld(p1[i1 * 128 + (i2 - 4095) * 128 + (i3 + 7)]);
+    }
+    const float v16 = v15;
+    mg_st8(p2 + e, v2, v4, v6, v8, v10, v12, v14, v16);
   }
 }
 
-// matmul 4x128 @ 128x4096, batch [1, 8]: 64x64 tiles
-extern "C" __global__ void __launch_bounds__(256) mg_k18_mirage_llama3_8b_layer_aec50abcc000(
+// matmul as a generated block graph: grid [16, 8, 1], forloop 8, tensor cores
+extern "C" __global__ void __launch_bounds__(128, 1) mg_k18_mirage_llama3_8b_layer_aec50abcc000(
     const mg_f16* __restrict__ p0,
     const mg_f16* __restrict__ p1,
     mg_f16* __restrict__ p2) {
   mg_grid_wait();
-  const int bz = blockIdx.z;
-  (void)bz;
-  const int z1 = bz;
-  __shared__ float As[16][64 + 4];
-  __shared__ float Bs[16][64 + 4];
-  const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
-  const int m0 = blockIdx.y * 64, n0 = blockIdx.x * 64;
-  const auto* Ab = p0 + (z1 * 512);
-  const auto* Bb = p1 + (z1 * 524288);
-  auto* Cb = p2 + (bz * 16384);
-  float acc[4][4];
+  const int bx = blockIdx.x, by = blockIdx.y, bz = blockIdx.z;
+  (void)bx; (void)by; (void)bz;
+  extern __shared__ __align__(16) unsigned char mg_smem[];
+  const int base_a = by * 512;
+  const int base_b = bx * 256 + by * 524288;
+  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 38656);
+  if (threadIdx.x < 4) mg_zero[threadIdx.x] = 0u;
+  mg_f16* sm_a_0 = reinterpret_cast<mg_f16*>(mg_smem + 0);
+  mg_f16* sm_b_0 = reinterpret_cast<mg_f16*>(mg_smem + 768);
+  float* buf_s = reinterpret_cast<float*>(mg_smem + 34560);
+  int mg_so_b[4], mg_do_b[4];
   #pragma unroll
-  for (int i = 0; i < 4; ++i)
-  #pragma unroll
-    for (int j = 0; j < 4; ++j) acc[i][j] = 0.0f;
-  for (int k0 = 0; k0 < 128; k0 += 16) {
-    for (int l = threadIdx.x; l < 1024; l += 256) {
-      const int m = l / 16, k = l % 16, gm = m0 + m, gk = k0 + k;
-      As[k][m] = (gm < 4 && gk < 128) ? mg_ld(Ab[gm * 128 + gk]) : 0.0f;
-    }
-    for (int l = threadIdx.x; l < 1024; l += 256) {
-      const int k = l / 64, n = l % 64, gk = k0 + k, gn = n0 + n;
-      Bs[k][n] = (gk < 128 && gn < 4096) ? mg_ld(Bb[gk * 4096 + gn]) : 0.0f;
-    }
-    __syncthreads();
-  #pragma unroll
-    for (int k = 0; k < 16; ++k) {
-      float a[4], b[4];
-  #pragma unroll
-      for (int i = 0; i < 4; ++i) { a[i] = As[k][ty + 16 * i]; b[i] = Bs[k][tx + 16 * i]; }
-  #pragma unroll
-      for (int i = 0; i < 4; ++i)
-  #pragma unroll
-        for (int j = 0; j < 4; ++j) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
-    }
-    __syncthreads();
+  for (int i = 0; i < 4; ++i) {
+    const int c3 = threadIdx.x + i * 128;
+    const int s4_2 = c3 / 32;
+    const int s4_3 = (c3) % 32;
+    mg_so_b[i] = s4_2 * 4096 + (s4_3 * 8);
+    mg_do_b[i] = s4_2 * 264 + (s4_3 * 8);
+  }
+  for (int c1 = threadIdx.x; c1 < 8; c1 += 128) {
+    const int s2_2 = c1 / 2;
+    const int s2_3 = (c1) % 2;
+    mg_cp_async16((sm_a_0 + ((0) % 4) * 96) + (s2_2 * 24 + (s2_3 * 8)), p0 + ((base_a + 0)) + (s2_2 * 128 + (s2_3 * 8)));
   }
   #pragma unroll
-  for (int i = 0; i < 4; ++i)
+  for (int i = 0; i < 4; ++i) mg_cp_async16((sm_b_0 + ((0) % 4) * 4224) + mg_do_b[i], p1 + ((base_b + 0)) + mg_so_b[i]);
+  mg_cp_async_commit();
+  for (int c5 = threadIdx.x; c5 < 8; c5 += 128) {
+    const int s6_2 = c5 / 2;
+    const int s6_3 = (c5) % 2;
+    mg_cp_async16((sm_a_0 + ((1) % 4) * 96) + (s6_2 * 24 + (s6_3 * 8)), p0 + ((base_a + 16)) + (s6_2 * 128 + (s6_3 * 8)));
+  }
   #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int m = m0 + ty + 16 * i, n = n0 + tx + 16 * j;
-      if (m < 4 && n < 4096) mg_st(Cb + (m * 4096 + n), acc[i][j]);
+  for (int i = 0; i < 4; ++i) mg_cp_async16((sm_b_0 + ((1) % 4) * 4224) + mg_do_b[i], p1 + ((base_b + 65536)) + mg_so_b[i]);
+  mg_cp_async_commit();
+  for (int c7 = threadIdx.x; c7 < 8; c7 += 128) {
+    const int s8_2 = c7 / 2;
+    const int s8_3 = (c7) % 2;
+    mg_cp_async16((sm_a_0 + ((2) % 4) * 96) + (s8_2 * 24 + (s8_3 * 8)), p0 + ((base_a + 32)) + (s8_2 * 128 + (s8_3 * 8)));
+  }
+  #pragma unroll
+  for (int i = 0; i < 4; ++i) mg_cp_async16((sm_b_0 + ((2) % 4) * 4224) + mg_do_b[i], p1 + ((base_b + 131072)) + mg_so_b[i]);
+  mg_cp_async_commit();
+  float acc_s[8][4];
+  #pragma unroll
+  for (int j = 0; j < 8; ++j) acc_s[j][0] = acc_s[j][1] = acc_s[j][2] = acc_s[j][3] = 0.0f;
+  for (int it = 0; it < 8; ++it) {
+    const int off_a = base_a + it * 16;
+    const int off_b = base_b + it * 65536;
+    mg_cp_async_wait<2>();
+    __syncthreads();
+    if (it + 3 < 8) {
+      for (int c9 = threadIdx.x; c9 < 8; c9 += 128) {
+        const int s10_2 = c9 / 2;
+        const int s10_3 = (c9) % 2;
+        mg_cp_async16((sm_a_0 + (((it + 3)) % 4) * 96) + (s10_2 * 24 + (s10_3 * 8)), p0 + ((off_a + 48)) + (s10_2 * 128 + (s10_3 * 8)));
+      }
+      #pragma unroll
+      for (int i = 0; i < 4; ++i) mg_cp_async16((sm_b_0 + (((it + 3)) % 4) * 4224) + mg_do_b[i], p1 + ((off_b + 196608)) + mg_so_b[i]);
     }
+    mg_cp_async_commit();
+    const auto* sm_a = (sm_a_0 + ((it) % 4) * 96);
+    const auto* sm_b = (sm_b_0 + ((it) % 4) * 4224);
+    {
+      const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
+      const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
+      (void)mg_g; (void)mg_t;
+      const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
+      (void)mg_ks;
+    #pragma unroll
+    for (int s = 0; s < 1; ++s) {
+      const int kk = (mg_ks + s * 1) * 16;
+      const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
+      (void)k0; (void)k1;
+      unsigned ra0, ra1, ra2, ra3;
+      const int mg_mi = 0, r0 = mg_g, r1 = r0 + 8;
+      (void)r0; (void)r1;
+      mg_ldsm_x4(ra0, ra1, ra2, ra3, ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) < 4 ? (const void*)(sm_a + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) * 24 + (kk + (mg_lane >> 4) * 8))) : (const void*)mg_zero));
+      #pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const int q = mg_grp + 4 * j;
+        if (q < 32) {
+          const int mg_nb = q / 32;
+          const int mg_ni = q % 32;
+          const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
+          (void)mg_nb; (void)c0; (void)n0;
+          unsigned rb0, rb1;
+          mg_ldsm_x2_t(rb0, rb1, (sm_b + ((kk + (mg_lane & 15)) * 264 + (mg_ni * 8))));
+          mg_mma_f16(acc_s[j], ra0, ra1, ra2, ra3, rb0, rb1);
+        }
+      }
+    }
+    }
+  }
+  __syncthreads();
+  {
+    const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
+    const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
+    (void)mg_g; (void)mg_t;
+    const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
+    (void)mg_ks;
+    #pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const int q = mg_grp + 4 * j;
+      if (q < 32) {
+        const int mg_nb = q / 32;
+        const int mg_mi = (q / 32) % 1;
+        const int mg_ni = q % 32;
+        const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
+        const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
+        (void)mg_nb; (void)r1; (void)c0; (void)n0;
+        if (r0 < 4) buf_s[r0 * 256 + c0] = acc_s[j][0];
+        if (r0 < 4) buf_s[r0 * 256 + (c0 + 1)] = acc_s[j][1];
+        if (r1 < 4) buf_s[r1 * 256 + c0] = acc_s[j][2];
+        if (r1 < 4) buf_s[r1 * 256 + (c0 + 1)] = acc_s[j][3];
+      }
+    }
+  }
+  __syncthreads();
+  for (int e11 = threadIdx.x; e11 < 128; e11 += 128) {
+    const int i12_2 = e11 / 32;
+    const int i12_3 = (e11) % 32;
+    mg_st8(p2 + (bx * 256 + by * 16384 + i12_2 * 4096 + (i12_3 * 8)), buf_s[i12_2 * 256 + ((i12_3 * 8) + 0)], buf_s[i12_2 * 256 + ((i12_3 * 8) + 1)], buf_s[i12_2 * 256 + ((i12_3 * 8) + 2)], buf_s[i12_2 * 256 + ((i12_3 * 8) + 3)], buf_s[i12_2 * 256 + ((i12_3 * 8) + 4)], buf_s[i12_2 * 256 + ((i12_3 * 8) + 5)], buf_s[i12_2 * 256 + ((i12_3 * 8) + 6)], buf_s[i12_2 * 256 + ((i12_3 * 8) + 7)]);
+  }
 }
 
-// mul_scalar: one thread per output element
+// mul_scalar: 8 consecutive output elements per thread, one 16-byte store
 extern "C" __global__ void __launch_bounds__(256) mg_k19_mirage_llama3_8b_layer_aec50abcc000(
     const mg_f16* __restrict__ p0,
     mg_f16* __restrict__ p1) {
   mg_grid_wait();
-  for (int e = blockIdx.x * 256 + threadIdx.x; e < 131072; e += gridDim.x * 256) {
+  for (int e8 = blockIdx.x * 256 + threadIdx.x; e8 < 16384; e8 += gridDim.x * 256) {
+    const int e = e8 * 8;
     const int i1 = e / 16384;
     const int i2 = (e / 4096) % 4;
     const int i3 = (e) % 4096;
-    const float v1 = mg_ld(p0[i1 * 16384 + i2 * 4096 + i3]);
+    const float v1 = mg_ld(p0[i1 * 16384 + i2 * 4096 + (i3 + 0)]);
     const float v2 = (v1 * 0.08838834764831845f);
-    mg_st(p1 + e, v2);
+    const float v3 = mg_ld(p0[i1 * 16384 + i2 * 4096 + (i3 + 1)]);
+    const float v4 = (v3 * 0.08838834764831845f);
+    const float v5 = mg_ld(p0[i1 * 16384 + i2 * 4096 + (i3 + 2)]);
+    const float v6 = (v5 * 0.08838834764831845f);
+    const float v7 = mg_ld(p0[i1 * 16384 + i2 * 4096 + (i3 + 3)]);
+    const float v8 = (v7 * 0.08838834764831845f);
+    const float v9 = mg_ld(p0[i1 * 16384 + i2 * 4096 + (i3 + 4)]);
+    const float v10 = (v9 * 0.08838834764831845f);
+    const float v11 = mg_ld(p0[i1 * 16384 + i2 * 4096 + (i3 + 5)]);
+    const float v12 = (v11 * 0.08838834764831845f);
+    const float v13 = mg_ld(p0[i1 * 16384 + i2 * 4096 + (i3 + 6)]);
+    const float v14 = (v13 * 0.08838834764831845f);
+    const float v15 = mg_ld(p0[i1 * 16384 + i2 * 4096 + (i3 + 7)]);
+    const float v16 = (v15 * 0.08838834764831845f);
+    mg_st8(p1 + e, v2, v4, v6, v8, v10, v12, v14, v16);
   }
 }
 
@@ -946,56 +1424,190 @@ extern "C" __global__ void __launch_bounds__(256) mg_k20_mirage_llama3_8b_layer_
   for (int k = lane; k < 4096; k += 32) mg_st(p1 + (r1 * 16384 + r2 * 4096 + k), expf(mg_ld(p0[r1 * 16384 + r2 * 4096 + k]) - m) * inv);
 }
 
-// matmul 4x4096 @ 4096x128, batch [1, 8]: 64x64 tiles
-extern "C" __global__ void __launch_bounds__(256) mg_k21_mirage_llama3_8b_layer_aec50abcc000(
+// matmul as a generated block graph: grid [8, 8, 1], forloop 16, tensor cores
+extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(256, 1) mg_k21_mirage_llama3_8b_layer_aec50abcc000(
     const mg_f16* __restrict__ p0,
     const mg_f16* __restrict__ p1,
     mg_f16* __restrict__ p2) {
   mg_grid_wait();
-  const int bz = blockIdx.z;
-  (void)bz;
-  const int z1 = bz;
-  __shared__ float As[16][64 + 4];
-  __shared__ float Bs[16][64 + 4];
-  const int tx = threadIdx.x % 16, ty = threadIdx.x / 16;
-  const int m0 = blockIdx.y * 64, n0 = blockIdx.x * 64;
-  const auto* Ab = p0 + (z1 * 16384);
-  const auto* Bb = p1 + (z1 * 524288);
-  auto* Cb = p2 + (bz * 512);
-  float acc[4][4];
+  const int bx = blockIdx.x, by = blockIdx.y, bz = 0;
+  (void)bx; (void)by; (void)bz;
+  const unsigned mg_rank = blockIdx.z;
+  const int mg_it0 = (int)mg_rank * 8;
+  extern __shared__ __align__(16) unsigned char mg_smem[];
+  const int base_a = by * 16384;
+  const int base_b = bx * 16 + by * 524288;
+  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 57856);
+  if (threadIdx.x < 4) mg_zero[threadIdx.x] = 0u;
+  mg_f16* sm_a_0 = reinterpret_cast<mg_f16*>(mg_smem + 0);
+  mg_f16* sm_b_0 = reinterpret_cast<mg_f16*>(mg_smem + 8448);
+  float* buf_s = reinterpret_cast<float*>(mg_smem + 57600);
+  int mg_so_b[2], mg_do_b[2];
   #pragma unroll
-  for (int i = 0; i < 4; ++i)
-  #pragma unroll
-    for (int j = 0; j < 4; ++j) acc[i][j] = 0.0f;
-  for (int k0 = 0; k0 < 4096; k0 += 16) {
-    for (int l = threadIdx.x; l < 1024; l += 256) {
-      const int m = l / 16, k = l % 16, gm = m0 + m, gk = k0 + k;
-      As[k][m] = (gm < 4 && gk < 4096) ? mg_ld(Ab[gm * 4096 + gk]) : 0.0f;
-    }
-    for (int l = threadIdx.x; l < 1024; l += 256) {
-      const int k = l / 64, n = l % 64, gk = k0 + k, gn = n0 + n;
-      Bs[k][n] = (gk < 4096 && gn < 128) ? mg_ld(Bb[gk * 128 + gn]) : 0.0f;
-    }
-    __syncthreads();
-  #pragma unroll
-    for (int k = 0; k < 16; ++k) {
-      float a[4], b[4];
-  #pragma unroll
-      for (int i = 0; i < 4; ++i) { a[i] = As[k][ty + 16 * i]; b[i] = Bs[k][tx + 16 * i]; }
-  #pragma unroll
-      for (int i = 0; i < 4; ++i)
-  #pragma unroll
-        for (int j = 0; j < 4; ++j) acc[i][j] = fmaf(a[i], b[j], acc[i][j]);
-    }
-    __syncthreads();
+  for (int i = 0; i < 2; ++i) {
+    const int c3 = threadIdx.x + i * 256;
+    const int s4_2 = c3 / 2;
+    const int s4_3 = (c3) % 2;
+    mg_so_b[i] = s4_2 * 128 + (s4_3 * 8);
+    mg_do_b[i] = s4_2 * 24 + (s4_3 * 8);
+  }
+  for (int c1 = threadIdx.x; c1 < 128; c1 += 256) {
+    const int s2_2 = c1 / 32;
+    const int s2_3 = (c1) % 32;
+    mg_cp_async16((sm_a_0 + ((0) % 4) * 1056) + (s2_2 * 264 + (s2_3 * 8)), p0 + ((base_a + (mg_it0 + 0) * 256)) + (s2_2 * 4096 + (s2_3 * 8)));
   }
   #pragma unroll
-  for (int i = 0; i < 4; ++i)
+  for (int i = 0; i < 2; ++i) mg_cp_async16((sm_b_0 + ((0) % 4) * 6144) + mg_do_b[i], p1 + ((base_b + (mg_it0 + 0) * 32768)) + mg_so_b[i]);
+  mg_cp_async_commit();
+  for (int c5 = threadIdx.x; c5 < 128; c5 += 256) {
+    const int s6_2 = c5 / 32;
+    const int s6_3 = (c5) % 32;
+    mg_cp_async16((sm_a_0 + ((1) % 4) * 1056) + (s6_2 * 264 + (s6_3 * 8)), p0 + ((base_a + (mg_it0 + 1) * 256)) + (s6_2 * 4096 + (s6_3 * 8)));
+  }
   #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int m = m0 + ty + 16 * i, n = n0 + tx + 16 * j;
-      if (m < 4 && n < 128) mg_st(Cb + (m * 128 + n), acc[i][j]);
+  for (int i = 0; i < 2; ++i) mg_cp_async16((sm_b_0 + ((1) % 4) * 6144) + mg_do_b[i], p1 + ((base_b + (mg_it0 + 1) * 32768)) + mg_so_b[i]);
+  mg_cp_async_commit();
+  for (int c7 = threadIdx.x; c7 < 128; c7 += 256) {
+    const int s8_2 = c7 / 32;
+    const int s8_3 = (c7) % 32;
+    mg_cp_async16((sm_a_0 + ((2) % 4) * 1056) + (s8_2 * 264 + (s8_3 * 8)), p0 + ((base_a + (mg_it0 + 2) * 256)) + (s8_2 * 4096 + (s8_3 * 8)));
+  }
+  #pragma unroll
+  for (int i = 0; i < 2; ++i) mg_cp_async16((sm_b_0 + ((2) % 4) * 6144) + mg_do_b[i], p1 + ((base_b + (mg_it0 + 2) * 32768)) + mg_so_b[i]);
+  mg_cp_async_commit();
+  float acc_s[1][4];
+  #pragma unroll
+  for (int j = 0; j < 1; ++j) acc_s[j][0] = acc_s[j][1] = acc_s[j][2] = acc_s[j][3] = 0.0f;
+  for (int it = 0; it < 8; ++it) {
+    const int off_a = base_a + (mg_it0 + it) * 256;
+    const int off_b = base_b + (mg_it0 + it) * 32768;
+    mg_cp_async_wait<2>();
+    __syncthreads();
+    if (it + 3 < 8) {
+      for (int c9 = threadIdx.x; c9 < 128; c9 += 256) {
+        const int s10_2 = c9 / 32;
+        const int s10_3 = (c9) % 32;
+        mg_cp_async16((sm_a_0 + (((it + 3)) % 4) * 1056) + (s10_2 * 264 + (s10_3 * 8)), p0 + ((off_a + 768)) + (s10_2 * 4096 + (s10_3 * 8)));
+      }
+      #pragma unroll
+      for (int i = 0; i < 2; ++i) mg_cp_async16((sm_b_0 + (((it + 3)) % 4) * 6144) + mg_do_b[i], p1 + ((off_b + 98304)) + mg_so_b[i]);
     }
+    mg_cp_async_commit();
+    const auto* sm_a = (sm_a_0 + ((it) % 4) * 1056);
+    const auto* sm_b = (sm_b_0 + ((it) % 4) * 6144);
+    {
+      const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
+      const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
+      (void)mg_g; (void)mg_t;
+      const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
+      (void)mg_ks;
+    #pragma unroll
+    for (int s = 0; s < 8; ++s) {
+      const int kk = (mg_ks + s * 2) * 16;
+      const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
+      (void)k0; (void)k1;
+      unsigned ra0, ra1, ra2, ra3;
+      const int mg_mi = 0, r0 = mg_g, r1 = r0 + 8;
+      (void)r0; (void)r1;
+      mg_ldsm_x4(ra0, ra1, ra2, ra3, ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) < 4 ? (const void*)(sm_a + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) * 264 + (kk + (mg_lane >> 4) * 8))) : (const void*)mg_zero));
+      #pragma unroll
+      for (int j = 0; j < 1; ++j) {
+        const int q = mg_grp + 4 * j;
+        if (q < 2) {
+          const int mg_nb = q / 2;
+          const int mg_ni = q % 2;
+          const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
+          (void)mg_nb; (void)c0; (void)n0;
+          unsigned rb0, rb1;
+          mg_ldsm_x2_t(rb0, rb1, (sm_b + ((kk + (mg_lane & 15)) * 24 + (mg_ni * 8))));
+          mg_mma_f16(acc_s[j], ra0, ra1, ra2, ra3, rb0, rb1);
+        }
+      }
+    }
+    }
+  }
+  __syncthreads();
+  {
+    const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
+    const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
+    (void)mg_g; (void)mg_t;
+    const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
+    (void)mg_ks;
+    if (mg_ks == 0) {
+      #pragma unroll
+      for (int j = 0; j < 1; ++j) {
+        const int q = mg_grp + 4 * j;
+        if (q < 2) {
+          const int mg_nb = q / 2;
+          const int mg_mi = (q / 2) % 1;
+          const int mg_ni = q % 2;
+          const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
+          const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
+          (void)mg_nb; (void)r1; (void)c0; (void)n0;
+          if (r0 < 4) buf_s[r0 * 16 + c0] = acc_s[j][0];
+          if (r0 < 4) buf_s[r0 * 16 + (c0 + 1)] = acc_s[j][1];
+          if (r1 < 4) buf_s[r1 * 16 + c0] = acc_s[j][2];
+          if (r1 < 4) buf_s[r1 * 16 + (c0 + 1)] = acc_s[j][3];
+        }
+      }
+    }
+    __syncthreads();
+    if (mg_ks == 1) {
+      #pragma unroll
+      for (int j = 0; j < 1; ++j) {
+        const int q = mg_grp + 4 * j;
+        if (q < 2) {
+          const int mg_nb = q / 2;
+          const int mg_mi = (q / 2) % 1;
+          const int mg_ni = q % 2;
+          const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
+          const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
+          (void)mg_nb; (void)r1; (void)c0; (void)n0;
+          if (r0 < 4) buf_s[r0 * 16 + c0] += acc_s[j][0];
+          if (r0 < 4) buf_s[r0 * 16 + (c0 + 1)] += acc_s[j][1];
+          if (r1 < 4) buf_s[r1 * 16 + c0] += acc_s[j][2];
+          if (r1 < 4) buf_s[r1 * 16 + (c0 + 1)] += acc_s[j][3];
+        }
+      }
+    }
+  }
+  __syncthreads();
+  mg_cluster_sync();
+  for (int e0 = threadIdx.x; e0 < 16; e0 += 1024) {
+    float4 mg_p[4][2];
+    #pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int e = e0 + j * 256;
+      if (e < 16) {
+        #pragma unroll
+        for (unsigned r = 0; r < 2; ++r) mg_p[j][r] = mg_dsmem_ld4(buf_s + 4 * e, r);
+      }
+    }
+    #pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int e = e0 + j * 256;
+      if (e < 16) {
+        float4 v = mg_p[j][0];
+        #pragma unroll
+        for (unsigned r = 1; r < 2; ++r) {
+          v.x += mg_p[j][r].x;
+          v.y += mg_p[j][r].y;
+          v.z += mg_p[j][r].z;
+          v.w += mg_p[j][r].w;
+        }
+        reinterpret_cast<float4*>(reinterpret_cast<float*>(mg_smem + 0))[e] = v;
+      }
+    }
+  }
+  mg_cluster_arrive();
+  __syncthreads();
+  buf_s = reinterpret_cast<float*>(mg_smem + 0);
+  for (int e11 = (int)mg_rank * 256 + (int)threadIdx.x; e11 < 8; e11 += 512) {
+    const int i12_2 = e11 / 2;
+    const int i12_3 = (e11) % 2;
+    mg_st8(p2 + (bx * 16 + by * 512 + i12_2 * 128 + (i12_3 * 8)), buf_s[i12_2 * 16 + ((i12_3 * 8) + 0)], buf_s[i12_2 * 16 + ((i12_3 * 8) + 1)], buf_s[i12_2 * 16 + ((i12_3 * 8) + 2)], buf_s[i12_2 * 16 + ((i12_3 * 8) + 3)], buf_s[i12_2 * 16 + ((i12_3 * 8) + 4)], buf_s[i12_2 * 16 + ((i12_3 * 8) + 5)], buf_s[i12_2 * 16 + ((i12_3 * 8) + 6)], buf_s[i12_2 * 16 + ((i12_3 * 8) + 7)]);
+  }
+  mg_cluster_wait();
 }
 
 // reshape: one thread per output element
@@ -1010,70 +1622,73 @@ extern "C" __global__ void __launch_bounds__(256) mg_k22_mirage_llama3_8b_layer_
   }
 }
 
-// matmul as a generated block graph: grid [512, 1, 1], forloop 64, tensor cores
-extern "C" __global__ void __launch_bounds__(128, 1) mg_k23_mirage_llama3_8b_layer_aec50abcc000(
+// matmul as a generated block graph: grid [64, 1, 1], forloop 32, tensor cores
+extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(128, 1) mg_k23_mirage_llama3_8b_layer_aec50abcc000(
     const mg_f16* __restrict__ p0,
     const mg_f16* __restrict__ p1,
     mg_f16* __restrict__ p2) {
   mg_grid_wait();
-  const int bx = blockIdx.x, by = blockIdx.y, bz = blockIdx.z;
+  const int bx = blockIdx.x, by = blockIdx.y, bz = 0;
   (void)bx; (void)by; (void)bz;
+  const unsigned mg_rank = blockIdx.z;
+  const int mg_it0 = (int)mg_rank * 16;
   extern __shared__ __align__(16) unsigned char mg_smem[];
   const int base_a = 0;
-  const int base_b = bx * 8;
-  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 4704);
+  const int base_b = bx * 64;
+  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 75072);
   if (threadIdx.x < 4) mg_zero[threadIdx.x] = 0u;
   mg_f16* sm_a_0 = reinterpret_cast<mg_f16*>(mg_smem + 0);
-  mg_f16* sm_b_0 = reinterpret_cast<mg_f16*>(mg_smem + 576);
-  float* buf_s = reinterpret_cast<float*>(mg_smem + 4672);
-  for (int c1 = threadIdx.x; c1 < 8; c1 += 128) {
-    const int s2_1 = c1;
-    mg_cp_async16((sm_a_0 + ((0) % 4) * 72) + ((s2_1 * 8)), p0 + ((base_a + 0)) + ((s2_1 * 8)));
-  }
-  for (int c3 = threadIdx.x; c3 < 64; c3 += 128) {
-    const int s4_0 = c3;
-    mg_cp_async16((sm_b_0 + ((0) % 4) * 512) + (s4_0 * 8), p1 + ((base_b + 0)) + (s4_0 * 4096));
-  }
-  mg_cp_async_commit();
-  for (int c5 = threadIdx.x; c5 < 8; c5 += 128) {
-    const int s6_1 = c5;
-    mg_cp_async16((sm_a_0 + ((1) % 4) * 72) + ((s6_1 * 8)), p0 + ((base_a + 64)) + ((s6_1 * 8)));
-  }
-  for (int c7 = threadIdx.x; c7 < 64; c7 += 128) {
-    const int s8_0 = c7;
-    mg_cp_async16((sm_b_0 + ((1) % 4) * 512) + (s8_0 * 8), p1 + ((base_b + 262144)) + (s8_0 * 4096));
-  }
-  mg_cp_async_commit();
-  for (int c9 = threadIdx.x; c9 < 8; c9 += 128) {
-    const int s10_1 = c9;
-    mg_cp_async16((sm_a_0 + ((2) % 4) * 72) + ((s10_1 * 8)), p0 + ((base_a + 128)) + ((s10_1 * 8)));
-  }
-  for (int c11 = threadIdx.x; c11 < 64; c11 += 128) {
-    const int s12_0 = c11;
-    mg_cp_async16((sm_b_0 + ((2) % 4) * 512) + (s12_0 * 8), p1 + ((base_b + 524288)) + (s12_0 * 4096));
-  }
-  mg_cp_async_commit();
-  float acc_s[1][4];
+  mg_f16* sm_b_0 = reinterpret_cast<mg_f16*>(mg_smem + 1088);
+  float* buf_s = reinterpret_cast<float*>(mg_smem + 74816);
+  int mg_so_b[8], mg_do_b[8];
   #pragma unroll
-  for (int j = 0; j < 1; ++j) acc_s[j][0] = acc_s[j][1] = acc_s[j][2] = acc_s[j][3] = 0.0f;
-  for (int it = 0; it < 64; ++it) {
-    const int off_a = base_a + it * 64;
-    const int off_b = base_b + it * 262144;
+  for (int i = 0; i < 8; ++i) {
+    const int c3 = threadIdx.x + i * 128;
+    const int s4_0 = c3 / 8;
+    const int s4_1 = (c3) % 8;
+    mg_so_b[i] = s4_0 * 4096 + (s4_1 * 8);
+    mg_do_b[i] = s4_0 * 72 + (s4_1 * 8);
+  }
+  for (int c1 = threadIdx.x; c1 < 16; c1 += 128) {
+    const int s2_1 = c1;
+    mg_cp_async16((sm_a_0 + ((0) % 4) * 136) + ((s2_1 * 8)), p0 + ((base_a + (mg_it0 + 0) * 128)) + ((s2_1 * 8)));
+  }
+  #pragma unroll
+  for (int i = 0; i < 8; ++i) mg_cp_async16((sm_b_0 + ((0) % 4) * 9216) + mg_do_b[i], p1 + ((base_b + (mg_it0 + 0) * 524288)) + mg_so_b[i]);
+  mg_cp_async_commit();
+  for (int c5 = threadIdx.x; c5 < 16; c5 += 128) {
+    const int s6_1 = c5;
+    mg_cp_async16((sm_a_0 + ((1) % 4) * 136) + ((s6_1 * 8)), p0 + ((base_a + (mg_it0 + 1) * 128)) + ((s6_1 * 8)));
+  }
+  #pragma unroll
+  for (int i = 0; i < 8; ++i) mg_cp_async16((sm_b_0 + ((1) % 4) * 9216) + mg_do_b[i], p1 + ((base_b + (mg_it0 + 1) * 524288)) + mg_so_b[i]);
+  mg_cp_async_commit();
+  for (int c7 = threadIdx.x; c7 < 16; c7 += 128) {
+    const int s8_1 = c7;
+    mg_cp_async16((sm_a_0 + ((2) % 4) * 136) + ((s8_1 * 8)), p0 + ((base_a + (mg_it0 + 2) * 128)) + ((s8_1 * 8)));
+  }
+  #pragma unroll
+  for (int i = 0; i < 8; ++i) mg_cp_async16((sm_b_0 + ((2) % 4) * 9216) + mg_do_b[i], p1 + ((base_b + (mg_it0 + 2) * 524288)) + mg_so_b[i]);
+  mg_cp_async_commit();
+  float acc_s[2][4];
+  #pragma unroll
+  for (int j = 0; j < 2; ++j) acc_s[j][0] = acc_s[j][1] = acc_s[j][2] = acc_s[j][3] = 0.0f;
+  for (int it = 0; it < 16; ++it) {
+    const int off_a = base_a + (mg_it0 + it) * 128;
+    const int off_b = base_b + (mg_it0 + it) * 524288;
     mg_cp_async_wait<2>();
     __syncthreads();
-    if (it + 3 < 64) {
-      for (int c13 = threadIdx.x; c13 < 8; c13 += 128) {
-        const int s14_1 = c13;
-        mg_cp_async16((sm_a_0 + (((it + 3)) % 4) * 72) + ((s14_1 * 8)), p0 + ((off_a + 192)) + ((s14_1 * 8)));
+    if (it + 3 < 16) {
+      for (int c9 = threadIdx.x; c9 < 16; c9 += 128) {
+        const int s10_1 = c9;
+        mg_cp_async16((sm_a_0 + (((it + 3)) % 4) * 136) + ((s10_1 * 8)), p0 + ((off_a + 384)) + ((s10_1 * 8)));
       }
-      for (int c15 = threadIdx.x; c15 < 64; c15 += 128) {
-        const int s16_0 = c15;
-        mg_cp_async16((sm_b_0 + (((it + 3)) % 4) * 512) + (s16_0 * 8), p1 + ((off_b + 786432)) + (s16_0 * 4096));
-      }
+      #pragma unroll
+      for (int i = 0; i < 8; ++i) mg_cp_async16((sm_b_0 + (((it + 3)) % 4) * 9216) + mg_do_b[i], p1 + ((off_b + 1572864)) + mg_so_b[i]);
     }
     mg_cp_async_commit();
-    const auto* sm_a = (sm_a_0 + ((it) % 4) * 72);
-    const auto* sm_b = (sm_b_0 + ((it) % 4) * 512);
+    const auto* sm_a = (sm_a_0 + ((it) % 4) * 136);
+    const auto* sm_b = (sm_b_0 + ((it) % 4) * 9216);
     {
       const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
       const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
@@ -1081,24 +1696,24 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k23_mirage_llama3_8b_lay
       const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
       (void)mg_ks;
     #pragma unroll
-    for (int s = 0; s < 4; ++s) {
+    for (int s = 0; s < 8; ++s) {
       const int kk = (mg_ks + s * 1) * 16;
       const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
       (void)k0; (void)k1;
       unsigned ra0, ra1, ra2, ra3;
       const int mg_mi = 0, r0 = mg_g, r1 = r0 + 8;
       (void)r0; (void)r1;
-      mg_ldsm_x4(ra0, ra1, ra2, ra3, ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) < 1 ? (const void*)(sm_a + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) * 72 + (kk + (mg_lane >> 4) * 8))) : (const void*)mg_zero));
+      mg_ldsm_x4(ra0, ra1, ra2, ra3, ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) < 1 ? (const void*)(sm_a + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) * 136 + (kk + (mg_lane >> 4) * 8))) : (const void*)mg_zero));
       #pragma unroll
-      for (int j = 0; j < 1; ++j) {
+      for (int j = 0; j < 2; ++j) {
         const int q = mg_grp + 4 * j;
-        if (q < 1) {
-          const int mg_nb = q / 1;
-          const int mg_ni = q % 1;
+        if (q < 8) {
+          const int mg_nb = q / 8;
+          const int mg_ni = q % 8;
           const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
           (void)mg_nb; (void)c0; (void)n0;
           unsigned rb0, rb1;
-          mg_ldsm_x2_t(rb0, rb1, (sm_b + ((kk + (mg_lane & 15)) * 8 + (mg_ni * 8))));
+          mg_ldsm_x2_t(rb0, rb1, (sm_b + ((kk + (mg_lane & 15)) * 72 + (mg_ni * 8))));
           mg_mma_f16(acc_s[j], ra0, ra1, ra2, ra3, rb0, rb1);
         }
       }
@@ -1113,40 +1728,94 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k23_mirage_llama3_8b_lay
     const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
     (void)mg_ks;
     #pragma unroll
-    for (int j = 0; j < 1; ++j) {
+    for (int j = 0; j < 2; ++j) {
       const int q = mg_grp + 4 * j;
-      if (q < 1) {
-        const int mg_nb = q / 1;
-        const int mg_mi = (q / 1) % 1;
-        const int mg_ni = q % 1;
+      if (q < 8) {
+        const int mg_nb = q / 8;
+        const int mg_mi = (q / 8) % 1;
+        const int mg_ni = q % 8;
         const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
         const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
         (void)mg_nb; (void)r1; (void)c0; (void)n0;
-        if (r0 < 1) buf_s[r0 * 8 + c0] = acc_s[j][0];
-        if (r0 < 1) buf_s[r0 * 8 + (c0 + 1)] = acc_s[j][1];
-        if (r1 < 1) buf_s[r1 * 8 + c0] = acc_s[j][2];
-        if (r1 < 1) buf_s[r1 * 8 + (c0 + 1)] = acc_s[j][3];
+        if (r0 < 1) buf_s[r0 * 64 + c0] = acc_s[j][0];
+        if (r0 < 1) buf_s[r0 * 64 + (c0 + 1)] = acc_s[j][1];
+        if (r1 < 1) buf_s[r1 * 64 + c0] = acc_s[j][2];
+        if (r1 < 1) buf_s[r1 * 64 + (c0 + 1)] = acc_s[j][3];
       }
     }
   }
   __syncthreads();
-  for (int e17 = threadIdx.x; e17 < 1; e17 += 128) {
-    mg_st8(p2 + (bx * 8), buf_s[(0 + 0)], buf_s[(0 + 1)], buf_s[(0 + 2)], buf_s[(0 + 3)], buf_s[(0 + 4)], buf_s[(0 + 5)], buf_s[(0 + 6)], buf_s[(0 + 7)]);
+  mg_cluster_sync();
+  for (int e0 = threadIdx.x; e0 < 16; e0 += 512) {
+    float4 mg_p[4][2];
+    #pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int e = e0 + j * 128;
+      if (e < 16) {
+        #pragma unroll
+        for (unsigned r = 0; r < 2; ++r) mg_p[j][r] = mg_dsmem_ld4(buf_s + 4 * e, r);
+      }
+    }
+    #pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int e = e0 + j * 128;
+      if (e < 16) {
+        float4 v = mg_p[j][0];
+        #pragma unroll
+        for (unsigned r = 1; r < 2; ++r) {
+          v.x += mg_p[j][r].x;
+          v.y += mg_p[j][r].y;
+          v.z += mg_p[j][r].z;
+          v.w += mg_p[j][r].w;
+        }
+        reinterpret_cast<float4*>(reinterpret_cast<float*>(mg_smem + 0))[e] = v;
+      }
+    }
   }
+  mg_cluster_arrive();
+  __syncthreads();
+  buf_s = reinterpret_cast<float*>(mg_smem + 0);
+  for (int e11 = (int)mg_rank * 128 + (int)threadIdx.x; e11 < 8; e11 += 256) {
+    const int i12_1 = e11;
+    mg_st8(p2 + (bx * 64 + (i12_1 * 8)), buf_s[((i12_1 * 8) + 0)], buf_s[((i12_1 * 8) + 1)], buf_s[((i12_1 * 8) + 2)], buf_s[((i12_1 * 8) + 3)], buf_s[((i12_1 * 8) + 4)], buf_s[((i12_1 * 8) + 5)], buf_s[((i12_1 * 8) + 6)], buf_s[((i12_1 * 8) + 7)]);
+  }
+  mg_cluster_wait();
 }
 
-// add: one thread per output element
+// add: 8 consecutive output elements per thread, one 16-byte store
 extern "C" __global__ void __launch_bounds__(256) mg_k24_mirage_llama3_8b_layer_aec50abcc000(
     const mg_f16* __restrict__ p0,
     const mg_f16* __restrict__ p1,
     mg_f16* __restrict__ p2) {
   mg_grid_wait();
-  for (int e = blockIdx.x * 256 + threadIdx.x; e < 4096; e += gridDim.x * 256) {
+  for (int e8 = blockIdx.x * 256 + threadIdx.x; e8 < 512; e8 += gridDim.x * 256) {
+    const int e = e8 * 8;
     const int i1 = e;
-    const float v1 = mg_ld(p0[i1]);
-    const float v2 = mg_ld(p1[i1]);
+    const float v1 = mg_ld(p0[(i1 + 0)]);
+    const float v2 = mg_ld(p1[(i1 + 0)]);
     const float v3 = (v1 + v2);
-    mg_st(p2 + e, v3);
+    const float v4 = mg_ld(p0[(i1 + 1)]);
+    const float v5 = mg_ld(p1[(i1 + 1)]);
+    const float v6 = (v4 + v5);
+    const float v7 = mg_ld(p0[(i1 + 2)]);
+    const float v8 = mg_ld(p1[(i1 + 2)]);
+    const float v9 = (v7 + v8);
+    const float v10 = mg_ld(p0[(i1 + 3)]);
+    const float v11 = mg_ld(p1[(i1 + 3)]);
+    const float v12 = (v10 + v11);
+    const float v13 = mg_ld(p0[(i1 + 4)]);
+    const float v14 = mg_ld(p1[(i1 + 4)]);
+    const float v15 = (v13 + v14);
+    const float v16 = mg_ld(p0[(i1 + 5)]);
+    const float v17 = mg_ld(p1[(i1 + 5)]);
+    const float v18 = (v16 + v17);
+    const float v19 = mg_ld(p0[(i1 + 6)]);
+    const float v20 = mg_ld(p1[(i1 + 6)]);
+    const float v21 = (v19 + v20);
+    const float v22 = mg_ld(p0[(i1 + 7)]);
+    const float v23 = mg_ld(p1[(i1 + 7)]);
+    const float v24 = (v22 + v23);
+    mg_st8(p2 + e, v3, v6, v9, v12, v15, v18, v21, v24);
   }
 }
 
@@ -1166,71 +1835,73 @@ extern "C" __global__ void __launch_bounds__(256) mg_k25_mirage_llama3_8b_layer_
   for (int k = lane; k < 4096; k += 32) mg_st(p2 + (k), mg_ld(p0[k]) * inv * mg_ld(p1[k]));
 }
 
-// matmul as a generated block graph: grid [448, 1, 1], forloop 64, tensor cores
-extern "C" __global__ void __launch_bounds__(128, 1) mg_k26_mirage_llama3_8b_layer_aec50abcc000(
+// matmul as a generated block graph: grid [64, 1, 1], forloop 64, tensor cores
+extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(128, 1) mg_k26_mirage_llama3_8b_layer_aec50abcc000(
     const mg_f16* __restrict__ p0,
     const mg_f16* __restrict__ p1,
     mg_f16* __restrict__ p2) {
   mg_grid_wait();
-  const int bx = blockIdx.x, by = blockIdx.y, bz = blockIdx.z;
+  const int bx = blockIdx.x, by = blockIdx.y, bz = 0;
   (void)bx; (void)by; (void)bz;
+  const unsigned mg_rank = blockIdx.z;
+  const int mg_it0 = (int)mg_rank * 32;
   extern __shared__ __align__(16) unsigned char mg_smem[];
   const int base_a = 0;
-  const int base_b = bx * 32;
-  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 21184);
+  const int base_b = bx * 224;
+  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 120256);
   if (threadIdx.x < 4) mg_zero[threadIdx.x] = 0u;
   mg_f16* sm_a_0 = reinterpret_cast<mg_f16*>(mg_smem + 0);
   mg_f16* sm_b_0 = reinterpret_cast<mg_f16*>(mg_smem + 576);
-  float* buf_s = reinterpret_cast<float*>(mg_smem + 21056);
-  int mg_so_b[2], mg_do_b[2];
+  float* buf_s = reinterpret_cast<float*>(mg_smem + 119360);
+  int mg_so_b[14], mg_do_b[14];
   #pragma unroll
-  for (int i = 0; i < 2; ++i) {
+  for (int i = 0; i < 14; ++i) {
     const int c3 = threadIdx.x + i * 128;
-    const int s4_0 = c3 / 4;
-    const int s4_1 = (c3) % 4;
+    const int s4_0 = c3 / 28;
+    const int s4_1 = (c3) % 28;
     mg_so_b[i] = s4_0 * 14336 + (s4_1 * 8);
-    mg_do_b[i] = s4_0 * 40 + (s4_1 * 8);
+    mg_do_b[i] = s4_0 * 232 + (s4_1 * 8);
   }
   for (int c1 = threadIdx.x; c1 < 8; c1 += 128) {
     const int s2_1 = c1;
-    mg_cp_async16((sm_a_0 + ((0) % 4) * 72) + ((s2_1 * 8)), p0 + ((base_a + 0)) + ((s2_1 * 8)));
+    mg_cp_async16((sm_a_0 + ((0) % 4) * 72) + ((s2_1 * 8)), p0 + ((base_a + (mg_it0 + 0) * 64)) + ((s2_1 * 8)));
   }
   #pragma unroll
-  for (int i = 0; i < 2; ++i) mg_cp_async16((sm_b_0 + ((0) % 4) * 2560) + mg_do_b[i], p1 + ((base_b + 0)) + mg_so_b[i]);
+  for (int i = 0; i < 14; ++i) mg_cp_async16((sm_b_0 + ((0) % 4) * 14848) + mg_do_b[i], p1 + ((base_b + (mg_it0 + 0) * 917504)) + mg_so_b[i]);
   mg_cp_async_commit();
   for (int c5 = threadIdx.x; c5 < 8; c5 += 128) {
     const int s6_1 = c5;
-    mg_cp_async16((sm_a_0 + ((1) % 4) * 72) + ((s6_1 * 8)), p0 + ((base_a + 64)) + ((s6_1 * 8)));
+    mg_cp_async16((sm_a_0 + ((1) % 4) * 72) + ((s6_1 * 8)), p0 + ((base_a + (mg_it0 + 1) * 64)) + ((s6_1 * 8)));
   }
   #pragma unroll
-  for (int i = 0; i < 2; ++i) mg_cp_async16((sm_b_0 + ((1) % 4) * 2560) + mg_do_b[i], p1 + ((base_b + 917504)) + mg_so_b[i]);
+  for (int i = 0; i < 14; ++i) mg_cp_async16((sm_b_0 + ((1) % 4) * 14848) + mg_do_b[i], p1 + ((base_b + (mg_it0 + 1) * 917504)) + mg_so_b[i]);
   mg_cp_async_commit();
   for (int c7 = threadIdx.x; c7 < 8; c7 += 128) {
     const int s8_1 = c7;
-    mg_cp_async16((sm_a_0 + ((2) % 4) * 72) + ((s8_1 * 8)), p0 + ((base_a + 128)) + ((s8_1 * 8)));
+    mg_cp_async16((sm_a_0 + ((2) % 4) * 72) + ((s8_1 * 8)), p0 + ((base_a + (mg_it0 + 2) * 64)) + ((s8_1 * 8)));
   }
   #pragma unroll
-  for (int i = 0; i < 2; ++i) mg_cp_async16((sm_b_0 + ((2) % 4) * 2560) + mg_do_b[i], p1 + ((base_b + 1835008)) + mg_so_b[i]);
+  for (int i = 0; i < 14; ++i) mg_cp_async16((sm_b_0 + ((2) % 4) * 14848) + mg_do_b[i], p1 + ((base_b + (mg_it0 + 2) * 917504)) + mg_so_b[i]);
   mg_cp_async_commit();
-  float acc_s[1][4];
+  float acc_s[7][4];
   #pragma unroll
-  for (int j = 0; j < 1; ++j) acc_s[j][0] = acc_s[j][1] = acc_s[j][2] = acc_s[j][3] = 0.0f;
-  for (int it = 0; it < 64; ++it) {
-    const int off_a = base_a + it * 64;
-    const int off_b = base_b + it * 917504;
+  for (int j = 0; j < 7; ++j) acc_s[j][0] = acc_s[j][1] = acc_s[j][2] = acc_s[j][3] = 0.0f;
+  for (int it = 0; it < 32; ++it) {
+    const int off_a = base_a + (mg_it0 + it) * 64;
+    const int off_b = base_b + (mg_it0 + it) * 917504;
     mg_cp_async_wait<2>();
     __syncthreads();
-    if (it + 3 < 64) {
+    if (it + 3 < 32) {
       for (int c9 = threadIdx.x; c9 < 8; c9 += 128) {
         const int s10_1 = c9;
         mg_cp_async16((sm_a_0 + (((it + 3)) % 4) * 72) + ((s10_1 * 8)), p0 + ((off_a + 192)) + ((s10_1 * 8)));
       }
       #pragma unroll
-      for (int i = 0; i < 2; ++i) mg_cp_async16((sm_b_0 + (((it + 3)) % 4) * 2560) + mg_do_b[i], p1 + ((off_b + 2752512)) + mg_so_b[i]);
+      for (int i = 0; i < 14; ++i) mg_cp_async16((sm_b_0 + (((it + 3)) % 4) * 14848) + mg_do_b[i], p1 + ((off_b + 2752512)) + mg_so_b[i]);
     }
     mg_cp_async_commit();
     const auto* sm_a = (sm_a_0 + ((it) % 4) * 72);
-    const auto* sm_b = (sm_b_0 + ((it) % 4) * 2560);
+    const auto* sm_b = (sm_b_0 + ((it) % 4) * 14848);
     {
       const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
       const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
@@ -1247,15 +1918,15 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k26_mirage_llama3_8b_lay
       (void)r0; (void)r1;
       mg_ldsm_x4(ra0, ra1, ra2, ra3, ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) < 1 ? (const void*)(sm_a + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) * 72 + (kk + (mg_lane >> 4) * 8))) : (const void*)mg_zero));
       #pragma unroll
-      for (int j = 0; j < 1; ++j) {
+      for (int j = 0; j < 7; ++j) {
         const int q = mg_grp + 4 * j;
-        if (q < 4) {
-          const int mg_nb = q / 4;
-          const int mg_ni = q % 4;
+        if (q < 28) {
+          const int mg_nb = q / 28;
+          const int mg_ni = q % 28;
           const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
           (void)mg_nb; (void)c0; (void)n0;
           unsigned rb0, rb1;
-          mg_ldsm_x2_t(rb0, rb1, (sm_b + ((kk + (mg_lane & 15)) * 40 + (mg_ni * 8))));
+          mg_ldsm_x2_t(rb0, rb1, (sm_b + ((kk + (mg_lane & 15)) * 232 + (mg_ni * 8))));
           mg_mma_f16(acc_s[j], ra0, ra1, ra2, ra3, rb0, rb1);
         }
       }
@@ -1270,94 +1941,127 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k26_mirage_llama3_8b_lay
     const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
     (void)mg_ks;
     #pragma unroll
-    for (int j = 0; j < 1; ++j) {
+    for (int j = 0; j < 7; ++j) {
       const int q = mg_grp + 4 * j;
-      if (q < 4) {
-        const int mg_nb = q / 4;
-        const int mg_mi = (q / 4) % 1;
-        const int mg_ni = q % 4;
+      if (q < 28) {
+        const int mg_nb = q / 28;
+        const int mg_mi = (q / 28) % 1;
+        const int mg_ni = q % 28;
         const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
         const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
         (void)mg_nb; (void)r1; (void)c0; (void)n0;
-        if (r0 < 1) buf_s[r0 * 32 + c0] = acc_s[j][0];
-        if (r0 < 1) buf_s[r0 * 32 + (c0 + 1)] = acc_s[j][1];
-        if (r1 < 1) buf_s[r1 * 32 + c0] = acc_s[j][2];
-        if (r1 < 1) buf_s[r1 * 32 + (c0 + 1)] = acc_s[j][3];
+        if (r0 < 1) buf_s[r0 * 224 + c0] = acc_s[j][0];
+        if (r0 < 1) buf_s[r0 * 224 + (c0 + 1)] = acc_s[j][1];
+        if (r1 < 1) buf_s[r1 * 224 + c0] = acc_s[j][2];
+        if (r1 < 1) buf_s[r1 * 224 + (c0 + 1)] = acc_s[j][3];
       }
     }
   }
   __syncthreads();
-  for (int e11 = threadIdx.x; e11 < 4; e11 += 128) {
-    const int i12_1 = e11;
-    mg_st8(p2 + (bx * 32 + (i12_1 * 8)), buf_s[((i12_1 * 8) + 0)], buf_s[((i12_1 * 8) + 1)], buf_s[((i12_1 * 8) + 2)], buf_s[((i12_1 * 8) + 3)], buf_s[((i12_1 * 8) + 4)], buf_s[((i12_1 * 8) + 5)], buf_s[((i12_1 * 8) + 6)], buf_s[((i12_1 * 8) + 7)]);
+  mg_cluster_sync();
+  for (int e0 = threadIdx.x; e0 < 56; e0 += 512) {
+    float4 mg_p[4][2];
+    #pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int e = e0 + j * 128;
+      if (e < 56) {
+        #pragma unroll
+        for (unsigned r = 0; r < 2; ++r) mg_p[j][r] = mg_dsmem_ld4(buf_s + 4 * e, r);
+      }
+    }
+    #pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int e = e0 + j * 128;
+      if (e < 56) {
+        float4 v = mg_p[j][0];
+        #pragma unroll
+        for (unsigned r = 1; r < 2; ++r) {
+          v.x += mg_p[j][r].x;
+          v.y += mg_p[j][r].y;
+          v.z += mg_p[j][r].z;
+          v.w += mg_p[j][r].w;
+        }
+        reinterpret_cast<float4*>(reinterpret_cast<float*>(mg_smem + 0))[e] = v;
+      }
+    }
   }
+  mg_cluster_arrive();
+  __syncthreads();
+  buf_s = reinterpret_cast<float*>(mg_smem + 0);
+  for (int e11 = (int)mg_rank * 128 + (int)threadIdx.x; e11 < 28; e11 += 256) {
+    const int i12_1 = e11;
+    mg_st8(p2 + (bx * 224 + (i12_1 * 8)), buf_s[((i12_1 * 8) + 0)], buf_s[((i12_1 * 8) + 1)], buf_s[((i12_1 * 8) + 2)], buf_s[((i12_1 * 8) + 3)], buf_s[((i12_1 * 8) + 4)], buf_s[((i12_1 * 8) + 5)], buf_s[((i12_1 * 8) + 6)], buf_s[((i12_1 * 8) + 7)]);
+  }
+  mg_cluster_wait();
 }
 
-// matmul as a generated block graph: grid [448, 1, 1], forloop 64, tensor cores
-extern "C" __global__ void __launch_bounds__(128, 1) mg_k27_mirage_llama3_8b_layer_aec50abcc000(
+// matmul as a generated block graph: grid [64, 1, 1], forloop 64, tensor cores
+extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(128, 1) mg_k27_mirage_llama3_8b_layer_aec50abcc000(
     const mg_f16* __restrict__ p0,
     const mg_f16* __restrict__ p1,
     mg_f16* __restrict__ p2) {
   mg_grid_wait();
-  const int bx = blockIdx.x, by = blockIdx.y, bz = blockIdx.z;
+  const int bx = blockIdx.x, by = blockIdx.y, bz = 0;
   (void)bx; (void)by; (void)bz;
+  const unsigned mg_rank = blockIdx.z;
+  const int mg_it0 = (int)mg_rank * 32;
   extern __shared__ __align__(16) unsigned char mg_smem[];
   const int base_a = 0;
-  const int base_b = bx * 32;
-  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 21184);
+  const int base_b = bx * 224;
+  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 120256);
   if (threadIdx.x < 4) mg_zero[threadIdx.x] = 0u;
   mg_f16* sm_a_0 = reinterpret_cast<mg_f16*>(mg_smem + 0);
   mg_f16* sm_b_0 = reinterpret_cast<mg_f16*>(mg_smem + 576);
-  float* buf_s = reinterpret_cast<float*>(mg_smem + 21056);
-  int mg_so_b[2], mg_do_b[2];
+  float* buf_s = reinterpret_cast<float*>(mg_smem + 119360);
+  int mg_so_b[14], mg_do_b[14];
   #pragma unroll
-  for (int i = 0; i < 2; ++i) {
+  for (int i = 0; i < 14; ++i) {
     const int c3 = threadIdx.x + i * 128;
-    const int s4_0 = c3 / 4;
-    const int s4_1 = (c3) % 4;
+    const int s4_0 = c3 / 28;
+    const int s4_1 = (c3) % 28;
     mg_so_b[i] = s4_0 * 14336 + (s4_1 * 8);
-    mg_do_b[i] = s4_0 * 40 + (s4_1 * 8);
+    mg_do_b[i] = s4_0 * 232 + (s4_1 * 8);
   }
   for (int c1 = threadIdx.x; c1 < 8; c1 += 128) {
     const int s2_1 = c1;
-    mg_cp_async16((sm_a_0 + ((0) % 4) * 72) + ((s2_1 * 8)), p0 + ((base_a + 0)) + ((s2_1 * 8)));
+    mg_cp_async16((sm_a_0 + ((0) % 4) * 72) + ((s2_1 * 8)), p0 + ((base_a + (mg_it0 + 0) * 64)) + ((s2_1 * 8)));
   }
   #pragma unroll
-  for (int i = 0; i < 2; ++i) mg_cp_async16((sm_b_0 + ((0) % 4) * 2560) + mg_do_b[i], p1 + ((base_b + 0)) + mg_so_b[i]);
+  for (int i = 0; i < 14; ++i) mg_cp_async16((sm_b_0 + ((0) % 4) * 14848) + mg_do_b[i], p1 + ((base_b + (mg_it0 + 0) * 917504)) + mg_so_b[i]);
   mg_cp_async_commit();
   for (int c5 = threadIdx.x; c5 < 8; c5 += 128) {
     const int s6_1 = c5;
-    mg_cp_async16((sm_a_0 + ((1) % 4) * 72) + ((s6_1 * 8)), p0 + ((base_a + 64)) + ((s6_1 * 8)));
+    mg_cp_async16((sm_a_0 + ((1) % 4) * 72) + ((s6_1 * 8)), p0 + ((base_a + (mg_it0 + 1) * 64)) + ((s6_1 * 8)));
   }
   #pragma unroll
-  for (int i = 0; i < 2; ++i) mg_cp_async16((sm_b_0 + ((1) % 4) * 2560) + mg_do_b[i], p1 + ((base_b + 917504)) + mg_so_b[i]);
+  for (int i = 0; i < 14; ++i) mg_cp_async16((sm_b_0 + ((1) % 4) * 14848) + mg_do_b[i], p1 + ((base_b + (mg_it0 + 1) * 917504)) + mg_so_b[i]);
   mg_cp_async_commit();
   for (int c7 = threadIdx.x; c7 < 8; c7 += 128) {
     const int s8_1 = c7;
-    mg_cp_async16((sm_a_0 + ((2) % 4) * 72) + ((s8_1 * 8)), p0 + ((base_a + 128)) + ((s8_1 * 8)));
+    mg_cp_async16((sm_a_0 + ((2) % 4) * 72) + ((s8_1 * 8)), p0 + ((base_a + (mg_it0 + 2) * 64)) + ((s8_1 * 8)));
   }
   #pragma unroll
-  for (int i = 0; i < 2; ++i) mg_cp_async16((sm_b_0 + ((2) % 4) * 2560) + mg_do_b[i], p1 + ((base_b + 1835008)) + mg_so_b[i]);
+  for (int i = 0; i < 14; ++i) mg_cp_async16((sm_b_0 + ((2) % 4) * 14848) + mg_do_b[i], p1 + ((base_b + (mg_it0 + 2) * 917504)) + mg_so_b[i]);
   mg_cp_async_commit();
-  float acc_s[1][4];
+  float acc_s[7][4];
   #pragma unroll
-  for (int j = 0; j < 1; ++j) acc_s[j][0] = acc_s[j][1] = acc_s[j][2] = acc_s[j][3] = 0.0f;
-  for (int it = 0; it < 64; ++it) {
-    const int off_a = base_a + it * 64;
-    const int off_b = base_b + it * 917504;
+  for (int j = 0; j < 7; ++j) acc_s[j][0] = acc_s[j][1] = acc_s[j][2] = acc_s[j][3] = 0.0f;
+  for (int it = 0; it < 32; ++it) {
+    const int off_a = base_a + (mg_it0 + it) * 64;
+    const int off_b = base_b + (mg_it0 + it) * 917504;
     mg_cp_async_wait<2>();
     __syncthreads();
-    if (it + 3 < 64) {
+    if (it + 3 < 32) {
       for (int c9 = threadIdx.x; c9 < 8; c9 += 128) {
         const int s10_1 = c9;
         mg_cp_async16((sm_a_0 + (((it + 3)) % 4) * 72) + ((s10_1 * 8)), p0 + ((off_a + 192)) + ((s10_1 * 8)));
       }
       #pragma unroll
-      for (int i = 0; i < 2; ++i) mg_cp_async16((sm_b_0 + (((it + 3)) % 4) * 2560) + mg_do_b[i], p1 + ((off_b + 2752512)) + mg_so_b[i]);
+      for (int i = 0; i < 14; ++i) mg_cp_async16((sm_b_0 + (((it + 3)) % 4) * 14848) + mg_do_b[i], p1 + ((off_b + 2752512)) + mg_so_b[i]);
     }
     mg_cp_async_commit();
     const auto* sm_a = (sm_a_0 + ((it) % 4) * 72);
-    const auto* sm_b = (sm_b_0 + ((it) % 4) * 2560);
+    const auto* sm_b = (sm_b_0 + ((it) % 4) * 14848);
     {
       const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
       const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
@@ -1374,15 +2078,15 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k27_mirage_llama3_8b_lay
       (void)r0; (void)r1;
       mg_ldsm_x4(ra0, ra1, ra2, ra3, ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) < 1 ? (const void*)(sm_a + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) * 72 + (kk + (mg_lane >> 4) * 8))) : (const void*)mg_zero));
       #pragma unroll
-      for (int j = 0; j < 1; ++j) {
+      for (int j = 0; j < 7; ++j) {
         const int q = mg_grp + 4 * j;
-        if (q < 4) {
-          const int mg_nb = q / 4;
-          const int mg_ni = q % 4;
+        if (q < 28) {
+          const int mg_nb = q / 28;
+          const int mg_ni = q % 28;
           const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
           (void)mg_nb; (void)c0; (void)n0;
           unsigned rb0, rb1;
-          mg_ldsm_x2_t(rb0, rb1, (sm_b + ((kk + (mg_lane & 15)) * 40 + (mg_ni * 8))));
+          mg_ldsm_x2_t(rb0, rb1, (sm_b + ((kk + (mg_lane & 15)) * 232 + (mg_ni * 8))));
           mg_mma_f16(acc_s[j], ra0, ra1, ra2, ra3, rb0, rb1);
         }
       }
@@ -1397,121 +2101,192 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k27_mirage_llama3_8b_lay
     const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
     (void)mg_ks;
     #pragma unroll
-    for (int j = 0; j < 1; ++j) {
+    for (int j = 0; j < 7; ++j) {
       const int q = mg_grp + 4 * j;
-      if (q < 4) {
-        const int mg_nb = q / 4;
-        const int mg_mi = (q / 4) % 1;
-        const int mg_ni = q % 4;
+      if (q < 28) {
+        const int mg_nb = q / 28;
+        const int mg_mi = (q / 28) % 1;
+        const int mg_ni = q % 28;
         const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
         const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
         (void)mg_nb; (void)r1; (void)c0; (void)n0;
-        if (r0 < 1) buf_s[r0 * 32 + c0] = acc_s[j][0];
-        if (r0 < 1) buf_s[r0 * 32 + (c0 + 1)] = acc_s[j][1];
-        if (r1 < 1) buf_s[r1 * 32 + c0] = acc_s[j][2];
-        if (r1 < 1) buf_s[r1 * 32 + (c0 + 1)] = acc_s[j][3];
+        if (r0 < 1) buf_s[r0 * 224 + c0] = acc_s[j][0];
+        if (r0 < 1) buf_s[r0 * 224 + (c0 + 1)] = acc_s[j][1];
+        if (r1 < 1) buf_s[r1 * 224 + c0] = acc_s[j][2];
+        if (r1 < 1) buf_s[r1 * 224 + (c0 + 1)] = acc_s[j][3];
       }
     }
   }
   __syncthreads();
-  for (int e11 = threadIdx.x; e11 < 4; e11 += 128) {
-    const int i12_1 = e11;
-    mg_st8(p2 + (bx * 32 + (i12_1 * 8)), buf_s[((i12_1 * 8) + 0)], buf_s[((i12_1 * 8) + 1)], buf_s[((i12_1 * 8) + 2)], buf_s[((i12_1 * 8) + 3)], buf_s[((i12_1 * 8) + 4)], buf_s[((i12_1 * 8) + 5)], buf_s[((i12_1 * 8) + 6)], buf_s[((i12_1 * 8) + 7)]);
+  mg_cluster_sync();
+  for (int e0 = threadIdx.x; e0 < 56; e0 += 512) {
+    float4 mg_p[4][2];
+    #pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int e = e0 + j * 128;
+      if (e < 56) {
+        #pragma unroll
+        for (unsigned r = 0; r < 2; ++r) mg_p[j][r] = mg_dsmem_ld4(buf_s + 4 * e, r);
+      }
+    }
+    #pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int e = e0 + j * 128;
+      if (e < 56) {
+        float4 v = mg_p[j][0];
+        #pragma unroll
+        for (unsigned r = 1; r < 2; ++r) {
+          v.x += mg_p[j][r].x;
+          v.y += mg_p[j][r].y;
+          v.z += mg_p[j][r].z;
+          v.w += mg_p[j][r].w;
+        }
+        reinterpret_cast<float4*>(reinterpret_cast<float*>(mg_smem + 0))[e] = v;
+      }
+    }
   }
+  mg_cluster_arrive();
+  __syncthreads();
+  buf_s = reinterpret_cast<float*>(mg_smem + 0);
+  for (int e11 = (int)mg_rank * 128 + (int)threadIdx.x; e11 < 28; e11 += 256) {
+    const int i12_1 = e11;
+    mg_st8(p2 + (bx * 224 + (i12_1 * 8)), buf_s[((i12_1 * 8) + 0)], buf_s[((i12_1 * 8) + 1)], buf_s[((i12_1 * 8) + 2)], buf_s[((i12_1 * 8) + 3)], buf_s[((i12_1 * 8) + 4)], buf_s[((i12_1 * 8) + 5)], buf_s[((i12_1 * 8) + 6)], buf_s[((i12_1 * 8) + 7)]);
+  }
+  mg_cluster_wait();
 }
 
-// silu: one thread per output element
+// silu: 8 consecutive output elements per thread, one 16-byte store
 extern "C" __global__ void __launch_bounds__(256) mg_k28_mirage_llama3_8b_layer_aec50abcc000(
     const mg_f16* __restrict__ p0,
     mg_f16* __restrict__ p1) {
   mg_grid_wait();
-  for (int e = blockIdx.x * 256 + threadIdx.x; e < 14336; e += gridDim.x * 256) {
+  for (int e8 = blockIdx.x * 256 + threadIdx.x; e8 < 1792; e8 += gridDim.x * 256) {
+    const int e = e8 * 8;
     const int i1 = e;
-    const float v1 = mg_ld(p0[i1]);
+    const float v1 = mg_ld(p0[(i1 + 0)]);
     const float v2 = mg_silu(v1);
-    mg_st(p1 + e, v2);
+    const float v3 = mg_ld(p0[(i1 + 1)]);
+    const float v4 = mg_silu(v3);
+    const float v5 = mg_ld(p0[(i1 + 2)]);
+    const float v6 = mg_silu(v5);
+    const float v7 = mg_ld(p0[(i1 + 3)]);
+    const float v8 = mg_silu(v7);
+    const float v9 = mg_ld(p0[(i1 + 4)]);
+    const float v10 = mg_silu(v9);
+    const float v11 = mg_ld(p0[(i1 + 5)]);
+    const float v12 = mg_silu(v11);
+    const float v13 = mg_ld(p0[(i1 + 6)]);
+    const float v14 = mg_silu(v13);
+    const float v15 = mg_ld(p0[(i1 + 7)]);
+    const float v16 = mg_silu(v15);
+    mg_st8(p1 + e, v2, v4, v6, v8, v10, v12, v14, v16);
   }
 }
 
-// mul: one thread per output element
+// mul: 8 consecutive output elements per thread, one 16-byte store
 extern "C" __global__ void __launch_bounds__(256) mg_k29_mirage_llama3_8b_layer_aec50abcc000(
     const mg_f16* __restrict__ p0,
     const mg_f16* __restrict__ p1,
     mg_f16* __restrict__ p2) {
   mg_grid_wait();
-  for (int e = blockIdx.x * 256 + threadIdx.x; e < 14336; e += gridDim.x * 256) {
+  for (int e8 = blockIdx.x * 256 + threadIdx.x; e8 < 1792; e8 += gridDim.x * 256) {
+    const int e = e8 * 8;
     const int i1 = e;
-    const float v1 = mg_ld(p0[i1]);
-    const float v2 = mg_ld(p1[i1]);
+    const float v1 = mg_ld(p0[(i1 + 0)]);
+    const float v2 = mg_ld(p1[(i1 + 0)]);
     const float v3 = (v1 * v2);
-    mg_st(p2 + e, v3);
+    const float v4 = mg_ld(p0[(i1 + 1)]);
+    const float v5 = mg_ld(p1[(i1 + 1)]);
+    const float v6 = (v4 * v5);
+    const float v7 = mg_ld(p0[(i1 + 2)]);
+    const float v8 = mg_ld(p1[(i1 + 2)]);
+    const float v9 = (v7 * v8);
+    const float v10 = mg_ld(p0[(i1 + 3)]);
+    const float v11 = mg_ld(p1[(i1 + 3)]);
+    const float v12 = (v10 * v11);
+    const float v13 = mg_ld(p0[(i1 + 4)]);
+    const float v14 = mg_ld(p1[(i1 + 4)]);
+    const float v15 = (v13 * v14);
+    const float v16 = mg_ld(p0[(i1 + 5)]);
+    const float v17 = mg_ld(p1[(i1 + 5)]);
+    const float v18 = (v16 * v17);
+    const float v19 = mg_ld(p0[(i1 + 6)]);
+    const float v20 = mg_ld(p1[(i1 + 6)]);
+    const float v21 = (v19 * v20);
+    const float v22 = mg_ld(p0[(i1 + 7)]);
+    const float v23 = mg_ld(p1[(i1 + 7)]);
+    const float v24 = (v22 * v23);
+    mg_st8(p2 + e, v3, v6, v9, v12, v15, v18, v21, v24);
   }
 }
 
-// matmul as a generated block graph: grid [512, 1, 1], forloop 224, tensor cores
-extern "C" __global__ void __launch_bounds__(128, 1) mg_k30_mirage_llama3_8b_layer_aec50abcc000(
+// matmul as a generated block graph: grid [64, 1, 1], forloop 56, tensor cores
+extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(256, 1) mg_k30_mirage_llama3_8b_layer_aec50abcc000(
     const mg_f16* __restrict__ p0,
     const mg_f16* __restrict__ p1,
     mg_f16* __restrict__ p2) {
   mg_grid_wait();
-  const int bx = blockIdx.x, by = blockIdx.y, bz = blockIdx.z;
+  const int bx = blockIdx.x, by = blockIdx.y, bz = 0;
   (void)bx; (void)by; (void)bz;
+  const unsigned mg_rank = blockIdx.z;
+  const int mg_it0 = (int)mg_rank * 28;
   extern __shared__ __align__(16) unsigned char mg_smem[];
   const int base_a = 0;
-  const int base_b = bx * 8;
-  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 4704);
+  const int base_b = bx * 64;
+  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 149824);
   if (threadIdx.x < 4) mg_zero[threadIdx.x] = 0u;
   mg_f16* sm_a_0 = reinterpret_cast<mg_f16*>(mg_smem + 0);
-  mg_f16* sm_b_0 = reinterpret_cast<mg_f16*>(mg_smem + 576);
-  float* buf_s = reinterpret_cast<float*>(mg_smem + 4672);
-  for (int c1 = threadIdx.x; c1 < 8; c1 += 128) {
-    const int s2_1 = c1;
-    mg_cp_async16((sm_a_0 + ((0) % 4) * 72) + ((s2_1 * 8)), p0 + ((base_a + 0)) + ((s2_1 * 8)));
-  }
-  for (int c3 = threadIdx.x; c3 < 64; c3 += 128) {
-    const int s4_0 = c3;
-    mg_cp_async16((sm_b_0 + ((0) % 4) * 512) + (s4_0 * 8), p1 + ((base_b + 0)) + (s4_0 * 4096));
-  }
-  mg_cp_async_commit();
-  for (int c5 = threadIdx.x; c5 < 8; c5 += 128) {
-    const int s6_1 = c5;
-    mg_cp_async16((sm_a_0 + ((1) % 4) * 72) + ((s6_1 * 8)), p0 + ((base_a + 64)) + ((s6_1 * 8)));
-  }
-  for (int c7 = threadIdx.x; c7 < 64; c7 += 128) {
-    const int s8_0 = c7;
-    mg_cp_async16((sm_b_0 + ((1) % 4) * 512) + (s8_0 * 8), p1 + ((base_b + 262144)) + (s8_0 * 4096));
-  }
-  mg_cp_async_commit();
-  for (int c9 = threadIdx.x; c9 < 8; c9 += 128) {
-    const int s10_1 = c9;
-    mg_cp_async16((sm_a_0 + ((2) % 4) * 72) + ((s10_1 * 8)), p0 + ((base_a + 128)) + ((s10_1 * 8)));
-  }
-  for (int c11 = threadIdx.x; c11 < 64; c11 += 128) {
-    const int s12_0 = c11;
-    mg_cp_async16((sm_b_0 + ((2) % 4) * 512) + (s12_0 * 8), p1 + ((base_b + 524288)) + (s12_0 * 4096));
-  }
-  mg_cp_async_commit();
-  float acc_s[1][4];
+  mg_f16* sm_b_0 = reinterpret_cast<mg_f16*>(mg_smem + 2112);
+  float* buf_s = reinterpret_cast<float*>(mg_smem + 149568);
+  int mg_so_b[8], mg_do_b[8];
   #pragma unroll
-  for (int j = 0; j < 1; ++j) acc_s[j][0] = acc_s[j][1] = acc_s[j][2] = acc_s[j][3] = 0.0f;
-  for (int it = 0; it < 224; ++it) {
-    const int off_a = base_a + it * 64;
-    const int off_b = base_b + it * 262144;
+  for (int i = 0; i < 8; ++i) {
+    const int c3 = threadIdx.x + i * 256;
+    const int s4_0 = c3 / 8;
+    const int s4_1 = (c3) % 8;
+    mg_so_b[i] = s4_0 * 4096 + (s4_1 * 8);
+    mg_do_b[i] = s4_0 * 72 + (s4_1 * 8);
+  }
+  for (int c1 = threadIdx.x; c1 < 32; c1 += 256) {
+    const int s2_1 = c1;
+    mg_cp_async16((sm_a_0 + ((0) % 4) * 264) + ((s2_1 * 8)), p0 + ((base_a + (mg_it0 + 0) * 256)) + ((s2_1 * 8)));
+  }
+  #pragma unroll
+  for (int i = 0; i < 8; ++i) mg_cp_async16((sm_b_0 + ((0) % 4) * 18432) + mg_do_b[i], p1 + ((base_b + (mg_it0 + 0) * 1048576)) + mg_so_b[i]);
+  mg_cp_async_commit();
+  for (int c5 = threadIdx.x; c5 < 32; c5 += 256) {
+    const int s6_1 = c5;
+    mg_cp_async16((sm_a_0 + ((1) % 4) * 264) + ((s6_1 * 8)), p0 + ((base_a + (mg_it0 + 1) * 256)) + ((s6_1 * 8)));
+  }
+  #pragma unroll
+  for (int i = 0; i < 8; ++i) mg_cp_async16((sm_b_0 + ((1) % 4) * 18432) + mg_do_b[i], p1 + ((base_b + (mg_it0 + 1) * 1048576)) + mg_so_b[i]);
+  mg_cp_async_commit();
+  for (int c7 = threadIdx.x; c7 < 32; c7 += 256) {
+    const int s8_1 = c7;
+    mg_cp_async16((sm_a_0 + ((2) % 4) * 264) + ((s8_1 * 8)), p0 + ((base_a + (mg_it0 + 2) * 256)) + ((s8_1 * 8)));
+  }
+  #pragma unroll
+  for (int i = 0; i < 8; ++i) mg_cp_async16((sm_b_0 + ((2) % 4) * 18432) + mg_do_b[i], p1 + ((base_b + (mg_it0 + 2) * 1048576)) + mg_so_b[i]);
+  mg_cp_async_commit();
+  float acc_s[2][4];
+  #pragma unroll
+  for (int j = 0; j < 2; ++j) acc_s[j][0] = acc_s[j][1] = acc_s[j][2] = acc_s[j][3] = 0.0f;
+  for (int it = 0; it < 28; ++it) {
+    const int off_a = base_a + (mg_it0 + it) * 256;
+    const int off_b = base_b + (mg_it0 + it) * 1048576;
     mg_cp_async_wait<2>();
     __syncthreads();
-    if (it + 3 < 224) {
-      for (int c13 = threadIdx.x; c13 < 8; c13 += 128) {
-        const int s14_1 = c13;
-        mg_cp_async16((sm_a_0 + (((it + 3)) % 4) * 72) + ((s14_1 * 8)), p0 + ((off_a + 192)) + ((s14_1 * 8)));
+    if (it + 3 < 28) {
+      for (int c9 = threadIdx.x; c9 < 32; c9 += 256) {
+        const int s10_1 = c9;
+        mg_cp_async16((sm_a_0 + (((it + 3)) % 4) * 264) + ((s10_1 * 8)), p0 + ((off_a + 768)) + ((s10_1 * 8)));
       }
-      for (int c15 = threadIdx.x; c15 < 64; c15 += 128) {
-        const int s16_0 = c15;
-        mg_cp_async16((sm_b_0 + (((it + 3)) % 4) * 512) + (s16_0 * 8), p1 + ((off_b + 786432)) + (s16_0 * 4096));
-      }
+      #pragma unroll
+      for (int i = 0; i < 8; ++i) mg_cp_async16((sm_b_0 + (((it + 3)) % 4) * 18432) + mg_do_b[i], p1 + ((off_b + 3145728)) + mg_so_b[i]);
     }
     mg_cp_async_commit();
-    const auto* sm_a = (sm_a_0 + ((it) % 4) * 72);
-    const auto* sm_b = (sm_b_0 + ((it) % 4) * 512);
+    const auto* sm_a = (sm_a_0 + ((it) % 4) * 264);
+    const auto* sm_b = (sm_b_0 + ((it) % 4) * 18432);
     {
       const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
       const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
@@ -1519,24 +2294,24 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k30_mirage_llama3_8b_lay
       const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
       (void)mg_ks;
     #pragma unroll
-    for (int s = 0; s < 4; ++s) {
-      const int kk = (mg_ks + s * 1) * 16;
+    for (int s = 0; s < 8; ++s) {
+      const int kk = (mg_ks + s * 2) * 16;
       const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
       (void)k0; (void)k1;
       unsigned ra0, ra1, ra2, ra3;
       const int mg_mi = 0, r0 = mg_g, r1 = r0 + 8;
       (void)r0; (void)r1;
-      mg_ldsm_x4(ra0, ra1, ra2, ra3, ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) < 1 ? (const void*)(sm_a + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) * 72 + (kk + (mg_lane >> 4) * 8))) : (const void*)mg_zero));
+      mg_ldsm_x4(ra0, ra1, ra2, ra3, ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) < 1 ? (const void*)(sm_a + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) * 264 + (kk + (mg_lane >> 4) * 8))) : (const void*)mg_zero));
       #pragma unroll
-      for (int j = 0; j < 1; ++j) {
+      for (int j = 0; j < 2; ++j) {
         const int q = mg_grp + 4 * j;
-        if (q < 1) {
-          const int mg_nb = q / 1;
-          const int mg_ni = q % 1;
+        if (q < 8) {
+          const int mg_nb = q / 8;
+          const int mg_ni = q % 8;
           const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
           (void)mg_nb; (void)c0; (void)n0;
           unsigned rb0, rb1;
-          mg_ldsm_x2_t(rb0, rb1, (sm_b + ((kk + (mg_lane & 15)) * 8 + (mg_ni * 8))));
+          mg_ldsm_x2_t(rb0, rb1, (sm_b + ((kk + (mg_lane & 15)) * 72 + (mg_ni * 8))));
           mg_mma_f16(acc_s[j], ra0, ra1, ra2, ra3, rb0, rb1);
         }
       }
@@ -1550,41 +2325,116 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k30_mirage_llama3_8b_lay
     (void)mg_g; (void)mg_t;
     const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
     (void)mg_ks;
-    #pragma unroll
-    for (int j = 0; j < 1; ++j) {
-      const int q = mg_grp + 4 * j;
-      if (q < 1) {
-        const int mg_nb = q / 1;
-        const int mg_mi = (q / 1) % 1;
-        const int mg_ni = q % 1;
-        const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
-        const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
-        (void)mg_nb; (void)r1; (void)c0; (void)n0;
-        if (r0 < 1) buf_s[r0 * 8 + c0] = acc_s[j][0];
-        if (r0 < 1) buf_s[r0 * 8 + (c0 + 1)] = acc_s[j][1];
-        if (r1 < 1) buf_s[r1 * 8 + c0] = acc_s[j][2];
-        if (r1 < 1) buf_s[r1 * 8 + (c0 + 1)] = acc_s[j][3];
+    if (mg_ks == 0) {
+      #pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const int q = mg_grp + 4 * j;
+        if (q < 8) {
+          const int mg_nb = q / 8;
+          const int mg_mi = (q / 8) % 1;
+          const int mg_ni = q % 8;
+          const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
+          const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
+          (void)mg_nb; (void)r1; (void)c0; (void)n0;
+          if (r0 < 1) buf_s[r0 * 64 + c0] = acc_s[j][0];
+          if (r0 < 1) buf_s[r0 * 64 + (c0 + 1)] = acc_s[j][1];
+          if (r1 < 1) buf_s[r1 * 64 + c0] = acc_s[j][2];
+          if (r1 < 1) buf_s[r1 * 64 + (c0 + 1)] = acc_s[j][3];
+        }
+      }
+    }
+    __syncthreads();
+    if (mg_ks == 1) {
+      #pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const int q = mg_grp + 4 * j;
+        if (q < 8) {
+          const int mg_nb = q / 8;
+          const int mg_mi = (q / 8) % 1;
+          const int mg_ni = q % 8;
+          const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
+          const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
+          (void)mg_nb; (void)r1; (void)c0; (void)n0;
+          if (r0 < 1) buf_s[r0 * 64 + c0] += acc_s[j][0];
+          if (r0 < 1) buf_s[r0 * 64 + (c0 + 1)] += acc_s[j][1];
+          if (r1 < 1) buf_s[r1 * 64 + c0] += acc_s[j][2];
+          if (r1 < 1) buf_s[r1 * 64 + (c0 + 1)] += acc_s[j][3];
+        }
       }
     }
   }
   __syncthreads();
-  for (int e17 = threadIdx.x; e17 < 1; e17 += 128) {
-    mg_st8(p2 + (bx * 8), buf_s[(0 + 0)], buf_s[(0 + 1)], buf_s[(0 + 2)], buf_s[(0 + 3)], buf_s[(0 + 4)], buf_s[(0 + 5)], buf_s[(0 + 6)], buf_s[(0 + 7)]);
+  mg_cluster_sync();
+  for (int e0 = threadIdx.x; e0 < 16; e0 += 1024) {
+    float4 mg_p[4][2];
+    #pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int e = e0 + j * 256;
+      if (e < 16) {
+        #pragma unroll
+        for (unsigned r = 0; r < 2; ++r) mg_p[j][r] = mg_dsmem_ld4(buf_s + 4 * e, r);
+      }
+    }
+    #pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int e = e0 + j * 256;
+      if (e < 16) {
+        float4 v = mg_p[j][0];
+        #pragma unroll
+        for (unsigned r = 1; r < 2; ++r) {
+          v.x += mg_p[j][r].x;
+          v.y += mg_p[j][r].y;
+          v.z += mg_p[j][r].z;
+          v.w += mg_p[j][r].w;
+        }
+        reinterpret_cast<float4*>(reinterpret_cast<float*>(mg_smem + 0))[e] = v;
+      }
+    }
   }
+  mg_cluster_arrive();
+  __syncthreads();
+  buf_s = reinterpret_cast<float*>(mg_smem + 0);
+  for (int e11 = (int)mg_rank * 256 + (int)threadIdx.x; e11 < 8; e11 += 512) {
+    const int i12_1 = e11;
+    mg_st8(p2 + (bx * 64 + (i12_1 * 8)), buf_s[((i12_1 * 8) + 0)], buf_s[((i12_1 * 8) + 1)], buf_s[((i12_1 * 8) + 2)], buf_s[((i12_1 * 8) + 3)], buf_s[((i12_1 * 8) + 4)], buf_s[((i12_1 * 8) + 5)], buf_s[((i12_1 * 8) + 6)], buf_s[((i12_1 * 8) + 7)]);
+  }
+  mg_cluster_wait();
 }
 
-// add: one thread per output element
+// add: 8 consecutive output elements per thread, one 16-byte store
 extern "C" __global__ void __launch_bounds__(256) mg_k31_mirage_llama3_8b_layer_aec50abcc000(
     const mg_f16* __restrict__ p0,
     const mg_f16* __restrict__ p1,
     mg_f16* __restrict__ p2) {
   mg_grid_wait();
-  for (int e = blockIdx.x * 256 + threadIdx.x; e < 4096; e += gridDim.x * 256) {
+  for (int e8 = blockIdx.x * 256 + threadIdx.x; e8 < 512; e8 += gridDim.x * 256) {
+    const int e = e8 * 8;
     const int i1 = e;
-    const float v1 = mg_ld(p0[i1]);
-    const float v2 = mg_ld(p1[i1]);
+    const float v1 = mg_ld(p0[(i1 + 0)]);
+    const float v2 = mg_ld(p1[(i1 + 0)]);
     const float v3 = (v1 + v2);
-    mg_st(p2 + e, v3);
+    const float v4 = mg_ld(p0[(i1 + 1)]);
+    const float v5 = mg_ld(p1[(i1 + 1)]);
+    const float v6 = (v4 + v5);
+    const float v7 = mg_ld(p0[(i1 + 2)]);
+    const float v8 = mg_ld(p1[(i1 + 2)]);
+    const float v9 = (v7 + v8);
+    const float v10 = mg_ld(p0[(i1 + 3)]);
+    const float v11 = mg_ld(p1[(i1 + 3)]);
+    const float v12 = (v10 + v11);
+    const float v13 = mg_ld(p0[(i1 + 4)]);
+    const float v14 = mg_ld(p1[(i1 + 4)]);
+    const float v15 = (v13 + v14);
+    const float v16 = mg_ld(p0[(i1 + 5)]);
+    const float v17 = mg_ld(p1[(i1 + 5)]);
+    const float v18 = (v16 + v17);
+    const float v19 = mg_ld(p0[(i1 + 6)]);
+    const float v20 = mg_ld(p1[(i1 + 6)]);
+    const float v21 = (v19 + v20);
+    const float v22 = mg_ld(p0[(i1 + 7)]);
+    const float v23 = mg_ld(p1[(i1 + 7)]);
+    const float v24 = (v22 + v23);
+    mg_st8(p2 + e, v3, v6, v9, v12, v15, v18, v21, v24);
   }
 }
 
@@ -1603,8 +2453,8 @@ extern "C" size_t mirage_llama3_8b_layer_aec50abcc000_workspace_bytes(void) { re
 // What the launcher needs to know about the current device, found once per device
 // (a state per device ordinal; two threads racing store the same value, which is
 // harmless) and on every call for ordinals past the table: bit 0 says the device is
-// prepared (no kernel needs a per-device
-// attribute), bit 1 that it has compute capability 9.0 or
+// prepared (more than 48 KB of dynamic shared memory needs
+// cudaFuncSetAttribute, a per-device setting), bit 1 that it has compute capability 9.0 or
 // later, where kernels are launched with programmatic stream serialisation.
 static std::atomic<int> mg_device_state_mirage_llama3_8b_layer_aec50abcc000[64];
 
@@ -1617,6 +2467,30 @@ static cudaError_t mg_prepare_mirage_llama3_8b_layer_aec50abcc000(int* mg_state)
     *mg_state = mg_device_state_mirage_llama3_8b_layer_aec50abcc000[mg_dev].load(std::memory_order_acquire);
     if (*mg_state != 0) return cudaSuccess;
   }
+  mg_err = cudaFuncSetAttribute((const void*)mg_k1_mirage_llama3_8b_layer_aec50abcc000,
+                                cudaFuncAttributeMaxDynamicSharedMemorySize, 75088);
+  if (mg_err != cudaSuccess) return mg_err;
+  mg_err = cudaFuncSetAttribute((const void*)mg_k2_mirage_llama3_8b_layer_aec50abcc000,
+                                cudaFuncAttributeMaxDynamicSharedMemorySize, 51344);
+  if (mg_err != cudaSuccess) return mg_err;
+  mg_err = cudaFuncSetAttribute((const void*)mg_k3_mirage_llama3_8b_layer_aec50abcc000,
+                                cudaFuncAttributeMaxDynamicSharedMemorySize, 51344);
+  if (mg_err != cudaSuccess) return mg_err;
+  mg_err = cudaFuncSetAttribute((const void*)mg_k21_mirage_llama3_8b_layer_aec50abcc000,
+                                cudaFuncAttributeMaxDynamicSharedMemorySize, 57872);
+  if (mg_err != cudaSuccess) return mg_err;
+  mg_err = cudaFuncSetAttribute((const void*)mg_k23_mirage_llama3_8b_layer_aec50abcc000,
+                                cudaFuncAttributeMaxDynamicSharedMemorySize, 75088);
+  if (mg_err != cudaSuccess) return mg_err;
+  mg_err = cudaFuncSetAttribute((const void*)mg_k26_mirage_llama3_8b_layer_aec50abcc000,
+                                cudaFuncAttributeMaxDynamicSharedMemorySize, 120272);
+  if (mg_err != cudaSuccess) return mg_err;
+  mg_err = cudaFuncSetAttribute((const void*)mg_k27_mirage_llama3_8b_layer_aec50abcc000,
+                                cudaFuncAttributeMaxDynamicSharedMemorySize, 120272);
+  if (mg_err != cudaSuccess) return mg_err;
+  mg_err = cudaFuncSetAttribute((const void*)mg_k30_mirage_llama3_8b_layer_aec50abcc000,
+                                cudaFuncAttributeMaxDynamicSharedMemorySize, 149840);
+  if (mg_err != cudaSuccess) return mg_err;
   int mg_major = 0;
   mg_err = cudaDeviceGetAttribute(&mg_major, cudaDevAttrComputeCapabilityMajor, mg_dev);
   if (mg_err != cudaSuccess) return mg_err;
@@ -1658,9 +2532,9 @@ extern "C" cudaError_t mirage_llama3_8b_layer_aec50abcc000(const void* mg_in0_X,
     mg_f16* mg_a2 = (mg_f16*)(mg_ws + 8192);
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
     cudaLaunchConfig_t mg_cfg = {};
-    mg_cfg.gridDim = dim3(512, 1, 1);
+    mg_cfg.gridDim = dim3(64, 1, 2);
     mg_cfg.blockDim = dim3(128);
-    mg_cfg.dynamicSmemBytes = 4720;
+    mg_cfg.dynamicSmemBytes = 75088;
     mg_cfg.stream = mg_stream;
     mg_cfg.attrs = mg_pdl;
     mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
@@ -1673,9 +2547,9 @@ extern "C" cudaError_t mirage_llama3_8b_layer_aec50abcc000(const void* mg_in0_X,
     mg_f16* mg_a2 = (mg_f16*)(mg_ws + 16384);
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
     cudaLaunchConfig_t mg_cfg = {};
-    mg_cfg.gridDim = dim3(128, 1, 1);
-    mg_cfg.blockDim = dim3(128);
-    mg_cfg.dynamicSmemBytes = 4720;
+    mg_cfg.gridDim = dim3(64, 1, 2);
+    mg_cfg.blockDim = dim3(256);
+    mg_cfg.dynamicSmemBytes = 51344;
     mg_cfg.stream = mg_stream;
     mg_cfg.attrs = mg_pdl;
     mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
@@ -1688,9 +2562,9 @@ extern "C" cudaError_t mirage_llama3_8b_layer_aec50abcc000(const void* mg_in0_X,
     mg_f16* mg_a2 = (mg_f16*)(mg_ws + 18432);
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
     cudaLaunchConfig_t mg_cfg = {};
-    mg_cfg.gridDim = dim3(128, 1, 1);
-    mg_cfg.blockDim = dim3(128);
-    mg_cfg.dynamicSmemBytes = 4720;
+    mg_cfg.gridDim = dim3(64, 1, 2);
+    mg_cfg.blockDim = dim3(256);
+    mg_cfg.dynamicSmemBytes = 51344;
     mg_cfg.stream = mg_stream;
     mg_cfg.attrs = mg_pdl;
     mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
@@ -1759,7 +2633,7 @@ extern "C" cudaError_t mirage_llama3_8b_layer_aec50abcc000(const void* mg_in0_X,
     mg_f16* mg_a2 = (mg_f16*)(mg_ws + 38912);
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
     cudaLaunchConfig_t mg_cfg = {};
-    mg_cfg.gridDim = dim3(16, 1, 1);
+    mg_cfg.gridDim = dim3(2, 1, 1);
     mg_cfg.blockDim = dim3(256);
     mg_cfg.dynamicSmemBytes = 0;
     mg_cfg.stream = mg_stream;
@@ -1774,7 +2648,7 @@ extern "C" cudaError_t mirage_llama3_8b_layer_aec50abcc000(const void* mg_in0_X,
     mg_f16* mg_a2 = (mg_f16*)(mg_ws + 47104);
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
     cudaLaunchConfig_t mg_cfg = {};
-    mg_cfg.gridDim = dim3(16, 1, 1);
+    mg_cfg.gridDim = dim3(2, 1, 1);
     mg_cfg.blockDim = dim3(256);
     mg_cfg.dynamicSmemBytes = 0;
     mg_cfg.stream = mg_stream;
@@ -1789,7 +2663,7 @@ extern "C" cudaError_t mirage_llama3_8b_layer_aec50abcc000(const void* mg_in0_X,
     mg_f16* mg_a2 = (mg_f16*)(mg_ws + 55296);
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
     cudaLaunchConfig_t mg_cfg = {};
-    mg_cfg.gridDim = dim3(16, 1, 1);
+    mg_cfg.gridDim = dim3(2, 1, 1);
     mg_cfg.blockDim = dim3(256);
     mg_cfg.dynamicSmemBytes = 0;
     mg_cfg.stream = mg_stream;
@@ -1818,7 +2692,7 @@ extern "C" cudaError_t mirage_llama3_8b_layer_aec50abcc000(const void* mg_in0_X,
     mg_f16* mg_a2 = (mg_f16*)(mg_ws + 65536);
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
     cudaLaunchConfig_t mg_cfg = {};
-    mg_cfg.gridDim = dim3(4, 1, 1);
+    mg_cfg.gridDim = dim3(1, 1, 1);
     mg_cfg.blockDim = dim3(256);
     mg_cfg.dynamicSmemBytes = 0;
     mg_cfg.stream = mg_stream;
@@ -1833,7 +2707,7 @@ extern "C" cudaError_t mirage_llama3_8b_layer_aec50abcc000(const void* mg_in0_X,
     mg_f16* mg_a2 = (mg_f16*)(mg_ws + 67584);
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
     cudaLaunchConfig_t mg_cfg = {};
-    mg_cfg.gridDim = dim3(4, 1, 1);
+    mg_cfg.gridDim = dim3(1, 1, 1);
     mg_cfg.blockDim = dim3(256);
     mg_cfg.dynamicSmemBytes = 0;
     mg_cfg.stream = mg_stream;
@@ -1848,7 +2722,7 @@ extern "C" cudaError_t mirage_llama3_8b_layer_aec50abcc000(const void* mg_in0_X,
     mg_f16* mg_a2 = (mg_f16*)(mg_out1_KE);
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
     cudaLaunchConfig_t mg_cfg = {};
-    mg_cfg.gridDim = dim3(4, 1, 1);
+    mg_cfg.gridDim = dim3(1, 1, 1);
     mg_cfg.blockDim = dim3(256);
     mg_cfg.dynamicSmemBytes = 0;
     mg_cfg.stream = mg_stream;
@@ -1877,7 +2751,7 @@ extern "C" cudaError_t mirage_llama3_8b_layer_aec50abcc000(const void* mg_in0_X,
     mg_f16* mg_a2 = (mg_f16*)(mg_ws + 71680);
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
     cudaLaunchConfig_t mg_cfg = {};
-    mg_cfg.gridDim = dim3(16384, 1, 1);
+    mg_cfg.gridDim = dim3(2048, 1, 1);
     mg_cfg.blockDim = dim3(256);
     mg_cfg.dynamicSmemBytes = 0;
     mg_cfg.stream = mg_stream;
@@ -1892,7 +2766,7 @@ extern "C" cudaError_t mirage_llama3_8b_layer_aec50abcc000(const void* mg_in0_X,
     mg_f16* mg_a2 = (mg_f16*)(mg_ws + 8460288);
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
     cudaLaunchConfig_t mg_cfg = {};
-    mg_cfg.gridDim = dim3(16384, 1, 1);
+    mg_cfg.gridDim = dim3(2048, 1, 1);
     mg_cfg.blockDim = dim3(256);
     mg_cfg.dynamicSmemBytes = 0;
     mg_cfg.stream = mg_stream;
@@ -1907,9 +2781,9 @@ extern "C" cudaError_t mirage_llama3_8b_layer_aec50abcc000(const void* mg_in0_X,
     mg_f16* mg_a2 = (mg_f16*)(mg_ws + 16848896);
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
     cudaLaunchConfig_t mg_cfg = {};
-    mg_cfg.gridDim = dim3(64, 1, 8);
-    mg_cfg.blockDim = dim3(256);
-    mg_cfg.dynamicSmemBytes = 0;
+    mg_cfg.gridDim = dim3(16, 8, 1);
+    mg_cfg.blockDim = dim3(128);
+    mg_cfg.dynamicSmemBytes = 38672;
     mg_cfg.stream = mg_stream;
     mg_cfg.attrs = mg_pdl;
     mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
@@ -1921,7 +2795,7 @@ extern "C" cudaError_t mirage_llama3_8b_layer_aec50abcc000(const void* mg_in0_X,
     mg_f16* mg_a1 = (mg_f16*)(mg_ws + 17111040);
     void* mg_args[] = {&mg_a0, &mg_a1};
     cudaLaunchConfig_t mg_cfg = {};
-    mg_cfg.gridDim = dim3(512, 1, 1);
+    mg_cfg.gridDim = dim3(64, 1, 1);
     mg_cfg.blockDim = dim3(256);
     mg_cfg.dynamicSmemBytes = 0;
     mg_cfg.stream = mg_stream;
@@ -1950,9 +2824,9 @@ extern "C" cudaError_t mirage_llama3_8b_layer_aec50abcc000(const void* mg_in0_X,
     mg_f16* mg_a2 = (mg_f16*)(mg_ws + 17635328);
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
     cudaLaunchConfig_t mg_cfg = {};
-    mg_cfg.gridDim = dim3(2, 1, 8);
+    mg_cfg.gridDim = dim3(8, 8, 2);
     mg_cfg.blockDim = dim3(256);
-    mg_cfg.dynamicSmemBytes = 0;
+    mg_cfg.dynamicSmemBytes = 57872;
     mg_cfg.stream = mg_stream;
     mg_cfg.attrs = mg_pdl;
     mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
@@ -1979,9 +2853,9 @@ extern "C" cudaError_t mirage_llama3_8b_layer_aec50abcc000(const void* mg_in0_X,
     mg_f16* mg_a2 = (mg_f16*)(mg_ws + 17651712);
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
     cudaLaunchConfig_t mg_cfg = {};
-    mg_cfg.gridDim = dim3(512, 1, 1);
+    mg_cfg.gridDim = dim3(64, 1, 2);
     mg_cfg.blockDim = dim3(128);
-    mg_cfg.dynamicSmemBytes = 4720;
+    mg_cfg.dynamicSmemBytes = 75088;
     mg_cfg.stream = mg_stream;
     mg_cfg.attrs = mg_pdl;
     mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
@@ -1994,7 +2868,7 @@ extern "C" cudaError_t mirage_llama3_8b_layer_aec50abcc000(const void* mg_in0_X,
     mg_f16* mg_a2 = (mg_f16*)(mg_ws + 17659904);
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
     cudaLaunchConfig_t mg_cfg = {};
-    mg_cfg.gridDim = dim3(16, 1, 1);
+    mg_cfg.gridDim = dim3(2, 1, 1);
     mg_cfg.blockDim = dim3(256);
     mg_cfg.dynamicSmemBytes = 0;
     mg_cfg.stream = mg_stream;
@@ -2024,9 +2898,9 @@ extern "C" cudaError_t mirage_llama3_8b_layer_aec50abcc000(const void* mg_in0_X,
     mg_f16* mg_a2 = (mg_f16*)(mg_ws + 17676288);
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
     cudaLaunchConfig_t mg_cfg = {};
-    mg_cfg.gridDim = dim3(448, 1, 1);
+    mg_cfg.gridDim = dim3(64, 1, 2);
     mg_cfg.blockDim = dim3(128);
-    mg_cfg.dynamicSmemBytes = 21200;
+    mg_cfg.dynamicSmemBytes = 120272;
     mg_cfg.stream = mg_stream;
     mg_cfg.attrs = mg_pdl;
     mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
@@ -2039,9 +2913,9 @@ extern "C" cudaError_t mirage_llama3_8b_layer_aec50abcc000(const void* mg_in0_X,
     mg_f16* mg_a2 = (mg_f16*)(mg_ws + 17704960);
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
     cudaLaunchConfig_t mg_cfg = {};
-    mg_cfg.gridDim = dim3(448, 1, 1);
+    mg_cfg.gridDim = dim3(64, 1, 2);
     mg_cfg.blockDim = dim3(128);
-    mg_cfg.dynamicSmemBytes = 21200;
+    mg_cfg.dynamicSmemBytes = 120272;
     mg_cfg.stream = mg_stream;
     mg_cfg.attrs = mg_pdl;
     mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
@@ -2053,7 +2927,7 @@ extern "C" cudaError_t mirage_llama3_8b_layer_aec50abcc000(const void* mg_in0_X,
     mg_f16* mg_a1 = (mg_f16*)(mg_ws + 17733632);
     void* mg_args[] = {&mg_a0, &mg_a1};
     cudaLaunchConfig_t mg_cfg = {};
-    mg_cfg.gridDim = dim3(56, 1, 1);
+    mg_cfg.gridDim = dim3(7, 1, 1);
     mg_cfg.blockDim = dim3(256);
     mg_cfg.dynamicSmemBytes = 0;
     mg_cfg.stream = mg_stream;
@@ -2068,7 +2942,7 @@ extern "C" cudaError_t mirage_llama3_8b_layer_aec50abcc000(const void* mg_in0_X,
     mg_f16* mg_a2 = (mg_f16*)(mg_ws + 17762304);
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
     cudaLaunchConfig_t mg_cfg = {};
-    mg_cfg.gridDim = dim3(56, 1, 1);
+    mg_cfg.gridDim = dim3(7, 1, 1);
     mg_cfg.blockDim = dim3(256);
     mg_cfg.dynamicSmemBytes = 0;
     mg_cfg.stream = mg_stream;
@@ -2083,9 +2957,9 @@ extern "C" cudaError_t mirage_llama3_8b_layer_aec50abcc000(const void* mg_in0_X,
     mg_f16* mg_a2 = (mg_f16*)(mg_ws + 17790976);
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
     cudaLaunchConfig_t mg_cfg = {};
-    mg_cfg.gridDim = dim3(512, 1, 1);
-    mg_cfg.blockDim = dim3(128);
-    mg_cfg.dynamicSmemBytes = 4720;
+    mg_cfg.gridDim = dim3(64, 1, 2);
+    mg_cfg.blockDim = dim3(256);
+    mg_cfg.dynamicSmemBytes = 149840;
     mg_cfg.stream = mg_stream;
     mg_cfg.attrs = mg_pdl;
     mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
@@ -2098,7 +2972,7 @@ extern "C" cudaError_t mirage_llama3_8b_layer_aec50abcc000(const void* mg_in0_X,
     mg_f16* mg_a2 = (mg_f16*)(mg_out0_Y);
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
     cudaLaunchConfig_t mg_cfg = {};
-    mg_cfg.gridDim = dim3(16, 1, 1);
+    mg_cfg.gridDim = dim3(2, 1, 1);
     mg_cfg.blockDim = dim3(256);
     mg_cfg.dynamicSmemBytes = 0;
     mg_cfg.stream = mg_stream;

@@ -11,15 +11,18 @@
 // input 2 'A': f16[256, 16]
 // input 3 'B': f16[16, 4096]
 // output 0 'O': f16[16, 4096]
-// kernel mg_k0_mirage_lora_h16x256_h256x4096_h256x16_h16x4096_to_h16x4096: grid [512, 1, 1], 128 threads, 13840 B dynamic shared memory
-// kernel mg_k1_mirage_lora_h16x256_h256x4096_h256x16_h16x4096_to_h16x4096: grid [2, 1, 1], 128 threads, 13840 B dynamic shared memory
-// kernel mg_k2_mirage_lora_h16x256_h256x4096_h256x16_h16x4096_to_h16x4096: grid [512, 1, 1], 128 threads, 1552 B dynamic shared memory
-// kernel mg_k3_mirage_lora_h16x256_h256x4096_h256x16_h16x4096_to_h16x4096: grid [256, 1, 1], 256 threads, 0 B dynamic shared memory
+// kernel mg_k0_mirage_lora_h16x256_h256x4096_h256x16_h16x4096_to_h16x4096: grid [64, 1, 2], 128 threads, 16400 B dynamic shared memory
+// kernel mg_k1_mirage_lora_h16x256_h256x4096_h256x16_h16x4096_to_h16x4096: grid [2, 1, 1], 128 threads, 13328 B dynamic shared memory
+// kernel mg_k2_mirage_lora_h16x256_h256x4096_h256x16_h16x4096_to_h16x4096: grid [128, 1, 1], 128 threads, 4112 B dynamic shared memory
+// kernel mg_k3_mirage_lora_h16x256_h256x4096_h256x16_h16x4096_to_h16x4096: grid [32, 1, 1], 256 threads, 0 B dynamic shared memory
 
 // The kernels use cp.async, bf16 conversions and mma.sync shapes of sm_80 and later:
 // one clear error instead of a wall of ptxas errors for an older target.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
 #error "mirage-cli generated code needs sm_80 or newer: compile with -arch=sm_80 or -arch=sm_90"
+// Some kernels split their loop over a thread-block cluster, an sm_90 feature.
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+#error "this file was generated for sm_90 (thread-block clusters): compile with -arch=sm_90, or generate it with --arch sm_80"
 #endif
 
 // Storage types and helpers. The device code needs no header, so NVRTC compiles it
@@ -164,7 +167,8 @@ __device__ __forceinline__ void mg_ld8(const T* p, float* f) {
     f[2 * i + 1] = mg_ld(hi);
   }
 }
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+// (Host compilation sees these too: nvcc parses every kernel body in its host pass.)
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
 // Thread-block clusters (sm_90): a barrier over every thread of the cluster (release /
 // acquire, so shared-memory writes before it are seen after it), and a load from (a
 // store to) the shared memory of block `rank` of the cluster at the address `p` has in
@@ -207,295 +211,78 @@ __device__ __forceinline__ void mg_dsmem_st(float* p, unsigned rank, float v) {
 }
 #endif
 
-// matmul as a generated block graph: grid [512, 1, 1], forloop 4, tensor cores
-extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_lora_h16x256_h256x4096_h256x16_h16x4096_to_h16x4096(
+// matmul as a generated block graph: grid [64, 1, 1], forloop 16, tensor cores
+extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(128, 1) mg_k0_mirage_lora_h16x256_h256x4096_h256x16_h16x4096_to_h16x4096(
     const mg_f16* __restrict__ p0,
     const mg_f16* __restrict__ p1,
     mg_f16* __restrict__ p2) {
   mg_grid_wait();
-  const int bx = blockIdx.x, by = blockIdx.y, bz = blockIdx.z;
+  const int bx = blockIdx.x, by = blockIdx.y, bz = 0;
   (void)bx; (void)by; (void)bz;
+  const unsigned mg_rank = blockIdx.z;
+  const int mg_it0 = (int)mg_rank * 8;
+  const int mg_rot = (int)((bx + 64 * (by + 1 * bz)) + mg_rank) % 8;
   extern __shared__ __align__(16) unsigned char mg_smem[];
   const int base_a = 0;
-  const int base_b = bx * 8;
-  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 13824);
+  const int base_b = bx * 64;
+  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 16384);
   if (threadIdx.x < 4) mg_zero[threadIdx.x] = 0u;
   mg_f16* sm_a_0 = reinterpret_cast<mg_f16*>(mg_smem + 0);
-  mg_f16* sm_b_0 = reinterpret_cast<mg_f16*>(mg_smem + 9216);
-  float* buf_s = reinterpret_cast<float*>(mg_smem + 13312);
-  int mg_so_a[1], mg_do_a[1];
+  mg_f16* sm_b_0 = reinterpret_cast<mg_f16*>(mg_smem + 3072);
+  float* buf_s = reinterpret_cast<float*>(mg_smem + 12288);
+  int mg_so_b[1], mg_do_b[1];
   #pragma unroll
   for (int i = 0; i < 1; ++i) {
-    const int c1 = threadIdx.x + i * 128;
-    const int s2_0 = c1 / 8;
-    const int s2_1 = (c1) % 8;
-    mg_so_a[i] = s2_0 * 256 + (s2_1 * 8);
-    mg_do_a[i] = s2_0 * 72 + (s2_1 * 8);
+    const int c3 = threadIdx.x + i * 128;
+    const int s4_0 = c3 / 8;
+    const int s4_1 = (c3) % 8;
+    mg_so_b[i] = s4_0 * 4096 + (s4_1 * 8);
+    mg_do_b[i] = s4_0 * 72 + (s4_1 * 8);
+  }
+  for (int c1 = threadIdx.x; c1 < 32; c1 += 128) {
+    const int s2_0 = c1 / 2;
+    const int s2_1 = (c1) % 2;
+    mg_cp_async16((sm_a_0 + ((0) % 4) * 384) + (s2_0 * 24 + (s2_1 * 8)), p0 + ((base_a + (mg_it0 + (((0) + mg_rot) & 7)) * 16)) + (s2_0 * 256 + (s2_1 * 8)));
   }
   #pragma unroll
-  for (int i = 0; i < 1; ++i) mg_cp_async16((sm_a_0 + ((0) % 4) * 1152) + mg_do_a[i], p0 + ((base_a + 0)) + mg_so_a[i]);
-  for (int c3 = threadIdx.x; c3 < 64; c3 += 128) {
-    const int s4_0 = c3;
-    mg_cp_async16((sm_b_0 + ((0) % 4) * 512) + (s4_0 * 8), p1 + ((base_b + 0)) + (s4_0 * 4096));
-  }
+  for (int i = 0; i < 1; ++i) mg_cp_async16((sm_b_0 + ((0) % 4) * 1152) + mg_do_b[i], p1 + ((base_b + (mg_it0 + (((0) + mg_rot) & 7)) * 65536)) + mg_so_b[i]);
   mg_cp_async_commit();
-  #pragma unroll
-  for (int i = 0; i < 1; ++i) mg_cp_async16((sm_a_0 + ((1) % 4) * 1152) + mg_do_a[i], p0 + ((base_a + 64)) + mg_so_a[i]);
-  for (int c5 = threadIdx.x; c5 < 64; c5 += 128) {
-    const int s6_0 = c5;
-    mg_cp_async16((sm_b_0 + ((1) % 4) * 512) + (s6_0 * 8), p1 + ((base_b + 262144)) + (s6_0 * 4096));
+  for (int c5 = threadIdx.x; c5 < 32; c5 += 128) {
+    const int s6_0 = c5 / 2;
+    const int s6_1 = (c5) % 2;
+    mg_cp_async16((sm_a_0 + ((1) % 4) * 384) + (s6_0 * 24 + (s6_1 * 8)), p0 + ((base_a + (mg_it0 + (((1) + mg_rot) & 7)) * 16)) + (s6_0 * 256 + (s6_1 * 8)));
   }
-  mg_cp_async_commit();
   #pragma unroll
-  for (int i = 0; i < 1; ++i) mg_cp_async16((sm_a_0 + ((2) % 4) * 1152) + mg_do_a[i], p0 + ((base_a + 128)) + mg_so_a[i]);
-  for (int c7 = threadIdx.x; c7 < 64; c7 += 128) {
-    const int s8_0 = c7;
-    mg_cp_async16((sm_b_0 + ((2) % 4) * 512) + (s8_0 * 8), p1 + ((base_b + 524288)) + (s8_0 * 4096));
+  for (int i = 0; i < 1; ++i) mg_cp_async16((sm_b_0 + ((1) % 4) * 1152) + mg_do_b[i], p1 + ((base_b + (mg_it0 + (((1) + mg_rot) & 7)) * 65536)) + mg_so_b[i]);
+  mg_cp_async_commit();
+  for (int c7 = threadIdx.x; c7 < 32; c7 += 128) {
+    const int s8_0 = c7 / 2;
+    const int s8_1 = (c7) % 2;
+    mg_cp_async16((sm_a_0 + ((2) % 4) * 384) + (s8_0 * 24 + (s8_1 * 8)), p0 + ((base_a + (mg_it0 + (((2) + mg_rot) & 7)) * 16)) + (s8_0 * 256 + (s8_1 * 8)));
   }
-  mg_cp_async_commit();
-  float acc_s[1][4];
   #pragma unroll
-  for (int j = 0; j < 1; ++j) acc_s[j][0] = acc_s[j][1] = acc_s[j][2] = acc_s[j][3] = 0.0f;
-  for (int it = 0; it < 4; ++it) {
-    const int off_a = base_a + it * 64;
-    const int off_b = base_b + it * 262144;
+  for (int i = 0; i < 1; ++i) mg_cp_async16((sm_b_0 + ((2) % 4) * 1152) + mg_do_b[i], p1 + ((base_b + (mg_it0 + (((2) + mg_rot) & 7)) * 65536)) + mg_so_b[i]);
+  mg_cp_async_commit();
+  float acc_s[2][4];
+  #pragma unroll
+  for (int j = 0; j < 2; ++j) acc_s[j][0] = acc_s[j][1] = acc_s[j][2] = acc_s[j][3] = 0.0f;
+  for (int it = 0; it < 8; ++it) {
+    const int off_a = base_a + (mg_it0 + (((it) + mg_rot) & 7)) * 16;
+    const int off_b = base_b + (mg_it0 + (((it) + mg_rot) & 7)) * 65536;
     mg_cp_async_wait<2>();
     __syncthreads();
-    if (it + 3 < 4) {
-      #pragma unroll
-      for (int i = 0; i < 1; ++i) mg_cp_async16((sm_a_0 + (((it + 3)) % 4) * 1152) + mg_do_a[i], p0 + ((off_a + 192)) + mg_so_a[i]);
-      for (int c9 = threadIdx.x; c9 < 64; c9 += 128) {
-        const int s10_0 = c9;
-        mg_cp_async16((sm_b_0 + (((it + 3)) % 4) * 512) + (s10_0 * 8), p1 + ((off_b + 786432)) + (s10_0 * 4096));
+    if (it + 3 < 8) {
+      for (int c9 = threadIdx.x; c9 < 32; c9 += 128) {
+        const int s10_0 = c9 / 2;
+        const int s10_1 = (c9) % 2;
+        mg_cp_async16((sm_a_0 + (((it + 3)) % 4) * 384) + (s10_0 * 24 + (s10_1 * 8)), p0 + ((base_a + (mg_it0 + (((it + 3) + mg_rot) & 7)) * 16)) + (s10_0 * 256 + (s10_1 * 8)));
       }
+      #pragma unroll
+      for (int i = 0; i < 1; ++i) mg_cp_async16((sm_b_0 + (((it + 3)) % 4) * 1152) + mg_do_b[i], p1 + ((base_b + (mg_it0 + (((it + 3) + mg_rot) & 7)) * 65536)) + mg_so_b[i]);
     }
     mg_cp_async_commit();
-    const auto* sm_a = (sm_a_0 + ((it) % 4) * 1152);
-    const auto* sm_b = (sm_b_0 + ((it) % 4) * 512);
-    {
-      const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
-      const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
-      (void)mg_g; (void)mg_t;
-      const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
-      (void)mg_ks;
-    #pragma unroll
-    for (int s = 0; s < 4; ++s) {
-      const int kk = (mg_ks + s * 1) * 16;
-      const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
-      (void)k0; (void)k1;
-      unsigned ra0, ra1, ra2, ra3;
-      const int mg_mi = 0, r0 = mg_g, r1 = r0 + 8;
-      (void)r0; (void)r1;
-      mg_ldsm_x4(ra0, ra1, ra2, ra3, (sm_a + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) * 72 + (kk + (mg_lane >> 4) * 8))));
-      #pragma unroll
-      for (int j = 0; j < 1; ++j) {
-        const int q = mg_grp + 4 * j;
-        if (q < 1) {
-          const int mg_nb = q / 1;
-          const int mg_ni = q % 1;
-          const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
-          (void)mg_nb; (void)c0; (void)n0;
-          unsigned rb0, rb1;
-          mg_ldsm_x2_t(rb0, rb1, (sm_b + ((kk + (mg_lane & 15)) * 8 + (mg_ni * 8))));
-          mg_mma_f16(acc_s[j], ra0, ra1, ra2, ra3, rb0, rb1);
-        }
-      }
-    }
-    }
-  }
-  __syncthreads();
-  {
-    const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
-    const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
-    (void)mg_g; (void)mg_t;
-    const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
-    (void)mg_ks;
-    #pragma unroll
-    for (int j = 0; j < 1; ++j) {
-      const int q = mg_grp + 4 * j;
-      if (q < 1) {
-        const int mg_nb = q / 1;
-        const int mg_mi = (q / 1) % 1;
-        const int mg_ni = q % 1;
-        const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
-        const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
-        (void)mg_nb; (void)r1; (void)c0; (void)n0;
-        buf_s[r0 * 8 + c0] = acc_s[j][0];
-        buf_s[r0 * 8 + (c0 + 1)] = acc_s[j][1];
-        buf_s[r1 * 8 + c0] = acc_s[j][2];
-        buf_s[r1 * 8 + (c0 + 1)] = acc_s[j][3];
-      }
-    }
-  }
-  __syncthreads();
-  for (int e11 = threadIdx.x; e11 < 16; e11 += 128) {
-    const int i12_0 = e11;
-    mg_st8(p2 + (bx * 8 + i12_0 * 4096), buf_s[i12_0 * 8 + (0 + 0)], buf_s[i12_0 * 8 + (0 + 1)], buf_s[i12_0 * 8 + (0 + 2)], buf_s[i12_0 * 8 + (0 + 3)], buf_s[i12_0 * 8 + (0 + 4)], buf_s[i12_0 * 8 + (0 + 5)], buf_s[i12_0 * 8 + (0 + 6)], buf_s[i12_0 * 8 + (0 + 7)]);
-  }
-}
-
-// matmul as a generated block graph: grid [2, 1, 1], forloop 4, tensor cores
-extern "C" __global__ void __launch_bounds__(128, 1) mg_k1_mirage_lora_h16x256_h256x4096_h256x16_h16x4096_to_h16x4096(
-    const mg_f16* __restrict__ p0,
-    const mg_f16* __restrict__ p1,
-    mg_f16* __restrict__ p2) {
-  mg_grid_wait();
-  const int bx = blockIdx.x, by = blockIdx.y, bz = blockIdx.z;
-  (void)bx; (void)by; (void)bz;
-  extern __shared__ __align__(16) unsigned char mg_smem[];
-  const int base_a = 0;
-  const int base_b = bx * 8;
-  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 13824);
-  if (threadIdx.x < 4) mg_zero[threadIdx.x] = 0u;
-  mg_f16* sm_a_0 = reinterpret_cast<mg_f16*>(mg_smem + 0);
-  mg_f16* sm_b_0 = reinterpret_cast<mg_f16*>(mg_smem + 9216);
-  float* buf_s = reinterpret_cast<float*>(mg_smem + 13312);
-  int mg_so_a[1], mg_do_a[1];
-  #pragma unroll
-  for (int i = 0; i < 1; ++i) {
-    const int c1 = threadIdx.x + i * 128;
-    const int s2_0 = c1 / 8;
-    const int s2_1 = (c1) % 8;
-    mg_so_a[i] = s2_0 * 256 + (s2_1 * 8);
-    mg_do_a[i] = s2_0 * 72 + (s2_1 * 8);
-  }
-  #pragma unroll
-  for (int i = 0; i < 1; ++i) mg_cp_async16((sm_a_0 + ((0) % 4) * 1152) + mg_do_a[i], p0 + ((base_a + 0)) + mg_so_a[i]);
-  for (int c3 = threadIdx.x; c3 < 64; c3 += 128) {
-    const int s4_0 = c3;
-    mg_cp_async16((sm_b_0 + ((0) % 4) * 512) + (s4_0 * 8), p1 + ((base_b + 0)) + (s4_0 * 16));
-  }
-  mg_cp_async_commit();
-  #pragma unroll
-  for (int i = 0; i < 1; ++i) mg_cp_async16((sm_a_0 + ((1) % 4) * 1152) + mg_do_a[i], p0 + ((base_a + 64)) + mg_so_a[i]);
-  for (int c5 = threadIdx.x; c5 < 64; c5 += 128) {
-    const int s6_0 = c5;
-    mg_cp_async16((sm_b_0 + ((1) % 4) * 512) + (s6_0 * 8), p1 + ((base_b + 1024)) + (s6_0 * 16));
-  }
-  mg_cp_async_commit();
-  #pragma unroll
-  for (int i = 0; i < 1; ++i) mg_cp_async16((sm_a_0 + ((2) % 4) * 1152) + mg_do_a[i], p0 + ((base_a + 128)) + mg_so_a[i]);
-  for (int c7 = threadIdx.x; c7 < 64; c7 += 128) {
-    const int s8_0 = c7;
-    mg_cp_async16((sm_b_0 + ((2) % 4) * 512) + (s8_0 * 8), p1 + ((base_b + 2048)) + (s8_0 * 16));
-  }
-  mg_cp_async_commit();
-  float acc_s[1][4];
-  #pragma unroll
-  for (int j = 0; j < 1; ++j) acc_s[j][0] = acc_s[j][1] = acc_s[j][2] = acc_s[j][3] = 0.0f;
-  for (int it = 0; it < 4; ++it) {
-    const int off_a = base_a + it * 64;
-    const int off_b = base_b + it * 1024;
-    mg_cp_async_wait<2>();
-    __syncthreads();
-    if (it + 3 < 4) {
-      #pragma unroll
-      for (int i = 0; i < 1; ++i) mg_cp_async16((sm_a_0 + (((it + 3)) % 4) * 1152) + mg_do_a[i], p0 + ((off_a + 192)) + mg_so_a[i]);
-      for (int c9 = threadIdx.x; c9 < 64; c9 += 128) {
-        const int s10_0 = c9;
-        mg_cp_async16((sm_b_0 + (((it + 3)) % 4) * 512) + (s10_0 * 8), p1 + ((off_b + 3072)) + (s10_0 * 16));
-      }
-    }
-    mg_cp_async_commit();
-    const auto* sm_a = (sm_a_0 + ((it) % 4) * 1152);
-    const auto* sm_b = (sm_b_0 + ((it) % 4) * 512);
-    {
-      const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
-      const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
-      (void)mg_g; (void)mg_t;
-      const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
-      (void)mg_ks;
-    #pragma unroll
-    for (int s = 0; s < 4; ++s) {
-      const int kk = (mg_ks + s * 1) * 16;
-      const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
-      (void)k0; (void)k1;
-      unsigned ra0, ra1, ra2, ra3;
-      const int mg_mi = 0, r0 = mg_g, r1 = r0 + 8;
-      (void)r0; (void)r1;
-      mg_ldsm_x4(ra0, ra1, ra2, ra3, (sm_a + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) * 72 + (kk + (mg_lane >> 4) * 8))));
-      #pragma unroll
-      for (int j = 0; j < 1; ++j) {
-        const int q = mg_grp + 4 * j;
-        if (q < 1) {
-          const int mg_nb = q / 1;
-          const int mg_ni = q % 1;
-          const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
-          (void)mg_nb; (void)c0; (void)n0;
-          unsigned rb0, rb1;
-          mg_ldsm_x2_t(rb0, rb1, (sm_b + ((kk + (mg_lane & 15)) * 8 + (mg_ni * 8))));
-          mg_mma_f16(acc_s[j], ra0, ra1, ra2, ra3, rb0, rb1);
-        }
-      }
-    }
-    }
-  }
-  __syncthreads();
-  {
-    const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
-    const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
-    (void)mg_g; (void)mg_t;
-    const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
-    (void)mg_ks;
-    #pragma unroll
-    for (int j = 0; j < 1; ++j) {
-      const int q = mg_grp + 4 * j;
-      if (q < 1) {
-        const int mg_nb = q / 1;
-        const int mg_mi = (q / 1) % 1;
-        const int mg_ni = q % 1;
-        const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
-        const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
-        (void)mg_nb; (void)r1; (void)c0; (void)n0;
-        buf_s[r0 * 8 + c0] = acc_s[j][0];
-        buf_s[r0 * 8 + (c0 + 1)] = acc_s[j][1];
-        buf_s[r1 * 8 + c0] = acc_s[j][2];
-        buf_s[r1 * 8 + (c0 + 1)] = acc_s[j][3];
-      }
-    }
-  }
-  __syncthreads();
-  for (int e11 = threadIdx.x; e11 < 16; e11 += 128) {
-    const int i12_0 = e11;
-    mg_st8(p2 + (bx * 8 + i12_0 * 16), buf_s[i12_0 * 8 + (0 + 0)], buf_s[i12_0 * 8 + (0 + 1)], buf_s[i12_0 * 8 + (0 + 2)], buf_s[i12_0 * 8 + (0 + 3)], buf_s[i12_0 * 8 + (0 + 4)], buf_s[i12_0 * 8 + (0 + 5)], buf_s[i12_0 * 8 + (0 + 6)], buf_s[i12_0 * 8 + (0 + 7)]);
-  }
-}
-
-// matmul as a generated block graph: grid [512, 1, 1], forloop 1, tensor cores
-extern "C" __global__ void __launch_bounds__(128, 1) mg_k2_mirage_lora_h16x256_h256x4096_h256x16_h16x4096_to_h16x4096(
-    const mg_f16* __restrict__ p0,
-    const mg_f16* __restrict__ p1,
-    mg_f16* __restrict__ p2) {
-  mg_grid_wait();
-  const int bx = blockIdx.x, by = blockIdx.y, bz = blockIdx.z;
-  (void)bx; (void)by; (void)bz;
-  extern __shared__ __align__(16) unsigned char mg_smem[];
-  const int base_a = 0;
-  const int base_b = bx * 8;
-  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 1536);
-  if (threadIdx.x < 4) mg_zero[threadIdx.x] = 0u;
-  mg_f16* sm_a_0 = reinterpret_cast<mg_f16*>(mg_smem + 0);
-  mg_f16* sm_b_0 = reinterpret_cast<mg_f16*>(mg_smem + 768);
-  float* buf_s = reinterpret_cast<float*>(mg_smem + 1024);
-  float acc_s[1][4];
-  #pragma unroll
-  for (int j = 0; j < 1; ++j) acc_s[j][0] = acc_s[j][1] = acc_s[j][2] = acc_s[j][3] = 0.0f;
-  for (int it = 0; it < 1; ++it) {
-    const int off_a = base_a + it * 16;
-    const int off_b = base_b + it * 65536;
-    for (int c1 = threadIdx.x; c1 < 32; c1 += 128) {
-      const int s2_0 = c1 / 2;
-      const int s2_1 = (c1) % 2;
-      mg_cp_async16(sm_a_0 + (s2_0 * 24 + (s2_1 * 8)), p0 + (off_a) + (s2_0 * 16 + (s2_1 * 8)));
-    }
-    for (int c3 = threadIdx.x; c3 < 16; c3 += 128) {
-      const int s4_0 = c3;
-      mg_cp_async16(sm_b_0 + (s4_0 * 8), p1 + (off_b) + (s4_0 * 4096));
-    }
-    mg_cp_async_wait_all();
-    __syncthreads();
-    const auto* sm_a = sm_a_0;
-    const auto* sm_b = sm_b_0;
+    const auto* sm_a = (sm_a_0 + ((it) % 4) * 384);
+    const auto* sm_b = (sm_b_0 + ((it) % 4) * 1152);
     {
       const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
       const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
@@ -512,6 +299,156 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k2_mirage_lora_h16x256_h
       (void)r0; (void)r1;
       mg_ldsm_x4(ra0, ra1, ra2, ra3, (sm_a + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) * 24 + (kk + (mg_lane >> 4) * 8))));
       #pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const int q = mg_grp + 4 * j;
+        if (q < 8) {
+          const int mg_nb = q / 8;
+          const int mg_ni = q % 8;
+          const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
+          (void)mg_nb; (void)c0; (void)n0;
+          unsigned rb0, rb1;
+          mg_ldsm_x2_t(rb0, rb1, (sm_b + ((kk + (mg_lane & 15)) * 72 + (mg_ni * 8))));
+          mg_mma_f16(acc_s[j], ra0, ra1, ra2, ra3, rb0, rb1);
+        }
+      }
+    }
+    }
+  }
+  __syncthreads();
+  {
+    const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
+    const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
+    (void)mg_g; (void)mg_t;
+    const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
+    (void)mg_ks;
+    #pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const int q = mg_grp + 4 * j;
+      if (q < 8) {
+        const int mg_nb = q / 8;
+        const int mg_mi = (q / 8) % 1;
+        const int mg_ni = q % 8;
+        const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
+        const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
+        (void)mg_nb; (void)r1; (void)c0; (void)n0;
+        buf_s[r0 * 64 + c0] = acc_s[j][0];
+        buf_s[r0 * 64 + (c0 + 1)] = acc_s[j][1];
+        buf_s[r1 * 64 + c0] = acc_s[j][2];
+        buf_s[r1 * 64 + (c0 + 1)] = acc_s[j][3];
+      }
+    }
+  }
+  __syncthreads();
+  mg_cluster_sync();
+  for (int e0 = threadIdx.x; e0 < 256; e0 += 512) {
+    float4 mg_p[4][2];
+    #pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int e = e0 + j * 128;
+      if (e < 256) {
+        #pragma unroll
+        for (unsigned r = 0; r < 2; ++r) mg_p[j][r] = mg_dsmem_ld4(buf_s + 4 * e, r);
+      }
+    }
+    #pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int e = e0 + j * 128;
+      if (e < 256) {
+        float4 v = mg_p[j][0];
+        #pragma unroll
+        for (unsigned r = 1; r < 2; ++r) {
+          v.x += mg_p[j][r].x;
+          v.y += mg_p[j][r].y;
+          v.z += mg_p[j][r].z;
+          v.w += mg_p[j][r].w;
+        }
+        reinterpret_cast<float4*>(reinterpret_cast<float*>(mg_smem + 0))[e] = v;
+      }
+    }
+  }
+  mg_cluster_arrive();
+  __syncthreads();
+  buf_s = reinterpret_cast<float*>(mg_smem + 0);
+  for (int e11 = (int)mg_rank * 128 + (int)threadIdx.x; e11 < 128; e11 += 256) {
+    const int i12_0 = e11 / 8;
+    const int i12_1 = (e11) % 8;
+    mg_st8(p2 + (bx * 64 + i12_0 * 4096 + (i12_1 * 8)), buf_s[i12_0 * 64 + ((i12_1 * 8) + 0)], buf_s[i12_0 * 64 + ((i12_1 * 8) + 1)], buf_s[i12_0 * 64 + ((i12_1 * 8) + 2)], buf_s[i12_0 * 64 + ((i12_1 * 8) + 3)], buf_s[i12_0 * 64 + ((i12_1 * 8) + 4)], buf_s[i12_0 * 64 + ((i12_1 * 8) + 5)], buf_s[i12_0 * 64 + ((i12_1 * 8) + 6)], buf_s[i12_0 * 64 + ((i12_1 * 8) + 7)]);
+  }
+  mg_cluster_wait();
+}
+
+// matmul as a generated block graph: grid [2, 1, 1], forloop 2, tensor cores
+extern "C" __global__ void __launch_bounds__(128, 1) mg_k1_mirage_lora_h16x256_h256x4096_h256x16_h16x4096_to_h16x4096(
+    const mg_f16* __restrict__ p0,
+    const mg_f16* __restrict__ p1,
+    mg_f16* __restrict__ p2) {
+  mg_grid_wait();
+  const int bx = blockIdx.x, by = blockIdx.y, bz = blockIdx.z;
+  (void)bx; (void)by; (void)bz;
+  const int mg_rot = (int)((bx + 2 * (by + 1 * bz))) % 2;
+  extern __shared__ __align__(16) unsigned char mg_smem[];
+  const int base_a = 0;
+  const int base_b = bx * 8;
+  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 13312);
+  if (threadIdx.x < 4) mg_zero[threadIdx.x] = 0u;
+  mg_f16* sm_a_0 = reinterpret_cast<mg_f16*>(mg_smem + 0);
+  mg_f16* sm_b_0 = reinterpret_cast<mg_f16*>(mg_smem + 8704);
+  float* buf_s = reinterpret_cast<float*>(mg_smem + 12800);
+  int mg_so_a[2], mg_do_a[2];
+  #pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const int c1 = threadIdx.x + i * 128;
+    const int s2_0 = c1 / 16;
+    const int s2_1 = (c1) % 16;
+    mg_so_a[i] = s2_0 * 256 + (s2_1 * 8);
+    mg_do_a[i] = s2_0 * 136 + (s2_1 * 8);
+  }
+  int mg_so_b[1], mg_do_b[1];
+  #pragma unroll
+  for (int i = 0; i < 1; ++i) {
+    const int c3 = threadIdx.x + i * 128;
+    const int s4_0 = c3;
+    mg_so_b[i] = s4_0 * 16;
+    mg_do_b[i] = s4_0 * 8;
+  }
+  #pragma unroll
+  for (int i = 0; i < 2; ++i) mg_cp_async16((sm_a_0 + ((0) % 2) * 2176) + mg_do_a[i], p0 + ((base_a + (((0) + mg_rot) & 1) * 128)) + mg_so_a[i]);
+  #pragma unroll
+  for (int i = 0; i < 1; ++i) mg_cp_async16((sm_b_0 + ((0) % 2) * 1024) + mg_do_b[i], p1 + ((base_b + (((0) + mg_rot) & 1) * 2048)) + mg_so_b[i]);
+  mg_cp_async_commit();
+  float acc_s[1][4];
+  #pragma unroll
+  for (int j = 0; j < 1; ++j) acc_s[j][0] = acc_s[j][1] = acc_s[j][2] = acc_s[j][3] = 0.0f;
+  for (int it = 0; it < 2; ++it) {
+    const int off_a = base_a + (((it) + mg_rot) & 1) * 128;
+    const int off_b = base_b + (((it) + mg_rot) & 1) * 2048;
+    mg_cp_async_wait<0>();
+    __syncthreads();
+    if (it + 1 < 2) {
+      #pragma unroll
+      for (int i = 0; i < 2; ++i) mg_cp_async16((sm_a_0 + (((it + 1)) % 2) * 2176) + mg_do_a[i], p0 + ((base_a + (((it + 1) + mg_rot) & 1) * 128)) + mg_so_a[i]);
+      #pragma unroll
+      for (int i = 0; i < 1; ++i) mg_cp_async16((sm_b_0 + (((it + 1)) % 2) * 1024) + mg_do_b[i], p1 + ((base_b + (((it + 1) + mg_rot) & 1) * 2048)) + mg_so_b[i]);
+    }
+    mg_cp_async_commit();
+    const auto* sm_a = (sm_a_0 + ((it) % 2) * 2176);
+    const auto* sm_b = (sm_b_0 + ((it) % 2) * 1024);
+    {
+      const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
+      const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
+      (void)mg_g; (void)mg_t;
+      const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
+      (void)mg_ks;
+    #pragma unroll
+    for (int s = 0; s < 8; ++s) {
+      const int kk = (mg_ks + s * 1) * 16;
+      const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
+      (void)k0; (void)k1;
+      unsigned ra0, ra1, ra2, ra3;
+      const int mg_mi = 0, r0 = mg_g, r1 = r0 + 8;
+      (void)r0; (void)r1;
+      mg_ldsm_x4(ra0, ra1, ra2, ra3, (sm_a + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) * 136 + (kk + (mg_lane >> 4) * 8))));
+      #pragma unroll
       for (int j = 0; j < 1; ++j) {
         const int q = mg_grp + 4 * j;
         if (q < 1) {
@@ -526,8 +463,8 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k2_mirage_lora_h16x256_h
       }
     }
     }
-    __syncthreads();
   }
+  __syncthreads();
   {
     const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
     const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
@@ -554,23 +491,144 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k2_mirage_lora_h16x256_h
   __syncthreads();
   for (int e5 = threadIdx.x; e5 < 16; e5 += 128) {
     const int i6_0 = e5;
-    mg_st8(p2 + (bx * 8 + i6_0 * 4096), buf_s[i6_0 * 8 + (0 + 0)], buf_s[i6_0 * 8 + (0 + 1)], buf_s[i6_0 * 8 + (0 + 2)], buf_s[i6_0 * 8 + (0 + 3)], buf_s[i6_0 * 8 + (0 + 4)], buf_s[i6_0 * 8 + (0 + 5)], buf_s[i6_0 * 8 + (0 + 6)], buf_s[i6_0 * 8 + (0 + 7)]);
+    mg_st8(p2 + (bx * 8 + i6_0 * 16), buf_s[i6_0 * 8 + (0 + 0)], buf_s[i6_0 * 8 + (0 + 1)], buf_s[i6_0 * 8 + (0 + 2)], buf_s[i6_0 * 8 + (0 + 3)], buf_s[i6_0 * 8 + (0 + 4)], buf_s[i6_0 * 8 + (0 + 5)], buf_s[i6_0 * 8 + (0 + 6)], buf_s[i6_0 * 8 + (0 + 7)]);
   }
 }
 
-// add: one thread per output element
+// matmul as a generated block graph: grid [128, 1, 1], forloop 1, tensor cores
+extern "C" __global__ void __launch_bounds__(128, 1) mg_k2_mirage_lora_h16x256_h256x4096_h256x16_h16x4096_to_h16x4096(
+    const mg_f16* __restrict__ p0,
+    const mg_f16* __restrict__ p1,
+    mg_f16* __restrict__ p2) {
+  mg_grid_wait();
+  const int bx = blockIdx.x, by = blockIdx.y, bz = blockIdx.z;
+  (void)bx; (void)by; (void)bz;
+  extern __shared__ __align__(16) unsigned char mg_smem[];
+  const int base_a = 0;
+  const int base_b = bx * 32;
+  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 4096);
+  if (threadIdx.x < 4) mg_zero[threadIdx.x] = 0u;
+  mg_f16* sm_a_0 = reinterpret_cast<mg_f16*>(mg_smem + 0);
+  mg_f16* sm_b_0 = reinterpret_cast<mg_f16*>(mg_smem + 768);
+  float* buf_s = reinterpret_cast<float*>(mg_smem + 2048);
+  float acc_s[1][4];
+  #pragma unroll
+  for (int j = 0; j < 1; ++j) acc_s[j][0] = acc_s[j][1] = acc_s[j][2] = acc_s[j][3] = 0.0f;
+  for (int it = 0; it < 1; ++it) {
+    const int off_a = base_a + it * 16;
+    const int off_b = base_b + it * 65536;
+    for (int c1 = threadIdx.x; c1 < 32; c1 += 128) {
+      const int s2_0 = c1 / 2;
+      const int s2_1 = (c1) % 2;
+      mg_cp_async16(sm_a_0 + (s2_0 * 24 + (s2_1 * 8)), p0 + (off_a) + (s2_0 * 16 + (s2_1 * 8)));
+    }
+    for (int c3 = threadIdx.x; c3 < 64; c3 += 128) {
+      const int s4_0 = c3 / 4;
+      const int s4_1 = (c3) % 4;
+      mg_cp_async16(sm_b_0 + (s4_0 * 40 + (s4_1 * 8)), p1 + (off_b) + (s4_0 * 4096 + (s4_1 * 8)));
+    }
+    mg_cp_async_wait_all();
+    __syncthreads();
+    const auto* sm_a = sm_a_0;
+    const auto* sm_b = sm_b_0;
+    {
+      const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
+      const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
+      (void)mg_g; (void)mg_t;
+      const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
+      (void)mg_ks;
+    #pragma unroll
+    for (int s = 0; s < 1; ++s) {
+      const int kk = (mg_ks + s * 1) * 16;
+      const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
+      (void)k0; (void)k1;
+      unsigned ra0, ra1, ra2, ra3;
+      const int mg_mi = 0, r0 = mg_g, r1 = r0 + 8;
+      (void)r0; (void)r1;
+      mg_ldsm_x4(ra0, ra1, ra2, ra3, (sm_a + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) * 24 + (kk + (mg_lane >> 4) * 8))));
+      #pragma unroll
+      for (int j = 0; j < 1; ++j) {
+        const int q = mg_grp + 4 * j;
+        if (q < 4) {
+          const int mg_nb = q / 4;
+          const int mg_ni = q % 4;
+          const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
+          (void)mg_nb; (void)c0; (void)n0;
+          unsigned rb0, rb1;
+          mg_ldsm_x2_t(rb0, rb1, (sm_b + ((kk + (mg_lane & 15)) * 40 + (mg_ni * 8))));
+          mg_mma_f16(acc_s[j], ra0, ra1, ra2, ra3, rb0, rb1);
+        }
+      }
+    }
+    }
+    __syncthreads();
+  }
+  {
+    const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
+    const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
+    (void)mg_g; (void)mg_t;
+    const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
+    (void)mg_ks;
+    #pragma unroll
+    for (int j = 0; j < 1; ++j) {
+      const int q = mg_grp + 4 * j;
+      if (q < 4) {
+        const int mg_nb = q / 4;
+        const int mg_mi = (q / 4) % 1;
+        const int mg_ni = q % 4;
+        const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
+        const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
+        (void)mg_nb; (void)r1; (void)c0; (void)n0;
+        buf_s[r0 * 32 + c0] = acc_s[j][0];
+        buf_s[r0 * 32 + (c0 + 1)] = acc_s[j][1];
+        buf_s[r1 * 32 + c0] = acc_s[j][2];
+        buf_s[r1 * 32 + (c0 + 1)] = acc_s[j][3];
+      }
+    }
+  }
+  __syncthreads();
+  for (int e5 = threadIdx.x; e5 < 64; e5 += 128) {
+    const int i6_0 = e5 / 4;
+    const int i6_1 = (e5) % 4;
+    mg_st8(p2 + (bx * 32 + i6_0 * 4096 + (i6_1 * 8)), buf_s[i6_0 * 32 + ((i6_1 * 8) + 0)], buf_s[i6_0 * 32 + ((i6_1 * 8) + 1)], buf_s[i6_0 * 32 + ((i6_1 * 8) + 2)], buf_s[i6_0 * 32 + ((i6_1 * 8) + 3)], buf_s[i6_0 * 32 + ((i6_1 * 8) + 4)], buf_s[i6_0 * 32 + ((i6_1 * 8) + 5)], buf_s[i6_0 * 32 + ((i6_1 * 8) + 6)], buf_s[i6_0 * 32 + ((i6_1 * 8) + 7)]);
+  }
+}
+
+// add: 8 consecutive output elements per thread, one 16-byte store
 extern "C" __global__ void __launch_bounds__(256) mg_k3_mirage_lora_h16x256_h256x4096_h256x16_h16x4096_to_h16x4096(
     const mg_f16* __restrict__ p0,
     const mg_f16* __restrict__ p1,
     mg_f16* __restrict__ p2) {
   mg_grid_wait();
-  for (int e = blockIdx.x * 256 + threadIdx.x; e < 65536; e += gridDim.x * 256) {
+  for (int e8 = blockIdx.x * 256 + threadIdx.x; e8 < 8192; e8 += gridDim.x * 256) {
+    const int e = e8 * 8;
     const int i0 = e / 4096;
     const int i1 = (e) % 4096;
-    const float v1 = mg_ld(p0[i0 * 4096 + i1]);
-    const float v2 = mg_ld(p1[i0 * 4096 + i1]);
+    const float v1 = mg_ld(p0[i0 * 4096 + (i1 + 0)]);
+    const float v2 = mg_ld(p1[i0 * 4096 + (i1 + 0)]);
     const float v3 = (v1 + v2);
-    mg_st(p2 + e, v3);
+    const float v4 = mg_ld(p0[i0 * 4096 + (i1 + 1)]);
+    const float v5 = mg_ld(p1[i0 * 4096 + (i1 + 1)]);
+    const float v6 = (v4 + v5);
+    const float v7 = mg_ld(p0[i0 * 4096 + (i1 + 2)]);
+    const float v8 = mg_ld(p1[i0 * 4096 + (i1 + 2)]);
+    const float v9 = (v7 + v8);
+    const float v10 = mg_ld(p0[i0 * 4096 + (i1 + 3)]);
+    const float v11 = mg_ld(p1[i0 * 4096 + (i1 + 3)]);
+    const float v12 = (v10 + v11);
+    const float v13 = mg_ld(p0[i0 * 4096 + (i1 + 4)]);
+    const float v14 = mg_ld(p1[i0 * 4096 + (i1 + 4)]);
+    const float v15 = (v13 + v14);
+    const float v16 = mg_ld(p0[i0 * 4096 + (i1 + 5)]);
+    const float v17 = mg_ld(p1[i0 * 4096 + (i1 + 5)]);
+    const float v18 = (v16 + v17);
+    const float v19 = mg_ld(p0[i0 * 4096 + (i1 + 6)]);
+    const float v20 = mg_ld(p1[i0 * 4096 + (i1 + 6)]);
+    const float v21 = (v19 + v20);
+    const float v22 = mg_ld(p0[i0 * 4096 + (i1 + 7)]);
+    const float v23 = mg_ld(p1[i0 * 4096 + (i1 + 7)]);
+    const float v24 = (v22 + v23);
+    mg_st8(p2 + e, v3, v6, v9, v12, v15, v18, v21, v24);
   }
 }
 
@@ -629,9 +687,9 @@ extern "C" cudaError_t mirage_lora_h16x256_h256x4096_h256x16_h16x4096_to_h16x409
     mg_f16* mg_a2 = (mg_f16*)(mg_ws + 0);
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
     cudaLaunchConfig_t mg_cfg = {};
-    mg_cfg.gridDim = dim3(512, 1, 1);
+    mg_cfg.gridDim = dim3(64, 1, 2);
     mg_cfg.blockDim = dim3(128);
-    mg_cfg.dynamicSmemBytes = 13840;
+    mg_cfg.dynamicSmemBytes = 16400;
     mg_cfg.stream = mg_stream;
     mg_cfg.attrs = mg_pdl;
     mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
@@ -646,7 +704,7 @@ extern "C" cudaError_t mirage_lora_h16x256_h256x4096_h256x16_h16x4096_to_h16x409
     cudaLaunchConfig_t mg_cfg = {};
     mg_cfg.gridDim = dim3(2, 1, 1);
     mg_cfg.blockDim = dim3(128);
-    mg_cfg.dynamicSmemBytes = 13840;
+    mg_cfg.dynamicSmemBytes = 13328;
     mg_cfg.stream = mg_stream;
     mg_cfg.attrs = mg_pdl;
     mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
@@ -659,9 +717,9 @@ extern "C" cudaError_t mirage_lora_h16x256_h256x4096_h256x16_h16x4096_to_h16x409
     mg_f16* mg_a2 = (mg_f16*)(mg_ws + 131584);
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
     cudaLaunchConfig_t mg_cfg = {};
-    mg_cfg.gridDim = dim3(512, 1, 1);
+    mg_cfg.gridDim = dim3(128, 1, 1);
     mg_cfg.blockDim = dim3(128);
-    mg_cfg.dynamicSmemBytes = 1552;
+    mg_cfg.dynamicSmemBytes = 4112;
     mg_cfg.stream = mg_stream;
     mg_cfg.attrs = mg_pdl;
     mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
@@ -674,7 +732,7 @@ extern "C" cudaError_t mirage_lora_h16x256_h256x4096_h256x16_h16x4096_to_h16x409
     mg_f16* mg_a2 = (mg_f16*)(mg_out0_O);
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
     cudaLaunchConfig_t mg_cfg = {};
-    mg_cfg.gridDim = dim3(256, 1, 1);
+    mg_cfg.gridDim = dim3(32, 1, 1);
     mg_cfg.blockDim = dim3(256);
     mg_cfg.dynamicSmemBytes = 0;
     mg_cfg.stream = mg_stream;

@@ -10,10 +10,10 @@
 // input 1 'K': f16[256, 128, 4096]
 // input 2 'V': f16[256, 4096, 128]
 // output 0 'O': f16[256, 1, 128]
-// kernel mg_k0_mirage_mha_decode_h256x1x128_h256x128x4096_h256x4096x128_to_h256x1x128: grid [64, 1, 256], 128 threads, 18992 B dynamic shared memory
-// kernel mg_k1_mirage_mha_decode_h256x1x128_h256x128x4096_h256x4096x128_to_h256x1x128: grid [4096, 1, 1], 256 threads, 0 B dynamic shared memory
+// kernel mg_k0_mirage_mha_decode_h256x1x128_h256x128x4096_h256x4096x128_to_h256x1x128: grid [16, 1, 256], 128 threads, 35024 B dynamic shared memory
+// kernel mg_k1_mirage_mha_decode_h256x1x128_h256x128x4096_h256x4096x128_to_h256x1x128: grid [512, 1, 1], 256 threads, 0 B dynamic shared memory
 // kernel mg_k2_mirage_mha_decode_h256x1x128_h256x128x4096_h256x4096x128_to_h256x1x128: grid [32, 1, 1], 256 threads, 0 B dynamic shared memory
-// kernel mg_k3_mirage_mha_decode_h256x1x128_h256x128x4096_h256x4096x128_to_h256x1x128: grid [2, 1, 256], 128 threads, 37712 B dynamic shared memory
+// kernel mg_k3_mirage_mha_decode_h256x1x128_h256x128x4096_h256x4096x128_to_h256x1x128: grid [1, 1, 256], 128 threads, 140880 B dynamic shared memory
 
 // The kernels use cp.async, bf16 conversions and mma.sync shapes of sm_80 and later:
 // one clear error instead of a wall of ptxas errors for an older target.
@@ -163,7 +163,8 @@ __device__ __forceinline__ void mg_ld8(const T* p, float* f) {
     f[2 * i + 1] = mg_ld(hi);
   }
 }
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+// (Host compilation sees these too: nvcc parses every kernel body in its host pass.)
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
 // Thread-block clusters (sm_90): a barrier over every thread of the cluster (release /
 // acquire, so shared-memory writes before it are seen after it), and a load from (a
 // store to) the shared memory of block `rank` of the cluster at the address `p` has in
@@ -206,7 +207,7 @@ __device__ __forceinline__ void mg_dsmem_st(float* p, unsigned rank, float v) {
 }
 #endif
 
-// matmul as a generated block graph: grid [64, 1, 256], forloop 2, tensor cores
+// matmul as a generated block graph: grid [16, 1, 256], forloop 8, tensor cores
 extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_mha_decode_h256x1x128_h256x128x4096_h256x4096x128_to_h256x1x128(
     const mg_f16* __restrict__ p0,
     const mg_f16* __restrict__ p1,
@@ -216,47 +217,61 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_mha_decode_h25
   (void)bx; (void)by; (void)bz;
   extern __shared__ __align__(16) unsigned char mg_smem[];
   const int base_a = bz * 128;
-  const int base_b = bx * 64 + bz * 524288;
-  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 18976);
+  const int base_b = bx * 256 + bz * 524288;
+  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 35008);
   if (threadIdx.x < 4) mg_zero[threadIdx.x] = 0u;
   mg_f16* sm_a_0 = reinterpret_cast<mg_f16*>(mg_smem + 0);
-  mg_f16* sm_b_0 = reinterpret_cast<mg_f16*>(mg_smem + 288);
-  float* buf_s = reinterpret_cast<float*>(mg_smem + 18720);
+  mg_f16* sm_b_0 = reinterpret_cast<mg_f16*>(mg_smem + 192);
+  float* buf_s = reinterpret_cast<float*>(mg_smem + 33984);
   int mg_so_b[4], mg_do_b[4];
   #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const int c3 = threadIdx.x + i * 128;
-    const int s4_1 = c3 / 8;
-    const int s4_2 = (c3) % 8;
+    const int s4_1 = c3 / 32;
+    const int s4_2 = (c3) % 32;
     mg_so_b[i] = s4_1 * 4096 + (s4_2 * 8);
-    mg_do_b[i] = s4_1 * 72 + (s4_2 * 8);
+    mg_do_b[i] = s4_1 * 264 + (s4_2 * 8);
   }
-  for (int c1 = threadIdx.x; c1 < 8; c1 += 128) {
+  for (int c1 = threadIdx.x; c1 < 2; c1 += 128) {
     const int s2_2 = c1;
-    mg_cp_async16((sm_a_0 + ((0) % 2) * 72) + ((s2_2 * 8)), p0 + ((base_a + 0)) + ((s2_2 * 8)));
+    mg_cp_async16((sm_a_0 + ((0) % 4) * 24) + ((s2_2 * 8)), p0 + ((base_a + 0)) + ((s2_2 * 8)));
   }
   #pragma unroll
-  for (int i = 0; i < 4; ++i) mg_cp_async16((sm_b_0 + ((0) % 2) * 4608) + mg_do_b[i], p1 + ((base_b + 0)) + mg_so_b[i]);
+  for (int i = 0; i < 4; ++i) mg_cp_async16((sm_b_0 + ((0) % 4) * 4224) + mg_do_b[i], p1 + ((base_b + 0)) + mg_so_b[i]);
   mg_cp_async_commit();
-  float acc_s[2][4];
+  for (int c5 = threadIdx.x; c5 < 2; c5 += 128) {
+    const int s6_2 = c5;
+    mg_cp_async16((sm_a_0 + ((1) % 4) * 24) + ((s6_2 * 8)), p0 + ((base_a + 16)) + ((s6_2 * 8)));
+  }
   #pragma unroll
-  for (int j = 0; j < 2; ++j) acc_s[j][0] = acc_s[j][1] = acc_s[j][2] = acc_s[j][3] = 0.0f;
-  for (int it = 0; it < 2; ++it) {
-    const int off_a = base_a + it * 64;
-    const int off_b = base_b + it * 262144;
-    mg_cp_async_wait<0>();
+  for (int i = 0; i < 4; ++i) mg_cp_async16((sm_b_0 + ((1) % 4) * 4224) + mg_do_b[i], p1 + ((base_b + 65536)) + mg_so_b[i]);
+  mg_cp_async_commit();
+  for (int c7 = threadIdx.x; c7 < 2; c7 += 128) {
+    const int s8_2 = c7;
+    mg_cp_async16((sm_a_0 + ((2) % 4) * 24) + ((s8_2 * 8)), p0 + ((base_a + 32)) + ((s8_2 * 8)));
+  }
+  #pragma unroll
+  for (int i = 0; i < 4; ++i) mg_cp_async16((sm_b_0 + ((2) % 4) * 4224) + mg_do_b[i], p1 + ((base_b + 131072)) + mg_so_b[i]);
+  mg_cp_async_commit();
+  float acc_s[8][4];
+  #pragma unroll
+  for (int j = 0; j < 8; ++j) acc_s[j][0] = acc_s[j][1] = acc_s[j][2] = acc_s[j][3] = 0.0f;
+  for (int it = 0; it < 8; ++it) {
+    const int off_a = base_a + it * 16;
+    const int off_b = base_b + it * 65536;
+    mg_cp_async_wait<2>();
     __syncthreads();
-    if (it + 1 < 2) {
-      for (int c5 = threadIdx.x; c5 < 8; c5 += 128) {
-        const int s6_2 = c5;
-        mg_cp_async16((sm_a_0 + (((it + 1)) % 2) * 72) + ((s6_2 * 8)), p0 + ((off_a + 64)) + ((s6_2 * 8)));
+    if (it + 3 < 8) {
+      for (int c9 = threadIdx.x; c9 < 2; c9 += 128) {
+        const int s10_2 = c9;
+        mg_cp_async16((sm_a_0 + (((it + 3)) % 4) * 24) + ((s10_2 * 8)), p0 + ((off_a + 48)) + ((s10_2 * 8)));
       }
       #pragma unroll
-      for (int i = 0; i < 4; ++i) mg_cp_async16((sm_b_0 + (((it + 1)) % 2) * 4608) + mg_do_b[i], p1 + ((off_b + 262144)) + mg_so_b[i]);
+      for (int i = 0; i < 4; ++i) mg_cp_async16((sm_b_0 + (((it + 3)) % 4) * 4224) + mg_do_b[i], p1 + ((off_b + 196608)) + mg_so_b[i]);
     }
     mg_cp_async_commit();
-    const auto* sm_a = (sm_a_0 + ((it) % 2) * 72);
-    const auto* sm_b = (sm_b_0 + ((it) % 2) * 4608);
+    const auto* sm_a = (sm_a_0 + ((it) % 4) * 24);
+    const auto* sm_b = (sm_b_0 + ((it) % 4) * 4224);
     {
       const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
       const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
@@ -264,24 +279,24 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_mha_decode_h25
       const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
       (void)mg_ks;
     #pragma unroll
-    for (int s = 0; s < 4; ++s) {
+    for (int s = 0; s < 1; ++s) {
       const int kk = (mg_ks + s * 1) * 16;
       const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
       (void)k0; (void)k1;
       unsigned ra0, ra1, ra2, ra3;
       const int mg_mi = 0, r0 = mg_g, r1 = r0 + 8;
       (void)r0; (void)r1;
-      mg_ldsm_x4(ra0, ra1, ra2, ra3, ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) < 1 ? (const void*)(sm_a + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) * 72 + (kk + (mg_lane >> 4) * 8))) : (const void*)mg_zero));
+      mg_ldsm_x4(ra0, ra1, ra2, ra3, ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) < 1 ? (const void*)(sm_a + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) * 24 + (kk + (mg_lane >> 4) * 8))) : (const void*)mg_zero));
       #pragma unroll
-      for (int j = 0; j < 2; ++j) {
+      for (int j = 0; j < 8; ++j) {
         const int q = mg_grp + 4 * j;
-        if (q < 8) {
-          const int mg_nb = q / 8;
-          const int mg_ni = q % 8;
+        if (q < 32) {
+          const int mg_nb = q / 32;
+          const int mg_ni = q % 32;
           const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
           (void)mg_nb; (void)c0; (void)n0;
           unsigned rb0, rb1;
-          mg_ldsm_x2_t(rb0, rb1, (sm_b + ((kk + (mg_lane & 15)) * 72 + (mg_ni * 8))));
+          mg_ldsm_x2_t(rb0, rb1, (sm_b + ((kk + (mg_lane & 15)) * 264 + (mg_ni * 8))));
           mg_mma_f16(acc_s[j], ra0, ra1, ra2, ra3, rb0, rb1);
         }
       }
@@ -296,40 +311,55 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_mha_decode_h25
     const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
     (void)mg_ks;
     #pragma unroll
-    for (int j = 0; j < 2; ++j) {
+    for (int j = 0; j < 8; ++j) {
       const int q = mg_grp + 4 * j;
-      if (q < 8) {
-        const int mg_nb = q / 8;
-        const int mg_mi = (q / 8) % 1;
-        const int mg_ni = q % 8;
+      if (q < 32) {
+        const int mg_nb = q / 32;
+        const int mg_mi = (q / 32) % 1;
+        const int mg_ni = q % 32;
         const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
         const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
         (void)mg_nb; (void)r1; (void)c0; (void)n0;
-        if (r0 < 1) buf_s[r0 * 64 + c0] = acc_s[j][0];
-        if (r0 < 1) buf_s[r0 * 64 + (c0 + 1)] = acc_s[j][1];
-        if (r1 < 1) buf_s[r1 * 64 + c0] = acc_s[j][2];
-        if (r1 < 1) buf_s[r1 * 64 + (c0 + 1)] = acc_s[j][3];
+        if (r0 < 1) buf_s[r0 * 256 + c0] = acc_s[j][0];
+        if (r0 < 1) buf_s[r0 * 256 + (c0 + 1)] = acc_s[j][1];
+        if (r1 < 1) buf_s[r1 * 256 + c0] = acc_s[j][2];
+        if (r1 < 1) buf_s[r1 * 256 + (c0 + 1)] = acc_s[j][3];
       }
     }
   }
   __syncthreads();
-  for (int e7 = threadIdx.x; e7 < 8; e7 += 128) {
-    const int i8_2 = e7;
-    mg_st8(p2 + (bx * 64 + bz * 4096 + (i8_2 * 8)), buf_s[((i8_2 * 8) + 0)], buf_s[((i8_2 * 8) + 1)], buf_s[((i8_2 * 8) + 2)], buf_s[((i8_2 * 8) + 3)], buf_s[((i8_2 * 8) + 4)], buf_s[((i8_2 * 8) + 5)], buf_s[((i8_2 * 8) + 6)], buf_s[((i8_2 * 8) + 7)]);
+  for (int e11 = threadIdx.x; e11 < 32; e11 += 128) {
+    const int i12_2 = e11;
+    mg_st8(p2 + (bx * 256 + bz * 4096 + (i12_2 * 8)), buf_s[((i12_2 * 8) + 0)], buf_s[((i12_2 * 8) + 1)], buf_s[((i12_2 * 8) + 2)], buf_s[((i12_2 * 8) + 3)], buf_s[((i12_2 * 8) + 4)], buf_s[((i12_2 * 8) + 5)], buf_s[((i12_2 * 8) + 6)], buf_s[((i12_2 * 8) + 7)]);
   }
 }
 
-// mul_scalar: one thread per output element
+// mul_scalar: 8 consecutive output elements per thread, one 16-byte store
 extern "C" __global__ void __launch_bounds__(256) mg_k1_mirage_mha_decode_h256x1x128_h256x128x4096_h256x4096x128_to_h256x1x128(
     const mg_f16* __restrict__ p0,
     mg_f16* __restrict__ p1) {
   mg_grid_wait();
-  for (int e = blockIdx.x * 256 + threadIdx.x; e < 1048576; e += gridDim.x * 256) {
+  for (int e8 = blockIdx.x * 256 + threadIdx.x; e8 < 131072; e8 += gridDim.x * 256) {
+    const int e = e8 * 8;
     const int i0 = e / 4096;
     const int i2 = (e) % 4096;
-    const float v1 = mg_ld(p0[i0 * 4096 + i2]);
+    const float v1 = mg_ld(p0[i0 * 4096 + (i2 + 0)]);
     const float v2 = (v1 * 0.08838834764831845f);
-    mg_st(p1 + e, v2);
+    const float v3 = mg_ld(p0[i0 * 4096 + (i2 + 1)]);
+    const float v4 = (v3 * 0.08838834764831845f);
+    const float v5 = mg_ld(p0[i0 * 4096 + (i2 + 2)]);
+    const float v6 = (v5 * 0.08838834764831845f);
+    const float v7 = mg_ld(p0[i0 * 4096 + (i2 + 3)]);
+    const float v8 = (v7 * 0.08838834764831845f);
+    const float v9 = mg_ld(p0[i0 * 4096 + (i2 + 4)]);
+    const float v10 = (v9 * 0.08838834764831845f);
+    const float v11 = mg_ld(p0[i0 * 4096 + (i2 + 5)]);
+    const float v12 = (v11 * 0.08838834764831845f);
+    const float v13 = mg_ld(p0[i0 * 4096 + (i2 + 6)]);
+    const float v14 = (v13 * 0.08838834764831845f);
+    const float v15 = mg_ld(p0[i0 * 4096 + (i2 + 7)]);
+    const float v16 = (v15 * 0.08838834764831845f);
+    mg_st8(p1 + e, v2, v4, v6, v8, v10, v12, v14, v16);
   }
 }
 
@@ -352,7 +382,7 @@ extern "C" __global__ void __launch_bounds__(256) mg_k2_mirage_mha_decode_h256x1
   for (int k = lane; k < 4096; k += 32) mg_st(p1 + (r0 * 4096 + k), expf(mg_ld(p0[r0 * 4096 + k]) - m) * inv);
 }
 
-// matmul as a generated block graph: grid [2, 1, 256], forloop 64, tensor cores
+// matmul as a generated block graph: grid [1, 1, 256], forloop 32, tensor cores
 extern "C" __global__ void __launch_bounds__(128, 1) mg_k3_mirage_mha_decode_h256x1x128_h256x128x4096_h256x4096x128_to_h256x1x128(
     const mg_f16* __restrict__ p0,
     const mg_f16* __restrict__ p1,
@@ -362,61 +392,61 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k3_mirage_mha_decode_h25
   (void)bx; (void)by; (void)bz;
   extern __shared__ __align__(16) unsigned char mg_smem[];
   const int base_a = bz * 4096;
-  const int base_b = bx * 64 + bz * 524288;
-  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 37696);
+  const int base_b = bz * 524288;
+  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 140864);
   if (threadIdx.x < 4) mg_zero[threadIdx.x] = 0u;
   mg_f16* sm_a_0 = reinterpret_cast<mg_f16*>(mg_smem + 0);
-  mg_f16* sm_b_0 = reinterpret_cast<mg_f16*>(mg_smem + 576);
-  float* buf_s = reinterpret_cast<float*>(mg_smem + 37440);
-  int mg_so_b[4], mg_do_b[4];
+  mg_f16* sm_b_0 = reinterpret_cast<mg_f16*>(mg_smem + 1088);
+  float* buf_s = reinterpret_cast<float*>(mg_smem + 140352);
+  int mg_so_b[16], mg_do_b[16];
   #pragma unroll
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < 16; ++i) {
     const int c3 = threadIdx.x + i * 128;
-    const int s4_1 = c3 / 8;
-    const int s4_2 = (c3) % 8;
+    const int s4_1 = c3 / 16;
+    const int s4_2 = (c3) % 16;
     mg_so_b[i] = s4_1 * 128 + (s4_2 * 8);
-    mg_do_b[i] = s4_1 * 72 + (s4_2 * 8);
+    mg_do_b[i] = s4_1 * 136 + (s4_2 * 8);
   }
-  for (int c1 = threadIdx.x; c1 < 8; c1 += 128) {
+  for (int c1 = threadIdx.x; c1 < 16; c1 += 128) {
     const int s2_2 = c1;
-    mg_cp_async16((sm_a_0 + ((0) % 4) * 72) + ((s2_2 * 8)), p0 + ((base_a + 0)) + ((s2_2 * 8)));
+    mg_cp_async16((sm_a_0 + ((0) % 4) * 136) + ((s2_2 * 8)), p0 + ((base_a + 0)) + ((s2_2 * 8)));
   }
   #pragma unroll
-  for (int i = 0; i < 4; ++i) mg_cp_async16((sm_b_0 + ((0) % 4) * 4608) + mg_do_b[i], p1 + ((base_b + 0)) + mg_so_b[i]);
+  for (int i = 0; i < 16; ++i) mg_cp_async16((sm_b_0 + ((0) % 4) * 17408) + mg_do_b[i], p1 + ((base_b + 0)) + mg_so_b[i]);
   mg_cp_async_commit();
-  for (int c5 = threadIdx.x; c5 < 8; c5 += 128) {
+  for (int c5 = threadIdx.x; c5 < 16; c5 += 128) {
     const int s6_2 = c5;
-    mg_cp_async16((sm_a_0 + ((1) % 4) * 72) + ((s6_2 * 8)), p0 + ((base_a + 64)) + ((s6_2 * 8)));
+    mg_cp_async16((sm_a_0 + ((1) % 4) * 136) + ((s6_2 * 8)), p0 + ((base_a + 128)) + ((s6_2 * 8)));
   }
   #pragma unroll
-  for (int i = 0; i < 4; ++i) mg_cp_async16((sm_b_0 + ((1) % 4) * 4608) + mg_do_b[i], p1 + ((base_b + 8192)) + mg_so_b[i]);
+  for (int i = 0; i < 16; ++i) mg_cp_async16((sm_b_0 + ((1) % 4) * 17408) + mg_do_b[i], p1 + ((base_b + 16384)) + mg_so_b[i]);
   mg_cp_async_commit();
-  for (int c7 = threadIdx.x; c7 < 8; c7 += 128) {
+  for (int c7 = threadIdx.x; c7 < 16; c7 += 128) {
     const int s8_2 = c7;
-    mg_cp_async16((sm_a_0 + ((2) % 4) * 72) + ((s8_2 * 8)), p0 + ((base_a + 128)) + ((s8_2 * 8)));
+    mg_cp_async16((sm_a_0 + ((2) % 4) * 136) + ((s8_2 * 8)), p0 + ((base_a + 256)) + ((s8_2 * 8)));
   }
   #pragma unroll
-  for (int i = 0; i < 4; ++i) mg_cp_async16((sm_b_0 + ((2) % 4) * 4608) + mg_do_b[i], p1 + ((base_b + 16384)) + mg_so_b[i]);
+  for (int i = 0; i < 16; ++i) mg_cp_async16((sm_b_0 + ((2) % 4) * 17408) + mg_do_b[i], p1 + ((base_b + 32768)) + mg_so_b[i]);
   mg_cp_async_commit();
-  float acc_s[2][4];
+  float acc_s[4][4];
   #pragma unroll
-  for (int j = 0; j < 2; ++j) acc_s[j][0] = acc_s[j][1] = acc_s[j][2] = acc_s[j][3] = 0.0f;
-  for (int it = 0; it < 64; ++it) {
-    const int off_a = base_a + it * 64;
-    const int off_b = base_b + it * 8192;
+  for (int j = 0; j < 4; ++j) acc_s[j][0] = acc_s[j][1] = acc_s[j][2] = acc_s[j][3] = 0.0f;
+  for (int it = 0; it < 32; ++it) {
+    const int off_a = base_a + it * 128;
+    const int off_b = base_b + it * 16384;
     mg_cp_async_wait<2>();
     __syncthreads();
-    if (it + 3 < 64) {
-      for (int c9 = threadIdx.x; c9 < 8; c9 += 128) {
+    if (it + 3 < 32) {
+      for (int c9 = threadIdx.x; c9 < 16; c9 += 128) {
         const int s10_2 = c9;
-        mg_cp_async16((sm_a_0 + (((it + 3)) % 4) * 72) + ((s10_2 * 8)), p0 + ((off_a + 192)) + ((s10_2 * 8)));
+        mg_cp_async16((sm_a_0 + (((it + 3)) % 4) * 136) + ((s10_2 * 8)), p0 + ((off_a + 384)) + ((s10_2 * 8)));
       }
       #pragma unroll
-      for (int i = 0; i < 4; ++i) mg_cp_async16((sm_b_0 + (((it + 3)) % 4) * 4608) + mg_do_b[i], p1 + ((off_b + 24576)) + mg_so_b[i]);
+      for (int i = 0; i < 16; ++i) mg_cp_async16((sm_b_0 + (((it + 3)) % 4) * 17408) + mg_do_b[i], p1 + ((off_b + 49152)) + mg_so_b[i]);
     }
     mg_cp_async_commit();
-    const auto* sm_a = (sm_a_0 + ((it) % 4) * 72);
-    const auto* sm_b = (sm_b_0 + ((it) % 4) * 4608);
+    const auto* sm_a = (sm_a_0 + ((it) % 4) * 136);
+    const auto* sm_b = (sm_b_0 + ((it) % 4) * 17408);
     {
       const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
       const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
@@ -424,24 +454,24 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k3_mirage_mha_decode_h25
       const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
       (void)mg_ks;
     #pragma unroll
-    for (int s = 0; s < 4; ++s) {
+    for (int s = 0; s < 8; ++s) {
       const int kk = (mg_ks + s * 1) * 16;
       const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
       (void)k0; (void)k1;
       unsigned ra0, ra1, ra2, ra3;
       const int mg_mi = 0, r0 = mg_g, r1 = r0 + 8;
       (void)r0; (void)r1;
-      mg_ldsm_x4(ra0, ra1, ra2, ra3, ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) < 1 ? (const void*)(sm_a + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) * 72 + (kk + (mg_lane >> 4) * 8))) : (const void*)mg_zero));
+      mg_ldsm_x4(ra0, ra1, ra2, ra3, ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) < 1 ? (const void*)(sm_a + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) * 136 + (kk + (mg_lane >> 4) * 8))) : (const void*)mg_zero));
       #pragma unroll
-      for (int j = 0; j < 2; ++j) {
+      for (int j = 0; j < 4; ++j) {
         const int q = mg_grp + 4 * j;
-        if (q < 8) {
-          const int mg_nb = q / 8;
-          const int mg_ni = q % 8;
+        if (q < 16) {
+          const int mg_nb = q / 16;
+          const int mg_ni = q % 16;
           const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
           (void)mg_nb; (void)c0; (void)n0;
           unsigned rb0, rb1;
-          mg_ldsm_x2_t(rb0, rb1, (sm_b + ((kk + (mg_lane & 15)) * 72 + (mg_ni * 8))));
+          mg_ldsm_x2_t(rb0, rb1, (sm_b + ((kk + (mg_lane & 15)) * 136 + (mg_ni * 8))));
           mg_mma_f16(acc_s[j], ra0, ra1, ra2, ra3, rb0, rb1);
         }
       }
@@ -456,26 +486,26 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k3_mirage_mha_decode_h25
     const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
     (void)mg_ks;
     #pragma unroll
-    for (int j = 0; j < 2; ++j) {
+    for (int j = 0; j < 4; ++j) {
       const int q = mg_grp + 4 * j;
-      if (q < 8) {
-        const int mg_nb = q / 8;
-        const int mg_mi = (q / 8) % 1;
-        const int mg_ni = q % 8;
+      if (q < 16) {
+        const int mg_nb = q / 16;
+        const int mg_mi = (q / 16) % 1;
+        const int mg_ni = q % 16;
         const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
         const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
         (void)mg_nb; (void)r1; (void)c0; (void)n0;
-        if (r0 < 1) buf_s[r0 * 64 + c0] = acc_s[j][0];
-        if (r0 < 1) buf_s[r0 * 64 + (c0 + 1)] = acc_s[j][1];
-        if (r1 < 1) buf_s[r1 * 64 + c0] = acc_s[j][2];
-        if (r1 < 1) buf_s[r1 * 64 + (c0 + 1)] = acc_s[j][3];
+        if (r0 < 1) buf_s[r0 * 128 + c0] = acc_s[j][0];
+        if (r0 < 1) buf_s[r0 * 128 + (c0 + 1)] = acc_s[j][1];
+        if (r1 < 1) buf_s[r1 * 128 + c0] = acc_s[j][2];
+        if (r1 < 1) buf_s[r1 * 128 + (c0 + 1)] = acc_s[j][3];
       }
     }
   }
   __syncthreads();
-  for (int e11 = threadIdx.x; e11 < 8; e11 += 128) {
+  for (int e11 = threadIdx.x; e11 < 16; e11 += 128) {
     const int i12_2 = e11;
-    mg_st8(p2 + (bx * 64 + bz * 128 + (i12_2 * 8)), buf_s[((i12_2 * 8) + 0)], buf_s[((i12_2 * 8) + 1)], buf_s[((i12_2 * 8) + 2)], buf_s[((i12_2 * 8) + 3)], buf_s[((i12_2 * 8) + 4)], buf_s[((i12_2 * 8) + 5)], buf_s[((i12_2 * 8) + 6)], buf_s[((i12_2 * 8) + 7)]);
+    mg_st8(p2 + (bz * 128 + (i12_2 * 8)), buf_s[((i12_2 * 8) + 0)], buf_s[((i12_2 * 8) + 1)], buf_s[((i12_2 * 8) + 2)], buf_s[((i12_2 * 8) + 3)], buf_s[((i12_2 * 8) + 4)], buf_s[((i12_2 * 8) + 5)], buf_s[((i12_2 * 8) + 6)], buf_s[((i12_2 * 8) + 7)]);
   }
 }
 
@@ -494,8 +524,8 @@ extern "C" size_t mirage_mha_decode_h256x1x128_h256x128x4096_h256x4096x128_to_h2
 // What the launcher needs to know about the current device, found once per device
 // (a state per device ordinal; two threads racing store the same value, which is
 // harmless) and on every call for ordinals past the table: bit 0 says the device is
-// prepared (no kernel needs a per-device
-// attribute), bit 1 that it has compute capability 9.0 or
+// prepared (more than 48 KB of dynamic shared memory needs
+// cudaFuncSetAttribute, a per-device setting), bit 1 that it has compute capability 9.0 or
 // later, where kernels are launched with programmatic stream serialisation.
 static std::atomic<int> mg_device_state_mirage_mha_decode_h256x1x128_h256x128x4096_h256x4096x128_to_h256x1x128[64];
 
@@ -508,6 +538,9 @@ static cudaError_t mg_prepare_mirage_mha_decode_h256x1x128_h256x128x4096_h256x40
     *mg_state = mg_device_state_mirage_mha_decode_h256x1x128_h256x128x4096_h256x4096x128_to_h256x1x128[mg_dev].load(std::memory_order_acquire);
     if (*mg_state != 0) return cudaSuccess;
   }
+  mg_err = cudaFuncSetAttribute((const void*)mg_k3_mirage_mha_decode_h256x1x128_h256x128x4096_h256x4096x128_to_h256x1x128,
+                                cudaFuncAttributeMaxDynamicSharedMemorySize, 140880);
+  if (mg_err != cudaSuccess) return mg_err;
   int mg_major = 0;
   mg_err = cudaDeviceGetAttribute(&mg_major, cudaDevAttrComputeCapabilityMajor, mg_dev);
   if (mg_err != cudaSuccess) return mg_err;
@@ -534,9 +567,9 @@ extern "C" cudaError_t mirage_mha_decode_h256x1x128_h256x128x4096_h256x4096x128_
     mg_f16* mg_a2 = (mg_f16*)(mg_ws + 0);
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
     cudaLaunchConfig_t mg_cfg = {};
-    mg_cfg.gridDim = dim3(64, 1, 256);
+    mg_cfg.gridDim = dim3(16, 1, 256);
     mg_cfg.blockDim = dim3(128);
-    mg_cfg.dynamicSmemBytes = 18992;
+    mg_cfg.dynamicSmemBytes = 35024;
     mg_cfg.stream = mg_stream;
     mg_cfg.attrs = mg_pdl;
     mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
@@ -548,7 +581,7 @@ extern "C" cudaError_t mirage_mha_decode_h256x1x128_h256x128x4096_h256x4096x128_
     mg_f16* mg_a1 = (mg_f16*)(mg_ws + 2097152);
     void* mg_args[] = {&mg_a0, &mg_a1};
     cudaLaunchConfig_t mg_cfg = {};
-    mg_cfg.gridDim = dim3(4096, 1, 1);
+    mg_cfg.gridDim = dim3(512, 1, 1);
     mg_cfg.blockDim = dim3(256);
     mg_cfg.dynamicSmemBytes = 0;
     mg_cfg.stream = mg_stream;
@@ -577,9 +610,9 @@ extern "C" cudaError_t mirage_mha_decode_h256x1x128_h256x128x4096_h256x4096x128_
     mg_f16* mg_a2 = (mg_f16*)(mg_out0_O);
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
     cudaLaunchConfig_t mg_cfg = {};
-    mg_cfg.gridDim = dim3(2, 1, 256);
+    mg_cfg.gridDim = dim3(1, 1, 256);
     mg_cfg.blockDim = dim3(128);
-    mg_cfg.dynamicSmemBytes = 37712;
+    mg_cfg.dynamicSmemBytes = 140880;
     mg_cfg.stream = mg_stream;
     mg_cfg.attrs = mg_pdl;
     mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;

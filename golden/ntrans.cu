@@ -11,9 +11,9 @@
 // input 2 'alpha': f16[64, 4096]
 // output 0 'O': f16[64, 4096]
 // kernel mg_k0_mirage_ntrans_h64x4096_h64x4096_h64x4096_to_h64x4096: grid [8, 1, 1], 256 threads, 0 B dynamic shared memory
-// kernel mg_k1_mirage_ntrans_h64x4096_h64x4096_h64x4096_to_h64x4096: grid [1024, 1, 1], 256 threads, 0 B dynamic shared memory
-// kernel mg_k2_mirage_ntrans_h64x4096_h64x4096_h64x4096_to_h64x4096: grid [1024, 1, 1], 256 threads, 0 B dynamic shared memory
-// kernel mg_k3_mirage_ntrans_h64x4096_h64x4096_h64x4096_to_h64x4096: grid [1024, 1, 1], 256 threads, 0 B dynamic shared memory
+// kernel mg_k1_mirage_ntrans_h64x4096_h64x4096_h64x4096_to_h64x4096: grid [128, 1, 1], 256 threads, 0 B dynamic shared memory
+// kernel mg_k2_mirage_ntrans_h64x4096_h64x4096_h64x4096_to_h64x4096: grid [128, 1, 1], 256 threads, 0 B dynamic shared memory
+// kernel mg_k3_mirage_ntrans_h64x4096_h64x4096_h64x4096_to_h64x4096: grid [128, 1, 1], 256 threads, 0 B dynamic shared memory
 // kernel mg_k4_mirage_ntrans_h64x4096_h64x4096_h64x4096_to_h64x4096: grid [8, 1, 1], 256 threads, 0 B dynamic shared memory
 
 // The kernels use cp.async, bf16 conversions and mma.sync shapes of sm_80 and later:
@@ -164,7 +164,8 @@ __device__ __forceinline__ void mg_ld8(const T* p, float* f) {
     f[2 * i + 1] = mg_ld(hi);
   }
 }
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+// (Host compilation sees these too: nvcc parses every kernel body in its host pass.)
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
 // Thread-block clusters (sm_90): a barrier over every thread of the cluster (release /
 // acquire, so shared-memory writes before it are seen after it), and a load from (a
 // store to) the shared memory of block `rank` of the cluster at the address `p` has in
@@ -223,51 +224,117 @@ extern "C" __global__ void __launch_bounds__(256) mg_k0_mirage_ntrans_h64x4096_h
   for (int k = lane; k < 4096; k += 32) mg_st(p1 + (r0 * 4096 + k), mg_ld(p0[r0 * 4096 + k]) * inv);
 }
 
-// add: one thread per output element
+// add: 8 consecutive output elements per thread, one 16-byte store
 extern "C" __global__ void __launch_bounds__(256) mg_k1_mirage_ntrans_h64x4096_h64x4096_h64x4096_to_h64x4096(
     const mg_f16* __restrict__ p0,
     const mg_f16* __restrict__ p1,
     mg_f16* __restrict__ p2) {
   mg_grid_wait();
-  for (int e = blockIdx.x * 256 + threadIdx.x; e < 262144; e += gridDim.x * 256) {
+  for (int e8 = blockIdx.x * 256 + threadIdx.x; e8 < 32768; e8 += gridDim.x * 256) {
+    const int e = e8 * 8;
     const int i0 = e / 4096;
     const int i1 = (e) % 4096;
-    const float v1 = mg_ld(p0[i0 * 4096 + i1]);
-    const float v2 = mg_ld(p1[i0 * 4096 + i1]);
+    const float v1 = mg_ld(p0[i0 * 4096 + (i1 + 0)]);
+    const float v2 = mg_ld(p1[i0 * 4096 + (i1 + 0)]);
     const float v3 = (v1 + v2);
-    mg_st(p2 + e, v3);
+    const float v4 = mg_ld(p0[i0 * 4096 + (i1 + 1)]);
+    const float v5 = mg_ld(p1[i0 * 4096 + (i1 + 1)]);
+    const float v6 = (v4 + v5);
+    const float v7 = mg_ld(p0[i0 * 4096 + (i1 + 2)]);
+    const float v8 = mg_ld(p1[i0 * 4096 + (i1 + 2)]);
+    const float v9 = (v7 + v8);
+    const float v10 = mg_ld(p0[i0 * 4096 + (i1 + 3)]);
+    const float v11 = mg_ld(p1[i0 * 4096 + (i1 + 3)]);
+    const float v12 = (v10 + v11);
+    const float v13 = mg_ld(p0[i0 * 4096 + (i1 + 4)]);
+    const float v14 = mg_ld(p1[i0 * 4096 + (i1 + 4)]);
+    const float v15 = (v13 + v14);
+    const float v16 = mg_ld(p0[i0 * 4096 + (i1 + 5)]);
+    const float v17 = mg_ld(p1[i0 * 4096 + (i1 + 5)]);
+    const float v18 = (v16 + v17);
+    const float v19 = mg_ld(p0[i0 * 4096 + (i1 + 6)]);
+    const float v20 = mg_ld(p1[i0 * 4096 + (i1 + 6)]);
+    const float v21 = (v19 + v20);
+    const float v22 = mg_ld(p0[i0 * 4096 + (i1 + 7)]);
+    const float v23 = mg_ld(p1[i0 * 4096 + (i1 + 7)]);
+    const float v24 = (v22 + v23);
+    mg_st8(p2 + e, v3, v6, v9, v12, v15, v18, v21, v24);
   }
 }
 
-// mul: one thread per output element
+// mul: 8 consecutive output elements per thread, one 16-byte store
 extern "C" __global__ void __launch_bounds__(256) mg_k2_mirage_ntrans_h64x4096_h64x4096_h64x4096_to_h64x4096(
     const mg_f16* __restrict__ p0,
     const mg_f16* __restrict__ p1,
     mg_f16* __restrict__ p2) {
   mg_grid_wait();
-  for (int e = blockIdx.x * 256 + threadIdx.x; e < 262144; e += gridDim.x * 256) {
+  for (int e8 = blockIdx.x * 256 + threadIdx.x; e8 < 32768; e8 += gridDim.x * 256) {
+    const int e = e8 * 8;
     const int i0 = e / 4096;
     const int i1 = (e) % 4096;
-    const float v1 = mg_ld(p0[i0 * 4096 + i1]);
-    const float v2 = mg_ld(p1[i0 * 4096 + i1]);
+    const float v1 = mg_ld(p0[i0 * 4096 + (i1 + 0)]);
+    const float v2 = mg_ld(p1[i0 * 4096 + (i1 + 0)]);
     const float v3 = (v1 * v2);
-    mg_st(p2 + e, v3);
+    const float v4 = mg_ld(p0[i0 * 4096 + (i1 + 1)]);
+    const float v5 = mg_ld(p1[i0 * 4096 + (i1 + 1)]);
+    const float v6 = (v4 * v5);
+    const float v7 = mg_ld(p0[i0 * 4096 + (i1 + 2)]);
+    const float v8 = mg_ld(p1[i0 * 4096 + (i1 + 2)]);
+    const float v9 = (v7 * v8);
+    const float v10 = mg_ld(p0[i0 * 4096 + (i1 + 3)]);
+    const float v11 = mg_ld(p1[i0 * 4096 + (i1 + 3)]);
+    const float v12 = (v10 * v11);
+    const float v13 = mg_ld(p0[i0 * 4096 + (i1 + 4)]);
+    const float v14 = mg_ld(p1[i0 * 4096 + (i1 + 4)]);
+    const float v15 = (v13 * v14);
+    const float v16 = mg_ld(p0[i0 * 4096 + (i1 + 5)]);
+    const float v17 = mg_ld(p1[i0 * 4096 + (i1 + 5)]);
+    const float v18 = (v16 * v17);
+    const float v19 = mg_ld(p0[i0 * 4096 + (i1 + 6)]);
+    const float v20 = mg_ld(p1[i0 * 4096 + (i1 + 6)]);
+    const float v21 = (v19 * v20);
+    const float v22 = mg_ld(p0[i0 * 4096 + (i1 + 7)]);
+    const float v23 = mg_ld(p1[i0 * 4096 + (i1 + 7)]);
+    const float v24 = (v22 * v23);
+    mg_st8(p2 + e, v3, v6, v9, v12, v15, v18, v21, v24);
   }
 }
 
-// add: one thread per output element
+// add: 8 consecutive output elements per thread, one 16-byte store
 extern "C" __global__ void __launch_bounds__(256) mg_k3_mirage_ntrans_h64x4096_h64x4096_h64x4096_to_h64x4096(
     const mg_f16* __restrict__ p0,
     const mg_f16* __restrict__ p1,
     mg_f16* __restrict__ p2) {
   mg_grid_wait();
-  for (int e = blockIdx.x * 256 + threadIdx.x; e < 262144; e += gridDim.x * 256) {
+  for (int e8 = blockIdx.x * 256 + threadIdx.x; e8 < 32768; e8 += gridDim.x * 256) {
+    const int e = e8 * 8;
     const int i0 = e / 4096;
     const int i1 = (e) % 4096;
-    const float v1 = mg_ld(p0[i0 * 4096 + i1]);
-    const float v2 = mg_ld(p1[i0 * 4096 + i1]);
+    const float v1 = mg_ld(p0[i0 * 4096 + (i1 + 0)]);
+    const float v2 = mg_ld(p1[i0 * 4096 + (i1 + 0)]);
     const float v3 = (v1 + v2);
-    mg_st(p2 + e, v3);
+    const float v4 = mg_ld(p0[i0 * 4096 + (i1 + 1)]);
+    const float v5 = mg_ld(p1[i0 * 4096 + (i1 + 1)]);
+    const float v6 = (v4 + v5);
+    const float v7 = mg_ld(p0[i0 * 4096 + (i1 + 2)]);
+    const float v8 = mg_ld(p1[i0 * 4096 + (i1 + 2)]);
+    const float v9 = (v7 + v8);
+    const float v10 = mg_ld(p0[i0 * 4096 + (i1 + 3)]);
+    const float v11 = mg_ld(p1[i0 * 4096 + (i1 + 3)]);
+    const float v12 = (v10 + v11);
+    const float v13 = mg_ld(p0[i0 * 4096 + (i1 + 4)]);
+    const float v14 = mg_ld(p1[i0 * 4096 + (i1 + 4)]);
+    const float v15 = (v13 + v14);
+    const float v16 = mg_ld(p0[i0 * 4096 + (i1 + 5)]);
+    const float v17 = mg_ld(p1[i0 * 4096 + (i1 + 5)]);
+    const float v18 = (v16 + v17);
+    const float v19 = mg_ld(p0[i0 * 4096 + (i1 + 6)]);
+    const float v20 = mg_ld(p1[i0 * 4096 + (i1 + 6)]);
+    const float v21 = (v19 + v20);
+    const float v22 = mg_ld(p0[i0 * 4096 + (i1 + 7)]);
+    const float v23 = mg_ld(p1[i0 * 4096 + (i1 + 7)]);
+    const float v24 = (v22 + v23);
+    mg_st8(p2 + e, v3, v6, v9, v12, v15, v18, v21, v24);
   }
 }
 
@@ -356,7 +423,7 @@ extern "C" cudaError_t mirage_ntrans_h64x4096_h64x4096_h64x4096_to_h64x4096(cons
     mg_f16* mg_a2 = (mg_f16*)(mg_ws + 524288);
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
     cudaLaunchConfig_t mg_cfg = {};
-    mg_cfg.gridDim = dim3(1024, 1, 1);
+    mg_cfg.gridDim = dim3(128, 1, 1);
     mg_cfg.blockDim = dim3(256);
     mg_cfg.dynamicSmemBytes = 0;
     mg_cfg.stream = mg_stream;
@@ -371,7 +438,7 @@ extern "C" cudaError_t mirage_ntrans_h64x4096_h64x4096_h64x4096_to_h64x4096(cons
     mg_f16* mg_a2 = (mg_f16*)(mg_ws + 1048576);
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
     cudaLaunchConfig_t mg_cfg = {};
-    mg_cfg.gridDim = dim3(1024, 1, 1);
+    mg_cfg.gridDim = dim3(128, 1, 1);
     mg_cfg.blockDim = dim3(256);
     mg_cfg.dynamicSmemBytes = 0;
     mg_cfg.stream = mg_stream;
@@ -386,7 +453,7 @@ extern "C" cudaError_t mirage_ntrans_h64x4096_h64x4096_h64x4096_to_h64x4096(cons
     mg_f16* mg_a2 = (mg_f16*)(mg_ws + 1572864);
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
     cudaLaunchConfig_t mg_cfg = {};
-    mg_cfg.gridDim = dim3(1024, 1, 1);
+    mg_cfg.gridDim = dim3(128, 1, 1);
     mg_cfg.blockDim = dim3(256);
     mg_cfg.dynamicSmemBytes = 0;
     mg_cfg.stream = mg_stream;

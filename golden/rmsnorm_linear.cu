@@ -10,12 +10,15 @@
 // input 1 'W': f16[4096, 6144]
 // output 0 'Z': f16[16, 6144]
 // kernel mg_k0_mirage_rmsnorm_linear_h16x4096_h4096x6144_to_h16x6144: grid [2, 1, 1], 256 threads, 0 B dynamic shared memory
-// kernel mg_k1_mirage_rmsnorm_linear_h16x4096_h4096x6144_to_h16x6144: grid [384, 1, 1], 128 threads, 22544 B dynamic shared memory
+// kernel mg_k1_mirage_rmsnorm_linear_h16x4096_h4096x6144_to_h16x6144: grid [64, 1, 2], 128 threads, 130064 B dynamic shared memory
 
 // The kernels use cp.async, bf16 conversions and mma.sync shapes of sm_80 and later:
 // one clear error instead of a wall of ptxas errors for an older target.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
 #error "mirage-cli generated code needs sm_80 or newer: compile with -arch=sm_80 or -arch=sm_90"
+// Some kernels split their loop over a thread-block cluster, an sm_90 feature.
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+#error "this file was generated for sm_90 (thread-block clusters): compile with -arch=sm_90, or generate it with --arch sm_80"
 #endif
 
 // Storage types and helpers. The device code needs no header, so NVRTC compiles it
@@ -160,7 +163,8 @@ __device__ __forceinline__ void mg_ld8(const T* p, float* f) {
     f[2 * i + 1] = mg_ld(hi);
   }
 }
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+// (Host compilation sees these too: nvcc parses every kernel body in its host pass.)
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
 // Thread-block clusters (sm_90): a barrier over every thread of the cluster (release /
 // acquire, so shared-memory writes before it are seen after it), and a load from (a
 // store to) the shared memory of block `rank` of the cluster at the address `p` has in
@@ -219,72 +223,74 @@ extern "C" __global__ void __launch_bounds__(256) mg_k0_mirage_rmsnorm_linear_h1
   for (int k = lane; k < 4096; k += 32) mg_st(p1 + (r0 * 4096 + k), mg_ld(p0[r0 * 4096 + k]) * inv);
 }
 
-// matmul as a generated block graph: grid [384, 1, 1], forloop 64, tensor cores
-extern "C" __global__ void __launch_bounds__(128, 1) mg_k1_mirage_rmsnorm_linear_h16x4096_h4096x6144_to_h16x6144(
+// matmul as a generated block graph: grid [64, 1, 1], forloop 32, tensor cores
+extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(128, 1) mg_k1_mirage_rmsnorm_linear_h16x4096_h4096x6144_to_h16x6144(
     const mg_f16* __restrict__ p0,
     const mg_f16* __restrict__ p1,
     mg_f16* __restrict__ p2) {
   mg_grid_wait();
-  const int bx = blockIdx.x, by = blockIdx.y, bz = blockIdx.z;
+  const int bx = blockIdx.x, by = blockIdx.y, bz = 0;
   (void)bx; (void)by; (void)bz;
+  const unsigned mg_rank = blockIdx.z;
+  const int mg_it0 = (int)mg_rank * 16;
   extern __shared__ __align__(16) unsigned char mg_smem[];
   const int base_a = 0;
-  const int base_b = bx * 16;
-  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 22528);
+  const int base_b = bx * 96;
+  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 130048);
   if (threadIdx.x < 4) mg_zero[threadIdx.x] = 0u;
   mg_f16* sm_a_0 = reinterpret_cast<mg_f16*>(mg_smem + 0);
-  mg_f16* sm_b_0 = reinterpret_cast<mg_f16*>(mg_smem + 9216);
-  float* buf_s = reinterpret_cast<float*>(mg_smem + 21504);
-  int mg_so_a[1], mg_do_a[1];
+  mg_f16* sm_b_0 = reinterpret_cast<mg_f16*>(mg_smem + 17408);
+  float* buf_s = reinterpret_cast<float*>(mg_smem + 123904);
+  int mg_so_a[2], mg_do_a[2];
   #pragma unroll
-  for (int i = 0; i < 1; ++i) {
+  for (int i = 0; i < 2; ++i) {
     const int c1 = threadIdx.x + i * 128;
-    const int s2_0 = c1 / 8;
-    const int s2_1 = (c1) % 8;
+    const int s2_0 = c1 / 16;
+    const int s2_1 = (c1) % 16;
     mg_so_a[i] = s2_0 * 4096 + (s2_1 * 8);
-    mg_do_a[i] = s2_0 * 72 + (s2_1 * 8);
+    mg_do_a[i] = s2_0 * 136 + (s2_1 * 8);
   }
-  int mg_so_b[1], mg_do_b[1];
+  int mg_so_b[12], mg_do_b[12];
   #pragma unroll
-  for (int i = 0; i < 1; ++i) {
+  for (int i = 0; i < 12; ++i) {
     const int c3 = threadIdx.x + i * 128;
-    const int s4_0 = c3 / 2;
-    const int s4_1 = (c3) % 2;
+    const int s4_0 = c3 / 12;
+    const int s4_1 = (c3) % 12;
     mg_so_b[i] = s4_0 * 6144 + (s4_1 * 8);
-    mg_do_b[i] = s4_0 * 24 + (s4_1 * 8);
+    mg_do_b[i] = s4_0 * 104 + (s4_1 * 8);
   }
   #pragma unroll
-  for (int i = 0; i < 1; ++i) mg_cp_async16((sm_a_0 + ((0) % 4) * 1152) + mg_do_a[i], p0 + ((base_a + 0)) + mg_so_a[i]);
+  for (int i = 0; i < 2; ++i) mg_cp_async16((sm_a_0 + ((0) % 4) * 2176) + mg_do_a[i], p0 + ((base_a + (mg_it0 + 0) * 128)) + mg_so_a[i]);
   #pragma unroll
-  for (int i = 0; i < 1; ++i) mg_cp_async16((sm_b_0 + ((0) % 4) * 1536) + mg_do_b[i], p1 + ((base_b + 0)) + mg_so_b[i]);
+  for (int i = 0; i < 12; ++i) mg_cp_async16((sm_b_0 + ((0) % 4) * 13312) + mg_do_b[i], p1 + ((base_b + (mg_it0 + 0) * 786432)) + mg_so_b[i]);
   mg_cp_async_commit();
   #pragma unroll
-  for (int i = 0; i < 1; ++i) mg_cp_async16((sm_a_0 + ((1) % 4) * 1152) + mg_do_a[i], p0 + ((base_a + 64)) + mg_so_a[i]);
+  for (int i = 0; i < 2; ++i) mg_cp_async16((sm_a_0 + ((1) % 4) * 2176) + mg_do_a[i], p0 + ((base_a + (mg_it0 + 1) * 128)) + mg_so_a[i]);
   #pragma unroll
-  for (int i = 0; i < 1; ++i) mg_cp_async16((sm_b_0 + ((1) % 4) * 1536) + mg_do_b[i], p1 + ((base_b + 393216)) + mg_so_b[i]);
+  for (int i = 0; i < 12; ++i) mg_cp_async16((sm_b_0 + ((1) % 4) * 13312) + mg_do_b[i], p1 + ((base_b + (mg_it0 + 1) * 786432)) + mg_so_b[i]);
   mg_cp_async_commit();
   #pragma unroll
-  for (int i = 0; i < 1; ++i) mg_cp_async16((sm_a_0 + ((2) % 4) * 1152) + mg_do_a[i], p0 + ((base_a + 128)) + mg_so_a[i]);
+  for (int i = 0; i < 2; ++i) mg_cp_async16((sm_a_0 + ((2) % 4) * 2176) + mg_do_a[i], p0 + ((base_a + (mg_it0 + 2) * 128)) + mg_so_a[i]);
   #pragma unroll
-  for (int i = 0; i < 1; ++i) mg_cp_async16((sm_b_0 + ((2) % 4) * 1536) + mg_do_b[i], p1 + ((base_b + 786432)) + mg_so_b[i]);
+  for (int i = 0; i < 12; ++i) mg_cp_async16((sm_b_0 + ((2) % 4) * 13312) + mg_do_b[i], p1 + ((base_b + (mg_it0 + 2) * 786432)) + mg_so_b[i]);
   mg_cp_async_commit();
-  float acc_s[1][4];
+  float acc_s[3][4];
   #pragma unroll
-  for (int j = 0; j < 1; ++j) acc_s[j][0] = acc_s[j][1] = acc_s[j][2] = acc_s[j][3] = 0.0f;
-  for (int it = 0; it < 64; ++it) {
-    const int off_a = base_a + it * 64;
-    const int off_b = base_b + it * 393216;
+  for (int j = 0; j < 3; ++j) acc_s[j][0] = acc_s[j][1] = acc_s[j][2] = acc_s[j][3] = 0.0f;
+  for (int it = 0; it < 16; ++it) {
+    const int off_a = base_a + (mg_it0 + it) * 128;
+    const int off_b = base_b + (mg_it0 + it) * 786432;
     mg_cp_async_wait<2>();
     __syncthreads();
-    if (it + 3 < 64) {
+    if (it + 3 < 16) {
       #pragma unroll
-      for (int i = 0; i < 1; ++i) mg_cp_async16((sm_a_0 + (((it + 3)) % 4) * 1152) + mg_do_a[i], p0 + ((off_a + 192)) + mg_so_a[i]);
+      for (int i = 0; i < 2; ++i) mg_cp_async16((sm_a_0 + (((it + 3)) % 4) * 2176) + mg_do_a[i], p0 + ((off_a + 384)) + mg_so_a[i]);
       #pragma unroll
-      for (int i = 0; i < 1; ++i) mg_cp_async16((sm_b_0 + (((it + 3)) % 4) * 1536) + mg_do_b[i], p1 + ((off_b + 1179648)) + mg_so_b[i]);
+      for (int i = 0; i < 12; ++i) mg_cp_async16((sm_b_0 + (((it + 3)) % 4) * 13312) + mg_do_b[i], p1 + ((off_b + 2359296)) + mg_so_b[i]);
     }
     mg_cp_async_commit();
-    const auto* sm_a = (sm_a_0 + ((it) % 4) * 1152);
-    const auto* sm_b = (sm_b_0 + ((it) % 4) * 1536);
+    const auto* sm_a = (sm_a_0 + ((it) % 4) * 2176);
+    const auto* sm_b = (sm_b_0 + ((it) % 4) * 13312);
     {
       const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
       const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
@@ -292,24 +298,24 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k1_mirage_rmsnorm_linear
       const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
       (void)mg_ks;
     #pragma unroll
-    for (int s = 0; s < 4; ++s) {
+    for (int s = 0; s < 8; ++s) {
       const int kk = (mg_ks + s * 1) * 16;
       const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
       (void)k0; (void)k1;
       unsigned ra0, ra1, ra2, ra3;
       const int mg_mi = 0, r0 = mg_g, r1 = r0 + 8;
       (void)r0; (void)r1;
-      mg_ldsm_x4(ra0, ra1, ra2, ra3, (sm_a + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) * 72 + (kk + (mg_lane >> 4) * 8))));
+      mg_ldsm_x4(ra0, ra1, ra2, ra3, (sm_a + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) * 136 + (kk + (mg_lane >> 4) * 8))));
       #pragma unroll
-      for (int j = 0; j < 1; ++j) {
+      for (int j = 0; j < 3; ++j) {
         const int q = mg_grp + 4 * j;
-        if (q < 2) {
-          const int mg_nb = q / 2;
-          const int mg_ni = q % 2;
+        if (q < 12) {
+          const int mg_nb = q / 12;
+          const int mg_ni = q % 12;
           const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
           (void)mg_nb; (void)c0; (void)n0;
           unsigned rb0, rb1;
-          mg_ldsm_x2_t(rb0, rb1, (sm_b + ((kk + (mg_lane & 15)) * 24 + (mg_ni * 8))));
+          mg_ldsm_x2_t(rb0, rb1, (sm_b + ((kk + (mg_lane & 15)) * 104 + (mg_ni * 8))));
           mg_mma_f16(acc_s[j], ra0, ra1, ra2, ra3, rb0, rb1);
         }
       }
@@ -324,28 +330,59 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k1_mirage_rmsnorm_linear
     const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
     (void)mg_ks;
     #pragma unroll
-    for (int j = 0; j < 1; ++j) {
+    for (int j = 0; j < 3; ++j) {
       const int q = mg_grp + 4 * j;
-      if (q < 2) {
-        const int mg_nb = q / 2;
-        const int mg_mi = (q / 2) % 1;
-        const int mg_ni = q % 2;
+      if (q < 12) {
+        const int mg_nb = q / 12;
+        const int mg_mi = (q / 12) % 1;
+        const int mg_ni = q % 12;
         const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
         const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
         (void)mg_nb; (void)r1; (void)c0; (void)n0;
-        buf_s[r0 * 16 + c0] = acc_s[j][0];
-        buf_s[r0 * 16 + (c0 + 1)] = acc_s[j][1];
-        buf_s[r1 * 16 + c0] = acc_s[j][2];
-        buf_s[r1 * 16 + (c0 + 1)] = acc_s[j][3];
+        buf_s[r0 * 96 + c0] = acc_s[j][0];
+        buf_s[r0 * 96 + (c0 + 1)] = acc_s[j][1];
+        buf_s[r1 * 96 + c0] = acc_s[j][2];
+        buf_s[r1 * 96 + (c0 + 1)] = acc_s[j][3];
       }
     }
   }
   __syncthreads();
-  for (int e5 = threadIdx.x; e5 < 32; e5 += 128) {
-    const int i6_0 = e5 / 2;
-    const int i6_1 = (e5) % 2;
-    mg_st8(p2 + (bx * 16 + i6_0 * 6144 + (i6_1 * 8)), buf_s[i6_0 * 16 + ((i6_1 * 8) + 0)], buf_s[i6_0 * 16 + ((i6_1 * 8) + 1)], buf_s[i6_0 * 16 + ((i6_1 * 8) + 2)], buf_s[i6_0 * 16 + ((i6_1 * 8) + 3)], buf_s[i6_0 * 16 + ((i6_1 * 8) + 4)], buf_s[i6_0 * 16 + ((i6_1 * 8) + 5)], buf_s[i6_0 * 16 + ((i6_1 * 8) + 6)], buf_s[i6_0 * 16 + ((i6_1 * 8) + 7)]);
+  mg_cluster_sync();
+  for (int e0 = threadIdx.x; e0 < 384; e0 += 512) {
+    float4 mg_p[4][2];
+    #pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int e = e0 + j * 128;
+      if (e < 384) {
+        #pragma unroll
+        for (unsigned r = 0; r < 2; ++r) mg_p[j][r] = mg_dsmem_ld4(buf_s + 4 * e, r);
+      }
+    }
+    #pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int e = e0 + j * 128;
+      if (e < 384) {
+        float4 v = mg_p[j][0];
+        #pragma unroll
+        for (unsigned r = 1; r < 2; ++r) {
+          v.x += mg_p[j][r].x;
+          v.y += mg_p[j][r].y;
+          v.z += mg_p[j][r].z;
+          v.w += mg_p[j][r].w;
+        }
+        reinterpret_cast<float4*>(reinterpret_cast<float*>(mg_smem + 0))[e] = v;
+      }
+    }
   }
+  mg_cluster_arrive();
+  __syncthreads();
+  buf_s = reinterpret_cast<float*>(mg_smem + 0);
+  for (int e5 = (int)mg_rank * 128 + (int)threadIdx.x; e5 < 192; e5 += 256) {
+    const int i6_0 = e5 / 12;
+    const int i6_1 = (e5) % 12;
+    mg_st8(p2 + (bx * 96 + i6_0 * 6144 + (i6_1 * 8)), buf_s[i6_0 * 96 + ((i6_1 * 8) + 0)], buf_s[i6_0 * 96 + ((i6_1 * 8) + 1)], buf_s[i6_0 * 96 + ((i6_1 * 8) + 2)], buf_s[i6_0 * 96 + ((i6_1 * 8) + 3)], buf_s[i6_0 * 96 + ((i6_1 * 8) + 4)], buf_s[i6_0 * 96 + ((i6_1 * 8) + 5)], buf_s[i6_0 * 96 + ((i6_1 * 8) + 6)], buf_s[i6_0 * 96 + ((i6_1 * 8) + 7)]);
+  }
+  mg_cluster_wait();
 }
 
 #ifndef __CUDACC_RTC__
@@ -363,8 +400,8 @@ extern "C" size_t mirage_rmsnorm_linear_h16x4096_h4096x6144_to_h16x6144_workspac
 // What the launcher needs to know about the current device, found once per device
 // (a state per device ordinal; two threads racing store the same value, which is
 // harmless) and on every call for ordinals past the table: bit 0 says the device is
-// prepared (no kernel needs a per-device
-// attribute), bit 1 that it has compute capability 9.0 or
+// prepared (more than 48 KB of dynamic shared memory needs
+// cudaFuncSetAttribute, a per-device setting), bit 1 that it has compute capability 9.0 or
 // later, where kernels are launched with programmatic stream serialisation.
 static std::atomic<int> mg_device_state_mirage_rmsnorm_linear_h16x4096_h4096x6144_to_h16x6144[64];
 
@@ -377,6 +414,9 @@ static cudaError_t mg_prepare_mirage_rmsnorm_linear_h16x4096_h4096x6144_to_h16x6
     *mg_state = mg_device_state_mirage_rmsnorm_linear_h16x4096_h4096x6144_to_h16x6144[mg_dev].load(std::memory_order_acquire);
     if (*mg_state != 0) return cudaSuccess;
   }
+  mg_err = cudaFuncSetAttribute((const void*)mg_k1_mirage_rmsnorm_linear_h16x4096_h4096x6144_to_h16x6144,
+                                cudaFuncAttributeMaxDynamicSharedMemorySize, 130064);
+  if (mg_err != cudaSuccess) return mg_err;
   int mg_major = 0;
   mg_err = cudaDeviceGetAttribute(&mg_major, cudaDevAttrComputeCapabilityMajor, mg_dev);
   if (mg_err != cudaSuccess) return mg_err;
@@ -417,9 +457,9 @@ extern "C" cudaError_t mirage_rmsnorm_linear_h16x4096_h4096x6144_to_h16x6144(con
     mg_f16* mg_a2 = (mg_f16*)(mg_out0_Z);
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
     cudaLaunchConfig_t mg_cfg = {};
-    mg_cfg.gridDim = dim3(384, 1, 1);
+    mg_cfg.gridDim = dim3(64, 1, 2);
     mg_cfg.blockDim = dim3(128);
-    mg_cfg.dynamicSmemBytes = 22544;
+    mg_cfg.dynamicSmemBytes = 130064;
     mg_cfg.stream = mg_stream;
     mg_cfg.attrs = mg_pdl;
     mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;

@@ -12,15 +12,18 @@
 // input 3 'W': f16[4096, 4096]
 // output 0 'Z': f16[16, 4096]
 // kernel mg_k0_mirage_layernorm_linear_b16_f16_h16x4096_h4096_h4096_h4096x4096_to_h16x4096: grid [2, 1, 1], 256 threads, 0 B dynamic shared memory
-// kernel mg_k1_mirage_layernorm_linear_b16_f16_h16x4096_h4096_h4096_h4096x4096_to_h16x4096: grid [256, 1, 1], 256 threads, 0 B dynamic shared memory
+// kernel mg_k1_mirage_layernorm_linear_b16_f16_h16x4096_h4096_h4096_h4096x4096_to_h16x4096: grid [32, 1, 1], 256 threads, 0 B dynamic shared memory
 // kernel mg_k2_mirage_layernorm_linear_b16_f16_h16x4096_h4096_h4096_h4096x4096_to_h16x4096: grid [2, 1, 1], 256 threads, 0 B dynamic shared memory
-// kernel mg_k3_mirage_layernorm_linear_b16_f16_h16x4096_h4096_h4096_h4096x4096_to_h16x4096: grid [256, 1, 1], 256 threads, 0 B dynamic shared memory
-// kernel mg_k4_mirage_layernorm_linear_b16_f16_h16x4096_h4096_h4096_h4096x4096_to_h16x4096: grid [512, 1, 1], 128 threads, 13840 B dynamic shared memory
+// kernel mg_k3_mirage_layernorm_linear_b16_f16_h16x4096_h4096_h4096_h4096x4096_to_h16x4096: grid [32, 1, 1], 256 threads, 0 B dynamic shared memory
+// kernel mg_k4_mirage_layernorm_linear_b16_f16_h16x4096_h4096_h4096_h4096x4096_to_h16x4096: grid [64, 1, 2], 128 threads, 95248 B dynamic shared memory
 
 // The kernels use cp.async, bf16 conversions and mma.sync shapes of sm_80 and later:
 // one clear error instead of a wall of ptxas errors for an older target.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
 #error "mirage-cli generated code needs sm_80 or newer: compile with -arch=sm_80 or -arch=sm_90"
+// Some kernels split their loop over a thread-block cluster, an sm_90 feature.
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+#error "this file was generated for sm_90 (thread-block clusters): compile with -arch=sm_90, or generate it with --arch sm_80"
 #endif
 
 // Storage types and helpers. The device code needs no header, so NVRTC compiles it
@@ -165,7 +168,8 @@ __device__ __forceinline__ void mg_ld8(const T* p, float* f) {
     f[2 * i + 1] = mg_ld(hi);
   }
 }
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+// (Host compilation sees these too: nvcc parses every kernel body in its host pass.)
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
 // Thread-block clusters (sm_90): a barrier over every thread of the cluster (release /
 // acquire, so shared-memory writes before it are seen after it), and a load from (a
 // store to) the shared memory of block `rank` of the cluster at the address `p` has in
@@ -223,19 +227,41 @@ extern "C" __global__ void __launch_bounds__(256) mg_k0_mirage_layernorm_linear_
   if (lane == 0) mg_st(p1 + row, s / 4096.0f);
 }
 
-// sub: one thread per output element
+// sub: 8 consecutive output elements per thread, one 16-byte store
 extern "C" __global__ void __launch_bounds__(256) mg_k1_mirage_layernorm_linear_b16_f16_h16x4096_h4096_h4096_h4096x4096_to_h16x4096(
     const mg_f16* __restrict__ p0,
     const mg_f16* __restrict__ p1,
     mg_f16* __restrict__ p2) {
   mg_grid_wait();
-  for (int e = blockIdx.x * 256 + threadIdx.x; e < 65536; e += gridDim.x * 256) {
+  for (int e8 = blockIdx.x * 256 + threadIdx.x; e8 < 8192; e8 += gridDim.x * 256) {
+    const int e = e8 * 8;
     const int i0 = e / 4096;
     const int i1 = (e) % 4096;
-    const float v1 = mg_ld(p0[i0 * 4096 + i1]);
+    const float v1 = mg_ld(p0[i0 * 4096 + (i1 + 0)]);
     const float v2 = mg_ld(p1[i0]);
     const float v3 = (v1 - v2);
-    mg_st(p2 + e, v3);
+    const float v4 = mg_ld(p0[i0 * 4096 + (i1 + 1)]);
+    const float v5 = mg_ld(p1[i0]);
+    const float v6 = (v4 - v5);
+    const float v7 = mg_ld(p0[i0 * 4096 + (i1 + 2)]);
+    const float v8 = mg_ld(p1[i0]);
+    const float v9 = (v7 - v8);
+    const float v10 = mg_ld(p0[i0 * 4096 + (i1 + 3)]);
+    const float v11 = mg_ld(p1[i0]);
+    const float v12 = (v10 - v11);
+    const float v13 = mg_ld(p0[i0 * 4096 + (i1 + 4)]);
+    const float v14 = mg_ld(p1[i0]);
+    const float v15 = (v13 - v14);
+    const float v16 = mg_ld(p0[i0 * 4096 + (i1 + 5)]);
+    const float v17 = mg_ld(p1[i0]);
+    const float v18 = (v16 - v17);
+    const float v19 = mg_ld(p0[i0 * 4096 + (i1 + 6)]);
+    const float v20 = mg_ld(p1[i0]);
+    const float v21 = (v19 - v20);
+    const float v22 = mg_ld(p0[i0 * 4096 + (i1 + 7)]);
+    const float v23 = mg_ld(p1[i0]);
+    const float v24 = (v22 - v23);
+    mg_st8(p2 + e, v3, v6, v9, v12, v15, v18, v21, v24);
   }
 }
 
@@ -256,87 +282,112 @@ extern "C" __global__ void __launch_bounds__(256) mg_k2_mirage_layernorm_linear_
   for (int k = lane; k < 4096; k += 32) mg_st(p2 + (r0 * 4096 + k), mg_ld(p0[r0 * 4096 + k]) * inv * mg_ld(p1[k]));
 }
 
-// add: one thread per output element
+// add: 8 consecutive output elements per thread, one 16-byte store
 extern "C" __global__ void __launch_bounds__(256) mg_k3_mirage_layernorm_linear_b16_f16_h16x4096_h4096_h4096_h4096x4096_to_h16x4096(
     const mg_f16* __restrict__ p0,
     const mg_f16* __restrict__ p1,
     mg_f16* __restrict__ p2) {
   mg_grid_wait();
-  for (int e = blockIdx.x * 256 + threadIdx.x; e < 65536; e += gridDim.x * 256) {
+  for (int e8 = blockIdx.x * 256 + threadIdx.x; e8 < 8192; e8 += gridDim.x * 256) {
+    const int e = e8 * 8;
     const int i0 = e / 4096;
     const int i1 = (e) % 4096;
-    const float v1 = mg_ld(p0[i0 * 4096 + i1]);
-    const float v2 = mg_ld(p1[i1]);
+    const float v1 = mg_ld(p0[i0 * 4096 + (i1 + 0)]);
+    const float v2 = mg_ld(p1[(i1 + 0)]);
     const float v3 = (v1 + v2);
-    mg_st(p2 + e, v3);
+    const float v4 = mg_ld(p0[i0 * 4096 + (i1 + 1)]);
+    const float v5 = mg_ld(p1[(i1 + 1)]);
+    const float v6 = (v4 + v5);
+    const float v7 = mg_ld(p0[i0 * 4096 + (i1 + 2)]);
+    const float v8 = mg_ld(p1[(i1 + 2)]);
+    const float v9 = (v7 + v8);
+    const float v10 = mg_ld(p0[i0 * 4096 + (i1 + 3)]);
+    const float v11 = mg_ld(p1[(i1 + 3)]);
+    const float v12 = (v10 + v11);
+    const float v13 = mg_ld(p0[i0 * 4096 + (i1 + 4)]);
+    const float v14 = mg_ld(p1[(i1 + 4)]);
+    const float v15 = (v13 + v14);
+    const float v16 = mg_ld(p0[i0 * 4096 + (i1 + 5)]);
+    const float v17 = mg_ld(p1[(i1 + 5)]);
+    const float v18 = (v16 + v17);
+    const float v19 = mg_ld(p0[i0 * 4096 + (i1 + 6)]);
+    const float v20 = mg_ld(p1[(i1 + 6)]);
+    const float v21 = (v19 + v20);
+    const float v22 = mg_ld(p0[i0 * 4096 + (i1 + 7)]);
+    const float v23 = mg_ld(p1[(i1 + 7)]);
+    const float v24 = (v22 + v23);
+    mg_st8(p2 + e, v3, v6, v9, v12, v15, v18, v21, v24);
   }
 }
 
-// matmul as a generated block graph: grid [512, 1, 1], forloop 64, tensor cores
-extern "C" __global__ void __launch_bounds__(128, 1) mg_k4_mirage_layernorm_linear_b16_f16_h16x4096_h4096_h4096_h4096x4096_to_h16x4096(
+// matmul as a generated block graph: grid [64, 1, 1], forloop 32, tensor cores
+extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(128, 1) mg_k4_mirage_layernorm_linear_b16_f16_h16x4096_h4096_h4096_h4096x4096_to_h16x4096(
     const mg_f16* __restrict__ p0,
     const mg_f16* __restrict__ p1,
     mg_f16* __restrict__ p2) {
   mg_grid_wait();
-  const int bx = blockIdx.x, by = blockIdx.y, bz = blockIdx.z;
+  const int bx = blockIdx.x, by = blockIdx.y, bz = 0;
   (void)bx; (void)by; (void)bz;
+  const unsigned mg_rank = blockIdx.z;
+  const int mg_it0 = (int)mg_rank * 16;
   extern __shared__ __align__(16) unsigned char mg_smem[];
   const int base_a = 0;
-  const int base_b = bx * 8;
-  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 13824);
+  const int base_b = bx * 64;
+  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 95232);
   if (threadIdx.x < 4) mg_zero[threadIdx.x] = 0u;
   mg_f16* sm_a_0 = reinterpret_cast<mg_f16*>(mg_smem + 0);
-  mg_f16* sm_b_0 = reinterpret_cast<mg_f16*>(mg_smem + 9216);
-  float* buf_s = reinterpret_cast<float*>(mg_smem + 13312);
-  int mg_so_a[1], mg_do_a[1];
+  mg_f16* sm_b_0 = reinterpret_cast<mg_f16*>(mg_smem + 17408);
+  float* buf_s = reinterpret_cast<float*>(mg_smem + 91136);
+  int mg_so_a[2], mg_do_a[2];
   #pragma unroll
-  for (int i = 0; i < 1; ++i) {
+  for (int i = 0; i < 2; ++i) {
     const int c1 = threadIdx.x + i * 128;
-    const int s2_0 = c1 / 8;
-    const int s2_1 = (c1) % 8;
+    const int s2_0 = c1 / 16;
+    const int s2_1 = (c1) % 16;
     mg_so_a[i] = s2_0 * 4096 + (s2_1 * 8);
-    mg_do_a[i] = s2_0 * 72 + (s2_1 * 8);
+    mg_do_a[i] = s2_0 * 136 + (s2_1 * 8);
+  }
+  int mg_so_b[8], mg_do_b[8];
+  #pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const int c3 = threadIdx.x + i * 128;
+    const int s4_0 = c3 / 8;
+    const int s4_1 = (c3) % 8;
+    mg_so_b[i] = s4_0 * 4096 + (s4_1 * 8);
+    mg_do_b[i] = s4_0 * 72 + (s4_1 * 8);
   }
   #pragma unroll
-  for (int i = 0; i < 1; ++i) mg_cp_async16((sm_a_0 + ((0) % 4) * 1152) + mg_do_a[i], p0 + ((base_a + 0)) + mg_so_a[i]);
-  for (int c3 = threadIdx.x; c3 < 64; c3 += 128) {
-    const int s4_0 = c3;
-    mg_cp_async16((sm_b_0 + ((0) % 4) * 512) + (s4_0 * 8), p1 + ((base_b + 0)) + (s4_0 * 4096));
-  }
+  for (int i = 0; i < 2; ++i) mg_cp_async16((sm_a_0 + ((0) % 4) * 2176) + mg_do_a[i], p0 + ((base_a + (mg_it0 + 0) * 128)) + mg_so_a[i]);
+  #pragma unroll
+  for (int i = 0; i < 8; ++i) mg_cp_async16((sm_b_0 + ((0) % 4) * 9216) + mg_do_b[i], p1 + ((base_b + (mg_it0 + 0) * 524288)) + mg_so_b[i]);
   mg_cp_async_commit();
   #pragma unroll
-  for (int i = 0; i < 1; ++i) mg_cp_async16((sm_a_0 + ((1) % 4) * 1152) + mg_do_a[i], p0 + ((base_a + 64)) + mg_so_a[i]);
-  for (int c5 = threadIdx.x; c5 < 64; c5 += 128) {
-    const int s6_0 = c5;
-    mg_cp_async16((sm_b_0 + ((1) % 4) * 512) + (s6_0 * 8), p1 + ((base_b + 262144)) + (s6_0 * 4096));
-  }
+  for (int i = 0; i < 2; ++i) mg_cp_async16((sm_a_0 + ((1) % 4) * 2176) + mg_do_a[i], p0 + ((base_a + (mg_it0 + 1) * 128)) + mg_so_a[i]);
+  #pragma unroll
+  for (int i = 0; i < 8; ++i) mg_cp_async16((sm_b_0 + ((1) % 4) * 9216) + mg_do_b[i], p1 + ((base_b + (mg_it0 + 1) * 524288)) + mg_so_b[i]);
   mg_cp_async_commit();
   #pragma unroll
-  for (int i = 0; i < 1; ++i) mg_cp_async16((sm_a_0 + ((2) % 4) * 1152) + mg_do_a[i], p0 + ((base_a + 128)) + mg_so_a[i]);
-  for (int c7 = threadIdx.x; c7 < 64; c7 += 128) {
-    const int s8_0 = c7;
-    mg_cp_async16((sm_b_0 + ((2) % 4) * 512) + (s8_0 * 8), p1 + ((base_b + 524288)) + (s8_0 * 4096));
-  }
-  mg_cp_async_commit();
-  float acc_s[1][4];
+  for (int i = 0; i < 2; ++i) mg_cp_async16((sm_a_0 + ((2) % 4) * 2176) + mg_do_a[i], p0 + ((base_a + (mg_it0 + 2) * 128)) + mg_so_a[i]);
   #pragma unroll
-  for (int j = 0; j < 1; ++j) acc_s[j][0] = acc_s[j][1] = acc_s[j][2] = acc_s[j][3] = 0.0f;
-  for (int it = 0; it < 64; ++it) {
-    const int off_a = base_a + it * 64;
-    const int off_b = base_b + it * 262144;
+  for (int i = 0; i < 8; ++i) mg_cp_async16((sm_b_0 + ((2) % 4) * 9216) + mg_do_b[i], p1 + ((base_b + (mg_it0 + 2) * 524288)) + mg_so_b[i]);
+  mg_cp_async_commit();
+  float acc_s[2][4];
+  #pragma unroll
+  for (int j = 0; j < 2; ++j) acc_s[j][0] = acc_s[j][1] = acc_s[j][2] = acc_s[j][3] = 0.0f;
+  for (int it = 0; it < 16; ++it) {
+    const int off_a = base_a + (mg_it0 + it) * 128;
+    const int off_b = base_b + (mg_it0 + it) * 524288;
     mg_cp_async_wait<2>();
     __syncthreads();
-    if (it + 3 < 64) {
+    if (it + 3 < 16) {
       #pragma unroll
-      for (int i = 0; i < 1; ++i) mg_cp_async16((sm_a_0 + (((it + 3)) % 4) * 1152) + mg_do_a[i], p0 + ((off_a + 192)) + mg_so_a[i]);
-      for (int c9 = threadIdx.x; c9 < 64; c9 += 128) {
-        const int s10_0 = c9;
-        mg_cp_async16((sm_b_0 + (((it + 3)) % 4) * 512) + (s10_0 * 8), p1 + ((off_b + 786432)) + (s10_0 * 4096));
-      }
+      for (int i = 0; i < 2; ++i) mg_cp_async16((sm_a_0 + (((it + 3)) % 4) * 2176) + mg_do_a[i], p0 + ((off_a + 384)) + mg_so_a[i]);
+      #pragma unroll
+      for (int i = 0; i < 8; ++i) mg_cp_async16((sm_b_0 + (((it + 3)) % 4) * 9216) + mg_do_b[i], p1 + ((off_b + 1572864)) + mg_so_b[i]);
     }
     mg_cp_async_commit();
-    const auto* sm_a = (sm_a_0 + ((it) % 4) * 1152);
-    const auto* sm_b = (sm_b_0 + ((it) % 4) * 512);
+    const auto* sm_a = (sm_a_0 + ((it) % 4) * 2176);
+    const auto* sm_b = (sm_b_0 + ((it) % 4) * 9216);
     {
       const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
       const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
@@ -344,24 +395,24 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k4_mirage_layernorm_line
       const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
       (void)mg_ks;
     #pragma unroll
-    for (int s = 0; s < 4; ++s) {
+    for (int s = 0; s < 8; ++s) {
       const int kk = (mg_ks + s * 1) * 16;
       const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
       (void)k0; (void)k1;
       unsigned ra0, ra1, ra2, ra3;
       const int mg_mi = 0, r0 = mg_g, r1 = r0 + 8;
       (void)r0; (void)r1;
-      mg_ldsm_x4(ra0, ra1, ra2, ra3, (sm_a + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) * 72 + (kk + (mg_lane >> 4) * 8))));
+      mg_ldsm_x4(ra0, ra1, ra2, ra3, (sm_a + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) * 136 + (kk + (mg_lane >> 4) * 8))));
       #pragma unroll
-      for (int j = 0; j < 1; ++j) {
+      for (int j = 0; j < 2; ++j) {
         const int q = mg_grp + 4 * j;
-        if (q < 1) {
-          const int mg_nb = q / 1;
-          const int mg_ni = q % 1;
+        if (q < 8) {
+          const int mg_nb = q / 8;
+          const int mg_ni = q % 8;
           const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
           (void)mg_nb; (void)c0; (void)n0;
           unsigned rb0, rb1;
-          mg_ldsm_x2_t(rb0, rb1, (sm_b + ((kk + (mg_lane & 15)) * 8 + (mg_ni * 8))));
+          mg_ldsm_x2_t(rb0, rb1, (sm_b + ((kk + (mg_lane & 15)) * 72 + (mg_ni * 8))));
           mg_mma_f16(acc_s[j], ra0, ra1, ra2, ra3, rb0, rb1);
         }
       }
@@ -376,27 +427,59 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k4_mirage_layernorm_line
     const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
     (void)mg_ks;
     #pragma unroll
-    for (int j = 0; j < 1; ++j) {
+    for (int j = 0; j < 2; ++j) {
       const int q = mg_grp + 4 * j;
-      if (q < 1) {
-        const int mg_nb = q / 1;
-        const int mg_mi = (q / 1) % 1;
-        const int mg_ni = q % 1;
+      if (q < 8) {
+        const int mg_nb = q / 8;
+        const int mg_mi = (q / 8) % 1;
+        const int mg_ni = q % 8;
         const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
         const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
         (void)mg_nb; (void)r1; (void)c0; (void)n0;
-        buf_s[r0 * 8 + c0] = acc_s[j][0];
-        buf_s[r0 * 8 + (c0 + 1)] = acc_s[j][1];
-        buf_s[r1 * 8 + c0] = acc_s[j][2];
-        buf_s[r1 * 8 + (c0 + 1)] = acc_s[j][3];
+        buf_s[r0 * 64 + c0] = acc_s[j][0];
+        buf_s[r0 * 64 + (c0 + 1)] = acc_s[j][1];
+        buf_s[r1 * 64 + c0] = acc_s[j][2];
+        buf_s[r1 * 64 + (c0 + 1)] = acc_s[j][3];
       }
     }
   }
   __syncthreads();
-  for (int e11 = threadIdx.x; e11 < 16; e11 += 128) {
-    const int i12_0 = e11;
-    mg_st8(p2 + (bx * 8 + i12_0 * 4096), buf_s[i12_0 * 8 + (0 + 0)], buf_s[i12_0 * 8 + (0 + 1)], buf_s[i12_0 * 8 + (0 + 2)], buf_s[i12_0 * 8 + (0 + 3)], buf_s[i12_0 * 8 + (0 + 4)], buf_s[i12_0 * 8 + (0 + 5)], buf_s[i12_0 * 8 + (0 + 6)], buf_s[i12_0 * 8 + (0 + 7)]);
+  mg_cluster_sync();
+  for (int e0 = threadIdx.x; e0 < 256; e0 += 512) {
+    float4 mg_p[4][2];
+    #pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int e = e0 + j * 128;
+      if (e < 256) {
+        #pragma unroll
+        for (unsigned r = 0; r < 2; ++r) mg_p[j][r] = mg_dsmem_ld4(buf_s + 4 * e, r);
+      }
+    }
+    #pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int e = e0 + j * 128;
+      if (e < 256) {
+        float4 v = mg_p[j][0];
+        #pragma unroll
+        for (unsigned r = 1; r < 2; ++r) {
+          v.x += mg_p[j][r].x;
+          v.y += mg_p[j][r].y;
+          v.z += mg_p[j][r].z;
+          v.w += mg_p[j][r].w;
+        }
+        reinterpret_cast<float4*>(reinterpret_cast<float*>(mg_smem + 0))[e] = v;
+      }
+    }
   }
+  mg_cluster_arrive();
+  __syncthreads();
+  buf_s = reinterpret_cast<float*>(mg_smem + 0);
+  for (int e5 = (int)mg_rank * 128 + (int)threadIdx.x; e5 < 128; e5 += 256) {
+    const int i6_0 = e5 / 8;
+    const int i6_1 = (e5) % 8;
+    mg_st8(p2 + (bx * 64 + i6_0 * 4096 + (i6_1 * 8)), buf_s[i6_0 * 64 + ((i6_1 * 8) + 0)], buf_s[i6_0 * 64 + ((i6_1 * 8) + 1)], buf_s[i6_0 * 64 + ((i6_1 * 8) + 2)], buf_s[i6_0 * 64 + ((i6_1 * 8) + 3)], buf_s[i6_0 * 64 + ((i6_1 * 8) + 4)], buf_s[i6_0 * 64 + ((i6_1 * 8) + 5)], buf_s[i6_0 * 64 + ((i6_1 * 8) + 6)], buf_s[i6_0 * 64 + ((i6_1 * 8) + 7)]);
+  }
+  mg_cluster_wait();
 }
 
 #ifndef __CUDACC_RTC__
@@ -414,8 +497,8 @@ extern "C" size_t mirage_layernorm_linear_b16_f16_h16x4096_h4096_h4096_h4096x409
 // What the launcher needs to know about the current device, found once per device
 // (a state per device ordinal; two threads racing store the same value, which is
 // harmless) and on every call for ordinals past the table: bit 0 says the device is
-// prepared (no kernel needs a per-device
-// attribute), bit 1 that it has compute capability 9.0 or
+// prepared (more than 48 KB of dynamic shared memory needs
+// cudaFuncSetAttribute, a per-device setting), bit 1 that it has compute capability 9.0 or
 // later, where kernels are launched with programmatic stream serialisation.
 static std::atomic<int> mg_device_state_mirage_layernorm_linear_b16_f16_h16x4096_h4096_h4096_h4096x4096_to_h16x4096[64];
 
@@ -428,6 +511,9 @@ static cudaError_t mg_prepare_mirage_layernorm_linear_b16_f16_h16x4096_h4096_h40
     *mg_state = mg_device_state_mirage_layernorm_linear_b16_f16_h16x4096_h4096_h4096_h4096x4096_to_h16x4096[mg_dev].load(std::memory_order_acquire);
     if (*mg_state != 0) return cudaSuccess;
   }
+  mg_err = cudaFuncSetAttribute((const void*)mg_k4_mirage_layernorm_linear_b16_f16_h16x4096_h4096_h4096_h4096x4096_to_h16x4096,
+                                cudaFuncAttributeMaxDynamicSharedMemorySize, 95248);
+  if (mg_err != cudaSuccess) return mg_err;
   int mg_major = 0;
   mg_err = cudaDeviceGetAttribute(&mg_major, cudaDevAttrComputeCapabilityMajor, mg_dev);
   if (mg_err != cudaSuccess) return mg_err;
@@ -468,7 +554,7 @@ extern "C" cudaError_t mirage_layernorm_linear_b16_f16_h16x4096_h4096_h4096_h409
     mg_f16* mg_a2 = (mg_f16*)(mg_ws + 256);
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
     cudaLaunchConfig_t mg_cfg = {};
-    mg_cfg.gridDim = dim3(256, 1, 1);
+    mg_cfg.gridDim = dim3(32, 1, 1);
     mg_cfg.blockDim = dim3(256);
     mg_cfg.dynamicSmemBytes = 0;
     mg_cfg.stream = mg_stream;
@@ -498,7 +584,7 @@ extern "C" cudaError_t mirage_layernorm_linear_b16_f16_h16x4096_h4096_h4096_h409
     mg_f16* mg_a2 = (mg_f16*)(mg_ws + 262400);
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
     cudaLaunchConfig_t mg_cfg = {};
-    mg_cfg.gridDim = dim3(256, 1, 1);
+    mg_cfg.gridDim = dim3(32, 1, 1);
     mg_cfg.blockDim = dim3(256);
     mg_cfg.dynamicSmemBytes = 0;
     mg_cfg.stream = mg_stream;
@@ -513,9 +599,9 @@ extern "C" cudaError_t mirage_layernorm_linear_b16_f16_h16x4096_h4096_h4096_h409
     mg_f16* mg_a2 = (mg_f16*)(mg_out0_Z);
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
     cudaLaunchConfig_t mg_cfg = {};
-    mg_cfg.gridDim = dim3(512, 1, 1);
+    mg_cfg.gridDim = dim3(64, 1, 2);
     mg_cfg.blockDim = dim3(128);
-    mg_cfg.dynamicSmemBytes = 13840;
+    mg_cfg.dynamicSmemBytes = 95248;
     mg_cfg.stream = mg_stream;
     mg_cfg.attrs = mg_pdl;
     mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;

@@ -11,7 +11,7 @@
 // input 2 'G': bf16[4096]
 // output 0 'H': bf16[16, 4096]
 // output 1 'Y': bf16[16, 4096]
-// kernel mg_k0_mirage_llama3_residual_rmsnorm_b16_bf16_b16x4096_b16x4096_b4096_to_b16x4096_b16x4096: grid [256, 1, 1], 256 threads, 0 B dynamic shared memory
+// kernel mg_k0_mirage_llama3_residual_rmsnorm_b16_bf16_b16x4096_b16x4096_b4096_to_b16x4096_b16x4096: grid [32, 1, 1], 256 threads, 0 B dynamic shared memory
 // kernel mg_k1_mirage_llama3_residual_rmsnorm_b16_bf16_b16x4096_b16x4096_b4096_to_b16x4096_b16x4096: grid [2, 1, 1], 256 threads, 0 B dynamic shared memory
 
 // The kernels use cp.async, bf16 conversions and mma.sync shapes of sm_80 and later:
@@ -162,7 +162,8 @@ __device__ __forceinline__ void mg_ld8(const T* p, float* f) {
     f[2 * i + 1] = mg_ld(hi);
   }
 }
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+// (Host compilation sees these too: nvcc parses every kernel body in its host pass.)
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
 // Thread-block clusters (sm_90): a barrier over every thread of the cluster (release /
 // acquire, so shared-memory writes before it are seen after it), and a load from (a
 // store to) the shared memory of block `rank` of the cluster at the address `p` has in
@@ -205,19 +206,41 @@ __device__ __forceinline__ void mg_dsmem_st(float* p, unsigned rank, float v) {
 }
 #endif
 
-// add: one thread per output element
+// add: 8 consecutive output elements per thread, one 16-byte store
 extern "C" __global__ void __launch_bounds__(256) mg_k0_mirage_llama3_residual_rmsnorm_b16_bf16_b16x4096_b16x4096_b4096_to_b16x4096_b16x4096(
     const mg_bf16* __restrict__ p0,
     const mg_bf16* __restrict__ p1,
     mg_bf16* __restrict__ p2) {
   mg_grid_wait();
-  for (int e = blockIdx.x * 256 + threadIdx.x; e < 65536; e += gridDim.x * 256) {
+  for (int e8 = blockIdx.x * 256 + threadIdx.x; e8 < 8192; e8 += gridDim.x * 256) {
+    const int e = e8 * 8;
     const int i0 = e / 4096;
     const int i1 = (e) % 4096;
-    const float v1 = mg_ld(p0[i0 * 4096 + i1]);
-    const float v2 = mg_ld(p1[i0 * 4096 + i1]);
+    const float v1 = mg_ld(p0[i0 * 4096 + (i1 + 0)]);
+    const float v2 = mg_ld(p1[i0 * 4096 + (i1 + 0)]);
     const float v3 = (v1 + v2);
-    mg_st(p2 + e, v3);
+    const float v4 = mg_ld(p0[i0 * 4096 + (i1 + 1)]);
+    const float v5 = mg_ld(p1[i0 * 4096 + (i1 + 1)]);
+    const float v6 = (v4 + v5);
+    const float v7 = mg_ld(p0[i0 * 4096 + (i1 + 2)]);
+    const float v8 = mg_ld(p1[i0 * 4096 + (i1 + 2)]);
+    const float v9 = (v7 + v8);
+    const float v10 = mg_ld(p0[i0 * 4096 + (i1 + 3)]);
+    const float v11 = mg_ld(p1[i0 * 4096 + (i1 + 3)]);
+    const float v12 = (v10 + v11);
+    const float v13 = mg_ld(p0[i0 * 4096 + (i1 + 4)]);
+    const float v14 = mg_ld(p1[i0 * 4096 + (i1 + 4)]);
+    const float v15 = (v13 + v14);
+    const float v16 = mg_ld(p0[i0 * 4096 + (i1 + 5)]);
+    const float v17 = mg_ld(p1[i0 * 4096 + (i1 + 5)]);
+    const float v18 = (v16 + v17);
+    const float v19 = mg_ld(p0[i0 * 4096 + (i1 + 6)]);
+    const float v20 = mg_ld(p1[i0 * 4096 + (i1 + 6)]);
+    const float v21 = (v19 + v20);
+    const float v22 = mg_ld(p0[i0 * 4096 + (i1 + 7)]);
+    const float v23 = mg_ld(p1[i0 * 4096 + (i1 + 7)]);
+    const float v24 = (v22 + v23);
+    mg_st8(p2 + e, v3, v6, v9, v12, v15, v18, v21, v24);
   }
 }
 
@@ -293,7 +316,7 @@ extern "C" cudaError_t mirage_llama3_residual_rmsnorm_b16_bf16_b16x4096_b16x4096
     mg_bf16* mg_a2 = (mg_bf16*)(mg_out0_H);
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
     cudaLaunchConfig_t mg_cfg = {};
-    mg_cfg.gridDim = dim3(256, 1, 1);
+    mg_cfg.gridDim = dim3(32, 1, 1);
     mg_cfg.blockDim = dim3(256);
     mg_cfg.dynamicSmemBytes = 0;
     mg_cfg.stream = mg_stream;

@@ -11,16 +11,19 @@
 // input 2 'W3': f16[3584, 18944]
 // input 3 'W2': f16[18944, 3584]
 // output 0 'O': f16[16, 3584]
-// kernel mg_k0_mirage_qwen2_mlp_b16_f16_h16x3584_h3584x18944_h3584x18944_h18944x3584_to_h16x3584: grid [296, 1, 1], 128 threads, 50192 B dynamic shared memory
-// kernel mg_k1_mirage_qwen2_mlp_b16_f16_h16x3584_h3584x18944_h3584x18944_h18944x3584_to_h16x3584: grid [296, 1, 1], 128 threads, 50192 B dynamic shared memory
-// kernel mg_k2_mirage_qwen2_mlp_b16_f16_h16x3584_h3584x18944_h3584x18944_h18944x3584_to_h16x3584: grid [1184, 1, 1], 256 threads, 0 B dynamic shared memory
-// kernel mg_k3_mirage_qwen2_mlp_b16_f16_h16x3584_h3584x18944_h3584x18944_h18944x3584_to_h16x3584: grid [1184, 1, 1], 256 threads, 0 B dynamic shared memory
-// kernel mg_k4_mirage_qwen2_mlp_b16_f16_h16x3584_h3584x18944_h3584x18944_h18944x3584_to_h16x3584: grid [448, 1, 1], 128 threads, 13840 B dynamic shared memory
+// kernel mg_k0_mirage_qwen2_mlp_b16_f16_h16x3584_h3584x18944_h3584x18944_h18944x3584_to_h16x3584: grid [148, 1, 1], 128 threads, 164880 B dynamic shared memory
+// kernel mg_k1_mirage_qwen2_mlp_b16_f16_h16x3584_h3584x18944_h3584x18944_h18944x3584_to_h16x3584: grid [148, 1, 1], 128 threads, 164880 B dynamic shared memory
+// kernel mg_k2_mirage_qwen2_mlp_b16_f16_h16x3584_h3584x18944_h3584x18944_h18944x3584_to_h16x3584: grid [148, 1, 1], 256 threads, 0 B dynamic shared memory
+// kernel mg_k3_mirage_qwen2_mlp_b16_f16_h16x3584_h3584x18944_h3584x18944_h18944x3584_to_h16x3584: grid [148, 1, 1], 256 threads, 0 B dynamic shared memory
+// kernel mg_k4_mirage_qwen2_mlp_b16_f16_h16x3584_h3584x18944_h3584x18944_h18944x3584_to_h16x3584: grid [64, 1, 2], 256 threads, 152080 B dynamic shared memory
 
 // The kernels use cp.async, bf16 conversions and mma.sync shapes of sm_80 and later:
 // one clear error instead of a wall of ptxas errors for an older target.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
 #error "mirage-cli generated code needs sm_80 or newer: compile with -arch=sm_80 or -arch=sm_90"
+// Some kernels split their loop over a thread-block cluster, an sm_90 feature.
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+#error "this file was generated for sm_90 (thread-block clusters): compile with -arch=sm_90, or generate it with --arch sm_80"
 #endif
 
 // Storage types and helpers. The device code needs no header, so NVRTC compiles it
@@ -165,7 +168,8 @@ __device__ __forceinline__ void mg_ld8(const T* p, float* f) {
     f[2 * i + 1] = mg_ld(hi);
   }
 }
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+// (Host compilation sees these too: nvcc parses every kernel body in its host pass.)
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
 // Thread-block clusters (sm_90): a barrier over every thread of the cluster (release /
 // acquire, so shared-memory writes before it are seen after it), and a load from (a
 // store to) the shared memory of block `rank` of the cluster at the address `p` has in
@@ -208,7 +212,7 @@ __device__ __forceinline__ void mg_dsmem_st(float* p, unsigned rank, float v) {
 }
 #endif
 
-// matmul as a generated block graph: grid [296, 1, 1], forloop 56, tensor cores
+// matmul as a generated block graph: grid [148, 1, 1], forloop 28, tensor cores
 extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_qwen2_mlp_b16_f16_h16x3584_h3584x18944_h3584x18944_h18944x3584_to_h16x3584(
     const mg_f16* __restrict__ p0,
     const mg_f16* __restrict__ p1,
@@ -218,62 +222,62 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_qwen2_mlp_b16_
   (void)bx; (void)by; (void)bz;
   extern __shared__ __align__(16) unsigned char mg_smem[];
   const int base_a = 0;
-  const int base_b = bx * 64;
-  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 50176);
+  const int base_b = bx * 128;
+  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 164864);
   if (threadIdx.x < 4) mg_zero[threadIdx.x] = 0u;
   mg_f16* sm_a_0 = reinterpret_cast<mg_f16*>(mg_smem + 0);
-  mg_f16* sm_b_0 = reinterpret_cast<mg_f16*>(mg_smem + 9216);
-  float* buf_s = reinterpret_cast<float*>(mg_smem + 46080);
-  int mg_so_a[1], mg_do_a[1];
+  mg_f16* sm_b_0 = reinterpret_cast<mg_f16*>(mg_smem + 17408);
+  float* buf_s = reinterpret_cast<float*>(mg_smem + 156672);
+  int mg_so_a[2], mg_do_a[2];
   #pragma unroll
-  for (int i = 0; i < 1; ++i) {
+  for (int i = 0; i < 2; ++i) {
     const int c1 = threadIdx.x + i * 128;
-    const int s2_0 = c1 / 8;
-    const int s2_1 = (c1) % 8;
+    const int s2_0 = c1 / 16;
+    const int s2_1 = (c1) % 16;
     mg_so_a[i] = s2_0 * 3584 + (s2_1 * 8);
-    mg_do_a[i] = s2_0 * 72 + (s2_1 * 8);
+    mg_do_a[i] = s2_0 * 136 + (s2_1 * 8);
   }
-  int mg_so_b[4], mg_do_b[4];
+  int mg_so_b[16], mg_do_b[16];
   #pragma unroll
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < 16; ++i) {
     const int c3 = threadIdx.x + i * 128;
-    const int s4_0 = c3 / 8;
-    const int s4_1 = (c3) % 8;
+    const int s4_0 = c3 / 16;
+    const int s4_1 = (c3) % 16;
     mg_so_b[i] = s4_0 * 18944 + (s4_1 * 8);
-    mg_do_b[i] = s4_0 * 72 + (s4_1 * 8);
+    mg_do_b[i] = s4_0 * 136 + (s4_1 * 8);
   }
   #pragma unroll
-  for (int i = 0; i < 1; ++i) mg_cp_async16((sm_a_0 + ((0) % 4) * 1152) + mg_do_a[i], p0 + ((base_a + 0)) + mg_so_a[i]);
+  for (int i = 0; i < 2; ++i) mg_cp_async16((sm_a_0 + ((0) % 4) * 2176) + mg_do_a[i], p0 + ((base_a + 0)) + mg_so_a[i]);
   #pragma unroll
-  for (int i = 0; i < 4; ++i) mg_cp_async16((sm_b_0 + ((0) % 4) * 4608) + mg_do_b[i], p1 + ((base_b + 0)) + mg_so_b[i]);
+  for (int i = 0; i < 16; ++i) mg_cp_async16((sm_b_0 + ((0) % 4) * 17408) + mg_do_b[i], p1 + ((base_b + 0)) + mg_so_b[i]);
   mg_cp_async_commit();
   #pragma unroll
-  for (int i = 0; i < 1; ++i) mg_cp_async16((sm_a_0 + ((1) % 4) * 1152) + mg_do_a[i], p0 + ((base_a + 64)) + mg_so_a[i]);
+  for (int i = 0; i < 2; ++i) mg_cp_async16((sm_a_0 + ((1) % 4) * 2176) + mg_do_a[i], p0 + ((base_a + 128)) + mg_so_a[i]);
   #pragma unroll
-  for (int i = 0; i < 4; ++i) mg_cp_async16((sm_b_0 + ((1) % 4) * 4608) + mg_do_b[i], p1 + ((base_b + 1212416)) + mg_so_b[i]);
+  for (int i = 0; i < 16; ++i) mg_cp_async16((sm_b_0 + ((1) % 4) * 17408) + mg_do_b[i], p1 + ((base_b + 2424832)) + mg_so_b[i]);
   mg_cp_async_commit();
   #pragma unroll
-  for (int i = 0; i < 1; ++i) mg_cp_async16((sm_a_0 + ((2) % 4) * 1152) + mg_do_a[i], p0 + ((base_a + 128)) + mg_so_a[i]);
+  for (int i = 0; i < 2; ++i) mg_cp_async16((sm_a_0 + ((2) % 4) * 2176) + mg_do_a[i], p0 + ((base_a + 256)) + mg_so_a[i]);
   #pragma unroll
-  for (int i = 0; i < 4; ++i) mg_cp_async16((sm_b_0 + ((2) % 4) * 4608) + mg_do_b[i], p1 + ((base_b + 2424832)) + mg_so_b[i]);
+  for (int i = 0; i < 16; ++i) mg_cp_async16((sm_b_0 + ((2) % 4) * 17408) + mg_do_b[i], p1 + ((base_b + 4849664)) + mg_so_b[i]);
   mg_cp_async_commit();
-  float acc_s[2][4];
+  float acc_s[4][4];
   #pragma unroll
-  for (int j = 0; j < 2; ++j) acc_s[j][0] = acc_s[j][1] = acc_s[j][2] = acc_s[j][3] = 0.0f;
-  for (int it = 0; it < 56; ++it) {
-    const int off_a = base_a + it * 64;
-    const int off_b = base_b + it * 1212416;
+  for (int j = 0; j < 4; ++j) acc_s[j][0] = acc_s[j][1] = acc_s[j][2] = acc_s[j][3] = 0.0f;
+  for (int it = 0; it < 28; ++it) {
+    const int off_a = base_a + it * 128;
+    const int off_b = base_b + it * 2424832;
     mg_cp_async_wait<2>();
     __syncthreads();
-    if (it + 3 < 56) {
+    if (it + 3 < 28) {
       #pragma unroll
-      for (int i = 0; i < 1; ++i) mg_cp_async16((sm_a_0 + (((it + 3)) % 4) * 1152) + mg_do_a[i], p0 + ((off_a + 192)) + mg_so_a[i]);
+      for (int i = 0; i < 2; ++i) mg_cp_async16((sm_a_0 + (((it + 3)) % 4) * 2176) + mg_do_a[i], p0 + ((off_a + 384)) + mg_so_a[i]);
       #pragma unroll
-      for (int i = 0; i < 4; ++i) mg_cp_async16((sm_b_0 + (((it + 3)) % 4) * 4608) + mg_do_b[i], p1 + ((off_b + 3637248)) + mg_so_b[i]);
+      for (int i = 0; i < 16; ++i) mg_cp_async16((sm_b_0 + (((it + 3)) % 4) * 17408) + mg_do_b[i], p1 + ((off_b + 7274496)) + mg_so_b[i]);
     }
     mg_cp_async_commit();
-    const auto* sm_a = (sm_a_0 + ((it) % 4) * 1152);
-    const auto* sm_b = (sm_b_0 + ((it) % 4) * 4608);
+    const auto* sm_a = (sm_a_0 + ((it) % 4) * 2176);
+    const auto* sm_b = (sm_b_0 + ((it) % 4) * 17408);
     {
       const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
       const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
@@ -281,24 +285,24 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_qwen2_mlp_b16_
       const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
       (void)mg_ks;
     #pragma unroll
-    for (int s = 0; s < 4; ++s) {
+    for (int s = 0; s < 8; ++s) {
       const int kk = (mg_ks + s * 1) * 16;
       const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
       (void)k0; (void)k1;
       unsigned ra0, ra1, ra2, ra3;
       const int mg_mi = 0, r0 = mg_g, r1 = r0 + 8;
       (void)r0; (void)r1;
-      mg_ldsm_x4(ra0, ra1, ra2, ra3, (sm_a + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) * 72 + (kk + (mg_lane >> 4) * 8))));
+      mg_ldsm_x4(ra0, ra1, ra2, ra3, (sm_a + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) * 136 + (kk + (mg_lane >> 4) * 8))));
       #pragma unroll
-      for (int j = 0; j < 2; ++j) {
+      for (int j = 0; j < 4; ++j) {
         const int q = mg_grp + 4 * j;
-        if (q < 8) {
-          const int mg_nb = q / 8;
-          const int mg_ni = q % 8;
+        if (q < 16) {
+          const int mg_nb = q / 16;
+          const int mg_ni = q % 16;
           const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
           (void)mg_nb; (void)c0; (void)n0;
           unsigned rb0, rb1;
-          mg_ldsm_x2_t(rb0, rb1, (sm_b + ((kk + (mg_lane & 15)) * 72 + (mg_ni * 8))));
+          mg_ldsm_x2_t(rb0, rb1, (sm_b + ((kk + (mg_lane & 15)) * 136 + (mg_ni * 8))));
           mg_mma_f16(acc_s[j], ra0, ra1, ra2, ra3, rb0, rb1);
         }
       }
@@ -313,31 +317,31 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_qwen2_mlp_b16_
     const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
     (void)mg_ks;
     #pragma unroll
-    for (int j = 0; j < 2; ++j) {
+    for (int j = 0; j < 4; ++j) {
       const int q = mg_grp + 4 * j;
-      if (q < 8) {
-        const int mg_nb = q / 8;
-        const int mg_mi = (q / 8) % 1;
-        const int mg_ni = q % 8;
+      if (q < 16) {
+        const int mg_nb = q / 16;
+        const int mg_mi = (q / 16) % 1;
+        const int mg_ni = q % 16;
         const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
         const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
         (void)mg_nb; (void)r1; (void)c0; (void)n0;
-        buf_s[r0 * 64 + c0] = acc_s[j][0];
-        buf_s[r0 * 64 + (c0 + 1)] = acc_s[j][1];
-        buf_s[r1 * 64 + c0] = acc_s[j][2];
-        buf_s[r1 * 64 + (c0 + 1)] = acc_s[j][3];
+        buf_s[r0 * 128 + c0] = acc_s[j][0];
+        buf_s[r0 * 128 + (c0 + 1)] = acc_s[j][1];
+        buf_s[r1 * 128 + c0] = acc_s[j][2];
+        buf_s[r1 * 128 + (c0 + 1)] = acc_s[j][3];
       }
     }
   }
   __syncthreads();
-  for (int e5 = threadIdx.x; e5 < 128; e5 += 128) {
-    const int i6_0 = e5 / 8;
-    const int i6_1 = (e5) % 8;
-    mg_st8(p2 + (bx * 64 + i6_0 * 18944 + (i6_1 * 8)), buf_s[i6_0 * 64 + ((i6_1 * 8) + 0)], buf_s[i6_0 * 64 + ((i6_1 * 8) + 1)], buf_s[i6_0 * 64 + ((i6_1 * 8) + 2)], buf_s[i6_0 * 64 + ((i6_1 * 8) + 3)], buf_s[i6_0 * 64 + ((i6_1 * 8) + 4)], buf_s[i6_0 * 64 + ((i6_1 * 8) + 5)], buf_s[i6_0 * 64 + ((i6_1 * 8) + 6)], buf_s[i6_0 * 64 + ((i6_1 * 8) + 7)]);
+  for (int e5 = threadIdx.x; e5 < 256; e5 += 128) {
+    const int i6_0 = e5 / 16;
+    const int i6_1 = (e5) % 16;
+    mg_st8(p2 + (bx * 128 + i6_0 * 18944 + (i6_1 * 8)), buf_s[i6_0 * 128 + ((i6_1 * 8) + 0)], buf_s[i6_0 * 128 + ((i6_1 * 8) + 1)], buf_s[i6_0 * 128 + ((i6_1 * 8) + 2)], buf_s[i6_0 * 128 + ((i6_1 * 8) + 3)], buf_s[i6_0 * 128 + ((i6_1 * 8) + 4)], buf_s[i6_0 * 128 + ((i6_1 * 8) + 5)], buf_s[i6_0 * 128 + ((i6_1 * 8) + 6)], buf_s[i6_0 * 128 + ((i6_1 * 8) + 7)]);
   }
 }
 
-// matmul as a generated block graph: grid [296, 1, 1], forloop 56, tensor cores
+// matmul as a generated block graph: grid [148, 1, 1], forloop 28, tensor cores
 extern "C" __global__ void __launch_bounds__(128, 1) mg_k1_mirage_qwen2_mlp_b16_f16_h16x3584_h3584x18944_h3584x18944_h18944x3584_to_h16x3584(
     const mg_f16* __restrict__ p0,
     const mg_f16* __restrict__ p1,
@@ -347,62 +351,62 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k1_mirage_qwen2_mlp_b16_
   (void)bx; (void)by; (void)bz;
   extern __shared__ __align__(16) unsigned char mg_smem[];
   const int base_a = 0;
-  const int base_b = bx * 64;
-  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 50176);
+  const int base_b = bx * 128;
+  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 164864);
   if (threadIdx.x < 4) mg_zero[threadIdx.x] = 0u;
   mg_f16* sm_a_0 = reinterpret_cast<mg_f16*>(mg_smem + 0);
-  mg_f16* sm_b_0 = reinterpret_cast<mg_f16*>(mg_smem + 9216);
-  float* buf_s = reinterpret_cast<float*>(mg_smem + 46080);
-  int mg_so_a[1], mg_do_a[1];
+  mg_f16* sm_b_0 = reinterpret_cast<mg_f16*>(mg_smem + 17408);
+  float* buf_s = reinterpret_cast<float*>(mg_smem + 156672);
+  int mg_so_a[2], mg_do_a[2];
   #pragma unroll
-  for (int i = 0; i < 1; ++i) {
+  for (int i = 0; i < 2; ++i) {
     const int c1 = threadIdx.x + i * 128;
-    const int s2_0 = c1 / 8;
-    const int s2_1 = (c1) % 8;
+    const int s2_0 = c1 / 16;
+    const int s2_1 = (c1) % 16;
     mg_so_a[i] = s2_0 * 3584 + (s2_1 * 8);
-    mg_do_a[i] = s2_0 * 72 + (s2_1 * 8);
+    mg_do_a[i] = s2_0 * 136 + (s2_1 * 8);
   }
-  int mg_so_b[4], mg_do_b[4];
+  int mg_so_b[16], mg_do_b[16];
   #pragma unroll
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < 16; ++i) {
     const int c3 = threadIdx.x + i * 128;
-    const int s4_0 = c3 / 8;
-    const int s4_1 = (c3) % 8;
+    const int s4_0 = c3 / 16;
+    const int s4_1 = (c3) % 16;
     mg_so_b[i] = s4_0 * 18944 + (s4_1 * 8);
-    mg_do_b[i] = s4_0 * 72 + (s4_1 * 8);
+    mg_do_b[i] = s4_0 * 136 + (s4_1 * 8);
   }
   #pragma unroll
-  for (int i = 0; i < 1; ++i) mg_cp_async16((sm_a_0 + ((0) % 4) * 1152) + mg_do_a[i], p0 + ((base_a + 0)) + mg_so_a[i]);
+  for (int i = 0; i < 2; ++i) mg_cp_async16((sm_a_0 + ((0) % 4) * 2176) + mg_do_a[i], p0 + ((base_a + 0)) + mg_so_a[i]);
   #pragma unroll
-  for (int i = 0; i < 4; ++i) mg_cp_async16((sm_b_0 + ((0) % 4) * 4608) + mg_do_b[i], p1 + ((base_b + 0)) + mg_so_b[i]);
+  for (int i = 0; i < 16; ++i) mg_cp_async16((sm_b_0 + ((0) % 4) * 17408) + mg_do_b[i], p1 + ((base_b + 0)) + mg_so_b[i]);
   mg_cp_async_commit();
   #pragma unroll
-  for (int i = 0; i < 1; ++i) mg_cp_async16((sm_a_0 + ((1) % 4) * 1152) + mg_do_a[i], p0 + ((base_a + 64)) + mg_so_a[i]);
+  for (int i = 0; i < 2; ++i) mg_cp_async16((sm_a_0 + ((1) % 4) * 2176) + mg_do_a[i], p0 + ((base_a + 128)) + mg_so_a[i]);
   #pragma unroll
-  for (int i = 0; i < 4; ++i) mg_cp_async16((sm_b_0 + ((1) % 4) * 4608) + mg_do_b[i], p1 + ((base_b + 1212416)) + mg_so_b[i]);
+  for (int i = 0; i < 16; ++i) mg_cp_async16((sm_b_0 + ((1) % 4) * 17408) + mg_do_b[i], p1 + ((base_b + 2424832)) + mg_so_b[i]);
   mg_cp_async_commit();
   #pragma unroll
-  for (int i = 0; i < 1; ++i) mg_cp_async16((sm_a_0 + ((2) % 4) * 1152) + mg_do_a[i], p0 + ((base_a + 128)) + mg_so_a[i]);
+  for (int i = 0; i < 2; ++i) mg_cp_async16((sm_a_0 + ((2) % 4) * 2176) + mg_do_a[i], p0 + ((base_a + 256)) + mg_so_a[i]);
   #pragma unroll
-  for (int i = 0; i < 4; ++i) mg_cp_async16((sm_b_0 + ((2) % 4) * 4608) + mg_do_b[i], p1 + ((base_b + 2424832)) + mg_so_b[i]);
+  for (int i = 0; i < 16; ++i) mg_cp_async16((sm_b_0 + ((2) % 4) * 17408) + mg_do_b[i], p1 + ((base_b + 4849664)) + mg_so_b[i]);
   mg_cp_async_commit();
-  float acc_s[2][4];
+  float acc_s[4][4];
   #pragma unroll
-  for (int j = 0; j < 2; ++j) acc_s[j][0] = acc_s[j][1] = acc_s[j][2] = acc_s[j][3] = 0.0f;
-  for (int it = 0; it < 56; ++it) {
-    const int off_a = base_a + it * 64;
-    const int off_b = base_b + it * 1212416;
+  for (int j = 0; j < 4; ++j) acc_s[j][0] = acc_s[j][1] = acc_s[j][2] = acc_s[j][3] = 0.0f;
+  for (int it = 0; it < 28; ++it) {
+    const int off_a = base_a + it * 128;
+    const int off_b = base_b + it * 2424832;
     mg_cp_async_wait<2>();
     __syncthreads();
-    if (it + 3 < 56) {
+    if (it + 3 < 28) {
       #pragma unroll
-      for (int i = 0; i < 1; ++i) mg_cp_async16((sm_a_0 + (((it + 3)) % 4) * 1152) + mg_do_a[i], p0 + ((off_a + 192)) + mg_so_a[i]);
+      for (int i = 0; i < 2; ++i) mg_cp_async16((sm_a_0 + (((it + 3)) % 4) * 2176) + mg_do_a[i], p0 + ((off_a + 384)) + mg_so_a[i]);
       #pragma unroll
-      for (int i = 0; i < 4; ++i) mg_cp_async16((sm_b_0 + (((it + 3)) % 4) * 4608) + mg_do_b[i], p1 + ((off_b + 3637248)) + mg_so_b[i]);
+      for (int i = 0; i < 16; ++i) mg_cp_async16((sm_b_0 + (((it + 3)) % 4) * 17408) + mg_do_b[i], p1 + ((off_b + 7274496)) + mg_so_b[i]);
     }
     mg_cp_async_commit();
-    const auto* sm_a = (sm_a_0 + ((it) % 4) * 1152);
-    const auto* sm_b = (sm_b_0 + ((it) % 4) * 4608);
+    const auto* sm_a = (sm_a_0 + ((it) % 4) * 2176);
+    const auto* sm_b = (sm_b_0 + ((it) % 4) * 17408);
     {
       const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
       const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
@@ -410,24 +414,24 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k1_mirage_qwen2_mlp_b16_
       const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
       (void)mg_ks;
     #pragma unroll
-    for (int s = 0; s < 4; ++s) {
+    for (int s = 0; s < 8; ++s) {
       const int kk = (mg_ks + s * 1) * 16;
       const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
       (void)k0; (void)k1;
       unsigned ra0, ra1, ra2, ra3;
       const int mg_mi = 0, r0 = mg_g, r1 = r0 + 8;
       (void)r0; (void)r1;
-      mg_ldsm_x4(ra0, ra1, ra2, ra3, (sm_a + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) * 72 + (kk + (mg_lane >> 4) * 8))));
+      mg_ldsm_x4(ra0, ra1, ra2, ra3, (sm_a + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) * 136 + (kk + (mg_lane >> 4) * 8))));
       #pragma unroll
-      for (int j = 0; j < 2; ++j) {
+      for (int j = 0; j < 4; ++j) {
         const int q = mg_grp + 4 * j;
-        if (q < 8) {
-          const int mg_nb = q / 8;
-          const int mg_ni = q % 8;
+        if (q < 16) {
+          const int mg_nb = q / 16;
+          const int mg_ni = q % 16;
           const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
           (void)mg_nb; (void)c0; (void)n0;
           unsigned rb0, rb1;
-          mg_ldsm_x2_t(rb0, rb1, (sm_b + ((kk + (mg_lane & 15)) * 72 + (mg_ni * 8))));
+          mg_ldsm_x2_t(rb0, rb1, (sm_b + ((kk + (mg_lane & 15)) * 136 + (mg_ni * 8))));
           mg_mma_f16(acc_s[j], ra0, ra1, ra2, ra3, rb0, rb1);
         }
       }
@@ -442,125 +446,165 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k1_mirage_qwen2_mlp_b16_
     const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
     (void)mg_ks;
     #pragma unroll
-    for (int j = 0; j < 2; ++j) {
+    for (int j = 0; j < 4; ++j) {
       const int q = mg_grp + 4 * j;
-      if (q < 8) {
-        const int mg_nb = q / 8;
-        const int mg_mi = (q / 8) % 1;
-        const int mg_ni = q % 8;
+      if (q < 16) {
+        const int mg_nb = q / 16;
+        const int mg_mi = (q / 16) % 1;
+        const int mg_ni = q % 16;
         const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
         const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
         (void)mg_nb; (void)r1; (void)c0; (void)n0;
-        buf_s[r0 * 64 + c0] = acc_s[j][0];
-        buf_s[r0 * 64 + (c0 + 1)] = acc_s[j][1];
-        buf_s[r1 * 64 + c0] = acc_s[j][2];
-        buf_s[r1 * 64 + (c0 + 1)] = acc_s[j][3];
+        buf_s[r0 * 128 + c0] = acc_s[j][0];
+        buf_s[r0 * 128 + (c0 + 1)] = acc_s[j][1];
+        buf_s[r1 * 128 + c0] = acc_s[j][2];
+        buf_s[r1 * 128 + (c0 + 1)] = acc_s[j][3];
       }
     }
   }
   __syncthreads();
-  for (int e5 = threadIdx.x; e5 < 128; e5 += 128) {
-    const int i6_0 = e5 / 8;
-    const int i6_1 = (e5) % 8;
-    mg_st8(p2 + (bx * 64 + i6_0 * 18944 + (i6_1 * 8)), buf_s[i6_0 * 64 + ((i6_1 * 8) + 0)], buf_s[i6_0 * 64 + ((i6_1 * 8) + 1)], buf_s[i6_0 * 64 + ((i6_1 * 8) + 2)], buf_s[i6_0 * 64 + ((i6_1 * 8) + 3)], buf_s[i6_0 * 64 + ((i6_1 * 8) + 4)], buf_s[i6_0 * 64 + ((i6_1 * 8) + 5)], buf_s[i6_0 * 64 + ((i6_1 * 8) + 6)], buf_s[i6_0 * 64 + ((i6_1 * 8) + 7)]);
+  for (int e5 = threadIdx.x; e5 < 256; e5 += 128) {
+    const int i6_0 = e5 / 16;
+    const int i6_1 = (e5) % 16;
+    mg_st8(p2 + (bx * 128 + i6_0 * 18944 + (i6_1 * 8)), buf_s[i6_0 * 128 + ((i6_1 * 8) + 0)], buf_s[i6_0 * 128 + ((i6_1 * 8) + 1)], buf_s[i6_0 * 128 + ((i6_1 * 8) + 2)], buf_s[i6_0 * 128 + ((i6_1 * 8) + 3)], buf_s[i6_0 * 128 + ((i6_1 * 8) + 4)], buf_s[i6_0 * 128 + ((i6_1 * 8) + 5)], buf_s[i6_0 * 128 + ((i6_1 * 8) + 6)], buf_s[i6_0 * 128 + ((i6_1 * 8) + 7)]);
   }
 }
 
-// silu: one thread per output element
+// silu: 8 consecutive output elements per thread, one 16-byte store
 extern "C" __global__ void __launch_bounds__(256) mg_k2_mirage_qwen2_mlp_b16_f16_h16x3584_h3584x18944_h3584x18944_h18944x3584_to_h16x3584(
     const mg_f16* __restrict__ p0,
     mg_f16* __restrict__ p1) {
   mg_grid_wait();
-  for (int e = blockIdx.x * 256 + threadIdx.x; e < 303104; e += gridDim.x * 256) {
+  for (int e8 = blockIdx.x * 256 + threadIdx.x; e8 < 37888; e8 += gridDim.x * 256) {
+    const int e = e8 * 8;
     const int i0 = e / 18944;
     const int i1 = (e) % 18944;
-    const float v1 = mg_ld(p0[i0 * 18944 + i1]);
+    const float v1 = mg_ld(p0[i0 * 18944 + (i1 + 0)]);
     const float v2 = mg_silu(v1);
-    mg_st(p1 + e, v2);
+    const float v3 = mg_ld(p0[i0 * 18944 + (i1 + 1)]);
+    const float v4 = mg_silu(v3);
+    const float v5 = mg_ld(p0[i0 * 18944 + (i1 + 2)]);
+    const float v6 = mg_silu(v5);
+    const float v7 = mg_ld(p0[i0 * 18944 + (i1 + 3)]);
+    const float v8 = mg_silu(v7);
+    const float v9 = mg_ld(p0[i0 * 18944 + (i1 + 4)]);
+    const float v10 = mg_silu(v9);
+    const float v11 = mg_ld(p0[i0 * 18944 + (i1 + 5)]);
+    const float v12 = mg_silu(v11);
+    const float v13 = mg_ld(p0[i0 * 18944 + (i1 + 6)]);
+    const float v14 = mg_silu(v13);
+    const float v15 = mg_ld(p0[i0 * 18944 + (i1 + 7)]);
+    const float v16 = mg_silu(v15);
+    mg_st8(p1 + e, v2, v4, v6, v8, v10, v12, v14, v16);
   }
 }
 
-// mul: one thread per output element
+// mul: 8 consecutive output elements per thread, one 16-byte store
 extern "C" __global__ void __launch_bounds__(256) mg_k3_mirage_qwen2_mlp_b16_f16_h16x3584_h3584x18944_h3584x18944_h18944x3584_to_h16x3584(
     const mg_f16* __restrict__ p0,
     const mg_f16* __restrict__ p1,
     mg_f16* __restrict__ p2) {
   mg_grid_wait();
-  for (int e = blockIdx.x * 256 + threadIdx.x; e < 303104; e += gridDim.x * 256) {
+  for (int e8 = blockIdx.x * 256 + threadIdx.x; e8 < 37888; e8 += gridDim.x * 256) {
+    const int e = e8 * 8;
     const int i0 = e / 18944;
     const int i1 = (e) % 18944;
-    const float v1 = mg_ld(p0[i0 * 18944 + i1]);
-    const float v2 = mg_ld(p1[i0 * 18944 + i1]);
+    const float v1 = mg_ld(p0[i0 * 18944 + (i1 + 0)]);
+    const float v2 = mg_ld(p1[i0 * 18944 + (i1 + 0)]);
     const float v3 = (v1 * v2);
-    mg_st(p2 + e, v3);
+    const float v4 = mg_ld(p0[i0 * 18944 + (i1 + 1)]);
+    const float v5 = mg_ld(p1[i0 * 18944 + (i1 + 1)]);
+    const float v6 = (v4 * v5);
+    const float v7 = mg_ld(p0[i0 * 18944 + (i1 + 2)]);
+    const float v8 = mg_ld(p1[i0 * 18944 + (i1 + 2)]);
+    const float v9 = (v7 * v8);
+    const float v10 = mg_ld(p0[i0 * 18944 + (i1 + 3)]);
+    const float v11 = mg_ld(p1[i0 * 18944 + (i1 + 3)]);
+    const float v12 = (v10 * v11);
+    const float v13 = mg_ld(p0[i0 * 18944 + (i1 + 4)]);
+    const float v14 = mg_ld(p1[i0 * 18944 + (i1 + 4)]);
+    const float v15 = (v13 * v14);
+    const float v16 = mg_ld(p0[i0 * 18944 + (i1 + 5)]);
+    const float v17 = mg_ld(p1[i0 * 18944 + (i1 + 5)]);
+    const float v18 = (v16 * v17);
+    const float v19 = mg_ld(p0[i0 * 18944 + (i1 + 6)]);
+    const float v20 = mg_ld(p1[i0 * 18944 + (i1 + 6)]);
+    const float v21 = (v19 * v20);
+    const float v22 = mg_ld(p0[i0 * 18944 + (i1 + 7)]);
+    const float v23 = mg_ld(p1[i0 * 18944 + (i1 + 7)]);
+    const float v24 = (v22 * v23);
+    mg_st8(p2 + e, v3, v6, v9, v12, v15, v18, v21, v24);
   }
 }
 
-// matmul as a generated block graph: grid [448, 1, 1], forloop 296, tensor cores
-extern "C" __global__ void __launch_bounds__(128, 1) mg_k4_mirage_qwen2_mlp_b16_f16_h16x3584_h3584x18944_h3584x18944_h18944x3584_to_h16x3584(
+// matmul as a generated block graph: grid [64, 1, 1], forloop 74, tensor cores
+extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(256, 1) mg_k4_mirage_qwen2_mlp_b16_f16_h16x3584_h3584x18944_h3584x18944_h18944x3584_to_h16x3584(
     const mg_f16* __restrict__ p0,
     const mg_f16* __restrict__ p1,
     mg_f16* __restrict__ p2) {
   mg_grid_wait();
-  const int bx = blockIdx.x, by = blockIdx.y, bz = blockIdx.z;
+  const int bx = blockIdx.x, by = blockIdx.y, bz = 0;
   (void)bx; (void)by; (void)bz;
+  const unsigned mg_rank = blockIdx.z;
+  const int mg_it0 = (int)mg_rank * 37;
   extern __shared__ __align__(16) unsigned char mg_smem[];
   const int base_a = 0;
-  const int base_b = bx * 8;
-  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 13824);
+  const int base_b = bx * 56;
+  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 152064);
   if (threadIdx.x < 4) mg_zero[threadIdx.x] = 0u;
   mg_f16* sm_a_0 = reinterpret_cast<mg_f16*>(mg_smem + 0);
-  mg_f16* sm_b_0 = reinterpret_cast<mg_f16*>(mg_smem + 9216);
-  float* buf_s = reinterpret_cast<float*>(mg_smem + 13312);
-  int mg_so_a[1], mg_do_a[1];
+  mg_f16* sm_b_0 = reinterpret_cast<mg_f16*>(mg_smem + 33792);
+  float* buf_s = reinterpret_cast<float*>(mg_smem + 148480);
+  int mg_so_a[2], mg_do_a[2];
   #pragma unroll
-  for (int i = 0; i < 1; ++i) {
-    const int c1 = threadIdx.x + i * 128;
-    const int s2_0 = c1 / 8;
-    const int s2_1 = (c1) % 8;
+  for (int i = 0; i < 2; ++i) {
+    const int c1 = threadIdx.x + i * 256;
+    const int s2_0 = c1 / 32;
+    const int s2_1 = (c1) % 32;
     mg_so_a[i] = s2_0 * 18944 + (s2_1 * 8);
-    mg_do_a[i] = s2_0 * 72 + (s2_1 * 8);
+    mg_do_a[i] = s2_0 * 264 + (s2_1 * 8);
+  }
+  int mg_so_b[7], mg_do_b[7];
+  #pragma unroll
+  for (int i = 0; i < 7; ++i) {
+    const int c3 = threadIdx.x + i * 256;
+    const int s4_0 = c3 / 7;
+    const int s4_1 = (c3) % 7;
+    mg_so_b[i] = s4_0 * 3584 + (s4_1 * 8);
+    mg_do_b[i] = s4_0 * 56 + (s4_1 * 8);
   }
   #pragma unroll
-  for (int i = 0; i < 1; ++i) mg_cp_async16((sm_a_0 + ((0) % 4) * 1152) + mg_do_a[i], p0 + ((base_a + 0)) + mg_so_a[i]);
-  for (int c3 = threadIdx.x; c3 < 64; c3 += 128) {
-    const int s4_0 = c3;
-    mg_cp_async16((sm_b_0 + ((0) % 4) * 512) + (s4_0 * 8), p1 + ((base_b + 0)) + (s4_0 * 3584));
-  }
+  for (int i = 0; i < 2; ++i) mg_cp_async16((sm_a_0 + ((0) % 4) * 4224) + mg_do_a[i], p0 + ((base_a + (mg_it0 + 0) * 256)) + mg_so_a[i]);
+  #pragma unroll
+  for (int i = 0; i < 7; ++i) mg_cp_async16((sm_b_0 + ((0) % 4) * 14336) + mg_do_b[i], p1 + ((base_b + (mg_it0 + 0) * 917504)) + mg_so_b[i]);
   mg_cp_async_commit();
   #pragma unroll
-  for (int i = 0; i < 1; ++i) mg_cp_async16((sm_a_0 + ((1) % 4) * 1152) + mg_do_a[i], p0 + ((base_a + 64)) + mg_so_a[i]);
-  for (int c5 = threadIdx.x; c5 < 64; c5 += 128) {
-    const int s6_0 = c5;
-    mg_cp_async16((sm_b_0 + ((1) % 4) * 512) + (s6_0 * 8), p1 + ((base_b + 229376)) + (s6_0 * 3584));
-  }
+  for (int i = 0; i < 2; ++i) mg_cp_async16((sm_a_0 + ((1) % 4) * 4224) + mg_do_a[i], p0 + ((base_a + (mg_it0 + 1) * 256)) + mg_so_a[i]);
+  #pragma unroll
+  for (int i = 0; i < 7; ++i) mg_cp_async16((sm_b_0 + ((1) % 4) * 14336) + mg_do_b[i], p1 + ((base_b + (mg_it0 + 1) * 917504)) + mg_so_b[i]);
   mg_cp_async_commit();
   #pragma unroll
-  for (int i = 0; i < 1; ++i) mg_cp_async16((sm_a_0 + ((2) % 4) * 1152) + mg_do_a[i], p0 + ((base_a + 128)) + mg_so_a[i]);
-  for (int c7 = threadIdx.x; c7 < 64; c7 += 128) {
-    const int s8_0 = c7;
-    mg_cp_async16((sm_b_0 + ((2) % 4) * 512) + (s8_0 * 8), p1 + ((base_b + 458752)) + (s8_0 * 3584));
-  }
-  mg_cp_async_commit();
-  float acc_s[1][4];
+  for (int i = 0; i < 2; ++i) mg_cp_async16((sm_a_0 + ((2) % 4) * 4224) + mg_do_a[i], p0 + ((base_a + (mg_it0 + 2) * 256)) + mg_so_a[i]);
   #pragma unroll
-  for (int j = 0; j < 1; ++j) acc_s[j][0] = acc_s[j][1] = acc_s[j][2] = acc_s[j][3] = 0.0f;
-  for (int it = 0; it < 296; ++it) {
-    const int off_a = base_a + it * 64;
-    const int off_b = base_b + it * 229376;
+  for (int i = 0; i < 7; ++i) mg_cp_async16((sm_b_0 + ((2) % 4) * 14336) + mg_do_b[i], p1 + ((base_b + (mg_it0 + 2) * 917504)) + mg_so_b[i]);
+  mg_cp_async_commit();
+  float acc_s[2][4];
+  #pragma unroll
+  for (int j = 0; j < 2; ++j) acc_s[j][0] = acc_s[j][1] = acc_s[j][2] = acc_s[j][3] = 0.0f;
+  for (int it = 0; it < 37; ++it) {
+    const int off_a = base_a + (mg_it0 + it) * 256;
+    const int off_b = base_b + (mg_it0 + it) * 917504;
     mg_cp_async_wait<2>();
     __syncthreads();
-    if (it + 3 < 296) {
+    if (it + 3 < 37) {
       #pragma unroll
-      for (int i = 0; i < 1; ++i) mg_cp_async16((sm_a_0 + (((it + 3)) % 4) * 1152) + mg_do_a[i], p0 + ((off_a + 192)) + mg_so_a[i]);
-      for (int c9 = threadIdx.x; c9 < 64; c9 += 128) {
-        const int s10_0 = c9;
-        mg_cp_async16((sm_b_0 + (((it + 3)) % 4) * 512) + (s10_0 * 8), p1 + ((off_b + 688128)) + (s10_0 * 3584));
-      }
+      for (int i = 0; i < 2; ++i) mg_cp_async16((sm_a_0 + (((it + 3)) % 4) * 4224) + mg_do_a[i], p0 + ((off_a + 768)) + mg_so_a[i]);
+      #pragma unroll
+      for (int i = 0; i < 7; ++i) mg_cp_async16((sm_b_0 + (((it + 3)) % 4) * 14336) + mg_do_b[i], p1 + ((off_b + 2752512)) + mg_so_b[i]);
     }
     mg_cp_async_commit();
-    const auto* sm_a = (sm_a_0 + ((it) % 4) * 1152);
-    const auto* sm_b = (sm_b_0 + ((it) % 4) * 512);
+    const auto* sm_a = (sm_a_0 + ((it) % 4) * 4224);
+    const auto* sm_b = (sm_b_0 + ((it) % 4) * 14336);
     {
       const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
       const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
@@ -568,24 +612,24 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k4_mirage_qwen2_mlp_b16_
       const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
       (void)mg_ks;
     #pragma unroll
-    for (int s = 0; s < 4; ++s) {
-      const int kk = (mg_ks + s * 1) * 16;
+    for (int s = 0; s < 8; ++s) {
+      const int kk = (mg_ks + s * 2) * 16;
       const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
       (void)k0; (void)k1;
       unsigned ra0, ra1, ra2, ra3;
       const int mg_mi = 0, r0 = mg_g, r1 = r0 + 8;
       (void)r0; (void)r1;
-      mg_ldsm_x4(ra0, ra1, ra2, ra3, (sm_a + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) * 72 + (kk + (mg_lane >> 4) * 8))));
+      mg_ldsm_x4(ra0, ra1, ra2, ra3, (sm_a + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) * 264 + (kk + (mg_lane >> 4) * 8))));
       #pragma unroll
-      for (int j = 0; j < 1; ++j) {
+      for (int j = 0; j < 2; ++j) {
         const int q = mg_grp + 4 * j;
-        if (q < 1) {
-          const int mg_nb = q / 1;
-          const int mg_ni = q % 1;
+        if (q < 7) {
+          const int mg_nb = q / 7;
+          const int mg_ni = q % 7;
           const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
           (void)mg_nb; (void)c0; (void)n0;
           unsigned rb0, rb1;
-          mg_ldsm_x2_t(rb0, rb1, (sm_b + ((kk + (mg_lane & 15)) * 8 + (mg_ni * 8))));
+          mg_ldsm_x2_t(rb0, rb1, (sm_b + ((kk + (mg_lane & 15)) * 56 + (mg_ni * 8))));
           mg_mma_f16(acc_s[j], ra0, ra1, ra2, ra3, rb0, rb1);
         }
       }
@@ -599,28 +643,81 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k4_mirage_qwen2_mlp_b16_
     (void)mg_g; (void)mg_t;
     const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
     (void)mg_ks;
-    #pragma unroll
-    for (int j = 0; j < 1; ++j) {
-      const int q = mg_grp + 4 * j;
-      if (q < 1) {
-        const int mg_nb = q / 1;
-        const int mg_mi = (q / 1) % 1;
-        const int mg_ni = q % 1;
-        const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
-        const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
-        (void)mg_nb; (void)r1; (void)c0; (void)n0;
-        buf_s[r0 * 8 + c0] = acc_s[j][0];
-        buf_s[r0 * 8 + (c0 + 1)] = acc_s[j][1];
-        buf_s[r1 * 8 + c0] = acc_s[j][2];
-        buf_s[r1 * 8 + (c0 + 1)] = acc_s[j][3];
+    if (mg_ks == 0) {
+      #pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const int q = mg_grp + 4 * j;
+        if (q < 7) {
+          const int mg_nb = q / 7;
+          const int mg_mi = (q / 7) % 1;
+          const int mg_ni = q % 7;
+          const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
+          const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
+          (void)mg_nb; (void)r1; (void)c0; (void)n0;
+          buf_s[r0 * 56 + c0] = acc_s[j][0];
+          buf_s[r0 * 56 + (c0 + 1)] = acc_s[j][1];
+          buf_s[r1 * 56 + c0] = acc_s[j][2];
+          buf_s[r1 * 56 + (c0 + 1)] = acc_s[j][3];
+        }
+      }
+    }
+    __syncthreads();
+    if (mg_ks == 1) {
+      #pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const int q = mg_grp + 4 * j;
+        if (q < 7) {
+          const int mg_nb = q / 7;
+          const int mg_mi = (q / 7) % 1;
+          const int mg_ni = q % 7;
+          const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
+          const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
+          (void)mg_nb; (void)r1; (void)c0; (void)n0;
+          buf_s[r0 * 56 + c0] += acc_s[j][0];
+          buf_s[r0 * 56 + (c0 + 1)] += acc_s[j][1];
+          buf_s[r1 * 56 + c0] += acc_s[j][2];
+          buf_s[r1 * 56 + (c0 + 1)] += acc_s[j][3];
+        }
       }
     }
   }
   __syncthreads();
-  for (int e11 = threadIdx.x; e11 < 16; e11 += 128) {
-    const int i12_0 = e11;
-    mg_st8(p2 + (bx * 8 + i12_0 * 3584), buf_s[i12_0 * 8 + (0 + 0)], buf_s[i12_0 * 8 + (0 + 1)], buf_s[i12_0 * 8 + (0 + 2)], buf_s[i12_0 * 8 + (0 + 3)], buf_s[i12_0 * 8 + (0 + 4)], buf_s[i12_0 * 8 + (0 + 5)], buf_s[i12_0 * 8 + (0 + 6)], buf_s[i12_0 * 8 + (0 + 7)]);
+  mg_cluster_sync();
+  for (int e0 = threadIdx.x; e0 < 224; e0 += 1024) {
+    float4 mg_p[4][2];
+    #pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int e = e0 + j * 256;
+      if (e < 224) {
+        #pragma unroll
+        for (unsigned r = 0; r < 2; ++r) mg_p[j][r] = mg_dsmem_ld4(buf_s + 4 * e, r);
+      }
+    }
+    #pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int e = e0 + j * 256;
+      if (e < 224) {
+        float4 v = mg_p[j][0];
+        #pragma unroll
+        for (unsigned r = 1; r < 2; ++r) {
+          v.x += mg_p[j][r].x;
+          v.y += mg_p[j][r].y;
+          v.z += mg_p[j][r].z;
+          v.w += mg_p[j][r].w;
+        }
+        reinterpret_cast<float4*>(reinterpret_cast<float*>(mg_smem + 0))[e] = v;
+      }
+    }
   }
+  mg_cluster_arrive();
+  __syncthreads();
+  buf_s = reinterpret_cast<float*>(mg_smem + 0);
+  for (int e5 = (int)mg_rank * 256 + (int)threadIdx.x; e5 < 112; e5 += 512) {
+    const int i6_0 = e5 / 7;
+    const int i6_1 = (e5) % 7;
+    mg_st8(p2 + (bx * 56 + i6_0 * 3584 + (i6_1 * 8)), buf_s[i6_0 * 56 + ((i6_1 * 8) + 0)], buf_s[i6_0 * 56 + ((i6_1 * 8) + 1)], buf_s[i6_0 * 56 + ((i6_1 * 8) + 2)], buf_s[i6_0 * 56 + ((i6_1 * 8) + 3)], buf_s[i6_0 * 56 + ((i6_1 * 8) + 4)], buf_s[i6_0 * 56 + ((i6_1 * 8) + 5)], buf_s[i6_0 * 56 + ((i6_1 * 8) + 6)], buf_s[i6_0 * 56 + ((i6_1 * 8) + 7)]);
+  }
+  mg_cluster_wait();
 }
 
 #ifndef __CUDACC_RTC__
@@ -653,10 +750,13 @@ static cudaError_t mg_prepare_mirage_qwen2_mlp_b16_f16_h16x3584_h3584x18944_h358
     if (*mg_state != 0) return cudaSuccess;
   }
   mg_err = cudaFuncSetAttribute((const void*)mg_k0_mirage_qwen2_mlp_b16_f16_h16x3584_h3584x18944_h3584x18944_h18944x3584_to_h16x3584,
-                                cudaFuncAttributeMaxDynamicSharedMemorySize, 50192);
+                                cudaFuncAttributeMaxDynamicSharedMemorySize, 164880);
   if (mg_err != cudaSuccess) return mg_err;
   mg_err = cudaFuncSetAttribute((const void*)mg_k1_mirage_qwen2_mlp_b16_f16_h16x3584_h3584x18944_h3584x18944_h18944x3584_to_h16x3584,
-                                cudaFuncAttributeMaxDynamicSharedMemorySize, 50192);
+                                cudaFuncAttributeMaxDynamicSharedMemorySize, 164880);
+  if (mg_err != cudaSuccess) return mg_err;
+  mg_err = cudaFuncSetAttribute((const void*)mg_k4_mirage_qwen2_mlp_b16_f16_h16x3584_h3584x18944_h3584x18944_h18944x3584_to_h16x3584,
+                                cudaFuncAttributeMaxDynamicSharedMemorySize, 152080);
   if (mg_err != cudaSuccess) return mg_err;
   int mg_major = 0;
   mg_err = cudaDeviceGetAttribute(&mg_major, cudaDevAttrComputeCapabilityMajor, mg_dev);
@@ -684,9 +784,9 @@ extern "C" cudaError_t mirage_qwen2_mlp_b16_f16_h16x3584_h3584x18944_h3584x18944
     mg_f16* mg_a2 = (mg_f16*)(mg_ws + 0);
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
     cudaLaunchConfig_t mg_cfg = {};
-    mg_cfg.gridDim = dim3(296, 1, 1);
+    mg_cfg.gridDim = dim3(148, 1, 1);
     mg_cfg.blockDim = dim3(128);
-    mg_cfg.dynamicSmemBytes = 50192;
+    mg_cfg.dynamicSmemBytes = 164880;
     mg_cfg.stream = mg_stream;
     mg_cfg.attrs = mg_pdl;
     mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
@@ -699,9 +799,9 @@ extern "C" cudaError_t mirage_qwen2_mlp_b16_f16_h16x3584_h3584x18944_h3584x18944
     mg_f16* mg_a2 = (mg_f16*)(mg_ws + 606208);
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
     cudaLaunchConfig_t mg_cfg = {};
-    mg_cfg.gridDim = dim3(296, 1, 1);
+    mg_cfg.gridDim = dim3(148, 1, 1);
     mg_cfg.blockDim = dim3(128);
-    mg_cfg.dynamicSmemBytes = 50192;
+    mg_cfg.dynamicSmemBytes = 164880;
     mg_cfg.stream = mg_stream;
     mg_cfg.attrs = mg_pdl;
     mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
@@ -713,7 +813,7 @@ extern "C" cudaError_t mirage_qwen2_mlp_b16_f16_h16x3584_h3584x18944_h3584x18944
     mg_f16* mg_a1 = (mg_f16*)(mg_ws + 1212416);
     void* mg_args[] = {&mg_a0, &mg_a1};
     cudaLaunchConfig_t mg_cfg = {};
-    mg_cfg.gridDim = dim3(1184, 1, 1);
+    mg_cfg.gridDim = dim3(148, 1, 1);
     mg_cfg.blockDim = dim3(256);
     mg_cfg.dynamicSmemBytes = 0;
     mg_cfg.stream = mg_stream;
@@ -728,7 +828,7 @@ extern "C" cudaError_t mirage_qwen2_mlp_b16_f16_h16x3584_h3584x18944_h3584x18944
     mg_f16* mg_a2 = (mg_f16*)(mg_ws + 1818624);
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
     cudaLaunchConfig_t mg_cfg = {};
-    mg_cfg.gridDim = dim3(1184, 1, 1);
+    mg_cfg.gridDim = dim3(148, 1, 1);
     mg_cfg.blockDim = dim3(256);
     mg_cfg.dynamicSmemBytes = 0;
     mg_cfg.stream = mg_stream;
@@ -743,9 +843,9 @@ extern "C" cudaError_t mirage_qwen2_mlp_b16_f16_h16x3584_h3584x18944_h3584x18944
     mg_f16* mg_a2 = (mg_f16*)(mg_out0_O);
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
     cudaLaunchConfig_t mg_cfg = {};
-    mg_cfg.gridDim = dim3(448, 1, 1);
-    mg_cfg.blockDim = dim3(128);
-    mg_cfg.dynamicSmemBytes = 13840;
+    mg_cfg.gridDim = dim3(64, 1, 2);
+    mg_cfg.blockDim = dim3(256);
+    mg_cfg.dynamicSmemBytes = 152080;
     mg_cfg.stream = mg_stream;
     mg_cfg.attrs = mg_pdl;
     mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;

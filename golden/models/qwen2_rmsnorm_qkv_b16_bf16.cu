@@ -11,12 +11,15 @@
 // input 2 'W': bf16[3584, 4608]
 // output 0 'Z': bf16[16, 4608]
 // kernel mg_k0_mirage_qwen2_rmsnorm_qkv_b16_bf16_b16x3584_b3584_b3584x4608_to_b16x4608: grid [2, 1, 1], 256 threads, 0 B dynamic shared memory
-// kernel mg_k1_mirage_qwen2_rmsnorm_qkv_b16_bf16_b16x3584_b3584_b3584x4608_to_b16x4608: grid [288, 1, 1], 128 threads, 22544 B dynamic shared memory
+// kernel mg_k1_mirage_qwen2_rmsnorm_qkv_b16_bf16_b16x3584_b3584_b3584x4608_to_b16x4608: grid [64, 1, 2], 128 threads, 95760 B dynamic shared memory
 
 // The kernels use cp.async, bf16 conversions and mma.sync shapes of sm_80 and later:
 // one clear error instead of a wall of ptxas errors for an older target.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
 #error "mirage-cli generated code needs sm_80 or newer: compile with -arch=sm_80 or -arch=sm_90"
+// Some kernels split their loop over a thread-block cluster, an sm_90 feature.
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+#error "this file was generated for sm_90 (thread-block clusters): compile with -arch=sm_90, or generate it with --arch sm_80"
 #endif
 
 // Storage types and helpers. The device code needs no header, so NVRTC compiles it
@@ -161,7 +164,8 @@ __device__ __forceinline__ void mg_ld8(const T* p, float* f) {
     f[2 * i + 1] = mg_ld(hi);
   }
 }
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+// (Host compilation sees these too: nvcc parses every kernel body in its host pass.)
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
 // Thread-block clusters (sm_90): a barrier over every thread of the cluster (release /
 // acquire, so shared-memory writes before it are seen after it), and a load from (a
 // store to) the shared memory of block `rank` of the cluster at the address `p` has in
@@ -221,72 +225,74 @@ extern "C" __global__ void __launch_bounds__(256) mg_k0_mirage_qwen2_rmsnorm_qkv
   for (int k = lane; k < 3584; k += 32) mg_st(p2 + (r0 * 3584 + k), mg_ld(p0[r0 * 3584 + k]) * inv * mg_ld(p1[k]));
 }
 
-// matmul as a generated block graph: grid [288, 1, 1], forloop 56, tensor cores
-extern "C" __global__ void __launch_bounds__(128, 1) mg_k1_mirage_qwen2_rmsnorm_qkv_b16_bf16_b16x3584_b3584_b3584x4608_to_b16x4608(
+// matmul as a generated block graph: grid [64, 1, 1], forloop 28, tensor cores
+extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(128, 1) mg_k1_mirage_qwen2_rmsnorm_qkv_b16_bf16_b16x3584_b3584_b3584x4608_to_b16x4608(
     const mg_bf16* __restrict__ p0,
     const mg_bf16* __restrict__ p1,
     mg_bf16* __restrict__ p2) {
   mg_grid_wait();
-  const int bx = blockIdx.x, by = blockIdx.y, bz = blockIdx.z;
+  const int bx = blockIdx.x, by = blockIdx.y, bz = 0;
   (void)bx; (void)by; (void)bz;
+  const unsigned mg_rank = blockIdx.z;
+  const int mg_it0 = (int)mg_rank * 14;
   extern __shared__ __align__(16) unsigned char mg_smem[];
   const int base_a = 0;
-  const int base_b = bx * 16;
-  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 22528);
+  const int base_b = bx * 72;
+  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 95744);
   if (threadIdx.x < 4) mg_zero[threadIdx.x] = 0u;
   mg_bf16* sm_a_0 = reinterpret_cast<mg_bf16*>(mg_smem + 0);
-  mg_bf16* sm_b_0 = reinterpret_cast<mg_bf16*>(mg_smem + 9216);
-  float* buf_s = reinterpret_cast<float*>(mg_smem + 21504);
-  int mg_so_a[1], mg_do_a[1];
+  mg_bf16* sm_b_0 = reinterpret_cast<mg_bf16*>(mg_smem + 17408);
+  float* buf_s = reinterpret_cast<float*>(mg_smem + 91136);
+  int mg_so_a[2], mg_do_a[2];
   #pragma unroll
-  for (int i = 0; i < 1; ++i) {
+  for (int i = 0; i < 2; ++i) {
     const int c1 = threadIdx.x + i * 128;
-    const int s2_0 = c1 / 8;
-    const int s2_1 = (c1) % 8;
+    const int s2_0 = c1 / 16;
+    const int s2_1 = (c1) % 16;
     mg_so_a[i] = s2_0 * 3584 + (s2_1 * 8);
-    mg_do_a[i] = s2_0 * 72 + (s2_1 * 8);
+    mg_do_a[i] = s2_0 * 136 + (s2_1 * 8);
   }
-  int mg_so_b[1], mg_do_b[1];
+  int mg_so_b[9], mg_do_b[9];
   #pragma unroll
-  for (int i = 0; i < 1; ++i) {
+  for (int i = 0; i < 9; ++i) {
     const int c3 = threadIdx.x + i * 128;
-    const int s4_0 = c3 / 2;
-    const int s4_1 = (c3) % 2;
+    const int s4_0 = c3 / 9;
+    const int s4_1 = (c3) % 9;
     mg_so_b[i] = s4_0 * 4608 + (s4_1 * 8);
-    mg_do_b[i] = s4_0 * 24 + (s4_1 * 8);
+    mg_do_b[i] = s4_0 * 72 + (s4_1 * 8);
   }
   #pragma unroll
-  for (int i = 0; i < 1; ++i) mg_cp_async16((sm_a_0 + ((0) % 4) * 1152) + mg_do_a[i], p0 + ((base_a + 0)) + mg_so_a[i]);
+  for (int i = 0; i < 2; ++i) mg_cp_async16((sm_a_0 + ((0) % 4) * 2176) + mg_do_a[i], p0 + ((base_a + (mg_it0 + 0) * 128)) + mg_so_a[i]);
   #pragma unroll
-  for (int i = 0; i < 1; ++i) mg_cp_async16((sm_b_0 + ((0) % 4) * 1536) + mg_do_b[i], p1 + ((base_b + 0)) + mg_so_b[i]);
+  for (int i = 0; i < 9; ++i) mg_cp_async16((sm_b_0 + ((0) % 4) * 9216) + mg_do_b[i], p1 + ((base_b + (mg_it0 + 0) * 589824)) + mg_so_b[i]);
   mg_cp_async_commit();
   #pragma unroll
-  for (int i = 0; i < 1; ++i) mg_cp_async16((sm_a_0 + ((1) % 4) * 1152) + mg_do_a[i], p0 + ((base_a + 64)) + mg_so_a[i]);
+  for (int i = 0; i < 2; ++i) mg_cp_async16((sm_a_0 + ((1) % 4) * 2176) + mg_do_a[i], p0 + ((base_a + (mg_it0 + 1) * 128)) + mg_so_a[i]);
   #pragma unroll
-  for (int i = 0; i < 1; ++i) mg_cp_async16((sm_b_0 + ((1) % 4) * 1536) + mg_do_b[i], p1 + ((base_b + 294912)) + mg_so_b[i]);
+  for (int i = 0; i < 9; ++i) mg_cp_async16((sm_b_0 + ((1) % 4) * 9216) + mg_do_b[i], p1 + ((base_b + (mg_it0 + 1) * 589824)) + mg_so_b[i]);
   mg_cp_async_commit();
   #pragma unroll
-  for (int i = 0; i < 1; ++i) mg_cp_async16((sm_a_0 + ((2) % 4) * 1152) + mg_do_a[i], p0 + ((base_a + 128)) + mg_so_a[i]);
+  for (int i = 0; i < 2; ++i) mg_cp_async16((sm_a_0 + ((2) % 4) * 2176) + mg_do_a[i], p0 + ((base_a + (mg_it0 + 2) * 128)) + mg_so_a[i]);
   #pragma unroll
-  for (int i = 0; i < 1; ++i) mg_cp_async16((sm_b_0 + ((2) % 4) * 1536) + mg_do_b[i], p1 + ((base_b + 589824)) + mg_so_b[i]);
+  for (int i = 0; i < 9; ++i) mg_cp_async16((sm_b_0 + ((2) % 4) * 9216) + mg_do_b[i], p1 + ((base_b + (mg_it0 + 2) * 589824)) + mg_so_b[i]);
   mg_cp_async_commit();
-  float acc_s[1][4];
+  float acc_s[3][4];
   #pragma unroll
-  for (int j = 0; j < 1; ++j) acc_s[j][0] = acc_s[j][1] = acc_s[j][2] = acc_s[j][3] = 0.0f;
-  for (int it = 0; it < 56; ++it) {
-    const int off_a = base_a + it * 64;
-    const int off_b = base_b + it * 294912;
+  for (int j = 0; j < 3; ++j) acc_s[j][0] = acc_s[j][1] = acc_s[j][2] = acc_s[j][3] = 0.0f;
+  for (int it = 0; it < 14; ++it) {
+    const int off_a = base_a + (mg_it0 + it) * 128;
+    const int off_b = base_b + (mg_it0 + it) * 589824;
     mg_cp_async_wait<2>();
     __syncthreads();
-    if (it + 3 < 56) {
+    if (it + 3 < 14) {
       #pragma unroll
-      for (int i = 0; i < 1; ++i) mg_cp_async16((sm_a_0 + (((it + 3)) % 4) * 1152) + mg_do_a[i], p0 + ((off_a + 192)) + mg_so_a[i]);
+      for (int i = 0; i < 2; ++i) mg_cp_async16((sm_a_0 + (((it + 3)) % 4) * 2176) + mg_do_a[i], p0 + ((off_a + 384)) + mg_so_a[i]);
       #pragma unroll
-      for (int i = 0; i < 1; ++i) mg_cp_async16((sm_b_0 + (((it + 3)) % 4) * 1536) + mg_do_b[i], p1 + ((off_b + 884736)) + mg_so_b[i]);
+      for (int i = 0; i < 9; ++i) mg_cp_async16((sm_b_0 + (((it + 3)) % 4) * 9216) + mg_do_b[i], p1 + ((off_b + 1769472)) + mg_so_b[i]);
     }
     mg_cp_async_commit();
-    const auto* sm_a = (sm_a_0 + ((it) % 4) * 1152);
-    const auto* sm_b = (sm_b_0 + ((it) % 4) * 1536);
+    const auto* sm_a = (sm_a_0 + ((it) % 4) * 2176);
+    const auto* sm_b = (sm_b_0 + ((it) % 4) * 9216);
     {
       const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
       const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
@@ -294,24 +300,24 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k1_mirage_qwen2_rmsnorm_
       const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
       (void)mg_ks;
     #pragma unroll
-    for (int s = 0; s < 4; ++s) {
+    for (int s = 0; s < 8; ++s) {
       const int kk = (mg_ks + s * 1) * 16;
       const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
       (void)k0; (void)k1;
       unsigned ra0, ra1, ra2, ra3;
       const int mg_mi = 0, r0 = mg_g, r1 = r0 + 8;
       (void)r0; (void)r1;
-      mg_ldsm_x4(ra0, ra1, ra2, ra3, (sm_a + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) * 72 + (kk + (mg_lane >> 4) * 8))));
+      mg_ldsm_x4(ra0, ra1, ra2, ra3, (sm_a + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) * 136 + (kk + (mg_lane >> 4) * 8))));
       #pragma unroll
-      for (int j = 0; j < 1; ++j) {
+      for (int j = 0; j < 3; ++j) {
         const int q = mg_grp + 4 * j;
-        if (q < 2) {
-          const int mg_nb = q / 2;
-          const int mg_ni = q % 2;
+        if (q < 9) {
+          const int mg_nb = q / 9;
+          const int mg_ni = q % 9;
           const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
           (void)mg_nb; (void)c0; (void)n0;
           unsigned rb0, rb1;
-          mg_ldsm_x2_t(rb0, rb1, (sm_b + ((kk + (mg_lane & 15)) * 24 + (mg_ni * 8))));
+          mg_ldsm_x2_t(rb0, rb1, (sm_b + ((kk + (mg_lane & 15)) * 72 + (mg_ni * 8))));
           mg_mma_bf16(acc_s[j], ra0, ra1, ra2, ra3, rb0, rb1);
         }
       }
@@ -326,28 +332,59 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k1_mirage_qwen2_rmsnorm_
     const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
     (void)mg_ks;
     #pragma unroll
-    for (int j = 0; j < 1; ++j) {
+    for (int j = 0; j < 3; ++j) {
       const int q = mg_grp + 4 * j;
-      if (q < 2) {
-        const int mg_nb = q / 2;
-        const int mg_mi = (q / 2) % 1;
-        const int mg_ni = q % 2;
+      if (q < 9) {
+        const int mg_nb = q / 9;
+        const int mg_mi = (q / 9) % 1;
+        const int mg_ni = q % 9;
         const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
         const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
         (void)mg_nb; (void)r1; (void)c0; (void)n0;
-        buf_s[r0 * 16 + c0] = acc_s[j][0];
-        buf_s[r0 * 16 + (c0 + 1)] = acc_s[j][1];
-        buf_s[r1 * 16 + c0] = acc_s[j][2];
-        buf_s[r1 * 16 + (c0 + 1)] = acc_s[j][3];
+        buf_s[r0 * 72 + c0] = acc_s[j][0];
+        buf_s[r0 * 72 + (c0 + 1)] = acc_s[j][1];
+        buf_s[r1 * 72 + c0] = acc_s[j][2];
+        buf_s[r1 * 72 + (c0 + 1)] = acc_s[j][3];
       }
     }
   }
   __syncthreads();
-  for (int e5 = threadIdx.x; e5 < 32; e5 += 128) {
-    const int i6_0 = e5 / 2;
-    const int i6_1 = (e5) % 2;
-    mg_st8(p2 + (bx * 16 + i6_0 * 4608 + (i6_1 * 8)), buf_s[i6_0 * 16 + ((i6_1 * 8) + 0)], buf_s[i6_0 * 16 + ((i6_1 * 8) + 1)], buf_s[i6_0 * 16 + ((i6_1 * 8) + 2)], buf_s[i6_0 * 16 + ((i6_1 * 8) + 3)], buf_s[i6_0 * 16 + ((i6_1 * 8) + 4)], buf_s[i6_0 * 16 + ((i6_1 * 8) + 5)], buf_s[i6_0 * 16 + ((i6_1 * 8) + 6)], buf_s[i6_0 * 16 + ((i6_1 * 8) + 7)]);
+  mg_cluster_sync();
+  for (int e0 = threadIdx.x; e0 < 288; e0 += 512) {
+    float4 mg_p[4][2];
+    #pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int e = e0 + j * 128;
+      if (e < 288) {
+        #pragma unroll
+        for (unsigned r = 0; r < 2; ++r) mg_p[j][r] = mg_dsmem_ld4(buf_s + 4 * e, r);
+      }
+    }
+    #pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int e = e0 + j * 128;
+      if (e < 288) {
+        float4 v = mg_p[j][0];
+        #pragma unroll
+        for (unsigned r = 1; r < 2; ++r) {
+          v.x += mg_p[j][r].x;
+          v.y += mg_p[j][r].y;
+          v.z += mg_p[j][r].z;
+          v.w += mg_p[j][r].w;
+        }
+        reinterpret_cast<float4*>(reinterpret_cast<float*>(mg_smem + 0))[e] = v;
+      }
+    }
   }
+  mg_cluster_arrive();
+  __syncthreads();
+  buf_s = reinterpret_cast<float*>(mg_smem + 0);
+  for (int e5 = (int)mg_rank * 128 + (int)threadIdx.x; e5 < 144; e5 += 256) {
+    const int i6_0 = e5 / 9;
+    const int i6_1 = (e5) % 9;
+    mg_st8(p2 + (bx * 72 + i6_0 * 4608 + (i6_1 * 8)), buf_s[i6_0 * 72 + ((i6_1 * 8) + 0)], buf_s[i6_0 * 72 + ((i6_1 * 8) + 1)], buf_s[i6_0 * 72 + ((i6_1 * 8) + 2)], buf_s[i6_0 * 72 + ((i6_1 * 8) + 3)], buf_s[i6_0 * 72 + ((i6_1 * 8) + 4)], buf_s[i6_0 * 72 + ((i6_1 * 8) + 5)], buf_s[i6_0 * 72 + ((i6_1 * 8) + 6)], buf_s[i6_0 * 72 + ((i6_1 * 8) + 7)]);
+  }
+  mg_cluster_wait();
 }
 
 #ifndef __CUDACC_RTC__
@@ -365,8 +402,8 @@ extern "C" size_t mirage_qwen2_rmsnorm_qkv_b16_bf16_b16x3584_b3584_b3584x4608_to
 // What the launcher needs to know about the current device, found once per device
 // (a state per device ordinal; two threads racing store the same value, which is
 // harmless) and on every call for ordinals past the table: bit 0 says the device is
-// prepared (no kernel needs a per-device
-// attribute), bit 1 that it has compute capability 9.0 or
+// prepared (more than 48 KB of dynamic shared memory needs
+// cudaFuncSetAttribute, a per-device setting), bit 1 that it has compute capability 9.0 or
 // later, where kernels are launched with programmatic stream serialisation.
 static std::atomic<int> mg_device_state_mirage_qwen2_rmsnorm_qkv_b16_bf16_b16x3584_b3584_b3584x4608_to_b16x4608[64];
 
@@ -379,6 +416,9 @@ static cudaError_t mg_prepare_mirage_qwen2_rmsnorm_qkv_b16_bf16_b16x3584_b3584_b
     *mg_state = mg_device_state_mirage_qwen2_rmsnorm_qkv_b16_bf16_b16x3584_b3584_b3584x4608_to_b16x4608[mg_dev].load(std::memory_order_acquire);
     if (*mg_state != 0) return cudaSuccess;
   }
+  mg_err = cudaFuncSetAttribute((const void*)mg_k1_mirage_qwen2_rmsnorm_qkv_b16_bf16_b16x3584_b3584_b3584x4608_to_b16x4608,
+                                cudaFuncAttributeMaxDynamicSharedMemorySize, 95760);
+  if (mg_err != cudaSuccess) return mg_err;
   int mg_major = 0;
   mg_err = cudaDeviceGetAttribute(&mg_major, cudaDevAttrComputeCapabilityMajor, mg_dev);
   if (mg_err != cudaSuccess) return mg_err;
@@ -420,9 +460,9 @@ extern "C" cudaError_t mirage_qwen2_rmsnorm_qkv_b16_bf16_b16x3584_b3584_b3584x46
     mg_bf16* mg_a2 = (mg_bf16*)(mg_out0_Z);
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
     cudaLaunchConfig_t mg_cfg = {};
-    mg_cfg.gridDim = dim3(288, 1, 1);
+    mg_cfg.gridDim = dim3(64, 1, 2);
     mg_cfg.blockDim = dim3(128);
-    mg_cfg.dynamicSmemBytes = 22544;
+    mg_cfg.dynamicSmemBytes = 95760;
     mg_cfg.stream = mg_stream;
     mg_cfg.attrs = mg_pdl;
     mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;

@@ -10,10 +10,10 @@
 // input 1 'W1': bf16[3584, 18944]
 // input 2 'W3': bf16[3584, 18944]
 // output 0 'H': bf16[1, 18944]
-// kernel mg_k0_mirage_qwen2_swiglu_gateup_b1_bf16_b1x3584_b3584x18944_b3584x18944_to_b1x18944: grid [296, 1, 1], 128 threads, 37712 B dynamic shared memory
-// kernel mg_k1_mirage_qwen2_swiglu_gateup_b1_bf16_b1x3584_b3584x18944_b3584x18944_to_b1x18944: grid [296, 1, 1], 128 threads, 37712 B dynamic shared memory
-// kernel mg_k2_mirage_qwen2_swiglu_gateup_b1_bf16_b1x3584_b3584x18944_b3584x18944_to_b1x18944: grid [74, 1, 1], 256 threads, 0 B dynamic shared memory
-// kernel mg_k3_mirage_qwen2_swiglu_gateup_b1_bf16_b1x3584_b3584x18944_b3584x18944_to_b1x18944: grid [74, 1, 1], 256 threads, 0 B dynamic shared memory
+// kernel mg_k0_mirage_qwen2_swiglu_gateup_b1_bf16_b1x3584_b3584x18944_b3584x18944_to_b1x18944: grid [148, 1, 1], 128 threads, 140880 B dynamic shared memory
+// kernel mg_k1_mirage_qwen2_swiglu_gateup_b1_bf16_b1x3584_b3584x18944_b3584x18944_to_b1x18944: grid [148, 1, 1], 128 threads, 140880 B dynamic shared memory
+// kernel mg_k2_mirage_qwen2_swiglu_gateup_b1_bf16_b1x3584_b3584x18944_b3584x18944_to_b1x18944: grid [10, 1, 1], 256 threads, 0 B dynamic shared memory
+// kernel mg_k3_mirage_qwen2_swiglu_gateup_b1_bf16_b1x3584_b3584x18944_b3584x18944_to_b1x18944: grid [10, 1, 1], 256 threads, 0 B dynamic shared memory
 
 // The kernels use cp.async, bf16 conversions and mma.sync shapes of sm_80 and later:
 // one clear error instead of a wall of ptxas errors for an older target.
@@ -163,7 +163,8 @@ __device__ __forceinline__ void mg_ld8(const T* p, float* f) {
     f[2 * i + 1] = mg_ld(hi);
   }
 }
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+// (Host compilation sees these too: nvcc parses every kernel body in its host pass.)
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
 // Thread-block clusters (sm_90): a barrier over every thread of the cluster (release /
 // acquire, so shared-memory writes before it are seen after it), and a load from (a
 // store to) the shared memory of block `rank` of the cluster at the address `p` has in
@@ -206,7 +207,7 @@ __device__ __forceinline__ void mg_dsmem_st(float* p, unsigned rank, float v) {
 }
 #endif
 
-// matmul as a generated block graph: grid [296, 1, 1], forloop 56, tensor cores
+// matmul as a generated block graph: grid [148, 1, 1], forloop 28, tensor cores
 extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_qwen2_swiglu_gateup_b1_bf16_b1x3584_b3584x18944_b3584x18944_to_b1x18944(
     const mg_bf16* __restrict__ p0,
     const mg_bf16* __restrict__ p1,
@@ -216,61 +217,61 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_qwen2_swiglu_g
   (void)bx; (void)by; (void)bz;
   extern __shared__ __align__(16) unsigned char mg_smem[];
   const int base_a = 0;
-  const int base_b = bx * 64;
-  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 37696);
+  const int base_b = bx * 128;
+  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 140864);
   if (threadIdx.x < 4) mg_zero[threadIdx.x] = 0u;
   mg_bf16* sm_a_0 = reinterpret_cast<mg_bf16*>(mg_smem + 0);
-  mg_bf16* sm_b_0 = reinterpret_cast<mg_bf16*>(mg_smem + 576);
-  float* buf_s = reinterpret_cast<float*>(mg_smem + 37440);
-  int mg_so_b[4], mg_do_b[4];
+  mg_bf16* sm_b_0 = reinterpret_cast<mg_bf16*>(mg_smem + 1088);
+  float* buf_s = reinterpret_cast<float*>(mg_smem + 140352);
+  int mg_so_b[16], mg_do_b[16];
   #pragma unroll
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < 16; ++i) {
     const int c3 = threadIdx.x + i * 128;
-    const int s4_0 = c3 / 8;
-    const int s4_1 = (c3) % 8;
+    const int s4_0 = c3 / 16;
+    const int s4_1 = (c3) % 16;
     mg_so_b[i] = s4_0 * 18944 + (s4_1 * 8);
-    mg_do_b[i] = s4_0 * 72 + (s4_1 * 8);
+    mg_do_b[i] = s4_0 * 136 + (s4_1 * 8);
   }
-  for (int c1 = threadIdx.x; c1 < 8; c1 += 128) {
+  for (int c1 = threadIdx.x; c1 < 16; c1 += 128) {
     const int s2_1 = c1;
-    mg_cp_async16((sm_a_0 + ((0) % 4) * 72) + ((s2_1 * 8)), p0 + ((base_a + 0)) + ((s2_1 * 8)));
+    mg_cp_async16((sm_a_0 + ((0) % 4) * 136) + ((s2_1 * 8)), p0 + ((base_a + 0)) + ((s2_1 * 8)));
   }
   #pragma unroll
-  for (int i = 0; i < 4; ++i) mg_cp_async16((sm_b_0 + ((0) % 4) * 4608) + mg_do_b[i], p1 + ((base_b + 0)) + mg_so_b[i]);
+  for (int i = 0; i < 16; ++i) mg_cp_async16((sm_b_0 + ((0) % 4) * 17408) + mg_do_b[i], p1 + ((base_b + 0)) + mg_so_b[i]);
   mg_cp_async_commit();
-  for (int c5 = threadIdx.x; c5 < 8; c5 += 128) {
+  for (int c5 = threadIdx.x; c5 < 16; c5 += 128) {
     const int s6_1 = c5;
-    mg_cp_async16((sm_a_0 + ((1) % 4) * 72) + ((s6_1 * 8)), p0 + ((base_a + 64)) + ((s6_1 * 8)));
+    mg_cp_async16((sm_a_0 + ((1) % 4) * 136) + ((s6_1 * 8)), p0 + ((base_a + 128)) + ((s6_1 * 8)));
   }
   #pragma unroll
-  for (int i = 0; i < 4; ++i) mg_cp_async16((sm_b_0 + ((1) % 4) * 4608) + mg_do_b[i], p1 + ((base_b + 1212416)) + mg_so_b[i]);
+  for (int i = 0; i < 16; ++i) mg_cp_async16((sm_b_0 + ((1) % 4) * 17408) + mg_do_b[i], p1 + ((base_b + 2424832)) + mg_so_b[i]);
   mg_cp_async_commit();
-  for (int c7 = threadIdx.x; c7 < 8; c7 += 128) {
+  for (int c7 = threadIdx.x; c7 < 16; c7 += 128) {
     const int s8_1 = c7;
-    mg_cp_async16((sm_a_0 + ((2) % 4) * 72) + ((s8_1 * 8)), p0 + ((base_a + 128)) + ((s8_1 * 8)));
+    mg_cp_async16((sm_a_0 + ((2) % 4) * 136) + ((s8_1 * 8)), p0 + ((base_a + 256)) + ((s8_1 * 8)));
   }
   #pragma unroll
-  for (int i = 0; i < 4; ++i) mg_cp_async16((sm_b_0 + ((2) % 4) * 4608) + mg_do_b[i], p1 + ((base_b + 2424832)) + mg_so_b[i]);
+  for (int i = 0; i < 16; ++i) mg_cp_async16((sm_b_0 + ((2) % 4) * 17408) + mg_do_b[i], p1 + ((base_b + 4849664)) + mg_so_b[i]);
   mg_cp_async_commit();
-  float acc_s[2][4];
+  float acc_s[4][4];
   #pragma unroll
-  for (int j = 0; j < 2; ++j) acc_s[j][0] = acc_s[j][1] = acc_s[j][2] = acc_s[j][3] = 0.0f;
-  for (int it = 0; it < 56; ++it) {
-    const int off_a = base_a + it * 64;
-    const int off_b = base_b + it * 1212416;
+  for (int j = 0; j < 4; ++j) acc_s[j][0] = acc_s[j][1] = acc_s[j][2] = acc_s[j][3] = 0.0f;
+  for (int it = 0; it < 28; ++it) {
+    const int off_a = base_a + it * 128;
+    const int off_b = base_b + it * 2424832;
     mg_cp_async_wait<2>();
     __syncthreads();
-    if (it + 3 < 56) {
-      for (int c9 = threadIdx.x; c9 < 8; c9 += 128) {
+    if (it + 3 < 28) {
+      for (int c9 = threadIdx.x; c9 < 16; c9 += 128) {
         const int s10_1 = c9;
-        mg_cp_async16((sm_a_0 + (((it + 3)) % 4) * 72) + ((s10_1 * 8)), p0 + ((off_a + 192)) + ((s10_1 * 8)));
+        mg_cp_async16((sm_a_0 + (((it + 3)) % 4) * 136) + ((s10_1 * 8)), p0 + ((off_a + 384)) + ((s10_1 * 8)));
       }
       #pragma unroll
-      for (int i = 0; i < 4; ++i) mg_cp_async16((sm_b_0 + (((it + 3)) % 4) * 4608) + mg_do_b[i], p1 + ((off_b + 3637248)) + mg_so_b[i]);
+      for (int i = 0; i < 16; ++i) mg_cp_async16((sm_b_0 + (((it + 3)) % 4) * 17408) + mg_do_b[i], p1 + ((off_b + 7274496)) + mg_so_b[i]);
     }
     mg_cp_async_commit();
-    const auto* sm_a = (sm_a_0 + ((it) % 4) * 72);
-    const auto* sm_b = (sm_b_0 + ((it) % 4) * 4608);
+    const auto* sm_a = (sm_a_0 + ((it) % 4) * 136);
+    const auto* sm_b = (sm_b_0 + ((it) % 4) * 17408);
     {
       const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
       const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
@@ -278,24 +279,24 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_qwen2_swiglu_g
       const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
       (void)mg_ks;
     #pragma unroll
-    for (int s = 0; s < 4; ++s) {
+    for (int s = 0; s < 8; ++s) {
       const int kk = (mg_ks + s * 1) * 16;
       const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
       (void)k0; (void)k1;
       unsigned ra0, ra1, ra2, ra3;
       const int mg_mi = 0, r0 = mg_g, r1 = r0 + 8;
       (void)r0; (void)r1;
-      mg_ldsm_x4(ra0, ra1, ra2, ra3, ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) < 1 ? (const void*)(sm_a + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) * 72 + (kk + (mg_lane >> 4) * 8))) : (const void*)mg_zero));
+      mg_ldsm_x4(ra0, ra1, ra2, ra3, ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) < 1 ? (const void*)(sm_a + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) * 136 + (kk + (mg_lane >> 4) * 8))) : (const void*)mg_zero));
       #pragma unroll
-      for (int j = 0; j < 2; ++j) {
+      for (int j = 0; j < 4; ++j) {
         const int q = mg_grp + 4 * j;
-        if (q < 8) {
-          const int mg_nb = q / 8;
-          const int mg_ni = q % 8;
+        if (q < 16) {
+          const int mg_nb = q / 16;
+          const int mg_ni = q % 16;
           const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
           (void)mg_nb; (void)c0; (void)n0;
           unsigned rb0, rb1;
-          mg_ldsm_x2_t(rb0, rb1, (sm_b + ((kk + (mg_lane & 15)) * 72 + (mg_ni * 8))));
+          mg_ldsm_x2_t(rb0, rb1, (sm_b + ((kk + (mg_lane & 15)) * 136 + (mg_ni * 8))));
           mg_mma_bf16(acc_s[j], ra0, ra1, ra2, ra3, rb0, rb1);
         }
       }
@@ -310,30 +311,30 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_qwen2_swiglu_g
     const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
     (void)mg_ks;
     #pragma unroll
-    for (int j = 0; j < 2; ++j) {
+    for (int j = 0; j < 4; ++j) {
       const int q = mg_grp + 4 * j;
-      if (q < 8) {
-        const int mg_nb = q / 8;
-        const int mg_mi = (q / 8) % 1;
-        const int mg_ni = q % 8;
+      if (q < 16) {
+        const int mg_nb = q / 16;
+        const int mg_mi = (q / 16) % 1;
+        const int mg_ni = q % 16;
         const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
         const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
         (void)mg_nb; (void)r1; (void)c0; (void)n0;
-        if (r0 < 1) buf_s[r0 * 64 + c0] = acc_s[j][0];
-        if (r0 < 1) buf_s[r0 * 64 + (c0 + 1)] = acc_s[j][1];
-        if (r1 < 1) buf_s[r1 * 64 + c0] = acc_s[j][2];
-        if (r1 < 1) buf_s[r1 * 64 + (c0 + 1)] = acc_s[j][3];
+        if (r0 < 1) buf_s[r0 * 128 + c0] = acc_s[j][0];
+        if (r0 < 1) buf_s[r0 * 128 + (c0 + 1)] = acc_s[j][1];
+        if (r1 < 1) buf_s[r1 * 128 + c0] = acc_s[j][2];
+        if (r1 < 1) buf_s[r1 * 128 + (c0 + 1)] = acc_s[j][3];
       }
     }
   }
   __syncthreads();
-  for (int e11 = threadIdx.x; e11 < 8; e11 += 128) {
+  for (int e11 = threadIdx.x; e11 < 16; e11 += 128) {
     const int i12_1 = e11;
-    mg_st8(p2 + (bx * 64 + (i12_1 * 8)), buf_s[((i12_1 * 8) + 0)], buf_s[((i12_1 * 8) + 1)], buf_s[((i12_1 * 8) + 2)], buf_s[((i12_1 * 8) + 3)], buf_s[((i12_1 * 8) + 4)], buf_s[((i12_1 * 8) + 5)], buf_s[((i12_1 * 8) + 6)], buf_s[((i12_1 * 8) + 7)]);
+    mg_st8(p2 + (bx * 128 + (i12_1 * 8)), buf_s[((i12_1 * 8) + 0)], buf_s[((i12_1 * 8) + 1)], buf_s[((i12_1 * 8) + 2)], buf_s[((i12_1 * 8) + 3)], buf_s[((i12_1 * 8) + 4)], buf_s[((i12_1 * 8) + 5)], buf_s[((i12_1 * 8) + 6)], buf_s[((i12_1 * 8) + 7)]);
   }
 }
 
-// matmul as a generated block graph: grid [296, 1, 1], forloop 56, tensor cores
+// matmul as a generated block graph: grid [148, 1, 1], forloop 28, tensor cores
 extern "C" __global__ void __launch_bounds__(128, 1) mg_k1_mirage_qwen2_swiglu_gateup_b1_bf16_b1x3584_b3584x18944_b3584x18944_to_b1x18944(
     const mg_bf16* __restrict__ p0,
     const mg_bf16* __restrict__ p1,
@@ -343,61 +344,61 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k1_mirage_qwen2_swiglu_g
   (void)bx; (void)by; (void)bz;
   extern __shared__ __align__(16) unsigned char mg_smem[];
   const int base_a = 0;
-  const int base_b = bx * 64;
-  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 37696);
+  const int base_b = bx * 128;
+  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 140864);
   if (threadIdx.x < 4) mg_zero[threadIdx.x] = 0u;
   mg_bf16* sm_a_0 = reinterpret_cast<mg_bf16*>(mg_smem + 0);
-  mg_bf16* sm_b_0 = reinterpret_cast<mg_bf16*>(mg_smem + 576);
-  float* buf_s = reinterpret_cast<float*>(mg_smem + 37440);
-  int mg_so_b[4], mg_do_b[4];
+  mg_bf16* sm_b_0 = reinterpret_cast<mg_bf16*>(mg_smem + 1088);
+  float* buf_s = reinterpret_cast<float*>(mg_smem + 140352);
+  int mg_so_b[16], mg_do_b[16];
   #pragma unroll
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < 16; ++i) {
     const int c3 = threadIdx.x + i * 128;
-    const int s4_0 = c3 / 8;
-    const int s4_1 = (c3) % 8;
+    const int s4_0 = c3 / 16;
+    const int s4_1 = (c3) % 16;
     mg_so_b[i] = s4_0 * 18944 + (s4_1 * 8);
-    mg_do_b[i] = s4_0 * 72 + (s4_1 * 8);
+    mg_do_b[i] = s4_0 * 136 + (s4_1 * 8);
   }
-  for (int c1 = threadIdx.x; c1 < 8; c1 += 128) {
+  for (int c1 = threadIdx.x; c1 < 16; c1 += 128) {
     const int s2_1 = c1;
-    mg_cp_async16((sm_a_0 + ((0) % 4) * 72) + ((s2_1 * 8)), p0 + ((base_a + 0)) + ((s2_1 * 8)));
+    mg_cp_async16((sm_a_0 + ((0) % 4) * 136) + ((s2_1 * 8)), p0 + ((base_a + 0)) + ((s2_1 * 8)));
   }
   #pragma unroll
-  for (int i = 0; i < 4; ++i) mg_cp_async16((sm_b_0 + ((0) % 4) * 4608) + mg_do_b[i], p1 + ((base_b + 0)) + mg_so_b[i]);
+  for (int i = 0; i < 16; ++i) mg_cp_async16((sm_b_0 + ((0) % 4) * 17408) + mg_do_b[i], p1 + ((base_b + 0)) + mg_so_b[i]);
   mg_cp_async_commit();
-  for (int c5 = threadIdx.x; c5 < 8; c5 += 128) {
+  for (int c5 = threadIdx.x; c5 < 16; c5 += 128) {
     const int s6_1 = c5;
-    mg_cp_async16((sm_a_0 + ((1) % 4) * 72) + ((s6_1 * 8)), p0 + ((base_a + 64)) + ((s6_1 * 8)));
+    mg_cp_async16((sm_a_0 + ((1) % 4) * 136) + ((s6_1 * 8)), p0 + ((base_a + 128)) + ((s6_1 * 8)));
   }
   #pragma unroll
-  for (int i = 0; i < 4; ++i) mg_cp_async16((sm_b_0 + ((1) % 4) * 4608) + mg_do_b[i], p1 + ((base_b + 1212416)) + mg_so_b[i]);
+  for (int i = 0; i < 16; ++i) mg_cp_async16((sm_b_0 + ((1) % 4) * 17408) + mg_do_b[i], p1 + ((base_b + 2424832)) + mg_so_b[i]);
   mg_cp_async_commit();
-  for (int c7 = threadIdx.x; c7 < 8; c7 += 128) {
+  for (int c7 = threadIdx.x; c7 < 16; c7 += 128) {
     const int s8_1 = c7;
-    mg_cp_async16((sm_a_0 + ((2) % 4) * 72) + ((s8_1 * 8)), p0 + ((base_a + 128)) + ((s8_1 * 8)));
+    mg_cp_async16((sm_a_0 + ((2) % 4) * 136) + ((s8_1 * 8)), p0 + ((base_a + 256)) + ((s8_1 * 8)));
   }
   #pragma unroll
-  for (int i = 0; i < 4; ++i) mg_cp_async16((sm_b_0 + ((2) % 4) * 4608) + mg_do_b[i], p1 + ((base_b + 2424832)) + mg_so_b[i]);
+  for (int i = 0; i < 16; ++i) mg_cp_async16((sm_b_0 + ((2) % 4) * 17408) + mg_do_b[i], p1 + ((base_b + 4849664)) + mg_so_b[i]);
   mg_cp_async_commit();
-  float acc_s[2][4];
+  float acc_s[4][4];
   #pragma unroll
-  for (int j = 0; j < 2; ++j) acc_s[j][0] = acc_s[j][1] = acc_s[j][2] = acc_s[j][3] = 0.0f;
-  for (int it = 0; it < 56; ++it) {
-    const int off_a = base_a + it * 64;
-    const int off_b = base_b + it * 1212416;
+  for (int j = 0; j < 4; ++j) acc_s[j][0] = acc_s[j][1] = acc_s[j][2] = acc_s[j][3] = 0.0f;
+  for (int it = 0; it < 28; ++it) {
+    const int off_a = base_a + it * 128;
+    const int off_b = base_b + it * 2424832;
     mg_cp_async_wait<2>();
     __syncthreads();
-    if (it + 3 < 56) {
-      for (int c9 = threadIdx.x; c9 < 8; c9 += 128) {
+    if (it + 3 < 28) {
+      for (int c9 = threadIdx.x; c9 < 16; c9 += 128) {
         const int s10_1 = c9;
-        mg_cp_async16((sm_a_0 + (((it + 3)) % 4) * 72) + ((s10_1 * 8)), p0 + ((off_a + 192)) + ((s10_1 * 8)));
+        mg_cp_async16((sm_a_0 + (((it + 3)) % 4) * 136) + ((s10_1 * 8)), p0 + ((off_a + 384)) + ((s10_1 * 8)));
       }
       #pragma unroll
-      for (int i = 0; i < 4; ++i) mg_cp_async16((sm_b_0 + (((it + 3)) % 4) * 4608) + mg_do_b[i], p1 + ((off_b + 3637248)) + mg_so_b[i]);
+      for (int i = 0; i < 16; ++i) mg_cp_async16((sm_b_0 + (((it + 3)) % 4) * 17408) + mg_do_b[i], p1 + ((off_b + 7274496)) + mg_so_b[i]);
     }
     mg_cp_async_commit();
-    const auto* sm_a = (sm_a_0 + ((it) % 4) * 72);
-    const auto* sm_b = (sm_b_0 + ((it) % 4) * 4608);
+    const auto* sm_a = (sm_a_0 + ((it) % 4) * 136);
+    const auto* sm_b = (sm_b_0 + ((it) % 4) * 17408);
     {
       const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
       const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
@@ -405,24 +406,24 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k1_mirage_qwen2_swiglu_g
       const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
       (void)mg_ks;
     #pragma unroll
-    for (int s = 0; s < 4; ++s) {
+    for (int s = 0; s < 8; ++s) {
       const int kk = (mg_ks + s * 1) * 16;
       const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
       (void)k0; (void)k1;
       unsigned ra0, ra1, ra2, ra3;
       const int mg_mi = 0, r0 = mg_g, r1 = r0 + 8;
       (void)r0; (void)r1;
-      mg_ldsm_x4(ra0, ra1, ra2, ra3, ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) < 1 ? (const void*)(sm_a + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) * 72 + (kk + (mg_lane >> 4) * 8))) : (const void*)mg_zero));
+      mg_ldsm_x4(ra0, ra1, ra2, ra3, ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) < 1 ? (const void*)(sm_a + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) * 136 + (kk + (mg_lane >> 4) * 8))) : (const void*)mg_zero));
       #pragma unroll
-      for (int j = 0; j < 2; ++j) {
+      for (int j = 0; j < 4; ++j) {
         const int q = mg_grp + 4 * j;
-        if (q < 8) {
-          const int mg_nb = q / 8;
-          const int mg_ni = q % 8;
+        if (q < 16) {
+          const int mg_nb = q / 16;
+          const int mg_ni = q % 16;
           const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
           (void)mg_nb; (void)c0; (void)n0;
           unsigned rb0, rb1;
-          mg_ldsm_x2_t(rb0, rb1, (sm_b + ((kk + (mg_lane & 15)) * 72 + (mg_ni * 8))));
+          mg_ldsm_x2_t(rb0, rb1, (sm_b + ((kk + (mg_lane & 15)) * 136 + (mg_ni * 8))));
           mg_mma_bf16(acc_s[j], ra0, ra1, ra2, ra3, rb0, rb1);
         }
       }
@@ -437,54 +438,91 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k1_mirage_qwen2_swiglu_g
     const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
     (void)mg_ks;
     #pragma unroll
-    for (int j = 0; j < 2; ++j) {
+    for (int j = 0; j < 4; ++j) {
       const int q = mg_grp + 4 * j;
-      if (q < 8) {
-        const int mg_nb = q / 8;
-        const int mg_mi = (q / 8) % 1;
-        const int mg_ni = q % 8;
+      if (q < 16) {
+        const int mg_nb = q / 16;
+        const int mg_mi = (q / 16) % 1;
+        const int mg_ni = q % 16;
         const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
         const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
         (void)mg_nb; (void)r1; (void)c0; (void)n0;
-        if (r0 < 1) buf_s[r0 * 64 + c0] = acc_s[j][0];
-        if (r0 < 1) buf_s[r0 * 64 + (c0 + 1)] = acc_s[j][1];
-        if (r1 < 1) buf_s[r1 * 64 + c0] = acc_s[j][2];
-        if (r1 < 1) buf_s[r1 * 64 + (c0 + 1)] = acc_s[j][3];
+        if (r0 < 1) buf_s[r0 * 128 + c0] = acc_s[j][0];
+        if (r0 < 1) buf_s[r0 * 128 + (c0 + 1)] = acc_s[j][1];
+        if (r1 < 1) buf_s[r1 * 128 + c0] = acc_s[j][2];
+        if (r1 < 1) buf_s[r1 * 128 + (c0 + 1)] = acc_s[j][3];
       }
     }
   }
   __syncthreads();
-  for (int e11 = threadIdx.x; e11 < 8; e11 += 128) {
+  for (int e11 = threadIdx.x; e11 < 16; e11 += 128) {
     const int i12_1 = e11;
-    mg_st8(p2 + (bx * 64 + (i12_1 * 8)), buf_s[((i12_1 * 8) + 0)], buf_s[((i12_1 * 8) + 1)], buf_s[((i12_1 * 8) + 2)], buf_s[((i12_1 * 8) + 3)], buf_s[((i12_1 * 8) + 4)], buf_s[((i12_1 * 8) + 5)], buf_s[((i12_1 * 8) + 6)], buf_s[((i12_1 * 8) + 7)]);
+    mg_st8(p2 + (bx * 128 + (i12_1 * 8)), buf_s[((i12_1 * 8) + 0)], buf_s[((i12_1 * 8) + 1)], buf_s[((i12_1 * 8) + 2)], buf_s[((i12_1 * 8) + 3)], buf_s[((i12_1 * 8) + 4)], buf_s[((i12_1 * 8) + 5)], buf_s[((i12_1 * 8) + 6)], buf_s[((i12_1 * 8) + 7)]);
   }
 }
 
-// silu: one thread per output element
+// silu: 8 consecutive output elements per thread, one 16-byte store
 extern "C" __global__ void __launch_bounds__(256) mg_k2_mirage_qwen2_swiglu_gateup_b1_bf16_b1x3584_b3584x18944_b3584x18944_to_b1x18944(
     const mg_bf16* __restrict__ p0,
     mg_bf16* __restrict__ p1) {
   mg_grid_wait();
-  for (int e = blockIdx.x * 256 + threadIdx.x; e < 18944; e += gridDim.x * 256) {
+  for (int e8 = blockIdx.x * 256 + threadIdx.x; e8 < 2368; e8 += gridDim.x * 256) {
+    const int e = e8 * 8;
     const int i1 = e;
-    const float v1 = mg_ld(p0[i1]);
+    const float v1 = mg_ld(p0[(i1 + 0)]);
     const float v2 = mg_silu(v1);
-    mg_st(p1 + e, v2);
+    const float v3 = mg_ld(p0[(i1 + 1)]);
+    const float v4 = mg_silu(v3);
+    const float v5 = mg_ld(p0[(i1 + 2)]);
+    const float v6 = mg_silu(v5);
+    const float v7 = mg_ld(p0[(i1 + 3)]);
+    const float v8 = mg_silu(v7);
+    const float v9 = mg_ld(p0[(i1 + 4)]);
+    const float v10 = mg_silu(v9);
+    const float v11 = mg_ld(p0[(i1 + 5)]);
+    const float v12 = mg_silu(v11);
+    const float v13 = mg_ld(p0[(i1 + 6)]);
+    const float v14 = mg_silu(v13);
+    const float v15 = mg_ld(p0[(i1 + 7)]);
+    const float v16 = mg_silu(v15);
+    mg_st8(p1 + e, v2, v4, v6, v8, v10, v12, v14, v16);
   }
 }
 
-// mul: one thread per output element
+// mul: 8 consecutive output elements per thread, one 16-byte store
 extern "C" __global__ void __launch_bounds__(256) mg_k3_mirage_qwen2_swiglu_gateup_b1_bf16_b1x3584_b3584x18944_b3584x18944_to_b1x18944(
     const mg_bf16* __restrict__ p0,
     const mg_bf16* __restrict__ p1,
     mg_bf16* __restrict__ p2) {
   mg_grid_wait();
-  for (int e = blockIdx.x * 256 + threadIdx.x; e < 18944; e += gridDim.x * 256) {
+  for (int e8 = blockIdx.x * 256 + threadIdx.x; e8 < 2368; e8 += gridDim.x * 256) {
+    const int e = e8 * 8;
     const int i1 = e;
-    const float v1 = mg_ld(p0[i1]);
-    const float v2 = mg_ld(p1[i1]);
+    const float v1 = mg_ld(p0[(i1 + 0)]);
+    const float v2 = mg_ld(p1[(i1 + 0)]);
     const float v3 = (v1 * v2);
-    mg_st(p2 + e, v3);
+    const float v4 = mg_ld(p0[(i1 + 1)]);
+    const float v5 = mg_ld(p1[(i1 + 1)]);
+    const float v6 = (v4 * v5);
+    const float v7 = mg_ld(p0[(i1 + 2)]);
+    const float v8 = mg_ld(p1[(i1 + 2)]);
+    const float v9 = (v7 * v8);
+    const float v10 = mg_ld(p0[(i1 + 3)]);
+    const float v11 = mg_ld(p1[(i1 + 3)]);
+    const float v12 = (v10 * v11);
+    const float v13 = mg_ld(p0[(i1 + 4)]);
+    const float v14 = mg_ld(p1[(i1 + 4)]);
+    const float v15 = (v13 * v14);
+    const float v16 = mg_ld(p0[(i1 + 5)]);
+    const float v17 = mg_ld(p1[(i1 + 5)]);
+    const float v18 = (v16 * v17);
+    const float v19 = mg_ld(p0[(i1 + 6)]);
+    const float v20 = mg_ld(p1[(i1 + 6)]);
+    const float v21 = (v19 * v20);
+    const float v22 = mg_ld(p0[(i1 + 7)]);
+    const float v23 = mg_ld(p1[(i1 + 7)]);
+    const float v24 = (v22 * v23);
+    mg_st8(p2 + e, v3, v6, v9, v12, v15, v18, v21, v24);
   }
 }
 
@@ -503,8 +541,8 @@ extern "C" size_t mirage_qwen2_swiglu_gateup_b1_bf16_b1x3584_b3584x18944_b3584x1
 // What the launcher needs to know about the current device, found once per device
 // (a state per device ordinal; two threads racing store the same value, which is
 // harmless) and on every call for ordinals past the table: bit 0 says the device is
-// prepared (no kernel needs a per-device
-// attribute), bit 1 that it has compute capability 9.0 or
+// prepared (more than 48 KB of dynamic shared memory needs
+// cudaFuncSetAttribute, a per-device setting), bit 1 that it has compute capability 9.0 or
 // later, where kernels are launched with programmatic stream serialisation.
 static std::atomic<int> mg_device_state_mirage_qwen2_swiglu_gateup_b1_bf16_b1x3584_b3584x18944_b3584x18944_to_b1x18944[64];
 
@@ -517,6 +555,12 @@ static cudaError_t mg_prepare_mirage_qwen2_swiglu_gateup_b1_bf16_b1x3584_b3584x1
     *mg_state = mg_device_state_mirage_qwen2_swiglu_gateup_b1_bf16_b1x3584_b3584x18944_b3584x18944_to_b1x18944[mg_dev].load(std::memory_order_acquire);
     if (*mg_state != 0) return cudaSuccess;
   }
+  mg_err = cudaFuncSetAttribute((const void*)mg_k0_mirage_qwen2_swiglu_gateup_b1_bf16_b1x3584_b3584x18944_b3584x18944_to_b1x18944,
+                                cudaFuncAttributeMaxDynamicSharedMemorySize, 140880);
+  if (mg_err != cudaSuccess) return mg_err;
+  mg_err = cudaFuncSetAttribute((const void*)mg_k1_mirage_qwen2_swiglu_gateup_b1_bf16_b1x3584_b3584x18944_b3584x18944_to_b1x18944,
+                                cudaFuncAttributeMaxDynamicSharedMemorySize, 140880);
+  if (mg_err != cudaSuccess) return mg_err;
   int mg_major = 0;
   mg_err = cudaDeviceGetAttribute(&mg_major, cudaDevAttrComputeCapabilityMajor, mg_dev);
   if (mg_err != cudaSuccess) return mg_err;
@@ -543,9 +587,9 @@ extern "C" cudaError_t mirage_qwen2_swiglu_gateup_b1_bf16_b1x3584_b3584x18944_b3
     mg_bf16* mg_a2 = (mg_bf16*)(mg_ws + 0);
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
     cudaLaunchConfig_t mg_cfg = {};
-    mg_cfg.gridDim = dim3(296, 1, 1);
+    mg_cfg.gridDim = dim3(148, 1, 1);
     mg_cfg.blockDim = dim3(128);
-    mg_cfg.dynamicSmemBytes = 37712;
+    mg_cfg.dynamicSmemBytes = 140880;
     mg_cfg.stream = mg_stream;
     mg_cfg.attrs = mg_pdl;
     mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
@@ -558,9 +602,9 @@ extern "C" cudaError_t mirage_qwen2_swiglu_gateup_b1_bf16_b1x3584_b3584x18944_b3
     mg_bf16* mg_a2 = (mg_bf16*)(mg_ws + 37888);
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
     cudaLaunchConfig_t mg_cfg = {};
-    mg_cfg.gridDim = dim3(296, 1, 1);
+    mg_cfg.gridDim = dim3(148, 1, 1);
     mg_cfg.blockDim = dim3(128);
-    mg_cfg.dynamicSmemBytes = 37712;
+    mg_cfg.dynamicSmemBytes = 140880;
     mg_cfg.stream = mg_stream;
     mg_cfg.attrs = mg_pdl;
     mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
@@ -572,7 +616,7 @@ extern "C" cudaError_t mirage_qwen2_swiglu_gateup_b1_bf16_b1x3584_b3584x18944_b3
     mg_bf16* mg_a1 = (mg_bf16*)(mg_ws + 75776);
     void* mg_args[] = {&mg_a0, &mg_a1};
     cudaLaunchConfig_t mg_cfg = {};
-    mg_cfg.gridDim = dim3(74, 1, 1);
+    mg_cfg.gridDim = dim3(10, 1, 1);
     mg_cfg.blockDim = dim3(256);
     mg_cfg.dynamicSmemBytes = 0;
     mg_cfg.stream = mg_stream;
@@ -587,7 +631,7 @@ extern "C" cudaError_t mirage_qwen2_swiglu_gateup_b1_bf16_b1x3584_b3584x18944_b3
     mg_bf16* mg_a2 = (mg_bf16*)(mg_out0_H);
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
     cudaLaunchConfig_t mg_cfg = {};
-    mg_cfg.gridDim = dim3(74, 1, 1);
+    mg_cfg.gridDim = dim3(10, 1, 1);
     mg_cfg.blockDim = dim3(256);
     mg_cfg.dynamicSmemBytes = 0;
     mg_cfg.stream = mg_stream;

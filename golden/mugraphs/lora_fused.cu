@@ -161,7 +161,8 @@ __device__ __forceinline__ void mg_ld8(const T* p, float* f) {
     f[2 * i + 1] = mg_ld(hi);
   }
 }
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+// (Host compilation sees these too: nvcc parses every kernel body in its host pass.)
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
 // Thread-block clusters (sm_90): a barrier over every thread of the cluster (release /
 // acquire, so shared-memory writes before it are seen after it), and a load from (a
 // store to) the shared memory of block `rank` of the cluster at the address `p` has in

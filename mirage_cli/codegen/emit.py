@@ -147,7 +147,8 @@ def emit(prog: Program) -> tuple[str, str]:
     cu = templates.render("program.cu.j2", **common,
                           prelude=templates.raw("prelude.cuh").rstrip("\n"),
                           kernels=kernels, steps=_steps(prog), summary=summary,
-                          big_smem=_big_smem(prog))
+                          big_smem=_big_smem(prog),
+                          clusters=any(k.cluster > 1 for k in prog.kernels))
     h = templates.render("program.h.j2", **common)
     return cu, h
 

@@ -42,8 +42,9 @@ from mirage_cli import arch as archs
 from mirage_cli import ops
 from mirage_cli import profiles as device_profiles
 from mirage_cli.check import tile_type
+from mirage_cli.codegen import matmul_tiling
 from mirage_cli.diagnostics import MirageError
-from mirage_cli.ir import BlockGraph, Graph, KernelOp, TensorType
+from mirage_cli.ir import BlockGraph, Graph, KernelOp, TensorType, Value
 from mirage_cli.kplan import KernelPlan
 from mirage_cli.profiles import Profile, target_option  # noqa: F401 - re-exported
 
@@ -177,62 +178,65 @@ def _facts(bg: BlockGraph, plan: KernelPlan) -> PlanFacts:
     return PlanFacts(plan.smem_bytes, plan.threads, k.ksplit or 1, k.stages or 1, scalar)
 
 
-def kernel_costs(g: Graph) -> list[KernelCost]:
-    """The model's terms for each kernel of ``g``, in launch order."""
-    p = profile()
-    fit = p.fit
+def kernel_costs(g: Graph, p: Profile | None = None) -> list[KernelCost]:
+    """The model's terms for each kernel of ``g``, in launch order (under ``p``, by
+    default the active profile)."""
+    p = p or profile()
     types = g.tensor_types()
-    out: list[KernelCost] = []
-    for op in g.ops:
-        facts = PlanFacts()
-        if op.block is None:
-            k_dram, k_l2, k_flops, k_smem, blocks = _predefined(op, types, p.num_sms)
-        else:
-            k_dram, k_l2, k_flops, k_smem, blocks = _custom(op.block, types)
-            facts = _plan_facts(op, types, p)
-        plan_smem, threads, ksplit, stages = facts.smem, facts.threads, facts.ksplit, \
-            facts.stages
-        # A forloop split over a cluster launches ksplit blocks per µGraph block, each
-        # running forloop / ksplit iterations.
-        blocks *= ksplit
-        util = min(1.0, blocks / p.num_sms)
-        d_s, l_s, c_s = k_dram / p.dram_bw, k_l2 / p.l2_bw, k_flops / p.flop_rate
-        # A grid on part of the GPU still draws most of the memory bandwidth (on an
-        # H200, 64 blocks streamed a weight 1.2x slower than 128, not 2x), while its
-        # compute scales with the SMs it occupies.
-        mem_util = util ** (p.mem_util_exp if p.mem_util_exp is not None else 1.0)
-        forloop = op.block.forloop // ksplit if op.block is not None else 4
-        # Element-by-element copies (a tile width that is not a multiple of 16 bytes)
-        # stream the loop's inputs many times slower than 16-byte ones.
-        scalar = (p.scalar_copy_slowdown or 1.0) if facts.scalar and forloop > 1 else 1.0
-        bound_s = max(max(d_s, l_s) * scalar / mem_util, c_s / util)
-        if p.block_stream_bw:
-            # One block streams from DRAM at a bounded rate whatever the rest of the GPU
-            # does, so a grid of few blocks reads in proportion to its blocks.
-            bound_s = max(bound_s, k_dram * scalar / (min(blocks, p.num_sms) * p.block_stream_bw))
-        # Blocks resident on one SM: bounded by threads and by shared memory per SM.
-        per_sm = 1
-        if threads:
-            per_sm = max(1, min(p.max_threads_per_sm // threads,
-                                p.smem_per_sm // max(plan_smem, 1), 32))
-        # Waves count rounds of one block per SM, whatever the occupancy: on an H200 a
-        # second resident block did not double a streaming kernel's rate
-        # (rmsnorm_linear and gated_mlp at batch 8: grid 256 at two blocks per SM ran
-        # 36.8 and 53.0 µs, grid 128 at one 27.3 and 25.6; docs/perf-log.md v5), so
-        # counting it as free picked the slower tuning. ``per_sm`` is reported only.
-        waves = -(-blocks // p.num_sms)
-        # Loads of iteration i+1 overlap compute of iteration i, so one iteration's
-        # loads are exposed (the pipeline fill), and each iteration synchronises.
-        # A loop with few copies in flight exposes part of each load's latency.
-        depth = 1 + p.stage_penalty / stages ** 2 if forloop > 1 else 1.0
-        stream = fit["stream"] * bound_s * (1 + 1 / forloop) * depth
-        sync = fit["sync"] * waves * forloop * p.iter_us * 1e-6
-        launch = fit["launch"] * p.launch_us * 1e-6
-        out.append(KernelCost(k_dram, k_l2, k_flops, k_smem, blocks, forloop, d_s * 1e6,
-                              l_s * 1e6, c_s * 1e6, util, stream * 1e6, sync * 1e6,
-                              launch * 1e6, (stream + sync + launch) * 1e6, plan_smem,
-                              threads, per_sm, waves, facts.violation))
-    return out
+    # A pre-defined matmul runs as a generated custom kernel: cost that kernel.
+    return [_kernel_cost(lowered(op, types), types, p) for op in g.ops]
+
+
+def _kernel_cost(op: KernelOp, types: dict[str, TensorType], p: Profile) -> KernelCost:
+    fit = p.fit
+    facts = PlanFacts()
+    if op.block is None:
+        k_dram, k_l2, k_flops, k_smem, blocks = _predefined(op, types, p.num_sms)
+    else:
+        k_dram, k_l2, k_flops, k_smem, blocks = _custom(op.block, types)
+        facts = _plan_facts(op, types, p)
+    plan_smem, threads, ksplit, stages = facts.smem, facts.threads, facts.ksplit, \
+        facts.stages
+    # A forloop split over a cluster launches ksplit blocks per µGraph block, each
+    # running forloop / ksplit iterations.
+    blocks *= ksplit
+    util = min(1.0, blocks / p.num_sms)
+    d_s, l_s, c_s = k_dram / p.dram_bw, k_l2 / p.l2_bw, k_flops / p.flop_rate
+    # A grid on part of the GPU still draws most of the memory bandwidth (on an
+    # H200, 64 blocks streamed a weight 1.2x slower than 128, not 2x), while its
+    # compute scales with the SMs it occupies.
+    mem_util = util ** (p.mem_util_exp if p.mem_util_exp is not None else 1.0)
+    forloop = op.block.forloop // ksplit if op.block is not None else 4
+    # Element-by-element copies (a tile width that is not a multiple of 16 bytes)
+    # stream the loop's inputs many times slower than 16-byte ones.
+    scalar = (p.scalar_copy_slowdown or 1.0) if facts.scalar and forloop > 1 else 1.0
+    bound_s = max(max(d_s, l_s) * scalar / mem_util, c_s / util)
+    if p.block_stream_bw:
+        # One block streams from DRAM at a bounded rate whatever the rest of the GPU
+        # does, so a grid of few blocks reads in proportion to its blocks.
+        bound_s = max(bound_s, k_dram * scalar / (min(blocks, p.num_sms) * p.block_stream_bw))
+    # Blocks resident on one SM: bounded by threads and by shared memory per SM.
+    per_sm = 1
+    if threads:
+        per_sm = max(1, min(p.max_threads_per_sm // threads,
+                            p.smem_per_sm // max(plan_smem, 1), 32))
+    # Waves count rounds of one block per SM, whatever the occupancy: on an H200 a
+    # second resident block did not double a streaming kernel's rate
+    # (rmsnorm_linear and gated_mlp at batch 8: grid 256 at two blocks per SM ran
+    # 36.8 and 53.0 µs, grid 128 at one 27.3 and 25.6; docs/perf-log.md v5), so
+    # counting it as free picked the slower tuning. ``per_sm`` is reported only.
+    waves = -(-blocks // p.num_sms)
+    # Loads of iteration i+1 overlap compute of iteration i, so one iteration's
+    # loads are exposed (the pipeline fill), and each iteration synchronises.
+    # A loop with few copies in flight exposes part of each load's latency.
+    depth = 1 + p.stage_penalty / stages ** 2 if forloop > 1 else 1.0
+    stream = fit["stream"] * bound_s * (1 + 1 / forloop) * depth
+    sync = fit["sync"] * waves * forloop * p.iter_us * 1e-6
+    launch = fit["launch"] * p.launch_us * 1e-6
+    return KernelCost(k_dram, k_l2, k_flops, k_smem, blocks, forloop, d_s * 1e6,
+                      l_s * 1e6, c_s * 1e6, util, stream * 1e6, sync * 1e6,
+                      launch * 1e6, (stream + sync + launch) * 1e6, plan_smem,
+                      threads, per_sm, waves, facts.violation)
 
 
 def estimate(g: Graph) -> Cost:
@@ -308,6 +312,46 @@ def tie_breaker(a: Cost, b: Cost) -> str | None:
         if x != y:
             return name
     return "canonical text"
+
+
+def lowered(op: KernelOp, types: dict[str, TensorType]) -> KernelOp:
+    """``op`` as the kernel it runs: a pre-defined matmul that tiles
+    (:func:`mirage_cli.codegen.matmul_tiling.candidates`) as the candidate custom kernel
+    this model predicts fastest, anything else as itself."""
+    if op.op != "matmul" or op.block is not None:
+        return op
+    p = dataclasses.replace(profile(), fit=dict(UNIT_FIT))
+    key = (types[op.inputs[0]], types[op.inputs[-1]], op.outputs[0].type, repr(p))
+    if key not in _TILINGS:
+        _TILINGS[key] = _tiling(*key[:3], p)
+    choice = _TILINGS[key]
+    if choice is None:
+        return op
+    built = matmul_tiling.build(op, types, *choice)
+    assert built is not None
+    return built
+
+
+# The tiling of a pre-defined matmul is chosen with unit coefficients: the choice
+# must not move with the fitted coefficients, or ``calibrate --fit`` would fit terms
+# that change under it.
+UNIT_FIT = (("stream", 1.0), ("sync", 1.0), ("launch", 1.0), ("const_us", 0.0))
+_TILINGS: dict[tuple[TensorType, TensorType, TensorType, str], tuple[int, int] | None] = {}
+
+
+def _tiling(ta: TensorType, tb: TensorType, tc: TensorType, p: Profile
+            ) -> tuple[int, int] | None:
+    """The (column width, K tile) predicted fastest under ``p``; ties go to wider
+    columns, then longer K tiles (fewer blocks and iterations)."""
+    types = {"a": ta, "b": tb, "c": tc}
+    probe = KernelOp("matmul", ("a", "b"), (Value("c", tc),))
+    best: tuple[tuple[bool, float, int, int], tuple[int, int]] | None = None
+    for (bn, bk), op in matmul_tiling.candidates(probe, types):
+        c = _kernel_cost(op, types, p)
+        key = (bool(c.violation), round(c.time_us, 3), -bn, -bk)
+        if best is None or key < best[0]:
+            best = (key, (bn, bk))
+    return None if best is None or best[0][0] else best[1]
 
 
 def _predefined(op: KernelOp, types: dict[str, TensorType], num_sms: int

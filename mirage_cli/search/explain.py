@@ -65,11 +65,12 @@ def _kernel(i: int, op: KernelOp, k: KernelCost, types: dict[str, TensorType], a
     smem, source, threads = k.smem_bytes, "model", 0
     knobs: Json = {}
     sms = prof.num_sms
+    if k.threads:  # a custom kernel, or the one a pre-defined matmul runs as
+        smem, threads, source = k.plan_smem, k.threads, "plan"
     if op.block is not None:
         if k.violation:
             tight.append(k.violation)
         if k.threads:
-            smem, threads, source = k.plan_smem, k.threads, "plan"
             knobs = _knobs(op, types, arch)
         if not k.violation and smem >= TIGHT * limit:
             tight.append(f"shared memory {smem} B is {100 * smem // limit}% "
