@@ -43,7 +43,7 @@
 // kernel mg_k17_mirage_llama3_8b_layer_aec50abcc000: grid [2048, 1, 1], 256 threads, 0 B dynamic shared memory
 // kernel mg_k18_mirage_llama3_8b_layer_aec50abcc000: grid [16, 8, 1], 128 threads, 38672 B dynamic shared memory
 // kernel mg_k19_mirage_llama3_8b_layer_aec50abcc000: grid [64, 1, 1], 256 threads, 0 B dynamic shared memory
-// kernel mg_k20_mirage_llama3_8b_layer_aec50abcc000: grid [4, 1, 1], 256 threads, 0 B dynamic shared memory
+// kernel mg_k20_mirage_llama3_8b_layer_aec50abcc000: grid [32, 1, 1], 256 threads, 0 B dynamic shared memory
 // kernel mg_k21_mirage_llama3_8b_layer_aec50abcc000: grid [8, 8, 2], 256 threads, 57872 B dynamic shared memory
 // kernel mg_k22_mirage_llama3_8b_layer_aec50abcc000: grid [16, 1, 1], 256 threads, 0 B dynamic shared memory
 // kernel mg_k23_mirage_llama3_8b_layer_aec50abcc000: grid [64, 1, 2], 128 threads, 75088 B dynamic shared memory
@@ -112,6 +112,26 @@ __device__ __forceinline__ float mg_warp_sum(float v) {
 __device__ __forceinline__ float mg_warp_max(float v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+// A whole block's sum (max) of v, returned to every thread: warp shuffles, then the
+// warps' results through `red` (one float per warp). `red` is free again on return.
+__device__ __forceinline__ float mg_block_sum(float v, float* red) {
+  v = mg_warp_sum(v);
+  if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = v;
+  __syncthreads();
+  v = 0.0f;
+  for (int w = 0; w < (int)(blockDim.x / 32); ++w) v += red[w];
+  __syncthreads();
+  return v;
+}
+__device__ __forceinline__ float mg_block_max(float v, float* red) {
+  v = mg_warp_max(v);
+  if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = v;
+  __syncthreads();
+  v = red[0];
+  for (int w = 1; w < (int)(blockDim.x / 32); ++w) v = fmaxf(v, red[w]);
+  __syncthreads();
   return v;
 }
 // 16-byte asynchronous global->shared copies (sm_80+), in commit groups.
@@ -251,20 +271,18 @@ __device__ __forceinline__ void mg_dsmem_st(float* p, unsigned rank, float v) {
 }
 #endif
 
-// rms_norm: one warp per row of 4096
+// rms_norm: one block per row of 4096
 extern "C" __global__ void __launch_bounds__(256) mg_k0_mirage_llama3_8b_layer_aec50abcc000(
     const mg_f16* __restrict__ p0,
     const mg_f16* __restrict__ p1,
     mg_f16* __restrict__ p2) {
   mg_grid_wait();
-  const int row = blockIdx.x * 8 + threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  if (row >= 1) return;
-  float ss = 0.0f;
-  for (int k = lane; k < 4096; k += 32) { const float t = mg_ld(p0[k]); ss = fmaf(t, t, ss); }
-  ss = mg_warp_sum(ss);
+  __shared__ float red[8];
+  float v = 0.0f;
+  for (int k = threadIdx.x; k < 4096; k += 256) { const float t = mg_ld(p0[k]); v = fmaf(t, t, v); }
+  const float ss = mg_block_sum(v, red);
   const float inv = 1.0f / sqrtf(ss / 4096.0f + 1e-05f);
-  for (int k = lane; k < 4096; k += 32) mg_st(p2 + (k), mg_ld(p0[k]) * inv * mg_ld(p1[k]));
+  for (int k = threadIdx.x; k < 4096; k += 256) mg_st(p2 + (k), mg_ld(p0[k]) * inv * mg_ld(p1[k]));
 }
 
 // matmul as a generated block graph: grid [64, 1, 1], forloop 32, tensor cores
@@ -1404,24 +1422,22 @@ extern "C" __global__ void __launch_bounds__(256) mg_k19_mirage_llama3_8b_layer_
   }
 }
 
-// softmax: one warp per row of 4096
+// softmax: one block per row of 4096
 extern "C" __global__ void __launch_bounds__(256) mg_k20_mirage_llama3_8b_layer_aec50abcc000(
     const mg_f16* __restrict__ p0,
     mg_f16* __restrict__ p1) {
   mg_grid_wait();
-  const int row = blockIdx.x * 8 + threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  if (row >= 32) return;
+  __shared__ float red[8];
+  const int row = blockIdx.x;
   const int r1 = row / 4;
   const int r2 = (row) % 4;
-  float m = __int_as_float(0xff800000);
-  for (int k = lane; k < 4096; k += 32) m = fmaxf(m, mg_ld(p0[r1 * 16384 + r2 * 4096 + k]));
-  m = mg_warp_max(m);
-  float s = 0.0f;
-  for (int k = lane; k < 4096; k += 32) s += expf(mg_ld(p0[r1 * 16384 + r2 * 4096 + k]) - m);
-  s = mg_warp_sum(s);
-  const float inv = 1.0f / s;
-  for (int k = lane; k < 4096; k += 32) mg_st(p1 + (r1 * 16384 + r2 * 4096 + k), expf(mg_ld(p0[r1 * 16384 + r2 * 4096 + k]) - m) * inv);
+  float v = __int_as_float(0xff800000);
+  for (int k = threadIdx.x; k < 4096; k += 256) v = fmaxf(v, mg_ld(p0[r1 * 16384 + r2 * 4096 + k]));
+  const float m = mg_block_max(v, red);
+  v = 0.0f;
+  for (int k = threadIdx.x; k < 4096; k += 256) v += expf(mg_ld(p0[r1 * 16384 + r2 * 4096 + k]) - m);
+  const float inv = 1.0f / mg_block_sum(v, red);
+  for (int k = threadIdx.x; k < 4096; k += 256) mg_st(p1 + (r1 * 16384 + r2 * 4096 + k), expf(mg_ld(p0[r1 * 16384 + r2 * 4096 + k]) - m) * inv);
 }
 
 // matmul as a generated block graph: grid [8, 8, 1], forloop 16, tensor cores
@@ -1819,20 +1835,18 @@ extern "C" __global__ void __launch_bounds__(256) mg_k24_mirage_llama3_8b_layer_
   }
 }
 
-// rms_norm: one warp per row of 4096
+// rms_norm: one block per row of 4096
 extern "C" __global__ void __launch_bounds__(256) mg_k25_mirage_llama3_8b_layer_aec50abcc000(
     const mg_f16* __restrict__ p0,
     const mg_f16* __restrict__ p1,
     mg_f16* __restrict__ p2) {
   mg_grid_wait();
-  const int row = blockIdx.x * 8 + threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  if (row >= 1) return;
-  float ss = 0.0f;
-  for (int k = lane; k < 4096; k += 32) { const float t = mg_ld(p0[k]); ss = fmaf(t, t, ss); }
-  ss = mg_warp_sum(ss);
+  __shared__ float red[8];
+  float v = 0.0f;
+  for (int k = threadIdx.x; k < 4096; k += 256) { const float t = mg_ld(p0[k]); v = fmaf(t, t, v); }
+  const float ss = mg_block_sum(v, red);
   const float inv = 1.0f / sqrtf(ss / 4096.0f + 1e-05f);
-  for (int k = lane; k < 4096; k += 32) mg_st(p2 + (k), mg_ld(p0[k]) * inv * mg_ld(p1[k]));
+  for (int k = threadIdx.x; k < 4096; k += 256) mg_st(p2 + (k), mg_ld(p0[k]) * inv * mg_ld(p1[k]));
 }
 
 // matmul as a generated block graph: grid [64, 1, 1], forloop 64, tensor cores
@@ -2809,7 +2823,7 @@ extern "C" cudaError_t mirage_llama3_8b_layer_aec50abcc000(const void* mg_in0_X,
     mg_f16* mg_a1 = (mg_f16*)(mg_ws + 17373184);
     void* mg_args[] = {&mg_a0, &mg_a1};
     cudaLaunchConfig_t mg_cfg = {};
-    mg_cfg.gridDim = dim3(4, 1, 1);
+    mg_cfg.gridDim = dim3(32, 1, 1);
     mg_cfg.blockDim = dim3(256);
     mg_cfg.dynamicSmemBytes = 0;
     mg_cfg.stream = mg_stream;

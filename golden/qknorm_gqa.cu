@@ -77,6 +77,26 @@ __device__ __forceinline__ float mg_warp_max(float v) {
   for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;
 }
+// A whole block's sum (max) of v, returned to every thread: warp shuffles, then the
+// warps' results through `red` (one float per warp). `red` is free again on return.
+__device__ __forceinline__ float mg_block_sum(float v, float* red) {
+  v = mg_warp_sum(v);
+  if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = v;
+  __syncthreads();
+  v = 0.0f;
+  for (int w = 0; w < (int)(blockDim.x / 32); ++w) v += red[w];
+  __syncthreads();
+  return v;
+}
+__device__ __forceinline__ float mg_block_max(float v, float* red) {
+  v = mg_warp_max(v);
+  if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = v;
+  __syncthreads();
+  v = red[0];
+  for (int w = 1; w < (int)(blockDim.x / 32); ++w) v = fmaxf(v, red[w]);
+  __syncthreads();
+  return v;
+}
 // 16-byte asynchronous global->shared copies (sm_80+), in commit groups.
 __device__ __forceinline__ void mg_cp_async16(void* smem, const void* gmem) {
   const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
@@ -224,9 +244,9 @@ extern "C" __global__ void __launch_bounds__(256) mg_k0_mirage_qknorm_gqa_h16x25
   if (row >= 4096) return;
   const int r0 = row / 256;
   const int r1 = (row) % 256;
-  float ss = 0.0f;
-  for (int k = lane; k < 64; k += 32) { const float t = mg_ld(p0[r0 * 16384 + r1 * 64 + k]); ss = fmaf(t, t, ss); }
-  ss = mg_warp_sum(ss);
+  float v = 0.0f;
+  for (int k = lane; k < 64; k += 32) { const float t = mg_ld(p0[r0 * 16384 + r1 * 64 + k]); v = fmaf(t, t, v); }
+  const float ss = mg_warp_sum(v);
   const float inv = 1.0f / sqrtf(ss / 64.0f + 0.0f);
   for (int k = lane; k < 64; k += 32) mg_st(p1 + (r0 * 16384 + r1 * 64 + k), mg_ld(p0[r0 * 16384 + r1 * 64 + k]) * inv);
 }

@@ -49,14 +49,14 @@
 // kernel mg_k20_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [1024, 1, 1], 256 threads, 0 B dynamic shared memory
 // kernel mg_k21_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [32, 4, 1], 128 threads, 40656 B dynamic shared memory
 // kernel mg_k22_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [56, 1, 1], 256 threads, 0 B dynamic shared memory
-// kernel mg_k23_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [4, 1, 1], 256 threads, 0 B dynamic shared memory
+// kernel mg_k23_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [28, 1, 1], 256 threads, 0 B dynamic shared memory
 // kernel mg_k24_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [8, 4, 2], 256 threads, 64400 B dynamic shared memory
 // kernel mg_k25_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [14, 1, 1], 256 threads, 0 B dynamic shared memory
 // kernel mg_k26_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [64, 1, 2], 128 threads, 58672 B dynamic shared memory
 // kernel mg_k27_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [2, 1, 1], 256 threads, 0 B dynamic shared memory
 // kernel mg_k28_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [1, 1, 1], 256 threads, 0 B dynamic shared memory
-// kernel mg_k29_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [148, 1, 1], 128 threads, 140880 B dynamic shared memory
-// kernel mg_k30_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [148, 1, 1], 128 threads, 140880 B dynamic shared memory
+// kernel mg_k29_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [296, 1, 1], 256 threads, 149840 B dynamic shared memory
+// kernel mg_k30_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [296, 1, 1], 256 threads, 149840 B dynamic shared memory
 // kernel mg_k31_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [10, 1, 1], 256 threads, 0 B dynamic shared memory
 // kernel mg_k32_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [10, 1, 1], 256 threads, 0 B dynamic shared memory
 // kernel mg_k33_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [64, 1, 2], 256 threads, 117040 B dynamic shared memory
@@ -118,6 +118,26 @@ __device__ __forceinline__ float mg_warp_sum(float v) {
 __device__ __forceinline__ float mg_warp_max(float v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+// A whole block's sum (max) of v, returned to every thread: warp shuffles, then the
+// warps' results through `red` (one float per warp). `red` is free again on return.
+__device__ __forceinline__ float mg_block_sum(float v, float* red) {
+  v = mg_warp_sum(v);
+  if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = v;
+  __syncthreads();
+  v = 0.0f;
+  for (int w = 0; w < (int)(blockDim.x / 32); ++w) v += red[w];
+  __syncthreads();
+  return v;
+}
+__device__ __forceinline__ float mg_block_max(float v, float* red) {
+  v = mg_warp_max(v);
+  if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = v;
+  __syncthreads();
+  v = red[0];
+  for (int w = 1; w < (int)(blockDim.x / 32); ++w) v = fmaxf(v, red[w]);
+  __syncthreads();
   return v;
 }
 // 16-byte asynchronous global->shared copies (sm_80+), in commit groups.
@@ -257,20 +277,18 @@ __device__ __forceinline__ void mg_dsmem_st(float* p, unsigned rank, float v) {
 }
 #endif
 
-// rms_norm: one warp per row of 3584
+// rms_norm: one block per row of 3584
 extern "C" __global__ void __launch_bounds__(256) mg_k0_mirage_qwen2_7b_layer_cc9a7bb5bfd5(
     const mg_bf16* __restrict__ p0,
     const mg_bf16* __restrict__ p1,
     mg_bf16* __restrict__ p2) {
   mg_grid_wait();
-  const int row = blockIdx.x * 8 + threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  if (row >= 1) return;
-  float ss = 0.0f;
-  for (int k = lane; k < 3584; k += 32) { const float t = mg_ld(p0[k]); ss = fmaf(t, t, ss); }
-  ss = mg_warp_sum(ss);
+  __shared__ float red[8];
+  float v = 0.0f;
+  for (int k = threadIdx.x; k < 3584; k += 256) { const float t = mg_ld(p0[k]); v = fmaf(t, t, v); }
+  const float ss = mg_block_sum(v, red);
   const float inv = 1.0f / sqrtf(ss / 3584.0f + 1e-06f);
-  for (int k = lane; k < 3584; k += 32) mg_st(p2 + (k), mg_ld(p0[k]) * inv * mg_ld(p1[k]));
+  for (int k = threadIdx.x; k < 3584; k += 256) mg_st(p2 + (k), mg_ld(p0[k]) * inv * mg_ld(p1[k]));
 }
 
 // matmul as a generated block graph: grid [64, 1, 1], forloop 28, tensor cores
@@ -1477,24 +1495,22 @@ extern "C" __global__ void __launch_bounds__(256) mg_k22_mirage_qwen2_7b_layer_c
   }
 }
 
-// softmax: one warp per row of 4096
+// softmax: one block per row of 4096
 extern "C" __global__ void __launch_bounds__(256) mg_k23_mirage_qwen2_7b_layer_cc9a7bb5bfd5(
     const mg_bf16* __restrict__ p0,
     mg_bf16* __restrict__ p1) {
   mg_grid_wait();
-  const int row = blockIdx.x * 8 + threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  if (row >= 28) return;
+  __shared__ float red[8];
+  const int row = blockIdx.x;
   const int r1 = row / 7;
   const int r2 = (row) % 7;
-  float m = __int_as_float(0xff800000);
-  for (int k = lane; k < 4096; k += 32) m = fmaxf(m, mg_ld(p0[r1 * 28672 + r2 * 4096 + k]));
-  m = mg_warp_max(m);
-  float s = 0.0f;
-  for (int k = lane; k < 4096; k += 32) s += expf(mg_ld(p0[r1 * 28672 + r2 * 4096 + k]) - m);
-  s = mg_warp_sum(s);
-  const float inv = 1.0f / s;
-  for (int k = lane; k < 4096; k += 32) mg_st(p1 + (r1 * 28672 + r2 * 4096 + k), expf(mg_ld(p0[r1 * 28672 + r2 * 4096 + k]) - m) * inv);
+  float v = __int_as_float(0xff800000);
+  for (int k = threadIdx.x; k < 4096; k += 256) v = fmaxf(v, mg_ld(p0[r1 * 28672 + r2 * 4096 + k]));
+  const float m = mg_block_max(v, red);
+  v = 0.0f;
+  for (int k = threadIdx.x; k < 4096; k += 256) v += expf(mg_ld(p0[r1 * 28672 + r2 * 4096 + k]) - m);
+  const float inv = 1.0f / mg_block_sum(v, red);
+  for (int k = threadIdx.x; k < 4096; k += 256) mg_st(p1 + (r1 * 28672 + r2 * 4096 + k), expf(mg_ld(p0[r1 * 28672 + r2 * 4096 + k]) - m) * inv);
 }
 
 // matmul as a generated block graph: grid [8, 4, 1], forloop 16, tensor cores
@@ -1892,24 +1908,22 @@ extern "C" __global__ void __launch_bounds__(256) mg_k27_mirage_qwen2_7b_layer_c
   }
 }
 
-// rms_norm: one warp per row of 3584
+// rms_norm: one block per row of 3584
 extern "C" __global__ void __launch_bounds__(256) mg_k28_mirage_qwen2_7b_layer_cc9a7bb5bfd5(
     const mg_bf16* __restrict__ p0,
     const mg_bf16* __restrict__ p1,
     mg_bf16* __restrict__ p2) {
   mg_grid_wait();
-  const int row = blockIdx.x * 8 + threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  if (row >= 1) return;
-  float ss = 0.0f;
-  for (int k = lane; k < 3584; k += 32) { const float t = mg_ld(p0[k]); ss = fmaf(t, t, ss); }
-  ss = mg_warp_sum(ss);
+  __shared__ float red[8];
+  float v = 0.0f;
+  for (int k = threadIdx.x; k < 3584; k += 256) { const float t = mg_ld(p0[k]); v = fmaf(t, t, v); }
+  const float ss = mg_block_sum(v, red);
   const float inv = 1.0f / sqrtf(ss / 3584.0f + 1e-06f);
-  for (int k = lane; k < 3584; k += 32) mg_st(p2 + (k), mg_ld(p0[k]) * inv * mg_ld(p1[k]));
+  for (int k = threadIdx.x; k < 3584; k += 256) mg_st(p2 + (k), mg_ld(p0[k]) * inv * mg_ld(p1[k]));
 }
 
-// matmul as a generated block graph: grid [148, 1, 1], forloop 28, tensor cores
-extern "C" __global__ void __launch_bounds__(128, 1) mg_k29_mirage_qwen2_7b_layer_cc9a7bb5bfd5(
+// matmul as a generated block graph: grid [296, 1, 1], forloop 14, tensor cores
+extern "C" __global__ void __launch_bounds__(256, 1) mg_k29_mirage_qwen2_7b_layer_cc9a7bb5bfd5(
     const mg_bf16* __restrict__ p0,
     const mg_bf16* __restrict__ p1,
     mg_bf16* __restrict__ p2) {
@@ -1918,61 +1932,61 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k29_mirage_qwen2_7b_laye
   (void)bx; (void)by; (void)bz;
   extern __shared__ __align__(16) unsigned char mg_smem[];
   const int base_a = 0;
-  const int base_b = bx * 128;
-  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 140864);
+  const int base_b = bx * 64;
+  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 149824);
   if (threadIdx.x < 4) mg_zero[threadIdx.x] = 0u;
   mg_bf16* sm_a_0 = reinterpret_cast<mg_bf16*>(mg_smem + 0);
-  mg_bf16* sm_b_0 = reinterpret_cast<mg_bf16*>(mg_smem + 1088);
-  float* buf_s = reinterpret_cast<float*>(mg_smem + 140352);
-  int mg_so_b[16], mg_do_b[16];
+  mg_bf16* sm_b_0 = reinterpret_cast<mg_bf16*>(mg_smem + 2112);
+  float* buf_s = reinterpret_cast<float*>(mg_smem + 149568);
+  int mg_so_b[8], mg_do_b[8];
   #pragma unroll
-  for (int i = 0; i < 16; ++i) {
-    const int c3 = threadIdx.x + i * 128;
-    const int s4_0 = c3 / 16;
-    const int s4_1 = (c3) % 16;
+  for (int i = 0; i < 8; ++i) {
+    const int c3 = threadIdx.x + i * 256;
+    const int s4_0 = c3 / 8;
+    const int s4_1 = (c3) % 8;
     mg_so_b[i] = s4_0 * 18944 + (s4_1 * 8);
-    mg_do_b[i] = s4_0 * 136 + (s4_1 * 8);
+    mg_do_b[i] = s4_0 * 72 + (s4_1 * 8);
   }
-  for (int c1 = threadIdx.x; c1 < 16; c1 += 128) {
+  for (int c1 = threadIdx.x; c1 < 32; c1 += 256) {
     const int s2_1 = c1;
-    mg_cp_async16((sm_a_0 + ((0) % 4) * 136) + ((s2_1 * 8)), p0 + ((base_a + 0)) + ((s2_1 * 8)));
+    mg_cp_async16((sm_a_0 + ((0) % 4) * 264) + ((s2_1 * 8)), p0 + ((base_a + 0)) + ((s2_1 * 8)));
   }
   #pragma unroll
-  for (int i = 0; i < 16; ++i) mg_cp_async16((sm_b_0 + ((0) % 4) * 17408) + mg_do_b[i], p1 + ((base_b + 0)) + mg_so_b[i]);
+  for (int i = 0; i < 8; ++i) mg_cp_async16((sm_b_0 + ((0) % 4) * 18432) + mg_do_b[i], p1 + ((base_b + 0)) + mg_so_b[i]);
   mg_cp_async_commit();
-  for (int c5 = threadIdx.x; c5 < 16; c5 += 128) {
+  for (int c5 = threadIdx.x; c5 < 32; c5 += 256) {
     const int s6_1 = c5;
-    mg_cp_async16((sm_a_0 + ((1) % 4) * 136) + ((s6_1 * 8)), p0 + ((base_a + 128)) + ((s6_1 * 8)));
+    mg_cp_async16((sm_a_0 + ((1) % 4) * 264) + ((s6_1 * 8)), p0 + ((base_a + 256)) + ((s6_1 * 8)));
   }
   #pragma unroll
-  for (int i = 0; i < 16; ++i) mg_cp_async16((sm_b_0 + ((1) % 4) * 17408) + mg_do_b[i], p1 + ((base_b + 2424832)) + mg_so_b[i]);
+  for (int i = 0; i < 8; ++i) mg_cp_async16((sm_b_0 + ((1) % 4) * 18432) + mg_do_b[i], p1 + ((base_b + 4849664)) + mg_so_b[i]);
   mg_cp_async_commit();
-  for (int c7 = threadIdx.x; c7 < 16; c7 += 128) {
+  for (int c7 = threadIdx.x; c7 < 32; c7 += 256) {
     const int s8_1 = c7;
-    mg_cp_async16((sm_a_0 + ((2) % 4) * 136) + ((s8_1 * 8)), p0 + ((base_a + 256)) + ((s8_1 * 8)));
+    mg_cp_async16((sm_a_0 + ((2) % 4) * 264) + ((s8_1 * 8)), p0 + ((base_a + 512)) + ((s8_1 * 8)));
   }
   #pragma unroll
-  for (int i = 0; i < 16; ++i) mg_cp_async16((sm_b_0 + ((2) % 4) * 17408) + mg_do_b[i], p1 + ((base_b + 4849664)) + mg_so_b[i]);
+  for (int i = 0; i < 8; ++i) mg_cp_async16((sm_b_0 + ((2) % 4) * 18432) + mg_do_b[i], p1 + ((base_b + 9699328)) + mg_so_b[i]);
   mg_cp_async_commit();
-  float acc_s[4][4];
+  float acc_s[2][4];
   #pragma unroll
-  for (int j = 0; j < 4; ++j) acc_s[j][0] = acc_s[j][1] = acc_s[j][2] = acc_s[j][3] = 0.0f;
-  for (int it = 0; it < 28; ++it) {
-    const int off_a = base_a + it * 128;
-    const int off_b = base_b + it * 2424832;
+  for (int j = 0; j < 2; ++j) acc_s[j][0] = acc_s[j][1] = acc_s[j][2] = acc_s[j][3] = 0.0f;
+  for (int it = 0; it < 14; ++it) {
+    const int off_a = base_a + it * 256;
+    const int off_b = base_b + it * 4849664;
     mg_cp_async_wait<2>();
     __syncthreads();
-    if (it + 3 < 28) {
-      for (int c9 = threadIdx.x; c9 < 16; c9 += 128) {
+    if (it + 3 < 14) {
+      for (int c9 = threadIdx.x; c9 < 32; c9 += 256) {
         const int s10_1 = c9;
-        mg_cp_async16((sm_a_0 + (((it + 3)) % 4) * 136) + ((s10_1 * 8)), p0 + ((off_a + 384)) + ((s10_1 * 8)));
+        mg_cp_async16((sm_a_0 + (((it + 3)) % 4) * 264) + ((s10_1 * 8)), p0 + ((off_a + 768)) + ((s10_1 * 8)));
       }
       #pragma unroll
-      for (int i = 0; i < 16; ++i) mg_cp_async16((sm_b_0 + (((it + 3)) % 4) * 17408) + mg_do_b[i], p1 + ((off_b + 7274496)) + mg_so_b[i]);
+      for (int i = 0; i < 8; ++i) mg_cp_async16((sm_b_0 + (((it + 3)) % 4) * 18432) + mg_do_b[i], p1 + ((off_b + 14548992)) + mg_so_b[i]);
     }
     mg_cp_async_commit();
-    const auto* sm_a = (sm_a_0 + ((it) % 4) * 136);
-    const auto* sm_b = (sm_b_0 + ((it) % 4) * 17408);
+    const auto* sm_a = (sm_a_0 + ((it) % 4) * 264);
+    const auto* sm_b = (sm_b_0 + ((it) % 4) * 18432);
     {
       const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
       const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
@@ -1981,23 +1995,23 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k29_mirage_qwen2_7b_laye
       (void)mg_ks;
     #pragma unroll
     for (int s = 0; s < 8; ++s) {
-      const int kk = (mg_ks + s * 1) * 16;
+      const int kk = (mg_ks + s * 2) * 16;
       const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
       (void)k0; (void)k1;
       unsigned ra0, ra1, ra2, ra3;
       const int mg_mi = 0, r0 = mg_g, r1 = r0 + 8;
       (void)r0; (void)r1;
-      mg_ldsm_x4(ra0, ra1, ra2, ra3, ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) < 1 ? (const void*)(sm_a + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) * 136 + (kk + (mg_lane >> 4) * 8))) : (const void*)mg_zero));
+      mg_ldsm_x4(ra0, ra1, ra2, ra3, ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) < 1 ? (const void*)(sm_a + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) * 264 + (kk + (mg_lane >> 4) * 8))) : (const void*)mg_zero));
       #pragma unroll
-      for (int j = 0; j < 4; ++j) {
+      for (int j = 0; j < 2; ++j) {
         const int q = mg_grp + 4 * j;
-        if (q < 16) {
-          const int mg_nb = q / 16;
-          const int mg_ni = q % 16;
+        if (q < 8) {
+          const int mg_nb = q / 8;
+          const int mg_ni = q % 8;
           const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
           (void)mg_nb; (void)c0; (void)n0;
           unsigned rb0, rb1;
-          mg_ldsm_x2_t(rb0, rb1, (sm_b + ((kk + (mg_lane & 15)) * 136 + (mg_ni * 8))));
+          mg_ldsm_x2_t(rb0, rb1, (sm_b + ((kk + (mg_lane & 15)) * 72 + (mg_ni * 8))));
           mg_mma_bf16(acc_s[j], ra0, ra1, ra2, ra3, rb0, rb1);
         }
       }
@@ -2011,32 +2025,53 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k29_mirage_qwen2_7b_laye
     (void)mg_g; (void)mg_t;
     const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
     (void)mg_ks;
-    #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int q = mg_grp + 4 * j;
-      if (q < 16) {
-        const int mg_nb = q / 16;
-        const int mg_mi = (q / 16) % 1;
-        const int mg_ni = q % 16;
-        const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
-        const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
-        (void)mg_nb; (void)r1; (void)c0; (void)n0;
-        if (r0 < 1) buf_s[r0 * 128 + c0] = acc_s[j][0];
-        if (r0 < 1) buf_s[r0 * 128 + (c0 + 1)] = acc_s[j][1];
-        if (r1 < 1) buf_s[r1 * 128 + c0] = acc_s[j][2];
-        if (r1 < 1) buf_s[r1 * 128 + (c0 + 1)] = acc_s[j][3];
+    if (mg_ks == 0) {
+      #pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const int q = mg_grp + 4 * j;
+        if (q < 8) {
+          const int mg_nb = q / 8;
+          const int mg_mi = (q / 8) % 1;
+          const int mg_ni = q % 8;
+          const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
+          const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
+          (void)mg_nb; (void)r1; (void)c0; (void)n0;
+          if (r0 < 1) buf_s[r0 * 64 + c0] = acc_s[j][0];
+          if (r0 < 1) buf_s[r0 * 64 + (c0 + 1)] = acc_s[j][1];
+          if (r1 < 1) buf_s[r1 * 64 + c0] = acc_s[j][2];
+          if (r1 < 1) buf_s[r1 * 64 + (c0 + 1)] = acc_s[j][3];
+        }
+      }
+    }
+    __syncthreads();
+    if (mg_ks == 1) {
+      #pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const int q = mg_grp + 4 * j;
+        if (q < 8) {
+          const int mg_nb = q / 8;
+          const int mg_mi = (q / 8) % 1;
+          const int mg_ni = q % 8;
+          const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
+          const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
+          (void)mg_nb; (void)r1; (void)c0; (void)n0;
+          if (r0 < 1) buf_s[r0 * 64 + c0] += acc_s[j][0];
+          if (r0 < 1) buf_s[r0 * 64 + (c0 + 1)] += acc_s[j][1];
+          if (r1 < 1) buf_s[r1 * 64 + c0] += acc_s[j][2];
+          if (r1 < 1) buf_s[r1 * 64 + (c0 + 1)] += acc_s[j][3];
+        }
       }
     }
   }
   __syncthreads();
-  for (int e11 = threadIdx.x; e11 < 16; e11 += 128) {
+  for (int e11 = threadIdx.x; e11 < 8; e11 += 256) {
     const int i12_1 = e11;
-    mg_st8(p2 + (bx * 128 + (i12_1 * 8)), buf_s[((i12_1 * 8) + 0)], buf_s[((i12_1 * 8) + 1)], buf_s[((i12_1 * 8) + 2)], buf_s[((i12_1 * 8) + 3)], buf_s[((i12_1 * 8) + 4)], buf_s[((i12_1 * 8) + 5)], buf_s[((i12_1 * 8) + 6)], buf_s[((i12_1 * 8) + 7)]);
+    mg_st8(p2 + (bx * 64 + (i12_1 * 8)), buf_s[((i12_1 * 8) + 0)], buf_s[((i12_1 * 8) + 1)], buf_s[((i12_1 * 8) + 2)], buf_s[((i12_1 * 8) + 3)], buf_s[((i12_1 * 8) + 4)], buf_s[((i12_1 * 8) + 5)], buf_s[((i12_1 * 8) + 6)], buf_s[((i12_1 * 8) + 7)]);
   }
 }
 
-// matmul as a generated block graph: grid [148, 1, 1], forloop 28, tensor cores
-extern "C" __global__ void __launch_bounds__(128, 1) mg_k30_mirage_qwen2_7b_layer_cc9a7bb5bfd5(
+// matmul as a generated block graph: grid [296, 1, 1], forloop 14, tensor cores
+extern "C" __global__ void __launch_bounds__(256, 1) mg_k30_mirage_qwen2_7b_layer_cc9a7bb5bfd5(
     const mg_bf16* __restrict__ p0,
     const mg_bf16* __restrict__ p1,
     mg_bf16* __restrict__ p2) {
@@ -2045,61 +2080,61 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k30_mirage_qwen2_7b_laye
   (void)bx; (void)by; (void)bz;
   extern __shared__ __align__(16) unsigned char mg_smem[];
   const int base_a = 0;
-  const int base_b = bx * 128;
-  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 140864);
+  const int base_b = bx * 64;
+  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 149824);
   if (threadIdx.x < 4) mg_zero[threadIdx.x] = 0u;
   mg_bf16* sm_a_0 = reinterpret_cast<mg_bf16*>(mg_smem + 0);
-  mg_bf16* sm_b_0 = reinterpret_cast<mg_bf16*>(mg_smem + 1088);
-  float* buf_s = reinterpret_cast<float*>(mg_smem + 140352);
-  int mg_so_b[16], mg_do_b[16];
+  mg_bf16* sm_b_0 = reinterpret_cast<mg_bf16*>(mg_smem + 2112);
+  float* buf_s = reinterpret_cast<float*>(mg_smem + 149568);
+  int mg_so_b[8], mg_do_b[8];
   #pragma unroll
-  for (int i = 0; i < 16; ++i) {
-    const int c3 = threadIdx.x + i * 128;
-    const int s4_0 = c3 / 16;
-    const int s4_1 = (c3) % 16;
+  for (int i = 0; i < 8; ++i) {
+    const int c3 = threadIdx.x + i * 256;
+    const int s4_0 = c3 / 8;
+    const int s4_1 = (c3) % 8;
     mg_so_b[i] = s4_0 * 18944 + (s4_1 * 8);
-    mg_do_b[i] = s4_0 * 136 + (s4_1 * 8);
+    mg_do_b[i] = s4_0 * 72 + (s4_1 * 8);
   }
-  for (int c1 = threadIdx.x; c1 < 16; c1 += 128) {
+  for (int c1 = threadIdx.x; c1 < 32; c1 += 256) {
     const int s2_1 = c1;
-    mg_cp_async16((sm_a_0 + ((0) % 4) * 136) + ((s2_1 * 8)), p0 + ((base_a + 0)) + ((s2_1 * 8)));
+    mg_cp_async16((sm_a_0 + ((0) % 4) * 264) + ((s2_1 * 8)), p0 + ((base_a + 0)) + ((s2_1 * 8)));
   }
   #pragma unroll
-  for (int i = 0; i < 16; ++i) mg_cp_async16((sm_b_0 + ((0) % 4) * 17408) + mg_do_b[i], p1 + ((base_b + 0)) + mg_so_b[i]);
+  for (int i = 0; i < 8; ++i) mg_cp_async16((sm_b_0 + ((0) % 4) * 18432) + mg_do_b[i], p1 + ((base_b + 0)) + mg_so_b[i]);
   mg_cp_async_commit();
-  for (int c5 = threadIdx.x; c5 < 16; c5 += 128) {
+  for (int c5 = threadIdx.x; c5 < 32; c5 += 256) {
     const int s6_1 = c5;
-    mg_cp_async16((sm_a_0 + ((1) % 4) * 136) + ((s6_1 * 8)), p0 + ((base_a + 128)) + ((s6_1 * 8)));
+    mg_cp_async16((sm_a_0 + ((1) % 4) * 264) + ((s6_1 * 8)), p0 + ((base_a + 256)) + ((s6_1 * 8)));
   }
   #pragma unroll
-  for (int i = 0; i < 16; ++i) mg_cp_async16((sm_b_0 + ((1) % 4) * 17408) + mg_do_b[i], p1 + ((base_b + 2424832)) + mg_so_b[i]);
+  for (int i = 0; i < 8; ++i) mg_cp_async16((sm_b_0 + ((1) % 4) * 18432) + mg_do_b[i], p1 + ((base_b + 4849664)) + mg_so_b[i]);
   mg_cp_async_commit();
-  for (int c7 = threadIdx.x; c7 < 16; c7 += 128) {
+  for (int c7 = threadIdx.x; c7 < 32; c7 += 256) {
     const int s8_1 = c7;
-    mg_cp_async16((sm_a_0 + ((2) % 4) * 136) + ((s8_1 * 8)), p0 + ((base_a + 256)) + ((s8_1 * 8)));
+    mg_cp_async16((sm_a_0 + ((2) % 4) * 264) + ((s8_1 * 8)), p0 + ((base_a + 512)) + ((s8_1 * 8)));
   }
   #pragma unroll
-  for (int i = 0; i < 16; ++i) mg_cp_async16((sm_b_0 + ((2) % 4) * 17408) + mg_do_b[i], p1 + ((base_b + 4849664)) + mg_so_b[i]);
+  for (int i = 0; i < 8; ++i) mg_cp_async16((sm_b_0 + ((2) % 4) * 18432) + mg_do_b[i], p1 + ((base_b + 9699328)) + mg_so_b[i]);
   mg_cp_async_commit();
-  float acc_s[4][4];
+  float acc_s[2][4];
   #pragma unroll
-  for (int j = 0; j < 4; ++j) acc_s[j][0] = acc_s[j][1] = acc_s[j][2] = acc_s[j][3] = 0.0f;
-  for (int it = 0; it < 28; ++it) {
-    const int off_a = base_a + it * 128;
-    const int off_b = base_b + it * 2424832;
+  for (int j = 0; j < 2; ++j) acc_s[j][0] = acc_s[j][1] = acc_s[j][2] = acc_s[j][3] = 0.0f;
+  for (int it = 0; it < 14; ++it) {
+    const int off_a = base_a + it * 256;
+    const int off_b = base_b + it * 4849664;
     mg_cp_async_wait<2>();
     __syncthreads();
-    if (it + 3 < 28) {
-      for (int c9 = threadIdx.x; c9 < 16; c9 += 128) {
+    if (it + 3 < 14) {
+      for (int c9 = threadIdx.x; c9 < 32; c9 += 256) {
         const int s10_1 = c9;
-        mg_cp_async16((sm_a_0 + (((it + 3)) % 4) * 136) + ((s10_1 * 8)), p0 + ((off_a + 384)) + ((s10_1 * 8)));
+        mg_cp_async16((sm_a_0 + (((it + 3)) % 4) * 264) + ((s10_1 * 8)), p0 + ((off_a + 768)) + ((s10_1 * 8)));
       }
       #pragma unroll
-      for (int i = 0; i < 16; ++i) mg_cp_async16((sm_b_0 + (((it + 3)) % 4) * 17408) + mg_do_b[i], p1 + ((off_b + 7274496)) + mg_so_b[i]);
+      for (int i = 0; i < 8; ++i) mg_cp_async16((sm_b_0 + (((it + 3)) % 4) * 18432) + mg_do_b[i], p1 + ((off_b + 14548992)) + mg_so_b[i]);
     }
     mg_cp_async_commit();
-    const auto* sm_a = (sm_a_0 + ((it) % 4) * 136);
-    const auto* sm_b = (sm_b_0 + ((it) % 4) * 17408);
+    const auto* sm_a = (sm_a_0 + ((it) % 4) * 264);
+    const auto* sm_b = (sm_b_0 + ((it) % 4) * 18432);
     {
       const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
       const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
@@ -2108,23 +2143,23 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k30_mirage_qwen2_7b_laye
       (void)mg_ks;
     #pragma unroll
     for (int s = 0; s < 8; ++s) {
-      const int kk = (mg_ks + s * 1) * 16;
+      const int kk = (mg_ks + s * 2) * 16;
       const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
       (void)k0; (void)k1;
       unsigned ra0, ra1, ra2, ra3;
       const int mg_mi = 0, r0 = mg_g, r1 = r0 + 8;
       (void)r0; (void)r1;
-      mg_ldsm_x4(ra0, ra1, ra2, ra3, ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) < 1 ? (const void*)(sm_a + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) * 136 + (kk + (mg_lane >> 4) * 8))) : (const void*)mg_zero));
+      mg_ldsm_x4(ra0, ra1, ra2, ra3, ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) < 1 ? (const void*)(sm_a + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) * 264 + (kk + (mg_lane >> 4) * 8))) : (const void*)mg_zero));
       #pragma unroll
-      for (int j = 0; j < 4; ++j) {
+      for (int j = 0; j < 2; ++j) {
         const int q = mg_grp + 4 * j;
-        if (q < 16) {
-          const int mg_nb = q / 16;
-          const int mg_ni = q % 16;
+        if (q < 8) {
+          const int mg_nb = q / 8;
+          const int mg_ni = q % 8;
           const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
           (void)mg_nb; (void)c0; (void)n0;
           unsigned rb0, rb1;
-          mg_ldsm_x2_t(rb0, rb1, (sm_b + ((kk + (mg_lane & 15)) * 136 + (mg_ni * 8))));
+          mg_ldsm_x2_t(rb0, rb1, (sm_b + ((kk + (mg_lane & 15)) * 72 + (mg_ni * 8))));
           mg_mma_bf16(acc_s[j], ra0, ra1, ra2, ra3, rb0, rb1);
         }
       }
@@ -2138,27 +2173,48 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k30_mirage_qwen2_7b_laye
     (void)mg_g; (void)mg_t;
     const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
     (void)mg_ks;
-    #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int q = mg_grp + 4 * j;
-      if (q < 16) {
-        const int mg_nb = q / 16;
-        const int mg_mi = (q / 16) % 1;
-        const int mg_ni = q % 16;
-        const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
-        const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
-        (void)mg_nb; (void)r1; (void)c0; (void)n0;
-        if (r0 < 1) buf_s[r0 * 128 + c0] = acc_s[j][0];
-        if (r0 < 1) buf_s[r0 * 128 + (c0 + 1)] = acc_s[j][1];
-        if (r1 < 1) buf_s[r1 * 128 + c0] = acc_s[j][2];
-        if (r1 < 1) buf_s[r1 * 128 + (c0 + 1)] = acc_s[j][3];
+    if (mg_ks == 0) {
+      #pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const int q = mg_grp + 4 * j;
+        if (q < 8) {
+          const int mg_nb = q / 8;
+          const int mg_mi = (q / 8) % 1;
+          const int mg_ni = q % 8;
+          const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
+          const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
+          (void)mg_nb; (void)r1; (void)c0; (void)n0;
+          if (r0 < 1) buf_s[r0 * 64 + c0] = acc_s[j][0];
+          if (r0 < 1) buf_s[r0 * 64 + (c0 + 1)] = acc_s[j][1];
+          if (r1 < 1) buf_s[r1 * 64 + c0] = acc_s[j][2];
+          if (r1 < 1) buf_s[r1 * 64 + (c0 + 1)] = acc_s[j][3];
+        }
+      }
+    }
+    __syncthreads();
+    if (mg_ks == 1) {
+      #pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const int q = mg_grp + 4 * j;
+        if (q < 8) {
+          const int mg_nb = q / 8;
+          const int mg_mi = (q / 8) % 1;
+          const int mg_ni = q % 8;
+          const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
+          const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
+          (void)mg_nb; (void)r1; (void)c0; (void)n0;
+          if (r0 < 1) buf_s[r0 * 64 + c0] += acc_s[j][0];
+          if (r0 < 1) buf_s[r0 * 64 + (c0 + 1)] += acc_s[j][1];
+          if (r1 < 1) buf_s[r1 * 64 + c0] += acc_s[j][2];
+          if (r1 < 1) buf_s[r1 * 64 + (c0 + 1)] += acc_s[j][3];
+        }
       }
     }
   }
   __syncthreads();
-  for (int e11 = threadIdx.x; e11 < 16; e11 += 128) {
+  for (int e11 = threadIdx.x; e11 < 8; e11 += 256) {
     const int i12_1 = e11;
-    mg_st8(p2 + (bx * 128 + (i12_1 * 8)), buf_s[((i12_1 * 8) + 0)], buf_s[((i12_1 * 8) + 1)], buf_s[((i12_1 * 8) + 2)], buf_s[((i12_1 * 8) + 3)], buf_s[((i12_1 * 8) + 4)], buf_s[((i12_1 * 8) + 5)], buf_s[((i12_1 * 8) + 6)], buf_s[((i12_1 * 8) + 7)]);
+    mg_st8(p2 + (bx * 64 + (i12_1 * 8)), buf_s[((i12_1 * 8) + 0)], buf_s[((i12_1 * 8) + 1)], buf_s[((i12_1 * 8) + 2)], buf_s[((i12_1 * 8) + 3)], buf_s[((i12_1 * 8) + 4)], buf_s[((i12_1 * 8) + 5)], buf_s[((i12_1 * 8) + 6)], buf_s[((i12_1 * 8) + 7)]);
   }
 }
 
@@ -2484,10 +2540,10 @@ static cudaError_t mg_prepare_mirage_qwen2_7b_layer_cc9a7bb5bfd5(int* mg_state) 
                                 cudaFuncAttributeMaxDynamicSharedMemorySize, 58672);
   if (mg_err != cudaSuccess) return mg_err;
   mg_err = cudaFuncSetAttribute((const void*)mg_k29_mirage_qwen2_7b_layer_cc9a7bb5bfd5,
-                                cudaFuncAttributeMaxDynamicSharedMemorySize, 140880);
+                                cudaFuncAttributeMaxDynamicSharedMemorySize, 149840);
   if (mg_err != cudaSuccess) return mg_err;
   mg_err = cudaFuncSetAttribute((const void*)mg_k30_mirage_qwen2_7b_layer_cc9a7bb5bfd5,
-                                cudaFuncAttributeMaxDynamicSharedMemorySize, 140880);
+                                cudaFuncAttributeMaxDynamicSharedMemorySize, 149840);
   if (mg_err != cudaSuccess) return mg_err;
   mg_err = cudaFuncSetAttribute((const void*)mg_k33_mirage_qwen2_7b_layer_cc9a7bb5bfd5,
                                 cudaFuncAttributeMaxDynamicSharedMemorySize, 117040);
@@ -2855,7 +2911,7 @@ extern "C" cudaError_t mirage_qwen2_7b_layer_cc9a7bb5bfd5(const void* mg_in0_X, 
     mg_bf16* mg_a1 = (mg_bf16*)(mg_ws + 8913920);
     void* mg_args[] = {&mg_a0, &mg_a1};
     cudaLaunchConfig_t mg_cfg = {};
-    mg_cfg.gridDim = dim3(4, 1, 1);
+    mg_cfg.gridDim = dim3(28, 1, 1);
     mg_cfg.blockDim = dim3(256);
     mg_cfg.dynamicSmemBytes = 0;
     mg_cfg.stream = mg_stream;
@@ -2944,9 +3000,9 @@ extern "C" cudaError_t mirage_qwen2_7b_layer_cc9a7bb5bfd5(const void* mg_in0_X, 
     mg_bf16* mg_a2 = (mg_bf16*)(mg_ws + 9179136);
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
     cudaLaunchConfig_t mg_cfg = {};
-    mg_cfg.gridDim = dim3(148, 1, 1);
-    mg_cfg.blockDim = dim3(128);
-    mg_cfg.dynamicSmemBytes = 140880;
+    mg_cfg.gridDim = dim3(296, 1, 1);
+    mg_cfg.blockDim = dim3(256);
+    mg_cfg.dynamicSmemBytes = 149840;
     mg_cfg.stream = mg_stream;
     mg_cfg.attrs = mg_pdl;
     mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
@@ -2959,9 +3015,9 @@ extern "C" cudaError_t mirage_qwen2_7b_layer_cc9a7bb5bfd5(const void* mg_in0_X, 
     mg_bf16* mg_a2 = (mg_bf16*)(mg_ws + 9217024);
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
     cudaLaunchConfig_t mg_cfg = {};
-    mg_cfg.gridDim = dim3(148, 1, 1);
-    mg_cfg.blockDim = dim3(128);
-    mg_cfg.dynamicSmemBytes = 140880;
+    mg_cfg.gridDim = dim3(296, 1, 1);
+    mg_cfg.blockDim = dim3(256);
+    mg_cfg.dynamicSmemBytes = 149840;
     mg_cfg.stream = mg_stream;
     mg_cfg.attrs = mg_pdl;
     mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;

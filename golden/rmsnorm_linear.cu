@@ -9,7 +9,7 @@
 // input 0 'X': f16[16, 4096]
 // input 1 'W': f16[4096, 6144]
 // output 0 'Z': f16[16, 6144]
-// kernel mg_k0_mirage_rmsnorm_linear_h16x4096_h4096x6144_to_h16x6144: grid [2, 1, 1], 256 threads, 0 B dynamic shared memory
+// kernel mg_k0_mirage_rmsnorm_linear_h16x4096_h4096x6144_to_h16x6144: grid [16, 1, 1], 256 threads, 0 B dynamic shared memory
 // kernel mg_k1_mirage_rmsnorm_linear_h16x4096_h4096x6144_to_h16x6144: grid [64, 1, 2], 128 threads, 130064 B dynamic shared memory
 
 // The kernels use cp.async, bf16 conversions and mma.sync shapes of sm_80 and later:
@@ -68,6 +68,26 @@ __device__ __forceinline__ float mg_warp_sum(float v) {
 __device__ __forceinline__ float mg_warp_max(float v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+// A whole block's sum (max) of v, returned to every thread: warp shuffles, then the
+// warps' results through `red` (one float per warp). `red` is free again on return.
+__device__ __forceinline__ float mg_block_sum(float v, float* red) {
+  v = mg_warp_sum(v);
+  if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = v;
+  __syncthreads();
+  v = 0.0f;
+  for (int w = 0; w < (int)(blockDim.x / 32); ++w) v += red[w];
+  __syncthreads();
+  return v;
+}
+__device__ __forceinline__ float mg_block_max(float v, float* red) {
+  v = mg_warp_max(v);
+  if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = v;
+  __syncthreads();
+  v = red[0];
+  for (int w = 1; w < (int)(blockDim.x / 32); ++w) v = fmaxf(v, red[w]);
+  __syncthreads();
   return v;
 }
 // 16-byte asynchronous global->shared copies (sm_80+), in commit groups.
@@ -207,20 +227,19 @@ __device__ __forceinline__ void mg_dsmem_st(float* p, unsigned rank, float v) {
 }
 #endif
 
-// rms_norm: one warp per row of 4096
+// rms_norm: one block per row of 4096
 extern "C" __global__ void __launch_bounds__(256) mg_k0_mirage_rmsnorm_linear_h16x4096_h4096x6144_to_h16x6144(
     const mg_f16* __restrict__ p0,
     mg_f16* __restrict__ p1) {
   mg_grid_wait();
-  const int row = blockIdx.x * 8 + threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  if (row >= 16) return;
+  __shared__ float red[8];
+  const int row = blockIdx.x;
   const int r0 = row;
-  float ss = 0.0f;
-  for (int k = lane; k < 4096; k += 32) { const float t = mg_ld(p0[r0 * 4096 + k]); ss = fmaf(t, t, ss); }
-  ss = mg_warp_sum(ss);
+  float v = 0.0f;
+  for (int k = threadIdx.x; k < 4096; k += 256) { const float t = mg_ld(p0[r0 * 4096 + k]); v = fmaf(t, t, v); }
+  const float ss = mg_block_sum(v, red);
   const float inv = 1.0f / sqrtf(ss / 4096.0f + 0.0f);
-  for (int k = lane; k < 4096; k += 32) mg_st(p1 + (r0 * 4096 + k), mg_ld(p0[r0 * 4096 + k]) * inv);
+  for (int k = threadIdx.x; k < 4096; k += 256) mg_st(p1 + (r0 * 4096 + k), mg_ld(p0[r0 * 4096 + k]) * inv);
 }
 
 // matmul as a generated block graph: grid [64, 1, 1], forloop 32, tensor cores
@@ -442,7 +461,7 @@ extern "C" cudaError_t mirage_rmsnorm_linear_h16x4096_h4096x6144_to_h16x6144(con
     mg_f16* mg_a1 = (mg_f16*)(mg_ws + 0);
     void* mg_args[] = {&mg_a0, &mg_a1};
     cudaLaunchConfig_t mg_cfg = {};
-    mg_cfg.gridDim = dim3(2, 1, 1);
+    mg_cfg.gridDim = dim3(16, 1, 1);
     mg_cfg.blockDim = dim3(256);
     mg_cfg.dynamicSmemBytes = 0;
     mg_cfg.stream = mg_stream;

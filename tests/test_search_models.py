@@ -4,6 +4,7 @@ kernel, mixed designs, non-power-of-two tilings, an answer for every program."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from mirage_cli import interp, ops
 from mirage_cli.ir import Graph
@@ -270,3 +271,23 @@ def test_a_grid_of_few_blocks_reads_in_proportion_to_its_blocks():
     assert b8 < b16 <= 64  # launched blocks (a default K split may double them)
     assert t8 >= d8 / (b8 * bw) * 1e6 and t16 >= d16 / (b16 * bw) * 1e6
     assert t8 / t16 > 0.9 * b16 / b8
+
+
+def test_a_small_last_round_of_blocks_is_a_tail():
+    """Blocks stream in rounds of those resident at once: 148 blocks at one per SM run
+    132, then a tail of 16 at their own rate; at two per SM they all run at once."""
+    import dataclasses
+
+    from mirage_cli.search import cost
+
+    p = cost.profile()
+    assert p.block_stream_bw is not None and p.num_sms == 132
+    dram = 271e6
+    one, two = cost._block_rounds_s(dram, 148, 1, p), cost._block_rounds_s(dram, 148, 2, p)
+    at_bw = dram / p.dram_bw
+    assert two == pytest.approx(max(at_bw, dram / 148 / p.block_stream_bw))
+    assert one == pytest.approx(132 / 148 * at_bw + dram / 148 / p.block_stream_bw)
+    assert one > 1.5 * two
+    # Whole rounds cost no more than the bandwidth when each block keeps up.
+    fast = dataclasses.replace(p, block_stream_bw=1e12)
+    assert cost._block_rounds_s(dram, 264, 1, fast) == pytest.approx(at_bw)

@@ -12,7 +12,7 @@
 // output 0 'O': f16[8, 4, 128]
 // kernel mg_k0_mirage_llama3_gqa_softmax_b1_f16_h8x4x128_h8x128x4096_h8x4096x128_to_h8x4x128: grid [16, 1, 8], 128 threads, 38672 B dynamic shared memory
 // kernel mg_k1_mirage_llama3_gqa_softmax_b1_f16_h8x4x128_h8x128x4096_h8x4096x128_to_h8x4x128: grid [64, 1, 1], 256 threads, 0 B dynamic shared memory
-// kernel mg_k2_mirage_llama3_gqa_softmax_b1_f16_h8x4x128_h8x128x4096_h8x4096x128_to_h8x4x128: grid [4, 1, 1], 256 threads, 0 B dynamic shared memory
+// kernel mg_k2_mirage_llama3_gqa_softmax_b1_f16_h8x4x128_h8x128x4096_h8x4096x128_to_h8x4x128: grid [32, 1, 1], 256 threads, 0 B dynamic shared memory
 // kernel mg_k3_mirage_llama3_gqa_softmax_b1_f16_h8x4x128_h8x128x4096_h8x4096x128_to_h8x4x128: grid [8, 1, 8], 256 threads, 115216 B dynamic shared memory
 
 // The kernels use cp.async, bf16 conversions and mma.sync shapes of sm_80 and later:
@@ -68,6 +68,26 @@ __device__ __forceinline__ float mg_warp_sum(float v) {
 __device__ __forceinline__ float mg_warp_max(float v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+// A whole block's sum (max) of v, returned to every thread: warp shuffles, then the
+// warps' results through `red` (one float per warp). `red` is free again on return.
+__device__ __forceinline__ float mg_block_sum(float v, float* red) {
+  v = mg_warp_sum(v);
+  if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = v;
+  __syncthreads();
+  v = 0.0f;
+  for (int w = 0; w < (int)(blockDim.x / 32); ++w) v += red[w];
+  __syncthreads();
+  return v;
+}
+__device__ __forceinline__ float mg_block_max(float v, float* red) {
+  v = mg_warp_max(v);
+  if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = v;
+  __syncthreads();
+  v = red[0];
+  for (int w = 1; w < (int)(blockDim.x / 32); ++w) v = fmaxf(v, red[w]);
+  __syncthreads();
   return v;
 }
 // 16-byte asynchronous global->shared copies (sm_80+), in commit groups.
@@ -369,24 +389,22 @@ extern "C" __global__ void __launch_bounds__(256) mg_k1_mirage_llama3_gqa_softma
   }
 }
 
-// softmax: one warp per row of 4096
+// softmax: one block per row of 4096
 extern "C" __global__ void __launch_bounds__(256) mg_k2_mirage_llama3_gqa_softmax_b1_f16_h8x4x128_h8x128x4096_h8x4096x128_to_h8x4x128(
     const mg_f16* __restrict__ p0,
     mg_f16* __restrict__ p1) {
   mg_grid_wait();
-  const int row = blockIdx.x * 8 + threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  if (row >= 32) return;
+  __shared__ float red[8];
+  const int row = blockIdx.x;
   const int r0 = row / 4;
   const int r1 = (row) % 4;
-  float m = __int_as_float(0xff800000);
-  for (int k = lane; k < 4096; k += 32) m = fmaxf(m, mg_ld(p0[r0 * 16384 + r1 * 4096 + k]));
-  m = mg_warp_max(m);
-  float s = 0.0f;
-  for (int k = lane; k < 4096; k += 32) s += expf(mg_ld(p0[r0 * 16384 + r1 * 4096 + k]) - m);
-  s = mg_warp_sum(s);
-  const float inv = 1.0f / s;
-  for (int k = lane; k < 4096; k += 32) mg_st(p1 + (r0 * 16384 + r1 * 4096 + k), expf(mg_ld(p0[r0 * 16384 + r1 * 4096 + k]) - m) * inv);
+  float v = __int_as_float(0xff800000);
+  for (int k = threadIdx.x; k < 4096; k += 256) v = fmaxf(v, mg_ld(p0[r0 * 16384 + r1 * 4096 + k]));
+  const float m = mg_block_max(v, red);
+  v = 0.0f;
+  for (int k = threadIdx.x; k < 4096; k += 256) v += expf(mg_ld(p0[r0 * 16384 + r1 * 4096 + k]) - m);
+  const float inv = 1.0f / mg_block_sum(v, red);
+  for (int k = threadIdx.x; k < 4096; k += 256) mg_st(p1 + (r0 * 16384 + r1 * 4096 + k), expf(mg_ld(p0[r0 * 16384 + r1 * 4096 + k]) - m) * inv);
 }
 
 // matmul as a generated block graph: grid [8, 1, 8], forloop 8, tensor cores
@@ -663,7 +681,7 @@ extern "C" cudaError_t mirage_llama3_gqa_softmax_b1_f16_h8x4x128_h8x128x4096_h8x
     mg_f16* mg_a1 = (mg_f16*)(mg_ws + 524288);
     void* mg_args[] = {&mg_a0, &mg_a1};
     cudaLaunchConfig_t mg_cfg = {};
-    mg_cfg.gridDim = dim3(4, 1, 1);
+    mg_cfg.gridDim = dim3(32, 1, 1);
     mg_cfg.blockDim = dim3(256);
     mg_cfg.dynamicSmemBytes = 0;
     mg_cfg.stream = mg_stream;

@@ -71,6 +71,26 @@ __device__ __forceinline__ float mg_warp_max(float v) {
   for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;
 }
+// A whole block's sum (max) of v, returned to every thread: warp shuffles, then the
+// warps' results through `red` (one float per warp). `red` is free again on return.
+__device__ __forceinline__ float mg_block_sum(float v, float* red) {
+  v = mg_warp_sum(v);
+  if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = v;
+  __syncthreads();
+  v = 0.0f;
+  for (int w = 0; w < (int)(blockDim.x / 32); ++w) v += red[w];
+  __syncthreads();
+  return v;
+}
+__device__ __forceinline__ float mg_block_max(float v, float* red) {
+  v = mg_warp_max(v);
+  if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = v;
+  __syncthreads();
+  v = red[0];
+  for (int w = 1; w < (int)(blockDim.x / 32); ++w) v = fmaxf(v, red[w]);
+  __syncthreads();
+  return v;
+}
 // 16-byte asynchronous global->shared copies (sm_80+), in commit groups.
 __device__ __forceinline__ void mg_cp_async16(void* smem, const void* gmem) {
   const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
@@ -208,20 +228,18 @@ __device__ __forceinline__ void mg_dsmem_st(float* p, unsigned rank, float v) {
 }
 #endif
 
-// rms_norm: one warp per row of 4096
+// rms_norm: one block per row of 4096
 extern "C" __global__ void __launch_bounds__(256) mg_k0_mirage_llama3_rmsnorm_qkv_b1_f16_h1x4096_h4096_h4096x6144_to_h1x6144(
     const mg_f16* __restrict__ p0,
     const mg_f16* __restrict__ p1,
     mg_f16* __restrict__ p2) {
   mg_grid_wait();
-  const int row = blockIdx.x * 8 + threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  if (row >= 1) return;
-  float ss = 0.0f;
-  for (int k = lane; k < 4096; k += 32) { const float t = mg_ld(p0[k]); ss = fmaf(t, t, ss); }
-  ss = mg_warp_sum(ss);
+  __shared__ float red[8];
+  float v = 0.0f;
+  for (int k = threadIdx.x; k < 4096; k += 256) { const float t = mg_ld(p0[k]); v = fmaf(t, t, v); }
+  const float ss = mg_block_sum(v, red);
   const float inv = 1.0f / sqrtf(ss / 4096.0f + 1e-05f);
-  for (int k = lane; k < 4096; k += 32) mg_st(p2 + (k), mg_ld(p0[k]) * inv * mg_ld(p1[k]));
+  for (int k = threadIdx.x; k < 4096; k += 256) mg_st(p2 + (k), mg_ld(p0[k]) * inv * mg_ld(p1[k]));
 }
 
 // matmul as a generated block graph: grid [64, 1, 1], forloop 32, tensor cores

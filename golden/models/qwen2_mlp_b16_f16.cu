@@ -11,8 +11,8 @@
 // input 2 'W3': f16[3584, 18944]
 // input 3 'W2': f16[18944, 3584]
 // output 0 'O': f16[16, 3584]
-// kernel mg_k0_mirage_qwen2_mlp_b16_f16_h16x3584_h3584x18944_h3584x18944_h18944x3584_to_h16x3584: grid [148, 1, 1], 128 threads, 164880 B dynamic shared memory
-// kernel mg_k1_mirage_qwen2_mlp_b16_f16_h16x3584_h3584x18944_h3584x18944_h18944x3584_to_h16x3584: grid [148, 1, 1], 128 threads, 164880 B dynamic shared memory
+// kernel mg_k0_mirage_qwen2_mlp_b16_f16_h16x3584_h3584x18944_h3584x18944_h18944x3584_to_h16x3584: grid [148, 1, 1], 128 threads, 87056 B dynamic shared memory
+// kernel mg_k1_mirage_qwen2_mlp_b16_f16_h16x3584_h3584x18944_h3584x18944_h18944x3584_to_h16x3584: grid [148, 1, 1], 128 threads, 87056 B dynamic shared memory
 // kernel mg_k2_mirage_qwen2_mlp_b16_f16_h16x3584_h3584x18944_h3584x18944_h18944x3584_to_h16x3584: grid [148, 1, 1], 256 threads, 0 B dynamic shared memory
 // kernel mg_k3_mirage_qwen2_mlp_b16_f16_h16x3584_h3584x18944_h3584x18944_h18944x3584_to_h16x3584: grid [148, 1, 1], 256 threads, 0 B dynamic shared memory
 // kernel mg_k4_mirage_qwen2_mlp_b16_f16_h16x3584_h3584x18944_h3584x18944_h18944x3584_to_h16x3584: grid [64, 1, 2], 256 threads, 152080 B dynamic shared memory
@@ -73,6 +73,26 @@ __device__ __forceinline__ float mg_warp_sum(float v) {
 __device__ __forceinline__ float mg_warp_max(float v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+// A whole block's sum (max) of v, returned to every thread: warp shuffles, then the
+// warps' results through `red` (one float per warp). `red` is free again on return.
+__device__ __forceinline__ float mg_block_sum(float v, float* red) {
+  v = mg_warp_sum(v);
+  if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = v;
+  __syncthreads();
+  v = 0.0f;
+  for (int w = 0; w < (int)(blockDim.x / 32); ++w) v += red[w];
+  __syncthreads();
+  return v;
+}
+__device__ __forceinline__ float mg_block_max(float v, float* red) {
+  v = mg_warp_max(v);
+  if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = v;
+  __syncthreads();
+  v = red[0];
+  for (int w = 1; w < (int)(blockDim.x / 32); ++w) v = fmaxf(v, red[w]);
+  __syncthreads();
   return v;
 }
 // 16-byte asynchronous global->shared copies (sm_80+), in commit groups.
@@ -212,7 +232,7 @@ __device__ __forceinline__ void mg_dsmem_st(float* p, unsigned rank, float v) {
 }
 #endif
 
-// matmul as a generated block graph: grid [148, 1, 1], forloop 28, tensor cores
+// matmul as a generated block graph: grid [148, 1, 1], forloop 56, tensor cores
 extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_qwen2_mlp_b16_f16_h16x3584_h3584x18944_h3584x18944_h18944x3584_to_h16x3584(
     const mg_f16* __restrict__ p0,
     const mg_f16* __restrict__ p1,
@@ -223,23 +243,23 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_qwen2_mlp_b16_
   extern __shared__ __align__(16) unsigned char mg_smem[];
   const int base_a = 0;
   const int base_b = bx * 128;
-  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 164864);
+  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 87040);
   if (threadIdx.x < 4) mg_zero[threadIdx.x] = 0u;
   mg_f16* sm_a_0 = reinterpret_cast<mg_f16*>(mg_smem + 0);
-  mg_f16* sm_b_0 = reinterpret_cast<mg_f16*>(mg_smem + 17408);
-  float* buf_s = reinterpret_cast<float*>(mg_smem + 156672);
-  int mg_so_a[2], mg_do_a[2];
+  mg_f16* sm_b_0 = reinterpret_cast<mg_f16*>(mg_smem + 9216);
+  float* buf_s = reinterpret_cast<float*>(mg_smem + 78848);
+  int mg_so_a[1], mg_do_a[1];
   #pragma unroll
-  for (int i = 0; i < 2; ++i) {
+  for (int i = 0; i < 1; ++i) {
     const int c1 = threadIdx.x + i * 128;
-    const int s2_0 = c1 / 16;
-    const int s2_1 = (c1) % 16;
+    const int s2_0 = c1 / 8;
+    const int s2_1 = (c1) % 8;
     mg_so_a[i] = s2_0 * 3584 + (s2_1 * 8);
-    mg_do_a[i] = s2_0 * 136 + (s2_1 * 8);
+    mg_do_a[i] = s2_0 * 72 + (s2_1 * 8);
   }
-  int mg_so_b[16], mg_do_b[16];
+  int mg_so_b[8], mg_do_b[8];
   #pragma unroll
-  for (int i = 0; i < 16; ++i) {
+  for (int i = 0; i < 8; ++i) {
     const int c3 = threadIdx.x + i * 128;
     const int s4_0 = c3 / 16;
     const int s4_1 = (c3) % 16;
@@ -247,37 +267,37 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_qwen2_mlp_b16_
     mg_do_b[i] = s4_0 * 136 + (s4_1 * 8);
   }
   #pragma unroll
-  for (int i = 0; i < 2; ++i) mg_cp_async16((sm_a_0 + ((0) % 4) * 2176) + mg_do_a[i], p0 + ((base_a + 0)) + mg_so_a[i]);
+  for (int i = 0; i < 1; ++i) mg_cp_async16((sm_a_0 + ((0) % 4) * 1152) + mg_do_a[i], p0 + ((base_a + 0)) + mg_so_a[i]);
   #pragma unroll
-  for (int i = 0; i < 16; ++i) mg_cp_async16((sm_b_0 + ((0) % 4) * 17408) + mg_do_b[i], p1 + ((base_b + 0)) + mg_so_b[i]);
+  for (int i = 0; i < 8; ++i) mg_cp_async16((sm_b_0 + ((0) % 4) * 8704) + mg_do_b[i], p1 + ((base_b + 0)) + mg_so_b[i]);
   mg_cp_async_commit();
   #pragma unroll
-  for (int i = 0; i < 2; ++i) mg_cp_async16((sm_a_0 + ((1) % 4) * 2176) + mg_do_a[i], p0 + ((base_a + 128)) + mg_so_a[i]);
+  for (int i = 0; i < 1; ++i) mg_cp_async16((sm_a_0 + ((1) % 4) * 1152) + mg_do_a[i], p0 + ((base_a + 64)) + mg_so_a[i]);
   #pragma unroll
-  for (int i = 0; i < 16; ++i) mg_cp_async16((sm_b_0 + ((1) % 4) * 17408) + mg_do_b[i], p1 + ((base_b + 2424832)) + mg_so_b[i]);
+  for (int i = 0; i < 8; ++i) mg_cp_async16((sm_b_0 + ((1) % 4) * 8704) + mg_do_b[i], p1 + ((base_b + 1212416)) + mg_so_b[i]);
   mg_cp_async_commit();
   #pragma unroll
-  for (int i = 0; i < 2; ++i) mg_cp_async16((sm_a_0 + ((2) % 4) * 2176) + mg_do_a[i], p0 + ((base_a + 256)) + mg_so_a[i]);
+  for (int i = 0; i < 1; ++i) mg_cp_async16((sm_a_0 + ((2) % 4) * 1152) + mg_do_a[i], p0 + ((base_a + 128)) + mg_so_a[i]);
   #pragma unroll
-  for (int i = 0; i < 16; ++i) mg_cp_async16((sm_b_0 + ((2) % 4) * 17408) + mg_do_b[i], p1 + ((base_b + 4849664)) + mg_so_b[i]);
+  for (int i = 0; i < 8; ++i) mg_cp_async16((sm_b_0 + ((2) % 4) * 8704) + mg_do_b[i], p1 + ((base_b + 2424832)) + mg_so_b[i]);
   mg_cp_async_commit();
   float acc_s[4][4];
   #pragma unroll
   for (int j = 0; j < 4; ++j) acc_s[j][0] = acc_s[j][1] = acc_s[j][2] = acc_s[j][3] = 0.0f;
-  for (int it = 0; it < 28; ++it) {
-    const int off_a = base_a + it * 128;
-    const int off_b = base_b + it * 2424832;
+  for (int it = 0; it < 56; ++it) {
+    const int off_a = base_a + it * 64;
+    const int off_b = base_b + it * 1212416;
     mg_cp_async_wait<2>();
     __syncthreads();
-    if (it + 3 < 28) {
+    if (it + 3 < 56) {
       #pragma unroll
-      for (int i = 0; i < 2; ++i) mg_cp_async16((sm_a_0 + (((it + 3)) % 4) * 2176) + mg_do_a[i], p0 + ((off_a + 384)) + mg_so_a[i]);
+      for (int i = 0; i < 1; ++i) mg_cp_async16((sm_a_0 + (((it + 3)) % 4) * 1152) + mg_do_a[i], p0 + ((off_a + 192)) + mg_so_a[i]);
       #pragma unroll
-      for (int i = 0; i < 16; ++i) mg_cp_async16((sm_b_0 + (((it + 3)) % 4) * 17408) + mg_do_b[i], p1 + ((off_b + 7274496)) + mg_so_b[i]);
+      for (int i = 0; i < 8; ++i) mg_cp_async16((sm_b_0 + (((it + 3)) % 4) * 8704) + mg_do_b[i], p1 + ((off_b + 3637248)) + mg_so_b[i]);
     }
     mg_cp_async_commit();
-    const auto* sm_a = (sm_a_0 + ((it) % 4) * 2176);
-    const auto* sm_b = (sm_b_0 + ((it) % 4) * 17408);
+    const auto* sm_a = (sm_a_0 + ((it) % 4) * 1152);
+    const auto* sm_b = (sm_b_0 + ((it) % 4) * 8704);
     {
       const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
       const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
@@ -285,14 +305,14 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_qwen2_mlp_b16_
       const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
       (void)mg_ks;
     #pragma unroll
-    for (int s = 0; s < 8; ++s) {
+    for (int s = 0; s < 4; ++s) {
       const int kk = (mg_ks + s * 1) * 16;
       const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
       (void)k0; (void)k1;
       unsigned ra0, ra1, ra2, ra3;
       const int mg_mi = 0, r0 = mg_g, r1 = r0 + 8;
       (void)r0; (void)r1;
-      mg_ldsm_x4(ra0, ra1, ra2, ra3, (sm_a + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) * 136 + (kk + (mg_lane >> 4) * 8))));
+      mg_ldsm_x4(ra0, ra1, ra2, ra3, (sm_a + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) * 72 + (kk + (mg_lane >> 4) * 8))));
       #pragma unroll
       for (int j = 0; j < 4; ++j) {
         const int q = mg_grp + 4 * j;
@@ -341,7 +361,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_qwen2_mlp_b16_
   }
 }
 
-// matmul as a generated block graph: grid [148, 1, 1], forloop 28, tensor cores
+// matmul as a generated block graph: grid [148, 1, 1], forloop 56, tensor cores
 extern "C" __global__ void __launch_bounds__(128, 1) mg_k1_mirage_qwen2_mlp_b16_f16_h16x3584_h3584x18944_h3584x18944_h18944x3584_to_h16x3584(
     const mg_f16* __restrict__ p0,
     const mg_f16* __restrict__ p1,
@@ -352,23 +372,23 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k1_mirage_qwen2_mlp_b16_
   extern __shared__ __align__(16) unsigned char mg_smem[];
   const int base_a = 0;
   const int base_b = bx * 128;
-  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 164864);
+  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 87040);
   if (threadIdx.x < 4) mg_zero[threadIdx.x] = 0u;
   mg_f16* sm_a_0 = reinterpret_cast<mg_f16*>(mg_smem + 0);
-  mg_f16* sm_b_0 = reinterpret_cast<mg_f16*>(mg_smem + 17408);
-  float* buf_s = reinterpret_cast<float*>(mg_smem + 156672);
-  int mg_so_a[2], mg_do_a[2];
+  mg_f16* sm_b_0 = reinterpret_cast<mg_f16*>(mg_smem + 9216);
+  float* buf_s = reinterpret_cast<float*>(mg_smem + 78848);
+  int mg_so_a[1], mg_do_a[1];
   #pragma unroll
-  for (int i = 0; i < 2; ++i) {
+  for (int i = 0; i < 1; ++i) {
     const int c1 = threadIdx.x + i * 128;
-    const int s2_0 = c1 / 16;
-    const int s2_1 = (c1) % 16;
+    const int s2_0 = c1 / 8;
+    const int s2_1 = (c1) % 8;
     mg_so_a[i] = s2_0 * 3584 + (s2_1 * 8);
-    mg_do_a[i] = s2_0 * 136 + (s2_1 * 8);
+    mg_do_a[i] = s2_0 * 72 + (s2_1 * 8);
   }
-  int mg_so_b[16], mg_do_b[16];
+  int mg_so_b[8], mg_do_b[8];
   #pragma unroll
-  for (int i = 0; i < 16; ++i) {
+  for (int i = 0; i < 8; ++i) {
     const int c3 = threadIdx.x + i * 128;
     const int s4_0 = c3 / 16;
     const int s4_1 = (c3) % 16;
@@ -376,37 +396,37 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k1_mirage_qwen2_mlp_b16_
     mg_do_b[i] = s4_0 * 136 + (s4_1 * 8);
   }
   #pragma unroll
-  for (int i = 0; i < 2; ++i) mg_cp_async16((sm_a_0 + ((0) % 4) * 2176) + mg_do_a[i], p0 + ((base_a + 0)) + mg_so_a[i]);
+  for (int i = 0; i < 1; ++i) mg_cp_async16((sm_a_0 + ((0) % 4) * 1152) + mg_do_a[i], p0 + ((base_a + 0)) + mg_so_a[i]);
   #pragma unroll
-  for (int i = 0; i < 16; ++i) mg_cp_async16((sm_b_0 + ((0) % 4) * 17408) + mg_do_b[i], p1 + ((base_b + 0)) + mg_so_b[i]);
+  for (int i = 0; i < 8; ++i) mg_cp_async16((sm_b_0 + ((0) % 4) * 8704) + mg_do_b[i], p1 + ((base_b + 0)) + mg_so_b[i]);
   mg_cp_async_commit();
   #pragma unroll
-  for (int i = 0; i < 2; ++i) mg_cp_async16((sm_a_0 + ((1) % 4) * 2176) + mg_do_a[i], p0 + ((base_a + 128)) + mg_so_a[i]);
+  for (int i = 0; i < 1; ++i) mg_cp_async16((sm_a_0 + ((1) % 4) * 1152) + mg_do_a[i], p0 + ((base_a + 64)) + mg_so_a[i]);
   #pragma unroll
-  for (int i = 0; i < 16; ++i) mg_cp_async16((sm_b_0 + ((1) % 4) * 17408) + mg_do_b[i], p1 + ((base_b + 2424832)) + mg_so_b[i]);
+  for (int i = 0; i < 8; ++i) mg_cp_async16((sm_b_0 + ((1) % 4) * 8704) + mg_do_b[i], p1 + ((base_b + 1212416)) + mg_so_b[i]);
   mg_cp_async_commit();
   #pragma unroll
-  for (int i = 0; i < 2; ++i) mg_cp_async16((sm_a_0 + ((2) % 4) * 2176) + mg_do_a[i], p0 + ((base_a + 256)) + mg_so_a[i]);
+  for (int i = 0; i < 1; ++i) mg_cp_async16((sm_a_0 + ((2) % 4) * 1152) + mg_do_a[i], p0 + ((base_a + 128)) + mg_so_a[i]);
   #pragma unroll
-  for (int i = 0; i < 16; ++i) mg_cp_async16((sm_b_0 + ((2) % 4) * 17408) + mg_do_b[i], p1 + ((base_b + 4849664)) + mg_so_b[i]);
+  for (int i = 0; i < 8; ++i) mg_cp_async16((sm_b_0 + ((2) % 4) * 8704) + mg_do_b[i], p1 + ((base_b + 2424832)) + mg_so_b[i]);
   mg_cp_async_commit();
   float acc_s[4][4];
   #pragma unroll
   for (int j = 0; j < 4; ++j) acc_s[j][0] = acc_s[j][1] = acc_s[j][2] = acc_s[j][3] = 0.0f;
-  for (int it = 0; it < 28; ++it) {
-    const int off_a = base_a + it * 128;
-    const int off_b = base_b + it * 2424832;
+  for (int it = 0; it < 56; ++it) {
+    const int off_a = base_a + it * 64;
+    const int off_b = base_b + it * 1212416;
     mg_cp_async_wait<2>();
     __syncthreads();
-    if (it + 3 < 28) {
+    if (it + 3 < 56) {
       #pragma unroll
-      for (int i = 0; i < 2; ++i) mg_cp_async16((sm_a_0 + (((it + 3)) % 4) * 2176) + mg_do_a[i], p0 + ((off_a + 384)) + mg_so_a[i]);
+      for (int i = 0; i < 1; ++i) mg_cp_async16((sm_a_0 + (((it + 3)) % 4) * 1152) + mg_do_a[i], p0 + ((off_a + 192)) + mg_so_a[i]);
       #pragma unroll
-      for (int i = 0; i < 16; ++i) mg_cp_async16((sm_b_0 + (((it + 3)) % 4) * 17408) + mg_do_b[i], p1 + ((off_b + 7274496)) + mg_so_b[i]);
+      for (int i = 0; i < 8; ++i) mg_cp_async16((sm_b_0 + (((it + 3)) % 4) * 8704) + mg_do_b[i], p1 + ((off_b + 3637248)) + mg_so_b[i]);
     }
     mg_cp_async_commit();
-    const auto* sm_a = (sm_a_0 + ((it) % 4) * 2176);
-    const auto* sm_b = (sm_b_0 + ((it) % 4) * 17408);
+    const auto* sm_a = (sm_a_0 + ((it) % 4) * 1152);
+    const auto* sm_b = (sm_b_0 + ((it) % 4) * 8704);
     {
       const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
       const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
@@ -414,14 +434,14 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k1_mirage_qwen2_mlp_b16_
       const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
       (void)mg_ks;
     #pragma unroll
-    for (int s = 0; s < 8; ++s) {
+    for (int s = 0; s < 4; ++s) {
       const int kk = (mg_ks + s * 1) * 16;
       const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
       (void)k0; (void)k1;
       unsigned ra0, ra1, ra2, ra3;
       const int mg_mi = 0, r0 = mg_g, r1 = r0 + 8;
       (void)r0; (void)r1;
-      mg_ldsm_x4(ra0, ra1, ra2, ra3, (sm_a + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) * 136 + (kk + (mg_lane >> 4) * 8))));
+      mg_ldsm_x4(ra0, ra1, ra2, ra3, (sm_a + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) * 72 + (kk + (mg_lane >> 4) * 8))));
       #pragma unroll
       for (int j = 0; j < 4; ++j) {
         const int q = mg_grp + 4 * j;
@@ -750,10 +770,10 @@ static cudaError_t mg_prepare_mirage_qwen2_mlp_b16_f16_h16x3584_h3584x18944_h358
     if (*mg_state != 0) return cudaSuccess;
   }
   mg_err = cudaFuncSetAttribute((const void*)mg_k0_mirage_qwen2_mlp_b16_f16_h16x3584_h3584x18944_h3584x18944_h18944x3584_to_h16x3584,
-                                cudaFuncAttributeMaxDynamicSharedMemorySize, 164880);
+                                cudaFuncAttributeMaxDynamicSharedMemorySize, 87056);
   if (mg_err != cudaSuccess) return mg_err;
   mg_err = cudaFuncSetAttribute((const void*)mg_k1_mirage_qwen2_mlp_b16_f16_h16x3584_h3584x18944_h3584x18944_h18944x3584_to_h16x3584,
-                                cudaFuncAttributeMaxDynamicSharedMemorySize, 164880);
+                                cudaFuncAttributeMaxDynamicSharedMemorySize, 87056);
   if (mg_err != cudaSuccess) return mg_err;
   mg_err = cudaFuncSetAttribute((const void*)mg_k4_mirage_qwen2_mlp_b16_f16_h16x3584_h3584x18944_h3584x18944_h18944x3584_to_h16x3584,
                                 cudaFuncAttributeMaxDynamicSharedMemorySize, 152080);
@@ -786,7 +806,7 @@ extern "C" cudaError_t mirage_qwen2_mlp_b16_f16_h16x3584_h3584x18944_h3584x18944
     cudaLaunchConfig_t mg_cfg = {};
     mg_cfg.gridDim = dim3(148, 1, 1);
     mg_cfg.blockDim = dim3(128);
-    mg_cfg.dynamicSmemBytes = 164880;
+    mg_cfg.dynamicSmemBytes = 87056;
     mg_cfg.stream = mg_stream;
     mg_cfg.attrs = mg_pdl;
     mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
@@ -801,7 +821,7 @@ extern "C" cudaError_t mirage_qwen2_mlp_b16_f16_h16x3584_h3584x18944_h3584x18944
     cudaLaunchConfig_t mg_cfg = {};
     mg_cfg.gridDim = dim3(148, 1, 1);
     mg_cfg.blockDim = dim3(128);
-    mg_cfg.dynamicSmemBytes = 164880;
+    mg_cfg.dynamicSmemBytes = 87056;
     mg_cfg.stream = mg_stream;
     mg_cfg.attrs = mg_pdl;
     mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;

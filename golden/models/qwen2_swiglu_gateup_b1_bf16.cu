@@ -10,8 +10,8 @@
 // input 1 'W1': bf16[3584, 18944]
 // input 2 'W3': bf16[3584, 18944]
 // output 0 'H': bf16[1, 18944]
-// kernel mg_k0_mirage_qwen2_swiglu_gateup_b1_bf16_b1x3584_b3584x18944_b3584x18944_to_b1x18944: grid [148, 1, 1], 128 threads, 140880 B dynamic shared memory
-// kernel mg_k1_mirage_qwen2_swiglu_gateup_b1_bf16_b1x3584_b3584x18944_b3584x18944_to_b1x18944: grid [148, 1, 1], 128 threads, 140880 B dynamic shared memory
+// kernel mg_k0_mirage_qwen2_swiglu_gateup_b1_bf16_b1x3584_b3584x18944_b3584x18944_to_b1x18944: grid [296, 1, 1], 256 threads, 149840 B dynamic shared memory
+// kernel mg_k1_mirage_qwen2_swiglu_gateup_b1_bf16_b1x3584_b3584x18944_b3584x18944_to_b1x18944: grid [296, 1, 1], 256 threads, 149840 B dynamic shared memory
 // kernel mg_k2_mirage_qwen2_swiglu_gateup_b1_bf16_b1x3584_b3584x18944_b3584x18944_to_b1x18944: grid [10, 1, 1], 256 threads, 0 B dynamic shared memory
 // kernel mg_k3_mirage_qwen2_swiglu_gateup_b1_bf16_b1x3584_b3584x18944_b3584x18944_to_b1x18944: grid [10, 1, 1], 256 threads, 0 B dynamic shared memory
 
@@ -68,6 +68,26 @@ __device__ __forceinline__ float mg_warp_sum(float v) {
 __device__ __forceinline__ float mg_warp_max(float v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+// A whole block's sum (max) of v, returned to every thread: warp shuffles, then the
+// warps' results through `red` (one float per warp). `red` is free again on return.
+__device__ __forceinline__ float mg_block_sum(float v, float* red) {
+  v = mg_warp_sum(v);
+  if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = v;
+  __syncthreads();
+  v = 0.0f;
+  for (int w = 0; w < (int)(blockDim.x / 32); ++w) v += red[w];
+  __syncthreads();
+  return v;
+}
+__device__ __forceinline__ float mg_block_max(float v, float* red) {
+  v = mg_warp_max(v);
+  if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = v;
+  __syncthreads();
+  v = red[0];
+  for (int w = 1; w < (int)(blockDim.x / 32); ++w) v = fmaxf(v, red[w]);
+  __syncthreads();
   return v;
 }
 // 16-byte asynchronous global->shared copies (sm_80+), in commit groups.
@@ -207,8 +227,8 @@ __device__ __forceinline__ void mg_dsmem_st(float* p, unsigned rank, float v) {
 }
 #endif
 
-// matmul as a generated block graph: grid [148, 1, 1], forloop 28, tensor cores
-extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_qwen2_swiglu_gateup_b1_bf16_b1x3584_b3584x18944_b3584x18944_to_b1x18944(
+// matmul as a generated block graph: grid [296, 1, 1], forloop 14, tensor cores
+extern "C" __global__ void __launch_bounds__(256, 1) mg_k0_mirage_qwen2_swiglu_gateup_b1_bf16_b1x3584_b3584x18944_b3584x18944_to_b1x18944(
     const mg_bf16* __restrict__ p0,
     const mg_bf16* __restrict__ p1,
     mg_bf16* __restrict__ p2) {
@@ -217,61 +237,61 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_qwen2_swiglu_g
   (void)bx; (void)by; (void)bz;
   extern __shared__ __align__(16) unsigned char mg_smem[];
   const int base_a = 0;
-  const int base_b = bx * 128;
-  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 140864);
+  const int base_b = bx * 64;
+  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 149824);
   if (threadIdx.x < 4) mg_zero[threadIdx.x] = 0u;
   mg_bf16* sm_a_0 = reinterpret_cast<mg_bf16*>(mg_smem + 0);
-  mg_bf16* sm_b_0 = reinterpret_cast<mg_bf16*>(mg_smem + 1088);
-  float* buf_s = reinterpret_cast<float*>(mg_smem + 140352);
-  int mg_so_b[16], mg_do_b[16];
+  mg_bf16* sm_b_0 = reinterpret_cast<mg_bf16*>(mg_smem + 2112);
+  float* buf_s = reinterpret_cast<float*>(mg_smem + 149568);
+  int mg_so_b[8], mg_do_b[8];
   #pragma unroll
-  for (int i = 0; i < 16; ++i) {
-    const int c3 = threadIdx.x + i * 128;
-    const int s4_0 = c3 / 16;
-    const int s4_1 = (c3) % 16;
+  for (int i = 0; i < 8; ++i) {
+    const int c3 = threadIdx.x + i * 256;
+    const int s4_0 = c3 / 8;
+    const int s4_1 = (c3) % 8;
     mg_so_b[i] = s4_0 * 18944 + (s4_1 * 8);
-    mg_do_b[i] = s4_0 * 136 + (s4_1 * 8);
+    mg_do_b[i] = s4_0 * 72 + (s4_1 * 8);
   }
-  for (int c1 = threadIdx.x; c1 < 16; c1 += 128) {
+  for (int c1 = threadIdx.x; c1 < 32; c1 += 256) {
     const int s2_1 = c1;
-    mg_cp_async16((sm_a_0 + ((0) % 4) * 136) + ((s2_1 * 8)), p0 + ((base_a + 0)) + ((s2_1 * 8)));
+    mg_cp_async16((sm_a_0 + ((0) % 4) * 264) + ((s2_1 * 8)), p0 + ((base_a + 0)) + ((s2_1 * 8)));
   }
   #pragma unroll
-  for (int i = 0; i < 16; ++i) mg_cp_async16((sm_b_0 + ((0) % 4) * 17408) + mg_do_b[i], p1 + ((base_b + 0)) + mg_so_b[i]);
+  for (int i = 0; i < 8; ++i) mg_cp_async16((sm_b_0 + ((0) % 4) * 18432) + mg_do_b[i], p1 + ((base_b + 0)) + mg_so_b[i]);
   mg_cp_async_commit();
-  for (int c5 = threadIdx.x; c5 < 16; c5 += 128) {
+  for (int c5 = threadIdx.x; c5 < 32; c5 += 256) {
     const int s6_1 = c5;
-    mg_cp_async16((sm_a_0 + ((1) % 4) * 136) + ((s6_1 * 8)), p0 + ((base_a + 128)) + ((s6_1 * 8)));
+    mg_cp_async16((sm_a_0 + ((1) % 4) * 264) + ((s6_1 * 8)), p0 + ((base_a + 256)) + ((s6_1 * 8)));
   }
   #pragma unroll
-  for (int i = 0; i < 16; ++i) mg_cp_async16((sm_b_0 + ((1) % 4) * 17408) + mg_do_b[i], p1 + ((base_b + 2424832)) + mg_so_b[i]);
+  for (int i = 0; i < 8; ++i) mg_cp_async16((sm_b_0 + ((1) % 4) * 18432) + mg_do_b[i], p1 + ((base_b + 4849664)) + mg_so_b[i]);
   mg_cp_async_commit();
-  for (int c7 = threadIdx.x; c7 < 16; c7 += 128) {
+  for (int c7 = threadIdx.x; c7 < 32; c7 += 256) {
     const int s8_1 = c7;
-    mg_cp_async16((sm_a_0 + ((2) % 4) * 136) + ((s8_1 * 8)), p0 + ((base_a + 256)) + ((s8_1 * 8)));
+    mg_cp_async16((sm_a_0 + ((2) % 4) * 264) + ((s8_1 * 8)), p0 + ((base_a + 512)) + ((s8_1 * 8)));
   }
   #pragma unroll
-  for (int i = 0; i < 16; ++i) mg_cp_async16((sm_b_0 + ((2) % 4) * 17408) + mg_do_b[i], p1 + ((base_b + 4849664)) + mg_so_b[i]);
+  for (int i = 0; i < 8; ++i) mg_cp_async16((sm_b_0 + ((2) % 4) * 18432) + mg_do_b[i], p1 + ((base_b + 9699328)) + mg_so_b[i]);
   mg_cp_async_commit();
-  float acc_s[4][4];
+  float acc_s[2][4];
   #pragma unroll
-  for (int j = 0; j < 4; ++j) acc_s[j][0] = acc_s[j][1] = acc_s[j][2] = acc_s[j][3] = 0.0f;
-  for (int it = 0; it < 28; ++it) {
-    const int off_a = base_a + it * 128;
-    const int off_b = base_b + it * 2424832;
+  for (int j = 0; j < 2; ++j) acc_s[j][0] = acc_s[j][1] = acc_s[j][2] = acc_s[j][3] = 0.0f;
+  for (int it = 0; it < 14; ++it) {
+    const int off_a = base_a + it * 256;
+    const int off_b = base_b + it * 4849664;
     mg_cp_async_wait<2>();
     __syncthreads();
-    if (it + 3 < 28) {
-      for (int c9 = threadIdx.x; c9 < 16; c9 += 128) {
+    if (it + 3 < 14) {
+      for (int c9 = threadIdx.x; c9 < 32; c9 += 256) {
         const int s10_1 = c9;
-        mg_cp_async16((sm_a_0 + (((it + 3)) % 4) * 136) + ((s10_1 * 8)), p0 + ((off_a + 384)) + ((s10_1 * 8)));
+        mg_cp_async16((sm_a_0 + (((it + 3)) % 4) * 264) + ((s10_1 * 8)), p0 + ((off_a + 768)) + ((s10_1 * 8)));
       }
       #pragma unroll
-      for (int i = 0; i < 16; ++i) mg_cp_async16((sm_b_0 + (((it + 3)) % 4) * 17408) + mg_do_b[i], p1 + ((off_b + 7274496)) + mg_so_b[i]);
+      for (int i = 0; i < 8; ++i) mg_cp_async16((sm_b_0 + (((it + 3)) % 4) * 18432) + mg_do_b[i], p1 + ((off_b + 14548992)) + mg_so_b[i]);
     }
     mg_cp_async_commit();
-    const auto* sm_a = (sm_a_0 + ((it) % 4) * 136);
-    const auto* sm_b = (sm_b_0 + ((it) % 4) * 17408);
+    const auto* sm_a = (sm_a_0 + ((it) % 4) * 264);
+    const auto* sm_b = (sm_b_0 + ((it) % 4) * 18432);
     {
       const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
       const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
@@ -280,23 +300,23 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_qwen2_swiglu_g
       (void)mg_ks;
     #pragma unroll
     for (int s = 0; s < 8; ++s) {
-      const int kk = (mg_ks + s * 1) * 16;
+      const int kk = (mg_ks + s * 2) * 16;
       const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
       (void)k0; (void)k1;
       unsigned ra0, ra1, ra2, ra3;
       const int mg_mi = 0, r0 = mg_g, r1 = r0 + 8;
       (void)r0; (void)r1;
-      mg_ldsm_x4(ra0, ra1, ra2, ra3, ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) < 1 ? (const void*)(sm_a + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) * 136 + (kk + (mg_lane >> 4) * 8))) : (const void*)mg_zero));
+      mg_ldsm_x4(ra0, ra1, ra2, ra3, ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) < 1 ? (const void*)(sm_a + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) * 264 + (kk + (mg_lane >> 4) * 8))) : (const void*)mg_zero));
       #pragma unroll
-      for (int j = 0; j < 4; ++j) {
+      for (int j = 0; j < 2; ++j) {
         const int q = mg_grp + 4 * j;
-        if (q < 16) {
-          const int mg_nb = q / 16;
-          const int mg_ni = q % 16;
+        if (q < 8) {
+          const int mg_nb = q / 8;
+          const int mg_ni = q % 8;
           const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
           (void)mg_nb; (void)c0; (void)n0;
           unsigned rb0, rb1;
-          mg_ldsm_x2_t(rb0, rb1, (sm_b + ((kk + (mg_lane & 15)) * 136 + (mg_ni * 8))));
+          mg_ldsm_x2_t(rb0, rb1, (sm_b + ((kk + (mg_lane & 15)) * 72 + (mg_ni * 8))));
           mg_mma_bf16(acc_s[j], ra0, ra1, ra2, ra3, rb0, rb1);
         }
       }
@@ -310,32 +330,53 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_qwen2_swiglu_g
     (void)mg_g; (void)mg_t;
     const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
     (void)mg_ks;
-    #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int q = mg_grp + 4 * j;
-      if (q < 16) {
-        const int mg_nb = q / 16;
-        const int mg_mi = (q / 16) % 1;
-        const int mg_ni = q % 16;
-        const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
-        const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
-        (void)mg_nb; (void)r1; (void)c0; (void)n0;
-        if (r0 < 1) buf_s[r0 * 128 + c0] = acc_s[j][0];
-        if (r0 < 1) buf_s[r0 * 128 + (c0 + 1)] = acc_s[j][1];
-        if (r1 < 1) buf_s[r1 * 128 + c0] = acc_s[j][2];
-        if (r1 < 1) buf_s[r1 * 128 + (c0 + 1)] = acc_s[j][3];
+    if (mg_ks == 0) {
+      #pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const int q = mg_grp + 4 * j;
+        if (q < 8) {
+          const int mg_nb = q / 8;
+          const int mg_mi = (q / 8) % 1;
+          const int mg_ni = q % 8;
+          const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
+          const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
+          (void)mg_nb; (void)r1; (void)c0; (void)n0;
+          if (r0 < 1) buf_s[r0 * 64 + c0] = acc_s[j][0];
+          if (r0 < 1) buf_s[r0 * 64 + (c0 + 1)] = acc_s[j][1];
+          if (r1 < 1) buf_s[r1 * 64 + c0] = acc_s[j][2];
+          if (r1 < 1) buf_s[r1 * 64 + (c0 + 1)] = acc_s[j][3];
+        }
+      }
+    }
+    __syncthreads();
+    if (mg_ks == 1) {
+      #pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const int q = mg_grp + 4 * j;
+        if (q < 8) {
+          const int mg_nb = q / 8;
+          const int mg_mi = (q / 8) % 1;
+          const int mg_ni = q % 8;
+          const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
+          const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
+          (void)mg_nb; (void)r1; (void)c0; (void)n0;
+          if (r0 < 1) buf_s[r0 * 64 + c0] += acc_s[j][0];
+          if (r0 < 1) buf_s[r0 * 64 + (c0 + 1)] += acc_s[j][1];
+          if (r1 < 1) buf_s[r1 * 64 + c0] += acc_s[j][2];
+          if (r1 < 1) buf_s[r1 * 64 + (c0 + 1)] += acc_s[j][3];
+        }
       }
     }
   }
   __syncthreads();
-  for (int e11 = threadIdx.x; e11 < 16; e11 += 128) {
+  for (int e11 = threadIdx.x; e11 < 8; e11 += 256) {
     const int i12_1 = e11;
-    mg_st8(p2 + (bx * 128 + (i12_1 * 8)), buf_s[((i12_1 * 8) + 0)], buf_s[((i12_1 * 8) + 1)], buf_s[((i12_1 * 8) + 2)], buf_s[((i12_1 * 8) + 3)], buf_s[((i12_1 * 8) + 4)], buf_s[((i12_1 * 8) + 5)], buf_s[((i12_1 * 8) + 6)], buf_s[((i12_1 * 8) + 7)]);
+    mg_st8(p2 + (bx * 64 + (i12_1 * 8)), buf_s[((i12_1 * 8) + 0)], buf_s[((i12_1 * 8) + 1)], buf_s[((i12_1 * 8) + 2)], buf_s[((i12_1 * 8) + 3)], buf_s[((i12_1 * 8) + 4)], buf_s[((i12_1 * 8) + 5)], buf_s[((i12_1 * 8) + 6)], buf_s[((i12_1 * 8) + 7)]);
   }
 }
 
-// matmul as a generated block graph: grid [148, 1, 1], forloop 28, tensor cores
-extern "C" __global__ void __launch_bounds__(128, 1) mg_k1_mirage_qwen2_swiglu_gateup_b1_bf16_b1x3584_b3584x18944_b3584x18944_to_b1x18944(
+// matmul as a generated block graph: grid [296, 1, 1], forloop 14, tensor cores
+extern "C" __global__ void __launch_bounds__(256, 1) mg_k1_mirage_qwen2_swiglu_gateup_b1_bf16_b1x3584_b3584x18944_b3584x18944_to_b1x18944(
     const mg_bf16* __restrict__ p0,
     const mg_bf16* __restrict__ p1,
     mg_bf16* __restrict__ p2) {
@@ -344,61 +385,61 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k1_mirage_qwen2_swiglu_g
   (void)bx; (void)by; (void)bz;
   extern __shared__ __align__(16) unsigned char mg_smem[];
   const int base_a = 0;
-  const int base_b = bx * 128;
-  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 140864);
+  const int base_b = bx * 64;
+  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 149824);
   if (threadIdx.x < 4) mg_zero[threadIdx.x] = 0u;
   mg_bf16* sm_a_0 = reinterpret_cast<mg_bf16*>(mg_smem + 0);
-  mg_bf16* sm_b_0 = reinterpret_cast<mg_bf16*>(mg_smem + 1088);
-  float* buf_s = reinterpret_cast<float*>(mg_smem + 140352);
-  int mg_so_b[16], mg_do_b[16];
+  mg_bf16* sm_b_0 = reinterpret_cast<mg_bf16*>(mg_smem + 2112);
+  float* buf_s = reinterpret_cast<float*>(mg_smem + 149568);
+  int mg_so_b[8], mg_do_b[8];
   #pragma unroll
-  for (int i = 0; i < 16; ++i) {
-    const int c3 = threadIdx.x + i * 128;
-    const int s4_0 = c3 / 16;
-    const int s4_1 = (c3) % 16;
+  for (int i = 0; i < 8; ++i) {
+    const int c3 = threadIdx.x + i * 256;
+    const int s4_0 = c3 / 8;
+    const int s4_1 = (c3) % 8;
     mg_so_b[i] = s4_0 * 18944 + (s4_1 * 8);
-    mg_do_b[i] = s4_0 * 136 + (s4_1 * 8);
+    mg_do_b[i] = s4_0 * 72 + (s4_1 * 8);
   }
-  for (int c1 = threadIdx.x; c1 < 16; c1 += 128) {
+  for (int c1 = threadIdx.x; c1 < 32; c1 += 256) {
     const int s2_1 = c1;
-    mg_cp_async16((sm_a_0 + ((0) % 4) * 136) + ((s2_1 * 8)), p0 + ((base_a + 0)) + ((s2_1 * 8)));
+    mg_cp_async16((sm_a_0 + ((0) % 4) * 264) + ((s2_1 * 8)), p0 + ((base_a + 0)) + ((s2_1 * 8)));
   }
   #pragma unroll
-  for (int i = 0; i < 16; ++i) mg_cp_async16((sm_b_0 + ((0) % 4) * 17408) + mg_do_b[i], p1 + ((base_b + 0)) + mg_so_b[i]);
+  for (int i = 0; i < 8; ++i) mg_cp_async16((sm_b_0 + ((0) % 4) * 18432) + mg_do_b[i], p1 + ((base_b + 0)) + mg_so_b[i]);
   mg_cp_async_commit();
-  for (int c5 = threadIdx.x; c5 < 16; c5 += 128) {
+  for (int c5 = threadIdx.x; c5 < 32; c5 += 256) {
     const int s6_1 = c5;
-    mg_cp_async16((sm_a_0 + ((1) % 4) * 136) + ((s6_1 * 8)), p0 + ((base_a + 128)) + ((s6_1 * 8)));
+    mg_cp_async16((sm_a_0 + ((1) % 4) * 264) + ((s6_1 * 8)), p0 + ((base_a + 256)) + ((s6_1 * 8)));
   }
   #pragma unroll
-  for (int i = 0; i < 16; ++i) mg_cp_async16((sm_b_0 + ((1) % 4) * 17408) + mg_do_b[i], p1 + ((base_b + 2424832)) + mg_so_b[i]);
+  for (int i = 0; i < 8; ++i) mg_cp_async16((sm_b_0 + ((1) % 4) * 18432) + mg_do_b[i], p1 + ((base_b + 4849664)) + mg_so_b[i]);
   mg_cp_async_commit();
-  for (int c7 = threadIdx.x; c7 < 16; c7 += 128) {
+  for (int c7 = threadIdx.x; c7 < 32; c7 += 256) {
     const int s8_1 = c7;
-    mg_cp_async16((sm_a_0 + ((2) % 4) * 136) + ((s8_1 * 8)), p0 + ((base_a + 256)) + ((s8_1 * 8)));
+    mg_cp_async16((sm_a_0 + ((2) % 4) * 264) + ((s8_1 * 8)), p0 + ((base_a + 512)) + ((s8_1 * 8)));
   }
   #pragma unroll
-  for (int i = 0; i < 16; ++i) mg_cp_async16((sm_b_0 + ((2) % 4) * 17408) + mg_do_b[i], p1 + ((base_b + 4849664)) + mg_so_b[i]);
+  for (int i = 0; i < 8; ++i) mg_cp_async16((sm_b_0 + ((2) % 4) * 18432) + mg_do_b[i], p1 + ((base_b + 9699328)) + mg_so_b[i]);
   mg_cp_async_commit();
-  float acc_s[4][4];
+  float acc_s[2][4];
   #pragma unroll
-  for (int j = 0; j < 4; ++j) acc_s[j][0] = acc_s[j][1] = acc_s[j][2] = acc_s[j][3] = 0.0f;
-  for (int it = 0; it < 28; ++it) {
-    const int off_a = base_a + it * 128;
-    const int off_b = base_b + it * 2424832;
+  for (int j = 0; j < 2; ++j) acc_s[j][0] = acc_s[j][1] = acc_s[j][2] = acc_s[j][3] = 0.0f;
+  for (int it = 0; it < 14; ++it) {
+    const int off_a = base_a + it * 256;
+    const int off_b = base_b + it * 4849664;
     mg_cp_async_wait<2>();
     __syncthreads();
-    if (it + 3 < 28) {
-      for (int c9 = threadIdx.x; c9 < 16; c9 += 128) {
+    if (it + 3 < 14) {
+      for (int c9 = threadIdx.x; c9 < 32; c9 += 256) {
         const int s10_1 = c9;
-        mg_cp_async16((sm_a_0 + (((it + 3)) % 4) * 136) + ((s10_1 * 8)), p0 + ((off_a + 384)) + ((s10_1 * 8)));
+        mg_cp_async16((sm_a_0 + (((it + 3)) % 4) * 264) + ((s10_1 * 8)), p0 + ((off_a + 768)) + ((s10_1 * 8)));
       }
       #pragma unroll
-      for (int i = 0; i < 16; ++i) mg_cp_async16((sm_b_0 + (((it + 3)) % 4) * 17408) + mg_do_b[i], p1 + ((off_b + 7274496)) + mg_so_b[i]);
+      for (int i = 0; i < 8; ++i) mg_cp_async16((sm_b_0 + (((it + 3)) % 4) * 18432) + mg_do_b[i], p1 + ((off_b + 14548992)) + mg_so_b[i]);
     }
     mg_cp_async_commit();
-    const auto* sm_a = (sm_a_0 + ((it) % 4) * 136);
-    const auto* sm_b = (sm_b_0 + ((it) % 4) * 17408);
+    const auto* sm_a = (sm_a_0 + ((it) % 4) * 264);
+    const auto* sm_b = (sm_b_0 + ((it) % 4) * 18432);
     {
       const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
       const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
@@ -407,23 +448,23 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k1_mirage_qwen2_swiglu_g
       (void)mg_ks;
     #pragma unroll
     for (int s = 0; s < 8; ++s) {
-      const int kk = (mg_ks + s * 1) * 16;
+      const int kk = (mg_ks + s * 2) * 16;
       const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
       (void)k0; (void)k1;
       unsigned ra0, ra1, ra2, ra3;
       const int mg_mi = 0, r0 = mg_g, r1 = r0 + 8;
       (void)r0; (void)r1;
-      mg_ldsm_x4(ra0, ra1, ra2, ra3, ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) < 1 ? (const void*)(sm_a + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) * 136 + (kk + (mg_lane >> 4) * 8))) : (const void*)mg_zero));
+      mg_ldsm_x4(ra0, ra1, ra2, ra3, ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) < 1 ? (const void*)(sm_a + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) * 264 + (kk + (mg_lane >> 4) * 8))) : (const void*)mg_zero));
       #pragma unroll
-      for (int j = 0; j < 4; ++j) {
+      for (int j = 0; j < 2; ++j) {
         const int q = mg_grp + 4 * j;
-        if (q < 16) {
-          const int mg_nb = q / 16;
-          const int mg_ni = q % 16;
+        if (q < 8) {
+          const int mg_nb = q / 8;
+          const int mg_ni = q % 8;
           const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
           (void)mg_nb; (void)c0; (void)n0;
           unsigned rb0, rb1;
-          mg_ldsm_x2_t(rb0, rb1, (sm_b + ((kk + (mg_lane & 15)) * 136 + (mg_ni * 8))));
+          mg_ldsm_x2_t(rb0, rb1, (sm_b + ((kk + (mg_lane & 15)) * 72 + (mg_ni * 8))));
           mg_mma_bf16(acc_s[j], ra0, ra1, ra2, ra3, rb0, rb1);
         }
       }
@@ -437,27 +478,48 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k1_mirage_qwen2_swiglu_g
     (void)mg_g; (void)mg_t;
     const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
     (void)mg_ks;
-    #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int q = mg_grp + 4 * j;
-      if (q < 16) {
-        const int mg_nb = q / 16;
-        const int mg_mi = (q / 16) % 1;
-        const int mg_ni = q % 16;
-        const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
-        const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
-        (void)mg_nb; (void)r1; (void)c0; (void)n0;
-        if (r0 < 1) buf_s[r0 * 128 + c0] = acc_s[j][0];
-        if (r0 < 1) buf_s[r0 * 128 + (c0 + 1)] = acc_s[j][1];
-        if (r1 < 1) buf_s[r1 * 128 + c0] = acc_s[j][2];
-        if (r1 < 1) buf_s[r1 * 128 + (c0 + 1)] = acc_s[j][3];
+    if (mg_ks == 0) {
+      #pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const int q = mg_grp + 4 * j;
+        if (q < 8) {
+          const int mg_nb = q / 8;
+          const int mg_mi = (q / 8) % 1;
+          const int mg_ni = q % 8;
+          const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
+          const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
+          (void)mg_nb; (void)r1; (void)c0; (void)n0;
+          if (r0 < 1) buf_s[r0 * 64 + c0] = acc_s[j][0];
+          if (r0 < 1) buf_s[r0 * 64 + (c0 + 1)] = acc_s[j][1];
+          if (r1 < 1) buf_s[r1 * 64 + c0] = acc_s[j][2];
+          if (r1 < 1) buf_s[r1 * 64 + (c0 + 1)] = acc_s[j][3];
+        }
+      }
+    }
+    __syncthreads();
+    if (mg_ks == 1) {
+      #pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const int q = mg_grp + 4 * j;
+        if (q < 8) {
+          const int mg_nb = q / 8;
+          const int mg_mi = (q / 8) % 1;
+          const int mg_ni = q % 8;
+          const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
+          const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
+          (void)mg_nb; (void)r1; (void)c0; (void)n0;
+          if (r0 < 1) buf_s[r0 * 64 + c0] += acc_s[j][0];
+          if (r0 < 1) buf_s[r0 * 64 + (c0 + 1)] += acc_s[j][1];
+          if (r1 < 1) buf_s[r1 * 64 + c0] += acc_s[j][2];
+          if (r1 < 1) buf_s[r1 * 64 + (c0 + 1)] += acc_s[j][3];
+        }
       }
     }
   }
   __syncthreads();
-  for (int e11 = threadIdx.x; e11 < 16; e11 += 128) {
+  for (int e11 = threadIdx.x; e11 < 8; e11 += 256) {
     const int i12_1 = e11;
-    mg_st8(p2 + (bx * 128 + (i12_1 * 8)), buf_s[((i12_1 * 8) + 0)], buf_s[((i12_1 * 8) + 1)], buf_s[((i12_1 * 8) + 2)], buf_s[((i12_1 * 8) + 3)], buf_s[((i12_1 * 8) + 4)], buf_s[((i12_1 * 8) + 5)], buf_s[((i12_1 * 8) + 6)], buf_s[((i12_1 * 8) + 7)]);
+    mg_st8(p2 + (bx * 64 + (i12_1 * 8)), buf_s[((i12_1 * 8) + 0)], buf_s[((i12_1 * 8) + 1)], buf_s[((i12_1 * 8) + 2)], buf_s[((i12_1 * 8) + 3)], buf_s[((i12_1 * 8) + 4)], buf_s[((i12_1 * 8) + 5)], buf_s[((i12_1 * 8) + 6)], buf_s[((i12_1 * 8) + 7)]);
   }
 }
 
@@ -556,10 +618,10 @@ static cudaError_t mg_prepare_mirage_qwen2_swiglu_gateup_b1_bf16_b1x3584_b3584x1
     if (*mg_state != 0) return cudaSuccess;
   }
   mg_err = cudaFuncSetAttribute((const void*)mg_k0_mirage_qwen2_swiglu_gateup_b1_bf16_b1x3584_b3584x18944_b3584x18944_to_b1x18944,
-                                cudaFuncAttributeMaxDynamicSharedMemorySize, 140880);
+                                cudaFuncAttributeMaxDynamicSharedMemorySize, 149840);
   if (mg_err != cudaSuccess) return mg_err;
   mg_err = cudaFuncSetAttribute((const void*)mg_k1_mirage_qwen2_swiglu_gateup_b1_bf16_b1x3584_b3584x18944_b3584x18944_to_b1x18944,
-                                cudaFuncAttributeMaxDynamicSharedMemorySize, 140880);
+                                cudaFuncAttributeMaxDynamicSharedMemorySize, 149840);
   if (mg_err != cudaSuccess) return mg_err;
   int mg_major = 0;
   mg_err = cudaDeviceGetAttribute(&mg_major, cudaDevAttrComputeCapabilityMajor, mg_dev);
@@ -587,9 +649,9 @@ extern "C" cudaError_t mirage_qwen2_swiglu_gateup_b1_bf16_b1x3584_b3584x18944_b3
     mg_bf16* mg_a2 = (mg_bf16*)(mg_ws + 0);
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
     cudaLaunchConfig_t mg_cfg = {};
-    mg_cfg.gridDim = dim3(148, 1, 1);
-    mg_cfg.blockDim = dim3(128);
-    mg_cfg.dynamicSmemBytes = 140880;
+    mg_cfg.gridDim = dim3(296, 1, 1);
+    mg_cfg.blockDim = dim3(256);
+    mg_cfg.dynamicSmemBytes = 149840;
     mg_cfg.stream = mg_stream;
     mg_cfg.attrs = mg_pdl;
     mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
@@ -602,9 +664,9 @@ extern "C" cudaError_t mirage_qwen2_swiglu_gateup_b1_bf16_b1x3584_b3584x18944_b3
     mg_bf16* mg_a2 = (mg_bf16*)(mg_ws + 37888);
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
     cudaLaunchConfig_t mg_cfg = {};
-    mg_cfg.gridDim = dim3(148, 1, 1);
-    mg_cfg.blockDim = dim3(128);
-    mg_cfg.dynamicSmemBytes = 140880;
+    mg_cfg.gridDim = dim3(296, 1, 1);
+    mg_cfg.blockDim = dim3(256);
+    mg_cfg.dynamicSmemBytes = 149840;
     mg_cfg.stream = mg_stream;
     mg_cfg.attrs = mg_pdl;
     mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;

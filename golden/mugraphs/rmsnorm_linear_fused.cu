@@ -66,6 +66,26 @@ __device__ __forceinline__ float mg_warp_max(float v) {
   for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;
 }
+// A whole block's sum (max) of v, returned to every thread: warp shuffles, then the
+// warps' results through `red` (one float per warp). `red` is free again on return.
+__device__ __forceinline__ float mg_block_sum(float v, float* red) {
+  v = mg_warp_sum(v);
+  if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = v;
+  __syncthreads();
+  v = 0.0f;
+  for (int w = 0; w < (int)(blockDim.x / 32); ++w) v += red[w];
+  __syncthreads();
+  return v;
+}
+__device__ __forceinline__ float mg_block_max(float v, float* red) {
+  v = mg_warp_max(v);
+  if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = v;
+  __syncthreads();
+  v = red[0];
+  for (int w = 1; w < (int)(blockDim.x / 32); ++w) v = fmaxf(v, red[w]);
+  __syncthreads();
+  return v;
+}
 // 16-byte asynchronous global->shared copies (sm_80+), in commit groups.
 __device__ __forceinline__ void mg_cp_async16(void* smem, const void* gmem) {
   const unsigned s = (unsigned)__cvta_generic_to_shared(smem);
