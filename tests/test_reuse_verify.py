@@ -209,3 +209,24 @@ def test_the_certify_hook_is_asked_first_in_rank_order(monkeypatch: pytest.Monke
     assert res.candidates[0].graph == plain.candidates[1].graph
     assert res.candidates[0].verdict == {"equivalent": True, "method": "hook", "seed": 0,
                                          "certificate": {}, **floats}
+
+
+def test_the_search_keeps_verifiers_of_its_last_references_only() -> None:
+    """Each verifier holds its reference's random inputs (gigabytes for a layer's
+    parts): the search keeps those of the most recent references, not all of them."""
+    from mirage_cli.parser import parse_text
+    from mirage_cli.search import verify
+
+    graphs = [parse_text(f"""
+program p{i}(n = {8 * (i + 1)}) {{
+  input X: f16[4, n];
+  Y = mul_scalar(X, scalar=2.0);
+  output Y;
+}}
+""", f"p{i}.mir") for i in range(verify.MAX_VERIFIERS + 2)]
+    verify._VERIFIERS.clear()
+    made = [verify._verifier(g, 0) for g in graphs]
+    assert len(verify._VERIFIERS) == verify.MAX_VERIFIERS
+    assert verify._verifier(graphs[-1], 0) is made[-1]  # a recent one is reused
+    assert verify._verifier(graphs[0], 0) is not made[0]  # an old one was dropped
+    verify._VERIFIERS.clear()

@@ -273,6 +273,21 @@ def test_a_grid_of_few_blocks_reads_in_proportion_to_its_blocks():
     assert t8 / t16 > 0.9 * b16 / b8
 
 
+def test_a_k_tile_off_the_mma_step_gathers_fragments_element_by_element():
+    """A block matmul whose K tile is not a multiple of 16 costs its tensor-core work
+    scalar_copy_slowdown times over; one of whole steps does not."""
+    from mirage_cli.search import cost
+
+    def compute(forloop: int) -> float:
+        (k,) = cost.kernel_costs(_streaming_matmul(64, 8192, 4096, forloop))
+        return k.compute_us / k.flops
+
+    slow = cost.profile().scalar_copy_slowdown
+    assert slow is not None and slow > 1
+    # 4096 / 512 = 8 rows of K per iteration (counted as one step of 16), 4096 / 256 = 16.
+    assert compute(512) == pytest.approx(slow * compute(256))
+
+
 def test_a_small_last_round_of_blocks_is_a_tail():
     """Blocks stream in rounds of those resident at once: 148 blocks at one per SM run
     132, then a tail of 16 at their own rate; at two per SM they all run at once."""

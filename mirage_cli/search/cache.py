@@ -61,8 +61,10 @@ def cache_dir() -> Path:
 # stream the profile's scalar_copy_slowdown times slower, and a grid of few blocks
 # reads DRAM at the profile's block_stream_bw per block; 16: a pre-defined matmul is
 # costed as the custom kernel it lowers to, whose tiling the cost model chooses; 17:
-# blocks stream in rounds of the resident ones, so a small last round is a tail).
-SEARCH_REVISION = 17
+# blocks stream in rounds of the resident ones, so a small last round is a tail; 18:
+# a block matmul whose K tile is not a multiple of 16 gathers its fragments element by
+# element, its tensor-core term scalar_copy_slowdown times slower).
+SEARCH_REVISION = 18
 
 
 def program_hash(program: Graph) -> str:

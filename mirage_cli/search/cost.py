@@ -17,7 +17,9 @@ blocks, each running ``F / ksplit`` iterations. ``S`` is the plan's pipeline dep
 and ``p`` the profile's ``stage_penalty`` (loops only). A block matmul's FLOPs count
 its K in whole tensor-core steps of 16, and a loop whose plan copies an input element
 by element (a tile row that is not a multiple of 16 bytes) has its memory term
-multiplied by the profile's ``scalar_copy_slowdown``. A block reads DRAM no faster
+multiplied by the profile's ``scalar_copy_slowdown``, as is the tensor-core term of a
+block matmul whose K tile is not a multiple of 16 (its mma fragments are gathered
+element by element). A block reads DRAM no faster
 than ``block_stream_bw``, and blocks run in rounds of those resident at once: a grid of
 fewer blocks than SMs reads in proportion to its blocks, and a grid a little larger
 than the resident blocks pays a tail round at the few blocks' own rate.
@@ -192,10 +194,11 @@ def kernel_costs(g: Graph, p: Profile | None = None) -> list[KernelCost]:
 def _kernel_cost(op: KernelOp, types: dict[str, TensorType], p: Profile) -> KernelCost:
     fit = p.fit
     facts = PlanFacts()
+    elem_flops = 0
     if op.block is None:
         k_dram, k_l2, k_flops, k_smem, blocks = _predefined(op, types, p.num_sms)
     else:
-        k_dram, k_l2, k_flops, k_smem, blocks = _custom(op.block, types)
+        k_dram, k_l2, k_flops, k_smem, blocks, elem_flops = _custom(op.block, types)
         facts = _plan_facts(op, types, p)
     plan_smem, threads, ksplit, stages = facts.smem, facts.threads, facts.ksplit, \
         facts.stages
@@ -203,15 +206,18 @@ def _kernel_cost(op: KernelOp, types: dict[str, TensorType], p: Profile) -> Kern
     # running forloop / ksplit iterations.
     blocks *= ksplit
     util = min(1.0, blocks / p.num_sms)
-    d_s, l_s, c_s = k_dram / p.dram_bw, k_l2 / p.l2_bw, k_flops / p.flop_rate
+    # Element-by-element copies (a tile width that is not a multiple of 16 bytes) and
+    # mma fragments gathered element by element (a K tile that is not a multiple of
+    # 16) run many times slower than 16-byte copies and ldmatrix.
+    slow = p.scalar_copy_slowdown or 1.0
+    d_s, l_s = k_dram / p.dram_bw, k_l2 / p.l2_bw
+    c_s = (k_flops + (slow - 1) * elem_flops) / p.flop_rate
     # A grid on part of the GPU still draws most of the memory bandwidth (on an
     # H200, 64 blocks streamed a weight 1.2x slower than 128, not 2x), while its
     # compute scales with the SMs it occupies.
     mem_util = util ** (p.mem_util_exp if p.mem_util_exp is not None else 1.0)
     forloop = op.block.forloop // ksplit if op.block is not None else 4
-    # Element-by-element copies (a tile width that is not a multiple of 16 bytes)
-    # stream the loop's inputs many times slower than 16-byte ones.
-    scalar = (p.scalar_copy_slowdown or 1.0) if facts.scalar and forloop > 1 else 1.0
+    scalar = slow if facts.scalar and forloop > 1 else 1.0
     bound_s = max(max(d_s, l_s) * scalar / mem_util, c_s / util)
     # Blocks resident on one SM: bounded by threads and by shared memory per SM.
     per_sm = 1
@@ -397,7 +403,13 @@ def _block_flops(op: str, ins: list[TensorType], out: TensorType) -> int:
     return flops // k * (-(-k // MMA_K) * MMA_K) if k > 0 else flops
 
 
-def _custom(bg: BlockGraph, types: dict[str, TensorType]) -> tuple[int, int, int, int, int]:
+def _custom(bg: BlockGraph, types: dict[str, TensorType]
+            ) -> tuple[int, int, int, int, int, int]:
+    """DRAM bytes, L2 bytes, FLOPs, the model's shared memory, blocks, and the FLOPs of
+    block matmuls whose K tile is not a multiple of 16 (their mma fragments are
+    gathered element by element: the Llama layer's fused attention scores at batch 8,
+    a K of 8 per iteration, ran 101.7 µs on an H200 where the model said 29.1,
+    docs/perf-log.md v17)."""
     tiles: dict[str, TensorType] = {}
     loop_l2 = smem = 0
     sources: set[str] = set()
@@ -408,16 +420,20 @@ def _custom(bg: BlockGraph, types: dict[str, TensorType]) -> tuple[int, int, int
         reads = bg.forloop if bi.fmap is not None else 1
         loop_l2 += t.nbytes * reads
         smem += t.nbytes * (2 if bi.fmap is not None else 1)
-    flops = 0
+    flops = elem = 0
     for bop in bg.ops:
         ins = [tiles[i] for i in bop.inputs]
         out = bop.outputs[0].type
         tiles[bop.outputs[0].name] = out
         smem += out.nbytes
         if not ops.get(bop.op).is_accumulator:
-            flops += _block_flops(bop.op, ins, out)
+            f = _block_flops(bop.op, ins, out)
+            flops += f
+            if ops.get(bop.op).cuda.kind == "matmul" and ins[0].shape[-1] % MMA_K:
+                elem += f
     flops *= bg.forloop  # loop-body operators dominate; epilogue ops counted alike
+    elem *= bg.forloop
     blocks = bg.num_blocks
     stored = sum(bo.value.type.nbytes for bo in bg.outputs)
     dram = sum(types[s].nbytes for s in sorted(sources)) + stored
-    return dram, loop_l2 * blocks + stored, flops * blocks, smem, blocks
+    return dram, loop_l2 * blocks + stored, flops * blocks, smem, blocks, elem * blocks

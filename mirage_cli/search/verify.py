@@ -9,6 +9,7 @@ done by the driver on the final ranking.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -70,14 +71,24 @@ def verify_composed(reference: Graph, candidate: Graph, parts: list[dict[str, An
                    {"bound": sum(bounds), "parts": parts})
 
 
-_VERIFIERS: dict[tuple[Graph, int], Any] = {}
+# The verifiers of the last few references: each keeps its reference's random inputs
+# for up to two trials, which at a layer's full size are gigabytes (the Llama layer's
+# weights, as 64-bit field elements, are 1.7 GB a trial); a layer's parts are searched
+# one after another, so older parts' verifiers are dropped rather than kept to the end.
+_VERIFIERS: OrderedDict[tuple[Graph, int], Any] = OrderedDict()
+MAX_VERIFIERS = 2
 
 
 def _verifier(reference: Graph, seed: int) -> Any:
-    """One verifier per reference (it caches the reference's outputs per trial)."""
+    """One verifier per recent reference (it caches the reference's outputs per
+    trial)."""
     from mirage_cli.verifier.api import Verifier
 
     key = (reference, seed)
-    if key not in _VERIFIERS:
+    if key in _VERIFIERS:
+        _VERIFIERS.move_to_end(key)
+    else:
+        while len(_VERIFIERS) >= MAX_VERIFIERS:
+            _VERIFIERS.popitem(last=False)
         _VERIFIERS[key] = Verifier(reference, seed=seed)
     return _VERIFIERS[key]
