@@ -72,8 +72,11 @@ def test_bad_profile_file_names_the_field(tmp_path: Path) -> None:
 @pytest.mark.parametrize("key, value, msg", [
     ("scalar_copy_slowdown", 0.5, "'scalar_copy_slowdown' must be a number >= 1"),
     ("block_stream_bw", 0, "'block_stream_bw' must be a number > 0"),
+    ("stage_penalty", -1, "'stage_penalty' must be a number >= 0"),
+    ("mma_flops", "fast", "'mma_flops' must be a number > 0"),
+    ("mem_util_exp", 1.5, r"'mem_util_exp' must be a number in \[0, 1\]"),
 ])
-def test_bad_optional_figure_names_the_field(tmp_path: Path, key: str, value: float,
+def test_bad_optional_figure_names_the_field(tmp_path: Path, key: str, value: object,
                                              msg: str) -> None:
     doc = profiles.load("h200").as_json()
     doc[key] = value
@@ -83,7 +86,8 @@ def test_bad_optional_figure_names_the_field(tmp_path: Path, key: str, value: fl
         profiles.load(str(f))
     del doc[key]
     f.write_text(json.dumps(doc))
-    assert getattr(profiles.load(str(f)), key) is None
+    # Absent, the figure takes its default (stage_penalty 0, the others none).
+    assert getattr(profiles.load(str(f)), key) == (0.0 if key == "stage_penalty" else None)
 
 
 def test_explain_reports_the_profile() -> None:

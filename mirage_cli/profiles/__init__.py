@@ -87,7 +87,7 @@ class Profile:
 
     def as_json(self) -> dict[str, Any]:
         d = asdict(self)
-        for key in ("mma_flops", "mem_util_exp", "scalar_copy_slowdown", "block_stream_bw"):
+        for key in _OPTIONAL:
             if d[key] is None:
                 del d[key]
         extra = d.pop("extra")
@@ -111,6 +111,17 @@ _NUMBERS: dict[str, Callable[[Any], bool]] = {
     "smem_per_sm": lambda v: isinstance(v, int) and v > 0,
     "regs_per_sm": lambda v: isinstance(v, int) and v > 0,
     "max_threads_per_sm": lambda v: isinstance(v, int) and v > 0,
+}
+
+
+# The optional figures: when present, each must pass its check (the requirement is
+# named in the diagnostic); when absent, the Profile's default applies.
+_OPTIONAL: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "stage_penalty": (lambda v: _nonneg(v), ">= 0"),
+    "mma_flops": (lambda v: _pos(v), "> 0"),
+    "mem_util_exp": (lambda v: _nonneg(v) and v <= 1, "in [0, 1]"),
+    "scalar_copy_slowdown": (lambda v: _pos(v) and v >= 1, ">= 1"),
+    "block_stream_bw": (lambda v: _pos(v), "> 0"),
 }
 
 
@@ -140,33 +151,15 @@ def from_json(doc: Any, where: str) -> Profile:
     if not isinstance(fit, dict) or set(fit) - set(FIT_TERMS) or \
             not all(_nonneg(fit.get(k, 0.0)) for k in FIT_TERMS):
         raise MirageError(f"{where}: 'fit' must map {', '.join(FIT_TERMS)} to numbers >= 0")
-    penalty = doc.get("stage_penalty", 0.0)
-    if not _nonneg(penalty):
-        raise MirageError(f"{where}: 'stage_penalty' must be a number >= 0 (got {penalty!r})")
-    mma = doc.get("mma_flops")
-    if mma is not None and not _pos(mma):
-        raise MirageError(f"{where}: 'mma_flops' must be a number > 0 (got {mma!r})")
-    mem_exp = doc.get("mem_util_exp")
-    if mem_exp is not None and not (_nonneg(mem_exp) and mem_exp <= 1):
-        raise MirageError(f"{where}: 'mem_util_exp' must be a number in [0, 1] "
-                          f"(got {mem_exp!r})")
-    scalar = doc.get("scalar_copy_slowdown")
-    if scalar is not None and not (_pos(scalar) and scalar >= 1):
-        raise MirageError(f"{where}: 'scalar_copy_slowdown' must be a number >= 1 "
-                          f"(got {scalar!r})")
-    block_bw = doc.get("block_stream_bw")
-    if block_bw is not None and not _pos(block_bw):
-        raise MirageError(f"{where}: 'block_stream_bw' must be a number > 0 (got {block_bw!r})")
+    for key, (ok, need) in _OPTIONAL.items():
+        v = doc.get(key)
+        if v is not None and not ok(v):
+            raise MirageError(f"{where}: '{key}' must be a number {need} (got {v!r})")
     known = {"format", "version", "calibrated", "fit", "name", "device", "arch", "source",
-             "stage_penalty", "mma_flops", "mem_util_exp", "scalar_copy_slowdown",
-             "block_stream_bw", *_NUMBERS}
+             *_OPTIONAL, *_NUMBERS}
+    optional: dict[str, Any] = {k: float(doc[k]) for k in _OPTIONAL if doc.get(k) is not None}
     return Profile(doc["name"], doc["device"], doc["arch"], bool(doc.get("calibrated")),
-                   doc["source"], **{k: doc[k] for k in _NUMBERS},
-                   stage_penalty=float(penalty),
-                   mma_flops=float(mma) if mma is not None else None,
-                   mem_util_exp=float(mem_exp) if mem_exp is not None else None,
-                   scalar_copy_slowdown=float(scalar) if scalar is not None else None,
-                   block_stream_bw=float(block_bw) if block_bw is not None else None,
+                   doc["source"], **{k: doc[k] for k in _NUMBERS}, **optional,
                    fit={"stream": 1.0, "sync": 1.0, "launch": 1.0, "const_us": 0.0,
                         **{k: float(v) for k, v in fit.items()}},
                    extra={k: v for k, v in doc.items() if k not in known})
