@@ -71,7 +71,11 @@ def _check_entry(e: dict, n_kernels: int | None = None) -> None:
     assert sum(k["time_us"] for k in e["kernels"]) == pytest.approx(e["predicted_us"],
                                                                    abs=5e-3)
     custom = [d for d in e["design"] if d["kind"] == "custom"]
-    assert len(custom) == len(e["tuning"])  # tuning values only for custom kernels
+    # Tuning values for custom kernels, and for pre-defined matmuls (the kernel they
+    # run as, whose tiling the model picks).
+    predefined = [t for t in e["tuning"] if t.get("predefined")]
+    assert len(custom) == len(e["tuning"]) - len(predefined)
+    assert all(e["design"][t["kernel"]]["kind"] == "matmul" for t in predefined)
     for d in custom:
         assert d["fuses"] and d["stores"]
         assert set(d["accumulators"]) <= set(d["fuses"])

@@ -22,7 +22,9 @@ Schema (``format: mirage-cli/explain``, ``version: 1``)::
               "stream", "sync", "launch"}, "time_us", "binds", "tight": [str]}
     DESIGN = {"kernel", "kind", "fuses": [str], "splits": [{"tensor", "imap", "fmap"}],
               "accumulators": [str], "stores": [str]}
-    TUNING = {"kernel", "grid", "forloop", "knobs": {...}} (custom kernels only)
+    TUNING = {"kernel", "grid", "forloop", "knobs": {...}, "predefined"?: true}
+             (custom kernels, and each pre-defined matmul as the custom kernel it runs
+             as, marked "predefined": its tiling is the cost model's pick)
     LOSS = {"term", "delta_us", "detail"}
 """
 
@@ -93,6 +95,10 @@ def _kernel(i: int, op: KernelOp, k: KernelCost, types: dict[str, TensorType], a
     if op.block is not None:
         tuning = {"kernel": i, "grid": list(op.block.grid), "forloop": op.block.forloop,
                   "knobs": knobs}
+    elif (runs := model.lowered(op, types)).block is not None:
+        # A pre-defined matmul runs as a custom kernel whose tiling the model picked.
+        tuning = {"kernel": i, "grid": list(runs.block.grid), "forloop": runs.block.forloop,
+                  "knobs": _knobs(runs, types, arch), "predefined": True}
     return entry, tuning
 
 
@@ -255,8 +261,9 @@ def entry_lines(e: Json) -> list[str]:
         lines.append("  tuning:")
         for t in e["tuning"]:
             knobs = ",".join(f"{k}={v}" for k, v in sorted(t["knobs"].items())) or "-"
+            how = " (a pre-defined matmul: the model's tiling)" if t.get("predefined") else ""
             lines.append(f"    k{t['kernel']}: grid={t['grid']} forloop={t['forloop']} "
-                         f"knobs {knobs}")
+                         f"knobs {knobs}{how}")
     return lines
 
 
