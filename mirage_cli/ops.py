@@ -443,18 +443,22 @@ _WIDTH = AttrSpec("width", int, required=True)
 # Each row below is the whole definition of one operator: shape rule, numpy meaning,
 # finite-field meaning (verifier), abstract term (search), cost, CUDA spelling and torch
 # baseline (codegen, bench). The meanings they name live in mirage_cli.semantics.
+# Transcendental functions count their instructions in the CUDA math library as FLOPs
+# per element (expf 8, sqrtf/rsqrtf 4, SiLU's expf and divide 14, GELU's erff 28).
 
 
 def elementwise(name: str, arity: int, fn: Callable[..., np.ndarray], abstract: Rule,
                 field: FieldSem, cuda: str, torch: _cuda.TorchFn, doc: str,
                 mirage: MirageNames = (), by_inverse: str | None = None,
-                scaling: Scaling | None = None) -> OpDef:
+                scaling: Scaling | None = None, flops: int = 1) -> OpDef:
     """The row of an element-wise operator of ``arity`` operands (numpy broadcasting);
     ``cuda`` is its C spelling over ``{0}``, ``{1}`` (see :mod:`mirage_cli.semantics.cuda`),
-    ``by_inverse`` that of a division given operand 1's reciprocal."""
+    ``by_inverse`` that of a division given operand 1's reciprocal, ``flops`` the
+    operations per element (the cost model's element-wise term)."""
+    cost = _fl.per_element if flops == 1 else _fl.per_element_times(flops)
     return OpDef(name, BOTH, (arity, arity), infer_binary if arity == 2 else infer_unary,
                  lambda xs, a: fn(*xs), field=field, abstract=abstract,
-                 cost=_fl.per_element, cuda=_cuda.elementwise(cuda, torch, by_inverse),
+                 cost=cost, cuda=_cuda.elementwise(cuda, torch, by_inverse),
                  elementwise=True, index=Index.POINTWISE, mirage=mirage, doc=doc,
                  scaling=scaling)
 
@@ -494,23 +498,24 @@ register(elementwise("exp", 1, np.exp, _ab.unary("exp"),
                      FieldSem(_F.ev_exp, _D.st_exp, "exp(a) = g^a: Z_Q additive -> Z_P "
                               "multiplicative, g of order Q drawn per trial", uses_exp=True),
                      "expf({0})", lambda t, xs, a: t.exp(xs[0]), "element-wise exp",
-                     _kn_tb("exp")))
+                     _kn_tb("exp"), flops=8))
 register(elementwise("silu", 1, np_silu, _ab.unary("silu"), _F.random_sem("silu"),
                      "mg_silu({0})", lambda t, xs, a: t.nn.functional.silu(xs[0]),
-                     "element-wise silu", _kn_tb("silu")))
+                     "element-wise silu", _kn_tb("silu"), flops=14))
 register(elementwise("gelu", 1, np_gelu, _ab.unary("gelu"), _F.random_sem("gelu"),
                      "mg_gelu({0})", lambda t, xs, a: t.nn.functional.gelu(xs[0]),
-                     "element-wise gelu", _kn_tb("gelu")))
+                     "element-wise gelu", _kn_tb("gelu"), flops=28))
 register(elementwise("relu", 1, lambda x: np.maximum(x, 0.0), _ab.unary("relu"),
                      _F.random_sem("relu"), "fmaxf({0}, 0.0f)",
                      lambda t, xs, a: t.relu(xs[0]), "element-wise relu", _kn_tb("relu")))
 register(elementwise("sqrt", 1, np.sqrt, _ab.unary("sqrt"), _F.random_sem("sqrt"),
                      "sqrtf({0})", lambda t, xs, a: t.sqrt(xs[0]), "element-wise sqrt",
-                     _kn_tb("sqrt")))
+                     _kn_tb("sqrt"), flops=4))
 register(elementwise("rsqrt", 1, lambda x: 1.0 / np.sqrt(x), _ab.RSQRT,
                      FieldSem(_F.ev_rsqrt, _D.st_inv_atom, "1 / (the random sqrt of this "
                               "trial)", random_fn="sqrt", inverts=_D.inv_all),
-                     "rsqrtf({0})", lambda t, xs, a: t.rsqrt(xs[0]), "element-wise rsqrt"))
+                     "rsqrtf({0})", lambda t, xs, a: t.rsqrt(xs[0]), "element-wise rsqrt",
+                     flops=4))
 register(elementwise("square", 1, np.square, _ab.SQUARE,
                      FieldSem(_F.ring(lambda x, m: x * x % m), _D.st_square, _F.EXACT),
                      "({0} * {0})", lambda t, xs, a: xs[0] * xs[0], "element-wise square",

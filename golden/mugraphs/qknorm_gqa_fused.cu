@@ -10,7 +10,7 @@
 // input 1 'K': f16[16, 64, 4096]
 // input 2 'V': f16[16, 4096, 64]
 // output 0 'O': f16[16, 256, 64]
-// kernel mg_k0_mirage_qknorm_gqa_fused_h16x256x64_h16x64x4096_h16x4096x64_to_h16x256x64: grid [16, 16, 4], 128 threads, 158480 B dynamic shared memory
+// kernel mg_k0_mirage_qknorm_gqa_fused_h16x256x64_h16x64x4096_h16x4096x64_to_h16x256x64: grid [16, 16, 4], 128 threads, 151312 B dynamic shared memory
 // kernel mg_k1_mirage_qknorm_gqa_fused_h16x256x64_h16x64x4096_h16x4096x64_to_h16x256x64: grid [16, 16, 1], 512 threads, 37952 B dynamic shared memory
 
 // The kernels use cp.async, bf16 conversions and mma.sync shapes of sm_80 and later:
@@ -225,7 +225,7 @@ __device__ __forceinline__ void mg_dsmem_st(float* p, unsigned rank, float v) {
 }
 #endif
 
-// fused kernel: grid [16, 16, 4], 128 threads, forloop 4; plan: 4 stage(s), kwarps 1, 158480 B shared memory
+// fused kernel: grid [16, 16, 4], 128 threads, forloop 4; plan: 4 stage(s), kwarps 1, 151312 B shared memory
 extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_qknorm_gqa_fused_h16x256x64_h16x64x4096_h16x4096x64_to_h16x256x64(
     const mg_f16* __restrict__ p0,
     const mg_f16* __restrict__ p1,
@@ -239,19 +239,19 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_qknorm_gqa_fus
   const int base_q = bx * 16384 + bz * 4096;
   const int base_k = bx * 262144 + by * 256;
   const int base_v = bx * 262144 + by * 16384;
-  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 158464);
+  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 151296);
   if (threadIdx.x < 4) mg_zero[threadIdx.x] = 0u;
   mg_f16* sm_q_0 = reinterpret_cast<mg_f16*>(mg_smem + 0);
   mg_f16* sm_k_0 = reinterpret_cast<mg_f16*>(mg_smem + 9216);
   mg_f16* sm_v_0 = reinterpret_cast<mg_f16*>(mg_smem + 46080);
-  float* buf_qn__rms = reinterpret_cast<float*>(mg_smem + 92160);
+  float* buf_qn__rms = reinterpret_cast<float*>(mg_smem + 101376);
   mg_f16* sm_qn_0 = reinterpret_cast<mg_f16*>(mg_smem + 82944);
-  float* buf_kr = reinterpret_cast<float*>(mg_smem + 92416);
-  float* buf_kn = reinterpret_cast<float*>(mg_smem + 92672);
-  float* buf_s = reinterpret_cast<float*>(mg_smem + 109056);
-  float* buf_e = reinterpret_cast<float*>(mg_smem + 125440);
-  float* buf_l = reinterpret_cast<float*>(mg_smem + 141824);
-  float* buf_o = reinterpret_cast<float*>(mg_smem + 142080);
+  float* buf_kr = reinterpret_cast<float*>(mg_smem + 101632);
+  mg_f16* sm_kn_0 = reinterpret_cast<mg_f16*>(mg_smem + 92160);
+  float* buf_s = reinterpret_cast<float*>(mg_smem + 101888);
+  float* buf_e = reinterpret_cast<float*>(mg_smem + 118272);
+  float* buf_l = reinterpret_cast<float*>(mg_smem + 134656);
+  float* buf_o = reinterpret_cast<float*>(mg_smem + 134912);
   int mg_so_q[4], mg_do_q[4];
   #pragma unroll
   for (int i = 0; i < 4; ++i) {
@@ -361,7 +361,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_qknorm_gqa_fus
       const int i23_2 = (e22) % 64;
       const float v24 = mg_ld(sm_k[i23_1 * 72 + i23_2]);
       const float v25 = buf_kr[i23_2];
-      buf_kn[i23_1 * 64 + i23_2] = (v24 / v25);
+      mg_st(sm_kn_0 + (i23_1 * 72 + i23_2), (v24 / v25));
     }
     __syncthreads();
     {
@@ -389,8 +389,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_qknorm_gqa_fus
             unsigned ra0, ra1, ra2, ra3;
             mg_ldsm_x4(ra0, ra1, ra2, ra3, (sm_qn_0 + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) * 72 + (kk + (mg_lane >> 4) * 8))));
             unsigned rb0, rb1;
-            rb0 = mg_pack_f16(buf_kn[k0 * 64 + n0], buf_kn[(k0 + 1) * 64 + n0]);
-            rb1 = mg_pack_f16(buf_kn[k1 * 64 + n0], buf_kn[(k1 + 1) * 64 + n0]);
+            mg_ldsm_x2_t(rb0, rb1, (sm_kn_0 + ((kk + (mg_lane & 15)) * 72 + (mg_ni * 8))));
             mg_mma_f16(mg_d, ra0, ra1, ra2, ra3, rb0, rb1);
           }
           buf_s[r0 * 64 + c0] = mg_d[0];
@@ -637,7 +636,7 @@ static cudaError_t mg_prepare_mirage_qknorm_gqa_fused_h16x256x64_h16x64x4096_h16
     if (*mg_state != 0) return cudaSuccess;
   }
   mg_err = cudaFuncSetAttribute((const void*)mg_k0_mirage_qknorm_gqa_fused_h16x256x64_h16x64x4096_h16x4096x64_to_h16x256x64,
-                                cudaFuncAttributeMaxDynamicSharedMemorySize, 158480);
+                                cudaFuncAttributeMaxDynamicSharedMemorySize, 151312);
   if (mg_err != cudaSuccess) return mg_err;
   int mg_major = 0;
   mg_err = cudaDeviceGetAttribute(&mg_major, cudaDevAttrComputeCapabilityMajor, mg_dev);
@@ -669,7 +668,7 @@ extern "C" cudaError_t mirage_qknorm_gqa_fused_h16x256x64_h16x64x4096_h16x4096x6
     cudaLaunchConfig_t mg_cfg = {};
     mg_cfg.gridDim = dim3(16, 16, 4);
     mg_cfg.blockDim = dim3(128);
-    mg_cfg.dynamicSmemBytes = 158480;
+    mg_cfg.dynamicSmemBytes = 151312;
     mg_cfg.stream = mg_stream;
     mg_cfg.attrs = mg_pdl;
     mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;

@@ -229,10 +229,12 @@ class FusedKernel:
                 f"buf_{v.name}", "0", row_major(v.type.shape), "float"))
         return lines
 
-    def elem_loop(self, shape: tuple[int, ...], body_fn: BodyFn, share: bool = False
-                  ) -> Lines:
+    def elem_loop(self, shape: tuple[int, ...], body_fn: BodyFn, share: bool = False,
+                  unroll: bool = False) -> Lines:
         """A loop of the block's threads over the elements of ``shape`` (``share``: only
-        this block's 1/KS share of them, the cluster's blocks taking turns)."""
+        this block's 1/KS share of them, the cluster's blocks taking turns; ``unroll``:
+        a whole number of at most 16 elements per thread becomes an unrolled loop, so
+        a thread's loads and math overlap instead of waiting one element at a time)."""
         n = 1
         for d in shape:
             n *= d
@@ -243,9 +245,13 @@ class FusedKernel:
         first, step = "threadIdx.x", self.T
         if share:
             first, step = f"(int)mg_rank * {self.T} + (int)threadIdx.x", self.KS * self.T
+        if unroll and n % step == 0 and 2 <= n // step <= 16:
+            j = self.em.fresh("j")
+            return (["#pragma unroll", f"for (int {j} = 0; {j} < {n // step}; ++{j}) {{",
+                     f"  const int {e} = {first} + {j} * {step};"] + indent(inner) + ["}"])
         return [f"for (int {e} = {first}; {e} < {n}; {e} += {step}) {{"] + indent(inner) + ["}"]
 
-    def _materialize(self, op: BlockOp) -> Lines:
+    def _materialize(self, op: BlockOp, unroll: bool = False) -> Lines:
         name = op.outputs[0].name
         if name in self.mmas:
             return mma.materialize(self, op, self.mmas[name]) + ["__syncthreads();"]
@@ -262,14 +268,17 @@ class FusedKernel:
                 off = offset_expr("0", idx, padded_strides(t.shape, pitch))
                 return lines + [f"mg_st(sm_{name}_0 + ({off}), {e});"]
             return lines + [f"buf_{name}[{offset_expr('0', idx, row_major(t.shape))}] = {e};"]
-        return self.elem_loop(t.shape, body) + ["__syncthreads();"]
+        return self.elem_loop(t.shape, body, unroll=unroll) + ["__syncthreads();"]
 
     def _materialize_phase(self, phase: str) -> Lines:
         lines: Lines = []
         for op in self.bg.ops:
             name = op.outputs[0].name
             if self.a.phases[name] == phase and self.tile(name).home == "smem":
-                lines += self._materialize(op)
+                # Unrolled in the loop only: in a long epilogue the extra registers
+                # cost more than the overlap gains (the Llama layer's attention kernel
+                # at batch 8 ran 75.5 -> 80.3 µs on an H200 with every loop unrolled).
+                lines += self._materialize(op, unroll=phase == "loop")
         return lines
 
     def _invariant(self) -> Lines:

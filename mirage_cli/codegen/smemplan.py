@@ -74,7 +74,8 @@ def allocate(a: Analysis, tiles: dict[str, TileDraft], has_mma: bool, reds: list
     returns (dynamic shared memory bytes, scratch floats per block)."""
     W = a.bg.threads // 32
     staged = [t for t in tiles.values() if t.pitch]
-    loop_staged = [t for t in staged if t.phase == "loop"]
+    # A tile computed in the loop is written once per iteration: one copy, no pipeline.
+    loop_staged = [t for t in staged if t.phase == "loop" and t.name not in a.producer]
     bufs = [t for t in tiles.values() if not t.pitch and t.home in
             ("smem", "acc_regs", "acc_mma", "acc_smem")]
     extra = (W * 4 if any(r.threads_per_row > 32 for r in reds) else 0) + (16 if has_mma else 0)

@@ -63,8 +63,10 @@ def cache_dir() -> Path:
 # costed as the custom kernel it lowers to, whose tiling the cost model chooses; 17:
 # blocks stream in rounds of the resident ones, so a small last round is a tail; 18:
 # a block matmul whose K tile is not a multiple of 16 gathers its fragments element by
-# element, its tensor-core term scalar_copy_slowdown times slower).
-SEARCH_REVISION = 18
+# element, its tensor-core term scalar_copy_slowdown times slower; 19: a first custom
+# kernel may store an intermediate for pre-defined operators to finish, and the model
+# costs element-wise math where the blocks run it, at the profile's simt_slowdown).
+SEARCH_REVISION = 19
 
 
 def program_hash(program: Graph) -> str:

@@ -6,8 +6,11 @@ assumed to hit L2 and are counted separately as ``l2_bytes``), FLOPs (a matmul i
 ``2*m*n*k``, any other operator one per output element), launches, and the shared
 memory one block needs (the model's own count: tiles of loop loads twice, for double
 buffering, plus every other tile). The predicted time is the sum over kernels of
-``a * max(max(dram / BW, l2 / L2BW) / u^e, flops / PEAK / u) * (1 + 1/F) * (1 + p/S²)
-+ b * waves * F * ITER + c * LAUNCH``, plus ``d`` once per µGraph, where ``u`` (the
+``a * (max(max(dram / BW, l2 / L2BW) / u^e, flops / PEAK / u) * (1 + 1/F) * (1 + p/S²)
++ simt * SLOW / FMA / u) + b * waves * F * ITER + c * LAUNCH``, plus ``d`` once per
+µGraph, where ``simt`` counts a custom kernel's element-wise FLOPs as its blocks run
+them (per iteration in the loop: every block along N recomputes what it reads), ``SLOW``
+is the profile's ``simt_slowdown``, ``u`` (the
 utilisation) is the fraction of SMs the grid occupies, ``e`` the profile's
 ``mem_util_exp`` (memory streams nearly as fast on part of the GPU), ``F`` the forloop
 iterations one block runs (one iteration's loads are not overlapped with compute: the
@@ -111,7 +114,8 @@ class KernelCost:
     l2_us: float         # l2_bytes at its L2 bandwidth
     compute_us: float    # flops at its peak
     util: float          # fraction of the SMs the grid occupies
-    stream_us: float     # fit.stream * max(mem / util^e, compute / util) * (1 + 1/forloop)
+    stream_us: float     # fit.stream * (max(mem / util^e, compute / util) * (1 + 1/forloop)
+    #                      + element-wise FLOPs * simt_slowdown / fma_flops / util)
     sync_us: float       # fit.sync * waves * forloop * iter_us
     launch_us: float     # fit.launch * launch_us
     time_us: float
@@ -194,11 +198,13 @@ def kernel_costs(g: Graph, p: Profile | None = None) -> list[KernelCost]:
 def _kernel_cost(op: KernelOp, types: dict[str, TensorType], p: Profile) -> KernelCost:
     fit = p.fit
     facts = PlanFacts()
-    elem_flops = 0
+    elem_flops = simt_flops = 0
     if op.block is None:
         k_dram, k_l2, k_flops, k_smem, blocks = _predefined(op, types, p.num_sms)
     else:
-        k_dram, k_l2, k_flops, k_smem, blocks, elem_flops = _custom(op.block, types)
+        c = _custom(op.block, types)
+        k_dram, k_l2, k_flops, k_smem, blocks = c.dram, c.l2, c.flops, c.smem, c.blocks
+        elem_flops, simt_flops = c.gathered, c.simt
         facts = _plan_facts(op, types, p)
     plan_smem, threads, ksplit, stages = facts.smem, facts.threads, facts.ksplit, \
         facts.stages
@@ -237,6 +243,11 @@ def _kernel_cost(op: KernelOp, types: dict[str, TensorType], p: Profile) -> Kern
     # A loop with few copies in flight exposes part of each load's latency.
     depth = 1 + p.stage_penalty / stages ** 2 if forloop > 1 else 1.0
     stream = fit["stream"] * bound_s * (1 + 1 / forloop) * depth
+    # Element-wise math in a custom kernel runs on the CUDA cores of the blocks' few
+    # warps, in series with the loop's copies and mma steps: it adds to the kernel's
+    # time, at the FMA rate slowed by the profile's ``simt_slowdown``.
+    simt_s = simt_flops * (p.simt_slowdown or 1.0) / p.fma_flops / util
+    stream += fit["stream"] * simt_s
     sync = fit["sync"] * waves * forloop * p.iter_us * 1e-6
     launch = fit["launch"] * p.launch_us * 1e-6
     return KernelCost(k_dram, k_l2, k_flops, k_smem, blocks, forloop, d_s * 1e6,
@@ -403,16 +414,31 @@ def _block_flops(op: str, ins: list[TensorType], out: TensorType) -> int:
     return flops // k * (-(-k // MMA_K) * MMA_K) if k > 0 else flops
 
 
-def _custom(bg: BlockGraph, types: dict[str, TensorType]
-            ) -> tuple[int, int, int, int, int, int]:
-    """DRAM bytes, L2 bytes, FLOPs, the model's shared memory, blocks, and the FLOPs of
+@dataclass(frozen=True)
+class _Counts:
+    """What the model counts in a custom kernel's block graph."""
+
+    dram: int
+    l2: int
+    flops: int
+    smem: int
+    blocks: int
+    gathered: int   # FLOPs of block matmuls whose K tile is not a multiple of 16
+    simt: int       # FLOPs of the other operators, as the blocks run them
+
+
+def _custom(bg: BlockGraph, types: dict[str, TensorType]) -> _Counts:
+    """DRAM bytes, L2 bytes, FLOPs, the model's shared memory, blocks, the FLOPs of
     block matmuls whose K tile is not a multiple of 16 (their mma fragments are
     gathered element by element: the Llama layer's fused attention scores at batch 8,
     a K of 8 per iteration, ran 101.7 µs on an H200 where the model said 29.1,
-    docs/perf-log.md v17)."""
+    docs/perf-log.md v17), and the FLOPs of the element-wise and reduction operators
+    as every block runs them: once per iteration in the loop (a GELU before a loop's
+    matmul is recomputed by every block along N), once after it."""
     tiles: dict[str, TensorType] = {}
     loop_l2 = smem = 0
     sources: set[str] = set()
+    looped = {bi.value.name for bi in bg.inputs if bi.fmap is not None}
     for bi in bg.inputs:
         t = tile_type(types[bi.source], bg.grid, bg.forloop, bi.imap, bi.fmap)
         tiles[bi.value.name] = t
@@ -420,20 +446,29 @@ def _custom(bg: BlockGraph, types: dict[str, TensorType]
         reads = bg.forloop if bi.fmap is not None else 1
         loop_l2 += t.nbytes * reads
         smem += t.nbytes * (2 if bi.fmap is not None else 1)
-    flops = elem = 0
+    flops = elem = simt = 0
     for bop in bg.ops:
         ins = [tiles[i] for i in bop.inputs]
         out = bop.outputs[0].type
         tiles[bop.outputs[0].name] = out
         smem += out.nbytes
-        if not ops.get(bop.op).is_accumulator:
-            f = _block_flops(bop.op, ins, out)
-            flops += f
-            if ops.get(bop.op).cuda.kind == "matmul" and ins[0].shape[-1] % MMA_K:
+        spec = ops.get(bop.op)
+        if spec.is_accumulator:
+            continue
+        in_loop = any(i in looped for i in bop.inputs)
+        if in_loop:
+            looped.add(bop.outputs[0].name)
+        f = _block_flops(bop.op, ins, out)
+        flops += f
+        if spec.cuda.kind == "matmul":
+            if ins[0].shape[-1] % MMA_K:
                 elem += f
+        else:
+            simt += f * (bg.forloop if in_loop else 1)
     flops *= bg.forloop  # loop-body operators dominate; epilogue ops counted alike
     elem *= bg.forloop
     blocks = bg.num_blocks
     stored = sum(bo.value.type.nbytes for bo in bg.outputs)
     dram = sum(types[s].nbytes for s in sorted(sources)) + stored
-    return dram, loop_l2 * blocks + stored, flops * blocks, smem, blocks, elem * blocks
+    return _Counts(dram, loop_l2 * blocks + stored, flops * blocks, smem, blocks,
+                   elem * blocks, simt * blocks)

@@ -204,10 +204,10 @@ def units(program: Graph, options: SearchOptions) -> list[Unit]:
     target = make_target(program)
     s = Search(target, options.limits())
     cfgs = s.configs(s.initial())
-    first = [(1, c) for c in cfgs if s.completes(s.initial(), c[0])]
     if options.max_kernel_ops == 1:
-        return first
-    return first + [(options.max_kernel_ops, "predef")]
+        return [(1, c) for c in cfgs if s.completes(s.initial(), c[0])]
+    # With more kernels, a first custom kernel may store an intermediate (any grid).
+    return [(options.max_kernel_ops, c) for c in cfgs] + [(options.max_kernel_ops, "predef")]
 
 
 # Runs the units of one program elsewhere (``--executor ray``, :mod:`.executor`):

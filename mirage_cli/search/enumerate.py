@@ -226,10 +226,17 @@ class Search:
                 return
         configs = self.configs(state) if first is None else [first]
         for cfg in configs:
-            if not self.completes(state, cfg[0]):
+            # A grid that cannot store a pending output can still store an intermediate.
+            if not self.completes(state, cfg[0]) and kernels_left < 2:
                 continue
-            for nxt in self.custom_moves(state, cfg, kernels_left > 1):
-                yield from self.designs(nxt, kernels_left - 1)
+            for nxt, stores_intermediate in self.custom_moves(state, cfg, kernels_left > 1):
+                if stores_intermediate:
+                    # Followed by pre-defined operators only: a few designs per config.
+                    yield from self.designs(nxt, kernels_left - 1, "predef")
+                else:
+                    # A unit that starts with a custom kernel (``first``) has it store
+                    # outputs and end the design, or store an intermediate.
+                    yield from self.designs(nxt, kernels_left - 1 if first is None else 0)
 
     def _fresh(self, state: KState) -> str:
         taken = {n for n, _ in state.tensors} | set(self.target.graph.outputs)
@@ -278,9 +285,10 @@ class Search:
                                  matched)
 
     def custom_moves(self, state: KState, cfg: tuple[tuple[int, ...], int | None],
-                     may_continue: bool) -> Iterator[KState]:
-        """Every custom kernel of config ``cfg`` that finishes the program, or (when
-        ``may_continue``) that stores partial results for later kernels."""
+                     may_continue: bool) -> Iterator[tuple[KState, bool]]:
+        """Every custom kernel of config ``cfg`` that stores pending outputs, and (when
+        ``may_continue``) those that store an intermediate value for later kernels
+        (flagged True)."""
         kernel = BlockSearch(self, state, cfg[0], cfg[1])
         if not kernel.loads:
             return
@@ -395,10 +403,15 @@ class BlockSearch:
 
     # -- the DFS -----------------------------------------------------------------
 
-    def run(self, may_continue: bool) -> Iterator[KState]:
-        """Saturate, then extract one kernel per way of computing the outputs."""
+    def run(self, may_continue: bool) -> Iterator[tuple[KState, bool]]:
+        """Saturate, then extract one kernel per way of computing the outputs (and,
+        when more kernels may follow, the kernels storing an intermediate)."""
         self._saturate()
-        yield from self._extract()
+        for k in self._extract():
+            yield k, False
+        if may_continue:
+            for k in self._intermediates():
+                yield k, True
 
     def _saturate(self) -> None:
         """Grow the set of tiles to a fixpoint: round r adds every kept operator over
@@ -492,6 +505,36 @@ class BlockSearch:
             yield self._kstate_from(sorted(needed), [(ti, outputs[i])
                                                      for i, ti in sorted(chosen.items())],
                                     chosen)
+
+    def _intermediates(self) -> Iterator[KState]:
+        """Kernels storing one value that later kernels read: an epilogue tile that no
+        available tensor holds and no pending output is, stored whole (no partial
+        sums), from among the most complete such tiles (none of them is an operand of
+        another), most operators first, at most ``ALTERNATIVES``. A GELU MLP's
+        ``gelu(X @ W1)`` is one: the first matmul with GELU as its epilogue, then the
+        second matmul as a pre-defined operator. Without them a custom kernel could
+        only come last, and GELU was fused into the second matmul's loop, where every
+        block along N recomputed it: 2.4x slower than three kernels on an H200."""
+        known = {v.term for _, v in self.state.tensors}
+        name = self.s._fresh(self.state)
+
+        def whole(ti: int) -> bool:
+            m = self._omap(self.tiles[ti].value)
+            return (m is not None and not m[1]
+                    and self._stored(self.tiles[ti].value, name) is not None)
+        cands = [ti for ti, t in enumerate(self.tiles)
+                 if t.phase == "epilogue" and self.prod[ti] is not None
+                 and t.value.term not in known and whole(ti)]
+        inner = set().union(*(self.anc[ti] - {ti} for ti in cands)) if cands else set()
+        picked = 0
+        for ti in sorted(cands, key=lambda ti: (-len(self.anc[ti]), ti)):
+            if picked == ALTERNATIVES:
+                return
+            if ti in inner or self.s._match(self.state, self.tiles[ti].value) is not None:
+                continue
+            picked += 1
+            self.s.stats.designs += 1
+            yield self._kstate_from(sorted(self.anc[ti]), [(ti, name)], {})
 
     def _kstate_from(self, op_tiles: list[int], stores: list[tuple[int, str]],
                      chosen: dict[int, int]) -> KState:

@@ -159,7 +159,7 @@ def loses_on(rival: Graph, rc: Cost, chosen: Graph, cc: Cost) -> Json:
     term = max(rt, key=lambda t: (rt[t] - ct[t], t))
     delta = rt[term] - ct[term]
     detail = {"stream": "streaming time (bytes and FLOPs over bandwidth and peak, "
-                        "divided by SM utilisation)",
+                        "divided by SM utilisation, plus element-wise math)",
               "sync": "forloop iterations and waves (synchronisation)",
               "launch": "more kernel launches"}[term]
     if term == "stream":

@@ -19,6 +19,15 @@ def per_element(ins: Sequence[TensorType], out: TensorType) -> int:
     return max([out.numel] + [t.numel for t in ins])
 
 
+def per_element_times(n: int) -> FlopFn:
+    """``n`` operations per element: a transcendental function's instruction count as
+    the CUDA math library evaluates it (``erff`` in GELU, ``expf`` in SiLU)."""
+    def rule(ins: Sequence[TensorType], out: TensorType) -> int:
+        return n * per_element(ins, out)
+    rule.__doc__ = f"{n} operations per element of the largest operand or result."
+    return rule
+
+
 def contraction(ins: Sequence[TensorType], out: TensorType) -> int:
     """A multiply and an add per contracted element: ``2*m*n*k`` for a matmul."""
     return 2 * out.numel * ins[0].shape[-1]
