@@ -52,6 +52,18 @@ def test_pinned_knobs_reach_the_code() -> None:
         assert f"mg_cp_async_wait<{stages - 2}>();" in cu
 
 
+def test_a_tile_computed_in_the_loop_for_tensor_cores_is_16_bit_and_padded() -> None:
+    # qknorm's K normalised in each iteration is the B operand of Q @ K: written in f16
+    # to padded rows (one copy, not one per pipeline stage), read by ldmatrix.trans.
+    g = load_graph(str(ROOT / "examples/mugraphs/qknorm_gqa_fused.mir"))
+    plan = _plans(planned(g, "sm_90", [Knobs()]))[0]
+    kn = next(t for t in plan.tiles if t.name == "kn")
+    assert (kn.home, kn.pitch, kn.vec, kn.stages) == ("smem", 72, 8, 1)
+    assert next(m for m in plan.mmas if m.output == "s").b_path == "ldmatrix.trans"
+    cu, _ = emit(lower(planned(g, "sm_90", [Knobs()])))
+    assert "mg_st(sm_kn_0 + (" in cu and "buf_kn" not in cu
+
+
 def test_k_split_warps_combine_in_order_without_atomics() -> None:
     # Each level of K-split warps writes (level 0) or adds (later levels) its own
     # fragments after a barrier: one writer per element and level, a fixed order.

@@ -306,3 +306,71 @@ def test_a_whole_answer_slower_than_unfused_is_searched_cut_too():
     assert _cut_too(program, [])
     assert _cut_too(program, [cand(unfused.time_us * 2)])
     assert not _cut_too(program, [cand(unfused.time_us / 2)])
+
+
+GELU_MLP = """
+program gelu_mlp(rows = 16, hidden = 64, inter = 256) {
+  input X: f16[rows, hidden];
+  input W1: f16[hidden, inter];
+  input W2: f16[inter, hidden];
+  A = matmul(X, W1);
+  H = gelu(A);
+  O = matmul(H, W2);
+  output O;
+}
+"""
+
+
+def test_a_custom_kernel_may_store_an_intermediate_for_predefined_operators():
+    """The GELU MLP's first matmul with GELU as its epilogue, stored, then the second
+    matmul as a pre-defined operator: a design that starts with a custom kernel and
+    goes on (before, a custom kernel could only come last)."""
+    from mirage_cli.search.design import CustomD, PredefD
+
+    g = _program(GELU_MLP)
+    t = make_target(g)
+    s = Search(t, Limits(max_kernel_ops=2, max_block_ops=4))
+    found = [d for cfg in s.configs(s.initial())
+             for d in s.designs(s.initial(), 2, cfg)]
+    mixed = [d for d in found if isinstance(d.steps[0], CustomD)
+             and len(d.steps) == 2 and isinstance(d.steps[1], PredefD)]
+    assert mixed
+    first = mixed[0].steps[0]
+    assert [o.op for o in first.ops] == ["matmul", "acc_sum", "gelu"]
+    assert mixed[0].steps[1].op == "matmul"
+    # With one kernel allowed, no intermediate is stored.
+    one = [d for cfg in s.configs(s.initial()) for d in s.designs(s.initial(), 1, cfg)]
+    assert all(len(d.steps) == 1 for d in one)
+    # Instantiated and verified like any candidate.
+    res = search(g, SearchOptions(max_kernel_ops=2, max_block_ops=4, top=40))
+    mixed_g = [c.graph for c in res.candidates if [op.op for op in c.graph.ops] ==
+               ["custom", "matmul"]]
+    assert mixed_g
+    assert Verifier(g, seed=3).certify(mixed_g[0], crosscheck_float64=False).verdict == \
+        "equivalent"
+
+
+def test_the_model_costs_elementwise_math_where_the_blocks_run_it():
+    """GELU fused before the second matmul's loop is recomputed by every block along N in
+    every iteration; as the first matmul's epilogue it runs once per element."""
+    from mirage_cli.search.cost import _custom, profile
+
+    g = _program(GELU_MLP.replace("rows = 16, hidden = 64, inter = 256",
+                                  "rows = 16, hidden = 1024, inter = 4096"))
+    res = search(g, SearchOptions(max_kernel_ops=2, max_block_ops=4, top=10))
+    by_form = {tuple(op.op for op in c.graph.ops): c for c in res.candidates}
+    epilogue, in_loop = by_form[("custom", "matmul")], by_form[("matmul", "custom")]
+    k_epi, k_loop = epilogue.graph.ops[0], in_loop.graph.ops[1]
+    assert k_epi.block is not None and k_loop.block is not None
+    gelu = 28 * 16 * 4096  # the registry's FLOPs of GELU on A
+    assert _custom(k_epi.block, epilogue.graph.tensor_types()).simt == gelu
+    # In the loop, every block applies GELU to each tile of A it reads.
+    bg = k_loop.block
+    a_tile = next(bi.value.type for bi in bg.inputs if bi.source == "t0")
+    reads = bg.num_blocks * a_tile.numel * bg.forloop // (16 * 4096)
+    assert reads > 1
+    assert _custom(bg, in_loop.graph.tensor_types()).simt == gelu * reads
+    assert profile().simt_slowdown and profile().simt_slowdown > 1
+    assert [op.op for op in res.candidates[0].graph.ops] == ["custom", "matmul"]
+    assert _custom(res.candidates[0].graph.ops[0].block,  # type: ignore[arg-type]
+                   res.candidates[0].graph.tensor_types()).simt == gelu
