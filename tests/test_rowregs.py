@@ -60,6 +60,42 @@ def test_what_does_not_qualify_is_named() -> None:
     assert "multiple of 8 x 384 threads" in (_why(g, 384) or "")
 
 
+RESIDUAL = ROOT / "examples" / "mugraphs" / "residual_rmsnorm_fused.mir"
+
+
+def test_a_weighted_residual_rmsnorm_keeps_its_rows_in_registers() -> None:
+    # The weight is an [L] row every row shares; the norm is an accumulator of one
+    # iteration (acc_rms_ld), reduced like rms_norm, kept as its reciprocal.
+    g = load_graph(str(RESIDUAL))
+    op = _custom(g)
+    plan = plan_kernel(op.block, g.tensor_types(), "sm_90")
+    assert plan.smem_bytes == 0 and all(t.home == "regs" for t in plan.tiles)
+    assert [r.output for r in plan.reductions] == ["n"]
+    cu, _ = emit(lower(g))
+    body = cu[cu.index("__global__"):cu.index("#ifndef __CUDACC_RTC__")]
+    assert "extern __shared__" not in body and body.count("__syncthreads();") == 1
+    assert body.count("mg_ld8(p") == 3 and body.count("mg_st8(") == 2
+    assert "rsqrtf(" in body and "1e-05f" in body
+    # A row accumulator over more than one iteration is not a row reduction.
+    two = dataclasses.replace(op.block, forloop=2)
+    why = rows_in_registers(analyse(decompose(two)), g.tensor_types(), two.threads)
+    assert why is not None
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_available(), reason="no CUDA GPU")
+@pytest.mark.parametrize("batch", [1, 8, 16])
+def test_residual_rmsnorm_row_kernel_matches_the_reference_on_gpu(batch: int) -> None:
+    from mirage_cli.codegen import bench
+    from mirage_cli.codegen.runner import Device
+
+    prog = load_graph(str(ROOT / "examples" / "models" / "llama3_residual_rmsnorm_b16_bf16.mir"),
+                      {"batch": batch})
+    g = load_graph(str(RESIDUAL), {"batch": batch})
+    _, chk = bench.check_graph(Device(0), g, reference=prog, scale=bench.input_scale(prog))
+    assert chk.ok, chk.reason
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not gpu_available(), reason="no CUDA GPU")
 @pytest.mark.parametrize("batch", [1, 8, 16])

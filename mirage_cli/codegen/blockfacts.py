@@ -161,13 +161,14 @@ ROW_VEC = 8  # elements per 16-byte chunk of a 16-bit tile
 
 
 def row_tile(a: Analysis) -> tuple[int, int] | None:
-    """(R, L) when every tensor is an [R, L] tile or a per-row [R, 1] result."""
+    """(R, L) when every tensor is an [R, L] tile, a per-row [R, 1] result, or an [L]
+    row every row shares (a norm's weight)."""
     shapes = {t.shape for t in a.types.values()}
     full = {s for s in shapes if len(s) == 2 and s[1] != 1}
     if len(full) != 1:
         return None
     R, L = next(iter(full))
-    return (R, L) if shapes <= {(R, L), (R, 1)} else None
+    return (R, L) if shapes <= {(R, L), (R, 1), (L,)} else None
 
 
 def rows_in_registers(a: Analysis, dev: Mapping[str, TensorType], threads: int
@@ -187,8 +188,9 @@ def rows_in_registers(a: Analysis, dev: Mapping[str, TensorType], threads: int
         return "more than 8 chunks per thread"
     for bi in bg.inputs:
         t = bi.value.type
-        if t.shape != (R, L) or t.dtype is DType.F32 or dev[bi.source].shape[-1] % ROW_VEC:
-            return f"input {bi.value.name} is not a 16-bit [R, L] tile"
+        if t.shape not in ((R, L), (L,)) or t.dtype is DType.F32 \
+                or dev[bi.source].shape[-1] % ROW_VEC:
+            return f"input {bi.value.name} is not a 16-bit [R, L] tile or [L] row"
     for bo in bg.outputs:
         if a.types[bo.source].shape != (R, L) or bo.value.type.dtype is DType.F32:
             return f"output {bo.value.name} is not a 16-bit [R, L] tile"
@@ -205,9 +207,12 @@ def row_kind(op: BlockOp, a: Analysis) -> str | None:
     if reg.is_accumulator:
         spec = reg.accum
         assert spec is not None
-        ok = (spec.reduce is ops.Reduce.NONE and spec.finish is Finish.ID
-              and spec.pre is ops.Pre.ID)
-        return "alias" if ok else None
+        if spec.reduce is ops.Reduce.NONE and spec.finish is Finish.ID \
+                and spec.pre is ops.Pre.ID:
+            return "alias"
+        # Of one iteration, a row accumulator is a row reduction (acc_rms_ld: a norm).
+        row = a.bg.forloop == 1 and spec.reduce is ops.Reduce.LAST
+        return "row" if row else None
     kind = reg.cuda.kind
     if kind == "elementwise":
         return "elementwise"

@@ -28,6 +28,7 @@ from mirage_cli.codegen.blockfacts import (
     mma_tiles,
     packed,
     reads_once,
+    row_kind,
     row_reduction,
     row_tile,
     rows_in_registers,
@@ -99,7 +100,8 @@ def _row_plan(a: Analysis, dev_types: Mapping[str, TensorType], target: str, pin
                            "registers: one value per row, in every thread", 8 if t.shape[-1] > 1
                            else 1) for n, t in a.types.items())
     reds = tuple(ReducePlan(op.outputs[0].name, "block", T) for op in a.bg.ops
-                 if op.outputs[0].type.shape[-1] == 1 and not ops.get(op.op).is_accumulator)
+                 if op.outputs[0].type.shape[-1] == 1
+                 and (not ops.get(op.op).is_accumulator or row_kind(op, a) == "row"))
     return KernelPlan(target, T, k, 0, 0, tiles, (), reds)
 
 

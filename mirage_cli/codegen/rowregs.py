@@ -2,10 +2,12 @@
 
 A custom kernel qualifies (:func:`~.blockfacts.rows_in_registers`) when its forloop has one iteration, it has
 no matmul, and every block tensor is a tile of R rows of L 16-bit or f32 elements
-(``[R, L]``) or a per-row result (``[R, 1]``): element-wise chains, row reductions
-along the last dimension (``rms``, ``sum``, ``mean``, ``max``, ``min``) and
-accumulators that an iteration leaves unchanged (``acc_sum`` of one iteration) —
-norms, residual updates, gates. Such a kernel never needs shared memory for its
+(``[R, L]``), a per-row result (``[R, 1]``) or a row every row shares (``[L]``, a
+norm's weight, loaded as if each row held it): element-wise chains, row reductions
+along the last dimension (``rms``, ``sum``, ``mean``, ``max``, ``min``, and row
+accumulators of the one iteration such as ``acc_rms_ld``) and accumulators that an
+iteration leaves unchanged (``acc_sum`` of one iteration) — norms, residual updates,
+gates. Such a kernel never needs shared memory for its
 tiles: each thread owns the same 8-element chunks of every tile (chunk ``c`` of a row
 by thread ``c % T``, ``L / 8`` a multiple of ``T``), loads its chunks of each input
 with one 16-byte access each, computes every element-wise tensor in registers, and
@@ -27,7 +29,7 @@ from mirage_cli.codegen.kernel import FusedKernel
 from mirage_cli.codegen.plan import Kernel
 from mirage_cli.codegen.reduce import row_combine
 from mirage_cli.ir import BlockOp
-from mirage_cli.semantics.accum import Combine
+from mirage_cli.semantics.accum import Combine, Finish, Pre
 from mirage_cli.semantics.cuda import c_float, c_init, c_update, c_warp
 
 
@@ -83,11 +85,15 @@ class RowKernel(FusedKernel):
     # -- loads, operators, stores ------------------------------------------------------------
 
     def _load(self, name: str, dev: str, base: str) -> Lines:
+        """This thread's chunks of an input; an [L] row (a norm's weight) is loaded
+        for each of its chunks as if every row held it (the repeats hit L1)."""
         arr, p, Ld = f"r_{name}", self.pname[dev], self.dev[dev].shape[-1]
+        shared_row = len(self.a.types[name].shape) == 1
         self.em.nodes[name] = Node((self.R, self.L), Regs(arr))
         lines = [f"float {arr}[{self.CH * VEC}];"]
         for j in range(self.CH):
-            off = f"{base} + {self._row(j) * Ld} + {self._col0(j)}"
+            row = 0 if shared_row else self._row(j) * Ld
+            off = f"{base} + {row} + {self._col0(j)}"
             lines.append(f"mg_ld8({p} + ({off}), {arr} + {j * VEC});")
         return lines
 
@@ -140,9 +146,9 @@ class RowKernel(FusedKernel):
     def _reduce(self, op: BlockOp) -> Lines:
         """Per-row partials over this thread's chunks, then warp shuffles, one slot per
         warp and row in shared memory, one barrier, and every thread sums the slots."""
-        out, spec = op.outputs[0], ops.get(op.op).cuda
-        combine, fin = row_combine(op, self.L)
-        if spec.kind == "rms" and self._only_divides(out.name):
+        out = op.outputs[0]
+        rms, combine, fin = self._row_reduction(op)
+        if rms and self._only_divides(out.name):
             # A norm used only as a divisor is kept as its reciprocal (rsqrtf: within a
             # few ulp of f32) instead of sqrtf and then 1 / x, two correctly rounded
             # slow paths per row; its divisions become products.
@@ -156,7 +162,7 @@ class RowKernel(FusedKernel):
 
         def body(j: int, idx: list[str]) -> Lines:
             st, v = self.em.value(op.inputs[0], idx)
-            term = f"{v} * {v}" if spec.kind == "rms" else v
+            term = f"{v} * {v}" if rms else v
             return st + [c_update(f"{part}[{self._row(j)}]", term, combine)]
         lines += self._chunks(body)
         tot = self.em.fresh("t")
@@ -170,6 +176,22 @@ class RowKernel(FusedKernel):
         lines += [f"  {res}[r] = {fin.format(tot)};", "}"]
         self.em.nodes[out.name] = Node(out.type.shape, Stored(res, "0", (1, 0), "float"))
         return lines
+
+    def _row_reduction(self, op: BlockOp) -> tuple[bool, Combine, str]:
+        """Whether a row reduction sums squares (a norm), how it combines, and its finish
+        (``{0}``: the combined value); an accumulator of one iteration reduces its row
+        as the operator it accumulates would (``acc_rms_ld`` as ``rms``)."""
+        reg = ops.get(op.op)
+        if reg.accum is None:
+            combine, fin = row_combine(op, self.L)
+            return reg.cuda.kind == "rms", combine, fin
+        spec, n = reg.accum, c_float(float(self.L))
+        if spec.finish is Finish.RMS:
+            eps = c_float(float(reg.attr_values(op.attrs).get("eps", 0.0)))
+            fin = f"sqrtf({{0}} / {n} + {eps})"
+        else:
+            fin = f"{{0}} / {n}" if spec.finish is Finish.MEAN else "{0}"
+        return spec.pre is Pre.SQUARE, spec.combine, fin
 
     def _store(self, source: str, dev: str, omap: tuple[int | None, int | None, int | None]
                ) -> Lines:
