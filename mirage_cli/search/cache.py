@@ -65,8 +65,9 @@ def cache_dir() -> Path:
 # a block matmul whose K tile is not a multiple of 16 gathers its fragments element by
 # element, its tensor-core term scalar_copy_slowdown times slower; 19: a first custom
 # kernel may store an intermediate for pre-defined operators to finish, and the model
-# costs element-wise math where the blocks run it, at the profile's simt_slowdown).
-SEARCH_REVISION = 19
+# costs element-wise math where the blocks run it, at the profile's simt_slowdown; 20:
+# a grid that cannot store an output builds intermediates of at most 4 operators).
+SEARCH_REVISION = 20
 
 
 def program_hash(program: Graph) -> str:

@@ -49,6 +49,7 @@ from mirage_cli.search.prune import Oracle
 Phase = Literal["loop", "invariant", "epilogue"]
 REP_SPLIT = 2  # representative number of blocks per split axis / forloop iterations
 ALTERNATIVES = 3  # kernels extracted per config (different ways to compute an output)
+INTERMEDIATE_OPS = 4  # operators of a kernel that can only store an intermediate
 COMMUTATIVE = frozenset({"add", "mul"})
 
 
@@ -424,6 +425,11 @@ class BlockSearch:
         present = {(t.vid, t.phase == "epilogue"): i for i, t in enumerate(self.tiles)}
         frontier = list(range(len(self.tiles)))
         limit = self.s.limits.max_block_ops
+        if not self.s.completes(self.state, self.grid_labels):
+            # A grid that cannot store an output builds an intermediate only: a matmul
+            # and its epilogue, a few operators (gqa's 108 such configs took 7.6 s of
+            # enumeration at 12 operators, 1.6 s at 4; a GELU epilogue needs 3).
+            limit = min(limit, INTERMEDIATE_OPS)
         for _ in range(limit):
             new: list[int] = []
             round_start = len(self.tiles)
