@@ -7,26 +7,26 @@
 // Device pointers must be 16-byte aligned; the workspace must hold
 // mirage_llama3_8b_layer_aec50abcc000_workspace_bytes() bytes. No allocation, synchronisation or exit inside.
 // input 0 'X': f16[1, 4096]
-// input 1 'G1': f16[4096]
-// input 2 'WQ': f16[4096, 4096]
-// input 3 'WK': f16[4096, 1024]
-// input 4 'WV': f16[4096, 1024]
+// input 1 'G1': f16[4096] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
+// input 2 'WQ': f16[4096, 4096] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
+// input 3 'WK': f16[4096, 1024] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
+// input 4 'WV': f16[4096, 1024] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
 // input 5 'COS': f16[1, 1, 1, 128]
 // input 6 'SIN': f16[1, 1, 1, 128]
 // input 7 'KC': f16[1, 8, 128, 4095]
 // input 8 'VC': f16[1, 8, 4095, 128]
-// input 9 'WO': f16[4096, 4096]
-// input 10 'G2': f16[4096]
-// input 11 'W1': f16[4096, 14336]
-// input 12 'W3': f16[4096, 14336]
-// input 13 'W2': f16[14336, 4096]
+// input 9 'WO': f16[4096, 4096] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
+// input 10 'G2': f16[4096] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
+// input 11 'W1': f16[4096, 14336] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
+// input 12 'W3': f16[4096, 14336] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
+// input 13 'W2': f16[14336, 4096] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
 // output 0 'Y': f16[1, 4096]
 // output 1 'KE': f16[1, 8, 1, 128]
 // output 2 'V4': f16[1, 8, 1, 128]
 // kernel mg_k0_mirage_llama3_8b_layer_aec50abcc000: grid [1, 1, 1], 256 threads, 0 B dynamic shared memory
-// kernel mg_k1_mirage_llama3_8b_layer_aec50abcc000: grid [64, 1, 2], 128 threads, 75088 B dynamic shared memory
-// kernel mg_k2_mirage_llama3_8b_layer_aec50abcc000: grid [64, 1, 2], 256 threads, 51344 B dynamic shared memory
-// kernel mg_k3_mirage_llama3_8b_layer_aec50abcc000: grid [64, 1, 2], 256 threads, 51344 B dynamic shared memory
+// kernel mg_k1_mirage_llama3_8b_layer_aec50abcc000: grid [64, 1, 2], 128 threads, 101280 B dynamic shared memory
+// kernel mg_k2_mirage_llama3_8b_layer_aec50abcc000: grid [64, 1, 2], 256 threads, 53472 B dynamic shared memory
+// kernel mg_k3_mirage_llama3_8b_layer_aec50abcc000: grid [64, 1, 2], 256 threads, 53472 B dynamic shared memory
 // kernel mg_k4_mirage_llama3_8b_layer_aec50abcc000: grid [16, 1, 1], 256 threads, 0 B dynamic shared memory
 // kernel mg_k5_mirage_llama3_8b_layer_aec50abcc000: grid [4, 1, 1], 256 threads, 0 B dynamic shared memory
 // kernel mg_k6_mirage_llama3_8b_layer_aec50abcc000: grid [4, 1, 1], 256 threads, 0 B dynamic shared memory
@@ -41,28 +41,28 @@
 // kernel mg_k15_mirage_llama3_8b_layer_aec50abcc000: grid [4, 1, 1], 256 threads, 0 B dynamic shared memory
 // kernel mg_k16_mirage_llama3_8b_layer_aec50abcc000: grid [2048, 1, 1], 256 threads, 0 B dynamic shared memory
 // kernel mg_k17_mirage_llama3_8b_layer_aec50abcc000: grid [2048, 1, 1], 256 threads, 0 B dynamic shared memory
-// kernel mg_k18_mirage_llama3_8b_layer_aec50abcc000: grid [16, 8, 1], 128 threads, 38672 B dynamic shared memory
+// kernel mg_k18_mirage_llama3_8b_layer_aec50abcc000: grid [16, 8, 1], 128 threads, 55488 B dynamic shared memory
 // kernel mg_k19_mirage_llama3_8b_layer_aec50abcc000: grid [64, 1, 1], 256 threads, 0 B dynamic shared memory
 // kernel mg_k20_mirage_llama3_8b_layer_aec50abcc000: grid [32, 1, 1], 256 threads, 0 B dynamic shared memory
-// kernel mg_k21_mirage_llama3_8b_layer_aec50abcc000: grid [8, 8, 2], 256 threads, 57872 B dynamic shared memory
+// kernel mg_k21_mirage_llama3_8b_layer_aec50abcc000: grid [8, 8, 2], 256 threads, 63168 B dynamic shared memory
 // kernel mg_k22_mirage_llama3_8b_layer_aec50abcc000: grid [16, 1, 1], 256 threads, 0 B dynamic shared memory
-// kernel mg_k23_mirage_llama3_8b_layer_aec50abcc000: grid [64, 1, 2], 128 threads, 75088 B dynamic shared memory
+// kernel mg_k23_mirage_llama3_8b_layer_aec50abcc000: grid [64, 1, 2], 128 threads, 101280 B dynamic shared memory
 // kernel mg_k24_mirage_llama3_8b_layer_aec50abcc000: grid [2, 1, 1], 256 threads, 0 B dynamic shared memory
 // kernel mg_k25_mirage_llama3_8b_layer_aec50abcc000: grid [1, 1, 1], 256 threads, 0 B dynamic shared memory
-// kernel mg_k26_mirage_llama3_8b_layer_aec50abcc000: grid [64, 1, 2], 128 threads, 120272 B dynamic shared memory
-// kernel mg_k27_mirage_llama3_8b_layer_aec50abcc000: grid [64, 1, 2], 128 threads, 120272 B dynamic shared memory
+// kernel mg_k26_mirage_llama3_8b_layer_aec50abcc000: grid [64, 1, 2], 128 threads, 174880 B dynamic shared memory
+// kernel mg_k27_mirage_llama3_8b_layer_aec50abcc000: grid [64, 1, 2], 128 threads, 174880 B dynamic shared memory
 // kernel mg_k28_mirage_llama3_8b_layer_aec50abcc000: grid [7, 1, 1], 256 threads, 0 B dynamic shared memory
 // kernel mg_k29_mirage_llama3_8b_layer_aec50abcc000: grid [7, 1, 1], 256 threads, 0 B dynamic shared memory
-// kernel mg_k30_mirage_llama3_8b_layer_aec50abcc000: grid [64, 1, 2], 256 threads, 149840 B dynamic shared memory
+// kernel mg_k30_mirage_llama3_8b_layer_aec50abcc000: grid [64, 1, 2], 256 threads, 201120 B dynamic shared memory
 // kernel mg_k31_mirage_llama3_8b_layer_aec50abcc000: grid [2, 1, 1], 256 threads, 0 B dynamic shared memory
 
 // The kernels use cp.async, bf16 conversions and mma.sync shapes of sm_80 and later:
 // one clear error instead of a wall of ptxas errors for an older target.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
 #error "mirage-cli generated code needs sm_80 or newer: compile with -arch=sm_80 or -arch=sm_90"
-// Some kernels split their loop over a thread-block cluster, an sm_90 feature.
+// Some kernels use thread-block clusters and bulk tensor copies (TMA), sm_90 features.
 #elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
-#error "this file was generated for sm_90 (thread-block clusters): compile with -arch=sm_90, or generate it with --arch sm_80"
+#error "this file was generated for sm_90 (thread-block clusters, bulk tensor copies): compile with -arch=sm_90, or generate it with --arch sm_80"
 #endif
 
 // Storage types and helpers. The device code needs no header, so NVRTC compiles it
@@ -91,13 +91,24 @@ __device__ __forceinline__ void mg_st(mg_bf16* p, float v) {
   p->bits = h;
 }
 // Programmatic dependent launch (sm_90 and later): the entry point lets each kernel
-// start while the kernel before it in the stream drains, so the launch latency is
-// hidden. Every kernel's first act is this wait, which returns once that kernel has
-// finished and its writes are visible: no input is ever read early. On a launch
-// without the attribute it returns at once; before sm_90 it is not emitted.
+// start while the kernel before it in the stream drains. Each kernel waits here, and
+// returns once that kernel has finished and its writes are visible. Before the wait
+// a kernel only computes addresses and copies the first pipeline stages of inputs
+// that no kernel still running can be writing: inputs declared `weight`, or any
+// input of the program once an earlier kernel of this call has waited. On a launch
+// without the attribute the wait returns at once; before sm_90 it is not emitted.
 __device__ __forceinline__ void mg_grid_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+// After its wait, each kernel lets the next one in the stream launch: its blocks take
+// the SMs this kernel's blocks free and copy their weights while this one finishes.
+// Released only after the wait, so a kernel launched early never runs alongside the
+// kernel two places ahead of it.
+__device__ __forceinline__ void mg_grid_release() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }
 __device__ __forceinline__ float mg_silu(float x) { return x / (1.0f + expf(-x)); }
@@ -148,6 +159,81 @@ __device__ __forceinline__ void mg_cp_async_wait() {
 }
 __device__ __forceinline__ void mg_cp_async_wait_all() {
   asm volatile("cp.async.wait_all;" ::: "memory");
+}
+// Bulk tensor copies (TMA, sm_90): a tensor map (encoded by the host, passed by value
+// as a __grid_constant__ parameter) describes a device tensor and a box; one thread
+// copies a box into shared memory, and the copy's bytes complete a phase of an
+// mbarrier on which every thread waits. Before sm_90 these are never called.
+struct __align__(64) mg_tmap { unsigned long long q[16]; };
+__device__ __forceinline__ unsigned mg_smem_addr(const void* p) {
+  return (unsigned)__cvta_generic_to_shared(p);
+}
+__device__ __forceinline__ void mg_mbar_init(unsigned long long* b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(mg_smem_addr(b)) : "memory");
+#endif
+}
+__device__ __forceinline__ void mg_mbar_fence_init() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+#endif
+}
+// Expect `bytes` more on the barrier's current phase, without arriving.
+__device__ __forceinline__ void mg_mbar_expect(unsigned long long* b, unsigned bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;"
+               :: "r"(mg_smem_addr(b)), "r"(bytes) : "memory");
+#endif
+}
+// Arrive (the phase's one arrival) expecting `bytes` more.
+__device__ __forceinline__ void mg_mbar_arrive_expect(unsigned long long* b, unsigned bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
+               :: "r"(mg_smem_addr(b)), "r"(bytes) : "memory");
+#endif
+}
+__device__ __forceinline__ void mg_mbar_wait(unsigned long long* b, int parity) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("{\n .reg .pred p;\n MG_WAIT:\n"
+               " mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+               " @!p bra MG_WAIT;\n}" :: "r"(mg_smem_addr(b)), "r"(parity) : "memory");
+#endif
+}
+__device__ __forceinline__ void mg_tma2(void* dst, const mg_tmap* m, int c0, int c1,
+                                        unsigned long long* b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+               " [%0], [%1, {%2, %3}], [%4];"
+               :: "r"(mg_smem_addr(dst)), "l"(m), "r"(c0), "r"(c1), "r"(mg_smem_addr(b))
+               : "memory");
+#endif
+}
+__device__ __forceinline__ void mg_tma3(void* dst, const mg_tmap* m, int c0, int c1, int c2,
+                                        unsigned long long* b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
+               " [%0], [%1, {%2, %3, %4}], [%5];"
+               :: "r"(mg_smem_addr(dst)), "l"(m), "r"(c0), "r"(c1), "r"(c2),
+                  "r"(mg_smem_addr(b)) : "memory");
+#endif
+}
+__device__ __forceinline__ void mg_tma4(void* dst, const mg_tmap* m, int c0, int c1, int c2,
+                                        int c3, unsigned long long* b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes"
+               " [%0], [%1, {%2, %3, %4, %5}], [%6];"
+               :: "r"(mg_smem_addr(dst)), "l"(m), "r"(c0), "r"(c1), "r"(c2), "r"(c3),
+                  "r"(mg_smem_addr(b)) : "memory");
+#endif
+}
+__device__ __forceinline__ void mg_tma5(void* dst, const mg_tmap* m, int c0, int c1, int c2,
+                                        int c3, int c4, unsigned long long* b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.tensor.5d.shared::cluster.global.mbarrier::complete_tx::bytes"
+               " [%0], [%1, {%2, %3, %4, %5, %6}], [%7];"
+               :: "r"(mg_smem_addr(dst)), "l"(m), "r"(c0), "r"(c1), "r"(c2), "r"(c3),
+                  "r"(c4), "r"(mg_smem_addr(b)) : "memory");
+#endif
 }
 // Tensor cores: D = A * B + D, m16n8k16, f32 accumulators; operands packed from f32.
 __device__ __forceinline__ unsigned mg_pack_f16(float lo, float hi) {
@@ -277,6 +363,7 @@ extern "C" __global__ void __launch_bounds__(256) mg_k0_mirage_llama3_8b_layer_a
     const mg_f16* __restrict__ p1,
     mg_f16* __restrict__ p2) {
   mg_grid_wait();
+  mg_grid_release();
   __shared__ float red[8];
   float v = 0.0f;
   for (int k = threadIdx.x; k < 4096; k += 256) { const float t = mg_ld(p0[k]); v = fmaf(t, t, v); }
@@ -289,69 +376,95 @@ extern "C" __global__ void __launch_bounds__(256) mg_k0_mirage_llama3_8b_layer_a
 extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(128, 1) mg_k1_mirage_llama3_8b_layer_aec50abcc000(
     const mg_f16* __restrict__ p0,
     const mg_f16* __restrict__ p1,
-    mg_f16* __restrict__ p2) {
-  mg_grid_wait();
+    mg_f16* __restrict__ p2,
+    const __grid_constant__ mg_tmap p3) {
   const int bx = blockIdx.x, by = blockIdx.y, bz = 0;
   (void)bx; (void)by; (void)bz;
   const unsigned mg_rank = blockIdx.z;
   const int mg_it0 = (int)mg_rank * 16;
-  extern __shared__ __align__(16) unsigned char mg_smem[];
+  extern __shared__ __align__(16) unsigned char mg_smem_raw[];
+  unsigned char* mg_smem = mg_smem_raw + ((1024u - (mg_smem_addr(mg_smem_raw) & 1023u)) & 1023u);
   const int base_a = 0;
   const int base_b = bx * 64;
-  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 75072);
+  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 100240);
   if (threadIdx.x < 4) mg_zero[threadIdx.x] = 0u;
-  mg_f16* sm_a_0 = reinterpret_cast<mg_f16*>(mg_smem + 0);
-  mg_f16* sm_b_0 = reinterpret_cast<mg_f16*>(mg_smem + 1088);
-  float* buf_s = reinterpret_cast<float*>(mg_smem + 74816);
-  int mg_so_b[8], mg_do_b[8];
-  #pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    const int c3 = threadIdx.x + i * 128;
-    const int s4_0 = c3 / 8;
-    const int s4_1 = (c3) % 8;
-    mg_so_b[i] = s4_0 * 4096 + (s4_1 * 8);
-    mg_do_b[i] = s4_0 * 72 + (s4_1 * 8);
+  unsigned long long* mg_mbar = reinterpret_cast<unsigned long long*>(mg_smem + 100192);
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < 6; ++s) mg_mbar_init(mg_mbar + s);
+    mg_mbar_fence_init();
   }
+  __syncthreads();
+  mg_f16* sm_a_0 = reinterpret_cast<mg_f16*>(mg_smem + 98304);
+  mg_f16* sm_b_0 = reinterpret_cast<mg_f16*>(mg_smem + 0);
+  float* buf_s = reinterpret_cast<float*>(mg_smem + 99936);
+  if (threadIdx.x == 0) {
+    mg_mbar_arrive_expect(mg_mbar + ((0) % 6), 16384u);
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 8192)), &p3, bx * 64, ((mg_it0 + 0)) * 128, mg_mbar + ((0) % 6));
+  }
+  if (threadIdx.x == 0) {
+    mg_mbar_arrive_expect(mg_mbar + ((1) % 6), 16384u);
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 8192)), &p3, bx * 64, ((mg_it0 + 1)) * 128, mg_mbar + ((1) % 6));
+  }
+  if (threadIdx.x == 0) {
+    mg_mbar_arrive_expect(mg_mbar + ((2) % 6), 16384u);
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 8192)), &p3, bx * 64, ((mg_it0 + 2)) * 128, mg_mbar + ((2) % 6));
+  }
+  if (threadIdx.x == 0) {
+    mg_mbar_arrive_expect(mg_mbar + ((3) % 6), 16384u);
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 8192)), &p3, bx * 64, ((mg_it0 + 3)) * 128, mg_mbar + ((3) % 6));
+  }
+  if (threadIdx.x == 0) {
+    mg_mbar_arrive_expect(mg_mbar + ((4) % 6), 16384u);
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 8192)), &p3, bx * 64, ((mg_it0 + 4)) * 128, mg_mbar + ((4) % 6));
+  }
+  mg_grid_wait();
+  mg_grid_release();
   for (int c1 = threadIdx.x; c1 < 16; c1 += 128) {
     const int s2_1 = c1;
-    mg_cp_async16((sm_a_0 + ((0) % 4) * 136) + ((s2_1 * 8)), p0 + ((base_a + (mg_it0 + 0) * 128)) + ((s2_1 * 8)));
+    mg_cp_async16((sm_a_0 + ((0) % 6) * 136) + ((s2_1 * 8)), p0 + ((base_a + (mg_it0 + 0) * 128)) + ((s2_1 * 8)));
   }
-  #pragma unroll
-  for (int i = 0; i < 8; ++i) mg_cp_async16((sm_b_0 + ((0) % 4) * 9216) + mg_do_b[i], p1 + ((base_b + (mg_it0 + 0) * 524288)) + mg_so_b[i]);
+  mg_cp_async_commit();
+  for (int c3 = threadIdx.x; c3 < 16; c3 += 128) {
+    const int s4_1 = c3;
+    mg_cp_async16((sm_a_0 + ((1) % 6) * 136) + ((s4_1 * 8)), p0 + ((base_a + (mg_it0 + 1) * 128)) + ((s4_1 * 8)));
+  }
   mg_cp_async_commit();
   for (int c5 = threadIdx.x; c5 < 16; c5 += 128) {
     const int s6_1 = c5;
-    mg_cp_async16((sm_a_0 + ((1) % 4) * 136) + ((s6_1 * 8)), p0 + ((base_a + (mg_it0 + 1) * 128)) + ((s6_1 * 8)));
+    mg_cp_async16((sm_a_0 + ((2) % 6) * 136) + ((s6_1 * 8)), p0 + ((base_a + (mg_it0 + 2) * 128)) + ((s6_1 * 8)));
   }
-  #pragma unroll
-  for (int i = 0; i < 8; ++i) mg_cp_async16((sm_b_0 + ((1) % 4) * 9216) + mg_do_b[i], p1 + ((base_b + (mg_it0 + 1) * 524288)) + mg_so_b[i]);
   mg_cp_async_commit();
   for (int c7 = threadIdx.x; c7 < 16; c7 += 128) {
     const int s8_1 = c7;
-    mg_cp_async16((sm_a_0 + ((2) % 4) * 136) + ((s8_1 * 8)), p0 + ((base_a + (mg_it0 + 2) * 128)) + ((s8_1 * 8)));
+    mg_cp_async16((sm_a_0 + ((3) % 6) * 136) + ((s8_1 * 8)), p0 + ((base_a + (mg_it0 + 3) * 128)) + ((s8_1 * 8)));
   }
-  #pragma unroll
-  for (int i = 0; i < 8; ++i) mg_cp_async16((sm_b_0 + ((2) % 4) * 9216) + mg_do_b[i], p1 + ((base_b + (mg_it0 + 2) * 524288)) + mg_so_b[i]);
+  mg_cp_async_commit();
+  for (int c9 = threadIdx.x; c9 < 16; c9 += 128) {
+    const int s10_1 = c9;
+    mg_cp_async16((sm_a_0 + ((4) % 6) * 136) + ((s10_1 * 8)), p0 + ((base_a + (mg_it0 + 4) * 128)) + ((s10_1 * 8)));
+  }
   mg_cp_async_commit();
   float acc_s[2][4];
   #pragma unroll
   for (int j = 0; j < 2; ++j) acc_s[j][0] = acc_s[j][1] = acc_s[j][2] = acc_s[j][3] = 0.0f;
   for (int it = 0; it < 16; ++it) {
     const int off_a = base_a + (mg_it0 + it) * 128;
-    const int off_b = base_b + (mg_it0 + it) * 524288;
-    mg_cp_async_wait<2>();
+    mg_cp_async_wait<4>();
+    mg_mbar_wait(mg_mbar + (it % 6), (it / 6) & 1);
     __syncthreads();
-    if (it + 3 < 16) {
-      for (int c9 = threadIdx.x; c9 < 16; c9 += 128) {
-        const int s10_1 = c9;
-        mg_cp_async16((sm_a_0 + (((it + 3)) % 4) * 136) + ((s10_1 * 8)), p0 + ((off_a + 384)) + ((s10_1 * 8)));
+    if (it + 5 < 16) {
+      for (int c11 = threadIdx.x; c11 < 16; c11 += 128) {
+        const int s12_1 = c11;
+        mg_cp_async16((sm_a_0 + (((it + 5)) % 6) * 136) + ((s12_1 * 8)), p0 + ((off_a + 640)) + ((s12_1 * 8)));
       }
-      #pragma unroll
-      for (int i = 0; i < 8; ++i) mg_cp_async16((sm_b_0 + (((it + 3)) % 4) * 9216) + mg_do_b[i], p1 + ((off_b + 1572864)) + mg_so_b[i]);
+      if (threadIdx.x == 0) {
+        mg_mbar_arrive_expect(mg_mbar + ((it + 5) % 6), 16384u);
+        mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 8192)), &p3, bx * 64, ((mg_it0 + it + 5)) * 128, mg_mbar + ((it + 5) % 6));
+      }
     }
     mg_cp_async_commit();
-    const auto* sm_a = (sm_a_0 + ((it) % 4) * 136);
-    const auto* sm_b = (sm_b_0 + ((it) % 4) * 9216);
+    const auto* sm_a = (sm_a_0 + ((it) % 6) * 136);
+    const auto* sm_b = (sm_b_0 + ((it) % 6) * 8192);
     {
       const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
       const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
@@ -376,7 +489,7 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(128, 1) m
           const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
           (void)mg_nb; (void)c0; (void)n0;
           unsigned rb0, rb1;
-          mg_ldsm_x2_t(rb0, rb1, (sm_b + ((kk + (mg_lane & 15)) * 72 + (mg_ni * 8))));
+          mg_ldsm_x2_t(rb0, rb1, (reinterpret_cast<const unsigned char*>(sm_b) + ((((mg_ni * 8)) * 2) / 128) * 16384 + (((((kk + (mg_lane & 15)))) * 128 + (((mg_ni * 8)) * 2) % 128) ^ (((((((kk + (mg_lane & 15)))) * 128 + (((mg_ni * 8)) * 2) % 128) >> 7) & 7) << 4))));
           mg_mma_f16(acc_s[j], ra0, ra1, ra2, ra3, rb0, rb1);
         }
       }
@@ -438,9 +551,9 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(128, 1) m
   mg_cluster_arrive();
   __syncthreads();
   buf_s = reinterpret_cast<float*>(mg_smem + 0);
-  for (int e11 = (int)mg_rank * 128 + (int)threadIdx.x; e11 < 8; e11 += 256) {
-    const int i12_1 = e11;
-    mg_st8(p2 + (bx * 64 + (i12_1 * 8)), buf_s[((i12_1 * 8) + 0)], buf_s[((i12_1 * 8) + 1)], buf_s[((i12_1 * 8) + 2)], buf_s[((i12_1 * 8) + 3)], buf_s[((i12_1 * 8) + 4)], buf_s[((i12_1 * 8) + 5)], buf_s[((i12_1 * 8) + 6)], buf_s[((i12_1 * 8) + 7)]);
+  for (int e13 = (int)mg_rank * 128 + (int)threadIdx.x; e13 < 8; e13 += 256) {
+    const int i14_1 = e13;
+    mg_st8(p2 + (bx * 64 + (i14_1 * 8)), buf_s[((i14_1 * 8) + 0)], buf_s[((i14_1 * 8) + 1)], buf_s[((i14_1 * 8) + 2)], buf_s[((i14_1 * 8) + 3)], buf_s[((i14_1 * 8) + 4)], buf_s[((i14_1 * 8) + 5)], buf_s[((i14_1 * 8) + 6)], buf_s[((i14_1 * 8) + 7)]);
   }
   mg_cluster_wait();
 }
@@ -449,69 +562,95 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(128, 1) m
 extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(256, 1) mg_k2_mirage_llama3_8b_layer_aec50abcc000(
     const mg_f16* __restrict__ p0,
     const mg_f16* __restrict__ p1,
-    mg_f16* __restrict__ p2) {
-  mg_grid_wait();
+    mg_f16* __restrict__ p2,
+    const __grid_constant__ mg_tmap p3) {
   const int bx = blockIdx.x, by = blockIdx.y, bz = 0;
   (void)bx; (void)by; (void)bz;
   const unsigned mg_rank = blockIdx.z;
   const int mg_it0 = (int)mg_rank * 8;
-  extern __shared__ __align__(16) unsigned char mg_smem[];
+  extern __shared__ __align__(16) unsigned char mg_smem_raw[];
+  unsigned char* mg_smem = mg_smem_raw + ((1024u - (mg_smem_addr(mg_smem_raw) & 1023u)) & 1023u);
   const int base_a = 0;
   const int base_b = bx * 16;
-  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 51328);
+  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 52432);
   if (threadIdx.x < 4) mg_zero[threadIdx.x] = 0u;
-  mg_f16* sm_a_0 = reinterpret_cast<mg_f16*>(mg_smem + 0);
-  mg_f16* sm_b_0 = reinterpret_cast<mg_f16*>(mg_smem + 2112);
-  float* buf_s = reinterpret_cast<float*>(mg_smem + 51264);
-  int mg_so_b[2], mg_do_b[2];
-  #pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const int c3 = threadIdx.x + i * 256;
-    const int s4_0 = c3 / 2;
-    const int s4_1 = (c3) % 2;
-    mg_so_b[i] = s4_0 * 1024 + (s4_1 * 8);
-    mg_do_b[i] = s4_0 * 24 + (s4_1 * 8);
+  unsigned long long* mg_mbar = reinterpret_cast<unsigned long long*>(mg_smem + 52384);
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < 6; ++s) mg_mbar_init(mg_mbar + s);
+    mg_mbar_fence_init();
   }
+  __syncthreads();
+  mg_f16* sm_a_0 = reinterpret_cast<mg_f16*>(mg_smem + 49152);
+  mg_f16* sm_b_0 = reinterpret_cast<mg_f16*>(mg_smem + 0);
+  float* buf_s = reinterpret_cast<float*>(mg_smem + 52320);
+  if (threadIdx.x == 0) {
+    mg_mbar_arrive_expect(mg_mbar + ((0) % 6), 8192u);
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 4096)), &p3, bx * 16, ((mg_it0 + 0)) * 256, mg_mbar + ((0) % 6));
+  }
+  if (threadIdx.x == 0) {
+    mg_mbar_arrive_expect(mg_mbar + ((1) % 6), 8192u);
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 4096)), &p3, bx * 16, ((mg_it0 + 1)) * 256, mg_mbar + ((1) % 6));
+  }
+  if (threadIdx.x == 0) {
+    mg_mbar_arrive_expect(mg_mbar + ((2) % 6), 8192u);
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 4096)), &p3, bx * 16, ((mg_it0 + 2)) * 256, mg_mbar + ((2) % 6));
+  }
+  if (threadIdx.x == 0) {
+    mg_mbar_arrive_expect(mg_mbar + ((3) % 6), 8192u);
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 4096)), &p3, bx * 16, ((mg_it0 + 3)) * 256, mg_mbar + ((3) % 6));
+  }
+  if (threadIdx.x == 0) {
+    mg_mbar_arrive_expect(mg_mbar + ((4) % 6), 8192u);
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 4096)), &p3, bx * 16, ((mg_it0 + 4)) * 256, mg_mbar + ((4) % 6));
+  }
+  mg_grid_wait();
+  mg_grid_release();
   for (int c1 = threadIdx.x; c1 < 32; c1 += 256) {
     const int s2_1 = c1;
-    mg_cp_async16((sm_a_0 + ((0) % 4) * 264) + ((s2_1 * 8)), p0 + ((base_a + (mg_it0 + 0) * 256)) + ((s2_1 * 8)));
+    mg_cp_async16((sm_a_0 + ((0) % 6) * 264) + ((s2_1 * 8)), p0 + ((base_a + (mg_it0 + 0) * 256)) + ((s2_1 * 8)));
   }
-  #pragma unroll
-  for (int i = 0; i < 2; ++i) mg_cp_async16((sm_b_0 + ((0) % 4) * 6144) + mg_do_b[i], p1 + ((base_b + (mg_it0 + 0) * 262144)) + mg_so_b[i]);
+  mg_cp_async_commit();
+  for (int c3 = threadIdx.x; c3 < 32; c3 += 256) {
+    const int s4_1 = c3;
+    mg_cp_async16((sm_a_0 + ((1) % 6) * 264) + ((s4_1 * 8)), p0 + ((base_a + (mg_it0 + 1) * 256)) + ((s4_1 * 8)));
+  }
   mg_cp_async_commit();
   for (int c5 = threadIdx.x; c5 < 32; c5 += 256) {
     const int s6_1 = c5;
-    mg_cp_async16((sm_a_0 + ((1) % 4) * 264) + ((s6_1 * 8)), p0 + ((base_a + (mg_it0 + 1) * 256)) + ((s6_1 * 8)));
+    mg_cp_async16((sm_a_0 + ((2) % 6) * 264) + ((s6_1 * 8)), p0 + ((base_a + (mg_it0 + 2) * 256)) + ((s6_1 * 8)));
   }
-  #pragma unroll
-  for (int i = 0; i < 2; ++i) mg_cp_async16((sm_b_0 + ((1) % 4) * 6144) + mg_do_b[i], p1 + ((base_b + (mg_it0 + 1) * 262144)) + mg_so_b[i]);
   mg_cp_async_commit();
   for (int c7 = threadIdx.x; c7 < 32; c7 += 256) {
     const int s8_1 = c7;
-    mg_cp_async16((sm_a_0 + ((2) % 4) * 264) + ((s8_1 * 8)), p0 + ((base_a + (mg_it0 + 2) * 256)) + ((s8_1 * 8)));
+    mg_cp_async16((sm_a_0 + ((3) % 6) * 264) + ((s8_1 * 8)), p0 + ((base_a + (mg_it0 + 3) * 256)) + ((s8_1 * 8)));
   }
-  #pragma unroll
-  for (int i = 0; i < 2; ++i) mg_cp_async16((sm_b_0 + ((2) % 4) * 6144) + mg_do_b[i], p1 + ((base_b + (mg_it0 + 2) * 262144)) + mg_so_b[i]);
+  mg_cp_async_commit();
+  for (int c9 = threadIdx.x; c9 < 32; c9 += 256) {
+    const int s10_1 = c9;
+    mg_cp_async16((sm_a_0 + ((4) % 6) * 264) + ((s10_1 * 8)), p0 + ((base_a + (mg_it0 + 4) * 256)) + ((s10_1 * 8)));
+  }
   mg_cp_async_commit();
   float acc_s[1][4];
   #pragma unroll
   for (int j = 0; j < 1; ++j) acc_s[j][0] = acc_s[j][1] = acc_s[j][2] = acc_s[j][3] = 0.0f;
   for (int it = 0; it < 8; ++it) {
     const int off_a = base_a + (mg_it0 + it) * 256;
-    const int off_b = base_b + (mg_it0 + it) * 262144;
-    mg_cp_async_wait<2>();
+    mg_cp_async_wait<4>();
+    mg_mbar_wait(mg_mbar + (it % 6), (it / 6) & 1);
     __syncthreads();
-    if (it + 3 < 8) {
-      for (int c9 = threadIdx.x; c9 < 32; c9 += 256) {
-        const int s10_1 = c9;
-        mg_cp_async16((sm_a_0 + (((it + 3)) % 4) * 264) + ((s10_1 * 8)), p0 + ((off_a + 768)) + ((s10_1 * 8)));
+    if (it + 5 < 8) {
+      for (int c11 = threadIdx.x; c11 < 32; c11 += 256) {
+        const int s12_1 = c11;
+        mg_cp_async16((sm_a_0 + (((it + 5)) % 6) * 264) + ((s12_1 * 8)), p0 + ((off_a + 1280)) + ((s12_1 * 8)));
       }
-      #pragma unroll
-      for (int i = 0; i < 2; ++i) mg_cp_async16((sm_b_0 + (((it + 3)) % 4) * 6144) + mg_do_b[i], p1 + ((off_b + 786432)) + mg_so_b[i]);
+      if (threadIdx.x == 0) {
+        mg_mbar_arrive_expect(mg_mbar + ((it + 5) % 6), 8192u);
+        mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 4096)), &p3, bx * 16, ((mg_it0 + it + 5)) * 256, mg_mbar + ((it + 5) % 6));
+      }
     }
     mg_cp_async_commit();
-    const auto* sm_a = (sm_a_0 + ((it) % 4) * 264);
-    const auto* sm_b = (sm_b_0 + ((it) % 4) * 6144);
+    const auto* sm_a = (sm_a_0 + ((it) % 6) * 264);
+    const auto* sm_b = (sm_b_0 + ((it) % 6) * 4096);
     {
       const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
       const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
@@ -536,7 +675,7 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(256, 1) m
           const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
           (void)mg_nb; (void)c0; (void)n0;
           unsigned rb0, rb1;
-          mg_ldsm_x2_t(rb0, rb1, (sm_b + ((kk + (mg_lane & 15)) * 24 + (mg_ni * 8))));
+          mg_ldsm_x2_t(rb0, rb1, (reinterpret_cast<const unsigned char*>(sm_b) + ((((mg_ni * 8)) * 2) / 32) * 8192 + (((((kk + (mg_lane & 15)))) * 32 + (((mg_ni * 8)) * 2) % 32) ^ (((((((kk + (mg_lane & 15)))) * 32 + (((mg_ni * 8)) * 2) % 32) >> 7) & 1) << 4))));
           mg_mma_f16(acc_s[j], ra0, ra1, ra2, ra3, rb0, rb1);
         }
       }
@@ -619,9 +758,9 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(256, 1) m
   mg_cluster_arrive();
   __syncthreads();
   buf_s = reinterpret_cast<float*>(mg_smem + 0);
-  for (int e11 = (int)mg_rank * 256 + (int)threadIdx.x; e11 < 2; e11 += 512) {
-    const int i12_1 = e11;
-    mg_st8(p2 + (bx * 16 + (i12_1 * 8)), buf_s[((i12_1 * 8) + 0)], buf_s[((i12_1 * 8) + 1)], buf_s[((i12_1 * 8) + 2)], buf_s[((i12_1 * 8) + 3)], buf_s[((i12_1 * 8) + 4)], buf_s[((i12_1 * 8) + 5)], buf_s[((i12_1 * 8) + 6)], buf_s[((i12_1 * 8) + 7)]);
+  for (int e13 = (int)mg_rank * 256 + (int)threadIdx.x; e13 < 2; e13 += 512) {
+    const int i14_1 = e13;
+    mg_st8(p2 + (bx * 16 + (i14_1 * 8)), buf_s[((i14_1 * 8) + 0)], buf_s[((i14_1 * 8) + 1)], buf_s[((i14_1 * 8) + 2)], buf_s[((i14_1 * 8) + 3)], buf_s[((i14_1 * 8) + 4)], buf_s[((i14_1 * 8) + 5)], buf_s[((i14_1 * 8) + 6)], buf_s[((i14_1 * 8) + 7)]);
   }
   mg_cluster_wait();
 }
@@ -630,69 +769,95 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(256, 1) m
 extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(256, 1) mg_k3_mirage_llama3_8b_layer_aec50abcc000(
     const mg_f16* __restrict__ p0,
     const mg_f16* __restrict__ p1,
-    mg_f16* __restrict__ p2) {
-  mg_grid_wait();
+    mg_f16* __restrict__ p2,
+    const __grid_constant__ mg_tmap p3) {
   const int bx = blockIdx.x, by = blockIdx.y, bz = 0;
   (void)bx; (void)by; (void)bz;
   const unsigned mg_rank = blockIdx.z;
   const int mg_it0 = (int)mg_rank * 8;
-  extern __shared__ __align__(16) unsigned char mg_smem[];
+  extern __shared__ __align__(16) unsigned char mg_smem_raw[];
+  unsigned char* mg_smem = mg_smem_raw + ((1024u - (mg_smem_addr(mg_smem_raw) & 1023u)) & 1023u);
   const int base_a = 0;
   const int base_b = bx * 16;
-  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 51328);
+  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 52432);
   if (threadIdx.x < 4) mg_zero[threadIdx.x] = 0u;
-  mg_f16* sm_a_0 = reinterpret_cast<mg_f16*>(mg_smem + 0);
-  mg_f16* sm_b_0 = reinterpret_cast<mg_f16*>(mg_smem + 2112);
-  float* buf_s = reinterpret_cast<float*>(mg_smem + 51264);
-  int mg_so_b[2], mg_do_b[2];
-  #pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const int c3 = threadIdx.x + i * 256;
-    const int s4_0 = c3 / 2;
-    const int s4_1 = (c3) % 2;
-    mg_so_b[i] = s4_0 * 1024 + (s4_1 * 8);
-    mg_do_b[i] = s4_0 * 24 + (s4_1 * 8);
+  unsigned long long* mg_mbar = reinterpret_cast<unsigned long long*>(mg_smem + 52384);
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < 6; ++s) mg_mbar_init(mg_mbar + s);
+    mg_mbar_fence_init();
   }
+  __syncthreads();
+  mg_f16* sm_a_0 = reinterpret_cast<mg_f16*>(mg_smem + 49152);
+  mg_f16* sm_b_0 = reinterpret_cast<mg_f16*>(mg_smem + 0);
+  float* buf_s = reinterpret_cast<float*>(mg_smem + 52320);
+  if (threadIdx.x == 0) {
+    mg_mbar_arrive_expect(mg_mbar + ((0) % 6), 8192u);
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 4096)), &p3, bx * 16, ((mg_it0 + 0)) * 256, mg_mbar + ((0) % 6));
+  }
+  if (threadIdx.x == 0) {
+    mg_mbar_arrive_expect(mg_mbar + ((1) % 6), 8192u);
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 4096)), &p3, bx * 16, ((mg_it0 + 1)) * 256, mg_mbar + ((1) % 6));
+  }
+  if (threadIdx.x == 0) {
+    mg_mbar_arrive_expect(mg_mbar + ((2) % 6), 8192u);
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 4096)), &p3, bx * 16, ((mg_it0 + 2)) * 256, mg_mbar + ((2) % 6));
+  }
+  if (threadIdx.x == 0) {
+    mg_mbar_arrive_expect(mg_mbar + ((3) % 6), 8192u);
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 4096)), &p3, bx * 16, ((mg_it0 + 3)) * 256, mg_mbar + ((3) % 6));
+  }
+  if (threadIdx.x == 0) {
+    mg_mbar_arrive_expect(mg_mbar + ((4) % 6), 8192u);
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 4096)), &p3, bx * 16, ((mg_it0 + 4)) * 256, mg_mbar + ((4) % 6));
+  }
+  mg_grid_wait();
+  mg_grid_release();
   for (int c1 = threadIdx.x; c1 < 32; c1 += 256) {
     const int s2_1 = c1;
-    mg_cp_async16((sm_a_0 + ((0) % 4) * 264) + ((s2_1 * 8)), p0 + ((base_a + (mg_it0 + 0) * 256)) + ((s2_1 * 8)));
+    mg_cp_async16((sm_a_0 + ((0) % 6) * 264) + ((s2_1 * 8)), p0 + ((base_a + (mg_it0 + 0) * 256)) + ((s2_1 * 8)));
   }
-  #pragma unroll
-  for (int i = 0; i < 2; ++i) mg_cp_async16((sm_b_0 + ((0) % 4) * 6144) + mg_do_b[i], p1 + ((base_b + (mg_it0 + 0) * 262144)) + mg_so_b[i]);
+  mg_cp_async_commit();
+  for (int c3 = threadIdx.x; c3 < 32; c3 += 256) {
+    const int s4_1 = c3;
+    mg_cp_async16((sm_a_0 + ((1) % 6) * 264) + ((s4_1 * 8)), p0 + ((base_a + (mg_it0 + 1) * 256)) + ((s4_1 * 8)));
+  }
   mg_cp_async_commit();
   for (int c5 = threadIdx.x; c5 < 32; c5 += 256) {
     const int s6_1 = c5;
-    mg_cp_async16((sm_a_0 + ((1) % 4) * 264) + ((s6_1 * 8)), p0 + ((base_a + (mg_it0 + 1) * 256)) + ((s6_1 * 8)));
+    mg_cp_async16((sm_a_0 + ((2) % 6) * 264) + ((s6_1 * 8)), p0 + ((base_a + (mg_it0 + 2) * 256)) + ((s6_1 * 8)));
   }
-  #pragma unroll
-  for (int i = 0; i < 2; ++i) mg_cp_async16((sm_b_0 + ((1) % 4) * 6144) + mg_do_b[i], p1 + ((base_b + (mg_it0 + 1) * 262144)) + mg_so_b[i]);
   mg_cp_async_commit();
   for (int c7 = threadIdx.x; c7 < 32; c7 += 256) {
     const int s8_1 = c7;
-    mg_cp_async16((sm_a_0 + ((2) % 4) * 264) + ((s8_1 * 8)), p0 + ((base_a + (mg_it0 + 2) * 256)) + ((s8_1 * 8)));
+    mg_cp_async16((sm_a_0 + ((3) % 6) * 264) + ((s8_1 * 8)), p0 + ((base_a + (mg_it0 + 3) * 256)) + ((s8_1 * 8)));
   }
-  #pragma unroll
-  for (int i = 0; i < 2; ++i) mg_cp_async16((sm_b_0 + ((2) % 4) * 6144) + mg_do_b[i], p1 + ((base_b + (mg_it0 + 2) * 262144)) + mg_so_b[i]);
+  mg_cp_async_commit();
+  for (int c9 = threadIdx.x; c9 < 32; c9 += 256) {
+    const int s10_1 = c9;
+    mg_cp_async16((sm_a_0 + ((4) % 6) * 264) + ((s10_1 * 8)), p0 + ((base_a + (mg_it0 + 4) * 256)) + ((s10_1 * 8)));
+  }
   mg_cp_async_commit();
   float acc_s[1][4];
   #pragma unroll
   for (int j = 0; j < 1; ++j) acc_s[j][0] = acc_s[j][1] = acc_s[j][2] = acc_s[j][3] = 0.0f;
   for (int it = 0; it < 8; ++it) {
     const int off_a = base_a + (mg_it0 + it) * 256;
-    const int off_b = base_b + (mg_it0 + it) * 262144;
-    mg_cp_async_wait<2>();
+    mg_cp_async_wait<4>();
+    mg_mbar_wait(mg_mbar + (it % 6), (it / 6) & 1);
     __syncthreads();
-    if (it + 3 < 8) {
-      for (int c9 = threadIdx.x; c9 < 32; c9 += 256) {
-        const int s10_1 = c9;
-        mg_cp_async16((sm_a_0 + (((it + 3)) % 4) * 264) + ((s10_1 * 8)), p0 + ((off_a + 768)) + ((s10_1 * 8)));
+    if (it + 5 < 8) {
+      for (int c11 = threadIdx.x; c11 < 32; c11 += 256) {
+        const int s12_1 = c11;
+        mg_cp_async16((sm_a_0 + (((it + 5)) % 6) * 264) + ((s12_1 * 8)), p0 + ((off_a + 1280)) + ((s12_1 * 8)));
       }
-      #pragma unroll
-      for (int i = 0; i < 2; ++i) mg_cp_async16((sm_b_0 + (((it + 3)) % 4) * 6144) + mg_do_b[i], p1 + ((off_b + 786432)) + mg_so_b[i]);
+      if (threadIdx.x == 0) {
+        mg_mbar_arrive_expect(mg_mbar + ((it + 5) % 6), 8192u);
+        mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 4096)), &p3, bx * 16, ((mg_it0 + it + 5)) * 256, mg_mbar + ((it + 5) % 6));
+      }
     }
     mg_cp_async_commit();
-    const auto* sm_a = (sm_a_0 + ((it) % 4) * 264);
-    const auto* sm_b = (sm_b_0 + ((it) % 4) * 6144);
+    const auto* sm_a = (sm_a_0 + ((it) % 6) * 264);
+    const auto* sm_b = (sm_b_0 + ((it) % 6) * 4096);
     {
       const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
       const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
@@ -717,7 +882,7 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(256, 1) m
           const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
           (void)mg_nb; (void)c0; (void)n0;
           unsigned rb0, rb1;
-          mg_ldsm_x2_t(rb0, rb1, (sm_b + ((kk + (mg_lane & 15)) * 24 + (mg_ni * 8))));
+          mg_ldsm_x2_t(rb0, rb1, (reinterpret_cast<const unsigned char*>(sm_b) + ((((mg_ni * 8)) * 2) / 32) * 8192 + (((((kk + (mg_lane & 15)))) * 32 + (((mg_ni * 8)) * 2) % 32) ^ (((((((kk + (mg_lane & 15)))) * 32 + (((mg_ni * 8)) * 2) % 32) >> 7) & 1) << 4))));
           mg_mma_f16(acc_s[j], ra0, ra1, ra2, ra3, rb0, rb1);
         }
       }
@@ -800,9 +965,9 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(256, 1) m
   mg_cluster_arrive();
   __syncthreads();
   buf_s = reinterpret_cast<float*>(mg_smem + 0);
-  for (int e11 = (int)mg_rank * 256 + (int)threadIdx.x; e11 < 2; e11 += 512) {
-    const int i12_1 = e11;
-    mg_st8(p2 + (bx * 16 + (i12_1 * 8)), buf_s[((i12_1 * 8) + 0)], buf_s[((i12_1 * 8) + 1)], buf_s[((i12_1 * 8) + 2)], buf_s[((i12_1 * 8) + 3)], buf_s[((i12_1 * 8) + 4)], buf_s[((i12_1 * 8) + 5)], buf_s[((i12_1 * 8) + 6)], buf_s[((i12_1 * 8) + 7)]);
+  for (int e13 = (int)mg_rank * 256 + (int)threadIdx.x; e13 < 2; e13 += 512) {
+    const int i14_1 = e13;
+    mg_st8(p2 + (bx * 16 + (i14_1 * 8)), buf_s[((i14_1 * 8) + 0)], buf_s[((i14_1 * 8) + 1)], buf_s[((i14_1 * 8) + 2)], buf_s[((i14_1 * 8) + 3)], buf_s[((i14_1 * 8) + 4)], buf_s[((i14_1 * 8) + 5)], buf_s[((i14_1 * 8) + 6)], buf_s[((i14_1 * 8) + 7)]);
   }
   mg_cluster_wait();
 }
@@ -812,6 +977,7 @@ extern "C" __global__ void __launch_bounds__(256) mg_k4_mirage_llama3_8b_layer_a
     const mg_f16* __restrict__ p0,
     mg_f16* __restrict__ p1) {
   mg_grid_wait();
+  mg_grid_release();
   for (int e = blockIdx.x * 256 + threadIdx.x; e < 4096; e += gridDim.x * 256) {
     const int i1 = e / 512;
     const int i2 = (e / 128) % 4;
@@ -826,6 +992,7 @@ extern "C" __global__ void __launch_bounds__(256) mg_k5_mirage_llama3_8b_layer_a
     const mg_f16* __restrict__ p0,
     mg_f16* __restrict__ p1) {
   mg_grid_wait();
+  mg_grid_release();
   for (int e = blockIdx.x * 256 + threadIdx.x; e < 1024; e += gridDim.x * 256) {
     const int i1 = e / 128;
     const int i3 = (e) % 128;
@@ -839,6 +1006,7 @@ extern "C" __global__ void __launch_bounds__(256) mg_k6_mirage_llama3_8b_layer_a
     const mg_f16* __restrict__ p0,
     mg_f16* __restrict__ p1) {
   mg_grid_wait();
+  mg_grid_release();
   for (int e = blockIdx.x * 256 + threadIdx.x; e < 1024; e += gridDim.x * 256) {
     const int i1 = e / 128;
     const int i3 = (e) % 128;
@@ -852,6 +1020,7 @@ extern "C" __global__ void __launch_bounds__(256) mg_k7_mirage_llama3_8b_layer_a
     const mg_f16* __restrict__ p0,
     mg_f16* __restrict__ p1) {
   mg_grid_wait();
+  mg_grid_release();
   for (int e = blockIdx.x * 256 + threadIdx.x; e < 4096; e += gridDim.x * 256) {
     const int i1 = e / 512;
     const int i2 = (e / 128) % 4;
@@ -867,6 +1036,7 @@ extern "C" __global__ void __launch_bounds__(256) mg_k8_mirage_llama3_8b_layer_a
     const mg_f16* __restrict__ p1,
     mg_f16* __restrict__ p2) {
   mg_grid_wait();
+  mg_grid_release();
   for (int e8 = blockIdx.x * 256 + threadIdx.x; e8 < 512; e8 += gridDim.x * 256) {
     const int e = e8 * 8;
     const int i1 = e / 512;
@@ -906,6 +1076,7 @@ extern "C" __global__ void __launch_bounds__(256) mg_k9_mirage_llama3_8b_layer_a
     const mg_f16* __restrict__ p1,
     mg_f16* __restrict__ p2) {
   mg_grid_wait();
+  mg_grid_release();
   for (int e8 = blockIdx.x * 256 + threadIdx.x; e8 < 512; e8 += gridDim.x * 256) {
     const int e = e8 * 8;
     const int i1 = e / 512;
@@ -945,6 +1116,7 @@ extern "C" __global__ void __launch_bounds__(256) mg_k10_mirage_llama3_8b_layer_
     const mg_f16* __restrict__ p1,
     mg_f16* __restrict__ p2) {
   mg_grid_wait();
+  mg_grid_release();
   for (int e8 = blockIdx.x * 256 + threadIdx.x; e8 < 512; e8 += gridDim.x * 256) {
     const int e = e8 * 8;
     const int i1 = e / 512;
@@ -983,6 +1155,7 @@ extern "C" __global__ void __launch_bounds__(256) mg_k11_mirage_llama3_8b_layer_
     const mg_f16* __restrict__ p0,
     mg_f16* __restrict__ p1) {
   mg_grid_wait();
+  mg_grid_release();
   for (int e = blockIdx.x * 256 + threadIdx.x; e < 1024; e += gridDim.x * 256) {
     const int i1 = e / 128;
     const int i3 = (e) % 128;
@@ -997,6 +1170,7 @@ extern "C" __global__ void __launch_bounds__(256) mg_k12_mirage_llama3_8b_layer_
     const mg_f16* __restrict__ p1,
     mg_f16* __restrict__ p2) {
   mg_grid_wait();
+  mg_grid_release();
   for (int e8 = blockIdx.x * 256 + threadIdx.x; e8 < 128; e8 += gridDim.x * 256) {
     const int e = e8 * 8;
     const int i1 = e / 128;
@@ -1035,6 +1209,7 @@ extern "C" __global__ void __launch_bounds__(256) mg_k13_mirage_llama3_8b_layer_
     const mg_f16* __restrict__ p1,
     mg_f16* __restrict__ p2) {
   mg_grid_wait();
+  mg_grid_release();
   for (int e8 = blockIdx.x * 256 + threadIdx.x; e8 < 128; e8 += gridDim.x * 256) {
     const int e = e8 * 8;
     const int i1 = e / 128;
@@ -1073,6 +1248,7 @@ extern "C" __global__ void __launch_bounds__(256) mg_k14_mirage_llama3_8b_layer_
     const mg_f16* __restrict__ p1,
     mg_f16* __restrict__ p2) {
   mg_grid_wait();
+  mg_grid_release();
   for (int e8 = blockIdx.x * 256 + threadIdx.x; e8 < 128; e8 += gridDim.x * 256) {
     const int e = e8 * 8;
     const int i1 = e / 128;
@@ -1110,6 +1286,7 @@ extern "C" __global__ void __launch_bounds__(256) mg_k15_mirage_llama3_8b_layer_
     const mg_f16* __restrict__ p0,
     mg_f16* __restrict__ p1) {
   mg_grid_wait();
+  mg_grid_release();
   for (int e = blockIdx.x * 256 + threadIdx.x; e < 1024; e += gridDim.x * 256) {
     const int i1 = e / 128;
     const int i2 = (e) % 128;
@@ -1124,6 +1301,7 @@ extern "C" __global__ void __launch_bounds__(256) mg_k16_mirage_llama3_8b_layer_
     const mg_f16* __restrict__ p1,
     mg_f16* __restrict__ p2) {
   mg_grid_wait();
+  mg_grid_release();
   for (int e8 = blockIdx.x * 256 + threadIdx.x; e8 < 524288; e8 += gridDim.x * 256) {
     const int e = e8 * 8;
     const int i1 = e / 524288;
@@ -1195,6 +1373,7 @@ extern "C" __global__ void __launch_bounds__(256) mg_k17_mirage_llama3_8b_layer_
     const mg_f16* __restrict__ p1,
     mg_f16* __restrict__ p2) {
   mg_grid_wait();
+  mg_grid_release();
   for (int e8 = blockIdx.x * 256 + threadIdx.x; e8 < 524288; e8 += gridDim.x * 256) {
     const int e = e8 * 8;
     const int i1 = e / 524288;
@@ -1264,71 +1443,117 @@ extern "C" __global__ void __launch_bounds__(256) mg_k17_mirage_llama3_8b_layer_
 extern "C" __global__ void __launch_bounds__(128, 1) mg_k18_mirage_llama3_8b_layer_aec50abcc000(
     const mg_f16* __restrict__ p0,
     const mg_f16* __restrict__ p1,
-    mg_f16* __restrict__ p2) {
-  mg_grid_wait();
+    mg_f16* __restrict__ p2,
+    const __grid_constant__ mg_tmap p3) {
   const int bx = blockIdx.x, by = blockIdx.y, bz = blockIdx.z;
   (void)bx; (void)by; (void)bz;
-  extern __shared__ __align__(16) unsigned char mg_smem[];
+  extern __shared__ __align__(16) unsigned char mg_smem_raw[];
+  unsigned char* mg_smem = mg_smem_raw + ((1024u - (mg_smem_addr(mg_smem_raw) & 1023u)) & 1023u);
   const int base_a = by * 512;
   const int base_b = bx * 256 + by * 524288;
-  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 38656);
+  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 54448);
   if (threadIdx.x < 4) mg_zero[threadIdx.x] = 0u;
-  mg_f16* sm_a_0 = reinterpret_cast<mg_f16*>(mg_smem + 0);
-  mg_f16* sm_b_0 = reinterpret_cast<mg_f16*>(mg_smem + 768);
-  float* buf_s = reinterpret_cast<float*>(mg_smem + 34560);
-  int mg_so_b[4], mg_do_b[4];
-  #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int c3 = threadIdx.x + i * 128;
-    const int s4_2 = c3 / 32;
-    const int s4_3 = (c3) % 32;
-    mg_so_b[i] = s4_2 * 4096 + (s4_3 * 8);
-    mg_do_b[i] = s4_2 * 264 + (s4_3 * 8);
+  unsigned long long* mg_mbar = reinterpret_cast<unsigned long long*>(mg_smem + 54400);
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < 6; ++s) mg_mbar_init(mg_mbar + s);
+    mg_mbar_fence_init();
   }
+  __syncthreads();
+  mg_f16* sm_a_0 = reinterpret_cast<mg_f16*>(mg_smem + 49152);
+  mg_f16* sm_b_0 = reinterpret_cast<mg_f16*>(mg_smem + 0);
+  float* buf_s = reinterpret_cast<float*>(mg_smem + 50304);
+  mg_grid_wait();
+  mg_grid_release();
   for (int c1 = threadIdx.x; c1 < 8; c1 += 128) {
     const int s2_2 = c1 / 2;
     const int s2_3 = (c1) % 2;
-    mg_cp_async16((sm_a_0 + ((0) % 4) * 96) + (s2_2 * 24 + (s2_3 * 8)), p0 + ((base_a + 0)) + (s2_2 * 128 + (s2_3 * 8)));
+    mg_cp_async16((sm_a_0 + ((0) % 6) * 96) + (s2_2 * 24 + (s2_3 * 8)), p0 + ((base_a + 0)) + (s2_2 * 128 + (s2_3 * 8)));
   }
-  #pragma unroll
-  for (int i = 0; i < 4; ++i) mg_cp_async16((sm_b_0 + ((0) % 4) * 4224) + mg_do_b[i], p1 + ((base_b + 0)) + mg_so_b[i]);
+  if (threadIdx.x == 0) {
+    mg_mbar_arrive_expect(mg_mbar + ((0) % 6), 8192u);
+    mg_tma4(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 4096)), &p3, bx * 256, (0) * 16, by * 1, 0, mg_mbar + ((0) % 6));
+    mg_tma4(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 4096)) + 2048, &p3, bx * 256 + 64, (0) * 16, by * 1, 0, mg_mbar + ((0) % 6));
+    mg_tma4(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 4096)) + 4096, &p3, bx * 256 + 128, (0) * 16, by * 1, 0, mg_mbar + ((0) % 6));
+    mg_tma4(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 4096)) + 6144, &p3, bx * 256 + 192, (0) * 16, by * 1, 0, mg_mbar + ((0) % 6));
+  }
+  mg_cp_async_commit();
+  for (int c3 = threadIdx.x; c3 < 8; c3 += 128) {
+    const int s4_2 = c3 / 2;
+    const int s4_3 = (c3) % 2;
+    mg_cp_async16((sm_a_0 + ((1) % 6) * 96) + (s4_2 * 24 + (s4_3 * 8)), p0 + ((base_a + 16)) + (s4_2 * 128 + (s4_3 * 8)));
+  }
+  if (threadIdx.x == 0) {
+    mg_mbar_arrive_expect(mg_mbar + ((1) % 6), 8192u);
+    mg_tma4(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 4096)), &p3, bx * 256, (1) * 16, by * 1, 0, mg_mbar + ((1) % 6));
+    mg_tma4(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 4096)) + 2048, &p3, bx * 256 + 64, (1) * 16, by * 1, 0, mg_mbar + ((1) % 6));
+    mg_tma4(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 4096)) + 4096, &p3, bx * 256 + 128, (1) * 16, by * 1, 0, mg_mbar + ((1) % 6));
+    mg_tma4(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 4096)) + 6144, &p3, bx * 256 + 192, (1) * 16, by * 1, 0, mg_mbar + ((1) % 6));
+  }
   mg_cp_async_commit();
   for (int c5 = threadIdx.x; c5 < 8; c5 += 128) {
     const int s6_2 = c5 / 2;
     const int s6_3 = (c5) % 2;
-    mg_cp_async16((sm_a_0 + ((1) % 4) * 96) + (s6_2 * 24 + (s6_3 * 8)), p0 + ((base_a + 16)) + (s6_2 * 128 + (s6_3 * 8)));
+    mg_cp_async16((sm_a_0 + ((2) % 6) * 96) + (s6_2 * 24 + (s6_3 * 8)), p0 + ((base_a + 32)) + (s6_2 * 128 + (s6_3 * 8)));
   }
-  #pragma unroll
-  for (int i = 0; i < 4; ++i) mg_cp_async16((sm_b_0 + ((1) % 4) * 4224) + mg_do_b[i], p1 + ((base_b + 65536)) + mg_so_b[i]);
+  if (threadIdx.x == 0) {
+    mg_mbar_arrive_expect(mg_mbar + ((2) % 6), 8192u);
+    mg_tma4(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 4096)), &p3, bx * 256, (2) * 16, by * 1, 0, mg_mbar + ((2) % 6));
+    mg_tma4(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 4096)) + 2048, &p3, bx * 256 + 64, (2) * 16, by * 1, 0, mg_mbar + ((2) % 6));
+    mg_tma4(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 4096)) + 4096, &p3, bx * 256 + 128, (2) * 16, by * 1, 0, mg_mbar + ((2) % 6));
+    mg_tma4(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 4096)) + 6144, &p3, bx * 256 + 192, (2) * 16, by * 1, 0, mg_mbar + ((2) % 6));
+  }
   mg_cp_async_commit();
   for (int c7 = threadIdx.x; c7 < 8; c7 += 128) {
     const int s8_2 = c7 / 2;
     const int s8_3 = (c7) % 2;
-    mg_cp_async16((sm_a_0 + ((2) % 4) * 96) + (s8_2 * 24 + (s8_3 * 8)), p0 + ((base_a + 32)) + (s8_2 * 128 + (s8_3 * 8)));
+    mg_cp_async16((sm_a_0 + ((3) % 6) * 96) + (s8_2 * 24 + (s8_3 * 8)), p0 + ((base_a + 48)) + (s8_2 * 128 + (s8_3 * 8)));
   }
-  #pragma unroll
-  for (int i = 0; i < 4; ++i) mg_cp_async16((sm_b_0 + ((2) % 4) * 4224) + mg_do_b[i], p1 + ((base_b + 131072)) + mg_so_b[i]);
+  if (threadIdx.x == 0) {
+    mg_mbar_arrive_expect(mg_mbar + ((3) % 6), 8192u);
+    mg_tma4(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 4096)), &p3, bx * 256, (3) * 16, by * 1, 0, mg_mbar + ((3) % 6));
+    mg_tma4(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 4096)) + 2048, &p3, bx * 256 + 64, (3) * 16, by * 1, 0, mg_mbar + ((3) % 6));
+    mg_tma4(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 4096)) + 4096, &p3, bx * 256 + 128, (3) * 16, by * 1, 0, mg_mbar + ((3) % 6));
+    mg_tma4(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 4096)) + 6144, &p3, bx * 256 + 192, (3) * 16, by * 1, 0, mg_mbar + ((3) % 6));
+  }
+  mg_cp_async_commit();
+  for (int c9 = threadIdx.x; c9 < 8; c9 += 128) {
+    const int s10_2 = c9 / 2;
+    const int s10_3 = (c9) % 2;
+    mg_cp_async16((sm_a_0 + ((4) % 6) * 96) + (s10_2 * 24 + (s10_3 * 8)), p0 + ((base_a + 64)) + (s10_2 * 128 + (s10_3 * 8)));
+  }
+  if (threadIdx.x == 0) {
+    mg_mbar_arrive_expect(mg_mbar + ((4) % 6), 8192u);
+    mg_tma4(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 4096)), &p3, bx * 256, (4) * 16, by * 1, 0, mg_mbar + ((4) % 6));
+    mg_tma4(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 4096)) + 2048, &p3, bx * 256 + 64, (4) * 16, by * 1, 0, mg_mbar + ((4) % 6));
+    mg_tma4(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 4096)) + 4096, &p3, bx * 256 + 128, (4) * 16, by * 1, 0, mg_mbar + ((4) % 6));
+    mg_tma4(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 4096)) + 6144, &p3, bx * 256 + 192, (4) * 16, by * 1, 0, mg_mbar + ((4) % 6));
+  }
   mg_cp_async_commit();
   float acc_s[8][4];
   #pragma unroll
   for (int j = 0; j < 8; ++j) acc_s[j][0] = acc_s[j][1] = acc_s[j][2] = acc_s[j][3] = 0.0f;
   for (int it = 0; it < 8; ++it) {
     const int off_a = base_a + it * 16;
-    const int off_b = base_b + it * 65536;
-    mg_cp_async_wait<2>();
+    mg_cp_async_wait<4>();
+    mg_mbar_wait(mg_mbar + (it % 6), (it / 6) & 1);
     __syncthreads();
-    if (it + 3 < 8) {
-      for (int c9 = threadIdx.x; c9 < 8; c9 += 128) {
-        const int s10_2 = c9 / 2;
-        const int s10_3 = (c9) % 2;
-        mg_cp_async16((sm_a_0 + (((it + 3)) % 4) * 96) + (s10_2 * 24 + (s10_3 * 8)), p0 + ((off_a + 48)) + (s10_2 * 128 + (s10_3 * 8)));
+    if (it + 5 < 8) {
+      for (int c11 = threadIdx.x; c11 < 8; c11 += 128) {
+        const int s12_2 = c11 / 2;
+        const int s12_3 = (c11) % 2;
+        mg_cp_async16((sm_a_0 + (((it + 5)) % 6) * 96) + (s12_2 * 24 + (s12_3 * 8)), p0 + ((off_a + 80)) + (s12_2 * 128 + (s12_3 * 8)));
       }
-      #pragma unroll
-      for (int i = 0; i < 4; ++i) mg_cp_async16((sm_b_0 + (((it + 3)) % 4) * 4224) + mg_do_b[i], p1 + ((off_b + 196608)) + mg_so_b[i]);
+      if (threadIdx.x == 0) {
+        mg_mbar_arrive_expect(mg_mbar + ((it + 5) % 6), 8192u);
+        mg_tma4(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 4096)), &p3, bx * 256, (it + 5) * 16, by * 1, 0, mg_mbar + ((it + 5) % 6));
+        mg_tma4(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 4096)) + 2048, &p3, bx * 256 + 64, (it + 5) * 16, by * 1, 0, mg_mbar + ((it + 5) % 6));
+        mg_tma4(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 4096)) + 4096, &p3, bx * 256 + 128, (it + 5) * 16, by * 1, 0, mg_mbar + ((it + 5) % 6));
+        mg_tma4(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 4096)) + 6144, &p3, bx * 256 + 192, (it + 5) * 16, by * 1, 0, mg_mbar + ((it + 5) % 6));
+      }
     }
     mg_cp_async_commit();
-    const auto* sm_a = (sm_a_0 + ((it) % 4) * 96);
-    const auto* sm_b = (sm_b_0 + ((it) % 4) * 4224);
+    const auto* sm_a = (sm_a_0 + ((it) % 6) * 96);
+    const auto* sm_b = (sm_b_0 + ((it) % 6) * 4096);
     {
       const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
       const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
@@ -1353,7 +1578,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k18_mirage_llama3_8b_lay
           const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
           (void)mg_nb; (void)c0; (void)n0;
           unsigned rb0, rb1;
-          mg_ldsm_x2_t(rb0, rb1, (sm_b + ((kk + (mg_lane & 15)) * 264 + (mg_ni * 8))));
+          mg_ldsm_x2_t(rb0, rb1, (reinterpret_cast<const unsigned char*>(sm_b) + ((((mg_ni * 8)) * 2) / 128) * 2048 + ((((0) * 16 + (0) * 16 + ((kk + (mg_lane & 15)))) * 128 + (((mg_ni * 8)) * 2) % 128) ^ ((((((0) * 16 + (0) * 16 + ((kk + (mg_lane & 15)))) * 128 + (((mg_ni * 8)) * 2) % 128) >> 7) & 7) << 4))));
           mg_mma_f16(acc_s[j], ra0, ra1, ra2, ra3, rb0, rb1);
         }
       }
@@ -1385,10 +1610,10 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k18_mirage_llama3_8b_lay
     }
   }
   __syncthreads();
-  for (int e11 = threadIdx.x; e11 < 128; e11 += 128) {
-    const int i12_2 = e11 / 32;
-    const int i12_3 = (e11) % 32;
-    mg_st8(p2 + (bx * 256 + by * 16384 + i12_2 * 4096 + (i12_3 * 8)), buf_s[i12_2 * 256 + ((i12_3 * 8) + 0)], buf_s[i12_2 * 256 + ((i12_3 * 8) + 1)], buf_s[i12_2 * 256 + ((i12_3 * 8) + 2)], buf_s[i12_2 * 256 + ((i12_3 * 8) + 3)], buf_s[i12_2 * 256 + ((i12_3 * 8) + 4)], buf_s[i12_2 * 256 + ((i12_3 * 8) + 5)], buf_s[i12_2 * 256 + ((i12_3 * 8) + 6)], buf_s[i12_2 * 256 + ((i12_3 * 8) + 7)]);
+  for (int e13 = threadIdx.x; e13 < 128; e13 += 128) {
+    const int i14_2 = e13 / 32;
+    const int i14_3 = (e13) % 32;
+    mg_st8(p2 + (bx * 256 + by * 16384 + i14_2 * 4096 + (i14_3 * 8)), buf_s[i14_2 * 256 + ((i14_3 * 8) + 0)], buf_s[i14_2 * 256 + ((i14_3 * 8) + 1)], buf_s[i14_2 * 256 + ((i14_3 * 8) + 2)], buf_s[i14_2 * 256 + ((i14_3 * 8) + 3)], buf_s[i14_2 * 256 + ((i14_3 * 8) + 4)], buf_s[i14_2 * 256 + ((i14_3 * 8) + 5)], buf_s[i14_2 * 256 + ((i14_3 * 8) + 6)], buf_s[i14_2 * 256 + ((i14_3 * 8) + 7)]);
   }
 }
 
@@ -1397,6 +1622,7 @@ extern "C" __global__ void __launch_bounds__(256) mg_k19_mirage_llama3_8b_layer_
     const mg_f16* __restrict__ p0,
     mg_f16* __restrict__ p1) {
   mg_grid_wait();
+  mg_grid_release();
   for (int e8 = blockIdx.x * 256 + threadIdx.x; e8 < 16384; e8 += gridDim.x * 256) {
     const int e = e8 * 8;
     const int i1 = e / 16384;
@@ -1427,6 +1653,7 @@ extern "C" __global__ void __launch_bounds__(256) mg_k20_mirage_llama3_8b_layer_
     const mg_f16* __restrict__ p0,
     mg_f16* __restrict__ p1) {
   mg_grid_wait();
+  mg_grid_release();
   __shared__ float red[8];
   const int row = blockIdx.x;
   const int r1 = row / 4;
@@ -1444,73 +1671,101 @@ extern "C" __global__ void __launch_bounds__(256) mg_k20_mirage_llama3_8b_layer_
 extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(256, 1) mg_k21_mirage_llama3_8b_layer_aec50abcc000(
     const mg_f16* __restrict__ p0,
     const mg_f16* __restrict__ p1,
-    mg_f16* __restrict__ p2) {
-  mg_grid_wait();
+    mg_f16* __restrict__ p2,
+    const __grid_constant__ mg_tmap p3) {
   const int bx = blockIdx.x, by = blockIdx.y, bz = 0;
   (void)bx; (void)by; (void)bz;
   const unsigned mg_rank = blockIdx.z;
   const int mg_it0 = (int)mg_rank * 8;
-  extern __shared__ __align__(16) unsigned char mg_smem[];
+  extern __shared__ __align__(16) unsigned char mg_smem_raw[];
+  unsigned char* mg_smem = mg_smem_raw + ((1024u - (mg_smem_addr(mg_smem_raw) & 1023u)) & 1023u);
   const int base_a = by * 16384;
   const int base_b = bx * 16 + by * 524288;
-  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 57856);
+  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 62128);
   if (threadIdx.x < 4) mg_zero[threadIdx.x] = 0u;
-  mg_f16* sm_a_0 = reinterpret_cast<mg_f16*>(mg_smem + 0);
-  mg_f16* sm_b_0 = reinterpret_cast<mg_f16*>(mg_smem + 8448);
-  float* buf_s = reinterpret_cast<float*>(mg_smem + 57600);
-  int mg_so_b[2], mg_do_b[2];
-  #pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const int c3 = threadIdx.x + i * 256;
-    const int s4_2 = c3 / 2;
-    const int s4_3 = (c3) % 2;
-    mg_so_b[i] = s4_2 * 128 + (s4_3 * 8);
-    mg_do_b[i] = s4_2 * 24 + (s4_3 * 8);
+  unsigned long long* mg_mbar = reinterpret_cast<unsigned long long*>(mg_smem + 62080);
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < 6; ++s) mg_mbar_init(mg_mbar + s);
+    mg_mbar_fence_init();
   }
+  __syncthreads();
+  mg_f16* sm_a_0 = reinterpret_cast<mg_f16*>(mg_smem + 49152);
+  mg_f16* sm_b_0 = reinterpret_cast<mg_f16*>(mg_smem + 0);
+  float* buf_s = reinterpret_cast<float*>(mg_smem + 61824);
+  mg_grid_wait();
+  mg_grid_release();
   for (int c1 = threadIdx.x; c1 < 128; c1 += 256) {
     const int s2_2 = c1 / 32;
     const int s2_3 = (c1) % 32;
-    mg_cp_async16((sm_a_0 + ((0) % 4) * 1056) + (s2_2 * 264 + (s2_3 * 8)), p0 + ((base_a + (mg_it0 + 0) * 256)) + (s2_2 * 4096 + (s2_3 * 8)));
+    mg_cp_async16((sm_a_0 + ((0) % 6) * 1056) + (s2_2 * 264 + (s2_3 * 8)), p0 + ((base_a + (mg_it0 + 0) * 256)) + (s2_2 * 4096 + (s2_3 * 8)));
   }
-  #pragma unroll
-  for (int i = 0; i < 2; ++i) mg_cp_async16((sm_b_0 + ((0) % 4) * 6144) + mg_do_b[i], p1 + ((base_b + (mg_it0 + 0) * 32768)) + mg_so_b[i]);
+  if (threadIdx.x == 0) {
+    mg_mbar_arrive_expect(mg_mbar + ((0) % 6), 8192u);
+    mg_tma4(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 4096)), &p3, bx * 16, ((mg_it0 + 0)) * 256, by * 1, 0, mg_mbar + ((0) % 6));
+  }
+  mg_cp_async_commit();
+  for (int c3 = threadIdx.x; c3 < 128; c3 += 256) {
+    const int s4_2 = c3 / 32;
+    const int s4_3 = (c3) % 32;
+    mg_cp_async16((sm_a_0 + ((1) % 6) * 1056) + (s4_2 * 264 + (s4_3 * 8)), p0 + ((base_a + (mg_it0 + 1) * 256)) + (s4_2 * 4096 + (s4_3 * 8)));
+  }
+  if (threadIdx.x == 0) {
+    mg_mbar_arrive_expect(mg_mbar + ((1) % 6), 8192u);
+    mg_tma4(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 4096)), &p3, bx * 16, ((mg_it0 + 1)) * 256, by * 1, 0, mg_mbar + ((1) % 6));
+  }
   mg_cp_async_commit();
   for (int c5 = threadIdx.x; c5 < 128; c5 += 256) {
     const int s6_2 = c5 / 32;
     const int s6_3 = (c5) % 32;
-    mg_cp_async16((sm_a_0 + ((1) % 4) * 1056) + (s6_2 * 264 + (s6_3 * 8)), p0 + ((base_a + (mg_it0 + 1) * 256)) + (s6_2 * 4096 + (s6_3 * 8)));
+    mg_cp_async16((sm_a_0 + ((2) % 6) * 1056) + (s6_2 * 264 + (s6_3 * 8)), p0 + ((base_a + (mg_it0 + 2) * 256)) + (s6_2 * 4096 + (s6_3 * 8)));
   }
-  #pragma unroll
-  for (int i = 0; i < 2; ++i) mg_cp_async16((sm_b_0 + ((1) % 4) * 6144) + mg_do_b[i], p1 + ((base_b + (mg_it0 + 1) * 32768)) + mg_so_b[i]);
+  if (threadIdx.x == 0) {
+    mg_mbar_arrive_expect(mg_mbar + ((2) % 6), 8192u);
+    mg_tma4(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 4096)), &p3, bx * 16, ((mg_it0 + 2)) * 256, by * 1, 0, mg_mbar + ((2) % 6));
+  }
   mg_cp_async_commit();
   for (int c7 = threadIdx.x; c7 < 128; c7 += 256) {
     const int s8_2 = c7 / 32;
     const int s8_3 = (c7) % 32;
-    mg_cp_async16((sm_a_0 + ((2) % 4) * 1056) + (s8_2 * 264 + (s8_3 * 8)), p0 + ((base_a + (mg_it0 + 2) * 256)) + (s8_2 * 4096 + (s8_3 * 8)));
+    mg_cp_async16((sm_a_0 + ((3) % 6) * 1056) + (s8_2 * 264 + (s8_3 * 8)), p0 + ((base_a + (mg_it0 + 3) * 256)) + (s8_2 * 4096 + (s8_3 * 8)));
   }
-  #pragma unroll
-  for (int i = 0; i < 2; ++i) mg_cp_async16((sm_b_0 + ((2) % 4) * 6144) + mg_do_b[i], p1 + ((base_b + (mg_it0 + 2) * 32768)) + mg_so_b[i]);
+  if (threadIdx.x == 0) {
+    mg_mbar_arrive_expect(mg_mbar + ((3) % 6), 8192u);
+    mg_tma4(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 4096)), &p3, bx * 16, ((mg_it0 + 3)) * 256, by * 1, 0, mg_mbar + ((3) % 6));
+  }
+  mg_cp_async_commit();
+  for (int c9 = threadIdx.x; c9 < 128; c9 += 256) {
+    const int s10_2 = c9 / 32;
+    const int s10_3 = (c9) % 32;
+    mg_cp_async16((sm_a_0 + ((4) % 6) * 1056) + (s10_2 * 264 + (s10_3 * 8)), p0 + ((base_a + (mg_it0 + 4) * 256)) + (s10_2 * 4096 + (s10_3 * 8)));
+  }
+  if (threadIdx.x == 0) {
+    mg_mbar_arrive_expect(mg_mbar + ((4) % 6), 8192u);
+    mg_tma4(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 4096)), &p3, bx * 16, ((mg_it0 + 4)) * 256, by * 1, 0, mg_mbar + ((4) % 6));
+  }
   mg_cp_async_commit();
   float acc_s[1][4];
   #pragma unroll
   for (int j = 0; j < 1; ++j) acc_s[j][0] = acc_s[j][1] = acc_s[j][2] = acc_s[j][3] = 0.0f;
   for (int it = 0; it < 8; ++it) {
     const int off_a = base_a + (mg_it0 + it) * 256;
-    const int off_b = base_b + (mg_it0 + it) * 32768;
-    mg_cp_async_wait<2>();
+    mg_cp_async_wait<4>();
+    mg_mbar_wait(mg_mbar + (it % 6), (it / 6) & 1);
     __syncthreads();
-    if (it + 3 < 8) {
-      for (int c9 = threadIdx.x; c9 < 128; c9 += 256) {
-        const int s10_2 = c9 / 32;
-        const int s10_3 = (c9) % 32;
-        mg_cp_async16((sm_a_0 + (((it + 3)) % 4) * 1056) + (s10_2 * 264 + (s10_3 * 8)), p0 + ((off_a + 768)) + (s10_2 * 4096 + (s10_3 * 8)));
+    if (it + 5 < 8) {
+      for (int c11 = threadIdx.x; c11 < 128; c11 += 256) {
+        const int s12_2 = c11 / 32;
+        const int s12_3 = (c11) % 32;
+        mg_cp_async16((sm_a_0 + (((it + 5)) % 6) * 1056) + (s12_2 * 264 + (s12_3 * 8)), p0 + ((off_a + 1280)) + (s12_2 * 4096 + (s12_3 * 8)));
       }
-      #pragma unroll
-      for (int i = 0; i < 2; ++i) mg_cp_async16((sm_b_0 + (((it + 3)) % 4) * 6144) + mg_do_b[i], p1 + ((off_b + 98304)) + mg_so_b[i]);
+      if (threadIdx.x == 0) {
+        mg_mbar_arrive_expect(mg_mbar + ((it + 5) % 6), 8192u);
+        mg_tma4(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 4096)), &p3, bx * 16, ((mg_it0 + it + 5)) * 256, by * 1, 0, mg_mbar + ((it + 5) % 6));
+      }
     }
     mg_cp_async_commit();
-    const auto* sm_a = (sm_a_0 + ((it) % 4) * 1056);
-    const auto* sm_b = (sm_b_0 + ((it) % 4) * 6144);
+    const auto* sm_a = (sm_a_0 + ((it) % 6) * 1056);
+    const auto* sm_b = (sm_b_0 + ((it) % 6) * 4096);
     {
       const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
       const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
@@ -1535,7 +1790,7 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(256, 1) m
           const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
           (void)mg_nb; (void)c0; (void)n0;
           unsigned rb0, rb1;
-          mg_ldsm_x2_t(rb0, rb1, (sm_b + ((kk + (mg_lane & 15)) * 24 + (mg_ni * 8))));
+          mg_ldsm_x2_t(rb0, rb1, (reinterpret_cast<const unsigned char*>(sm_b) + ((((mg_ni * 8)) * 2) / 32) * 8192 + ((((0) * 256 + (0) * 256 + ((kk + (mg_lane & 15)))) * 32 + (((mg_ni * 8)) * 2) % 32) ^ ((((((0) * 256 + (0) * 256 + ((kk + (mg_lane & 15)))) * 32 + (((mg_ni * 8)) * 2) % 32) >> 7) & 1) << 4))));
           mg_mma_f16(acc_s[j], ra0, ra1, ra2, ra3, rb0, rb1);
         }
       }
@@ -1618,10 +1873,10 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(256, 1) m
   mg_cluster_arrive();
   __syncthreads();
   buf_s = reinterpret_cast<float*>(mg_smem + 0);
-  for (int e11 = (int)mg_rank * 256 + (int)threadIdx.x; e11 < 8; e11 += 512) {
-    const int i12_2 = e11 / 2;
-    const int i12_3 = (e11) % 2;
-    mg_st8(p2 + (bx * 16 + by * 512 + i12_2 * 128 + (i12_3 * 8)), buf_s[i12_2 * 16 + ((i12_3 * 8) + 0)], buf_s[i12_2 * 16 + ((i12_3 * 8) + 1)], buf_s[i12_2 * 16 + ((i12_3 * 8) + 2)], buf_s[i12_2 * 16 + ((i12_3 * 8) + 3)], buf_s[i12_2 * 16 + ((i12_3 * 8) + 4)], buf_s[i12_2 * 16 + ((i12_3 * 8) + 5)], buf_s[i12_2 * 16 + ((i12_3 * 8) + 6)], buf_s[i12_2 * 16 + ((i12_3 * 8) + 7)]);
+  for (int e13 = (int)mg_rank * 256 + (int)threadIdx.x; e13 < 8; e13 += 512) {
+    const int i14_2 = e13 / 2;
+    const int i14_3 = (e13) % 2;
+    mg_st8(p2 + (bx * 16 + by * 512 + i14_2 * 128 + (i14_3 * 8)), buf_s[i14_2 * 16 + ((i14_3 * 8) + 0)], buf_s[i14_2 * 16 + ((i14_3 * 8) + 1)], buf_s[i14_2 * 16 + ((i14_3 * 8) + 2)], buf_s[i14_2 * 16 + ((i14_3 * 8) + 3)], buf_s[i14_2 * 16 + ((i14_3 * 8) + 4)], buf_s[i14_2 * 16 + ((i14_3 * 8) + 5)], buf_s[i14_2 * 16 + ((i14_3 * 8) + 6)], buf_s[i14_2 * 16 + ((i14_3 * 8) + 7)]);
   }
   mg_cluster_wait();
 }
@@ -1631,6 +1886,7 @@ extern "C" __global__ void __launch_bounds__(256) mg_k22_mirage_llama3_8b_layer_
     const mg_f16* __restrict__ p0,
     mg_f16* __restrict__ p1) {
   mg_grid_wait();
+  mg_grid_release();
   for (int e = blockIdx.x * 256 + threadIdx.x; e < 4096; e += gridDim.x * 256) {
     const int i1 = e;
     const float v1 = mg_ld(p0[(int)((((long long)(i1) * 1) / 512)) * 512 + (int)((((long long)(i1) * 1) / 128) % 4) * 128 + (int)((((long long)(i1) * 1) / 1) % 128)]);
@@ -1642,69 +1898,95 @@ extern "C" __global__ void __launch_bounds__(256) mg_k22_mirage_llama3_8b_layer_
 extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(128, 1) mg_k23_mirage_llama3_8b_layer_aec50abcc000(
     const mg_f16* __restrict__ p0,
     const mg_f16* __restrict__ p1,
-    mg_f16* __restrict__ p2) {
-  mg_grid_wait();
+    mg_f16* __restrict__ p2,
+    const __grid_constant__ mg_tmap p3) {
   const int bx = blockIdx.x, by = blockIdx.y, bz = 0;
   (void)bx; (void)by; (void)bz;
   const unsigned mg_rank = blockIdx.z;
   const int mg_it0 = (int)mg_rank * 16;
-  extern __shared__ __align__(16) unsigned char mg_smem[];
+  extern __shared__ __align__(16) unsigned char mg_smem_raw[];
+  unsigned char* mg_smem = mg_smem_raw + ((1024u - (mg_smem_addr(mg_smem_raw) & 1023u)) & 1023u);
   const int base_a = 0;
   const int base_b = bx * 64;
-  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 75072);
+  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 100240);
   if (threadIdx.x < 4) mg_zero[threadIdx.x] = 0u;
-  mg_f16* sm_a_0 = reinterpret_cast<mg_f16*>(mg_smem + 0);
-  mg_f16* sm_b_0 = reinterpret_cast<mg_f16*>(mg_smem + 1088);
-  float* buf_s = reinterpret_cast<float*>(mg_smem + 74816);
-  int mg_so_b[8], mg_do_b[8];
-  #pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    const int c3 = threadIdx.x + i * 128;
-    const int s4_0 = c3 / 8;
-    const int s4_1 = (c3) % 8;
-    mg_so_b[i] = s4_0 * 4096 + (s4_1 * 8);
-    mg_do_b[i] = s4_0 * 72 + (s4_1 * 8);
+  unsigned long long* mg_mbar = reinterpret_cast<unsigned long long*>(mg_smem + 100192);
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < 6; ++s) mg_mbar_init(mg_mbar + s);
+    mg_mbar_fence_init();
   }
+  __syncthreads();
+  mg_f16* sm_a_0 = reinterpret_cast<mg_f16*>(mg_smem + 98304);
+  mg_f16* sm_b_0 = reinterpret_cast<mg_f16*>(mg_smem + 0);
+  float* buf_s = reinterpret_cast<float*>(mg_smem + 99936);
+  if (threadIdx.x == 0) {
+    mg_mbar_arrive_expect(mg_mbar + ((0) % 6), 16384u);
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 8192)), &p3, bx * 64, ((mg_it0 + 0)) * 128, mg_mbar + ((0) % 6));
+  }
+  if (threadIdx.x == 0) {
+    mg_mbar_arrive_expect(mg_mbar + ((1) % 6), 16384u);
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 8192)), &p3, bx * 64, ((mg_it0 + 1)) * 128, mg_mbar + ((1) % 6));
+  }
+  if (threadIdx.x == 0) {
+    mg_mbar_arrive_expect(mg_mbar + ((2) % 6), 16384u);
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 8192)), &p3, bx * 64, ((mg_it0 + 2)) * 128, mg_mbar + ((2) % 6));
+  }
+  if (threadIdx.x == 0) {
+    mg_mbar_arrive_expect(mg_mbar + ((3) % 6), 16384u);
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 8192)), &p3, bx * 64, ((mg_it0 + 3)) * 128, mg_mbar + ((3) % 6));
+  }
+  if (threadIdx.x == 0) {
+    mg_mbar_arrive_expect(mg_mbar + ((4) % 6), 16384u);
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 8192)), &p3, bx * 64, ((mg_it0 + 4)) * 128, mg_mbar + ((4) % 6));
+  }
+  mg_grid_wait();
+  mg_grid_release();
   for (int c1 = threadIdx.x; c1 < 16; c1 += 128) {
     const int s2_1 = c1;
-    mg_cp_async16((sm_a_0 + ((0) % 4) * 136) + ((s2_1 * 8)), p0 + ((base_a + (mg_it0 + 0) * 128)) + ((s2_1 * 8)));
+    mg_cp_async16((sm_a_0 + ((0) % 6) * 136) + ((s2_1 * 8)), p0 + ((base_a + (mg_it0 + 0) * 128)) + ((s2_1 * 8)));
   }
-  #pragma unroll
-  for (int i = 0; i < 8; ++i) mg_cp_async16((sm_b_0 + ((0) % 4) * 9216) + mg_do_b[i], p1 + ((base_b + (mg_it0 + 0) * 524288)) + mg_so_b[i]);
+  mg_cp_async_commit();
+  for (int c3 = threadIdx.x; c3 < 16; c3 += 128) {
+    const int s4_1 = c3;
+    mg_cp_async16((sm_a_0 + ((1) % 6) * 136) + ((s4_1 * 8)), p0 + ((base_a + (mg_it0 + 1) * 128)) + ((s4_1 * 8)));
+  }
   mg_cp_async_commit();
   for (int c5 = threadIdx.x; c5 < 16; c5 += 128) {
     const int s6_1 = c5;
-    mg_cp_async16((sm_a_0 + ((1) % 4) * 136) + ((s6_1 * 8)), p0 + ((base_a + (mg_it0 + 1) * 128)) + ((s6_1 * 8)));
+    mg_cp_async16((sm_a_0 + ((2) % 6) * 136) + ((s6_1 * 8)), p0 + ((base_a + (mg_it0 + 2) * 128)) + ((s6_1 * 8)));
   }
-  #pragma unroll
-  for (int i = 0; i < 8; ++i) mg_cp_async16((sm_b_0 + ((1) % 4) * 9216) + mg_do_b[i], p1 + ((base_b + (mg_it0 + 1) * 524288)) + mg_so_b[i]);
   mg_cp_async_commit();
   for (int c7 = threadIdx.x; c7 < 16; c7 += 128) {
     const int s8_1 = c7;
-    mg_cp_async16((sm_a_0 + ((2) % 4) * 136) + ((s8_1 * 8)), p0 + ((base_a + (mg_it0 + 2) * 128)) + ((s8_1 * 8)));
+    mg_cp_async16((sm_a_0 + ((3) % 6) * 136) + ((s8_1 * 8)), p0 + ((base_a + (mg_it0 + 3) * 128)) + ((s8_1 * 8)));
   }
-  #pragma unroll
-  for (int i = 0; i < 8; ++i) mg_cp_async16((sm_b_0 + ((2) % 4) * 9216) + mg_do_b[i], p1 + ((base_b + (mg_it0 + 2) * 524288)) + mg_so_b[i]);
+  mg_cp_async_commit();
+  for (int c9 = threadIdx.x; c9 < 16; c9 += 128) {
+    const int s10_1 = c9;
+    mg_cp_async16((sm_a_0 + ((4) % 6) * 136) + ((s10_1 * 8)), p0 + ((base_a + (mg_it0 + 4) * 128)) + ((s10_1 * 8)));
+  }
   mg_cp_async_commit();
   float acc_s[2][4];
   #pragma unroll
   for (int j = 0; j < 2; ++j) acc_s[j][0] = acc_s[j][1] = acc_s[j][2] = acc_s[j][3] = 0.0f;
   for (int it = 0; it < 16; ++it) {
     const int off_a = base_a + (mg_it0 + it) * 128;
-    const int off_b = base_b + (mg_it0 + it) * 524288;
-    mg_cp_async_wait<2>();
+    mg_cp_async_wait<4>();
+    mg_mbar_wait(mg_mbar + (it % 6), (it / 6) & 1);
     __syncthreads();
-    if (it + 3 < 16) {
-      for (int c9 = threadIdx.x; c9 < 16; c9 += 128) {
-        const int s10_1 = c9;
-        mg_cp_async16((sm_a_0 + (((it + 3)) % 4) * 136) + ((s10_1 * 8)), p0 + ((off_a + 384)) + ((s10_1 * 8)));
+    if (it + 5 < 16) {
+      for (int c11 = threadIdx.x; c11 < 16; c11 += 128) {
+        const int s12_1 = c11;
+        mg_cp_async16((sm_a_0 + (((it + 5)) % 6) * 136) + ((s12_1 * 8)), p0 + ((off_a + 640)) + ((s12_1 * 8)));
       }
-      #pragma unroll
-      for (int i = 0; i < 8; ++i) mg_cp_async16((sm_b_0 + (((it + 3)) % 4) * 9216) + mg_do_b[i], p1 + ((off_b + 1572864)) + mg_so_b[i]);
+      if (threadIdx.x == 0) {
+        mg_mbar_arrive_expect(mg_mbar + ((it + 5) % 6), 16384u);
+        mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 8192)), &p3, bx * 64, ((mg_it0 + it + 5)) * 128, mg_mbar + ((it + 5) % 6));
+      }
     }
     mg_cp_async_commit();
-    const auto* sm_a = (sm_a_0 + ((it) % 4) * 136);
-    const auto* sm_b = (sm_b_0 + ((it) % 4) * 9216);
+    const auto* sm_a = (sm_a_0 + ((it) % 6) * 136);
+    const auto* sm_b = (sm_b_0 + ((it) % 6) * 8192);
     {
       const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
       const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
@@ -1729,7 +2011,7 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(128, 1) m
           const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
           (void)mg_nb; (void)c0; (void)n0;
           unsigned rb0, rb1;
-          mg_ldsm_x2_t(rb0, rb1, (sm_b + ((kk + (mg_lane & 15)) * 72 + (mg_ni * 8))));
+          mg_ldsm_x2_t(rb0, rb1, (reinterpret_cast<const unsigned char*>(sm_b) + ((((mg_ni * 8)) * 2) / 128) * 16384 + (((((kk + (mg_lane & 15)))) * 128 + (((mg_ni * 8)) * 2) % 128) ^ (((((((kk + (mg_lane & 15)))) * 128 + (((mg_ni * 8)) * 2) % 128) >> 7) & 7) << 4))));
           mg_mma_f16(acc_s[j], ra0, ra1, ra2, ra3, rb0, rb1);
         }
       }
@@ -1791,9 +2073,9 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(128, 1) m
   mg_cluster_arrive();
   __syncthreads();
   buf_s = reinterpret_cast<float*>(mg_smem + 0);
-  for (int e11 = (int)mg_rank * 128 + (int)threadIdx.x; e11 < 8; e11 += 256) {
-    const int i12_1 = e11;
-    mg_st8(p2 + (bx * 64 + (i12_1 * 8)), buf_s[((i12_1 * 8) + 0)], buf_s[((i12_1 * 8) + 1)], buf_s[((i12_1 * 8) + 2)], buf_s[((i12_1 * 8) + 3)], buf_s[((i12_1 * 8) + 4)], buf_s[((i12_1 * 8) + 5)], buf_s[((i12_1 * 8) + 6)], buf_s[((i12_1 * 8) + 7)]);
+  for (int e13 = (int)mg_rank * 128 + (int)threadIdx.x; e13 < 8; e13 += 256) {
+    const int i14_1 = e13;
+    mg_st8(p2 + (bx * 64 + (i14_1 * 8)), buf_s[((i14_1 * 8) + 0)], buf_s[((i14_1 * 8) + 1)], buf_s[((i14_1 * 8) + 2)], buf_s[((i14_1 * 8) + 3)], buf_s[((i14_1 * 8) + 4)], buf_s[((i14_1 * 8) + 5)], buf_s[((i14_1 * 8) + 6)], buf_s[((i14_1 * 8) + 7)]);
   }
   mg_cluster_wait();
 }
@@ -1804,6 +2086,7 @@ extern "C" __global__ void __launch_bounds__(256) mg_k24_mirage_llama3_8b_layer_
     const mg_f16* __restrict__ p1,
     mg_f16* __restrict__ p2) {
   mg_grid_wait();
+  mg_grid_release();
   for (int e8 = blockIdx.x * 256 + threadIdx.x; e8 < 512; e8 += gridDim.x * 256) {
     const int e = e8 * 8;
     const int i1 = e;
@@ -1841,6 +2124,7 @@ extern "C" __global__ void __launch_bounds__(256) mg_k25_mirage_llama3_8b_layer_
     const mg_f16* __restrict__ p1,
     mg_f16* __restrict__ p2) {
   mg_grid_wait();
+  mg_grid_release();
   __shared__ float red[8];
   float v = 0.0f;
   for (int k = threadIdx.x; k < 4096; k += 256) { const float t = mg_ld(p0[k]); v = fmaf(t, t, v); }
@@ -1853,69 +2137,131 @@ extern "C" __global__ void __launch_bounds__(256) mg_k25_mirage_llama3_8b_layer_
 extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(128, 1) mg_k26_mirage_llama3_8b_layer_aec50abcc000(
     const mg_f16* __restrict__ p0,
     const mg_f16* __restrict__ p1,
-    mg_f16* __restrict__ p2) {
-  mg_grid_wait();
+    mg_f16* __restrict__ p2,
+    const __grid_constant__ mg_tmap p3) {
   const int bx = blockIdx.x, by = blockIdx.y, bz = 0;
   (void)bx; (void)by; (void)bz;
   const unsigned mg_rank = blockIdx.z;
   const int mg_it0 = (int)mg_rank * 32;
-  extern __shared__ __align__(16) unsigned char mg_smem[];
+  extern __shared__ __align__(16) unsigned char mg_smem_raw[];
+  unsigned char* mg_smem = mg_smem_raw + ((1024u - (mg_smem_addr(mg_smem_raw) & 1023u)) & 1023u);
   const int base_a = 0;
   const int base_b = bx * 224;
-  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 120256);
+  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 173840);
   if (threadIdx.x < 4) mg_zero[threadIdx.x] = 0u;
-  mg_f16* sm_a_0 = reinterpret_cast<mg_f16*>(mg_smem + 0);
-  mg_f16* sm_b_0 = reinterpret_cast<mg_f16*>(mg_smem + 576);
-  float* buf_s = reinterpret_cast<float*>(mg_smem + 119360);
-  int mg_so_b[14], mg_do_b[14];
-  #pragma unroll
-  for (int i = 0; i < 14; ++i) {
-    const int c3 = threadIdx.x + i * 128;
-    const int s4_0 = c3 / 28;
-    const int s4_1 = (c3) % 28;
-    mg_so_b[i] = s4_0 * 14336 + (s4_1 * 8);
-    mg_do_b[i] = s4_0 * 232 + (s4_1 * 8);
+  unsigned long long* mg_mbar = reinterpret_cast<unsigned long long*>(mg_smem + 173792);
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < 6; ++s) mg_mbar_init(mg_mbar + s);
+    mg_mbar_fence_init();
   }
+  __syncthreads();
+  mg_f16* sm_a_0 = reinterpret_cast<mg_f16*>(mg_smem + 172032);
+  mg_f16* sm_b_0 = reinterpret_cast<mg_f16*>(mg_smem + 0);
+  float* buf_s = reinterpret_cast<float*>(mg_smem + 172896);
+  if (threadIdx.x == 0) {
+    mg_mbar_arrive_expect(mg_mbar + ((0) % 6), 28672u);
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 14336)), &p3, bx * 224, ((mg_it0 + 0)) * 64, mg_mbar + ((0) % 6));
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 14336)) + 4096, &p3, bx * 224 + 32, ((mg_it0 + 0)) * 64, mg_mbar + ((0) % 6));
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 14336)) + 8192, &p3, bx * 224 + 64, ((mg_it0 + 0)) * 64, mg_mbar + ((0) % 6));
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 14336)) + 12288, &p3, bx * 224 + 96, ((mg_it0 + 0)) * 64, mg_mbar + ((0) % 6));
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 14336)) + 16384, &p3, bx * 224 + 128, ((mg_it0 + 0)) * 64, mg_mbar + ((0) % 6));
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 14336)) + 20480, &p3, bx * 224 + 160, ((mg_it0 + 0)) * 64, mg_mbar + ((0) % 6));
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 14336)) + 24576, &p3, bx * 224 + 192, ((mg_it0 + 0)) * 64, mg_mbar + ((0) % 6));
+  }
+  if (threadIdx.x == 0) {
+    mg_mbar_arrive_expect(mg_mbar + ((1) % 6), 28672u);
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 14336)), &p3, bx * 224, ((mg_it0 + 1)) * 64, mg_mbar + ((1) % 6));
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 14336)) + 4096, &p3, bx * 224 + 32, ((mg_it0 + 1)) * 64, mg_mbar + ((1) % 6));
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 14336)) + 8192, &p3, bx * 224 + 64, ((mg_it0 + 1)) * 64, mg_mbar + ((1) % 6));
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 14336)) + 12288, &p3, bx * 224 + 96, ((mg_it0 + 1)) * 64, mg_mbar + ((1) % 6));
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 14336)) + 16384, &p3, bx * 224 + 128, ((mg_it0 + 1)) * 64, mg_mbar + ((1) % 6));
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 14336)) + 20480, &p3, bx * 224 + 160, ((mg_it0 + 1)) * 64, mg_mbar + ((1) % 6));
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 14336)) + 24576, &p3, bx * 224 + 192, ((mg_it0 + 1)) * 64, mg_mbar + ((1) % 6));
+  }
+  if (threadIdx.x == 0) {
+    mg_mbar_arrive_expect(mg_mbar + ((2) % 6), 28672u);
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 14336)), &p3, bx * 224, ((mg_it0 + 2)) * 64, mg_mbar + ((2) % 6));
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 14336)) + 4096, &p3, bx * 224 + 32, ((mg_it0 + 2)) * 64, mg_mbar + ((2) % 6));
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 14336)) + 8192, &p3, bx * 224 + 64, ((mg_it0 + 2)) * 64, mg_mbar + ((2) % 6));
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 14336)) + 12288, &p3, bx * 224 + 96, ((mg_it0 + 2)) * 64, mg_mbar + ((2) % 6));
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 14336)) + 16384, &p3, bx * 224 + 128, ((mg_it0 + 2)) * 64, mg_mbar + ((2) % 6));
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 14336)) + 20480, &p3, bx * 224 + 160, ((mg_it0 + 2)) * 64, mg_mbar + ((2) % 6));
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 14336)) + 24576, &p3, bx * 224 + 192, ((mg_it0 + 2)) * 64, mg_mbar + ((2) % 6));
+  }
+  if (threadIdx.x == 0) {
+    mg_mbar_arrive_expect(mg_mbar + ((3) % 6), 28672u);
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 14336)), &p3, bx * 224, ((mg_it0 + 3)) * 64, mg_mbar + ((3) % 6));
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 14336)) + 4096, &p3, bx * 224 + 32, ((mg_it0 + 3)) * 64, mg_mbar + ((3) % 6));
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 14336)) + 8192, &p3, bx * 224 + 64, ((mg_it0 + 3)) * 64, mg_mbar + ((3) % 6));
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 14336)) + 12288, &p3, bx * 224 + 96, ((mg_it0 + 3)) * 64, mg_mbar + ((3) % 6));
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 14336)) + 16384, &p3, bx * 224 + 128, ((mg_it0 + 3)) * 64, mg_mbar + ((3) % 6));
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 14336)) + 20480, &p3, bx * 224 + 160, ((mg_it0 + 3)) * 64, mg_mbar + ((3) % 6));
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 14336)) + 24576, &p3, bx * 224 + 192, ((mg_it0 + 3)) * 64, mg_mbar + ((3) % 6));
+  }
+  if (threadIdx.x == 0) {
+    mg_mbar_arrive_expect(mg_mbar + ((4) % 6), 28672u);
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 14336)), &p3, bx * 224, ((mg_it0 + 4)) * 64, mg_mbar + ((4) % 6));
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 14336)) + 4096, &p3, bx * 224 + 32, ((mg_it0 + 4)) * 64, mg_mbar + ((4) % 6));
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 14336)) + 8192, &p3, bx * 224 + 64, ((mg_it0 + 4)) * 64, mg_mbar + ((4) % 6));
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 14336)) + 12288, &p3, bx * 224 + 96, ((mg_it0 + 4)) * 64, mg_mbar + ((4) % 6));
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 14336)) + 16384, &p3, bx * 224 + 128, ((mg_it0 + 4)) * 64, mg_mbar + ((4) % 6));
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 14336)) + 20480, &p3, bx * 224 + 160, ((mg_it0 + 4)) * 64, mg_mbar + ((4) % 6));
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 14336)) + 24576, &p3, bx * 224 + 192, ((mg_it0 + 4)) * 64, mg_mbar + ((4) % 6));
+  }
+  mg_grid_wait();
+  mg_grid_release();
   for (int c1 = threadIdx.x; c1 < 8; c1 += 128) {
     const int s2_1 = c1;
-    mg_cp_async16((sm_a_0 + ((0) % 4) * 72) + ((s2_1 * 8)), p0 + ((base_a + (mg_it0 + 0) * 64)) + ((s2_1 * 8)));
+    mg_cp_async16((sm_a_0 + ((0) % 6) * 72) + ((s2_1 * 8)), p0 + ((base_a + (mg_it0 + 0) * 64)) + ((s2_1 * 8)));
   }
-  #pragma unroll
-  for (int i = 0; i < 14; ++i) mg_cp_async16((sm_b_0 + ((0) % 4) * 14848) + mg_do_b[i], p1 + ((base_b + (mg_it0 + 0) * 917504)) + mg_so_b[i]);
+  mg_cp_async_commit();
+  for (int c3 = threadIdx.x; c3 < 8; c3 += 128) {
+    const int s4_1 = c3;
+    mg_cp_async16((sm_a_0 + ((1) % 6) * 72) + ((s4_1 * 8)), p0 + ((base_a + (mg_it0 + 1) * 64)) + ((s4_1 * 8)));
+  }
   mg_cp_async_commit();
   for (int c5 = threadIdx.x; c5 < 8; c5 += 128) {
     const int s6_1 = c5;
-    mg_cp_async16((sm_a_0 + ((1) % 4) * 72) + ((s6_1 * 8)), p0 + ((base_a + (mg_it0 + 1) * 64)) + ((s6_1 * 8)));
+    mg_cp_async16((sm_a_0 + ((2) % 6) * 72) + ((s6_1 * 8)), p0 + ((base_a + (mg_it0 + 2) * 64)) + ((s6_1 * 8)));
   }
-  #pragma unroll
-  for (int i = 0; i < 14; ++i) mg_cp_async16((sm_b_0 + ((1) % 4) * 14848) + mg_do_b[i], p1 + ((base_b + (mg_it0 + 1) * 917504)) + mg_so_b[i]);
   mg_cp_async_commit();
   for (int c7 = threadIdx.x; c7 < 8; c7 += 128) {
     const int s8_1 = c7;
-    mg_cp_async16((sm_a_0 + ((2) % 4) * 72) + ((s8_1 * 8)), p0 + ((base_a + (mg_it0 + 2) * 64)) + ((s8_1 * 8)));
+    mg_cp_async16((sm_a_0 + ((3) % 6) * 72) + ((s8_1 * 8)), p0 + ((base_a + (mg_it0 + 3) * 64)) + ((s8_1 * 8)));
   }
-  #pragma unroll
-  for (int i = 0; i < 14; ++i) mg_cp_async16((sm_b_0 + ((2) % 4) * 14848) + mg_do_b[i], p1 + ((base_b + (mg_it0 + 2) * 917504)) + mg_so_b[i]);
+  mg_cp_async_commit();
+  for (int c9 = threadIdx.x; c9 < 8; c9 += 128) {
+    const int s10_1 = c9;
+    mg_cp_async16((sm_a_0 + ((4) % 6) * 72) + ((s10_1 * 8)), p0 + ((base_a + (mg_it0 + 4) * 64)) + ((s10_1 * 8)));
+  }
   mg_cp_async_commit();
   float acc_s[7][4];
   #pragma unroll
   for (int j = 0; j < 7; ++j) acc_s[j][0] = acc_s[j][1] = acc_s[j][2] = acc_s[j][3] = 0.0f;
   for (int it = 0; it < 32; ++it) {
     const int off_a = base_a + (mg_it0 + it) * 64;
-    const int off_b = base_b + (mg_it0 + it) * 917504;
-    mg_cp_async_wait<2>();
+    mg_cp_async_wait<4>();
+    mg_mbar_wait(mg_mbar + (it % 6), (it / 6) & 1);
     __syncthreads();
-    if (it + 3 < 32) {
-      for (int c9 = threadIdx.x; c9 < 8; c9 += 128) {
-        const int s10_1 = c9;
-        mg_cp_async16((sm_a_0 + (((it + 3)) % 4) * 72) + ((s10_1 * 8)), p0 + ((off_a + 192)) + ((s10_1 * 8)));
+    if (it + 5 < 32) {
+      for (int c11 = threadIdx.x; c11 < 8; c11 += 128) {
+        const int s12_1 = c11;
+        mg_cp_async16((sm_a_0 + (((it + 5)) % 6) * 72) + ((s12_1 * 8)), p0 + ((off_a + 320)) + ((s12_1 * 8)));
       }
-      #pragma unroll
-      for (int i = 0; i < 14; ++i) mg_cp_async16((sm_b_0 + (((it + 3)) % 4) * 14848) + mg_do_b[i], p1 + ((off_b + 2752512)) + mg_so_b[i]);
+      if (threadIdx.x == 0) {
+        mg_mbar_arrive_expect(mg_mbar + ((it + 5) % 6), 28672u);
+        mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 14336)), &p3, bx * 224, ((mg_it0 + it + 5)) * 64, mg_mbar + ((it + 5) % 6));
+        mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 14336)) + 4096, &p3, bx * 224 + 32, ((mg_it0 + it + 5)) * 64, mg_mbar + ((it + 5) % 6));
+        mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 14336)) + 8192, &p3, bx * 224 + 64, ((mg_it0 + it + 5)) * 64, mg_mbar + ((it + 5) % 6));
+        mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 14336)) + 12288, &p3, bx * 224 + 96, ((mg_it0 + it + 5)) * 64, mg_mbar + ((it + 5) % 6));
+        mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 14336)) + 16384, &p3, bx * 224 + 128, ((mg_it0 + it + 5)) * 64, mg_mbar + ((it + 5) % 6));
+        mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 14336)) + 20480, &p3, bx * 224 + 160, ((mg_it0 + it + 5)) * 64, mg_mbar + ((it + 5) % 6));
+        mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 14336)) + 24576, &p3, bx * 224 + 192, ((mg_it0 + it + 5)) * 64, mg_mbar + ((it + 5) % 6));
+      }
     }
     mg_cp_async_commit();
-    const auto* sm_a = (sm_a_0 + ((it) % 4) * 72);
-    const auto* sm_b = (sm_b_0 + ((it) % 4) * 14848);
+    const auto* sm_a = (sm_a_0 + ((it) % 6) * 72);
+    const auto* sm_b = (sm_b_0 + ((it) % 6) * 14336);
     {
       const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
       const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
@@ -1940,7 +2286,7 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(128, 1) m
           const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
           (void)mg_nb; (void)c0; (void)n0;
           unsigned rb0, rb1;
-          mg_ldsm_x2_t(rb0, rb1, (sm_b + ((kk + (mg_lane & 15)) * 232 + (mg_ni * 8))));
+          mg_ldsm_x2_t(rb0, rb1, (reinterpret_cast<const unsigned char*>(sm_b) + ((((mg_ni * 8)) * 2) / 64) * 4096 + (((((kk + (mg_lane & 15)))) * 64 + (((mg_ni * 8)) * 2) % 64) ^ (((((((kk + (mg_lane & 15)))) * 64 + (((mg_ni * 8)) * 2) % 64) >> 7) & 3) << 4))));
           mg_mma_f16(acc_s[j], ra0, ra1, ra2, ra3, rb0, rb1);
         }
       }
@@ -2002,9 +2348,9 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(128, 1) m
   mg_cluster_arrive();
   __syncthreads();
   buf_s = reinterpret_cast<float*>(mg_smem + 0);
-  for (int e11 = (int)mg_rank * 128 + (int)threadIdx.x; e11 < 28; e11 += 256) {
-    const int i12_1 = e11;
-    mg_st8(p2 + (bx * 224 + (i12_1 * 8)), buf_s[((i12_1 * 8) + 0)], buf_s[((i12_1 * 8) + 1)], buf_s[((i12_1 * 8) + 2)], buf_s[((i12_1 * 8) + 3)], buf_s[((i12_1 * 8) + 4)], buf_s[((i12_1 * 8) + 5)], buf_s[((i12_1 * 8) + 6)], buf_s[((i12_1 * 8) + 7)]);
+  for (int e13 = (int)mg_rank * 128 + (int)threadIdx.x; e13 < 28; e13 += 256) {
+    const int i14_1 = e13;
+    mg_st8(p2 + (bx * 224 + (i14_1 * 8)), buf_s[((i14_1 * 8) + 0)], buf_s[((i14_1 * 8) + 1)], buf_s[((i14_1 * 8) + 2)], buf_s[((i14_1 * 8) + 3)], buf_s[((i14_1 * 8) + 4)], buf_s[((i14_1 * 8) + 5)], buf_s[((i14_1 * 8) + 6)], buf_s[((i14_1 * 8) + 7)]);
   }
   mg_cluster_wait();
 }
@@ -2013,69 +2359,131 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(128, 1) m
 extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(128, 1) mg_k27_mirage_llama3_8b_layer_aec50abcc000(
     const mg_f16* __restrict__ p0,
     const mg_f16* __restrict__ p1,
-    mg_f16* __restrict__ p2) {
-  mg_grid_wait();
+    mg_f16* __restrict__ p2,
+    const __grid_constant__ mg_tmap p3) {
   const int bx = blockIdx.x, by = blockIdx.y, bz = 0;
   (void)bx; (void)by; (void)bz;
   const unsigned mg_rank = blockIdx.z;
   const int mg_it0 = (int)mg_rank * 32;
-  extern __shared__ __align__(16) unsigned char mg_smem[];
+  extern __shared__ __align__(16) unsigned char mg_smem_raw[];
+  unsigned char* mg_smem = mg_smem_raw + ((1024u - (mg_smem_addr(mg_smem_raw) & 1023u)) & 1023u);
   const int base_a = 0;
   const int base_b = bx * 224;
-  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 120256);
+  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 173840);
   if (threadIdx.x < 4) mg_zero[threadIdx.x] = 0u;
-  mg_f16* sm_a_0 = reinterpret_cast<mg_f16*>(mg_smem + 0);
-  mg_f16* sm_b_0 = reinterpret_cast<mg_f16*>(mg_smem + 576);
-  float* buf_s = reinterpret_cast<float*>(mg_smem + 119360);
-  int mg_so_b[14], mg_do_b[14];
-  #pragma unroll
-  for (int i = 0; i < 14; ++i) {
-    const int c3 = threadIdx.x + i * 128;
-    const int s4_0 = c3 / 28;
-    const int s4_1 = (c3) % 28;
-    mg_so_b[i] = s4_0 * 14336 + (s4_1 * 8);
-    mg_do_b[i] = s4_0 * 232 + (s4_1 * 8);
+  unsigned long long* mg_mbar = reinterpret_cast<unsigned long long*>(mg_smem + 173792);
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < 6; ++s) mg_mbar_init(mg_mbar + s);
+    mg_mbar_fence_init();
   }
+  __syncthreads();
+  mg_f16* sm_a_0 = reinterpret_cast<mg_f16*>(mg_smem + 172032);
+  mg_f16* sm_b_0 = reinterpret_cast<mg_f16*>(mg_smem + 0);
+  float* buf_s = reinterpret_cast<float*>(mg_smem + 172896);
+  if (threadIdx.x == 0) {
+    mg_mbar_arrive_expect(mg_mbar + ((0) % 6), 28672u);
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 14336)), &p3, bx * 224, ((mg_it0 + 0)) * 64, mg_mbar + ((0) % 6));
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 14336)) + 4096, &p3, bx * 224 + 32, ((mg_it0 + 0)) * 64, mg_mbar + ((0) % 6));
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 14336)) + 8192, &p3, bx * 224 + 64, ((mg_it0 + 0)) * 64, mg_mbar + ((0) % 6));
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 14336)) + 12288, &p3, bx * 224 + 96, ((mg_it0 + 0)) * 64, mg_mbar + ((0) % 6));
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 14336)) + 16384, &p3, bx * 224 + 128, ((mg_it0 + 0)) * 64, mg_mbar + ((0) % 6));
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 14336)) + 20480, &p3, bx * 224 + 160, ((mg_it0 + 0)) * 64, mg_mbar + ((0) % 6));
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 14336)) + 24576, &p3, bx * 224 + 192, ((mg_it0 + 0)) * 64, mg_mbar + ((0) % 6));
+  }
+  if (threadIdx.x == 0) {
+    mg_mbar_arrive_expect(mg_mbar + ((1) % 6), 28672u);
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 14336)), &p3, bx * 224, ((mg_it0 + 1)) * 64, mg_mbar + ((1) % 6));
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 14336)) + 4096, &p3, bx * 224 + 32, ((mg_it0 + 1)) * 64, mg_mbar + ((1) % 6));
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 14336)) + 8192, &p3, bx * 224 + 64, ((mg_it0 + 1)) * 64, mg_mbar + ((1) % 6));
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 14336)) + 12288, &p3, bx * 224 + 96, ((mg_it0 + 1)) * 64, mg_mbar + ((1) % 6));
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 14336)) + 16384, &p3, bx * 224 + 128, ((mg_it0 + 1)) * 64, mg_mbar + ((1) % 6));
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 14336)) + 20480, &p3, bx * 224 + 160, ((mg_it0 + 1)) * 64, mg_mbar + ((1) % 6));
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 14336)) + 24576, &p3, bx * 224 + 192, ((mg_it0 + 1)) * 64, mg_mbar + ((1) % 6));
+  }
+  if (threadIdx.x == 0) {
+    mg_mbar_arrive_expect(mg_mbar + ((2) % 6), 28672u);
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 14336)), &p3, bx * 224, ((mg_it0 + 2)) * 64, mg_mbar + ((2) % 6));
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 14336)) + 4096, &p3, bx * 224 + 32, ((mg_it0 + 2)) * 64, mg_mbar + ((2) % 6));
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 14336)) + 8192, &p3, bx * 224 + 64, ((mg_it0 + 2)) * 64, mg_mbar + ((2) % 6));
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 14336)) + 12288, &p3, bx * 224 + 96, ((mg_it0 + 2)) * 64, mg_mbar + ((2) % 6));
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 14336)) + 16384, &p3, bx * 224 + 128, ((mg_it0 + 2)) * 64, mg_mbar + ((2) % 6));
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 14336)) + 20480, &p3, bx * 224 + 160, ((mg_it0 + 2)) * 64, mg_mbar + ((2) % 6));
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 14336)) + 24576, &p3, bx * 224 + 192, ((mg_it0 + 2)) * 64, mg_mbar + ((2) % 6));
+  }
+  if (threadIdx.x == 0) {
+    mg_mbar_arrive_expect(mg_mbar + ((3) % 6), 28672u);
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 14336)), &p3, bx * 224, ((mg_it0 + 3)) * 64, mg_mbar + ((3) % 6));
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 14336)) + 4096, &p3, bx * 224 + 32, ((mg_it0 + 3)) * 64, mg_mbar + ((3) % 6));
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 14336)) + 8192, &p3, bx * 224 + 64, ((mg_it0 + 3)) * 64, mg_mbar + ((3) % 6));
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 14336)) + 12288, &p3, bx * 224 + 96, ((mg_it0 + 3)) * 64, mg_mbar + ((3) % 6));
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 14336)) + 16384, &p3, bx * 224 + 128, ((mg_it0 + 3)) * 64, mg_mbar + ((3) % 6));
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 14336)) + 20480, &p3, bx * 224 + 160, ((mg_it0 + 3)) * 64, mg_mbar + ((3) % 6));
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 14336)) + 24576, &p3, bx * 224 + 192, ((mg_it0 + 3)) * 64, mg_mbar + ((3) % 6));
+  }
+  if (threadIdx.x == 0) {
+    mg_mbar_arrive_expect(mg_mbar + ((4) % 6), 28672u);
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 14336)), &p3, bx * 224, ((mg_it0 + 4)) * 64, mg_mbar + ((4) % 6));
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 14336)) + 4096, &p3, bx * 224 + 32, ((mg_it0 + 4)) * 64, mg_mbar + ((4) % 6));
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 14336)) + 8192, &p3, bx * 224 + 64, ((mg_it0 + 4)) * 64, mg_mbar + ((4) % 6));
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 14336)) + 12288, &p3, bx * 224 + 96, ((mg_it0 + 4)) * 64, mg_mbar + ((4) % 6));
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 14336)) + 16384, &p3, bx * 224 + 128, ((mg_it0 + 4)) * 64, mg_mbar + ((4) % 6));
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 14336)) + 20480, &p3, bx * 224 + 160, ((mg_it0 + 4)) * 64, mg_mbar + ((4) % 6));
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 14336)) + 24576, &p3, bx * 224 + 192, ((mg_it0 + 4)) * 64, mg_mbar + ((4) % 6));
+  }
+  mg_grid_wait();
+  mg_grid_release();
   for (int c1 = threadIdx.x; c1 < 8; c1 += 128) {
     const int s2_1 = c1;
-    mg_cp_async16((sm_a_0 + ((0) % 4) * 72) + ((s2_1 * 8)), p0 + ((base_a + (mg_it0 + 0) * 64)) + ((s2_1 * 8)));
+    mg_cp_async16((sm_a_0 + ((0) % 6) * 72) + ((s2_1 * 8)), p0 + ((base_a + (mg_it0 + 0) * 64)) + ((s2_1 * 8)));
   }
-  #pragma unroll
-  for (int i = 0; i < 14; ++i) mg_cp_async16((sm_b_0 + ((0) % 4) * 14848) + mg_do_b[i], p1 + ((base_b + (mg_it0 + 0) * 917504)) + mg_so_b[i]);
+  mg_cp_async_commit();
+  for (int c3 = threadIdx.x; c3 < 8; c3 += 128) {
+    const int s4_1 = c3;
+    mg_cp_async16((sm_a_0 + ((1) % 6) * 72) + ((s4_1 * 8)), p0 + ((base_a + (mg_it0 + 1) * 64)) + ((s4_1 * 8)));
+  }
   mg_cp_async_commit();
   for (int c5 = threadIdx.x; c5 < 8; c5 += 128) {
     const int s6_1 = c5;
-    mg_cp_async16((sm_a_0 + ((1) % 4) * 72) + ((s6_1 * 8)), p0 + ((base_a + (mg_it0 + 1) * 64)) + ((s6_1 * 8)));
+    mg_cp_async16((sm_a_0 + ((2) % 6) * 72) + ((s6_1 * 8)), p0 + ((base_a + (mg_it0 + 2) * 64)) + ((s6_1 * 8)));
   }
-  #pragma unroll
-  for (int i = 0; i < 14; ++i) mg_cp_async16((sm_b_0 + ((1) % 4) * 14848) + mg_do_b[i], p1 + ((base_b + (mg_it0 + 1) * 917504)) + mg_so_b[i]);
   mg_cp_async_commit();
   for (int c7 = threadIdx.x; c7 < 8; c7 += 128) {
     const int s8_1 = c7;
-    mg_cp_async16((sm_a_0 + ((2) % 4) * 72) + ((s8_1 * 8)), p0 + ((base_a + (mg_it0 + 2) * 64)) + ((s8_1 * 8)));
+    mg_cp_async16((sm_a_0 + ((3) % 6) * 72) + ((s8_1 * 8)), p0 + ((base_a + (mg_it0 + 3) * 64)) + ((s8_1 * 8)));
   }
-  #pragma unroll
-  for (int i = 0; i < 14; ++i) mg_cp_async16((sm_b_0 + ((2) % 4) * 14848) + mg_do_b[i], p1 + ((base_b + (mg_it0 + 2) * 917504)) + mg_so_b[i]);
+  mg_cp_async_commit();
+  for (int c9 = threadIdx.x; c9 < 8; c9 += 128) {
+    const int s10_1 = c9;
+    mg_cp_async16((sm_a_0 + ((4) % 6) * 72) + ((s10_1 * 8)), p0 + ((base_a + (mg_it0 + 4) * 64)) + ((s10_1 * 8)));
+  }
   mg_cp_async_commit();
   float acc_s[7][4];
   #pragma unroll
   for (int j = 0; j < 7; ++j) acc_s[j][0] = acc_s[j][1] = acc_s[j][2] = acc_s[j][3] = 0.0f;
   for (int it = 0; it < 32; ++it) {
     const int off_a = base_a + (mg_it0 + it) * 64;
-    const int off_b = base_b + (mg_it0 + it) * 917504;
-    mg_cp_async_wait<2>();
+    mg_cp_async_wait<4>();
+    mg_mbar_wait(mg_mbar + (it % 6), (it / 6) & 1);
     __syncthreads();
-    if (it + 3 < 32) {
-      for (int c9 = threadIdx.x; c9 < 8; c9 += 128) {
-        const int s10_1 = c9;
-        mg_cp_async16((sm_a_0 + (((it + 3)) % 4) * 72) + ((s10_1 * 8)), p0 + ((off_a + 192)) + ((s10_1 * 8)));
+    if (it + 5 < 32) {
+      for (int c11 = threadIdx.x; c11 < 8; c11 += 128) {
+        const int s12_1 = c11;
+        mg_cp_async16((sm_a_0 + (((it + 5)) % 6) * 72) + ((s12_1 * 8)), p0 + ((off_a + 320)) + ((s12_1 * 8)));
       }
-      #pragma unroll
-      for (int i = 0; i < 14; ++i) mg_cp_async16((sm_b_0 + (((it + 3)) % 4) * 14848) + mg_do_b[i], p1 + ((off_b + 2752512)) + mg_so_b[i]);
+      if (threadIdx.x == 0) {
+        mg_mbar_arrive_expect(mg_mbar + ((it + 5) % 6), 28672u);
+        mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 14336)), &p3, bx * 224, ((mg_it0 + it + 5)) * 64, mg_mbar + ((it + 5) % 6));
+        mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 14336)) + 4096, &p3, bx * 224 + 32, ((mg_it0 + it + 5)) * 64, mg_mbar + ((it + 5) % 6));
+        mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 14336)) + 8192, &p3, bx * 224 + 64, ((mg_it0 + it + 5)) * 64, mg_mbar + ((it + 5) % 6));
+        mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 14336)) + 12288, &p3, bx * 224 + 96, ((mg_it0 + it + 5)) * 64, mg_mbar + ((it + 5) % 6));
+        mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 14336)) + 16384, &p3, bx * 224 + 128, ((mg_it0 + it + 5)) * 64, mg_mbar + ((it + 5) % 6));
+        mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 14336)) + 20480, &p3, bx * 224 + 160, ((mg_it0 + it + 5)) * 64, mg_mbar + ((it + 5) % 6));
+        mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 14336)) + 24576, &p3, bx * 224 + 192, ((mg_it0 + it + 5)) * 64, mg_mbar + ((it + 5) % 6));
+      }
     }
     mg_cp_async_commit();
-    const auto* sm_a = (sm_a_0 + ((it) % 4) * 72);
-    const auto* sm_b = (sm_b_0 + ((it) % 4) * 14848);
+    const auto* sm_a = (sm_a_0 + ((it) % 6) * 72);
+    const auto* sm_b = (sm_b_0 + ((it) % 6) * 14336);
     {
       const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
       const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
@@ -2100,7 +2508,7 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(128, 1) m
           const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
           (void)mg_nb; (void)c0; (void)n0;
           unsigned rb0, rb1;
-          mg_ldsm_x2_t(rb0, rb1, (sm_b + ((kk + (mg_lane & 15)) * 232 + (mg_ni * 8))));
+          mg_ldsm_x2_t(rb0, rb1, (reinterpret_cast<const unsigned char*>(sm_b) + ((((mg_ni * 8)) * 2) / 64) * 4096 + (((((kk + (mg_lane & 15)))) * 64 + (((mg_ni * 8)) * 2) % 64) ^ (((((((kk + (mg_lane & 15)))) * 64 + (((mg_ni * 8)) * 2) % 64) >> 7) & 3) << 4))));
           mg_mma_f16(acc_s[j], ra0, ra1, ra2, ra3, rb0, rb1);
         }
       }
@@ -2162,9 +2570,9 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(128, 1) m
   mg_cluster_arrive();
   __syncthreads();
   buf_s = reinterpret_cast<float*>(mg_smem + 0);
-  for (int e11 = (int)mg_rank * 128 + (int)threadIdx.x; e11 < 28; e11 += 256) {
-    const int i12_1 = e11;
-    mg_st8(p2 + (bx * 224 + (i12_1 * 8)), buf_s[((i12_1 * 8) + 0)], buf_s[((i12_1 * 8) + 1)], buf_s[((i12_1 * 8) + 2)], buf_s[((i12_1 * 8) + 3)], buf_s[((i12_1 * 8) + 4)], buf_s[((i12_1 * 8) + 5)], buf_s[((i12_1 * 8) + 6)], buf_s[((i12_1 * 8) + 7)]);
+  for (int e13 = (int)mg_rank * 128 + (int)threadIdx.x; e13 < 28; e13 += 256) {
+    const int i14_1 = e13;
+    mg_st8(p2 + (bx * 224 + (i14_1 * 8)), buf_s[((i14_1 * 8) + 0)], buf_s[((i14_1 * 8) + 1)], buf_s[((i14_1 * 8) + 2)], buf_s[((i14_1 * 8) + 3)], buf_s[((i14_1 * 8) + 4)], buf_s[((i14_1 * 8) + 5)], buf_s[((i14_1 * 8) + 6)], buf_s[((i14_1 * 8) + 7)]);
   }
   mg_cluster_wait();
 }
@@ -2174,6 +2582,7 @@ extern "C" __global__ void __launch_bounds__(256) mg_k28_mirage_llama3_8b_layer_
     const mg_f16* __restrict__ p0,
     mg_f16* __restrict__ p1) {
   mg_grid_wait();
+  mg_grid_release();
   for (int e8 = blockIdx.x * 256 + threadIdx.x; e8 < 1792; e8 += gridDim.x * 256) {
     const int e = e8 * 8;
     const int i1 = e;
@@ -2203,6 +2612,7 @@ extern "C" __global__ void __launch_bounds__(256) mg_k29_mirage_llama3_8b_layer_
     const mg_f16* __restrict__ p1,
     mg_f16* __restrict__ p2) {
   mg_grid_wait();
+  mg_grid_release();
   for (int e8 = blockIdx.x * 256 + threadIdx.x; e8 < 1792; e8 += gridDim.x * 256) {
     const int e = e8 * 8;
     const int i1 = e;
@@ -2238,69 +2648,95 @@ extern "C" __global__ void __launch_bounds__(256) mg_k29_mirage_llama3_8b_layer_
 extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(256, 1) mg_k30_mirage_llama3_8b_layer_aec50abcc000(
     const mg_f16* __restrict__ p0,
     const mg_f16* __restrict__ p1,
-    mg_f16* __restrict__ p2) {
-  mg_grid_wait();
+    mg_f16* __restrict__ p2,
+    const __grid_constant__ mg_tmap p3) {
   const int bx = blockIdx.x, by = blockIdx.y, bz = 0;
   (void)bx; (void)by; (void)bz;
   const unsigned mg_rank = blockIdx.z;
   const int mg_it0 = (int)mg_rank * 28;
-  extern __shared__ __align__(16) unsigned char mg_smem[];
+  extern __shared__ __align__(16) unsigned char mg_smem_raw[];
+  unsigned char* mg_smem = mg_smem_raw + ((1024u - (mg_smem_addr(mg_smem_raw) & 1023u)) & 1023u);
   const int base_a = 0;
   const int base_b = bx * 64;
-  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 149824);
+  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 200080);
   if (threadIdx.x < 4) mg_zero[threadIdx.x] = 0u;
-  mg_f16* sm_a_0 = reinterpret_cast<mg_f16*>(mg_smem + 0);
-  mg_f16* sm_b_0 = reinterpret_cast<mg_f16*>(mg_smem + 2112);
-  float* buf_s = reinterpret_cast<float*>(mg_smem + 149568);
-  int mg_so_b[8], mg_do_b[8];
-  #pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    const int c3 = threadIdx.x + i * 256;
-    const int s4_0 = c3 / 8;
-    const int s4_1 = (c3) % 8;
-    mg_so_b[i] = s4_0 * 4096 + (s4_1 * 8);
-    mg_do_b[i] = s4_0 * 72 + (s4_1 * 8);
+  unsigned long long* mg_mbar = reinterpret_cast<unsigned long long*>(mg_smem + 200032);
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < 6; ++s) mg_mbar_init(mg_mbar + s);
+    mg_mbar_fence_init();
   }
+  __syncthreads();
+  mg_f16* sm_a_0 = reinterpret_cast<mg_f16*>(mg_smem + 196608);
+  mg_f16* sm_b_0 = reinterpret_cast<mg_f16*>(mg_smem + 0);
+  float* buf_s = reinterpret_cast<float*>(mg_smem + 199776);
+  if (threadIdx.x == 0) {
+    mg_mbar_arrive_expect(mg_mbar + ((0) % 6), 32768u);
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 16384)), &p3, bx * 64, ((mg_it0 + 0)) * 256, mg_mbar + ((0) % 6));
+  }
+  if (threadIdx.x == 0) {
+    mg_mbar_arrive_expect(mg_mbar + ((1) % 6), 32768u);
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 16384)), &p3, bx * 64, ((mg_it0 + 1)) * 256, mg_mbar + ((1) % 6));
+  }
+  if (threadIdx.x == 0) {
+    mg_mbar_arrive_expect(mg_mbar + ((2) % 6), 32768u);
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 16384)), &p3, bx * 64, ((mg_it0 + 2)) * 256, mg_mbar + ((2) % 6));
+  }
+  if (threadIdx.x == 0) {
+    mg_mbar_arrive_expect(mg_mbar + ((3) % 6), 32768u);
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 16384)), &p3, bx * 64, ((mg_it0 + 3)) * 256, mg_mbar + ((3) % 6));
+  }
+  if (threadIdx.x == 0) {
+    mg_mbar_arrive_expect(mg_mbar + ((4) % 6), 32768u);
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 16384)), &p3, bx * 64, ((mg_it0 + 4)) * 256, mg_mbar + ((4) % 6));
+  }
+  mg_grid_wait();
+  mg_grid_release();
   for (int c1 = threadIdx.x; c1 < 32; c1 += 256) {
     const int s2_1 = c1;
-    mg_cp_async16((sm_a_0 + ((0) % 4) * 264) + ((s2_1 * 8)), p0 + ((base_a + (mg_it0 + 0) * 256)) + ((s2_1 * 8)));
+    mg_cp_async16((sm_a_0 + ((0) % 6) * 264) + ((s2_1 * 8)), p0 + ((base_a + (mg_it0 + 0) * 256)) + ((s2_1 * 8)));
   }
-  #pragma unroll
-  for (int i = 0; i < 8; ++i) mg_cp_async16((sm_b_0 + ((0) % 4) * 18432) + mg_do_b[i], p1 + ((base_b + (mg_it0 + 0) * 1048576)) + mg_so_b[i]);
+  mg_cp_async_commit();
+  for (int c3 = threadIdx.x; c3 < 32; c3 += 256) {
+    const int s4_1 = c3;
+    mg_cp_async16((sm_a_0 + ((1) % 6) * 264) + ((s4_1 * 8)), p0 + ((base_a + (mg_it0 + 1) * 256)) + ((s4_1 * 8)));
+  }
   mg_cp_async_commit();
   for (int c5 = threadIdx.x; c5 < 32; c5 += 256) {
     const int s6_1 = c5;
-    mg_cp_async16((sm_a_0 + ((1) % 4) * 264) + ((s6_1 * 8)), p0 + ((base_a + (mg_it0 + 1) * 256)) + ((s6_1 * 8)));
+    mg_cp_async16((sm_a_0 + ((2) % 6) * 264) + ((s6_1 * 8)), p0 + ((base_a + (mg_it0 + 2) * 256)) + ((s6_1 * 8)));
   }
-  #pragma unroll
-  for (int i = 0; i < 8; ++i) mg_cp_async16((sm_b_0 + ((1) % 4) * 18432) + mg_do_b[i], p1 + ((base_b + (mg_it0 + 1) * 1048576)) + mg_so_b[i]);
   mg_cp_async_commit();
   for (int c7 = threadIdx.x; c7 < 32; c7 += 256) {
     const int s8_1 = c7;
-    mg_cp_async16((sm_a_0 + ((2) % 4) * 264) + ((s8_1 * 8)), p0 + ((base_a + (mg_it0 + 2) * 256)) + ((s8_1 * 8)));
+    mg_cp_async16((sm_a_0 + ((3) % 6) * 264) + ((s8_1 * 8)), p0 + ((base_a + (mg_it0 + 3) * 256)) + ((s8_1 * 8)));
   }
-  #pragma unroll
-  for (int i = 0; i < 8; ++i) mg_cp_async16((sm_b_0 + ((2) % 4) * 18432) + mg_do_b[i], p1 + ((base_b + (mg_it0 + 2) * 1048576)) + mg_so_b[i]);
+  mg_cp_async_commit();
+  for (int c9 = threadIdx.x; c9 < 32; c9 += 256) {
+    const int s10_1 = c9;
+    mg_cp_async16((sm_a_0 + ((4) % 6) * 264) + ((s10_1 * 8)), p0 + ((base_a + (mg_it0 + 4) * 256)) + ((s10_1 * 8)));
+  }
   mg_cp_async_commit();
   float acc_s[2][4];
   #pragma unroll
   for (int j = 0; j < 2; ++j) acc_s[j][0] = acc_s[j][1] = acc_s[j][2] = acc_s[j][3] = 0.0f;
   for (int it = 0; it < 28; ++it) {
     const int off_a = base_a + (mg_it0 + it) * 256;
-    const int off_b = base_b + (mg_it0 + it) * 1048576;
-    mg_cp_async_wait<2>();
+    mg_cp_async_wait<4>();
+    mg_mbar_wait(mg_mbar + (it % 6), (it / 6) & 1);
     __syncthreads();
-    if (it + 3 < 28) {
-      for (int c9 = threadIdx.x; c9 < 32; c9 += 256) {
-        const int s10_1 = c9;
-        mg_cp_async16((sm_a_0 + (((it + 3)) % 4) * 264) + ((s10_1 * 8)), p0 + ((off_a + 768)) + ((s10_1 * 8)));
+    if (it + 5 < 28) {
+      for (int c11 = threadIdx.x; c11 < 32; c11 += 256) {
+        const int s12_1 = c11;
+        mg_cp_async16((sm_a_0 + (((it + 5)) % 6) * 264) + ((s12_1 * 8)), p0 + ((off_a + 1280)) + ((s12_1 * 8)));
       }
-      #pragma unroll
-      for (int i = 0; i < 8; ++i) mg_cp_async16((sm_b_0 + (((it + 3)) % 4) * 18432) + mg_do_b[i], p1 + ((off_b + 3145728)) + mg_so_b[i]);
+      if (threadIdx.x == 0) {
+        mg_mbar_arrive_expect(mg_mbar + ((it + 5) % 6), 32768u);
+        mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 16384)), &p3, bx * 64, ((mg_it0 + it + 5)) * 256, mg_mbar + ((it + 5) % 6));
+      }
     }
     mg_cp_async_commit();
-    const auto* sm_a = (sm_a_0 + ((it) % 4) * 264);
-    const auto* sm_b = (sm_b_0 + ((it) % 4) * 18432);
+    const auto* sm_a = (sm_a_0 + ((it) % 6) * 264);
+    const auto* sm_b = (sm_b_0 + ((it) % 6) * 16384);
     {
       const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
       const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
@@ -2325,7 +2761,7 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(256, 1) m
           const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
           (void)mg_nb; (void)c0; (void)n0;
           unsigned rb0, rb1;
-          mg_ldsm_x2_t(rb0, rb1, (sm_b + ((kk + (mg_lane & 15)) * 72 + (mg_ni * 8))));
+          mg_ldsm_x2_t(rb0, rb1, (reinterpret_cast<const unsigned char*>(sm_b) + ((((mg_ni * 8)) * 2) / 128) * 32768 + (((((kk + (mg_lane & 15)))) * 128 + (((mg_ni * 8)) * 2) % 128) ^ (((((((kk + (mg_lane & 15)))) * 128 + (((mg_ni * 8)) * 2) % 128) >> 7) & 7) << 4))));
           mg_mma_f16(acc_s[j], ra0, ra1, ra2, ra3, rb0, rb1);
         }
       }
@@ -2408,9 +2844,9 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(256, 1) m
   mg_cluster_arrive();
   __syncthreads();
   buf_s = reinterpret_cast<float*>(mg_smem + 0);
-  for (int e11 = (int)mg_rank * 256 + (int)threadIdx.x; e11 < 8; e11 += 512) {
-    const int i12_1 = e11;
-    mg_st8(p2 + (bx * 64 + (i12_1 * 8)), buf_s[((i12_1 * 8) + 0)], buf_s[((i12_1 * 8) + 1)], buf_s[((i12_1 * 8) + 2)], buf_s[((i12_1 * 8) + 3)], buf_s[((i12_1 * 8) + 4)], buf_s[((i12_1 * 8) + 5)], buf_s[((i12_1 * 8) + 6)], buf_s[((i12_1 * 8) + 7)]);
+  for (int e13 = (int)mg_rank * 256 + (int)threadIdx.x; e13 < 8; e13 += 512) {
+    const int i14_1 = e13;
+    mg_st8(p2 + (bx * 64 + (i14_1 * 8)), buf_s[((i14_1 * 8) + 0)], buf_s[((i14_1 * 8) + 1)], buf_s[((i14_1 * 8) + 2)], buf_s[((i14_1 * 8) + 3)], buf_s[((i14_1 * 8) + 4)], buf_s[((i14_1 * 8) + 5)], buf_s[((i14_1 * 8) + 6)], buf_s[((i14_1 * 8) + 7)]);
   }
   mg_cluster_wait();
 }
@@ -2421,6 +2857,7 @@ extern "C" __global__ void __launch_bounds__(256) mg_k31_mirage_llama3_8b_layer_
     const mg_f16* __restrict__ p1,
     mg_f16* __restrict__ p2) {
   mg_grid_wait();
+  mg_grid_release();
   for (int e8 = blockIdx.x * 256 + threadIdx.x; e8 < 512; e8 += gridDim.x * 256) {
     const int e = e8 * 8;
     const int i1 = e;
@@ -2464,6 +2901,45 @@ extern "C" __global__ void __launch_bounds__(256) mg_k31_mirage_llama3_8b_layer_
 
 extern "C" size_t mirage_llama3_8b_layer_aec50abcc000_workspace_bytes(void) { return 17799168u; }
 
+// Bulk tensor copies read through tensor maps, which the launcher encodes on every call
+// (the addresses may change) with the driver's cuTensorMapEncodeTiled, found through the
+// runtime so that nothing but the CUDA runtime needs to be linked.
+#include <cuda.h>
+#if CUDART_VERSION < 12000
+#error "mirage-cli generated code with bulk tensor copies needs CUDA 12.0 or newer"
+#endif
+static_assert(sizeof(mg_tmap) == sizeof(CUtensorMap), "tensor map size");
+typedef CUresult (*mg_encode_fn_mirage_llama3_8b_layer_aec50abcc000)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*,
+    const cuuint64_t*, const cuuint64_t*, const cuuint32_t*, const cuuint32_t*,
+    CUtensorMapInterleave, CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+static std::atomic<void*> mg_encoder_mirage_llama3_8b_layer_aec50abcc000{nullptr};
+
+static cudaError_t mg_encode_tmap_mirage_llama3_8b_layer_aec50abcc000(mg_tmap* mg_map, const void* mg_base,
+                                   CUtensorMapDataType mg_dtype, cuuint32_t mg_rank,
+                                   const cuuint64_t* mg_dims, const cuuint64_t* mg_strides,
+                                   const cuuint32_t* mg_box, CUtensorMapSwizzle mg_swizzle) {
+  void* mg_fn = mg_encoder_mirage_llama3_8b_layer_aec50abcc000.load(std::memory_order_acquire);
+  if (mg_fn == nullptr) {
+    cudaDriverEntryPointQueryResult mg_found = cudaDriverEntryPointSymbolNotFound;
+#if CUDART_VERSION >= 12050
+    cudaError_t mg_err = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &mg_fn,
+                                                          12000, cudaEnableDefault, &mg_found);
+#else
+    cudaError_t mg_err = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &mg_fn,
+                                                 cudaEnableDefault, &mg_found);
+#endif
+    if (mg_err != cudaSuccess) return mg_err;
+    if (mg_found != cudaDriverEntryPointSuccess || mg_fn == nullptr) return cudaErrorSymbolNotFound;
+    mg_encoder_mirage_llama3_8b_layer_aec50abcc000.store(mg_fn, std::memory_order_release);
+  }
+  const cuuint32_t mg_steps[5] = {1, 1, 1, 1, 1};
+  const CUresult mg_res = reinterpret_cast<mg_encode_fn_mirage_llama3_8b_layer_aec50abcc000>(mg_fn)(
+      reinterpret_cast<CUtensorMap*>(mg_map), mg_dtype, mg_rank, const_cast<void*>(mg_base),
+      mg_dims, mg_strides, mg_box, mg_steps, CU_TENSOR_MAP_INTERLEAVE_NONE, mg_swizzle,
+      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return mg_res == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+}
+
 // What the launcher needs to know about the current device, found once per device
 // (a state per device ordinal; two threads racing store the same value, which is
 // harmless) and on every call for ordinals past the table: bit 0 says the device is
@@ -2482,28 +2958,31 @@ static cudaError_t mg_prepare_mirage_llama3_8b_layer_aec50abcc000(int* mg_state)
     if (*mg_state != 0) return cudaSuccess;
   }
   mg_err = cudaFuncSetAttribute((const void*)mg_k1_mirage_llama3_8b_layer_aec50abcc000,
-                                cudaFuncAttributeMaxDynamicSharedMemorySize, 75088);
+                                cudaFuncAttributeMaxDynamicSharedMemorySize, 101280);
   if (mg_err != cudaSuccess) return mg_err;
   mg_err = cudaFuncSetAttribute((const void*)mg_k2_mirage_llama3_8b_layer_aec50abcc000,
-                                cudaFuncAttributeMaxDynamicSharedMemorySize, 51344);
+                                cudaFuncAttributeMaxDynamicSharedMemorySize, 53472);
   if (mg_err != cudaSuccess) return mg_err;
   mg_err = cudaFuncSetAttribute((const void*)mg_k3_mirage_llama3_8b_layer_aec50abcc000,
-                                cudaFuncAttributeMaxDynamicSharedMemorySize, 51344);
+                                cudaFuncAttributeMaxDynamicSharedMemorySize, 53472);
+  if (mg_err != cudaSuccess) return mg_err;
+  mg_err = cudaFuncSetAttribute((const void*)mg_k18_mirage_llama3_8b_layer_aec50abcc000,
+                                cudaFuncAttributeMaxDynamicSharedMemorySize, 55488);
   if (mg_err != cudaSuccess) return mg_err;
   mg_err = cudaFuncSetAttribute((const void*)mg_k21_mirage_llama3_8b_layer_aec50abcc000,
-                                cudaFuncAttributeMaxDynamicSharedMemorySize, 57872);
+                                cudaFuncAttributeMaxDynamicSharedMemorySize, 63168);
   if (mg_err != cudaSuccess) return mg_err;
   mg_err = cudaFuncSetAttribute((const void*)mg_k23_mirage_llama3_8b_layer_aec50abcc000,
-                                cudaFuncAttributeMaxDynamicSharedMemorySize, 75088);
+                                cudaFuncAttributeMaxDynamicSharedMemorySize, 101280);
   if (mg_err != cudaSuccess) return mg_err;
   mg_err = cudaFuncSetAttribute((const void*)mg_k26_mirage_llama3_8b_layer_aec50abcc000,
-                                cudaFuncAttributeMaxDynamicSharedMemorySize, 120272);
+                                cudaFuncAttributeMaxDynamicSharedMemorySize, 174880);
   if (mg_err != cudaSuccess) return mg_err;
   mg_err = cudaFuncSetAttribute((const void*)mg_k27_mirage_llama3_8b_layer_aec50abcc000,
-                                cudaFuncAttributeMaxDynamicSharedMemorySize, 120272);
+                                cudaFuncAttributeMaxDynamicSharedMemorySize, 174880);
   if (mg_err != cudaSuccess) return mg_err;
   mg_err = cudaFuncSetAttribute((const void*)mg_k30_mirage_llama3_8b_layer_aec50abcc000,
-                                cudaFuncAttributeMaxDynamicSharedMemorySize, 149840);
+                                cudaFuncAttributeMaxDynamicSharedMemorySize, 201120);
   if (mg_err != cudaSuccess) return mg_err;
   int mg_major = 0;
   mg_err = cudaDeviceGetAttribute(&mg_major, cudaDevAttrComputeCapabilityMajor, mg_dev);
@@ -2544,11 +3023,20 @@ extern "C" cudaError_t mirage_llama3_8b_layer_aec50abcc000(const void* mg_in0_X,
     const mg_f16* mg_a0 = (const mg_f16*)(mg_ws + 0);
     const mg_f16* mg_a1 = (const mg_f16*)(mg_in2_WQ);
     mg_f16* mg_a2 = (mg_f16*)(mg_ws + 8192);
-    void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
+    mg_tmap mg_a3;
+    {
+      const cuuint64_t mg_dims[] = {4096, 4096};
+      const cuuint64_t mg_strides[] = {8192};
+      const cuuint32_t mg_box[] = {64, 128};
+      mg_err = mg_encode_tmap_mirage_llama3_8b_layer_aec50abcc000(&mg_a3, mg_in2_WQ, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2,
+                                mg_dims, mg_strides, mg_box, CU_TENSOR_MAP_SWIZZLE_128B);
+      if (mg_err != cudaSuccess) return mg_err;
+    }
+    void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2, &mg_a3};
     cudaLaunchConfig_t mg_cfg = {};
     mg_cfg.gridDim = dim3(64, 1, 2);
     mg_cfg.blockDim = dim3(128);
-    mg_cfg.dynamicSmemBytes = 75088;
+    mg_cfg.dynamicSmemBytes = 101280;
     mg_cfg.stream = mg_stream;
     mg_cfg.attrs = mg_pdl;
     mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
@@ -2559,11 +3047,20 @@ extern "C" cudaError_t mirage_llama3_8b_layer_aec50abcc000(const void* mg_in0_X,
     const mg_f16* mg_a0 = (const mg_f16*)(mg_ws + 0);
     const mg_f16* mg_a1 = (const mg_f16*)(mg_in3_WK);
     mg_f16* mg_a2 = (mg_f16*)(mg_ws + 16384);
-    void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
+    mg_tmap mg_a3;
+    {
+      const cuuint64_t mg_dims[] = {1024, 4096};
+      const cuuint64_t mg_strides[] = {2048};
+      const cuuint32_t mg_box[] = {16, 256};
+      mg_err = mg_encode_tmap_mirage_llama3_8b_layer_aec50abcc000(&mg_a3, mg_in3_WK, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2,
+                                mg_dims, mg_strides, mg_box, CU_TENSOR_MAP_SWIZZLE_32B);
+      if (mg_err != cudaSuccess) return mg_err;
+    }
+    void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2, &mg_a3};
     cudaLaunchConfig_t mg_cfg = {};
     mg_cfg.gridDim = dim3(64, 1, 2);
     mg_cfg.blockDim = dim3(256);
-    mg_cfg.dynamicSmemBytes = 51344;
+    mg_cfg.dynamicSmemBytes = 53472;
     mg_cfg.stream = mg_stream;
     mg_cfg.attrs = mg_pdl;
     mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
@@ -2574,11 +3071,20 @@ extern "C" cudaError_t mirage_llama3_8b_layer_aec50abcc000(const void* mg_in0_X,
     const mg_f16* mg_a0 = (const mg_f16*)(mg_ws + 0);
     const mg_f16* mg_a1 = (const mg_f16*)(mg_in4_WV);
     mg_f16* mg_a2 = (mg_f16*)(mg_ws + 18432);
-    void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
+    mg_tmap mg_a3;
+    {
+      const cuuint64_t mg_dims[] = {1024, 4096};
+      const cuuint64_t mg_strides[] = {2048};
+      const cuuint32_t mg_box[] = {16, 256};
+      mg_err = mg_encode_tmap_mirage_llama3_8b_layer_aec50abcc000(&mg_a3, mg_in4_WV, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2,
+                                mg_dims, mg_strides, mg_box, CU_TENSOR_MAP_SWIZZLE_32B);
+      if (mg_err != cudaSuccess) return mg_err;
+    }
+    void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2, &mg_a3};
     cudaLaunchConfig_t mg_cfg = {};
     mg_cfg.gridDim = dim3(64, 1, 2);
     mg_cfg.blockDim = dim3(256);
-    mg_cfg.dynamicSmemBytes = 51344;
+    mg_cfg.dynamicSmemBytes = 53472;
     mg_cfg.stream = mg_stream;
     mg_cfg.attrs = mg_pdl;
     mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
@@ -2793,11 +3299,20 @@ extern "C" cudaError_t mirage_llama3_8b_layer_aec50abcc000(const void* mg_in0_X,
     const mg_f16* mg_a0 = (const mg_f16*)(mg_ws + 55296);
     const mg_f16* mg_a1 = (const mg_f16*)(mg_ws + 71680);
     mg_f16* mg_a2 = (mg_f16*)(mg_ws + 16848896);
-    void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
+    mg_tmap mg_a3;
+    {
+      const cuuint64_t mg_dims[] = {4096, 128, 8, 1};
+      const cuuint64_t mg_strides[] = {8192, 1048576, 8388608};
+      const cuuint32_t mg_box[] = {64, 16, 1, 1};
+      mg_err = mg_encode_tmap_mirage_llama3_8b_layer_aec50abcc000(&mg_a3, mg_ws + 71680, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4,
+                                mg_dims, mg_strides, mg_box, CU_TENSOR_MAP_SWIZZLE_128B);
+      if (mg_err != cudaSuccess) return mg_err;
+    }
+    void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2, &mg_a3};
     cudaLaunchConfig_t mg_cfg = {};
     mg_cfg.gridDim = dim3(16, 8, 1);
     mg_cfg.blockDim = dim3(128);
-    mg_cfg.dynamicSmemBytes = 38672;
+    mg_cfg.dynamicSmemBytes = 55488;
     mg_cfg.stream = mg_stream;
     mg_cfg.attrs = mg_pdl;
     mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
@@ -2836,11 +3351,20 @@ extern "C" cudaError_t mirage_llama3_8b_layer_aec50abcc000(const void* mg_in0_X,
     const mg_f16* mg_a0 = (const mg_f16*)(mg_ws + 17373184);
     const mg_f16* mg_a1 = (const mg_f16*)(mg_ws + 8460288);
     mg_f16* mg_a2 = (mg_f16*)(mg_ws + 17635328);
-    void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
+    mg_tmap mg_a3;
+    {
+      const cuuint64_t mg_dims[] = {128, 4096, 8, 1};
+      const cuuint64_t mg_strides[] = {256, 1048576, 8388608};
+      const cuuint32_t mg_box[] = {16, 256, 1, 1};
+      mg_err = mg_encode_tmap_mirage_llama3_8b_layer_aec50abcc000(&mg_a3, mg_ws + 8460288, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4,
+                                mg_dims, mg_strides, mg_box, CU_TENSOR_MAP_SWIZZLE_32B);
+      if (mg_err != cudaSuccess) return mg_err;
+    }
+    void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2, &mg_a3};
     cudaLaunchConfig_t mg_cfg = {};
     mg_cfg.gridDim = dim3(8, 8, 2);
     mg_cfg.blockDim = dim3(256);
-    mg_cfg.dynamicSmemBytes = 57872;
+    mg_cfg.dynamicSmemBytes = 63168;
     mg_cfg.stream = mg_stream;
     mg_cfg.attrs = mg_pdl;
     mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
@@ -2865,11 +3389,20 @@ extern "C" cudaError_t mirage_llama3_8b_layer_aec50abcc000(const void* mg_in0_X,
     const mg_f16* mg_a0 = (const mg_f16*)(mg_ws + 17643520);
     const mg_f16* mg_a1 = (const mg_f16*)(mg_in9_WO);
     mg_f16* mg_a2 = (mg_f16*)(mg_ws + 17651712);
-    void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
+    mg_tmap mg_a3;
+    {
+      const cuuint64_t mg_dims[] = {4096, 4096};
+      const cuuint64_t mg_strides[] = {8192};
+      const cuuint32_t mg_box[] = {64, 128};
+      mg_err = mg_encode_tmap_mirage_llama3_8b_layer_aec50abcc000(&mg_a3, mg_in9_WO, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2,
+                                mg_dims, mg_strides, mg_box, CU_TENSOR_MAP_SWIZZLE_128B);
+      if (mg_err != cudaSuccess) return mg_err;
+    }
+    void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2, &mg_a3};
     cudaLaunchConfig_t mg_cfg = {};
     mg_cfg.gridDim = dim3(64, 1, 2);
     mg_cfg.blockDim = dim3(128);
-    mg_cfg.dynamicSmemBytes = 75088;
+    mg_cfg.dynamicSmemBytes = 101280;
     mg_cfg.stream = mg_stream;
     mg_cfg.attrs = mg_pdl;
     mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
@@ -2910,11 +3443,20 @@ extern "C" cudaError_t mirage_llama3_8b_layer_aec50abcc000(const void* mg_in0_X,
     const mg_f16* mg_a0 = (const mg_f16*)(mg_ws + 17668096);
     const mg_f16* mg_a1 = (const mg_f16*)(mg_in11_W1);
     mg_f16* mg_a2 = (mg_f16*)(mg_ws + 17676288);
-    void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
+    mg_tmap mg_a3;
+    {
+      const cuuint64_t mg_dims[] = {14336, 4096};
+      const cuuint64_t mg_strides[] = {28672};
+      const cuuint32_t mg_box[] = {32, 64};
+      mg_err = mg_encode_tmap_mirage_llama3_8b_layer_aec50abcc000(&mg_a3, mg_in11_W1, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2,
+                                mg_dims, mg_strides, mg_box, CU_TENSOR_MAP_SWIZZLE_64B);
+      if (mg_err != cudaSuccess) return mg_err;
+    }
+    void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2, &mg_a3};
     cudaLaunchConfig_t mg_cfg = {};
     mg_cfg.gridDim = dim3(64, 1, 2);
     mg_cfg.blockDim = dim3(128);
-    mg_cfg.dynamicSmemBytes = 120272;
+    mg_cfg.dynamicSmemBytes = 174880;
     mg_cfg.stream = mg_stream;
     mg_cfg.attrs = mg_pdl;
     mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
@@ -2925,11 +3467,20 @@ extern "C" cudaError_t mirage_llama3_8b_layer_aec50abcc000(const void* mg_in0_X,
     const mg_f16* mg_a0 = (const mg_f16*)(mg_ws + 17668096);
     const mg_f16* mg_a1 = (const mg_f16*)(mg_in12_W3);
     mg_f16* mg_a2 = (mg_f16*)(mg_ws + 17704960);
-    void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
+    mg_tmap mg_a3;
+    {
+      const cuuint64_t mg_dims[] = {14336, 4096};
+      const cuuint64_t mg_strides[] = {28672};
+      const cuuint32_t mg_box[] = {32, 64};
+      mg_err = mg_encode_tmap_mirage_llama3_8b_layer_aec50abcc000(&mg_a3, mg_in12_W3, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2,
+                                mg_dims, mg_strides, mg_box, CU_TENSOR_MAP_SWIZZLE_64B);
+      if (mg_err != cudaSuccess) return mg_err;
+    }
+    void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2, &mg_a3};
     cudaLaunchConfig_t mg_cfg = {};
     mg_cfg.gridDim = dim3(64, 1, 2);
     mg_cfg.blockDim = dim3(128);
-    mg_cfg.dynamicSmemBytes = 120272;
+    mg_cfg.dynamicSmemBytes = 174880;
     mg_cfg.stream = mg_stream;
     mg_cfg.attrs = mg_pdl;
     mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
@@ -2969,11 +3520,20 @@ extern "C" cudaError_t mirage_llama3_8b_layer_aec50abcc000(const void* mg_in0_X,
     const mg_f16* mg_a0 = (const mg_f16*)(mg_ws + 17762304);
     const mg_f16* mg_a1 = (const mg_f16*)(mg_in13_W2);
     mg_f16* mg_a2 = (mg_f16*)(mg_ws + 17790976);
-    void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
+    mg_tmap mg_a3;
+    {
+      const cuuint64_t mg_dims[] = {4096, 14336};
+      const cuuint64_t mg_strides[] = {8192};
+      const cuuint32_t mg_box[] = {64, 256};
+      mg_err = mg_encode_tmap_mirage_llama3_8b_layer_aec50abcc000(&mg_a3, mg_in13_W2, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2,
+                                mg_dims, mg_strides, mg_box, CU_TENSOR_MAP_SWIZZLE_128B);
+      if (mg_err != cudaSuccess) return mg_err;
+    }
+    void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2, &mg_a3};
     cudaLaunchConfig_t mg_cfg = {};
     mg_cfg.gridDim = dim3(64, 1, 2);
     mg_cfg.blockDim = dim3(256);
-    mg_cfg.dynamicSmemBytes = 149840;
+    mg_cfg.dynamicSmemBytes = 201120;
     mg_cfg.stream = mg_stream;
     mg_cfg.attrs = mg_pdl;
     mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;

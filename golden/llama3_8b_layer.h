@@ -24,21 +24,21 @@ enum {
   mirage_llama3_8b_layer_aec50abcc000_IN0_DTYPE = MIRAGE_DTYPE_F16,
   mirage_llama3_8b_layer_aec50abcc000_IN0_DIM0 = 1,
   mirage_llama3_8b_layer_aec50abcc000_IN0_DIM1 = 4096,
-  // input 1 'G1': f16[4096]
+  // input 1 'G1': f16[4096] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
   mirage_llama3_8b_layer_aec50abcc000_IN1_RANK = 1,
   mirage_llama3_8b_layer_aec50abcc000_IN1_DTYPE = MIRAGE_DTYPE_F16,
   mirage_llama3_8b_layer_aec50abcc000_IN1_DIM0 = 4096,
-  // input 2 'WQ': f16[4096, 4096]
+  // input 2 'WQ': f16[4096, 4096] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
   mirage_llama3_8b_layer_aec50abcc000_IN2_RANK = 2,
   mirage_llama3_8b_layer_aec50abcc000_IN2_DTYPE = MIRAGE_DTYPE_F16,
   mirage_llama3_8b_layer_aec50abcc000_IN2_DIM0 = 4096,
   mirage_llama3_8b_layer_aec50abcc000_IN2_DIM1 = 4096,
-  // input 3 'WK': f16[4096, 1024]
+  // input 3 'WK': f16[4096, 1024] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
   mirage_llama3_8b_layer_aec50abcc000_IN3_RANK = 2,
   mirage_llama3_8b_layer_aec50abcc000_IN3_DTYPE = MIRAGE_DTYPE_F16,
   mirage_llama3_8b_layer_aec50abcc000_IN3_DIM0 = 4096,
   mirage_llama3_8b_layer_aec50abcc000_IN3_DIM1 = 1024,
-  // input 4 'WV': f16[4096, 1024]
+  // input 4 'WV': f16[4096, 1024] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
   mirage_llama3_8b_layer_aec50abcc000_IN4_RANK = 2,
   mirage_llama3_8b_layer_aec50abcc000_IN4_DTYPE = MIRAGE_DTYPE_F16,
   mirage_llama3_8b_layer_aec50abcc000_IN4_DIM0 = 4096,
@@ -71,26 +71,26 @@ enum {
   mirage_llama3_8b_layer_aec50abcc000_IN8_DIM1 = 8,
   mirage_llama3_8b_layer_aec50abcc000_IN8_DIM2 = 4095,
   mirage_llama3_8b_layer_aec50abcc000_IN8_DIM3 = 128,
-  // input 9 'WO': f16[4096, 4096]
+  // input 9 'WO': f16[4096, 4096] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
   mirage_llama3_8b_layer_aec50abcc000_IN9_RANK = 2,
   mirage_llama3_8b_layer_aec50abcc000_IN9_DTYPE = MIRAGE_DTYPE_F16,
   mirage_llama3_8b_layer_aec50abcc000_IN9_DIM0 = 4096,
   mirage_llama3_8b_layer_aec50abcc000_IN9_DIM1 = 4096,
-  // input 10 'G2': f16[4096]
+  // input 10 'G2': f16[4096] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
   mirage_llama3_8b_layer_aec50abcc000_IN10_RANK = 1,
   mirage_llama3_8b_layer_aec50abcc000_IN10_DTYPE = MIRAGE_DTYPE_F16,
   mirage_llama3_8b_layer_aec50abcc000_IN10_DIM0 = 4096,
-  // input 11 'W1': f16[4096, 14336]
+  // input 11 'W1': f16[4096, 14336] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
   mirage_llama3_8b_layer_aec50abcc000_IN11_RANK = 2,
   mirage_llama3_8b_layer_aec50abcc000_IN11_DTYPE = MIRAGE_DTYPE_F16,
   mirage_llama3_8b_layer_aec50abcc000_IN11_DIM0 = 4096,
   mirage_llama3_8b_layer_aec50abcc000_IN11_DIM1 = 14336,
-  // input 12 'W3': f16[4096, 14336]
+  // input 12 'W3': f16[4096, 14336] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
   mirage_llama3_8b_layer_aec50abcc000_IN12_RANK = 2,
   mirage_llama3_8b_layer_aec50abcc000_IN12_DTYPE = MIRAGE_DTYPE_F16,
   mirage_llama3_8b_layer_aec50abcc000_IN12_DIM0 = 4096,
   mirage_llama3_8b_layer_aec50abcc000_IN12_DIM1 = 14336,
-  // input 13 'W2': f16[14336, 4096]
+  // input 13 'W2': f16[14336, 4096] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
   mirage_llama3_8b_layer_aec50abcc000_IN13_RANK = 2,
   mirage_llama3_8b_layer_aec50abcc000_IN13_DTYPE = MIRAGE_DTYPE_F16,
   mirage_llama3_8b_layer_aec50abcc000_IN13_DIM0 = 14336,
@@ -144,19 +144,19 @@ size_t mirage_llama3_8b_layer_aec50abcc000_workspace_bytes(void);
 
 // Runs 'llama3_8b_layer' on `mg_stream`. Arguments, in order:
 //   mg_in0_X: input 0 'X': f16[1, 4096]
-//   mg_in1_G1: input 1 'G1': f16[4096]
-//   mg_in2_WQ: input 2 'WQ': f16[4096, 4096]
-//   mg_in3_WK: input 3 'WK': f16[4096, 1024]
-//   mg_in4_WV: input 4 'WV': f16[4096, 1024]
+//   mg_in1_G1: input 1 'G1': f16[4096] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
+//   mg_in2_WQ: input 2 'WQ': f16[4096, 4096] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
+//   mg_in3_WK: input 3 'WK': f16[4096, 1024] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
+//   mg_in4_WV: input 4 'WV': f16[4096, 1024] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
 //   mg_in5_COS: input 5 'COS': f16[1, 1, 1, 128]
 //   mg_in6_SIN: input 6 'SIN': f16[1, 1, 1, 128]
 //   mg_in7_KC: input 7 'KC': f16[1, 8, 128, 4095]
 //   mg_in8_VC: input 8 'VC': f16[1, 8, 4095, 128]
-//   mg_in9_WO: input 9 'WO': f16[4096, 4096]
-//   mg_in10_G2: input 10 'G2': f16[4096]
-//   mg_in11_W1: input 11 'W1': f16[4096, 14336]
-//   mg_in12_W3: input 12 'W3': f16[4096, 14336]
-//   mg_in13_W2: input 13 'W2': f16[14336, 4096]
+//   mg_in9_WO: input 9 'WO': f16[4096, 4096] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
+//   mg_in10_G2: input 10 'G2': f16[4096] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
+//   mg_in11_W1: input 11 'W1': f16[4096, 14336] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
+//   mg_in12_W3: input 12 'W3': f16[4096, 14336] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
+//   mg_in13_W2: input 13 'W2': f16[14336, 4096] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
 //   mg_out0_Y: output 0 'Y': f16[1, 4096]
 //   mg_out1_KE: output 1 'KE': f16[1, 8, 1, 128]
 //   mg_out2_V4: output 2 'V4': f16[1, 8, 1, 128]

@@ -7,11 +7,11 @@
 // Device pointers must be 16-byte aligned; the workspace must hold
 // mirage_lora_h16x256_h256x4096_h256x16_h16x4096_to_h16x4096_workspace_bytes() bytes. No allocation, synchronisation or exit inside.
 // input 0 'X': f16[16, 256]
-// input 1 'W': f16[256, 4096]
-// input 2 'A': f16[256, 16]
-// input 3 'B': f16[16, 4096]
+// input 1 'W': f16[256, 4096] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
+// input 2 'A': f16[256, 16] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
+// input 3 'B': f16[16, 4096] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
 // output 0 'O': f16[16, 4096]
-// kernel mg_k0_mirage_lora_h16x256_h256x4096_h256x16_h16x4096_to_h16x4096: grid [64, 1, 2], 128 threads, 16400 B dynamic shared memory
+// kernel mg_k0_mirage_lora_h16x256_h256x4096_h256x16_h16x4096_to_h16x4096: grid [64, 1, 2], 128 threads, 22544 B dynamic shared memory
 // kernel mg_k1_mirage_lora_h16x256_h256x4096_h256x16_h16x4096_to_h16x4096: grid [2, 1, 1], 128 threads, 13328 B dynamic shared memory
 // kernel mg_k2_mirage_lora_h16x256_h256x4096_h256x16_h16x4096_to_h16x4096: grid [128, 1, 1], 128 threads, 4112 B dynamic shared memory
 // kernel mg_k3_mirage_lora_h16x256_h256x4096_h256x16_h16x4096_to_h16x4096: grid [32, 1, 1], 256 threads, 0 B dynamic shared memory
@@ -20,7 +20,7 @@
 // one clear error instead of a wall of ptxas errors for an older target.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
 #error "mirage-cli generated code needs sm_80 or newer: compile with -arch=sm_80 or -arch=sm_90"
-// Some kernels split their loop over a thread-block cluster, an sm_90 feature.
+// Some kernels use thread-block clusters, sm_90 features.
 #elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
 #error "this file was generated for sm_90 (thread-block clusters): compile with -arch=sm_90, or generate it with --arch sm_80"
 #endif
@@ -51,13 +51,24 @@ __device__ __forceinline__ void mg_st(mg_bf16* p, float v) {
   p->bits = h;
 }
 // Programmatic dependent launch (sm_90 and later): the entry point lets each kernel
-// start while the kernel before it in the stream drains, so the launch latency is
-// hidden. Every kernel's first act is this wait, which returns once that kernel has
-// finished and its writes are visible: no input is ever read early. On a launch
-// without the attribute it returns at once; before sm_90 it is not emitted.
+// start while the kernel before it in the stream drains. Each kernel waits here, and
+// returns once that kernel has finished and its writes are visible. Before the wait
+// a kernel only computes addresses and copies the first pipeline stages of inputs
+// that no kernel still running can be writing: inputs declared `weight`, or any
+// input of the program once an earlier kernel of this call has waited. On a launch
+// without the attribute the wait returns at once; before sm_90 it is not emitted.
 __device__ __forceinline__ void mg_grid_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+// After its wait, each kernel lets the next one in the stream launch: its blocks take
+// the SMs this kernel's blocks free and copy their weights while this one finishes.
+// Released only after the wait, so a kernel launched early never runs alongside the
+// kernel two places ahead of it.
+__device__ __forceinline__ void mg_grid_release() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }
 __device__ __forceinline__ float mg_silu(float x) { return x / (1.0f + expf(-x)); }
@@ -108,6 +119,81 @@ __device__ __forceinline__ void mg_cp_async_wait() {
 }
 __device__ __forceinline__ void mg_cp_async_wait_all() {
   asm volatile("cp.async.wait_all;" ::: "memory");
+}
+// Bulk tensor copies (TMA, sm_90): a tensor map (encoded by the host, passed by value
+// as a __grid_constant__ parameter) describes a device tensor and a box; one thread
+// copies a box into shared memory, and the copy's bytes complete a phase of an
+// mbarrier on which every thread waits. Before sm_90 these are never called.
+struct __align__(64) mg_tmap { unsigned long long q[16]; };
+__device__ __forceinline__ unsigned mg_smem_addr(const void* p) {
+  return (unsigned)__cvta_generic_to_shared(p);
+}
+__device__ __forceinline__ void mg_mbar_init(unsigned long long* b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(mg_smem_addr(b)) : "memory");
+#endif
+}
+__device__ __forceinline__ void mg_mbar_fence_init() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+#endif
+}
+// Expect `bytes` more on the barrier's current phase, without arriving.
+__device__ __forceinline__ void mg_mbar_expect(unsigned long long* b, unsigned bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;"
+               :: "r"(mg_smem_addr(b)), "r"(bytes) : "memory");
+#endif
+}
+// Arrive (the phase's one arrival) expecting `bytes` more.
+__device__ __forceinline__ void mg_mbar_arrive_expect(unsigned long long* b, unsigned bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
+               :: "r"(mg_smem_addr(b)), "r"(bytes) : "memory");
+#endif
+}
+__device__ __forceinline__ void mg_mbar_wait(unsigned long long* b, int parity) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("{\n .reg .pred p;\n MG_WAIT:\n"
+               " mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+               " @!p bra MG_WAIT;\n}" :: "r"(mg_smem_addr(b)), "r"(parity) : "memory");
+#endif
+}
+__device__ __forceinline__ void mg_tma2(void* dst, const mg_tmap* m, int c0, int c1,
+                                        unsigned long long* b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+               " [%0], [%1, {%2, %3}], [%4];"
+               :: "r"(mg_smem_addr(dst)), "l"(m), "r"(c0), "r"(c1), "r"(mg_smem_addr(b))
+               : "memory");
+#endif
+}
+__device__ __forceinline__ void mg_tma3(void* dst, const mg_tmap* m, int c0, int c1, int c2,
+                                        unsigned long long* b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
+               " [%0], [%1, {%2, %3, %4}], [%5];"
+               :: "r"(mg_smem_addr(dst)), "l"(m), "r"(c0), "r"(c1), "r"(c2),
+                  "r"(mg_smem_addr(b)) : "memory");
+#endif
+}
+__device__ __forceinline__ void mg_tma4(void* dst, const mg_tmap* m, int c0, int c1, int c2,
+                                        int c3, unsigned long long* b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes"
+               " [%0], [%1, {%2, %3, %4, %5}], [%6];"
+               :: "r"(mg_smem_addr(dst)), "l"(m), "r"(c0), "r"(c1), "r"(c2), "r"(c3),
+                  "r"(mg_smem_addr(b)) : "memory");
+#endif
+}
+__device__ __forceinline__ void mg_tma5(void* dst, const mg_tmap* m, int c0, int c1, int c2,
+                                        int c3, int c4, unsigned long long* b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.tensor.5d.shared::cluster.global.mbarrier::complete_tx::bytes"
+               " [%0], [%1, {%2, %3, %4, %5, %6}], [%7];"
+               :: "r"(mg_smem_addr(dst)), "l"(m), "r"(c0), "r"(c1), "r"(c2), "r"(c3),
+                  "r"(c4), "r"(mg_smem_addr(b)) : "memory");
+#endif
 }
 // Tensor cores: D = A * B + D, m16n8k16, f32 accumulators; operands packed from f32.
 __device__ __forceinline__ unsigned mg_pack_f16(float lo, float hi) {
@@ -236,7 +322,6 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(128, 1) m
     const mg_f16* __restrict__ p0,
     const mg_f16* __restrict__ p1,
     mg_f16* __restrict__ p2) {
-  mg_grid_wait();
   const int bx = blockIdx.x, by = blockIdx.y, bz = 0;
   (void)bx; (void)by; (void)bz;
   const unsigned mg_rank = blockIdx.z;
@@ -245,11 +330,11 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(128, 1) m
   extern __shared__ __align__(16) unsigned char mg_smem[];
   const int base_a = 0;
   const int base_b = bx * 64;
-  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 16384);
+  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 22528);
   if (threadIdx.x < 4) mg_zero[threadIdx.x] = 0u;
   mg_f16* sm_a_0 = reinterpret_cast<mg_f16*>(mg_smem + 0);
-  mg_f16* sm_b_0 = reinterpret_cast<mg_f16*>(mg_smem + 3072);
-  float* buf_s = reinterpret_cast<float*>(mg_smem + 12288);
+  mg_f16* sm_b_0 = reinterpret_cast<mg_f16*>(mg_smem + 4608);
+  float* buf_s = reinterpret_cast<float*>(mg_smem + 18432);
   int mg_so_b[1], mg_do_b[1];
   #pragma unroll
   for (int i = 0; i < 1; ++i) {
@@ -259,29 +344,47 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(128, 1) m
     mg_so_b[i] = s4_0 * 4096 + (s4_1 * 8);
     mg_do_b[i] = s4_0 * 72 + (s4_1 * 8);
   }
+  #pragma unroll
+  for (int i = 0; i < 1; ++i) mg_cp_async16((sm_b_0 + ((0) % 6) * 1152) + mg_do_b[i], p1 + ((base_b + (mg_it0 + (((0) + mg_rot) & 7)) * 65536)) + mg_so_b[i]);
+  #pragma unroll
+  for (int i = 0; i < 1; ++i) mg_cp_async16((sm_b_0 + ((1) % 6) * 1152) + mg_do_b[i], p1 + ((base_b + (mg_it0 + (((1) + mg_rot) & 7)) * 65536)) + mg_so_b[i]);
+  #pragma unroll
+  for (int i = 0; i < 1; ++i) mg_cp_async16((sm_b_0 + ((2) % 6) * 1152) + mg_do_b[i], p1 + ((base_b + (mg_it0 + (((2) + mg_rot) & 7)) * 65536)) + mg_so_b[i]);
+  #pragma unroll
+  for (int i = 0; i < 1; ++i) mg_cp_async16((sm_b_0 + ((3) % 6) * 1152) + mg_do_b[i], p1 + ((base_b + (mg_it0 + (((3) + mg_rot) & 7)) * 65536)) + mg_so_b[i]);
+  #pragma unroll
+  for (int i = 0; i < 1; ++i) mg_cp_async16((sm_b_0 + ((4) % 6) * 1152) + mg_do_b[i], p1 + ((base_b + (mg_it0 + (((4) + mg_rot) & 7)) * 65536)) + mg_so_b[i]);
+  mg_grid_wait();
+  mg_grid_release();
   for (int c1 = threadIdx.x; c1 < 32; c1 += 128) {
     const int s2_0 = c1 / 2;
     const int s2_1 = (c1) % 2;
-    mg_cp_async16((sm_a_0 + ((0) % 4) * 384) + (s2_0 * 24 + (s2_1 * 8)), p0 + ((base_a + (mg_it0 + (((0) + mg_rot) & 7)) * 16)) + (s2_0 * 256 + (s2_1 * 8)));
+    mg_cp_async16((sm_a_0 + ((0) % 6) * 384) + (s2_0 * 24 + (s2_1 * 8)), p0 + ((base_a + (mg_it0 + (((0) + mg_rot) & 7)) * 16)) + (s2_0 * 256 + (s2_1 * 8)));
   }
-  #pragma unroll
-  for (int i = 0; i < 1; ++i) mg_cp_async16((sm_b_0 + ((0) % 4) * 1152) + mg_do_b[i], p1 + ((base_b + (mg_it0 + (((0) + mg_rot) & 7)) * 65536)) + mg_so_b[i]);
   mg_cp_async_commit();
   for (int c5 = threadIdx.x; c5 < 32; c5 += 128) {
     const int s6_0 = c5 / 2;
     const int s6_1 = (c5) % 2;
-    mg_cp_async16((sm_a_0 + ((1) % 4) * 384) + (s6_0 * 24 + (s6_1 * 8)), p0 + ((base_a + (mg_it0 + (((1) + mg_rot) & 7)) * 16)) + (s6_0 * 256 + (s6_1 * 8)));
+    mg_cp_async16((sm_a_0 + ((1) % 6) * 384) + (s6_0 * 24 + (s6_1 * 8)), p0 + ((base_a + (mg_it0 + (((1) + mg_rot) & 7)) * 16)) + (s6_0 * 256 + (s6_1 * 8)));
   }
-  #pragma unroll
-  for (int i = 0; i < 1; ++i) mg_cp_async16((sm_b_0 + ((1) % 4) * 1152) + mg_do_b[i], p1 + ((base_b + (mg_it0 + (((1) + mg_rot) & 7)) * 65536)) + mg_so_b[i]);
   mg_cp_async_commit();
   for (int c7 = threadIdx.x; c7 < 32; c7 += 128) {
     const int s8_0 = c7 / 2;
     const int s8_1 = (c7) % 2;
-    mg_cp_async16((sm_a_0 + ((2) % 4) * 384) + (s8_0 * 24 + (s8_1 * 8)), p0 + ((base_a + (mg_it0 + (((2) + mg_rot) & 7)) * 16)) + (s8_0 * 256 + (s8_1 * 8)));
+    mg_cp_async16((sm_a_0 + ((2) % 6) * 384) + (s8_0 * 24 + (s8_1 * 8)), p0 + ((base_a + (mg_it0 + (((2) + mg_rot) & 7)) * 16)) + (s8_0 * 256 + (s8_1 * 8)));
   }
-  #pragma unroll
-  for (int i = 0; i < 1; ++i) mg_cp_async16((sm_b_0 + ((2) % 4) * 1152) + mg_do_b[i], p1 + ((base_b + (mg_it0 + (((2) + mg_rot) & 7)) * 65536)) + mg_so_b[i]);
+  mg_cp_async_commit();
+  for (int c9 = threadIdx.x; c9 < 32; c9 += 128) {
+    const int s10_0 = c9 / 2;
+    const int s10_1 = (c9) % 2;
+    mg_cp_async16((sm_a_0 + ((3) % 6) * 384) + (s10_0 * 24 + (s10_1 * 8)), p0 + ((base_a + (mg_it0 + (((3) + mg_rot) & 7)) * 16)) + (s10_0 * 256 + (s10_1 * 8)));
+  }
+  mg_cp_async_commit();
+  for (int c11 = threadIdx.x; c11 < 32; c11 += 128) {
+    const int s12_0 = c11 / 2;
+    const int s12_1 = (c11) % 2;
+    mg_cp_async16((sm_a_0 + ((4) % 6) * 384) + (s12_0 * 24 + (s12_1 * 8)), p0 + ((base_a + (mg_it0 + (((4) + mg_rot) & 7)) * 16)) + (s12_0 * 256 + (s12_1 * 8)));
+  }
   mg_cp_async_commit();
   float acc_s[2][4];
   #pragma unroll
@@ -289,20 +392,20 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(128, 1) m
   for (int it = 0; it < 8; ++it) {
     const int off_a = base_a + (mg_it0 + (((it) + mg_rot) & 7)) * 16;
     const int off_b = base_b + (mg_it0 + (((it) + mg_rot) & 7)) * 65536;
-    mg_cp_async_wait<2>();
+    mg_cp_async_wait<4>();
     __syncthreads();
-    if (it + 3 < 8) {
-      for (int c9 = threadIdx.x; c9 < 32; c9 += 128) {
-        const int s10_0 = c9 / 2;
-        const int s10_1 = (c9) % 2;
-        mg_cp_async16((sm_a_0 + (((it + 3)) % 4) * 384) + (s10_0 * 24 + (s10_1 * 8)), p0 + ((base_a + (mg_it0 + (((it + 3) + mg_rot) & 7)) * 16)) + (s10_0 * 256 + (s10_1 * 8)));
+    if (it + 5 < 8) {
+      for (int c13 = threadIdx.x; c13 < 32; c13 += 128) {
+        const int s14_0 = c13 / 2;
+        const int s14_1 = (c13) % 2;
+        mg_cp_async16((sm_a_0 + (((it + 5)) % 6) * 384) + (s14_0 * 24 + (s14_1 * 8)), p0 + ((base_a + (mg_it0 + (((it + 5) + mg_rot) & 7)) * 16)) + (s14_0 * 256 + (s14_1 * 8)));
       }
       #pragma unroll
-      for (int i = 0; i < 1; ++i) mg_cp_async16((sm_b_0 + (((it + 3)) % 4) * 1152) + mg_do_b[i], p1 + ((base_b + (mg_it0 + (((it + 3) + mg_rot) & 7)) * 65536)) + mg_so_b[i]);
+      for (int i = 0; i < 1; ++i) mg_cp_async16((sm_b_0 + (((it + 5)) % 6) * 1152) + mg_do_b[i], p1 + ((base_b + (mg_it0 + (((it + 5) + mg_rot) & 7)) * 65536)) + mg_so_b[i]);
     }
     mg_cp_async_commit();
-    const auto* sm_a = (sm_a_0 + ((it) % 4) * 384);
-    const auto* sm_b = (sm_b_0 + ((it) % 4) * 1152);
+    const auto* sm_a = (sm_a_0 + ((it) % 6) * 384);
+    const auto* sm_b = (sm_b_0 + ((it) % 6) * 1152);
     {
       const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
       const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
@@ -389,10 +492,10 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(128, 1) m
   mg_cluster_arrive();
   __syncthreads();
   buf_s = reinterpret_cast<float*>(mg_smem + 0);
-  for (int e11 = (int)mg_rank * 128 + (int)threadIdx.x; e11 < 128; e11 += 256) {
-    const int i12_0 = e11 / 8;
-    const int i12_1 = (e11) % 8;
-    mg_st8(p2 + (bx * 64 + i12_0 * 4096 + (i12_1 * 8)), buf_s[i12_0 * 64 + ((i12_1 * 8) + 0)], buf_s[i12_0 * 64 + ((i12_1 * 8) + 1)], buf_s[i12_0 * 64 + ((i12_1 * 8) + 2)], buf_s[i12_0 * 64 + ((i12_1 * 8) + 3)], buf_s[i12_0 * 64 + ((i12_1 * 8) + 4)], buf_s[i12_0 * 64 + ((i12_1 * 8) + 5)], buf_s[i12_0 * 64 + ((i12_1 * 8) + 6)], buf_s[i12_0 * 64 + ((i12_1 * 8) + 7)]);
+  for (int e15 = (int)mg_rank * 128 + (int)threadIdx.x; e15 < 128; e15 += 256) {
+    const int i16_0 = e15 / 8;
+    const int i16_1 = (e15) % 8;
+    mg_st8(p2 + (bx * 64 + i16_0 * 4096 + (i16_1 * 8)), buf_s[i16_0 * 64 + ((i16_1 * 8) + 0)], buf_s[i16_0 * 64 + ((i16_1 * 8) + 1)], buf_s[i16_0 * 64 + ((i16_1 * 8) + 2)], buf_s[i16_0 * 64 + ((i16_1 * 8) + 3)], buf_s[i16_0 * 64 + ((i16_1 * 8) + 4)], buf_s[i16_0 * 64 + ((i16_1 * 8) + 5)], buf_s[i16_0 * 64 + ((i16_1 * 8) + 6)], buf_s[i16_0 * 64 + ((i16_1 * 8) + 7)]);
   }
   mg_cluster_wait();
 }
@@ -402,7 +505,6 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k1_mirage_lora_h16x256_h
     const mg_f16* __restrict__ p0,
     const mg_f16* __restrict__ p1,
     mg_f16* __restrict__ p2) {
-  mg_grid_wait();
   const int bx = blockIdx.x, by = blockIdx.y, bz = blockIdx.z;
   (void)bx; (void)by; (void)bz;
   const int mg_rot = (int)((bx + 2 * (by + 1 * bz))) % 2;
@@ -435,6 +537,8 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k1_mirage_lora_h16x256_h
   for (int i = 0; i < 2; ++i) mg_cp_async16((sm_a_0 + ((0) % 2) * 2176) + mg_do_a[i], p0 + ((base_a + (((0) + mg_rot) & 1) * 128)) + mg_so_a[i]);
   #pragma unroll
   for (int i = 0; i < 1; ++i) mg_cp_async16((sm_b_0 + ((0) % 2) * 1024) + mg_do_b[i], p1 + ((base_b + (((0) + mg_rot) & 1) * 2048)) + mg_so_b[i]);
+  mg_grid_wait();
+  mg_grid_release();
   mg_cp_async_commit();
   float acc_s[1][4];
   #pragma unroll
@@ -520,7 +624,6 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k2_mirage_lora_h16x256_h
     const mg_f16* __restrict__ p0,
     const mg_f16* __restrict__ p1,
     mg_f16* __restrict__ p2) {
-  mg_grid_wait();
   const int bx = blockIdx.x, by = blockIdx.y, bz = blockIdx.z;
   (void)bx; (void)by; (void)bz;
   extern __shared__ __align__(16) unsigned char mg_smem[];
@@ -531,6 +634,8 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k2_mirage_lora_h16x256_h
   mg_f16* sm_a_0 = reinterpret_cast<mg_f16*>(mg_smem + 0);
   mg_f16* sm_b_0 = reinterpret_cast<mg_f16*>(mg_smem + 768);
   float* buf_s = reinterpret_cast<float*>(mg_smem + 2048);
+  mg_grid_wait();
+  mg_grid_release();
   float acc_s[1][4];
   #pragma unroll
   for (int j = 0; j < 1; ++j) acc_s[j][0] = acc_s[j][1] = acc_s[j][2] = acc_s[j][3] = 0.0f;
@@ -620,6 +725,7 @@ extern "C" __global__ void __launch_bounds__(256) mg_k3_mirage_lora_h16x256_h256
     const mg_f16* __restrict__ p1,
     mg_f16* __restrict__ p2) {
   mg_grid_wait();
+  mg_grid_release();
   for (int e8 = blockIdx.x * 256 + threadIdx.x; e8 < 8192; e8 += gridDim.x * 256) {
     const int e = e8 * 8;
     const int i0 = e / 4096;
@@ -709,7 +815,7 @@ extern "C" cudaError_t mirage_lora_h16x256_h256x4096_h256x16_h16x4096_to_h16x409
     cudaLaunchConfig_t mg_cfg = {};
     mg_cfg.gridDim = dim3(64, 1, 2);
     mg_cfg.blockDim = dim3(128);
-    mg_cfg.dynamicSmemBytes = 16400;
+    mg_cfg.dynamicSmemBytes = 22544;
     mg_cfg.stream = mg_stream;
     mg_cfg.attrs = mg_pdl;
     mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;

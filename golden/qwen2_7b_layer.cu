@@ -7,29 +7,29 @@
 // Device pointers must be 16-byte aligned; the workspace must hold
 // mirage_qwen2_7b_layer_cc9a7bb5bfd5_workspace_bytes() bytes. No allocation, synchronisation or exit inside.
 // input 0 'X': bf16[1, 3584]
-// input 1 'G1': bf16[3584]
-// input 2 'WQ': bf16[3584, 3584]
-// input 3 'WK': bf16[3584, 512]
-// input 4 'WV': bf16[3584, 512]
+// input 1 'G1': bf16[3584] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
+// input 2 'WQ': bf16[3584, 3584] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
+// input 3 'WK': bf16[3584, 512] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
+// input 4 'WV': bf16[3584, 512] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
 // input 5 'COS': bf16[1, 1, 1, 128]
 // input 6 'SIN': bf16[1, 1, 1, 128]
 // input 7 'KC': bf16[1, 4, 128, 4095]
 // input 8 'VC': bf16[1, 4, 4095, 128]
-// input 9 'BQ': bf16[3584]
-// input 10 'BK': bf16[512]
-// input 11 'BV': bf16[512]
-// input 12 'WO': bf16[3584, 3584]
-// input 13 'G2': bf16[3584]
-// input 14 'W1': bf16[3584, 18944]
-// input 15 'W3': bf16[3584, 18944]
-// input 16 'W2': bf16[18944, 3584]
+// input 9 'BQ': bf16[3584] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
+// input 10 'BK': bf16[512] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
+// input 11 'BV': bf16[512] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
+// input 12 'WO': bf16[3584, 3584] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
+// input 13 'G2': bf16[3584] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
+// input 14 'W1': bf16[3584, 18944] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
+// input 15 'W3': bf16[3584, 18944] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
+// input 16 'W2': bf16[18944, 3584] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
 // output 0 'Y': bf16[1, 3584]
 // output 1 'KE': bf16[1, 4, 1, 128]
 // output 2 'V4': bf16[1, 4, 1, 128]
 // kernel mg_k0_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [1, 1, 1], 256 threads, 0 B dynamic shared memory
-// kernel mg_k1_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [64, 1, 2], 128 threads, 58672 B dynamic shared memory
-// kernel mg_k2_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [64, 1, 2], 128 threads, 9328 B dynamic shared memory
-// kernel mg_k3_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [64, 1, 2], 128 threads, 9328 B dynamic shared memory
+// kernel mg_k1_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [64, 1, 2], 128 threads, 87888 B dynamic shared memory
+// kernel mg_k2_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [64, 1, 2], 128 threads, 13968 B dynamic shared memory
+// kernel mg_k3_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [64, 1, 2], 128 threads, 13968 B dynamic shared memory
 // kernel mg_k4_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [2, 1, 1], 256 threads, 0 B dynamic shared memory
 // kernel mg_k5_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [1, 1, 1], 256 threads, 0 B dynamic shared memory
 // kernel mg_k6_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [1, 1, 1], 256 threads, 0 B dynamic shared memory
@@ -47,28 +47,28 @@
 // kernel mg_k18_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [2, 1, 1], 256 threads, 0 B dynamic shared memory
 // kernel mg_k19_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [1024, 1, 1], 256 threads, 0 B dynamic shared memory
 // kernel mg_k20_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [1024, 1, 1], 256 threads, 0 B dynamic shared memory
-// kernel mg_k21_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [32, 4, 1], 128 threads, 40656 B dynamic shared memory
+// kernel mg_k21_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [32, 4, 1], 128 threads, 31728 B dynamic shared memory
 // kernel mg_k22_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [56, 1, 1], 256 threads, 0 B dynamic shared memory
 // kernel mg_k23_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [28, 1, 1], 256 threads, 0 B dynamic shared memory
-// kernel mg_k24_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [8, 4, 2], 256 threads, 64400 B dynamic shared memory
+// kernel mg_k24_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [8, 4, 2], 256 threads, 96368 B dynamic shared memory
 // kernel mg_k25_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [14, 1, 1], 256 threads, 0 B dynamic shared memory
-// kernel mg_k26_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [64, 1, 2], 128 threads, 58672 B dynamic shared memory
+// kernel mg_k26_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [64, 1, 2], 128 threads, 87888 B dynamic shared memory
 // kernel mg_k27_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [2, 1, 1], 256 threads, 0 B dynamic shared memory
 // kernel mg_k28_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [1, 1, 1], 256 threads, 0 B dynamic shared memory
-// kernel mg_k29_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [296, 1, 1], 256 threads, 149840 B dynamic shared memory
-// kernel mg_k30_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [296, 1, 1], 256 threads, 149840 B dynamic shared memory
+// kernel mg_k29_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [148, 1, 1], 128 threads, 133744 B dynamic shared memory
+// kernel mg_k30_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [148, 1, 1], 128 threads, 133744 B dynamic shared memory
 // kernel mg_k31_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [10, 1, 1], 256 threads, 0 B dynamic shared memory
 // kernel mg_k32_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [10, 1, 1], 256 threads, 0 B dynamic shared memory
-// kernel mg_k33_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [64, 1, 2], 256 threads, 117040 B dynamic shared memory
+// kernel mg_k33_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [64, 1, 2], 256 threads, 175440 B dynamic shared memory
 // kernel mg_k34_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [2, 1, 1], 256 threads, 0 B dynamic shared memory
 
 // The kernels use cp.async, bf16 conversions and mma.sync shapes of sm_80 and later:
 // one clear error instead of a wall of ptxas errors for an older target.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
 #error "mirage-cli generated code needs sm_80 or newer: compile with -arch=sm_80 or -arch=sm_90"
-// Some kernels split their loop over a thread-block cluster, an sm_90 feature.
+// Some kernels use thread-block clusters and bulk tensor copies (TMA), sm_90 features.
 #elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
-#error "this file was generated for sm_90 (thread-block clusters): compile with -arch=sm_90, or generate it with --arch sm_80"
+#error "this file was generated for sm_90 (thread-block clusters, bulk tensor copies): compile with -arch=sm_90, or generate it with --arch sm_80"
 #endif
 
 // Storage types and helpers. The device code needs no header, so NVRTC compiles it
@@ -97,13 +97,24 @@ __device__ __forceinline__ void mg_st(mg_bf16* p, float v) {
   p->bits = h;
 }
 // Programmatic dependent launch (sm_90 and later): the entry point lets each kernel
-// start while the kernel before it in the stream drains, so the launch latency is
-// hidden. Every kernel's first act is this wait, which returns once that kernel has
-// finished and its writes are visible: no input is ever read early. On a launch
-// without the attribute it returns at once; before sm_90 it is not emitted.
+// start while the kernel before it in the stream drains. Each kernel waits here, and
+// returns once that kernel has finished and its writes are visible. Before the wait
+// a kernel only computes addresses and copies the first pipeline stages of inputs
+// that no kernel still running can be writing: inputs declared `weight`, or any
+// input of the program once an earlier kernel of this call has waited. On a launch
+// without the attribute the wait returns at once; before sm_90 it is not emitted.
 __device__ __forceinline__ void mg_grid_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+// After its wait, each kernel lets the next one in the stream launch: its blocks take
+// the SMs this kernel's blocks free and copy their weights while this one finishes.
+// Released only after the wait, so a kernel launched early never runs alongside the
+// kernel two places ahead of it.
+__device__ __forceinline__ void mg_grid_release() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }
 __device__ __forceinline__ float mg_silu(float x) { return x / (1.0f + expf(-x)); }
@@ -154,6 +165,81 @@ __device__ __forceinline__ void mg_cp_async_wait() {
 }
 __device__ __forceinline__ void mg_cp_async_wait_all() {
   asm volatile("cp.async.wait_all;" ::: "memory");
+}
+// Bulk tensor copies (TMA, sm_90): a tensor map (encoded by the host, passed by value
+// as a __grid_constant__ parameter) describes a device tensor and a box; one thread
+// copies a box into shared memory, and the copy's bytes complete a phase of an
+// mbarrier on which every thread waits. Before sm_90 these are never called.
+struct __align__(64) mg_tmap { unsigned long long q[16]; };
+__device__ __forceinline__ unsigned mg_smem_addr(const void* p) {
+  return (unsigned)__cvta_generic_to_shared(p);
+}
+__device__ __forceinline__ void mg_mbar_init(unsigned long long* b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(mg_smem_addr(b)) : "memory");
+#endif
+}
+__device__ __forceinline__ void mg_mbar_fence_init() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+#endif
+}
+// Expect `bytes` more on the barrier's current phase, without arriving.
+__device__ __forceinline__ void mg_mbar_expect(unsigned long long* b, unsigned bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;"
+               :: "r"(mg_smem_addr(b)), "r"(bytes) : "memory");
+#endif
+}
+// Arrive (the phase's one arrival) expecting `bytes` more.
+__device__ __forceinline__ void mg_mbar_arrive_expect(unsigned long long* b, unsigned bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
+               :: "r"(mg_smem_addr(b)), "r"(bytes) : "memory");
+#endif
+}
+__device__ __forceinline__ void mg_mbar_wait(unsigned long long* b, int parity) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("{\n .reg .pred p;\n MG_WAIT:\n"
+               " mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+               " @!p bra MG_WAIT;\n}" :: "r"(mg_smem_addr(b)), "r"(parity) : "memory");
+#endif
+}
+__device__ __forceinline__ void mg_tma2(void* dst, const mg_tmap* m, int c0, int c1,
+                                        unsigned long long* b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+               " [%0], [%1, {%2, %3}], [%4];"
+               :: "r"(mg_smem_addr(dst)), "l"(m), "r"(c0), "r"(c1), "r"(mg_smem_addr(b))
+               : "memory");
+#endif
+}
+__device__ __forceinline__ void mg_tma3(void* dst, const mg_tmap* m, int c0, int c1, int c2,
+                                        unsigned long long* b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
+               " [%0], [%1, {%2, %3, %4}], [%5];"
+               :: "r"(mg_smem_addr(dst)), "l"(m), "r"(c0), "r"(c1), "r"(c2),
+                  "r"(mg_smem_addr(b)) : "memory");
+#endif
+}
+__device__ __forceinline__ void mg_tma4(void* dst, const mg_tmap* m, int c0, int c1, int c2,
+                                        int c3, unsigned long long* b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes"
+               " [%0], [%1, {%2, %3, %4, %5}], [%6];"
+               :: "r"(mg_smem_addr(dst)), "l"(m), "r"(c0), "r"(c1), "r"(c2), "r"(c3),
+                  "r"(mg_smem_addr(b)) : "memory");
+#endif
+}
+__device__ __forceinline__ void mg_tma5(void* dst, const mg_tmap* m, int c0, int c1, int c2,
+                                        int c3, int c4, unsigned long long* b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.tensor.5d.shared::cluster.global.mbarrier::complete_tx::bytes"
+               " [%0], [%1, {%2, %3, %4, %5, %6}], [%7];"
+               :: "r"(mg_smem_addr(dst)), "l"(m), "r"(c0), "r"(c1), "r"(c2), "r"(c3),
+                  "r"(c4), "r"(mg_smem_addr(b)) : "memory");
+#endif
 }
 // Tensor cores: D = A * B + D, m16n8k16, f32 accumulators; operands packed from f32.
 __device__ __forceinline__ unsigned mg_pack_f16(float lo, float hi) {
@@ -283,6 +369,7 @@ extern "C" __global__ void __launch_bounds__(256) mg_k0_mirage_qwen2_7b_layer_cc
     const mg_bf16* __restrict__ p1,
     mg_bf16* __restrict__ p2) {
   mg_grid_wait();
+  mg_grid_release();
   __shared__ float red[8];
   float v = 0.0f;
   for (int k = threadIdx.x; k < 3584; k += 256) { const float t = mg_ld(p0[k]); v = fmaf(t, t, v); }
@@ -296,7 +383,6 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(128, 1) m
     const mg_bf16* __restrict__ p0,
     const mg_bf16* __restrict__ p1,
     mg_bf16* __restrict__ p2) {
-  mg_grid_wait();
   const int bx = blockIdx.x, by = blockIdx.y, bz = 0;
   (void)bx; (void)by; (void)bz;
   const unsigned mg_rank = blockIdx.z;
@@ -304,11 +390,11 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(128, 1) m
   extern __shared__ __align__(16) unsigned char mg_smem[];
   const int base_a = 0;
   const int base_b = bx * 56;
-  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 58656);
+  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 87872);
   if (threadIdx.x < 4) mg_zero[threadIdx.x] = 0u;
   mg_bf16* sm_a_0 = reinterpret_cast<mg_bf16*>(mg_smem + 0);
-  mg_bf16* sm_b_0 = reinterpret_cast<mg_bf16*>(mg_smem + 1088);
-  float* buf_s = reinterpret_cast<float*>(mg_smem + 58432);
+  mg_bf16* sm_b_0 = reinterpret_cast<mg_bf16*>(mg_smem + 1632);
+  float* buf_s = reinterpret_cast<float*>(mg_smem + 87648);
   int mg_so_b[7], mg_do_b[7];
   #pragma unroll
   for (int i = 0; i < 7; ++i) {
@@ -318,26 +404,42 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(128, 1) m
     mg_so_b[i] = s4_0 * 3584 + (s4_1 * 8);
     mg_do_b[i] = s4_0 * 56 + (s4_1 * 8);
   }
+  #pragma unroll
+  for (int i = 0; i < 7; ++i) mg_cp_async16((sm_b_0 + ((0) % 6) * 7168) + mg_do_b[i], p1 + ((base_b + (mg_it0 + 0) * 458752)) + mg_so_b[i]);
+  #pragma unroll
+  for (int i = 0; i < 7; ++i) mg_cp_async16((sm_b_0 + ((1) % 6) * 7168) + mg_do_b[i], p1 + ((base_b + (mg_it0 + 1) * 458752)) + mg_so_b[i]);
+  #pragma unroll
+  for (int i = 0; i < 7; ++i) mg_cp_async16((sm_b_0 + ((2) % 6) * 7168) + mg_do_b[i], p1 + ((base_b + (mg_it0 + 2) * 458752)) + mg_so_b[i]);
+  #pragma unroll
+  for (int i = 0; i < 7; ++i) mg_cp_async16((sm_b_0 + ((3) % 6) * 7168) + mg_do_b[i], p1 + ((base_b + (mg_it0 + 3) * 458752)) + mg_so_b[i]);
+  #pragma unroll
+  for (int i = 0; i < 7; ++i) mg_cp_async16((sm_b_0 + ((4) % 6) * 7168) + mg_do_b[i], p1 + ((base_b + (mg_it0 + 4) * 458752)) + mg_so_b[i]);
+  mg_grid_wait();
+  mg_grid_release();
   for (int c1 = threadIdx.x; c1 < 16; c1 += 128) {
     const int s2_1 = c1;
-    mg_cp_async16((sm_a_0 + ((0) % 4) * 136) + ((s2_1 * 8)), p0 + ((base_a + (mg_it0 + 0) * 128)) + ((s2_1 * 8)));
+    mg_cp_async16((sm_a_0 + ((0) % 6) * 136) + ((s2_1 * 8)), p0 + ((base_a + (mg_it0 + 0) * 128)) + ((s2_1 * 8)));
   }
-  #pragma unroll
-  for (int i = 0; i < 7; ++i) mg_cp_async16((sm_b_0 + ((0) % 4) * 7168) + mg_do_b[i], p1 + ((base_b + (mg_it0 + 0) * 458752)) + mg_so_b[i]);
   mg_cp_async_commit();
   for (int c5 = threadIdx.x; c5 < 16; c5 += 128) {
     const int s6_1 = c5;
-    mg_cp_async16((sm_a_0 + ((1) % 4) * 136) + ((s6_1 * 8)), p0 + ((base_a + (mg_it0 + 1) * 128)) + ((s6_1 * 8)));
+    mg_cp_async16((sm_a_0 + ((1) % 6) * 136) + ((s6_1 * 8)), p0 + ((base_a + (mg_it0 + 1) * 128)) + ((s6_1 * 8)));
   }
-  #pragma unroll
-  for (int i = 0; i < 7; ++i) mg_cp_async16((sm_b_0 + ((1) % 4) * 7168) + mg_do_b[i], p1 + ((base_b + (mg_it0 + 1) * 458752)) + mg_so_b[i]);
   mg_cp_async_commit();
   for (int c7 = threadIdx.x; c7 < 16; c7 += 128) {
     const int s8_1 = c7;
-    mg_cp_async16((sm_a_0 + ((2) % 4) * 136) + ((s8_1 * 8)), p0 + ((base_a + (mg_it0 + 2) * 128)) + ((s8_1 * 8)));
+    mg_cp_async16((sm_a_0 + ((2) % 6) * 136) + ((s8_1 * 8)), p0 + ((base_a + (mg_it0 + 2) * 128)) + ((s8_1 * 8)));
   }
-  #pragma unroll
-  for (int i = 0; i < 7; ++i) mg_cp_async16((sm_b_0 + ((2) % 4) * 7168) + mg_do_b[i], p1 + ((base_b + (mg_it0 + 2) * 458752)) + mg_so_b[i]);
+  mg_cp_async_commit();
+  for (int c9 = threadIdx.x; c9 < 16; c9 += 128) {
+    const int s10_1 = c9;
+    mg_cp_async16((sm_a_0 + ((3) % 6) * 136) + ((s10_1 * 8)), p0 + ((base_a + (mg_it0 + 3) * 128)) + ((s10_1 * 8)));
+  }
+  mg_cp_async_commit();
+  for (int c11 = threadIdx.x; c11 < 16; c11 += 128) {
+    const int s12_1 = c11;
+    mg_cp_async16((sm_a_0 + ((4) % 6) * 136) + ((s12_1 * 8)), p0 + ((base_a + (mg_it0 + 4) * 128)) + ((s12_1 * 8)));
+  }
   mg_cp_async_commit();
   float acc_s[2][4];
   #pragma unroll
@@ -345,19 +447,19 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(128, 1) m
   for (int it = 0; it < 14; ++it) {
     const int off_a = base_a + (mg_it0 + it) * 128;
     const int off_b = base_b + (mg_it0 + it) * 458752;
-    mg_cp_async_wait<2>();
+    mg_cp_async_wait<4>();
     __syncthreads();
-    if (it + 3 < 14) {
-      for (int c9 = threadIdx.x; c9 < 16; c9 += 128) {
-        const int s10_1 = c9;
-        mg_cp_async16((sm_a_0 + (((it + 3)) % 4) * 136) + ((s10_1 * 8)), p0 + ((off_a + 384)) + ((s10_1 * 8)));
+    if (it + 5 < 14) {
+      for (int c13 = threadIdx.x; c13 < 16; c13 += 128) {
+        const int s14_1 = c13;
+        mg_cp_async16((sm_a_0 + (((it + 5)) % 6) * 136) + ((s14_1 * 8)), p0 + ((off_a + 640)) + ((s14_1 * 8)));
       }
       #pragma unroll
-      for (int i = 0; i < 7; ++i) mg_cp_async16((sm_b_0 + (((it + 3)) % 4) * 7168) + mg_do_b[i], p1 + ((off_b + 1376256)) + mg_so_b[i]);
+      for (int i = 0; i < 7; ++i) mg_cp_async16((sm_b_0 + (((it + 5)) % 6) * 7168) + mg_do_b[i], p1 + ((off_b + 2293760)) + mg_so_b[i]);
     }
     mg_cp_async_commit();
-    const auto* sm_a = (sm_a_0 + ((it) % 4) * 136);
-    const auto* sm_b = (sm_b_0 + ((it) % 4) * 7168);
+    const auto* sm_a = (sm_a_0 + ((it) % 6) * 136);
+    const auto* sm_b = (sm_b_0 + ((it) % 6) * 7168);
     {
       const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
       const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
@@ -444,9 +546,9 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(128, 1) m
   mg_cluster_arrive();
   __syncthreads();
   buf_s = reinterpret_cast<float*>(mg_smem + 0);
-  for (int e11 = (int)mg_rank * 128 + (int)threadIdx.x; e11 < 7; e11 += 256) {
-    const int i12_1 = e11;
-    mg_st8(p2 + (bx * 56 + (i12_1 * 8)), buf_s[((i12_1 * 8) + 0)], buf_s[((i12_1 * 8) + 1)], buf_s[((i12_1 * 8) + 2)], buf_s[((i12_1 * 8) + 3)], buf_s[((i12_1 * 8) + 4)], buf_s[((i12_1 * 8) + 5)], buf_s[((i12_1 * 8) + 6)], buf_s[((i12_1 * 8) + 7)]);
+  for (int e15 = (int)mg_rank * 128 + (int)threadIdx.x; e15 < 7; e15 += 256) {
+    const int i16_1 = e15;
+    mg_st8(p2 + (bx * 56 + (i16_1 * 8)), buf_s[((i16_1 * 8) + 0)], buf_s[((i16_1 * 8) + 1)], buf_s[((i16_1 * 8) + 2)], buf_s[((i16_1 * 8) + 3)], buf_s[((i16_1 * 8) + 4)], buf_s[((i16_1 * 8) + 5)], buf_s[((i16_1 * 8) + 6)], buf_s[((i16_1 * 8) + 7)]);
   }
   mg_cluster_wait();
 }
@@ -456,7 +558,6 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(128, 1) m
     const mg_bf16* __restrict__ p0,
     const mg_bf16* __restrict__ p1,
     mg_bf16* __restrict__ p2) {
-  mg_grid_wait();
   const int bx = blockIdx.x, by = blockIdx.y, bz = 0;
   (void)bx; (void)by; (void)bz;
   const unsigned mg_rank = blockIdx.z;
@@ -465,11 +566,11 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(128, 1) m
   extern __shared__ __align__(16) unsigned char mg_smem[];
   const int base_a = 0;
   const int base_b = bx * 8;
-  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 9312);
+  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 13952);
   if (threadIdx.x < 4) mg_zero[threadIdx.x] = 0u;
   mg_bf16* sm_a_0 = reinterpret_cast<mg_bf16*>(mg_smem + 0);
-  mg_bf16* sm_b_0 = reinterpret_cast<mg_bf16*>(mg_smem + 1088);
-  float* buf_s = reinterpret_cast<float*>(mg_smem + 9280);
+  mg_bf16* sm_b_0 = reinterpret_cast<mg_bf16*>(mg_smem + 1632);
+  float* buf_s = reinterpret_cast<float*>(mg_smem + 13920);
   int mg_so_b[1], mg_do_b[1];
   #pragma unroll
   for (int i = 0; i < 1; ++i) {
@@ -478,26 +579,42 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(128, 1) m
     mg_so_b[i] = s4_0 * 512;
     mg_do_b[i] = s4_0 * 8;
   }
+  #pragma unroll
+  for (int i = 0; i < 1; ++i) mg_cp_async16((sm_b_0 + ((0) % 6) * 1024) + mg_do_b[i], p1 + ((base_b + (mg_it0 + (((0) + mg_rot) % 14)) * 65536)) + mg_so_b[i]);
+  #pragma unroll
+  for (int i = 0; i < 1; ++i) mg_cp_async16((sm_b_0 + ((1) % 6) * 1024) + mg_do_b[i], p1 + ((base_b + (mg_it0 + (((1) + mg_rot) % 14)) * 65536)) + mg_so_b[i]);
+  #pragma unroll
+  for (int i = 0; i < 1; ++i) mg_cp_async16((sm_b_0 + ((2) % 6) * 1024) + mg_do_b[i], p1 + ((base_b + (mg_it0 + (((2) + mg_rot) % 14)) * 65536)) + mg_so_b[i]);
+  #pragma unroll
+  for (int i = 0; i < 1; ++i) mg_cp_async16((sm_b_0 + ((3) % 6) * 1024) + mg_do_b[i], p1 + ((base_b + (mg_it0 + (((3) + mg_rot) % 14)) * 65536)) + mg_so_b[i]);
+  #pragma unroll
+  for (int i = 0; i < 1; ++i) mg_cp_async16((sm_b_0 + ((4) % 6) * 1024) + mg_do_b[i], p1 + ((base_b + (mg_it0 + (((4) + mg_rot) % 14)) * 65536)) + mg_so_b[i]);
+  mg_grid_wait();
+  mg_grid_release();
   for (int c1 = threadIdx.x; c1 < 16; c1 += 128) {
     const int s2_1 = c1;
-    mg_cp_async16((sm_a_0 + ((0) % 4) * 136) + ((s2_1 * 8)), p0 + ((base_a + (mg_it0 + (((0) + mg_rot) % 14)) * 128)) + ((s2_1 * 8)));
+    mg_cp_async16((sm_a_0 + ((0) % 6) * 136) + ((s2_1 * 8)), p0 + ((base_a + (mg_it0 + (((0) + mg_rot) % 14)) * 128)) + ((s2_1 * 8)));
   }
-  #pragma unroll
-  for (int i = 0; i < 1; ++i) mg_cp_async16((sm_b_0 + ((0) % 4) * 1024) + mg_do_b[i], p1 + ((base_b + (mg_it0 + (((0) + mg_rot) % 14)) * 65536)) + mg_so_b[i]);
   mg_cp_async_commit();
   for (int c5 = threadIdx.x; c5 < 16; c5 += 128) {
     const int s6_1 = c5;
-    mg_cp_async16((sm_a_0 + ((1) % 4) * 136) + ((s6_1 * 8)), p0 + ((base_a + (mg_it0 + (((1) + mg_rot) % 14)) * 128)) + ((s6_1 * 8)));
+    mg_cp_async16((sm_a_0 + ((1) % 6) * 136) + ((s6_1 * 8)), p0 + ((base_a + (mg_it0 + (((1) + mg_rot) % 14)) * 128)) + ((s6_1 * 8)));
   }
-  #pragma unroll
-  for (int i = 0; i < 1; ++i) mg_cp_async16((sm_b_0 + ((1) % 4) * 1024) + mg_do_b[i], p1 + ((base_b + (mg_it0 + (((1) + mg_rot) % 14)) * 65536)) + mg_so_b[i]);
   mg_cp_async_commit();
   for (int c7 = threadIdx.x; c7 < 16; c7 += 128) {
     const int s8_1 = c7;
-    mg_cp_async16((sm_a_0 + ((2) % 4) * 136) + ((s8_1 * 8)), p0 + ((base_a + (mg_it0 + (((2) + mg_rot) % 14)) * 128)) + ((s8_1 * 8)));
+    mg_cp_async16((sm_a_0 + ((2) % 6) * 136) + ((s8_1 * 8)), p0 + ((base_a + (mg_it0 + (((2) + mg_rot) % 14)) * 128)) + ((s8_1 * 8)));
   }
-  #pragma unroll
-  for (int i = 0; i < 1; ++i) mg_cp_async16((sm_b_0 + ((2) % 4) * 1024) + mg_do_b[i], p1 + ((base_b + (mg_it0 + (((2) + mg_rot) % 14)) * 65536)) + mg_so_b[i]);
+  mg_cp_async_commit();
+  for (int c9 = threadIdx.x; c9 < 16; c9 += 128) {
+    const int s10_1 = c9;
+    mg_cp_async16((sm_a_0 + ((3) % 6) * 136) + ((s10_1 * 8)), p0 + ((base_a + (mg_it0 + (((3) + mg_rot) % 14)) * 128)) + ((s10_1 * 8)));
+  }
+  mg_cp_async_commit();
+  for (int c11 = threadIdx.x; c11 < 16; c11 += 128) {
+    const int s12_1 = c11;
+    mg_cp_async16((sm_a_0 + ((4) % 6) * 136) + ((s12_1 * 8)), p0 + ((base_a + (mg_it0 + (((4) + mg_rot) % 14)) * 128)) + ((s12_1 * 8)));
+  }
   mg_cp_async_commit();
   float acc_s[1][4];
   #pragma unroll
@@ -505,19 +622,19 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(128, 1) m
   for (int it = 0; it < 14; ++it) {
     const int off_a = base_a + (mg_it0 + (((it) + mg_rot) % 14)) * 128;
     const int off_b = base_b + (mg_it0 + (((it) + mg_rot) % 14)) * 65536;
-    mg_cp_async_wait<2>();
+    mg_cp_async_wait<4>();
     __syncthreads();
-    if (it + 3 < 14) {
-      for (int c9 = threadIdx.x; c9 < 16; c9 += 128) {
-        const int s10_1 = c9;
-        mg_cp_async16((sm_a_0 + (((it + 3)) % 4) * 136) + ((s10_1 * 8)), p0 + ((base_a + (mg_it0 + (((it + 3) + mg_rot) % 14)) * 128)) + ((s10_1 * 8)));
+    if (it + 5 < 14) {
+      for (int c13 = threadIdx.x; c13 < 16; c13 += 128) {
+        const int s14_1 = c13;
+        mg_cp_async16((sm_a_0 + (((it + 5)) % 6) * 136) + ((s14_1 * 8)), p0 + ((base_a + (mg_it0 + (((it + 5) + mg_rot) % 14)) * 128)) + ((s14_1 * 8)));
       }
       #pragma unroll
-      for (int i = 0; i < 1; ++i) mg_cp_async16((sm_b_0 + (((it + 3)) % 4) * 1024) + mg_do_b[i], p1 + ((base_b + (mg_it0 + (((it + 3) + mg_rot) % 14)) * 65536)) + mg_so_b[i]);
+      for (int i = 0; i < 1; ++i) mg_cp_async16((sm_b_0 + (((it + 5)) % 6) * 1024) + mg_do_b[i], p1 + ((base_b + (mg_it0 + (((it + 5) + mg_rot) % 14)) * 65536)) + mg_so_b[i]);
     }
     mg_cp_async_commit();
-    const auto* sm_a = (sm_a_0 + ((it) % 4) * 136);
-    const auto* sm_b = (sm_b_0 + ((it) % 4) * 1024);
+    const auto* sm_a = (sm_a_0 + ((it) % 6) * 136);
+    const auto* sm_b = (sm_b_0 + ((it) % 6) * 1024);
     {
       const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
       const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
@@ -604,7 +721,7 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(128, 1) m
   mg_cluster_arrive();
   __syncthreads();
   buf_s = reinterpret_cast<float*>(mg_smem + 0);
-  for (int e11 = (int)mg_rank * 128 + (int)threadIdx.x; e11 < 1; e11 += 256) {
+  for (int e15 = (int)mg_rank * 128 + (int)threadIdx.x; e15 < 1; e15 += 256) {
     mg_st8(p2 + (bx * 8), buf_s[(0 + 0)], buf_s[(0 + 1)], buf_s[(0 + 2)], buf_s[(0 + 3)], buf_s[(0 + 4)], buf_s[(0 + 5)], buf_s[(0 + 6)], buf_s[(0 + 7)]);
   }
   mg_cluster_wait();
@@ -615,7 +732,6 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(128, 1) m
     const mg_bf16* __restrict__ p0,
     const mg_bf16* __restrict__ p1,
     mg_bf16* __restrict__ p2) {
-  mg_grid_wait();
   const int bx = blockIdx.x, by = blockIdx.y, bz = 0;
   (void)bx; (void)by; (void)bz;
   const unsigned mg_rank = blockIdx.z;
@@ -624,11 +740,11 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(128, 1) m
   extern __shared__ __align__(16) unsigned char mg_smem[];
   const int base_a = 0;
   const int base_b = bx * 8;
-  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 9312);
+  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 13952);
   if (threadIdx.x < 4) mg_zero[threadIdx.x] = 0u;
   mg_bf16* sm_a_0 = reinterpret_cast<mg_bf16*>(mg_smem + 0);
-  mg_bf16* sm_b_0 = reinterpret_cast<mg_bf16*>(mg_smem + 1088);
-  float* buf_s = reinterpret_cast<float*>(mg_smem + 9280);
+  mg_bf16* sm_b_0 = reinterpret_cast<mg_bf16*>(mg_smem + 1632);
+  float* buf_s = reinterpret_cast<float*>(mg_smem + 13920);
   int mg_so_b[1], mg_do_b[1];
   #pragma unroll
   for (int i = 0; i < 1; ++i) {
@@ -637,26 +753,42 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(128, 1) m
     mg_so_b[i] = s4_0 * 512;
     mg_do_b[i] = s4_0 * 8;
   }
+  #pragma unroll
+  for (int i = 0; i < 1; ++i) mg_cp_async16((sm_b_0 + ((0) % 6) * 1024) + mg_do_b[i], p1 + ((base_b + (mg_it0 + (((0) + mg_rot) % 14)) * 65536)) + mg_so_b[i]);
+  #pragma unroll
+  for (int i = 0; i < 1; ++i) mg_cp_async16((sm_b_0 + ((1) % 6) * 1024) + mg_do_b[i], p1 + ((base_b + (mg_it0 + (((1) + mg_rot) % 14)) * 65536)) + mg_so_b[i]);
+  #pragma unroll
+  for (int i = 0; i < 1; ++i) mg_cp_async16((sm_b_0 + ((2) % 6) * 1024) + mg_do_b[i], p1 + ((base_b + (mg_it0 + (((2) + mg_rot) % 14)) * 65536)) + mg_so_b[i]);
+  #pragma unroll
+  for (int i = 0; i < 1; ++i) mg_cp_async16((sm_b_0 + ((3) % 6) * 1024) + mg_do_b[i], p1 + ((base_b + (mg_it0 + (((3) + mg_rot) % 14)) * 65536)) + mg_so_b[i]);
+  #pragma unroll
+  for (int i = 0; i < 1; ++i) mg_cp_async16((sm_b_0 + ((4) % 6) * 1024) + mg_do_b[i], p1 + ((base_b + (mg_it0 + (((4) + mg_rot) % 14)) * 65536)) + mg_so_b[i]);
+  mg_grid_wait();
+  mg_grid_release();
   for (int c1 = threadIdx.x; c1 < 16; c1 += 128) {
     const int s2_1 = c1;
-    mg_cp_async16((sm_a_0 + ((0) % 4) * 136) + ((s2_1 * 8)), p0 + ((base_a + (mg_it0 + (((0) + mg_rot) % 14)) * 128)) + ((s2_1 * 8)));
+    mg_cp_async16((sm_a_0 + ((0) % 6) * 136) + ((s2_1 * 8)), p0 + ((base_a + (mg_it0 + (((0) + mg_rot) % 14)) * 128)) + ((s2_1 * 8)));
   }
-  #pragma unroll
-  for (int i = 0; i < 1; ++i) mg_cp_async16((sm_b_0 + ((0) % 4) * 1024) + mg_do_b[i], p1 + ((base_b + (mg_it0 + (((0) + mg_rot) % 14)) * 65536)) + mg_so_b[i]);
   mg_cp_async_commit();
   for (int c5 = threadIdx.x; c5 < 16; c5 += 128) {
     const int s6_1 = c5;
-    mg_cp_async16((sm_a_0 + ((1) % 4) * 136) + ((s6_1 * 8)), p0 + ((base_a + (mg_it0 + (((1) + mg_rot) % 14)) * 128)) + ((s6_1 * 8)));
+    mg_cp_async16((sm_a_0 + ((1) % 6) * 136) + ((s6_1 * 8)), p0 + ((base_a + (mg_it0 + (((1) + mg_rot) % 14)) * 128)) + ((s6_1 * 8)));
   }
-  #pragma unroll
-  for (int i = 0; i < 1; ++i) mg_cp_async16((sm_b_0 + ((1) % 4) * 1024) + mg_do_b[i], p1 + ((base_b + (mg_it0 + (((1) + mg_rot) % 14)) * 65536)) + mg_so_b[i]);
   mg_cp_async_commit();
   for (int c7 = threadIdx.x; c7 < 16; c7 += 128) {
     const int s8_1 = c7;
-    mg_cp_async16((sm_a_0 + ((2) % 4) * 136) + ((s8_1 * 8)), p0 + ((base_a + (mg_it0 + (((2) + mg_rot) % 14)) * 128)) + ((s8_1 * 8)));
+    mg_cp_async16((sm_a_0 + ((2) % 6) * 136) + ((s8_1 * 8)), p0 + ((base_a + (mg_it0 + (((2) + mg_rot) % 14)) * 128)) + ((s8_1 * 8)));
   }
-  #pragma unroll
-  for (int i = 0; i < 1; ++i) mg_cp_async16((sm_b_0 + ((2) % 4) * 1024) + mg_do_b[i], p1 + ((base_b + (mg_it0 + (((2) + mg_rot) % 14)) * 65536)) + mg_so_b[i]);
+  mg_cp_async_commit();
+  for (int c9 = threadIdx.x; c9 < 16; c9 += 128) {
+    const int s10_1 = c9;
+    mg_cp_async16((sm_a_0 + ((3) % 6) * 136) + ((s10_1 * 8)), p0 + ((base_a + (mg_it0 + (((3) + mg_rot) % 14)) * 128)) + ((s10_1 * 8)));
+  }
+  mg_cp_async_commit();
+  for (int c11 = threadIdx.x; c11 < 16; c11 += 128) {
+    const int s12_1 = c11;
+    mg_cp_async16((sm_a_0 + ((4) % 6) * 136) + ((s12_1 * 8)), p0 + ((base_a + (mg_it0 + (((4) + mg_rot) % 14)) * 128)) + ((s12_1 * 8)));
+  }
   mg_cp_async_commit();
   float acc_s[1][4];
   #pragma unroll
@@ -664,19 +796,19 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(128, 1) m
   for (int it = 0; it < 14; ++it) {
     const int off_a = base_a + (mg_it0 + (((it) + mg_rot) % 14)) * 128;
     const int off_b = base_b + (mg_it0 + (((it) + mg_rot) % 14)) * 65536;
-    mg_cp_async_wait<2>();
+    mg_cp_async_wait<4>();
     __syncthreads();
-    if (it + 3 < 14) {
-      for (int c9 = threadIdx.x; c9 < 16; c9 += 128) {
-        const int s10_1 = c9;
-        mg_cp_async16((sm_a_0 + (((it + 3)) % 4) * 136) + ((s10_1 * 8)), p0 + ((base_a + (mg_it0 + (((it + 3) + mg_rot) % 14)) * 128)) + ((s10_1 * 8)));
+    if (it + 5 < 14) {
+      for (int c13 = threadIdx.x; c13 < 16; c13 += 128) {
+        const int s14_1 = c13;
+        mg_cp_async16((sm_a_0 + (((it + 5)) % 6) * 136) + ((s14_1 * 8)), p0 + ((base_a + (mg_it0 + (((it + 5) + mg_rot) % 14)) * 128)) + ((s14_1 * 8)));
       }
       #pragma unroll
-      for (int i = 0; i < 1; ++i) mg_cp_async16((sm_b_0 + (((it + 3)) % 4) * 1024) + mg_do_b[i], p1 + ((base_b + (mg_it0 + (((it + 3) + mg_rot) % 14)) * 65536)) + mg_so_b[i]);
+      for (int i = 0; i < 1; ++i) mg_cp_async16((sm_b_0 + (((it + 5)) % 6) * 1024) + mg_do_b[i], p1 + ((base_b + (mg_it0 + (((it + 5) + mg_rot) % 14)) * 65536)) + mg_so_b[i]);
     }
     mg_cp_async_commit();
-    const auto* sm_a = (sm_a_0 + ((it) % 4) * 136);
-    const auto* sm_b = (sm_b_0 + ((it) % 4) * 1024);
+    const auto* sm_a = (sm_a_0 + ((it) % 6) * 136);
+    const auto* sm_b = (sm_b_0 + ((it) % 6) * 1024);
     {
       const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
       const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
@@ -763,7 +895,7 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(128, 1) m
   mg_cluster_arrive();
   __syncthreads();
   buf_s = reinterpret_cast<float*>(mg_smem + 0);
-  for (int e11 = (int)mg_rank * 128 + (int)threadIdx.x; e11 < 1; e11 += 256) {
+  for (int e15 = (int)mg_rank * 128 + (int)threadIdx.x; e15 < 1; e15 += 256) {
     mg_st8(p2 + (bx * 8), buf_s[(0 + 0)], buf_s[(0 + 1)], buf_s[(0 + 2)], buf_s[(0 + 3)], buf_s[(0 + 4)], buf_s[(0 + 5)], buf_s[(0 + 6)], buf_s[(0 + 7)]);
   }
   mg_cluster_wait();
@@ -775,6 +907,7 @@ extern "C" __global__ void __launch_bounds__(256) mg_k4_mirage_qwen2_7b_layer_cc
     const mg_bf16* __restrict__ p1,
     mg_bf16* __restrict__ p2) {
   mg_grid_wait();
+  mg_grid_release();
   for (int e8 = blockIdx.x * 256 + threadIdx.x; e8 < 448; e8 += gridDim.x * 256) {
     const int e = e8 * 8;
     const int i1 = e;
@@ -812,6 +945,7 @@ extern "C" __global__ void __launch_bounds__(256) mg_k5_mirage_qwen2_7b_layer_cc
     const mg_bf16* __restrict__ p1,
     mg_bf16* __restrict__ p2) {
   mg_grid_wait();
+  mg_grid_release();
   for (int e8 = blockIdx.x * 256 + threadIdx.x; e8 < 64; e8 += gridDim.x * 256) {
     const int e = e8 * 8;
     const int i1 = e;
@@ -849,6 +983,7 @@ extern "C" __global__ void __launch_bounds__(256) mg_k6_mirage_qwen2_7b_layer_cc
     const mg_bf16* __restrict__ p1,
     mg_bf16* __restrict__ p2) {
   mg_grid_wait();
+  mg_grid_release();
   for (int e8 = blockIdx.x * 256 + threadIdx.x; e8 < 64; e8 += gridDim.x * 256) {
     const int e = e8 * 8;
     const int i1 = e;
@@ -885,6 +1020,7 @@ extern "C" __global__ void __launch_bounds__(256) mg_k7_mirage_qwen2_7b_layer_cc
     const mg_bf16* __restrict__ p0,
     mg_bf16* __restrict__ p1) {
   mg_grid_wait();
+  mg_grid_release();
   for (int e = blockIdx.x * 256 + threadIdx.x; e < 3584; e += gridDim.x * 256) {
     const int i1 = e / 896;
     const int i2 = (e / 128) % 7;
@@ -899,6 +1035,7 @@ extern "C" __global__ void __launch_bounds__(256) mg_k8_mirage_qwen2_7b_layer_cc
     const mg_bf16* __restrict__ p0,
     mg_bf16* __restrict__ p1) {
   mg_grid_wait();
+  mg_grid_release();
   for (int e = blockIdx.x * 256 + threadIdx.x; e < 512; e += gridDim.x * 256) {
     const int i1 = e / 128;
     const int i3 = (e) % 128;
@@ -912,6 +1049,7 @@ extern "C" __global__ void __launch_bounds__(256) mg_k9_mirage_qwen2_7b_layer_cc
     const mg_bf16* __restrict__ p0,
     mg_bf16* __restrict__ p1) {
   mg_grid_wait();
+  mg_grid_release();
   for (int e = blockIdx.x * 256 + threadIdx.x; e < 512; e += gridDim.x * 256) {
     const int i1 = e / 128;
     const int i3 = (e) % 128;
@@ -925,6 +1063,7 @@ extern "C" __global__ void __launch_bounds__(256) mg_k10_mirage_qwen2_7b_layer_c
     const mg_bf16* __restrict__ p0,
     mg_bf16* __restrict__ p1) {
   mg_grid_wait();
+  mg_grid_release();
   for (int e = blockIdx.x * 256 + threadIdx.x; e < 3584; e += gridDim.x * 256) {
     const int i1 = e / 896;
     const int i2 = (e / 128) % 7;
@@ -940,6 +1079,7 @@ extern "C" __global__ void __launch_bounds__(256) mg_k11_mirage_qwen2_7b_layer_c
     const mg_bf16* __restrict__ p1,
     mg_bf16* __restrict__ p2) {
   mg_grid_wait();
+  mg_grid_release();
   for (int e8 = blockIdx.x * 256 + threadIdx.x; e8 < 448; e8 += gridDim.x * 256) {
     const int e = e8 * 8;
     const int i1 = e / 896;
@@ -979,6 +1119,7 @@ extern "C" __global__ void __launch_bounds__(256) mg_k12_mirage_qwen2_7b_layer_c
     const mg_bf16* __restrict__ p1,
     mg_bf16* __restrict__ p2) {
   mg_grid_wait();
+  mg_grid_release();
   for (int e8 = blockIdx.x * 256 + threadIdx.x; e8 < 448; e8 += gridDim.x * 256) {
     const int e = e8 * 8;
     const int i1 = e / 896;
@@ -1018,6 +1159,7 @@ extern "C" __global__ void __launch_bounds__(256) mg_k13_mirage_qwen2_7b_layer_c
     const mg_bf16* __restrict__ p1,
     mg_bf16* __restrict__ p2) {
   mg_grid_wait();
+  mg_grid_release();
   for (int e8 = blockIdx.x * 256 + threadIdx.x; e8 < 448; e8 += gridDim.x * 256) {
     const int e = e8 * 8;
     const int i1 = e / 896;
@@ -1056,6 +1198,7 @@ extern "C" __global__ void __launch_bounds__(256) mg_k14_mirage_qwen2_7b_layer_c
     const mg_bf16* __restrict__ p0,
     mg_bf16* __restrict__ p1) {
   mg_grid_wait();
+  mg_grid_release();
   for (int e = blockIdx.x * 256 + threadIdx.x; e < 512; e += gridDim.x * 256) {
     const int i1 = e / 128;
     const int i3 = (e) % 128;
@@ -1070,6 +1213,7 @@ extern "C" __global__ void __launch_bounds__(256) mg_k15_mirage_qwen2_7b_layer_c
     const mg_bf16* __restrict__ p1,
     mg_bf16* __restrict__ p2) {
   mg_grid_wait();
+  mg_grid_release();
   for (int e8 = blockIdx.x * 256 + threadIdx.x; e8 < 64; e8 += gridDim.x * 256) {
     const int e = e8 * 8;
     const int i1 = e / 128;
@@ -1108,6 +1252,7 @@ extern "C" __global__ void __launch_bounds__(256) mg_k16_mirage_qwen2_7b_layer_c
     const mg_bf16* __restrict__ p1,
     mg_bf16* __restrict__ p2) {
   mg_grid_wait();
+  mg_grid_release();
   for (int e8 = blockIdx.x * 256 + threadIdx.x; e8 < 64; e8 += gridDim.x * 256) {
     const int e = e8 * 8;
     const int i1 = e / 128;
@@ -1146,6 +1291,7 @@ extern "C" __global__ void __launch_bounds__(256) mg_k17_mirage_qwen2_7b_layer_c
     const mg_bf16* __restrict__ p1,
     mg_bf16* __restrict__ p2) {
   mg_grid_wait();
+  mg_grid_release();
   for (int e8 = blockIdx.x * 256 + threadIdx.x; e8 < 64; e8 += gridDim.x * 256) {
     const int e = e8 * 8;
     const int i1 = e / 128;
@@ -1183,6 +1329,7 @@ extern "C" __global__ void __launch_bounds__(256) mg_k18_mirage_qwen2_7b_layer_c
     const mg_bf16* __restrict__ p0,
     mg_bf16* __restrict__ p1) {
   mg_grid_wait();
+  mg_grid_release();
   for (int e = blockIdx.x * 256 + threadIdx.x; e < 512; e += gridDim.x * 256) {
     const int i1 = e / 128;
     const int i2 = (e) % 128;
@@ -1197,6 +1344,7 @@ extern "C" __global__ void __launch_bounds__(256) mg_k19_mirage_qwen2_7b_layer_c
     const mg_bf16* __restrict__ p1,
     mg_bf16* __restrict__ p2) {
   mg_grid_wait();
+  mg_grid_release();
   for (int e8 = blockIdx.x * 256 + threadIdx.x; e8 < 262144; e8 += gridDim.x * 256) {
     const int e = e8 * 8;
     const int i1 = e / 524288;
@@ -1268,6 +1416,7 @@ extern "C" __global__ void __launch_bounds__(256) mg_k20_mirage_qwen2_7b_layer_c
     const mg_bf16* __restrict__ p1,
     mg_bf16* __restrict__ p2) {
   mg_grid_wait();
+  mg_grid_release();
   for (int e8 = blockIdx.x * 256 + threadIdx.x; e8 < 262144; e8 += gridDim.x * 256) {
     const int e = e8 * 8;
     const int i1 = e / 524288;
@@ -1333,75 +1482,92 @@ extern "C" __global__ void __launch_bounds__(256) mg_k20_mirage_qwen2_7b_layer_c
   }
 }
 
-// matmul as a generated block graph: grid [32, 4, 1], forloop 4, tensor cores
+// matmul as a generated block graph: grid [32, 4, 1], forloop 8, tensor cores
 extern "C" __global__ void __launch_bounds__(128, 1) mg_k21_mirage_qwen2_7b_layer_cc9a7bb5bfd5(
     const mg_bf16* __restrict__ p0,
     const mg_bf16* __restrict__ p1,
     mg_bf16* __restrict__ p2) {
-  mg_grid_wait();
   const int bx = blockIdx.x, by = blockIdx.y, bz = blockIdx.z;
   (void)bx; (void)by; (void)bz;
   extern __shared__ __align__(16) unsigned char mg_smem[];
   const int base_a = by * 896;
   const int base_b = bx * 128 + by * 524288;
-  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 40640);
+  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 31712);
   if (threadIdx.x < 4) mg_zero[threadIdx.x] = 0u;
   mg_bf16* sm_a_0 = reinterpret_cast<mg_bf16*>(mg_smem + 0);
-  mg_bf16* sm_b_0 = reinterpret_cast<mg_bf16*>(mg_smem + 2240);
-  float* buf_s = reinterpret_cast<float*>(mg_smem + 37056);
-  int mg_so_b[4], mg_do_b[4];
+  mg_bf16* sm_b_0 = reinterpret_cast<mg_bf16*>(mg_smem + 2016);
+  float* buf_s = reinterpret_cast<float*>(mg_smem + 28128);
+  int mg_so_b[2], mg_do_b[2];
   #pragma unroll
-  for (int i = 0; i < 4; ++i) {
+  for (int i = 0; i < 2; ++i) {
     const int c3 = threadIdx.x + i * 128;
     const int s4_2 = c3 / 16;
     const int s4_3 = (c3) % 16;
     mg_so_b[i] = s4_2 * 4096 + (s4_3 * 8);
     mg_do_b[i] = s4_2 * 136 + (s4_3 * 8);
   }
-  for (int c1 = threadIdx.x; c1 < 28; c1 += 128) {
-    const int s2_2 = c1 / 4;
-    const int s2_3 = (c1) % 4;
-    mg_cp_async16((sm_a_0 + ((0) % 4) * 280) + (s2_2 * 40 + (s2_3 * 8)), p0 + ((base_a + 0)) + (s2_2 * 128 + (s2_3 * 8)));
+  mg_grid_wait();
+  mg_grid_release();
+  for (int c1 = threadIdx.x; c1 < 14; c1 += 128) {
+    const int s2_2 = c1 / 2;
+    const int s2_3 = (c1) % 2;
+    mg_cp_async16((sm_a_0 + ((0) % 6) * 168) + (s2_2 * 24 + (s2_3 * 8)), p0 + ((base_a + 0)) + (s2_2 * 128 + (s2_3 * 8)));
   }
   #pragma unroll
-  for (int i = 0; i < 4; ++i) mg_cp_async16((sm_b_0 + ((0) % 4) * 4352) + mg_do_b[i], p1 + ((base_b + 0)) + mg_so_b[i]);
+  for (int i = 0; i < 2; ++i) mg_cp_async16((sm_b_0 + ((0) % 6) * 2176) + mg_do_b[i], p1 + ((base_b + 0)) + mg_so_b[i]);
   mg_cp_async_commit();
-  for (int c5 = threadIdx.x; c5 < 28; c5 += 128) {
-    const int s6_2 = c5 / 4;
-    const int s6_3 = (c5) % 4;
-    mg_cp_async16((sm_a_0 + ((1) % 4) * 280) + (s6_2 * 40 + (s6_3 * 8)), p0 + ((base_a + 32)) + (s6_2 * 128 + (s6_3 * 8)));
+  for (int c5 = threadIdx.x; c5 < 14; c5 += 128) {
+    const int s6_2 = c5 / 2;
+    const int s6_3 = (c5) % 2;
+    mg_cp_async16((sm_a_0 + ((1) % 6) * 168) + (s6_2 * 24 + (s6_3 * 8)), p0 + ((base_a + 16)) + (s6_2 * 128 + (s6_3 * 8)));
   }
   #pragma unroll
-  for (int i = 0; i < 4; ++i) mg_cp_async16((sm_b_0 + ((1) % 4) * 4352) + mg_do_b[i], p1 + ((base_b + 131072)) + mg_so_b[i]);
+  for (int i = 0; i < 2; ++i) mg_cp_async16((sm_b_0 + ((1) % 6) * 2176) + mg_do_b[i], p1 + ((base_b + 65536)) + mg_so_b[i]);
   mg_cp_async_commit();
-  for (int c7 = threadIdx.x; c7 < 28; c7 += 128) {
-    const int s8_2 = c7 / 4;
-    const int s8_3 = (c7) % 4;
-    mg_cp_async16((sm_a_0 + ((2) % 4) * 280) + (s8_2 * 40 + (s8_3 * 8)), p0 + ((base_a + 64)) + (s8_2 * 128 + (s8_3 * 8)));
+  for (int c7 = threadIdx.x; c7 < 14; c7 += 128) {
+    const int s8_2 = c7 / 2;
+    const int s8_3 = (c7) % 2;
+    mg_cp_async16((sm_a_0 + ((2) % 6) * 168) + (s8_2 * 24 + (s8_3 * 8)), p0 + ((base_a + 32)) + (s8_2 * 128 + (s8_3 * 8)));
   }
   #pragma unroll
-  for (int i = 0; i < 4; ++i) mg_cp_async16((sm_b_0 + ((2) % 4) * 4352) + mg_do_b[i], p1 + ((base_b + 262144)) + mg_so_b[i]);
+  for (int i = 0; i < 2; ++i) mg_cp_async16((sm_b_0 + ((2) % 6) * 2176) + mg_do_b[i], p1 + ((base_b + 131072)) + mg_so_b[i]);
+  mg_cp_async_commit();
+  for (int c9 = threadIdx.x; c9 < 14; c9 += 128) {
+    const int s10_2 = c9 / 2;
+    const int s10_3 = (c9) % 2;
+    mg_cp_async16((sm_a_0 + ((3) % 6) * 168) + (s10_2 * 24 + (s10_3 * 8)), p0 + ((base_a + 48)) + (s10_2 * 128 + (s10_3 * 8)));
+  }
+  #pragma unroll
+  for (int i = 0; i < 2; ++i) mg_cp_async16((sm_b_0 + ((3) % 6) * 2176) + mg_do_b[i], p1 + ((base_b + 196608)) + mg_so_b[i]);
+  mg_cp_async_commit();
+  for (int c11 = threadIdx.x; c11 < 14; c11 += 128) {
+    const int s12_2 = c11 / 2;
+    const int s12_3 = (c11) % 2;
+    mg_cp_async16((sm_a_0 + ((4) % 6) * 168) + (s12_2 * 24 + (s12_3 * 8)), p0 + ((base_a + 64)) + (s12_2 * 128 + (s12_3 * 8)));
+  }
+  #pragma unroll
+  for (int i = 0; i < 2; ++i) mg_cp_async16((sm_b_0 + ((4) % 6) * 2176) + mg_do_b[i], p1 + ((base_b + 262144)) + mg_so_b[i]);
   mg_cp_async_commit();
   float acc_s[4][4];
   #pragma unroll
   for (int j = 0; j < 4; ++j) acc_s[j][0] = acc_s[j][1] = acc_s[j][2] = acc_s[j][3] = 0.0f;
-  for (int it = 0; it < 4; ++it) {
-    const int off_a = base_a + it * 32;
-    const int off_b = base_b + it * 131072;
-    mg_cp_async_wait<2>();
+  for (int it = 0; it < 8; ++it) {
+    const int off_a = base_a + it * 16;
+    const int off_b = base_b + it * 65536;
+    mg_cp_async_wait<4>();
     __syncthreads();
-    if (it + 3 < 4) {
-      for (int c9 = threadIdx.x; c9 < 28; c9 += 128) {
-        const int s10_2 = c9 / 4;
-        const int s10_3 = (c9) % 4;
-        mg_cp_async16((sm_a_0 + (((it + 3)) % 4) * 280) + (s10_2 * 40 + (s10_3 * 8)), p0 + ((off_a + 96)) + (s10_2 * 128 + (s10_3 * 8)));
+    if (it + 5 < 8) {
+      for (int c13 = threadIdx.x; c13 < 14; c13 += 128) {
+        const int s14_2 = c13 / 2;
+        const int s14_3 = (c13) % 2;
+        mg_cp_async16((sm_a_0 + (((it + 5)) % 6) * 168) + (s14_2 * 24 + (s14_3 * 8)), p0 + ((off_a + 80)) + (s14_2 * 128 + (s14_3 * 8)));
       }
       #pragma unroll
-      for (int i = 0; i < 4; ++i) mg_cp_async16((sm_b_0 + (((it + 3)) % 4) * 4352) + mg_do_b[i], p1 + ((off_b + 393216)) + mg_so_b[i]);
+      for (int i = 0; i < 2; ++i) mg_cp_async16((sm_b_0 + (((it + 5)) % 6) * 2176) + mg_do_b[i], p1 + ((off_b + 327680)) + mg_so_b[i]);
     }
     mg_cp_async_commit();
-    const auto* sm_a = (sm_a_0 + ((it) % 4) * 280);
-    const auto* sm_b = (sm_b_0 + ((it) % 4) * 4352);
+    const auto* sm_a = (sm_a_0 + ((it) % 6) * 168);
+    const auto* sm_b = (sm_b_0 + ((it) % 6) * 2176);
     {
       const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
       const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
@@ -1409,14 +1575,14 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k21_mirage_qwen2_7b_laye
       const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
       (void)mg_ks;
     #pragma unroll
-    for (int s = 0; s < 2; ++s) {
+    for (int s = 0; s < 1; ++s) {
       const int kk = (mg_ks + s * 1) * 16;
       const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
       (void)k0; (void)k1;
       unsigned ra0, ra1, ra2, ra3;
       const int mg_mi = 0, r0 = mg_g, r1 = r0 + 8;
       (void)r0; (void)r1;
-      mg_ldsm_x4(ra0, ra1, ra2, ra3, ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) < 7 ? (const void*)(sm_a + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) * 40 + (kk + (mg_lane >> 4) * 8))) : (const void*)mg_zero));
+      mg_ldsm_x4(ra0, ra1, ra2, ra3, ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) < 7 ? (const void*)(sm_a + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) * 24 + (kk + (mg_lane >> 4) * 8))) : (const void*)mg_zero));
       #pragma unroll
       for (int j = 0; j < 4; ++j) {
         const int q = mg_grp + 4 * j;
@@ -1458,10 +1624,10 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k21_mirage_qwen2_7b_laye
     }
   }
   __syncthreads();
-  for (int e11 = threadIdx.x; e11 < 112; e11 += 128) {
-    const int i12_2 = e11 / 16;
-    const int i12_3 = (e11) % 16;
-    mg_st8(p2 + (bx * 128 + by * 28672 + i12_2 * 4096 + (i12_3 * 8)), buf_s[i12_2 * 128 + ((i12_3 * 8) + 0)], buf_s[i12_2 * 128 + ((i12_3 * 8) + 1)], buf_s[i12_2 * 128 + ((i12_3 * 8) + 2)], buf_s[i12_2 * 128 + ((i12_3 * 8) + 3)], buf_s[i12_2 * 128 + ((i12_3 * 8) + 4)], buf_s[i12_2 * 128 + ((i12_3 * 8) + 5)], buf_s[i12_2 * 128 + ((i12_3 * 8) + 6)], buf_s[i12_2 * 128 + ((i12_3 * 8) + 7)]);
+  for (int e15 = threadIdx.x; e15 < 112; e15 += 128) {
+    const int i16_2 = e15 / 16;
+    const int i16_3 = (e15) % 16;
+    mg_st8(p2 + (bx * 128 + by * 28672 + i16_2 * 4096 + (i16_3 * 8)), buf_s[i16_2 * 128 + ((i16_3 * 8) + 0)], buf_s[i16_2 * 128 + ((i16_3 * 8) + 1)], buf_s[i16_2 * 128 + ((i16_3 * 8) + 2)], buf_s[i16_2 * 128 + ((i16_3 * 8) + 3)], buf_s[i16_2 * 128 + ((i16_3 * 8) + 4)], buf_s[i16_2 * 128 + ((i16_3 * 8) + 5)], buf_s[i16_2 * 128 + ((i16_3 * 8) + 6)], buf_s[i16_2 * 128 + ((i16_3 * 8) + 7)]);
   }
 }
 
@@ -1470,6 +1636,7 @@ extern "C" __global__ void __launch_bounds__(256) mg_k22_mirage_qwen2_7b_layer_c
     const mg_bf16* __restrict__ p0,
     mg_bf16* __restrict__ p1) {
   mg_grid_wait();
+  mg_grid_release();
   for (int e8 = blockIdx.x * 256 + threadIdx.x; e8 < 14336; e8 += gridDim.x * 256) {
     const int e = e8 * 8;
     const int i1 = e / 28672;
@@ -1500,6 +1667,7 @@ extern "C" __global__ void __launch_bounds__(256) mg_k23_mirage_qwen2_7b_layer_c
     const mg_bf16* __restrict__ p0,
     mg_bf16* __restrict__ p1) {
   mg_grid_wait();
+  mg_grid_release();
   __shared__ float red[8];
   const int row = blockIdx.x;
   const int r1 = row / 7;
@@ -1518,7 +1686,6 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(256, 1) m
     const mg_bf16* __restrict__ p0,
     const mg_bf16* __restrict__ p1,
     mg_bf16* __restrict__ p2) {
-  mg_grid_wait();
   const int bx = blockIdx.x, by = blockIdx.y, bz = 0;
   (void)bx; (void)by; (void)bz;
   const unsigned mg_rank = blockIdx.z;
@@ -1526,11 +1693,11 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(256, 1) m
   extern __shared__ __align__(16) unsigned char mg_smem[];
   const int base_a = by * 28672;
   const int base_b = bx * 16 + by * 524288;
-  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 64384);
+  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 96352);
   if (threadIdx.x < 4) mg_zero[threadIdx.x] = 0u;
   mg_bf16* sm_a_0 = reinterpret_cast<mg_bf16*>(mg_smem + 0);
-  mg_bf16* sm_b_0 = reinterpret_cast<mg_bf16*>(mg_smem + 14784);
-  float* buf_s = reinterpret_cast<float*>(mg_smem + 63936);
+  mg_bf16* sm_b_0 = reinterpret_cast<mg_bf16*>(mg_smem + 22176);
+  float* buf_s = reinterpret_cast<float*>(mg_smem + 95904);
   int mg_so_b[2], mg_do_b[2];
   #pragma unroll
   for (int i = 0; i < 2; ++i) {
@@ -1540,29 +1707,47 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(256, 1) m
     mg_so_b[i] = s4_2 * 128 + (s4_3 * 8);
     mg_do_b[i] = s4_2 * 24 + (s4_3 * 8);
   }
+  mg_grid_wait();
+  mg_grid_release();
   for (int c1 = threadIdx.x; c1 < 224; c1 += 256) {
     const int s2_2 = c1 / 32;
     const int s2_3 = (c1) % 32;
-    mg_cp_async16((sm_a_0 + ((0) % 4) * 1848) + (s2_2 * 264 + (s2_3 * 8)), p0 + ((base_a + (mg_it0 + 0) * 256)) + (s2_2 * 4096 + (s2_3 * 8)));
+    mg_cp_async16((sm_a_0 + ((0) % 6) * 1848) + (s2_2 * 264 + (s2_3 * 8)), p0 + ((base_a + (mg_it0 + 0) * 256)) + (s2_2 * 4096 + (s2_3 * 8)));
   }
   #pragma unroll
-  for (int i = 0; i < 2; ++i) mg_cp_async16((sm_b_0 + ((0) % 4) * 6144) + mg_do_b[i], p1 + ((base_b + (mg_it0 + 0) * 32768)) + mg_so_b[i]);
+  for (int i = 0; i < 2; ++i) mg_cp_async16((sm_b_0 + ((0) % 6) * 6144) + mg_do_b[i], p1 + ((base_b + (mg_it0 + 0) * 32768)) + mg_so_b[i]);
   mg_cp_async_commit();
   for (int c5 = threadIdx.x; c5 < 224; c5 += 256) {
     const int s6_2 = c5 / 32;
     const int s6_3 = (c5) % 32;
-    mg_cp_async16((sm_a_0 + ((1) % 4) * 1848) + (s6_2 * 264 + (s6_3 * 8)), p0 + ((base_a + (mg_it0 + 1) * 256)) + (s6_2 * 4096 + (s6_3 * 8)));
+    mg_cp_async16((sm_a_0 + ((1) % 6) * 1848) + (s6_2 * 264 + (s6_3 * 8)), p0 + ((base_a + (mg_it0 + 1) * 256)) + (s6_2 * 4096 + (s6_3 * 8)));
   }
   #pragma unroll
-  for (int i = 0; i < 2; ++i) mg_cp_async16((sm_b_0 + ((1) % 4) * 6144) + mg_do_b[i], p1 + ((base_b + (mg_it0 + 1) * 32768)) + mg_so_b[i]);
+  for (int i = 0; i < 2; ++i) mg_cp_async16((sm_b_0 + ((1) % 6) * 6144) + mg_do_b[i], p1 + ((base_b + (mg_it0 + 1) * 32768)) + mg_so_b[i]);
   mg_cp_async_commit();
   for (int c7 = threadIdx.x; c7 < 224; c7 += 256) {
     const int s8_2 = c7 / 32;
     const int s8_3 = (c7) % 32;
-    mg_cp_async16((sm_a_0 + ((2) % 4) * 1848) + (s8_2 * 264 + (s8_3 * 8)), p0 + ((base_a + (mg_it0 + 2) * 256)) + (s8_2 * 4096 + (s8_3 * 8)));
+    mg_cp_async16((sm_a_0 + ((2) % 6) * 1848) + (s8_2 * 264 + (s8_3 * 8)), p0 + ((base_a + (mg_it0 + 2) * 256)) + (s8_2 * 4096 + (s8_3 * 8)));
   }
   #pragma unroll
-  for (int i = 0; i < 2; ++i) mg_cp_async16((sm_b_0 + ((2) % 4) * 6144) + mg_do_b[i], p1 + ((base_b + (mg_it0 + 2) * 32768)) + mg_so_b[i]);
+  for (int i = 0; i < 2; ++i) mg_cp_async16((sm_b_0 + ((2) % 6) * 6144) + mg_do_b[i], p1 + ((base_b + (mg_it0 + 2) * 32768)) + mg_so_b[i]);
+  mg_cp_async_commit();
+  for (int c9 = threadIdx.x; c9 < 224; c9 += 256) {
+    const int s10_2 = c9 / 32;
+    const int s10_3 = (c9) % 32;
+    mg_cp_async16((sm_a_0 + ((3) % 6) * 1848) + (s10_2 * 264 + (s10_3 * 8)), p0 + ((base_a + (mg_it0 + 3) * 256)) + (s10_2 * 4096 + (s10_3 * 8)));
+  }
+  #pragma unroll
+  for (int i = 0; i < 2; ++i) mg_cp_async16((sm_b_0 + ((3) % 6) * 6144) + mg_do_b[i], p1 + ((base_b + (mg_it0 + 3) * 32768)) + mg_so_b[i]);
+  mg_cp_async_commit();
+  for (int c11 = threadIdx.x; c11 < 224; c11 += 256) {
+    const int s12_2 = c11 / 32;
+    const int s12_3 = (c11) % 32;
+    mg_cp_async16((sm_a_0 + ((4) % 6) * 1848) + (s12_2 * 264 + (s12_3 * 8)), p0 + ((base_a + (mg_it0 + 4) * 256)) + (s12_2 * 4096 + (s12_3 * 8)));
+  }
+  #pragma unroll
+  for (int i = 0; i < 2; ++i) mg_cp_async16((sm_b_0 + ((4) % 6) * 6144) + mg_do_b[i], p1 + ((base_b + (mg_it0 + 4) * 32768)) + mg_so_b[i]);
   mg_cp_async_commit();
   float acc_s[1][4];
   #pragma unroll
@@ -1570,20 +1755,20 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(256, 1) m
   for (int it = 0; it < 8; ++it) {
     const int off_a = base_a + (mg_it0 + it) * 256;
     const int off_b = base_b + (mg_it0 + it) * 32768;
-    mg_cp_async_wait<2>();
+    mg_cp_async_wait<4>();
     __syncthreads();
-    if (it + 3 < 8) {
-      for (int c9 = threadIdx.x; c9 < 224; c9 += 256) {
-        const int s10_2 = c9 / 32;
-        const int s10_3 = (c9) % 32;
-        mg_cp_async16((sm_a_0 + (((it + 3)) % 4) * 1848) + (s10_2 * 264 + (s10_3 * 8)), p0 + ((off_a + 768)) + (s10_2 * 4096 + (s10_3 * 8)));
+    if (it + 5 < 8) {
+      for (int c13 = threadIdx.x; c13 < 224; c13 += 256) {
+        const int s14_2 = c13 / 32;
+        const int s14_3 = (c13) % 32;
+        mg_cp_async16((sm_a_0 + (((it + 5)) % 6) * 1848) + (s14_2 * 264 + (s14_3 * 8)), p0 + ((off_a + 1280)) + (s14_2 * 4096 + (s14_3 * 8)));
       }
       #pragma unroll
-      for (int i = 0; i < 2; ++i) mg_cp_async16((sm_b_0 + (((it + 3)) % 4) * 6144) + mg_do_b[i], p1 + ((off_b + 98304)) + mg_so_b[i]);
+      for (int i = 0; i < 2; ++i) mg_cp_async16((sm_b_0 + (((it + 5)) % 6) * 6144) + mg_do_b[i], p1 + ((off_b + 163840)) + mg_so_b[i]);
     }
     mg_cp_async_commit();
-    const auto* sm_a = (sm_a_0 + ((it) % 4) * 1848);
-    const auto* sm_b = (sm_b_0 + ((it) % 4) * 6144);
+    const auto* sm_a = (sm_a_0 + ((it) % 6) * 1848);
+    const auto* sm_b = (sm_b_0 + ((it) % 6) * 6144);
     {
       const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
       const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
@@ -1691,10 +1876,10 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(256, 1) m
   mg_cluster_arrive();
   __syncthreads();
   buf_s = reinterpret_cast<float*>(mg_smem + 0);
-  for (int e11 = (int)mg_rank * 256 + (int)threadIdx.x; e11 < 14; e11 += 512) {
-    const int i12_2 = e11 / 2;
-    const int i12_3 = (e11) % 2;
-    mg_st8(p2 + (bx * 16 + by * 896 + i12_2 * 128 + (i12_3 * 8)), buf_s[i12_2 * 16 + ((i12_3 * 8) + 0)], buf_s[i12_2 * 16 + ((i12_3 * 8) + 1)], buf_s[i12_2 * 16 + ((i12_3 * 8) + 2)], buf_s[i12_2 * 16 + ((i12_3 * 8) + 3)], buf_s[i12_2 * 16 + ((i12_3 * 8) + 4)], buf_s[i12_2 * 16 + ((i12_3 * 8) + 5)], buf_s[i12_2 * 16 + ((i12_3 * 8) + 6)], buf_s[i12_2 * 16 + ((i12_3 * 8) + 7)]);
+  for (int e15 = (int)mg_rank * 256 + (int)threadIdx.x; e15 < 14; e15 += 512) {
+    const int i16_2 = e15 / 2;
+    const int i16_3 = (e15) % 2;
+    mg_st8(p2 + (bx * 16 + by * 896 + i16_2 * 128 + (i16_3 * 8)), buf_s[i16_2 * 16 + ((i16_3 * 8) + 0)], buf_s[i16_2 * 16 + ((i16_3 * 8) + 1)], buf_s[i16_2 * 16 + ((i16_3 * 8) + 2)], buf_s[i16_2 * 16 + ((i16_3 * 8) + 3)], buf_s[i16_2 * 16 + ((i16_3 * 8) + 4)], buf_s[i16_2 * 16 + ((i16_3 * 8) + 5)], buf_s[i16_2 * 16 + ((i16_3 * 8) + 6)], buf_s[i16_2 * 16 + ((i16_3 * 8) + 7)]);
   }
   mg_cluster_wait();
 }
@@ -1704,6 +1889,7 @@ extern "C" __global__ void __launch_bounds__(256) mg_k25_mirage_qwen2_7b_layer_c
     const mg_bf16* __restrict__ p0,
     mg_bf16* __restrict__ p1) {
   mg_grid_wait();
+  mg_grid_release();
   for (int e = blockIdx.x * 256 + threadIdx.x; e < 3584; e += gridDim.x * 256) {
     const int i1 = e;
     const float v1 = mg_ld(p0[(int)((((long long)(i1) * 1) / 896)) * 896 + (int)((((long long)(i1) * 1) / 128) % 7) * 128 + (int)((((long long)(i1) * 1) / 1) % 128)]);
@@ -1716,7 +1902,6 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(128, 1) m
     const mg_bf16* __restrict__ p0,
     const mg_bf16* __restrict__ p1,
     mg_bf16* __restrict__ p2) {
-  mg_grid_wait();
   const int bx = blockIdx.x, by = blockIdx.y, bz = 0;
   (void)bx; (void)by; (void)bz;
   const unsigned mg_rank = blockIdx.z;
@@ -1724,11 +1909,11 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(128, 1) m
   extern __shared__ __align__(16) unsigned char mg_smem[];
   const int base_a = 0;
   const int base_b = bx * 56;
-  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 58656);
+  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 87872);
   if (threadIdx.x < 4) mg_zero[threadIdx.x] = 0u;
   mg_bf16* sm_a_0 = reinterpret_cast<mg_bf16*>(mg_smem + 0);
-  mg_bf16* sm_b_0 = reinterpret_cast<mg_bf16*>(mg_smem + 1088);
-  float* buf_s = reinterpret_cast<float*>(mg_smem + 58432);
+  mg_bf16* sm_b_0 = reinterpret_cast<mg_bf16*>(mg_smem + 1632);
+  float* buf_s = reinterpret_cast<float*>(mg_smem + 87648);
   int mg_so_b[7], mg_do_b[7];
   #pragma unroll
   for (int i = 0; i < 7; ++i) {
@@ -1738,26 +1923,42 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(128, 1) m
     mg_so_b[i] = s4_0 * 3584 + (s4_1 * 8);
     mg_do_b[i] = s4_0 * 56 + (s4_1 * 8);
   }
+  #pragma unroll
+  for (int i = 0; i < 7; ++i) mg_cp_async16((sm_b_0 + ((0) % 6) * 7168) + mg_do_b[i], p1 + ((base_b + (mg_it0 + 0) * 458752)) + mg_so_b[i]);
+  #pragma unroll
+  for (int i = 0; i < 7; ++i) mg_cp_async16((sm_b_0 + ((1) % 6) * 7168) + mg_do_b[i], p1 + ((base_b + (mg_it0 + 1) * 458752)) + mg_so_b[i]);
+  #pragma unroll
+  for (int i = 0; i < 7; ++i) mg_cp_async16((sm_b_0 + ((2) % 6) * 7168) + mg_do_b[i], p1 + ((base_b + (mg_it0 + 2) * 458752)) + mg_so_b[i]);
+  #pragma unroll
+  for (int i = 0; i < 7; ++i) mg_cp_async16((sm_b_0 + ((3) % 6) * 7168) + mg_do_b[i], p1 + ((base_b + (mg_it0 + 3) * 458752)) + mg_so_b[i]);
+  #pragma unroll
+  for (int i = 0; i < 7; ++i) mg_cp_async16((sm_b_0 + ((4) % 6) * 7168) + mg_do_b[i], p1 + ((base_b + (mg_it0 + 4) * 458752)) + mg_so_b[i]);
+  mg_grid_wait();
+  mg_grid_release();
   for (int c1 = threadIdx.x; c1 < 16; c1 += 128) {
     const int s2_1 = c1;
-    mg_cp_async16((sm_a_0 + ((0) % 4) * 136) + ((s2_1 * 8)), p0 + ((base_a + (mg_it0 + 0) * 128)) + ((s2_1 * 8)));
+    mg_cp_async16((sm_a_0 + ((0) % 6) * 136) + ((s2_1 * 8)), p0 + ((base_a + (mg_it0 + 0) * 128)) + ((s2_1 * 8)));
   }
-  #pragma unroll
-  for (int i = 0; i < 7; ++i) mg_cp_async16((sm_b_0 + ((0) % 4) * 7168) + mg_do_b[i], p1 + ((base_b + (mg_it0 + 0) * 458752)) + mg_so_b[i]);
   mg_cp_async_commit();
   for (int c5 = threadIdx.x; c5 < 16; c5 += 128) {
     const int s6_1 = c5;
-    mg_cp_async16((sm_a_0 + ((1) % 4) * 136) + ((s6_1 * 8)), p0 + ((base_a + (mg_it0 + 1) * 128)) + ((s6_1 * 8)));
+    mg_cp_async16((sm_a_0 + ((1) % 6) * 136) + ((s6_1 * 8)), p0 + ((base_a + (mg_it0 + 1) * 128)) + ((s6_1 * 8)));
   }
-  #pragma unroll
-  for (int i = 0; i < 7; ++i) mg_cp_async16((sm_b_0 + ((1) % 4) * 7168) + mg_do_b[i], p1 + ((base_b + (mg_it0 + 1) * 458752)) + mg_so_b[i]);
   mg_cp_async_commit();
   for (int c7 = threadIdx.x; c7 < 16; c7 += 128) {
     const int s8_1 = c7;
-    mg_cp_async16((sm_a_0 + ((2) % 4) * 136) + ((s8_1 * 8)), p0 + ((base_a + (mg_it0 + 2) * 128)) + ((s8_1 * 8)));
+    mg_cp_async16((sm_a_0 + ((2) % 6) * 136) + ((s8_1 * 8)), p0 + ((base_a + (mg_it0 + 2) * 128)) + ((s8_1 * 8)));
   }
-  #pragma unroll
-  for (int i = 0; i < 7; ++i) mg_cp_async16((sm_b_0 + ((2) % 4) * 7168) + mg_do_b[i], p1 + ((base_b + (mg_it0 + 2) * 458752)) + mg_so_b[i]);
+  mg_cp_async_commit();
+  for (int c9 = threadIdx.x; c9 < 16; c9 += 128) {
+    const int s10_1 = c9;
+    mg_cp_async16((sm_a_0 + ((3) % 6) * 136) + ((s10_1 * 8)), p0 + ((base_a + (mg_it0 + 3) * 128)) + ((s10_1 * 8)));
+  }
+  mg_cp_async_commit();
+  for (int c11 = threadIdx.x; c11 < 16; c11 += 128) {
+    const int s12_1 = c11;
+    mg_cp_async16((sm_a_0 + ((4) % 6) * 136) + ((s12_1 * 8)), p0 + ((base_a + (mg_it0 + 4) * 128)) + ((s12_1 * 8)));
+  }
   mg_cp_async_commit();
   float acc_s[2][4];
   #pragma unroll
@@ -1765,19 +1966,19 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(128, 1) m
   for (int it = 0; it < 14; ++it) {
     const int off_a = base_a + (mg_it0 + it) * 128;
     const int off_b = base_b + (mg_it0 + it) * 458752;
-    mg_cp_async_wait<2>();
+    mg_cp_async_wait<4>();
     __syncthreads();
-    if (it + 3 < 14) {
-      for (int c9 = threadIdx.x; c9 < 16; c9 += 128) {
-        const int s10_1 = c9;
-        mg_cp_async16((sm_a_0 + (((it + 3)) % 4) * 136) + ((s10_1 * 8)), p0 + ((off_a + 384)) + ((s10_1 * 8)));
+    if (it + 5 < 14) {
+      for (int c13 = threadIdx.x; c13 < 16; c13 += 128) {
+        const int s14_1 = c13;
+        mg_cp_async16((sm_a_0 + (((it + 5)) % 6) * 136) + ((s14_1 * 8)), p0 + ((off_a + 640)) + ((s14_1 * 8)));
       }
       #pragma unroll
-      for (int i = 0; i < 7; ++i) mg_cp_async16((sm_b_0 + (((it + 3)) % 4) * 7168) + mg_do_b[i], p1 + ((off_b + 1376256)) + mg_so_b[i]);
+      for (int i = 0; i < 7; ++i) mg_cp_async16((sm_b_0 + (((it + 5)) % 6) * 7168) + mg_do_b[i], p1 + ((off_b + 2293760)) + mg_so_b[i]);
     }
     mg_cp_async_commit();
-    const auto* sm_a = (sm_a_0 + ((it) % 4) * 136);
-    const auto* sm_b = (sm_b_0 + ((it) % 4) * 7168);
+    const auto* sm_a = (sm_a_0 + ((it) % 6) * 136);
+    const auto* sm_b = (sm_b_0 + ((it) % 6) * 7168);
     {
       const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
       const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
@@ -1864,9 +2065,9 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(128, 1) m
   mg_cluster_arrive();
   __syncthreads();
   buf_s = reinterpret_cast<float*>(mg_smem + 0);
-  for (int e11 = (int)mg_rank * 128 + (int)threadIdx.x; e11 < 7; e11 += 256) {
-    const int i12_1 = e11;
-    mg_st8(p2 + (bx * 56 + (i12_1 * 8)), buf_s[((i12_1 * 8) + 0)], buf_s[((i12_1 * 8) + 1)], buf_s[((i12_1 * 8) + 2)], buf_s[((i12_1 * 8) + 3)], buf_s[((i12_1 * 8) + 4)], buf_s[((i12_1 * 8) + 5)], buf_s[((i12_1 * 8) + 6)], buf_s[((i12_1 * 8) + 7)]);
+  for (int e15 = (int)mg_rank * 128 + (int)threadIdx.x; e15 < 7; e15 += 256) {
+    const int i16_1 = e15;
+    mg_st8(p2 + (bx * 56 + (i16_1 * 8)), buf_s[((i16_1 * 8) + 0)], buf_s[((i16_1 * 8) + 1)], buf_s[((i16_1 * 8) + 2)], buf_s[((i16_1 * 8) + 3)], buf_s[((i16_1 * 8) + 4)], buf_s[((i16_1 * 8) + 5)], buf_s[((i16_1 * 8) + 6)], buf_s[((i16_1 * 8) + 7)]);
   }
   mg_cluster_wait();
 }
@@ -1877,6 +2078,7 @@ extern "C" __global__ void __launch_bounds__(256) mg_k27_mirage_qwen2_7b_layer_c
     const mg_bf16* __restrict__ p1,
     mg_bf16* __restrict__ p2) {
   mg_grid_wait();
+  mg_grid_release();
   for (int e8 = blockIdx.x * 256 + threadIdx.x; e8 < 448; e8 += gridDim.x * 256) {
     const int e = e8 * 8;
     const int i1 = e;
@@ -1914,6 +2116,7 @@ extern "C" __global__ void __launch_bounds__(256) mg_k28_mirage_qwen2_7b_layer_c
     const mg_bf16* __restrict__ p1,
     mg_bf16* __restrict__ p2) {
   mg_grid_wait();
+  mg_grid_release();
   __shared__ float red[8];
   float v = 0.0f;
   for (int k = threadIdx.x; k < 3584; k += 256) { const float t = mg_ld(p0[k]); v = fmaf(t, t, v); }
@@ -1922,71 +2125,83 @@ extern "C" __global__ void __launch_bounds__(256) mg_k28_mirage_qwen2_7b_layer_c
   for (int k = threadIdx.x; k < 3584; k += 256) mg_st(p2 + (k), mg_ld(p0[k]) * inv * mg_ld(p1[k]));
 }
 
-// matmul as a generated block graph: grid [296, 1, 1], forloop 14, tensor cores
-extern "C" __global__ void __launch_bounds__(256, 1) mg_k29_mirage_qwen2_7b_layer_cc9a7bb5bfd5(
+// matmul as a generated block graph: grid [148, 1, 1], forloop 28, tensor cores
+extern "C" __global__ void __launch_bounds__(128, 1) mg_k29_mirage_qwen2_7b_layer_cc9a7bb5bfd5(
     const mg_bf16* __restrict__ p0,
     const mg_bf16* __restrict__ p1,
-    mg_bf16* __restrict__ p2) {
-  mg_grid_wait();
+    mg_bf16* __restrict__ p2,
+    const __grid_constant__ mg_tmap p3) {
   const int bx = blockIdx.x, by = blockIdx.y, bz = blockIdx.z;
   (void)bx; (void)by; (void)bz;
-  extern __shared__ __align__(16) unsigned char mg_smem[];
+  extern __shared__ __align__(16) unsigned char mg_smem_raw[];
+  unsigned char* mg_smem = mg_smem_raw + ((1024u - (mg_smem_addr(mg_smem_raw) & 1023u)) & 1023u);
   const int base_a = 0;
-  const int base_b = bx * 64;
-  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 149824);
+  const int base_b = bx * 128;
+  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 132704);
   if (threadIdx.x < 4) mg_zero[threadIdx.x] = 0u;
-  mg_bf16* sm_a_0 = reinterpret_cast<mg_bf16*>(mg_smem + 0);
-  mg_bf16* sm_b_0 = reinterpret_cast<mg_bf16*>(mg_smem + 2112);
-  float* buf_s = reinterpret_cast<float*>(mg_smem + 149568);
-  int mg_so_b[8], mg_do_b[8];
-  #pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    const int c3 = threadIdx.x + i * 256;
-    const int s4_0 = c3 / 8;
-    const int s4_1 = (c3) % 8;
-    mg_so_b[i] = s4_0 * 18944 + (s4_1 * 8);
-    mg_do_b[i] = s4_0 * 72 + (s4_1 * 8);
+  unsigned long long* mg_mbar = reinterpret_cast<unsigned long long*>(mg_smem + 132672);
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < 4; ++s) mg_mbar_init(mg_mbar + s);
+    mg_mbar_fence_init();
   }
-  for (int c1 = threadIdx.x; c1 < 32; c1 += 256) {
+  __syncthreads();
+  mg_bf16* sm_a_0 = reinterpret_cast<mg_bf16*>(mg_smem + 131072);
+  mg_bf16* sm_b_0 = reinterpret_cast<mg_bf16*>(mg_smem + 0);
+  float* buf_s = reinterpret_cast<float*>(mg_smem + 132160);
+  if (threadIdx.x == 0) {
+    mg_mbar_arrive_expect(mg_mbar + ((0) % 4), 32768u);
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 4) * 16384)), &p3, bx * 128, (0) * 128, mg_mbar + ((0) % 4));
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 4) * 16384)) + 16384, &p3, bx * 128 + 64, (0) * 128, mg_mbar + ((0) % 4));
+  }
+  if (threadIdx.x == 0) {
+    mg_mbar_arrive_expect(mg_mbar + ((1) % 4), 32768u);
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 4) * 16384)), &p3, bx * 128, (1) * 128, mg_mbar + ((1) % 4));
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 4) * 16384)) + 16384, &p3, bx * 128 + 64, (1) * 128, mg_mbar + ((1) % 4));
+  }
+  if (threadIdx.x == 0) {
+    mg_mbar_arrive_expect(mg_mbar + ((2) % 4), 32768u);
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 4) * 16384)), &p3, bx * 128, (2) * 128, mg_mbar + ((2) % 4));
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 4) * 16384)) + 16384, &p3, bx * 128 + 64, (2) * 128, mg_mbar + ((2) % 4));
+  }
+  mg_grid_wait();
+  mg_grid_release();
+  for (int c1 = threadIdx.x; c1 < 16; c1 += 128) {
     const int s2_1 = c1;
-    mg_cp_async16((sm_a_0 + ((0) % 4) * 264) + ((s2_1 * 8)), p0 + ((base_a + 0)) + ((s2_1 * 8)));
+    mg_cp_async16((sm_a_0 + ((0) % 4) * 136) + ((s2_1 * 8)), p0 + ((base_a + 0)) + ((s2_1 * 8)));
   }
-  #pragma unroll
-  for (int i = 0; i < 8; ++i) mg_cp_async16((sm_b_0 + ((0) % 4) * 18432) + mg_do_b[i], p1 + ((base_b + 0)) + mg_so_b[i]);
   mg_cp_async_commit();
-  for (int c5 = threadIdx.x; c5 < 32; c5 += 256) {
+  for (int c3 = threadIdx.x; c3 < 16; c3 += 128) {
+    const int s4_1 = c3;
+    mg_cp_async16((sm_a_0 + ((1) % 4) * 136) + ((s4_1 * 8)), p0 + ((base_a + 128)) + ((s4_1 * 8)));
+  }
+  mg_cp_async_commit();
+  for (int c5 = threadIdx.x; c5 < 16; c5 += 128) {
     const int s6_1 = c5;
-    mg_cp_async16((sm_a_0 + ((1) % 4) * 264) + ((s6_1 * 8)), p0 + ((base_a + 256)) + ((s6_1 * 8)));
+    mg_cp_async16((sm_a_0 + ((2) % 4) * 136) + ((s6_1 * 8)), p0 + ((base_a + 256)) + ((s6_1 * 8)));
   }
-  #pragma unroll
-  for (int i = 0; i < 8; ++i) mg_cp_async16((sm_b_0 + ((1) % 4) * 18432) + mg_do_b[i], p1 + ((base_b + 4849664)) + mg_so_b[i]);
   mg_cp_async_commit();
-  for (int c7 = threadIdx.x; c7 < 32; c7 += 256) {
-    const int s8_1 = c7;
-    mg_cp_async16((sm_a_0 + ((2) % 4) * 264) + ((s8_1 * 8)), p0 + ((base_a + 512)) + ((s8_1 * 8)));
-  }
+  float acc_s[4][4];
   #pragma unroll
-  for (int i = 0; i < 8; ++i) mg_cp_async16((sm_b_0 + ((2) % 4) * 18432) + mg_do_b[i], p1 + ((base_b + 9699328)) + mg_so_b[i]);
-  mg_cp_async_commit();
-  float acc_s[2][4];
-  #pragma unroll
-  for (int j = 0; j < 2; ++j) acc_s[j][0] = acc_s[j][1] = acc_s[j][2] = acc_s[j][3] = 0.0f;
-  for (int it = 0; it < 14; ++it) {
-    const int off_a = base_a + it * 256;
-    const int off_b = base_b + it * 4849664;
+  for (int j = 0; j < 4; ++j) acc_s[j][0] = acc_s[j][1] = acc_s[j][2] = acc_s[j][3] = 0.0f;
+  for (int it = 0; it < 28; ++it) {
+    const int off_a = base_a + it * 128;
     mg_cp_async_wait<2>();
+    mg_mbar_wait(mg_mbar + (it % 4), (it / 4) & 1);
     __syncthreads();
-    if (it + 3 < 14) {
-      for (int c9 = threadIdx.x; c9 < 32; c9 += 256) {
-        const int s10_1 = c9;
-        mg_cp_async16((sm_a_0 + (((it + 3)) % 4) * 264) + ((s10_1 * 8)), p0 + ((off_a + 768)) + ((s10_1 * 8)));
+    if (it + 3 < 28) {
+      for (int c7 = threadIdx.x; c7 < 16; c7 += 128) {
+        const int s8_1 = c7;
+        mg_cp_async16((sm_a_0 + (((it + 3)) % 4) * 136) + ((s8_1 * 8)), p0 + ((off_a + 384)) + ((s8_1 * 8)));
       }
-      #pragma unroll
-      for (int i = 0; i < 8; ++i) mg_cp_async16((sm_b_0 + (((it + 3)) % 4) * 18432) + mg_do_b[i], p1 + ((off_b + 14548992)) + mg_so_b[i]);
+      if (threadIdx.x == 0) {
+        mg_mbar_arrive_expect(mg_mbar + ((it + 3) % 4), 32768u);
+        mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 3) % 4) * 16384)), &p3, bx * 128, (it + 3) * 128, mg_mbar + ((it + 3) % 4));
+        mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 3) % 4) * 16384)) + 16384, &p3, bx * 128 + 64, (it + 3) * 128, mg_mbar + ((it + 3) % 4));
+      }
     }
     mg_cp_async_commit();
-    const auto* sm_a = (sm_a_0 + ((it) % 4) * 264);
-    const auto* sm_b = (sm_b_0 + ((it) % 4) * 18432);
+    const auto* sm_a = (sm_a_0 + ((it) % 4) * 136);
+    const auto* sm_b = (sm_b_0 + ((it) % 4) * 16384);
     {
       const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
       const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
@@ -1995,23 +2210,23 @@ extern "C" __global__ void __launch_bounds__(256, 1) mg_k29_mirage_qwen2_7b_laye
       (void)mg_ks;
     #pragma unroll
     for (int s = 0; s < 8; ++s) {
-      const int kk = (mg_ks + s * 2) * 16;
+      const int kk = (mg_ks + s * 1) * 16;
       const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
       (void)k0; (void)k1;
       unsigned ra0, ra1, ra2, ra3;
       const int mg_mi = 0, r0 = mg_g, r1 = r0 + 8;
       (void)r0; (void)r1;
-      mg_ldsm_x4(ra0, ra1, ra2, ra3, ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) < 1 ? (const void*)(sm_a + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) * 264 + (kk + (mg_lane >> 4) * 8))) : (const void*)mg_zero));
+      mg_ldsm_x4(ra0, ra1, ra2, ra3, ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) < 1 ? (const void*)(sm_a + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) * 136 + (kk + (mg_lane >> 4) * 8))) : (const void*)mg_zero));
       #pragma unroll
-      for (int j = 0; j < 2; ++j) {
+      for (int j = 0; j < 4; ++j) {
         const int q = mg_grp + 4 * j;
-        if (q < 8) {
-          const int mg_nb = q / 8;
-          const int mg_ni = q % 8;
+        if (q < 16) {
+          const int mg_nb = q / 16;
+          const int mg_ni = q % 16;
           const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
           (void)mg_nb; (void)c0; (void)n0;
           unsigned rb0, rb1;
-          mg_ldsm_x2_t(rb0, rb1, (sm_b + ((kk + (mg_lane & 15)) * 72 + (mg_ni * 8))));
+          mg_ldsm_x2_t(rb0, rb1, (reinterpret_cast<const unsigned char*>(sm_b) + ((((mg_ni * 8)) * 2) / 128) * 16384 + (((((kk + (mg_lane & 15)))) * 128 + (((mg_ni * 8)) * 2) % 128) ^ (((((((kk + (mg_lane & 15)))) * 128 + (((mg_ni * 8)) * 2) % 128) >> 7) & 7) << 4))));
           mg_mma_bf16(acc_s[j], ra0, ra1, ra2, ra3, rb0, rb1);
         }
       }
@@ -2025,116 +2240,107 @@ extern "C" __global__ void __launch_bounds__(256, 1) mg_k29_mirage_qwen2_7b_laye
     (void)mg_g; (void)mg_t;
     const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
     (void)mg_ks;
-    if (mg_ks == 0) {
-      #pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        const int q = mg_grp + 4 * j;
-        if (q < 8) {
-          const int mg_nb = q / 8;
-          const int mg_mi = (q / 8) % 1;
-          const int mg_ni = q % 8;
-          const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
-          const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
-          (void)mg_nb; (void)r1; (void)c0; (void)n0;
-          if (r0 < 1) buf_s[r0 * 64 + c0] = acc_s[j][0];
-          if (r0 < 1) buf_s[r0 * 64 + (c0 + 1)] = acc_s[j][1];
-          if (r1 < 1) buf_s[r1 * 64 + c0] = acc_s[j][2];
-          if (r1 < 1) buf_s[r1 * 64 + (c0 + 1)] = acc_s[j][3];
-        }
-      }
-    }
-    __syncthreads();
-    if (mg_ks == 1) {
-      #pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        const int q = mg_grp + 4 * j;
-        if (q < 8) {
-          const int mg_nb = q / 8;
-          const int mg_mi = (q / 8) % 1;
-          const int mg_ni = q % 8;
-          const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
-          const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
-          (void)mg_nb; (void)r1; (void)c0; (void)n0;
-          if (r0 < 1) buf_s[r0 * 64 + c0] += acc_s[j][0];
-          if (r0 < 1) buf_s[r0 * 64 + (c0 + 1)] += acc_s[j][1];
-          if (r1 < 1) buf_s[r1 * 64 + c0] += acc_s[j][2];
-          if (r1 < 1) buf_s[r1 * 64 + (c0 + 1)] += acc_s[j][3];
-        }
+    #pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int q = mg_grp + 4 * j;
+      if (q < 16) {
+        const int mg_nb = q / 16;
+        const int mg_mi = (q / 16) % 1;
+        const int mg_ni = q % 16;
+        const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
+        const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
+        (void)mg_nb; (void)r1; (void)c0; (void)n0;
+        if (r0 < 1) buf_s[r0 * 128 + c0] = acc_s[j][0];
+        if (r0 < 1) buf_s[r0 * 128 + (c0 + 1)] = acc_s[j][1];
+        if (r1 < 1) buf_s[r1 * 128 + c0] = acc_s[j][2];
+        if (r1 < 1) buf_s[r1 * 128 + (c0 + 1)] = acc_s[j][3];
       }
     }
   }
   __syncthreads();
-  for (int e11 = threadIdx.x; e11 < 8; e11 += 256) {
-    const int i12_1 = e11;
-    mg_st8(p2 + (bx * 64 + (i12_1 * 8)), buf_s[((i12_1 * 8) + 0)], buf_s[((i12_1 * 8) + 1)], buf_s[((i12_1 * 8) + 2)], buf_s[((i12_1 * 8) + 3)], buf_s[((i12_1 * 8) + 4)], buf_s[((i12_1 * 8) + 5)], buf_s[((i12_1 * 8) + 6)], buf_s[((i12_1 * 8) + 7)]);
+  for (int e9 = threadIdx.x; e9 < 16; e9 += 128) {
+    const int i10_1 = e9;
+    mg_st8(p2 + (bx * 128 + (i10_1 * 8)), buf_s[((i10_1 * 8) + 0)], buf_s[((i10_1 * 8) + 1)], buf_s[((i10_1 * 8) + 2)], buf_s[((i10_1 * 8) + 3)], buf_s[((i10_1 * 8) + 4)], buf_s[((i10_1 * 8) + 5)], buf_s[((i10_1 * 8) + 6)], buf_s[((i10_1 * 8) + 7)]);
   }
 }
 
-// matmul as a generated block graph: grid [296, 1, 1], forloop 14, tensor cores
-extern "C" __global__ void __launch_bounds__(256, 1) mg_k30_mirage_qwen2_7b_layer_cc9a7bb5bfd5(
+// matmul as a generated block graph: grid [148, 1, 1], forloop 28, tensor cores
+extern "C" __global__ void __launch_bounds__(128, 1) mg_k30_mirage_qwen2_7b_layer_cc9a7bb5bfd5(
     const mg_bf16* __restrict__ p0,
     const mg_bf16* __restrict__ p1,
-    mg_bf16* __restrict__ p2) {
-  mg_grid_wait();
+    mg_bf16* __restrict__ p2,
+    const __grid_constant__ mg_tmap p3) {
   const int bx = blockIdx.x, by = blockIdx.y, bz = blockIdx.z;
   (void)bx; (void)by; (void)bz;
-  extern __shared__ __align__(16) unsigned char mg_smem[];
+  extern __shared__ __align__(16) unsigned char mg_smem_raw[];
+  unsigned char* mg_smem = mg_smem_raw + ((1024u - (mg_smem_addr(mg_smem_raw) & 1023u)) & 1023u);
   const int base_a = 0;
-  const int base_b = bx * 64;
-  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 149824);
+  const int base_b = bx * 128;
+  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 132704);
   if (threadIdx.x < 4) mg_zero[threadIdx.x] = 0u;
-  mg_bf16* sm_a_0 = reinterpret_cast<mg_bf16*>(mg_smem + 0);
-  mg_bf16* sm_b_0 = reinterpret_cast<mg_bf16*>(mg_smem + 2112);
-  float* buf_s = reinterpret_cast<float*>(mg_smem + 149568);
-  int mg_so_b[8], mg_do_b[8];
-  #pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    const int c3 = threadIdx.x + i * 256;
-    const int s4_0 = c3 / 8;
-    const int s4_1 = (c3) % 8;
-    mg_so_b[i] = s4_0 * 18944 + (s4_1 * 8);
-    mg_do_b[i] = s4_0 * 72 + (s4_1 * 8);
+  unsigned long long* mg_mbar = reinterpret_cast<unsigned long long*>(mg_smem + 132672);
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < 4; ++s) mg_mbar_init(mg_mbar + s);
+    mg_mbar_fence_init();
   }
-  for (int c1 = threadIdx.x; c1 < 32; c1 += 256) {
+  __syncthreads();
+  mg_bf16* sm_a_0 = reinterpret_cast<mg_bf16*>(mg_smem + 131072);
+  mg_bf16* sm_b_0 = reinterpret_cast<mg_bf16*>(mg_smem + 0);
+  float* buf_s = reinterpret_cast<float*>(mg_smem + 132160);
+  if (threadIdx.x == 0) {
+    mg_mbar_arrive_expect(mg_mbar + ((0) % 4), 32768u);
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 4) * 16384)), &p3, bx * 128, (0) * 128, mg_mbar + ((0) % 4));
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 4) * 16384)) + 16384, &p3, bx * 128 + 64, (0) * 128, mg_mbar + ((0) % 4));
+  }
+  if (threadIdx.x == 0) {
+    mg_mbar_arrive_expect(mg_mbar + ((1) % 4), 32768u);
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 4) * 16384)), &p3, bx * 128, (1) * 128, mg_mbar + ((1) % 4));
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 4) * 16384)) + 16384, &p3, bx * 128 + 64, (1) * 128, mg_mbar + ((1) % 4));
+  }
+  if (threadIdx.x == 0) {
+    mg_mbar_arrive_expect(mg_mbar + ((2) % 4), 32768u);
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 4) * 16384)), &p3, bx * 128, (2) * 128, mg_mbar + ((2) % 4));
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 4) * 16384)) + 16384, &p3, bx * 128 + 64, (2) * 128, mg_mbar + ((2) % 4));
+  }
+  mg_grid_wait();
+  mg_grid_release();
+  for (int c1 = threadIdx.x; c1 < 16; c1 += 128) {
     const int s2_1 = c1;
-    mg_cp_async16((sm_a_0 + ((0) % 4) * 264) + ((s2_1 * 8)), p0 + ((base_a + 0)) + ((s2_1 * 8)));
+    mg_cp_async16((sm_a_0 + ((0) % 4) * 136) + ((s2_1 * 8)), p0 + ((base_a + 0)) + ((s2_1 * 8)));
   }
-  #pragma unroll
-  for (int i = 0; i < 8; ++i) mg_cp_async16((sm_b_0 + ((0) % 4) * 18432) + mg_do_b[i], p1 + ((base_b + 0)) + mg_so_b[i]);
   mg_cp_async_commit();
-  for (int c5 = threadIdx.x; c5 < 32; c5 += 256) {
+  for (int c3 = threadIdx.x; c3 < 16; c3 += 128) {
+    const int s4_1 = c3;
+    mg_cp_async16((sm_a_0 + ((1) % 4) * 136) + ((s4_1 * 8)), p0 + ((base_a + 128)) + ((s4_1 * 8)));
+  }
+  mg_cp_async_commit();
+  for (int c5 = threadIdx.x; c5 < 16; c5 += 128) {
     const int s6_1 = c5;
-    mg_cp_async16((sm_a_0 + ((1) % 4) * 264) + ((s6_1 * 8)), p0 + ((base_a + 256)) + ((s6_1 * 8)));
+    mg_cp_async16((sm_a_0 + ((2) % 4) * 136) + ((s6_1 * 8)), p0 + ((base_a + 256)) + ((s6_1 * 8)));
   }
-  #pragma unroll
-  for (int i = 0; i < 8; ++i) mg_cp_async16((sm_b_0 + ((1) % 4) * 18432) + mg_do_b[i], p1 + ((base_b + 4849664)) + mg_so_b[i]);
   mg_cp_async_commit();
-  for (int c7 = threadIdx.x; c7 < 32; c7 += 256) {
-    const int s8_1 = c7;
-    mg_cp_async16((sm_a_0 + ((2) % 4) * 264) + ((s8_1 * 8)), p0 + ((base_a + 512)) + ((s8_1 * 8)));
-  }
+  float acc_s[4][4];
   #pragma unroll
-  for (int i = 0; i < 8; ++i) mg_cp_async16((sm_b_0 + ((2) % 4) * 18432) + mg_do_b[i], p1 + ((base_b + 9699328)) + mg_so_b[i]);
-  mg_cp_async_commit();
-  float acc_s[2][4];
-  #pragma unroll
-  for (int j = 0; j < 2; ++j) acc_s[j][0] = acc_s[j][1] = acc_s[j][2] = acc_s[j][3] = 0.0f;
-  for (int it = 0; it < 14; ++it) {
-    const int off_a = base_a + it * 256;
-    const int off_b = base_b + it * 4849664;
+  for (int j = 0; j < 4; ++j) acc_s[j][0] = acc_s[j][1] = acc_s[j][2] = acc_s[j][3] = 0.0f;
+  for (int it = 0; it < 28; ++it) {
+    const int off_a = base_a + it * 128;
     mg_cp_async_wait<2>();
+    mg_mbar_wait(mg_mbar + (it % 4), (it / 4) & 1);
     __syncthreads();
-    if (it + 3 < 14) {
-      for (int c9 = threadIdx.x; c9 < 32; c9 += 256) {
-        const int s10_1 = c9;
-        mg_cp_async16((sm_a_0 + (((it + 3)) % 4) * 264) + ((s10_1 * 8)), p0 + ((off_a + 768)) + ((s10_1 * 8)));
+    if (it + 3 < 28) {
+      for (int c7 = threadIdx.x; c7 < 16; c7 += 128) {
+        const int s8_1 = c7;
+        mg_cp_async16((sm_a_0 + (((it + 3)) % 4) * 136) + ((s8_1 * 8)), p0 + ((off_a + 384)) + ((s8_1 * 8)));
       }
-      #pragma unroll
-      for (int i = 0; i < 8; ++i) mg_cp_async16((sm_b_0 + (((it + 3)) % 4) * 18432) + mg_do_b[i], p1 + ((off_b + 14548992)) + mg_so_b[i]);
+      if (threadIdx.x == 0) {
+        mg_mbar_arrive_expect(mg_mbar + ((it + 3) % 4), 32768u);
+        mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 3) % 4) * 16384)), &p3, bx * 128, (it + 3) * 128, mg_mbar + ((it + 3) % 4));
+        mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 3) % 4) * 16384)) + 16384, &p3, bx * 128 + 64, (it + 3) * 128, mg_mbar + ((it + 3) % 4));
+      }
     }
     mg_cp_async_commit();
-    const auto* sm_a = (sm_a_0 + ((it) % 4) * 264);
-    const auto* sm_b = (sm_b_0 + ((it) % 4) * 18432);
+    const auto* sm_a = (sm_a_0 + ((it) % 4) * 136);
+    const auto* sm_b = (sm_b_0 + ((it) % 4) * 16384);
     {
       const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
       const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
@@ -2143,23 +2349,23 @@ extern "C" __global__ void __launch_bounds__(256, 1) mg_k30_mirage_qwen2_7b_laye
       (void)mg_ks;
     #pragma unroll
     for (int s = 0; s < 8; ++s) {
-      const int kk = (mg_ks + s * 2) * 16;
+      const int kk = (mg_ks + s * 1) * 16;
       const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
       (void)k0; (void)k1;
       unsigned ra0, ra1, ra2, ra3;
       const int mg_mi = 0, r0 = mg_g, r1 = r0 + 8;
       (void)r0; (void)r1;
-      mg_ldsm_x4(ra0, ra1, ra2, ra3, ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) < 1 ? (const void*)(sm_a + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) * 264 + (kk + (mg_lane >> 4) * 8))) : (const void*)mg_zero));
+      mg_ldsm_x4(ra0, ra1, ra2, ra3, ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) < 1 ? (const void*)(sm_a + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) * 136 + (kk + (mg_lane >> 4) * 8))) : (const void*)mg_zero));
       #pragma unroll
-      for (int j = 0; j < 2; ++j) {
+      for (int j = 0; j < 4; ++j) {
         const int q = mg_grp + 4 * j;
-        if (q < 8) {
-          const int mg_nb = q / 8;
-          const int mg_ni = q % 8;
+        if (q < 16) {
+          const int mg_nb = q / 16;
+          const int mg_ni = q % 16;
           const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
           (void)mg_nb; (void)c0; (void)n0;
           unsigned rb0, rb1;
-          mg_ldsm_x2_t(rb0, rb1, (sm_b + ((kk + (mg_lane & 15)) * 72 + (mg_ni * 8))));
+          mg_ldsm_x2_t(rb0, rb1, (reinterpret_cast<const unsigned char*>(sm_b) + ((((mg_ni * 8)) * 2) / 128) * 16384 + (((((kk + (mg_lane & 15)))) * 128 + (((mg_ni * 8)) * 2) % 128) ^ (((((((kk + (mg_lane & 15)))) * 128 + (((mg_ni * 8)) * 2) % 128) >> 7) & 7) << 4))));
           mg_mma_bf16(acc_s[j], ra0, ra1, ra2, ra3, rb0, rb1);
         }
       }
@@ -2173,48 +2379,27 @@ extern "C" __global__ void __launch_bounds__(256, 1) mg_k30_mirage_qwen2_7b_laye
     (void)mg_g; (void)mg_t;
     const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
     (void)mg_ks;
-    if (mg_ks == 0) {
-      #pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        const int q = mg_grp + 4 * j;
-        if (q < 8) {
-          const int mg_nb = q / 8;
-          const int mg_mi = (q / 8) % 1;
-          const int mg_ni = q % 8;
-          const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
-          const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
-          (void)mg_nb; (void)r1; (void)c0; (void)n0;
-          if (r0 < 1) buf_s[r0 * 64 + c0] = acc_s[j][0];
-          if (r0 < 1) buf_s[r0 * 64 + (c0 + 1)] = acc_s[j][1];
-          if (r1 < 1) buf_s[r1 * 64 + c0] = acc_s[j][2];
-          if (r1 < 1) buf_s[r1 * 64 + (c0 + 1)] = acc_s[j][3];
-        }
-      }
-    }
-    __syncthreads();
-    if (mg_ks == 1) {
-      #pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        const int q = mg_grp + 4 * j;
-        if (q < 8) {
-          const int mg_nb = q / 8;
-          const int mg_mi = (q / 8) % 1;
-          const int mg_ni = q % 8;
-          const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
-          const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
-          (void)mg_nb; (void)r1; (void)c0; (void)n0;
-          if (r0 < 1) buf_s[r0 * 64 + c0] += acc_s[j][0];
-          if (r0 < 1) buf_s[r0 * 64 + (c0 + 1)] += acc_s[j][1];
-          if (r1 < 1) buf_s[r1 * 64 + c0] += acc_s[j][2];
-          if (r1 < 1) buf_s[r1 * 64 + (c0 + 1)] += acc_s[j][3];
-        }
+    #pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int q = mg_grp + 4 * j;
+      if (q < 16) {
+        const int mg_nb = q / 16;
+        const int mg_mi = (q / 16) % 1;
+        const int mg_ni = q % 16;
+        const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
+        const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
+        (void)mg_nb; (void)r1; (void)c0; (void)n0;
+        if (r0 < 1) buf_s[r0 * 128 + c0] = acc_s[j][0];
+        if (r0 < 1) buf_s[r0 * 128 + (c0 + 1)] = acc_s[j][1];
+        if (r1 < 1) buf_s[r1 * 128 + c0] = acc_s[j][2];
+        if (r1 < 1) buf_s[r1 * 128 + (c0 + 1)] = acc_s[j][3];
       }
     }
   }
   __syncthreads();
-  for (int e11 = threadIdx.x; e11 < 8; e11 += 256) {
-    const int i12_1 = e11;
-    mg_st8(p2 + (bx * 64 + (i12_1 * 8)), buf_s[((i12_1 * 8) + 0)], buf_s[((i12_1 * 8) + 1)], buf_s[((i12_1 * 8) + 2)], buf_s[((i12_1 * 8) + 3)], buf_s[((i12_1 * 8) + 4)], buf_s[((i12_1 * 8) + 5)], buf_s[((i12_1 * 8) + 6)], buf_s[((i12_1 * 8) + 7)]);
+  for (int e9 = threadIdx.x; e9 < 16; e9 += 128) {
+    const int i10_1 = e9;
+    mg_st8(p2 + (bx * 128 + (i10_1 * 8)), buf_s[((i10_1 * 8) + 0)], buf_s[((i10_1 * 8) + 1)], buf_s[((i10_1 * 8) + 2)], buf_s[((i10_1 * 8) + 3)], buf_s[((i10_1 * 8) + 4)], buf_s[((i10_1 * 8) + 5)], buf_s[((i10_1 * 8) + 6)], buf_s[((i10_1 * 8) + 7)]);
   }
 }
 
@@ -2223,6 +2408,7 @@ extern "C" __global__ void __launch_bounds__(256) mg_k31_mirage_qwen2_7b_layer_c
     const mg_bf16* __restrict__ p0,
     mg_bf16* __restrict__ p1) {
   mg_grid_wait();
+  mg_grid_release();
   for (int e8 = blockIdx.x * 256 + threadIdx.x; e8 < 2368; e8 += gridDim.x * 256) {
     const int e = e8 * 8;
     const int i1 = e;
@@ -2252,6 +2438,7 @@ extern "C" __global__ void __launch_bounds__(256) mg_k32_mirage_qwen2_7b_layer_c
     const mg_bf16* __restrict__ p1,
     mg_bf16* __restrict__ p2) {
   mg_grid_wait();
+  mg_grid_release();
   for (int e8 = blockIdx.x * 256 + threadIdx.x; e8 < 2368; e8 += gridDim.x * 256) {
     const int e = e8 * 8;
     const int i1 = e;
@@ -2288,7 +2475,6 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(256, 1) m
     const mg_bf16* __restrict__ p0,
     const mg_bf16* __restrict__ p1,
     mg_bf16* __restrict__ p2) {
-  mg_grid_wait();
   const int bx = blockIdx.x, by = blockIdx.y, bz = 0;
   (void)bx; (void)by; (void)bz;
   const unsigned mg_rank = blockIdx.z;
@@ -2296,11 +2482,11 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(256, 1) m
   extern __shared__ __align__(16) unsigned char mg_smem[];
   const int base_a = 0;
   const int base_b = bx * 56;
-  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 117024);
+  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 175424);
   if (threadIdx.x < 4) mg_zero[threadIdx.x] = 0u;
   mg_bf16* sm_a_0 = reinterpret_cast<mg_bf16*>(mg_smem + 0);
-  mg_bf16* sm_b_0 = reinterpret_cast<mg_bf16*>(mg_smem + 2112);
-  float* buf_s = reinterpret_cast<float*>(mg_smem + 116800);
+  mg_bf16* sm_b_0 = reinterpret_cast<mg_bf16*>(mg_smem + 3168);
+  float* buf_s = reinterpret_cast<float*>(mg_smem + 175200);
   int mg_so_b[7], mg_do_b[7];
   #pragma unroll
   for (int i = 0; i < 7; ++i) {
@@ -2310,26 +2496,42 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(256, 1) m
     mg_so_b[i] = s4_0 * 3584 + (s4_1 * 8);
     mg_do_b[i] = s4_0 * 56 + (s4_1 * 8);
   }
+  #pragma unroll
+  for (int i = 0; i < 7; ++i) mg_cp_async16((sm_b_0 + ((0) % 6) * 14336) + mg_do_b[i], p1 + ((base_b + (mg_it0 + 0) * 917504)) + mg_so_b[i]);
+  #pragma unroll
+  for (int i = 0; i < 7; ++i) mg_cp_async16((sm_b_0 + ((1) % 6) * 14336) + mg_do_b[i], p1 + ((base_b + (mg_it0 + 1) * 917504)) + mg_so_b[i]);
+  #pragma unroll
+  for (int i = 0; i < 7; ++i) mg_cp_async16((sm_b_0 + ((2) % 6) * 14336) + mg_do_b[i], p1 + ((base_b + (mg_it0 + 2) * 917504)) + mg_so_b[i]);
+  #pragma unroll
+  for (int i = 0; i < 7; ++i) mg_cp_async16((sm_b_0 + ((3) % 6) * 14336) + mg_do_b[i], p1 + ((base_b + (mg_it0 + 3) * 917504)) + mg_so_b[i]);
+  #pragma unroll
+  for (int i = 0; i < 7; ++i) mg_cp_async16((sm_b_0 + ((4) % 6) * 14336) + mg_do_b[i], p1 + ((base_b + (mg_it0 + 4) * 917504)) + mg_so_b[i]);
+  mg_grid_wait();
+  mg_grid_release();
   for (int c1 = threadIdx.x; c1 < 32; c1 += 256) {
     const int s2_1 = c1;
-    mg_cp_async16((sm_a_0 + ((0) % 4) * 264) + ((s2_1 * 8)), p0 + ((base_a + (mg_it0 + 0) * 256)) + ((s2_1 * 8)));
+    mg_cp_async16((sm_a_0 + ((0) % 6) * 264) + ((s2_1 * 8)), p0 + ((base_a + (mg_it0 + 0) * 256)) + ((s2_1 * 8)));
   }
-  #pragma unroll
-  for (int i = 0; i < 7; ++i) mg_cp_async16((sm_b_0 + ((0) % 4) * 14336) + mg_do_b[i], p1 + ((base_b + (mg_it0 + 0) * 917504)) + mg_so_b[i]);
   mg_cp_async_commit();
   for (int c5 = threadIdx.x; c5 < 32; c5 += 256) {
     const int s6_1 = c5;
-    mg_cp_async16((sm_a_0 + ((1) % 4) * 264) + ((s6_1 * 8)), p0 + ((base_a + (mg_it0 + 1) * 256)) + ((s6_1 * 8)));
+    mg_cp_async16((sm_a_0 + ((1) % 6) * 264) + ((s6_1 * 8)), p0 + ((base_a + (mg_it0 + 1) * 256)) + ((s6_1 * 8)));
   }
-  #pragma unroll
-  for (int i = 0; i < 7; ++i) mg_cp_async16((sm_b_0 + ((1) % 4) * 14336) + mg_do_b[i], p1 + ((base_b + (mg_it0 + 1) * 917504)) + mg_so_b[i]);
   mg_cp_async_commit();
   for (int c7 = threadIdx.x; c7 < 32; c7 += 256) {
     const int s8_1 = c7;
-    mg_cp_async16((sm_a_0 + ((2) % 4) * 264) + ((s8_1 * 8)), p0 + ((base_a + (mg_it0 + 2) * 256)) + ((s8_1 * 8)));
+    mg_cp_async16((sm_a_0 + ((2) % 6) * 264) + ((s8_1 * 8)), p0 + ((base_a + (mg_it0 + 2) * 256)) + ((s8_1 * 8)));
   }
-  #pragma unroll
-  for (int i = 0; i < 7; ++i) mg_cp_async16((sm_b_0 + ((2) % 4) * 14336) + mg_do_b[i], p1 + ((base_b + (mg_it0 + 2) * 917504)) + mg_so_b[i]);
+  mg_cp_async_commit();
+  for (int c9 = threadIdx.x; c9 < 32; c9 += 256) {
+    const int s10_1 = c9;
+    mg_cp_async16((sm_a_0 + ((3) % 6) * 264) + ((s10_1 * 8)), p0 + ((base_a + (mg_it0 + 3) * 256)) + ((s10_1 * 8)));
+  }
+  mg_cp_async_commit();
+  for (int c11 = threadIdx.x; c11 < 32; c11 += 256) {
+    const int s12_1 = c11;
+    mg_cp_async16((sm_a_0 + ((4) % 6) * 264) + ((s12_1 * 8)), p0 + ((base_a + (mg_it0 + 4) * 256)) + ((s12_1 * 8)));
+  }
   mg_cp_async_commit();
   float acc_s[2][4];
   #pragma unroll
@@ -2337,19 +2539,19 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(256, 1) m
   for (int it = 0; it < 37; ++it) {
     const int off_a = base_a + (mg_it0 + it) * 256;
     const int off_b = base_b + (mg_it0 + it) * 917504;
-    mg_cp_async_wait<2>();
+    mg_cp_async_wait<4>();
     __syncthreads();
-    if (it + 3 < 37) {
-      for (int c9 = threadIdx.x; c9 < 32; c9 += 256) {
-        const int s10_1 = c9;
-        mg_cp_async16((sm_a_0 + (((it + 3)) % 4) * 264) + ((s10_1 * 8)), p0 + ((off_a + 768)) + ((s10_1 * 8)));
+    if (it + 5 < 37) {
+      for (int c13 = threadIdx.x; c13 < 32; c13 += 256) {
+        const int s14_1 = c13;
+        mg_cp_async16((sm_a_0 + (((it + 5)) % 6) * 264) + ((s14_1 * 8)), p0 + ((off_a + 1280)) + ((s14_1 * 8)));
       }
       #pragma unroll
-      for (int i = 0; i < 7; ++i) mg_cp_async16((sm_b_0 + (((it + 3)) % 4) * 14336) + mg_do_b[i], p1 + ((off_b + 2752512)) + mg_so_b[i]);
+      for (int i = 0; i < 7; ++i) mg_cp_async16((sm_b_0 + (((it + 5)) % 6) * 14336) + mg_do_b[i], p1 + ((off_b + 4587520)) + mg_so_b[i]);
     }
     mg_cp_async_commit();
-    const auto* sm_a = (sm_a_0 + ((it) % 4) * 264);
-    const auto* sm_b = (sm_b_0 + ((it) % 4) * 14336);
+    const auto* sm_a = (sm_a_0 + ((it) % 6) * 264);
+    const auto* sm_b = (sm_b_0 + ((it) % 6) * 14336);
     {
       const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
       const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
@@ -2457,9 +2659,9 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(256, 1) m
   mg_cluster_arrive();
   __syncthreads();
   buf_s = reinterpret_cast<float*>(mg_smem + 0);
-  for (int e11 = (int)mg_rank * 256 + (int)threadIdx.x; e11 < 7; e11 += 512) {
-    const int i12_1 = e11;
-    mg_st8(p2 + (bx * 56 + (i12_1 * 8)), buf_s[((i12_1 * 8) + 0)], buf_s[((i12_1 * 8) + 1)], buf_s[((i12_1 * 8) + 2)], buf_s[((i12_1 * 8) + 3)], buf_s[((i12_1 * 8) + 4)], buf_s[((i12_1 * 8) + 5)], buf_s[((i12_1 * 8) + 6)], buf_s[((i12_1 * 8) + 7)]);
+  for (int e15 = (int)mg_rank * 256 + (int)threadIdx.x; e15 < 7; e15 += 512) {
+    const int i16_1 = e15;
+    mg_st8(p2 + (bx * 56 + (i16_1 * 8)), buf_s[((i16_1 * 8) + 0)], buf_s[((i16_1 * 8) + 1)], buf_s[((i16_1 * 8) + 2)], buf_s[((i16_1 * 8) + 3)], buf_s[((i16_1 * 8) + 4)], buf_s[((i16_1 * 8) + 5)], buf_s[((i16_1 * 8) + 6)], buf_s[((i16_1 * 8) + 7)]);
   }
   mg_cluster_wait();
 }
@@ -2470,6 +2672,7 @@ extern "C" __global__ void __launch_bounds__(256) mg_k34_mirage_qwen2_7b_layer_c
     const mg_bf16* __restrict__ p1,
     mg_bf16* __restrict__ p2) {
   mg_grid_wait();
+  mg_grid_release();
   for (int e8 = blockIdx.x * 256 + threadIdx.x; e8 < 448; e8 += gridDim.x * 256) {
     const int e = e8 * 8;
     const int i1 = e;
@@ -2513,6 +2716,45 @@ extern "C" __global__ void __launch_bounds__(256) mg_k34_mirage_qwen2_7b_layer_c
 
 extern "C" size_t mirage_qwen2_7b_layer_cc9a7bb5bfd5_workspace_bytes(void) { return 9337856u; }
 
+// Bulk tensor copies read through tensor maps, which the launcher encodes on every call
+// (the addresses may change) with the driver's cuTensorMapEncodeTiled, found through the
+// runtime so that nothing but the CUDA runtime needs to be linked.
+#include <cuda.h>
+#if CUDART_VERSION < 12000
+#error "mirage-cli generated code with bulk tensor copies needs CUDA 12.0 or newer"
+#endif
+static_assert(sizeof(mg_tmap) == sizeof(CUtensorMap), "tensor map size");
+typedef CUresult (*mg_encode_fn_mirage_qwen2_7b_layer_cc9a7bb5bfd5)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*,
+    const cuuint64_t*, const cuuint64_t*, const cuuint32_t*, const cuuint32_t*,
+    CUtensorMapInterleave, CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+static std::atomic<void*> mg_encoder_mirage_qwen2_7b_layer_cc9a7bb5bfd5{nullptr};
+
+static cudaError_t mg_encode_tmap_mirage_qwen2_7b_layer_cc9a7bb5bfd5(mg_tmap* mg_map, const void* mg_base,
+                                   CUtensorMapDataType mg_dtype, cuuint32_t mg_rank,
+                                   const cuuint64_t* mg_dims, const cuuint64_t* mg_strides,
+                                   const cuuint32_t* mg_box, CUtensorMapSwizzle mg_swizzle) {
+  void* mg_fn = mg_encoder_mirage_qwen2_7b_layer_cc9a7bb5bfd5.load(std::memory_order_acquire);
+  if (mg_fn == nullptr) {
+    cudaDriverEntryPointQueryResult mg_found = cudaDriverEntryPointSymbolNotFound;
+#if CUDART_VERSION >= 12050
+    cudaError_t mg_err = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &mg_fn,
+                                                          12000, cudaEnableDefault, &mg_found);
+#else
+    cudaError_t mg_err = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &mg_fn,
+                                                 cudaEnableDefault, &mg_found);
+#endif
+    if (mg_err != cudaSuccess) return mg_err;
+    if (mg_found != cudaDriverEntryPointSuccess || mg_fn == nullptr) return cudaErrorSymbolNotFound;
+    mg_encoder_mirage_qwen2_7b_layer_cc9a7bb5bfd5.store(mg_fn, std::memory_order_release);
+  }
+  const cuuint32_t mg_steps[5] = {1, 1, 1, 1, 1};
+  const CUresult mg_res = reinterpret_cast<mg_encode_fn_mirage_qwen2_7b_layer_cc9a7bb5bfd5>(mg_fn)(
+      reinterpret_cast<CUtensorMap*>(mg_map), mg_dtype, mg_rank, const_cast<void*>(mg_base),
+      mg_dims, mg_strides, mg_box, mg_steps, CU_TENSOR_MAP_INTERLEAVE_NONE, mg_swizzle,
+      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return mg_res == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+}
+
 // What the launcher needs to know about the current device, found once per device
 // (a state per device ordinal; two threads racing store the same value, which is
 // harmless) and on every call for ordinals past the table: bit 0 says the device is
@@ -2531,22 +2773,22 @@ static cudaError_t mg_prepare_mirage_qwen2_7b_layer_cc9a7bb5bfd5(int* mg_state) 
     if (*mg_state != 0) return cudaSuccess;
   }
   mg_err = cudaFuncSetAttribute((const void*)mg_k1_mirage_qwen2_7b_layer_cc9a7bb5bfd5,
-                                cudaFuncAttributeMaxDynamicSharedMemorySize, 58672);
+                                cudaFuncAttributeMaxDynamicSharedMemorySize, 87888);
   if (mg_err != cudaSuccess) return mg_err;
   mg_err = cudaFuncSetAttribute((const void*)mg_k24_mirage_qwen2_7b_layer_cc9a7bb5bfd5,
-                                cudaFuncAttributeMaxDynamicSharedMemorySize, 64400);
+                                cudaFuncAttributeMaxDynamicSharedMemorySize, 96368);
   if (mg_err != cudaSuccess) return mg_err;
   mg_err = cudaFuncSetAttribute((const void*)mg_k26_mirage_qwen2_7b_layer_cc9a7bb5bfd5,
-                                cudaFuncAttributeMaxDynamicSharedMemorySize, 58672);
+                                cudaFuncAttributeMaxDynamicSharedMemorySize, 87888);
   if (mg_err != cudaSuccess) return mg_err;
   mg_err = cudaFuncSetAttribute((const void*)mg_k29_mirage_qwen2_7b_layer_cc9a7bb5bfd5,
-                                cudaFuncAttributeMaxDynamicSharedMemorySize, 149840);
+                                cudaFuncAttributeMaxDynamicSharedMemorySize, 133744);
   if (mg_err != cudaSuccess) return mg_err;
   mg_err = cudaFuncSetAttribute((const void*)mg_k30_mirage_qwen2_7b_layer_cc9a7bb5bfd5,
-                                cudaFuncAttributeMaxDynamicSharedMemorySize, 149840);
+                                cudaFuncAttributeMaxDynamicSharedMemorySize, 133744);
   if (mg_err != cudaSuccess) return mg_err;
   mg_err = cudaFuncSetAttribute((const void*)mg_k33_mirage_qwen2_7b_layer_cc9a7bb5bfd5,
-                                cudaFuncAttributeMaxDynamicSharedMemorySize, 117040);
+                                cudaFuncAttributeMaxDynamicSharedMemorySize, 175440);
   if (mg_err != cudaSuccess) return mg_err;
   int mg_major = 0;
   mg_err = cudaDeviceGetAttribute(&mg_major, cudaDevAttrComputeCapabilityMajor, mg_dev);
@@ -2591,7 +2833,7 @@ extern "C" cudaError_t mirage_qwen2_7b_layer_cc9a7bb5bfd5(const void* mg_in0_X, 
     cudaLaunchConfig_t mg_cfg = {};
     mg_cfg.gridDim = dim3(64, 1, 2);
     mg_cfg.blockDim = dim3(128);
-    mg_cfg.dynamicSmemBytes = 58672;
+    mg_cfg.dynamicSmemBytes = 87888;
     mg_cfg.stream = mg_stream;
     mg_cfg.attrs = mg_pdl;
     mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
@@ -2606,7 +2848,7 @@ extern "C" cudaError_t mirage_qwen2_7b_layer_cc9a7bb5bfd5(const void* mg_in0_X, 
     cudaLaunchConfig_t mg_cfg = {};
     mg_cfg.gridDim = dim3(64, 1, 2);
     mg_cfg.blockDim = dim3(128);
-    mg_cfg.dynamicSmemBytes = 9328;
+    mg_cfg.dynamicSmemBytes = 13968;
     mg_cfg.stream = mg_stream;
     mg_cfg.attrs = mg_pdl;
     mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
@@ -2621,7 +2863,7 @@ extern "C" cudaError_t mirage_qwen2_7b_layer_cc9a7bb5bfd5(const void* mg_in0_X, 
     cudaLaunchConfig_t mg_cfg = {};
     mg_cfg.gridDim = dim3(64, 1, 2);
     mg_cfg.blockDim = dim3(128);
-    mg_cfg.dynamicSmemBytes = 9328;
+    mg_cfg.dynamicSmemBytes = 13968;
     mg_cfg.stream = mg_stream;
     mg_cfg.attrs = mg_pdl;
     mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
@@ -2885,7 +3127,7 @@ extern "C" cudaError_t mirage_qwen2_7b_layer_cc9a7bb5bfd5(const void* mg_in0_X, 
     cudaLaunchConfig_t mg_cfg = {};
     mg_cfg.gridDim = dim3(32, 4, 1);
     mg_cfg.blockDim = dim3(128);
-    mg_cfg.dynamicSmemBytes = 40656;
+    mg_cfg.dynamicSmemBytes = 31728;
     mg_cfg.stream = mg_stream;
     mg_cfg.attrs = mg_pdl;
     mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
@@ -2928,7 +3170,7 @@ extern "C" cudaError_t mirage_qwen2_7b_layer_cc9a7bb5bfd5(const void* mg_in0_X, 
     cudaLaunchConfig_t mg_cfg = {};
     mg_cfg.gridDim = dim3(8, 4, 2);
     mg_cfg.blockDim = dim3(256);
-    mg_cfg.dynamicSmemBytes = 64400;
+    mg_cfg.dynamicSmemBytes = 96368;
     mg_cfg.stream = mg_stream;
     mg_cfg.attrs = mg_pdl;
     mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
@@ -2957,7 +3199,7 @@ extern "C" cudaError_t mirage_qwen2_7b_layer_cc9a7bb5bfd5(const void* mg_in0_X, 
     cudaLaunchConfig_t mg_cfg = {};
     mg_cfg.gridDim = dim3(64, 1, 2);
     mg_cfg.blockDim = dim3(128);
-    mg_cfg.dynamicSmemBytes = 58672;
+    mg_cfg.dynamicSmemBytes = 87888;
     mg_cfg.stream = mg_stream;
     mg_cfg.attrs = mg_pdl;
     mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
@@ -2998,11 +3240,20 @@ extern "C" cudaError_t mirage_qwen2_7b_layer_cc9a7bb5bfd5(const void* mg_in0_X, 
     const mg_bf16* mg_a0 = (const mg_bf16*)(mg_ws + 9171968);
     const mg_bf16* mg_a1 = (const mg_bf16*)(mg_in14_W1);
     mg_bf16* mg_a2 = (mg_bf16*)(mg_ws + 9179136);
-    void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
+    mg_tmap mg_a3;
+    {
+      const cuuint64_t mg_dims[] = {18944, 3584};
+      const cuuint64_t mg_strides[] = {37888};
+      const cuuint32_t mg_box[] = {64, 128};
+      mg_err = mg_encode_tmap_mirage_qwen2_7b_layer_cc9a7bb5bfd5(&mg_a3, mg_in14_W1, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2,
+                                mg_dims, mg_strides, mg_box, CU_TENSOR_MAP_SWIZZLE_128B);
+      if (mg_err != cudaSuccess) return mg_err;
+    }
+    void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2, &mg_a3};
     cudaLaunchConfig_t mg_cfg = {};
-    mg_cfg.gridDim = dim3(296, 1, 1);
-    mg_cfg.blockDim = dim3(256);
-    mg_cfg.dynamicSmemBytes = 149840;
+    mg_cfg.gridDim = dim3(148, 1, 1);
+    mg_cfg.blockDim = dim3(128);
+    mg_cfg.dynamicSmemBytes = 133744;
     mg_cfg.stream = mg_stream;
     mg_cfg.attrs = mg_pdl;
     mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
@@ -3013,11 +3264,20 @@ extern "C" cudaError_t mirage_qwen2_7b_layer_cc9a7bb5bfd5(const void* mg_in0_X, 
     const mg_bf16* mg_a0 = (const mg_bf16*)(mg_ws + 9171968);
     const mg_bf16* mg_a1 = (const mg_bf16*)(mg_in15_W3);
     mg_bf16* mg_a2 = (mg_bf16*)(mg_ws + 9217024);
-    void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
+    mg_tmap mg_a3;
+    {
+      const cuuint64_t mg_dims[] = {18944, 3584};
+      const cuuint64_t mg_strides[] = {37888};
+      const cuuint32_t mg_box[] = {64, 128};
+      mg_err = mg_encode_tmap_mirage_qwen2_7b_layer_cc9a7bb5bfd5(&mg_a3, mg_in15_W3, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2,
+                                mg_dims, mg_strides, mg_box, CU_TENSOR_MAP_SWIZZLE_128B);
+      if (mg_err != cudaSuccess) return mg_err;
+    }
+    void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2, &mg_a3};
     cudaLaunchConfig_t mg_cfg = {};
-    mg_cfg.gridDim = dim3(296, 1, 1);
-    mg_cfg.blockDim = dim3(256);
-    mg_cfg.dynamicSmemBytes = 149840;
+    mg_cfg.gridDim = dim3(148, 1, 1);
+    mg_cfg.blockDim = dim3(128);
+    mg_cfg.dynamicSmemBytes = 133744;
     mg_cfg.stream = mg_stream;
     mg_cfg.attrs = mg_pdl;
     mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
@@ -3061,7 +3321,7 @@ extern "C" cudaError_t mirage_qwen2_7b_layer_cc9a7bb5bfd5(const void* mg_in0_X, 
     cudaLaunchConfig_t mg_cfg = {};
     mg_cfg.gridDim = dim3(64, 1, 2);
     mg_cfg.blockDim = dim3(256);
-    mg_cfg.dynamicSmemBytes = 117040;
+    mg_cfg.dynamicSmemBytes = 175440;
     mg_cfg.stream = mg_stream;
     mg_cfg.attrs = mg_pdl;
     mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;

@@ -24,21 +24,21 @@ enum {
   mirage_qwen2_7b_layer_cc9a7bb5bfd5_IN0_DTYPE = MIRAGE_DTYPE_BF16,
   mirage_qwen2_7b_layer_cc9a7bb5bfd5_IN0_DIM0 = 1,
   mirage_qwen2_7b_layer_cc9a7bb5bfd5_IN0_DIM1 = 3584,
-  // input 1 'G1': bf16[3584]
+  // input 1 'G1': bf16[3584] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
   mirage_qwen2_7b_layer_cc9a7bb5bfd5_IN1_RANK = 1,
   mirage_qwen2_7b_layer_cc9a7bb5bfd5_IN1_DTYPE = MIRAGE_DTYPE_BF16,
   mirage_qwen2_7b_layer_cc9a7bb5bfd5_IN1_DIM0 = 3584,
-  // input 2 'WQ': bf16[3584, 3584]
+  // input 2 'WQ': bf16[3584, 3584] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
   mirage_qwen2_7b_layer_cc9a7bb5bfd5_IN2_RANK = 2,
   mirage_qwen2_7b_layer_cc9a7bb5bfd5_IN2_DTYPE = MIRAGE_DTYPE_BF16,
   mirage_qwen2_7b_layer_cc9a7bb5bfd5_IN2_DIM0 = 3584,
   mirage_qwen2_7b_layer_cc9a7bb5bfd5_IN2_DIM1 = 3584,
-  // input 3 'WK': bf16[3584, 512]
+  // input 3 'WK': bf16[3584, 512] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
   mirage_qwen2_7b_layer_cc9a7bb5bfd5_IN3_RANK = 2,
   mirage_qwen2_7b_layer_cc9a7bb5bfd5_IN3_DTYPE = MIRAGE_DTYPE_BF16,
   mirage_qwen2_7b_layer_cc9a7bb5bfd5_IN3_DIM0 = 3584,
   mirage_qwen2_7b_layer_cc9a7bb5bfd5_IN3_DIM1 = 512,
-  // input 4 'WV': bf16[3584, 512]
+  // input 4 'WV': bf16[3584, 512] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
   mirage_qwen2_7b_layer_cc9a7bb5bfd5_IN4_RANK = 2,
   mirage_qwen2_7b_layer_cc9a7bb5bfd5_IN4_DTYPE = MIRAGE_DTYPE_BF16,
   mirage_qwen2_7b_layer_cc9a7bb5bfd5_IN4_DIM0 = 3584,
@@ -71,38 +71,38 @@ enum {
   mirage_qwen2_7b_layer_cc9a7bb5bfd5_IN8_DIM1 = 4,
   mirage_qwen2_7b_layer_cc9a7bb5bfd5_IN8_DIM2 = 4095,
   mirage_qwen2_7b_layer_cc9a7bb5bfd5_IN8_DIM3 = 128,
-  // input 9 'BQ': bf16[3584]
+  // input 9 'BQ': bf16[3584] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
   mirage_qwen2_7b_layer_cc9a7bb5bfd5_IN9_RANK = 1,
   mirage_qwen2_7b_layer_cc9a7bb5bfd5_IN9_DTYPE = MIRAGE_DTYPE_BF16,
   mirage_qwen2_7b_layer_cc9a7bb5bfd5_IN9_DIM0 = 3584,
-  // input 10 'BK': bf16[512]
+  // input 10 'BK': bf16[512] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
   mirage_qwen2_7b_layer_cc9a7bb5bfd5_IN10_RANK = 1,
   mirage_qwen2_7b_layer_cc9a7bb5bfd5_IN10_DTYPE = MIRAGE_DTYPE_BF16,
   mirage_qwen2_7b_layer_cc9a7bb5bfd5_IN10_DIM0 = 512,
-  // input 11 'BV': bf16[512]
+  // input 11 'BV': bf16[512] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
   mirage_qwen2_7b_layer_cc9a7bb5bfd5_IN11_RANK = 1,
   mirage_qwen2_7b_layer_cc9a7bb5bfd5_IN11_DTYPE = MIRAGE_DTYPE_BF16,
   mirage_qwen2_7b_layer_cc9a7bb5bfd5_IN11_DIM0 = 512,
-  // input 12 'WO': bf16[3584, 3584]
+  // input 12 'WO': bf16[3584, 3584] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
   mirage_qwen2_7b_layer_cc9a7bb5bfd5_IN12_RANK = 2,
   mirage_qwen2_7b_layer_cc9a7bb5bfd5_IN12_DTYPE = MIRAGE_DTYPE_BF16,
   mirage_qwen2_7b_layer_cc9a7bb5bfd5_IN12_DIM0 = 3584,
   mirage_qwen2_7b_layer_cc9a7bb5bfd5_IN12_DIM1 = 3584,
-  // input 13 'G2': bf16[3584]
+  // input 13 'G2': bf16[3584] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
   mirage_qwen2_7b_layer_cc9a7bb5bfd5_IN13_RANK = 1,
   mirage_qwen2_7b_layer_cc9a7bb5bfd5_IN13_DTYPE = MIRAGE_DTYPE_BF16,
   mirage_qwen2_7b_layer_cc9a7bb5bfd5_IN13_DIM0 = 3584,
-  // input 14 'W1': bf16[3584, 18944]
+  // input 14 'W1': bf16[3584, 18944] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
   mirage_qwen2_7b_layer_cc9a7bb5bfd5_IN14_RANK = 2,
   mirage_qwen2_7b_layer_cc9a7bb5bfd5_IN14_DTYPE = MIRAGE_DTYPE_BF16,
   mirage_qwen2_7b_layer_cc9a7bb5bfd5_IN14_DIM0 = 3584,
   mirage_qwen2_7b_layer_cc9a7bb5bfd5_IN14_DIM1 = 18944,
-  // input 15 'W3': bf16[3584, 18944]
+  // input 15 'W3': bf16[3584, 18944] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
   mirage_qwen2_7b_layer_cc9a7bb5bfd5_IN15_RANK = 2,
   mirage_qwen2_7b_layer_cc9a7bb5bfd5_IN15_DTYPE = MIRAGE_DTYPE_BF16,
   mirage_qwen2_7b_layer_cc9a7bb5bfd5_IN15_DIM0 = 3584,
   mirage_qwen2_7b_layer_cc9a7bb5bfd5_IN15_DIM1 = 18944,
-  // input 16 'W2': bf16[18944, 3584]
+  // input 16 'W2': bf16[18944, 3584] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
   mirage_qwen2_7b_layer_cc9a7bb5bfd5_IN16_RANK = 2,
   mirage_qwen2_7b_layer_cc9a7bb5bfd5_IN16_DTYPE = MIRAGE_DTYPE_BF16,
   mirage_qwen2_7b_layer_cc9a7bb5bfd5_IN16_DIM0 = 18944,
@@ -159,22 +159,22 @@ size_t mirage_qwen2_7b_layer_cc9a7bb5bfd5_workspace_bytes(void);
 
 // Runs 'qwen2_7b_layer' on `mg_stream`. Arguments, in order:
 //   mg_in0_X: input 0 'X': bf16[1, 3584]
-//   mg_in1_G1: input 1 'G1': bf16[3584]
-//   mg_in2_WQ: input 2 'WQ': bf16[3584, 3584]
-//   mg_in3_WK: input 3 'WK': bf16[3584, 512]
-//   mg_in4_WV: input 4 'WV': bf16[3584, 512]
+//   mg_in1_G1: input 1 'G1': bf16[3584] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
+//   mg_in2_WQ: input 2 'WQ': bf16[3584, 3584] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
+//   mg_in3_WK: input 3 'WK': bf16[3584, 512] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
+//   mg_in4_WV: input 4 'WV': bf16[3584, 512] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
 //   mg_in5_COS: input 5 'COS': bf16[1, 1, 1, 128]
 //   mg_in6_SIN: input 6 'SIN': bf16[1, 1, 1, 128]
 //   mg_in7_KC: input 7 'KC': bf16[1, 4, 128, 4095]
 //   mg_in8_VC: input 8 'VC': bf16[1, 4, 4095, 128]
-//   mg_in9_BQ: input 9 'BQ': bf16[3584]
-//   mg_in10_BK: input 10 'BK': bf16[512]
-//   mg_in11_BV: input 11 'BV': bf16[512]
-//   mg_in12_WO: input 12 'WO': bf16[3584, 3584]
-//   mg_in13_G2: input 13 'G2': bf16[3584]
-//   mg_in14_W1: input 14 'W1': bf16[3584, 18944]
-//   mg_in15_W3: input 15 'W3': bf16[3584, 18944]
-//   mg_in16_W2: input 16 'W2': bf16[18944, 3584]
+//   mg_in9_BQ: input 9 'BQ': bf16[3584] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
+//   mg_in10_BK: input 10 'BK': bf16[512] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
+//   mg_in11_BV: input 11 'BV': bf16[512] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
+//   mg_in12_WO: input 12 'WO': bf16[3584, 3584] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
+//   mg_in13_G2: input 13 'G2': bf16[3584] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
+//   mg_in14_W1: input 14 'W1': bf16[3584, 18944] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
+//   mg_in15_W3: input 15 'W3': bf16[3584, 18944] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
+//   mg_in16_W2: input 16 'W2': bf16[18944, 3584] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
 //   mg_out0_Y: output 0 'Y': bf16[1, 3584]
 //   mg_out1_KE: output 1 'KE': bf16[1, 4, 1, 128]
 //   mg_out2_V4: output 2 'V4': bf16[1, 4, 1, 128]

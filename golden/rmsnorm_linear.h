@@ -24,7 +24,7 @@ enum {
   mirage_rmsnorm_linear_h16x4096_h4096x6144_to_h16x6144_IN0_DTYPE = MIRAGE_DTYPE_F16,
   mirage_rmsnorm_linear_h16x4096_h4096x6144_to_h16x6144_IN0_DIM0 = 16,
   mirage_rmsnorm_linear_h16x4096_h4096x6144_to_h16x6144_IN0_DIM1 = 4096,
-  // input 1 'W': f16[4096, 6144]
+  // input 1 'W': f16[4096, 6144] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
   mirage_rmsnorm_linear_h16x4096_h4096x6144_to_h16x6144_IN1_RANK = 2,
   mirage_rmsnorm_linear_h16x4096_h4096x6144_to_h16x6144_IN1_DTYPE = MIRAGE_DTYPE_F16,
   mirage_rmsnorm_linear_h16x4096_h4096x6144_to_h16x6144_IN1_DIM0 = 4096,
@@ -50,7 +50,7 @@ size_t mirage_rmsnorm_linear_h16x4096_h4096x6144_to_h16x6144_workspace_bytes(voi
 
 // Runs 'rmsnorm_linear' on `mg_stream`. Arguments, in order:
 //   mg_in0_X: input 0 'X': f16[16, 4096]
-//   mg_in1_W: input 1 'W': f16[4096, 6144]
+//   mg_in1_W: input 1 'W': f16[4096, 6144] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
 //   mg_out0_Z: output 0 'Z': f16[16, 6144]
 // All tensors are row-major, contiguous, 16-byte aligned device memory.
 // Returns the first CUDA error; never allocates, synchronises or exits.

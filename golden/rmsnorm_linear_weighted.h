@@ -24,11 +24,11 @@ enum {
   mirage_rmsnorm_linear_weighted_h16x4096_h4096_h4096x6144_to_h16x6144_IN0_DTYPE = MIRAGE_DTYPE_F16,
   mirage_rmsnorm_linear_weighted_h16x4096_h4096_h4096x6144_to_h16x6144_IN0_DIM0 = 16,
   mirage_rmsnorm_linear_weighted_h16x4096_h4096_h4096x6144_to_h16x6144_IN0_DIM1 = 4096,
-  // input 1 'G': f16[4096]
+  // input 1 'G': f16[4096] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
   mirage_rmsnorm_linear_weighted_h16x4096_h4096_h4096x6144_to_h16x6144_IN1_RANK = 1,
   mirage_rmsnorm_linear_weighted_h16x4096_h4096_h4096x6144_to_h16x6144_IN1_DTYPE = MIRAGE_DTYPE_F16,
   mirage_rmsnorm_linear_weighted_h16x4096_h4096_h4096x6144_to_h16x6144_IN1_DIM0 = 4096,
-  // input 2 'W': f16[4096, 6144]
+  // input 2 'W': f16[4096, 6144] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
   mirage_rmsnorm_linear_weighted_h16x4096_h4096_h4096x6144_to_h16x6144_IN2_RANK = 2,
   mirage_rmsnorm_linear_weighted_h16x4096_h4096_h4096x6144_to_h16x6144_IN2_DTYPE = MIRAGE_DTYPE_F16,
   mirage_rmsnorm_linear_weighted_h16x4096_h4096_h4096x6144_to_h16x6144_IN2_DIM0 = 4096,
@@ -55,8 +55,8 @@ size_t mirage_rmsnorm_linear_weighted_h16x4096_h4096_h4096x6144_to_h16x6144_work
 
 // Runs 'rmsnorm_linear_weighted' on `mg_stream`. Arguments, in order:
 //   mg_in0_X: input 0 'X': f16[16, 4096]
-//   mg_in1_G: input 1 'G': f16[4096]
-//   mg_in2_W: input 2 'W': f16[4096, 6144]
+//   mg_in1_G: input 1 'G': f16[4096] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
+//   mg_in2_W: input 2 'W': f16[4096, 6144] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
 //   mg_out0_Z: output 0 'Z': f16[16, 6144]
 // All tensors are row-major, contiguous, 16-byte aligned device memory.
 // Returns the first CUDA error; never allocates, synchronises or exits.

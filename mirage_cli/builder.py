@@ -74,13 +74,14 @@ class GraphBuilder:
         return v.name
 
     def input(self, name: str, shape: Sequence[int], dtype: str | DType,
-              dims_src: Sequence[str] = (), span: Span | None = None) -> str:
+              dims_src: Sequence[str] = (), span: Span | None = None,
+              weight: bool = False) -> str:
         t = TensorType(tuple(int(d) for d in shape), DType(dtype))
         if not 1 <= t.rank <= 4:
             raise MirageError(f"input '{name}' has rank {t.rank}; tensors have rank 1 to 4",
                               span)
         v = Value(name, t, span)
-        self.inputs.append(Input(v, tuple(dims_src) or tuple(str(d) for d in t.shape)))
+        self.inputs.append(Input(v, tuple(dims_src) or tuple(str(d) for d in t.shape), weight))
         return self._define(v)
 
     def _types_of(self, names: Sequence[str], span: Span | None) -> list[TensorType]:

@@ -157,10 +157,14 @@ class BlockGraph:
 @dataclass(frozen=True)
 class Input:
     """A program input. ``dims_src`` keeps each dimension as written in `.mir`
-    (e.g. ``"batch"``) so that printing keeps the program parametric."""
+    (e.g. ``"batch"``) so that printing keeps the program parametric. ``weight``: the
+    user declares that the kernel launched just before a call, in the same stream,
+    does not write it (a model's weights), so the generated code may start reading it
+    before that kernel has finished (docs/language.md)."""
 
     value: Value
     dims_src: tuple[str, ...] = ()
+    weight: bool = False
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from the passes.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import MISSING, asdict, dataclass, fields
 from typing import Any, Literal
 
 PLAN_VERSION = 1
@@ -40,6 +40,7 @@ class Knobs:
     ksplit: int | None = None     # blocks of a cluster (sm_90) splitting the forloop
     stagger: int | None = None    # 1: each block starts its forloop at its own iteration
     chain: int | None = None      # 1: a matmul chain keeps its score tile in mma fragments
+    tma: int | None = None        # 1: loop inputs read only by mma copied by bulk tensor copies
 
     def as_json(self) -> dict[str, int]:
         return {k: v for k, v in asdict(self).items() if v is not None}
@@ -61,6 +62,9 @@ class TilePlan:
     smem_offset: int = -1      # bytes into dynamic shared memory (-1: none)
     pitch: int = 0             # elements per shared-memory row (0: not in shared memory)
     scratch_offset: int = -1   # f32 elements into the block's workspace scratch (-1: none)
+    # Bytes of the swizzle span of a tile that bulk tensor copies (TMA, sm_90) bring into
+    # shared memory as boxes of that many bytes per row (32, 64 or 128); 0: not by TMA.
+    swizzle: int = 0
 
 
 @dataclass(frozen=True)
@@ -134,6 +138,8 @@ def _record(cls: type, d: Any, where: str) -> Any:
     args = {}
     for f in fields(cls):
         if f.name not in d:
+            if f.default is not MISSING:  # a field added later: older plans lack it
+                continue
             raise ValueError(f"{where}: missing '{f.name}'")
         v = d[f.name]
         want = int if f.type in ("int",) else str

@@ -235,9 +235,14 @@ class _Lowering:
                 raise MirageError(f"dimension {i} of '{stmt.name.text}' is {expr_text(d)} = "
                                   f"{n}; dimensions must be positive", d.span)
             shape.append(n)
+        q = stmt.qualifier
+        if q is not None and q.text != "weight":
+            raise MirageError(f"unknown input qualifier '{q.text}'"
+                              f"{did_you_mean(q.text, ('weight',))}; the only one is 'weight'",
+                              q.span)
         self._fresh(stmt.name, b.types, "tensor")
         b.input(stmt.name.text, shape, dtype, tuple(expr_text(d) for d in stmt.dims),
-                span=stmt.name.span)
+                span=stmt.name.span, weight=q is not None)
 
     def _custom(self, b: GraphBuilder, stmt: CustomStmt) -> None:
         seen: set[str] = set()

@@ -54,7 +54,8 @@ def print_lines(g: Graph, headers: Mapping[int, str] | None = None
                                       "program")]
     env = dict(g.params)
     lines += [((f"  input {_name(i.value.name)}: {i.value.type.dtype.value}"
-               f"[{', '.join(_dims(i, env))}];"), _line(i.value.span)) for i in g.inputs]
+               f"[{', '.join(_dims(i, env))}]{' weight' if i.weight else ''};"),
+               _line(i.value.span)) for i in g.inputs]
     for op in g.ops:
         lines += _kernel_op(op, headers or {})
     lines.append((f"  output {', '.join(_name(n) for n in g.outputs)};", "output"))

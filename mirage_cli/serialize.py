@@ -39,6 +39,7 @@ from mirage_cli.ir import (
     BlockGraph,
     DType,
     Graph,
+    Input,
     KernelOp,
     TensorType,
     Value,
@@ -83,11 +84,18 @@ def _kernel_op(op: KernelOp) -> Json:
     return d
 
 
+def _input(i: Input) -> Json:
+    d: Json = dict(_value(i.value), dims=list(i.dims_src))
+    if i.weight:  # written only when set: files without weights read as before
+        d["weight"] = True
+    return d
+
+
 def graph_to_json(g: Graph) -> Json:
     return {
         "name": g.name,
         "params": [{"name": n, "value": v} for n, v in g.params],
-        "inputs": [dict(_value(i.value), dims=list(i.dims_src)) for i in g.inputs],
+        "inputs": [_input(i) for i in g.inputs],
         "ops": [_kernel_op(op) for op in g.ops],
         "outputs": list(g.outputs),
     }
@@ -282,7 +290,8 @@ def _build(r: _Reader, d: Any, path: Path) -> Graph:
         p = path + ("inputs", i)
         name = r.name(inp, "name", p)
         t = r.type_of(inp, p)
-        _guard(r, p, b.input, name, t.shape, t.dtype, r.dims(inp, t.shape, p))
+        weight = r.expect(inp["weight"], bool, p + ("weight",)) if "weight" in inp else False
+        _guard(r, p, b.input, name, t.shape, t.dtype, r.dims(inp, t.shape, p), weight=weight)
     for i, op in enumerate(r.get(d, "ops", list, path)):
         _build_op(r, b, op, path + ("ops", i))
     for i, name in enumerate(r.names(d, "outputs", path)):

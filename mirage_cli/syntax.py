@@ -166,6 +166,14 @@ class InputStmt:
     dtype: Name
     dims: tuple[Expr, ...]
     span: Span
+    qualifier: Name | None = None  # `weight` (checked by the parser)
+
+
+@dataclass(frozen=True)
+class Qualifier:
+    """The word after an input's type (a transformer intermediate)."""
+
+    name: Name
 
 
 @dataclass(frozen=True)
@@ -366,9 +374,14 @@ class ToAst(Transformer):  # type: ignore[type-arg]
 
     # --- statements -----------------------------------------------------------
     @v_args(meta=True, inline=True)
-    def input_stmt(self, meta: Meta, name: Token, dtype: Token, *dims: Any) -> Stmt:
-        return InputStmt(self._n(name), self._n(dtype), tuple(d for d in dims if d is not None),
-                         _meta_span(self.file, meta))
+    def input_stmt(self, meta: Meta, name: Token, dtype: Token, *rest: Any) -> Stmt:
+        qual = rest[-1].name if rest and isinstance(rest[-1], Qualifier) else None
+        dims = tuple(d for d in rest if d is not None and not isinstance(d, Qualifier))
+        return InputStmt(self._n(name), self._n(dtype), dims, _meta_span(self.file, meta),
+                         qual)
+
+    def qualifier(self, word: Token) -> Qualifier:
+        return Qualifier(self._n(word))
 
     def op_stmt(self, out: Token, op: Token, *rest: Any) -> Stmt:
         args = tuple(a for a in rest if isinstance(a, (Operand, NestedCall, AttrArg)))

@@ -124,16 +124,32 @@ def test_header_declares_the_abi() -> None:
     assert "#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800\n#error" in cu
 
 
+def _kernel_bodies(cu: str) -> list[list[str]]:
+    """Each kernel's body in ``cu``, one statement per line, stripped."""
+    import re
+
+    return [[line.strip() for line in b.split("\n")]
+            for b in re.findall(r'extern "C" __global__[^{]*\{\n(.*?)\n\}\n', cu, re.DOTALL)]
+
+
 def test_kernels_are_launched_for_programmatic_dependent_launch() -> None:
-    """Every kernel's first statement waits for the kernel before it in the stream, and
-    the entry point asks for the overlapped launch only on compute capability 9.0+."""
+    """Every kernel waits for the kernel before it in the stream before it reads any
+    input, then lets the next one launch; the entry point asks for the overlapped launch
+    only on compute capability 9.0+. Without inputs declared ``weight`` the first kernel
+    reads nothing before its wait."""
     import re
 
     prog = lower(CASES["rmsnorm_linear_small"]())
     cu, _ = emit(prog)
-    bodies = re.findall(r'extern "C" __global__[^{]*\{\n(.*)\n', cu)
-    assert bodies and all(b.strip() == "mg_grid_wait();" for b in bodies)
+    bodies = _kernel_bodies(cu)
+    assert len(bodies) == len(prog.kernels)
+    for body in bodies:
+        assert body.count("mg_grid_wait();") == 1
+        assert body[body.index("mg_grid_wait();") + 1] == "mg_grid_release();"
+    first = bodies[0][:bodies[0].index("mg_grid_wait();")]
+    assert not any(re.search(r"\bp\d+\b", line) for line in first)  # no parameter read
     assert 'asm volatile("griddepcontrol.wait;" ::: "memory");' in cu
+    assert 'asm volatile("griddepcontrol.launch_dependents;" ::: "memory");' in cu
     host = cu[cu.index("#ifndef __CUDACC_RTC__"):]
     assert "cudaLaunchKernel(" not in host
     assert host.count("cudaLaunchKernelExC(") == len(prog.kernels)

@@ -24,12 +24,12 @@ enum {
   mirage_gelu_mlp_b16_f16_h16x4096_h4096x16384_h16384x4096_to_h16x4096_IN0_DTYPE = MIRAGE_DTYPE_F16,
   mirage_gelu_mlp_b16_f16_h16x4096_h4096x16384_h16384x4096_to_h16x4096_IN0_DIM0 = 16,
   mirage_gelu_mlp_b16_f16_h16x4096_h4096x16384_h16384x4096_to_h16x4096_IN0_DIM1 = 4096,
-  // input 1 'W1': f16[4096, 16384]
+  // input 1 'W1': f16[4096, 16384] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
   mirage_gelu_mlp_b16_f16_h16x4096_h4096x16384_h16384x4096_to_h16x4096_IN1_RANK = 2,
   mirage_gelu_mlp_b16_f16_h16x4096_h4096x16384_h16384x4096_to_h16x4096_IN1_DTYPE = MIRAGE_DTYPE_F16,
   mirage_gelu_mlp_b16_f16_h16x4096_h4096x16384_h16384x4096_to_h16x4096_IN1_DIM0 = 4096,
   mirage_gelu_mlp_b16_f16_h16x4096_h4096x16384_h16384x4096_to_h16x4096_IN1_DIM1 = 16384,
-  // input 2 'W2': f16[16384, 4096]
+  // input 2 'W2': f16[16384, 4096] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
   mirage_gelu_mlp_b16_f16_h16x4096_h4096x16384_h16384x4096_to_h16x4096_IN2_RANK = 2,
   mirage_gelu_mlp_b16_f16_h16x4096_h4096x16384_h16384x4096_to_h16x4096_IN2_DTYPE = MIRAGE_DTYPE_F16,
   mirage_gelu_mlp_b16_f16_h16x4096_h4096x16384_h16384x4096_to_h16x4096_IN2_DIM0 = 16384,
@@ -56,8 +56,8 @@ size_t mirage_gelu_mlp_b16_f16_h16x4096_h4096x16384_h16384x4096_to_h16x4096_work
 
 // Runs 'gelu_mlp_b16_f16' on `mg_stream`. Arguments, in order:
 //   mg_in0_X: input 0 'X': f16[16, 4096]
-//   mg_in1_W1: input 1 'W1': f16[4096, 16384]
-//   mg_in2_W2: input 2 'W2': f16[16384, 4096]
+//   mg_in1_W1: input 1 'W1': f16[4096, 16384] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
+//   mg_in2_W2: input 2 'W2': f16[16384, 4096] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
 //   mg_out0_O: output 0 'O': f16[16, 4096]
 // All tensors are row-major, contiguous, 16-byte aligned device memory.
 // Returns the first CUDA error; never allocates, synchronises or exits.

@@ -7,23 +7,23 @@
 // Device pointers must be 16-byte aligned; the workspace must hold
 // mirage_layernorm_linear_b16_f16_h16x4096_h4096_h4096_h4096x4096_to_h16x4096_workspace_bytes() bytes. No allocation, synchronisation or exit inside.
 // input 0 'X': f16[16, 4096]
-// input 1 'G': f16[4096]
-// input 2 'Bias': f16[4096]
-// input 3 'W': f16[4096, 4096]
+// input 1 'G': f16[4096] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
+// input 2 'Bias': f16[4096] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
+// input 3 'W': f16[4096, 4096] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
 // output 0 'Z': f16[16, 4096]
 // kernel mg_k0_mirage_layernorm_linear_b16_f16_h16x4096_h4096_h4096_h4096x4096_to_h16x4096: grid [2, 1, 1], 256 threads, 0 B dynamic shared memory
 // kernel mg_k1_mirage_layernorm_linear_b16_f16_h16x4096_h4096_h4096_h4096x4096_to_h16x4096: grid [32, 1, 1], 256 threads, 0 B dynamic shared memory
 // kernel mg_k2_mirage_layernorm_linear_b16_f16_h16x4096_h4096_h4096_h4096x4096_to_h16x4096: grid [16, 1, 1], 256 threads, 0 B dynamic shared memory
 // kernel mg_k3_mirage_layernorm_linear_b16_f16_h16x4096_h4096_h4096_h4096x4096_to_h16x4096: grid [32, 1, 1], 256 threads, 0 B dynamic shared memory
-// kernel mg_k4_mirage_layernorm_linear_b16_f16_h16x4096_h4096_h4096_h4096x4096_to_h16x4096: grid [64, 1, 2], 128 threads, 95248 B dynamic shared memory
+// kernel mg_k4_mirage_layernorm_linear_b16_f16_h16x4096_h4096_h4096_h4096x4096_to_h16x4096: grid [64, 1, 2], 128 threads, 128064 B dynamic shared memory
 
 // The kernels use cp.async, bf16 conversions and mma.sync shapes of sm_80 and later:
 // one clear error instead of a wall of ptxas errors for an older target.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
 #error "mirage-cli generated code needs sm_80 or newer: compile with -arch=sm_80 or -arch=sm_90"
-// Some kernels split their loop over a thread-block cluster, an sm_90 feature.
+// Some kernels use thread-block clusters and bulk tensor copies (TMA), sm_90 features.
 #elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
-#error "this file was generated for sm_90 (thread-block clusters): compile with -arch=sm_90, or generate it with --arch sm_80"
+#error "this file was generated for sm_90 (thread-block clusters, bulk tensor copies): compile with -arch=sm_90, or generate it with --arch sm_80"
 #endif
 
 // Storage types and helpers. The device code needs no header, so NVRTC compiles it
@@ -52,13 +52,24 @@ __device__ __forceinline__ void mg_st(mg_bf16* p, float v) {
   p->bits = h;
 }
 // Programmatic dependent launch (sm_90 and later): the entry point lets each kernel
-// start while the kernel before it in the stream drains, so the launch latency is
-// hidden. Every kernel's first act is this wait, which returns once that kernel has
-// finished and its writes are visible: no input is ever read early. On a launch
-// without the attribute it returns at once; before sm_90 it is not emitted.
+// start while the kernel before it in the stream drains. Each kernel waits here, and
+// returns once that kernel has finished and its writes are visible. Before the wait
+// a kernel only computes addresses and copies the first pipeline stages of inputs
+// that no kernel still running can be writing: inputs declared `weight`, or any
+// input of the program once an earlier kernel of this call has waited. On a launch
+// without the attribute the wait returns at once; before sm_90 it is not emitted.
 __device__ __forceinline__ void mg_grid_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+// After its wait, each kernel lets the next one in the stream launch: its blocks take
+// the SMs this kernel's blocks free and copy their weights while this one finishes.
+// Released only after the wait, so a kernel launched early never runs alongside the
+// kernel two places ahead of it.
+__device__ __forceinline__ void mg_grid_release() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }
 __device__ __forceinline__ float mg_silu(float x) { return x / (1.0f + expf(-x)); }
@@ -109,6 +120,81 @@ __device__ __forceinline__ void mg_cp_async_wait() {
 }
 __device__ __forceinline__ void mg_cp_async_wait_all() {
   asm volatile("cp.async.wait_all;" ::: "memory");
+}
+// Bulk tensor copies (TMA, sm_90): a tensor map (encoded by the host, passed by value
+// as a __grid_constant__ parameter) describes a device tensor and a box; one thread
+// copies a box into shared memory, and the copy's bytes complete a phase of an
+// mbarrier on which every thread waits. Before sm_90 these are never called.
+struct __align__(64) mg_tmap { unsigned long long q[16]; };
+__device__ __forceinline__ unsigned mg_smem_addr(const void* p) {
+  return (unsigned)__cvta_generic_to_shared(p);
+}
+__device__ __forceinline__ void mg_mbar_init(unsigned long long* b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(mg_smem_addr(b)) : "memory");
+#endif
+}
+__device__ __forceinline__ void mg_mbar_fence_init() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+#endif
+}
+// Expect `bytes` more on the barrier's current phase, without arriving.
+__device__ __forceinline__ void mg_mbar_expect(unsigned long long* b, unsigned bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;"
+               :: "r"(mg_smem_addr(b)), "r"(bytes) : "memory");
+#endif
+}
+// Arrive (the phase's one arrival) expecting `bytes` more.
+__device__ __forceinline__ void mg_mbar_arrive_expect(unsigned long long* b, unsigned bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
+               :: "r"(mg_smem_addr(b)), "r"(bytes) : "memory");
+#endif
+}
+__device__ __forceinline__ void mg_mbar_wait(unsigned long long* b, int parity) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("{\n .reg .pred p;\n MG_WAIT:\n"
+               " mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+               " @!p bra MG_WAIT;\n}" :: "r"(mg_smem_addr(b)), "r"(parity) : "memory");
+#endif
+}
+__device__ __forceinline__ void mg_tma2(void* dst, const mg_tmap* m, int c0, int c1,
+                                        unsigned long long* b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+               " [%0], [%1, {%2, %3}], [%4];"
+               :: "r"(mg_smem_addr(dst)), "l"(m), "r"(c0), "r"(c1), "r"(mg_smem_addr(b))
+               : "memory");
+#endif
+}
+__device__ __forceinline__ void mg_tma3(void* dst, const mg_tmap* m, int c0, int c1, int c2,
+                                        unsigned long long* b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
+               " [%0], [%1, {%2, %3, %4}], [%5];"
+               :: "r"(mg_smem_addr(dst)), "l"(m), "r"(c0), "r"(c1), "r"(c2),
+                  "r"(mg_smem_addr(b)) : "memory");
+#endif
+}
+__device__ __forceinline__ void mg_tma4(void* dst, const mg_tmap* m, int c0, int c1, int c2,
+                                        int c3, unsigned long long* b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes"
+               " [%0], [%1, {%2, %3, %4, %5}], [%6];"
+               :: "r"(mg_smem_addr(dst)), "l"(m), "r"(c0), "r"(c1), "r"(c2), "r"(c3),
+                  "r"(mg_smem_addr(b)) : "memory");
+#endif
+}
+__device__ __forceinline__ void mg_tma5(void* dst, const mg_tmap* m, int c0, int c1, int c2,
+                                        int c3, int c4, unsigned long long* b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.tensor.5d.shared::cluster.global.mbarrier::complete_tx::bytes"
+               " [%0], [%1, {%2, %3, %4, %5, %6}], [%7];"
+               :: "r"(mg_smem_addr(dst)), "l"(m), "r"(c0), "r"(c1), "r"(c2), "r"(c3),
+                  "r"(c4), "r"(mg_smem_addr(b)) : "memory");
+#endif
 }
 // Tensor cores: D = A * B + D, m16n8k16, f32 accumulators; operands packed from f32.
 __device__ __forceinline__ unsigned mg_pack_f16(float lo, float hi) {
@@ -237,6 +323,7 @@ extern "C" __global__ void __launch_bounds__(256) mg_k0_mirage_layernorm_linear_
     const mg_f16* __restrict__ p0,
     mg_f16* __restrict__ p1) {
   mg_grid_wait();
+  mg_grid_release();
   const int row = blockIdx.x * 8 + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (row >= 16) return;
@@ -253,6 +340,7 @@ extern "C" __global__ void __launch_bounds__(256) mg_k1_mirage_layernorm_linear_
     const mg_f16* __restrict__ p1,
     mg_f16* __restrict__ p2) {
   mg_grid_wait();
+  mg_grid_release();
   for (int e8 = blockIdx.x * 256 + threadIdx.x; e8 < 8192; e8 += gridDim.x * 256) {
     const int e = e8 * 8;
     const int i0 = e / 4096;
@@ -291,6 +379,7 @@ extern "C" __global__ void __launch_bounds__(256) mg_k2_mirage_layernorm_linear_
     const mg_f16* __restrict__ p1,
     mg_f16* __restrict__ p2) {
   mg_grid_wait();
+  mg_grid_release();
   __shared__ float red[8];
   const int row = blockIdx.x;
   const int r0 = row;
@@ -307,6 +396,7 @@ extern "C" __global__ void __launch_bounds__(256) mg_k3_mirage_layernorm_linear_
     const mg_f16* __restrict__ p1,
     mg_f16* __restrict__ p2) {
   mg_grid_wait();
+  mg_grid_release();
   for (int e8 = blockIdx.x * 256 + threadIdx.x; e8 < 8192; e8 += gridDim.x * 256) {
     const int e = e8 * 8;
     const int i0 = e / 4096;
@@ -343,70 +433,91 @@ extern "C" __global__ void __launch_bounds__(256) mg_k3_mirage_layernorm_linear_
 extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(128, 1) mg_k4_mirage_layernorm_linear_b16_f16_h16x4096_h4096_h4096_h4096x4096_to_h16x4096(
     const mg_f16* __restrict__ p0,
     const mg_f16* __restrict__ p1,
-    mg_f16* __restrict__ p2) {
-  mg_grid_wait();
+    mg_f16* __restrict__ p2,
+    const __grid_constant__ mg_tmap p3,
+    const __grid_constant__ mg_tmap p4) {
   const int bx = blockIdx.x, by = blockIdx.y, bz = 0;
   (void)bx; (void)by; (void)bz;
   const unsigned mg_rank = blockIdx.z;
   const int mg_it0 = (int)mg_rank * 16;
-  extern __shared__ __align__(16) unsigned char mg_smem[];
+  extern __shared__ __align__(16) unsigned char mg_smem_raw[];
+  unsigned char* mg_smem = mg_smem_raw + ((1024u - (mg_smem_addr(mg_smem_raw) & 1023u)) & 1023u);
   const int base_a = 0;
   const int base_b = bx * 64;
-  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 95232);
+  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 127024);
   if (threadIdx.x < 4) mg_zero[threadIdx.x] = 0u;
+  unsigned long long* mg_mbar = reinterpret_cast<unsigned long long*>(mg_smem + 126976);
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < 6; ++s) mg_mbar_init(mg_mbar + s);
+    mg_mbar_fence_init();
+  }
+  __syncthreads();
   mg_f16* sm_a_0 = reinterpret_cast<mg_f16*>(mg_smem + 0);
-  mg_f16* sm_b_0 = reinterpret_cast<mg_f16*>(mg_smem + 17408);
-  float* buf_s = reinterpret_cast<float*>(mg_smem + 91136);
-  int mg_so_a[2], mg_do_a[2];
-  #pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    const int c1 = threadIdx.x + i * 128;
-    const int s2_0 = c1 / 16;
-    const int s2_1 = (c1) % 16;
-    mg_so_a[i] = s2_0 * 4096 + (s2_1 * 8);
-    mg_do_a[i] = s2_0 * 136 + (s2_1 * 8);
+  mg_f16* sm_b_0 = reinterpret_cast<mg_f16*>(mg_smem + 24576);
+  float* buf_s = reinterpret_cast<float*>(mg_smem + 122880);
+  if (threadIdx.x == 0) {
+    mg_mbar_expect(mg_mbar + ((0) % 6), 16384u);
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 8192)), &p4, bx * 64, ((mg_it0 + 0)) * 128, mg_mbar + ((0) % 6));
   }
-  int mg_so_b[8], mg_do_b[8];
-  #pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    const int c3 = threadIdx.x + i * 128;
-    const int s4_0 = c3 / 8;
-    const int s4_1 = (c3) % 8;
-    mg_so_b[i] = s4_0 * 4096 + (s4_1 * 8);
-    mg_do_b[i] = s4_0 * 72 + (s4_1 * 8);
+  if (threadIdx.x == 0) {
+    mg_mbar_expect(mg_mbar + ((1) % 6), 16384u);
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 8192)), &p4, bx * 64, ((mg_it0 + 1)) * 128, mg_mbar + ((1) % 6));
   }
-  #pragma unroll
-  for (int i = 0; i < 2; ++i) mg_cp_async16((sm_a_0 + ((0) % 4) * 2176) + mg_do_a[i], p0 + ((base_a + (mg_it0 + 0) * 128)) + mg_so_a[i]);
-  #pragma unroll
-  for (int i = 0; i < 8; ++i) mg_cp_async16((sm_b_0 + ((0) % 4) * 9216) + mg_do_b[i], p1 + ((base_b + (mg_it0 + 0) * 524288)) + mg_so_b[i]);
-  mg_cp_async_commit();
-  #pragma unroll
-  for (int i = 0; i < 2; ++i) mg_cp_async16((sm_a_0 + ((1) % 4) * 2176) + mg_do_a[i], p0 + ((base_a + (mg_it0 + 1) * 128)) + mg_so_a[i]);
-  #pragma unroll
-  for (int i = 0; i < 8; ++i) mg_cp_async16((sm_b_0 + ((1) % 4) * 9216) + mg_do_b[i], p1 + ((base_b + (mg_it0 + 1) * 524288)) + mg_so_b[i]);
-  mg_cp_async_commit();
-  #pragma unroll
-  for (int i = 0; i < 2; ++i) mg_cp_async16((sm_a_0 + ((2) % 4) * 2176) + mg_do_a[i], p0 + ((base_a + (mg_it0 + 2) * 128)) + mg_so_a[i]);
-  #pragma unroll
-  for (int i = 0; i < 8; ++i) mg_cp_async16((sm_b_0 + ((2) % 4) * 9216) + mg_do_b[i], p1 + ((base_b + (mg_it0 + 2) * 524288)) + mg_so_b[i]);
-  mg_cp_async_commit();
+  if (threadIdx.x == 0) {
+    mg_mbar_expect(mg_mbar + ((2) % 6), 16384u);
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 8192)), &p4, bx * 64, ((mg_it0 + 2)) * 128, mg_mbar + ((2) % 6));
+  }
+  if (threadIdx.x == 0) {
+    mg_mbar_expect(mg_mbar + ((3) % 6), 16384u);
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 8192)), &p4, bx * 64, ((mg_it0 + 3)) * 128, mg_mbar + ((3) % 6));
+  }
+  if (threadIdx.x == 0) {
+    mg_mbar_expect(mg_mbar + ((4) % 6), 16384u);
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 8192)), &p4, bx * 64, ((mg_it0 + 4)) * 128, mg_mbar + ((4) % 6));
+  }
+  mg_grid_wait();
+  mg_grid_release();
+  if (threadIdx.x == 0) {
+    mg_mbar_arrive_expect(mg_mbar + ((0) % 6), 4096u);
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((0) % 6) * 2048)), &p3, ((mg_it0 + 0)) * 128, 0, mg_mbar + ((0) % 6));
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((0) % 6) * 2048)) + 2048, &p3, ((mg_it0 + 0)) * 128 + 64, 0, mg_mbar + ((0) % 6));
+  }
+  if (threadIdx.x == 0) {
+    mg_mbar_arrive_expect(mg_mbar + ((1) % 6), 4096u);
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((1) % 6) * 2048)), &p3, ((mg_it0 + 1)) * 128, 0, mg_mbar + ((1) % 6));
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((1) % 6) * 2048)) + 2048, &p3, ((mg_it0 + 1)) * 128 + 64, 0, mg_mbar + ((1) % 6));
+  }
+  if (threadIdx.x == 0) {
+    mg_mbar_arrive_expect(mg_mbar + ((2) % 6), 4096u);
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((2) % 6) * 2048)), &p3, ((mg_it0 + 2)) * 128, 0, mg_mbar + ((2) % 6));
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((2) % 6) * 2048)) + 2048, &p3, ((mg_it0 + 2)) * 128 + 64, 0, mg_mbar + ((2) % 6));
+  }
+  if (threadIdx.x == 0) {
+    mg_mbar_arrive_expect(mg_mbar + ((3) % 6), 4096u);
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((3) % 6) * 2048)), &p3, ((mg_it0 + 3)) * 128, 0, mg_mbar + ((3) % 6));
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((3) % 6) * 2048)) + 2048, &p3, ((mg_it0 + 3)) * 128 + 64, 0, mg_mbar + ((3) % 6));
+  }
+  if (threadIdx.x == 0) {
+    mg_mbar_arrive_expect(mg_mbar + ((4) % 6), 4096u);
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((4) % 6) * 2048)), &p3, ((mg_it0 + 4)) * 128, 0, mg_mbar + ((4) % 6));
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((4) % 6) * 2048)) + 2048, &p3, ((mg_it0 + 4)) * 128 + 64, 0, mg_mbar + ((4) % 6));
+  }
   float acc_s[2][4];
   #pragma unroll
   for (int j = 0; j < 2; ++j) acc_s[j][0] = acc_s[j][1] = acc_s[j][2] = acc_s[j][3] = 0.0f;
   for (int it = 0; it < 16; ++it) {
-    const int off_a = base_a + (mg_it0 + it) * 128;
-    const int off_b = base_b + (mg_it0 + it) * 524288;
-    mg_cp_async_wait<2>();
+    mg_mbar_wait(mg_mbar + (it % 6), (it / 6) & 1);
     __syncthreads();
-    if (it + 3 < 16) {
-      #pragma unroll
-      for (int i = 0; i < 2; ++i) mg_cp_async16((sm_a_0 + (((it + 3)) % 4) * 2176) + mg_do_a[i], p0 + ((off_a + 384)) + mg_so_a[i]);
-      #pragma unroll
-      for (int i = 0; i < 8; ++i) mg_cp_async16((sm_b_0 + (((it + 3)) % 4) * 9216) + mg_do_b[i], p1 + ((off_b + 1572864)) + mg_so_b[i]);
+    if (it + 5 < 16) {
+      if (threadIdx.x == 0) {
+        mg_mbar_arrive_expect(mg_mbar + ((it + 5) % 6), 20480u);
+        mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((it + 5) % 6) * 2048)), &p3, ((mg_it0 + it + 5)) * 128, 0, mg_mbar + ((it + 5) % 6));
+        mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((it + 5) % 6) * 2048)) + 2048, &p3, ((mg_it0 + it + 5)) * 128 + 64, 0, mg_mbar + ((it + 5) % 6));
+        mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 8192)), &p4, bx * 64, ((mg_it0 + it + 5)) * 128, mg_mbar + ((it + 5) % 6));
+      }
     }
-    mg_cp_async_commit();
-    const auto* sm_a = (sm_a_0 + ((it) % 4) * 2176);
-    const auto* sm_b = (sm_b_0 + ((it) % 4) * 9216);
+    const auto* sm_a = (sm_a_0 + ((it) % 6) * 2048);
+    const auto* sm_b = (sm_b_0 + ((it) % 6) * 8192);
     {
       const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
       const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
@@ -421,7 +532,7 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(128, 1) m
       unsigned ra0, ra1, ra2, ra3;
       const int mg_mi = 0, r0 = mg_g, r1 = r0 + 8;
       (void)r0; (void)r1;
-      mg_ldsm_x4(ra0, ra1, ra2, ra3, (sm_a + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) * 136 + (kk + (mg_lane >> 4) * 8))));
+      mg_ldsm_x4(ra0, ra1, ra2, ra3, (reinterpret_cast<const unsigned char*>(sm_a) + ((((kk + (mg_lane >> 4) * 8)) * 2) / 128) * 2048 + (((((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8))) * 128 + (((kk + (mg_lane >> 4) * 8)) * 2) % 128) ^ (((((((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8))) * 128 + (((kk + (mg_lane >> 4) * 8)) * 2) % 128) >> 7) & 7) << 4))));
       #pragma unroll
       for (int j = 0; j < 2; ++j) {
         const int q = mg_grp + 4 * j;
@@ -431,7 +542,7 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(128, 1) m
           const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
           (void)mg_nb; (void)c0; (void)n0;
           unsigned rb0, rb1;
-          mg_ldsm_x2_t(rb0, rb1, (sm_b + ((kk + (mg_lane & 15)) * 72 + (mg_ni * 8))));
+          mg_ldsm_x2_t(rb0, rb1, (reinterpret_cast<const unsigned char*>(sm_b) + ((((mg_ni * 8)) * 2) / 128) * 16384 + (((((kk + (mg_lane & 15)))) * 128 + (((mg_ni * 8)) * 2) % 128) ^ (((((((kk + (mg_lane & 15)))) * 128 + (((mg_ni * 8)) * 2) % 128) >> 7) & 7) << 4))));
           mg_mma_f16(acc_s[j], ra0, ra1, ra2, ra3, rb0, rb1);
         }
       }
@@ -493,10 +604,10 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(128, 1) m
   mg_cluster_arrive();
   __syncthreads();
   buf_s = reinterpret_cast<float*>(mg_smem + 0);
-  for (int e5 = (int)mg_rank * 128 + (int)threadIdx.x; e5 < 128; e5 += 256) {
-    const int i6_0 = e5 / 8;
-    const int i6_1 = (e5) % 8;
-    mg_st8(p2 + (bx * 64 + i6_0 * 4096 + (i6_1 * 8)), buf_s[i6_0 * 64 + ((i6_1 * 8) + 0)], buf_s[i6_0 * 64 + ((i6_1 * 8) + 1)], buf_s[i6_0 * 64 + ((i6_1 * 8) + 2)], buf_s[i6_0 * 64 + ((i6_1 * 8) + 3)], buf_s[i6_0 * 64 + ((i6_1 * 8) + 4)], buf_s[i6_0 * 64 + ((i6_1 * 8) + 5)], buf_s[i6_0 * 64 + ((i6_1 * 8) + 6)], buf_s[i6_0 * 64 + ((i6_1 * 8) + 7)]);
+  for (int e1 = (int)mg_rank * 128 + (int)threadIdx.x; e1 < 128; e1 += 256) {
+    const int i2_0 = e1 / 8;
+    const int i2_1 = (e1) % 8;
+    mg_st8(p2 + (bx * 64 + i2_0 * 4096 + (i2_1 * 8)), buf_s[i2_0 * 64 + ((i2_1 * 8) + 0)], buf_s[i2_0 * 64 + ((i2_1 * 8) + 1)], buf_s[i2_0 * 64 + ((i2_1 * 8) + 2)], buf_s[i2_0 * 64 + ((i2_1 * 8) + 3)], buf_s[i2_0 * 64 + ((i2_1 * 8) + 4)], buf_s[i2_0 * 64 + ((i2_1 * 8) + 5)], buf_s[i2_0 * 64 + ((i2_1 * 8) + 6)], buf_s[i2_0 * 64 + ((i2_1 * 8) + 7)]);
   }
   mg_cluster_wait();
 }
@@ -512,6 +623,45 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(128, 1) m
 #endif
 
 extern "C" size_t mirage_layernorm_linear_b16_f16_h16x4096_h4096_h4096_h4096x4096_to_h16x4096_workspace_bytes(void) { return 393472u; }
+
+// Bulk tensor copies read through tensor maps, which the launcher encodes on every call
+// (the addresses may change) with the driver's cuTensorMapEncodeTiled, found through the
+// runtime so that nothing but the CUDA runtime needs to be linked.
+#include <cuda.h>
+#if CUDART_VERSION < 12000
+#error "mirage-cli generated code with bulk tensor copies needs CUDA 12.0 or newer"
+#endif
+static_assert(sizeof(mg_tmap) == sizeof(CUtensorMap), "tensor map size");
+typedef CUresult (*mg_encode_fn_mirage_layernorm_linear_b16_f16_h16x4096_h4096_h4096_h4096x4096_to_h16x4096)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*,
+    const cuuint64_t*, const cuuint64_t*, const cuuint32_t*, const cuuint32_t*,
+    CUtensorMapInterleave, CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+static std::atomic<void*> mg_encoder_mirage_layernorm_linear_b16_f16_h16x4096_h4096_h4096_h4096x4096_to_h16x4096{nullptr};
+
+static cudaError_t mg_encode_tmap_mirage_layernorm_linear_b16_f16_h16x4096_h4096_h4096_h4096x4096_to_h16x4096(mg_tmap* mg_map, const void* mg_base,
+                                   CUtensorMapDataType mg_dtype, cuuint32_t mg_rank,
+                                   const cuuint64_t* mg_dims, const cuuint64_t* mg_strides,
+                                   const cuuint32_t* mg_box, CUtensorMapSwizzle mg_swizzle) {
+  void* mg_fn = mg_encoder_mirage_layernorm_linear_b16_f16_h16x4096_h4096_h4096_h4096x4096_to_h16x4096.load(std::memory_order_acquire);
+  if (mg_fn == nullptr) {
+    cudaDriverEntryPointQueryResult mg_found = cudaDriverEntryPointSymbolNotFound;
+#if CUDART_VERSION >= 12050
+    cudaError_t mg_err = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &mg_fn,
+                                                          12000, cudaEnableDefault, &mg_found);
+#else
+    cudaError_t mg_err = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &mg_fn,
+                                                 cudaEnableDefault, &mg_found);
+#endif
+    if (mg_err != cudaSuccess) return mg_err;
+    if (mg_found != cudaDriverEntryPointSuccess || mg_fn == nullptr) return cudaErrorSymbolNotFound;
+    mg_encoder_mirage_layernorm_linear_b16_f16_h16x4096_h4096_h4096_h4096x4096_to_h16x4096.store(mg_fn, std::memory_order_release);
+  }
+  const cuuint32_t mg_steps[5] = {1, 1, 1, 1, 1};
+  const CUresult mg_res = reinterpret_cast<mg_encode_fn_mirage_layernorm_linear_b16_f16_h16x4096_h4096_h4096_h4096x4096_to_h16x4096>(mg_fn)(
+      reinterpret_cast<CUtensorMap*>(mg_map), mg_dtype, mg_rank, const_cast<void*>(mg_base),
+      mg_dims, mg_strides, mg_box, mg_steps, CU_TENSOR_MAP_INTERLEAVE_NONE, mg_swizzle,
+      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return mg_res == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+}
 
 // What the launcher needs to know about the current device, found once per device
 // (a state per device ordinal; two threads racing store the same value, which is
@@ -531,7 +681,7 @@ static cudaError_t mg_prepare_mirage_layernorm_linear_b16_f16_h16x4096_h4096_h40
     if (*mg_state != 0) return cudaSuccess;
   }
   mg_err = cudaFuncSetAttribute((const void*)mg_k4_mirage_layernorm_linear_b16_f16_h16x4096_h4096_h4096_h4096x4096_to_h16x4096,
-                                cudaFuncAttributeMaxDynamicSharedMemorySize, 95248);
+                                cudaFuncAttributeMaxDynamicSharedMemorySize, 128064);
   if (mg_err != cudaSuccess) return mg_err;
   int mg_major = 0;
   mg_err = cudaDeviceGetAttribute(&mg_major, cudaDevAttrComputeCapabilityMajor, mg_dev);
@@ -616,11 +766,29 @@ extern "C" cudaError_t mirage_layernorm_linear_b16_f16_h16x4096_h4096_h4096_h409
     const mg_f16* mg_a0 = (const mg_f16*)(mg_ws + 262400);
     const mg_f16* mg_a1 = (const mg_f16*)(mg_in3_W);
     mg_f16* mg_a2 = (mg_f16*)(mg_out0_Z);
-    void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
+    mg_tmap mg_a3;
+    {
+      const cuuint64_t mg_dims[] = {4096, 16};
+      const cuuint64_t mg_strides[] = {8192};
+      const cuuint32_t mg_box[] = {64, 16};
+      mg_err = mg_encode_tmap_mirage_layernorm_linear_b16_f16_h16x4096_h4096_h4096_h4096x4096_to_h16x4096(&mg_a3, mg_ws + 262400, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2,
+                                mg_dims, mg_strides, mg_box, CU_TENSOR_MAP_SWIZZLE_128B);
+      if (mg_err != cudaSuccess) return mg_err;
+    }
+    mg_tmap mg_a4;
+    {
+      const cuuint64_t mg_dims[] = {4096, 4096};
+      const cuuint64_t mg_strides[] = {8192};
+      const cuuint32_t mg_box[] = {64, 128};
+      mg_err = mg_encode_tmap_mirage_layernorm_linear_b16_f16_h16x4096_h4096_h4096_h4096x4096_to_h16x4096(&mg_a4, mg_in3_W, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2,
+                                mg_dims, mg_strides, mg_box, CU_TENSOR_MAP_SWIZZLE_128B);
+      if (mg_err != cudaSuccess) return mg_err;
+    }
+    void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2, &mg_a3, &mg_a4};
     cudaLaunchConfig_t mg_cfg = {};
     mg_cfg.gridDim = dim3(64, 1, 2);
     mg_cfg.blockDim = dim3(128);
-    mg_cfg.dynamicSmemBytes = 95248;
+    mg_cfg.dynamicSmemBytes = 128064;
     mg_cfg.stream = mg_stream;
     mg_cfg.attrs = mg_pdl;
     mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;

@@ -24,15 +24,15 @@ enum {
   mirage_layernorm_linear_b16_f16_h16x4096_h4096_h4096_h4096x4096_to_h16x4096_IN0_DTYPE = MIRAGE_DTYPE_F16,
   mirage_layernorm_linear_b16_f16_h16x4096_h4096_h4096_h4096x4096_to_h16x4096_IN0_DIM0 = 16,
   mirage_layernorm_linear_b16_f16_h16x4096_h4096_h4096_h4096x4096_to_h16x4096_IN0_DIM1 = 4096,
-  // input 1 'G': f16[4096]
+  // input 1 'G': f16[4096] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
   mirage_layernorm_linear_b16_f16_h16x4096_h4096_h4096_h4096x4096_to_h16x4096_IN1_RANK = 1,
   mirage_layernorm_linear_b16_f16_h16x4096_h4096_h4096_h4096x4096_to_h16x4096_IN1_DTYPE = MIRAGE_DTYPE_F16,
   mirage_layernorm_linear_b16_f16_h16x4096_h4096_h4096_h4096x4096_to_h16x4096_IN1_DIM0 = 4096,
-  // input 2 'Bias': f16[4096]
+  // input 2 'Bias': f16[4096] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
   mirage_layernorm_linear_b16_f16_h16x4096_h4096_h4096_h4096x4096_to_h16x4096_IN2_RANK = 1,
   mirage_layernorm_linear_b16_f16_h16x4096_h4096_h4096_h4096x4096_to_h16x4096_IN2_DTYPE = MIRAGE_DTYPE_F16,
   mirage_layernorm_linear_b16_f16_h16x4096_h4096_h4096_h4096x4096_to_h16x4096_IN2_DIM0 = 4096,
-  // input 3 'W': f16[4096, 4096]
+  // input 3 'W': f16[4096, 4096] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
   mirage_layernorm_linear_b16_f16_h16x4096_h4096_h4096_h4096x4096_to_h16x4096_IN3_RANK = 2,
   mirage_layernorm_linear_b16_f16_h16x4096_h4096_h4096_h4096x4096_to_h16x4096_IN3_DTYPE = MIRAGE_DTYPE_F16,
   mirage_layernorm_linear_b16_f16_h16x4096_h4096_h4096_h4096x4096_to_h16x4096_IN3_DIM0 = 4096,
@@ -60,9 +60,9 @@ size_t mirage_layernorm_linear_b16_f16_h16x4096_h4096_h4096_h4096x4096_to_h16x40
 
 // Runs 'layernorm_linear_b16_f16' on `mg_stream`. Arguments, in order:
 //   mg_in0_X: input 0 'X': f16[16, 4096]
-//   mg_in1_G: input 1 'G': f16[4096]
-//   mg_in2_Bias: input 2 'Bias': f16[4096]
-//   mg_in3_W: input 3 'W': f16[4096, 4096]
+//   mg_in1_G: input 1 'G': f16[4096] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
+//   mg_in2_Bias: input 2 'Bias': f16[4096] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
+//   mg_in3_W: input 3 'W': f16[4096, 4096] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
 //   mg_out0_Z: output 0 'Z': f16[16, 4096]
 // All tensors are row-major, contiguous, 16-byte aligned device memory.
 // Returns the first CUDA error; never allocates, synchronises or exits.

@@ -24,15 +24,15 @@ enum {
   mirage_layernorm_linear_b1_bf16_b1x4096_b4096_b4096_b4096x4096_to_b1x4096_IN0_DTYPE = MIRAGE_DTYPE_BF16,
   mirage_layernorm_linear_b1_bf16_b1x4096_b4096_b4096_b4096x4096_to_b1x4096_IN0_DIM0 = 1,
   mirage_layernorm_linear_b1_bf16_b1x4096_b4096_b4096_b4096x4096_to_b1x4096_IN0_DIM1 = 4096,
-  // input 1 'G': bf16[4096]
+  // input 1 'G': bf16[4096] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
   mirage_layernorm_linear_b1_bf16_b1x4096_b4096_b4096_b4096x4096_to_b1x4096_IN1_RANK = 1,
   mirage_layernorm_linear_b1_bf16_b1x4096_b4096_b4096_b4096x4096_to_b1x4096_IN1_DTYPE = MIRAGE_DTYPE_BF16,
   mirage_layernorm_linear_b1_bf16_b1x4096_b4096_b4096_b4096x4096_to_b1x4096_IN1_DIM0 = 4096,
-  // input 2 'Bias': bf16[4096]
+  // input 2 'Bias': bf16[4096] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
   mirage_layernorm_linear_b1_bf16_b1x4096_b4096_b4096_b4096x4096_to_b1x4096_IN2_RANK = 1,
   mirage_layernorm_linear_b1_bf16_b1x4096_b4096_b4096_b4096x4096_to_b1x4096_IN2_DTYPE = MIRAGE_DTYPE_BF16,
   mirage_layernorm_linear_b1_bf16_b1x4096_b4096_b4096_b4096x4096_to_b1x4096_IN2_DIM0 = 4096,
-  // input 3 'W': bf16[4096, 4096]
+  // input 3 'W': bf16[4096, 4096] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
   mirage_layernorm_linear_b1_bf16_b1x4096_b4096_b4096_b4096x4096_to_b1x4096_IN3_RANK = 2,
   mirage_layernorm_linear_b1_bf16_b1x4096_b4096_b4096_b4096x4096_to_b1x4096_IN3_DTYPE = MIRAGE_DTYPE_BF16,
   mirage_layernorm_linear_b1_bf16_b1x4096_b4096_b4096_b4096x4096_to_b1x4096_IN3_DIM0 = 4096,
@@ -60,9 +60,9 @@ size_t mirage_layernorm_linear_b1_bf16_b1x4096_b4096_b4096_b4096x4096_to_b1x4096
 
 // Runs 'layernorm_linear_b1_bf16' on `mg_stream`. Arguments, in order:
 //   mg_in0_X: input 0 'X': bf16[1, 4096]
-//   mg_in1_G: input 1 'G': bf16[4096]
-//   mg_in2_Bias: input 2 'Bias': bf16[4096]
-//   mg_in3_W: input 3 'W': bf16[4096, 4096]
+//   mg_in1_G: input 1 'G': bf16[4096] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
+//   mg_in2_Bias: input 2 'Bias': bf16[4096] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
+//   mg_in3_W: input 3 'W': bf16[4096, 4096] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
 //   mg_out0_Z: output 0 'Z': bf16[1, 4096]
 // All tensors are row-major, contiguous, 16-byte aligned device memory.
 // Returns the first CUDA error; never allocates, synchronises or exits.

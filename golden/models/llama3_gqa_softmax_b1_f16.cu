@@ -10,15 +10,18 @@
 // input 1 'K': f16[8, 128, 4096]
 // input 2 'V': f16[8, 4096, 128]
 // output 0 'O': f16[8, 4, 128]
-// kernel mg_k0_mirage_llama3_gqa_softmax_b1_f16_h8x4x128_h8x128x4096_h8x4096x128_to_h8x4x128: grid [16, 1, 8], 128 threads, 38672 B dynamic shared memory
+// kernel mg_k0_mirage_llama3_gqa_softmax_b1_f16_h8x4x128_h8x128x4096_h8x4096x128_to_h8x4x128: grid [16, 1, 8], 128 threads, 55488 B dynamic shared memory
 // kernel mg_k1_mirage_llama3_gqa_softmax_b1_f16_h8x4x128_h8x128x4096_h8x4096x128_to_h8x4x128: grid [64, 1, 1], 256 threads, 0 B dynamic shared memory
 // kernel mg_k2_mirage_llama3_gqa_softmax_b1_f16_h8x4x128_h8x128x4096_h8x4096x128_to_h8x4x128: grid [32, 1, 1], 256 threads, 0 B dynamic shared memory
-// kernel mg_k3_mirage_llama3_gqa_softmax_b1_f16_h8x4x128_h8x128x4096_h8x4096x128_to_h8x4x128: grid [8, 1, 8], 256 threads, 115216 B dynamic shared memory
+// kernel mg_k3_mirage_llama3_gqa_softmax_b1_f16_h8x4x128_h8x128x4096_h8x4096x128_to_h8x4x128: grid [8, 1, 8], 256 threads, 172688 B dynamic shared memory
 
 // The kernels use cp.async, bf16 conversions and mma.sync shapes of sm_80 and later:
 // one clear error instead of a wall of ptxas errors for an older target.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
 #error "mirage-cli generated code needs sm_80 or newer: compile with -arch=sm_80 or -arch=sm_90"
+// Some kernels use bulk tensor copies (TMA), sm_90 features.
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+#error "this file was generated for sm_90 (bulk tensor copies): compile with -arch=sm_90, or generate it with --arch sm_80"
 #endif
 
 // Storage types and helpers. The device code needs no header, so NVRTC compiles it
@@ -47,13 +50,24 @@ __device__ __forceinline__ void mg_st(mg_bf16* p, float v) {
   p->bits = h;
 }
 // Programmatic dependent launch (sm_90 and later): the entry point lets each kernel
-// start while the kernel before it in the stream drains, so the launch latency is
-// hidden. Every kernel's first act is this wait, which returns once that kernel has
-// finished and its writes are visible: no input is ever read early. On a launch
-// without the attribute it returns at once; before sm_90 it is not emitted.
+// start while the kernel before it in the stream drains. Each kernel waits here, and
+// returns once that kernel has finished and its writes are visible. Before the wait
+// a kernel only computes addresses and copies the first pipeline stages of inputs
+// that no kernel still running can be writing: inputs declared `weight`, or any
+// input of the program once an earlier kernel of this call has waited. On a launch
+// without the attribute the wait returns at once; before sm_90 it is not emitted.
 __device__ __forceinline__ void mg_grid_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+// After its wait, each kernel lets the next one in the stream launch: its blocks take
+// the SMs this kernel's blocks free and copy their weights while this one finishes.
+// Released only after the wait, so a kernel launched early never runs alongside the
+// kernel two places ahead of it.
+__device__ __forceinline__ void mg_grid_release() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }
 __device__ __forceinline__ float mg_silu(float x) { return x / (1.0f + expf(-x)); }
@@ -104,6 +118,81 @@ __device__ __forceinline__ void mg_cp_async_wait() {
 }
 __device__ __forceinline__ void mg_cp_async_wait_all() {
   asm volatile("cp.async.wait_all;" ::: "memory");
+}
+// Bulk tensor copies (TMA, sm_90): a tensor map (encoded by the host, passed by value
+// as a __grid_constant__ parameter) describes a device tensor and a box; one thread
+// copies a box into shared memory, and the copy's bytes complete a phase of an
+// mbarrier on which every thread waits. Before sm_90 these are never called.
+struct __align__(64) mg_tmap { unsigned long long q[16]; };
+__device__ __forceinline__ unsigned mg_smem_addr(const void* p) {
+  return (unsigned)__cvta_generic_to_shared(p);
+}
+__device__ __forceinline__ void mg_mbar_init(unsigned long long* b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(mg_smem_addr(b)) : "memory");
+#endif
+}
+__device__ __forceinline__ void mg_mbar_fence_init() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+#endif
+}
+// Expect `bytes` more on the barrier's current phase, without arriving.
+__device__ __forceinline__ void mg_mbar_expect(unsigned long long* b, unsigned bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;"
+               :: "r"(mg_smem_addr(b)), "r"(bytes) : "memory");
+#endif
+}
+// Arrive (the phase's one arrival) expecting `bytes` more.
+__device__ __forceinline__ void mg_mbar_arrive_expect(unsigned long long* b, unsigned bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
+               :: "r"(mg_smem_addr(b)), "r"(bytes) : "memory");
+#endif
+}
+__device__ __forceinline__ void mg_mbar_wait(unsigned long long* b, int parity) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("{\n .reg .pred p;\n MG_WAIT:\n"
+               " mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+               " @!p bra MG_WAIT;\n}" :: "r"(mg_smem_addr(b)), "r"(parity) : "memory");
+#endif
+}
+__device__ __forceinline__ void mg_tma2(void* dst, const mg_tmap* m, int c0, int c1,
+                                        unsigned long long* b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+               " [%0], [%1, {%2, %3}], [%4];"
+               :: "r"(mg_smem_addr(dst)), "l"(m), "r"(c0), "r"(c1), "r"(mg_smem_addr(b))
+               : "memory");
+#endif
+}
+__device__ __forceinline__ void mg_tma3(void* dst, const mg_tmap* m, int c0, int c1, int c2,
+                                        unsigned long long* b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
+               " [%0], [%1, {%2, %3, %4}], [%5];"
+               :: "r"(mg_smem_addr(dst)), "l"(m), "r"(c0), "r"(c1), "r"(c2),
+                  "r"(mg_smem_addr(b)) : "memory");
+#endif
+}
+__device__ __forceinline__ void mg_tma4(void* dst, const mg_tmap* m, int c0, int c1, int c2,
+                                        int c3, unsigned long long* b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes"
+               " [%0], [%1, {%2, %3, %4, %5}], [%6];"
+               :: "r"(mg_smem_addr(dst)), "l"(m), "r"(c0), "r"(c1), "r"(c2), "r"(c3),
+                  "r"(mg_smem_addr(b)) : "memory");
+#endif
+}
+__device__ __forceinline__ void mg_tma5(void* dst, const mg_tmap* m, int c0, int c1, int c2,
+                                        int c3, int c4, unsigned long long* b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.tensor.5d.shared::cluster.global.mbarrier::complete_tx::bytes"
+               " [%0], [%1, {%2, %3, %4, %5, %6}], [%7];"
+               :: "r"(mg_smem_addr(dst)), "l"(m), "r"(c0), "r"(c1), "r"(c2), "r"(c3),
+                  "r"(c4), "r"(mg_smem_addr(b)) : "memory");
+#endif
 }
 // Tensor cores: D = A * B + D, m16n8k16, f32 accumulators; operands packed from f32.
 __device__ __forceinline__ unsigned mg_pack_f16(float lo, float hi) {
@@ -231,71 +320,117 @@ __device__ __forceinline__ void mg_dsmem_st(float* p, unsigned rank, float v) {
 extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_llama3_gqa_softmax_b1_f16_h8x4x128_h8x128x4096_h8x4096x128_to_h8x4x128(
     const mg_f16* __restrict__ p0,
     const mg_f16* __restrict__ p1,
-    mg_f16* __restrict__ p2) {
-  mg_grid_wait();
+    mg_f16* __restrict__ p2,
+    const __grid_constant__ mg_tmap p3) {
   const int bx = blockIdx.x, by = blockIdx.y, bz = blockIdx.z;
   (void)bx; (void)by; (void)bz;
-  extern __shared__ __align__(16) unsigned char mg_smem[];
+  extern __shared__ __align__(16) unsigned char mg_smem_raw[];
+  unsigned char* mg_smem = mg_smem_raw + ((1024u - (mg_smem_addr(mg_smem_raw) & 1023u)) & 1023u);
   const int base_a = bz * 512;
   const int base_b = bx * 256 + bz * 524288;
-  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 38656);
+  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 54448);
   if (threadIdx.x < 4) mg_zero[threadIdx.x] = 0u;
-  mg_f16* sm_a_0 = reinterpret_cast<mg_f16*>(mg_smem + 0);
-  mg_f16* sm_b_0 = reinterpret_cast<mg_f16*>(mg_smem + 768);
-  float* buf_s = reinterpret_cast<float*>(mg_smem + 34560);
-  int mg_so_b[4], mg_do_b[4];
-  #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int c3 = threadIdx.x + i * 128;
-    const int s4_1 = c3 / 32;
-    const int s4_2 = (c3) % 32;
-    mg_so_b[i] = s4_1 * 4096 + (s4_2 * 8);
-    mg_do_b[i] = s4_1 * 264 + (s4_2 * 8);
+  unsigned long long* mg_mbar = reinterpret_cast<unsigned long long*>(mg_smem + 54400);
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < 6; ++s) mg_mbar_init(mg_mbar + s);
+    mg_mbar_fence_init();
   }
+  __syncthreads();
+  mg_f16* sm_a_0 = reinterpret_cast<mg_f16*>(mg_smem + 49152);
+  mg_f16* sm_b_0 = reinterpret_cast<mg_f16*>(mg_smem + 0);
+  float* buf_s = reinterpret_cast<float*>(mg_smem + 50304);
+  mg_grid_wait();
+  mg_grid_release();
   for (int c1 = threadIdx.x; c1 < 8; c1 += 128) {
     const int s2_1 = c1 / 2;
     const int s2_2 = (c1) % 2;
-    mg_cp_async16((sm_a_0 + ((0) % 4) * 96) + (s2_1 * 24 + (s2_2 * 8)), p0 + ((base_a + 0)) + (s2_1 * 128 + (s2_2 * 8)));
+    mg_cp_async16((sm_a_0 + ((0) % 6) * 96) + (s2_1 * 24 + (s2_2 * 8)), p0 + ((base_a + 0)) + (s2_1 * 128 + (s2_2 * 8)));
   }
-  #pragma unroll
-  for (int i = 0; i < 4; ++i) mg_cp_async16((sm_b_0 + ((0) % 4) * 4224) + mg_do_b[i], p1 + ((base_b + 0)) + mg_so_b[i]);
+  if (threadIdx.x == 0) {
+    mg_mbar_arrive_expect(mg_mbar + ((0) % 6), 8192u);
+    mg_tma3(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 4096)), &p3, bx * 256, (0) * 16, bz * 1, mg_mbar + ((0) % 6));
+    mg_tma3(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 4096)) + 2048, &p3, bx * 256 + 64, (0) * 16, bz * 1, mg_mbar + ((0) % 6));
+    mg_tma3(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 4096)) + 4096, &p3, bx * 256 + 128, (0) * 16, bz * 1, mg_mbar + ((0) % 6));
+    mg_tma3(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 4096)) + 6144, &p3, bx * 256 + 192, (0) * 16, bz * 1, mg_mbar + ((0) % 6));
+  }
+  mg_cp_async_commit();
+  for (int c3 = threadIdx.x; c3 < 8; c3 += 128) {
+    const int s4_1 = c3 / 2;
+    const int s4_2 = (c3) % 2;
+    mg_cp_async16((sm_a_0 + ((1) % 6) * 96) + (s4_1 * 24 + (s4_2 * 8)), p0 + ((base_a + 16)) + (s4_1 * 128 + (s4_2 * 8)));
+  }
+  if (threadIdx.x == 0) {
+    mg_mbar_arrive_expect(mg_mbar + ((1) % 6), 8192u);
+    mg_tma3(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 4096)), &p3, bx * 256, (1) * 16, bz * 1, mg_mbar + ((1) % 6));
+    mg_tma3(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 4096)) + 2048, &p3, bx * 256 + 64, (1) * 16, bz * 1, mg_mbar + ((1) % 6));
+    mg_tma3(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 4096)) + 4096, &p3, bx * 256 + 128, (1) * 16, bz * 1, mg_mbar + ((1) % 6));
+    mg_tma3(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 4096)) + 6144, &p3, bx * 256 + 192, (1) * 16, bz * 1, mg_mbar + ((1) % 6));
+  }
   mg_cp_async_commit();
   for (int c5 = threadIdx.x; c5 < 8; c5 += 128) {
     const int s6_1 = c5 / 2;
     const int s6_2 = (c5) % 2;
-    mg_cp_async16((sm_a_0 + ((1) % 4) * 96) + (s6_1 * 24 + (s6_2 * 8)), p0 + ((base_a + 16)) + (s6_1 * 128 + (s6_2 * 8)));
+    mg_cp_async16((sm_a_0 + ((2) % 6) * 96) + (s6_1 * 24 + (s6_2 * 8)), p0 + ((base_a + 32)) + (s6_1 * 128 + (s6_2 * 8)));
   }
-  #pragma unroll
-  for (int i = 0; i < 4; ++i) mg_cp_async16((sm_b_0 + ((1) % 4) * 4224) + mg_do_b[i], p1 + ((base_b + 65536)) + mg_so_b[i]);
+  if (threadIdx.x == 0) {
+    mg_mbar_arrive_expect(mg_mbar + ((2) % 6), 8192u);
+    mg_tma3(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 4096)), &p3, bx * 256, (2) * 16, bz * 1, mg_mbar + ((2) % 6));
+    mg_tma3(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 4096)) + 2048, &p3, bx * 256 + 64, (2) * 16, bz * 1, mg_mbar + ((2) % 6));
+    mg_tma3(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 4096)) + 4096, &p3, bx * 256 + 128, (2) * 16, bz * 1, mg_mbar + ((2) % 6));
+    mg_tma3(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 4096)) + 6144, &p3, bx * 256 + 192, (2) * 16, bz * 1, mg_mbar + ((2) % 6));
+  }
   mg_cp_async_commit();
   for (int c7 = threadIdx.x; c7 < 8; c7 += 128) {
     const int s8_1 = c7 / 2;
     const int s8_2 = (c7) % 2;
-    mg_cp_async16((sm_a_0 + ((2) % 4) * 96) + (s8_1 * 24 + (s8_2 * 8)), p0 + ((base_a + 32)) + (s8_1 * 128 + (s8_2 * 8)));
+    mg_cp_async16((sm_a_0 + ((3) % 6) * 96) + (s8_1 * 24 + (s8_2 * 8)), p0 + ((base_a + 48)) + (s8_1 * 128 + (s8_2 * 8)));
   }
-  #pragma unroll
-  for (int i = 0; i < 4; ++i) mg_cp_async16((sm_b_0 + ((2) % 4) * 4224) + mg_do_b[i], p1 + ((base_b + 131072)) + mg_so_b[i]);
+  if (threadIdx.x == 0) {
+    mg_mbar_arrive_expect(mg_mbar + ((3) % 6), 8192u);
+    mg_tma3(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 4096)), &p3, bx * 256, (3) * 16, bz * 1, mg_mbar + ((3) % 6));
+    mg_tma3(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 4096)) + 2048, &p3, bx * 256 + 64, (3) * 16, bz * 1, mg_mbar + ((3) % 6));
+    mg_tma3(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 4096)) + 4096, &p3, bx * 256 + 128, (3) * 16, bz * 1, mg_mbar + ((3) % 6));
+    mg_tma3(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 4096)) + 6144, &p3, bx * 256 + 192, (3) * 16, bz * 1, mg_mbar + ((3) % 6));
+  }
+  mg_cp_async_commit();
+  for (int c9 = threadIdx.x; c9 < 8; c9 += 128) {
+    const int s10_1 = c9 / 2;
+    const int s10_2 = (c9) % 2;
+    mg_cp_async16((sm_a_0 + ((4) % 6) * 96) + (s10_1 * 24 + (s10_2 * 8)), p0 + ((base_a + 64)) + (s10_1 * 128 + (s10_2 * 8)));
+  }
+  if (threadIdx.x == 0) {
+    mg_mbar_arrive_expect(mg_mbar + ((4) % 6), 8192u);
+    mg_tma3(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 4096)), &p3, bx * 256, (4) * 16, bz * 1, mg_mbar + ((4) % 6));
+    mg_tma3(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 4096)) + 2048, &p3, bx * 256 + 64, (4) * 16, bz * 1, mg_mbar + ((4) % 6));
+    mg_tma3(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 4096)) + 4096, &p3, bx * 256 + 128, (4) * 16, bz * 1, mg_mbar + ((4) % 6));
+    mg_tma3(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 4096)) + 6144, &p3, bx * 256 + 192, (4) * 16, bz * 1, mg_mbar + ((4) % 6));
+  }
   mg_cp_async_commit();
   float acc_s[8][4];
   #pragma unroll
   for (int j = 0; j < 8; ++j) acc_s[j][0] = acc_s[j][1] = acc_s[j][2] = acc_s[j][3] = 0.0f;
   for (int it = 0; it < 8; ++it) {
     const int off_a = base_a + it * 16;
-    const int off_b = base_b + it * 65536;
-    mg_cp_async_wait<2>();
+    mg_cp_async_wait<4>();
+    mg_mbar_wait(mg_mbar + (it % 6), (it / 6) & 1);
     __syncthreads();
-    if (it + 3 < 8) {
-      for (int c9 = threadIdx.x; c9 < 8; c9 += 128) {
-        const int s10_1 = c9 / 2;
-        const int s10_2 = (c9) % 2;
-        mg_cp_async16((sm_a_0 + (((it + 3)) % 4) * 96) + (s10_1 * 24 + (s10_2 * 8)), p0 + ((off_a + 48)) + (s10_1 * 128 + (s10_2 * 8)));
+    if (it + 5 < 8) {
+      for (int c11 = threadIdx.x; c11 < 8; c11 += 128) {
+        const int s12_1 = c11 / 2;
+        const int s12_2 = (c11) % 2;
+        mg_cp_async16((sm_a_0 + (((it + 5)) % 6) * 96) + (s12_1 * 24 + (s12_2 * 8)), p0 + ((off_a + 80)) + (s12_1 * 128 + (s12_2 * 8)));
       }
-      #pragma unroll
-      for (int i = 0; i < 4; ++i) mg_cp_async16((sm_b_0 + (((it + 3)) % 4) * 4224) + mg_do_b[i], p1 + ((off_b + 196608)) + mg_so_b[i]);
+      if (threadIdx.x == 0) {
+        mg_mbar_arrive_expect(mg_mbar + ((it + 5) % 6), 8192u);
+        mg_tma3(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 4096)), &p3, bx * 256, (it + 5) * 16, bz * 1, mg_mbar + ((it + 5) % 6));
+        mg_tma3(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 4096)) + 2048, &p3, bx * 256 + 64, (it + 5) * 16, bz * 1, mg_mbar + ((it + 5) % 6));
+        mg_tma3(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 4096)) + 4096, &p3, bx * 256 + 128, (it + 5) * 16, bz * 1, mg_mbar + ((it + 5) % 6));
+        mg_tma3(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 4096)) + 6144, &p3, bx * 256 + 192, (it + 5) * 16, bz * 1, mg_mbar + ((it + 5) % 6));
+      }
     }
     mg_cp_async_commit();
-    const auto* sm_a = (sm_a_0 + ((it) % 4) * 96);
-    const auto* sm_b = (sm_b_0 + ((it) % 4) * 4224);
+    const auto* sm_a = (sm_a_0 + ((it) % 6) * 96);
+    const auto* sm_b = (sm_b_0 + ((it) % 6) * 4096);
     {
       const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
       const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
@@ -320,7 +455,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_llama3_gqa_sof
           const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
           (void)mg_nb; (void)c0; (void)n0;
           unsigned rb0, rb1;
-          mg_ldsm_x2_t(rb0, rb1, (sm_b + ((kk + (mg_lane & 15)) * 264 + (mg_ni * 8))));
+          mg_ldsm_x2_t(rb0, rb1, (reinterpret_cast<const unsigned char*>(sm_b) + ((((mg_ni * 8)) * 2) / 128) * 2048 + ((((0) * 16 + ((kk + (mg_lane & 15)))) * 128 + (((mg_ni * 8)) * 2) % 128) ^ ((((((0) * 16 + ((kk + (mg_lane & 15)))) * 128 + (((mg_ni * 8)) * 2) % 128) >> 7) & 7) << 4))));
           mg_mma_f16(acc_s[j], ra0, ra1, ra2, ra3, rb0, rb1);
         }
       }
@@ -352,10 +487,10 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_llama3_gqa_sof
     }
   }
   __syncthreads();
-  for (int e11 = threadIdx.x; e11 < 128; e11 += 128) {
-    const int i12_1 = e11 / 32;
-    const int i12_2 = (e11) % 32;
-    mg_st8(p2 + (bx * 256 + bz * 16384 + i12_1 * 4096 + (i12_2 * 8)), buf_s[i12_1 * 256 + ((i12_2 * 8) + 0)], buf_s[i12_1 * 256 + ((i12_2 * 8) + 1)], buf_s[i12_1 * 256 + ((i12_2 * 8) + 2)], buf_s[i12_1 * 256 + ((i12_2 * 8) + 3)], buf_s[i12_1 * 256 + ((i12_2 * 8) + 4)], buf_s[i12_1 * 256 + ((i12_2 * 8) + 5)], buf_s[i12_1 * 256 + ((i12_2 * 8) + 6)], buf_s[i12_1 * 256 + ((i12_2 * 8) + 7)]);
+  for (int e13 = threadIdx.x; e13 < 128; e13 += 128) {
+    const int i14_1 = e13 / 32;
+    const int i14_2 = (e13) % 32;
+    mg_st8(p2 + (bx * 256 + bz * 16384 + i14_1 * 4096 + (i14_2 * 8)), buf_s[i14_1 * 256 + ((i14_2 * 8) + 0)], buf_s[i14_1 * 256 + ((i14_2 * 8) + 1)], buf_s[i14_1 * 256 + ((i14_2 * 8) + 2)], buf_s[i14_1 * 256 + ((i14_2 * 8) + 3)], buf_s[i14_1 * 256 + ((i14_2 * 8) + 4)], buf_s[i14_1 * 256 + ((i14_2 * 8) + 5)], buf_s[i14_1 * 256 + ((i14_2 * 8) + 6)], buf_s[i14_1 * 256 + ((i14_2 * 8) + 7)]);
   }
 }
 
@@ -364,6 +499,7 @@ extern "C" __global__ void __launch_bounds__(256) mg_k1_mirage_llama3_gqa_softma
     const mg_f16* __restrict__ p0,
     mg_f16* __restrict__ p1) {
   mg_grid_wait();
+  mg_grid_release();
   for (int e8 = blockIdx.x * 256 + threadIdx.x; e8 < 16384; e8 += gridDim.x * 256) {
     const int e = e8 * 8;
     const int i0 = e / 16384;
@@ -394,6 +530,7 @@ extern "C" __global__ void __launch_bounds__(256) mg_k2_mirage_llama3_gqa_softma
     const mg_f16* __restrict__ p0,
     mg_f16* __restrict__ p1) {
   mg_grid_wait();
+  mg_grid_release();
   __shared__ float red[8];
   const int row = blockIdx.x;
   const int r0 = row / 4;
@@ -412,17 +549,16 @@ extern "C" __global__ void __launch_bounds__(256, 1) mg_k3_mirage_llama3_gqa_sof
     const mg_f16* __restrict__ p0,
     const mg_f16* __restrict__ p1,
     mg_f16* __restrict__ p2) {
-  mg_grid_wait();
   const int bx = blockIdx.x, by = blockIdx.y, bz = blockIdx.z;
   (void)bx; (void)by; (void)bz;
   extern __shared__ __align__(16) unsigned char mg_smem[];
   const int base_a = bz * 16384;
   const int base_b = bx * 16 + bz * 524288;
-  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 115200);
+  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 172672);
   if (threadIdx.x < 4) mg_zero[threadIdx.x] = 0u;
   mg_f16* sm_a_0 = reinterpret_cast<mg_f16*>(mg_smem + 0);
-  mg_f16* sm_b_0 = reinterpret_cast<mg_f16*>(mg_smem + 16640);
-  float* buf_s = reinterpret_cast<float*>(mg_smem + 114944);
+  mg_f16* sm_b_0 = reinterpret_cast<mg_f16*>(mg_smem + 24960);
+  float* buf_s = reinterpret_cast<float*>(mg_smem + 172416);
   int mg_so_a[1], mg_do_a[1];
   #pragma unroll
   for (int i = 0; i < 1; ++i) {
@@ -442,19 +578,31 @@ extern "C" __global__ void __launch_bounds__(256, 1) mg_k3_mirage_llama3_gqa_sof
     mg_do_b[i] = s4_1 * 24 + (s4_2 * 8);
   }
   #pragma unroll
-  for (int i = 0; i < 1; ++i) mg_cp_async16((sm_a_0 + ((0) % 4) * 2080) + mg_do_a[i], p0 + ((base_a + 0)) + mg_so_a[i]);
+  for (int i = 0; i < 4; ++i) mg_cp_async16((sm_b_0 + ((0) % 6) * 12288) + mg_do_b[i], p1 + ((base_b + 0)) + mg_so_b[i]);
   #pragma unroll
-  for (int i = 0; i < 4; ++i) mg_cp_async16((sm_b_0 + ((0) % 4) * 12288) + mg_do_b[i], p1 + ((base_b + 0)) + mg_so_b[i]);
+  for (int i = 0; i < 4; ++i) mg_cp_async16((sm_b_0 + ((1) % 6) * 12288) + mg_do_b[i], p1 + ((base_b + 65536)) + mg_so_b[i]);
+  #pragma unroll
+  for (int i = 0; i < 4; ++i) mg_cp_async16((sm_b_0 + ((2) % 6) * 12288) + mg_do_b[i], p1 + ((base_b + 131072)) + mg_so_b[i]);
+  #pragma unroll
+  for (int i = 0; i < 4; ++i) mg_cp_async16((sm_b_0 + ((3) % 6) * 12288) + mg_do_b[i], p1 + ((base_b + 196608)) + mg_so_b[i]);
+  #pragma unroll
+  for (int i = 0; i < 4; ++i) mg_cp_async16((sm_b_0 + ((4) % 6) * 12288) + mg_do_b[i], p1 + ((base_b + 262144)) + mg_so_b[i]);
+  mg_grid_wait();
+  mg_grid_release();
+  #pragma unroll
+  for (int i = 0; i < 1; ++i) mg_cp_async16((sm_a_0 + ((0) % 6) * 2080) + mg_do_a[i], p0 + ((base_a + 0)) + mg_so_a[i]);
   mg_cp_async_commit();
   #pragma unroll
-  for (int i = 0; i < 1; ++i) mg_cp_async16((sm_a_0 + ((1) % 4) * 2080) + mg_do_a[i], p0 + ((base_a + 512)) + mg_so_a[i]);
-  #pragma unroll
-  for (int i = 0; i < 4; ++i) mg_cp_async16((sm_b_0 + ((1) % 4) * 12288) + mg_do_b[i], p1 + ((base_b + 65536)) + mg_so_b[i]);
+  for (int i = 0; i < 1; ++i) mg_cp_async16((sm_a_0 + ((1) % 6) * 2080) + mg_do_a[i], p0 + ((base_a + 512)) + mg_so_a[i]);
   mg_cp_async_commit();
   #pragma unroll
-  for (int i = 0; i < 1; ++i) mg_cp_async16((sm_a_0 + ((2) % 4) * 2080) + mg_do_a[i], p0 + ((base_a + 1024)) + mg_so_a[i]);
+  for (int i = 0; i < 1; ++i) mg_cp_async16((sm_a_0 + ((2) % 6) * 2080) + mg_do_a[i], p0 + ((base_a + 1024)) + mg_so_a[i]);
+  mg_cp_async_commit();
   #pragma unroll
-  for (int i = 0; i < 4; ++i) mg_cp_async16((sm_b_0 + ((2) % 4) * 12288) + mg_do_b[i], p1 + ((base_b + 131072)) + mg_so_b[i]);
+  for (int i = 0; i < 1; ++i) mg_cp_async16((sm_a_0 + ((3) % 6) * 2080) + mg_do_a[i], p0 + ((base_a + 1536)) + mg_so_a[i]);
+  mg_cp_async_commit();
+  #pragma unroll
+  for (int i = 0; i < 1; ++i) mg_cp_async16((sm_a_0 + ((4) % 6) * 2080) + mg_do_a[i], p0 + ((base_a + 2048)) + mg_so_a[i]);
   mg_cp_async_commit();
   float acc_s[1][4];
   #pragma unroll
@@ -462,17 +610,17 @@ extern "C" __global__ void __launch_bounds__(256, 1) mg_k3_mirage_llama3_gqa_sof
   for (int it = 0; it < 8; ++it) {
     const int off_a = base_a + it * 512;
     const int off_b = base_b + it * 65536;
-    mg_cp_async_wait<2>();
+    mg_cp_async_wait<4>();
     __syncthreads();
-    if (it + 3 < 8) {
+    if (it + 5 < 8) {
       #pragma unroll
-      for (int i = 0; i < 1; ++i) mg_cp_async16((sm_a_0 + (((it + 3)) % 4) * 2080) + mg_do_a[i], p0 + ((off_a + 1536)) + mg_so_a[i]);
+      for (int i = 0; i < 1; ++i) mg_cp_async16((sm_a_0 + (((it + 5)) % 6) * 2080) + mg_do_a[i], p0 + ((off_a + 2560)) + mg_so_a[i]);
       #pragma unroll
-      for (int i = 0; i < 4; ++i) mg_cp_async16((sm_b_0 + (((it + 3)) % 4) * 12288) + mg_do_b[i], p1 + ((off_b + 196608)) + mg_so_b[i]);
+      for (int i = 0; i < 4; ++i) mg_cp_async16((sm_b_0 + (((it + 5)) % 6) * 12288) + mg_do_b[i], p1 + ((off_b + 327680)) + mg_so_b[i]);
     }
     mg_cp_async_commit();
-    const auto* sm_a = (sm_a_0 + ((it) % 4) * 2080);
-    const auto* sm_b = (sm_b_0 + ((it) % 4) * 12288);
+    const auto* sm_a = (sm_a_0 + ((it) % 6) * 2080);
+    const auto* sm_b = (sm_b_0 + ((it) % 6) * 12288);
     {
       const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
       const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
@@ -607,6 +755,45 @@ extern "C" __global__ void __launch_bounds__(256, 1) mg_k3_mirage_llama3_gqa_sof
 
 extern "C" size_t mirage_llama3_gqa_softmax_b1_f16_h8x4x128_h8x128x4096_h8x4096x128_to_h8x4x128_workspace_bytes(void) { return 786432u; }
 
+// Bulk tensor copies read through tensor maps, which the launcher encodes on every call
+// (the addresses may change) with the driver's cuTensorMapEncodeTiled, found through the
+// runtime so that nothing but the CUDA runtime needs to be linked.
+#include <cuda.h>
+#if CUDART_VERSION < 12000
+#error "mirage-cli generated code with bulk tensor copies needs CUDA 12.0 or newer"
+#endif
+static_assert(sizeof(mg_tmap) == sizeof(CUtensorMap), "tensor map size");
+typedef CUresult (*mg_encode_fn_mirage_llama3_gqa_softmax_b1_f16_h8x4x128_h8x128x4096_h8x4096x128_to_h8x4x128)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*,
+    const cuuint64_t*, const cuuint64_t*, const cuuint32_t*, const cuuint32_t*,
+    CUtensorMapInterleave, CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+static std::atomic<void*> mg_encoder_mirage_llama3_gqa_softmax_b1_f16_h8x4x128_h8x128x4096_h8x4096x128_to_h8x4x128{nullptr};
+
+static cudaError_t mg_encode_tmap_mirage_llama3_gqa_softmax_b1_f16_h8x4x128_h8x128x4096_h8x4096x128_to_h8x4x128(mg_tmap* mg_map, const void* mg_base,
+                                   CUtensorMapDataType mg_dtype, cuuint32_t mg_rank,
+                                   const cuuint64_t* mg_dims, const cuuint64_t* mg_strides,
+                                   const cuuint32_t* mg_box, CUtensorMapSwizzle mg_swizzle) {
+  void* mg_fn = mg_encoder_mirage_llama3_gqa_softmax_b1_f16_h8x4x128_h8x128x4096_h8x4096x128_to_h8x4x128.load(std::memory_order_acquire);
+  if (mg_fn == nullptr) {
+    cudaDriverEntryPointQueryResult mg_found = cudaDriverEntryPointSymbolNotFound;
+#if CUDART_VERSION >= 12050
+    cudaError_t mg_err = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &mg_fn,
+                                                          12000, cudaEnableDefault, &mg_found);
+#else
+    cudaError_t mg_err = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &mg_fn,
+                                                 cudaEnableDefault, &mg_found);
+#endif
+    if (mg_err != cudaSuccess) return mg_err;
+    if (mg_found != cudaDriverEntryPointSuccess || mg_fn == nullptr) return cudaErrorSymbolNotFound;
+    mg_encoder_mirage_llama3_gqa_softmax_b1_f16_h8x4x128_h8x128x4096_h8x4096x128_to_h8x4x128.store(mg_fn, std::memory_order_release);
+  }
+  const cuuint32_t mg_steps[5] = {1, 1, 1, 1, 1};
+  const CUresult mg_res = reinterpret_cast<mg_encode_fn_mirage_llama3_gqa_softmax_b1_f16_h8x4x128_h8x128x4096_h8x4096x128_to_h8x4x128>(mg_fn)(
+      reinterpret_cast<CUtensorMap*>(mg_map), mg_dtype, mg_rank, const_cast<void*>(mg_base),
+      mg_dims, mg_strides, mg_box, mg_steps, CU_TENSOR_MAP_INTERLEAVE_NONE, mg_swizzle,
+      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return mg_res == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+}
+
 // What the launcher needs to know about the current device, found once per device
 // (a state per device ordinal; two threads racing store the same value, which is
 // harmless) and on every call for ordinals past the table: bit 0 says the device is
@@ -624,8 +811,11 @@ static cudaError_t mg_prepare_mirage_llama3_gqa_softmax_b1_f16_h8x4x128_h8x128x4
     *mg_state = mg_device_state_mirage_llama3_gqa_softmax_b1_f16_h8x4x128_h8x128x4096_h8x4096x128_to_h8x4x128[mg_dev].load(std::memory_order_acquire);
     if (*mg_state != 0) return cudaSuccess;
   }
+  mg_err = cudaFuncSetAttribute((const void*)mg_k0_mirage_llama3_gqa_softmax_b1_f16_h8x4x128_h8x128x4096_h8x4096x128_to_h8x4x128,
+                                cudaFuncAttributeMaxDynamicSharedMemorySize, 55488);
+  if (mg_err != cudaSuccess) return mg_err;
   mg_err = cudaFuncSetAttribute((const void*)mg_k3_mirage_llama3_gqa_softmax_b1_f16_h8x4x128_h8x128x4096_h8x4096x128_to_h8x4x128,
-                                cudaFuncAttributeMaxDynamicSharedMemorySize, 115216);
+                                cudaFuncAttributeMaxDynamicSharedMemorySize, 172688);
   if (mg_err != cudaSuccess) return mg_err;
   int mg_major = 0;
   mg_err = cudaDeviceGetAttribute(&mg_major, cudaDevAttrComputeCapabilityMajor, mg_dev);
@@ -651,11 +841,20 @@ extern "C" cudaError_t mirage_llama3_gqa_softmax_b1_f16_h8x4x128_h8x128x4096_h8x
     const mg_f16* mg_a0 = (const mg_f16*)(mg_in0_Q);
     const mg_f16* mg_a1 = (const mg_f16*)(mg_in1_K);
     mg_f16* mg_a2 = (mg_f16*)(mg_ws + 0);
-    void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
+    mg_tmap mg_a3;
+    {
+      const cuuint64_t mg_dims[] = {4096, 128, 8};
+      const cuuint64_t mg_strides[] = {8192, 1048576};
+      const cuuint32_t mg_box[] = {64, 16, 1};
+      mg_err = mg_encode_tmap_mirage_llama3_gqa_softmax_b1_f16_h8x4x128_h8x128x4096_h8x4096x128_to_h8x4x128(&mg_a3, mg_in1_K, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 3,
+                                mg_dims, mg_strides, mg_box, CU_TENSOR_MAP_SWIZZLE_128B);
+      if (mg_err != cudaSuccess) return mg_err;
+    }
+    void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2, &mg_a3};
     cudaLaunchConfig_t mg_cfg = {};
     mg_cfg.gridDim = dim3(16, 1, 8);
     mg_cfg.blockDim = dim3(128);
-    mg_cfg.dynamicSmemBytes = 38672;
+    mg_cfg.dynamicSmemBytes = 55488;
     mg_cfg.stream = mg_stream;
     mg_cfg.attrs = mg_pdl;
     mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
@@ -698,7 +897,7 @@ extern "C" cudaError_t mirage_llama3_gqa_softmax_b1_f16_h8x4x128_h8x128x4096_h8x
     cudaLaunchConfig_t mg_cfg = {};
     mg_cfg.gridDim = dim3(8, 1, 8);
     mg_cfg.blockDim = dim3(256);
-    mg_cfg.dynamicSmemBytes = 115216;
+    mg_cfg.dynamicSmemBytes = 172688;
     mg_cfg.stream = mg_stream;
     mg_cfg.attrs = mg_pdl;
     mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;

@@ -24,17 +24,17 @@ enum {
   mirage_llama3_lora_r64_b16_f16_h16x4096_h4096x4096_h4096x64_h64x4096_to_h16x4096_IN0_DTYPE = MIRAGE_DTYPE_F16,
   mirage_llama3_lora_r64_b16_f16_h16x4096_h4096x4096_h4096x64_h64x4096_to_h16x4096_IN0_DIM0 = 16,
   mirage_llama3_lora_r64_b16_f16_h16x4096_h4096x4096_h4096x64_h64x4096_to_h16x4096_IN0_DIM1 = 4096,
-  // input 1 'W': f16[4096, 4096]
+  // input 1 'W': f16[4096, 4096] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
   mirage_llama3_lora_r64_b16_f16_h16x4096_h4096x4096_h4096x64_h64x4096_to_h16x4096_IN1_RANK = 2,
   mirage_llama3_lora_r64_b16_f16_h16x4096_h4096x4096_h4096x64_h64x4096_to_h16x4096_IN1_DTYPE = MIRAGE_DTYPE_F16,
   mirage_llama3_lora_r64_b16_f16_h16x4096_h4096x4096_h4096x64_h64x4096_to_h16x4096_IN1_DIM0 = 4096,
   mirage_llama3_lora_r64_b16_f16_h16x4096_h4096x4096_h4096x64_h64x4096_to_h16x4096_IN1_DIM1 = 4096,
-  // input 2 'A': f16[4096, 64]
+  // input 2 'A': f16[4096, 64] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
   mirage_llama3_lora_r64_b16_f16_h16x4096_h4096x4096_h4096x64_h64x4096_to_h16x4096_IN2_RANK = 2,
   mirage_llama3_lora_r64_b16_f16_h16x4096_h4096x4096_h4096x64_h64x4096_to_h16x4096_IN2_DTYPE = MIRAGE_DTYPE_F16,
   mirage_llama3_lora_r64_b16_f16_h16x4096_h4096x4096_h4096x64_h64x4096_to_h16x4096_IN2_DIM0 = 4096,
   mirage_llama3_lora_r64_b16_f16_h16x4096_h4096x4096_h4096x64_h64x4096_to_h16x4096_IN2_DIM1 = 64,
-  // input 3 'B': f16[64, 4096]
+  // input 3 'B': f16[64, 4096] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
   mirage_llama3_lora_r64_b16_f16_h16x4096_h4096x4096_h4096x64_h64x4096_to_h16x4096_IN3_RANK = 2,
   mirage_llama3_lora_r64_b16_f16_h16x4096_h4096x4096_h4096x64_h64x4096_to_h16x4096_IN3_DTYPE = MIRAGE_DTYPE_F16,
   mirage_llama3_lora_r64_b16_f16_h16x4096_h4096x4096_h4096x64_h64x4096_to_h16x4096_IN3_DIM0 = 64,
@@ -62,9 +62,9 @@ size_t mirage_llama3_lora_r64_b16_f16_h16x4096_h4096x4096_h4096x64_h64x4096_to_h
 
 // Runs 'llama3_lora_r64_b16_f16' on `mg_stream`. Arguments, in order:
 //   mg_in0_X: input 0 'X': f16[16, 4096]
-//   mg_in1_W: input 1 'W': f16[4096, 4096]
-//   mg_in2_A: input 2 'A': f16[4096, 64]
-//   mg_in3_B: input 3 'B': f16[64, 4096]
+//   mg_in1_W: input 1 'W': f16[4096, 4096] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
+//   mg_in2_A: input 2 'A': f16[4096, 64] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
+//   mg_in3_B: input 3 'B': f16[64, 4096] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
 //   mg_out0_Y: output 0 'Y': f16[16, 4096]
 // All tensors are row-major, contiguous, 16-byte aligned device memory.
 // Returns the first CUDA error; never allocates, synchronises or exits.

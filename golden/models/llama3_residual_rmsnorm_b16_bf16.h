@@ -29,7 +29,7 @@ enum {
   mirage_llama3_residual_rmsnorm_b16_bf16_b16x4096_b16x4096_b4096_to_b16x4096_b16x4096_IN1_DTYPE = MIRAGE_DTYPE_BF16,
   mirage_llama3_residual_rmsnorm_b16_bf16_b16x4096_b16x4096_b4096_to_b16x4096_b16x4096_IN1_DIM0 = 16,
   mirage_llama3_residual_rmsnorm_b16_bf16_b16x4096_b16x4096_b4096_to_b16x4096_b16x4096_IN1_DIM1 = 4096,
-  // input 2 'G': bf16[4096]
+  // input 2 'G': bf16[4096] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
   mirage_llama3_residual_rmsnorm_b16_bf16_b16x4096_b16x4096_b4096_to_b16x4096_b16x4096_IN2_RANK = 1,
   mirage_llama3_residual_rmsnorm_b16_bf16_b16x4096_b16x4096_b4096_to_b16x4096_b16x4096_IN2_DTYPE = MIRAGE_DTYPE_BF16,
   mirage_llama3_residual_rmsnorm_b16_bf16_b16x4096_b16x4096_b4096_to_b16x4096_b16x4096_IN2_DIM0 = 4096,
@@ -62,7 +62,7 @@ size_t mirage_llama3_residual_rmsnorm_b16_bf16_b16x4096_b16x4096_b4096_to_b16x40
 // Runs 'llama3_residual_rmsnorm_b16_bf16' on `mg_stream`. Arguments, in order:
 //   mg_in0_X: input 0 'X': bf16[16, 4096]
 //   mg_in1_R: input 1 'R': bf16[16, 4096]
-//   mg_in2_G: input 2 'G': bf16[4096]
+//   mg_in2_G: input 2 'G': bf16[4096] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
 //   mg_out0_H: output 0 'H': bf16[16, 4096]
 //   mg_out1_Y: output 1 'Y': bf16[16, 4096]
 // All tensors are row-major, contiguous, 16-byte aligned device memory.

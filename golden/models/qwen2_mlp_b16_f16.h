@@ -24,17 +24,17 @@ enum {
   mirage_qwen2_mlp_b16_f16_h16x3584_h3584x18944_h3584x18944_h18944x3584_to_h16x3584_IN0_DTYPE = MIRAGE_DTYPE_F16,
   mirage_qwen2_mlp_b16_f16_h16x3584_h3584x18944_h3584x18944_h18944x3584_to_h16x3584_IN0_DIM0 = 16,
   mirage_qwen2_mlp_b16_f16_h16x3584_h3584x18944_h3584x18944_h18944x3584_to_h16x3584_IN0_DIM1 = 3584,
-  // input 1 'W1': f16[3584, 18944]
+  // input 1 'W1': f16[3584, 18944] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
   mirage_qwen2_mlp_b16_f16_h16x3584_h3584x18944_h3584x18944_h18944x3584_to_h16x3584_IN1_RANK = 2,
   mirage_qwen2_mlp_b16_f16_h16x3584_h3584x18944_h3584x18944_h18944x3584_to_h16x3584_IN1_DTYPE = MIRAGE_DTYPE_F16,
   mirage_qwen2_mlp_b16_f16_h16x3584_h3584x18944_h3584x18944_h18944x3584_to_h16x3584_IN1_DIM0 = 3584,
   mirage_qwen2_mlp_b16_f16_h16x3584_h3584x18944_h3584x18944_h18944x3584_to_h16x3584_IN1_DIM1 = 18944,
-  // input 2 'W3': f16[3584, 18944]
+  // input 2 'W3': f16[3584, 18944] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
   mirage_qwen2_mlp_b16_f16_h16x3584_h3584x18944_h3584x18944_h18944x3584_to_h16x3584_IN2_RANK = 2,
   mirage_qwen2_mlp_b16_f16_h16x3584_h3584x18944_h3584x18944_h18944x3584_to_h16x3584_IN2_DTYPE = MIRAGE_DTYPE_F16,
   mirage_qwen2_mlp_b16_f16_h16x3584_h3584x18944_h3584x18944_h18944x3584_to_h16x3584_IN2_DIM0 = 3584,
   mirage_qwen2_mlp_b16_f16_h16x3584_h3584x18944_h3584x18944_h18944x3584_to_h16x3584_IN2_DIM1 = 18944,
-  // input 3 'W2': f16[18944, 3584]
+  // input 3 'W2': f16[18944, 3584] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
   mirage_qwen2_mlp_b16_f16_h16x3584_h3584x18944_h3584x18944_h18944x3584_to_h16x3584_IN3_RANK = 2,
   mirage_qwen2_mlp_b16_f16_h16x3584_h3584x18944_h3584x18944_h18944x3584_to_h16x3584_IN3_DTYPE = MIRAGE_DTYPE_F16,
   mirage_qwen2_mlp_b16_f16_h16x3584_h3584x18944_h3584x18944_h18944x3584_to_h16x3584_IN3_DIM0 = 18944,
@@ -62,9 +62,9 @@ size_t mirage_qwen2_mlp_b16_f16_h16x3584_h3584x18944_h3584x18944_h18944x3584_to_
 
 // Runs 'qwen2_mlp_b16_f16' on `mg_stream`. Arguments, in order:
 //   mg_in0_X: input 0 'X': f16[16, 3584]
-//   mg_in1_W1: input 1 'W1': f16[3584, 18944]
-//   mg_in2_W3: input 2 'W3': f16[3584, 18944]
-//   mg_in3_W2: input 3 'W2': f16[18944, 3584]
+//   mg_in1_W1: input 1 'W1': f16[3584, 18944] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
+//   mg_in2_W3: input 2 'W3': f16[3584, 18944] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
+//   mg_in3_W2: input 3 'W2': f16[18944, 3584] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
 //   mg_out0_O: output 0 'O': f16[16, 3584]
 // All tensors are row-major, contiguous, 16-byte aligned device memory.
 // Returns the first CUDA error; never allocates, synchronises or exits.

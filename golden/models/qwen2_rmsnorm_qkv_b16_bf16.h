@@ -24,11 +24,11 @@ enum {
   mirage_qwen2_rmsnorm_qkv_b16_bf16_b16x3584_b3584_b3584x4608_to_b16x4608_IN0_DTYPE = MIRAGE_DTYPE_BF16,
   mirage_qwen2_rmsnorm_qkv_b16_bf16_b16x3584_b3584_b3584x4608_to_b16x4608_IN0_DIM0 = 16,
   mirage_qwen2_rmsnorm_qkv_b16_bf16_b16x3584_b3584_b3584x4608_to_b16x4608_IN0_DIM1 = 3584,
-  // input 1 'G': bf16[3584]
+  // input 1 'G': bf16[3584] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
   mirage_qwen2_rmsnorm_qkv_b16_bf16_b16x3584_b3584_b3584x4608_to_b16x4608_IN1_RANK = 1,
   mirage_qwen2_rmsnorm_qkv_b16_bf16_b16x3584_b3584_b3584x4608_to_b16x4608_IN1_DTYPE = MIRAGE_DTYPE_BF16,
   mirage_qwen2_rmsnorm_qkv_b16_bf16_b16x3584_b3584_b3584x4608_to_b16x4608_IN1_DIM0 = 3584,
-  // input 2 'W': bf16[3584, 4608]
+  // input 2 'W': bf16[3584, 4608] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
   mirage_qwen2_rmsnorm_qkv_b16_bf16_b16x3584_b3584_b3584x4608_to_b16x4608_IN2_RANK = 2,
   mirage_qwen2_rmsnorm_qkv_b16_bf16_b16x3584_b3584_b3584x4608_to_b16x4608_IN2_DTYPE = MIRAGE_DTYPE_BF16,
   mirage_qwen2_rmsnorm_qkv_b16_bf16_b16x3584_b3584_b3584x4608_to_b16x4608_IN2_DIM0 = 3584,
@@ -55,8 +55,8 @@ size_t mirage_qwen2_rmsnorm_qkv_b16_bf16_b16x3584_b3584_b3584x4608_to_b16x4608_w
 
 // Runs 'qwen2_rmsnorm_qkv_b16_bf16' on `mg_stream`. Arguments, in order:
 //   mg_in0_X: input 0 'X': bf16[16, 3584]
-//   mg_in1_G: input 1 'G': bf16[3584]
-//   mg_in2_W: input 2 'W': bf16[3584, 4608]
+//   mg_in1_G: input 1 'G': bf16[3584] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
+//   mg_in2_W: input 2 'W': bf16[3584, 4608] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
 //   mg_out0_Z: output 0 'Z': bf16[16, 4608]
 // All tensors are row-major, contiguous, 16-byte aligned device memory.
 // Returns the first CUDA error; never allocates, synchronises or exits.

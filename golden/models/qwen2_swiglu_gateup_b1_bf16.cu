@@ -7,11 +7,11 @@
 // Device pointers must be 16-byte aligned; the workspace must hold
 // mirage_qwen2_swiglu_gateup_b1_bf16_b1x3584_b3584x18944_b3584x18944_to_b1x18944_workspace_bytes() bytes. No allocation, synchronisation or exit inside.
 // input 0 'X': bf16[1, 3584]
-// input 1 'W1': bf16[3584, 18944]
-// input 2 'W3': bf16[3584, 18944]
+// input 1 'W1': bf16[3584, 18944] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
+// input 2 'W3': bf16[3584, 18944] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
 // output 0 'H': bf16[1, 18944]
-// kernel mg_k0_mirage_qwen2_swiglu_gateup_b1_bf16_b1x3584_b3584x18944_b3584x18944_to_b1x18944: grid [296, 1, 1], 256 threads, 149840 B dynamic shared memory
-// kernel mg_k1_mirage_qwen2_swiglu_gateup_b1_bf16_b1x3584_b3584x18944_b3584x18944_to_b1x18944: grid [296, 1, 1], 256 threads, 149840 B dynamic shared memory
+// kernel mg_k0_mirage_qwen2_swiglu_gateup_b1_bf16_b1x3584_b3584x18944_b3584x18944_to_b1x18944: grid [148, 1, 1], 128 threads, 133744 B dynamic shared memory
+// kernel mg_k1_mirage_qwen2_swiglu_gateup_b1_bf16_b1x3584_b3584x18944_b3584x18944_to_b1x18944: grid [148, 1, 1], 128 threads, 133744 B dynamic shared memory
 // kernel mg_k2_mirage_qwen2_swiglu_gateup_b1_bf16_b1x3584_b3584x18944_b3584x18944_to_b1x18944: grid [10, 1, 1], 256 threads, 0 B dynamic shared memory
 // kernel mg_k3_mirage_qwen2_swiglu_gateup_b1_bf16_b1x3584_b3584x18944_b3584x18944_to_b1x18944: grid [10, 1, 1], 256 threads, 0 B dynamic shared memory
 
@@ -19,6 +19,9 @@
 // one clear error instead of a wall of ptxas errors for an older target.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
 #error "mirage-cli generated code needs sm_80 or newer: compile with -arch=sm_80 or -arch=sm_90"
+// Some kernels use bulk tensor copies (TMA), sm_90 features.
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+#error "this file was generated for sm_90 (bulk tensor copies): compile with -arch=sm_90, or generate it with --arch sm_80"
 #endif
 
 // Storage types and helpers. The device code needs no header, so NVRTC compiles it
@@ -47,13 +50,24 @@ __device__ __forceinline__ void mg_st(mg_bf16* p, float v) {
   p->bits = h;
 }
 // Programmatic dependent launch (sm_90 and later): the entry point lets each kernel
-// start while the kernel before it in the stream drains, so the launch latency is
-// hidden. Every kernel's first act is this wait, which returns once that kernel has
-// finished and its writes are visible: no input is ever read early. On a launch
-// without the attribute it returns at once; before sm_90 it is not emitted.
+// start while the kernel before it in the stream drains. Each kernel waits here, and
+// returns once that kernel has finished and its writes are visible. Before the wait
+// a kernel only computes addresses and copies the first pipeline stages of inputs
+// that no kernel still running can be writing: inputs declared `weight`, or any
+// input of the program once an earlier kernel of this call has waited. On a launch
+// without the attribute the wait returns at once; before sm_90 it is not emitted.
 __device__ __forceinline__ void mg_grid_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+// After its wait, each kernel lets the next one in the stream launch: its blocks take
+// the SMs this kernel's blocks free and copy their weights while this one finishes.
+// Released only after the wait, so a kernel launched early never runs alongside the
+// kernel two places ahead of it.
+__device__ __forceinline__ void mg_grid_release() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }
 __device__ __forceinline__ float mg_silu(float x) { return x / (1.0f + expf(-x)); }
@@ -104,6 +118,81 @@ __device__ __forceinline__ void mg_cp_async_wait() {
 }
 __device__ __forceinline__ void mg_cp_async_wait_all() {
   asm volatile("cp.async.wait_all;" ::: "memory");
+}
+// Bulk tensor copies (TMA, sm_90): a tensor map (encoded by the host, passed by value
+// as a __grid_constant__ parameter) describes a device tensor and a box; one thread
+// copies a box into shared memory, and the copy's bytes complete a phase of an
+// mbarrier on which every thread waits. Before sm_90 these are never called.
+struct __align__(64) mg_tmap { unsigned long long q[16]; };
+__device__ __forceinline__ unsigned mg_smem_addr(const void* p) {
+  return (unsigned)__cvta_generic_to_shared(p);
+}
+__device__ __forceinline__ void mg_mbar_init(unsigned long long* b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(mg_smem_addr(b)) : "memory");
+#endif
+}
+__device__ __forceinline__ void mg_mbar_fence_init() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+#endif
+}
+// Expect `bytes` more on the barrier's current phase, without arriving.
+__device__ __forceinline__ void mg_mbar_expect(unsigned long long* b, unsigned bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;"
+               :: "r"(mg_smem_addr(b)), "r"(bytes) : "memory");
+#endif
+}
+// Arrive (the phase's one arrival) expecting `bytes` more.
+__device__ __forceinline__ void mg_mbar_arrive_expect(unsigned long long* b, unsigned bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
+               :: "r"(mg_smem_addr(b)), "r"(bytes) : "memory");
+#endif
+}
+__device__ __forceinline__ void mg_mbar_wait(unsigned long long* b, int parity) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("{\n .reg .pred p;\n MG_WAIT:\n"
+               " mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+               " @!p bra MG_WAIT;\n}" :: "r"(mg_smem_addr(b)), "r"(parity) : "memory");
+#endif
+}
+__device__ __forceinline__ void mg_tma2(void* dst, const mg_tmap* m, int c0, int c1,
+                                        unsigned long long* b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+               " [%0], [%1, {%2, %3}], [%4];"
+               :: "r"(mg_smem_addr(dst)), "l"(m), "r"(c0), "r"(c1), "r"(mg_smem_addr(b))
+               : "memory");
+#endif
+}
+__device__ __forceinline__ void mg_tma3(void* dst, const mg_tmap* m, int c0, int c1, int c2,
+                                        unsigned long long* b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
+               " [%0], [%1, {%2, %3, %4}], [%5];"
+               :: "r"(mg_smem_addr(dst)), "l"(m), "r"(c0), "r"(c1), "r"(c2),
+                  "r"(mg_smem_addr(b)) : "memory");
+#endif
+}
+__device__ __forceinline__ void mg_tma4(void* dst, const mg_tmap* m, int c0, int c1, int c2,
+                                        int c3, unsigned long long* b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes"
+               " [%0], [%1, {%2, %3, %4, %5}], [%6];"
+               :: "r"(mg_smem_addr(dst)), "l"(m), "r"(c0), "r"(c1), "r"(c2), "r"(c3),
+                  "r"(mg_smem_addr(b)) : "memory");
+#endif
+}
+__device__ __forceinline__ void mg_tma5(void* dst, const mg_tmap* m, int c0, int c1, int c2,
+                                        int c3, int c4, unsigned long long* b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.tensor.5d.shared::cluster.global.mbarrier::complete_tx::bytes"
+               " [%0], [%1, {%2, %3, %4, %5, %6}], [%7];"
+               :: "r"(mg_smem_addr(dst)), "l"(m), "r"(c0), "r"(c1), "r"(c2), "r"(c3),
+                  "r"(c4), "r"(mg_smem_addr(b)) : "memory");
+#endif
 }
 // Tensor cores: D = A * B + D, m16n8k16, f32 accumulators; operands packed from f32.
 __device__ __forceinline__ unsigned mg_pack_f16(float lo, float hi) {
@@ -227,71 +316,83 @@ __device__ __forceinline__ void mg_dsmem_st(float* p, unsigned rank, float v) {
 }
 #endif
 
-// matmul as a generated block graph: grid [296, 1, 1], forloop 14, tensor cores
-extern "C" __global__ void __launch_bounds__(256, 1) mg_k0_mirage_qwen2_swiglu_gateup_b1_bf16_b1x3584_b3584x18944_b3584x18944_to_b1x18944(
+// matmul as a generated block graph: grid [148, 1, 1], forloop 28, tensor cores
+extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_qwen2_swiglu_gateup_b1_bf16_b1x3584_b3584x18944_b3584x18944_to_b1x18944(
     const mg_bf16* __restrict__ p0,
     const mg_bf16* __restrict__ p1,
-    mg_bf16* __restrict__ p2) {
-  mg_grid_wait();
+    mg_bf16* __restrict__ p2,
+    const __grid_constant__ mg_tmap p3) {
   const int bx = blockIdx.x, by = blockIdx.y, bz = blockIdx.z;
   (void)bx; (void)by; (void)bz;
-  extern __shared__ __align__(16) unsigned char mg_smem[];
+  extern __shared__ __align__(16) unsigned char mg_smem_raw[];
+  unsigned char* mg_smem = mg_smem_raw + ((1024u - (mg_smem_addr(mg_smem_raw) & 1023u)) & 1023u);
   const int base_a = 0;
-  const int base_b = bx * 64;
-  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 149824);
+  const int base_b = bx * 128;
+  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 132704);
   if (threadIdx.x < 4) mg_zero[threadIdx.x] = 0u;
-  mg_bf16* sm_a_0 = reinterpret_cast<mg_bf16*>(mg_smem + 0);
-  mg_bf16* sm_b_0 = reinterpret_cast<mg_bf16*>(mg_smem + 2112);
-  float* buf_s = reinterpret_cast<float*>(mg_smem + 149568);
-  int mg_so_b[8], mg_do_b[8];
-  #pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    const int c3 = threadIdx.x + i * 256;
-    const int s4_0 = c3 / 8;
-    const int s4_1 = (c3) % 8;
-    mg_so_b[i] = s4_0 * 18944 + (s4_1 * 8);
-    mg_do_b[i] = s4_0 * 72 + (s4_1 * 8);
+  unsigned long long* mg_mbar = reinterpret_cast<unsigned long long*>(mg_smem + 132672);
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < 4; ++s) mg_mbar_init(mg_mbar + s);
+    mg_mbar_fence_init();
   }
-  for (int c1 = threadIdx.x; c1 < 32; c1 += 256) {
+  __syncthreads();
+  mg_bf16* sm_a_0 = reinterpret_cast<mg_bf16*>(mg_smem + 131072);
+  mg_bf16* sm_b_0 = reinterpret_cast<mg_bf16*>(mg_smem + 0);
+  float* buf_s = reinterpret_cast<float*>(mg_smem + 132160);
+  if (threadIdx.x == 0) {
+    mg_mbar_arrive_expect(mg_mbar + ((0) % 4), 32768u);
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 4) * 16384)), &p3, bx * 128, (0) * 128, mg_mbar + ((0) % 4));
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 4) * 16384)) + 16384, &p3, bx * 128 + 64, (0) * 128, mg_mbar + ((0) % 4));
+  }
+  if (threadIdx.x == 0) {
+    mg_mbar_arrive_expect(mg_mbar + ((1) % 4), 32768u);
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 4) * 16384)), &p3, bx * 128, (1) * 128, mg_mbar + ((1) % 4));
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 4) * 16384)) + 16384, &p3, bx * 128 + 64, (1) * 128, mg_mbar + ((1) % 4));
+  }
+  if (threadIdx.x == 0) {
+    mg_mbar_arrive_expect(mg_mbar + ((2) % 4), 32768u);
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 4) * 16384)), &p3, bx * 128, (2) * 128, mg_mbar + ((2) % 4));
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 4) * 16384)) + 16384, &p3, bx * 128 + 64, (2) * 128, mg_mbar + ((2) % 4));
+  }
+  mg_grid_wait();
+  mg_grid_release();
+  for (int c1 = threadIdx.x; c1 < 16; c1 += 128) {
     const int s2_1 = c1;
-    mg_cp_async16((sm_a_0 + ((0) % 4) * 264) + ((s2_1 * 8)), p0 + ((base_a + 0)) + ((s2_1 * 8)));
+    mg_cp_async16((sm_a_0 + ((0) % 4) * 136) + ((s2_1 * 8)), p0 + ((base_a + 0)) + ((s2_1 * 8)));
   }
-  #pragma unroll
-  for (int i = 0; i < 8; ++i) mg_cp_async16((sm_b_0 + ((0) % 4) * 18432) + mg_do_b[i], p1 + ((base_b + 0)) + mg_so_b[i]);
   mg_cp_async_commit();
-  for (int c5 = threadIdx.x; c5 < 32; c5 += 256) {
+  for (int c3 = threadIdx.x; c3 < 16; c3 += 128) {
+    const int s4_1 = c3;
+    mg_cp_async16((sm_a_0 + ((1) % 4) * 136) + ((s4_1 * 8)), p0 + ((base_a + 128)) + ((s4_1 * 8)));
+  }
+  mg_cp_async_commit();
+  for (int c5 = threadIdx.x; c5 < 16; c5 += 128) {
     const int s6_1 = c5;
-    mg_cp_async16((sm_a_0 + ((1) % 4) * 264) + ((s6_1 * 8)), p0 + ((base_a + 256)) + ((s6_1 * 8)));
+    mg_cp_async16((sm_a_0 + ((2) % 4) * 136) + ((s6_1 * 8)), p0 + ((base_a + 256)) + ((s6_1 * 8)));
   }
-  #pragma unroll
-  for (int i = 0; i < 8; ++i) mg_cp_async16((sm_b_0 + ((1) % 4) * 18432) + mg_do_b[i], p1 + ((base_b + 4849664)) + mg_so_b[i]);
   mg_cp_async_commit();
-  for (int c7 = threadIdx.x; c7 < 32; c7 += 256) {
-    const int s8_1 = c7;
-    mg_cp_async16((sm_a_0 + ((2) % 4) * 264) + ((s8_1 * 8)), p0 + ((base_a + 512)) + ((s8_1 * 8)));
-  }
+  float acc_s[4][4];
   #pragma unroll
-  for (int i = 0; i < 8; ++i) mg_cp_async16((sm_b_0 + ((2) % 4) * 18432) + mg_do_b[i], p1 + ((base_b + 9699328)) + mg_so_b[i]);
-  mg_cp_async_commit();
-  float acc_s[2][4];
-  #pragma unroll
-  for (int j = 0; j < 2; ++j) acc_s[j][0] = acc_s[j][1] = acc_s[j][2] = acc_s[j][3] = 0.0f;
-  for (int it = 0; it < 14; ++it) {
-    const int off_a = base_a + it * 256;
-    const int off_b = base_b + it * 4849664;
+  for (int j = 0; j < 4; ++j) acc_s[j][0] = acc_s[j][1] = acc_s[j][2] = acc_s[j][3] = 0.0f;
+  for (int it = 0; it < 28; ++it) {
+    const int off_a = base_a + it * 128;
     mg_cp_async_wait<2>();
+    mg_mbar_wait(mg_mbar + (it % 4), (it / 4) & 1);
     __syncthreads();
-    if (it + 3 < 14) {
-      for (int c9 = threadIdx.x; c9 < 32; c9 += 256) {
-        const int s10_1 = c9;
-        mg_cp_async16((sm_a_0 + (((it + 3)) % 4) * 264) + ((s10_1 * 8)), p0 + ((off_a + 768)) + ((s10_1 * 8)));
+    if (it + 3 < 28) {
+      for (int c7 = threadIdx.x; c7 < 16; c7 += 128) {
+        const int s8_1 = c7;
+        mg_cp_async16((sm_a_0 + (((it + 3)) % 4) * 136) + ((s8_1 * 8)), p0 + ((off_a + 384)) + ((s8_1 * 8)));
       }
-      #pragma unroll
-      for (int i = 0; i < 8; ++i) mg_cp_async16((sm_b_0 + (((it + 3)) % 4) * 18432) + mg_do_b[i], p1 + ((off_b + 14548992)) + mg_so_b[i]);
+      if (threadIdx.x == 0) {
+        mg_mbar_arrive_expect(mg_mbar + ((it + 3) % 4), 32768u);
+        mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 3) % 4) * 16384)), &p3, bx * 128, (it + 3) * 128, mg_mbar + ((it + 3) % 4));
+        mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 3) % 4) * 16384)) + 16384, &p3, bx * 128 + 64, (it + 3) * 128, mg_mbar + ((it + 3) % 4));
+      }
     }
     mg_cp_async_commit();
-    const auto* sm_a = (sm_a_0 + ((it) % 4) * 264);
-    const auto* sm_b = (sm_b_0 + ((it) % 4) * 18432);
+    const auto* sm_a = (sm_a_0 + ((it) % 4) * 136);
+    const auto* sm_b = (sm_b_0 + ((it) % 4) * 16384);
     {
       const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
       const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
@@ -300,23 +401,23 @@ extern "C" __global__ void __launch_bounds__(256, 1) mg_k0_mirage_qwen2_swiglu_g
       (void)mg_ks;
     #pragma unroll
     for (int s = 0; s < 8; ++s) {
-      const int kk = (mg_ks + s * 2) * 16;
+      const int kk = (mg_ks + s * 1) * 16;
       const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
       (void)k0; (void)k1;
       unsigned ra0, ra1, ra2, ra3;
       const int mg_mi = 0, r0 = mg_g, r1 = r0 + 8;
       (void)r0; (void)r1;
-      mg_ldsm_x4(ra0, ra1, ra2, ra3, ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) < 1 ? (const void*)(sm_a + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) * 264 + (kk + (mg_lane >> 4) * 8))) : (const void*)mg_zero));
+      mg_ldsm_x4(ra0, ra1, ra2, ra3, ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) < 1 ? (const void*)(sm_a + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) * 136 + (kk + (mg_lane >> 4) * 8))) : (const void*)mg_zero));
       #pragma unroll
-      for (int j = 0; j < 2; ++j) {
+      for (int j = 0; j < 4; ++j) {
         const int q = mg_grp + 4 * j;
-        if (q < 8) {
-          const int mg_nb = q / 8;
-          const int mg_ni = q % 8;
+        if (q < 16) {
+          const int mg_nb = q / 16;
+          const int mg_ni = q % 16;
           const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
           (void)mg_nb; (void)c0; (void)n0;
           unsigned rb0, rb1;
-          mg_ldsm_x2_t(rb0, rb1, (sm_b + ((kk + (mg_lane & 15)) * 72 + (mg_ni * 8))));
+          mg_ldsm_x2_t(rb0, rb1, (reinterpret_cast<const unsigned char*>(sm_b) + ((((mg_ni * 8)) * 2) / 128) * 16384 + (((((kk + (mg_lane & 15)))) * 128 + (((mg_ni * 8)) * 2) % 128) ^ (((((((kk + (mg_lane & 15)))) * 128 + (((mg_ni * 8)) * 2) % 128) >> 7) & 7) << 4))));
           mg_mma_bf16(acc_s[j], ra0, ra1, ra2, ra3, rb0, rb1);
         }
       }
@@ -330,116 +431,107 @@ extern "C" __global__ void __launch_bounds__(256, 1) mg_k0_mirage_qwen2_swiglu_g
     (void)mg_g; (void)mg_t;
     const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
     (void)mg_ks;
-    if (mg_ks == 0) {
-      #pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        const int q = mg_grp + 4 * j;
-        if (q < 8) {
-          const int mg_nb = q / 8;
-          const int mg_mi = (q / 8) % 1;
-          const int mg_ni = q % 8;
-          const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
-          const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
-          (void)mg_nb; (void)r1; (void)c0; (void)n0;
-          if (r0 < 1) buf_s[r0 * 64 + c0] = acc_s[j][0];
-          if (r0 < 1) buf_s[r0 * 64 + (c0 + 1)] = acc_s[j][1];
-          if (r1 < 1) buf_s[r1 * 64 + c0] = acc_s[j][2];
-          if (r1 < 1) buf_s[r1 * 64 + (c0 + 1)] = acc_s[j][3];
-        }
-      }
-    }
-    __syncthreads();
-    if (mg_ks == 1) {
-      #pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        const int q = mg_grp + 4 * j;
-        if (q < 8) {
-          const int mg_nb = q / 8;
-          const int mg_mi = (q / 8) % 1;
-          const int mg_ni = q % 8;
-          const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
-          const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
-          (void)mg_nb; (void)r1; (void)c0; (void)n0;
-          if (r0 < 1) buf_s[r0 * 64 + c0] += acc_s[j][0];
-          if (r0 < 1) buf_s[r0 * 64 + (c0 + 1)] += acc_s[j][1];
-          if (r1 < 1) buf_s[r1 * 64 + c0] += acc_s[j][2];
-          if (r1 < 1) buf_s[r1 * 64 + (c0 + 1)] += acc_s[j][3];
-        }
+    #pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int q = mg_grp + 4 * j;
+      if (q < 16) {
+        const int mg_nb = q / 16;
+        const int mg_mi = (q / 16) % 1;
+        const int mg_ni = q % 16;
+        const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
+        const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
+        (void)mg_nb; (void)r1; (void)c0; (void)n0;
+        if (r0 < 1) buf_s[r0 * 128 + c0] = acc_s[j][0];
+        if (r0 < 1) buf_s[r0 * 128 + (c0 + 1)] = acc_s[j][1];
+        if (r1 < 1) buf_s[r1 * 128 + c0] = acc_s[j][2];
+        if (r1 < 1) buf_s[r1 * 128 + (c0 + 1)] = acc_s[j][3];
       }
     }
   }
   __syncthreads();
-  for (int e11 = threadIdx.x; e11 < 8; e11 += 256) {
-    const int i12_1 = e11;
-    mg_st8(p2 + (bx * 64 + (i12_1 * 8)), buf_s[((i12_1 * 8) + 0)], buf_s[((i12_1 * 8) + 1)], buf_s[((i12_1 * 8) + 2)], buf_s[((i12_1 * 8) + 3)], buf_s[((i12_1 * 8) + 4)], buf_s[((i12_1 * 8) + 5)], buf_s[((i12_1 * 8) + 6)], buf_s[((i12_1 * 8) + 7)]);
+  for (int e9 = threadIdx.x; e9 < 16; e9 += 128) {
+    const int i10_1 = e9;
+    mg_st8(p2 + (bx * 128 + (i10_1 * 8)), buf_s[((i10_1 * 8) + 0)], buf_s[((i10_1 * 8) + 1)], buf_s[((i10_1 * 8) + 2)], buf_s[((i10_1 * 8) + 3)], buf_s[((i10_1 * 8) + 4)], buf_s[((i10_1 * 8) + 5)], buf_s[((i10_1 * 8) + 6)], buf_s[((i10_1 * 8) + 7)]);
   }
 }
 
-// matmul as a generated block graph: grid [296, 1, 1], forloop 14, tensor cores
-extern "C" __global__ void __launch_bounds__(256, 1) mg_k1_mirage_qwen2_swiglu_gateup_b1_bf16_b1x3584_b3584x18944_b3584x18944_to_b1x18944(
+// matmul as a generated block graph: grid [148, 1, 1], forloop 28, tensor cores
+extern "C" __global__ void __launch_bounds__(128, 1) mg_k1_mirage_qwen2_swiglu_gateup_b1_bf16_b1x3584_b3584x18944_b3584x18944_to_b1x18944(
     const mg_bf16* __restrict__ p0,
     const mg_bf16* __restrict__ p1,
-    mg_bf16* __restrict__ p2) {
-  mg_grid_wait();
+    mg_bf16* __restrict__ p2,
+    const __grid_constant__ mg_tmap p3) {
   const int bx = blockIdx.x, by = blockIdx.y, bz = blockIdx.z;
   (void)bx; (void)by; (void)bz;
-  extern __shared__ __align__(16) unsigned char mg_smem[];
+  extern __shared__ __align__(16) unsigned char mg_smem_raw[];
+  unsigned char* mg_smem = mg_smem_raw + ((1024u - (mg_smem_addr(mg_smem_raw) & 1023u)) & 1023u);
   const int base_a = 0;
-  const int base_b = bx * 64;
-  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 149824);
+  const int base_b = bx * 128;
+  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 132704);
   if (threadIdx.x < 4) mg_zero[threadIdx.x] = 0u;
-  mg_bf16* sm_a_0 = reinterpret_cast<mg_bf16*>(mg_smem + 0);
-  mg_bf16* sm_b_0 = reinterpret_cast<mg_bf16*>(mg_smem + 2112);
-  float* buf_s = reinterpret_cast<float*>(mg_smem + 149568);
-  int mg_so_b[8], mg_do_b[8];
-  #pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    const int c3 = threadIdx.x + i * 256;
-    const int s4_0 = c3 / 8;
-    const int s4_1 = (c3) % 8;
-    mg_so_b[i] = s4_0 * 18944 + (s4_1 * 8);
-    mg_do_b[i] = s4_0 * 72 + (s4_1 * 8);
+  unsigned long long* mg_mbar = reinterpret_cast<unsigned long long*>(mg_smem + 132672);
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < 4; ++s) mg_mbar_init(mg_mbar + s);
+    mg_mbar_fence_init();
   }
-  for (int c1 = threadIdx.x; c1 < 32; c1 += 256) {
+  __syncthreads();
+  mg_bf16* sm_a_0 = reinterpret_cast<mg_bf16*>(mg_smem + 131072);
+  mg_bf16* sm_b_0 = reinterpret_cast<mg_bf16*>(mg_smem + 0);
+  float* buf_s = reinterpret_cast<float*>(mg_smem + 132160);
+  for (int c1 = threadIdx.x; c1 < 16; c1 += 128) {
     const int s2_1 = c1;
-    mg_cp_async16((sm_a_0 + ((0) % 4) * 264) + ((s2_1 * 8)), p0 + ((base_a + 0)) + ((s2_1 * 8)));
+    mg_cp_async16((sm_a_0 + ((0) % 4) * 136) + ((s2_1 * 8)), p0 + ((base_a + 0)) + ((s2_1 * 8)));
   }
-  #pragma unroll
-  for (int i = 0; i < 8; ++i) mg_cp_async16((sm_b_0 + ((0) % 4) * 18432) + mg_do_b[i], p1 + ((base_b + 0)) + mg_so_b[i]);
-  mg_cp_async_commit();
-  for (int c5 = threadIdx.x; c5 < 32; c5 += 256) {
+  if (threadIdx.x == 0) {
+    mg_mbar_arrive_expect(mg_mbar + ((0) % 4), 32768u);
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 4) * 16384)), &p3, bx * 128, (0) * 128, mg_mbar + ((0) % 4));
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 4) * 16384)) + 16384, &p3, bx * 128 + 64, (0) * 128, mg_mbar + ((0) % 4));
+  }
+  for (int c3 = threadIdx.x; c3 < 16; c3 += 128) {
+    const int s4_1 = c3;
+    mg_cp_async16((sm_a_0 + ((1) % 4) * 136) + ((s4_1 * 8)), p0 + ((base_a + 128)) + ((s4_1 * 8)));
+  }
+  if (threadIdx.x == 0) {
+    mg_mbar_arrive_expect(mg_mbar + ((1) % 4), 32768u);
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 4) * 16384)), &p3, bx * 128, (1) * 128, mg_mbar + ((1) % 4));
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 4) * 16384)) + 16384, &p3, bx * 128 + 64, (1) * 128, mg_mbar + ((1) % 4));
+  }
+  for (int c5 = threadIdx.x; c5 < 16; c5 += 128) {
     const int s6_1 = c5;
-    mg_cp_async16((sm_a_0 + ((1) % 4) * 264) + ((s6_1 * 8)), p0 + ((base_a + 256)) + ((s6_1 * 8)));
+    mg_cp_async16((sm_a_0 + ((2) % 4) * 136) + ((s6_1 * 8)), p0 + ((base_a + 256)) + ((s6_1 * 8)));
   }
-  #pragma unroll
-  for (int i = 0; i < 8; ++i) mg_cp_async16((sm_b_0 + ((1) % 4) * 18432) + mg_do_b[i], p1 + ((base_b + 4849664)) + mg_so_b[i]);
-  mg_cp_async_commit();
-  for (int c7 = threadIdx.x; c7 < 32; c7 += 256) {
-    const int s8_1 = c7;
-    mg_cp_async16((sm_a_0 + ((2) % 4) * 264) + ((s8_1 * 8)), p0 + ((base_a + 512)) + ((s8_1 * 8)));
+  if (threadIdx.x == 0) {
+    mg_mbar_arrive_expect(mg_mbar + ((2) % 4), 32768u);
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 4) * 16384)), &p3, bx * 128, (2) * 128, mg_mbar + ((2) % 4));
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 4) * 16384)) + 16384, &p3, bx * 128 + 64, (2) * 128, mg_mbar + ((2) % 4));
   }
-  #pragma unroll
-  for (int i = 0; i < 8; ++i) mg_cp_async16((sm_b_0 + ((2) % 4) * 18432) + mg_do_b[i], p1 + ((base_b + 9699328)) + mg_so_b[i]);
+  mg_grid_wait();
+  mg_grid_release();
   mg_cp_async_commit();
-  float acc_s[2][4];
+  mg_cp_async_commit();
+  mg_cp_async_commit();
+  float acc_s[4][4];
   #pragma unroll
-  for (int j = 0; j < 2; ++j) acc_s[j][0] = acc_s[j][1] = acc_s[j][2] = acc_s[j][3] = 0.0f;
-  for (int it = 0; it < 14; ++it) {
-    const int off_a = base_a + it * 256;
-    const int off_b = base_b + it * 4849664;
+  for (int j = 0; j < 4; ++j) acc_s[j][0] = acc_s[j][1] = acc_s[j][2] = acc_s[j][3] = 0.0f;
+  for (int it = 0; it < 28; ++it) {
+    const int off_a = base_a + it * 128;
     mg_cp_async_wait<2>();
+    mg_mbar_wait(mg_mbar + (it % 4), (it / 4) & 1);
     __syncthreads();
-    if (it + 3 < 14) {
-      for (int c9 = threadIdx.x; c9 < 32; c9 += 256) {
-        const int s10_1 = c9;
-        mg_cp_async16((sm_a_0 + (((it + 3)) % 4) * 264) + ((s10_1 * 8)), p0 + ((off_a + 768)) + ((s10_1 * 8)));
+    if (it + 3 < 28) {
+      for (int c7 = threadIdx.x; c7 < 16; c7 += 128) {
+        const int s8_1 = c7;
+        mg_cp_async16((sm_a_0 + (((it + 3)) % 4) * 136) + ((s8_1 * 8)), p0 + ((off_a + 384)) + ((s8_1 * 8)));
       }
-      #pragma unroll
-      for (int i = 0; i < 8; ++i) mg_cp_async16((sm_b_0 + (((it + 3)) % 4) * 18432) + mg_do_b[i], p1 + ((off_b + 14548992)) + mg_so_b[i]);
+      if (threadIdx.x == 0) {
+        mg_mbar_arrive_expect(mg_mbar + ((it + 3) % 4), 32768u);
+        mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 3) % 4) * 16384)), &p3, bx * 128, (it + 3) * 128, mg_mbar + ((it + 3) % 4));
+        mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 3) % 4) * 16384)) + 16384, &p3, bx * 128 + 64, (it + 3) * 128, mg_mbar + ((it + 3) % 4));
+      }
     }
     mg_cp_async_commit();
-    const auto* sm_a = (sm_a_0 + ((it) % 4) * 264);
-    const auto* sm_b = (sm_b_0 + ((it) % 4) * 18432);
+    const auto* sm_a = (sm_a_0 + ((it) % 4) * 136);
+    const auto* sm_b = (sm_b_0 + ((it) % 4) * 16384);
     {
       const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
       const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
@@ -448,23 +540,23 @@ extern "C" __global__ void __launch_bounds__(256, 1) mg_k1_mirage_qwen2_swiglu_g
       (void)mg_ks;
     #pragma unroll
     for (int s = 0; s < 8; ++s) {
-      const int kk = (mg_ks + s * 2) * 16;
+      const int kk = (mg_ks + s * 1) * 16;
       const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
       (void)k0; (void)k1;
       unsigned ra0, ra1, ra2, ra3;
       const int mg_mi = 0, r0 = mg_g, r1 = r0 + 8;
       (void)r0; (void)r1;
-      mg_ldsm_x4(ra0, ra1, ra2, ra3, ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) < 1 ? (const void*)(sm_a + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) * 264 + (kk + (mg_lane >> 4) * 8))) : (const void*)mg_zero));
+      mg_ldsm_x4(ra0, ra1, ra2, ra3, ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) < 1 ? (const void*)(sm_a + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) * 136 + (kk + (mg_lane >> 4) * 8))) : (const void*)mg_zero));
       #pragma unroll
-      for (int j = 0; j < 2; ++j) {
+      for (int j = 0; j < 4; ++j) {
         const int q = mg_grp + 4 * j;
-        if (q < 8) {
-          const int mg_nb = q / 8;
-          const int mg_ni = q % 8;
+        if (q < 16) {
+          const int mg_nb = q / 16;
+          const int mg_ni = q % 16;
           const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
           (void)mg_nb; (void)c0; (void)n0;
           unsigned rb0, rb1;
-          mg_ldsm_x2_t(rb0, rb1, (sm_b + ((kk + (mg_lane & 15)) * 72 + (mg_ni * 8))));
+          mg_ldsm_x2_t(rb0, rb1, (reinterpret_cast<const unsigned char*>(sm_b) + ((((mg_ni * 8)) * 2) / 128) * 16384 + (((((kk + (mg_lane & 15)))) * 128 + (((mg_ni * 8)) * 2) % 128) ^ (((((((kk + (mg_lane & 15)))) * 128 + (((mg_ni * 8)) * 2) % 128) >> 7) & 7) << 4))));
           mg_mma_bf16(acc_s[j], ra0, ra1, ra2, ra3, rb0, rb1);
         }
       }
@@ -478,48 +570,27 @@ extern "C" __global__ void __launch_bounds__(256, 1) mg_k1_mirage_qwen2_swiglu_g
     (void)mg_g; (void)mg_t;
     const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
     (void)mg_ks;
-    if (mg_ks == 0) {
-      #pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        const int q = mg_grp + 4 * j;
-        if (q < 8) {
-          const int mg_nb = q / 8;
-          const int mg_mi = (q / 8) % 1;
-          const int mg_ni = q % 8;
-          const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
-          const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
-          (void)mg_nb; (void)r1; (void)c0; (void)n0;
-          if (r0 < 1) buf_s[r0 * 64 + c0] = acc_s[j][0];
-          if (r0 < 1) buf_s[r0 * 64 + (c0 + 1)] = acc_s[j][1];
-          if (r1 < 1) buf_s[r1 * 64 + c0] = acc_s[j][2];
-          if (r1 < 1) buf_s[r1 * 64 + (c0 + 1)] = acc_s[j][3];
-        }
-      }
-    }
-    __syncthreads();
-    if (mg_ks == 1) {
-      #pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        const int q = mg_grp + 4 * j;
-        if (q < 8) {
-          const int mg_nb = q / 8;
-          const int mg_mi = (q / 8) % 1;
-          const int mg_ni = q % 8;
-          const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
-          const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
-          (void)mg_nb; (void)r1; (void)c0; (void)n0;
-          if (r0 < 1) buf_s[r0 * 64 + c0] += acc_s[j][0];
-          if (r0 < 1) buf_s[r0 * 64 + (c0 + 1)] += acc_s[j][1];
-          if (r1 < 1) buf_s[r1 * 64 + c0] += acc_s[j][2];
-          if (r1 < 1) buf_s[r1 * 64 + (c0 + 1)] += acc_s[j][3];
-        }
+    #pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int q = mg_grp + 4 * j;
+      if (q < 16) {
+        const int mg_nb = q / 16;
+        const int mg_mi = (q / 16) % 1;
+        const int mg_ni = q % 16;
+        const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
+        const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
+        (void)mg_nb; (void)r1; (void)c0; (void)n0;
+        if (r0 < 1) buf_s[r0 * 128 + c0] = acc_s[j][0];
+        if (r0 < 1) buf_s[r0 * 128 + (c0 + 1)] = acc_s[j][1];
+        if (r1 < 1) buf_s[r1 * 128 + c0] = acc_s[j][2];
+        if (r1 < 1) buf_s[r1 * 128 + (c0 + 1)] = acc_s[j][3];
       }
     }
   }
   __syncthreads();
-  for (int e11 = threadIdx.x; e11 < 8; e11 += 256) {
-    const int i12_1 = e11;
-    mg_st8(p2 + (bx * 64 + (i12_1 * 8)), buf_s[((i12_1 * 8) + 0)], buf_s[((i12_1 * 8) + 1)], buf_s[((i12_1 * 8) + 2)], buf_s[((i12_1 * 8) + 3)], buf_s[((i12_1 * 8) + 4)], buf_s[((i12_1 * 8) + 5)], buf_s[((i12_1 * 8) + 6)], buf_s[((i12_1 * 8) + 7)]);
+  for (int e9 = threadIdx.x; e9 < 16; e9 += 128) {
+    const int i10_1 = e9;
+    mg_st8(p2 + (bx * 128 + (i10_1 * 8)), buf_s[((i10_1 * 8) + 0)], buf_s[((i10_1 * 8) + 1)], buf_s[((i10_1 * 8) + 2)], buf_s[((i10_1 * 8) + 3)], buf_s[((i10_1 * 8) + 4)], buf_s[((i10_1 * 8) + 5)], buf_s[((i10_1 * 8) + 6)], buf_s[((i10_1 * 8) + 7)]);
   }
 }
 
@@ -528,6 +599,7 @@ extern "C" __global__ void __launch_bounds__(256) mg_k2_mirage_qwen2_swiglu_gate
     const mg_bf16* __restrict__ p0,
     mg_bf16* __restrict__ p1) {
   mg_grid_wait();
+  mg_grid_release();
   for (int e8 = blockIdx.x * 256 + threadIdx.x; e8 < 2368; e8 += gridDim.x * 256) {
     const int e = e8 * 8;
     const int i1 = e;
@@ -557,6 +629,7 @@ extern "C" __global__ void __launch_bounds__(256) mg_k3_mirage_qwen2_swiglu_gate
     const mg_bf16* __restrict__ p1,
     mg_bf16* __restrict__ p2) {
   mg_grid_wait();
+  mg_grid_release();
   for (int e8 = blockIdx.x * 256 + threadIdx.x; e8 < 2368; e8 += gridDim.x * 256) {
     const int e = e8 * 8;
     const int i1 = e;
@@ -600,6 +673,45 @@ extern "C" __global__ void __launch_bounds__(256) mg_k3_mirage_qwen2_swiglu_gate
 
 extern "C" size_t mirage_qwen2_swiglu_gateup_b1_bf16_b1x3584_b3584x18944_b3584x18944_to_b1x18944_workspace_bytes(void) { return 113664u; }
 
+// Bulk tensor copies read through tensor maps, which the launcher encodes on every call
+// (the addresses may change) with the driver's cuTensorMapEncodeTiled, found through the
+// runtime so that nothing but the CUDA runtime needs to be linked.
+#include <cuda.h>
+#if CUDART_VERSION < 12000
+#error "mirage-cli generated code with bulk tensor copies needs CUDA 12.0 or newer"
+#endif
+static_assert(sizeof(mg_tmap) == sizeof(CUtensorMap), "tensor map size");
+typedef CUresult (*mg_encode_fn_mirage_qwen2_swiglu_gateup_b1_bf16_b1x3584_b3584x18944_b3584x18944_to_b1x18944)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*,
+    const cuuint64_t*, const cuuint64_t*, const cuuint32_t*, const cuuint32_t*,
+    CUtensorMapInterleave, CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+static std::atomic<void*> mg_encoder_mirage_qwen2_swiglu_gateup_b1_bf16_b1x3584_b3584x18944_b3584x18944_to_b1x18944{nullptr};
+
+static cudaError_t mg_encode_tmap_mirage_qwen2_swiglu_gateup_b1_bf16_b1x3584_b3584x18944_b3584x18944_to_b1x18944(mg_tmap* mg_map, const void* mg_base,
+                                   CUtensorMapDataType mg_dtype, cuuint32_t mg_rank,
+                                   const cuuint64_t* mg_dims, const cuuint64_t* mg_strides,
+                                   const cuuint32_t* mg_box, CUtensorMapSwizzle mg_swizzle) {
+  void* mg_fn = mg_encoder_mirage_qwen2_swiglu_gateup_b1_bf16_b1x3584_b3584x18944_b3584x18944_to_b1x18944.load(std::memory_order_acquire);
+  if (mg_fn == nullptr) {
+    cudaDriverEntryPointQueryResult mg_found = cudaDriverEntryPointSymbolNotFound;
+#if CUDART_VERSION >= 12050
+    cudaError_t mg_err = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &mg_fn,
+                                                          12000, cudaEnableDefault, &mg_found);
+#else
+    cudaError_t mg_err = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &mg_fn,
+                                                 cudaEnableDefault, &mg_found);
+#endif
+    if (mg_err != cudaSuccess) return mg_err;
+    if (mg_found != cudaDriverEntryPointSuccess || mg_fn == nullptr) return cudaErrorSymbolNotFound;
+    mg_encoder_mirage_qwen2_swiglu_gateup_b1_bf16_b1x3584_b3584x18944_b3584x18944_to_b1x18944.store(mg_fn, std::memory_order_release);
+  }
+  const cuuint32_t mg_steps[5] = {1, 1, 1, 1, 1};
+  const CUresult mg_res = reinterpret_cast<mg_encode_fn_mirage_qwen2_swiglu_gateup_b1_bf16_b1x3584_b3584x18944_b3584x18944_to_b1x18944>(mg_fn)(
+      reinterpret_cast<CUtensorMap*>(mg_map), mg_dtype, mg_rank, const_cast<void*>(mg_base),
+      mg_dims, mg_strides, mg_box, mg_steps, CU_TENSOR_MAP_INTERLEAVE_NONE, mg_swizzle,
+      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return mg_res == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+}
+
 // What the launcher needs to know about the current device, found once per device
 // (a state per device ordinal; two threads racing store the same value, which is
 // harmless) and on every call for ordinals past the table: bit 0 says the device is
@@ -618,10 +730,10 @@ static cudaError_t mg_prepare_mirage_qwen2_swiglu_gateup_b1_bf16_b1x3584_b3584x1
     if (*mg_state != 0) return cudaSuccess;
   }
   mg_err = cudaFuncSetAttribute((const void*)mg_k0_mirage_qwen2_swiglu_gateup_b1_bf16_b1x3584_b3584x18944_b3584x18944_to_b1x18944,
-                                cudaFuncAttributeMaxDynamicSharedMemorySize, 149840);
+                                cudaFuncAttributeMaxDynamicSharedMemorySize, 133744);
   if (mg_err != cudaSuccess) return mg_err;
   mg_err = cudaFuncSetAttribute((const void*)mg_k1_mirage_qwen2_swiglu_gateup_b1_bf16_b1x3584_b3584x18944_b3584x18944_to_b1x18944,
-                                cudaFuncAttributeMaxDynamicSharedMemorySize, 149840);
+                                cudaFuncAttributeMaxDynamicSharedMemorySize, 133744);
   if (mg_err != cudaSuccess) return mg_err;
   int mg_major = 0;
   mg_err = cudaDeviceGetAttribute(&mg_major, cudaDevAttrComputeCapabilityMajor, mg_dev);
@@ -647,11 +759,20 @@ extern "C" cudaError_t mirage_qwen2_swiglu_gateup_b1_bf16_b1x3584_b3584x18944_b3
     const mg_bf16* mg_a0 = (const mg_bf16*)(mg_in0_X);
     const mg_bf16* mg_a1 = (const mg_bf16*)(mg_in1_W1);
     mg_bf16* mg_a2 = (mg_bf16*)(mg_ws + 0);
-    void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
+    mg_tmap mg_a3;
+    {
+      const cuuint64_t mg_dims[] = {18944, 3584};
+      const cuuint64_t mg_strides[] = {37888};
+      const cuuint32_t mg_box[] = {64, 128};
+      mg_err = mg_encode_tmap_mirage_qwen2_swiglu_gateup_b1_bf16_b1x3584_b3584x18944_b3584x18944_to_b1x18944(&mg_a3, mg_in1_W1, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2,
+                                mg_dims, mg_strides, mg_box, CU_TENSOR_MAP_SWIZZLE_128B);
+      if (mg_err != cudaSuccess) return mg_err;
+    }
+    void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2, &mg_a3};
     cudaLaunchConfig_t mg_cfg = {};
-    mg_cfg.gridDim = dim3(296, 1, 1);
-    mg_cfg.blockDim = dim3(256);
-    mg_cfg.dynamicSmemBytes = 149840;
+    mg_cfg.gridDim = dim3(148, 1, 1);
+    mg_cfg.blockDim = dim3(128);
+    mg_cfg.dynamicSmemBytes = 133744;
     mg_cfg.stream = mg_stream;
     mg_cfg.attrs = mg_pdl;
     mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
@@ -662,11 +783,20 @@ extern "C" cudaError_t mirage_qwen2_swiglu_gateup_b1_bf16_b1x3584_b3584x18944_b3
     const mg_bf16* mg_a0 = (const mg_bf16*)(mg_in0_X);
     const mg_bf16* mg_a1 = (const mg_bf16*)(mg_in2_W3);
     mg_bf16* mg_a2 = (mg_bf16*)(mg_ws + 37888);
-    void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
+    mg_tmap mg_a3;
+    {
+      const cuuint64_t mg_dims[] = {18944, 3584};
+      const cuuint64_t mg_strides[] = {37888};
+      const cuuint32_t mg_box[] = {64, 128};
+      mg_err = mg_encode_tmap_mirage_qwen2_swiglu_gateup_b1_bf16_b1x3584_b3584x18944_b3584x18944_to_b1x18944(&mg_a3, mg_in2_W3, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2,
+                                mg_dims, mg_strides, mg_box, CU_TENSOR_MAP_SWIZZLE_128B);
+      if (mg_err != cudaSuccess) return mg_err;
+    }
+    void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2, &mg_a3};
     cudaLaunchConfig_t mg_cfg = {};
-    mg_cfg.gridDim = dim3(296, 1, 1);
-    mg_cfg.blockDim = dim3(256);
-    mg_cfg.dynamicSmemBytes = 149840;
+    mg_cfg.gridDim = dim3(148, 1, 1);
+    mg_cfg.blockDim = dim3(128);
+    mg_cfg.dynamicSmemBytes = 133744;
     mg_cfg.stream = mg_stream;
     mg_cfg.attrs = mg_pdl;
     mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;

@@ -24,12 +24,12 @@ enum {
   mirage_qwen2_swiglu_gateup_b1_bf16_b1x3584_b3584x18944_b3584x18944_to_b1x18944_IN0_DTYPE = MIRAGE_DTYPE_BF16,
   mirage_qwen2_swiglu_gateup_b1_bf16_b1x3584_b3584x18944_b3584x18944_to_b1x18944_IN0_DIM0 = 1,
   mirage_qwen2_swiglu_gateup_b1_bf16_b1x3584_b3584x18944_b3584x18944_to_b1x18944_IN0_DIM1 = 3584,
-  // input 1 'W1': bf16[3584, 18944]
+  // input 1 'W1': bf16[3584, 18944] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
   mirage_qwen2_swiglu_gateup_b1_bf16_b1x3584_b3584x18944_b3584x18944_to_b1x18944_IN1_RANK = 2,
   mirage_qwen2_swiglu_gateup_b1_bf16_b1x3584_b3584x18944_b3584x18944_to_b1x18944_IN1_DTYPE = MIRAGE_DTYPE_BF16,
   mirage_qwen2_swiglu_gateup_b1_bf16_b1x3584_b3584x18944_b3584x18944_to_b1x18944_IN1_DIM0 = 3584,
   mirage_qwen2_swiglu_gateup_b1_bf16_b1x3584_b3584x18944_b3584x18944_to_b1x18944_IN1_DIM1 = 18944,
-  // input 2 'W3': bf16[3584, 18944]
+  // input 2 'W3': bf16[3584, 18944] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
   mirage_qwen2_swiglu_gateup_b1_bf16_b1x3584_b3584x18944_b3584x18944_to_b1x18944_IN2_RANK = 2,
   mirage_qwen2_swiglu_gateup_b1_bf16_b1x3584_b3584x18944_b3584x18944_to_b1x18944_IN2_DTYPE = MIRAGE_DTYPE_BF16,
   mirage_qwen2_swiglu_gateup_b1_bf16_b1x3584_b3584x18944_b3584x18944_to_b1x18944_IN2_DIM0 = 3584,
@@ -56,8 +56,8 @@ size_t mirage_qwen2_swiglu_gateup_b1_bf16_b1x3584_b3584x18944_b3584x18944_to_b1x
 
 // Runs 'qwen2_swiglu_gateup_b1_bf16' on `mg_stream`. Arguments, in order:
 //   mg_in0_X: input 0 'X': bf16[1, 3584]
-//   mg_in1_W1: input 1 'W1': bf16[3584, 18944]
-//   mg_in2_W3: input 2 'W3': bf16[3584, 18944]
+//   mg_in1_W1: input 1 'W1': bf16[3584, 18944] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
+//   mg_in2_W3: input 2 'W3': bf16[3584, 18944] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
 //   mg_out0_H: output 0 'H': bf16[1, 18944]
 // All tensors are row-major, contiguous, 16-byte aligned device memory.
 // Returns the first CUDA error; never allocates, synchronises or exits.

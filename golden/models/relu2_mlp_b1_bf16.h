@@ -24,12 +24,12 @@ enum {
   mirage_relu2_mlp_b1_bf16_b1x4096_b4096x14336_b14336x4096_to_b1x4096_IN0_DTYPE = MIRAGE_DTYPE_BF16,
   mirage_relu2_mlp_b1_bf16_b1x4096_b4096x14336_b14336x4096_to_b1x4096_IN0_DIM0 = 1,
   mirage_relu2_mlp_b1_bf16_b1x4096_b4096x14336_b14336x4096_to_b1x4096_IN0_DIM1 = 4096,
-  // input 1 'W1': bf16[4096, 14336]
+  // input 1 'W1': bf16[4096, 14336] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
   mirage_relu2_mlp_b1_bf16_b1x4096_b4096x14336_b14336x4096_to_b1x4096_IN1_RANK = 2,
   mirage_relu2_mlp_b1_bf16_b1x4096_b4096x14336_b14336x4096_to_b1x4096_IN1_DTYPE = MIRAGE_DTYPE_BF16,
   mirage_relu2_mlp_b1_bf16_b1x4096_b4096x14336_b14336x4096_to_b1x4096_IN1_DIM0 = 4096,
   mirage_relu2_mlp_b1_bf16_b1x4096_b4096x14336_b14336x4096_to_b1x4096_IN1_DIM1 = 14336,
-  // input 2 'W2': bf16[14336, 4096]
+  // input 2 'W2': bf16[14336, 4096] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
   mirage_relu2_mlp_b1_bf16_b1x4096_b4096x14336_b14336x4096_to_b1x4096_IN2_RANK = 2,
   mirage_relu2_mlp_b1_bf16_b1x4096_b4096x14336_b14336x4096_to_b1x4096_IN2_DTYPE = MIRAGE_DTYPE_BF16,
   mirage_relu2_mlp_b1_bf16_b1x4096_b4096x14336_b14336x4096_to_b1x4096_IN2_DIM0 = 14336,
@@ -56,8 +56,8 @@ size_t mirage_relu2_mlp_b1_bf16_b1x4096_b4096x14336_b14336x4096_to_b1x4096_works
 
 // Runs 'relu2_mlp_b1_bf16' on `mg_stream`. Arguments, in order:
 //   mg_in0_X: input 0 'X': bf16[1, 4096]
-//   mg_in1_W1: input 1 'W1': bf16[4096, 14336]
-//   mg_in2_W2: input 2 'W2': bf16[14336, 4096]
+//   mg_in1_W1: input 1 'W1': bf16[4096, 14336] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
+//   mg_in2_W2: input 2 'W2': bf16[14336, 4096] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
 //   mg_out0_O: output 0 'O': bf16[1, 4096]
 // All tensors are row-major, contiguous, 16-byte aligned device memory.
 // Returns the first CUDA error; never allocates, synchronises or exits.

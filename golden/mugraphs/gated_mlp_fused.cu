@@ -7,15 +7,18 @@
 // Device pointers must be 16-byte aligned; the workspace must hold
 // mirage_gated_mlp_fused_h8x4096_h4096x4096_h4096x4096_to_h8x4096_workspace_bytes() bytes. No allocation, synchronisation or exit inside.
 // input 0 'X': f16[8, 4096]
-// input 1 'W1': f16[4096, 4096]
-// input 2 'W2': f16[4096, 4096]
+// input 1 'W1': f16[4096, 4096] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
+// input 2 'W2': f16[4096, 4096] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
 // output 0 'O': f16[8, 4096]
-// kernel mg_k0_mirage_gated_mlp_fused_h8x4096_h4096x4096_h4096x4096_to_h8x4096: grid [128, 1, 1], 128 threads, 92688 B dynamic shared memory
+// kernel mg_k0_mirage_gated_mlp_fused_h8x4096_h4096x4096_h4096x4096_to_h8x4096: grid [128, 1, 1], 128 threads, 113728 B dynamic shared memory
 
 // The kernels use cp.async, bf16 conversions and mma.sync shapes of sm_80 and later:
 // one clear error instead of a wall of ptxas errors for an older target.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
 #error "mirage-cli generated code needs sm_80 or newer: compile with -arch=sm_80 or -arch=sm_90"
+// Some kernels use bulk tensor copies (TMA), sm_90 features.
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+#error "this file was generated for sm_90 (bulk tensor copies): compile with -arch=sm_90, or generate it with --arch sm_80"
 #endif
 
 // Storage types and helpers. The device code needs no header, so NVRTC compiles it
@@ -44,13 +47,24 @@ __device__ __forceinline__ void mg_st(mg_bf16* p, float v) {
   p->bits = h;
 }
 // Programmatic dependent launch (sm_90 and later): the entry point lets each kernel
-// start while the kernel before it in the stream drains, so the launch latency is
-// hidden. Every kernel's first act is this wait, which returns once that kernel has
-// finished and its writes are visible: no input is ever read early. On a launch
-// without the attribute it returns at once; before sm_90 it is not emitted.
+// start while the kernel before it in the stream drains. Each kernel waits here, and
+// returns once that kernel has finished and its writes are visible. Before the wait
+// a kernel only computes addresses and copies the first pipeline stages of inputs
+// that no kernel still running can be writing: inputs declared `weight`, or any
+// input of the program once an earlier kernel of this call has waited. On a launch
+// without the attribute the wait returns at once; before sm_90 it is not emitted.
 __device__ __forceinline__ void mg_grid_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+// After its wait, each kernel lets the next one in the stream launch: its blocks take
+// the SMs this kernel's blocks free and copy their weights while this one finishes.
+// Released only after the wait, so a kernel launched early never runs alongside the
+// kernel two places ahead of it.
+__device__ __forceinline__ void mg_grid_release() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }
 __device__ __forceinline__ float mg_silu(float x) { return x / (1.0f + expf(-x)); }
@@ -101,6 +115,81 @@ __device__ __forceinline__ void mg_cp_async_wait() {
 }
 __device__ __forceinline__ void mg_cp_async_wait_all() {
   asm volatile("cp.async.wait_all;" ::: "memory");
+}
+// Bulk tensor copies (TMA, sm_90): a tensor map (encoded by the host, passed by value
+// as a __grid_constant__ parameter) describes a device tensor and a box; one thread
+// copies a box into shared memory, and the copy's bytes complete a phase of an
+// mbarrier on which every thread waits. Before sm_90 these are never called.
+struct __align__(64) mg_tmap { unsigned long long q[16]; };
+__device__ __forceinline__ unsigned mg_smem_addr(const void* p) {
+  return (unsigned)__cvta_generic_to_shared(p);
+}
+__device__ __forceinline__ void mg_mbar_init(unsigned long long* b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(mg_smem_addr(b)) : "memory");
+#endif
+}
+__device__ __forceinline__ void mg_mbar_fence_init() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+#endif
+}
+// Expect `bytes` more on the barrier's current phase, without arriving.
+__device__ __forceinline__ void mg_mbar_expect(unsigned long long* b, unsigned bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;"
+               :: "r"(mg_smem_addr(b)), "r"(bytes) : "memory");
+#endif
+}
+// Arrive (the phase's one arrival) expecting `bytes` more.
+__device__ __forceinline__ void mg_mbar_arrive_expect(unsigned long long* b, unsigned bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
+               :: "r"(mg_smem_addr(b)), "r"(bytes) : "memory");
+#endif
+}
+__device__ __forceinline__ void mg_mbar_wait(unsigned long long* b, int parity) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("{\n .reg .pred p;\n MG_WAIT:\n"
+               " mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+               " @!p bra MG_WAIT;\n}" :: "r"(mg_smem_addr(b)), "r"(parity) : "memory");
+#endif
+}
+__device__ __forceinline__ void mg_tma2(void* dst, const mg_tmap* m, int c0, int c1,
+                                        unsigned long long* b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+               " [%0], [%1, {%2, %3}], [%4];"
+               :: "r"(mg_smem_addr(dst)), "l"(m), "r"(c0), "r"(c1), "r"(mg_smem_addr(b))
+               : "memory");
+#endif
+}
+__device__ __forceinline__ void mg_tma3(void* dst, const mg_tmap* m, int c0, int c1, int c2,
+                                        unsigned long long* b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
+               " [%0], [%1, {%2, %3, %4}], [%5];"
+               :: "r"(mg_smem_addr(dst)), "l"(m), "r"(c0), "r"(c1), "r"(c2),
+                  "r"(mg_smem_addr(b)) : "memory");
+#endif
+}
+__device__ __forceinline__ void mg_tma4(void* dst, const mg_tmap* m, int c0, int c1, int c2,
+                                        int c3, unsigned long long* b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes"
+               " [%0], [%1, {%2, %3, %4, %5}], [%6];"
+               :: "r"(mg_smem_addr(dst)), "l"(m), "r"(c0), "r"(c1), "r"(c2), "r"(c3),
+                  "r"(mg_smem_addr(b)) : "memory");
+#endif
+}
+__device__ __forceinline__ void mg_tma5(void* dst, const mg_tmap* m, int c0, int c1, int c2,
+                                        int c3, int c4, unsigned long long* b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.tensor.5d.shared::cluster.global.mbarrier::complete_tx::bytes"
+               " [%0], [%1, {%2, %3, %4, %5, %6}], [%7];"
+               :: "r"(mg_smem_addr(dst)), "l"(m), "r"(c0), "r"(c1), "r"(c2), "r"(c3),
+                  "r"(c4), "r"(mg_smem_addr(b)) : "memory");
+#endif
 }
 // Tensor cores: D = A * B + D, m16n8k16, f32 accumulators; operands packed from f32.
 __device__ __forceinline__ unsigned mg_pack_f16(float lo, float hi) {
@@ -224,74 +313,87 @@ __device__ __forceinline__ void mg_dsmem_st(float* p, unsigned rank, float v) {
 }
 #endif
 
-// fused kernel: grid [128, 1, 1], 128 threads, forloop 32; plan: 4 stage(s), kwarps 1, 92688 B shared memory
+// fused kernel: grid [128, 1, 1], 128 threads, forloop 32; plan: 6 stage(s), kwarps 1, 113728 B shared memory
 extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_gated_mlp_fused_h8x4096_h4096x4096_h4096x4096_to_h8x4096(
     const mg_f16* __restrict__ p0,
     const mg_f16* __restrict__ p1,
     const mg_f16* __restrict__ p2,
-    mg_f16* __restrict__ p3) {
-  mg_grid_wait();
+    mg_f16* __restrict__ p3,
+    const __grid_constant__ mg_tmap p4,
+    const __grid_constant__ mg_tmap p5,
+    const __grid_constant__ mg_tmap p6) {
   const int bx = blockIdx.x, by = blockIdx.y, bz = blockIdx.z;
   (void)bx; (void)by; (void)bz;
-  extern __shared__ __align__(16) unsigned char mg_smem[];
+  extern __shared__ __align__(16) unsigned char mg_smem_raw[];
+  unsigned char* mg_smem = mg_smem_raw + ((1024u - (mg_smem_addr(mg_smem_raw) & 1023u)) & 1023u);
   const int base_x = 0;
   const int base_w1 = bx * 32;
   const int base_w2 = bx * 32;
-  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 92672);
+  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 112688);
   if (threadIdx.x < 4) mg_zero[threadIdx.x] = 0u;
+  unsigned long long* mg_mbar = reinterpret_cast<unsigned long long*>(mg_smem + 112640);
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < 6; ++s) mg_mbar_init(mg_mbar + s);
+    mg_mbar_fence_init();
+  }
+  __syncthreads();
   mg_f16* sm_x_0 = reinterpret_cast<mg_f16*>(mg_smem + 0);
-  mg_f16* sm_w1_0 = reinterpret_cast<mg_f16*>(mg_smem + 8704);
-  mg_f16* sm_w2_0 = reinterpret_cast<mg_f16*>(mg_smem + 49664);
-  float* buf_sa = reinterpret_cast<float*>(mg_smem + 90624);
-  float* buf_sb = reinterpret_cast<float*>(mg_smem + 91648);
-  int mg_so_x[1], mg_do_x[1];
-  #pragma unroll
-  for (int i = 0; i < 1; ++i) {
-    const int c1 = threadIdx.x + i * 128;
-    const int s2_0 = c1 / 16;
-    const int s2_1 = (c1) % 16;
-    mg_so_x[i] = s2_0 * 4096 + (s2_1 * 8);
-    mg_do_x[i] = s2_0 * 136 + (s2_1 * 8);
+  mg_f16* sm_w1_0 = reinterpret_cast<mg_f16*>(mg_smem + 12288);
+  mg_f16* sm_w2_0 = reinterpret_cast<mg_f16*>(mg_smem + 61440);
+  float* buf_sa = reinterpret_cast<float*>(mg_smem + 110592);
+  float* buf_sb = reinterpret_cast<float*>(mg_smem + 111616);
+  if (threadIdx.x == 0) {
+    mg_mbar_expect(mg_mbar + ((0) % 6), 16384u);
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_w1_0 + ((0) % 6) * 4096)), &p5, bx * 32, (0) * 128, mg_mbar + ((0) % 6));
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_w2_0 + ((0) % 6) * 4096)), &p6, bx * 32, (0) * 128, mg_mbar + ((0) % 6));
   }
-  int mg_so_w1[4], mg_do_w1[4];
-  #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int c3 = threadIdx.x + i * 128;
-    const int s4_0 = c3 / 4;
-    const int s4_1 = (c3) % 4;
-    mg_so_w1[i] = s4_0 * 4096 + (s4_1 * 8);
-    mg_do_w1[i] = s4_0 * 40 + (s4_1 * 8);
+  if (threadIdx.x == 0) {
+    mg_mbar_expect(mg_mbar + ((1) % 6), 16384u);
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_w1_0 + ((1) % 6) * 4096)), &p5, bx * 32, (1) * 128, mg_mbar + ((1) % 6));
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_w2_0 + ((1) % 6) * 4096)), &p6, bx * 32, (1) * 128, mg_mbar + ((1) % 6));
   }
-  int mg_so_w2[4], mg_do_w2[4];
-  #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int c5 = threadIdx.x + i * 128;
-    const int s6_0 = c5 / 4;
-    const int s6_1 = (c5) % 4;
-    mg_so_w2[i] = s6_0 * 4096 + (s6_1 * 8);
-    mg_do_w2[i] = s6_0 * 40 + (s6_1 * 8);
+  if (threadIdx.x == 0) {
+    mg_mbar_expect(mg_mbar + ((2) % 6), 16384u);
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_w1_0 + ((2) % 6) * 4096)), &p5, bx * 32, (2) * 128, mg_mbar + ((2) % 6));
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_w2_0 + ((2) % 6) * 4096)), &p6, bx * 32, (2) * 128, mg_mbar + ((2) % 6));
   }
-  #pragma unroll
-  for (int i = 0; i < 1; ++i) mg_cp_async16((sm_x_0 + ((0) % 4) * 1088) + mg_do_x[i], p0 + ((base_x + 0)) + mg_so_x[i]);
-  #pragma unroll
-  for (int i = 0; i < 4; ++i) mg_cp_async16((sm_w1_0 + ((0) % 4) * 5120) + mg_do_w1[i], p1 + ((base_w1 + 0)) + mg_so_w1[i]);
-  #pragma unroll
-  for (int i = 0; i < 4; ++i) mg_cp_async16((sm_w2_0 + ((0) % 4) * 5120) + mg_do_w2[i], p2 + ((base_w2 + 0)) + mg_so_w2[i]);
-  mg_cp_async_commit();
-  #pragma unroll
-  for (int i = 0; i < 1; ++i) mg_cp_async16((sm_x_0 + ((1) % 4) * 1088) + mg_do_x[i], p0 + ((base_x + 128)) + mg_so_x[i]);
-  #pragma unroll
-  for (int i = 0; i < 4; ++i) mg_cp_async16((sm_w1_0 + ((1) % 4) * 5120) + mg_do_w1[i], p1 + ((base_w1 + 524288)) + mg_so_w1[i]);
-  #pragma unroll
-  for (int i = 0; i < 4; ++i) mg_cp_async16((sm_w2_0 + ((1) % 4) * 5120) + mg_do_w2[i], p2 + ((base_w2 + 524288)) + mg_so_w2[i]);
-  mg_cp_async_commit();
-  #pragma unroll
-  for (int i = 0; i < 1; ++i) mg_cp_async16((sm_x_0 + ((2) % 4) * 1088) + mg_do_x[i], p0 + ((base_x + 256)) + mg_so_x[i]);
-  #pragma unroll
-  for (int i = 0; i < 4; ++i) mg_cp_async16((sm_w1_0 + ((2) % 4) * 5120) + mg_do_w1[i], p1 + ((base_w1 + 1048576)) + mg_so_w1[i]);
-  #pragma unroll
-  for (int i = 0; i < 4; ++i) mg_cp_async16((sm_w2_0 + ((2) % 4) * 5120) + mg_do_w2[i], p2 + ((base_w2 + 1048576)) + mg_so_w2[i]);
-  mg_cp_async_commit();
+  if (threadIdx.x == 0) {
+    mg_mbar_expect(mg_mbar + ((3) % 6), 16384u);
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_w1_0 + ((3) % 6) * 4096)), &p5, bx * 32, (3) * 128, mg_mbar + ((3) % 6));
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_w2_0 + ((3) % 6) * 4096)), &p6, bx * 32, (3) * 128, mg_mbar + ((3) % 6));
+  }
+  if (threadIdx.x == 0) {
+    mg_mbar_expect(mg_mbar + ((4) % 6), 16384u);
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_w1_0 + ((4) % 6) * 4096)), &p5, bx * 32, (4) * 128, mg_mbar + ((4) % 6));
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_w2_0 + ((4) % 6) * 4096)), &p6, bx * 32, (4) * 128, mg_mbar + ((4) % 6));
+  }
+  mg_grid_wait();
+  mg_grid_release();
+  if (threadIdx.x == 0) {
+    mg_mbar_arrive_expect(mg_mbar + ((0) % 6), 2048u);
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_x_0 + ((0) % 6) * 1024)), &p4, (0) * 128, 0, mg_mbar + ((0) % 6));
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_x_0 + ((0) % 6) * 1024)) + 1024, &p4, (0) * 128 + 64, 0, mg_mbar + ((0) % 6));
+  }
+  if (threadIdx.x == 0) {
+    mg_mbar_arrive_expect(mg_mbar + ((1) % 6), 2048u);
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_x_0 + ((1) % 6) * 1024)), &p4, (1) * 128, 0, mg_mbar + ((1) % 6));
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_x_0 + ((1) % 6) * 1024)) + 1024, &p4, (1) * 128 + 64, 0, mg_mbar + ((1) % 6));
+  }
+  if (threadIdx.x == 0) {
+    mg_mbar_arrive_expect(mg_mbar + ((2) % 6), 2048u);
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_x_0 + ((2) % 6) * 1024)), &p4, (2) * 128, 0, mg_mbar + ((2) % 6));
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_x_0 + ((2) % 6) * 1024)) + 1024, &p4, (2) * 128 + 64, 0, mg_mbar + ((2) % 6));
+  }
+  if (threadIdx.x == 0) {
+    mg_mbar_arrive_expect(mg_mbar + ((3) % 6), 2048u);
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_x_0 + ((3) % 6) * 1024)), &p4, (3) * 128, 0, mg_mbar + ((3) % 6));
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_x_0 + ((3) % 6) * 1024)) + 1024, &p4, (3) * 128 + 64, 0, mg_mbar + ((3) % 6));
+  }
+  if (threadIdx.x == 0) {
+    mg_mbar_arrive_expect(mg_mbar + ((4) % 6), 2048u);
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_x_0 + ((4) % 6) * 1024)), &p4, (4) * 128, 0, mg_mbar + ((4) % 6));
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_x_0 + ((4) % 6) * 1024)) + 1024, &p4, (4) * 128 + 64, 0, mg_mbar + ((4) % 6));
+  }
   float acc_sa[1][4];
   #pragma unroll
   for (int j = 0; j < 1; ++j) acc_sa[j][0] = acc_sa[j][1] = acc_sa[j][2] = acc_sa[j][3] = 0.0f;
@@ -299,23 +401,20 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_gated_mlp_fuse
   #pragma unroll
   for (int j = 0; j < 1; ++j) acc_sb[j][0] = acc_sb[j][1] = acc_sb[j][2] = acc_sb[j][3] = 0.0f;
   for (int it = 0; it < 32; ++it) {
-    const int off_x = base_x + it * 128;
-    const int off_w1 = base_w1 + it * 524288;
-    const int off_w2 = base_w2 + it * 524288;
-    mg_cp_async_wait<2>();
+    mg_mbar_wait(mg_mbar + (it % 6), (it / 6) & 1);
     __syncthreads();
-    if (it + 3 < 32) {
-      #pragma unroll
-      for (int i = 0; i < 1; ++i) mg_cp_async16((sm_x_0 + (((it + 3)) % 4) * 1088) + mg_do_x[i], p0 + ((off_x + 384)) + mg_so_x[i]);
-      #pragma unroll
-      for (int i = 0; i < 4; ++i) mg_cp_async16((sm_w1_0 + (((it + 3)) % 4) * 5120) + mg_do_w1[i], p1 + ((off_w1 + 1572864)) + mg_so_w1[i]);
-      #pragma unroll
-      for (int i = 0; i < 4; ++i) mg_cp_async16((sm_w2_0 + (((it + 3)) % 4) * 5120) + mg_do_w2[i], p2 + ((off_w2 + 1572864)) + mg_so_w2[i]);
+    if (it + 5 < 32) {
+      if (threadIdx.x == 0) {
+        mg_mbar_arrive_expect(mg_mbar + ((it + 5) % 6), 18432u);
+        mg_tma2(reinterpret_cast<unsigned char*>((sm_x_0 + ((it + 5) % 6) * 1024)), &p4, (it + 5) * 128, 0, mg_mbar + ((it + 5) % 6));
+        mg_tma2(reinterpret_cast<unsigned char*>((sm_x_0 + ((it + 5) % 6) * 1024)) + 1024, &p4, (it + 5) * 128 + 64, 0, mg_mbar + ((it + 5) % 6));
+        mg_tma2(reinterpret_cast<unsigned char*>((sm_w1_0 + ((it + 5) % 6) * 4096)), &p5, bx * 32, (it + 5) * 128, mg_mbar + ((it + 5) % 6));
+        mg_tma2(reinterpret_cast<unsigned char*>((sm_w2_0 + ((it + 5) % 6) * 4096)), &p6, bx * 32, (it + 5) * 128, mg_mbar + ((it + 5) % 6));
+      }
     }
-    mg_cp_async_commit();
-    const auto* sm_x = (sm_x_0 + ((it) % 4) * 1088);
-    const auto* sm_w1 = (sm_w1_0 + ((it) % 4) * 5120);
-    const auto* sm_w2 = (sm_w2_0 + ((it) % 4) * 5120);
+    const auto* sm_x = (sm_x_0 + ((it) % 6) * 1024);
+    const auto* sm_w1 = (sm_w1_0 + ((it) % 6) * 4096);
+    const auto* sm_w2 = (sm_w2_0 + ((it) % 6) * 4096);
     {
       const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
       const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
@@ -330,7 +429,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_gated_mlp_fuse
       unsigned ra0, ra1, ra2, ra3;
       const int mg_mi = 0, r0 = mg_g, r1 = r0 + 8;
       (void)r0; (void)r1;
-      mg_ldsm_x4(ra0, ra1, ra2, ra3, ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) < 8 ? (const void*)(sm_x + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) * 136 + (kk + (mg_lane >> 4) * 8))) : (const void*)mg_zero));
+      mg_ldsm_x4(ra0, ra1, ra2, ra3, ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) < 8 ? (const void*)(reinterpret_cast<const unsigned char*>(sm_x) + ((((kk + (mg_lane >> 4) * 8)) * 2) / 128) * 1024 + (((((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8))) * 128 + (((kk + (mg_lane >> 4) * 8)) * 2) % 128) ^ (((((((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8))) * 128 + (((kk + (mg_lane >> 4) * 8)) * 2) % 128) >> 7) & 7) << 4))) : (const void*)mg_zero));
       #pragma unroll
       for (int j = 0; j < 1; ++j) {
         const int q = mg_grp + 4 * j;
@@ -340,7 +439,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_gated_mlp_fuse
           const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
           (void)mg_nb; (void)c0; (void)n0;
           unsigned rb0, rb1;
-          mg_ldsm_x2_t(rb0, rb1, (sm_w1 + ((kk + (mg_lane & 15)) * 40 + (mg_ni * 8))));
+          mg_ldsm_x2_t(rb0, rb1, (reinterpret_cast<const unsigned char*>(sm_w1) + ((((mg_ni * 8)) * 2) / 64) * 8192 + (((((kk + (mg_lane & 15)))) * 64 + (((mg_ni * 8)) * 2) % 64) ^ (((((((kk + (mg_lane & 15)))) * 64 + (((mg_ni * 8)) * 2) % 64) >> 7) & 3) << 4))));
           mg_mma_f16(acc_sa[j], ra0, ra1, ra2, ra3, rb0, rb1);
         }
       }
@@ -360,7 +459,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_gated_mlp_fuse
       unsigned ra0, ra1, ra2, ra3;
       const int mg_mi = 0, r0 = mg_g, r1 = r0 + 8;
       (void)r0; (void)r1;
-      mg_ldsm_x4(ra0, ra1, ra2, ra3, ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) < 8 ? (const void*)(sm_x + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) * 136 + (kk + (mg_lane >> 4) * 8))) : (const void*)mg_zero));
+      mg_ldsm_x4(ra0, ra1, ra2, ra3, ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) < 8 ? (const void*)(reinterpret_cast<const unsigned char*>(sm_x) + ((((kk + (mg_lane >> 4) * 8)) * 2) / 128) * 1024 + (((((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8))) * 128 + (((kk + (mg_lane >> 4) * 8)) * 2) % 128) ^ (((((((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8))) * 128 + (((kk + (mg_lane >> 4) * 8)) * 2) % 128) >> 7) & 7) << 4))) : (const void*)mg_zero));
       #pragma unroll
       for (int j = 0; j < 1; ++j) {
         const int q = mg_grp + 4 * j;
@@ -370,7 +469,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_gated_mlp_fuse
           const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
           (void)mg_nb; (void)c0; (void)n0;
           unsigned rb0, rb1;
-          mg_ldsm_x2_t(rb0, rb1, (sm_w2 + ((kk + (mg_lane & 15)) * 40 + (mg_ni * 8))));
+          mg_ldsm_x2_t(rb0, rb1, (reinterpret_cast<const unsigned char*>(sm_w2) + ((((mg_ni * 8)) * 2) / 64) * 8192 + (((((kk + (mg_lane & 15)))) * 64 + (((mg_ni * 8)) * 2) % 64) ^ (((((((kk + (mg_lane & 15)))) * 64 + (((mg_ni * 8)) * 2) % 64) >> 7) & 3) << 4))));
           mg_mma_f16(acc_sb[j], ra0, ra1, ra2, ra3, rb0, rb1);
         }
       }
@@ -425,42 +524,42 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_gated_mlp_fuse
     }
   }
   __syncthreads();
-  for (int e7 = threadIdx.x; e7 < 32; e7 += 128) {
-    const int i8_0 = e7 / 4;
-    const int i8_1 = (e7) % 4;
-    const float v9 = buf_sa[i8_0 * 32 + ((i8_1 * 8) + 0)];
-    const float v10 = mg_silu(v9);
-    const float v11 = buf_sb[i8_0 * 32 + ((i8_1 * 8) + 0)];
-    const float v12 = (v10 * v11);
-    const float v13 = buf_sa[i8_0 * 32 + ((i8_1 * 8) + 1)];
-    const float v14 = mg_silu(v13);
-    const float v15 = buf_sb[i8_0 * 32 + ((i8_1 * 8) + 1)];
-    const float v16 = (v14 * v15);
-    const float v17 = buf_sa[i8_0 * 32 + ((i8_1 * 8) + 2)];
-    const float v18 = mg_silu(v17);
-    const float v19 = buf_sb[i8_0 * 32 + ((i8_1 * 8) + 2)];
-    const float v20 = (v18 * v19);
-    const float v21 = buf_sa[i8_0 * 32 + ((i8_1 * 8) + 3)];
-    const float v22 = mg_silu(v21);
-    const float v23 = buf_sb[i8_0 * 32 + ((i8_1 * 8) + 3)];
-    const float v24 = (v22 * v23);
-    const float v25 = buf_sa[i8_0 * 32 + ((i8_1 * 8) + 4)];
-    const float v26 = mg_silu(v25);
-    const float v27 = buf_sb[i8_0 * 32 + ((i8_1 * 8) + 4)];
-    const float v28 = (v26 * v27);
-    const float v29 = buf_sa[i8_0 * 32 + ((i8_1 * 8) + 5)];
-    const float v30 = mg_silu(v29);
-    const float v31 = buf_sb[i8_0 * 32 + ((i8_1 * 8) + 5)];
-    const float v32 = (v30 * v31);
-    const float v33 = buf_sa[i8_0 * 32 + ((i8_1 * 8) + 6)];
-    const float v34 = mg_silu(v33);
-    const float v35 = buf_sb[i8_0 * 32 + ((i8_1 * 8) + 6)];
-    const float v36 = (v34 * v35);
-    const float v37 = buf_sa[i8_0 * 32 + ((i8_1 * 8) + 7)];
-    const float v38 = mg_silu(v37);
-    const float v39 = buf_sb[i8_0 * 32 + ((i8_1 * 8) + 7)];
-    const float v40 = (v38 * v39);
-    mg_st8(p3 + (bx * 32 + i8_0 * 4096 + (i8_1 * 8)), v12, v16, v20, v24, v28, v32, v36, v40);
+  for (int e1 = threadIdx.x; e1 < 32; e1 += 128) {
+    const int i2_0 = e1 / 4;
+    const int i2_1 = (e1) % 4;
+    const float v3 = buf_sa[i2_0 * 32 + ((i2_1 * 8) + 0)];
+    const float v4 = mg_silu(v3);
+    const float v5 = buf_sb[i2_0 * 32 + ((i2_1 * 8) + 0)];
+    const float v6 = (v4 * v5);
+    const float v7 = buf_sa[i2_0 * 32 + ((i2_1 * 8) + 1)];
+    const float v8 = mg_silu(v7);
+    const float v9 = buf_sb[i2_0 * 32 + ((i2_1 * 8) + 1)];
+    const float v10 = (v8 * v9);
+    const float v11 = buf_sa[i2_0 * 32 + ((i2_1 * 8) + 2)];
+    const float v12 = mg_silu(v11);
+    const float v13 = buf_sb[i2_0 * 32 + ((i2_1 * 8) + 2)];
+    const float v14 = (v12 * v13);
+    const float v15 = buf_sa[i2_0 * 32 + ((i2_1 * 8) + 3)];
+    const float v16 = mg_silu(v15);
+    const float v17 = buf_sb[i2_0 * 32 + ((i2_1 * 8) + 3)];
+    const float v18 = (v16 * v17);
+    const float v19 = buf_sa[i2_0 * 32 + ((i2_1 * 8) + 4)];
+    const float v20 = mg_silu(v19);
+    const float v21 = buf_sb[i2_0 * 32 + ((i2_1 * 8) + 4)];
+    const float v22 = (v20 * v21);
+    const float v23 = buf_sa[i2_0 * 32 + ((i2_1 * 8) + 5)];
+    const float v24 = mg_silu(v23);
+    const float v25 = buf_sb[i2_0 * 32 + ((i2_1 * 8) + 5)];
+    const float v26 = (v24 * v25);
+    const float v27 = buf_sa[i2_0 * 32 + ((i2_1 * 8) + 6)];
+    const float v28 = mg_silu(v27);
+    const float v29 = buf_sb[i2_0 * 32 + ((i2_1 * 8) + 6)];
+    const float v30 = (v28 * v29);
+    const float v31 = buf_sa[i2_0 * 32 + ((i2_1 * 8) + 7)];
+    const float v32 = mg_silu(v31);
+    const float v33 = buf_sb[i2_0 * 32 + ((i2_1 * 8) + 7)];
+    const float v34 = (v32 * v33);
+    mg_st8(p3 + (bx * 32 + i2_0 * 4096 + (i2_1 * 8)), v6, v10, v14, v18, v22, v26, v30, v34);
   }
 }
 
@@ -475,6 +574,45 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_gated_mlp_fuse
 #endif
 
 extern "C" size_t mirage_gated_mlp_fused_h8x4096_h4096x4096_h4096x4096_to_h8x4096_workspace_bytes(void) { return 0u; }
+
+// Bulk tensor copies read through tensor maps, which the launcher encodes on every call
+// (the addresses may change) with the driver's cuTensorMapEncodeTiled, found through the
+// runtime so that nothing but the CUDA runtime needs to be linked.
+#include <cuda.h>
+#if CUDART_VERSION < 12000
+#error "mirage-cli generated code with bulk tensor copies needs CUDA 12.0 or newer"
+#endif
+static_assert(sizeof(mg_tmap) == sizeof(CUtensorMap), "tensor map size");
+typedef CUresult (*mg_encode_fn_mirage_gated_mlp_fused_h8x4096_h4096x4096_h4096x4096_to_h8x4096)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*,
+    const cuuint64_t*, const cuuint64_t*, const cuuint32_t*, const cuuint32_t*,
+    CUtensorMapInterleave, CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+static std::atomic<void*> mg_encoder_mirage_gated_mlp_fused_h8x4096_h4096x4096_h4096x4096_to_h8x4096{nullptr};
+
+static cudaError_t mg_encode_tmap_mirage_gated_mlp_fused_h8x4096_h4096x4096_h4096x4096_to_h8x4096(mg_tmap* mg_map, const void* mg_base,
+                                   CUtensorMapDataType mg_dtype, cuuint32_t mg_rank,
+                                   const cuuint64_t* mg_dims, const cuuint64_t* mg_strides,
+                                   const cuuint32_t* mg_box, CUtensorMapSwizzle mg_swizzle) {
+  void* mg_fn = mg_encoder_mirage_gated_mlp_fused_h8x4096_h4096x4096_h4096x4096_to_h8x4096.load(std::memory_order_acquire);
+  if (mg_fn == nullptr) {
+    cudaDriverEntryPointQueryResult mg_found = cudaDriverEntryPointSymbolNotFound;
+#if CUDART_VERSION >= 12050
+    cudaError_t mg_err = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &mg_fn,
+                                                          12000, cudaEnableDefault, &mg_found);
+#else
+    cudaError_t mg_err = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &mg_fn,
+                                                 cudaEnableDefault, &mg_found);
+#endif
+    if (mg_err != cudaSuccess) return mg_err;
+    if (mg_found != cudaDriverEntryPointSuccess || mg_fn == nullptr) return cudaErrorSymbolNotFound;
+    mg_encoder_mirage_gated_mlp_fused_h8x4096_h4096x4096_h4096x4096_to_h8x4096.store(mg_fn, std::memory_order_release);
+  }
+  const cuuint32_t mg_steps[5] = {1, 1, 1, 1, 1};
+  const CUresult mg_res = reinterpret_cast<mg_encode_fn_mirage_gated_mlp_fused_h8x4096_h4096x4096_h4096x4096_to_h8x4096>(mg_fn)(
+      reinterpret_cast<CUtensorMap*>(mg_map), mg_dtype, mg_rank, const_cast<void*>(mg_base),
+      mg_dims, mg_strides, mg_box, mg_steps, CU_TENSOR_MAP_INTERLEAVE_NONE, mg_swizzle,
+      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return mg_res == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+}
 
 // What the launcher needs to know about the current device, found once per device
 // (a state per device ordinal; two threads racing store the same value, which is
@@ -494,7 +632,7 @@ static cudaError_t mg_prepare_mirage_gated_mlp_fused_h8x4096_h4096x4096_h4096x40
     if (*mg_state != 0) return cudaSuccess;
   }
   mg_err = cudaFuncSetAttribute((const void*)mg_k0_mirage_gated_mlp_fused_h8x4096_h4096x4096_h4096x4096_to_h8x4096,
-                                cudaFuncAttributeMaxDynamicSharedMemorySize, 92688);
+                                cudaFuncAttributeMaxDynamicSharedMemorySize, 113728);
   if (mg_err != cudaSuccess) return mg_err;
   int mg_major = 0;
   mg_err = cudaDeviceGetAttribute(&mg_major, cudaDevAttrComputeCapabilityMajor, mg_dev);
@@ -521,11 +659,38 @@ extern "C" cudaError_t mirage_gated_mlp_fused_h8x4096_h4096x4096_h4096x4096_to_h
     const mg_f16* mg_a1 = (const mg_f16*)(mg_in1_W1);
     const mg_f16* mg_a2 = (const mg_f16*)(mg_in2_W2);
     mg_f16* mg_a3 = (mg_f16*)(mg_out0_O);
-    void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2, &mg_a3};
+    mg_tmap mg_a4;
+    {
+      const cuuint64_t mg_dims[] = {4096, 8};
+      const cuuint64_t mg_strides[] = {8192};
+      const cuuint32_t mg_box[] = {64, 8};
+      mg_err = mg_encode_tmap_mirage_gated_mlp_fused_h8x4096_h4096x4096_h4096x4096_to_h8x4096(&mg_a4, mg_in0_X, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2,
+                                mg_dims, mg_strides, mg_box, CU_TENSOR_MAP_SWIZZLE_128B);
+      if (mg_err != cudaSuccess) return mg_err;
+    }
+    mg_tmap mg_a5;
+    {
+      const cuuint64_t mg_dims[] = {4096, 4096};
+      const cuuint64_t mg_strides[] = {8192};
+      const cuuint32_t mg_box[] = {32, 128};
+      mg_err = mg_encode_tmap_mirage_gated_mlp_fused_h8x4096_h4096x4096_h4096x4096_to_h8x4096(&mg_a5, mg_in1_W1, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2,
+                                mg_dims, mg_strides, mg_box, CU_TENSOR_MAP_SWIZZLE_64B);
+      if (mg_err != cudaSuccess) return mg_err;
+    }
+    mg_tmap mg_a6;
+    {
+      const cuuint64_t mg_dims[] = {4096, 4096};
+      const cuuint64_t mg_strides[] = {8192};
+      const cuuint32_t mg_box[] = {32, 128};
+      mg_err = mg_encode_tmap_mirage_gated_mlp_fused_h8x4096_h4096x4096_h4096x4096_to_h8x4096(&mg_a6, mg_in2_W2, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2,
+                                mg_dims, mg_strides, mg_box, CU_TENSOR_MAP_SWIZZLE_64B);
+      if (mg_err != cudaSuccess) return mg_err;
+    }
+    void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2, &mg_a3, &mg_a4, &mg_a5, &mg_a6};
     cudaLaunchConfig_t mg_cfg = {};
     mg_cfg.gridDim = dim3(128, 1, 1);
     mg_cfg.blockDim = dim3(128);
-    mg_cfg.dynamicSmemBytes = 92688;
+    mg_cfg.dynamicSmemBytes = 113728;
     mg_cfg.stream = mg_stream;
     mg_cfg.attrs = mg_pdl;
     mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;

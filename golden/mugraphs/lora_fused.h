@@ -24,17 +24,17 @@ enum {
   mirage_lora_fused_h16x256_h256x4096_h256x16_h16x4096_to_h16x4096_IN0_DTYPE = MIRAGE_DTYPE_F16,
   mirage_lora_fused_h16x256_h256x4096_h256x16_h16x4096_to_h16x4096_IN0_DIM0 = 16,
   mirage_lora_fused_h16x256_h256x4096_h256x16_h16x4096_to_h16x4096_IN0_DIM1 = 256,
-  // input 1 'W': f16[256, 4096]
+  // input 1 'W': f16[256, 4096] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
   mirage_lora_fused_h16x256_h256x4096_h256x16_h16x4096_to_h16x4096_IN1_RANK = 2,
   mirage_lora_fused_h16x256_h256x4096_h256x16_h16x4096_to_h16x4096_IN1_DTYPE = MIRAGE_DTYPE_F16,
   mirage_lora_fused_h16x256_h256x4096_h256x16_h16x4096_to_h16x4096_IN1_DIM0 = 256,
   mirage_lora_fused_h16x256_h256x4096_h256x16_h16x4096_to_h16x4096_IN1_DIM1 = 4096,
-  // input 2 'A': f16[256, 16]
+  // input 2 'A': f16[256, 16] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
   mirage_lora_fused_h16x256_h256x4096_h256x16_h16x4096_to_h16x4096_IN2_RANK = 2,
   mirage_lora_fused_h16x256_h256x4096_h256x16_h16x4096_to_h16x4096_IN2_DTYPE = MIRAGE_DTYPE_F16,
   mirage_lora_fused_h16x256_h256x4096_h256x16_h16x4096_to_h16x4096_IN2_DIM0 = 256,
   mirage_lora_fused_h16x256_h256x4096_h256x16_h16x4096_to_h16x4096_IN2_DIM1 = 16,
-  // input 3 'B': f16[16, 4096]
+  // input 3 'B': f16[16, 4096] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
   mirage_lora_fused_h16x256_h256x4096_h256x16_h16x4096_to_h16x4096_IN3_RANK = 2,
   mirage_lora_fused_h16x256_h256x4096_h256x16_h16x4096_to_h16x4096_IN3_DTYPE = MIRAGE_DTYPE_F16,
   mirage_lora_fused_h16x256_h256x4096_h256x16_h16x4096_to_h16x4096_IN3_DIM0 = 16,
@@ -62,9 +62,9 @@ size_t mirage_lora_fused_h16x256_h256x4096_h256x16_h16x4096_to_h16x4096_workspac
 
 // Runs 'lora_fused' on `mg_stream`. Arguments, in order:
 //   mg_in0_X: input 0 'X': f16[16, 256]
-//   mg_in1_W: input 1 'W': f16[256, 4096]
-//   mg_in2_A: input 2 'A': f16[256, 16]
-//   mg_in3_B: input 3 'B': f16[16, 4096]
+//   mg_in1_W: input 1 'W': f16[256, 4096] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
+//   mg_in2_A: input 2 'A': f16[256, 16] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
+//   mg_in3_B: input 3 'B': f16[16, 4096] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
 //   mg_out0_O: output 0 'O': f16[16, 4096]
 // All tensors are row-major, contiguous, 16-byte aligned device memory.
 // Returns the first CUDA error; never allocates, synchronises or exits.

@@ -10,13 +10,16 @@
 // input 1 'K': f16[16, 64, 4096]
 // input 2 'V': f16[16, 4096, 64]
 // output 0 'O': f16[16, 256, 64]
-// kernel mg_k0_mirage_qknorm_gqa_fused_h16x256x64_h16x64x4096_h16x4096x64_to_h16x256x64: grid [16, 16, 4], 128 threads, 151312 B dynamic shared memory
+// kernel mg_k0_mirage_qknorm_gqa_fused_h16x256x64_h16x64x4096_h16x4096x64_to_h16x256x64: grid [16, 16, 4], 128 threads, 148272 B dynamic shared memory
 // kernel mg_k1_mirage_qknorm_gqa_fused_h16x256x64_h16x64x4096_h16x4096x64_to_h16x256x64: grid [16, 16, 1], 512 threads, 37952 B dynamic shared memory
 
 // The kernels use cp.async, bf16 conversions and mma.sync shapes of sm_80 and later:
 // one clear error instead of a wall of ptxas errors for an older target.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
 #error "mirage-cli generated code needs sm_80 or newer: compile with -arch=sm_80 or -arch=sm_90"
+// Some kernels use bulk tensor copies (TMA), sm_90 features.
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+#error "this file was generated for sm_90 (bulk tensor copies): compile with -arch=sm_90, or generate it with --arch sm_80"
 #endif
 
 // Storage types and helpers. The device code needs no header, so NVRTC compiles it
@@ -45,13 +48,24 @@ __device__ __forceinline__ void mg_st(mg_bf16* p, float v) {
   p->bits = h;
 }
 // Programmatic dependent launch (sm_90 and later): the entry point lets each kernel
-// start while the kernel before it in the stream drains, so the launch latency is
-// hidden. Every kernel's first act is this wait, which returns once that kernel has
-// finished and its writes are visible: no input is ever read early. On a launch
-// without the attribute it returns at once; before sm_90 it is not emitted.
+// start while the kernel before it in the stream drains. Each kernel waits here, and
+// returns once that kernel has finished and its writes are visible. Before the wait
+// a kernel only computes addresses and copies the first pipeline stages of inputs
+// that no kernel still running can be writing: inputs declared `weight`, or any
+// input of the program once an earlier kernel of this call has waited. On a launch
+// without the attribute the wait returns at once; before sm_90 it is not emitted.
 __device__ __forceinline__ void mg_grid_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+// After its wait, each kernel lets the next one in the stream launch: its blocks take
+// the SMs this kernel's blocks free and copy their weights while this one finishes.
+// Released only after the wait, so a kernel launched early never runs alongside the
+// kernel two places ahead of it.
+__device__ __forceinline__ void mg_grid_release() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }
 __device__ __forceinline__ float mg_silu(float x) { return x / (1.0f + expf(-x)); }
@@ -102,6 +116,81 @@ __device__ __forceinline__ void mg_cp_async_wait() {
 }
 __device__ __forceinline__ void mg_cp_async_wait_all() {
   asm volatile("cp.async.wait_all;" ::: "memory");
+}
+// Bulk tensor copies (TMA, sm_90): a tensor map (encoded by the host, passed by value
+// as a __grid_constant__ parameter) describes a device tensor and a box; one thread
+// copies a box into shared memory, and the copy's bytes complete a phase of an
+// mbarrier on which every thread waits. Before sm_90 these are never called.
+struct __align__(64) mg_tmap { unsigned long long q[16]; };
+__device__ __forceinline__ unsigned mg_smem_addr(const void* p) {
+  return (unsigned)__cvta_generic_to_shared(p);
+}
+__device__ __forceinline__ void mg_mbar_init(unsigned long long* b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(mg_smem_addr(b)) : "memory");
+#endif
+}
+__device__ __forceinline__ void mg_mbar_fence_init() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+#endif
+}
+// Expect `bytes` more on the barrier's current phase, without arriving.
+__device__ __forceinline__ void mg_mbar_expect(unsigned long long* b, unsigned bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;"
+               :: "r"(mg_smem_addr(b)), "r"(bytes) : "memory");
+#endif
+}
+// Arrive (the phase's one arrival) expecting `bytes` more.
+__device__ __forceinline__ void mg_mbar_arrive_expect(unsigned long long* b, unsigned bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
+               :: "r"(mg_smem_addr(b)), "r"(bytes) : "memory");
+#endif
+}
+__device__ __forceinline__ void mg_mbar_wait(unsigned long long* b, int parity) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("{\n .reg .pred p;\n MG_WAIT:\n"
+               " mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+               " @!p bra MG_WAIT;\n}" :: "r"(mg_smem_addr(b)), "r"(parity) : "memory");
+#endif
+}
+__device__ __forceinline__ void mg_tma2(void* dst, const mg_tmap* m, int c0, int c1,
+                                        unsigned long long* b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+               " [%0], [%1, {%2, %3}], [%4];"
+               :: "r"(mg_smem_addr(dst)), "l"(m), "r"(c0), "r"(c1), "r"(mg_smem_addr(b))
+               : "memory");
+#endif
+}
+__device__ __forceinline__ void mg_tma3(void* dst, const mg_tmap* m, int c0, int c1, int c2,
+                                        unsigned long long* b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
+               " [%0], [%1, {%2, %3, %4}], [%5];"
+               :: "r"(mg_smem_addr(dst)), "l"(m), "r"(c0), "r"(c1), "r"(c2),
+                  "r"(mg_smem_addr(b)) : "memory");
+#endif
+}
+__device__ __forceinline__ void mg_tma4(void* dst, const mg_tmap* m, int c0, int c1, int c2,
+                                        int c3, unsigned long long* b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes"
+               " [%0], [%1, {%2, %3, %4, %5}], [%6];"
+               :: "r"(mg_smem_addr(dst)), "l"(m), "r"(c0), "r"(c1), "r"(c2), "r"(c3),
+                  "r"(mg_smem_addr(b)) : "memory");
+#endif
+}
+__device__ __forceinline__ void mg_tma5(void* dst, const mg_tmap* m, int c0, int c1, int c2,
+                                        int c3, int c4, unsigned long long* b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.tensor.5d.shared::cluster.global.mbarrier::complete_tx::bytes"
+               " [%0], [%1, {%2, %3, %4, %5, %6}], [%7];"
+               :: "r"(mg_smem_addr(dst)), "l"(m), "r"(c0), "r"(c1), "r"(c2), "r"(c3),
+                  "r"(c4), "r"(mg_smem_addr(b)) : "memory");
+#endif
 }
 // Tensor cores: D = A * B + D, m16n8k16, f32 accumulators; operands packed from f32.
 __device__ __forceinline__ unsigned mg_pack_f16(float lo, float hi) {
@@ -225,33 +314,40 @@ __device__ __forceinline__ void mg_dsmem_st(float* p, unsigned rank, float v) {
 }
 #endif
 
-// fused kernel: grid [16, 16, 4], 128 threads, forloop 4; plan: 4 stage(s), kwarps 1, 151312 B shared memory
+// fused kernel: grid [16, 16, 4], 128 threads, forloop 4; plan: 4 stage(s), kwarps 1, 148272 B shared memory
 extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_qknorm_gqa_fused_h16x256x64_h16x64x4096_h16x4096x64_to_h16x256x64(
     const mg_f16* __restrict__ p0,
     const mg_f16* __restrict__ p1,
     const mg_f16* __restrict__ p2,
     mg_f16* __restrict__ p3,
-    mg_f16* __restrict__ p4) {
-  mg_grid_wait();
+    mg_f16* __restrict__ p4,
+    const __grid_constant__ mg_tmap p5) {
   const int bx = blockIdx.x, by = blockIdx.y, bz = blockIdx.z;
   (void)bx; (void)by; (void)bz;
-  extern __shared__ __align__(16) unsigned char mg_smem[];
+  extern __shared__ __align__(16) unsigned char mg_smem_raw[];
+  unsigned char* mg_smem = mg_smem_raw + ((1024u - (mg_smem_addr(mg_smem_raw) & 1023u)) & 1023u);
   const int base_q = bx * 16384 + bz * 4096;
   const int base_k = bx * 262144 + by * 256;
   const int base_v = bx * 262144 + by * 16384;
-  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 151296);
+  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 147232);
   if (threadIdx.x < 4) mg_zero[threadIdx.x] = 0u;
-  mg_f16* sm_q_0 = reinterpret_cast<mg_f16*>(mg_smem + 0);
-  mg_f16* sm_k_0 = reinterpret_cast<mg_f16*>(mg_smem + 9216);
-  mg_f16* sm_v_0 = reinterpret_cast<mg_f16*>(mg_smem + 46080);
-  float* buf_qn__rms = reinterpret_cast<float*>(mg_smem + 101376);
-  mg_f16* sm_qn_0 = reinterpret_cast<mg_f16*>(mg_smem + 82944);
-  float* buf_kr = reinterpret_cast<float*>(mg_smem + 101632);
-  mg_f16* sm_kn_0 = reinterpret_cast<mg_f16*>(mg_smem + 92160);
-  float* buf_s = reinterpret_cast<float*>(mg_smem + 101888);
-  float* buf_e = reinterpret_cast<float*>(mg_smem + 118272);
-  float* buf_l = reinterpret_cast<float*>(mg_smem + 134656);
-  float* buf_o = reinterpret_cast<float*>(mg_smem + 134912);
+  unsigned long long* mg_mbar = reinterpret_cast<unsigned long long*>(mg_smem + 147200);
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < 4; ++s) mg_mbar_init(mg_mbar + s);
+    mg_mbar_fence_init();
+  }
+  __syncthreads();
+  mg_f16* sm_q_0 = reinterpret_cast<mg_f16*>(mg_smem + 32768);
+  mg_f16* sm_k_0 = reinterpret_cast<mg_f16*>(mg_smem + 41984);
+  mg_f16* sm_v_0 = reinterpret_cast<mg_f16*>(mg_smem + 0);
+  float* buf_qn__rms = reinterpret_cast<float*>(mg_smem + 97280);
+  mg_f16* sm_qn_0 = reinterpret_cast<mg_f16*>(mg_smem + 78848);
+  float* buf_kr = reinterpret_cast<float*>(mg_smem + 97536);
+  mg_f16* sm_kn_0 = reinterpret_cast<mg_f16*>(mg_smem + 88064);
+  float* buf_s = reinterpret_cast<float*>(mg_smem + 97792);
+  float* buf_e = reinterpret_cast<float*>(mg_smem + 114176);
+  float* buf_l = reinterpret_cast<float*>(mg_smem + 130560);
+  float* buf_o = reinterpret_cast<float*>(mg_smem + 130816);
   int mg_so_q[4], mg_do_q[4];
   #pragma unroll
   for (int i = 0; i < 4; ++i) {
@@ -270,15 +366,8 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_qknorm_gqa_fus
     mg_so_k[i] = s12_1 * 4096 + (s12_2 * 8);
     mg_do_k[i] = s12_1 * 72 + (s12_2 * 8);
   }
-  int mg_so_v[4], mg_do_v[4];
-  #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int c13 = threadIdx.x + i * 128;
-    const int s14_1 = c13 / 8;
-    const int s14_2 = (c13) % 8;
-    mg_so_v[i] = s14_1 * 64 + (s14_2 * 8);
-    mg_do_v[i] = s14_1 * 72 + (s14_2 * 8);
-  }
+  mg_grid_wait();
+  mg_grid_release();
   #pragma unroll
   for (int i = 0; i < 4; ++i) mg_cp_async16(sm_q_0 + mg_do_q[i], p0 + (base_q) + mg_so_q[i]);
   mg_cp_async_wait_all();
@@ -311,18 +400,24 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_qknorm_gqa_fus
   __syncthreads();
   #pragma unroll
   for (int i = 0; i < 4; ++i) mg_cp_async16((sm_k_0 + ((0) % 4) * 4608) + mg_do_k[i], p1 + ((base_k + 0)) + mg_so_k[i]);
-  #pragma unroll
-  for (int i = 0; i < 4; ++i) mg_cp_async16((sm_v_0 + ((0) % 4) * 4608) + mg_do_v[i], p2 + ((base_v + 0)) + mg_so_v[i]);
+  if (threadIdx.x == 0) {
+    mg_mbar_arrive_expect(mg_mbar + ((0) % 4), 8192u);
+    mg_tma3(reinterpret_cast<unsigned char*>((sm_v_0 + ((0) % 4) * 4096)), &p5, 0, by * 256 + (0) * 64, bx * 1, mg_mbar + ((0) % 4));
+  }
   mg_cp_async_commit();
   #pragma unroll
   for (int i = 0; i < 4; ++i) mg_cp_async16((sm_k_0 + ((1) % 4) * 4608) + mg_do_k[i], p1 + ((base_k + 64)) + mg_so_k[i]);
-  #pragma unroll
-  for (int i = 0; i < 4; ++i) mg_cp_async16((sm_v_0 + ((1) % 4) * 4608) + mg_do_v[i], p2 + ((base_v + 4096)) + mg_so_v[i]);
+  if (threadIdx.x == 0) {
+    mg_mbar_arrive_expect(mg_mbar + ((1) % 4), 8192u);
+    mg_tma3(reinterpret_cast<unsigned char*>((sm_v_0 + ((1) % 4) * 4096)), &p5, 0, by * 256 + (1) * 64, bx * 1, mg_mbar + ((1) % 4));
+  }
   mg_cp_async_commit();
   #pragma unroll
   for (int i = 0; i < 4; ++i) mg_cp_async16((sm_k_0 + ((2) % 4) * 4608) + mg_do_k[i], p1 + ((base_k + 128)) + mg_so_k[i]);
-  #pragma unroll
-  for (int i = 0; i < 4; ++i) mg_cp_async16((sm_v_0 + ((2) % 4) * 4608) + mg_do_v[i], p2 + ((base_v + 8192)) + mg_so_v[i]);
+  if (threadIdx.x == 0) {
+    mg_mbar_arrive_expect(mg_mbar + ((2) % 4), 8192u);
+    mg_tma3(reinterpret_cast<unsigned char*>((sm_v_0 + ((2) % 4) * 4096)), &p5, 0, by * 256 + (2) * 64, bx * 1, mg_mbar + ((2) % 4));
+  }
   mg_cp_async_commit();
   float acc_l[16];
   #pragma unroll
@@ -332,36 +427,38 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_qknorm_gqa_fus
   for (int j = 0; j < 8; ++j) acc_o[j][0] = acc_o[j][1] = acc_o[j][2] = acc_o[j][3] = 0.0f;
   for (int it = 0; it < 4; ++it) {
     const int off_k = base_k + it * 64;
-    const int off_v = base_v + it * 4096;
     mg_cp_async_wait<2>();
+    mg_mbar_wait(mg_mbar + (it % 4), (it / 4) & 1);
     __syncthreads();
     if (it + 3 < 4) {
       #pragma unroll
       for (int i = 0; i < 4; ++i) mg_cp_async16((sm_k_0 + (((it + 3)) % 4) * 4608) + mg_do_k[i], p1 + ((off_k + 192)) + mg_so_k[i]);
-      #pragma unroll
-      for (int i = 0; i < 4; ++i) mg_cp_async16((sm_v_0 + (((it + 3)) % 4) * 4608) + mg_do_v[i], p2 + ((off_v + 12288)) + mg_so_v[i]);
+      if (threadIdx.x == 0) {
+        mg_mbar_arrive_expect(mg_mbar + ((it + 3) % 4), 8192u);
+        mg_tma3(reinterpret_cast<unsigned char*>((sm_v_0 + ((it + 3) % 4) * 4096)), &p5, 0, by * 256 + (it + 3) * 64, bx * 1, mg_mbar + ((it + 3) % 4));
+      }
     }
     mg_cp_async_commit();
     const auto* sm_k = (sm_k_0 + ((it) % 4) * 4608);
-    const auto* sm_v = (sm_v_0 + ((it) % 4) * 4608);
-    for (int e15 = threadIdx.x; e15 < 64; e15 += 128) {
-      const int i16_2 = e15;
-      float acc18 = 0.0f;
-      for (int k17 = 0; k17 < 64; ++k17) {
-        const float v19 = mg_ld(sm_k[k17 * 72 + i16_2]);
-        const float v20 = (v19 * v19);
-        acc18 += v20;
+    const auto* sm_v = (sm_v_0 + ((it) % 4) * 4096);
+    for (int e13 = threadIdx.x; e13 < 64; e13 += 128) {
+      const int i14_2 = e13;
+      float acc16 = 0.0f;
+      for (int k15 = 0; k15 < 64; ++k15) {
+        const float v17 = mg_ld(sm_k[k15 * 72 + i14_2]);
+        const float v18 = (v17 * v17);
+        acc16 += v18;
       }
-      const float v21 = (acc18 / 64.0f);
-      buf_kr[i16_2] = sqrtf(v21);
+      const float v19 = (acc16 / 64.0f);
+      buf_kr[i14_2] = sqrtf(v19);
     }
     __syncthreads();
-    for (int e22 = threadIdx.x; e22 < 4096; e22 += 128) {
-      const int i23_1 = e22 / 64;
-      const int i23_2 = (e22) % 64;
-      const float v24 = mg_ld(sm_k[i23_1 * 72 + i23_2]);
-      const float v25 = buf_kr[i23_2];
-      mg_st(sm_kn_0 + (i23_1 * 72 + i23_2), (v24 / v25));
+    for (int e20 = threadIdx.x; e20 < 4096; e20 += 128) {
+      const int i21_1 = e20 / 64;
+      const int i21_2 = (e20) % 64;
+      const float v22 = mg_ld(sm_k[i21_1 * 72 + i21_2]);
+      const float v23 = buf_kr[i21_2];
+      mg_st(sm_kn_0 + (i21_1 * 72 + i21_2), (v22 / v23));
     }
     __syncthreads();
     {
@@ -400,12 +497,12 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_qknorm_gqa_fus
       }
     }
     __syncthreads();
-    for (int e26 = threadIdx.x; e26 < 4096; e26 += 128) {
-      const int i27_1 = e26 / 64;
-      const int i27_2 = (e26) % 64;
-      const float v28 = buf_s[i27_1 * 64 + i27_2];
-      const float v29 = (v28 * 0.125f);
-      buf_e[i27_1 * 64 + i27_2] = expf(v29);
+    for (int e24 = threadIdx.x; e24 < 4096; e24 += 128) {
+      const int i25_1 = e24 / 64;
+      const int i25_2 = (e24) % 64;
+      const float v26 = buf_s[i25_1 * 64 + i25_2];
+      const float v27 = (v26 * 0.125f);
+      buf_e[i25_1 * 64 + i25_2] = expf(v27);
     }
     __syncthreads();
     #pragma unroll
@@ -413,9 +510,9 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_qknorm_gqa_fus
       const int row = threadIdx.x / 32 + 4 * j;
       const int mg_rl = threadIdx.x % 32;
       (void)row; (void)mg_rl;
-      const int w31_1 = row;
-      for (int k30 = mg_rl; k30 < 64; k30 += 32) {
-        acc_l[j] += buf_e[w31_1 * 64 + k30];
+      const int w29_1 = row;
+      for (int k28 = mg_rl; k28 < 64; k28 += 32) {
+        acc_l[j] += buf_e[w29_1 * 64 + k28];
       }
     }
     {
@@ -445,7 +542,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_qknorm_gqa_fus
           ra2 = mg_pack_f162(*reinterpret_cast<const float2*>(buf_e + (r0 * 64 + k1)));
           ra3 = mg_pack_f162(*reinterpret_cast<const float2*>(buf_e + (r1 * 64 + k1)));
           unsigned rb0, rb1;
-          mg_ldsm_x2_t(rb0, rb1, (sm_v + ((kk + (mg_lane & 15)) * 72 + (mg_ni * 8))));
+          mg_ldsm_x2_t(rb0, rb1, (reinterpret_cast<const unsigned char*>(sm_v) + ((((mg_ni * 8)) * 2) / 128) * 8192 + ((((0) * 64 + ((kk + (mg_lane & 15)))) * 128 + (((mg_ni * 8)) * 2) % 128) ^ ((((((0) * 64 + ((kk + (mg_lane & 15)))) * 128 + (((mg_ni * 8)) * 2) % 128) >> 7) & 7) << 4))));
           mg_mma_f16(acc_o[j], ra0, ra1, ra2, ra3, rb0, rb1);
         }
       }
@@ -458,10 +555,10 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_qknorm_gqa_fus
     const int row = threadIdx.x / 32 + 4 * j;
     const int mg_rl = threadIdx.x % 32;
     (void)row; (void)mg_rl;
-    float v32 = acc_l[j];
-    v32 = mg_warp_sum(v32);
+    float v30 = acc_l[j];
+    v30 = mg_warp_sum(v30);
     if ((threadIdx.x & 31) == 0) {
-      if (row < 64) buf_l[row] = v32;
+      if (row < 64) buf_l[row] = v30;
     }
   }
   {
@@ -488,14 +585,14 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_qknorm_gqa_fus
     }
   }
   __syncthreads();
-  for (int e33 = threadIdx.x; e33 < 64; e33 += 128) {
-    const int i34_1 = e33;
-    mg_st(p3 + (bx * 4096 + by * 1 + bz * 1024 + i34_1 * 16), buf_l[i34_1]);
+  for (int e31 = threadIdx.x; e31 < 64; e31 += 128) {
+    const int i32_1 = e31;
+    mg_st(p3 + (bx * 4096 + by * 1 + bz * 1024 + i32_1 * 16), buf_l[i32_1]);
   }
-  for (int e35 = threadIdx.x; e35 < 4096; e35 += 128) {
-    const int i36_1 = e35 / 64;
-    const int i36_2 = (e35) % 64;
-    mg_st(p4 + (bx * 262144 + by * 64 + bz * 65536 + i36_1 * 1024 + i36_2), buf_o[i36_1 * 64 + i36_2]);
+  for (int e33 = threadIdx.x; e33 < 4096; e33 += 128) {
+    const int i34_1 = e33 / 64;
+    const int i34_2 = (e33) % 64;
+    mg_st(p4 + (bx * 262144 + by * 64 + bz * 65536 + i34_1 * 1024 + i34_2), buf_o[i34_1 * 64 + i34_2]);
   }
 }
 
@@ -504,7 +601,6 @@ extern "C" __global__ void __launch_bounds__(512, 1) mg_k1_mirage_qknorm_gqa_fus
     const mg_f16* __restrict__ p0,
     const mg_f16* __restrict__ p1,
     mg_f16* __restrict__ p2) {
-  mg_grid_wait();
   const int bx = blockIdx.x, by = blockIdx.y, bz = blockIdx.z;
   (void)bx; (void)by; (void)bz;
   extern __shared__ __align__(16) unsigned char mg_smem[];
@@ -523,6 +619,8 @@ extern "C" __global__ void __launch_bounds__(512, 1) mg_k1_mirage_qknorm_gqa_fus
     mg_so_op[i] = s4_1 * 1024 + (s4_2 * 8);
     mg_do_op[i] = s4_1 * 1032 + (s4_2 * 8);
   }
+  mg_grid_wait();
+  mg_grid_release();
   for (int c1 = threadIdx.x; c1 < 32; c1 += 512) {
     const int s2_1 = c1 / 2;
     const int s2_2 = (c1) % 2;
@@ -618,6 +716,45 @@ extern "C" __global__ void __launch_bounds__(512, 1) mg_k1_mirage_qknorm_gqa_fus
 
 extern "C" size_t mirage_qknorm_gqa_fused_h16x256x64_h16x64x4096_h16x4096x64_to_h16x256x64_workspace_bytes(void) { return 8519680u; }
 
+// Bulk tensor copies read through tensor maps, which the launcher encodes on every call
+// (the addresses may change) with the driver's cuTensorMapEncodeTiled, found through the
+// runtime so that nothing but the CUDA runtime needs to be linked.
+#include <cuda.h>
+#if CUDART_VERSION < 12000
+#error "mirage-cli generated code with bulk tensor copies needs CUDA 12.0 or newer"
+#endif
+static_assert(sizeof(mg_tmap) == sizeof(CUtensorMap), "tensor map size");
+typedef CUresult (*mg_encode_fn_mirage_qknorm_gqa_fused_h16x256x64_h16x64x4096_h16x4096x64_to_h16x256x64)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*,
+    const cuuint64_t*, const cuuint64_t*, const cuuint32_t*, const cuuint32_t*,
+    CUtensorMapInterleave, CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+static std::atomic<void*> mg_encoder_mirage_qknorm_gqa_fused_h16x256x64_h16x64x4096_h16x4096x64_to_h16x256x64{nullptr};
+
+static cudaError_t mg_encode_tmap_mirage_qknorm_gqa_fused_h16x256x64_h16x64x4096_h16x4096x64_to_h16x256x64(mg_tmap* mg_map, const void* mg_base,
+                                   CUtensorMapDataType mg_dtype, cuuint32_t mg_rank,
+                                   const cuuint64_t* mg_dims, const cuuint64_t* mg_strides,
+                                   const cuuint32_t* mg_box, CUtensorMapSwizzle mg_swizzle) {
+  void* mg_fn = mg_encoder_mirage_qknorm_gqa_fused_h16x256x64_h16x64x4096_h16x4096x64_to_h16x256x64.load(std::memory_order_acquire);
+  if (mg_fn == nullptr) {
+    cudaDriverEntryPointQueryResult mg_found = cudaDriverEntryPointSymbolNotFound;
+#if CUDART_VERSION >= 12050
+    cudaError_t mg_err = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &mg_fn,
+                                                          12000, cudaEnableDefault, &mg_found);
+#else
+    cudaError_t mg_err = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &mg_fn,
+                                                 cudaEnableDefault, &mg_found);
+#endif
+    if (mg_err != cudaSuccess) return mg_err;
+    if (mg_found != cudaDriverEntryPointSuccess || mg_fn == nullptr) return cudaErrorSymbolNotFound;
+    mg_encoder_mirage_qknorm_gqa_fused_h16x256x64_h16x64x4096_h16x4096x64_to_h16x256x64.store(mg_fn, std::memory_order_release);
+  }
+  const cuuint32_t mg_steps[5] = {1, 1, 1, 1, 1};
+  const CUresult mg_res = reinterpret_cast<mg_encode_fn_mirage_qknorm_gqa_fused_h16x256x64_h16x64x4096_h16x4096x64_to_h16x256x64>(mg_fn)(
+      reinterpret_cast<CUtensorMap*>(mg_map), mg_dtype, mg_rank, const_cast<void*>(mg_base),
+      mg_dims, mg_strides, mg_box, mg_steps, CU_TENSOR_MAP_INTERLEAVE_NONE, mg_swizzle,
+      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return mg_res == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+}
+
 // What the launcher needs to know about the current device, found once per device
 // (a state per device ordinal; two threads racing store the same value, which is
 // harmless) and on every call for ordinals past the table: bit 0 says the device is
@@ -636,7 +773,7 @@ static cudaError_t mg_prepare_mirage_qknorm_gqa_fused_h16x256x64_h16x64x4096_h16
     if (*mg_state != 0) return cudaSuccess;
   }
   mg_err = cudaFuncSetAttribute((const void*)mg_k0_mirage_qknorm_gqa_fused_h16x256x64_h16x64x4096_h16x4096x64_to_h16x256x64,
-                                cudaFuncAttributeMaxDynamicSharedMemorySize, 151312);
+                                cudaFuncAttributeMaxDynamicSharedMemorySize, 148272);
   if (mg_err != cudaSuccess) return mg_err;
   int mg_major = 0;
   mg_err = cudaDeviceGetAttribute(&mg_major, cudaDevAttrComputeCapabilityMajor, mg_dev);
@@ -664,11 +801,20 @@ extern "C" cudaError_t mirage_qknorm_gqa_fused_h16x256x64_h16x64x4096_h16x4096x6
     const mg_f16* mg_a2 = (const mg_f16*)(mg_in2_V);
     mg_f16* mg_a3 = (mg_f16*)(mg_ws + 0);
     mg_f16* mg_a4 = (mg_f16*)(mg_ws + 131072);
-    void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2, &mg_a3, &mg_a4};
+    mg_tmap mg_a5;
+    {
+      const cuuint64_t mg_dims[] = {64, 4096, 16};
+      const cuuint64_t mg_strides[] = {128, 524288};
+      const cuuint32_t mg_box[] = {64, 64, 1};
+      mg_err = mg_encode_tmap_mirage_qknorm_gqa_fused_h16x256x64_h16x64x4096_h16x4096x64_to_h16x256x64(&mg_a5, mg_in2_V, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 3,
+                                mg_dims, mg_strides, mg_box, CU_TENSOR_MAP_SWIZZLE_128B);
+      if (mg_err != cudaSuccess) return mg_err;
+    }
+    void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2, &mg_a3, &mg_a4, &mg_a5};
     cudaLaunchConfig_t mg_cfg = {};
     mg_cfg.gridDim = dim3(16, 16, 4);
     mg_cfg.blockDim = dim3(128);
-    mg_cfg.dynamicSmemBytes = 151312;
+    mg_cfg.dynamicSmemBytes = 148272;
     mg_cfg.stream = mg_stream;
     mg_cfg.attrs = mg_pdl;
     mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;

@@ -8,7 +8,7 @@
 // mirage_residual_rmsnorm_fused_b16x4096_b16x4096_b4096_to_b16x4096_b16x4096_workspace_bytes() bytes. No allocation, synchronisation or exit inside.
 // input 0 'X': bf16[16, 4096]
 // input 1 'R': bf16[16, 4096]
-// input 2 'G': bf16[4096]
+// input 2 'G': bf16[4096] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
 // output 0 'H': bf16[16, 4096]
 // output 1 'Y': bf16[16, 4096]
 // kernel mg_k0_mirage_residual_rmsnorm_fused_b16x4096_b16x4096_b4096_to_b16x4096_b16x4096: grid [16, 1, 1], 512 threads, 0 B dynamic shared memory
@@ -45,13 +45,24 @@ __device__ __forceinline__ void mg_st(mg_bf16* p, float v) {
   p->bits = h;
 }
 // Programmatic dependent launch (sm_90 and later): the entry point lets each kernel
-// start while the kernel before it in the stream drains, so the launch latency is
-// hidden. Every kernel's first act is this wait, which returns once that kernel has
-// finished and its writes are visible: no input is ever read early. On a launch
-// without the attribute it returns at once; before sm_90 it is not emitted.
+// start while the kernel before it in the stream drains. Each kernel waits here, and
+// returns once that kernel has finished and its writes are visible. Before the wait
+// a kernel only computes addresses and copies the first pipeline stages of inputs
+// that no kernel still running can be writing: inputs declared `weight`, or any
+// input of the program once an earlier kernel of this call has waited. On a launch
+// without the attribute the wait returns at once; before sm_90 it is not emitted.
 __device__ __forceinline__ void mg_grid_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+// After its wait, each kernel lets the next one in the stream launch: its blocks take
+// the SMs this kernel's blocks free and copy their weights while this one finishes.
+// Released only after the wait, so a kernel launched early never runs alongside the
+// kernel two places ahead of it.
+__device__ __forceinline__ void mg_grid_release() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }
 __device__ __forceinline__ float mg_silu(float x) { return x / (1.0f + expf(-x)); }
@@ -102,6 +113,81 @@ __device__ __forceinline__ void mg_cp_async_wait() {
 }
 __device__ __forceinline__ void mg_cp_async_wait_all() {
   asm volatile("cp.async.wait_all;" ::: "memory");
+}
+// Bulk tensor copies (TMA, sm_90): a tensor map (encoded by the host, passed by value
+// as a __grid_constant__ parameter) describes a device tensor and a box; one thread
+// copies a box into shared memory, and the copy's bytes complete a phase of an
+// mbarrier on which every thread waits. Before sm_90 these are never called.
+struct __align__(64) mg_tmap { unsigned long long q[16]; };
+__device__ __forceinline__ unsigned mg_smem_addr(const void* p) {
+  return (unsigned)__cvta_generic_to_shared(p);
+}
+__device__ __forceinline__ void mg_mbar_init(unsigned long long* b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(mg_smem_addr(b)) : "memory");
+#endif
+}
+__device__ __forceinline__ void mg_mbar_fence_init() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+#endif
+}
+// Expect `bytes` more on the barrier's current phase, without arriving.
+__device__ __forceinline__ void mg_mbar_expect(unsigned long long* b, unsigned bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;"
+               :: "r"(mg_smem_addr(b)), "r"(bytes) : "memory");
+#endif
+}
+// Arrive (the phase's one arrival) expecting `bytes` more.
+__device__ __forceinline__ void mg_mbar_arrive_expect(unsigned long long* b, unsigned bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
+               :: "r"(mg_smem_addr(b)), "r"(bytes) : "memory");
+#endif
+}
+__device__ __forceinline__ void mg_mbar_wait(unsigned long long* b, int parity) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("{\n .reg .pred p;\n MG_WAIT:\n"
+               " mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+               " @!p bra MG_WAIT;\n}" :: "r"(mg_smem_addr(b)), "r"(parity) : "memory");
+#endif
+}
+__device__ __forceinline__ void mg_tma2(void* dst, const mg_tmap* m, int c0, int c1,
+                                        unsigned long long* b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+               " [%0], [%1, {%2, %3}], [%4];"
+               :: "r"(mg_smem_addr(dst)), "l"(m), "r"(c0), "r"(c1), "r"(mg_smem_addr(b))
+               : "memory");
+#endif
+}
+__device__ __forceinline__ void mg_tma3(void* dst, const mg_tmap* m, int c0, int c1, int c2,
+                                        unsigned long long* b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
+               " [%0], [%1, {%2, %3, %4}], [%5];"
+               :: "r"(mg_smem_addr(dst)), "l"(m), "r"(c0), "r"(c1), "r"(c2),
+                  "r"(mg_smem_addr(b)) : "memory");
+#endif
+}
+__device__ __forceinline__ void mg_tma4(void* dst, const mg_tmap* m, int c0, int c1, int c2,
+                                        int c3, unsigned long long* b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes"
+               " [%0], [%1, {%2, %3, %4, %5}], [%6];"
+               :: "r"(mg_smem_addr(dst)), "l"(m), "r"(c0), "r"(c1), "r"(c2), "r"(c3),
+                  "r"(mg_smem_addr(b)) : "memory");
+#endif
+}
+__device__ __forceinline__ void mg_tma5(void* dst, const mg_tmap* m, int c0, int c1, int c2,
+                                        int c3, int c4, unsigned long long* b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.tensor.5d.shared::cluster.global.mbarrier::complete_tx::bytes"
+               " [%0], [%1, {%2, %3, %4, %5, %6}], [%7];"
+               :: "r"(mg_smem_addr(dst)), "l"(m), "r"(c0), "r"(c1), "r"(c2), "r"(c3),
+                  "r"(c4), "r"(mg_smem_addr(b)) : "memory");
+#endif
 }
 // Tensor cores: D = A * B + D, m16n8k16, f32 accumulators; operands packed from f32.
 __device__ __forceinline__ unsigned mg_pack_f16(float lo, float hi) {
@@ -233,6 +319,7 @@ extern "C" __global__ void __launch_bounds__(512, 1) mg_k0_mirage_residual_rmsno
     mg_bf16* __restrict__ p3,
     mg_bf16* __restrict__ p4) {
   mg_grid_wait();
+  mg_grid_release();
   const int bx = blockIdx.x, by = blockIdx.y, bz = blockIdx.z;
   (void)bx; (void)by; (void)bz;
   float r_x[8];

@@ -7,14 +7,17 @@
 // Device pointers must be 16-byte aligned; the workspace must hold
 // mirage_rmsnorm_linear_fused_h16x4096_h4096x6144_to_h16x6144_workspace_bytes() bytes. No allocation, synchronisation or exit inside.
 // input 0 'X': f16[16, 4096]
-// input 1 'W': f16[4096, 6144]
+// input 1 'W': f16[4096, 6144] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
 // output 0 'Z': f16[16, 6144]
-// kernel mg_k0_mirage_rmsnorm_linear_fused_h16x4096_h4096x6144_to_h16x6144: grid [192, 1, 1], 128 threads, 60496 B dynamic shared memory
+// kernel mg_k0_mirage_rmsnorm_linear_fused_h16x4096_h4096x6144_to_h16x6144: grid [192, 1, 1], 128 threads, 53360 B dynamic shared memory
 
 // The kernels use cp.async, bf16 conversions and mma.sync shapes of sm_80 and later:
 // one clear error instead of a wall of ptxas errors for an older target.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
 #error "mirage-cli generated code needs sm_80 or newer: compile with -arch=sm_80 or -arch=sm_90"
+// Some kernels use bulk tensor copies (TMA), sm_90 features.
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+#error "this file was generated for sm_90 (bulk tensor copies): compile with -arch=sm_90, or generate it with --arch sm_80"
 #endif
 
 // Storage types and helpers. The device code needs no header, so NVRTC compiles it
@@ -43,13 +46,24 @@ __device__ __forceinline__ void mg_st(mg_bf16* p, float v) {
   p->bits = h;
 }
 // Programmatic dependent launch (sm_90 and later): the entry point lets each kernel
-// start while the kernel before it in the stream drains, so the launch latency is
-// hidden. Every kernel's first act is this wait, which returns once that kernel has
-// finished and its writes are visible: no input is ever read early. On a launch
-// without the attribute it returns at once; before sm_90 it is not emitted.
+// start while the kernel before it in the stream drains. Each kernel waits here, and
+// returns once that kernel has finished and its writes are visible. Before the wait
+// a kernel only computes addresses and copies the first pipeline stages of inputs
+// that no kernel still running can be writing: inputs declared `weight`, or any
+// input of the program once an earlier kernel of this call has waited. On a launch
+// without the attribute the wait returns at once; before sm_90 it is not emitted.
 __device__ __forceinline__ void mg_grid_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+// After its wait, each kernel lets the next one in the stream launch: its blocks take
+// the SMs this kernel's blocks free and copy their weights while this one finishes.
+// Released only after the wait, so a kernel launched early never runs alongside the
+// kernel two places ahead of it.
+__device__ __forceinline__ void mg_grid_release() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }
 __device__ __forceinline__ float mg_silu(float x) { return x / (1.0f + expf(-x)); }
@@ -100,6 +114,81 @@ __device__ __forceinline__ void mg_cp_async_wait() {
 }
 __device__ __forceinline__ void mg_cp_async_wait_all() {
   asm volatile("cp.async.wait_all;" ::: "memory");
+}
+// Bulk tensor copies (TMA, sm_90): a tensor map (encoded by the host, passed by value
+// as a __grid_constant__ parameter) describes a device tensor and a box; one thread
+// copies a box into shared memory, and the copy's bytes complete a phase of an
+// mbarrier on which every thread waits. Before sm_90 these are never called.
+struct __align__(64) mg_tmap { unsigned long long q[16]; };
+__device__ __forceinline__ unsigned mg_smem_addr(const void* p) {
+  return (unsigned)__cvta_generic_to_shared(p);
+}
+__device__ __forceinline__ void mg_mbar_init(unsigned long long* b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(mg_smem_addr(b)) : "memory");
+#endif
+}
+__device__ __forceinline__ void mg_mbar_fence_init() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+#endif
+}
+// Expect `bytes` more on the barrier's current phase, without arriving.
+__device__ __forceinline__ void mg_mbar_expect(unsigned long long* b, unsigned bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;"
+               :: "r"(mg_smem_addr(b)), "r"(bytes) : "memory");
+#endif
+}
+// Arrive (the phase's one arrival) expecting `bytes` more.
+__device__ __forceinline__ void mg_mbar_arrive_expect(unsigned long long* b, unsigned bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
+               :: "r"(mg_smem_addr(b)), "r"(bytes) : "memory");
+#endif
+}
+__device__ __forceinline__ void mg_mbar_wait(unsigned long long* b, int parity) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("{\n .reg .pred p;\n MG_WAIT:\n"
+               " mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+               " @!p bra MG_WAIT;\n}" :: "r"(mg_smem_addr(b)), "r"(parity) : "memory");
+#endif
+}
+__device__ __forceinline__ void mg_tma2(void* dst, const mg_tmap* m, int c0, int c1,
+                                        unsigned long long* b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+               " [%0], [%1, {%2, %3}], [%4];"
+               :: "r"(mg_smem_addr(dst)), "l"(m), "r"(c0), "r"(c1), "r"(mg_smem_addr(b))
+               : "memory");
+#endif
+}
+__device__ __forceinline__ void mg_tma3(void* dst, const mg_tmap* m, int c0, int c1, int c2,
+                                        unsigned long long* b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
+               " [%0], [%1, {%2, %3, %4}], [%5];"
+               :: "r"(mg_smem_addr(dst)), "l"(m), "r"(c0), "r"(c1), "r"(c2),
+                  "r"(mg_smem_addr(b)) : "memory");
+#endif
+}
+__device__ __forceinline__ void mg_tma4(void* dst, const mg_tmap* m, int c0, int c1, int c2,
+                                        int c3, unsigned long long* b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes"
+               " [%0], [%1, {%2, %3, %4, %5}], [%6];"
+               :: "r"(mg_smem_addr(dst)), "l"(m), "r"(c0), "r"(c1), "r"(c2), "r"(c3),
+                  "r"(mg_smem_addr(b)) : "memory");
+#endif
+}
+__device__ __forceinline__ void mg_tma5(void* dst, const mg_tmap* m, int c0, int c1, int c2,
+                                        int c3, int c4, unsigned long long* b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.tensor.5d.shared::cluster.global.mbarrier::complete_tx::bytes"
+               " [%0], [%1, {%2, %3, %4, %5, %6}], [%7];"
+               :: "r"(mg_smem_addr(dst)), "l"(m), "r"(c0), "r"(c1), "r"(c2), "r"(c3),
+                  "r"(c4), "r"(mg_smem_addr(b)) : "memory");
+#endif
 }
 // Tensor cores: D = A * B + D, m16n8k16, f32 accumulators; operands packed from f32.
 __device__ __forceinline__ unsigned mg_pack_f16(float lo, float hi) {
@@ -223,23 +312,30 @@ __device__ __forceinline__ void mg_dsmem_st(float* p, unsigned rank, float v) {
 }
 #endif
 
-// fused kernel: grid [192, 1, 1], 128 threads, forloop 32; plan: 4 stage(s), kwarps 1, 60496 B shared memory
+// fused kernel: grid [192, 1, 1], 128 threads, forloop 32; plan: 4 stage(s), kwarps 1, 53360 B shared memory
 extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_rmsnorm_linear_fused_h16x4096_h4096x6144_to_h16x6144(
     const mg_f16* __restrict__ p0,
     const mg_f16* __restrict__ p1,
-    mg_f16* __restrict__ p2) {
-  mg_grid_wait();
+    mg_f16* __restrict__ p2,
+    const __grid_constant__ mg_tmap p3) {
   const int bx = blockIdx.x, by = blockIdx.y, bz = blockIdx.z;
   (void)bx; (void)by; (void)bz;
-  extern __shared__ __align__(16) unsigned char mg_smem[];
+  extern __shared__ __align__(16) unsigned char mg_smem_raw[];
+  unsigned char* mg_smem = mg_smem_raw + ((1024u - (mg_smem_addr(mg_smem_raw) & 1023u)) & 1023u);
   const int base_x = 0;
   const int base_w = bx * 32;
-  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 60480);
+  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 52320);
   if (threadIdx.x < 4) mg_zero[threadIdx.x] = 0u;
-  mg_f16* sm_x_0 = reinterpret_cast<mg_f16*>(mg_smem + 0);
-  mg_f16* sm_w_0 = reinterpret_cast<mg_f16*>(mg_smem + 17408);
-  float* buf_r = reinterpret_cast<float*>(mg_smem + 58368);
-  float* buf_s = reinterpret_cast<float*>(mg_smem + 58432);
+  unsigned long long* mg_mbar = reinterpret_cast<unsigned long long*>(mg_smem + 52288);
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < 4; ++s) mg_mbar_init(mg_mbar + s);
+    mg_mbar_fence_init();
+  }
+  __syncthreads();
+  mg_f16* sm_x_0 = reinterpret_cast<mg_f16*>(mg_smem + 32768);
+  mg_f16* sm_w_0 = reinterpret_cast<mg_f16*>(mg_smem + 0);
+  float* buf_r = reinterpret_cast<float*>(mg_smem + 50176);
+  float* buf_s = reinterpret_cast<float*>(mg_smem + 50240);
   int mg_so_x[2], mg_do_x[2];
   #pragma unroll
   for (int i = 0; i < 2; ++i) {
@@ -249,29 +345,28 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_rmsnorm_linear
     mg_so_x[i] = s2_0 * 4096 + (s2_1 * 8);
     mg_do_x[i] = s2_0 * 136 + (s2_1 * 8);
   }
-  int mg_so_w[4], mg_do_w[4];
-  #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int c3 = threadIdx.x + i * 128;
-    const int s4_0 = c3 / 4;
-    const int s4_1 = (c3) % 4;
-    mg_so_w[i] = s4_0 * 6144 + (s4_1 * 8);
-    mg_do_w[i] = s4_0 * 40 + (s4_1 * 8);
+  if (threadIdx.x == 0) {
+    mg_mbar_arrive_expect(mg_mbar + ((0) % 4), 8192u);
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_w_0 + ((0) % 4) * 4096)), &p3, bx * 32, (0) * 128, mg_mbar + ((0) % 4));
   }
+  if (threadIdx.x == 0) {
+    mg_mbar_arrive_expect(mg_mbar + ((1) % 4), 8192u);
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_w_0 + ((1) % 4) * 4096)), &p3, bx * 32, (1) * 128, mg_mbar + ((1) % 4));
+  }
+  if (threadIdx.x == 0) {
+    mg_mbar_arrive_expect(mg_mbar + ((2) % 4), 8192u);
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_w_0 + ((2) % 4) * 4096)), &p3, bx * 32, (2) * 128, mg_mbar + ((2) % 4));
+  }
+  mg_grid_wait();
+  mg_grid_release();
   #pragma unroll
   for (int i = 0; i < 2; ++i) mg_cp_async16((sm_x_0 + ((0) % 4) * 2176) + mg_do_x[i], p0 + ((base_x + 0)) + mg_so_x[i]);
-  #pragma unroll
-  for (int i = 0; i < 4; ++i) mg_cp_async16((sm_w_0 + ((0) % 4) * 5120) + mg_do_w[i], p1 + ((base_w + 0)) + mg_so_w[i]);
   mg_cp_async_commit();
   #pragma unroll
   for (int i = 0; i < 2; ++i) mg_cp_async16((sm_x_0 + ((1) % 4) * 2176) + mg_do_x[i], p0 + ((base_x + 128)) + mg_so_x[i]);
-  #pragma unroll
-  for (int i = 0; i < 4; ++i) mg_cp_async16((sm_w_0 + ((1) % 4) * 5120) + mg_do_w[i], p1 + ((base_w + 786432)) + mg_so_w[i]);
   mg_cp_async_commit();
   #pragma unroll
   for (int i = 0; i < 2; ++i) mg_cp_async16((sm_x_0 + ((2) % 4) * 2176) + mg_do_x[i], p0 + ((base_x + 256)) + mg_so_x[i]);
-  #pragma unroll
-  for (int i = 0; i < 4; ++i) mg_cp_async16((sm_w_0 + ((2) % 4) * 5120) + mg_do_w[i], p1 + ((base_w + 1572864)) + mg_so_w[i]);
   mg_cp_async_commit();
   float acc_r[4];
   #pragma unroll
@@ -281,27 +376,29 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_rmsnorm_linear
   for (int j = 0; j < 1; ++j) acc_s[j][0] = acc_s[j][1] = acc_s[j][2] = acc_s[j][3] = 0.0f;
   for (int it = 0; it < 32; ++it) {
     const int off_x = base_x + it * 128;
-    const int off_w = base_w + it * 786432;
     mg_cp_async_wait<2>();
+    mg_mbar_wait(mg_mbar + (it % 4), (it / 4) & 1);
     __syncthreads();
     if (it + 3 < 32) {
       #pragma unroll
       for (int i = 0; i < 2; ++i) mg_cp_async16((sm_x_0 + (((it + 3)) % 4) * 2176) + mg_do_x[i], p0 + ((off_x + 384)) + mg_so_x[i]);
-      #pragma unroll
-      for (int i = 0; i < 4; ++i) mg_cp_async16((sm_w_0 + (((it + 3)) % 4) * 5120) + mg_do_w[i], p1 + ((off_w + 2359296)) + mg_so_w[i]);
+      if (threadIdx.x == 0) {
+        mg_mbar_arrive_expect(mg_mbar + ((it + 3) % 4), 8192u);
+        mg_tma2(reinterpret_cast<unsigned char*>((sm_w_0 + ((it + 3) % 4) * 4096)), &p3, bx * 32, (it + 3) * 128, mg_mbar + ((it + 3) % 4));
+      }
     }
     mg_cp_async_commit();
     const auto* sm_x = (sm_x_0 + ((it) % 4) * 2176);
-    const auto* sm_w = (sm_w_0 + ((it) % 4) * 5120);
+    const auto* sm_w = (sm_w_0 + ((it) % 4) * 4096);
     #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const int row = threadIdx.x / 32 + 4 * j;
       const int mg_rl = threadIdx.x % 32;
       (void)row; (void)mg_rl;
-      const int w6_0 = row;
-      for (int k5 = mg_rl; k5 < 128; k5 += 32) {
-        const float v7 = mg_ld(sm_x[w6_0 * 136 + k5]);
-        acc_r[j] += v7 * v7;
+      const int w4_0 = row;
+      for (int k3 = mg_rl; k3 < 128; k3 += 32) {
+        const float v5 = mg_ld(sm_x[w4_0 * 136 + k3]);
+        acc_r[j] += v5 * v5;
       }
     }
     {
@@ -328,7 +425,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_rmsnorm_linear
           const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
           (void)mg_nb; (void)c0; (void)n0;
           unsigned rb0, rb1;
-          mg_ldsm_x2_t(rb0, rb1, (sm_w + ((kk + (mg_lane & 15)) * 40 + (mg_ni * 8))));
+          mg_ldsm_x2_t(rb0, rb1, (reinterpret_cast<const unsigned char*>(sm_w) + ((((mg_ni * 8)) * 2) / 64) * 8192 + (((((kk + (mg_lane & 15)))) * 64 + (((mg_ni * 8)) * 2) % 64) ^ (((((((kk + (mg_lane & 15)))) * 64 + (((mg_ni * 8)) * 2) % 64) >> 7) & 3) << 4))));
           mg_mma_f16(acc_s[j], ra0, ra1, ra2, ra3, rb0, rb1);
         }
       }
@@ -341,10 +438,10 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_rmsnorm_linear
     const int row = threadIdx.x / 32 + 4 * j;
     const int mg_rl = threadIdx.x % 32;
     (void)row; (void)mg_rl;
-    float v8 = acc_r[j];
-    v8 = mg_warp_sum(v8);
+    float v6 = acc_r[j];
+    v6 = mg_warp_sum(v6);
     if ((threadIdx.x & 31) == 0) {
-      if (row < 16) buf_r[row] = sqrtf(v8 / 4096.0f);
+      if (row < 16) buf_r[row] = sqrtf(v6 / 4096.0f);
     }
   }
   {
@@ -371,34 +468,34 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_rmsnorm_linear
     }
   }
   __syncthreads();
-  for (int e9 = threadIdx.x; e9 < 64; e9 += 128) {
-    const int i10_0 = e9 / 4;
-    const int i10_1 = (e9) % 4;
-    const float v11 = buf_s[i10_0 * 32 + ((i10_1 * 8) + 0)];
-    const float v12 = buf_r[i10_0];
-    const float v13 = (v11 / v12);
-    const float v14 = buf_s[i10_0 * 32 + ((i10_1 * 8) + 1)];
-    const float v15 = buf_r[i10_0];
-    const float v16 = (v14 / v15);
-    const float v17 = buf_s[i10_0 * 32 + ((i10_1 * 8) + 2)];
-    const float v18 = buf_r[i10_0];
-    const float v19 = (v17 / v18);
-    const float v20 = buf_s[i10_0 * 32 + ((i10_1 * 8) + 3)];
-    const float v21 = buf_r[i10_0];
-    const float v22 = (v20 / v21);
-    const float v23 = buf_s[i10_0 * 32 + ((i10_1 * 8) + 4)];
-    const float v24 = buf_r[i10_0];
-    const float v25 = (v23 / v24);
-    const float v26 = buf_s[i10_0 * 32 + ((i10_1 * 8) + 5)];
-    const float v27 = buf_r[i10_0];
-    const float v28 = (v26 / v27);
-    const float v29 = buf_s[i10_0 * 32 + ((i10_1 * 8) + 6)];
-    const float v30 = buf_r[i10_0];
-    const float v31 = (v29 / v30);
-    const float v32 = buf_s[i10_0 * 32 + ((i10_1 * 8) + 7)];
-    const float v33 = buf_r[i10_0];
-    const float v34 = (v32 / v33);
-    mg_st8(p2 + (bx * 32 + i10_0 * 6144 + (i10_1 * 8)), v13, v16, v19, v22, v25, v28, v31, v34);
+  for (int e7 = threadIdx.x; e7 < 64; e7 += 128) {
+    const int i8_0 = e7 / 4;
+    const int i8_1 = (e7) % 4;
+    const float v9 = buf_s[i8_0 * 32 + ((i8_1 * 8) + 0)];
+    const float v10 = buf_r[i8_0];
+    const float v11 = (v9 / v10);
+    const float v12 = buf_s[i8_0 * 32 + ((i8_1 * 8) + 1)];
+    const float v13 = buf_r[i8_0];
+    const float v14 = (v12 / v13);
+    const float v15 = buf_s[i8_0 * 32 + ((i8_1 * 8) + 2)];
+    const float v16 = buf_r[i8_0];
+    const float v17 = (v15 / v16);
+    const float v18 = buf_s[i8_0 * 32 + ((i8_1 * 8) + 3)];
+    const float v19 = buf_r[i8_0];
+    const float v20 = (v18 / v19);
+    const float v21 = buf_s[i8_0 * 32 + ((i8_1 * 8) + 4)];
+    const float v22 = buf_r[i8_0];
+    const float v23 = (v21 / v22);
+    const float v24 = buf_s[i8_0 * 32 + ((i8_1 * 8) + 5)];
+    const float v25 = buf_r[i8_0];
+    const float v26 = (v24 / v25);
+    const float v27 = buf_s[i8_0 * 32 + ((i8_1 * 8) + 6)];
+    const float v28 = buf_r[i8_0];
+    const float v29 = (v27 / v28);
+    const float v30 = buf_s[i8_0 * 32 + ((i8_1 * 8) + 7)];
+    const float v31 = buf_r[i8_0];
+    const float v32 = (v30 / v31);
+    mg_st8(p2 + (bx * 32 + i8_0 * 6144 + (i8_1 * 8)), v11, v14, v17, v20, v23, v26, v29, v32);
   }
 }
 
@@ -413,6 +510,45 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_rmsnorm_linear
 #endif
 
 extern "C" size_t mirage_rmsnorm_linear_fused_h16x4096_h4096x6144_to_h16x6144_workspace_bytes(void) { return 0u; }
+
+// Bulk tensor copies read through tensor maps, which the launcher encodes on every call
+// (the addresses may change) with the driver's cuTensorMapEncodeTiled, found through the
+// runtime so that nothing but the CUDA runtime needs to be linked.
+#include <cuda.h>
+#if CUDART_VERSION < 12000
+#error "mirage-cli generated code with bulk tensor copies needs CUDA 12.0 or newer"
+#endif
+static_assert(sizeof(mg_tmap) == sizeof(CUtensorMap), "tensor map size");
+typedef CUresult (*mg_encode_fn_mirage_rmsnorm_linear_fused_h16x4096_h4096x6144_to_h16x6144)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*,
+    const cuuint64_t*, const cuuint64_t*, const cuuint32_t*, const cuuint32_t*,
+    CUtensorMapInterleave, CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+static std::atomic<void*> mg_encoder_mirage_rmsnorm_linear_fused_h16x4096_h4096x6144_to_h16x6144{nullptr};
+
+static cudaError_t mg_encode_tmap_mirage_rmsnorm_linear_fused_h16x4096_h4096x6144_to_h16x6144(mg_tmap* mg_map, const void* mg_base,
+                                   CUtensorMapDataType mg_dtype, cuuint32_t mg_rank,
+                                   const cuuint64_t* mg_dims, const cuuint64_t* mg_strides,
+                                   const cuuint32_t* mg_box, CUtensorMapSwizzle mg_swizzle) {
+  void* mg_fn = mg_encoder_mirage_rmsnorm_linear_fused_h16x4096_h4096x6144_to_h16x6144.load(std::memory_order_acquire);
+  if (mg_fn == nullptr) {
+    cudaDriverEntryPointQueryResult mg_found = cudaDriverEntryPointSymbolNotFound;
+#if CUDART_VERSION >= 12050
+    cudaError_t mg_err = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &mg_fn,
+                                                          12000, cudaEnableDefault, &mg_found);
+#else
+    cudaError_t mg_err = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &mg_fn,
+                                                 cudaEnableDefault, &mg_found);
+#endif
+    if (mg_err != cudaSuccess) return mg_err;
+    if (mg_found != cudaDriverEntryPointSuccess || mg_fn == nullptr) return cudaErrorSymbolNotFound;
+    mg_encoder_mirage_rmsnorm_linear_fused_h16x4096_h4096x6144_to_h16x6144.store(mg_fn, std::memory_order_release);
+  }
+  const cuuint32_t mg_steps[5] = {1, 1, 1, 1, 1};
+  const CUresult mg_res = reinterpret_cast<mg_encode_fn_mirage_rmsnorm_linear_fused_h16x4096_h4096x6144_to_h16x6144>(mg_fn)(
+      reinterpret_cast<CUtensorMap*>(mg_map), mg_dtype, mg_rank, const_cast<void*>(mg_base),
+      mg_dims, mg_strides, mg_box, mg_steps, CU_TENSOR_MAP_INTERLEAVE_NONE, mg_swizzle,
+      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return mg_res == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+}
 
 // What the launcher needs to know about the current device, found once per device
 // (a state per device ordinal; two threads racing store the same value, which is
@@ -432,7 +568,7 @@ static cudaError_t mg_prepare_mirage_rmsnorm_linear_fused_h16x4096_h4096x6144_to
     if (*mg_state != 0) return cudaSuccess;
   }
   mg_err = cudaFuncSetAttribute((const void*)mg_k0_mirage_rmsnorm_linear_fused_h16x4096_h4096x6144_to_h16x6144,
-                                cudaFuncAttributeMaxDynamicSharedMemorySize, 60496);
+                                cudaFuncAttributeMaxDynamicSharedMemorySize, 53360);
   if (mg_err != cudaSuccess) return mg_err;
   int mg_major = 0;
   mg_err = cudaDeviceGetAttribute(&mg_major, cudaDevAttrComputeCapabilityMajor, mg_dev);
@@ -458,11 +594,20 @@ extern "C" cudaError_t mirage_rmsnorm_linear_fused_h16x4096_h4096x6144_to_h16x61
     const mg_f16* mg_a0 = (const mg_f16*)(mg_in0_X);
     const mg_f16* mg_a1 = (const mg_f16*)(mg_in1_W);
     mg_f16* mg_a2 = (mg_f16*)(mg_out0_Z);
-    void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
+    mg_tmap mg_a3;
+    {
+      const cuuint64_t mg_dims[] = {6144, 4096};
+      const cuuint64_t mg_strides[] = {12288};
+      const cuuint32_t mg_box[] = {32, 128};
+      mg_err = mg_encode_tmap_mirage_rmsnorm_linear_fused_h16x4096_h4096x6144_to_h16x6144(&mg_a3, mg_in1_W, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2,
+                                mg_dims, mg_strides, mg_box, CU_TENSOR_MAP_SWIZZLE_64B);
+      if (mg_err != cudaSuccess) return mg_err;
+    }
+    void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2, &mg_a3};
     cudaLaunchConfig_t mg_cfg = {};
     mg_cfg.gridDim = dim3(192, 1, 1);
     mg_cfg.blockDim = dim3(128);
-    mg_cfg.dynamicSmemBytes = 60496;
+    mg_cfg.dynamicSmemBytes = 53360;
     mg_cfg.stream = mg_stream;
     mg_cfg.attrs = mg_pdl;
     mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;

@@ -15,13 +15,14 @@ from mirage_cli.kplan import Knobs
 
 
 def lower_custom(kop: KernelOp, name: str, dev_types: dict[str, TensorType],
-                 target: str = DEFAULT_ARCH) -> Kernel:
+                 target: str = DEFAULT_ARCH, early: frozenset[str] = frozenset()) -> Kernel:
     """The CUDA kernel of one custom kernel for ``target``, planned with the knobs of
-    its recorded plan (if any) pinned."""
+    its recorded plan (if any) pinned; ``early``: inputs it may start copying before
+    its grid-dependency wait (:func:`lower.early_inputs`)."""
     assert kop.block is not None
     check_index_range(kop, dev_types)
     pins = kop.plan.knobs if kop.plan is not None else Knobs()
     plan = plan_kernel(kop.block, dev_types, target, pins)
     if plan.tiles and all(t.home == "regs" for t in plan.tiles):
         return RowKernel(kop.block, plan, name, dev_types).lower()
-    return FusedKernel(kop.block, plan, name, dev_types).lower()
+    return FusedKernel(kop.block, plan, name, dev_types, early).lower()

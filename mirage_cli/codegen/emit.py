@@ -20,7 +20,7 @@ from mirage_cli import __version__
 from mirage_cli.codegen import templates
 from mirage_cli.codegen.indexing import INT_MAX
 from mirage_cli.codegen.names import comment_text, param_names
-from mirage_cli.codegen.plan import Buffer, Copy, Launch, Program
+from mirage_cli.codegen.plan import Buffer, Copy, Launch, Program, TensorMapSpec
 from mirage_cli.diagnostics import MirageError
 from mirage_cli.ir import DType
 
@@ -63,8 +63,14 @@ def args(prog: Program) -> list[Arg]:
                            f"{prog.name}_{kind.upper()}{k}",
                            list(b.type.shape), _DTYPE_CODE[b.type.dtype],
                            _CPP_TYPE[b.type.dtype], b.type.nbytes,
-                           f"{word} {k} '{comment_text(b.name)}': {b.type}"))
+                           f"{word} {k} '{comment_text(b.name)}': {b.type}"
+                           + (_WEIGHT_NOTE if b.weight else "")))
     return out
+
+
+# What a `weight` input asks of the caller (docs/language.md), said where it is passed.
+_WEIGHT_NOTE = (" (weight: read before the kernel launched just before this call in the "
+                "same stream has finished, which must not write it)")
 
 
 def _check_dims(b: Buffer) -> None:
@@ -114,10 +120,24 @@ def _steps(prog: Program) -> list[dict[str, Any]]:
         for p in k.params:
             ctype = p.ctype.replace(" __restrict__", "")
             ptr = f"mg_ws + {s.scratch_offset}" if p.arg == "$scratch" else _pointer(prog, p.arg)
-            kargs.append({"ctype": ctype, "expr": ptr})
+            kargs.append({"ctype": ctype, "expr": ptr, "tmap": _tmap_args(p.tmap)})
         out.append({"is_copy": False, "kernel": k.name, "grid": list(k.grid),
                     "threads": k.threads, "smem": k.smem_bytes, "args": kargs})
     return out
+
+
+def _tmap_args(spec: TensorMapSpec | None) -> dict[str, Any] | None:
+    """What the launcher passes to ``cuTensorMapEncodeTiled`` for a tensor-map parameter."""
+    if spec is None:
+        return None
+    return {"dtype": _TMAP_DTYPE[spec.dtype], "rank": len(spec.dims),
+            "dims": ", ".join(map(str, spec.dims)), "strides": ", ".join(map(str, spec.strides)),
+            "box": ", ".join(map(str, spec.box)),
+            "swizzle": f"CU_TENSOR_MAP_SWIZZLE_{spec.swizzle}B"}
+
+
+_TMAP_DTYPE = {DType.F16: "CU_TENSOR_MAP_DATA_TYPE_FLOAT16",
+               DType.BF16: "CU_TENSOR_MAP_DATA_TYPE_BFLOAT16"}
 
 
 def _big_smem(prog: Program) -> list[dict[str, Any]]:
@@ -140,7 +160,8 @@ def emit(prog: Program) -> tuple[str, str]:
     kernels = [{"name": k.name, "comment": comment_text(k.comment),
                 "bounds": f"{k.threads}, {k.min_blocks}" if k.min_blocks else str(k.threads),
                 "attrs": f"__cluster_dims__(1, 1, {k.cluster}) " if k.cluster > 1 else "",
-                "body": k.body, "params": [f"{p.ctype} {p.name}" for p in k.params]}
+                "pre": k.body[:k.wait_at], "body": k.body[k.wait_at:],
+                "params": [f"{p.ctype} {p.name}" for p in k.params]}
                for k in prog.kernels]
     summary = [f"kernel {k.name}: grid {list(k.grid)}, {k.threads} threads, "
                f"{k.smem_bytes} B dynamic shared memory" for k in prog.kernels]
@@ -148,7 +169,8 @@ def emit(prog: Program) -> tuple[str, str]:
                           prelude=templates.raw("prelude.cuh").rstrip("\n"),
                           kernels=kernels, steps=_steps(prog), summary=summary,
                           big_smem=_big_smem(prog),
-                          clusters=any(k.cluster > 1 for k in prog.kernels))
+                          clusters=any(k.cluster > 1 for k in prog.kernels),
+                          tmaps=any(p.tmap for k in prog.kernels for p in k.params))
     h = templates.render("program.h.j2", **common)
     return cu, h
 

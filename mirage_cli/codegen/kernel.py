@@ -18,7 +18,7 @@ import dataclasses
 from collections.abc import Callable
 
 from mirage_cli import ops
-from mirage_cli.codegen import chain, chainplan, cluster, mma, reduce, stores
+from mirage_cli.codegen import chain, chainplan, cluster, mma, reduce, stores, tmaplan
 from mirage_cli.codegen.blockfacts import Analysis, analyse, decompose
 from mirage_cli.codegen.expr import (
     CTYPE,
@@ -34,7 +34,7 @@ from mirage_cli.codegen.expr import (
     row_major,
 )
 from mirage_cli.codegen.plan import Kernel, Param
-from mirage_cli.codegen.smemplan import RED, ZERO
+from mirage_cli.codegen.smemplan import MBAR, RED, ZERO
 from mirage_cli.ir import BlockGraph, BlockInput, BlockOp, TensorType
 from mirage_cli.kplan import KernelPlan, TilePlan
 
@@ -50,7 +50,8 @@ class FusedKernel:
     """The emitter of one fused kernel; state shared by :mod:`mma` and :mod:`reduce`."""
 
     def __init__(self, bg: BlockGraph, plan: KernelPlan, name: str,
-                 dev_types: dict[str, TensorType]) -> None:
+                 dev_types: dict[str, TensorType], early: frozenset[str] = frozenset()
+                 ) -> None:
         # The plan may give the block another thread count: the block graph's result
         # does not depend on it.
         bg = dataclasses.replace(bg, threads=plan.threads)
@@ -73,6 +74,15 @@ class FusedKernel:
         self.mma_acc = {m.accumulator: m for m in plan.mmas if m.accumulator}
         self.reds = {r.output: r for r in plan.reductions}
         self.hoisted: Lines = []          # per-thread tables computed once, before use
+        # Device tensors that no kernel still running ahead of this one can be writing
+        # (lower.early_inputs): their first pipeline stages are copied before the wait.
+        # Not with staged loop-invariant inputs, whose wait for all copies would then
+        # wait for these too.
+        self.early = early if not self.staged("invariant") else frozenset()
+        self.early_copies: Lines = []     # issued before the grid-dependency wait
+        # Loop inputs brought in by bulk tensor copies, and their tensor-map parameters.
+        self.bulk = [bi for bi in self.bg.inputs if self.tile(bi.value.name).swizzle]
+        self.tmap: dict[str, str] = {}
         self._tables: set[str] = set()
         # A matmul chain planned into registers (codegen/chain.py emits it).
         self.chain = chainplan.chain_of(self.a) if plan.knobs.chain == 1 else None
@@ -100,6 +110,11 @@ class FusedKernel:
             self._param(bo.value.name, False)
         if self.plan.scratch_floats:
             self.params.append(Param("float* __restrict__", "mg_ws", "$scratch"))
+        for bi in self.bulk:
+            p = f"p{len(self.params)}"
+            spec = tmaplan.spec(bi, self.dev[bi.source], self.tile(bi.value.name).swizzle)
+            self.params.append(Param("const __grid_constant__ mg_tmap", p, bi.source, spec))
+            self.tmap[bi.value.name] = p
         accs = [op for op in self.bg.ops if ops.get(op.op).is_accumulator]
         plain = [op for op in accs if op.outputs[0].name not in self.chain_accs]
         head = self._prologue() + self._define_nodes()
@@ -114,7 +129,8 @@ class FusedKernel:
             f"for (int it = 0; it < {self.FL}; ++it) {{"] + indent(loop) + ["}"]
         if self.pipelined():  # the loop's last iteration ends without a barrier
             body.append("__syncthreads();")
-        body = head + self.hoisted + body
+        pre = head + self.hoisted + self.early_copies
+        body = pre + body
         if self.chain is not None:
             fins = {op.outputs[0].name: "{0}" if self.KS > 1 else reduce.finish_format(self, op)
                     for op in accs if op.outputs[0].name in self.chain_accs}
@@ -138,7 +154,7 @@ class FusedKernel:
         return Kernel(self.name, tuple(self.params), tuple(body), self.T,
                       (gx, gy, gz * self.KS), self.plan.smem_bytes,
                       self.plan.scratch_floats * 4, comment, self.plan.as_json(),
-                      min_blocks=1, cluster=self.KS)
+                      min_blocks=1, cluster=self.KS, wait_at=len(pre))
 
     def _param(self, dev: str, is_input: bool) -> None:
         if dev in self.pname:
@@ -162,7 +178,12 @@ class FusedKernel:
             rank = " + mg_rank" if self.KS > 1 else ""
             lines.append(f"const int mg_rot = (int)((bx + {gx} * (by + {gy} * bz)){rank}) "
                          f"% {self.FL};")
-        if self.plan.smem_bytes:
+        if self.plan.smem_bytes and self.bulk:
+            # Swizzled boxes need a 1024-byte-aligned base; the plan keeps 1 KB spare.
+            lines += ["extern __shared__ __align__(16) unsigned char mg_smem_raw[];",
+                      ("unsigned char* mg_smem = mg_smem_raw + "
+                       "((1024u - (mg_smem_addr(mg_smem_raw) & 1023u)) & 1023u);")]
+        elif self.plan.smem_bytes:
             lines.append("extern __shared__ __align__(16) unsigned char mg_smem[];")
         if self.plan.scratch_floats:
             g = self.bg.grid
@@ -177,7 +198,17 @@ class FusedKernel:
         if RED in self.tiles:
             lines.append(f"float* mg_red = reinterpret_cast<float*>(mg_smem + "
                          f"{self.tile(RED).smem_offset});")
+        if MBAR in self.tiles:
+            lines += [(f"unsigned long long* mg_mbar = reinterpret_cast<unsigned long long*>("
+                       f"mg_smem + {self.tile(MBAR).smem_offset});"),
+                      "if (threadIdx.x == 0) {",
+                      f"  for (int s = 0; s < {self._stages()}; ++s) mg_mbar_init(mg_mbar + s);",
+                      "  mg_mbar_fence_init();", "}", "__syncthreads();"]
         return lines
+
+    def _stages(self) -> int:
+        """The pipeline depth of the loop inputs (1: no overlap)."""
+        return max([self.tile(bi.value.name).stages for bi in self.staged("loop")] + [1])
 
     def _block_base(self, bi: BlockInput) -> str:
         src = self.dev[bi.source]
@@ -347,21 +378,59 @@ class FusedKernel:
         vt = bi.value.type
         elems = (vt.numel // vt.shape[-1]) * t.pitch
         elems = (elems * vt.dtype.nbytes + 15) // 16 * 16 // vt.dtype.nbytes
+        if t.swizzle:
+            elems = tmaplan.slot_bytes(vt) // vt.dtype.nbytes
         return f"(sm_{t.name}_0 + (({iteration}) % {t.stages}) * {elems})"
 
+    def _bulk_copies(self, bis: list[BlockInput], iteration: str, arrive: bool) -> Lines:
+        """Thread 0 copies ``iteration``'s boxes of ``bis`` into their slots, their bytes
+        expected on the stage's mbarrier (with its one arrival when ``arrive``)."""
+        S = self._stages()
+        bar = f"mg_mbar + (({iteration}) % {S})" if S > 1 else "mg_mbar"
+        nbytes = sum(bi.value.type.numel * bi.value.type.dtype.nbytes for bi in bis)
+        lines = [f"mg_mbar_arrive_expect({bar}, {nbytes}u);" if arrive else
+                 f"mg_mbar_expect({bar}, {nbytes}u);"]
+        for bi in bis:
+            vt, w = bi.value.type, self.tile(bi.value.name).swizzle
+            dst = f"reinterpret_cast<unsigned char*>({self._slot(bi, iteration)})"
+            it = self._global_it(iteration) if bi.fmap is not None else None
+            for b in range(tmaplan.boxes(vt, w)):
+                cs = tmaplan.coords(bi, self.dev[bi.source], self.bg.grid, it, b, w)
+                at = f"{dst} + {b * tmaplan.rows(vt) * w}" if b else dst
+                lines.append(f"mg_tma{len(cs)}({at}, &{self.tmap[bi.value.name]}, "
+                             f"{', '.join(cs)}, {bar});")
+        return ["if (threadIdx.x == 0) {"] + indent(lines) + ["}"]
+
     def prefetch(self) -> Lines:
-        """Before the loop: issue the copies of iterations 0 .. S-2, one group each."""
+        """Before the loop: issue the copies of iterations 0 .. S-2, one group each.
+
+        Copies of ``early`` inputs go to :attr:`early_copies` instead, issued before
+        the grid-dependency wait; they fall into the first group, which iteration 0
+        waits for anyway, so every later group still holds its iteration's copies."""
         staged = self.staged("loop")
-        S = max([self.tile(bi.value.name).stages for bi in staged] + [1])
+        S = self._stages()
+        cp = [bi for bi in staged if bi not in self.bulk]
+        early = [bi for bi in self.bulk if bi.source in self.early]
+        late = [bi for bi in self.bulk if bi.source not in self.early]
         lines: Lines = []
         for i in range(S - 1 if staged else 0):
-            for bi in staged:
+            for bi in cp:
                 step = self._fmap_step(bi)
                 first = (f"{self._global_it(str(i))} * {step}" if self.KS > 1 or self.STAG
                          else str(i * step))
-                lines += self._stage(bi, f"(base_{bi.value.name} + {first})",
-                                     self._slot(bi, str(i)))
-            lines.append("mg_cp_async_commit();")
+                copy = self._stage(bi, f"(base_{bi.value.name} + {first})",
+                                   self._slot(bi, str(i)))
+                if bi.source in self.early:
+                    self.early_copies += copy
+                else:
+                    lines += copy
+            # One arrival per stage: the last of the two halves makes it.
+            if early:
+                self.early_copies += self._bulk_copies(early, str(i), arrive=not late)
+            if late:
+                lines += self._bulk_copies(late, str(i), arrive=True)
+            if cp:
+                lines.append("mg_cp_async_commit();")
         return lines
 
     def _global_it(self, local: str) -> str:
@@ -379,30 +448,39 @@ class FusedKernel:
 
     def _loop_body(self, accs: list[BlockOp]) -> Lines:
         lines: Lines = []
-        loop_inputs = [bi for bi in self.bg.inputs if self.a.phases[bi.value.name] == "loop"]
+        loop_inputs = [bi for bi in self.bg.inputs if self.a.phases[bi.value.name] == "loop"
+                       and bi not in self.bulk]  # bulk copies address by coordinates
         for bi in loop_inputs:
             lines.append(f"const int off_{bi.value.name} = base_{bi.value.name} + "
                          f"{self._global_it('it')} * {self._fmap_step(bi)};")
         staged = self.staged("loop")
-        S = max([self.tile(bi.value.name).stages for bi in staged] + [1])
+        S = self._stages()
+        cp = [bi for bi in staged if bi not in self.bulk]
         if staged and S == 1:
-            for bi in staged:
+            for bi in cp:
                 lines += self._stage(bi, f"off_{bi.value.name}", f"sm_{bi.value.name}_0")
-            lines.append("mg_cp_async_wait_all();")
+            if self.bulk:
+                lines += self._bulk_copies(self.bulk, "it", arrive=True)
+            lines += (["mg_cp_async_wait_all();"] if cp else []) + (
+                ["mg_mbar_wait(mg_mbar, it & 1);"] if self.bulk else [])
         elif staged:
             # Wait until iteration it's tiles have landed (only the S - 2 newest groups
-            # pending), then, past the barrier (every thread is done with iteration
-            # it - 1), issue iteration it + S - 1's copies into the stage it - 1 used:
-            # one barrier per iteration. One commit group per iteration, empty at the end.
+            # pending; stage it's mbarrier phase complete), then, past the barrier (every
+            # thread is done with iteration it - 1), issue iteration it + S - 1's copies
+            # into the stage it - 1 used: one barrier per iteration. One commit group per
+            # iteration, empty at the end.
             pre: Lines = []
-            for bi in staged:
+            for bi in cp:
                 step = self._fmap_step(bi)
                 ahead = (f"(base_{bi.value.name} + {self._global_it(f'it + {S - 1}')} * {step})"
                          if self.STAG else f"(off_{bi.value.name} + {(S - 1) * step})")
                 pre += self._stage(bi, ahead, self._slot(bi, f"(it + {S - 1})"))
-            lines += [f"mg_cp_async_wait<{S - 2}>();", "__syncthreads();",
-                      f"if (it + {S - 1} < {self.FL}) {{"] + indent(pre) + ["}",
-                      "mg_cp_async_commit();"]
+            if self.bulk:
+                pre += self._bulk_copies(self.bulk, f"it + {S - 1}", arrive=True)
+            lines += ([f"mg_cp_async_wait<{S - 2}>();"] if cp else []) + (
+                [f"mg_mbar_wait(mg_mbar + (it % {S}), (it / {S}) & 1);"] if self.bulk else [])
+            lines += ["__syncthreads();", f"if (it + {S - 1} < {self.FL}) {{"] + indent(pre) + [
+                "}"] + (["mg_cp_async_commit();"] if cp else [])
         if staged and S == 1:
             lines.append("__syncthreads();")
         for bi in staged:

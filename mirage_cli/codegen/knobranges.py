@@ -110,8 +110,14 @@ def default_stagger(a: Analysis, dev: Mapping[str, TensorType]) -> int:
         return 0
     loop = [bi for bi in a.bg.inputs if bi.fmap is not None]
     shared = any(all(d is None for d in bi.imap) for bi in loop)
-    small = sum(dev[bi.source].nbytes for bi in loop) <= STAGGER_MAX_LOOP_BYTES
-    return 1 if shared and small else 0
+    return 1 if shared and not streams(a, dev) else 0
+
+
+def streams(a: Analysis, dev: Mapping[str, TensorType]) -> bool:
+    """Whether the forloop streams more than ``STAGGER_MAX_LOOP_BYTES`` of inputs from
+    DRAM (a weight), rather than waiting on the latency of a few small tiles."""
+    loop = [bi for bi in a.bg.inputs if bi.fmap is not None]
+    return sum(dev[bi.source].nbytes for bi in loop) > STAGGER_MAX_LOOP_BYTES
 
 
 def stagger_range(a: Analysis) -> list[int]:

@@ -36,12 +36,23 @@ def entry_name(g: Graph, name: str | None = None) -> str:
                               [types[n] for n in g.outputs])
 
 
+def early_inputs(g: Graph, i: int) -> frozenset[str]:
+    """The inputs that kernel ``i`` of ``g`` may read before its grid-dependency wait,
+    while the kernel ahead of it in the stream may still run. The first kernel follows
+    the caller's work, which may write any input but those declared ``weight``. Every
+    later kernel follows a kernel of this call, which lets it launch only after its own
+    wait: by then all of the caller's work is done, and no kernel writes an input."""
+    if i == 0:
+        return frozenset(inp.value.name for inp in g.inputs if inp.weight)
+    return frozenset(inp.value.name for inp in g.inputs)
+
+
 def lower(g: Graph, arch: str = DEFAULT_ARCH, *, name: str | None = None) -> Program:
     """``g`` as kernels and launch steps; ``name`` is the entry point (default:
     :func:`entry_name`), ``arch`` the target GPU (``sm_80`` / ``sm_90``)."""
     name = entry_name(g, name)
     types = g.tensor_types()
-    inputs = tuple(Buffer(i.value.name, i.value.type, "input", k)
+    inputs = tuple(Buffer(i.value.name, i.value.type, "input", k, i.weight)
                    for k, i in enumerate(g.inputs))
     outputs = tuple(Buffer(n, types[n], "output", k) for k, n in enumerate(g.outputs))
     external = {b.name for b in inputs + outputs}
@@ -56,10 +67,11 @@ def lower(g: Graph, arch: str = DEFAULT_ARCH, *, name: str | None = None) -> Pro
     steps: list[Launch | Copy] = []
     for i, op in enumerate(g.ops):
         kname = kernel_name(name, i)
+        early = early_inputs(g, i)
         if op.block is not None:
-            k = lower_custom(op, kname, types, arch)
+            k = lower_custom(op, kname, types, arch, early)
         else:
-            k = lower_kernel_op(op, kname, types, arch)
+            k = lower_kernel_op(op, kname, types, arch, early)
         kernels.append(k)
         steps.append(Launch(k.name, ws))
         ws = align(ws + k.scratch_bytes * k.grid[0] * k.grid[1] * k.grid[2])

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from mirage_cli.codegen import tmaplan
 from mirage_cli.codegen.expr import (
     CTYPE,
     Lines,
@@ -216,6 +217,9 @@ def _k_loop(k: FusedKernel, op: BlockOp, mp: MmaPlan, dreg: str, bidx: list[str]
 def smem_ptr(k: FusedKernel, name: str, idx: list[str]) -> str:
     how = k.em.nodes[name].how
     assert isinstance(how, Stored)
+    t = k.tiles.get(name)
+    if t is not None and t.swizzle:  # swizzled boxes of a bulk tensor copy
+        return tmaplan.address(how.ptr, idx, k.a.types[name], t.swizzle)
     return f"({how.ptr} + ({offset_expr('0', idx, how.strides)}))"
 
 

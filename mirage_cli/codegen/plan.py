@@ -10,7 +10,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from mirage_cli.ir import TensorType
+from mirage_cli.ir import DType, TensorType
+
+
+@dataclass(frozen=True)
+class TensorMapSpec:
+    """What the launcher encodes into a ``CUtensorMap`` for bulk tensor copies of a
+    device tensor (codegen/tmaplan.py); innermost dimension first, as the driver takes
+    them."""
+
+    dtype: DType
+    dims: tuple[int, ...]        # elements per dimension
+    strides: tuple[int, ...]     # bytes between consecutive indices of dims 1..rank-1
+    box: tuple[int, ...]         # elements per box dimension
+    swizzle: int                 # bytes per box row (32, 64, 128)
 
 
 @dataclass(frozen=True)
@@ -18,11 +31,13 @@ class Param:
     """A kernel parameter: C type and name, bound to ``arg`` at launch.
 
     ``arg`` names a device tensor of the program, or ``"$scratch"`` for the kernel's
-    per-block scratch area in the workspace."""
+    per-block scratch area in the workspace. With ``tmap``, the parameter is the tensor
+    map of ``arg`` (passed by value), not its address."""
 
     ctype: str
     name: str
     arg: str
+    tmap: TensorMapSpec | None = None
 
 
 @dataclass(frozen=True)
@@ -41,6 +56,10 @@ class Kernel:
     # ptxas may cap registers low enough to spill the mma fragments.
     min_blocks: int = 0
     cluster: int = 1  # blocks of a thread-block cluster along grid z (__cluster_dims__)
+    # Lines of ``body`` before the grid-dependency wait (emit.py places it): on sm_90
+    # a kernel may issue copies of inputs that no earlier kernel can be writing before
+    # it waits for the kernel ahead of it in the stream (codegen/kernel.py, early).
+    wait_at: int = 0
 
 
 @dataclass(frozen=True)
@@ -51,6 +70,7 @@ class Buffer:
     type: TensorType
     kind: Literal["input", "output", "workspace"]
     index: int  # position among inputs/outputs, or byte offset in the workspace
+    weight: bool = False  # an input declared `weight` (read before the wait)
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 
 from mirage_cli import arch as archs
 from mirage_cli import ops
-from mirage_cli.codegen import chainplan
+from mirage_cli.codegen import chainplan, tmaplan
 from mirage_cli.codegen.blockfacts import (
     Analysis,
     Chain,
@@ -43,6 +43,7 @@ from mirage_cli.codegen.knobranges import (
     ksteps,
     kwarps_range,
     stagger_range,
+    streams,
     vec_elems,
     vec_range,
 )
@@ -82,7 +83,7 @@ def plan_kernel(bg: BlockGraph, dev_types: Mapping[str, TensorType], target: str
         if not t.owner:
             t.owner = _owner(t, T)
         out.append(TilePlan(t.name, t.home, t.owner, t.vec, t.stages, t.smem_offset, t.pitch,
-                            t.scratch_offset))
+                            t.scratch_offset, t.swizzle))
     return KernelPlan(target, T, k, smem, scratch, tuple(out), tuple(mmas), tuple(reds))
 
 
@@ -130,11 +131,50 @@ def _lay_out_with(a: Analysis, dev_types: Mapping[str, TensorType], k: Knobs, pi
         mmas, reds = _chain(a, ch, tiles, k)
     else:
         mmas, reds = _mmas(a, tiles, k), _reductions(a, tiles)
+    bulk = _tma_tiles(a, dev_types, tiles, mmas) if arch.name == "sm_90" and ch is None else {}
+    if k.tma is None:
+        # On for loops that stream a weight (tmaplan: twice the per-SM rate of cp.async);
+        # a loop over a few small tiles waits on latency, which one thread issuing the
+        # copies and an mbarrier add to (lora at batch 8 on an H100: 3.9 -> 5.1 us,
+        # docs/perf-log.md v19).
+        k = dataclasses.replace(k, tma=1 if bulk and streams(a, dev_types) else 0)
+    if k.tma == 1:
+        for name, swizzle in bulk.items():
+            t = tiles[name]
+            t.swizzle, t.pitch = swizzle, t.type.shape[-1]
+            t.owner = (f"bulk tensor copies (TMA): {tmaplan.boxes(t.type, swizzle)} box(es) of "
+                       f"{tmaplan.rows(t.type)} rows x {swizzle} B, {swizzle}-byte swizzle, "
+                       f"issued by thread 0, one mbarrier per stage")
     smem, scratch = allocate(a, tiles, bool(mmas), reds, k, pins, arch)
     if ch is not None and any(tiles[n].home != "smem" for n in _chain_operands(ch)):
         raise MirageError("chain=1 needs the matmul operands in shared memory, which they "
                           "do not fit (pin fewer stages or chain=0)")
     return k, tiles, mmas, reds, smem, scratch
+
+
+def _tma_tiles(a: Analysis, dev: Mapping[str, TensorType], tiles: dict[str, TileDraft],
+               mmas: list[MmaPlan]) -> dict[str, int]:
+    """The loop inputs that bulk tensor copies can bring in (tmaplan), with their swizzle
+    span: staged tiles read only as ldmatrix operands of tensor-core matmuls."""
+    paths = {m.output: m for m in mmas}
+    out: dict[str, int] = {}
+    for bi in a.bg.inputs:
+        name, t = bi.value.name, bi.value.type
+        tile = tiles[name]
+        if tile.home != "smem" or not tile.pitch or a.phases[name] != "loop":
+            continue
+        ok = bool(a.uses[name])
+        for user in a.uses[name]:
+            mp = paths.get(user.outputs[0].name) if user is not None else None
+            if user is None or mp is None:  # stored, or read by another operator
+                ok = False
+                break
+            a_ok = user.inputs[0] != name or mp.a_path == "ldmatrix"
+            b_ok = user.inputs[1] != name or mp.b_path == "ldmatrix.trans"
+            ok = ok and a_ok and b_ok
+        if ok and tmaplan.fits(t, dev[bi.source]):
+            out[name] = tmaplan.swizzle_of(t)
+    return out
 
 
 def _chain_operands(ch: Chain) -> tuple[str, str, str]:
@@ -316,7 +356,20 @@ def knob_space(bg: BlockGraph, dev_types: Mapping[str, TensorType], target: str
             "kwarps": kwarps_range(a), "pad": [0, 1], "ldmatrix": [0, 1],
             "stage_once": [0, 1], "vec": vec_range(a, dev_types), "threads": threads,
             "ksplit": ksplit_range(a, target) if _no_scratch(a, dev_types, target) else [1],
-            "stagger": stagger_range(a), "chain": chainplan.chain_range(a, kwarps_range(a))}
+            "stagger": stagger_range(a), "chain": chainplan.chain_range(a, kwarps_range(a)),
+            "tma": [0, 1] if _tma_legal(a, dev_types, target) else [0]}
+
+
+def _tma_legal(a: Analysis, dev_types: Mapping[str, TensorType], target: str) -> bool:
+    """Whether bulk tensor copies apply to some tile of the default plan (sm_90 only)."""
+    if target != "sm_90":
+        return False
+    try:
+        _, tiles, *_ = _lay_out(a, dev_types, Knobs(ksplit=1, tma=1, chain=0),
+                                archs.get(target))
+    except MirageError:
+        return False
+    return any(t.swizzle for t in tiles.values())
 
 
 def _no_scratch(a: Analysis, dev_types: Mapping[str, TensorType], target: str) -> bool:

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from mirage_cli.codegen.plan import Copy, Kernel, Launch, Program
+from mirage_cli.codegen.plan import Copy, Kernel, Launch, Program, TensorMapSpec
 from mirage_cli.diagnostics import MirageError
 from mirage_cli.dtypes import round_to
 from mirage_cli.ir import DType, TensorType
@@ -200,6 +200,7 @@ class Loaded:
         self.prog = prog
         drv = device.drv
         self._cubin = cubin  # keep the image alive while the module is loaded
+        self._maps: dict[tuple[int, TensorMapSpec], Any] = {}  # tensor maps by address
         self.module = check(drv.cuModuleLoadData(cubin), "cuModuleLoadData")
         self.funcs: dict[str, Any] = {}
         for k in prog.kernels:
@@ -244,16 +245,43 @@ class Loaded:
                 continue
             assert isinstance(s, Launch)
             k = self.prog.kernel(s.kernel)
-            vals = []
+            cells: list[ctypes.c_void_p] = []
+            addrs: list[int] = []
             for p in k.params:
                 if p.arg == "$scratch":
-                    vals.append(bufs.workspace + s.scratch_offset)
+                    cells.append(ctypes.c_void_p(bufs.workspace + s.scratch_offset))
+                elif p.tmap is not None:  # by value: the map itself is the argument
+                    addrs.append(self._tensor_map(self.pointer(bufs, p.arg), p.tmap).getPtr())
+                    continue
                 else:
-                    vals.append(self.pointer(bufs, p.arg))
-            cells = [ctypes.c_void_p(v) for v in vals]
-            argv = (ctypes.c_void_p * len(cells))(*[ctypes.addressof(c) for c in cells])
+                    cells.append(ctypes.c_void_p(self.pointer(bufs, p.arg)))
+                addrs.append(ctypes.addressof(cells[-1]))
+            argv = (ctypes.c_void_p * len(addrs))(*addrs)
             check(drv.cuLaunchKernelEx(self._config(k), self.funcs[k.name],
                                        ctypes.addressof(argv), 0), "cuLaunchKernelEx")
+
+    def _tensor_map(self, ptr: int, spec: TensorMapSpec) -> Any:
+        """The ``CUtensorMap`` of ``spec`` over the tensor at ``ptr`` (encoded once per
+        address, as the generated launcher encodes it on every call)."""
+        hit = self._maps.get((ptr, spec))
+        if hit is None:
+            drv = self.d.drv
+            dtypes = {DType.F16: drv.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+                      DType.BF16: drv.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16}
+            swizzles = {32: drv.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_32B,
+                        64: drv.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_64B,
+                        128: drv.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B}
+            u64, u32 = drv.cuuint64_t, drv.cuuint32_t
+            hit = check(drv.cuTensorMapEncodeTiled(
+                dtypes[spec.dtype], len(spec.dims), ptr, [u64(d) for d in spec.dims],
+                [u64(x) for x in spec.strides], [u32(b) for b in spec.box],
+                [u32(1)] * len(spec.dims),
+                drv.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE, swizzles[spec.swizzle],
+                drv.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                drv.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE),
+                "cuTensorMapEncodeTiled")
+            self._maps[(ptr, spec)] = hit
+        return hit
 
     def _config(self, k: Kernel) -> Any:
         """The launch of ``k`` as the generated entry point makes it: on compute

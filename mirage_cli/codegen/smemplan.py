@@ -13,13 +13,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mirage_cli import arch as archs
+from mirage_cli.codegen import tmaplan
 from mirage_cli.codegen.blockfacts import Analysis
 from mirage_cli.codegen.knobranges import VEC_BYTES
 from mirage_cli.diagnostics import MirageError
 from mirage_cli.ir import DType, TensorType
 from mirage_cli.kplan import Home, Knobs, ReducePlan
 
-MAX_STAGES = 4        # copies in flight per loop input
+MAX_STAGES = 8        # copies in flight per loop input: the knob's largest value
+DEFAULT_STAGES = 4    # the default depth, lowered until the tiles fit
+# The default depth of a grid of at most one block per SM: such a kernel has no second
+# block to share the SM's shared memory with, and a deeper ring keeps more of its
+# stream in flight and copies more of its weights before the grid-dependency wait.
+# Measured (docs/perf-log.md v19): rmsnorm_linear at batch 1, 4 -> 5..8 stages,
+# 21.6 -> 19.9 us on an H100; 5 to 8 stages within noise of each other.
+ONE_WAVE_STAGES = 6
 
 
 def pitch_of(t: TensorType, pad: bool) -> int:
@@ -55,10 +63,13 @@ class TileDraft:
     smem_offset: int = -1
     scratch_offset: int = -1
     owner: str = ""
+    swizzle: int = 0  # copied by bulk tensor copies in swizzled boxes (tmaplan)
 
     def smem_need(self) -> int:
         """Bytes of shared memory: staged inputs (pitch > 0) in their own dtype, one copy
-        per pipeline stage; other tiles as f32."""
+        per pipeline stage (1024-byte slots for bulk tensor copies); other tiles as f32."""
+        if self.swizzle:
+            return tmaplan.slot_bytes(self.type) * self.stages
         if self.pitch:
             return _smem_bytes(self.type, self.pitch) * self.stages
         return pad16(self.type.numel * 4)
@@ -66,6 +77,7 @@ class TileDraft:
 
 RED = "$red"    # per-warp partial results of block-wide reductions
 ZERO = "$zero"  # 16 zero bytes: ldmatrix rows past the end of a short A tile
+MBAR = "$mbar"  # one mbarrier per pipeline stage: the bulk tensor copies' completion
 
 
 def allocate(a: Analysis, tiles: dict[str, TileDraft], has_mma: bool, reds: list[ReducePlan],
@@ -79,13 +91,18 @@ def allocate(a: Analysis, tiles: dict[str, TileDraft], has_mma: bool, reds: list
     bufs = [t for t in tiles.values() if not t.pitch and t.home in
             ("smem", "acc_regs", "acc_mma", "acc_smem")]
     extra = (W * 4 if any(r.threads_per_row > 32 for r in reds) else 0) + (16 if has_mma else 0)
+    tma = any(t.swizzle for t in staged)
+    if tma:  # the mbarriers, and the slack that aligns the base to 1024 bytes at run time
+        extra += 8 * MAX_STAGES + tmaplan.ALIGN
 
     def total() -> int:
         return extra + sum(t.smem_need() for t in staged + bufs if t.scratch_offset < 0)
 
     # A block's forloop runs forloop / ksplit iterations: no deeper pipeline than that.
     local = a.bg.forloop // (k.ksplit or 1)
-    stages = min(k.stages or MAX_STAGES, local)
+    gx, gy, gz = a.bg.grid
+    one_wave = gx * gy * gz * (k.ksplit or 1) <= arch.num_sms
+    stages = min(k.stages or (ONE_WAVE_STAGES if one_wave else DEFAULT_STAGES), local)
     for t in loop_staged:
         t.stages = stages
     while total() > arch.smem_per_block and pins.stages is None and stages > 1:
@@ -103,7 +120,7 @@ def allocate(a: Analysis, tiles: dict[str, TileDraft], has_mma: bool, reds: list
             break
         if t.name in a.producer:  # a packed computed tile has no global copy to read
             continue
-        t.home, t.pitch, t.stages = "global", 0, 1
+        t.home, t.pitch, t.stages, t.swizzle = "global", 0, 1, 0
         staged.remove(t)
     if scratch and (k.ksplit or 1) > 1:
         raise MirageError(f"ksplit={k.ksplit} needs every tile in shared memory (the blocks of "
@@ -112,10 +129,17 @@ def allocate(a: Analysis, tiles: dict[str, TileDraft], has_mma: bool, reds: list
         raise MirageError(f"the kernel needs {total()} bytes of shared memory, more than the "
                           f"{arch.smem_per_block} a block may use on {arch.name} (pin fewer "
                           f"stages)")
+    tma = any(t.swizzle for t in staged)  # again: a tile may have left shared memory
     off = 0
-    for t in staged + [t for t in bufs if t.scratch_offset < 0]:
+    # Bulk-copied tiles first: every slot is a multiple of 1024 bytes from the base.
+    for t in sorted(staged, key=lambda t: not t.swizzle) + [t for t in bufs
+                                                             if t.scratch_offset < 0]:
         t.smem_offset = off
         off += t.smem_need()
+    if tma:
+        tiles[MBAR] = TileDraft(MBAR, TensorType((2 * stages,), DType.F32), "invariant",
+                                "smem", smem_offset=off, owner="one mbarrier (8 bytes) per stage")
+        off += pad16(8 * stages)
     if extra:
         if any(r.threads_per_row > 32 for r in reds):
             tiles[RED] = TileDraft(RED, TensorType((W,), DType.F32), "epilogue", "smem",
@@ -125,4 +149,4 @@ def allocate(a: Analysis, tiles: dict[str, TileDraft], has_mma: bool, reds: list
             tiles[ZERO] = TileDraft(ZERO, TensorType((8,), DType.F16), "invariant", "smem",
                                 smem_offset=off, owner="zeros")
             off += 16
-    return off, scratch
+    return off + (tmaplan.ALIGN if tma else 0), scratch

@@ -67,12 +67,14 @@ def _emitter(kop: KernelOp, types: dict[str, TensorType], params: tuple[Param, .
 
 
 def lower_kernel_op(kop: KernelOp, name: str, types: dict[str, TensorType],
-                    arch: str = DEFAULT_ARCH) -> Kernel:
+                    arch: str = DEFAULT_ARCH, early: frozenset[str] = frozenset()) -> Kernel:
+    """The kernel of a pre-defined operator; ``early``: the inputs a matmul may start
+    copying before its grid-dependency wait (:func:`lower.early_inputs`)."""
     check_index_range(kop, types)
     spec = ops.get(kop.op).cuda
     match spec.kind:
         case "matmul":
-            return _matmul(kop, name, types, arch)
+            return _matmul(kop, name, types, arch, early)
         case "rms_norm" | "softmax":
             return _rows(kop, name, types)
         case "reduce" | "rms" if _warp_reduce_fits(kop, types):
@@ -251,7 +253,8 @@ def _rows(kop: KernelOp, name: str, types: dict[str, TensorType]) -> Kernel:
                   f"{kop.op}: one {'block' if per_block else 'warp'} per row of {n}")
 
 
-def _matmul(kop: KernelOp, name: str, types: dict[str, TensorType], arch: str) -> Kernel:
+def _matmul(kop: KernelOp, name: str, types: dict[str, TensorType], arch: str,
+            early: frozenset[str]) -> Kernel:
     # The tiling is the cost model's choice (see codegen/matmul_tiling.py).
     from mirage_cli.search.cost import lowered
 
@@ -259,7 +262,7 @@ def _matmul(kop: KernelOp, name: str, types: dict[str, TensorType], arch: str) -
     if custom.block is not None:
         from mirage_cli.codegen.custom import lower_custom
 
-        k = lower_custom(custom, name, types, arch)
+        k = lower_custom(custom, name, types, arch, early)
         g = custom.block
         assert g is not None
         return dataclasses.replace(k, comment=f"matmul as a generated block graph: grid "

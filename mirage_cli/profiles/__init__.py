@@ -16,7 +16,7 @@ Fields (``format: mirage-cli/device-profile``, ``version: 1``): ``name``, ``devi
 ``regs_per_sm``, ``max_threads_per_sm``, optionally ``stage_penalty`` (0 when
 absent), ``mma_flops`` (``peak_flops`` when absent), ``mem_util_exp`` and
 ``scalar_copy_slowdown`` (1 when absent), ``block_stream_bw`` (no bound when absent),
-``simt_slowdown`` (1 when absent; see :class:`Profile`); and ``fit``: the coefficients of the model's
+``bulk_stream_bw`` (``block_stream_bw`` when absent), ``simt_slowdown`` (1 when absent; see :class:`Profile`); and ``fit``: the coefficients of the model's
 terms (``stream``, ``sync``, ``launch``, ``const_us``), 1/1/1/0 when unfitted.
 """
 
@@ -76,6 +76,9 @@ class Profile:
     # Bytes/s one block streams from DRAM alone on its SM (a grid of n < num_sms blocks
     # reads at most n times this); no bound when absent.
     block_stream_bw: float | None = None
+    # The same for a block whose plan copies its loop inputs with bulk tensor copies
+    # (TMA); block_stream_bw when absent.
+    bulk_stream_bw: float | None = None
     # Element-wise math in custom kernels (few warps per SM, one element's instructions
     # after another) runs this many times slower than fma_flops; 1 when absent.
     simt_slowdown: float | None = None
@@ -125,6 +128,7 @@ _OPTIONAL: dict[str, tuple[Callable[[Any], bool], str]] = {
     "mem_util_exp": (lambda v: _nonneg(v) and v <= 1, "in [0, 1]"),
     "scalar_copy_slowdown": (lambda v: _pos(v) and v >= 1, ">= 1"),
     "block_stream_bw": (lambda v: _pos(v), "> 0"),
+    "bulk_stream_bw": (lambda v: _pos(v), "> 0"),
     "simt_slowdown": (lambda v: _pos(v) and v >= 1, ">= 1"),
 }
 

@@ -66,8 +66,11 @@ def cache_dir() -> Path:
 # element, its tensor-core term scalar_copy_slowdown times slower; 19: a first custom
 # kernel may store an intermediate for pre-defined operators to finish, and the model
 # costs element-wise math where the blocks run it, at the profile's simt_slowdown; 20:
-# a grid that cannot store an output builds intermediates of at most 4 operators).
-SEARCH_REVISION = 20
+# a grid that cannot store an output builds intermediates of at most 4 operators; 21:
+# the plan's default depth is 6 stages for grids of one block per SM, streaming loops
+# copy their mma operands by bulk tensor copies, and the model reads them at the
+# profile's bulk_stream_bw).
+SEARCH_REVISION = 21
 
 
 def program_hash(program: Graph) -> str:

@@ -145,6 +145,7 @@ class PlanFacts:
     ksplit: int = 1     # forloop split over the blocks of a cluster
     stages: int = 1     # pipeline depth of the loop's copies
     scalar: bool = False  # a loop input is copied element by element (vec 1)
+    bulk: bool = False    # loop inputs come by bulk tensor copies (TMA)
     violation: str = ""
 
 
@@ -183,7 +184,9 @@ def _facts(bg: BlockGraph, plan: KernelPlan) -> PlanFacts:
     k = plan.knobs
     inputs = {bi.value.name for bi in bg.inputs if bi.fmap is not None}
     scalar = any(t.name in inputs and t.home == "smem" and t.vec == 1 for t in plan.tiles)
-    return PlanFacts(plan.smem_bytes, plan.threads, k.ksplit or 1, k.stages or 1, scalar)
+    bulk = any(t.swizzle for t in plan.tiles)
+    return PlanFacts(plan.smem_bytes, plan.threads, k.ksplit or 1, k.stages or 1, scalar,
+                     bulk)
 
 
 def kernel_costs(g: Graph, p: Profile | None = None) -> list[KernelCost]:
@@ -231,7 +234,8 @@ def _kernel_cost(op: KernelOp, types: dict[str, TensorType], p: Profile) -> Kern
         per_sm = max(1, min(p.max_threads_per_sm // threads,
                             p.smem_per_sm // max(plan_smem, 1), 32))
     if p.block_stream_bw:
-        bound_s = max(bound_s, _block_rounds_s(k_dram * scalar, blocks, per_sm, p))
+        rate = (p.bulk_stream_bw or p.block_stream_bw) if facts.bulk else p.block_stream_bw
+        bound_s = max(bound_s, _block_rounds_s(k_dram * scalar, blocks, per_sm, p, rate))
     # Waves count rounds of one block per SM, whatever the occupancy: on an H200 a
     # second resident block did not double a streaming kernel's rate
     # (rmsnorm_linear and gated_mlp at batch 8: grid 256 at two blocks per SM ran
@@ -256,22 +260,22 @@ def _kernel_cost(op: KernelOp, types: dict[str, TensorType], p: Profile) -> Kern
                       threads, per_sm, waves, facts.violation)
 
 
-def _block_rounds_s(dram: float, blocks: int, per_sm: int, p: Profile) -> float:
+def _block_rounds_s(dram: float, blocks: int, per_sm: int, p: Profile, rate: float) -> float:
     """Seconds to stream ``dram`` bytes when each block reads its share at no more than
-    the profile's ``block_stream_bw`` (one block keeps only so many bytes in flight,
-    whatever the rest of the GPU does): blocks run in rounds of as many as are resident
+    ``rate``, the profile's ``block_stream_bw`` (``bulk_stream_bw`` for bulk tensor
+    copies; one block keeps only so many bytes in flight, whatever the rest of the GPU
+    does): blocks run in rounds of as many as are resident
     at once, each round as slow as its slower limit (the DRAM bandwidth, or one block's
     rate). So a grid of few blocks reads in proportion to its blocks, and a grid a
     little larger than the resident blocks pays a tail round of a few blocks at their
     own rate (148 blocks of a 271 MB weight at one per SM: 132, then 16; the Qwen layer's
     gate/up projection ran 86 µs on an H200 against 65 at the bandwidth)."""
-    assert p.block_stream_bw
     resident = p.num_sms * per_sm
     per_block = dram / blocks
     full, last = divmod(blocks, resident)
-    t = full * max(resident * per_block / p.dram_bw, per_block / p.block_stream_bw)
+    t = full * max(resident * per_block / p.dram_bw, per_block / rate)
     if last:
-        t += max(last * per_block / p.dram_bw, per_block / p.block_stream_bw)
+        t += max(last * per_block / p.dram_bw, per_block / rate)
     return t
 
 

@@ -100,7 +100,8 @@ def instantiate(target: Graph, design: Design, tuning: Tuning, threads: int = 12
     """The µGraph of ``design`` at ``tuning``, or None where the sizes do not fit."""
     b = GraphBuilder(target.name, target.params)
     for i in target.inputs:
-        b.input(i.value.name, i.value.type.shape, i.value.type.dtype, i.dims_src)
+        b.input(i.value.name, i.value.type.shape, i.value.type.dtype, i.dims_src,
+                weight=i.weight)
     k = 0
     try:
         for step in design.steps:

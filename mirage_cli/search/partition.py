@@ -70,7 +70,8 @@ def subprogram(program: Graph, ops: tuple, outputs: tuple[str, ...], name: str) 
     src = {i.value.name: i for i in program.inputs}
     for n in dict.fromkeys(needed):
         t = types[n]
-        b.input(n, t.shape, t.dtype, src[n].dims_src if n in src else ())
+        b.input(n, t.shape, t.dtype, src[n].dims_src if n in src else (),
+                weight=n in src and src[n].weight)
     for op in ops:
         b.op(op.op, *op.inputs, out=op.outputs[0].name, **dict(op.attrs))  # type: ignore[arg-type]
     for o in outputs:

@@ -164,7 +164,7 @@ def _at_sizes(program: Graph, sizes: dict[str, Any]) -> Graph | None:
                 return None
             shape = [eval_int(parse_dim_expr(s), dict(params), "a dimension")
                      for s in i.dims_src]
-            b.input(i.value.name, shape, i.value.type.dtype, i.dims_src)
+            b.input(i.value.name, shape, i.value.type.dtype, i.dims_src, weight=i.weight)
         for op in program.ops:
             if op.block is not None or len(op.outputs) != 1:
                 return None

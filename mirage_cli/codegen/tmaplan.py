@@ -1,0 +1,103 @@
+"""Bulk tensor copies (TMA, sm_90): which loop inputs a plan brings into shared memory
+with them, their boxes and swizzle, and the shared-memory address of an element.
+
+A 16-byte ``cp.async`` stream tops out at about 33 GB/s per SM on an H100 or H200
+whatever its depth, while one ``cp.async.bulk.tensor`` per stage, issued by one thread,
+reads at about 63 GB/s per SM (``tools/stream_probe.py``, docs/perf-log.md v19). On an
+H200, 128 blocks at 33 GB/s are exactly its DRAM bandwidth, so any other traffic of a
+streaming matmul (the shared operand, its mma work) came out of the weight stream.
+
+A tile qualifies when it is a loop input staged in shared memory, read only as an mma
+operand through ``ldmatrix`` (the only reader that knows the swizzled layout), of a
+16-bit dtype, whose device tensor has rank 2 to 5 with 16-byte row strides, and whose
+rows (all dimensions but the last, flattened) are a multiple of 8 and whose dimensions
+fit a box (at most 256 each). The tile is copied as boxes of ``swizzle`` bytes per row
+(the largest of 128, 64, 32 that divides its row), side by side along the row: box
+``b`` holds bytes ``b * swizzle ..`` of every row, rows ``swizzle`` bytes apart, with the
+hardware's XOR swizzle of 16-byte chunks, so that the eight rows one ``ldmatrix`` reads
+fall in distinct banks. Each pipeline stage's slot is a multiple of 1024 bytes and
+starts 1024-aligned, as the swizzle pattern needs.
+"""
+
+from __future__ import annotations
+
+from mirage_cli.codegen.expr import row_major
+from mirage_cli.codegen.plan import TensorMapSpec
+from mirage_cli.ir import BlockInput, DType, TensorType
+
+SWIZZLES = (128, 64, 32)  # bytes per box row, widest first
+ALIGN = 1024              # slot alignment: the 128-byte swizzle repeats every 1024 bytes
+MAX_BOX = 256             # elements per box dimension
+MAX_RANK = 5
+
+
+def swizzle_of(t: TensorType) -> int:
+    """The widest swizzle span that divides the tile's row, 0 if none does."""
+    row = t.shape[-1] * t.dtype.nbytes
+    return next((w for w in SWIZZLES if row % w == 0), 0)
+
+
+def rows(t: TensorType) -> int:
+    """The tile's rows: every dimension but the last, flattened."""
+    return t.numel // t.shape[-1]
+
+
+def fits(t: TensorType, dev: TensorType) -> bool:
+    """The box geometry rule of the module docstring (not the reader rule)."""
+    if t.dtype not in (DType.F16, DType.BF16) or t.rank != dev.rank:
+        return False
+    if not 2 <= dev.rank <= MAX_RANK or swizzle_of(t) == 0 or rows(t) % 8:
+        return False
+    if any(d > MAX_BOX for d in t.shape[:-1]):
+        return False
+    es = dev.dtype.nbytes
+    return all((s * es) % 16 == 0 and s * es < 1 << 40 for s in row_major(dev.shape)[:-1])
+
+
+def slot_bytes(t: TensorType) -> int:
+    """Bytes of one pipeline stage of the tile (boxes back to back), 1024-aligned."""
+    n = t.numel * t.dtype.nbytes
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+def spec(bi: BlockInput, dev: TensorType, swizzle: int) -> TensorMapSpec:
+    t = bi.value.type
+    es = dev.dtype.nbytes
+    strides = tuple(s * es for s in reversed(row_major(dev.shape)[:-1]))
+    box = (swizzle // es,) + tuple(reversed(t.shape[:-1]))
+    return TensorMapSpec(dev.dtype, tuple(reversed(dev.shape)), strides, box, swizzle)
+
+
+def boxes(t: TensorType, swizzle: int) -> int:
+    return t.shape[-1] * t.dtype.nbytes // swizzle
+
+
+def coords(bi: BlockInput, dev: TensorType, grid: tuple[int, int, int], it: str | None,
+           box: int, swizzle: int) -> list[str]:
+    """C expressions of box ``box``'s first element, innermost dimension first, for the
+    block (``bx``, ``by``, ``bz``) at forloop iteration ``it`` (None: no forloop map)."""
+    t = bi.value.type
+    origin = []
+    for d in range(dev.rank):
+        terms = [f"{axis} * {dev.shape[d] // g}"
+                 for axis, g, m in zip(("bx", "by", "bz"), grid, bi.imap) if m == d and g > 1]
+        if it is not None and bi.fmap == d:
+            terms.append(f"({it}) * {t.shape[d]}")
+        if d == dev.rank - 1 and box:
+            terms.append(str(box * swizzle // t.dtype.nbytes))
+        origin.append(" + ".join(terms) if terms else "0")
+    return list(reversed(origin))
+
+
+def address(ptr: str, idx: list[str], t: TensorType, swizzle: int) -> str:
+    """The shared-memory address of element ``idx`` of a TMA tile whose current slot is
+    ``ptr``; the last index must be a multiple of 16 bytes (an ldmatrix row)."""
+    es = t.dtype.nbytes
+    strides = row_major(t.shape[:-1]) if t.rank > 1 else ()
+    row = " + ".join(f"({i}) * {s}" if s != 1 else f"({i})"
+                     for i, s in zip(idx[:-1], strides)) or "0"
+    col = f"(({idx[-1]}) * {es})"
+    o = f"(({row}) * {swizzle} + {col} % {swizzle})"
+    phys = f"({o} ^ ((({o} >> 7) & {swizzle // 16 - 1}) << 4))"
+    box = f"({col} / {swizzle}) * {rows(t) * swizzle}"
+    return f"(reinterpret_cast<const unsigned char*>({ptr}) + {box} + {phys})"

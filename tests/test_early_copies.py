@@ -1,0 +1,105 @@
+"""Inputs declared ``weight`` and the copies a kernel issues before its grid-dependency
+wait (codegen/lower.py ``early_inputs``): the language, the file format, and what the
+generated kernels may read before they wait."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+
+from mirage_cli import serialize
+from mirage_cli.codegen.emit import emit
+from mirage_cli.codegen.lower import early_inputs, lower
+from mirage_cli.codegen.plan import Program
+from mirage_cli.loading import load_graph
+from mirage_cli.parser import parse_text
+from mirage_cli.printer import print_graph
+
+SRC = """program p(m = 16, k = 4096, n = 6144) {
+  input X: f16[m, k];
+  input W: f16[k, n] weight;
+  Y = rms_norm(X);
+  Z = matmul(Y, W);
+  output Z;
+}
+"""
+
+
+def test_weight_is_parsed_printed_and_kept_in_ugraph_json() -> None:
+    g = parse_text(SRC, "p.mir")
+    assert [(i.value.name, i.weight) for i in g.inputs] == [("X", False), ("W", True)]
+    assert "  input W: f16[k, n] weight;" in print_graph(g)
+    doc = json.loads(serialize.dumps(g))
+    inputs = doc["graph"]["inputs"]
+    assert inputs[1]["weight"] is True and "weight" not in inputs[0]
+    back = serialize.loads(serialize.dumps(g), "p.ugraph.json")
+    assert [i.weight for i in back.inputs] == [False, True]
+
+
+def test_weight_stays_a_usable_name() -> None:
+    g = parse_text("program p() {\n  input weight: f16[4, 4] weight;\n  input X: f16[2, 4];\n"
+                   "  Y = matmul(X, weight);\n  output Y;\n}\n", "p.mir")
+    assert g.inputs[0].value.name == "weight" and g.inputs[0].weight
+
+
+def test_a_weight_flag_changes_the_search_cache_key() -> None:
+    from mirage_cli.search.cache import program_hash
+
+    g = parse_text(SRC, "p.mir")
+    plain = dataclasses.replace(g, inputs=tuple(dataclasses.replace(i, weight=False)
+                                                for i in g.inputs))
+    assert program_hash(g) != program_hash(plain)
+
+
+def test_first_kernel_reads_only_weights_early_and_later_kernels_any_input() -> None:
+    g = parse_text(SRC, "p.mir")
+    assert early_inputs(g, 0) == {"W"}
+    assert early_inputs(g, 1) == {"X", "W"}
+    plain = dataclasses.replace(g, inputs=tuple(dataclasses.replace(i, weight=False)
+                                                for i in g.inputs))
+    assert early_inputs(plain, 0) == frozenset()
+
+
+def _pre_wait_args(prog: Program, cu: str) -> list[set[str]]:
+    """For each kernel, the device tensors its statements before the wait name."""
+    bodies = re.findall(r'extern "C" __global__[^{]*\{\n(.*?)\n\}\n', cu, re.DOTALL)
+    out = []
+    for k, body in zip(prog.kernels, bodies):
+        pre = body[:body.index("mg_grid_wait();")]
+        names = {p.name: p.arg for p in k.params}
+        out.append({names[n] for n in re.findall(r"\bp\d+\b", pre)})
+    return out
+
+
+def test_no_kernel_reads_anything_but_early_inputs_before_its_wait() -> None:
+    """The safety rule, checked on the generated text of every example µGraph: before
+    its wait a kernel names only parameters bound to inputs early for it (never an
+    output, the workspace, or a tensor an earlier kernel of the call writes)."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    seen_early = 0
+    for path in sorted((root / "golden").glob("*.ugraph.json")):
+        if ".cands." in path.name:
+            continue
+        g = load_graph(str(path))
+        prog = lower(g)
+        cu, _ = emit(prog)
+        for i, names in enumerate(_pre_wait_args(prog, cu)):
+            assert names <= early_inputs(g, i), (path.name, i, names)
+            seen_early += bool(names)
+    assert seen_early, "no golden µGraph copies anything before its wait"
+
+
+def test_weights_are_copied_before_the_wait_and_activations_after() -> None:
+    g = load_graph("examples/mugraphs/rmsnorm_linear_fused.mir")
+    prog = lower(g)
+    cu, _ = emit(prog)
+    (names,) = _pre_wait_args(prog, cu)
+    assert names == {"W"}
+    plain = dataclasses.replace(g, inputs=tuple(dataclasses.replace(i, weight=False)
+                                                for i in g.inputs))
+    prog = lower(plain)
+    cu, _ = emit(prog)
+    assert _pre_wait_args(prog, cu) == [set()]

@@ -1,0 +1,179 @@
+"""Bulk tensor copies (codegen/tmaplan.py): which tiles the planner gives them, the
+swizzled shared-memory layout that ldmatrix reads, the kernel and launcher text, and
+(under ``gpu``) results against the float64 reference, also across back-to-back calls
+whose copies start before the previous call has finished."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mirage_cli.codegen import tmaplan
+from mirage_cli.codegen.emit import emit
+from mirage_cli.codegen.lower import lower
+from mirage_cli.codegen.nvrtc import compile_cuda
+from mirage_cli.codegen.planner import knob_space, plan_kernel
+from mirage_cli.diagnostics import MirageError
+from mirage_cli.ir import DType, Graph, TensorType
+from mirage_cli.kplan import Knobs
+from mirage_cli.loading import load_graph
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _fused(stem: str, batch: int) -> Graph:
+    return load_graph(str(ROOT / "examples" / "mugraphs" / f"{stem}.mir"), {"batch": batch})
+
+
+def _eval(expr: str, **env: int) -> int:
+    """A C integer expression of tmaplan.address, evaluated (non-negative operands)."""
+    py = expr.replace("reinterpret_cast<const unsigned char*>(sm)", "0").replace("/", "//")
+    return int(eval(py, {}, env))
+
+
+@pytest.mark.parametrize("cols,swizzle", [(64, 128), (96, 64), (16, 32), (128, 128)])
+def test_swizzled_address_is_the_hardware_pattern_and_conflict_free(cols: int,
+                                                                     swizzle: int) -> None:
+    t = TensorType((32, cols), DType.F16)
+    assert tmaplan.swizzle_of(t) == swizzle
+    expr = tmaplan.address("sm", ["r", "c"], t, swizzle)
+    mask = swizzle // 16 - 1
+    for r in range(32):
+        for c in range(0, cols, 8):
+            box, inner = divmod(c * 2, swizzle)
+            chunk = (inner // 16) ^ ((r * swizzle >> 7) & mask)
+            want = box * 32 * swizzle + r * swizzle + chunk * 16
+            assert _eval(expr, r=r, c=c) == want
+    # ldmatrix reads 8 consecutive rows at one column: 8 distinct 16-byte bank groups.
+    for r0 in range(0, 32, 8):
+        for c in range(0, cols, 8):
+            groups = {(_eval(expr, r=r0 + i, c=c) // 16) % 8 for i in range(8)}
+            assert len(groups) == 8
+
+
+def test_streaming_matmuls_copy_their_mma_operands_by_tma() -> None:
+    g = _fused("gated_mlp_fused", 8)
+    (op,) = [o for o in g.ops if o.block is not None]
+    plan = plan_kernel(op.block, g.tensor_types(), "sm_90", Knobs())
+    assert plan.knobs.tma == 1
+    sw = {bi.source: plan.tile(bi.value.name).swizzle for bi in op.block.inputs}
+    assert sw["W1"] and sw["W2"]
+    # rmsnorm_linear: X is also read by the row sums, so it stays on cp.async.
+    g = _fused("rmsnorm_linear_fused", 8)
+    (op,) = [o for o in g.ops if o.block is not None]
+    plan = plan_kernel(op.block, g.tensor_types(), "sm_90", Knobs())
+    homes = {bi.source: plan.tile(bi.value.name).swizzle for bi in op.block.inputs}
+    assert homes == {"X": 0, "W": 64}
+
+
+def test_small_loops_keep_cp_async_but_may_pin_tma() -> None:
+    g = _fused("lora_fused", 8)
+    (op,) = [o for o in g.ops if o.block is not None]
+    types = g.tensor_types()
+    assert plan_kernel(op.block, types, "sm_90", Knobs()).knobs.tma == 0
+    assert knob_space(op.block, types, "sm_90")["tma"] == [0, 1]
+    pinned = plan_kernel(op.block, types, "sm_90", Knobs(tma=1))
+    assert any(t.swizzle for t in pinned.tiles)
+
+
+def test_tma_is_sm_90_only() -> None:
+    g = _fused("gated_mlp_fused", 8)
+    (op,) = [o for o in g.ops if o.block is not None]
+    types = g.tensor_types()
+    assert knob_space(op.block, types, "sm_80")["tma"] == [0]
+    plan = plan_kernel(op.block, types, "sm_80", Knobs())
+    assert not any(t.swizzle for t in plan.tiles)
+    with pytest.raises(MirageError, match="plan knob tma=1 is not legal"):
+        plan_kernel(op.block, types, "sm_80", Knobs(tma=1))
+
+
+def test_tma_kernel_text_and_compile() -> None:
+    g = _fused("gated_mlp_fused", 8)
+    prog = lower(g)
+    cu, _ = emit(prog)
+    (k,) = prog.kernels
+    maps = [p for p in k.params if p.tmap is not None]
+    assert {p.arg for p in maps} >= {"W1", "W2"}
+    assert all(p.ctype == "const __grid_constant__ mg_tmap" for p in maps)
+    assert "mg_tma2(" in cu and "mg_mbar_wait(" in cu
+    host = cu[cu.index("#ifndef __CUDACC_RTC__"):]
+    assert host.count("mg_encode_tmap_") == 1 + len(maps)  # the helper and each map
+    assert "bulk tensor copies): compile with -arch=sm_90" in cu
+    res = compile_cuda(cu, "g.cu", "sm_90")
+    assert all(r.spill_stores == 0 and r.stack == 0 for r in res.resources)
+    # The weights' boxes are copied before the wait, the activations' after it.
+    body = re.search(r'extern "C" __global__[^{]*\{\n(.*?)\n\}\n', cu, re.DOTALL)
+    assert body is not None
+    pre = body.group(1)[:body.group(1).index("mg_grid_wait();")]
+    names = {p.name: p.arg for p in k.params}
+    assert {names[n] for n in re.findall(r"&(p\d+)", pre)} == {"W1", "W2"}
+
+
+NVCC = shutil.which("nvcc")
+
+
+@pytest.mark.skipif(NVCC is None, reason="nvcc not found: the launcher's host build needs it")
+def test_tma_launcher_builds_with_nvcc(tmp_path: Path) -> None:
+    cu, _ = emit(lower(_fused("gated_mlp_fused", 8)))
+    src = tmp_path / "g.cu"
+    src.write_text(cu)
+    assert NVCC is not None
+    r = subprocess.run([NVCC, "-arch=sm_90", "-std=c++17", "-O0", "-Xptxas", "-O1", "-c",
+                        str(src), "-o", str(tmp_path / "g.o")],
+                       capture_output=True, text=True, timeout=300, check=False)
+    assert r.returncode == 0, r.stderr[-3000:]
+
+
+@pytest.mark.gpu
+def test_back_to_back_calls_read_the_previous_output_after_it_is_written() -> None:
+    """Call 2 reads call 1's output as its activation while its weight copies start
+    before call 1 ends: its result must be f(f(X)), with both outputs poisoned before
+    every pair of calls, so that an early read shows as NaN or a wrong value."""
+    from mirage_cli import interp
+    from mirage_cli.codegen.bench import build, compare
+    from mirage_cli.codegen.runner import (
+        Buffers,
+        Device,
+        from_device_bytes,
+        gpu_available,
+        out_key,
+    )
+    from mirage_cli.dtypes import round_to
+
+    if not gpu_available():
+        pytest.skip("no CUDA GPU")
+    # Z = rms_norm(X) @ W with W square, so that Z can be the next call's X.
+    g = load_graph(str(ROOT / "examples" / "mugraphs" / "rmsnorm_linear_fused.mir"),
+                   {"batch": 8, "n": 4096})
+    dev = Device(0)
+    loaded = build(dev, g)
+    assert any(p.tmap for k in loaded.prog.kernels for p in k.params)
+    zt = TensorType((16, 4096), DType.F16)
+    rng = np.random.default_rng(3)
+    x0 = round_to(DType.F16, rng.standard_normal((16, 4096)))
+    w = round_to(DType.F16, rng.standard_normal((4096, 4096)) / 64)
+    z1 = interp.run(g, {"X": x0, "W": w}, "float64")["Z"]
+    want = interp.run(g, {"X": round_to(DType.F16, z1), "W": w}, "float64")["Z"]
+    first = loaded.alloc()
+    z2 = dev.alloc(zt.nbytes)
+    second = Buffers({**first.ptrs, "X": first.ptrs[out_key("Z")], out_key("Z"): z2},
+                     first.workspace)
+    try:
+        loaded.upload_inputs(first, {"X": x0, "W": w})
+        for _ in range(3):
+            dev.poison(first.ptrs[out_key("Z")], zt)
+            dev.poison(z2, zt)
+            loaded.enqueue(first)
+            loaded.enqueue(second)
+            dev.sync()
+            got = from_device_bytes(zt, dev.download(z2, zt.nbytes))
+            chk = compare({"Z": got}, {"Z": want}, ["Z"])
+            assert chk.ok, chk.reason
+    finally:
+        dev.free(z2)
+        loaded.free(first)
