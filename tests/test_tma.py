@@ -129,11 +129,32 @@ def test_tma_launcher_builds_with_nvcc(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr[-3000:]
 
 
+# The same function as rmsnorm_linear_fused at hidden = n = 6144, on 16 blocks: a call
+# that keeps 116 SMs free for the next call's blocks for hundreds of microseconds.
+SLOW = """program slow_rmsnorm_linear(hidden = 6144) {
+  input X: f16[16, hidden];
+  input W: f16[hidden, hidden] weight;
+  Z = custom(grid=(8, 1, 1), threads=128, forloop=192) {
+    x = load X fmap(1);
+    w = load W imap(x=1) fmap(0);
+    r = acc_rms_ld(x);
+    m = matmul(x, w);
+    s = acc_sum(m);
+    o = div(s, r);
+    store o -> Z omap(x=1);
+  }
+  output Z;
+}
+"""
+
+
 @pytest.mark.gpu
 def test_back_to_back_calls_read_the_previous_output_after_it_is_written() -> None:
-    """Call 2 reads call 1's output as its activation while its weight copies start
-    before call 1 ends: its result must be f(f(X)), with both outputs poisoned before
-    every pair of calls, so that an early read shows as NaN or a wrong value."""
+    """A slow call on a few SMs writes Z1; the next call, whose blocks start on the free
+    SMs as soon as the first call's blocks have waited, reads Z1 as its activation
+    while copying its weight early. Its result must be f(f(X)): Z1 and Z2 are poisoned
+    before every pair of calls, so a read of Z1 before the first call ends shows as NaN.
+    (Declaring X early too, a mutant of lower.early_inputs, fails this test.)"""
     from mirage_cli import interp
     from mirage_cli.codegen.bench import build, compare
     from mirage_cli.codegen.runner import (
@@ -144,36 +165,38 @@ def test_back_to_back_calls_read_the_previous_output_after_it_is_written() -> No
         out_key,
     )
     from mirage_cli.dtypes import round_to
+    from mirage_cli.parser import parse_text
 
     if not gpu_available():
         pytest.skip("no CUDA GPU")
-    # Z = rms_norm(X) @ W with W square, so that Z can be the next call's X.
-    g = load_graph(str(ROOT / "examples" / "mugraphs" / "rmsnorm_linear_fused.mir"),
-                   {"batch": 8, "n": 4096})
+    slow = parse_text(SLOW, "slow.mir")
+    fast = load_graph(str(ROOT / "examples" / "mugraphs" / "rmsnorm_linear_fused.mir"),
+                      {"batch": 8, "hidden": 6144})
     dev = Device(0)
-    loaded = build(dev, g)
-    assert any(p.tmap for k in loaded.prog.kernels for p in k.params)
-    zt = TensorType((16, 4096), DType.F16)
+    first, second = build(dev, slow), build(dev, fast)
+    assert any(p.tmap for k in second.prog.kernels for p in k.params)
+    zt = TensorType((16, 6144), DType.F16)
     rng = np.random.default_rng(3)
-    x0 = round_to(DType.F16, rng.standard_normal((16, 4096)))
-    w = round_to(DType.F16, rng.standard_normal((4096, 4096)) / 64)
-    z1 = interp.run(g, {"X": x0, "W": w}, "float64")["Z"]
-    want = interp.run(g, {"X": round_to(DType.F16, z1), "W": w}, "float64")["Z"]
-    first = loaded.alloc()
+    x0 = round_to(DType.F16, rng.standard_normal((16, 6144)))
+    w = round_to(DType.F16, rng.standard_normal((6144, 6144)) / 64)
+    z1 = interp.run(fast, {"X": x0, "W": w}, "float64")["Z"]
+    want = interp.run(fast, {"X": round_to(DType.F16, z1), "W": w}, "float64")["Z"]
+    a = first.alloc()
     z2 = dev.alloc(zt.nbytes)
-    second = Buffers({**first.ptrs, "X": first.ptrs[out_key("Z")], out_key("Z"): z2},
-                     first.workspace)
+    ws = dev.alloc(max(16, second.prog.workspace_bytes))
+    b = Buffers({"X": a.ptrs[out_key("Z")], "W": a.ptrs["W"], out_key("Z"): z2}, ws)
     try:
-        loaded.upload_inputs(first, {"X": x0, "W": w})
+        first.upload_inputs(a, {"X": x0, "W": w})
         for _ in range(3):
-            dev.poison(first.ptrs[out_key("Z")], zt)
+            dev.poison(a.ptrs[out_key("Z")], zt)
             dev.poison(z2, zt)
-            loaded.enqueue(first)
-            loaded.enqueue(second)
+            first.enqueue(a)
+            second.enqueue(b)
             dev.sync()
             got = from_device_bytes(zt, dev.download(z2, zt.nbytes))
             chk = compare({"Z": got}, {"Z": want}, ["Z"])
             assert chk.ok, chk.reason
     finally:
         dev.free(z2)
-        loaded.free(first)
+        dev.free(ws)
+        first.free(a)
