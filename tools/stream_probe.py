@@ -14,10 +14,13 @@ rate it reaches is what the access pattern allows:
 - ``ld``: 16-byte loads straight into registers, 8 in flight per thread;
 - ``bulk``: Hopper bulk copies (``cp.async.bulk``, one per row piece, issued by one warp)
   into the same ring, completion counted by an mbarrier per stage, one barrier per stage;
+- ``tma``: bulk tensor copies (``cp.async.bulk.tensor.2d``) through a tensor map, one
+  box of up to 256 elements by the stage's rows per instruction, issued by one thread;
 - ``ws``: the bulk copies issued by a producer warp that waits on an "empty" mbarrier
   per stage instead of a block barrier (warp specialisation), so copies for later stages
   never wait for the slowest consumer warp.
 
+``--stages S1,S2,...`` sets the pipeline depths swept (every kind but ``ld``).
 ``--rows R1,R2,...`` repeats the sweep for W of R rows (default 4096): the time against
 the bytes read separates a fixed cost per call from the streaming rate.
 
@@ -32,6 +35,7 @@ from __future__ import annotations
 import ctypes
 import json
 import sys
+from typing import Any
 
 from mirage_cli.codegen import copybw
 from mirage_cli.codegen.nvrtc import compile_cuda
@@ -169,6 +173,45 @@ extern "C" __global__ void __launch_bounds__(THREADS) probe_ws(
   }
   out[blockIdx.x * THREADS + threadIdx.x] = acc;
 }
+struct __align__(64) TMap { unsigned long long q[16]; };
+// One bulk tensor copy per stage: box [rows_stage, BOX] f16 elements of the arena seen
+// as a 2-D tensor of rows of ROW bytes; piece / 2 / BOX boxes side by side per stage.
+extern "C" __global__ void __launch_bounds__(THREADS) probe_tma(
+    const __grid_constant__ TMap tm, float* out, int piece, int rows_k, int rows_stage,
+    int row0) {
+  extern __shared__ __align__(128) char sm[];
+  __shared__ __align__(8) unsigned long long full[STAGES];
+  const int ntiles = ROW / piece, nt = blockIdx.x % ntiles, kp = blockIdx.x / ntiles;
+  const int col0 = nt * (piece / 2), r0 = row0 + kp * rows_k;
+  const int box = piece / 2 < 256 ? piece / 2 : 256, nbox = piece / 2 / box;
+  const int sbytes = rows_stage * piece, chunks = sbytes / 16, iters = rows_k / rows_stage;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < STAGES; ++s) bar_init(&full[s], 1);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+  auto issue = [&](int s) {
+    char* dst = sm + (s % STAGES) * sbytes;
+    bar_expect(&full[s % STAGES], sbytes);
+    for (int b = 0; b < nbox; ++b)
+      asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+                   " [%0], [%1, {%2, %3}], [%4];"
+                   :: "r"(smaddr(dst + b * rows_stage * box * 2)), "l"(&tm),
+                      "r"(col0 + b * box), "r"(r0 + s * rows_stage),
+                      "r"(smaddr(&full[s % STAGES])) : "memory");
+  };
+  if (threadIdx.x == 0)
+    for (int s = 0; s < STAGES && s < iters; ++s) issue(s);
+  float acc = 0.f;
+  for (int it = 0; it < iters; ++it) {
+    bar_wait(&full[it % STAGES], (it / STAGES) & 1);
+    for (int c = threadIdx.x; c < chunks; c += THREADS)
+      acc += fold(*(const uint4*)(sm + (it % STAGES) * sbytes + c * 16));
+    __syncthreads();
+    if (threadIdx.x == 0 && it + STAGES < iters) issue(it + STAGES);
+  }
+  out[blockIdx.x * THREADS + threadIdx.x] = acc;
+}
 extern "C" __global__ void __launch_bounds__(THREADS) probe_ld(
     const char* __restrict__ W, float* out, int piece, int rows_k, int rows_stage) {
   const int ntiles = ROW / piece, nt = blockIdx.x % ntiles, kp = blockIdx.x / ntiles;
@@ -195,11 +238,12 @@ extern "C" __global__ void __launch_bounds__(THREADS) probe_ld(
 """
 
 
-KINDS = {"cp": (2, 4), "ld": (0,), "bulk": (4, 6, 8), "ws": (4, 6, 8)}
+KINDS = {"cp": (2, 4), "ld": (0,), "bulk": (4, 6, 8), "ws": (4, 6, 8), "tma": (4, 6, 8)}
 
 
 def configs(rows: int, kinds: list[str], pieces: tuple[int, ...],
-            blocks_list: tuple[int, ...]) -> list[dict[str, int | str]]:
+            blocks_list: tuple[int, ...],
+            depths: dict[str, tuple[int, ...]] = KINDS) -> list[dict[str, int | str]]:
     out: list[dict[str, int | str]] = []
     for piece in pieces:
         ntiles = ROW // piece
@@ -207,15 +251,29 @@ def configs(rows: int, kinds: list[str], pieces: tuple[int, ...],
             if blocks % ntiles or rows % (blocks // ntiles):
                 continue
             rows_k = rows // (blocks // ntiles)
-            rows_stage = max(1, min(rows_k, 24576 // piece))
+            rows_stage = max(1, min(rows_k, 24576 // piece, 256))
             while rows_k % rows_stage:
                 rows_stage -= 1
             for kind in kinds:
-                for stages in KINDS[kind]:
+                for stages in depths[kind]:
                     out.append({"kind": kind, "piece": piece, "blocks": blocks,
                                 "stages": stages, "rows": rows, "rows_k": rows_k,
                                 "rows_stage": rows_stage})
     return out
+
+
+def _tensor_map(drv: Any, base: int, rows: int, rows_stage: int, piece: int) -> Any:
+    """A 2-D f16 tensor map over ``rows`` rows of ROW bytes at ``base``; boxes of
+    ``rows_stage`` rows and min(piece / 2, 256) elements, no swizzle."""
+    box = min(piece // 2, 256)
+    u64, u32 = drv.cuuint64_t, drv.cuuint32_t
+    return check(drv.cuTensorMapEncodeTiled(
+        drv.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2, base,
+        [u64(ROW // 2), u64(rows)], [u64(ROW)], [u32(box), u32(rows_stage)], [u32(1), u32(1)],
+        drv.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
+        drv.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_NONE,
+        drv.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+        drv.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE), "cuTensorMapEncodeTiled")
 
 
 def option(argv: list[str], name: str, default: str) -> str:
@@ -231,6 +289,11 @@ def main(argv: list[str]) -> int:
     row_counts = [int(r) for r in option(argv, "--rows", str(K)).split(",")]
     pieces = tuple(int(p) for p in option(argv, "--pieces", "96,192,384,768,1536,3072,12288").split(","))
     blocks_list = tuple(int(b) for b in option(argv, "--blocks", "128,256,512").split(","))
+    # --stages 2,4,6,8: the pipeline depths of every kind but ld (default: KINDS)
+    depths = dict(KINDS)
+    if "--stages" in argv:
+        sweep = tuple(int(x) for x in option(argv, "--stages", "").split(","))
+        depths.update({k: sweep for k in depths if k != "ld"})
     # Enough copies of W, rotated between calls, that no call finds its W in the L2.
     arena_bytes = max(COPIES * max(row_counts) * ROW, ARENA)
     arena = dev.alloc(arena_bytes)
@@ -238,7 +301,7 @@ def main(argv: list[str]) -> int:
     out = dev.alloc(512 * THREADS * 4)
     modules = {}
     rows = []
-    for cfg in [c for r in row_counts for c in configs(r, kinds, pieces, blocks_list)]:
+    for cfg in [c for r in row_counts for c in configs(r, kinds, pieces, blocks_list, depths)]:
         stages = int(cfg["stages"]) or 2
         if stages not in modules:
             src = f"#define STAGES {stages}\n#define ROW {ROW}\n" + SOURCE
@@ -255,11 +318,19 @@ def main(argv: list[str]) -> int:
         nbytes = int(cfg["rows"]) * ROW
         copies = arena_bytes // nbytes
 
+        tmap = _tensor_map(drv, arena, arena_bytes // ROW, int(cfg["rows_stage"]),
+                           int(cfg["piece"])) if cfg["kind"] == "tma" else None
+
         def launch(i: int, cfg: dict[str, int | str] = cfg, fn=fn, smem=smem,
-                   cells: dict = cells, nbytes: int = nbytes, copies: int = copies) -> None:
-            vals = [ctypes.c_void_p(arena + (i % copies) * nbytes), ctypes.c_void_p(out),
-                    ctypes.c_int(int(cfg["piece"])), ctypes.c_int(int(cfg["rows_k"])),
-                    ctypes.c_int(int(cfg["rows_stage"]))]
+                   cells: dict = cells, nbytes: int = nbytes, copies: int = copies,
+                   tmap: Any = tmap) -> None:
+            tail = [ctypes.c_void_p(out), ctypes.c_int(int(cfg["piece"])),
+                    ctypes.c_int(int(cfg["rows_k"])), ctypes.c_int(int(cfg["rows_stage"]))]
+            if tmap is not None:  # by value: the parameter's cell is the map itself
+                vals = [ctypes.c_char.from_address(tmap.getPtr()), *tail,
+                        ctypes.c_int((i % copies) * nbytes // ROW)]
+            else:
+                vals = [ctypes.c_void_p(arena + (i % copies) * nbytes), *tail]
             cells[i] = vals
             argv_ = (ctypes.c_void_p * len(vals))(*[ctypes.addressof(c) for c in vals])
             cells[(i, "a")] = argv_
