@@ -18,7 +18,7 @@ import dataclasses
 from collections.abc import Callable
 
 from mirage_cli import ops
-from mirage_cli.codegen import chain, chainplan, cluster, mma, reduce, stores, tmaplan
+from mirage_cli.codegen import chain, chainplan, cluster, mma, reduce, staging, stores, tmaplan
 from mirage_cli.codegen.blockfacts import Analysis, analyse, decompose
 from mirage_cli.codegen.expr import (
     CTYPE,
@@ -127,7 +127,7 @@ class FusedKernel:
         # the compiler does for a ring of two stages) would double its live registers.
         body += (["#pragma unroll 1"] if self.chain is not None else []) + [
             f"for (int it = 0; it < {self.FL}; ++it) {{"] + indent(loop) + ["}"]
-        if self.pipelined():  # the loop's last iteration ends without a barrier
+        if staging.pipelined(self):  # the loop's last iteration ends without a barrier
             body.append("__syncthreads();")
         pre = head + self.hoisted + self.early_copies
         body = pre + body
@@ -202,13 +202,9 @@ class FusedKernel:
             lines += [(f"unsigned long long* mg_mbar = reinterpret_cast<unsigned long long*>("
                        f"mg_smem + {self.tile(MBAR).smem_offset});"),
                       "if (threadIdx.x == 0) {",
-                      f"  for (int s = 0; s < {self._stages()}; ++s) mg_mbar_init(mg_mbar + s);",
+                      f"  for (int s = 0; s < {staging.stages(self)}; ++s) mg_mbar_init(mg_mbar + s);",
                       "  mg_mbar_fence_init();", "}", "__syncthreads();"]
         return lines
-
-    def _stages(self) -> int:
-        """The pipeline depth of the loop inputs (1: no overlap)."""
-        return max([self.tile(bi.value.name).stages for bi in self.staged("loop")] + [1])
 
     def _block_base(self, bi: BlockInput) -> str:
         src = self.dev[bi.source]
@@ -217,10 +213,6 @@ class FusedKernel:
                  for axis, g, d in zip(("bx", "by", "bz"), self.bg.grid, bi.imap)
                  if d is not None and g > 1]
         return " + ".join(terms) if terms else "0"
-
-    def _fmap_step(self, bi: BlockInput) -> int:
-        assert bi.fmap is not None
-        return bi.value.type.shape[bi.fmap] * row_major(self.dev[bi.source].shape)[bi.fmap]
 
     def _define_nodes(self) -> Lines:
         """Register every tensor with the expression engine; declare tile pointers."""
@@ -316,182 +308,20 @@ class FusedKernel:
         lines: Lines = []
         staged = self.staged("invariant")
         for bi in staged:
-            lines += self._stage(bi, f"base_{bi.value.name}", f"sm_{bi.value.name}_0")
+            lines += staging.stage(self, bi, f"base_{bi.value.name}", f"sm_{bi.value.name}_0")
         if staged:
             lines += ["mg_cp_async_wait_all();", "__syncthreads();"]
             lines += [f"const auto* sm_{bi.value.name} = sm_{bi.value.name}_0;" for bi in staged]
         return lines + self._materialize_phase("invariant")
 
-    # -- staging of input tiles ---------------------------------------------------------
-
-    def _stage(self, bi: BlockInput, base: str, dst: str) -> Lines:
-        """Copy this block's tile of ``bi`` into shared memory (16-byte cp.async chunks
-        where the plan allows, scalar copies otherwise), rows ``pitch`` apart."""
-        t, shape = self.tile(bi.value.name), bi.value.type.shape
-        vec = t.vec
-        chunks = shape[:-1] + (shape[-1] // vec,)
-        n = 1
-        for d in chunks:
-            n *= d
-        src = self.pname[bi.source]
-        if vec > 1 and n % self.T == 0 and n // self.T <= 16:
-            # Each thread copies the same chunks every iteration: their offsets are
-            # computed once (registers), not divided out again per copy.
-            tab = self._offset_table(bi, chunks, n // self.T)
-            copy = (f"mg_cp_async16({dst} + mg_do_{tab}[i], {src} + ({base}) + "
-                    f"mg_so_{tab}[i]);")
-            return ["#pragma unroll", f"for (int i = 0; i < {n // self.T}; ++i) {copy}"]
-        c = self.em.fresh("c")
-        src_o, dst_o, decl = self._chunk_offsets(bi, chunks, c)
-        op = (f"mg_cp_async16({dst} + ({dst_o}), {src} + ({base}) + ({src_o}));" if vec > 1
-              else f"{dst}[{dst_o}] = {src}[{base} + ({src_o})];")
-        return ([f"for (int {c} = threadIdx.x; {c} < {n}; {c} += {self.T}) {{"]
-                + indent(keep_used(decl, [op]) + [op]) + ["}"])
-
-    def _chunk_offsets(self, bi: BlockInput, chunks: tuple[int, ...], c: str
-                       ) -> tuple[str, str, Lines]:
-        """Source (from the tile's base) and shared-memory offsets of chunk ``c``."""
-        t, shape = self.tile(bi.value.name), bi.value.type.shape
-        decl, idx = index_vars(chunks, c, self.em.fresh("s") + "_")
-        if t.vec > 1:
-            idx = idx[:-1] + [f"({idx[-1]} * {t.vec})" if idx[-1] != "0" else "0"]
-        return (offset_expr("0", idx, row_major(self.dev[bi.source].shape)),
-                offset_expr("0", idx, padded_strides(shape, t.pitch)), decl)
-
-    def _offset_table(self, bi: BlockInput, chunks: tuple[int, ...], count: int) -> str:
-        name = bi.value.name
-        if name not in self._tables:
-            self._tables.add(name)
-            c = self.em.fresh("c")
-            src_o, dst_o, decl = self._chunk_offsets(bi, chunks, c)
-            body = [f"const int {c} = threadIdx.x + i * {self.T};"]
-            ops_ = [f"mg_so_{name}[i] = {src_o};", f"mg_do_{name}[i] = {dst_o};"]
-            body += keep_used(decl, ops_) + ops_
-            self.hoisted += [f"int mg_so_{name}[{count}], mg_do_{name}[{count}];",
-                             "#pragma unroll", f"for (int i = 0; i < {count}; ++i) {{"]
-            self.hoisted += indent(body) + ["}"]
-        return name
-
-    def _slot(self, bi: BlockInput, iteration: str) -> str:
-        """The shared-memory stage that holds ``iteration``'s tile of ``bi``."""
-        t = self.tile(bi.value.name)
-        vt = bi.value.type
-        elems = (vt.numel // vt.shape[-1]) * t.pitch
-        elems = (elems * vt.dtype.nbytes + 15) // 16 * 16 // vt.dtype.nbytes
-        if t.swizzle:
-            elems = tmaplan.slot_bytes(vt) // vt.dtype.nbytes
-        return f"(sm_{t.name}_0 + (({iteration}) % {t.stages}) * {elems})"
-
-    def _bulk_copies(self, bis: list[BlockInput], iteration: str, arrive: bool) -> Lines:
-        """Thread 0 copies ``iteration``'s boxes of ``bis`` into their slots, their bytes
-        expected on the stage's mbarrier (with its one arrival when ``arrive``)."""
-        S = self._stages()
-        bar = f"mg_mbar + (({iteration}) % {S})" if S > 1 else "mg_mbar"
-        nbytes = sum(bi.value.type.numel * bi.value.type.dtype.nbytes for bi in bis)
-        lines = [f"mg_mbar_arrive_expect({bar}, {nbytes}u);" if arrive else
-                 f"mg_mbar_expect({bar}, {nbytes}u);"]
-        for bi in bis:
-            vt, w = bi.value.type, self.tile(bi.value.name).swizzle
-            dst = f"reinterpret_cast<unsigned char*>({self._slot(bi, iteration)})"
-            it = self._global_it(iteration) if bi.fmap is not None else None
-            for b in range(tmaplan.boxes(vt, w)):
-                cs = tmaplan.coords(bi, self.dev[bi.source], self.bg.grid, it, b, w)
-                at = f"{dst} + {b * tmaplan.rows(vt) * w}" if b else dst
-                lines.append(f"mg_tma{len(cs)}({at}, &{self.tmap[bi.value.name]}, "
-                             f"{', '.join(cs)}, {bar});")
-        return ["if (threadIdx.x == 0) {"] + indent(lines) + ["}"]
-
-    def prefetch(self) -> Lines:
-        """Before the loop: issue the copies of iterations 0 .. S-2, one group each.
-
-        Copies of ``early`` inputs go to :attr:`early_copies` instead, issued before
-        the grid-dependency wait; they fall into the first group, which iteration 0
-        waits for anyway, so every later group still holds its iteration's copies."""
-        staged = self.staged("loop")
-        S = self._stages()
-        cp = [bi for bi in staged if bi not in self.bulk]
-        early = [bi for bi in self.bulk if bi.source in self.early]
-        late = [bi for bi in self.bulk if bi.source not in self.early]
-        lines: Lines = []
-        for i in range(S - 1 if staged else 0):
-            for bi in cp:
-                step = self._fmap_step(bi)
-                first = (f"{self._global_it(str(i))} * {step}" if self.KS > 1 or self.STAG
-                         else str(i * step))
-                copy = self._stage(bi, f"(base_{bi.value.name} + {first})",
-                                   self._slot(bi, str(i)))
-                if bi.source in self.early:
-                    self.early_copies += copy
-                else:
-                    lines += copy
-            # One arrival per stage: the last of the two halves makes it.
-            if early:
-                self.early_copies += self._bulk_copies(early, str(i), arrive=not late)
-            if late:
-                lines += self._bulk_copies(late, str(i), arrive=True)
-            if cp:
-                lines.append("mg_cp_async_commit();")
-        return lines
-
-    def _global_it(self, local: str) -> str:
-        """The forloop iteration that this block's local iteration ``local`` is."""
-        if self.STAG:
-            fl = self.FL
-            wrap = f"& {fl - 1}" if fl & (fl - 1) == 0 else f"% {fl}"
-            local = f"((({local}) + mg_rot) {wrap})"
-        return f"(mg_it0 + {local})" if self.KS > 1 else local
-
-    def pipelined(self) -> bool:
-        """Loop inputs staged through a ring of two or more shared-memory stages."""
-        staged = self.staged("loop")
-        return bool(staged) and max(self.tile(bi.value.name).stages for bi in staged) > 1
-
     def _loop_body(self, accs: list[BlockOp]) -> Lines:
-        lines: Lines = []
-        loop_inputs = [bi for bi in self.bg.inputs if self.a.phases[bi.value.name] == "loop"
-                       and bi not in self.bulk]  # bulk copies address by coordinates
-        for bi in loop_inputs:
-            lines.append(f"const int off_{bi.value.name} = base_{bi.value.name} + "
-                         f"{self._global_it('it')} * {self._fmap_step(bi)};")
-        staged = self.staged("loop")
-        S = self._stages()
-        cp = [bi for bi in staged if bi not in self.bulk]
-        if staged and S == 1:
-            for bi in cp:
-                lines += self._stage(bi, f"off_{bi.value.name}", f"sm_{bi.value.name}_0")
-            if self.bulk:
-                lines += self._bulk_copies(self.bulk, "it", arrive=True)
-            lines += (["mg_cp_async_wait_all();"] if cp else []) + (
-                ["mg_mbar_wait(mg_mbar, it & 1);"] if self.bulk else [])
-        elif staged:
-            # Wait until iteration it's tiles have landed (only the S - 2 newest groups
-            # pending; stage it's mbarrier phase complete), then, past the barrier (every
-            # thread is done with iteration it - 1), issue iteration it + S - 1's copies
-            # into the stage it - 1 used: one barrier per iteration. One commit group per
-            # iteration, empty at the end.
-            pre: Lines = []
-            for bi in cp:
-                step = self._fmap_step(bi)
-                ahead = (f"(base_{bi.value.name} + {self._global_it(f'it + {S - 1}')} * {step})"
-                         if self.STAG else f"(off_{bi.value.name} + {(S - 1) * step})")
-                pre += self._stage(bi, ahead, self._slot(bi, f"(it + {S - 1})"))
-            if self.bulk:
-                pre += self._bulk_copies(self.bulk, f"it + {S - 1}", arrive=True)
-            lines += ([f"mg_cp_async_wait<{S - 2}>();"] if cp else []) + (
-                [f"mg_mbar_wait(mg_mbar + (it % {S}), (it / {S}) & 1);"] if self.bulk else [])
-            lines += ["__syncthreads();", f"if (it + {S - 1} < {self.FL}) {{"] + indent(pre) + [
-                "}"] + (["mg_cp_async_commit();"] if cp else [])
-        if staged and S == 1:
-            lines.append("__syncthreads();")
-        for bi in staged:
-            cur = self._slot(bi, "it") if S > 1 else f"sm_{bi.value.name}_0"
-            lines.append(f"const auto* sm_{bi.value.name} = {cur};")
+        lines = staging.iteration_copies(self)
         lines += self._materialize_phase("loop")
         if self.chain is not None:
             lines += chain.update(self, self.chain, self.chain_lay)
         for op in accs:
             lines += reduce.acc_update(self, op)
-        if not self.pipelined():
+        if not staging.pipelined(self):
             # The next iteration writes shared memory before any barrier of its own.
             lines.append("__syncthreads();")
         return lines

@@ -131,6 +131,9 @@ def _lay_out_with(a: Analysis, dev_types: Mapping[str, TensorType], k: Knobs, pi
         mmas, reds = _chain(a, ch, tiles, k)
     else:
         mmas, reds = _mmas(a, tiles, k), _reductions(a, tiles)
+    # Not for matmul chains: their K and V tiles by bulk copies ran no faster (gqa at
+    # batch 8 on an H100: 29.9 us with cp.async, 30.2 with TMA; mqa_decode 21.4, 23.0;
+    # docs/perf-log.md v19).
     bulk = _tma_tiles(a, dev_types, tiles, mmas) if arch.name == "sm_90" and ch is None else {}
     if k.tma is None:
         # On for loops that stream a weight (tmaplan: twice the per-SM rate of cp.async);
