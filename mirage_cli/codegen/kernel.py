@@ -35,15 +35,11 @@ from mirage_cli.codegen.expr import (
 )
 from mirage_cli.codegen.plan import Kernel, Param
 from mirage_cli.codegen.smemplan import MBAR, RED, ZERO
+from mirage_cli.codegen.staging import padded_strides
 from mirage_cli.ir import BlockGraph, BlockInput, BlockOp, TensorType
 from mirage_cli.kplan import KernelPlan, TilePlan
 
 BodyFn = Callable[[list[str]], Lines]
-
-
-def padded_strides(shape: tuple[int, ...], pitch: int) -> tuple[int, ...]:
-    """Row-major strides of a tile whose rows are ``pitch`` elements apart."""
-    return row_major(shape[:-1] + (pitch,))
 
 
 class FusedKernel:

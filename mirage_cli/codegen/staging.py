@@ -24,6 +24,11 @@ if TYPE_CHECKING:
     from mirage_cli.codegen.kernel import FusedKernel
 
 
+def padded_strides(shape: tuple[int, ...], pitch: int) -> tuple[int, ...]:
+    """Row-major strides of a tile whose rows are ``pitch`` elements apart."""
+    return row_major(shape[:-1] + (pitch,))
+
+
 def stages(k: FusedKernel) -> int:
     """The pipeline depth of the loop inputs (1: no overlap)."""
     return max([k.tile(bi.value.name).stages for bi in k.staged("loop")] + [1])
@@ -52,8 +57,6 @@ def fmap_step(k: FusedKernel, bi: BlockInput) -> int:
 def stage(k: FusedKernel, bi: BlockInput, base: str, dst: str) -> Lines:
     """Copy this block's tile of ``bi`` into shared memory (16-byte cp.async chunks
     where the plan allows, scalar copies otherwise), rows ``pitch`` apart."""
-    from mirage_cli.codegen.kernel import padded_strides
-
     t, shape = k.tile(bi.value.name), bi.value.type.shape
     vec = t.vec
     chunks = shape[:-1] + (shape[-1] // vec,)
@@ -87,8 +90,6 @@ def _chunk_offsets(k: FusedKernel, bi: BlockInput, chunks: tuple[int, ...], c: s
 
 
 def _offset_table(k: FusedKernel, bi: BlockInput, chunks: tuple[int, ...], count: int) -> str:
-    from mirage_cli.codegen.kernel import padded_strides
-
     name = bi.value.name
     if name not in k._tables:
         k._tables.add(name)
