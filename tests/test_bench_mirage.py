@@ -90,6 +90,18 @@ def test_bind_takes_the_program_names_and_keeps_the_function(program: str) -> No
 
 
 @needs_ckpts
+def test_bind_carries_the_programs_weight_declarations() -> None:
+    """A Mirage candidate bound to lora.mir copies W, A and B early, as opt's do."""
+    from mirage_cli.loading import load_graph
+
+    prog = load_graph(str(ROOT / "examples" / "lora.mir"), {"batch": 8})
+    cand = _import(MUGRAPHS / "lora.json")[0]
+    g = bind(cand, prog)
+    assert [i.weight for i in g.inputs] == [i.weight for i in prog.inputs] == \
+        [False, True, True, True]
+
+
+@needs_ckpts
 def test_bind_names_the_position_that_differs() -> None:
     cand = _import(MUGRAPHS / "gqa_bs8.json")[0]
     with pytest.raises(MirageError) as e:

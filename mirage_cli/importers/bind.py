@@ -22,7 +22,8 @@ from mirage_cli.verifier.api import check_signatures
 
 
 def bind(candidate: Graph, program: Graph) -> Graph:
-    """``candidate`` with ``program``'s input and output names, matched by position.
+    """``candidate`` with ``program``'s input and output names, matched by position, and
+    its inputs' ``weight`` declarations (the program's promise about its inputs).
 
     A :class:`MirageError` says which position differs when the signatures do not
     match (different counts, shapes or dtypes), or why the names cannot be carried
@@ -33,7 +34,8 @@ def bind(candidate: Graph, program: Graph) -> Graph:
     def r(n: str) -> str:
         return names.get(n, n)
 
-    inputs = tuple(dataclasses.replace(i, value=_renamed(i.value, r)) for i in candidate.inputs)
+    inputs = tuple(dataclasses.replace(i, value=_renamed(i.value, r), weight=p.weight)
+                   for i, p in zip(candidate.inputs, program.inputs))
     ops = tuple(_rename_op(op, r) for op in candidate.ops)
     bound = Graph(candidate.name, candidate.params, inputs, ops,
                   tuple(r(o) for o in candidate.outputs))
