@@ -130,14 +130,9 @@ def _tmap_args(spec: TensorMapSpec | None) -> dict[str, Any] | None:
     """What the launcher passes to ``cuTensorMapEncodeTiled`` for a tensor-map parameter."""
     if spec is None:
         return None
-    return {"dtype": _TMAP_DTYPE[spec.dtype], "rank": len(spec.dims),
+    return {"dtype": spec.dtype_enum, "rank": len(spec.dims),
             "dims": ", ".join(map(str, spec.dims)), "strides": ", ".join(map(str, spec.strides)),
-            "box": ", ".join(map(str, spec.box)),
-            "swizzle": f"CU_TENSOR_MAP_SWIZZLE_{spec.swizzle}B"}
-
-
-_TMAP_DTYPE = {DType.F16: "CU_TENSOR_MAP_DATA_TYPE_FLOAT16",
-               DType.BF16: "CU_TENSOR_MAP_DATA_TYPE_BFLOAT16"}
+            "box": ", ".join(map(str, spec.box)), "swizzle": spec.swizzle_enum}
 
 
 def _big_smem(prog: Program) -> list[dict[str, Any]]:

@@ -25,6 +25,20 @@ class TensorMapSpec:
     box: tuple[int, ...]         # elements per box dimension
     swizzle: int                 # bytes per box row (32, 64, 128)
 
+    @property
+    def dtype_enum(self) -> str:
+        """The ``CUtensorMapDataType`` enumerator's name."""
+        return f"CU_TENSOR_MAP_DATA_TYPE_{TMAP_DTYPES[self.dtype]}"
+
+    @property
+    def swizzle_enum(self) -> str:
+        """The ``CUtensorMapSwizzle`` enumerator's name."""
+        return f"CU_TENSOR_MAP_SWIZZLE_{self.swizzle}B"
+
+
+# The dtypes bulk tensor copies move, by their CUtensorMapDataType suffix.
+TMAP_DTYPES = {DType.F16: "FLOAT16", DType.BF16: "BFLOAT16"}
+
 
 @dataclass(frozen=True)
 class Param:

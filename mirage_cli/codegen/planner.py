@@ -49,7 +49,7 @@ from mirage_cli.codegen.knobranges import (
 )
 from mirage_cli.codegen.smemplan import MAX_STAGES, TileDraft, allocate, pitch_of
 from mirage_cli.diagnostics import MirageError
-from mirage_cli.ir import BlockGraph, DType, TensorType
+from mirage_cli.ir import BlockGraph, BlockOp, DType, TensorType
 from mirage_cli.kplan import Home, KernelPlan, Knobs, MmaPlan, ReducePlan, TilePlan
 
 ACC_REGS_MAX = 32     # accumulator elements per thread kept in registers
@@ -166,18 +166,20 @@ def _tma_tiles(a: Analysis, dev: Mapping[str, TensorType], tiles: dict[str, Tile
         tile = tiles[name]
         if tile.home != "smem" or not tile.pitch or a.phases[name] != "loop":
             continue
-        ok = bool(a.uses[name])
-        for user in a.uses[name]:
-            mp = paths.get(user.outputs[0].name) if user is not None else None
-            if user is None or mp is None:  # stored, or read by another operator
-                ok = False
-                break
-            a_ok = user.inputs[0] != name or mp.a_path == "ldmatrix"
-            b_ok = user.inputs[1] != name or mp.b_path == "ldmatrix.trans"
-            ok = ok and a_ok and b_ok
-        if ok and tmaplan.fits(t, dev[bi.source]):
+        if a.uses[name] and all(_ldmatrix_reader(u, name, paths) for u in a.uses[name]) \
+                and tmaplan.fits(t, dev[bi.source]):
             out[name] = tmaplan.swizzle_of(t)
     return out
+
+
+def _ldmatrix_reader(user: BlockOp | None, name: str, paths: Mapping[str, MmaPlan]) -> bool:
+    """Whether ``user`` reads tile ``name`` only as an ldmatrix operand of an mma (not
+    stored, not read by another operator)."""
+    mp = paths.get(user.outputs[0].name) if user is not None else None
+    if user is None or mp is None:
+        return False
+    return ((user.inputs[0] != name or mp.a_path == "ldmatrix")
+            and (user.inputs[1] != name or mp.b_path == "ldmatrix.trans"))
 
 
 def _chain_operands(ch: Chain) -> tuple[str, str, str]:

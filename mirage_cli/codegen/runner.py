@@ -266,17 +266,13 @@ class Loaded:
         hit = self._maps.get((ptr, spec))
         if hit is None:
             drv = self.d.drv
-            dtypes = {DType.F16: drv.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
-                      DType.BF16: drv.CUtensorMapDataType.CU_TENSOR_MAP_DATA_TYPE_BFLOAT16}
-            swizzles = {32: drv.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_32B,
-                        64: drv.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_64B,
-                        128: drv.CUtensorMapSwizzle.CU_TENSOR_MAP_SWIZZLE_128B}
             u64, u32 = drv.cuuint64_t, drv.cuuint32_t
             hit = check(drv.cuTensorMapEncodeTiled(
-                dtypes[spec.dtype], len(spec.dims), ptr, [u64(d) for d in spec.dims],
-                [u64(x) for x in spec.strides], [u32(b) for b in spec.box],
-                [u32(1)] * len(spec.dims),
-                drv.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE, swizzles[spec.swizzle],
+                getattr(drv.CUtensorMapDataType, spec.dtype_enum), len(spec.dims), ptr,
+                [u64(d) for d in spec.dims], [u64(x) for x in spec.strides],
+                [u32(b) for b in spec.box], [u32(1)] * len(spec.dims),
+                drv.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
+                getattr(drv.CUtensorMapSwizzle, spec.swizzle_enum),
                 drv.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                 drv.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE),
                 "cuTensorMapEncodeTiled")

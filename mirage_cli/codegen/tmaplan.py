@@ -22,8 +22,8 @@ starts 1024-aligned, as the swizzle pattern needs.
 from __future__ import annotations
 
 from mirage_cli.codegen.expr import row_major
-from mirage_cli.codegen.plan import TensorMapSpec
-from mirage_cli.ir import BlockInput, DType, TensorType
+from mirage_cli.codegen.plan import TMAP_DTYPES, TensorMapSpec
+from mirage_cli.ir import BlockInput, TensorType
 
 SWIZZLES = (128, 64, 32)  # bytes per box row, widest first
 ALIGN = 1024              # slot alignment: the 128-byte swizzle repeats every 1024 bytes
@@ -44,7 +44,7 @@ def rows(t: TensorType) -> int:
 
 def fits(t: TensorType, dev: TensorType) -> bool:
     """The box geometry rule of the module docstring (not the reader rule)."""
-    if t.dtype not in (DType.F16, DType.BF16) or t.rank != dev.rank:
+    if t.dtype not in TMAP_DTYPES or t.rank != dev.rank:
         return False
     if not 2 <= dev.rank <= MAX_RANK or swizzle_of(t) == 0 or rows(t) % 8:
         return False
