@@ -15,7 +15,7 @@
 // kernel mg_k2_mirage_qknorm_gqa_h16x256x64_h16x64x4096_h16x4096x64_to_h16x256x64: grid [256, 1, 1], 256 threads, 0 B dynamic shared memory
 // kernel mg_k3_mirage_qknorm_gqa_h16x256x64_h16x64x4096_h16x4096x64_to_h16x256x64: grid [32, 1, 1], 256 threads, 0 B dynamic shared memory
 // kernel mg_k4_mirage_qknorm_gqa_h16x256x64_h16x64x4096_h16x4096x64_to_h16x256x64: grid [2048, 1, 1], 256 threads, 0 B dynamic shared memory
-// kernel mg_k5_mirage_qknorm_gqa_h16x256x64_h16x64x4096_h16x4096x64_to_h16x256x64: grid [16, 4, 16], 128 threads, 173104 B dynamic shared memory
+// kernel mg_k5_mirage_qknorm_gqa_h16x256x64_h16x64x4096_h16x4096x64_to_h16x256x64: grid [16, 4, 16], 512 threads, 107568 B dynamic shared memory
 // kernel mg_k6_mirage_qknorm_gqa_h16x256x64_h16x64x4096_h16x4096x64_to_h16x256x64: grid [8192, 1, 1], 256 threads, 0 B dynamic shared memory
 // kernel mg_k7_mirage_qknorm_gqa_h16x256x64_h16x64x4096_h16x4096x64_to_h16x256x64: grid [8192, 1, 1], 256 threads, 0 B dynamic shared memory
 // kernel mg_k8_mirage_qknorm_gqa_h16x256x64_h16x64x4096_h16x4096x64_to_h16x256x64: grid [512, 1, 1], 256 threads, 0 B dynamic shared memory
@@ -381,12 +381,22 @@ extern "C" __global__ void __launch_bounds__(256) mg_k2_mirage_qknorm_gqa_h16x25
   for (int e = blockIdx.x * 256 + threadIdx.x; e < 65536; e += gridDim.x * 256) {
     const int i0 = e / 4096;
     const int i2 = (e) % 4096;
-    float acc2 = 0.0f;
-    for (int k1 = 0; k1 < 64; ++k1) {
-      acc2 += mg_ld(p0[i0 * 262144 + k1 * 4096 + i2]);
+    float acc1_p[4];
+    #pragma unroll
+    for (int q3 = 0; q3 < 4; ++q3) acc1_p[q3] = 0.0f;
+    #pragma unroll
+    for (int k2 = 0; k2 < 64; k2 += 4) {
+      #pragma unroll
+      for (int q3 = 0; q3 < 4; ++q3) {
+        acc1_p[q3] += mg_ld(p0[i0 * 262144 + (k2 + q3) * 4096 + i2]);
+      }
     }
-    const float v3 = (acc2 / 64.0f);
-    mg_st(p1 + e, v3);
+    float acc1 = acc1_p[0];
+    acc1 += acc1_p[1];
+    acc1 += acc1_p[2];
+    acc1 += acc1_p[3];
+    const float v4 = (acc1 / 64.0f);
+    mg_st(p1 + e, v4);
   }
 }
 
@@ -461,7 +471,7 @@ extern "C" __global__ void __launch_bounds__(256) mg_k4_mirage_qknorm_gqa_h16x25
 }
 
 // matmul as a generated block graph: grid [16, 4, 16], forloop 4, tensor cores
-extern "C" __global__ void __launch_bounds__(128, 1) mg_k5_mirage_qknorm_gqa_h16x256x64_h16x64x4096_h16x4096x64_to_h16x256x64(
+extern "C" __global__ void __launch_bounds__(512, 1) mg_k5_mirage_qknorm_gqa_h16x256x64_h16x64x4096_h16x4096x64_to_h16x256x64(
     const mg_f16* __restrict__ p0,
     const mg_f16* __restrict__ p1,
     mg_f16* __restrict__ p2,
@@ -473,9 +483,9 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k5_mirage_qknorm_gqa_h16
   unsigned char* mg_smem = mg_smem_raw + ((1024u - (mg_smem_addr(mg_smem_raw) & 1023u)) & 1023u);
   const int base_a = by * 4096 + bz * 16384;
   const int base_b = bx * 256 + bz * 262144;
-  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 172064);
+  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 106528);
   if (threadIdx.x < 4) mg_zero[threadIdx.x] = 0u;
-  unsigned long long* mg_mbar = reinterpret_cast<unsigned long long*>(mg_smem + 172032);
+  unsigned long long* mg_mbar = reinterpret_cast<unsigned long long*>(mg_smem + 106496);
   if (threadIdx.x == 0) {
     for (int s = 0; s < 4; ++s) mg_mbar_init(mg_mbar + s);
     mg_mbar_fence_init();
@@ -483,8 +493,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k5_mirage_qknorm_gqa_h16
   __syncthreads();
   mg_f16* sm_a_0 = reinterpret_cast<mg_f16*>(mg_smem + 0);
   mg_f16* sm_b_0 = reinterpret_cast<mg_f16*>(mg_smem + 8192);
-  float* buf_m = reinterpret_cast<float*>(mg_smem + 40960);
-  float* buf_s = reinterpret_cast<float*>(mg_smem + 106496);
+  float* buf_s = reinterpret_cast<float*>(mg_smem + 40960);
   mg_grid_wait();
   mg_grid_release();
   if (threadIdx.x == 0) {
@@ -511,7 +520,9 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k5_mirage_qknorm_gqa_h16
     mg_tma3(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 4) * 4096)) + 4096, &p4, bx * 256 + 128, (2) * 16, bz * 1, mg_mbar + ((2) % 4));
     mg_tma3(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 4) * 4096)) + 6144, &p4, bx * 256 + 192, (2) * 16, bz * 1, mg_mbar + ((2) % 4));
   }
-  for (int e = threadIdx.x; e < 16384; e += 128) buf_s[e] = 0.0f;
+  float acc_s[8][4];
+  #pragma unroll
+  for (int j = 0; j < 8; ++j) acc_s[j][0] = acc_s[j][1] = acc_s[j][2] = acc_s[j][3] = 0.0f;
   for (int it = 0; it < 4; ++it) {
     mg_mbar_wait(mg_mbar + (it % 4), (it / 4) & 1);
     __syncthreads();
@@ -531,50 +542,62 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k5_mirage_qknorm_gqa_h16
       const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
       const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
       (void)mg_g; (void)mg_t;
-      const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
+      const int mg_grp = mg_warp % 16, mg_ks = mg_warp / 16;
       (void)mg_ks;
+    #pragma unroll
+    for (int s = 0; s < 1; ++s) {
+      const int kk = (mg_ks + s * 1) * 16;
+      const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
+      (void)k0; (void)k1;
+      unsigned ra0, ra1, ra2, ra3;
       #pragma unroll
-      for (int j = 0; j < 32; ++j) {
-        const int q = mg_grp + 4 * j;
+      for (int j = 0; j < 8; ++j) {
+        const int q = mg_grp + 16 * j;
         if (q < 128) {
           const int mg_nb = q / 128;
-          const int mg_mi = (q / 32) % 4;
           const int mg_ni = q % 32;
+          const int mg_mi = (q / 32) % 4;
           const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
           const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
-          (void)mg_nb; (void)r1; (void)c0; (void)n0;
-          float mg_d[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-          #pragma unroll
-          for (int s = 0; s < 1; ++s) {
-            const int kk = (mg_ks + s * 1) * 16;
-            const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
-            (void)k0; (void)k1;
-            unsigned ra0, ra1, ra2, ra3;
-            mg_ldsm_x4(ra0, ra1, ra2, ra3, (reinterpret_cast<const unsigned char*>(sm_a) + ((((kk + (mg_lane >> 4) * 8)) * 2) / 32) * 2048 + ((((0) * 64 + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8))) * 32 + (((kk + (mg_lane >> 4) * 8)) * 2) % 32) ^ ((((((0) * 64 + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8))) * 32 + (((kk + (mg_lane >> 4) * 8)) * 2) % 32) >> 7) & 1) << 4))));
-            unsigned rb0, rb1;
-            mg_ldsm_x2_t(rb0, rb1, (reinterpret_cast<const unsigned char*>(sm_b) + ((((mg_ni * 8)) * 2) / 128) * 2048 + ((((0) * 16 + ((kk + (mg_lane & 15)))) * 128 + (((mg_ni * 8)) * 2) % 128) ^ ((((((0) * 16 + ((kk + (mg_lane & 15)))) * 128 + (((mg_ni * 8)) * 2) % 128) >> 7) & 7) << 4))));
-            mg_mma_f16(mg_d, ra0, ra1, ra2, ra3, rb0, rb1);
-          }
-          buf_m[r0 * 256 + c0] = mg_d[0];
-          buf_m[r0 * 256 + (c0 + 1)] = mg_d[1];
-          buf_m[r1 * 256 + c0] = mg_d[2];
-          buf_m[r1 * 256 + (c0 + 1)] = mg_d[3];
+          (void)mg_nb; (void)c0; (void)n0;
+          mg_ldsm_x4(ra0, ra1, ra2, ra3, (reinterpret_cast<const unsigned char*>(sm_a) + ((((kk + (mg_lane >> 4) * 8)) * 2) / 32) * 2048 + ((((0) * 64 + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8))) * 32 + (((kk + (mg_lane >> 4) * 8)) * 2) % 32) ^ ((((((0) * 64 + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8))) * 32 + (((kk + (mg_lane >> 4) * 8)) * 2) % 32) >> 7) & 1) << 4))));
+          unsigned rb0, rb1;
+          mg_ldsm_x2_t(rb0, rb1, (reinterpret_cast<const unsigned char*>(sm_b) + ((((mg_ni * 8)) * 2) / 128) * 2048 + ((((0) * 16 + ((kk + (mg_lane & 15)))) * 128 + (((mg_ni * 8)) * 2) % 128) ^ ((((((0) * 16 + ((kk + (mg_lane & 15)))) * 128 + (((mg_ni * 8)) * 2) % 128) >> 7) & 7) << 4))));
+          mg_mma_f16(acc_s[j], ra0, ra1, ra2, ra3, rb0, rb1);
         }
       }
     }
-    __syncthreads();
-    for (int e1 = threadIdx.x; e1 < 16384; e1 += 128) {
-      const int a2_1 = e1 / 256;
-      const int a2_2 = (e1) % 256;
-      buf_s[e1] += buf_m[a2_1 * 256 + a2_2];
     }
   }
   __syncthreads();
+  {
+    const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
+    const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
+    (void)mg_g; (void)mg_t;
+    const int mg_grp = mg_warp % 16, mg_ks = mg_warp / 16;
+    (void)mg_ks;
+    #pragma unroll
+    for (int j = 0; j < 8; ++j) {
+      const int q = mg_grp + 16 * j;
+      if (q < 128) {
+        const int mg_nb = q / 128;
+        const int mg_mi = (q / 32) % 4;
+        const int mg_ni = q % 32;
+        const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
+        const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
+        (void)mg_nb; (void)r1; (void)c0; (void)n0;
+        buf_s[r0 * 256 + c0] = acc_s[j][0];
+        buf_s[r0 * 256 + (c0 + 1)] = acc_s[j][1];
+        buf_s[r1 * 256 + c0] = acc_s[j][2];
+        buf_s[r1 * 256 + (c0 + 1)] = acc_s[j][3];
+      }
+    }
+  }
   __syncthreads();
-  for (int e3 = threadIdx.x; e3 < 2048; e3 += 128) {
-    const int i4_1 = e3 / 32;
-    const int i4_2 = (e3) % 32;
-    mg_st8(p2 + (bx * 256 + by * 262144 + bz * 1048576 + i4_1 * 4096 + (i4_2 * 8)), buf_s[i4_1 * 256 + ((i4_2 * 8) + 0)], buf_s[i4_1 * 256 + ((i4_2 * 8) + 1)], buf_s[i4_1 * 256 + ((i4_2 * 8) + 2)], buf_s[i4_1 * 256 + ((i4_2 * 8) + 3)], buf_s[i4_1 * 256 + ((i4_2 * 8) + 4)], buf_s[i4_1 * 256 + ((i4_2 * 8) + 5)], buf_s[i4_1 * 256 + ((i4_2 * 8) + 6)], buf_s[i4_1 * 256 + ((i4_2 * 8) + 7)]);
+  for (int e1 = threadIdx.x; e1 < 2048; e1 += 512) {
+    const int i2_1 = e1 / 32;
+    const int i2_2 = (e1) % 32;
+    mg_st8(p2 + (bx * 256 + by * 262144 + bz * 1048576 + i2_1 * 4096 + (i2_2 * 8)), buf_s[i2_1 * 256 + ((i2_2 * 8) + 0)], buf_s[i2_1 * 256 + ((i2_2 * 8) + 1)], buf_s[i2_1 * 256 + ((i2_2 * 8) + 2)], buf_s[i2_1 * 256 + ((i2_2 * 8) + 3)], buf_s[i2_1 * 256 + ((i2_2 * 8) + 4)], buf_s[i2_1 * 256 + ((i2_2 * 8) + 5)], buf_s[i2_1 * 256 + ((i2_2 * 8) + 6)], buf_s[i2_1 * 256 + ((i2_2 * 8) + 7)]);
   }
 }
 
@@ -916,7 +939,7 @@ static cudaError_t mg_prepare_mirage_qknorm_gqa_h16x256x64_h16x64x4096_h16x4096x
     if (*mg_state != 0) return cudaSuccess;
   }
   mg_err = cudaFuncSetAttribute((const void*)mg_k5_mirage_qknorm_gqa_h16x256x64_h16x64x4096_h16x4096x64_to_h16x256x64,
-                                cudaFuncAttributeMaxDynamicSharedMemorySize, 173104);
+                                cudaFuncAttributeMaxDynamicSharedMemorySize, 107568);
   if (mg_err != cudaSuccess) return mg_err;
   mg_err = cudaFuncSetAttribute((const void*)mg_k10_mirage_qknorm_gqa_h16x256x64_h16x64x4096_h16x4096x64_to_h16x256x64,
                                 cudaFuncAttributeMaxDynamicSharedMemorySize, 156736);
@@ -1037,8 +1060,8 @@ extern "C" cudaError_t mirage_qknorm_gqa_h16x256x64_h16x64x4096_h16x4096x64_to_h
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2, &mg_a3, &mg_a4};
     cudaLaunchConfig_t mg_cfg = {};
     mg_cfg.gridDim = dim3(16, 4, 16);
-    mg_cfg.blockDim = dim3(128);
-    mg_cfg.dynamicSmemBytes = 173104;
+    mg_cfg.blockDim = dim3(512);
+    mg_cfg.dynamicSmemBytes = 107568;
     mg_cfg.stream = mg_stream;
     mg_cfg.attrs = mg_pdl;
     mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;

@@ -9,13 +9,15 @@ left to the planner), checked against the reference with NaN-poisoned outputs an
 timed as CUDA-graph replays over input copies larger than twice the L2 (the bench's
 method). The floor uses the bandwidth of a large device-to-device copy through
 PyTorch's copy kernel measured in the same process. Prints a table; writes every row
-to OUT.json. Used for docs/perf-log.md.
+to OUT.json (``PROBE_NO_TORCH=1``: no PyTorch baselines; ``PROBE_KNOBS=a,b``: only
+these knobs). Used for docs/perf-log.md.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import sys
 
 from mirage_cli.codegen import bench
@@ -72,8 +74,6 @@ def variants(g: Graph) -> list[tuple[str, Graph]]:
     out = [("default", g)]
     types = g.tensor_types()
     spaces = [knob_space(op.block, types, "sm_90") for op in g.ops if op.block is not None]
-    import os
-
     only = os.environ.get("PROBE_KNOBS")
     for knob in (only.split(",") if only else Knobs.names()):
         values = sorted({v for s in spaces for v in s[knob]})
@@ -101,8 +101,9 @@ def main(argv: list[str]) -> int:
         floor = (bench.input_bytes(prog) + sum(prog.tensor_types()[n].nbytes
                                                for n in prog.outputs)) / bw * 1e6
         scale = bench.input_scale(prog)
-        base = {}
-        for name, compiled in (("eager", False), ("compile", True)):
+        base: dict[str, float | None] = {"eager": None, "compile": None}
+        for name, compiled in (() if os.environ.get("PROBE_NO_TORCH") else
+                               (("eager", False), ("compile", True))):
             us, chk = bench._torch_baseline(dev, prog, compiled, 20, scale)
             base[name] = us
         for label, vg in ([("default", g)] if default_only else variants(g)):

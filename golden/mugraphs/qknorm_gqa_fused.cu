@@ -10,7 +10,7 @@
 // input 1 'K': f16[16, 64, 4096]
 // input 2 'V': f16[16, 4096, 64]
 // output 0 'O': f16[16, 256, 64]
-// kernel mg_k0_mirage_qknorm_gqa_fused_h16x256x64_h16x64x4096_h16x4096x64_to_h16x256x64: grid [16, 16, 4], 128 threads, 148272 B dynamic shared memory
+// kernel mg_k0_mirage_qknorm_gqa_fused_h16x256x64_h16x64x4096_h16x4096x64_to_h16x256x64: grid [16, 16, 4], 512 threads, 148272 B dynamic shared memory
 // kernel mg_k1_mirage_qknorm_gqa_fused_h16x256x64_h16x64x4096_h16x4096x64_to_h16x256x64: grid [16, 16, 1], 512 threads, 37952 B dynamic shared memory
 
 // The kernels use cp.async, bf16 conversions and mma.sync shapes of sm_80 and later:
@@ -314,8 +314,8 @@ __device__ __forceinline__ void mg_dsmem_st(float* p, unsigned rank, float v) {
 }
 #endif
 
-// fused kernel: grid [16, 16, 4], 128 threads, forloop 4; plan: 4 stage(s), kwarps 1, 148272 B shared memory
-extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_qknorm_gqa_fused_h16x256x64_h16x64x4096_h16x4096x64_to_h16x256x64(
+// fused kernel: grid [16, 16, 4], 512 threads, forloop 4; plan: 4 stage(s), kwarps 1, 148272 B shared memory
+extern "C" __global__ void __launch_bounds__(512, 1) mg_k0_mirage_qknorm_gqa_fused_h16x256x64_h16x64x4096_h16x4096x64_to_h16x256x64(
     const mg_f16* __restrict__ p0,
     const mg_f16* __restrict__ p1,
     const mg_f16* __restrict__ p2,
@@ -348,19 +348,19 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_qknorm_gqa_fus
   float* buf_e = reinterpret_cast<float*>(mg_smem + 114176);
   float* buf_l = reinterpret_cast<float*>(mg_smem + 130560);
   float* buf_o = reinterpret_cast<float*>(mg_smem + 130816);
-  int mg_so_q[4], mg_do_q[4];
+  int mg_so_q[1], mg_do_q[1];
   #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int c1 = threadIdx.x + i * 128;
+  for (int i = 0; i < 1; ++i) {
+    const int c1 = threadIdx.x + i * 512;
     const int s2_1 = c1 / 8;
     const int s2_2 = (c1) % 8;
     mg_so_q[i] = s2_1 * 64 + (s2_2 * 8);
     mg_do_q[i] = s2_1 * 72 + (s2_2 * 8);
   }
-  int mg_so_k[4], mg_do_k[4];
+  int mg_so_k[1], mg_do_k[1];
   #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int c11 = threadIdx.x + i * 128;
+  for (int i = 0; i < 1; ++i) {
+    const int c11 = threadIdx.x + i * 512;
     const int s12_1 = c11 / 8;
     const int s12_2 = (c11) % 8;
     mg_so_k[i] = s12_1 * 4096 + (s12_2 * 8);
@@ -369,13 +369,13 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_qknorm_gqa_fus
   mg_grid_wait();
   mg_grid_release();
   #pragma unroll
-  for (int i = 0; i < 4; ++i) mg_cp_async16(sm_q_0 + mg_do_q[i], p0 + (base_q) + mg_so_q[i]);
+  for (int i = 0; i < 1; ++i) mg_cp_async16(sm_q_0 + mg_do_q[i], p0 + (base_q) + mg_so_q[i]);
   mg_cp_async_wait_all();
   __syncthreads();
   const auto* sm_q = sm_q_0;
   #pragma unroll
-  for (int j = 0; j < 16; ++j) {
-    const int row = threadIdx.x / 32 + 4 * j;
+  for (int j = 0; j < 4; ++j) {
+    const int row = threadIdx.x / 32 + 16 * j;
     const int mg_rl = threadIdx.x % 32;
     (void)row; (void)mg_rl;
     float r3 = 0.0f;
@@ -390,7 +390,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_qknorm_gqa_fus
     }
   }
   __syncthreads();
-  for (int e7 = threadIdx.x; e7 < 4096; e7 += 128) {
+  for (int e7 = threadIdx.x; e7 < 4096; e7 += 512) {
     const int i8_1 = e7 / 64;
     const int i8_2 = (e7) % 64;
     const float v9 = mg_ld(sm_q[i8_1 * 72 + i8_2]);
@@ -399,32 +399,32 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_qknorm_gqa_fus
   }
   __syncthreads();
   #pragma unroll
-  for (int i = 0; i < 4; ++i) mg_cp_async16((sm_k_0 + ((0) % 4) * 4608) + mg_do_k[i], p1 + ((base_k + 0)) + mg_so_k[i]);
+  for (int i = 0; i < 1; ++i) mg_cp_async16((sm_k_0 + ((0) % 4) * 4608) + mg_do_k[i], p1 + ((base_k + 0)) + mg_so_k[i]);
   if (threadIdx.x == 0) {
     mg_mbar_arrive_expect(mg_mbar + ((0) % 4), 8192u);
     mg_tma3(reinterpret_cast<unsigned char*>((sm_v_0 + ((0) % 4) * 4096)), &p5, 0, by * 256 + (0) * 64, bx * 1, mg_mbar + ((0) % 4));
   }
   mg_cp_async_commit();
   #pragma unroll
-  for (int i = 0; i < 4; ++i) mg_cp_async16((sm_k_0 + ((1) % 4) * 4608) + mg_do_k[i], p1 + ((base_k + 64)) + mg_so_k[i]);
+  for (int i = 0; i < 1; ++i) mg_cp_async16((sm_k_0 + ((1) % 4) * 4608) + mg_do_k[i], p1 + ((base_k + 64)) + mg_so_k[i]);
   if (threadIdx.x == 0) {
     mg_mbar_arrive_expect(mg_mbar + ((1) % 4), 8192u);
     mg_tma3(reinterpret_cast<unsigned char*>((sm_v_0 + ((1) % 4) * 4096)), &p5, 0, by * 256 + (1) * 64, bx * 1, mg_mbar + ((1) % 4));
   }
   mg_cp_async_commit();
   #pragma unroll
-  for (int i = 0; i < 4; ++i) mg_cp_async16((sm_k_0 + ((2) % 4) * 4608) + mg_do_k[i], p1 + ((base_k + 128)) + mg_so_k[i]);
+  for (int i = 0; i < 1; ++i) mg_cp_async16((sm_k_0 + ((2) % 4) * 4608) + mg_do_k[i], p1 + ((base_k + 128)) + mg_so_k[i]);
   if (threadIdx.x == 0) {
     mg_mbar_arrive_expect(mg_mbar + ((2) % 4), 8192u);
     mg_tma3(reinterpret_cast<unsigned char*>((sm_v_0 + ((2) % 4) * 4096)), &p5, 0, by * 256 + (2) * 64, bx * 1, mg_mbar + ((2) % 4));
   }
   mg_cp_async_commit();
-  float acc_l[16];
+  float acc_l[4];
   #pragma unroll
-  for (int j = 0; j < 16; ++j) acc_l[j] = 0.0f;
-  float acc_o[8][4];
+  for (int j = 0; j < 4; ++j) acc_l[j] = 0.0f;
+  float acc_o[2][4];
   #pragma unroll
-  for (int j = 0; j < 8; ++j) acc_o[j][0] = acc_o[j][1] = acc_o[j][2] = acc_o[j][3] = 0.0f;
+  for (int j = 0; j < 2; ++j) acc_o[j][0] = acc_o[j][1] = acc_o[j][2] = acc_o[j][3] = 0.0f;
   for (int it = 0; it < 4; ++it) {
     const int off_k = base_k + it * 64;
     mg_cp_async_wait<2>();
@@ -432,7 +432,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_qknorm_gqa_fus
     __syncthreads();
     if (it + 3 < 4) {
       #pragma unroll
-      for (int i = 0; i < 4; ++i) mg_cp_async16((sm_k_0 + (((it + 3)) % 4) * 4608) + mg_do_k[i], p1 + ((off_k + 192)) + mg_so_k[i]);
+      for (int i = 0; i < 1; ++i) mg_cp_async16((sm_k_0 + (((it + 3)) % 4) * 4608) + mg_do_k[i], p1 + ((off_k + 192)) + mg_so_k[i]);
       if (threadIdx.x == 0) {
         mg_mbar_arrive_expect(mg_mbar + ((it + 3) % 4), 8192u);
         mg_tma3(reinterpret_cast<unsigned char*>((sm_v_0 + ((it + 3) % 4) * 4096)), &p5, 0, by * 256 + (it + 3) * 64, bx * 1, mg_mbar + ((it + 3) % 4));
@@ -441,35 +441,47 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_qknorm_gqa_fus
     mg_cp_async_commit();
     const auto* sm_k = (sm_k_0 + ((it) % 4) * 4608);
     const auto* sm_v = (sm_v_0 + ((it) % 4) * 4096);
-    for (int e13 = threadIdx.x; e13 < 64; e13 += 128) {
+    for (int e13 = threadIdx.x; e13 < 64; e13 += 512) {
       const int i14_2 = e13;
-      float acc16 = 0.0f;
-      for (int k15 = 0; k15 < 64; ++k15) {
-        const float v17 = mg_ld(sm_k[k15 * 72 + i14_2]);
-        const float v18 = (v17 * v17);
-        acc16 += v18;
+      float acc15_p[4];
+      #pragma unroll
+      for (int q17 = 0; q17 < 4; ++q17) acc15_p[q17] = 0.0f;
+      #pragma unroll
+      for (int k16 = 0; k16 < 64; k16 += 4) {
+        #pragma unroll
+        for (int q17 = 0; q17 < 4; ++q17) {
+          const float v18 = mg_ld(sm_k[(k16 + q17) * 72 + i14_2]);
+          const float v19 = (v18 * v18);
+          acc15_p[q17] += v19;
+        }
       }
-      const float v19 = (acc16 / 64.0f);
-      buf_kr[i14_2] = sqrtf(v19);
+      float acc15 = acc15_p[0];
+      acc15 += acc15_p[1];
+      acc15 += acc15_p[2];
+      acc15 += acc15_p[3];
+      const float v20 = (acc15 / 64.0f);
+      buf_kr[i14_2] = sqrtf(v20);
     }
     __syncthreads();
-    for (int e20 = threadIdx.x; e20 < 4096; e20 += 128) {
-      const int i21_1 = e20 / 64;
-      const int i21_2 = (e20) % 64;
-      const float v22 = mg_ld(sm_k[i21_1 * 72 + i21_2]);
-      const float v23 = buf_kr[i21_2];
-      mg_st(sm_kn_0 + (i21_1 * 72 + i21_2), (v22 / v23));
+    #pragma unroll
+    for (int j25 = 0; j25 < 8; ++j25) {
+      const int e21 = threadIdx.x + j25 * 512;
+      const int i22_1 = e21 / 64;
+      const int i22_2 = (e21) % 64;
+      const float v23 = mg_ld(sm_k[i22_1 * 72 + i22_2]);
+      const float v24 = buf_kr[i22_2];
+      mg_st(sm_kn_0 + (i22_1 * 72 + i22_2), (v23 / v24));
     }
     __syncthreads();
     {
       const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
       const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
       (void)mg_g; (void)mg_t;
-      const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
+      const int mg_grp = mg_warp % 16, mg_ks = mg_warp / 16;
       (void)mg_ks;
       #pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const int q = mg_grp + 4 * j;
+      for (int j = 0; j < 2; ++j) {
+        const int q = mg_grp + 16 * j;
         if (q < 32) {
           const int mg_nb = q / 32;
           const int mg_mi = (q / 8) % 4;
@@ -497,29 +509,31 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_qknorm_gqa_fus
       }
     }
     __syncthreads();
-    for (int e24 = threadIdx.x; e24 < 4096; e24 += 128) {
-      const int i25_1 = e24 / 64;
-      const int i25_2 = (e24) % 64;
-      const float v26 = buf_s[i25_1 * 64 + i25_2];
-      const float v27 = (v26 * 0.125f);
-      buf_e[i25_1 * 64 + i25_2] = expf(v27);
+    #pragma unroll
+    for (int j30 = 0; j30 < 8; ++j30) {
+      const int e26 = threadIdx.x + j30 * 512;
+      const int i27_1 = e26 / 64;
+      const int i27_2 = (e26) % 64;
+      const float v28 = buf_s[i27_1 * 64 + i27_2];
+      const float v29 = (v28 * 0.125f);
+      buf_e[i27_1 * 64 + i27_2] = expf(v29);
     }
     __syncthreads();
     #pragma unroll
-    for (int j = 0; j < 16; ++j) {
-      const int row = threadIdx.x / 32 + 4 * j;
+    for (int j = 0; j < 4; ++j) {
+      const int row = threadIdx.x / 32 + 16 * j;
       const int mg_rl = threadIdx.x % 32;
       (void)row; (void)mg_rl;
-      const int w29_1 = row;
-      for (int k28 = mg_rl; k28 < 64; k28 += 32) {
-        acc_l[j] += buf_e[w29_1 * 64 + k28];
+      const int w32_1 = row;
+      for (int k31 = mg_rl; k31 < 64; k31 += 32) {
+        acc_l[j] += buf_e[w32_1 * 64 + k31];
       }
     }
     {
       const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
       const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
       (void)mg_g; (void)mg_t;
-      const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
+      const int mg_grp = mg_warp % 16, mg_ks = mg_warp / 16;
       (void)mg_ks;
     #pragma unroll
     for (int s = 0; s < 4; ++s) {
@@ -528,8 +542,8 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_qknorm_gqa_fus
       (void)k0; (void)k1;
       unsigned ra0, ra1, ra2, ra3;
       #pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const int q = mg_grp + 4 * j;
+      for (int j = 0; j < 2; ++j) {
+        const int q = mg_grp + 16 * j;
         if (q < 32) {
           const int mg_nb = q / 32;
           const int mg_ni = q % 8;
@@ -551,25 +565,25 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_qknorm_gqa_fus
   }
   __syncthreads();
   #pragma unroll
-  for (int j = 0; j < 16; ++j) {
-    const int row = threadIdx.x / 32 + 4 * j;
+  for (int j = 0; j < 4; ++j) {
+    const int row = threadIdx.x / 32 + 16 * j;
     const int mg_rl = threadIdx.x % 32;
     (void)row; (void)mg_rl;
-    float v30 = acc_l[j];
-    v30 = mg_warp_sum(v30);
+    float v33 = acc_l[j];
+    v33 = mg_warp_sum(v33);
     if ((threadIdx.x & 31) == 0) {
-      if (row < 64) buf_l[row] = v30;
+      if (row < 64) buf_l[row] = v33;
     }
   }
   {
     const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
     const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
     (void)mg_g; (void)mg_t;
-    const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
+    const int mg_grp = mg_warp % 16, mg_ks = mg_warp / 16;
     (void)mg_ks;
     #pragma unroll
-    for (int j = 0; j < 8; ++j) {
-      const int q = mg_grp + 4 * j;
+    for (int j = 0; j < 2; ++j) {
+      const int q = mg_grp + 16 * j;
       if (q < 32) {
         const int mg_nb = q / 32;
         const int mg_mi = (q / 8) % 4;
@@ -585,14 +599,14 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_qknorm_gqa_fus
     }
   }
   __syncthreads();
-  for (int e31 = threadIdx.x; e31 < 64; e31 += 128) {
-    const int i32_1 = e31;
-    mg_st(p3 + (bx * 4096 + by * 1 + bz * 1024 + i32_1 * 16), buf_l[i32_1]);
+  for (int e34 = threadIdx.x; e34 < 64; e34 += 512) {
+    const int i35_1 = e34;
+    mg_st(p3 + (bx * 4096 + by * 1 + bz * 1024 + i35_1 * 16), buf_l[i35_1]);
   }
-  for (int e33 = threadIdx.x; e33 < 4096; e33 += 128) {
-    const int i34_1 = e33 / 64;
-    const int i34_2 = (e33) % 64;
-    mg_st(p4 + (bx * 262144 + by * 64 + bz * 65536 + i34_1 * 1024 + i34_2), buf_o[i34_1 * 64 + i34_2]);
+  for (int e36 = threadIdx.x; e36 < 4096; e36 += 512) {
+    const int i37_1 = e36 / 64;
+    const int i37_2 = (e36) % 64;
+    mg_st(p4 + (bx * 262144 + by * 64 + bz * 65536 + i37_1 * 1024 + i37_2), buf_o[i37_1 * 64 + i37_2]);
   }
 }
 
@@ -813,7 +827,7 @@ extern "C" cudaError_t mirage_qknorm_gqa_fused_h16x256x64_h16x64x4096_h16x4096x6
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2, &mg_a3, &mg_a4, &mg_a5};
     cudaLaunchConfig_t mg_cfg = {};
     mg_cfg.gridDim = dim3(16, 16, 4);
-    mg_cfg.blockDim = dim3(128);
+    mg_cfg.blockDim = dim3(512);
     mg_cfg.dynamicSmemBytes = 148272;
     mg_cfg.stream = mg_stream;
     mg_cfg.attrs = mg_pdl;

@@ -112,12 +112,19 @@ def plan_entries(ch: Chain, lay: ChainLayout, a_path: str
 
 
 def chain_threads(a: Analysis) -> int | None:
-    """The fewest threads (from the block graph's, doubling up to 512) whose warps hold
-    the chain in registers with one warp per 16-row tile at most; None without a chain."""
+    """Threads (from the block graph's, doubling up to 512) for one warp per 16-row tile
+    of the score, at least as many as hold the chain in registers; None without a
+    chain. A warp with two 16-row tiles keeps both unrolled in its registers and
+    hides less latency: on an H100 (docs/perf-log.md v20) qknorm_gqa at batch 8 (eight
+    row tiles per block) ran 99.9 µs with 4 warps and 73.4 with 8, while gqa (four
+    row tiles) was fastest with 4 (29.8 against 33.8)."""
     ch = chain_of(a)
     if ch is None:
         return None
+    shape = ch.first.outputs[0].type.shape
+    row_tiles = (shape[0] if len(shape) == 3 else 1) * (shape[-2] // 16)
     t = a.bg.threads
-    while t < 512 and isinstance(layout(ch, t // 32, default_kwarps(ch, t // 32)), str):
+    while t < 512 and (t // 32 < row_tiles
+                       or isinstance(layout(ch, t // 32, default_kwarps(ch, t // 32)), str)):
         t *= 2
     return t

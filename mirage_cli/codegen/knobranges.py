@@ -10,10 +10,18 @@ from collections.abc import Mapping
 
 from mirage_cli import arch as archs
 from mirage_cli.codegen import chainplan
-from mirage_cli.codegen.blockfacts import Analysis, analyse, direct_acc, is_mma
+from mirage_cli.codegen.blockfacts import (
+    Analysis,
+    analyse,
+    decompose,
+    direct_acc,
+    is_mma,
+    mma_tiles,
+)
 from mirage_cli.ir import BlockGraph, BlockOp, DType, TensorType
 
 VEC_BYTES = 16
+MMA_ACC_REGS_MAX = 64  # mma accumulator registers per thread
 
 
 def vec_elems(t: TensorType, *row_lengths: int) -> int:
@@ -46,22 +54,48 @@ def default_ksplit(a: Analysis, arch: archs.Arch) -> int:
 def default_threads(bg: BlockGraph) -> int:
     """The block graph's thread count; kernels without tensor-core work get enough
     threads for one 16-byte access per thread over their largest tile (up to 512), so
-    row-wise kernels with few blocks still keep many loads in flight."""
+    row-wise kernels with few blocks still keep many loads in flight. Tensor-core
+    kernels are judged on the graph the planner lays out (norms and softmax
+    decomposed), so that a chain fed by a normalised operand is seen as one."""
     mmas = [op for op in bg.ops if is_mma(op, bg.threads)]
-    chained = chainplan.chain_threads(analyse(bg)) if len(mmas) == 2 else None
+    a = analyse(decompose(bg)) if mmas else None
+    chained = chainplan.chain_threads(a) if a is not None and len(mmas) == 2 else None
     if chained is not None:
         return chained
-    if mmas:
+    if a is not None:
+        if any(_result_in_smem(op, a) for op in a.bg.ops if is_mma(op, bg.threads)):
+            return ELEMENT_THREADS
         # Streaming matmuls issue many instructions per byte (copies, fragment loads):
         # with one block per SM, 8 warps issue faster than 4 (docs/perf-log.md).
-        a = analyse(bg)
-        heavy = max(ksteps(op, a) for op in mmas) >= 16
+        heavy = max(ksteps(op, a) for op in a.bg.ops if is_mma(op, bg.threads)) >= 16
         return max(bg.threads, 256) if heavy else bg.threads
     largest = max([bi.value.type.numel for bi in bg.inputs] + [1])
     t = bg.threads
     while t < 512 and t * 2 * 8 <= largest:
         t *= 2
     return t
+
+
+# Threads of a kernel whose matmul result goes through shared memory as an f32 tile:
+# what follows it (scaling, row statistics, exp, a second matmul's scalar operand
+# loads) is element work over the whole tile, one element per thread at a time. On an
+# H100 (docs/perf-log.md v20) 128 / 256 / 512 threads ran mha_decode's score kernel at
+# batch 8 in 308 / 233 / 192 µs and qknorm_gqa's one-kernel form at batch 16 in 359 /
+# 104 / 86 µs.
+ELEMENT_THREADS = 512
+
+
+def _result_in_smem(op: BlockOp, a: Analysis) -> bool:
+    """Whether the planner homes this forloop mma's result in shared memory at the block
+    graph's threads: not summed by a forloop accumulator, or too many m16n8 tiles per
+    warp for the accumulator's registers (the planner's rule in ``planner._mmas``). A
+    matmul after the loop runs once: its home does not make the kernel element-bound."""
+    if a.phases[op.outputs[0].name] != "loop":
+        return False
+    if direct_acc(op, a) is None:
+        return True
+    per_warp = -(-mma_tiles(op.outputs[0].type) // (a.bg.threads // 32))
+    return 4 * per_warp > MMA_ACC_REGS_MAX
 
 
 def ksteps(op: BlockOp, a: Analysis) -> int:

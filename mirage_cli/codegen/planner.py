@@ -35,6 +35,7 @@ from mirage_cli.codegen.blockfacts import (
     threads_per_row,
 )
 from mirage_cli.codegen.knobranges import (
+    MMA_ACC_REGS_MAX,
     VEC_BYTES,
     default_ksplit,
     default_stagger,
@@ -53,7 +54,6 @@ from mirage_cli.ir import BlockGraph, BlockOp, DType, TensorType
 from mirage_cli.kplan import Home, KernelPlan, Knobs, MmaPlan, ReducePlan, TilePlan
 
 ACC_REGS_MAX = 32     # accumulator elements per thread kept in registers
-MMA_ACC_REGS_MAX = 64  # mma accumulator registers per thread
 
 
 # -- the plan ---------------------------------------------------------------------------

@@ -69,8 +69,10 @@ def cache_dir() -> Path:
 # a grid that cannot store an output builds intermediates of at most 4 operators; 21:
 # the plan's default depth is 6 stages for grids of one block per SM, streaming loops
 # copy their mma operands by bulk tensor copies, and the model reads them at the
-# profile's bulk_stream_bw).
-SEARCH_REVISION = 21
+# profile's bulk_stream_bw; 22: plans of chains take one warp per 16-row tile and
+# kernels whose loop matmul result goes through shared memory 512 threads, and the
+# tuner's descent starts from rebalanced grids too).
+SEARCH_REVISION = 22
 
 
 def program_hash(program: Graph) -> str:

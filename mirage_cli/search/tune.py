@@ -105,7 +105,7 @@ def _moves(n: int, extent: int) -> list[int]:
 
 def tune(target: Graph, design: Design, max_steps: int = MAX_STEPS
          ) -> list[tuple[Cost, Tuning, Graph]]:
-    """Every valid tuning visited by coordinate descent, best first."""
+    """Every valid tuning visited by coordinate descent from each start, best first."""
     seen: dict[Tuning, tuple[Cost, Graph] | None] = {}
 
     def cost(t: Tuning) -> tuple[Cost, Graph] | None:
@@ -115,25 +115,67 @@ def tune(target: Graph, design: Design, max_steps: int = MAX_STEPS
         return seen[t]
 
     types = target.tensor_types()
-    current = _valid_start(target, design, cost)
-    steps = 0
-    while current is not None and steps < max_steps:
-        steps += 1
-        here = cost(current)
-        assert here is not None
-        better = [(c, n) for n in _neighbours(current, design, types)
-                  if (c := cost(n)) is not None and _key(c[0]) < _key(here[0])]
-        if not better:
-            break
-        current = min(better, key=lambda cn: (_key(cn[0][0]), cn[1]))[1]
+    for first in starts(target, design):
+        current = _valid_start(first, design, cost)
+        steps = 0
+        while current is not None and steps < max_steps:
+            steps += 1
+            here = cost(current)
+            assert here is not None
+            better = [(c, n) for n in _neighbours(current, design, types)
+                      if (c := cost(n)) is not None and _key(c[0]) < _key(here[0])]
+            if not better:
+                break
+            current = min(better, key=lambda cn: (_key(cn[0][0]), cn[1]))[1]
+        if max_steps == 0:
+            break  # the first tuning alone (the driver's ranking of designs)
     found = [(v[0], t, v[1]) for t, v in seen.items() if v is not None]
     found.sort(key=lambda x: (_key(x[0]), x[1]))
     return found
 
 
-def _valid_start(target: Graph, design: Design, cost) -> Tuning | None:  # type: ignore
-    """The starting tuning, or the first valid one nearby (halving sizes)."""
-    t = start(target, design)
+# Starts of the descent besides :func:`start`: its grid with a factor of 2 moved from
+# the axis of most blocks to the axis of fewest, once and twice.
+REBALANCED_STARTS = 2
+
+
+def starts(target: Graph, design: Design) -> list[Tuning]:
+    """The tunings the descent starts from: :func:`start`, then the same with its
+    blocks spread more evenly over the grid axes. The model's time is not convex in
+    the sizes (a plan's threads, homes and stages change with the tiles), so one
+    descent can stop far from the best: qknorm_gqa at batch 8 stopped at grid
+    (4, 4, 32) x 8 iterations, predicted 85.1 µs, while starting from (8, 4, 8) reached
+    (16, 2, 4) x 16, predicted 67.8 (docs/perf-log.md v20)."""
+    first = start(target, design)
+    out = [first]
+    steps = custom_steps(design)
+    current = first
+    for _ in range(REBALANCED_STARTS):
+        moved = tuple((_rebalanced(grid, step.axes), forloop)
+                      for (grid, forloop), step in zip(current, steps))
+        if moved == current:
+            break
+        out.append(moved)
+        current = moved
+    return out
+
+
+def _rebalanced(grid: tuple[int, int, int], axes: int) -> tuple[int, int, int]:
+    """``grid`` with a factor of 2 moved from its largest split axis to its smallest."""
+    if axes < 2:
+        return grid
+    g = list(grid)
+    hi = max(range(axes), key=lambda a: (g[a], -a))
+    lo = min(range(axes), key=lambda a: (g[a], a))
+    if g[hi] < 4 or g[hi] <= 2 * g[lo]:
+        return grid
+    g[hi] //= 2
+    g[lo] *= 2
+    return (g[0], g[1], g[2])
+
+
+def _valid_start(t: Tuning, design: Design, cost) -> Tuning | None:  # type: ignore
+    """The starting tuning ``t``, or the first valid one nearby (halving sizes)."""
     for _ in range(12):
         if cost(t) is not None:
             return t
