@@ -62,3 +62,24 @@ def test_a_changed_program_or_options_search_again(tmp_path: Path) -> None:
     out, _ = opt(tmp_path, LORA, 2, "--max-block-ops", "11")
     assert "reused" not in out
 
+
+
+def test_a_reuse_a_search_would_cut_searches_instead(tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    # When the reused designs' best is predicted slower than the unfused program, a
+    # search at these sizes would also cut the program into parts; a pool of whole
+    # designs cannot stand for that, so the reuse gives way to the search.
+    from mirage_cli.search import driver
+
+    opt(tmp_path, LORA, 1)
+    calls: list[int] = []
+
+    def slower(program, cands):  # type: ignore[no-untyped-def]
+        calls.append(len(cands))
+        return not calls[1:]   # true for the reuse's check only
+
+    monkeypatch.setattr(driver, "cuts_too", slower)
+    out, cands = opt(tmp_path, LORA, 2)
+    assert "predicted slower than the unfused program at these sizes; searching" in out
+    assert "search: reused the" not in out
+    assert cands and all("reused_from" not in m for _, m in cands)

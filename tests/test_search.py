@@ -295,7 +295,7 @@ def test_a_whole_answer_slower_than_unfused_is_searched_cut_too():
     import dataclasses
 
     from mirage_cli.search.cost import estimate
-    from mirage_cli.search.driver import Candidate, _cut_too
+    from mirage_cli.search.driver import Candidate, cuts_too
 
     program = load_graph("examples/lora.mir")
     unfused = estimate(program)
@@ -303,9 +303,9 @@ def test_a_whole_answer_slower_than_unfused_is_searched_cut_too():
     def cand(us: float) -> Candidate:
         return Candidate(program, None, (), dataclasses.replace(unfused, time_us=us), {})  # type: ignore[arg-type]
 
-    assert _cut_too(program, [])
-    assert _cut_too(program, [cand(unfused.time_us * 2)])
-    assert not _cut_too(program, [cand(unfused.time_us / 2)])
+    assert cuts_too(program, [])
+    assert cuts_too(program, [cand(unfused.time_us * 2)])
+    assert not cuts_too(program, [cand(unfused.time_us / 2)])
 
 
 GELU_MLP = """

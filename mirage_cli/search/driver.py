@@ -261,7 +261,7 @@ def search(program: Graph, options: SearchOptions, budget: float | None = None,
     designs, complete = _enumerate(program, options, deadline, jobs, prog, notify, unit_map)
     pool: list[Design] | None = list(designs)
     cands = rank_and_verify(program, list(designs), options, prog, notify, jobs, deadline)
-    if _cut_too(program, cands) and depth < MAX_DEPTH and len(program.ops) > 1:
+    if cuts_too(program, cands) and depth < MAX_DEPTH and len(program.ops) > 1:
         mixed = _mixed(program, options, deadline, jobs, prog, depth, unit_map)
         if mixed and (not cands or mixed[0].cost.time_us < cands[0].cost.time_us):
             cands = mixed + cands
@@ -270,7 +270,7 @@ def search(program: Graph, options: SearchOptions, budget: float | None = None,
                         time.time() - start, pool)
 
 
-def _cut_too(program: Graph, cands: list[Candidate]) -> bool:
+def cuts_too(program: Graph, cands: list[Candidate]) -> bool:
     """Whether to search the program cut into parts as well: when nothing whole
     verified, or when the best whole answer is predicted slower than the unfused
     program (a fused answer slower than none is no answer: qwen2_mlp at batch 16

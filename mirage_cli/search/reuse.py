@@ -17,7 +17,8 @@ tunes, ranks and certifies at the new sizes:
 
 Either way the ranking is a search's ranking at the new sizes over at least the
 designs a search would find there, and only the candidates the caller needs are
-certified, best first. A candidate whose design the family's search certified, and
+certified, best first. A reuse whose best is predicted slower than the unfused
+program gives way to a search, which would also cut the program into parts. A candidate whose design the family's search certified, and
 which with its program satisfies the carry precondition against that certified
 µGraph (:mod:`mirage_cli.verifier.carry`: the only size that changes is a pointwise
 dimension of both), takes that certificate (``verification.carried``; :func:`_carried`
@@ -51,7 +52,7 @@ def reused(program: Graph, options: Any, on_progress: Any = None,
     workers), and only ``need`` (default: ``top``) are certified, best first. Returns
     the :class:`~mirage_cli.search.driver.Outcome`, or None when there is nothing to
     reuse or no design verifies at these sizes (the caller then searches)."""
-    from mirage_cli.search.driver import Outcome, reuse_designs
+    from mirage_cli.search.driver import Outcome, cuts_too, reuse_designs
 
     opts = options.as_json()
     k = key(program, opts)
@@ -76,6 +77,14 @@ def reused(program: Graph, options: Any, on_progress: Any = None,
     if not res.candidates:
         info(f"search: no design of the cached search at {at} verifies at these sizes; "
              f"searching")
+        return None
+    if cuts_too(program, res.candidates):
+        # A search here would also cut the program into parts (driver.cuts_too), which
+        # a pool of whole-program designs cannot stand for: mqa_decode at batch 8 after
+        # a search at batch 1 shipped its unfused lowering, where a search at batch 8
+        # found a three-kernel design the model ranks first (docs/perf-log.md v20).
+        info(f"search: the best design of the cached search at {at} is predicted slower "
+             f"than the unfused program at these sizes; searching")
         return None
     found = res.progress.designs - res.progress.reused
     how = ("the same size pattern: nothing enumerated" if same else
