@@ -184,3 +184,36 @@ def test_a_reuse_verifies_only_what_it_needs(monkeypatch: pytest.MonkeyPatch) ->
     seen.clear()
     three = reuse_designs(mlp(16), pool, SearchOptions(), need=3, jobs=2)
     assert len(three.candidates) == 3 and [c.graph for c in three.candidates] == seen
+
+
+def test_the_pool_cannot_push_a_fresh_design_out_of_the_tuning() -> None:
+    # The designs tuned fully are the best few by their first tuning; a reuse at
+    # another size pattern takes that many from the designs found at these sizes and
+    # as many again from the pool, so it tunes whatever a search here would.
+    firsts = [((False, t, 0, i), d, None) for i, (t, d) in
+              enumerate([(1.0, "pool-a"), (2.0, "pool-b"), (3.0, "fresh-a"), (4.0, "fresh-b")])]
+    assert driver._best_of(firsts, 2, None) == ["pool-a", "pool-b"]  # type: ignore[arg-type]
+    groups = [["fresh-a", "fresh-b"], ["pool-a", "pool-b"]]
+    assert driver._best_of(firsts, 1, groups) == ["pool-a", "fresh-a"]  # type: ignore[arg-type]
+    assert driver._best_of(firsts, 2, groups) == ["pool-a", "pool-b", "fresh-a", "fresh-b"]  # type: ignore[arg-type]
+
+
+def test_a_reuse_at_another_pattern_ranks_in_two_groups(monkeypatch: pytest.MonkeyPatch
+                                                         ) -> None:
+    pool = search(mlp(8), SearchOptions()).pool
+    assert pool
+    seen: list[Any] = []
+    real = driver._ranked
+
+    def spy(*args: Any, **kw: Any) -> Any:
+        seen.append(kw.get("groups"))
+        return real(*args, **kw)
+
+    monkeypatch.setattr(driver, "_ranked", spy)
+    reuse_designs(mlp(16), pool, SearchOptions(), need=1, enumerate_here=True)
+    (groups,) = seen
+    assert groups is not None and set(groups[1]) == set(pool)
+    assert not set(groups[0]) & set(pool)
+    seen.clear()
+    reuse_designs(mlp(16), pool, SearchOptions(), need=1)
+    assert seen == [None]

@@ -383,7 +383,10 @@ def reuse_designs(program: Graph, designs: list[Design], options: SearchOptions,
     pool.update(known)
     prog.designs, prog.reused = len(pool), len(known)
     keep = options.top if need is None else max(1, min(need, options.top))
-    todo = _ranked(program, list(pool), options, prog, notify, deadline)
+    # Each group gets its own tune_designs best: the pool's designs must not push out
+    # of the tuning one that a search at these sizes would tune.
+    groups = [[d for d in pool if d not in known], list(known)] if enumerate_here else None
+    todo = _ranked(program, list(pool), options, prog, notify, deadline, groups=groups)
     # One at a time: a candidate is verified only while one is still needed. (Running
     # the float64 checks in a forked worker beside the finite-field trials was tried:
     # both sides' float64 GEMMs then run multi-threaded OpenBLAS on the same two cores,
@@ -586,9 +589,11 @@ Ranked = list[tuple[Design, Tuning, Graph, Cost]]
 
 def _ranked(program: Graph, designs: list[Design], options: SearchOptions, prog: Progress,
             notify: Callable[[Progress], None], deadline: float | None = None,
-            tuned: list[Graph] | None = None) -> Ranked:
+            tuned: list[Graph] | None = None, groups: list[list[Design]] | None = None
+            ) -> Ranked:
     """The designs tuned and costed, as (design, tuning, µGraph, cost), best first:
-    the fitting tunings of the ``tune_designs`` best designs, each µGraph once."""
+    the fitting tunings of the ``tune_designs`` best designs (by their first tuning;
+    with ``groups``, the ``tune_designs`` best of each group), each µGraph once."""
     prog.phase = "tune"
     notify(prog)
     t0 = time.time()
@@ -607,7 +612,7 @@ def _ranked(program: Graph, designs: list[Design], options: SearchOptions, prog:
     if tuned is not None:
         tuned.extend(g0 for _, _, g0 in firsts)
     tuned_all: list[tuple[str, Design, Tuning, Graph, Cost]] = []
-    for _, d, _ in firsts[:options.tune_designs]:
+    for d in _best_of(firsts, options.tune_designs, groups):
         for c, t, g in tune(program, d)[:2]:
             tuned_all.append((serialize.dumps(g), d, t, g, c))
     ranked = rank(tuned_all, lambda x: x[4], lambda x: x[0])  # the tie rule (cost.TIE_RULE)
@@ -627,6 +632,20 @@ def _ranked(program: Graph, designs: list[Design], options: SearchOptions, prog:
             todo.append((d, t, g, c))
     prog.too_big = len({d for _, d, _, _, _ in ranked} - fitting)
     return todo
+
+
+def _best_of(firsts: list[tuple[Any, Design, Graph]], n: int,
+             groups: list[list[Design]] | None) -> list[Design]:
+    """The ``n`` best designs of ``firsts`` (ranked by their first tuning), or with
+    ``groups`` the ``n`` best of each group, in the ranking's order."""
+    ranked = [d for _, d, _ in firsts]
+    if groups is None:
+        return ranked[:n]
+    keep: set[Design] = set()
+    for group in groups:
+        members = set(group)
+        keep.update([d for d in ranked if d in members][:n])
+    return [d for d in ranked if d in keep]
 
 
 def _done(prog: Progress, notify: Callable[[Progress], None], t0: float) -> None:
