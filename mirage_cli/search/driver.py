@@ -380,12 +380,13 @@ def reuse_designs(program: Graph, designs: list[Design], options: SearchOptions,
     pool: dict[Design, None] = {}
     if enumerate_here:
         pool, complete = _enumerate(program, options, deadline, jobs, prog, notify)
+    enumerated = list(pool)
     pool.update(known)
     prog.designs, prog.reused = len(pool), len(known)
     keep = options.top if need is None else max(1, min(need, options.top))
     # Each group gets its own tune_designs best: the pool's designs must not push out
     # of the tuning one that a search at these sizes would tune.
-    groups = [[d for d in pool if d not in known], list(known)] if enumerate_here else None
+    groups = [enumerated, list(known)] if enumerate_here else None
     todo = _ranked(program, list(pool), options, prog, notify, deadline, groups=groups)
     # One at a time: a candidate is verified only while one is still needed. (Running
     # the float64 checks in a forked worker beside the finite-field trials was tried:
