@@ -46,7 +46,7 @@ def layout(ch: Chain, warps: int, kwarps: int) -> ChainLayout | str:
     R, n = shape[-2:]
     e = ch.second.outputs[0].type.shape[-1]
     slices = shape[0] if len(shape) == 3 else 1
-    tm = slices * (R // 16)
+    tm = row_tiles(ch)
     if warps % kwarps:
         return f"kwarps={kwarps} does not divide {warps} warps"
     groups = warps // kwarps
@@ -68,9 +68,13 @@ def layout(ch: Chain, warps: int, kwarps: int) -> ChainLayout | str:
 
 def default_kwarps(ch: Chain, warps: int) -> int:
     """Fewest warps per 16-row tile that give every warp rows to own."""
+    return max(1, warps // row_tiles(ch))
+
+
+def row_tiles(ch: Chain) -> int:
+    """16-row tiles of the score (over the matrices of a batched tile)."""
     shape = ch.first.outputs[0].type.shape
-    tm = (shape[0] if len(shape) == 3 else 1) * (shape[-2] // 16)
-    return max(1, warps // tm)
+    return (shape[0] if len(shape) == 3 else 1) * (shape[-2] // 16)
 
 
 def chain_of(a: Analysis) -> Chain | None:
@@ -121,10 +125,8 @@ def chain_threads(a: Analysis) -> int | None:
     ch = chain_of(a)
     if ch is None:
         return None
-    shape = ch.first.outputs[0].type.shape
-    row_tiles = (shape[0] if len(shape) == 3 else 1) * (shape[-2] // 16)
     t = a.bg.threads
-    while t < 512 and (t // 32 < row_tiles
+    while t < 512 and (t // 32 < row_tiles(ch)
                        or isinstance(layout(ch, t // 32, default_kwarps(ch, t // 32)), str)):
         t *= 2
     return t

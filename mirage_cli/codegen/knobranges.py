@@ -57,17 +57,17 @@ def default_threads(bg: BlockGraph) -> int:
     row-wise kernels with few blocks still keep many loads in flight. Tensor-core
     kernels are judged on the graph the planner lays out (norms and softmax
     decomposed), so that a chain fed by a normalised operand is seen as one."""
-    mmas = [op for op in bg.ops if is_mma(op, bg.threads)]
-    a = analyse(decompose(bg)) if mmas else None
-    chained = chainplan.chain_threads(a) if a is not None and len(mmas) == 2 else None
-    if chained is not None:
-        return chained
-    if a is not None:
-        if any(_result_in_smem(op, a) for op in a.bg.ops if is_mma(op, bg.threads)):
+    if any(is_mma(op, bg.threads) for op in bg.ops):
+        a = analyse(decompose(bg))
+        mmas = [op for op in a.bg.ops if is_mma(op, bg.threads)]
+        chained = chainplan.chain_threads(a) if len(mmas) == 2 else None
+        if chained is not None:
+            return chained
+        if any(_result_in_smem(op, a) for op in mmas):
             return ELEMENT_THREADS
         # Streaming matmuls issue many instructions per byte (copies, fragment loads):
         # with one block per SM, 8 warps issue faster than 4 (docs/perf-log.md).
-        heavy = max(ksteps(op, a) for op in a.bg.ops if is_mma(op, bg.threads)) >= 16
+        heavy = max(ksteps(op, a) for op in mmas) >= 16
         return max(bg.threads, 256) if heavy else bg.threads
     largest = max([bi.value.type.numel for bi in bg.inputs] + [1])
     t = bg.threads
@@ -92,10 +92,18 @@ def _result_in_smem(op: BlockOp, a: Analysis) -> bool:
     matmul after the loop runs once: its home does not make the kernel element-bound."""
     if a.phases[op.outputs[0].name] != "loop":
         return False
-    if direct_acc(op, a) is None:
-        return True
-    per_warp = -(-mma_tiles(op.outputs[0].type) // (a.bg.threads // 32))
-    return 4 * per_warp > MMA_ACC_REGS_MAX
+    return direct_acc(op, a) is None or not acc_in_registers(op, a.bg.threads // 32)
+
+
+def mma_tiles_per_warp(op: BlockOp, warps: int) -> int:
+    """m16n8 tiles of ``op``'s result each of ``warps`` warps computes."""
+    return -(-mma_tiles(op.outputs[0].type) // warps)
+
+
+def acc_in_registers(op: BlockOp, warps: int) -> bool:
+    """Whether ``op``'s accumulator fragments, spread over ``warps`` warps, fit the
+    registers the planner gives them (``MMA_ACC_REGS_MAX``, 4 per m16n8 tile)."""
+    return 4 * mma_tiles_per_warp(op, warps) <= MMA_ACC_REGS_MAX
 
 
 def ksteps(op: BlockOp, a: Analysis) -> int:

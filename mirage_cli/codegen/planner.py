@@ -25,7 +25,6 @@ from mirage_cli.codegen.blockfacts import (
     decompose,
     direct_acc,
     is_mma,
-    mma_tiles,
     packed,
     reads_once,
     row_kind,
@@ -35,14 +34,15 @@ from mirage_cli.codegen.blockfacts import (
     threads_per_row,
 )
 from mirage_cli.codegen.knobranges import (
-    MMA_ACC_REGS_MAX,
     VEC_BYTES,
+    acc_in_registers,
     default_ksplit,
     default_stagger,
     default_threads,
     ksplit_range,
     ksteps,
     kwarps_range,
+    mma_tiles_per_warp,
     stagger_range,
     streams,
     vec_elems,
@@ -305,10 +305,10 @@ def _mmas(a: Analysis, tiles: dict[str, TileDraft], k: Knobs) -> list[MmaPlan]:
         name = op.outputs[0].name
         acc = direct_acc(op, a)
         kw = (k.kwarps or 1) if acc is not None else 1
-        per_warp = -(-mma_tiles(op.outputs[0].type) // (W // kw))
-        if acc is not None and 4 * per_warp > MMA_ACC_REGS_MAX:
+        per_warp = mma_tiles_per_warp(op, W // kw)
+        if acc is not None and not acc_in_registers(op, W // kw):
             acc, kw = None, 1
-            per_warp = -(-mma_tiles(op.outputs[0].type) // W)
+            per_warp = mma_tiles_per_warp(op, W)
         if acc is not None:
             tiles[name].home = "inline"
             tiles[acc.outputs[0].name].home = "acc_mma"

@@ -18,8 +18,9 @@ tunes, ranks and certifies at the new sizes:
 Either way the ranking is a search's ranking at the new sizes over at least the
 designs a search would find there, and only the candidates the caller needs are
 certified, best first. A reuse whose best is predicted slower than the unfused
-program gives way to a search, which would also cut the program into parts. A candidate whose design the family's search certified, and
-which with its program satisfies the carry precondition against that certified
+program gives way to a search, which would also cut the program into parts. A
+candidate whose design the family's search certified, and which with its program
+satisfies the carry precondition against that certified
 µGraph (:mod:`mirage_cli.verifier.carry`: the only size that changes is a pointwise
 dimension of both), takes that certificate (``verification.carried``; :func:`_carried`
 is the ``certify`` hook of the driver's verification loop); any other is certified at

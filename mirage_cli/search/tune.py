@@ -115,7 +115,8 @@ def tune(target: Graph, design: Design, max_steps: int = MAX_STEPS
         return seen[t]
 
     types = target.tensor_types()
-    for first in starts(target, design):
+    # Without a descent (max_steps 0: the driver's ranking of designs), the first alone.
+    for first in starts(target, design)[:None if max_steps else 1]:
         current = _valid_start(first, design, cost)
         steps = 0
         while current is not None and steps < max_steps:
@@ -127,8 +128,6 @@ def tune(target: Graph, design: Design, max_steps: int = MAX_STEPS
             if not better:
                 break
             current = min(better, key=lambda cn: (_key(cn[0][0]), cn[1]))[1]
-        if max_steps == 0:
-            break  # the first tuning alone (the driver's ranking of designs)
     found = [(v[0], t, v[1]) for t, v in seen.items() if v is not None]
     found.sort(key=lambda x: (_key(x[0]), x[1]))
     return found
