@@ -65,7 +65,16 @@ __device__ __forceinline__ void mg_grid_release() {
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }
-__device__ __forceinline__ float mg_silu(float x) { return x / (1.0f + expf(-x)); }
+// exp(x) as one ex2.approx of x * log2(e): the multiply and MUFU.EX2, where expf's range
+// reduction takes about ten instructions (an attention kernel runs one exp per score
+// element: its loop is bound by issuing instructions). Relative error below
+// |x| * 2^-23 + 2^-22; subnormal results are kept (not .ftz), infinities and NaN pass.
+__device__ __forceinline__ float mg_exp(float x) {
+  float y;
+  asm("ex2.approx.f32 %0, %1;" : "=f"(y) : "f"(x * 1.44269504088896341f));
+  return y;
+}
+__device__ __forceinline__ float mg_silu(float x) { return x / (1.0f + mg_exp(-x)); }
 __device__ __forceinline__ float mg_gelu(float x) {
   return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
 }
@@ -515,7 +524,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_gqa_fused_h16x
         const int mg_c = (mg_ks * 8 + 0) * 8 + 2 * mg_t + 0;
         (void)mg_r; (void)mg_c;
         const float v7 = mg_s[0][0][0];
-        const float mg_v_e = expf(v7);
+        const float mg_v_e = mg_exp(v7);
         acc_l[0][0] += mg_v_e;
         mg_s[0][0][0] = mg_v_e;
       }
@@ -524,7 +533,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_gqa_fused_h16x
         const int mg_c = (mg_ks * 8 + 0) * 8 + 2 * mg_t + 1;
         (void)mg_r; (void)mg_c;
         const float v8 = mg_s[0][0][1];
-        const float mg_v_e = expf(v8);
+        const float mg_v_e = mg_exp(v8);
         acc_l[0][0] += mg_v_e;
         mg_s[0][0][1] = mg_v_e;
       }
@@ -533,7 +542,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_gqa_fused_h16x
         const int mg_c = (mg_ks * 8 + 0) * 8 + 2 * mg_t + 0;
         (void)mg_r; (void)mg_c;
         const float v9 = mg_s[0][0][2];
-        const float mg_v_e = expf(v9);
+        const float mg_v_e = mg_exp(v9);
         acc_l[0][1] += mg_v_e;
         mg_s[0][0][2] = mg_v_e;
       }
@@ -542,7 +551,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_gqa_fused_h16x
         const int mg_c = (mg_ks * 8 + 0) * 8 + 2 * mg_t + 1;
         (void)mg_r; (void)mg_c;
         const float v10 = mg_s[0][0][3];
-        const float mg_v_e = expf(v10);
+        const float mg_v_e = mg_exp(v10);
         acc_l[0][1] += mg_v_e;
         mg_s[0][0][3] = mg_v_e;
       }
@@ -551,7 +560,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_gqa_fused_h16x
         const int mg_c = (mg_ks * 8 + 1) * 8 + 2 * mg_t + 0;
         (void)mg_r; (void)mg_c;
         const float v11 = mg_s[0][1][0];
-        const float mg_v_e = expf(v11);
+        const float mg_v_e = mg_exp(v11);
         acc_l[0][0] += mg_v_e;
         mg_s[0][1][0] = mg_v_e;
       }
@@ -560,7 +569,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_gqa_fused_h16x
         const int mg_c = (mg_ks * 8 + 1) * 8 + 2 * mg_t + 1;
         (void)mg_r; (void)mg_c;
         const float v12 = mg_s[0][1][1];
-        const float mg_v_e = expf(v12);
+        const float mg_v_e = mg_exp(v12);
         acc_l[0][0] += mg_v_e;
         mg_s[0][1][1] = mg_v_e;
       }
@@ -569,7 +578,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_gqa_fused_h16x
         const int mg_c = (mg_ks * 8 + 1) * 8 + 2 * mg_t + 0;
         (void)mg_r; (void)mg_c;
         const float v13 = mg_s[0][1][2];
-        const float mg_v_e = expf(v13);
+        const float mg_v_e = mg_exp(v13);
         acc_l[0][1] += mg_v_e;
         mg_s[0][1][2] = mg_v_e;
       }
@@ -578,7 +587,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_gqa_fused_h16x
         const int mg_c = (mg_ks * 8 + 1) * 8 + 2 * mg_t + 1;
         (void)mg_r; (void)mg_c;
         const float v14 = mg_s[0][1][3];
-        const float mg_v_e = expf(v14);
+        const float mg_v_e = mg_exp(v14);
         acc_l[0][1] += mg_v_e;
         mg_s[0][1][3] = mg_v_e;
       }
@@ -587,7 +596,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_gqa_fused_h16x
         const int mg_c = (mg_ks * 8 + 2) * 8 + 2 * mg_t + 0;
         (void)mg_r; (void)mg_c;
         const float v15 = mg_s[0][2][0];
-        const float mg_v_e = expf(v15);
+        const float mg_v_e = mg_exp(v15);
         acc_l[0][0] += mg_v_e;
         mg_s[0][2][0] = mg_v_e;
       }
@@ -596,7 +605,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_gqa_fused_h16x
         const int mg_c = (mg_ks * 8 + 2) * 8 + 2 * mg_t + 1;
         (void)mg_r; (void)mg_c;
         const float v16 = mg_s[0][2][1];
-        const float mg_v_e = expf(v16);
+        const float mg_v_e = mg_exp(v16);
         acc_l[0][0] += mg_v_e;
         mg_s[0][2][1] = mg_v_e;
       }
@@ -605,7 +614,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_gqa_fused_h16x
         const int mg_c = (mg_ks * 8 + 2) * 8 + 2 * mg_t + 0;
         (void)mg_r; (void)mg_c;
         const float v17 = mg_s[0][2][2];
-        const float mg_v_e = expf(v17);
+        const float mg_v_e = mg_exp(v17);
         acc_l[0][1] += mg_v_e;
         mg_s[0][2][2] = mg_v_e;
       }
@@ -614,7 +623,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_gqa_fused_h16x
         const int mg_c = (mg_ks * 8 + 2) * 8 + 2 * mg_t + 1;
         (void)mg_r; (void)mg_c;
         const float v18 = mg_s[0][2][3];
-        const float mg_v_e = expf(v18);
+        const float mg_v_e = mg_exp(v18);
         acc_l[0][1] += mg_v_e;
         mg_s[0][2][3] = mg_v_e;
       }
@@ -623,7 +632,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_gqa_fused_h16x
         const int mg_c = (mg_ks * 8 + 3) * 8 + 2 * mg_t + 0;
         (void)mg_r; (void)mg_c;
         const float v19 = mg_s[0][3][0];
-        const float mg_v_e = expf(v19);
+        const float mg_v_e = mg_exp(v19);
         acc_l[0][0] += mg_v_e;
         mg_s[0][3][0] = mg_v_e;
       }
@@ -632,7 +641,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_gqa_fused_h16x
         const int mg_c = (mg_ks * 8 + 3) * 8 + 2 * mg_t + 1;
         (void)mg_r; (void)mg_c;
         const float v20 = mg_s[0][3][1];
-        const float mg_v_e = expf(v20);
+        const float mg_v_e = mg_exp(v20);
         acc_l[0][0] += mg_v_e;
         mg_s[0][3][1] = mg_v_e;
       }
@@ -641,7 +650,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_gqa_fused_h16x
         const int mg_c = (mg_ks * 8 + 3) * 8 + 2 * mg_t + 0;
         (void)mg_r; (void)mg_c;
         const float v21 = mg_s[0][3][2];
-        const float mg_v_e = expf(v21);
+        const float mg_v_e = mg_exp(v21);
         acc_l[0][1] += mg_v_e;
         mg_s[0][3][2] = mg_v_e;
       }
@@ -650,7 +659,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_gqa_fused_h16x
         const int mg_c = (mg_ks * 8 + 3) * 8 + 2 * mg_t + 1;
         (void)mg_r; (void)mg_c;
         const float v22 = mg_s[0][3][3];
-        const float mg_v_e = expf(v22);
+        const float mg_v_e = mg_exp(v22);
         acc_l[0][1] += mg_v_e;
         mg_s[0][3][3] = mg_v_e;
       }
@@ -659,7 +668,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_gqa_fused_h16x
         const int mg_c = (mg_ks * 8 + 4) * 8 + 2 * mg_t + 0;
         (void)mg_r; (void)mg_c;
         const float v23 = mg_s[0][4][0];
-        const float mg_v_e = expf(v23);
+        const float mg_v_e = mg_exp(v23);
         acc_l[0][0] += mg_v_e;
         mg_s[0][4][0] = mg_v_e;
       }
@@ -668,7 +677,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_gqa_fused_h16x
         const int mg_c = (mg_ks * 8 + 4) * 8 + 2 * mg_t + 1;
         (void)mg_r; (void)mg_c;
         const float v24 = mg_s[0][4][1];
-        const float mg_v_e = expf(v24);
+        const float mg_v_e = mg_exp(v24);
         acc_l[0][0] += mg_v_e;
         mg_s[0][4][1] = mg_v_e;
       }
@@ -677,7 +686,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_gqa_fused_h16x
         const int mg_c = (mg_ks * 8 + 4) * 8 + 2 * mg_t + 0;
         (void)mg_r; (void)mg_c;
         const float v25 = mg_s[0][4][2];
-        const float mg_v_e = expf(v25);
+        const float mg_v_e = mg_exp(v25);
         acc_l[0][1] += mg_v_e;
         mg_s[0][4][2] = mg_v_e;
       }
@@ -686,7 +695,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_gqa_fused_h16x
         const int mg_c = (mg_ks * 8 + 4) * 8 + 2 * mg_t + 1;
         (void)mg_r; (void)mg_c;
         const float v26 = mg_s[0][4][3];
-        const float mg_v_e = expf(v26);
+        const float mg_v_e = mg_exp(v26);
         acc_l[0][1] += mg_v_e;
         mg_s[0][4][3] = mg_v_e;
       }
@@ -695,7 +704,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_gqa_fused_h16x
         const int mg_c = (mg_ks * 8 + 5) * 8 + 2 * mg_t + 0;
         (void)mg_r; (void)mg_c;
         const float v27 = mg_s[0][5][0];
-        const float mg_v_e = expf(v27);
+        const float mg_v_e = mg_exp(v27);
         acc_l[0][0] += mg_v_e;
         mg_s[0][5][0] = mg_v_e;
       }
@@ -704,7 +713,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_gqa_fused_h16x
         const int mg_c = (mg_ks * 8 + 5) * 8 + 2 * mg_t + 1;
         (void)mg_r; (void)mg_c;
         const float v28 = mg_s[0][5][1];
-        const float mg_v_e = expf(v28);
+        const float mg_v_e = mg_exp(v28);
         acc_l[0][0] += mg_v_e;
         mg_s[0][5][1] = mg_v_e;
       }
@@ -713,7 +722,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_gqa_fused_h16x
         const int mg_c = (mg_ks * 8 + 5) * 8 + 2 * mg_t + 0;
         (void)mg_r; (void)mg_c;
         const float v29 = mg_s[0][5][2];
-        const float mg_v_e = expf(v29);
+        const float mg_v_e = mg_exp(v29);
         acc_l[0][1] += mg_v_e;
         mg_s[0][5][2] = mg_v_e;
       }
@@ -722,7 +731,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_gqa_fused_h16x
         const int mg_c = (mg_ks * 8 + 5) * 8 + 2 * mg_t + 1;
         (void)mg_r; (void)mg_c;
         const float v30 = mg_s[0][5][3];
-        const float mg_v_e = expf(v30);
+        const float mg_v_e = mg_exp(v30);
         acc_l[0][1] += mg_v_e;
         mg_s[0][5][3] = mg_v_e;
       }
@@ -731,7 +740,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_gqa_fused_h16x
         const int mg_c = (mg_ks * 8 + 6) * 8 + 2 * mg_t + 0;
         (void)mg_r; (void)mg_c;
         const float v31 = mg_s[0][6][0];
-        const float mg_v_e = expf(v31);
+        const float mg_v_e = mg_exp(v31);
         acc_l[0][0] += mg_v_e;
         mg_s[0][6][0] = mg_v_e;
       }
@@ -740,7 +749,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_gqa_fused_h16x
         const int mg_c = (mg_ks * 8 + 6) * 8 + 2 * mg_t + 1;
         (void)mg_r; (void)mg_c;
         const float v32 = mg_s[0][6][1];
-        const float mg_v_e = expf(v32);
+        const float mg_v_e = mg_exp(v32);
         acc_l[0][0] += mg_v_e;
         mg_s[0][6][1] = mg_v_e;
       }
@@ -749,7 +758,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_gqa_fused_h16x
         const int mg_c = (mg_ks * 8 + 6) * 8 + 2 * mg_t + 0;
         (void)mg_r; (void)mg_c;
         const float v33 = mg_s[0][6][2];
-        const float mg_v_e = expf(v33);
+        const float mg_v_e = mg_exp(v33);
         acc_l[0][1] += mg_v_e;
         mg_s[0][6][2] = mg_v_e;
       }
@@ -758,7 +767,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_gqa_fused_h16x
         const int mg_c = (mg_ks * 8 + 6) * 8 + 2 * mg_t + 1;
         (void)mg_r; (void)mg_c;
         const float v34 = mg_s[0][6][3];
-        const float mg_v_e = expf(v34);
+        const float mg_v_e = mg_exp(v34);
         acc_l[0][1] += mg_v_e;
         mg_s[0][6][3] = mg_v_e;
       }
@@ -767,7 +776,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_gqa_fused_h16x
         const int mg_c = (mg_ks * 8 + 7) * 8 + 2 * mg_t + 0;
         (void)mg_r; (void)mg_c;
         const float v35 = mg_s[0][7][0];
-        const float mg_v_e = expf(v35);
+        const float mg_v_e = mg_exp(v35);
         acc_l[0][0] += mg_v_e;
         mg_s[0][7][0] = mg_v_e;
       }
@@ -776,7 +785,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_gqa_fused_h16x
         const int mg_c = (mg_ks * 8 + 7) * 8 + 2 * mg_t + 1;
         (void)mg_r; (void)mg_c;
         const float v36 = mg_s[0][7][1];
-        const float mg_v_e = expf(v36);
+        const float mg_v_e = mg_exp(v36);
         acc_l[0][0] += mg_v_e;
         mg_s[0][7][1] = mg_v_e;
       }
@@ -785,7 +794,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_gqa_fused_h16x
         const int mg_c = (mg_ks * 8 + 7) * 8 + 2 * mg_t + 0;
         (void)mg_r; (void)mg_c;
         const float v37 = mg_s[0][7][2];
-        const float mg_v_e = expf(v37);
+        const float mg_v_e = mg_exp(v37);
         acc_l[0][1] += mg_v_e;
         mg_s[0][7][2] = mg_v_e;
       }
@@ -794,7 +803,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_gqa_fused_h16x
         const int mg_c = (mg_ks * 8 + 7) * 8 + 2 * mg_t + 1;
         (void)mg_r; (void)mg_c;
         const float v38 = mg_s[0][7][3];
-        const float mg_v_e = expf(v38);
+        const float mg_v_e = mg_exp(v38);
         acc_l[0][1] += mg_v_e;
         mg_s[0][7][3] = mg_v_e;
       }

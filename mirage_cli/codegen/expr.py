@@ -282,9 +282,9 @@ class Emitter:
                  f"for (int {k1} = 0; {k1} < {sx[dim]}; ++{k1}) {{"]
         lines += indent(b1 + [f"{m} = fmaxf({m}, {e1});"]) + ["}", f"float {s} = 0.0f;",
                                                                f"for (int {k2} = 0; {k2} < {sx[dim]}; ++{k2}) {{"]
-        lines += indent(b2 + [f"{s} += expf({e2} - {m});"]) + ["}"]
+        lines += indent(b2 + [f"{s} += mg_exp({e2} - {m});"]) + ["}"]
         e = self._operand(x, idx, lines)
-        return lines, f"(expf({e} - {m}) / {s})"
+        return lines, f"(mg_exp({e} - {m}) / {s})"
 
     def _concat(self, inputs: tuple[str, ...], shapes: list[tuple[int, ...]], idx: list[str],
                 dim: int) -> tuple[Lines, str]:

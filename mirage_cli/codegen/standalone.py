@@ -245,9 +245,9 @@ def _rows(kop: KernelOp, name: str, types: dict[str, TensorType]) -> Kernel:
         body += ["float v = __int_as_float(0xff800000);",
                  f"{loop} v = fmaxf(v, {xv});",
                  f"const float m = {combine.format('max')};", "v = 0.0f;",
-                 f"{loop} v += expf({xv} - m);",
+                 f"{loop} v += mg_exp({xv} - m);",
                  f"const float inv = 1.0f / {combine.format('sum')};",
-                 f"{loop} mg_st({out} + ({o}), expf({xv} - m) * inv);"]
+                 f"{loop} mg_st({out} + ({o}), mg_exp({xv} - m) * inv);"]
     grid = (rows if per_block else -(-rows // ROW_WARPS), 1, 1)
     return Kernel(name, params, tuple(body), 32 * ROW_WARPS, grid, 0, 0,
                   f"{kop.op}: one {'block' if per_block else 'warp'} per row of {n}")
