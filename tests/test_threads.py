@@ -10,7 +10,7 @@ from mirage_cli.codegen.emit import emit
 from mirage_cli.codegen.lower import lower
 from mirage_cli.codegen.planner import plan_kernel
 from mirage_cli.ir import Graph
-from mirage_cli.loading import load_graph
+from mirage_cli.loading import graphs_from_text, load_graph
 
 ROOT = Path(__file__).resolve().parent.parent
 MUGRAPHS = ROOT / "examples" / "mugraphs"
@@ -72,3 +72,23 @@ def test_a_threads_own_fold_keeps_independent_partials() -> None:
     cu, _ = emit(lower(load_graph(str(MUGRAPHS / "qknorm_gqa_fused.mir"))))
     assert re.search(r"float (acc\d+)_p\[4\];", cu)
     assert re.search(r"for \(int k\d+ = 0; k\d+ < 64; k\d+ \+= 4\)", cu)
+
+
+def test_a_chain_with_side_work_in_its_loop_gets_512_threads() -> None:
+    # qknorm_gqa's one-kernel form computes the key norms (mean of squares over the
+    # head dimension) in each iteration besides the chain: 512 threads, the extra warps
+    # splitting the score columns (H100: 82.5 -> 50.5 µs at batch 8, perf-log v21).
+    # Without the norms, the same chain keeps one warp per 16-row tile.
+    from tests.test_tune_starts import ONE_KERNEL
+
+    normed = ONE_KERNEL.replace("grid=(16, 1, 1)", "grid=(4, 1, 1)")
+    plain = normed
+    for line in ("    b4 = mul(b1, b1);\n", "    b6 = mean(b4, dim=1, keepdim=true);\n",
+                 "    b7 = sqrt(b6);\n"):
+        assert line in plain
+        plain = plain.replace(line, "")
+    plain = plain.replace("b8 = div(b5, b7);", "b8 = mul_scalar(b5, scalar=1.0);")
+    (side,) = _kernel_plans(graphs_from_text(normed, "normed.mir")[0])
+    (alone,) = _kernel_plans(graphs_from_text(plain, "plain.mir")[0])
+    assert (side.threads, side.knobs.chain) == (512, 1) and side.knobs.kwarps == 2
+    assert (alone.threads, alone.knobs.chain, alone.knobs.kwarps) == (256, 1, 1)

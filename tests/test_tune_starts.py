@@ -1,4 +1,5 @@
-"""The tuner's descent starts from several tunings (docs/perf-log.md v20)."""
+"""The tuner's descent starts from several tunings (docs/perf-log.md v20), and the
+driver ranks designs by a tuning that fits (v21)."""
 
 from __future__ import annotations
 
@@ -7,9 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from mirage_cli.loading import load_graph
+from mirage_cli.loading import graphs_from_text, load_graph
+from mirage_cli.search import driver
 from mirage_cli.search import tune as tuner
 from mirage_cli.search.design import design_of
+from tests.test_chain import QKNORM_ONE_KERNEL
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -47,3 +50,38 @@ def test_more_starts_find_a_better_tuning(monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.setattr(tuner, "REBALANCED_STARTS", 2)
     more = tuner.tune(program, design)[0][0].time_us
     assert more < one
+
+
+# qknorm_gqa's one-kernel design (tests/test_chain.py) at the example's 4096 keys.
+ONE_KERNEL = QKNORM_ONE_KERNEL.replace("seq = 512", "seq = 4096").replace(
+    "forloop=8", "forloop=64")
+
+
+def _batch1() -> tuple[object, object, object]:
+    program = load_graph(str(ROOT / "examples" / "qknorm_gqa.mir"), {"batch": 1})
+    split, _ = design_of(load_graph(str(ROOT / "examples" / "mugraphs" /
+                                        "qknorm_gqa_fused.mir")))
+    one, _ = design_of(graphs_from_text(ONE_KERNEL, "one.mir")[0])
+    return program, split, one
+
+
+def test_a_design_whose_first_tuning_does_not_fit_is_ranked_by_one_that_does() -> None:
+    program, split, _ = _batch1()
+    first = tuner.tune(program, split, max_steps=0)[0][0]
+    assert not first.fits
+    fitting = tuner.first_fitting(program, split)[0][0]
+    assert fitting.fits
+
+
+def test_the_driver_tunes_a_design_whose_first_tuning_does_not_fit() -> None:
+    # qknorm_gqa at batch 1: the split (flash-decoding) form's first tuning does not
+    # fit shared memory; with only one design tuned fully, ranking by the first tuning
+    # alone tuned the one-kernel design and never the split one, predicted 2x faster.
+    program, split, one = _batch1()
+    options = driver.SearchOptions(tune_designs=1)
+    ranked = driver._ranked(program, [one, split], options, driver.Progress(),
+                            lambda p: None)
+    best_design, _, best_graph, best_cost = ranked[0]
+    assert best_design == split
+    assert len(best_graph.ops) == 2
+    assert best_cost.time_us < tuner.tune(program, one)[0][0].time_us

@@ -109,7 +109,8 @@ def main(argv: list[str]) -> int:
         for label, vg in ([("default", g)] if default_only else variants(g)):
             m = bench._measure(dev, label, vg, prog, 20, scale)
             us, chk = m.us, m.check
-            row = {"program": prog.name, "batch": int(batch), "variant": label, "us": us,
+            row = {"program": prog.name, "batch": int(batch), "graph": graph_path,
+                   "variant": label, "us": us,
                    "ok": chk.ok, "rel_err": chk.rel_err, "reason": chk.reason,
                    "floor_us": floor, "bandwidth": bw, **base,
                    "plans": [op.plan.as_json() if op.plan else None for op in vg.ops]}
@@ -117,7 +118,8 @@ def main(argv: list[str]) -> int:
             print(f"{prog.name:16s} b={batch:>2} {label:14s} "
                   f"{'-' if us is None else f'{us:7.2f}'} us  floor {floor:6.2f}  "
                   f"eager {base['eager'] or 0:7.2f}  compile {base['compile'] or 0:7.2f}  "
-                  f"{'ok' if chk.ok else 'FAIL ' + chk.reason} err={chk.rel_err:.1e}",
+                  f"{'ok' if chk.ok else 'FAIL ' + chk.reason} err={chk.rel_err:.1e}  "
+                  f"{os.path.basename(graph_path)}",
                   flush=True)
     with open(out_path, "w") as f:
         json.dump(rows, f, indent=1, default=str)

@@ -121,7 +121,9 @@ def chain_threads(a: Analysis) -> int | None:
     chain. A warp with two 16-row tiles keeps both unrolled in its registers and
     hides less latency: on an H100 (docs/perf-log.md v20) qknorm_gqa at batch 8 (eight
     row tiles per block) ran 99.9 µs with 4 warps and 73.4 with 8, while gqa (four
-    row tiles) was fastest with 4 (29.8 against 33.8)."""
+    row tiles) was fastest with 4 (29.8 against 33.8). A chain whose loop also does
+    :func:`side_work` gets 512 threads where a layout allows (more warps split the
+    columns, ``kwarps``)."""
     ch = chain_of(a)
     if ch is None:
         return None
@@ -129,4 +131,19 @@ def chain_threads(a: Analysis) -> int | None:
     while t < 512 and (t // 32 < row_tiles(ch)
                        or isinstance(layout(ch, t // 32, default_kwarps(ch, t // 32)), str)):
         t *= 2
+    if side_work(a, ch) and not isinstance(layout(ch, 16, default_kwarps(ch, 16)), str):
+        return max(t, 512)
     return t
+
+
+def side_work(a: Analysis, ch: Chain) -> bool:
+    """Whether the loop computes, besides the chain, tensors the chain reads (a column
+    statistic of a loaded tile: qknorm_gqa's key norms, mean of squares over the head
+    dimension). All the block's threads compute them between two barriers, outside the
+    mma fragments, so more warps shorten that phase as well as each warp's share of the
+    score columns: on an H100 (docs/perf-log.md v21) qknorm_gqa's chain kernels ran
+    82.5 → 50.5 µs (batch 8) and 105.2 → 85.1 µs (batch 16) from their one warp per row
+    tile to 512 threads, while gqa, whose loop is the chain alone, ran 27.3 → 33.0."""
+    inside = ch.members | {op.outputs[0].name for op in (ch.acc, *ch.row_accs)}
+    return any(a.phases.get(op.outputs[0].name) == "loop" and op.outputs[0].name not in inside
+               for op in a.bg.ops)

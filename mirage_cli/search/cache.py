@@ -71,8 +71,10 @@ def cache_dir() -> Path:
 # copy their mma operands by bulk tensor copies, and the model reads them at the
 # profile's bulk_stream_bw; 22: plans of chains take one warp per 16-row tile and
 # kernels whose loop matmul result goes through shared memory 512 threads, and the
-# tuner's descent starts from rebalanced grids too).
-SEARCH_REVISION = 22
+# tuner's descent starts from rebalanced grids too; 23: designs whose first tuning
+# does not fit are ranked by the first tuning that does, tune.first_fitting, and a
+# chain whose loop has side work gets 512 threads).
+SEARCH_REVISION = 23
 
 
 def program_hash(program: Graph) -> str:

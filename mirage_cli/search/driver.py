@@ -57,7 +57,7 @@ from mirage_cli.search.enumerate import (
 from mirage_cli.search.online import online_split
 from mirage_cli.search.partition import MAX_DEPTH
 from mirage_cli.search.split import split_reduction
-from mirage_cli.search.tune import tune
+from mirage_cli.search.tune import first_fitting, tune
 from mirage_cli.search.verify import Verdict, verify, verify_composed
 
 Unit = tuple[int, Any]  # (max kernels, first move: a config or "predef")
@@ -593,8 +593,9 @@ def _ranked(program: Graph, designs: list[Design], options: SearchOptions, prog:
             tuned: list[Graph] | None = None, groups: list[list[Design]] | None = None
             ) -> Ranked:
     """The designs tuned and costed, as (design, tuning, µGraph, cost), best first:
-    the fitting tunings of the ``tune_designs`` best designs (by their first tuning;
-    with ``groups``, the ``tune_designs`` best of each group), each µGraph once."""
+    the fitting tunings of the ``tune_designs`` best designs (by their first tuning, or
+    the first that fits: :func:`.tune.first_fitting`; with ``groups``, the
+    ``tune_designs`` best of each group), each µGraph once."""
     prog.phase = "tune"
     notify(prog)
     t0 = time.time()
@@ -603,7 +604,7 @@ def _ranked(program: Graph, designs: list[Design], options: SearchOptions, prog:
         if deadline is not None and time.time() > deadline:
             prog.clock_stop("tuning (budget)")
             break  # the budget bounds tuning and verification too
-        first = tune(program, d, max_steps=0)
+        first = first_fitting(program, d)
         if first:
             c, _, g0 = first[0]
             firsts.append(((not c.fits, c.time_us, _size(d), i), d, g0))

@@ -106,6 +106,22 @@ def _moves(n: int, extent: int) -> list[int]:
 def tune(target: Graph, design: Design, max_steps: int = MAX_STEPS
          ) -> list[tuple[Cost, Tuning, Graph]]:
     """Every valid tuning visited by coordinate descent from each start, best first."""
+    return _descend(target, design, max_steps, until_fits=False)
+
+
+def first_fitting(target: Graph, design: Design) -> list[tuple[Cost, Tuning, Graph]]:
+    """What the driver ranks designs by before tuning them fully: the first tuning, or,
+    when that one does not fit (shared memory), the tunings the descent visits from it
+    until one fits. Ranked by the first tuning alone, every design whose first tuning
+    did not fit came after every design whose did, so with more fitting designs than
+    the driver tunes, none of them was ever tuned: qknorm_gqa at batch 1 never tuned
+    its split (flash-decoding) form, predicted 14.5 µs once tuned, and shipped a
+    one-kernel design predicted 41.1 (docs/perf-log.md v21)."""
+    return _descend(target, design, MAX_STEPS, until_fits=True)
+
+
+def _descend(target: Graph, design: Design, max_steps: int, until_fits: bool
+             ) -> list[tuple[Cost, Tuning, Graph]]:
     seen: dict[Tuning, tuple[Cost, Graph] | None] = {}
 
     def cost(t: Tuning) -> tuple[Cost, Graph] | None:
@@ -115,14 +131,17 @@ def tune(target: Graph, design: Design, max_steps: int = MAX_STEPS
         return seen[t]
 
     types = target.tensor_types()
-    # Without a descent (max_steps 0: the driver's ranking of designs), the first alone.
-    for first in starts(target, design)[:None if max_steps else 1]:
+    # Without a descent (max_steps 0), or descending only to a tuning that fits (the
+    # driver's ranking of designs), from the first start alone.
+    for first in starts(target, design)[:1 if until_fits or not max_steps else None]:
         current = _valid_start(first, design, cost)
         steps = 0
         while current is not None and steps < max_steps:
             steps += 1
             here = cost(current)
             assert here is not None
+            if until_fits and here[0].fits:
+                break
             better = [(c, n) for n in _neighbours(current, design, types)
                       if (c := cost(n)) is not None and _key(c[0]) < _key(here[0])]
             if not better:
