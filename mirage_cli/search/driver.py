@@ -93,7 +93,7 @@ class SearchOptions:
     prune: bool = True
     seed: int = 0
     top: int = 3            # verified candidates to return
-    tune_designs: int = 24  # designs tuned fully (best by their first tuning)
+    tune_designs: int = 24  # designs tuned fully (best by their first fitting tuning)
     max_states: int = DEFAULT_MAX_STATES  # per unit: the work limit
 
     def limits(self) -> Limits:
@@ -552,7 +552,7 @@ def rank_and_verify(program: Graph, designs: list[Design], options: SearchOption
                     ) -> list[Candidate]:
     """Tune, cost and rank the designs, then verify best first until ``top`` pass or
     the ``deadline`` (the command's budget) is reached. ``tuned`` receives each
-    design's first tuning, in ranking order."""
+    design's first tuning (or its first that fits), in ranking order."""
     todo = _ranked(program, designs, options, prog, notify, deadline, tuned)
     return _verify_ranked(program, todo, options, prog, notify, max(1, jobs), deadline)
 
@@ -638,7 +638,7 @@ def _ranked(program: Graph, designs: list[Design], options: SearchOptions, prog:
 
 def _best_of(firsts: list[tuple[Any, Design, Graph]], n: int,
              groups: list[list[Design]] | None) -> list[Design]:
-    """The ``n`` best designs of ``firsts`` (ranked by their first tuning), or with
+    """The ``n`` best designs of ``firsts`` (ranked by their first fitting tuning), or with
     ``groups`` the ``n`` best of each group, in the ranking's order."""
     ranked = [d for _, d, _ in firsts]
     if groups is None:

@@ -122,6 +122,9 @@ def first_fitting(target: Graph, design: Design) -> list[tuple[Cost, Tuning, Gra
 
 def _descend(target: Graph, design: Design, max_steps: int, until_fits: bool
              ) -> list[tuple[Cost, Tuning, Graph]]:
+    """The valid tunings visited by at most ``max_steps`` steps of coordinate descent
+    from each start (the first alone with ``until_fits``, stopping at a fitting one),
+    best first."""
     seen: dict[Tuning, tuple[Cost, Graph] | None] = {}
 
     def cost(t: Tuning) -> tuple[Cost, Graph] | None:
