@@ -74,6 +74,7 @@ class MmaPlan:
     output: str
     accumulator: str           # the acc_sum it feeds in registers ("" if materialised)
     a_path: str                # "ldmatrix" | "direct" | "frag" (the first mma's fragments)
+    #                            | "held" (ldmatrix once before the loop, kept in registers)
     b_path: str                # "ldmatrix.trans" | "direct"
     kwarps: int                # warps splitting K (their fragments are summed after the loop)
     tiles_per_warp: int        # m16n8 output tiles per warp

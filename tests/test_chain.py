@@ -15,7 +15,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from codegen_cases import attention_chain, attention_chain_batched
 
 from mirage_cli.codegen.blockfacts import Chain, analyse, chain_form, decompose
-from mirage_cli.codegen.chainplan import layout
+from mirage_cli.codegen.chainplan import (
+    FRAG_REGS_MAX,
+    ChainLayout,
+    frag_regs,
+    held_a_regs,
+    holds_a,
+    layout,
+)
 from mirage_cli.codegen.emit import emit
 from mirage_cli.codegen.lower import lower
 from mirage_cli.codegen.nvrtc import compile_cuda
@@ -171,3 +178,26 @@ def test_every_knob_value_of_the_chain_cases_compiles(case) -> None:  # type: ig
             res = compile_cuda(emit(lower(pg, "sm_90"))[0], f"{g.name}.cu", "sm_90")
             assert all(r.spill_stores == 0 and r.stack == 0 for r in res.resources), \
                 (knob, value, res.resources)
+
+
+def test_loop_invariant_query_fragments_are_loaded_once() -> None:
+    """The first matmul's A (the queries, staged before the loop) is loaded by ldmatrix
+    once and held in registers (a_path "held"); the loop reads no A fragment from
+    shared memory. Where the fragments would not fit beside the score and output
+    fragments, each iteration loads them again."""
+    g = load_graph(str(ROOT / "examples/mugraphs/gqa_fused.mir"), {"batch": 1})
+    op = _kernel(g)
+    plan = plan_kernel(op.block, g.tensor_types(), "sm_90", Knobs(chain=1))
+    assert {m.output: m.a_path for m in plan.mmas} == {"s": "held", "ev": "frag"}
+    cu, _ = emit(lower(planned(g, "sm_90", [Knobs(chain=1), Knobs()]), "sm_90"))
+    assert "unsigned mg_ha[1][4][4];" in cu             # 4 K steps of one 16-row tile
+    assert cu.count("mg_ldsm_x4(mg_ha[0][") == 4        # before the loop, once each
+    assert "mg_ldsm_x4(ra0_0" not in cu                 # none inside it
+    a = analyse(decompose(op.block))
+    ch = chain_form(a)
+    assert isinstance(ch, Chain)
+    lay = layout(ch, 4, 1)
+    assert isinstance(lay, ChainLayout) and holds_a(a, ch, lay)
+    wide = ChainLayout(groups=1, kwarps=1, tiles_per_warp=2, score_tiles=8, out_tiles=8)
+    assert frag_regs(ch, wide) + held_a_regs(a, ch, wide) > FRAG_REGS_MAX
+    assert not holds_a(a, ch, wide)

@@ -10,7 +10,8 @@ timed as CUDA-graph replays over input copies larger than twice the L2 (the benc
 method). The floor uses the bandwidth of a large device-to-device copy through
 PyTorch's copy kernel measured in the same process. Prints a table; writes every row
 to OUT.json (``PROBE_NO_TORCH=1``: no PyTorch baselines; ``PROBE_KNOBS=a,b``: only
-these knobs). Used for docs/perf-log.md.
+these knobs; ``PROBE_PER_KERNEL=1``: also each kernel of the default plan timed alone,
+its intermediates uninitialised). Used for docs/perf-log.md.
 """
 
 from __future__ import annotations
@@ -70,6 +71,30 @@ def pinned(g: Graph, pins: Knobs) -> Graph | None:
     return dataclasses.replace(g, ops=tuple(ops)) if any_ok else None
 
 
+def per_kernel_us(dev: Device, g: Graph, scale: float) -> list[dict[str, object]]:
+    """Each launch of ``g`` timed alone, in the bench's way (CUDA-graph replays over
+    rotating input copies). A later kernel reads intermediates no kernel wrote: the
+    generated kernels' times do not depend on the values they read."""
+    from mirage_cli.codegen.plan import Launch
+
+    loaded = bench.build(dev, g)
+    try:
+        full = loaded.prog
+        out = []
+        for i, step in enumerate(full.steps):
+            if not isinstance(step, Launch):
+                continue
+            loaded.prog = dataclasses.replace(full, steps=(step,))
+            k = full.kernel(step.kernel)
+            us = bench.time_loaded(dev, loaded, g, 20, scale)
+            out.append({"step": i, "kernel": k.name, "grid": list(k.grid),
+                        "threads": k.threads, "smem": k.smem_bytes, "us": us})
+        loaded.prog = full
+        return out
+    finally:
+        loaded.unload()
+
+
 def variants(g: Graph) -> list[tuple[str, Graph]]:
     out = [("default", g)]
     types = g.tensor_types()
@@ -114,6 +139,11 @@ def main(argv: list[str]) -> int:
                    "ok": chk.ok, "rel_err": chk.rel_err, "reason": chk.reason,
                    "floor_us": floor, "bandwidth": bw, **base,
                    "plans": [op.plan.as_json() if op.plan else None for op in vg.ops]}
+            if label == "default" and os.environ.get("PROBE_PER_KERNEL") and chk.ok:
+                row["kernels"] = per_kernel_us(dev, vg, scale)
+                for k in row["kernels"]:
+                    print(f"    step {k['step']}: {k['us']:7.2f} us  grid {k['grid']} "
+                          f"threads {k['threads']} smem {k['smem']}", flush=True)
             rows.append(row)
             print(f"{prog.name:16s} b={batch:>2} {label:14s} "
                   f"{'-' if us is None else f'{us:7.2f}'} us  floor {floor:6.2f}  "

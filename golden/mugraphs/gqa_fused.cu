@@ -389,6 +389,29 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_gqa_fused_h16x
   #pragma unroll
   for (int i = 0; i < 4; ++i) mg_cp_async16((sm_v_0 + ((2) % 4) * 4608) + mg_do_v[i], p2 + ((base_v + 8192)) + mg_so_v[i]);
   mg_cp_async_commit();
+  unsigned mg_ha[1][4][4];
+  {
+    const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
+    const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
+    (void)mg_g; (void)mg_t;
+    const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
+    (void)mg_ks;
+    const int mg_b = (mg_grp * 1) / 4;
+    (void)mg_b;
+    const int mg_mi0 = (mg_grp * 1 + 0) % 4;
+    { const int kk = 0;
+      mg_ldsm_x4(mg_ha[0][0][0], mg_ha[0][0][1], mg_ha[0][0][2], mg_ha[0][0][3], (sm_q + ((mg_mi0 * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) * 72 + (kk + (mg_lane >> 4) * 8))));
+    }
+    { const int kk = 16;
+      mg_ldsm_x4(mg_ha[0][1][0], mg_ha[0][1][1], mg_ha[0][1][2], mg_ha[0][1][3], (sm_q + ((mg_mi0 * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) * 72 + (kk + (mg_lane >> 4) * 8))));
+    }
+    { const int kk = 32;
+      mg_ldsm_x4(mg_ha[0][2][0], mg_ha[0][2][1], mg_ha[0][2][2], mg_ha[0][2][3], (sm_q + ((mg_mi0 * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) * 72 + (kk + (mg_lane >> 4) * 8))));
+    }
+    { const int kk = 48;
+      mg_ldsm_x4(mg_ha[0][3][0], mg_ha[0][3][1], mg_ha[0][3][2], mg_ha[0][3][3], (sm_q + ((mg_mi0 * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) * 72 + (kk + (mg_lane >> 4) * 8))));
+    }
+  }
   float acc_o[1][8][4];
   #pragma unroll
   for (int m = 0; m < 1; ++m) {
@@ -437,8 +460,10 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_gqa_fused_h16x
       const int mg_mi0 = (mg_grp * 1 + 0) % 4;
       {
         const int kk = 0;
-        unsigned ra0_0, ra0_1, ra0_2, ra0_3;
-        mg_ldsm_x4(ra0_0, ra0_1, ra0_2, ra0_3, (sm_q + ((mg_mi0 * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) * 72 + (kk + (mg_lane >> 4) * 8))));
+        const unsigned ra0_0 = mg_ha[0][0][0];
+        const unsigned ra0_1 = mg_ha[0][0][1];
+        const unsigned ra0_2 = mg_ha[0][0][2];
+        const unsigned ra0_3 = mg_ha[0][0][3];
         unsigned rb0_0, rb0_1, rb1_0, rb1_1;
         mg_ldsm_x4_t(rb0_0, rb0_1, rb1_0, rb1_1, (sm_k + ((kk + (mg_lane & 15)) * 72 + ((mg_ks * 8 + 0 + (mg_lane >> 4)) * 8))));
         unsigned rb2_0, rb2_1, rb3_0, rb3_1;
@@ -458,8 +483,10 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_gqa_fused_h16x
       }
       {
         const int kk = 16;
-        unsigned ra0_0, ra0_1, ra0_2, ra0_3;
-        mg_ldsm_x4(ra0_0, ra0_1, ra0_2, ra0_3, (sm_q + ((mg_mi0 * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) * 72 + (kk + (mg_lane >> 4) * 8))));
+        const unsigned ra0_0 = mg_ha[0][1][0];
+        const unsigned ra0_1 = mg_ha[0][1][1];
+        const unsigned ra0_2 = mg_ha[0][1][2];
+        const unsigned ra0_3 = mg_ha[0][1][3];
         unsigned rb0_0, rb0_1, rb1_0, rb1_1;
         mg_ldsm_x4_t(rb0_0, rb0_1, rb1_0, rb1_1, (sm_k + ((kk + (mg_lane & 15)) * 72 + ((mg_ks * 8 + 0 + (mg_lane >> 4)) * 8))));
         unsigned rb2_0, rb2_1, rb3_0, rb3_1;
@@ -479,8 +506,10 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_gqa_fused_h16x
       }
       {
         const int kk = 32;
-        unsigned ra0_0, ra0_1, ra0_2, ra0_3;
-        mg_ldsm_x4(ra0_0, ra0_1, ra0_2, ra0_3, (sm_q + ((mg_mi0 * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) * 72 + (kk + (mg_lane >> 4) * 8))));
+        const unsigned ra0_0 = mg_ha[0][2][0];
+        const unsigned ra0_1 = mg_ha[0][2][1];
+        const unsigned ra0_2 = mg_ha[0][2][2];
+        const unsigned ra0_3 = mg_ha[0][2][3];
         unsigned rb0_0, rb0_1, rb1_0, rb1_1;
         mg_ldsm_x4_t(rb0_0, rb0_1, rb1_0, rb1_1, (sm_k + ((kk + (mg_lane & 15)) * 72 + ((mg_ks * 8 + 0 + (mg_lane >> 4)) * 8))));
         unsigned rb2_0, rb2_1, rb3_0, rb3_1;
@@ -500,8 +529,10 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_gqa_fused_h16x
       }
       {
         const int kk = 48;
-        unsigned ra0_0, ra0_1, ra0_2, ra0_3;
-        mg_ldsm_x4(ra0_0, ra0_1, ra0_2, ra0_3, (sm_q + ((mg_mi0 * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) * 72 + (kk + (mg_lane >> 4) * 8))));
+        const unsigned ra0_0 = mg_ha[0][3][0];
+        const unsigned ra0_1 = mg_ha[0][3][1];
+        const unsigned ra0_2 = mg_ha[0][3][2];
+        const unsigned ra0_3 = mg_ha[0][3][3];
         unsigned rb0_0, rb0_1, rb1_0, rb1_1;
         mg_ldsm_x4_t(rb0_0, rb0_1, rb1_0, rb1_1, (sm_k + ((kk + (mg_lane & 15)) * 72 + ((mg_ks * 8 + 0 + (mg_lane >> 4)) * 8))));
         unsigned rb2_0, rb2_1, rb3_0, rb3_1;

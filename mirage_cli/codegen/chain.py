@@ -54,10 +54,11 @@ def _unrolled(var: str, n: int, body: Lines) -> Lines:
 
 
 def init(k: FusedKernel, ch: Chain, lay: ChainLayout) -> Lines:
-    """Zeroed output fragments and row partials (the accumulators' identities)."""
+    """Zeroed output fragments and row partials (the accumulators' identities); the
+    first matmul's A fragments when they stay in registers over the loop."""
     acc = ch.acc.outputs[0].name
     mt, no = lay.tiles_per_warp, lay.out_tiles
-    lines = [f"float acc_{acc}[{mt}][{no}][4];"]
+    lines = _held_a(k, ch, lay) + [f"float acc_{acc}[{mt}][{no}][4];"]
     lines += _unrolled("m", mt, _unrolled("j", no, [
         (f"acc_{acc}[m][j][0] = acc_{acc}[m][j][1] = acc_{acc}[m][j][2] = "
         f"acc_{acc}[m][j][3] = 0.0f;")]))
@@ -98,19 +99,52 @@ def _b_loads(k: FusedKernel, b: str, tiles: int, col0: str) -> Lines:
     return lines
 
 
+def holds_a(k: FusedKernel, ch: Chain) -> bool:
+    """Whether the plan loads the first matmul's A fragments once, before the loop, and
+    keeps them in registers (``a_path`` "held", :func:`chainplan.holds_a`)."""
+    first = ch.first.outputs[0].name
+    return any(mp.output == first and mp.a_path == "held" for mp in k.plan.mmas)
+
+
+def _a_frag(k: FusedKernel, ch: Chain, m: int) -> str:
+    """This lane's ldmatrix.x4 address of A's 16x16 fragment of row tile ``m`` at K
+    step ``kk``."""
+    a = ch.first.inputs[0]
+    row = f"(mg_mi{m} * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8)"
+    return smem_ptr(k, a, _lead(a, k) + [row, "(kk + (mg_lane >> 4) * 8)"])
+
+
+def _held_a(k: FusedKernel, ch: Chain, lay: ChainLayout) -> Lines:
+    """The A fragments of every K step, loaded once into ``mg_ha`` (see holds_a)."""
+    if not holds_a(k, ch):
+        return []
+    a = ch.first.inputs[0]
+    steps, mt = k.a.types[a].shape[-1] // 16, lay.tiles_per_warp
+    body = _tile_rows(ch, lay)
+    for s in range(steps):
+        body += [f"{{ const int kk = {s * 16};"]
+        for m in range(mt):
+            r = ", ".join(f"mg_ha[{m}][{s}][{i}]" for i in range(4))
+            body += [f"  mg_ldsm_x4({r}, {_a_frag(k, ch, m)});"]
+        body += ["}"]
+    return [f"unsigned mg_ha[{mt}][{steps}][4];"] + warp_ids(lay.groups) + indent(body) + ["}"]
+
+
 def _first(k: FusedKernel, ch: Chain, lay: ChainLayout) -> Lines:
     """S = A @ B1 over this warp's rows and columns into ``mg_s``."""
     a, b = ch.first.inputs
     d = k.a.types[a].shape[-1]
     mma = mma_fn(ch.first.outputs[0].type.dtype)
+    held = holds_a(k, ch)
     lines: Lines = []
     for s in range(d // 16):
         step = [f"const int kk = {s * 16};"]
         for m in range(lay.tiles_per_warp):
-            row = f"(mg_mi{m} * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8)"
-            pa = smem_ptr(k, a, _lead(a, k) + [row, "(kk + (mg_lane >> 4) * 8)"])
+            if held:
+                step += [f"const unsigned ra{m}_{i} = mg_ha[{m}][{s}][{i}];" for i in range(4)]
+                continue
             step += [f"unsigned ra{m}_0, ra{m}_1, ra{m}_2, ra{m}_3;",
-                     f"mg_ldsm_x4(ra{m}_0, ra{m}_1, ra{m}_2, ra{m}_3, {pa});"]
+                     f"mg_ldsm_x4(ra{m}_0, ra{m}_1, ra{m}_2, ra{m}_3, {_a_frag(k, ch, m)});"]
         step += _b_loads(k, b, lay.score_tiles, f"mg_ks * {lay.score_tiles}")
         step += [f"{mma}(mg_s[{m}][{j}], ra{m}_0, ra{m}_1, ra{m}_2, ra{m}_3, rb{j}_0, rb{j}_1);"
                  for m in range(lay.tiles_per_warp) for j in range(lay.score_tiles)]

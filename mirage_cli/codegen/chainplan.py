@@ -58,12 +58,35 @@ def layout(ch: Chain, warps: int, kwarps: int) -> ChainLayout | str:
     if slices > 1 and (R // 16) % lay.tiles_per_warp:
         return (f"a warp's {lay.tiles_per_warp} tiles of 16 rows would span two of the "
                 f"{slices} matrices of the batch")
-    # The 16-row tiles of a warp are unrolled: their registers are live together.
-    regs = lay.tiles_per_warp * (4 * lay.score_tiles + 4 * lay.out_tiles + 2 * len(ch.row_accs))
+    regs = frag_regs(ch, lay)
     if regs > FRAG_REGS_MAX:
         return (f"{regs} f32 fragment registers per thread (at most {FRAG_REGS_MAX}): "
                 f"more threads or kwarps")
     return lay
+
+
+def frag_regs(ch: Chain, lay: ChainLayout) -> int:
+    """f32 fragment registers per thread: the 16-row tiles of a warp are unrolled, so
+    their score, output and row-partial registers are live together."""
+    return lay.tiles_per_warp * (4 * lay.score_tiles + 4 * lay.out_tiles + 2 * len(ch.row_accs))
+
+
+def held_a_regs(a: Analysis, ch: Chain, lay: ChainLayout) -> int:
+    """Registers per thread of the first matmul's A fragments over its whole K (four
+    per 16-wide step and 16-row tile, one ldmatrix.x4)."""
+    return lay.tiles_per_warp * 4 * (a.types[ch.first.inputs[0]].shape[-1] // 16)
+
+
+def holds_a(a: Analysis, ch: Chain, lay: ChainLayout) -> bool:
+    """Whether the first matmul's A fragments are loaded once before the loop and kept
+    in registers (the plan's ``a_path`` "held"): A is loop-invariant (staged or
+    computed before the loop, as attention's queries) and its fragments fit beside the
+    others. Each iteration otherwise reloads them with ldmatrix: on an H100
+    (docs/perf-log.md v22) holding them took gqa's chain kernel 8.0 → 7.4 µs at
+    batch 1 and 25.0 → 24.6 at batch 8, qknorm_gqa's 16.6 → 15.4 at batch 1 and
+    83.0 → 80.3 at batch 16."""
+    return (a.phases.get(ch.first.inputs[0]) == "invariant"
+            and frag_regs(ch, lay) + held_a_regs(a, ch, lay) <= FRAG_REGS_MAX)
 
 
 def default_kwarps(ch: Chain, warps: int) -> int:

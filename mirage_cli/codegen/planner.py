@@ -178,7 +178,7 @@ def _ldmatrix_reader(user: BlockOp | None, name: str, paths: Mapping[str, MmaPla
     mp = paths.get(user.outputs[0].name) if user is not None else None
     if user is None or mp is None:
         return False
-    return ((user.inputs[0] != name or mp.a_path == "ldmatrix")
+    return ((user.inputs[0] != name or mp.a_path in ("ldmatrix", "held"))
             and (user.inputs[1] != name or mp.b_path == "ldmatrix.trans"))
 
 
@@ -196,7 +196,8 @@ def _chain(a: Analysis, ch: Chain, tiles: dict[str, TileDraft], k: Knobs
     if k.ldmatrix != 1 or not all(_ldmatrix_ok(tiles[n], dt) for n in _chain_operands(ch)):
         raise MirageError("plan knob chain=1 needs ldmatrix=1 and the matmul operands staged "
                           "in shared memory as 16-byte rows")
-    mmas, reds, owners = chainplan.plan_entries(ch, lay, "ldmatrix")
+    a_path = "held" if chainplan.holds_a(a, ch, lay) else "ldmatrix"
+    mmas, reds, owners = chainplan.plan_entries(ch, lay, a_path)
     for name in ch.members:
         tiles[name].home = "frag"
     tiles[ch.acc.outputs[0].name].home = "acc_mma"
