@@ -75,6 +75,7 @@ def test_bad_profile_file_names_the_field(tmp_path: Path) -> None:
     ("stage_penalty", -1, "'stage_penalty' must be a number >= 0"),
     ("mma_flops", "fast", "'mma_flops' must be a number > 0"),
     ("mem_util_exp", 1.5, r"'mem_util_exp' must be a number in \[0, 1\]"),
+    ("chain_mma_flops", 0, "'chain_mma_flops' must be a number > 0"),
 ])
 def test_bad_optional_figure_names_the_field(tmp_path: Path, key: str, value: object,
                                              msg: str) -> None:
@@ -125,3 +126,20 @@ def test_the_model_reads_the_plan(tmp_path: Path) -> None:
     k0 = doc["chosen"]["kernels"][0]
     assert doc["chosen"]["fits"] is False and k0["smem_source"] == "plan"
     assert any("exceeds" in t for t in k0["tight"])
+
+
+def test_a_chain_kernel_is_priced_at_the_chain_rate() -> None:
+    """chain_mma_flops prices the tensor-core work of a kernel whose plan keeps a
+    matmul chain in registers, and no other kernel's."""
+    from mirage_cli.loading import load_graph
+
+    gqa = load_graph(str(ROOT / "examples/mugraphs/gqa_fused.mir"), {"batch": 8})
+    streaming = lora()[0][0]
+    p = profiles.load("h200")
+    assert p.chain_mma_flops == 350e12 and p.mma_flops == 130e12
+    chain = cost.kernel_costs(gqa, p)[0]
+    assert chain.compute_us == pytest.approx(chain.flops / 350e12 / chain.util * 1e6)
+    slower = dataclasses.replace(p, chain_mma_flops=p.chain_mma_flops / 2)
+    assert cost.kernel_costs(gqa, slower)[0].compute_us == pytest.approx(2 * chain.compute_us)
+    assert cost.kernel_costs(gqa, slower)[1] == cost.kernel_costs(gqa, p)[1]  # the combine
+    assert cost.kernel_costs(streaming, slower) == cost.kernel_costs(streaming, p)

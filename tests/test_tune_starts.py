@@ -43,8 +43,10 @@ def test_a_one_axis_grid_has_one_start() -> None:
 
 def test_more_starts_find_a_better_tuning(monkeypatch: pytest.MonkeyPatch) -> None:
     # qknorm_gqa's two-kernel design at batch 8: one descent from the first start
-    # stops at a local optimum that a rebalanced start beats.
+    # stops at a local optimum that a rebalanced start beats, where the descent moves
+    # one size at a time (moving a factor between axes, it reaches that one as well).
     program, design = _design("qknorm_gqa")
+    monkeypatch.setattr(tuner, "_transfers", lambda grid, axes: [])
     monkeypatch.setattr(tuner, "REBALANCED_STARTS", 0)
     one = tuner.tune(program, design)[0][0].time_us
     monkeypatch.setattr(tuner, "REBALANCED_STARTS", 2)
@@ -85,3 +87,23 @@ def test_the_driver_tunes_a_design_whose_first_tuning_does_not_fit() -> None:
     assert best_design == split
     assert len(best_graph.ops) == 2
     assert best_cost.time_us < tuner.tune(program, one)[0][0].time_us
+
+
+def test_the_descent_moves_a_factor_of_two_between_grid_axes() -> None:
+    """A transfer keeps the blocks and changes the tiles' shape."""
+    moved = tuner._transfers((8, 2, 8), 3)
+    assert (16, 2, 4) in moved and (4, 2, 16) in moved and (8, 4, 4) in moved
+    assert all(prod(g) == 8 * 2 * 8 for g in moved)
+    assert all(min(g) >= 2 for g in moved)         # no split axis falls to 1 block
+    assert tuner._transfers((2, 2, 1), 2) == []    # no axis with a factor to give
+    assert tuner._transfers((64, 1, 1), 1) == []   # one split axis
+
+
+def test_gqa_reaches_the_grid_a_transfer_away(monkeypatch: pytest.MonkeyPatch) -> None:
+    """gqa at batch 8: descending one size at a time stopped at a tuning next to a
+    better one two moves away (through a grid the model rates worse)."""
+    program, design = _design("gqa")
+    best = tuner.tune(program, design)[0][0].time_us
+    monkeypatch.setattr(tuner, "_transfers", lambda grid, axes: [])
+    without = tuner.tune(program, design)[0][0].time_us
+    assert best < without

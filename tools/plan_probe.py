@@ -122,7 +122,8 @@ def main(argv: list[str]) -> int:
     for spec in specs:
         prog_path, batch, graph_path = spec.split(":")
         prog = load_graph(prog_path, {"batch": int(batch)})
-        g = load_graph(graph_path)
+        # A .mir as the graph: its unfused lowering, at the same batch.
+        g = load_graph(graph_path, {"batch": int(batch)} if graph_path.endswith(".mir") else None)
         floor = (bench.input_bytes(prog) + sum(prog.tensor_types()[n].nbytes
                                                for n in prog.outputs)) / bw * 1e6
         scale = bench.input_scale(prog)

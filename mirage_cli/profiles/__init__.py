@@ -16,7 +16,8 @@ Fields (``format: mirage-cli/device-profile``, ``version: 1``): ``name``, ``devi
 ``regs_per_sm``, ``max_threads_per_sm``, optionally ``stage_penalty`` (0 when
 absent), ``mma_flops`` (``peak_flops`` when absent), ``mem_util_exp`` and
 ``scalar_copy_slowdown`` (1 when absent), ``block_stream_bw`` (no bound when absent),
-``bulk_stream_bw`` (``block_stream_bw`` when absent), ``simt_slowdown`` (1 when absent; see :class:`Profile`); and ``fit``: the coefficients of the model's
+``bulk_stream_bw`` (``block_stream_bw`` when absent), ``simt_slowdown`` (1 when absent),
+``chain_mma_flops`` (``mma_flops`` when absent; see :class:`Profile`); and ``fit``: the coefficients of the model's
 terms (``stream``, ``sync``, ``launch``, ``const_us``), 1/1/1/0 when unfitted.
 """
 
@@ -82,6 +83,9 @@ class Profile:
     # Element-wise math in custom kernels (few warps per SM, one element's instructions
     # after another) runs this many times slower than fma_flops; 1 when absent.
     simt_slowdown: float | None = None
+    # The rate of the tensor-core work of a kernel that keeps a matmul chain in
+    # registers (plan knob chain=1, the attention family); mma_flops when absent.
+    chain_mma_flops: float | None = None
     fit: dict[str, float] = field(default_factory=lambda: {"stream": 1.0, "sync": 1.0,
                                                            "launch": 1.0, "const_us": 0.0})
     extra: dict[str, Any] = field(default_factory=dict)  # other recorded figures
@@ -130,6 +134,7 @@ _OPTIONAL: dict[str, tuple[Callable[[Any], bool], str]] = {
     "block_stream_bw": (lambda v: _pos(v), "> 0"),
     "bulk_stream_bw": (lambda v: _pos(v), "> 0"),
     "simt_slowdown": (lambda v: _pos(v) and v >= 1, ">= 1"),
+    "chain_mma_flops": (lambda v: _pos(v), "> 0"),
 }
 
 

@@ -73,8 +73,10 @@ def cache_dir() -> Path:
 # kernels whose loop matmul result goes through shared memory 512 threads, and the
 # tuner's descent starts from rebalanced grids too; 23: designs whose first tuning
 # does not fit are ranked by the first tuning that does, tune.first_fitting, and a
-# chain whose loop has side work gets 512 threads).
-SEARCH_REVISION = 23
+# chain whose loop has side work gets 512 threads; 24: matmul chains have their own
+# tensor-core rate in the profiles, chain_mma_flops, and the descent moves a factor of
+# 2 between grid axes, tune._transfers).
+SEARCH_REVISION = 24
 
 
 def program_hash(program: Graph) -> str:

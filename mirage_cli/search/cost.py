@@ -14,7 +14,9 @@ is the profile's ``simt_slowdown``, ``u`` (the
 utilisation) is the fraction of SMs the grid occupies, ``e`` the profile's
 ``mem_util_exp`` (memory streams nearly as fast on part of the GPU), ``F`` the forloop
 iterations one block runs (one iteration's loads are not overlapped with compute: the
-pipeline fill) and ``waves`` the number of rounds of blocks over the SMs. Blocks and
+pipeline fill) and ``waves`` the number of rounds of blocks over the SMs. ``PEAK`` is
+the profile's ``mma_flops``, or its ``chain_mma_flops`` for a kernel whose plan keeps a
+matmul chain in registers (``chain=1``, the attention family). Blocks and
 iterations are the launched ones: a plan that splits the forloop over a cluster of ``ksplit`` blocks launches ``ksplit`` times the µGraph's
 blocks, each running ``F / ksplit`` iterations. ``S`` is the plan's pipeline depth
 and ``p`` the profile's ``stage_penalty`` (loops only). A block matmul's FLOPs count
@@ -146,6 +148,7 @@ class PlanFacts:
     stages: int = 1     # pipeline depth of the loop's copies
     scalar: bool = False  # a loop input is copied element by element (vec 1)
     bulk: bool = False    # loop inputs come by bulk tensor copies (TMA)
+    chain: bool = False   # a matmul chain kept in registers (knob chain=1)
     violation: str = ""
 
 
@@ -186,7 +189,7 @@ def _facts(bg: BlockGraph, plan: KernelPlan) -> PlanFacts:
     scalar = any(t.name in inputs and t.home == "smem" and t.vec == 1 for t in plan.tiles)
     bulk = any(t.swizzle for t in plan.tiles)
     return PlanFacts(plan.smem_bytes, plan.threads, k.ksplit or 1, k.stages or 1, scalar,
-                     bulk)
+                     bulk, k.chain == 1)
 
 
 def kernel_costs(g: Graph, p: Profile | None = None) -> list[KernelCost]:
@@ -220,7 +223,12 @@ def _kernel_cost(op: KernelOp, types: dict[str, TensorType], p: Profile) -> Kern
     # 16) run many times slower than 16-byte copies and ldmatrix.
     slow = p.scalar_copy_slowdown or 1.0
     d_s, l_s = k_dram / p.dram_bw, k_l2 / p.l2_bw
-    c_s = (k_flops + (slow - 1) * elem_flops) / p.flop_rate
+    # A chain kept in registers has its own tensor-core rate: priced at mma_flops
+    # (fitted to the far slower attention kernels of docs/perf-log.md v10) every
+    # tiling of a chain looked compute-bound alike, blind to the L2 re-reads of K and
+    # V that made gqa's (16, 4, 2) grid at batch 8 slower than (16, 2, 4) (v22).
+    mma_rate = (p.chain_mma_flops or p.flop_rate) if facts.chain else p.flop_rate
+    c_s = (k_flops + (slow - 1) * elem_flops) / mma_rate
     # A grid on part of the GPU still draws most of the memory bandwidth (on an
     # H200, 64 blocks streamed a weight 1.2x slower than 128, not 2x), while its
     # compute scales with the SMs it occupies.

@@ -6,7 +6,8 @@ at filling the GPU (doubling the axis with the largest tiles until about the
 profile's SM count of blocks) with loop tiles of about 64 along the iterated dimension; coordinate descent
 then doubles or halves one size at a time, or moves it to the next divisor of the
 dimension it splits (so sizes with odd factors are reachable: 14336 = 7 * 2^11 splits
-into 7, 14, 28, 56, 112, 224, ... blocks, 18944 = 37 * 2^9 into 37, 74, ...), while the
+into 7, 14, 28, 56, 112, 224, ... blocks, 18944 = 37 * 2^9 into 37, 74, ...), or moves
+a factor of 2 from one grid axis to another (as many blocks, other tiles), while the
 cost model improves. Every step instantiates the design through the builder, so only
 valid µGraphs are ever costed.
 """
@@ -85,10 +86,27 @@ def _neighbours(tuning: Tuning, design: Design, types: dict | None = None) -> li
                 g = list(grid)
                 g[a] = n
                 variants.append(((g[0], g[1], g[2]), forloop))
+        variants += [(g, forloop) for g in _transfers(grid, step.axes)]
         if step.looped:
             ext = _loop_extent(step, types, list(grid)) if types is not None else 0
             variants += [(grid, f) for f in _moves(forloop, ext)]
         out += [tuning[:k] + (v,) + tuning[k + 1:] for v in variants]
+    return out
+
+
+def _transfers(grid: tuple[int, int, int], axes: int) -> list[tuple[int, int, int]]:
+    """``grid`` with a factor of 2 moved from one split axis to another: as many blocks,
+    tiles of another shape. One size at a time, the descent had to pass through a grid
+    of half or twice the blocks, which the model rates worse, so it stopped: gqa at
+    batch 8 stayed at (8, 2, 8) x 16 iterations, predicted 39.7 µs, next to (16, 2, 4)
+    x 16, predicted 37.1 (measured on an H100 28.9 and 24.0 µs, docs/perf-log.md v22)."""
+    out = []
+    for a in range(axes):
+        for b in range(axes):
+            if a != b and grid[b] % 2 == 0 and grid[b] >= 4:
+                g = list(grid)
+                g[a], g[b] = g[a] * 2, g[b] // 2
+                out.append((g[0], g[1], g[2]))
     return out
 
 
