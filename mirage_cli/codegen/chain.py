@@ -99,7 +99,7 @@ def _b_loads(k: FusedKernel, b: str, tiles: int, col0: str) -> Lines:
     return lines
 
 
-def holds_a(k: FusedKernel, ch: Chain) -> bool:
+def _held(k: FusedKernel, ch: Chain) -> bool:
     """Whether the plan loads the first matmul's A fragments once, before the loop, and
     keeps them in registers (``a_path`` "held", :func:`chainplan.holds_a`)."""
     first = ch.first.outputs[0].name
@@ -115,8 +115,8 @@ def _a_frag(k: FusedKernel, ch: Chain, m: int) -> str:
 
 
 def _held_a(k: FusedKernel, ch: Chain, lay: ChainLayout) -> Lines:
-    """The A fragments of every K step, loaded once into ``mg_ha`` (see holds_a)."""
-    if not holds_a(k, ch):
+    """The A fragments of every K step, loaded once into ``mg_ha`` (see :func:`_held`)."""
+    if not _held(k, ch):
         return []
     a = ch.first.inputs[0]
     steps, mt = k.a.types[a].shape[-1] // 16, lay.tiles_per_warp
@@ -135,7 +135,7 @@ def _first(k: FusedKernel, ch: Chain, lay: ChainLayout) -> Lines:
     a, b = ch.first.inputs
     d = k.a.types[a].shape[-1]
     mma = mma_fn(ch.first.outputs[0].type.dtype)
-    held = holds_a(k, ch)
+    held = _held(k, ch)
     lines: Lines = []
     for s in range(d // 16):
         step = [f"const int kk = {s * 16};"]
