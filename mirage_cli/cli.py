@@ -9,8 +9,12 @@ and is listed in ``COMMANDS`` below.
 
 from __future__ import annotations
 
+import _thread
+import contextlib
 import importlib
 import sys
+import threading
+from collections.abc import Iterator
 from typing import Any
 
 import click
@@ -48,7 +52,8 @@ class MirageGroup(click.Group):
     def main(self, *args: Any, **kwargs: Any) -> Any:
         try:
             try:
-                return super().main(*args, **kwargs)
+                with interrupts_survive_finalizers():
+                    return super().main(*args, **kwargs)
             finally:
                 sys.stdout.flush()  # the data goes out now, while errors can be reported
         except KeyboardInterrupt:
@@ -79,6 +84,31 @@ class MirageGroup(click.Group):
             console.print(f"internal error: {type(e).__name__}: {e}\n"
                           f"(run with --debug for a traceback)", style="red", markup=False)
             sys.exit(3)
+
+
+@contextlib.contextmanager
+def interrupts_survive_finalizers() -> Iterator[None]:
+    """Ctrl-C that lands while a finalizer runs (Z3's ``AstRef.__del__`` during the
+    search) is raised there and ignored by Python ("Exception ignored in ..."): the
+    command would go on to the end of its budget. Such an interrupt is delivered again
+    to the main thread, where it stops the command as any other: by a timer thread a
+    moment later, once the hook has returned (raised within the hook, it would be
+    ignored too; should it land in a finalizer again, this repeats)."""
+    default = sys.unraisablehook
+
+    def hook(u: Any) -> None:
+        if isinstance(u.exc_value, KeyboardInterrupt):
+            timer = threading.Timer(0.05, _thread.interrupt_main)
+            timer.daemon = True
+            timer.start()
+        else:
+            default(u)
+
+    sys.unraisablehook = hook
+    try:
+        yield
+    finally:
+        sys.unraisablehook = default
 
 
 def _is_write_error(e: OSError) -> bool:

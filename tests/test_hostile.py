@@ -557,3 +557,25 @@ def test_version_to_a_full_device() -> None:
         assert p.returncode == 2 and "Traceback" not in err, err
         assert "cannot write the output" in err
 
+
+
+def test_an_interrupt_raised_in_a_finalizer_is_delivered_again() -> None:
+    """Python ignores an exception raised in ``__del__``; a Ctrl-C that lands there
+    (Z3's finalizers run all through the search) must still stop the command."""
+    from mirage_cli.cli import interrupts_survive_finalizers
+
+    class Finalized:
+        def __del__(self) -> None:
+            raise KeyboardInterrupt
+
+    stopped, before = False, sys.unraisablehook
+    with interrupts_survive_finalizers():
+        try:
+            Finalized()  # collected at once: its KeyboardInterrupt is "ignored"
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline:  # the interrupt comes back meanwhile
+                pass
+        except KeyboardInterrupt:
+            stopped = True
+    assert stopped
+    assert sys.unraisablehook is before  # the hook is the command's alone
