@@ -143,3 +143,31 @@ def test_a_chain_kernel_is_priced_at_the_chain_rate() -> None:
     assert cost.kernel_costs(gqa, slower)[0].compute_us == pytest.approx(2 * chain.compute_us)
     assert cost.kernel_costs(gqa, slower)[1] == cost.kernel_costs(gqa, p)[1]  # the combine
     assert cost.kernel_costs(streaming, slower) == cost.kernel_costs(streaming, p)
+
+
+def test_a_chain_exposes_the_lesser_term_as_its_pipeline_fill() -> None:
+    """A chain's pipeline keeps several iterations' K and V tiles in flight, so its
+    fill is the lesser of memory and compute, not one iteration of the bound: the
+    forloop barely moves a memory-bound chain's prediction (gqa's chain at batch 1 ran
+    5.98 us at 2 iterations and 5.79 at 8 on an H100, docs/perf-log.md v23), and gqa at
+    batch 1 ranks its 64-row tiling with 16 key chunks (7.49 us in all) before the
+    128-row one with 32 (9.49)."""
+    from mirage_cli.loading import load_graph
+    from mirage_cli.search.design import design_of, instantiate
+
+    assert cost._fill_s(3.0, 1.0, chain=True) == 1.0
+    assert cost._fill_s(3.0, 1.0, chain=False) == 3.0
+    g = load_graph(str(ROOT / "examples/gqa.mir"), {"batch": 1})
+    # gqa_fused's grid: (groups, key chunks, row chunks).
+    design, tuning = design_of(load_graph(str(ROOT / "examples/mugraphs/gqa_fused.mir"),
+                                          {"batch": 1}))
+
+    def tuned(grid: tuple[int, int, int], forloop: int) -> object:
+        x = instantiate(g, design, ((grid, forloop), tuning[1]))
+        assert x is not None
+        return x
+
+    rows64, rows128 = tuned((2, 16, 4), 8), tuned((2, 32, 2), 8)
+    assert cost.estimate(rows64).time_us < cost.estimate(rows128).time_us
+    at8, at2 = cost.kernel_costs(rows64)[0], cost.kernel_costs(tuned((2, 16, 4), 2))[0]
+    assert at8.stream_us < at2.stream_us < 1.15 * at8.stream_us

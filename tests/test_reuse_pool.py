@@ -19,7 +19,7 @@ from mirage_cli.ir import Graph
 from mirage_cli.loading import load_graph
 from mirage_cli.search import driver
 from mirage_cli.search.cost import rank
-from mirage_cli.search.design import Design
+from mirage_cli.search.design import CustomD, Design
 from mirage_cli.search.driver import SearchOptions, reuse_designs, search
 from mirage_cli.search.family import BadDesign, design_from_json, design_to_json, size_pattern
 
@@ -27,6 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 MLP = ROOT / "examples" / "gated_mlp.mir"
 LORA = ROOT / "examples" / "lora.mir"
 GQA = ROOT / "examples" / "gqa.mir"
+MQA = ROOT / "examples" / "mqa_decode.mir"
 SMALL = {"hidden": 64, "n": 64}
 
 
@@ -87,35 +88,37 @@ def test_same_pattern_reuses_the_pool_and_ships_the_fresh_pick(tmp_path: Path) -
 
 
 def test_another_pattern_ships_a_design_the_cached_pool_lacks(tmp_path: Path) -> None:
-    # Which designs exist depends on the sizes: the design a fresh search of gqa at
-    # batch 2 ships is not among those enumerated at batch 1 (one batch element has
-    # only 2 groups to split). The reuse from batch 1 enumerates at batch 2 too
+    # Which designs exist depends on the sizes: the design a fresh search of MQA at
+    # batch 2 ships splits the batch over the grid, which at batch 1 (a dimension of
+    # size 1) no design can. The reuse from batch 1 enumerates at batch 2 too
     # (another size pattern) and ships it; the pool alone would have shipped a design
     # the model ranks after it.
-    small = {"rows": 16, "d": 16, "seq": 64}
+    small = {"heads": 4, "d": 16, "seq": 32}
 
-    def gqa(batch: int) -> Graph:
-        return load_graph(str(GQA), {**small, "batch": batch})
+    def mqa(batch: int) -> Graph:
+        return load_graph(str(MQA), {**small, "batch": batch})
 
-    def opt_gqa(batch: int) -> tuple[str, list[Any]]:
-        temps = tmp_path / f"g{batch}"
+    def opt_mqa(batch: int) -> tuple[str, list[Any]]:
+        temps = tmp_path / f"m{batch}"
         defs = [a for k, v in {**small, "batch": batch}.items() for a in ("-D", f"{k}={v}")]
-        r = CliRunner().invoke(main, ["opt", str(GQA), "-o", str(tmp_path / "g.cu"), *defs,
+        r = CliRunner().invoke(main, ["opt", str(MQA), "-o", str(tmp_path / "m.cu"), *defs,
                                       "--jobs", "1", "--save-temps", str(temps)])
         assert r.exit_code == 0, r.output
         return r.output, serialize.loads_candidates(
             next(temps.glob("*.cands.ugraph.json")).read_text())
 
-    assert size_pattern(gqa(1)) != size_pattern(gqa(2))
-    opt_gqa(1)
+    assert size_pattern(mqa(1)) != size_pattern(mqa(2))
+    opt_mqa(1)
     pool = [design_from_json(d) for d in
             json.loads(family_file(tmp_path).read_text())["designs"]]
-    fresh = search(gqa(2), SearchOptions(top=1)).candidates[0]
+    fresh = search(mqa(2), SearchOptions(top=1)).candidates[0]
     assert fresh.design not in pool
-    log, cands = opt_gqa(2)
+    assert any(ld.imap[0] == 0 for step in fresh.design.steps
+               if isinstance(step, CustomD) for ld in step.loads)  # the batch split
+    log, cands = opt_mqa(2)
     assert "another size pattern: ranked with the" in log
     assert cands[0][0] == fresh.graph
-    alone = reuse_designs(gqa(2), pool, SearchOptions(), need=1).candidates[0]
+    alone = reuse_designs(mqa(2), pool, SearchOptions(), need=1).candidates[0]
     assert alone.design != fresh.design
     # The search's own order (predicted time, then the tie rule) puts the fresh pick first.
     first = rank([alone, fresh], lambda c: c.cost, lambda c: serialize.dumps(c.graph))[0]

@@ -154,6 +154,20 @@ def test_split_reduction_gives_verified_flash_decoding():
     assert found >= 1
 
 
+def test_an_index_split_down_to_one_element_per_block_still_stores():
+    # GQA's 2 groups over a grid axis of 2 leave each block one group: a tile dim of
+    # size 1 that must keep its index, or no store maps it to its grid axis and the
+    # design (one group per block, rows split, keys in the loop) does not exist.
+    g = _program(GQA)
+    s = Search(make_target(g), Limits(max_kernel_ops=1, max_block_ops=6))
+    tensors = dict(s.initial().tensors)
+    groups, rows, _ = tensors["Q"].labels
+    keys = tensors["K"].labels[2]
+    found = list(s.designs(s.initial(), 1, ((groups, rows), keys)))
+    assert found
+    assert all(d.steps[0].stores[0].omap == (0, 1, None) for d in found)
+
+
 def test_search_command_writes_candidates_and_caches(tmp_path, monkeypatch):
     monkeypatch.setenv("MIRAGE_CACHE_DIR", str(tmp_path / "cache"))
     prog = tmp_path / "p.mir"

@@ -75,8 +75,10 @@ def cache_dir() -> Path:
 # does not fit are ranked by the first tuning that does, tune.first_fitting, and a
 # chain whose loop has side work gets 512 threads; 24: matmul chains have their own
 # tensor-core rate in the profiles, chain_mma_flops, and the descent moves a factor of
-# 2 between grid axes, tune._transfers).
-SEARCH_REVISION = 24
+# 2 between grid axes, tune._transfers; 25: a block tile's dim split down to one
+# element keeps its index, so designs splitting gqa's 2 heads at batch 1 are found, and
+# a chain's pipeline fill is the lesser of its memory and compute terms).
+SEARCH_REVISION = 25
 
 
 def program_hash(program: Graph) -> str:

@@ -6,15 +6,18 @@ assumed to hit L2 and are counted separately as ``l2_bytes``), FLOPs (a matmul i
 ``2*m*n*k``, any other operator one per output element), launches, and the shared
 memory one block needs (the model's own count: tiles of loop loads twice, for double
 buffering, plus every other tile). The predicted time is the sum over kernels of
-``a * (max(max(dram / BW, l2 / L2BW) / u^e, flops / PEAK / u) * (1 + 1/F) * (1 + p/S²)
-+ simt * SLOW / FMA / u) + b * waves * F * ITER + c * LAUNCH``, plus ``d`` once per
+``a * ((max(M, C) + X / F) * (1 + p/S²) + simt * SLOW / FMA / u) + b * waves * F * ITER
++ c * LAUNCH`` with ``M = max(dram / BW, l2 / L2BW) / u^e`` and ``C = flops / PEAK / u``,
+plus ``d`` once per
 µGraph, where ``simt`` counts a custom kernel's element-wise FLOPs as its blocks run
 them (per iteration in the loop: every block along N recomputes what it reads), ``SLOW``
 is the profile's ``simt_slowdown``, ``u`` (the
 utilisation) is the fraction of SMs the grid occupies, ``e`` the profile's
 ``mem_util_exp`` (memory streams nearly as fast on part of the GPU), ``F`` the forloop
-iterations one block runs (one iteration's loads are not overlapped with compute: the
-pipeline fill) and ``waves`` the number of rounds of blocks over the SMs. ``PEAK`` is
+iterations one block runs, ``X`` what the first of them exposes (the pipeline fill:
+``max(M, C)``, one iteration's loads before any compute overlaps them, or for a matmul
+chain ``min(M, C)``, see :func:`_fill_s`) and ``waves`` the number of rounds of blocks
+over the SMs. ``PEAK`` is
 the profile's ``mma_flops``, or its ``chain_mma_flops`` for a kernel whose plan keeps a
 matmul chain in registers (``chain=1``, the attention family). Blocks and
 iterations are the launched ones: a plan that splits the forloop over a cluster of ``ksplit`` blocks launches ``ksplit`` times the µGraph's
@@ -116,7 +119,7 @@ class KernelCost:
     l2_us: float         # l2_bytes at its L2 bandwidth
     compute_us: float    # flops at its peak
     util: float          # fraction of the SMs the grid occupies
-    stream_us: float     # fit.stream * (max(mem / util^e, compute / util) * (1 + 1/forloop)
+    stream_us: float     # fit.stream * ((max(mem, compute) + fill / forloop) * depth
     #                      + element-wise FLOPs * simt_slowdown / fma_flops / util)
     sync_us: float       # fit.sync * waves * forloop * iter_us
     launch_us: float     # fit.launch * launch_us
@@ -235,7 +238,7 @@ def _kernel_cost(op: KernelOp, types: dict[str, TensorType], p: Profile) -> Kern
     mem_util = util ** (p.mem_util_exp if p.mem_util_exp is not None else 1.0)
     forloop = op.block.forloop // ksplit if op.block is not None else 4
     scalar = slow if facts.scalar and forloop > 1 else 1.0
-    bound_s = max(max(d_s, l_s) * scalar / mem_util, c_s / util)
+    mem_s, comp_s = max(d_s, l_s) * scalar / mem_util, c_s / util
     # Blocks resident on one SM: bounded by threads and by shared memory per SM.
     per_sm = 1
     if threads:
@@ -243,7 +246,8 @@ def _kernel_cost(op: KernelOp, types: dict[str, TensorType], p: Profile) -> Kern
                             p.smem_per_sm // max(plan_smem, 1), 32))
     if p.block_stream_bw:
         rate = (p.bulk_stream_bw or p.block_stream_bw) if facts.bulk else p.block_stream_bw
-        bound_s = max(bound_s, _block_rounds_s(k_dram * scalar, blocks, per_sm, p, rate))
+        mem_s = max(mem_s, _block_rounds_s(k_dram * scalar, blocks, per_sm, p, rate))
+    bound_s = max(mem_s, comp_s)
     # Waves count rounds of one block per SM, whatever the occupancy: on an H200 a
     # second resident block did not double a streaming kernel's rate
     # (rmsnorm_linear and gated_mlp at batch 8: grid 256 at two blocks per SM ran
@@ -254,7 +258,7 @@ def _kernel_cost(op: KernelOp, types: dict[str, TensorType], p: Profile) -> Kern
     # loads are exposed (the pipeline fill), and each iteration synchronises.
     # A loop with few copies in flight exposes part of each load's latency.
     depth = 1 + p.stage_penalty / stages ** 2 if forloop > 1 else 1.0
-    stream = fit["stream"] * bound_s * (1 + 1 / forloop) * depth
+    stream = fit["stream"] * (bound_s + _fill_s(mem_s, comp_s, facts.chain) / forloop) * depth
     # Element-wise math in a custom kernel runs on the CUDA cores of the blocks' few
     # warps, in series with the loop's copies and mma steps: it adds to the kernel's
     # time, at the FMA rate slowed by the profile's ``simt_slowdown``.
@@ -266,6 +270,18 @@ def _kernel_cost(op: KernelOp, types: dict[str, TensorType], p: Profile) -> Kern
                       l_s * 1e6, c_s * 1e6, util, stream * 1e6, sync * 1e6,
                       launch * 1e6, (stream + sync + launch) * 1e6, plan_smem,
                       threads, per_sm, waves, facts.violation)
+
+
+def _fill_s(mem_s: float, comp_s: float, chain: bool) -> float:
+    """What the first of a loop's iterations exposes (the pipeline fill, divided by
+    the iterations where it is used): the whole bound for most kernels (one
+    iteration's loads, before any compute overlaps them), the lesser of memory and
+    compute for a matmul chain. A chain's pipeline holds several iterations' K and V
+    tiles in flight at once, so only the first tile's compute (or, compute-bound, its
+    copy) is exposed: as the whole bound, gqa's chain at batch 1 was predicted 9.1 µs
+    at 2 iterations and 8.8 at 8 where an H100 ran 5.98 and 5.79 (docs/perf-log.md v23),
+    and the search shipped a tiling that ran 9.5 µs in all against 7.5."""
+    return min(mem_s, comp_s) if chain else max(mem_s, comp_s)
 
 
 def _block_rounds_s(dram: float, blocks: int, per_sm: int, p: Profile, rate: float) -> float:

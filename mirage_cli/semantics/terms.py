@@ -220,7 +220,11 @@ Decomposition = Callable[[Emit, Sequence[Any], Mapping[str, AttrValue]], Any]
 
 
 def _broadcast_labels(xs: Sequence[AVal], out: TensorType) -> tuple[Labels, Unions]:
-    """Right-aligned broadcasting: equal-size dims are the same index."""
+    """Right-aligned broadcasting: equal-size dims are the same index. A dim of size 1
+    in every operand keeps the index its operands agree on: in a block graph it is an
+    index split down to one element per block (gqa's 2 heads over a grid of 2), which
+    a store must still map to its grid axis; as UNIT it was lost, and no design that
+    split the heads over 2 blocks could store its output."""
     unions: Unions = []
     labels: list[int] = []
     for i in range(1, out.rank + 1):
@@ -230,7 +234,8 @@ def _broadcast_labels(xs: Sequence[AVal], out: TensorType) -> tuple[Labels, Unio
             unions.extend((first, x.labels[-i]) for x in present[1:])
             labels.append(first)
         else:
-            labels.append(UNIT)
+            agreed = {x.labels[-i] for x in xs if i <= x.type.rank} - {UNIT}
+            labels.append(agreed.pop() if len(agreed) == 1 else UNIT)
     return tuple(reversed(labels)), unions
 
 
