@@ -1,6 +1,7 @@
 """`mirage bench`: the copy kernel of the floor, the candidates `mirage opt` keeps, the
-renderings of the results (table, JSON, CSV, plot) and the command line. The GPU
-test runs the command end to end."""
+renderings of the results (table, JSON, CSV, plot), the SDPA baseline's recogniser of
+plain softmax attention, the per-kernel rates and the command line. The GPU tests run
+the command end to end, the SDPA baseline and the per-kernel timing."""
 
 from __future__ import annotations
 
@@ -16,7 +17,16 @@ from click.testing import CliRunner
 
 from mirage_cli.cli import main
 from mirage_cli.codegen import benchreport, copybw
-from mirage_cli.codegen.bench import Row, Variant, opt_variants
+from mirage_cli.codegen.bench import (
+    Attention,
+    Row,
+    Variant,
+    achieved,
+    attention_pattern,
+    opt_variants,
+    sdpa_shape,
+    with_rates,
+)
 from mirage_cli.codegen.copybw import Bandwidth
 from mirage_cli.loading import load_graph
 from mirage_cli.parser import parse_text
@@ -242,7 +252,7 @@ def test_run_bench_rows_floor_and_variants(tmp_path, monkeypatch):
 
     timed: list[str] = []
 
-    def fake_measure(dev, label, g, ref, replays, scale):
+    def fake_measure(dev, label, g, ref, replays, scale, per_kernel=False):
         timed.append(label)
         if label == "opt#2":
             return Measured(None, Check(False, 0.5, "relative L2 error 0.5 > 0.01"))
@@ -330,7 +340,8 @@ def test_bench_command_writes_every_output(tmp_path, monkeypatch):
     monkeypatch.setenv("MIRAGE_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setattr(runner, "Device", Dev)
     monkeypatch.setattr(copybw, "measure", lambda dev: BW)
-    monkeypatch.setattr(bench, "_measure", lambda dev, label, g, ref, replays, scale:
+    monkeypatch.setattr(bench, "_measure", lambda dev, label, g, ref, replays, scale,
+                        per_kernel=False:
                         Measured(5.0 if label != "unfused" else 9.0, Check(True, 1e-4)))
     monkeypatch.setattr(bench, "input_scale", lambda g, seed=0: 1.0)
     (tmp_path / "examples").mkdir()
@@ -406,3 +417,396 @@ def test_inputs_are_drawn_once_per_program_and_read_only():
     bench.scaled_inputs(b, 3, 0.5)
     again = bench.scaled_inputs(a, 3, 0.5)
     assert again is not first and again["X"].tolist() == first["X"].tolist()
+
+
+# -- the SDPA baseline: which programs are plain softmax attention -----------------------
+
+ATTN = """
+program attn(b = 2, l = 4, d = 8, s = 16) {
+  input Q: f16[b, l, d];
+  input K: f16[b, d, s];
+  input V: f16[b, s, d];
+  A = matmul(Q, K);
+  S = mul_scalar(A, scalar=0.25);
+  P = softmax(S, dim=2);
+  O = matmul(P, V);
+  output O;
+}
+"""
+SCALE_128 = 0.08838834764831845  # 1/sqrt(128), as the examples write it
+
+
+@pytest.mark.parametrize("batch", [1, 8])
+@pytest.mark.parametrize("name", ["mha_decode", "mqa_decode"])
+def test_attention_examples_are_plain_attention(name, batch):
+    g = load_graph(str(ROOT / "examples" / f"{name}.mir"), {"batch": batch})
+    assert attention_pattern(g) == Attention("Q", "K", "V", SCALE_128)
+
+
+@pytest.mark.parametrize("name", ["gqa", "qknorm_gqa", "rmsnorm_linear", "gated_mlp", "lora",
+                                  "ntrans"])
+def test_other_examples_are_not_plain_attention(name):
+    # gqa is exp / sum / div: no max subtraction, so not the function SDPA computes.
+    g = load_graph(str(ROOT / "examples" / f"{name}.mir"), {"batch": 1})
+    assert attention_pattern(g) is None
+
+
+def test_attention_without_a_scale_has_scale_one():
+    g = parse_text(ATTN.replace("  S = mul_scalar(A, scalar=0.25);\n", "")
+                   .replace("softmax(S", "softmax(A"))
+    assert attention_pattern(g) == Attention("Q", "K", "V", 1.0)
+    assert attention_pattern(parse_text(ATTN)) == Attention("Q", "K", "V", 0.25)
+
+
+@pytest.mark.parametrize("old, new", [
+    ("softmax(S, dim=2)", "softmax(S, dim=1)"),             # softmax over a non-last dim
+    ("mul_scalar(A, scalar=0.25)", "neg(A)"),               # another op in the scale's place
+    ("S = mul_scalar(A, scalar=0.25);\n  P = softmax(S, dim=2);",
+     "S = softmax(A, dim=2);\n  P = mul_scalar(S, scalar=0.25);"),  # scaled after softmax
+    ("A = matmul(Q, K);\n  S = mul_scalar(A, scalar=0.25);",
+     "QS = mul_scalar(Q, scalar=0.25);\n  S = matmul(QS, K);"),     # scale on Q: not exactly
+    ("output O;", "output O;\n  output A;"),                # another output
+    ("input Q: f16[b, l, d]", "input Q: f16[1, l, d]"),     # broadcast batch dims
+])
+def test_near_attention_is_not_plain_attention(old, new):
+    assert old in ATTN
+    assert attention_pattern(parse_text(ATTN.replace(old, new))) is None
+
+
+def test_sdpa_shapes_add_a_head_dim():
+    assert sdpa_shape((256, 1, 128)) == (256, 1, 1, 128)   # mha_decode's Q
+    assert sdpa_shape((8, 32, 128)) == (8, 1, 32, 128)     # mqa_decode's Q: 32 query rows
+    assert sdpa_shape((4, 8)) == (1, 1, 4, 8)
+    assert sdpa_shape((2, 3, 4, 5)) == (2, 3, 4, 5)
+
+
+@pytest.mark.parametrize("src", ["attn", "mqa_decode"])
+def test_sdpa_fn_computes_the_program(src):
+    """The baseline's function against the float64 reference, on the CPU (SDPA runs
+    there too), with the bench's own inputs and check."""
+    torch = pytest.importorskip("torch")
+    from mirage_cli.codegen import bench
+
+    g = (parse_text(ATTN) if src == "attn" else
+         load_graph(str(ROOT / "examples" / "mqa_decode.mir"), {"batch": 1}))
+    att = attention_pattern(g)
+    assert att is not None
+    ins = bench.scaled_inputs(g, 0, 1.0)
+    xs = [torch.from_numpy(ins[i.value.name].copy()).to(torch.float16) for i in g.inputs]
+    (out,) = bench.sdpa_fn(g, att)(*bench.sdpa_inputs(g, att)(xs))
+    got = {g.outputs[0]: out.float().numpy()}
+    chk = bench.compare(got, bench.reference_outputs(g, 0, 1.0), list(g.outputs))
+    assert chk.ok, chk.reason
+
+
+def _baseline_doc(sdpa: float | None) -> dict:
+    rows = [Row("mha_decode", 1, "opt#1 (shipped)", 10.0, True, 1e-4, "", 5.0,
+                {"unfused": 40.0, "eager": 30.0, "compile": 20.0, "sdpa": sdpa}, BW.copy_kernel,
+                shipped=True),
+            Row("lora", 1, "opt#1 (shipped)", 4.0, True, 1e-4, "", 0.5,
+                {"unfused": 8.0, "eager": 10.0, "compile": 10.0}, BW.copy_kernel, shipped=True)]
+    return benchreport.document("NVIDIA H200", "sm_90", "mirage bench --gpu 0", BW, rows)
+
+
+def test_sdpa_column_beside_eager_and_compile():
+    doc = _baseline_doc(12.5)
+    assert benchreport.baselines(doc) == ["unfused", "eager", "compile", "sdpa"]
+    head, body = benchreport.table_cells(doc)
+    assert head[4:8] == ["unfused µs", "eager µs", "compile µs", "sdpa µs"]
+    assert head[9:13] == ["vs unfused", "vs eager", "vs compile", "vs sdpa"]
+    attn, lora = body
+    assert attn[7] == "12.5" and attn[12] == "1.25×"
+    assert lora[7] == "-" and lora[12] == "-"   # not plain attention: no SDPA
+    rows = list(csv.DictReader(io.StringIO(benchreport.csv_text(doc))))
+    assert float(rows[0]["sdpa_us"]) == 12.5 and rows[1]["sdpa_us"] == ""
+    assert json.loads(benchreport.dumps(doc))["rows"][0]["baselines"]["sdpa"] == 12.5
+    assert benchreport.plot_series(doc, "mha_decode")[2]["sdpa"] == [12.5]
+
+
+def test_no_sdpa_column_without_attention():
+    doc = _baseline_doc(None)
+    doc["rows"][0]["baselines"].pop("sdpa")
+    assert "sdpa µs" not in benchreport.table_cells(doc)[0]
+
+
+# -- achieved rates per kernel (--per-kernel) ----------------------------------------------
+
+
+def test_achieved_rates_arithmetic():
+    # 268435456 FLOPs and 270598144 bytes (mha_decode's Q @ K at batch 8) in 100 µs
+    tflop_s, gb_s = achieved(268435456, 270598144, 100.0)
+    assert tflop_s == pytest.approx(2.68435456) and gb_s == pytest.approx(2705.98144)
+    assert achieved(10**12, 10**9, 1e6) == pytest.approx((1.0, 1.0))  # 1 s
+    assert achieved(1, 1, None) == (None, None) and achieved(1, 1, 0.0) == (None, None)
+
+
+def _kernel(name: str, grid: list[int], threads: int) -> dict:
+    return {"name": name, "grid": grid, "threads": threads, "dynamic_smem_bytes": 0,
+            "scratch_bytes": 0, "plan": None}
+
+
+def test_with_rates_matches_kernels_counts_and_times():
+    ks = [_kernel("k0", [132, 1, 1], 256), _kernel("k1", [8, 1, 1], 128)]
+    out = with_rates(ks, ["custom", "softmax"], [(2_000_000, 4_000_000), (0, 1_000_000)],
+                     {"k0": 2.0, "k1": 0.5})
+    assert out[0]["op"] == "custom" and out[0]["us"] == 2.0
+    assert out[0]["tflop_s"] == pytest.approx(1.0) and out[0]["gb_s"] == pytest.approx(2000.0)
+    assert out[1]["tflop_s"] == 0.0 and out[1]["gb_s"] == pytest.approx(2000.0)
+    assert out[0]["grid"] == [132, 1, 1] and "flops" not in ks[0]  # inputs left alone
+    # No counts (the model failed, or not one per kernel), no time: rates unknown.
+    for counts in (None, [(1, 1)]):
+        unk = with_rates(ks, ["custom", "softmax"], counts, {"k0": 2.0})
+        assert [k["tflop_s"] for k in unk] == [None, None]
+        assert unk[0]["us"] == 2.0 and unk[1]["us"] is None
+
+
+def test_model_counts_are_the_cost_models():
+    from mirage_cli.codegen.bench import model_counts
+    from mirage_cli.search.cost import kernel_costs
+
+    g = load_graph(str(ROOT / "examples" / "mugraphs" / "gqa_fused.mir"), {"batch": 1})
+    counts = model_counts(g)
+    assert len(counts) == len(g.ops)
+    assert counts == [(c.flops, c.dram_bytes) for c in kernel_costs(g)]
+
+
+def test_kernel_times_launch_each_kernel_alone():
+    """Without a GPU: a fake device and module record what each timed graph enqueues.
+    Each kernel is captured alone, over the rotating input copies, and the program and
+    every buffer are restored afterwards."""
+    from mirage_cli.codegen import bench
+    from mirage_cli.codegen.lower import lower
+    from mirage_cli.codegen.plan import Launch
+
+    g = load_graph(str(ROOT / "examples" / "mugraphs" / "gqa_fused.mir"), {"batch": 1})
+    prog = lower(g)
+    live: set[int] = set()
+    captured: list[list[tuple[str, ...]]] = []
+
+    class Dev:
+        l2_bytes = 1 << 20
+
+        def __init__(self):
+            self.next = 0
+
+        def alloc(self, nbytes):
+            self.next += 1
+            live.add(self.next)
+            return self.next
+
+        def free(self, ptr):
+            live.remove(ptr)
+
+        def sync(self):
+            pass
+
+        def time_graph(self, record, calls, replays):
+            captured.append([])
+            for i in range(calls):
+                record(i)
+            return float(len(captured))
+
+    dev = Dev()
+
+    class Module:
+        def __init__(self):
+            self.prog = prog
+
+        def alloc(self):
+            ptrs = {b.name: dev.alloc(1) for b in prog.inputs + prog.outputs}
+            return bench.Buffers(ptrs, dev.alloc(1))
+
+        def free(self, bufs):
+            for q in [*bufs.ptrs.values(), bufs.workspace]:
+                dev.free(q)
+
+        def upload_inputs(self, bufs, ins):
+            pass
+
+        def enqueue(self, bufs):
+            captured[-1].append(tuple(s.kernel for s in self.prog.steps
+                                      if isinstance(s, Launch)))
+
+    mod = Module()
+    times = bench.kernel_times(dev, mod, g, 3, 0.25)  # type: ignore[arg-type]
+    names = [k.name for k in prog.kernels]
+    assert len(names) == 2 and times == {names[0]: 1.0, names[1]: 2.0}
+    n = bench.copies_needed(dev, g)  # type: ignore[arg-type]
+    assert [set(c) for c in captured] == [{(names[0],)}, {(names[1],)}]
+    assert all(len(c) == max(n, 8) for c in captured)
+    assert mod.prog is prog and not live
+
+
+def _per_kernel_doc() -> dict:
+    rows = _rows()
+    rows[1].kernels = with_rates(rows[1].kernels, ["custom"], [(24_000_000, 16_000_000)],
+                                 {"k0": 7.5})
+    return benchreport.document("NVIDIA H200", "sm_90", "mirage bench --gpu 0", BW, rows)
+
+
+def test_per_kernel_lines_under_the_row():
+    doc = _per_kernel_doc()
+    k = json.loads(benchreport.dumps(doc))["rows"][1]["kernels"][0]
+    assert (k["us"], k["flops"], k["dram_bytes"], k["op"]) == (7.5, 24_000_000, 16_000_000,
+                                                               "custom")
+    assert k["tflop_s"] == pytest.approx(3.2) and k["gb_s"] == pytest.approx(2133.33, rel=1e-4)
+    assert k["grid"] == [132, 1, 1] and k["threads"] == 256
+    md = benchreport.markdown(doc).splitlines()
+    row = next(i for i, ln in enumerate(md) if ln.startswith("| rmsnorm_linear | 1 | opt#1"))
+    cells = [c.strip() for c in md[row + 1].strip("|").split("|")]
+    line = "└ k0 custom grid 132×1×1, 256 threads: 3.20 TFLOP/s, 2133 GB/s"
+    assert cells[:4] == ["", "", line, "7.5"]
+    assert md[row + 1].count("|") == md[2].count("|")   # as many cells as the header
+    assert md[row + 2].startswith("| rmsnorm_linear | 1 | opt#2")  # one line per kernel
+    # Rows whose kernels were not timed one by one get no lines.
+    assert sum("└" in ln for ln in md) == 1
+    assert json.loads(list(csv.DictReader(io.StringIO(benchreport.csv_text(doc))))[1]
+                      ["kernels"])[0]["tflop_s"] == pytest.approx(3.2)
+
+
+def test_run_bench_sdpa_only_for_attention_and_per_kernel(tmp_path, monkeypatch):
+    """The SDPA baseline joins the row's baselines for plain attention only, and
+    ``per_kernel`` reaches the variants' measurements (not the unfused baseline's)."""
+    from mirage_cli.codegen import bench
+    from mirage_cli.codegen.bench import Check, Measured
+
+    calls: list[tuple[str, bool]] = []
+    sdpa: list[Attention] = []
+
+    def fake_measure(dev, label, g, ref, replays, scale, per_kernel=False):
+        calls.append((label, per_kernel))
+        return Measured(10.0, Check(True, 1e-4))
+
+    def fake_sdpa(dev, g, att, replays, scale):
+        sdpa.append(att)
+        return 7.0, Check(True, 1e-3)
+
+    monkeypatch.setattr(bench, "_measure", fake_measure)
+    monkeypatch.setattr(bench, "input_scale", lambda g, seed=0: 1.0)
+    monkeypatch.setattr(bench, "torch_unavailable", lambda: None)
+    monkeypatch.setattr(bench, "_torch_baseline", lambda dev, g, compiled, replays, scale:
+                        (20.0 if compiled else 30.0, Check(True, 1e-3)))
+    monkeypatch.setattr(bench, "_sdpa_baseline", fake_sdpa)
+    (tmp_path / "examples").mkdir()
+    (tmp_path / "examples" / "attn.mir").write_text(ATTN)
+    (tmp_path / "examples" / "small.mir").write_text(SMALL)
+    a = parse_text(ATTN)
+
+    class Dev:
+        name, arch, l2_bytes = "fake", "sm_90", 50 << 20
+
+    def cands(g):
+        return [Variant("opt#1 (shipped)", g, shipped=True)]
+
+    _, rows = bench.run_bench(Dev(), bench.discover(tmp_path), (1,),  # type: ignore[arg-type]
+                              load=lambda p, d: load_graph(str(p), {}), bandwidth=BW,
+                              per_kernel=True, candidates=cands)
+    by_bench = {r.benchmark: r for r in rows}
+    assert by_bench["attn"].baselines == {"unfused": 10.0, "eager": 30.0, "compile": 20.0,
+                                          "sdpa": 7.0}
+    assert "sdpa" not in by_bench["rmsnorm_linear"].baselines
+    assert sdpa == [attention_pattern(a)]
+    assert calls == [("unfused", False), ("opt#1 (shipped)", True)] * 2
+
+
+def test_a_failing_sdpa_baseline_is_a_row(monkeypatch):
+    """SDPA that does not match the reference is a FAIL row, as eager's would be."""
+    from mirage_cli.codegen import bench
+    from mirage_cli.codegen.bench import Check, Measured
+
+    monkeypatch.setattr(bench, "_measure", lambda *a, **k: Measured(10.0, Check(True, 1e-4)))
+    monkeypatch.setattr(bench, "input_scale", lambda g, seed=0: 1.0)
+    monkeypatch.setattr(bench, "_torch_baseline", lambda *a: (20.0, Check(True, 1e-3)))
+    monkeypatch.setattr(bench, "_sdpa_baseline", lambda *a: (
+        None, Check(False, 0.3, "relative L2 error 0.3 > 0.01")))
+    rows = bench._bench_one(object(), parse_text(ATTN), 1, [], BW.copy_kernel, 3,  # type: ignore[arg-type]
+                            True, True)
+    assert [r.variant for r in rows] == ["baseline sdpa", "(no fused µGraph)"]
+    assert not rows[0].ok and "0.3 > 0.01" in rows[0].reason
+    assert rows[1].baselines["sdpa"] is None
+
+
+def test_per_kernel_option_reaches_the_report(tmp_path, monkeypatch):
+    """`mirage bench --per-kernel`: the measurements are asked for per-kernel times and
+    the Markdown prints each kernel under its row (GPU replaced by fakes)."""
+    from mirage_cli.codegen import bench, runner
+    from mirage_cli.codegen.bench import Check, Measured
+
+    class Dev:
+        name, arch, l2_bytes = "fake", "sm_90", 50 << 20
+
+        def __init__(self, ordinal):
+            pass
+
+    def fake_measure(dev, label, g, ref, replays, scale, per_kernel=False):
+        ks = [_kernel("k0", [64, 1, 1], 128)]
+        if per_kernel:
+            ks = with_rates(ks, ["custom"], [(5_000_000, 10_000_000)], {"k0": 5.0})
+        return Measured(5.0, Check(True, 1e-4), ks)
+
+    monkeypatch.setenv("MIRAGE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(runner, "Device", Dev)
+    monkeypatch.setattr(copybw, "measure", lambda dev: BW)
+    monkeypatch.setattr(bench, "_measure", fake_measure)
+    monkeypatch.setattr(bench, "input_scale", lambda g, seed=0: 1.0)
+    (tmp_path / "examples" / "mugraphs").mkdir(parents=True)
+    batched = SMALL.replace("rows", "batch").replace("rmsnorm_linear", "small")
+    (tmp_path / "examples" / "small.mir").write_text(batched)
+    (tmp_path / "examples" / "mugraphs" / "small_fused.mir").write_text(batched)
+    base = ["bench", "--gpu", "0", "--root", str(tmp_path), "--batch", "1", "--no-search",
+            "--no-torch"]
+    for flag, lines in (([], 0), (["--per-kernel"], 1)):
+        md = tmp_path / f"b{lines}.md"
+        r = CliRunner().invoke(main, base + flag + ["--markdown", str(md)])
+        assert r.exit_code == 0, r.output
+        text = md.read_text()
+        assert text.count("└ k0 custom grid 64×1×1, 128 threads: 1.00 TFLOP/s, 2000 GB/s") \
+            == lines
+
+
+# -- on the GPU: the SDPA baseline and per-kernel timing -----------------------------------
+
+
+def _gpu() -> None:
+    from mirage_cli.codegen.runner import gpu_available
+
+    if not gpu_available():
+        pytest.skip("no CUDA GPU")
+
+
+@pytest.mark.gpu
+def test_sdpa_baseline_on_gpu():
+    _gpu()
+    from mirage_cli.codegen import bench
+    from mirage_cli.codegen.runner import Device
+
+    why_not = bench.torch_unavailable()
+    if why_not:
+        pytest.skip(why_not)
+    g = load_graph(str(ROOT / "examples" / "mqa_decode.mir"), {"batch": 1})
+    att = attention_pattern(g)
+    assert att is not None
+    us, chk = bench._sdpa_baseline(Device(0), g, att, 3, bench.input_scale(g))
+    assert chk.ok, chk.reason
+    assert us is not None and us > 0 and chk.rel_err <= 1e-2
+
+
+@pytest.mark.gpu
+def test_per_kernel_times_on_gpu():
+    """Each kernel of a fused µGraph timed alone: one positive time per launch, the
+    rates from the cost model's counts."""
+    _gpu()
+    from mirage_cli.codegen import bench
+    from mirage_cli.codegen.runner import Device
+
+    dev = Device(0)
+    prog = load_graph(str(ROOT / "examples" / "gqa.mir"), {"batch": 1})
+    g = load_graph(str(ROOT / "examples" / "mugraphs" / "gqa_fused.mir"), {"batch": 1})
+    scale = bench.input_scale(prog)
+    m = bench._measure(dev, "gqa_fused", g, prog, 3, scale, per_kernel=True)
+    assert m.check.ok and m.us is not None
+    assert [k["op"] for k in m.kernels] == [op.op for op in g.ops]
+    for k in m.kernels:
+        assert k["us"] > 0 and k["flops"] > 0 and k["dram_bytes"] > 0
+        assert k["tflop_s"] == pytest.approx(k["flops"] / k["us"] / 1e6)
+        assert k["gb_s"] == pytest.approx(k["dram_bytes"] / k["us"] / 1e3)

@@ -197,7 +197,7 @@ def test_run_bench_puts_mirage_rows_after_ours(tmp_path: Path, monkeypatch) -> N
     prog_path = tmp_path / "examples" / "small.mir"
     measured: list[tuple[str, str]] = []
 
-    def fake_measure(dev, label, g, ref, replays, scale):  # type: ignore[no-untyped-def]
+    def fake_measure(dev, label, g, ref, replays, scale, per_kernel=False):  # type: ignore[no-untyped-def]
         measured.append((label, ref.name))
         return Measured(3.0, Check(True, 1e-4))
 
@@ -252,7 +252,7 @@ def test_bench_command_with_mirage_checkpoints(tmp_path: Path, monkeypatch) -> N
         def __init__(self, ordinal: int) -> None:
             assert ordinal == 0
 
-    def fake_measure(dev, label, g, ref, replays, scale):  # type: ignore[no-untyped-def]
+    def fake_measure(dev, label, g, ref, replays, scale, per_kernel=False):  # type: ignore[no-untyped-def]
         assert ref.name == "gqa" and g.input_names == ref.input_names
         assert [i.value.type for i in g.inputs] == [i.value.type for i in ref.inputs]
         assert all(op.plan is not None for op in g.ops if op.block is not None)

@@ -72,25 +72,18 @@ def pinned(g: Graph, pins: Knobs) -> Graph | None:
 
 
 def per_kernel_us(dev: Device, g: Graph, scale: float) -> list[dict[str, object]]:
-    """Each launch of ``g`` timed alone, in the bench's way (CUDA-graph replays over
-    rotating input copies). A later kernel reads intermediates no kernel wrote: the
-    generated kernels' times do not depend on the values they read."""
+    """Each launch of ``g`` timed alone, as `mirage bench --per-kernel` times it
+    (:func:`mirage_cli.codegen.bench.kernel_times`)."""
     from mirage_cli.codegen.plan import Launch
 
     loaded = bench.build(dev, g)
     try:
+        times = bench.kernel_times(dev, loaded, g, 20, scale)
         full = loaded.prog
-        out = []
-        for i, step in enumerate(full.steps):
-            if not isinstance(step, Launch):
-                continue
-            loaded.prog = dataclasses.replace(full, steps=(step,))
-            k = full.kernel(step.kernel)
-            us = bench.time_loaded(dev, loaded, g, 20, scale)
-            out.append({"step": i, "kernel": k.name, "grid": list(k.grid),
-                        "threads": k.threads, "smem": k.smem_bytes, "us": us})
-        loaded.prog = full
-        return out
+        return [{"step": i, "kernel": k.name, "grid": list(k.grid), "threads": k.threads,
+                 "smem": k.smem_bytes, "us": times[k.name]}
+                for i, step in enumerate(full.steps) if isinstance(step, Launch)
+                for k in (full.kernel(step.kernel),)]
     finally:
         loaded.unload()
 

@@ -11,18 +11,24 @@ compiled with NVRTC for the device, run on random inputs with NaN-poisoned outpu
 checked against the float64 reference interpreter (relative L2 error ≤ 1e-2, no NaN);
 then timed as CUDA-graph replays of calls rotating over input copies that total more
 than twice the L2 cache (median of the replays). PyTorch eager and ``torch.compile`` of the program are timed
-the same way when torch is importable. The memory floor divides the bytes of inputs and
-outputs by the bandwidth of a streaming copy kernel (:mod:`.copybw`); the results are
-rendered by :mod:`.benchreport`.
+the same way when torch is importable, and so is PyTorch's fused attention
+(``scaled_dot_product_attention``) where the program is plain softmax attention
+(:func:`attention_pattern`). With ``per_kernel``, each kernel of a variant is also timed
+alone (:func:`kernel_times`) and its achieved TFLOP/s and GB/s derived from the cost
+model's FLOP and DRAM byte counts (:func:`with_rates`). The memory floor divides the
+bytes of inputs and outputs by the bandwidth of a streaming copy kernel (:mod:`.copybw`);
+the results are rendered by :mod:`.benchreport`.
 """
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import functools
 import math
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,7 +41,8 @@ from mirage_cli.codegen.copybw import Bandwidth
 from mirage_cli.codegen.emit import emit
 from mirage_cli.codegen.lower import lower
 from mirage_cli.codegen.nvrtc import compile_cuda
-from mirage_cli.codegen.runner import Device, Loaded
+from mirage_cli.codegen.plan import Launch
+from mirage_cli.codegen.runner import Buffers, Device, Loaded
 from mirage_cli.console import info, warn
 from mirage_cli.diagnostics import MirageError
 from mirage_cli.importers.mirage import import_checkpoint
@@ -151,12 +158,12 @@ def copies_needed(dev: Device, g: Graph) -> int:
     return max(2, 2 * dev.l2_bytes // max(1, input_bytes(g)) + 1)
 
 
-def time_loaded(dev: Device, loaded: Loaded, g: Graph, replays: int, scale: float = 1.0
-                ) -> float:
-    """Median µs per call; calls rotate over input copies (outputs and workspace are
-    shared, as in a real model)."""
-    from mirage_cli.codegen.runner import Buffers
-
+@contextlib.contextmanager
+def rotating_buffers(dev: Device, loaded: Loaded, g: Graph, scale: float
+                     ) -> Iterator[list[Buffers]]:
+    """Buffer sets whose inputs are distinct copies totalling more than twice the L2
+    (outputs and workspace are shared, as in a real model), inputs uploaded; freed on
+    exit. Allocated once for every timing of one loaded program."""
     n = copies_needed(dev, g)
     base = loaded.alloc()
     extra = [{b.name: dev.alloc(b.type.nbytes) for b in loaded.prog.inputs}
@@ -166,12 +173,93 @@ def time_loaded(dev: Device, loaded: Loaded, g: Graph, replays: int, scale: floa
         for k, bufs in enumerate(sets):
             loaded.upload_inputs(bufs, scaled_inputs(g, 1000 + k, scale))
         dev.sync()
-        return dev.time_graph(lambda i: loaded.enqueue(sets[i % n]), max(n, 8), replays)
+        yield sets
     finally:
         for ptrs in extra:
             for p in ptrs.values():
                 dev.free(p)
         loaded.free(base)
+
+
+def time_loaded(dev: Device, loaded: Loaded, g: Graph, replays: int, scale: float = 1.0
+                ) -> float:
+    """Median µs per call; calls rotate over input copies (:func:`rotating_buffers`)."""
+    with rotating_buffers(dev, loaded, g, scale) as sets:
+        n = len(sets)
+        return dev.time_graph(lambda i: loaded.enqueue(sets[i % n]), max(n, 8), replays)
+
+
+def kernel_times(dev: Device, loaded: Loaded, g: Graph, replays: int, scale: float = 1.0
+                 ) -> dict[str, float]:
+    """Median µs of each kernel of ``loaded`` launched alone, by kernel name, timed as
+    :func:`time_loaded` times the whole call (CUDA-graph replays over the same rotating
+    input copies). A later kernel reads intermediates no kernel wrote: the generated
+    kernels' times do not depend on the values they read. Alone, a kernel neither
+    overlaps its neighbours (grid-dependency waits) nor finds their outputs in L2, so
+    the times need not sum to the call's."""
+    launches = [s for s in loaded.prog.steps if isinstance(s, Launch)]
+    out: dict[str, float] = {}
+    with rotating_buffers(dev, loaded, g, scale) as sets:
+        n = len(sets)
+        for step in launches:
+            out[step.kernel] = dev.time_graph(
+                lambda i, s=step: _enqueue_step(loaded, s, sets[i % n]), max(n, 8), replays)
+    return out
+
+
+def _enqueue_step(loaded: Loaded, step: Launch, bufs: Buffers) -> None:
+    """Enqueue one launch of ``loaded``'s program (its own arguments and scratch)."""
+    full = loaded.prog
+    loaded.prog = dataclasses.replace(full, steps=(step,))
+    try:
+        loaded.enqueue(bufs)
+    finally:
+        loaded.prog = full
+
+
+# -- achieved rates per kernel ------------------------------------------------------------
+
+
+def model_counts(g: Graph) -> list[tuple[int, int]]:
+    """(FLOPs, DRAM bytes) of each kernel of ``g`` in launch order, as the search's cost
+    model counts them (:func:`~mirage_cli.search.cost.kernel_costs`): the rates are
+    then the model's own terms over measured time, which is what shows where the model
+    and the device disagree."""
+    from mirage_cli.search.cost import kernel_costs
+
+    return [(c.flops, c.dram_bytes) for c in kernel_costs(g)]
+
+
+def achieved(flops: int, dram_bytes: int, us: float | None
+             ) -> tuple[float | None, float | None]:
+    """TFLOP/s and GB/s of ``flops`` and ``dram_bytes`` done in ``us`` µs (``None``:
+    no time to divide by)."""
+    if us is None or not us > 0:
+        return None, None
+    return flops / us / 1e6, dram_bytes / us / 1e3
+
+
+def with_rates(kernels: list[dict[str, Any]], op_kinds: list[str],
+               counts: list[tuple[int, int]] | None, times: dict[str, float]
+               ) -> list[dict[str, Any]]:
+    """Kernel records (:func:`kernel_records`, in launch order) with each kernel's
+    operator kind, its own time (``us``, from :func:`kernel_times`), the model's
+    ``flops`` and ``dram_bytes`` and the rates they give (``tflop_s``, ``gb_s``);
+    ``None`` for what is unknown (``counts`` is ``None`` when the model could not
+    price the µGraph). Kinds and counts are by position, one per kernel: lists of
+    another length are not matched up at all."""
+    if counts is not None and len(counts) != len(kernels):
+        counts = None
+    out = []
+    for i, k in enumerate(kernels):
+        us = times.get(k["name"])
+        flops, dram = counts[i] if counts is not None else (None, None)
+        tflop_s, gb_s = (None, None) if flops is None or dram is None else \
+            achieved(flops, dram, us)
+        out.append({**k, "op": op_kinds[i] if len(op_kinds) == len(kernels) else None,
+                    "us": us, "flops": flops, "dram_bytes": dram, "tflop_s": tflop_s,
+                    "gb_s": gb_s})
+    return out
 
 
 # -- PyTorch baselines ---------------------------------------------------------------
@@ -193,9 +281,104 @@ def torch_fn(g: Graph) -> Callable[..., Any]:
     return fn
 
 
-def time_torch(dev: Device, g: Graph, fn: Callable[..., Any], replays: int, scale: float
-               ) -> tuple[float, Check]:
+@dataclass(frozen=True)
+class Attention:
+    """A program that is plain softmax attention, ``O = softmax(scale * (Q @ K), dim=-1)
+    @ V``, by the names of its inputs: ``q`` [..., L, E], ``k`` stored transposed
+    [..., E, S] (as the examples store it), ``v`` [..., S, Ev], leading dims equal."""
+
+    q: str
+    k: str
+    v: str
+    scale: float
+
+
+# The operators of plain softmax attention, in program order, with and without the scale.
+_ATTENTION_KINDS = (("matmul", "mul_scalar", "softmax", "matmul"),
+                    ("matmul", "softmax", "matmul"))
+
+
+def attention_pattern(g: Graph) -> Attention | None:
+    """``g`` as :class:`Attention` if it is exactly ``A = matmul(Q, K)``, optionally
+    ``S = mul_scalar(A)``, ``P = softmax(S, dim=<last>)``, ``O = matmul(P, V)`` with Q,
+    K, V program inputs of one dtype and O the only output; else ``None``. Exactly:
+    SDPA computes that program, the softmax with its max subtracted, so one that only
+    resembles it must not get the baseline (gqa's exp / sum / div has no max
+    subtraction, and overflows f16 where softmax does not). There is no transpose
+    operator, so K is always the transposed [..., E, S] form."""
+    if tuple(op.op for op in g.ops) not in _ATTENTION_KINDS or len(g.outputs) != 1:
+        return None
+    first, *scaled, soft, last = g.ops
+    chain, scale = first.outputs[0].name, 1.0
+    for op in scaled:
+        if op.inputs != (chain,):
+            return None
+        scale, chain = float(ops.get(op.op).attr_values(op.attrs)["scalar"]), op.outputs[0].name
+    probs = soft.outputs[0]
+    if (soft.inputs != (chain,) or ops.get("softmax").attr_values(soft.attrs)["dim"]
+            != probs.type.rank - 1 or last.inputs[0] != probs.name
+            or g.outputs != (last.outputs[0].name,)):
+        return None
+    (q, k), v = first.inputs, last.inputs[1]
+    inputs = {i.value.name: i.value.type for i in g.inputs}
+    if not {q, k, v} <= inputs.keys():
+        return None
+    tq, tk, tv = inputs[q], inputs[k], inputs[v]
+    if (not tq.rank == tk.rank == tv.rank >= 2 or len({tq.dtype, tk.dtype, tv.dtype}) != 1
+            or not tq.shape[:-2] == tk.shape[:-2] == tv.shape[:-2]):
+        return None
+    return Attention(q, k, v, scale)
+
+
+def sdpa_shape(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """A rank-2 to rank-4 attention operand's shape as SDPA takes it, (N, H, L, E): the
+    leading dims are batch dims, a head dim of 1 is added where there are fewer than
+    two."""
+    lead = shape[:-2]
+    return lead + (1,) * (2 - len(lead)) + shape[-2:] if len(lead) < 2 else shape
+
+
+def sdpa_fn(g: Graph, att: Attention) -> Callable[..., Any]:
+    """PyTorch's fused attention on ``g``'s inputs as :func:`sdpa_inputs` lays them out
+    (K as [.., seq, d]): ``scaled_dot_product_attention(q, k, v, scale=att.scale)`` on
+    views of them, its output in the program's output shape."""
     import torch
+
+    names = g.input_names
+    iq, ik, iv = (names.index(n) for n in (att.q, att.k, att.v))
+    out_shape = g.tensor_types()[g.outputs[0]].shape
+
+    def fn(*xs: Any) -> Any:
+        q, k, v = (x.view(sdpa_shape(tuple(x.shape))) for x in (xs[iq], xs[ik], xs[iv]))
+        o = torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=att.scale)
+        return (o.reshape(out_shape),)
+    return fn
+
+
+def sdpa_inputs(g: Graph, att: Attention) -> Callable[[list[Any]], list[Any]]:
+    """The inputs as SDPA takes them, made once outside the timed region: K, which the
+    program stores transposed ([.., d, seq]), copied to [.., seq, d], the layout of a
+    model's KV cache. As a transposed view (last dimension not contiguous) PyTorch's
+    fused attention kernels refuse it and SDPA falls back to its unfused path, which
+    would time a layout, not the attention."""
+    ik = g.input_names.index(att.k)
+
+    def prepare(xs: list[Any]) -> list[Any]:
+        out = list(xs)
+        out[ik] = xs[ik].transpose(-1, -2).contiguous()
+        return out
+    return prepare
+
+
+def time_torch(dev: Device, g: Graph, fn: Callable[..., Any], replays: int, scale: float,
+               prepare: Callable[[list[Any]], list[Any]] | None = None
+               ) -> tuple[float, Check]:
+    """``fn``'s median µs per call (CUDA-graph replays over input copies) and its check
+    against the float64 reference; ``prepare`` lays each input set out for ``fn``
+    before anything is timed."""
+    import torch
+
+    lay = prepare or (lambda xs: xs)
 
     dt = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32}
     n = copies_needed(dev, g)
@@ -203,13 +386,13 @@ def time_torch(dev: Device, g: Graph, fn: Callable[..., Any], replays: int, scal
     sets = []
     for k in range(n):
         ins = scaled_inputs(g, 1000 + k, scale)
-        sets.append([torch.from_numpy(ins[i.value.name].copy()).to("cuda", dt[i.value.type.dtype.value])
-                     for i in g.inputs])
+        sets.append(lay([torch.from_numpy(ins[i.value.name].copy()).to("cuda", dt[i.value.type.dtype.value])
+                         for i in g.inputs]))
     ref = reference_outputs(g, 0, scale)
     with torch.no_grad():
         ins0 = scaled_inputs(g, 0, scale)
-        outs = fn(*[torch.from_numpy(ins0[i.value.name].copy()).to("cuda", dt[i.value.type.dtype.value])
-                    for i in g.inputs])
+        outs = fn(*lay([torch.from_numpy(ins0[i.value.name].copy()).to("cuda", dt[i.value.type.dtype.value])
+                        for i in g.inputs]))
         torch.cuda.synchronize()
         got = {name: o.float().cpu().numpy() for name, o in zip(g.outputs, outs)}
         chk = compare(got, ref, list(g.outputs))
@@ -246,7 +429,8 @@ class Row:
     """One (benchmark, batch, variant) of the results; baselines are columns.
 
     ``kernels`` holds each kernel of the variant as timed: launch configuration and its
-    plan (``None`` where the code generator records none); ``bandwidth`` is the copy
+    plan (``None`` where the code generator records none), and when measured per kernel
+    its own µs and achieved rates (:func:`with_rates`); ``bandwidth`` is the copy
     kernel's bytes per second that ``floor_us`` divides by; ``predicted_us`` is the
     search's cost-model time of an ``opt`` candidate; ``search`` says how it was found."""
 
@@ -343,8 +527,10 @@ class Measured:
     kernels: list[dict[str, Any]] = field(default_factory=list)
 
 
-def _measure(dev: Device, label: str, g: Graph, ref: Graph, replays: int, scale: float
-             ) -> Measured:
+def _measure(dev: Device, label: str, g: Graph, ref: Graph, replays: int, scale: float,
+             per_kernel: bool = False) -> Measured:
+    """Check ``g`` against ``ref`` and, if correct, time it; with ``per_kernel``, also
+    each of its kernels alone (:func:`kernel_times`, :func:`with_rates`)."""
     try:
         loaded, chk = check_graph(dev, g, seed=0, reference=ref, scale=scale)
     except Exception as e:  # noqa: BLE001 - reported in the table, never hidden
@@ -353,11 +539,33 @@ def _measure(dev: Device, label: str, g: Graph, ref: Graph, replays: int, scale:
     try:
         kernels = kernel_records(loaded)
         us = time_loaded(dev, loaded, g, replays, scale) if chk.ok else None
+        if per_kernel and chk.ok:
+            times = kernel_times(dev, loaded, g, replays, scale)
+            kernels = with_rates(kernels, [op.op for op in g.ops], _counts(g), times)
     finally:
         loaded.unload()
     info(f"  {label}: {'ok' if chk.ok else 'FAIL ' + chk.reason} rel_err={chk.rel_err:.2e}"
          + (f" {us:.1f} us" if us is not None else ""))
+    for k in kernels if per_kernel and chk.ok else ():
+        info(f"    {k['name']}: {_rates_text(k)}")
     return Measured(us, chk, kernels)
+
+
+def _counts(g: Graph) -> list[tuple[int, int]] | None:
+    """:func:`model_counts`, or ``None`` (rates unknown) where the model fails: the
+    rates are information, never a reason to lose a measurement."""
+    try:
+        return model_counts(g)
+    except Exception as e:  # noqa: BLE001
+        info(f"    cost model: {type(e).__name__}: {e} (no rates)")
+        return None
+
+
+def _rates_text(k: dict[str, Any]) -> str:
+    """A timed kernel's µs and rates, for the progress log."""
+    us, tf, gb = k.get("us"), k.get("tflop_s"), k.get("gb_s")
+    return ("-" if us is None else f"{us:.2f} us") + (
+        "" if tf is None or gb is None else f" {tf:.2f} TFLOP/s {gb:.0f} GB/s")
 
 
 def floor_us(prog: Graph, bandwidth: float) -> float:
@@ -371,13 +579,16 @@ def run_bench(dev: Device | Callable[[], Device], pairs: list[tuple[Path, list[P
               replays: int = 30, use_torch: bool = True, use_compile: bool = True,
               load: Callable[[Path, dict[str, int]], Graph] | None = None,
               candidates: Candidates | None = None, bandwidth: Bandwidth | None = None,
-              checkpoints: Checkpoints | None = None) -> tuple[Bandwidth, list[Row]]:
+              checkpoints: Checkpoints | None = None, per_kernel: bool = False
+              ) -> tuple[Bandwidth, list[Row]]:
     """Measure every program at every batch: baselines, hand-written fused µGraphs, the
     variants ``candidates`` gives for the program (the search's, see
     :func:`opt_variants`) and those ``checkpoints`` gives for the example and batch
     (Mirage's, see :func:`mirage_variants`). ``dev`` may be a function that opens the
-    device: it is then called after the searches and verifications. Returns the
-    bandwidth that defines the floor and the rows."""
+    device: it is then called after the searches and verifications. With
+    ``per_kernel``, every correct variant's kernels are also timed one by one (a
+    timing per kernel: off by default). Returns the bandwidth that defines the floor
+    and the rows."""
     from mirage_cli.loading import load_graph
 
     load = load or (lambda p, d: load_graph(str(p), d))
@@ -410,12 +621,13 @@ def run_bench(dev: Device | Callable[[], Device], pairs: list[tuple[Path, list[P
         warn(f"PyTorch baselines skipped: {why_not}")
     for prog, batch, variants in work:
         rows += _bench_one(dev, prog, batch, variants, bw.copy_kernel, replays, torch_ok,
-                           use_compile)
+                           use_compile, per_kernel)
     return bw, rows
 
 
 def _bench_one(dev: Device, prog: Graph, batch: int, variants: list[Variant], bw: float,
-               replays: int, torch_ok: bool, use_compile: bool) -> list[Row]:
+               replays: int, torch_ok: bool, use_compile: bool, per_kernel: bool = False
+               ) -> list[Row]:
     """The rows of one program at one batch."""
     floor = floor_us(prog, bw)
     scale = input_scale(prog)
@@ -429,6 +641,9 @@ def _bench_one(dev: Device, prog: Graph, batch: int, variants: list[Variant], bw
         if use_compile:
             base["compile"], base_chk["compile"] = _torch_baseline(dev, prog, True, replays,
                                                                    scale)
+        att = attention_pattern(prog)
+        if att is not None:
+            base["sdpa"], base_chk["sdpa"] = _sdpa_baseline(dev, prog, att, replays, scale)
     rows = [Row(prog.name, batch, f"baseline {name}", base[name], False, chk.rel_err,
                 chk.reason, floor, bandwidth=bw)
             for name, chk in base_chk.items() if not chk.ok]
@@ -436,7 +651,7 @@ def _bench_one(dev: Device, prog: Graph, batch: int, variants: list[Variant], bw
         row = Row(prog.name, batch, v.label, None, v.ok, None, v.reason, floor, dict(base),
                   bw, shipped=v.shipped, predicted_us=v.predicted_us, search=v.search)
         if v.graph is not None:
-            m = _measure(dev, v.label, v.graph, prog, replays, scale)
+            m = _measure(dev, v.label, v.graph, prog, replays, scale, per_kernel)
             row.us, row.ok, row.rel_err = m.us, m.check.ok, m.check.rel_err
             row.reason, row.kernels = m.check.reason, m.kernels
         else:
@@ -594,23 +809,42 @@ def _torch_baseline(dev: Device, g: Graph, compiled: bool, replays: int, scale: 
                     ) -> tuple[float | None, Check]:
     import torch
 
-    label = "torch.compile" if compiled else "eager"
-    try:
+    def make() -> Callable[..., Any]:
         fn = torch_fn(g)
-        if compiled:
-            t0 = time.perf_counter()
-            # Each program is its own compilation: without a reset, dynamo's per-function
-            # recompile limit is reached after a few programs and it silently runs eager.
-            torch._dynamo.reset()
-            fn = torch.compile(fn, dynamic=False)
-            info("  torch.compile ... ")
-            us, chk = time_torch(dev, g, fn, replays, scale)
-            info(f"  ({time.perf_counter() - t0:.0f} s with compilation)")
-        else:
-            us, chk = time_torch(dev, g, fn, replays, scale)
+        if not compiled:
+            return fn
+        # Each program is its own compilation: without a reset, dynamo's per-function
+        # recompile limit is reached after a few programs and it silently runs eager.
+        torch._dynamo.reset()
+        info("  torch.compile ... ")
+        return torch.compile(fn, dynamic=False)
+    return _baseline(dev, g, "torch.compile" if compiled else "eager", make, replays, scale,
+                     report_elapsed=compiled)
+
+
+def _sdpa_baseline(dev: Device, g: Graph, att: Attention, replays: int, scale: float
+                   ) -> tuple[float | None, Check]:
+    """PyTorch's ``scaled_dot_product_attention`` (:func:`sdpa_fn`), timed and checked
+    as the other PyTorch baselines."""
+    return _baseline(dev, g, "sdpa", lambda: sdpa_fn(g, att), replays, scale,
+                     prepare=sdpa_inputs(g, att))
+
+
+def _baseline(dev: Device, g: Graph, label: str, make: Callable[[], Callable[..., Any]],
+              replays: int, scale: float, report_elapsed: bool = False,
+              prepare: Callable[[list[Any]], list[Any]] | None = None
+              ) -> tuple[float | None, Check]:
+    """Time and check the PyTorch function ``make()`` gives (:func:`time_torch`): its µs
+    (``None`` unless correct) and the check. Any exception makes the baseline
+    unavailable, with the reason, rather than ending the bench."""
+    t0 = time.perf_counter()
+    try:
+        us, chk = time_torch(dev, g, make(), replays, scale, prepare)
     except Exception as e:  # noqa: BLE001 - a missing baseline is reported, not fatal
         info(f"  {label}: unavailable ({type(e).__name__}: {str(e)[:200]})")
         return None, Check(True, math.nan, f"unavailable: {type(e).__name__}")
+    if report_elapsed:
+        info(f"  ({time.perf_counter() - t0:.0f} s with compilation)")
     info(f"  {label}: {us:.1f} us rel_err={chk.rel_err:.2e}")
     return (us if chk.ok else None), chk
 

@@ -4,9 +4,11 @@ the rows and the plot cannot disagree.
 
 A document is plain JSON data: the device, the command, the measured bandwidths
 (:class:`~mirage_cli.codegen.copybw.Bandwidth`) and one row per (benchmark, batch,
-variant) with µs, every baseline's µs, the floor, the rel. error and each timed
-kernel's launch configuration and plan. NaN never reaches the file (it is not JSON):
-an unknown number is ``null``.
+variant) with µs, every baseline's µs (``sdpa`` only for plain softmax attention), the
+floor, the rel. error and each timed kernel's launch configuration and plan; with
+``mirage bench --per-kernel``, each kernel's own µs, the cost model's FLOPs and DRAM
+bytes and the achieved TFLOP/s and GB/s, which the table prints under the row. NaN
+never reaches the file (it is not JSON): an unknown number is ``null``.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from mirage_cli.diagnostics import MirageError
 
 FORMAT = "mirage-bench/2"
 # Baselines in the order the columns show them; any other name follows, sorted.
-BASELINES = ("unfused", "eager", "compile")
+BASELINES = ("unfused", "eager", "compile", "sdpa")
 PLOT_SUFFIXES = (".png", ".svg", ".pdf")
 
 
@@ -87,8 +89,26 @@ def variant_cell(r: dict[str, Any]) -> str:
     return f"{r['variant']} ({r['reason']})" if r["ok"] else f"{r['variant']} FAIL: {r['reason']}"
 
 
+def kernel_cell(index: int, k: dict[str, Any]) -> str:
+    """A kernel timed alone, as the variant cell of its line under the row: its index in
+    launch order, operator, launch configuration and achieved rates."""
+    grid = "×".join(str(d) for d in k["grid"])
+    tf, gb = k.get("tflop_s"), k.get("gb_s")
+    rates = "" if tf is None or gb is None else f": {tf:.2f} TFLOP/s, {gb:.0f} GB/s"
+    return f"└ k{index} {k.get('op') or 'kernel'} grid {grid}, {k['threads']} threads{rates}"
+
+
+def kernel_lines(r: dict[str, Any], width: int) -> list[list[str]]:
+    """The lines under a row, one per kernel timed alone (``--per-kernel``), its µs in
+    the µs column; none for a row whose kernels were not timed one by one."""
+    return [["", "", kernel_cell(i, k), fmt_us(k["us"])] + [""] * (width - 4)
+            for i, k in enumerate(r["kernels"]) if "us" in k]
+
+
 def table_cells(doc: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
-    """Header and rows of the results table (Markdown and the terminal share them)."""
+    """Header and rows of the results table (Markdown and the terminal share them);
+    a baseline a row's program has none of (``sdpa`` beside a program that is not
+    plain attention) is "-"."""
     names = baselines(doc)
     head = (["benchmark", "batch", "variant", "µs"] + [f"{b} µs" for b in names]
             + ["floor µs"] + [f"vs {b}" for b in names]
@@ -100,6 +120,7 @@ def table_cells(doc: dict[str, Any]) -> tuple[list[str], list[list[str]]]:
                     + [fmt_us(b.get(n)) for n in names] + [f"{r['floor_us']:.1f}"]
                     + [speedup(b.get(n), r["us"]) for n in names]
                     + [floor_pct(r), fmt_us(r["predicted_us"]), rel_err(r)])
+        body += kernel_lines(r, len(head))
     return head, body
 
 
@@ -118,7 +139,8 @@ CSV_FIELDS = ("benchmark", "batch", "variant", "shipped", "ok", "us")
 
 def csv_text(doc: dict[str, Any]) -> str:
     """One CSV row per (benchmark, batch, variant); the kernels (launch configuration
-    and plan) as a JSON array in the last column."""
+    and plan; with ``--per-kernel`` also µs and rates) as a JSON array in the last
+    column."""
     names = baselines(doc)
     bw = doc["bandwidth"]
     out = io.StringIO()
@@ -249,7 +271,8 @@ def _panel(ax: Any, doc: dict[str, Any], bench: str) -> None:
 # One colour per role, the same in every panel: what opt ships stands out, its other
 # candidates are lighter shades, hand-written µGraphs green, Mirage's own candidates
 # (--mirage-ckpt) purple, baselines warm and hatched.
-_ROLE_COLORS = {"unfused": "#9e9e9e", "eager": "#ff7f0e", "compile": "#d62728"}
+_ROLE_COLORS = {"unfused": "#9e9e9e", "eager": "#ff7f0e", "compile": "#d62728",
+                "sdpa": "#8c564b"}
 _OPT_SHADES = ("#6baed6", "#9ecae1", "#c6dbef")
 _HAND_SHADES = ("#2ca02c", "#74c476", "#a1d99b")
 _MIRAGE_SHADES = ("#6a51a3", "#9e9ac8", "#cbc9e2")

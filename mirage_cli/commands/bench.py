@@ -1,6 +1,7 @@
 """`mirage bench --gpu N`: correctness and speed of what `mirage opt` ships, of the
 examples' hand-written fused µGraphs, of the unfused lowering, PyTorch eager and
-torch.compile, against the memory floor (DESIGN.md §7).
+torch.compile (and PyTorch's fused attention, ``sdpa``, for programs that are plain
+softmax attention), against the memory floor (DESIGN.md §7).
 
 The candidates of each program and batch come from the very search `mirage opt` runs:
 its stage functions, with its default options (read from its command-line options, so
@@ -12,6 +13,10 @@ second bench) does not search again. Only ``--jobs``, ``--budget`` and, when mor
 (``DIR/<example>_bs<batch>.json``, then ``DIR/<example>.json``), certified by the same
 verification as the search's candidates, planned and priced as opt's, and timed as
 ``mirage#1``, ``mirage#2``, ... (:func:`mirage_cli.codegen.bench.mirage_variants`).
+
+``--per-kernel`` also times each kernel of every correct variant alone and reports its
+achieved TFLOP/s and GB/s (the cost model's FLOP and DRAM byte counts over that time):
+one more timing per kernel, so it is off by default.
 """
 
 from __future__ import annotations
@@ -170,6 +175,9 @@ def _write(path: str, text: str | bytes) -> None:
                    "the program's at the batch, as mirage#1, mirage#2, ...")
 @click.option("--no-torch", is_flag=True, help="Skip the PyTorch baselines.")
 @click.option("--no-compile", is_flag=True, help="Skip the torch.compile baseline.")
+@click.option("--per-kernel", "per_kernel", is_flag=True,
+              help="Also time each kernel of every variant alone and report its µs, "
+                   "TFLOP/s and GB/s (FLOPs and DRAM bytes as the cost model counts them).")
 @click.option("--json", "json_path", metavar="FILE", help="Write the rows as JSON ('-': stdout).")
 @click.option("--csv", "csv_path", metavar="FILE", help="Write the rows as CSV ('-': stdout).")
 @click.option("--markdown", "md_path", metavar="FILE", help="Write the table as Markdown.")
@@ -178,11 +186,12 @@ def _write(path: str, text: str | bytes) -> None:
 def command(gpu: int, batches: str, only: tuple[str, ...], root: str, replays: int, top: int,
             jobs: int | None, budget: float | None, no_search: bool,
             mirage_ckpt: str | None, no_torch: bool,
-            no_compile: bool, json_path: str | None, csv_path: str | None,
+            no_compile: bool, per_kernel: bool, json_path: str | None, csv_path: str | None,
             md_path: str | None, plot_path: str | None) -> None:
     """Check and time, on GPU N, every example: the µGraphs `mirage opt` keeps (the
     shipped one marked), the hand-written fused µGraphs, Mirage's own candidates
-    (--mirage-ckpt) and the baselines."""
+    (--mirage-ckpt) and the baselines (PyTorch's scaled_dot_product_attention too,
+    for plain softmax attention)."""
     from mirage_cli.codegen.runner import Device
 
     bs = parse_batches(batches)
@@ -203,7 +212,8 @@ def command(gpu: int, batches: str, only: tuple[str, ...], root: str, replays: i
                          candidates=None if no_search else
                          (lambda g: opt_candidates(g, top, kw)),
                          checkpoints=None if mirage_ckpt is None else
-                         checkpoint_candidates(Path(mirage_ckpt), int(kw["seed"])))
+                         checkpoint_candidates(Path(mirage_ckpt), int(kw["seed"])),
+                         per_kernel=per_kernel)
     dev = device()
     doc = document(dev.name, dev.arch, "mirage bench " + " ".join(sys.argv[2:]), bw, rows)
     # The table goes to stderr when stdout carries the rows.
