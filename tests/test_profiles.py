@@ -171,3 +171,33 @@ def test_a_chain_exposes_the_lesser_term_as_its_pipeline_fill() -> None:
     assert cost.estimate(rows64).time_us < cost.estimate(rows128).time_us
     at8, at2 = cost.kernel_costs(rows64)[0], cost.kernel_costs(tuned((2, 16, 4), 2))[0]
     assert at8.stream_us < at2.stream_us < 1.15 * at8.stream_us
+
+
+def test_an_operand_gathered_from_an_f32_tile_slows_the_tensor_cores() -> None:
+    """A block matmul whose plan reads an operand ``direct`` from a tile computed into
+    shared memory as f32 (element by element, with a conversion) has its tensor-core
+    term scalar_copy_slowdown times slower, as a K tile off the mma step already had;
+    a weight read ``direct`` as staged (16-bit) is not. lora's second matmul reads
+    X @ A so; rmsnorm_linear's and gated_mlp's read only staged weights."""
+    from mirage_cli.codegen.planner import plan_kernel
+
+    def gathered(name: str) -> list[frozenset[str]]:
+        g = serialize.loads_candidates((DATA / f"{name}.cands.ugraph.json").read_text())[0][0]
+        types = g.tensor_types()
+        return [cost._gathered_mmas(op.block, plan_kernel(op.block, types, "sm_90"))
+                for op in g.ops if op.block is not None]
+
+    assert gathered("rmsnorm_linear") == [frozenset()]
+    assert gathered("gated_mlp") == [frozenset()]
+    g = lora()[0][0]
+    (k,) = [i for i, op in enumerate(g.ops) if op.block is not None]
+    bg, types = g.ops[k].block, g.tensor_types()
+    (second,) = gathered("lora")[0]
+    assert [o.outputs[0].name for o in bg.ops if o.op == "matmul"][-1] == second
+    extra = cost._custom(bg, types, frozenset({second})).gathered - cost._custom(bg, types).gathered
+    assert extra > 0
+    p = profiles.load("h200")
+    slowed = cost.kernel_costs(g, p)[k]
+    plain = cost.kernel_costs(g, dataclasses.replace(p, scalar_copy_slowdown=1))[k]
+    assert slowed.compute_us - plain.compute_us == pytest.approx(
+        (p.scalar_copy_slowdown - 1) * extra / p.flop_rate * 1e6)

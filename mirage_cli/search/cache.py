@@ -77,8 +77,10 @@ def cache_dir() -> Path:
 # tensor-core rate in the profiles, chain_mma_flops, and the descent moves a factor of
 # 2 between grid axes, tune._transfers; 25: a block tile's dim split down to one
 # element keeps its index, so designs splitting gqa's 2 heads at batch 1 are found, and
-# a chain's pipeline fill is the lesser of its memory and compute terms).
-SEARCH_REVISION = 25
+# a chain's pipeline fill is the lesser of its memory and compute terms; 26: a block
+# matmul with an operand the plan reads element by element, path "direct", has its
+# tensor-core term scalar_copy_slowdown times slower).
+SEARCH_REVISION = 26
 
 
 def program_hash(program: Graph) -> str:

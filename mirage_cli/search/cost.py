@@ -26,8 +26,9 @@ and ``p`` the profile's ``stage_penalty`` (loops only). A block matmul's FLOPs c
 its K in whole tensor-core steps of 16, and a loop whose plan copies an input element
 by element (a tile row that is not a multiple of 16 bytes) has its memory term
 multiplied by the profile's ``scalar_copy_slowdown``, as is the tensor-core term of a
-block matmul whose K tile is not a multiple of 16 (its mma fragments are gathered
-element by element). A block reads DRAM no faster
+block matmul whose K tile is not a multiple of 16 or whose plan reads an operand from
+an f32 tile in shared memory (its mma fragments are gathered element by element:
+:func:`_gathered_mmas`). A block reads DRAM no faster
 than ``block_stream_bw``, and blocks run in rounds of those resident at once: a grid of
 fewer blocks than SMs reads in proportion to its blocks, and a grid a little larger
 than the resident blocks pays a tail round at the few blocks' own rate.
@@ -152,6 +153,9 @@ class PlanFacts:
     scalar: bool = False  # a loop input is copied element by element (vec 1)
     bulk: bool = False    # loop inputs come by bulk tensor copies (TMA)
     chain: bool = False   # a matmul chain kept in registers (knob chain=1)
+    # Block matmuls (by output) with an operand gathered element by element from an
+    # f32 tile (plan path "direct", :func:`_gathered_mmas`).
+    direct: frozenset[str] = frozenset()
     violation: str = ""
 
 
@@ -192,7 +196,29 @@ def _facts(bg: BlockGraph, plan: KernelPlan) -> PlanFacts:
     scalar = any(t.name in inputs and t.home == "smem" and t.vec == 1 for t in plan.tiles)
     bulk = any(t.swizzle for t in plan.tiles)
     return PlanFacts(plan.smem_bytes, plan.threads, k.ksplit or 1, k.stages or 1, scalar,
-                     bulk, k.chain == 1)
+                     bulk, k.chain == 1, _gathered_mmas(bg, plan))
+
+
+def _gathered_mmas(bg: BlockGraph, plan: KernelPlan) -> frozenset[str]:
+    """The block matmuls (by output) whose plan reads an operand ``direct`` from a tile
+    computed into shared memory as f32: each fragment element is a scalar load and a
+    conversion. A staged input read ``direct`` (a weight brought by bulk tensor
+    copies, as the streaming matmuls' B) is 16-bit already and was fitted as it is."""
+    tiles = {t.name: t for t in plan.tiles}
+    staged = {bi.value.name for bi in bg.inputs}
+
+    def f32_tile(name: str) -> bool:
+        t = tiles.get(name)
+        return (name not in staged and t is not None and t.home == "smem"
+                and t.pitch == 0 and not t.swizzle)
+
+    by_output = {op.outputs[0].name: op for op in bg.ops}
+    out = set()
+    for m in plan.mmas:
+        a, b = by_output[m.output].inputs[:2]
+        if (m.a_path == "direct" and f32_tile(a)) or (m.b_path == "direct" and f32_tile(b)):
+            out.add(m.output)
+    return frozenset(out)
 
 
 def kernel_costs(g: Graph, p: Profile | None = None) -> list[KernelCost]:
@@ -211,10 +237,10 @@ def _kernel_cost(op: KernelOp, types: dict[str, TensorType], p: Profile) -> Kern
     if op.block is None:
         k_dram, k_l2, k_flops, k_smem, blocks = _predefined(op, types, p.num_sms)
     else:
-        c = _custom(op.block, types)
+        facts = _plan_facts(op, types, p)
+        c = _custom(op.block, types, facts.direct)
         k_dram, k_l2, k_flops, k_smem, blocks = c.dram, c.l2, c.flops, c.smem, c.blocks
         elem_flops, simt_flops = c.gathered, c.simt
-        facts = _plan_facts(op, types, p)
     plan_smem, threads, ksplit, stages = facts.smem, facts.threads, facts.ksplit, \
         facts.stages
     # A forloop split over a cluster launches ksplit blocks per µGraph block, each
@@ -451,17 +477,20 @@ class _Counts:
     flops: int
     smem: int
     blocks: int
-    gathered: int   # FLOPs of block matmuls whose K tile is not a multiple of 16
+    gathered: int   # FLOPs of block matmuls whose mma fragments are gathered
     simt: int       # FLOPs of the other operators, as the blocks run them
 
 
-def _custom(bg: BlockGraph, types: dict[str, TensorType]) -> _Counts:
+def _custom(bg: BlockGraph, types: dict[str, TensorType],
+            direct: frozenset[str] = frozenset()) -> _Counts:
     """DRAM bytes, L2 bytes, FLOPs, the model's shared memory, blocks, the FLOPs of
-    block matmuls whose K tile is not a multiple of 16 (their mma fragments are
-    gathered element by element: the Llama layer's fused attention scores at batch 8,
-    a K of 8 per iteration, ran 101.7 µs on an H200 where the model said 29.1,
-    docs/perf-log.md v17), and the FLOPs of the element-wise and reduction operators
-    as every block runs them: once per iteration in the loop (a GELU before a loop's
+    block matmuls whose mma fragments are gathered element by element (a K tile that is
+    not a multiple of 16: the Llama layer's fused attention scores at batch 8, a K of 8
+    per iteration, ran 101.7 µs on an H200 where the model said 29.1, docs/perf-log.md
+    v17; or, named in ``direct``, one whose plan reads an operand from an f32 tile:
+    mqa_decode's rescaled split at batch 8 multiplies its f32 probabilities by V after
+    the loop, predicted 20.8 µs as if by ldmatrix, measured 39.8 on an H100, v23), and
+    the FLOPs of the element-wise and reduction operators as every block runs them: once per iteration in the loop (a GELU before a loop's
     matmul is recomputed by every block along N), once after it."""
     tiles: dict[str, TensorType] = {}
     loop_l2 = smem = 0
@@ -474,7 +503,7 @@ def _custom(bg: BlockGraph, types: dict[str, TensorType]) -> _Counts:
         reads = bg.forloop if bi.fmap is not None else 1
         loop_l2 += t.nbytes * reads
         smem += t.nbytes * (2 if bi.fmap is not None else 1)
-    flops = elem = simt = 0
+    flops = elem = simt = gathered_direct = 0
     for bop in bg.ops:
         ins = [tiles[i] for i in bop.inputs]
         out = bop.outputs[0].type
@@ -491,6 +520,8 @@ def _custom(bg: BlockGraph, types: dict[str, TensorType]) -> _Counts:
         if spec.cuda.kind == "matmul":
             if ins[0].shape[-1] % MMA_K:
                 elem += f
+            elif bop.outputs[0].name in direct:  # counted where it runs, as simt
+                gathered_direct += f * (bg.forloop if in_loop else 1)
         else:
             simt += f * (bg.forloop if in_loop else 1)
     flops *= bg.forloop  # loop-body operators dominate; epilogue ops counted alike
@@ -499,4 +530,4 @@ def _custom(bg: BlockGraph, types: dict[str, TensorType]) -> _Counts:
     stored = sum(bo.value.type.nbytes for bo in bg.outputs)
     dram = sum(types[s].nbytes for s in sorted(sources)) + stored
     return _Counts(dram, loop_l2 * blocks + stored, flops * blocks, smem, blocks,
-                   elem * blocks, simt * blocks)
+                   (elem + gathered_direct) * blocks, simt * blocks)
