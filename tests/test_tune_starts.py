@@ -118,3 +118,25 @@ def test_gqa_reaches_the_grid_a_transfer_away(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setattr(tuner, "_transfers", lambda grid, axes: [])
     without = tuner.tune(program, design)[0][0].time_us
     assert best < without
+
+
+def test_the_tuning_sweep_tool_writes_fitting_tunings_best_first() -> None:
+    """tools/tuning_sweep.py: power-of-two grids within the block bounds (each split
+    axis at least 2 blocks), instantiated by the builder, fitting, best predicted
+    first."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("tuning_sweep",
+                                                  ROOT / "tools" / "tuning_sweep.py")
+    assert spec is not None and spec.loader is not None
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    gs = tool.grids(2, 96, 528)
+    assert gs and all(g[0] >= 2 and g[1] >= 2 and g[2] == 1 and 96 <= prod(g) <= 528
+                      for g in gs)
+    program = load_graph(str(ROOT / "examples" / "gqa.mir"), {"batch": 1})
+    design, _ = design_of(load_graph(str(ROOT / "examples" / "mugraphs" / "gqa_fused.mir"),
+                                     {"batch": 1}))
+    found = tool.sweep(program, design, (128, 128), [8])
+    assert found and [us for us, _, _ in found] == sorted(us for us, _, _ in found)
+    assert all(prod(t[0][0]) == 128 and t[0][1] == 8 for _, t, _ in found)
