@@ -203,18 +203,9 @@ def kernel_times(dev: Device, loaded: Loaded, g: Graph, replays: int, scale: flo
         n = len(sets)
         for step in launches:
             out[step.kernel] = dev.time_graph(
-                lambda i, s=step: _enqueue_step(loaded, s, sets[i % n]), max(n, 8), replays)
+                lambda i, s=step: loaded.enqueue(sets[i % n], (s,)), max(n, 8), replays)
     return out
 
-
-def _enqueue_step(loaded: Loaded, step: Launch, bufs: Buffers) -> None:
-    """Enqueue one launch of ``loaded``'s program (its own arguments and scratch)."""
-    full = loaded.prog
-    loaded.prog = dataclasses.replace(full, steps=(step,))
-    try:
-        loaded.enqueue(bufs)
-    finally:
-        loaded.prog = full
 
 
 # -- achieved rates per kernel ------------------------------------------------------------
@@ -509,7 +500,6 @@ def kernel_records(loaded: Loaded) -> list[dict[str, Any]]:
 def plan_json(plan: Any) -> Any:
     """A kernel's plan as JSON data: a dict as is, an object by its ``as_json``, a
     dataclass by its fields; ``None`` where the kernel carries no plan."""
-    import dataclasses
 
     if plan is None or isinstance(plan, dict):
         return plan

@@ -235,10 +235,11 @@ class Loaded:
         for b in self.prog.inputs:
             self.d.upload(bufs.ptrs[b.name], to_device_bytes(b.type, inputs[b.name]))
 
-    def enqueue(self, bufs: Buffers) -> None:
-        """Launch every step on the device's stream (asynchronous)."""
+    def enqueue(self, bufs: Buffers, steps: tuple[Launch | Copy, ...] | None = None) -> None:
+        """Launch every step (or only ``steps``, a kernel timed alone) on the device's
+        stream (asynchronous)."""
         drv = self.d.drv
-        for s in self.prog.steps:
+        for s in self.prog.steps if steps is None else steps:
             if isinstance(s, Copy):
                 check(drv.cuMemcpyDtoDAsync(bufs.ptrs[out_key(s.dst)], bufs.ptrs[s.src], s.nbytes,
                                             self.d.stream), "cuMemcpyDtoDAsync")
