@@ -94,6 +94,11 @@ def test_illegal_pins_are_rejected() -> None:
         plan_kernel(op.block, types, "sm_90", Knobs(stages=3))
     with pytest.raises(MirageError, match="unsupported target"):
         plan_kernel(op.block, types, "sm_70")
+    # A thread count that is no whole number of warps is refused before anything plans
+    # with it (a pin of 0 threads once sent the thread search into an endless loop).
+    for bad in (0, 48, 2048):
+        with pytest.raises(MirageError, match=f"threads={bad} is not legal"):
+            plan_kernel(op.block, types, "sm_90", Knobs(threads=bad))
 
 
 def test_plan_cli_diagnostics(tmp_path: Path) -> None:

@@ -58,6 +58,8 @@ ACC_REGS_MAX = 32     # accumulator elements per thread kept in registers
 
 # -- the plan ---------------------------------------------------------------------------
 
+# Thread counts a pin may name: whole warps, up to the 1024 threads of a block.
+THREAD_COUNTS = (32, 64, 128, 256, 512, 1024)
 DEFAULTS = Knobs(stages=None, kwarps=None, pad=1, ldmatrix=1, stage_once=1, vec=None)
 
 
@@ -388,6 +390,9 @@ def check_pins(bg: BlockGraph, dev_types: Mapping[str, TensorType], target: str,
                pins: Knobs) -> None:
     """A diagnostic for a pinned knob outside its legal range."""
     if pins.threads is not None:
+        if pins.threads not in THREAD_COUNTS:  # before anything plans with it
+            raise MirageError(f"plan knob threads={pins.threads} is not legal for this kernel "
+                              f"(legal values: {', '.join(map(str, THREAD_COUNTS))})")
         bg = dataclasses.replace(bg, threads=pins.threads)
     space = knob_space(bg, dev_types, target)
     for name, value in dataclasses.asdict(pins).items():
