@@ -118,10 +118,18 @@ def stored_type(tile: TensorType, grid: tuple[int, int, int], omap: AxisMap,
 
 def block_phases(bg: BlockGraph) -> dict[str, Phase]:
     """Which block tensors are computed per iteration (``loop``), once after the
-    loop (``epilogue``), or are loop-invariant inputs usable in both (``invariant``)."""
+    loop (``epilogue``), or are loop-invariant inputs usable in both (``invariant``).
+
+    A loop operator may read an accumulator's result itself (not a value computed
+    from it): it then means the accumulator's value over *all* iterations, as if the
+    loop ran once for that accumulator and again for the rest (:func:`loop_passes`).
+    That is how a µGraph says "subtract the row maximum" inside a loop over the
+    row's chunks; the online form (a running maximum, the sums rescaled when it
+    grows) is the code generator's way to run both passes as one."""
     phases: dict[str, Phase] = {}
     for bi in bg.inputs:
         phases[bi.value.name] = "loop" if bi.fmap is not None else "invariant"
+    results = {op.outputs[0].name for op in bg.ops if ops.get(op.op).is_accumulator}
     for op in bg.ops:
         opdef = ops.get(op.op)
         in_phases = {phases[i] for i in op.inputs}
@@ -132,11 +140,17 @@ def block_phases(bg: BlockGraph) -> dict[str, Phase]:
             phase: Phase = "epilogue"
         elif "epilogue" in in_phases:
             if "loop" in in_phases:
-                loop_in = [i for i in op.inputs if phases[i] == "loop"]
-                raise MirageError(f"'{op.op}' mixes '{loop_in[0]}' (computed in every "
-                                  f"forloop iteration) with values computed after the "
-                                  f"loop; accumulate '{loop_in[0]}' first", op.span)
-            phase = "epilogue"
+                late = [i for i in op.inputs if phases[i] == "epilogue" and i not in results]
+                if late:
+                    loop_in = [i for i in op.inputs if phases[i] == "loop"]
+                    raise MirageError(
+                        f"'{op.op}' mixes '{loop_in[0]}' (computed in every forloop "
+                        f"iteration) with '{late[0]}', computed after the loop; accumulate "
+                        f"'{loop_in[0]}' first (a loop operator may read an accumulator's "
+                        f"result itself, not a value computed from it)", op.span)
+                phase = "loop"
+            else:
+                phase = "epilogue"
         elif "loop" in in_phases:
             phase = "loop"
         else:
@@ -144,6 +158,34 @@ def block_phases(bg: BlockGraph) -> dict[str, Phase]:
         for v in op.outputs:
             phases[v.name] = phase
     return phases
+
+
+def loop_passes(bg: BlockGraph) -> dict[str, int]:
+    """The pass of every loop value and accumulator result (see :func:`block_phases`):
+    0 for what the loop computes from its inputs alone; one more than the latest pass
+    of the accumulator results a loop value reads (directly or through other loop
+    values); an accumulator's result is in its input's pass. Evaluating the loop once
+    per pass, each pass reading the results of the earlier ones, gives the block
+    graph's meaning."""
+    phases = block_phases(bg)
+    level: dict[str, int] = {}
+    for op in bg.ops:
+        out = op.outputs[0].name
+        if ops.get(op.op).is_accumulator:
+            level[out] = level.get(op.inputs[0], 0)
+        elif phases[out] == "loop":
+            level[out] = max([level.get(i, 0) + (1 if phases[i] == "epilogue" else 0)
+                              for i in op.inputs], default=0)
+    return level
+
+
+def online_reads(bg: BlockGraph) -> set[str]:
+    """The accumulator results that loop operators read (their value over all
+    iterations: :func:`block_phases`)."""
+    phases = block_phases(bg)
+    return {i for op in bg.ops if phases[op.outputs[0].name] == "loop"
+            and not ops.get(op.op).is_accumulator
+            for i in op.inputs if phases[i] == "epilogue"}
 
 
 def check_block(bg: BlockGraph, kernel_types: dict[str, TensorType],

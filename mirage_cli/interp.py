@@ -23,7 +23,7 @@ from typing import Literal
 import numpy as np
 
 from mirage_cli import ops
-from mirage_cli.check import block_phases
+from mirage_cli.check import block_phases, loop_passes
 from mirage_cli.diagnostics import MirageError
 from mirage_cli.dtypes import round_to
 from mirage_cli.ir import AttrValue, AxisMap, BlockGraph, Graph, KernelOp, TensorType, Value
@@ -118,9 +118,27 @@ class _Plan:
     accumulators: tuple[_Step, ...]
     epilogue: tuple[_Step, ...]
     per_iteration: frozenset[str]  # the values that differ between iterations
+    passes: tuple[_Plan, ...] = ()  # the loop's passes (check.loop_passes), in order
 
 
 def _plan(bg: BlockGraph) -> _Plan:
+    full = _phase_plan(bg)
+    level = loop_passes(bg)
+    n = max(level.values(), default=0) + 1
+
+    def upto(p: int) -> tuple[_Step, ...]:  # a pass computes the earlier passes' values again
+        return tuple(s for s in full.loop if level.get(s.output, 0) <= p)
+
+    def accs(p: int) -> tuple[_Step, ...]:
+        return tuple(s for s in full.accumulators if level.get(s.output, 0) == p)
+
+    passes = tuple(_Plan(full.invariant, upto(p), accs(p), (), full.per_iteration)
+                   for p in range(n))
+    return _Plan(full.invariant, full.loop, full.accumulators, full.epilogue,
+                 full.per_iteration, passes)
+
+
+def _phase_plan(bg: BlockGraph) -> _Plan:
     phases = block_phases(bg)
     ranks = {bi.value.name: bi.value.type.rank for bi in bg.inputs}
     ranks.update((op.outputs[0].name, op.outputs[0].type.rank) for op in bg.ops)
@@ -167,9 +185,12 @@ def _run_one_block(bg: BlockGraph, env: Mapping[str, np.ndarray], dt: type,
     _eval(plan.invariant, values, dt)
     loop = {n: (p, dim) for n, p in parts.items() if (dim := fmaps[n]) is not None}
     run_loop = _loop_stacked if stack_iterations else _loop_literal
-    tiles = run_loop(plan, values, loop, bg.forloop, dt)
-    for acc in plan.accumulators:
-        values[acc.output] = np.asarray(acc.fn([tiles[acc.output]], acc.attrs), dtype=dt)
+    # One run of the loop per pass (check.loop_passes): a pass reads the results of
+    # the accumulators of earlier passes as loop-invariant values.
+    for ps in plan.passes:
+        tiles = run_loop(ps, values, loop, bg.forloop, dt)
+        for acc in ps.accumulators:
+            values[acc.output] = np.asarray(acc.fn([tiles[acc.output]], acc.attrs), dtype=dt)
     _eval(plan.epilogue, values, dt)
     return values
 

@@ -98,6 +98,26 @@ class Scaling(enum.Enum):
     FIRST = "first"  # f(c·x, y) = c·f(x, y): linear in the first operand only
 
 
+def linear_in(op: str, scaled: Sequence[bool]) -> bool:
+    """Whether operator ``op`` is linear in its operands marked ``scaled`` (all by one
+    factor c), the others fixed: its result then scales by c too. An accumulator is
+    when it sums (no square, no finish); another operator by its ``scaling``."""
+    opdef = get(op)
+    if opdef.accum is not None:
+        spec = opdef.accum
+        return (spec.combine is Combine.SUM and spec.pre is Pre.ID
+                and spec.finish is Finish.ID and all(scaled))
+    match opdef.scaling:
+        case Scaling.ALL:
+            return all(scaled)
+        case Scaling.EACH:
+            return sum(scaled) == 1
+        case Scaling.FIRST:
+            return bool(scaled) and scaled[0] and not any(scaled[1:])
+        case _:
+            return False
+
+
 class Index(enum.Enum):
     """How an operator maps its operands' indices to its result's: what decides
     whether a size parameter is pointwise through it (``verifier/carry.py``, which

@@ -218,7 +218,53 @@ def attention_chain_batched() -> Graph:
     return b.build()
 
 
+def online_softmax_chain() -> Graph:
+    """A chain whose loop subtracts the row maximum over all its iterations (the
+    online softmax, ``chain.Online``): f16, 32 rows, 4 iterations of 32 keys, the
+    maximum of a scaled score plus a per-key bias, a per-row weight after the exp (a
+    value linear in it, summed), and an epilogue that reads the final maximum too."""
+    b = GraphBuilder("online_softmax_chain")
+    q = b.input("Q", (2, 32, 32), "f16")
+    kk = b.input("K", (2, 32, 128), "f16")
+    v = b.input("V", (2, 128, 16), "f16")
+    c = b.input("C", (2, 1, 128), "f16")
+    w = b.input("W", (2, 32, 1), "f16")
+    k = b.custom((2, 1, 1), 128, 4)
+    qt = k.load(q, (0, None, None))          # (1, 32, 32)
+    kt = k.load(kk, (0, None, None), 2)      # (1, 32, 32)
+    vt = k.load(v, (0, None, None), 1)       # (1, 32, 16)
+    ct = k.load(c, (0, None, None), 2)       # (1, 1, 32)
+    wt = k.load(w, (0, None, None))          # (1, 32, 1)
+    x = k.op("add", k.op("mul_scalar", k.op("matmul", qt, kt), scalar=2.0), ct)
+    top = k.op("acc_max_ld", x)
+    e = k.op("mul", k.op("exp", k.op("sub", x, top)), wt)
+    total = k.op("acc_sum_ld", e)
+    o = k.op("acc_sum", k.op("matmul", e, vt))
+    (r,) = k.finish([(k.op("add", k.op("div", o, total), top), "O", (0, None, None))])
+    b.output(r)
+    return b.build()
+
+
+def online_softmax_batched() -> Graph:
+    """The online softmax over a batch of two matrices per block (bf16), K broadcast
+    over it, the maximum of the raw score, 8 iterations of 16 keys."""
+    b = GraphBuilder("online_softmax_batched")
+    q = b.input("Q", (4, 32, 32), "bf16")
+    kk = b.input("K", (1, 32, 128), "bf16")
+    v = b.input("V", (4, 128, 16), "bf16")
+    k = b.custom((2, 1, 1), 128, 8)
+    qt = k.load(q, (0, None, None))          # (2, 32, 32)
+    kt = k.load(kk, (None, None, None), 2)   # (1, 32, 16)
+    vt = k.load(v, (0, None, None), 1)       # (2, 16, 16)
+    s = k.op("matmul", qt, kt)
+    e = k.op("exp", k.op("sub", s, k.op("acc_max_ld", s)))
+    o = k.op("acc_sum", k.op("matmul", e, vt))
+    (r,) = k.finish([(k.op("div", o, k.op("acc_sum_ld", e)), "O", (0, None, None))])
+    b.output(r)
+    return b.build()
+
+
 CASES: dict[str, Callable[[], Graph]] = {f.__name__: f for f in (
-    attention_chain, attention_chain_batched,
+    attention_chain, attention_chain_batched, online_softmax_chain, online_softmax_batched,
     rmsnorm_linear_small, bf16_kernel_ops, f32_block_ops, big_tiles_scratch, passthrough,
     single_buffer_unaligned, warp_reductions, mma_odd_shapes, kernel_matmuls)}

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from mirage_cli import ops
-from mirage_cli.check import block_phases
+from mirage_cli.check import block_phases, online_reads
 from mirage_cli.codegen.expr import numel
 from mirage_cli.ir import BlockGraph, BlockOp, DType, TensorType, Value, make_attrs
 from mirage_cli.semantics.accum import Finish
@@ -241,6 +241,7 @@ class Chain:
     second: BlockOp
     acc: BlockOp
     row_accs: tuple[BlockOp, ...]
+    online: Online | None = None  # the running maximum the loop reads, if any
 
     @property
     def members(self) -> frozenset[str]:
@@ -294,7 +295,11 @@ def chain_form(a: Analysis) -> Chain | str:
             return f"accumulator {op.op} is outside the chain"
     order = {id(op): i for i, op in enumerate(bg.ops)}
     row_accs.sort(key=lambda op: order[id(op)])
-    return Chain(first, links, second, acc, tuple(row_accs))
+    ch = Chain(first, links, second, acc, tuple(row_accs))
+    online = online_form(a, ch)
+    if isinstance(online, str):
+        return online
+    return dataclasses.replace(ch, online=online)
 
 
 def _links(a: Analysis, first: BlockOp, second: BlockOp
@@ -316,3 +321,87 @@ def _links(a: Analysis, first: BlockOp, second: BlockOp
     if second.inputs[0] not in members or second.inputs[1] in members:
         return None, members
     return tuple(links), members
+
+
+@dataclass(frozen=True)
+class Online:
+    """A chain whose loop reads the final value of a row maximum ``acc`` (the online
+    softmax: ``P = f(exp(x - max x))``), emitted with a running maximum.
+
+    Each iteration computes ``x`` (the ``early`` links, those ``x`` needs) at every
+    fragment element, the tile's row maxima (the 4 lanes of a row agree by
+    shuffles), then the new running maximum ``m'``; the ``rescaled`` accumulators
+    (the output and the row sums of values linear in ``exp(x - m)``) are multiplied by
+    ``exp(m - m')`` before the rest of the links read ``m'``. That equals the
+    two-pass meaning of the block graph (check.block_phases) because those values
+    are linear in ``exp(x - m)``: a sum of ``exp(x_i - m) * y_i`` times
+    ``exp(m - m')`` is the same sum of ``exp(x_i - m') * y_i``."""
+
+    acc: BlockOp
+    arg: str                       # x, the value whose row maximum ``acc`` is
+    early: tuple[BlockOp, ...]     # the links computed before the maximum is known
+    rescaled: frozenset[str]       # accumulators multiplied by exp(m - m')
+
+
+def online_form(a: Analysis, ch: Chain) -> Online | str | None:
+    """The chain's running maximum (None where the loop reads no accumulator result),
+    or why the chain cannot carry what its loop reads."""
+    reads = online_reads(a.bg)
+    if not reads:
+        return None
+    maxima = [op for op in ch.row_accs if op.outputs[0].name in reads]
+    spec = ops.get(maxima[0].op).accum if len(maxima) == 1 == len(reads) else None
+    if spec is None or (spec.combine, spec.pre, spec.finish) != (
+            ops.Combine.MAX, ops.Pre.ID, ops.Finish.ID):
+        return "the loop reads an accumulator result other than one row maximum"
+    acc = maxima[0]
+    m, x = acc.outputs[0].name, acc.inputs[0]
+    first = ch.first.outputs[0].name
+    early_names = _ancestors(ch, x) if x != first else set()
+    early = tuple(op for op in ch.links if op.outputs[0].name in early_names)
+    kind = {first: "free", **{n: "free" for n in early_names}}
+    for op in ch.links:
+        out = op.outputs[0].name
+        if out in early_names:
+            continue
+        ins = [kind.get(i, "outside") for i in op.inputs]
+        stale = [i for i in op.inputs if kind.get(i) == "free" and i != x]
+        if stale:
+            return f"{op.op} reads {stale[0]}, which the running maximum's pass overwrites"
+        if op.op == "sub" and list(op.inputs) == [x, m]:
+            kind[out] = "shifted"
+        elif op.op == "exp" and ins == ["shifted"]:
+            kind[out] = "scaled"
+        elif "shifted" in ins or m in op.inputs:
+            return f"{op.op} reads x - max other than through exp"
+        elif "scaled" in ins and ops.linear_in(op.op, [k == "scaled" for k in ins]):
+            kind[out] = "scaled"
+        elif "scaled" in ins:
+            return f"{op.op} is not linear in exp(x - max)"
+        else:
+            kind[out] = "free"
+    if kind.get(ch.second.inputs[0]) != "scaled":
+        return "the second matmul's operand is not linear in exp(x - max)"
+    rescaled = {ch.acc.outputs[0].name}
+    overwritten = (early_names | {first}) - {x}  # gone from the registers after the max
+    for op in ch.row_accs:
+        k, src = kind.get(op.inputs[0]), op.inputs[0]
+        if op is acc:
+            continue
+        if k == "scaled" and ops.linear_in(op.op, [True]):
+            rescaled.add(op.outputs[0].name)
+        elif k != "free" or src in overwritten:
+            return f"{op.op} of {src} cannot follow the running maximum"
+    return Online(acc, x, early, frozenset(rescaled))
+
+
+def _ancestors(ch: Chain, x: str) -> set[str]:
+    """``x`` and the links it is computed from."""
+    by_out = {op.outputs[0].name: op for op in ch.links}
+    out, todo = set(), [x]
+    while todo:
+        n = todo.pop()
+        if n in by_out and n not in out:
+            out.add(n)
+            todo.extend(by_out[n].inputs)
+    return out

@@ -32,6 +32,7 @@ from mirage_cli.semantics.cuda import c_init, c_update
 if TYPE_CHECKING:
     from mirage_cli.codegen.blockfacts import Chain
     from mirage_cli.codegen.kernel import FusedKernel
+    from mirage_cli.ir import BlockOp
 
 
 def _lead(name: str, k: FusedKernel) -> list[str]:
@@ -78,7 +79,8 @@ def update(k: FusedKernel, ch: Chain, lay: ChainLayout) -> Lines:
     lines += [f"mg_s[{m}][{j}][0] = mg_s[{m}][{j}][1] = mg_s[{m}][{j}][2] = "
               f"mg_s[{m}][{j}][3] = 0.0f;" for m in range(mt) for j in range(ns)]
     lines += _tile_rows(ch, lay)
-    lines += _first(k, ch, lay) + _links(k, ch, lay) + _second(k, ch, lay)
+    links = _links(k, ch, lay) if ch.online is None else _online_links(k, ch, lay)
+    lines += _first(k, ch, lay) + links + _second(k, ch, lay)
     return warp_ids(lay.groups) + indent(lines) + ["}"]
 
 
@@ -169,26 +171,79 @@ def _links(k: FusedKernel, ch: Chain, lay: ChainLayout) -> Lines:
 
 
 def _element(k: FusedKernel, ch: Chain, lay: ChainLayout, first: str, idx: list[str],
-             m: int, j: int, i: int) -> Lines:
-    """The links at element ``i`` of score fragment ``j``."""
+             m: int, j: int, i: int, links: tuple[BlockOp, ...] | None = None,
+             row_accs: tuple[BlockOp, ...] | None = None, result: str | None = None) -> Lines:
+    """The links at element ``i`` of score fragment ``j`` (``links``, default all),
+    folded into the ``row_accs`` (default all); the value ``result`` (default the
+    second matmul's operand) is left in the fragment register."""
     k.em.nodes[first] = Node(k.a.types[first].shape, Local(f"mg_s[{m}][{j}][{i}]"))
     body = [f"const int mg_r = mg_mi{m} * 16 + mg_g + {(i >> 1) * 8};",
             f"const int mg_c = (mg_ks * {lay.score_tiles} + {j}) * 8 + 2 * mg_t + {i & 1};",
             "(void)mg_r; (void)mg_c;"]
-    for op in ch.links:
+    for op in ch.links if links is None else links:
         name = op.outputs[0].name
         attrs = ops.get(op.op).attr_values(op.attrs)
         st, e = k.em._inline(op.op, op.inputs, attrs, op.outputs[0].type.shape, list(idx))
         body += st + [f"const float mg_v_{name} = {e};"]
         k.em.nodes[name] = Node(op.outputs[0].type.shape, Local(f"mg_v_{name}"))
-    for op in ch.row_accs:
+    for op in ch.row_accs if row_accs is None else row_accs:
         spec = accum_spec(op)
         st, v = k.em.value(op.inputs[0], idx)
         if spec.pre is Pre.SQUARE:
             v = f"({v} * {v})"
         body += st + [c_update(f"acc_{op.outputs[0].name}[{m}][{i >> 1}]", v, spec.combine)]
-    st, p = k.em.value(ch.second.inputs[0], idx)
+    st, p = k.em.value(ch.second.inputs[0] if result is None else result, idx)
     return body + st + [f"mg_s[{m}][{j}][{i}] = {p};"]
+
+
+def _online_links(k: FusedKernel, ch: Chain, lay: ChainLayout) -> Lines:
+    """The links of a chain with a running maximum (:class:`blockfacts.Online`), in
+    two sweeps over the fragment elements: the first computes ``x`` (left in the
+    fragment registers) and the tile's row maxima; then each row's maximum grows and
+    the accumulators linear in ``exp(x - max)`` are rescaled; the second sweep
+    computes the rest of the links from ``x`` and the new maximum."""
+    on = ch.online
+    assert on is not None
+    first = ch.first.outputs[0].name
+    mname = on.acc.outputs[0].name
+    idx = _lead(first, k) + ["mg_r", "mg_c"]
+    mt, ns = lay.tiles_per_warp, lay.score_tiles
+    elems = [(m, j, i) for m in range(mt) for j in range(ns) for i in range(4)]
+    lines: Lines = [f"float mg_tm[{mt}][2];"]
+    lines += [f"mg_tm[{m}][{h}] = {c_init(Combine.MAX)};" for m in range(mt) for h in range(2)]
+    for m, j, i in elems:
+        body = _element(k, ch, lay, first, idx, m, j, i, links=on.early, row_accs=(),
+                        result=on.arg)
+        body.append(c_update(f"mg_tm[{m}][{i >> 1}]", f"mg_s[{m}][{j}][{i}]", Combine.MAX))
+        lines += ["{"] + indent(body) + ["}"]
+    acc = ch.acc.outputs[0].name
+    for m in range(mt):
+        for h in range(2):
+            tm, run = f"mg_tm[{m}][{h}]", f"acc_{mname}[{m}][{h}]"
+            scale = [f"acc_{acc}[{m}][{j}][{2 * h + c}] *= mg_al;"
+                     for j in range(lay.out_tiles) for c in range(2)]
+            scale += [f"acc_{op.outputs[0].name}[{m}][{h}] *= mg_al;" for op in ch.row_accs
+                      if op.outputs[0].name in on.rescaled]
+            lines += ["{"] + indent(
+                [c_update(tm, f"__shfl_xor_sync(0xffffffffu, {tm}, {x})", Combine.MAX)
+                 for x in (1, 2)]
+                + [f"const float mg_mn = fmaxf({run}, {tm});",
+                   # A row that has seen only -inf has nothing to rescale (and
+                   # exp(-inf - -inf) would be NaN); at its first finite tile the
+                   # factor exp(-inf - m') is 0, its sums still empty.
+                   (f"const float mg_al = mg_mn == {c_init(Combine.MAX)} ? 1.0f : "
+                    f"mg_exp({run} - mg_mn);"),
+                   f"{run} = mg_mn;"] + scale) + ["}"]
+    saved = k.em.nodes[mname]
+    late = tuple(op for op in ch.links if op not in on.early)
+    folds = tuple(op for op in ch.row_accs if op is not on.acc)
+    for m, j, i in elems:
+        k.em.nodes[mname] = Node(k.a.types[mname].shape, Local(f"acc_{mname}[{m}][{i >> 1}]"))
+        k.em.nodes[on.arg] = Node(k.a.types[on.arg].shape, Local(f"mg_s[{m}][{j}][{i}]"))
+        body = _element(k, ch, lay, on.arg, idx, m, j, i, links=late, row_accs=folds)
+        lines += ["{"] + indent(body) + ["}"]
+    k.em.nodes[mname] = saved
+    return lines
 
 
 def _second(k: FusedKernel, ch: Chain, lay: ChainLayout) -> Lines:
@@ -225,8 +280,12 @@ def finish(k: FusedKernel, ch: Chain, lay: ChainLayout, fins: dict[str, str]) ->
             c_update(f"acc_{name}[m][h]",
                      f"__shfl_xor_sync(0xffffffffu, acc_{name}[m][h], {x})", comb)
             for x in (1, 2)])))
+    skip: frozenset[str] = frozenset()
+    if ch.online is not None and lay.kwarps > 1:
+        out += indent(_online_merge(k, ch, lay))
+        skip = frozenset({ch.online.acc.outputs[0].name})
     for lvl in range(lay.kwarps):
-        body = _tile_rows(ch, lay) + _writes(k, ch, lay, first=lvl == 0)
+        body = _tile_rows(ch, lay) + _writes(k, ch, lay, first=lvl == 0, skip=skip)
         if lay.kwarps > 1:
             out += indent((["__syncthreads();"] if lvl else [])
                           + [f"if (mg_ks == {lvl}) {{"] + indent(body) + ["}"])
@@ -243,9 +302,52 @@ def finish(k: FusedKernel, ch: Chain, lay: ChainLayout, fins: dict[str, str]) ->
     return out
 
 
-def _writes(k: FusedKernel, ch: Chain, lay: ChainLayout, first: bool) -> Lines:
+def _online_merge(k: FusedKernel, ch: Chain, lay: ChainLayout) -> Lines:
+    """Warps that split a row's columns each ran their own maximum: the largest goes
+    into the maximum's tile (one level of warps at a time), and each warp rescales its
+    accumulators to it before they are added (:func:`_writes`)."""
+    on = ch.online
+    assert on is not None
+    mname, acc = on.acc.outputs[0].name, ch.acc.outputs[0].name
+    shape = k.a.types[mname].shape
+    lead = ["mg_b"] if len(shape) == 3 else []
+
+    def slot(r: str) -> str:
+        return f"buf_{mname}[{offset_expr('0', lead + [r, '0'], row_major(shape))}]"
+
+    out: Lines = []
+    for lvl in range(lay.kwarps):
+        rows: Lines = []
+        for m in range(lay.tiles_per_warp):
+            rows += ["{", f"  const int r0 = mg_mi{m} * 16 + mg_g, r1 = r0 + 8;",
+                     "  if (mg_t == 0) {"]
+            rows += [f"    {slot(r)} = {f'acc_{mname}[{m}][{h}]'};" if lvl == 0 else
+                     "    " + c_update(slot(r), f"acc_{mname}[{m}][{h}]", Combine.MAX)
+                     for h, r in enumerate(("r0", "r1"))]
+            rows += ["  }", "}"]
+        out += (["__syncthreads();"] if lvl else []) + [f"if (mg_ks == {lvl}) {{"] + indent(
+            _tile_rows(ch, lay) + rows) + ["}"]
+    out.append("__syncthreads();")
+    scale: Lines = _tile_rows(ch, lay)
+    for m in range(lay.tiles_per_warp):
+        scale += ["{", f"  const int r0 = mg_mi{m} * 16 + mg_g, r1 = r0 + 8;"]
+        for h, r in enumerate(("r0", "r1")):
+            run = f"acc_{mname}[{m}][{h}]"
+            scale += [(f"  {{ const float mg_al = {run} == {c_init(Combine.MAX)} ? 0.0f : "
+                       f"mg_exp({run} - {slot(r)});")]
+            scale += [f"    acc_{acc}[{m}][{j}][{2 * h + c}] *= mg_al;"
+                      for j in range(lay.out_tiles) for c in range(2)]
+            scale += [f"    acc_{op.outputs[0].name}[{m}][{h}] *= mg_al;" for op in ch.row_accs
+                      if op.outputs[0].name in on.rescaled]
+            scale += ["  }"]
+        scale += ["}"]
+    return out + ["{"] + indent(scale) + ["}"]
+
+
+def _writes(k: FusedKernel, ch: Chain, lay: ChainLayout, first: bool,
+            skip: frozenset[str] = frozenset()) -> Lines:
     """This warp's accumulator values into the f32 tiles (``=`` for the first level of
-    column-split warps, the accumulator's combine after it)."""
+    column-split warps, the accumulator's combine after it); not those in ``skip``."""
     lines: Lines = []
 
     def put(name: str, idx: list[str], v: str, comb: Combine) -> str:
@@ -259,6 +361,8 @@ def _writes(k: FusedKernel, ch: Chain, lay: ChainLayout, first: bool) -> Lines:
         rows = [f"const int r0 = mg_mi{m} * 16 + mg_g, r1 = r0 + 8;"]
         for op in ch.row_accs:
             name, comb = op.outputs[0].name, accum_spec(op).combine
+            if name in skip:
+                continue
             rows += ["if (mg_t == 0) {"] + indent(
                 [put(name, [r, "0"], f"acc_{name}[{m}][{h}]", comb)
                  for h, r in enumerate(("r0", "r1"))]) + ["}"]

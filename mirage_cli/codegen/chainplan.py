@@ -106,12 +106,35 @@ def chain_of(a: Analysis) -> Chain | None:
 
 
 def chain_range(a: Analysis, kwarps: list[int]) -> list[int]:
-    """[0, 1] when some legal kwarps gives the chain a warp layout, else [0]."""
+    """[0, 1] when some legal kwarps gives the chain a warp layout, else [0]; [1] for
+    a chain with a running maximum, which has no other form."""
     ch = chain_of(a)
     W = a.bg.threads // 32
     if ch is None or not any(isinstance(layout(ch, W, kw), ChainLayout) for kw in kwarps):
         return [0]
-    return [0, 1]
+    return [1] if ch.online is not None else [0, 1]
+
+
+def online_kwarps(ch: Chain | None, warps: int, kwarps: list[int]) -> int | None:
+    """For a chain with a running maximum: the fewest warps per 16-row tile, from the
+    default on, that give ``warps`` warps a layout (None: none does)."""
+    if ch is None:
+        return None
+    start = default_kwarps(ch, warps)
+    for kw in sorted(kwarps, key=lambda k: (k < start, k)):
+        if isinstance(layout(ch, warps, kw), ChainLayout):
+            return kw
+    return None
+
+
+def why_not(a: Analysis, kwarps: int) -> str:
+    """Why a kernel has no register chain at ``kwarps`` (chain_form's reason, or the
+    warp layout's)."""
+    ch = chain_form(a)
+    if isinstance(ch, str):
+        return ch
+    lay = layout(ch, a.bg.threads // 32, kwarps)
+    return lay if isinstance(lay, str) else "pin chain=1 and ksplit=1"
 
 
 def plan_entries(ch: Chain, lay: ChainLayout, a_path: str
@@ -150,10 +173,24 @@ def chain_threads(a: Analysis) -> int | None:
     ch = chain_of(a)
     if ch is None:
         return None
+    if ch.online is not None:
+        # Two warps per 16-row tile: each column-split warp keeps (and rescales every
+        # iteration) a whole output accumulator, and four of them ran slower than two
+        # at batch 1, 8 and 16 alike (mqa_decode on an H100, 13.05 -> 11.76, 20.46 ->
+        # 19.19 and 29.53 -> 28.28 us; docs/perf-log.md v24).
+        two = min(512, 64 * row_tiles(ch))
+        if isinstance(layout(ch, two // 32, 2), ChainLayout):
+            return two
     t = a.bg.threads
     while t < 512 and (t // 32 < row_tiles(ch)
                        or isinstance(layout(ch, t // 32, default_kwarps(ch, t // 32)), str)):
         t *= 2
+    if ch.online is not None and isinstance(layout(ch, t // 32, default_kwarps(ch, t // 32)),
+                                            str):
+        # No other form: the most threads, from 512 down, that have a warp layout.
+        t = next((u for u in (512, 256, 128, 64, 32)
+                  if isinstance(layout(ch, u // 32, default_kwarps(ch, u // 32)),
+                                ChainLayout)), t)
     if side_work(a, ch) and not isinstance(layout(ch, 16, default_kwarps(ch, 16)), str):
         return max(t, 512)
     return t

@@ -16,6 +16,7 @@ from collections.abc import Mapping
 
 from mirage_cli import arch as archs
 from mirage_cli import ops
+from mirage_cli.check import online_reads
 from mirage_cli.codegen import chainplan, tmaplan
 from mirage_cli.codegen.blockfacts import (
     Analysis,
@@ -71,7 +72,14 @@ def plan_kernel(bg: BlockGraph, dev_types: Mapping[str, TensorType], target: str
     arch = archs.get(target)
     pins = pins or Knobs()
     check_pins(bg, dev_types, target, pins)
-    bg = dataclasses.replace(bg, threads=pins.threads or default_threads(bg))
+    threads = pins.threads or default_threads(bg)
+    if pins.kwarps and not pins.threads and online_reads(bg):
+        # No chain, no kernel: threads that give the pinned split of the columns a layout.
+        ch = chainplan.chain_of(analyse(decompose(dataclasses.replace(bg, threads=threads))))
+        threads = next((t for t in (threads, 64, 128, 256, 512) if ch is not None and
+                        isinstance(chainplan.layout(ch, t // 32, pins.kwarps),
+                                   chainplan.ChainLayout)), threads)
+    bg = dataclasses.replace(bg, threads=threads)
     a = analyse(decompose(bg))
     if rows_in_registers(a, dev_types, bg.threads) is None:
         return _row_plan(a, dev_types, target, pins)
@@ -113,7 +121,7 @@ def _lay_out(a: Analysis, dev_types: Mapping[str, TensorType], pins: Knobs, arch
     """Knobs resolved, tile homes, mma and reduction mappings, and the shared-memory
     allocation: (knobs, tiles, mmas, reductions, shared memory bytes, scratch floats)."""
     k = _resolve(a, dev_types, pins)
-    if pins.ksplit is None:
+    if pins.ksplit is None and not online_reads(a.bg):  # a cluster's combine adds, unscaled
         k = dataclasses.replace(k, ksplit=default_ksplit(a, arch))
     try:
         return _lay_out_with(a, dev_types, k, pins, arch)
@@ -129,6 +137,11 @@ def _lay_out_with(a: Analysis, dev_types: Mapping[str, TensorType], k: Knobs, pi
                   ) -> tuple[Knobs, dict[str, TileDraft], list[MmaPlan], list[ReducePlan], int, int]:
     tiles = _homes(a, dev_types, k)
     ch = chainplan.chain_of(a) if k.chain == 1 else None
+    if online_reads(a.bg) and (ch is None or k.ksplit != 1):
+        raise MirageError(
+            "this kernel's loop reads an accumulator's result (a running maximum), which "
+            "only a matmul chain in registers carries (chain=1, ksplit=1); here: "
+            + chainplan.why_not(a, k.kwarps or 1))
     if ch is not None:
         mmas, reds = _chain(a, ch, tiles, k)
     else:
@@ -239,6 +252,9 @@ def _resolve(a: Analysis, dev: Mapping[str, TensorType], pins: Knobs) -> Knobs:
         # The chain's warps split the score's columns only where there are fewer 16-row
         # tiles than warps: every warp then owns rows.
         kw = d["kwarps"] or chainplan.default_kwarps(ch, a.bg.threads // 32)
+        if ch.online is not None and not d["kwarps"]:
+            # No chain, no kernel: any split of the columns that gives a layout.
+            kw = chainplan.online_kwarps(ch, a.bg.threads // 32, kwarps_range(a)) or kw
         ok = not isinstance(chainplan.layout(ch, a.bg.threads // 32, kw), str)
         if d["chain"] is None:
             d["chain"] = 1 if ok else 0
@@ -360,11 +376,22 @@ def knob_space(bg: BlockGraph, dev_types: Mapping[str, TensorType], target: str
     """Each knob's legal values for this kernel (the tuning space of the design)."""
     threads = sorted({bg.threads, default_threads(bg), 64, 128, 256, 512})
     a = analyse(decompose(dataclasses.replace(bg, threads=default_threads(bg))))
+    kwarps = kwarps_range(a)
+    if online_reads(bg):  # only a chain carries the kernel: the thread counts it has
+        at = {t: analyse(decompose(dataclasses.replace(bg, threads=t))) for t in threads}
+        threads = [t for t in threads if chainplan.online_kwarps(
+            chainplan.chain_of(at[t]), t // 32, kwarps_range(at[t])) is not None] or threads
+        # A pinned split of the columns takes the threads that lay it out (plan_kernel).
+        kwarps = sorted({kw for t in threads for kw in kwarps_range(at[t])
+                         if chainplan.online_kwarps(chainplan.chain_of(at[t]), t // 32, [kw])
+                         is not None}) or kwarps
     return {"stages": list(range(1, min(MAX_STAGES, bg.forloop) + 1)) if bg.forloop > 1 else [1],
-            "kwarps": kwarps_range(a), "pad": [0, 1], "ldmatrix": [0, 1],
+            "kwarps": kwarps, "pad": [0, 1],
+            "ldmatrix": [1] if online_reads(bg) else [0, 1],  # a chain's operands need it
             "stage_once": [0, 1], "vec": vec_range(a, dev_types), "threads": threads,
-            "ksplit": ksplit_range(a, target) if _no_scratch(a, dev_types, target) else [1],
-            "stagger": stagger_range(a), "chain": chainplan.chain_range(a, kwarps_range(a)),
+            "ksplit": ksplit_range(a, target) if _no_scratch(a, dev_types, target)
+            and not online_reads(bg) else [1],
+            "stagger": stagger_range(a), "chain": chainplan.chain_range(a, kwarps),
             "tma": [0, 1] if _tma_legal(a, dev_types, target) else [0]}
 
 

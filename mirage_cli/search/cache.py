@@ -79,8 +79,11 @@ def cache_dir() -> Path:
 # element keeps its index, so designs splitting gqa's 2 heads at batch 1 are found, and
 # a chain's pipeline fill is the lesser of its memory and compute terms; 26: a block
 # matmul with an operand the plan reads element by element, path "direct", has its
-# tensor-core term scalar_copy_slowdown times slower).
-SEARCH_REVISION = 26
+# tensor-core term scalar_copy_slowdown times slower; 27: a max-subtracted softmax is
+# also searched without its maxima and given a running maximum back, search.runmax,
+# and a rescaled split of a kernel whose grid splits nothing combines its rows over a
+# grid axis).
+SEARCH_REVISION = 27
 
 
 def program_hash(program: Graph) -> str:

@@ -15,7 +15,7 @@ from typing import Union
 
 from mirage_cli.builder import GraphBuilder
 from mirage_cli.diagnostics import MirageError
-from mirage_cli.ir import Attrs, AxisMap, Graph
+from mirage_cli.ir import Attrs, AxisMap, BlockGraph, Graph
 from mirage_cli.serialize import Json
 
 
@@ -127,6 +127,24 @@ def _custom(b: GraphBuilder, step: CustomD, grid: tuple[int, int, int], forloop:
         tiles.append(kb.op(o.op, *(tiles[i] for i in o.args),
                            **dict(o.attrs)))  # type: ignore[arg-type]  # attrs only
     kb.finish([(tiles[s.tile], s.name, s.omap) for s in step.stores])
+
+
+def looped_kernel(target: Graph, design: Design, tuning: Tuning
+                  ) -> tuple[CustomD, BlockGraph] | None:
+    """The custom kernel of a one-kernel ``design`` whose forloop iterates, and its
+    block graph at ``tuning``; None for any other design, or one that does not
+    instantiate there (the moves of :mod:`.split`, :mod:`.runmax` start from it)."""
+    if len(design.steps) != 1 or not isinstance(design.steps[0], CustomD):
+        return None
+    c = design.steps[0]
+    if not c.looped:
+        return None
+    g = instantiate(target, design, tuning)
+    if g is None:
+        return None
+    bg = g.ops[-1].block
+    assert bg is not None
+    return c, bg
 
 
 def custom_steps(design: Design) -> list[CustomD]:

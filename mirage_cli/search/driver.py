@@ -43,7 +43,7 @@ import z3
 from mirage_cli import __version__, serialize
 from mirage_cli.diagnostics import MirageError
 from mirage_cli.ir import Graph
-from mirage_cli.search import partition
+from mirage_cli.search import partition, runmax
 from mirage_cli.search.cost import SMEM_BYTES, Cost, rank
 from mirage_cli.search.design import Design, Tuning
 from mirage_cli.search.enumerate import (
@@ -310,23 +310,27 @@ def _enumerate(program: Graph, options: SearchOptions, deadline: float | None, j
     """Every design the search units find (and their splits), and whether every unit
     ran to its end."""
     start = time.time()
+    stripped = runmax.strip(program)
     todo = units(program, options)
-    prog.units_total = len(todo)
+    more = [] if stripped is None else units(stripped, options)
+    prog.units_total = len(todo) + len(more)
     designs: dict[Design, None] = {}
-    complete = True
-    # Ctrl-C propagates (exit 130): the budget, not an interrupt, asks for the best so far.
-    for found, stats, queries, clock, limited in _map(jobs, program, options, deadline,
-                                                      todo, unit_map):
-        prog.units_done += 1
-        prog.stats.add(stats)
-        prog.z3_queries += queries
-        prog.limited += limited
-        designs.update((d, None) for d in found)
-        prog.designs = len(designs)
-        if clock:
-            complete = False
-            prog.clock_stop(clock)
-        notify(prog)
+
+    def keep(d: Design | None) -> None:
+        if d is not None:
+            designs.setdefault(d, None)
+            prog.designs = len(designs)
+
+    complete = _units(program, todo, options, deadline, jobs, prog, notify, unit_map, keep)
+    if stripped is not None:
+        # The program without its maxima, each of its one-kernel designs given a
+        # running maximum again (:mod:`.runmax`).
+        def back(d: Design) -> None:
+            fits = tune(stripped, d, max_steps=0)
+            keep(runmax.with_running_max(program, d, fits[0][1]) if fits else None)
+
+        complete &= _units(stripped, more, options, deadline, jobs, prog, notify, unit_map,
+                           back)
     complete &= prog.units_done == prog.units_total
     prog.seconds["enumerate"] = round(time.time() - start, 2)
     if options.max_kernel_ops >= 2:
@@ -335,6 +339,28 @@ def _enumerate(program: Graph, options: SearchOptions, deadline: float | None, j
                 designs[sd] = None
         prog.designs = len(designs)
     return designs, complete
+
+
+def _units(program: Graph, todo: list[Unit], options: SearchOptions, deadline: float | None,
+           jobs: int, prog: Progress, notify: Callable[[Progress], None],
+           unit_map: UnitMap | None, keep: Callable[[Design], None]) -> bool:
+    """Run the units, each design found to ``keep`` in unit order; whether no clock
+    stopped any."""
+    complete = True
+    # Ctrl-C propagates (exit 130): the budget, not an interrupt, asks for the best so far.
+    for found, stats, queries, clock, limited in _map(jobs, program, options, deadline,
+                                                      todo, unit_map):
+        prog.units_done += 1
+        prog.stats.add(stats)
+        prog.z3_queries += queries
+        prog.limited += limited
+        for d in found:
+            keep(d)
+        if clock:
+            complete = False
+            prog.clock_stop(clock)
+        notify(prog)
+    return complete
 
 
 def reuse(program: Graph, known: list[Graph], options: SearchOptions,

@@ -26,9 +26,11 @@ independent (a kernel 2 looping over the chunks would need its forloop range equ
 kernel 1's chunk count, which the tuner, moving one size at a time, cannot keep).
 
 The move applies to a one-kernel design whose grid has a free axis, whose maxima all
-reduce one index ``L`` that the forloop does not walk, and in which every other
-reduction over ``L`` is of a value linear in ``exp(x - max)``; otherwise it returns
-None. Like every design, the result is re-checked by the builder at each tuning and
+reduce one index ``L`` that the forloop does not walk (or walks with a running
+maximum, :mod:`.runmax`: each block's maximum is then its chunk's over all its
+iterations, and a per-iteration reduction over ``L`` is summed over them into the
+partial), and in which every other reduction over ``L`` is of a value linear in
+``exp(x - max)``; otherwise it returns None. Like every design, the result is re-checked by the builder at each tuning and
 verified before it is emitted.
 """
 
@@ -37,6 +39,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mirage_cli import ops
+from mirage_cli.check import online_reads
 from mirage_cli.ir import Graph
 from mirage_cli.search.abstract import FORLOOP_KEY, UNIT, AVal, apply
 from mirage_cli.search.analysis import UnionFind, analyze
@@ -50,6 +53,7 @@ SCALED = "scaled"      # linear in exp(x - m_j): exp(x - m_j), times free values
 PARTIAL = "partial"    # a reduction over L of a scaled value: rescaled in kernel 2
 LATE = "late"          # reads partials or m_j only: kernel 2's epilogue
 SHIFTED = "shifted"    # x - m_j, the argument of an exp
+STEP = "step"          # a reduction over one iteration's keys, summed by an accumulator
 
 
 @dataclass(frozen=True)
@@ -58,6 +62,7 @@ class _Tiles:
 
     vals: list[AVal]
     key: int  # the label L of the index the maxima reduce
+    walked: bool = False  # the forloop walks L (the maxima are running ones)
 
 
 def online_split(target: Graph, design: Design, tuning: Tuning) -> Design | None:
@@ -111,9 +116,9 @@ def _tiles(target: Graph, c: CustomD, tuning: Tuning) -> _Tiles | None:
     key = keys.pop()
     assert key is not None
     walked = {vals[i].labels[ld.fmap] for i, ld in enumerate(c.loads) if ld.fmap is not None}
-    if key in walked:
+    if key in walked and not online_reads(bg):
         return None  # the forloop walks L: a chunk's max is not known in the loop
-    return _Tiles(vals, key)
+    return _Tiles(vals, key, key in walked)
 
 
 def _is_max(o: OpD) -> bool:
@@ -145,15 +150,21 @@ def _classify(c: CustomD, t: _Tiles) -> list[str] | None:
     kinds = [FREE] * len(c.loads)
     for k, o in enumerate(c.ops):
         kind = _kind(o, [kinds[a] for a in o.args], _reduced_label(o, t.vals) == t.key,
-                     [t.key in t.vals[a].labels for a in o.args])
+                     [t.key in t.vals[a].labels for a in o.args], t.walked)
         if kind is None:
             return None
         kinds.append(kind)
     return kinds
 
 
-def _kind(o: OpD, args: list[str], over_key: bool, has_key: list[bool]) -> str | None:
-    """The rule for one operator (see ``_classify``)."""
+def _kind(o: OpD, args: list[str], over_key: bool, has_key: list[bool], walked: bool
+          ) -> str | None:
+    """The rule for one operator (see ``_classify``). Where the forloop walks L
+    (``walked``: a running maximum), a reduction over L inside one iteration is a
+    ``STEP``, and its sum over the iterations the partial."""
+    if STEP in args:
+        return PARTIAL if args == [STEP] and ops.linear_in(o.op, [True]) \
+            and ops.get(o.op).is_accumulator else None
     if all(a == FREE for a in args):
         if _is_max(o) and over_key:
             return CHUNK_MAX
@@ -170,26 +181,16 @@ def _kind(o: OpD, args: list[str], over_key: bool, has_key: list[bool]) -> str |
     if SCALED in args:
         scaled = _linear(o, args)
         if scaled and over_key:
-            return PARTIAL
+            return STEP if walked and not ops.get(o.op).is_accumulator else PARTIAL
         return SCALED if scaled else None
     return None
 
 
 def _linear(o: OpD, args: list[str]) -> bool:
     """Is ``o`` linear in its one scaled operand (the others free of the max)?"""
-    opdef = ops.get(o.op)
-    if opdef.accum is not None:
-        return opdef.accum.combine is ops.Combine.SUM and opdef.accum.pre is ops.Pre.ID \
-            and opdef.accum.finish is ops.Finish.ID
-    match opdef.scaling:
-        case ops.Scaling.ALL:
-            return all(a == SCALED for a in args)
-        case ops.Scaling.EACH:
-            return sorted(args) == [FREE, SCALED]
-        case ops.Scaling.FIRST:
-            return args[0] == SCALED and all(a == FREE for a in args[1:])
-        case _:
-            return False
+    if any(a not in (FREE, SCALED) for a in args):
+        return False
+    return ops.linear_in(o.op, [a == SCALED for a in args])
 
 
 def _build(c: CustomD, t: _Tiles, kinds: list[str], outputs: tuple[str, ...]
@@ -302,11 +303,16 @@ def _combine(c: CustomD, t: _Tiles, kinds: list[str], mx: int, partials: list[in
     omap_of = {s.name: s.omap for s in stores1}
     loads2: list[LoadD] = []
     slot: dict[str, int] = {}
+    # A kernel whose grid split nothing (all rows in one block, a running maximum's
+    # loop) would leave the whole combine to one block: its rows, each combined on
+    # its own, go over a grid axis instead.
+    rows = t.vals[mx].type.rank - 2 if a == 0 and t.vals[mx].type.rank >= 2 else None
 
     def load(name: str) -> int:
         if name not in slot:
             slot[name] = len(loads2)
-            loads2.append(LoadD(name, _first_axes(omap_of[name], a), None))
+            imap = _first_axes(omap_of[name], a)
+            loads2.append(LoadD(name, imap if rows is None else _set(imap, 0, rows), None))
         return slot[name]
 
     for key in [mx] + partials + [-p - 1 for p in spread]:
@@ -339,5 +345,6 @@ def _combine(c: CustomD, t: _Tiles, kinds: list[str], mx: int, partials: list[in
         return n2 - x - 1 if x < 0 else x
 
     ops_final = tuple(OpD(o.op, tuple(fix(x) for x in o.args), o.attrs) for o in ops2)
-    stores2 = tuple(StoreD(fix(remap[s.tile]), s.name, s.omap) for s in c.stores)
-    return CustomD(tuple(loads2), ops_final, stores2, a, False)
+    stores2 = tuple(StoreD(fix(remap[s.tile]), s.name,
+                           s.omap if rows is None else _set(s.omap, 0, rows)) for s in c.stores)
+    return CustomD(tuple(loads2), ops_final, stores2, a if rows is None else 1, False)

@@ -17,23 +17,17 @@ from __future__ import annotations
 
 from mirage_cli import ops
 from mirage_cli.ir import AxisMap, Graph
-from mirage_cli.search.design import CustomD, Design, LoadD, OpD, StoreD, Tuning, instantiate
+from mirage_cli.search.design import CustomD, Design, LoadD, OpD, StoreD, Tuning, looped_kernel
 
 
 def split_reduction(target: Graph, design: Design, tuning: Tuning) -> Design | None:
     """The two-kernel form of a one-kernel ``design`` (or None where it does not
     apply). ``tuning`` is any valid tuning of ``design``; it fixes the widths of the
     partial results."""
-    if len(design.steps) != 1 or not isinstance(design.steps[0], CustomD):
+    found = looped_kernel(target, design, tuning)
+    if found is None or found[0].axes >= 3:
         return None
-    c = design.steps[0]
-    if not c.looped or c.axes >= 3:
-        return None
-    g = instantiate(target, design, tuning)
-    if g is None:
-        return None
-    block = g.ops[-1].block
-    assert block is not None
+    c, block = found
     nl = len(c.loads)
     phase = ["loop" if ld.fmap is not None else "invariant" for ld in c.loads]
     for o in c.ops:
