@@ -266,3 +266,14 @@ def test_a_chain_reading_what_the_running_maximum_overwrote_is_refused() -> None
     assert "cannot follow the running maximum" in str(chain_form(analyse(decompose(_block(g)))))
     with pytest.raises(MirageError, match="cannot follow the running maximum"):
         plan_kernel(_block(g), g.tensor_types(), "sm_90")
+
+
+def test_explain_names_the_running_maximum() -> None:
+    from mirage_cli.search.explain import _design
+
+    g = _graph(RUNNING)
+    d = _design(0, g.ops[0])
+    assert d["running"] == ["acc_max_ld"]
+    plain = _design(0, load_graph(str(ROOT / "examples" / "mugraphs" / "gqa_fused.mir"),
+                                  {"batch": 1}).ops[0])
+    assert "running" not in plain

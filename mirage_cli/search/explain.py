@@ -21,7 +21,9 @@ Schema (``format: mirage-cli/explain``, ``version: 1``)::
               "blocks", "sms", "waves", "per_sm", "terms_us": {"dram", "l2", "compute",
               "stream", "sync", "launch"}, "time_us", "binds", "tight": [str]}
     DESIGN = {"kernel", "kind", "fuses": [str], "splits": [{"tensor", "imap", "fmap"}],
-              "accumulators": [str], "stores": [str]}
+              "accumulators": [str], "stores": [str], "running"?: [str]}
+             ("running": the accumulators whose result the loop reads, a running
+             maximum: docs/ir.md)
     TUNING = {"kernel", "grid", "forloop", "knobs": {...}, "predefined"?: true}
              (custom kernels, and each pre-defined matmul as the custom kernel it runs
              as, marked "predefined": its tiling is the cost model's pick)
@@ -33,6 +35,7 @@ from __future__ import annotations
 from typing import Any
 
 from mirage_cli import ops
+from mirage_cli.check import online_reads
 from mirage_cli.diagnostics import MirageError
 from mirage_cli.ir import Graph, KernelOp, TensorType
 from mirage_cli.search import cost as model
@@ -108,11 +111,15 @@ def _design(i: int, op: KernelOp) -> Json:
     if bg is None:
         return {"kernel": i, "kind": op.op, "fuses": [op.op], "splits": [],
                 "accumulators": [], "stores": [o.name for o in op.outputs]}
-    return {"kernel": i, "kind": "custom", "fuses": [b.op for b in bg.ops],
-            "splits": [{"tensor": bi.source, "imap": list(bi.imap), "fmap": bi.fmap}
-                       for bi in bg.inputs],
-            "accumulators": [b.op for b in bg.ops if ops.get(b.op).is_accumulator],
-            "stores": [bo.value.name for bo in bg.outputs]}
+    out: Json = {"kernel": i, "kind": "custom", "fuses": [b.op for b in bg.ops],
+                 "splits": [{"tensor": bi.source, "imap": list(bi.imap), "fmap": bi.fmap}
+                            for bi in bg.inputs],
+                 "accumulators": [b.op for b in bg.ops if ops.get(b.op).is_accumulator],
+                 "stores": [bo.value.name for bo in bg.outputs]}
+    read = online_reads(bg)
+    if read:  # accumulators whose result the loop reads: a running maximum
+        out["running"] = [b.op for b in bg.ops if b.outputs[0].name in read]
+    return out
 
 
 def _r(x: float) -> float:
@@ -252,7 +259,9 @@ def entry_lines(e: Json) -> list[str]:
         splits = "; ".join(f"{s['tensor']} imap=({_axes(s['imap'])}) "
                            f"fmap={'-' if s['fmap'] is None else s['fmap']}"
                            for s in d["splits"])
-        acc = ", ".join(d["accumulators"]) or "none"
+        running = d.get("running", [])
+        acc = ", ".join(f"{a} (running: the loop reads its result)" if a in running else a
+                        for a in d["accumulators"]) or "none"
         lines.append(f"    k{d['kernel']}: fuses {' '.join(d['fuses'])} -> "
                      f"{', '.join(d['stores'])}")
         lines.append(f"      splits: {splits}")
