@@ -4,14 +4,17 @@ otherwise)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from mirage_cli.arch import DEFAULT_ARCH
 from mirage_cli.codegen.indexing import check_index_range
 from mirage_cli.codegen.kernel import FusedKernel
 from mirage_cli.codegen.plan import Kernel
 from mirage_cli.codegen.planner import plan_kernel
 from mirage_cli.codegen.rowregs import RowKernel
+from mirage_cli.diagnostics import MirageError
 from mirage_cli.ir import KernelOp, TensorType
-from mirage_cli.kplan import Knobs
+from mirage_cli.kplan import KernelPlan, Knobs
 
 
 def lower_custom(kop: KernelOp, name: str, dev_types: dict[str, TensorType],
@@ -22,7 +25,20 @@ def lower_custom(kop: KernelOp, name: str, dev_types: dict[str, TensorType],
     assert kop.block is not None
     check_index_range(kop, dev_types)
     pins = kop.plan.knobs if kop.plan is not None else Knobs()
-    plan = plan_kernel(kop.block, dev_types, target, pins)
+    plan = located_plan(kop, dev_types, target, pins)
     if plan.tiles and all(t.home == "regs" for t in plan.tiles):
         return RowKernel(kop.block, plan, name, dev_types).lower()
     return FusedKernel(kop.block, plan, name, dev_types, early).lower()
+
+
+def located_plan(kop: KernelOp, dev_types: Mapping[str, TensorType], target: str,
+                 pins: Knobs) -> KernelPlan:
+    """:func:`plan_kernel` for a kernel operator: a refusal is located at the kernel in
+    its source (file, line, the line and a caret) where it says nowhere else."""
+    assert kop.block is not None
+    try:
+        return plan_kernel(kop.block, dev_types, target, pins)
+    except MirageError as e:
+        if e.span is not None or kop.span is None:
+            raise
+        raise MirageError(f"custom kernel: {e.message}", kop.span) from None

@@ -16,7 +16,8 @@ import click
 
 from mirage_cli import serialize
 from mirage_cli.arch import DEFAULT_ARCH
-from mirage_cli.codegen.planner import knob_space, plan_kernel
+from mirage_cli.codegen.custom import located_plan
+from mirage_cli.codegen.planner import knob_space
 from mirage_cli.commands.common import defines_option, parse_defines
 from mirage_cli.diagnostics import MirageError
 from mirage_cli.ir import Graph
@@ -75,7 +76,7 @@ def planned(g: Graph, arch: str, pins: list[Knobs]) -> Graph:
     for op in g.ops:
         if op.block is not None:
             p = pins[k] if k < len(pins) else Knobs()
-            ops.append(dataclasses.replace(op, plan=plan_kernel(op.block, types, arch, p)))
+            ops.append(dataclasses.replace(op, plan=located_plan(op, types, arch, p)))
             k += 1
         else:
             ops.append(op)
