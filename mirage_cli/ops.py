@@ -104,9 +104,7 @@ def linear_in(op: str, scaled: Sequence[bool]) -> bool:
     when it sums (no square, no finish); another operator by its ``scaling``."""
     opdef = get(op)
     if opdef.accum is not None:
-        spec = opdef.accum
-        return (spec.combine is Combine.SUM and spec.pre is Pre.ID
-                and spec.finish is Finish.ID and all(scaled))
+        return opdef.accum.is_plain_sum and all(scaled)
     match opdef.scaling:
         case Scaling.ALL:
             return all(scaled)
@@ -116,6 +114,25 @@ def linear_in(op: str, scaled: Sequence[bool]) -> bool:
             return bool(scaled) and scaled[0] and not any(scaled[1:])
         case _:
             return False
+
+
+def is_maximum(op: str) -> bool:
+    """Whether operator ``op`` takes the plain maximum of its operand over one
+    dimension: a reduction over ``dim`` combining by max, or an accumulator that takes
+    it over the last dimension and the iterations (nothing squared, nothing after)."""
+    opdef = get(op)
+    if opdef.accum is not None:
+        return opdef.accum == ROW_MAX
+    return opdef.cuda.kind == "reduce" and opdef.cuda.combine is Combine.MAX
+
+
+# The accumulator of a row maximum over a loop (a running maximum's, search/runmax.py).
+ROW_MAX = AccumSpec(Pre.ID, Reduce.LAST, Combine.MAX, Finish.ID)
+
+
+def accumulator_of(spec: AccumSpec) -> str:
+    """The block-level operator whose accumulator is ``spec``."""
+    return next(name for name, d in REGISTRY.items() if d.accum == spec)
 
 
 class Index(enum.Enum):

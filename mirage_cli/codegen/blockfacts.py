@@ -350,9 +350,7 @@ def online_form(a: Analysis, ch: Chain) -> Online | str | None:
     if not reads:
         return None
     maxima = [op for op in ch.row_accs if op.outputs[0].name in reads]
-    spec = ops.get(maxima[0].op).accum if len(maxima) == 1 == len(reads) else None
-    if spec is None or (spec.combine, spec.pre, spec.finish) != (
-            ops.Combine.MAX, ops.Pre.ID, ops.Finish.ID):
+    if len(maxima) != 1 or len(reads) != 1 or not ops.is_maximum(maxima[0].op):
         return "the loop reads an accumulator result other than one row maximum"
     acc = maxima[0]
     m, x = acc.outputs[0].name, acc.inputs[0]

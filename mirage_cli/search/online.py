@@ -110,7 +110,7 @@ def _tiles(target: Graph, c: CustomD, tuning: Tuning) -> _Tiles | None:
             uf.union(a, b)
         vals.append(v)
     vals = [AVal(v.term, v.type, tuple(uf.find(x) for x in v.labels)) for v in vals]
-    keys = {_reduced_label(o, vals) for o in c.ops if _is_max(o)}
+    keys = {_reduced_label(o, vals) for o in c.ops if ops.is_maximum(o.op)}
     if len(keys) != 1 or None in keys or UNIT in keys:
         return None
     key = keys.pop()
@@ -119,15 +119,6 @@ def _tiles(target: Graph, c: CustomD, tuning: Tuning) -> _Tiles | None:
     if key in walked and not online_reads(bg):
         return None  # the forloop walks L: a chunk's max is not known in the loop
     return _Tiles(vals, key, key in walked)
-
-
-def _is_max(o: OpD) -> bool:
-    """A maximum over one dimension: the ``max`` reduction or ``acc_max_ld`` (read
-    from the registry row: a reduction combining by MAX)."""
-    opdef = ops.get(o.op)
-    if opdef.accum is not None:
-        return opdef.accum.combine is ops.Combine.MAX and opdef.accum.reduce is ops.Reduce.LAST
-    return opdef.cuda.kind == "reduce" and opdef.cuda.combine is ops.Combine.MAX
 
 
 def _reduced_label(o: OpD, vals: list[AVal]) -> int | None:
@@ -166,7 +157,7 @@ def _kind(o: OpD, args: list[str], over_key: bool, has_key: list[bool], walked: 
         return PARTIAL if args == [STEP] and ops.linear_in(o.op, [True]) \
             and ops.get(o.op).is_accumulator else None
     if all(a == FREE for a in args):
-        if _is_max(o) and over_key:
+        if ops.is_maximum(o.op) and over_key:
             return CHUNK_MAX
         return FREE
     if any(a == LATE for a in args) or (all(a in (PARTIAL, CHUNK_MAX) for a in args)):

@@ -31,30 +31,30 @@ from mirage_cli import ops
 from mirage_cli.builder import GraphBuilder
 from mirage_cli.check import block_phases
 from mirage_cli.diagnostics import MirageError
-from mirage_cli.ir import Graph, KernelOp
+from mirage_cli.ir import AttrValue, Graph, KernelOp
 from mirage_cli.search.design import CustomD, Design, OpD, StoreD, Tuning, looped_kernel
 
 
 def strip(program: Graph) -> Graph | None:
     """``program`` with its maxima taken out of its exponentials (see the module
-    docstring), or None when it subtracts none."""
+    docstring), or None when it subtracts none. Composite operators whose registry
+    decomposition takes a maximum (``softmax``) are written as their parts first."""
+    program = _expanded(program)
     users: dict[str, list[KernelOp | None]] = {}
     for op in program.ops:
         for i in op.inputs:
             users.setdefault(i, []).append(op)
     for name in program.outputs:
         users.setdefault(name, []).append(None)
+    made = {op.outputs[0].name: op for op in program.ops}
     shifted = {op.outputs[0].name: op.inputs[0] for op in program.ops
-               if _subtracts_its_max(op, program, users)}
-    if not shifted and not any(op.op == "softmax" for op in program.ops):
+               if _subtracts_its_max(op, made, users)}
+    if not shifted:
         return None
-    dropped = {op.inputs[1] for op in program.ops if op.outputs[0].name in shifted}
+    dropped = {made[s].inputs[1] for s in shifted}
     dropped = {m for m in dropped
                if all(u is not None and u.outputs[0].name in shifted for u in users[m])}
-    b = GraphBuilder(program.name, program.params)
-    for inp in program.inputs:
-        b.input(inp.value.name, inp.value.type.shape, inp.value.type.dtype, inp.dims_src,
-                weight=inp.weight)
+    b = _builder(program)
     names: dict[str, str] = {inp.value.name: inp.value.name for inp in program.inputs}
     try:
         for op in program.ops:
@@ -64,14 +64,8 @@ def strip(program: Graph) -> Graph | None:
             if out in shifted:
                 names[out] = names[shifted[out]]
                 continue
-            args = [names[i] for i in op.inputs]
-            if op.op == "softmax":
-                dim = ops.get("softmax").attr_values(op.attrs)["dim"]
-                e = b.op("exp", args[0], out=b.fresh(f"{out}_exp"))
-                z = b.op("sum", e, out=b.fresh(f"{out}_sum"), dim=dim, keepdim=True)
-                names[out] = b.op("div", e, z, out=out)
-            else:
-                names[out] = b.op_with(op.op, args, dict(op.attrs), out=out)
+            names[out] = b.op_with(op.op, [names[i] for i in op.inputs], dict(op.attrs),
+                                   out=out)
         for name in program.outputs:
             b.output(names[name])
         return b.build()
@@ -79,15 +73,68 @@ def strip(program: Graph) -> Graph | None:
         return None
 
 
-def _subtracts_its_max(op: KernelOp, program: Graph,
+def _builder(program: Graph) -> GraphBuilder:
+    """A builder holding ``program``'s inputs."""
+    b = GraphBuilder(program.name, program.params)
+    for inp in program.inputs:
+        b.input(inp.value.name, inp.value.type.shape, inp.value.type.dtype, inp.dims_src,
+                weight=inp.weight)
+    return b
+
+
+def _expanded(program: Graph) -> Graph:
+    """``program`` with every operator whose registry decomposition takes a maximum
+    written as that decomposition (its last part keeps the operator's name)."""
+    parts = {op.outputs[0].name: _parts(op) for op in program.ops}
+    if not any(p is not None and any(ops.is_maximum(n) for n, _, _ in p[0])
+               for p in parts.values()):
+        return program
+    b = _builder(program)
+    for op in program.ops:
+        out = op.outputs[0].name
+        p = parts[out]
+        if p is None or not any(ops.is_maximum(n) for n, _, _ in p[0]):
+            b.op_with(op.op, op.inputs, dict(op.attrs), out=out)
+            continue
+        steps, result = p
+        made: list[str] = []
+        for k, (name, args, attrs) in enumerate(steps):
+            ins = [made[a] if isinstance(a, int) else a for a in args]
+            made.append(b.op_with(name, ins, attrs,
+                                  out=out if k == result else b.fresh(f"{out}_{name}")))
+    for name in program.outputs:
+        b.output(name)
+    return b.build()
+
+
+Parts = tuple[list[tuple[str, tuple[int | str, ...], dict[str, AttrValue]]], int]
+
+
+def _parts(op: KernelOp) -> Parts | None:
+    """The operators ``op``'s registry decomposition emits (an ``int`` argument is an
+    earlier part's index, a ``str`` one of ``op``'s inputs), and which part is its
+    result; None for an operator that has none."""
+    opdef = ops.get(op.op)
+    if opdef.decompose is None:
+        return None
+    steps: list[tuple[str, tuple[int | str, ...], dict[str, AttrValue]]] = []
+
+    def emit(name: str, *args: int | str, **attrs: AttrValue) -> int:
+        steps.append((name, args, attrs))
+        return len(steps) - 1
+
+    result = opdef.decompose(emit, list(op.inputs), opdef.attr_values(op.attrs))
+    return steps, result
+
+
+def _subtracts_its_max(op: KernelOp, made: dict[str, KernelOp],
                        users: dict[str, list[KernelOp | None]]) -> bool:
     """``op`` is ``x - max(x, dim, keepdim)`` and only exponentials read it."""
-    if op.op != "sub":
+    producer = made.get(op.inputs[1]) if op.op == "sub" else None
+    if producer is None or not ops.is_maximum(producer.op) \
+            or producer.inputs[0] != op.inputs[0]:
         return False
-    producer = next((p for p in program.ops if p.outputs[0].name == op.inputs[1]), None)
-    if producer is None or producer.op != "max" or producer.inputs[0] != op.inputs[0]:
-        return False
-    if not ops.get("max").attr_values(producer.attrs).get("keepdim", False):
+    if not ops.get(producer.op).attr_values(producer.attrs).get("keepdim", False):
         return False
     return all(u is not None and u.op == "exp" for u in users[op.outputs[0].name])
 
@@ -114,7 +161,7 @@ def with_running_max(program: Graph, design: Design, tuning: Tuning) -> Design |
     for k, (o, bop) in enumerate(zip(c.ops, bg.ops)):
         args = tuple(remap[a] for a in o.args)
         if o.op == "exp" and phases[bop.outputs[0].name] == "loop":
-            top = add(OpD("acc_max_ld", args, ()))
+            top = add(OpD(ops.accumulator_of(ops.ROW_MAX), args, ()))
             args = (add(OpD("sub", (args[0], top), ())),)
             shifted = True
         remap[nl + k] = add(OpD(o.op, args, o.attrs))
