@@ -115,6 +115,13 @@ def chain_range(a: Analysis, kwarps: list[int]) -> list[int]:
     return [1] if ch.online is not None else [0, 1]
 
 
+def lays_out(ch: Chain, threads: int, kwarps: int | None = None) -> bool:
+    """Whether ``threads`` threads give the chain a warp layout with ``kwarps`` warps
+    per 16-row tile (by default :func:`default_kwarps`)."""
+    w = threads // 32
+    return isinstance(layout(ch, w, kwarps or default_kwarps(ch, w)), ChainLayout)
+
+
 def online_kwarps(ch: Chain | None, warps: int, kwarps: list[int]) -> int | None:
     """For a chain with a running maximum: the fewest warps per 16-row tile, from the
     default on, that give ``warps`` warps a layout (None: none does)."""
@@ -179,19 +186,15 @@ def chain_threads(a: Analysis) -> int | None:
         # at batch 1, 8 and 16 alike (mqa_decode on an H100, 13.05 -> 11.76, 20.46 ->
         # 19.19 and 29.53 -> 28.28 us; docs/perf-log.md v24).
         two = min(512, 64 * row_tiles(ch))
-        if isinstance(layout(ch, two // 32, 2), ChainLayout):
+        if lays_out(ch, two, 2):
             return two
     t = a.bg.threads
-    while t < 512 and (t // 32 < row_tiles(ch)
-                       or isinstance(layout(ch, t // 32, default_kwarps(ch, t // 32)), str)):
+    while t < 512 and (t // 32 < row_tiles(ch) or not lays_out(ch, t)):
         t *= 2
-    if ch.online is not None and isinstance(layout(ch, t // 32, default_kwarps(ch, t // 32)),
-                                            str):
+    if ch.online is not None and not lays_out(ch, t):
         # No other form: the most threads, from 512 down, that have a warp layout.
-        t = next((u for u in (512, 256, 128, 64, 32)
-                  if isinstance(layout(ch, u // 32, default_kwarps(ch, u // 32)),
-                                ChainLayout)), t)
-    if side_work(a, ch) and not isinstance(layout(ch, 16, default_kwarps(ch, 16)), str):
+        t = next((u for u in (512, 256, 128, 64, 32) if lays_out(ch, u)), t)
+    if side_work(a, ch) and lays_out(ch, 512):
         return max(t, 512)
     return t
 

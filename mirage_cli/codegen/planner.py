@@ -76,9 +76,8 @@ def plan_kernel(bg: BlockGraph, dev_types: Mapping[str, TensorType], target: str
     if pins.kwarps and not pins.threads and online_reads(bg):
         # No chain, no kernel: threads that give the pinned split of the columns a layout.
         ch = chainplan.chain_of(analyse(decompose(dataclasses.replace(bg, threads=threads))))
-        threads = next((t for t in (threads, 64, 128, 256, 512) if ch is not None and
-                        isinstance(chainplan.layout(ch, t // 32, pins.kwarps),
-                                   chainplan.ChainLayout)), threads)
+        threads = next((t for t in (threads, 64, 128, 256, 512)
+                        if ch is not None and chainplan.lays_out(ch, t, pins.kwarps)), threads)
     bg = dataclasses.replace(bg, threads=threads)
     a = analyse(decompose(bg))
     if rows_in_registers(a, dev_types, bg.threads) is None:
@@ -377,7 +376,8 @@ def knob_space(bg: BlockGraph, dev_types: Mapping[str, TensorType], target: str
     threads = sorted({bg.threads, default_threads(bg), 64, 128, 256, 512})
     a = analyse(decompose(dataclasses.replace(bg, threads=default_threads(bg))))
     kwarps = kwarps_range(a)
-    if online_reads(bg):  # only a chain carries the kernel: the thread counts it has
+    online = bool(online_reads(bg))
+    if online:  # only a chain carries the kernel: the thread counts it has
         at = {t: analyse(decompose(dataclasses.replace(bg, threads=t))) for t in threads}
         threads = [t for t in threads if chainplan.online_kwarps(
             chainplan.chain_of(at[t]), t // 32, kwarps_range(at[t])) is not None] or threads
@@ -387,10 +387,10 @@ def knob_space(bg: BlockGraph, dev_types: Mapping[str, TensorType], target: str
                          is not None}) or kwarps
     return {"stages": list(range(1, min(MAX_STAGES, bg.forloop) + 1)) if bg.forloop > 1 else [1],
             "kwarps": kwarps, "pad": [0, 1],
-            "ldmatrix": [1] if online_reads(bg) else [0, 1],  # a chain's operands need it
+            "ldmatrix": [1] if online else [0, 1],  # a chain's operands need it
             "stage_once": [0, 1], "vec": vec_range(a, dev_types), "threads": threads,
             "ksplit": ksplit_range(a, target) if _no_scratch(a, dev_types, target)
-            and not online_reads(bg) else [1],
+            and not online else [1],
             "stagger": stagger_range(a), "chain": chainplan.chain_range(a, kwarps),
             "tma": [0, 1] if _tma_legal(a, dev_types, target) else [0]}
 
