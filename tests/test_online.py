@@ -204,3 +204,41 @@ def test_online_candidate_runs_on_the_gpu_finite_on_large_logits():
         ref = interp.run(prog, ins, "float64")["O"]
         assert np.isfinite(out).all()
         assert np.linalg.norm(out - ref) / np.linalg.norm(ref) <= 1e-2
+
+
+# A one-kernel mqa_decode design whose grid splits the batch only: every query row of a
+# batch element (its 4 heads) in one block, all keys in its loop (WHOLE_ROW's kernel).
+ROWS_WHOLE = (WHOLE_ROW.replace("mha_decode(batch = 1,", "mqa_decode(batch = 2,")
+              .replace("[heads * batch, 1, d]", "[batch, heads, d]")
+              .replace("[heads * batch, d, seq]", "[batch, d, seq]")
+              .replace("[heads * batch, seq, d]", "[batch, seq, d]")
+              .replace("grid=(4, 1, 1)", "grid=(2, 1, 1)"))
+
+
+def test_the_combine_may_split_the_rows_that_the_kernel_keeps_whole():
+    """``rows=True``: kernel 2 spreads the rows (each combined on its own) over one more
+    grid axis than kernel 1's batch axis, so a design reading K and V once per batch
+    element still has a combine that fills the GPU; certified like the plain form. A
+    kernel whose grid already splits the rows has no such variant."""
+    from mirage_cli.parser import parse_text
+    from mirage_cli.search.tune import tune
+
+    prog = _program("mqa_decode", batch=2)
+    design, tuning = design_of(parse_text(ROWS_WHOLE, "<rows-whole>", {}))
+    plain = online_split(prog, design, tuning)
+    split = online_split(prog, design, tuning, rows=True)
+    assert plain is not None and split is not None
+    assert [s.axes for s in plain.steps] == [2, 1]  # type: ignore[union-attr]
+    assert [s.axes for s in split.steps] == [2, 2]  # type: ignore[union-attr]
+    g = tune(prog, split)[0][2]
+    k2 = g.ops[1].block
+    assert k2 is not None and k2.grid[1] >= 2  # the rows, over the combine's second axis
+    assert _exp_arguments_are_max_shifted(g)
+    assert Verifier(prog, seed=0).certify(g).verdict == "equivalent"
+    assert crosscheck(prog, g, 0).close and safety_check(prog, g, 0).safe
+    by_rows = ROWS_WHOLE.replace("grid=(2, 1, 1)", "grid=(2, 2, 1)").replace(
+        "q = load Q imap(x=0)", "q = load Q imap(x=0, y=1)").replace(
+        "store r -> O omap(x=0)", "store r -> O omap(x=0, y=1)")
+    d2, t2 = design_of(parse_text(by_rows, "<rows-split>", {}))
+    assert online_split(prog, d2, t2) is not None
+    assert online_split(prog, d2, t2, rows=True) is None

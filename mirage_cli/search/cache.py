@@ -82,8 +82,9 @@ def cache_dir() -> Path:
 # tensor-core term scalar_copy_slowdown times slower; 27: a max-subtracted softmax is
 # also searched without its maxima and given a running maximum back, search.runmax,
 # and a rescaled split of a kernel whose grid splits nothing combines its rows over a
-# grid axis).
-SEARCH_REVISION = 27
+# grid axis; 28: the rescaled split of a kernel that keeps its rows whole is also
+# enumerated with a combine that splits them, online_split(rows=True)).
+SEARCH_REVISION = 28
 
 
 def program_hash(program: Graph) -> str:

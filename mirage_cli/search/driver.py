@@ -508,7 +508,8 @@ def _splits(program: Graph, d: Design) -> list[Design]:
     tuned = tune(program, d, max_steps=0)
     if not tuned:
         return []
-    found = (split_reduction(program, d, tuned[0][1]), online_split(program, d, tuned[0][1]))
+    found = (split_reduction(program, d, tuned[0][1]), online_split(program, d, tuned[0][1]),
+             online_split(program, d, tuned[0][1], rows=True))
     return [sd for sd in found if sd is not None]
 
 

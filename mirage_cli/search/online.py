@@ -65,9 +65,12 @@ class _Tiles:
     walked: bool = False  # the forloop walks L (the maxima are running ones)
 
 
-def online_split(target: Graph, design: Design, tuning: Tuning) -> Design | None:
+def online_split(target: Graph, design: Design, tuning: Tuning, rows: bool = False
+                 ) -> Design | None:
     """The two-kernel rescaled form of a one-kernel ``design`` (None where it does not
-    apply); ``tuning`` is any valid tuning of ``design`` (it gives tile shapes)."""
+    apply); ``tuning`` is any valid tuning of ``design`` (it gives tile shapes).
+    ``rows``: kernel 2 also splits the rows, which the kernel's grid does not, over
+    one more grid axis (None where it has no such rows)."""
     if len(design.steps) != 1 or not isinstance(design.steps[0], CustomD):
         return None
     c = design.steps[0]
@@ -79,7 +82,7 @@ def online_split(target: Graph, design: Design, tuning: Tuning) -> Design | None
     kinds = _classify(c, tiles)
     if kinds is None or CHUNK_MAX not in kinds or PARTIAL not in kinds:
         return None
-    return _build(c, tiles, kinds, design.outputs)
+    return _build(c, tiles, kinds, design.outputs, rows)
 
 
 def _tiles(target: Graph, c: CustomD, tuning: Tuning) -> _Tiles | None:
@@ -184,8 +187,8 @@ def _linear(o: OpD, args: list[str]) -> bool:
     return ops.linear_in(o.op, [a == SCALED for a in args])
 
 
-def _build(c: CustomD, t: _Tiles, kinds: list[str], outputs: tuple[str, ...]
-           ) -> Design | None:
+def _build(c: CustomD, t: _Tiles, kinds: list[str], outputs: tuple[str, ...],
+           rows: bool = False) -> Design | None:
     """Kernel 1 (chunks over a new grid axis) and kernel 2 (rescale, add, epilogue)."""
     nl = len(c.loads)
     maxima = [i for i, k in enumerate(kinds) if k == CHUNK_MAX]
@@ -200,7 +203,9 @@ def _build(c: CustomD, t: _Tiles, kinds: list[str], outputs: tuple[str, ...]
         return None
     kernel1, spread, names = k1
     partials = [i for i, k in enumerate(kinds) if k == PARTIAL]
-    kernel2 = _combine(c, t, kinds, maxima[0], partials, spread, names, kernel1.stores)
+    kernel2 = _combine(c, t, kinds, maxima[0], partials, spread, names, kernel1.stores, rows)
+    if kernel2 is None:
+        return None
     return Design((kernel1, kernel2), outputs)
 
 
@@ -286,24 +291,28 @@ def _append(ops_: list[OpD], nl: int, o: OpD) -> int:
 
 def _combine(c: CustomD, t: _Tiles, kinds: list[str], mx: int, partials: list[int],
              spread: dict[int, int], names: dict[int, str],
-             stores1: tuple[StoreD, ...]) -> CustomD:
+             stores1: tuple[StoreD, ...], split_rows: bool = False) -> CustomD | None:
     """Kernel 2: M = max_j m_j; each partial weighted by exp(m_j - M) and added over
     the chunks (``acc_sum_ld`` for one column, ``acc_sum_to`` for wider ones); then
-    the original epilogue on the rescaled sums (m_j read there becomes M)."""
+    the original epilogue on the rescaled sums (m_j read there becomes M). With
+    ``split_rows`` (and always where the kernel's grid split nothing, which would
+    leave the whole combine to one block), the rows, each combined on its own, go
+    over one more grid axis; None where the grid splits them already."""
     nl, a = len(c.loads), c.axes
     omap_of = {s.name: s.omap for s in stores1}
     loads2: list[LoadD] = []
     slot: dict[str, int] = {}
-    # A kernel whose grid split nothing (all rows in one block, a running maximum's
-    # loop) would leave the whole combine to one block: its rows, each combined on
-    # its own, go over a grid axis instead.
-    rows = t.vals[mx].type.rank - 2 if a == 0 and t.vals[mx].type.rank >= 2 else None
+    rank = t.vals[mx].type.rank
+    free = rank >= 2 and rank - 2 not in _first_axes(stores1[0].omap, a)
+    if split_rows and not free:
+        return None
+    rows = rank - 2 if free and (split_rows or a == 0) else None
 
     def load(name: str) -> int:
         if name not in slot:
             slot[name] = len(loads2)
             imap = _first_axes(omap_of[name], a)
-            loads2.append(LoadD(name, imap if rows is None else _set(imap, 0, rows), None))
+            loads2.append(LoadD(name, imap if rows is None else _set(imap, a, rows), None))
         return slot[name]
 
     for key in [mx] + partials + [-p - 1 for p in spread]:
@@ -337,5 +346,5 @@ def _combine(c: CustomD, t: _Tiles, kinds: list[str], mx: int, partials: list[in
 
     ops_final = tuple(OpD(o.op, tuple(fix(x) for x in o.args), o.attrs) for o in ops2)
     stores2 = tuple(StoreD(fix(remap[s.tile]), s.name,
-                           s.omap if rows is None else _set(s.omap, 0, rows)) for s in c.stores)
-    return CustomD(tuple(loads2), ops_final, stores2, a if rows is None else 1, False)
+                           s.omap if rows is None else _set(s.omap, a, rows)) for s in c.stores)
+    return CustomD(tuple(loads2), ops_final, stores2, a if rows is None else a + 1, False)
