@@ -235,3 +235,30 @@ def test_cluster_combine_form(stem: str, batch: int, pins: Knobs, form: str) -> 
     else:
         assert "if (mg_rank != 0) return;" in kernel and "mg_cluster_arrive();" not in kernel
     assert compile_cuda(cu, "k.cu", "sm_90").cubin
+
+
+def test_each_output_is_stored_as_wide_as_its_own_rows_allow() -> None:
+    # gqa_fused's first kernel stores a row sum (one column per block: element by
+    # element) and a 64-wide output tile (16-byte stores); vec 1 stores both one
+    # element at a time.
+    g = load_graph(str(ROOT / "examples/mugraphs/gqa_fused.mir"))
+    bg = g.ops[0].block
+    assert bg is not None and knob_space(bg, g.tensor_types(), "sm_90")["vec"] == [1, 8]
+    k0 = emit(lower(planned(g, "sm_90", [Knobs()])))[0].split("__global__")[1]
+    assert "mg_st(p3 + (" in k0 and "mg_st8(p4 + (" in k0 and "mg_st(p4 + (" not in k0
+    k0 = emit(lower(planned(g, "sm_90", [Knobs(vec=1)])))[0].split("__global__")[1]
+    assert "mg_st8(" not in k0 and "mg_st(p4 + (" in k0
+
+
+def test_the_loop_stages_are_in_flight_with_the_invariant_tiles() -> None:
+    # gqa_fused copies Q once and K, V through a ring: the ring's first S - 1 stages are
+    # issued before the wait for Q, which waits for Q's own commit group alone.
+    g = load_graph(str(ROOT / "examples/mugraphs/gqa_fused.mir"))
+    for stages in (2, 4):
+        k0 = emit(lower(planned(g, "sm_90", [Knobs(stages=stages)])))[0].split("__global__")[1]
+        q_copy = k0.index("mg_cp_async16(sm_q_0")
+        ring = k0.index("mg_cp_async16((sm_k_0")
+        wait = k0.index(f"mg_cp_async_wait<{stages - 1}>();")
+        assert q_copy < ring < wait < k0.index("const auto* sm_q = sm_q_0;")
+        assert k0[q_copy:wait].count("mg_cp_async_commit();") == stages
+        assert "mg_cp_async_wait_all();" not in k0[:k0.index("for (int it = 0;")]

@@ -371,9 +371,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_gqa_fused_h16x
   mg_grid_release();
   #pragma unroll
   for (int i = 0; i < 4; ++i) mg_cp_async16(sm_q_0 + mg_do_q[i], p0 + (base_q) + mg_so_q[i]);
-  mg_cp_async_wait_all();
-  __syncthreads();
-  const auto* sm_q = sm_q_0;
+  mg_cp_async_commit();
   #pragma unroll
   for (int i = 0; i < 4; ++i) mg_cp_async16((sm_k_0 + ((0) % 4) * 4608) + mg_do_k[i], p1 + ((base_k + 0)) + mg_so_k[i]);
   #pragma unroll
@@ -389,6 +387,9 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_gqa_fused_h16x
   #pragma unroll
   for (int i = 0; i < 4; ++i) mg_cp_async16((sm_v_0 + ((2) % 4) * 4608) + mg_do_v[i], p2 + ((base_v + 8192)) + mg_so_v[i]);
   mg_cp_async_commit();
+  mg_cp_async_wait<3>();
+  __syncthreads();
+  const auto* sm_q = sm_q_0;
   unsigned mg_ha[1][4][4];
   {
     const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
@@ -956,38 +957,22 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_gqa_fused_h16x
         buf_l[mg_b * 64 + r0] = acc_l[0][0];
         buf_l[mg_b * 64 + r1] = acc_l[0][1];
       }
-      buf_o[mg_b * 4096 + r0 * 64 + (0 + 2 * mg_t)] = acc_o[0][0][0];
-      buf_o[mg_b * 4096 + r0 * 64 + (0 + 2 * mg_t + 1)] = acc_o[0][0][1];
-      buf_o[mg_b * 4096 + r1 * 64 + (0 + 2 * mg_t)] = acc_o[0][0][2];
-      buf_o[mg_b * 4096 + r1 * 64 + (0 + 2 * mg_t + 1)] = acc_o[0][0][3];
-      buf_o[mg_b * 4096 + r0 * 64 + (8 + 2 * mg_t)] = acc_o[0][1][0];
-      buf_o[mg_b * 4096 + r0 * 64 + (8 + 2 * mg_t + 1)] = acc_o[0][1][1];
-      buf_o[mg_b * 4096 + r1 * 64 + (8 + 2 * mg_t)] = acc_o[0][1][2];
-      buf_o[mg_b * 4096 + r1 * 64 + (8 + 2 * mg_t + 1)] = acc_o[0][1][3];
-      buf_o[mg_b * 4096 + r0 * 64 + (16 + 2 * mg_t)] = acc_o[0][2][0];
-      buf_o[mg_b * 4096 + r0 * 64 + (16 + 2 * mg_t + 1)] = acc_o[0][2][1];
-      buf_o[mg_b * 4096 + r1 * 64 + (16 + 2 * mg_t)] = acc_o[0][2][2];
-      buf_o[mg_b * 4096 + r1 * 64 + (16 + 2 * mg_t + 1)] = acc_o[0][2][3];
-      buf_o[mg_b * 4096 + r0 * 64 + (24 + 2 * mg_t)] = acc_o[0][3][0];
-      buf_o[mg_b * 4096 + r0 * 64 + (24 + 2 * mg_t + 1)] = acc_o[0][3][1];
-      buf_o[mg_b * 4096 + r1 * 64 + (24 + 2 * mg_t)] = acc_o[0][3][2];
-      buf_o[mg_b * 4096 + r1 * 64 + (24 + 2 * mg_t + 1)] = acc_o[0][3][3];
-      buf_o[mg_b * 4096 + r0 * 64 + (32 + 2 * mg_t)] = acc_o[0][4][0];
-      buf_o[mg_b * 4096 + r0 * 64 + (32 + 2 * mg_t + 1)] = acc_o[0][4][1];
-      buf_o[mg_b * 4096 + r1 * 64 + (32 + 2 * mg_t)] = acc_o[0][4][2];
-      buf_o[mg_b * 4096 + r1 * 64 + (32 + 2 * mg_t + 1)] = acc_o[0][4][3];
-      buf_o[mg_b * 4096 + r0 * 64 + (40 + 2 * mg_t)] = acc_o[0][5][0];
-      buf_o[mg_b * 4096 + r0 * 64 + (40 + 2 * mg_t + 1)] = acc_o[0][5][1];
-      buf_o[mg_b * 4096 + r1 * 64 + (40 + 2 * mg_t)] = acc_o[0][5][2];
-      buf_o[mg_b * 4096 + r1 * 64 + (40 + 2 * mg_t + 1)] = acc_o[0][5][3];
-      buf_o[mg_b * 4096 + r0 * 64 + (48 + 2 * mg_t)] = acc_o[0][6][0];
-      buf_o[mg_b * 4096 + r0 * 64 + (48 + 2 * mg_t + 1)] = acc_o[0][6][1];
-      buf_o[mg_b * 4096 + r1 * 64 + (48 + 2 * mg_t)] = acc_o[0][6][2];
-      buf_o[mg_b * 4096 + r1 * 64 + (48 + 2 * mg_t + 1)] = acc_o[0][6][3];
-      buf_o[mg_b * 4096 + r0 * 64 + (56 + 2 * mg_t)] = acc_o[0][7][0];
-      buf_o[mg_b * 4096 + r0 * 64 + (56 + 2 * mg_t + 1)] = acc_o[0][7][1];
-      buf_o[mg_b * 4096 + r1 * 64 + (56 + 2 * mg_t)] = acc_o[0][7][2];
-      buf_o[mg_b * 4096 + r1 * 64 + (56 + 2 * mg_t + 1)] = acc_o[0][7][3];
+      *reinterpret_cast<float2*>(&buf_o[mg_b * 4096 + r0 * 64 + (0 + 2 * mg_t)]) = make_float2(acc_o[0][0][0], acc_o[0][0][1]);
+      *reinterpret_cast<float2*>(&buf_o[mg_b * 4096 + r1 * 64 + (0 + 2 * mg_t)]) = make_float2(acc_o[0][0][2], acc_o[0][0][3]);
+      *reinterpret_cast<float2*>(&buf_o[mg_b * 4096 + r0 * 64 + (8 + 2 * mg_t)]) = make_float2(acc_o[0][1][0], acc_o[0][1][1]);
+      *reinterpret_cast<float2*>(&buf_o[mg_b * 4096 + r1 * 64 + (8 + 2 * mg_t)]) = make_float2(acc_o[0][1][2], acc_o[0][1][3]);
+      *reinterpret_cast<float2*>(&buf_o[mg_b * 4096 + r0 * 64 + (16 + 2 * mg_t)]) = make_float2(acc_o[0][2][0], acc_o[0][2][1]);
+      *reinterpret_cast<float2*>(&buf_o[mg_b * 4096 + r1 * 64 + (16 + 2 * mg_t)]) = make_float2(acc_o[0][2][2], acc_o[0][2][3]);
+      *reinterpret_cast<float2*>(&buf_o[mg_b * 4096 + r0 * 64 + (24 + 2 * mg_t)]) = make_float2(acc_o[0][3][0], acc_o[0][3][1]);
+      *reinterpret_cast<float2*>(&buf_o[mg_b * 4096 + r1 * 64 + (24 + 2 * mg_t)]) = make_float2(acc_o[0][3][2], acc_o[0][3][3]);
+      *reinterpret_cast<float2*>(&buf_o[mg_b * 4096 + r0 * 64 + (32 + 2 * mg_t)]) = make_float2(acc_o[0][4][0], acc_o[0][4][1]);
+      *reinterpret_cast<float2*>(&buf_o[mg_b * 4096 + r1 * 64 + (32 + 2 * mg_t)]) = make_float2(acc_o[0][4][2], acc_o[0][4][3]);
+      *reinterpret_cast<float2*>(&buf_o[mg_b * 4096 + r0 * 64 + (40 + 2 * mg_t)]) = make_float2(acc_o[0][5][0], acc_o[0][5][1]);
+      *reinterpret_cast<float2*>(&buf_o[mg_b * 4096 + r1 * 64 + (40 + 2 * mg_t)]) = make_float2(acc_o[0][5][2], acc_o[0][5][3]);
+      *reinterpret_cast<float2*>(&buf_o[mg_b * 4096 + r0 * 64 + (48 + 2 * mg_t)]) = make_float2(acc_o[0][6][0], acc_o[0][6][1]);
+      *reinterpret_cast<float2*>(&buf_o[mg_b * 4096 + r1 * 64 + (48 + 2 * mg_t)]) = make_float2(acc_o[0][6][2], acc_o[0][6][3]);
+      *reinterpret_cast<float2*>(&buf_o[mg_b * 4096 + r0 * 64 + (56 + 2 * mg_t)]) = make_float2(acc_o[0][7][0], acc_o[0][7][1]);
+      *reinterpret_cast<float2*>(&buf_o[mg_b * 4096 + r1 * 64 + (56 + 2 * mg_t)]) = make_float2(acc_o[0][7][2], acc_o[0][7][3]);
     }
   }
   __syncthreads();
@@ -995,10 +980,10 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_gqa_fused_h16x
     const int i40_1 = e39;
     mg_st(p3 + (bx * 4096 + by * 1 + bz * 1024 + i40_1 * 16), buf_l[i40_1]);
   }
-  for (int e41 = threadIdx.x; e41 < 4096; e41 += 128) {
-    const int i42_1 = e41 / 64;
-    const int i42_2 = (e41) % 64;
-    mg_st(p4 + (bx * 262144 + by * 64 + bz * 65536 + i42_1 * 1024 + i42_2), buf_o[i42_1 * 64 + i42_2]);
+  for (int e41 = threadIdx.x; e41 < 512; e41 += 128) {
+    const int i42_1 = e41 / 8;
+    const int i42_2 = (e41) % 8;
+    mg_st8(p4 + (bx * 262144 + by * 64 + bz * 65536 + i42_1 * 1024 + (i42_2 * 8)), buf_o[i42_1 * 64 + ((i42_2 * 8) + 0)], buf_o[i42_1 * 64 + ((i42_2 * 8) + 1)], buf_o[i42_1 * 64 + ((i42_2 * 8) + 2)], buf_o[i42_1 * 64 + ((i42_2 * 8) + 3)], buf_o[i42_1 * 64 + ((i42_2 * 8) + 4)], buf_o[i42_1 * 64 + ((i42_2 * 8) + 5)], buf_o[i42_1 * 64 + ((i42_2 * 8) + 6)], buf_o[i42_1 * 64 + ((i42_2 * 8) + 7)]);
   }
 }
 

@@ -384,9 +384,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_lora_fused_h16
   mg_grid_release();
   #pragma unroll
   for (int i = 0; i < 1; ++i) mg_cp_async16(sm_b_0 + mg_do_b[i], p3 + (base_b) + mg_so_b[i]);
-  mg_cp_async_wait_all();
-  __syncthreads();
-  const auto* sm_b = sm_b_0;
+  mg_cp_async_commit();
   #pragma unroll
   for (int i = 0; i < 1; ++i) mg_cp_async16((sm_x_0 + ((0) % 4) * 1152) + mg_do_x[i], p0 + ((base_x + (((0) + mg_rot) & 3) * 64)) + mg_so_x[i]);
   #pragma unroll
@@ -408,6 +406,9 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_lora_fused_h16
   #pragma unroll
   for (int i = 0; i < 1; ++i) mg_cp_async16((sm_a_0 + ((2) % 4) * 1536) + mg_do_a[i], p2 + ((base_a + (((2) + mg_rot) & 3) * 1024)) + mg_so_a[i]);
   mg_cp_async_commit();
+  mg_cp_async_wait<3>();
+  __syncthreads();
+  const auto* sm_b = sm_b_0;
   float acc_sxw[2][4];
   #pragma unroll
   for (int j = 0; j < 2; ++j) acc_sxw[j][0] = acc_sxw[j][1] = acc_sxw[j][2] = acc_sxw[j][3] = 0.0f;

@@ -369,44 +369,17 @@ extern "C" __global__ void __launch_bounds__(512, 1) mg_k0_mirage_qknorm_gqa_fus
   int mg_so_k[1], mg_do_k[1];
   #pragma unroll
   for (int i = 0; i < 1; ++i) {
-    const int c11 = threadIdx.x + i * 512;
-    const int s12_1 = c11 / 8;
-    const int s12_2 = (c11) % 8;
-    mg_so_k[i] = s12_1 * 4096 + (s12_2 * 8);
-    mg_do_k[i] = s12_1 * 72 + (s12_2 * 8);
+    const int c3 = threadIdx.x + i * 512;
+    const int s4_1 = c3 / 8;
+    const int s4_2 = (c3) % 8;
+    mg_so_k[i] = s4_1 * 4096 + (s4_2 * 8);
+    mg_do_k[i] = s4_1 * 72 + (s4_2 * 8);
   }
   mg_grid_wait();
   mg_grid_release();
   #pragma unroll
   for (int i = 0; i < 1; ++i) mg_cp_async16(sm_q_0 + mg_do_q[i], p0 + (base_q) + mg_so_q[i]);
-  mg_cp_async_wait_all();
-  __syncthreads();
-  const auto* sm_q = sm_q_0;
-  #pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const int row = threadIdx.x / 32 + 16 * j;
-    const int mg_rl = threadIdx.x % 32;
-    (void)row; (void)mg_rl;
-    float r3 = 0.0f;
-    const int w5_1 = row;
-    for (int k4 = mg_rl; k4 < 64; k4 += 32) {
-      const float v6 = mg_ld(sm_q[w5_1 * 72 + k4]);
-      r3 += v6 * v6;
-    }
-    r3 = mg_warp_sum(r3);
-    if ((threadIdx.x & 31) == 0) {
-      if (row < 64) buf_qn__rms[row] = sqrtf(r3 / 64.0f + 0.0f);
-    }
-  }
-  __syncthreads();
-  for (int e7 = threadIdx.x; e7 < 4096; e7 += 512) {
-    const int i8_1 = e7 / 64;
-    const int i8_2 = (e7) % 64;
-    const float v9 = mg_ld(sm_q[i8_1 * 72 + i8_2]);
-    const float v10 = buf_qn__rms[i8_1];
-    mg_st(sm_qn_0 + (i8_1 * 72 + i8_2), (v9 / v10));
-  }
-  __syncthreads();
+  mg_cp_async_commit();
   #pragma unroll
   for (int i = 0; i < 1; ++i) mg_cp_async16((sm_k_0 + ((0) % 4) * 4608) + mg_do_k[i], p1 + ((base_k + 0)) + mg_so_k[i]);
   if (threadIdx.x == 0) {
@@ -428,6 +401,34 @@ extern "C" __global__ void __launch_bounds__(512, 1) mg_k0_mirage_qknorm_gqa_fus
     mg_tma3(reinterpret_cast<unsigned char*>((sm_v_0 + ((2) % 4) * 4096)), &p5, 0, by * 256 + (2) * 64, bx * 1, mg_mbar + ((2) % 4));
   }
   mg_cp_async_commit();
+  mg_cp_async_wait<3>();
+  __syncthreads();
+  const auto* sm_q = sm_q_0;
+  #pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const int row = threadIdx.x / 32 + 16 * j;
+    const int mg_rl = threadIdx.x % 32;
+    (void)row; (void)mg_rl;
+    float r5 = 0.0f;
+    const int w7_1 = row;
+    for (int k6 = mg_rl; k6 < 64; k6 += 32) {
+      const float v8 = mg_ld(sm_q[w7_1 * 72 + k6]);
+      r5 += v8 * v8;
+    }
+    r5 = mg_warp_sum(r5);
+    if ((threadIdx.x & 31) == 0) {
+      if (row < 64) buf_qn__rms[row] = sqrtf(r5 / 64.0f + 0.0f);
+    }
+  }
+  __syncthreads();
+  for (int e9 = threadIdx.x; e9 < 4096; e9 += 512) {
+    const int i10_1 = e9 / 64;
+    const int i10_2 = (e9) % 64;
+    const float v11 = mg_ld(sm_q[i10_1 * 72 + i10_2]);
+    const float v12 = buf_qn__rms[i10_1];
+    mg_st(sm_qn_0 + (i10_1 * 72 + i10_2), (v11 / v12));
+  }
+  __syncthreads();
   float acc_l[4];
   #pragma unroll
   for (int j = 0; j < 4; ++j) acc_l[j] = 0.0f;
@@ -612,10 +613,10 @@ extern "C" __global__ void __launch_bounds__(512, 1) mg_k0_mirage_qknorm_gqa_fus
     const int i35_1 = e34;
     mg_st(p3 + (bx * 4096 + by * 1 + bz * 1024 + i35_1 * 16), buf_l[i35_1]);
   }
-  for (int e36 = threadIdx.x; e36 < 4096; e36 += 512) {
-    const int i37_1 = e36 / 64;
-    const int i37_2 = (e36) % 64;
-    mg_st(p4 + (bx * 262144 + by * 64 + bz * 65536 + i37_1 * 1024 + i37_2), buf_o[i37_1 * 64 + i37_2]);
+  for (int e36 = threadIdx.x; e36 < 512; e36 += 512) {
+    const int i37_1 = e36 / 8;
+    const int i37_2 = (e36) % 8;
+    mg_st8(p4 + (bx * 262144 + by * 64 + bz * 65536 + i37_1 * 1024 + (i37_2 * 8)), buf_o[i37_1 * 64 + ((i37_2 * 8) + 0)], buf_o[i37_1 * 64 + ((i37_2 * 8) + 1)], buf_o[i37_1 * 64 + ((i37_2 * 8) + 2)], buf_o[i37_1 * 64 + ((i37_2 * 8) + 3)], buf_o[i37_1 * 64 + ((i37_2 * 8) + 4)], buf_o[i37_1 * 64 + ((i37_2 * 8) + 5)], buf_o[i37_1 * 64 + ((i37_2 * 8) + 6)], buf_o[i37_1 * 64 + ((i37_2 * 8) + 7)]);
   }
 }
 

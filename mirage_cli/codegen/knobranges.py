@@ -121,17 +121,19 @@ def kwarps_range(a: Analysis) -> list[int]:
             and all(ksteps(op, a) % kw == 0 for op in accs)]
 
 
+def store_vec(t: TensorType, d: TensorType) -> int:
+    """Elements per 16-byte store of a block output whose tile is ``t`` in device tensor
+    ``d``, or 1. The tile's row length must be a multiple of the vector (so omap offsets
+    along the last dimension are too) and so must the device tensor's; f32 outputs are
+    stored one element at a time."""
+    return 1 if t.dtype is DType.F32 else vec_elems(t, d.shape[-1])
+
+
 def vec_range(a: Analysis, dev: Mapping[str, TensorType]) -> list[int]:
-    """Store widths legal for every block output: 1, or a 16-byte vector."""
-    widths = [1]
-    # The tile's row length must be a multiple of the vector (so omap offsets along the
-    # last dimension are too) and so must the device tensor's.
-    outs = [(a.types[bo.source], dev[bo.value.name]) for bo in a.bg.outputs]
-    if outs and all(vec_elems(t, d.shape[-1]) > 1 and t.dtype is not DType.F32 for t, d in outs):
-        sizes = {VEC_BYTES // t.dtype.nbytes for t, _ in outs}
-        if len(sizes) == 1:
-            widths.append(sizes.pop())
-    return widths
+    """Store widths of the block outputs: 1, or the 16-byte vector of those outputs that
+    allow one (the others are stored one element at a time, ``stores.store``)."""
+    sizes = {store_vec(a.types[bo.source], dev[bo.value.name]) for bo in a.bg.outputs} - {1}
+    return [1] + sorted(sizes) if len(sizes) == 1 else [1]
 
 
 # A forloop whose inputs hold at most this many bytes streams little from DRAM: its

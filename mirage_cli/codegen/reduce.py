@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, assert_never
 
 from mirage_cli import ops
-from mirage_cli.codegen import mma, staging
+from mirage_cli.codegen import mma
 from mirage_cli.codegen.expr import (
     Lines,
     Stored,
@@ -168,7 +168,7 @@ def accum_spec(op: BlockOp) -> ops.AccumSpec:
 
 
 def acc_init(k: FusedKernel, accs: list[BlockOp]) -> Lines:
-    lines = staging.prefetch(k)
+    lines: Lines = []
     for op in accs:
         spec, name = accum_spec(op), op.outputs[0].name
         n = op.outputs[0].type.numel

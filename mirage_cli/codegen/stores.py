@@ -1,8 +1,9 @@
 """Stores of a fused kernel's outputs: each block writes its tile through the omap.
 
 A tile's elements are computed where they are stored (the emitter's value chain) and
-written one element per thread, or, where the plan's ``vec`` allows, ``vec``
-consecutive elements per thread in one 16-byte store (``mg_st8``).
+written one element per thread, or, where the plan's ``vec`` says so and the output's
+rows allow it (``knobranges.store_vec``), ``vec`` consecutive elements per thread in one
+16-byte store (``mg_st8``).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from mirage_cli.codegen.expr import Lines, offset_expr, row_major
+from mirage_cli.codegen.knobranges import store_vec
 
 if TYPE_CHECKING:
     from mirage_cli.codegen.kernel import FusedKernel
@@ -28,7 +30,7 @@ def store(k: FusedKernel, source: str, dev: str,
     base = " + ".join(terms) if terms else "0"
     p = k.pname[dev]
     vec = k.plan.knobs.vec or 1
-    if vec > 1:
+    if vec > 1 and store_vec(k.a.types[source], out) == vec:
         return _store_vec(k, source, p, base, strides, shape, vec, share)
 
     def body(idx: list[str]) -> Lines:
