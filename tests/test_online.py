@@ -236,6 +236,13 @@ def test_the_combine_may_split_the_rows_that_the_kernel_keeps_whole():
     assert _exp_arguments_are_max_shifted(g)
     assert Verifier(prog, seed=0).certify(g).verdict == "equivalent"
     assert crosscheck(prog, g, 0).close and safety_check(prog, g, 0).safe
+    # The maximum's spread (m_j + 0 * q, stored after the loop) reads the queries
+    # where it is stored: no pass over them before the loop, no shared-memory tile.
+    from mirage_cli.commands.plan import planned
+    zero = next(o.outputs[0].name for o in g.ops[0].block.ops  # type: ignore[union-attr]
+                if o.op == "mul_scalar" and dict(o.attrs)["scalar"] == 0.0)
+    plan = planned(g, "sm_90", []).ops[0].plan
+    assert plan is not None and next(t for t in plan.tiles if t.name == zero).home == "inline"
     by_rows = ROWS_WHOLE.replace("grid=(2, 1, 1)", "grid=(2, 2, 1)").replace(
         "q = load Q imap(x=0)", "q = load Q imap(x=0, y=1)").replace(
         "store r -> O omap(x=0)", "store r -> O omap(x=0, y=1)")

@@ -310,8 +310,12 @@ def _inlinable(name: str, a: Analysis) -> bool:
         return True
     if ops.get(user.op).is_accumulator:
         return a.phases[name] == "loop"
-    return (a.phases[user.outputs[0].name] == a.phases[name]
-            and reads_once(user, a.types[name], a.types))
+    # An invariant value read only after the loop is computed where it is read: its
+    # operands (tiles copied once, or global memory) are still there, and it then needs
+    # no pass over its elements before the loop and no shared-memory tile.
+    where = (a.phases[name], a.phases[user.outputs[0].name])
+    return (where[0] == where[1] or where == ("invariant", "epilogue")) and reads_once(
+        user, a.types[name], a.types)
 
 
 def _mmas(a: Analysis, tiles: dict[str, TileDraft], k: Knobs) -> list[MmaPlan]:
