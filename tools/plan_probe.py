@@ -1,8 +1,9 @@
 """Check and time a µGraph under every legal value of every plan knob, on a GPU.
 
-    python tools/plan_probe.py OUT.json PROGRAM.mir:BATCH:GRAPH.ugraph.json ...
+    python tools/plan_probe.py OUT.json PROGRAM.mir:BATCH[,NAME=N...]:GRAPH.ugraph.json ...
 
-For each triple: the program (at ``-D batch=BATCH``) is the float64 reference and the
+For each triple: the program (at ``-D batch=BATCH`` and the other ``NAME=N`` given, for
+shapes the program's defaults do not have) is the float64 reference and the
 baseline (PyTorch eager and torch.compile, timed the same way); the µGraph is lowered
 with its default plan and with each knob set to each of its legal values (the others
 left to the planner), checked against the reference with NaN-poisoned outputs and
@@ -11,7 +12,9 @@ method). The floor uses the bandwidth of a large device-to-device copy through
 PyTorch's copy kernel measured in the same process. Prints a table; writes every row
 to OUT.json (``PROBE_NO_TORCH=1``: no PyTorch baselines; ``PROBE_KNOBS=a,b``: only
 these knobs; ``PROBE_PER_KERNEL=1``: also each kernel of the default plan timed alone,
-its intermediates uninitialised). Used for docs/perf-log.md.
+its intermediates uninitialised; ``PROBE_REPLAN=1``: the plans a µGraph file records
+are dropped, so that the current planner plans it, as ``mirage opt`` would now). Used
+for docs/perf-log.md.
 """
 
 from __future__ import annotations
@@ -104,6 +107,16 @@ def variants(g: Graph) -> list[tuple[str, Graph]]:
     return out
 
 
+def defines_of(sizes: str) -> dict[str, int]:
+    """``"8"`` or ``"8,heads=16,seq=8192"``: the batch, then other ``-D`` values."""
+    batch, *rest = sizes.split(",")
+    out = {"batch": int(batch)}
+    for item in rest:
+        name, value = item.split("=")
+        out[name] = int(value)
+    return out
+
+
 def main(argv: list[str]) -> int:
     default_only = argv[0] == "--default-only"
     argv = argv[1:] if default_only else argv
@@ -113,10 +126,15 @@ def main(argv: list[str]) -> int:
     print(f"copy bandwidth {bw / 1e12:.3f} TB/s", flush=True)
     rows = []
     for spec in specs:
-        prog_path, batch, graph_path = spec.split(":")
-        prog = load_graph(prog_path, {"batch": int(batch)})
-        # A .mir as the graph: its unfused lowering, at the same batch.
-        g = load_graph(graph_path, {"batch": int(batch)} if graph_path.endswith(".mir") else None)
+        prog_path, sizes, graph_path = spec.split(":")
+        defines = defines_of(sizes)
+        batch = defines["batch"]
+        prog = load_graph(prog_path, defines)
+        # A .mir as the graph: its unfused lowering, at the same sizes.
+        g = load_graph(graph_path, defines if graph_path.endswith(".mir") else None)
+        if os.environ.get("PROBE_REPLAN"):
+            g = dataclasses.replace(g, ops=tuple(dataclasses.replace(op, plan=None)
+                                                 for op in g.ops))
         floor = (bench.input_bytes(prog) + sum(prog.tensor_types()[n].nbytes
                                                for n in prog.outputs)) / bw * 1e6
         scale = bench.input_scale(prog)
@@ -128,7 +146,7 @@ def main(argv: list[str]) -> int:
         for label, vg in ([("default", g)] if default_only else variants(g)):
             m = bench._measure(dev, label, vg, prog, 20, scale)
             us, chk = m.us, m.check
-            row = {"program": prog.name, "batch": int(batch), "graph": graph_path,
+            row = {"program": prog.name, "batch": batch, "defines": defines, "graph": graph_path,
                    "variant": label, "us": us,
                    "ok": chk.ok, "rel_err": chk.rel_err, "reason": chk.reason,
                    "floor_us": floor, "bandwidth": bw, **base,
