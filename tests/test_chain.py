@@ -201,3 +201,19 @@ def test_loop_invariant_query_fragments_are_loaded_once() -> None:
     wide = ChainLayout(groups=1, kwarps=1, tiles_per_warp=2, score_tiles=8, out_tiles=8)
     assert frag_regs(ch, wide) + held_a_regs(a, ch, wide) > FRAG_REGS_MAX
     assert not holds_a(a, ch, wide)
+
+
+def test_column_split_warps_write_and_add_their_fragments_in_pairs() -> None:
+    """After the loop each column-split warp writes (the first) or adds (the others, in
+    order after a barrier) its accumulator fragments to the f32 tile two neighbouring
+    columns at a time, one 8-byte access each, never element by element."""
+    g = attention_chain()
+    ch = chain_form(analyse(decompose(_kernel(g).block)))
+    assert isinstance(ch, Chain)
+    acc = ch.acc.outputs[0].name
+    cu, _ = emit(lower(planned(g, "sm_90", [Knobs(chain=1, kwarps=2, threads=128)]), "sm_90"))
+    writes = cu.count(f"*reinterpret_cast<float2*>(&buf_{acc}[")
+    adds = cu.count(f"{{ float2* mg_p = reinterpret_cast<float2*>(&buf_{acc}[")
+    assert writes > 0 and adds == writes  # level 1 adds what level 0 wrote
+    assert f"buf_{acc}[" not in "".join(line for line in cu.splitlines()
+                                        if "acc_" + acc + "[" in line and "float2" not in line)
