@@ -302,6 +302,14 @@ def finish(k: FusedKernel, ch: Chain, lay: ChainLayout, fins: dict[str, str]) ->
     return out
 
 
+def _slot(k: FusedKernel, name: str, r: str, col: str) -> str:
+    """Element (row ``r``, column ``col``) of f32 tile ``name`` in this warp's matrix
+    (``mg_b``, for a batched tile)."""
+    shape = k.a.types[name].shape
+    lead = ["mg_b"] if len(shape) == 3 else []
+    return f"buf_{name}[{offset_expr('0', lead + [r, col], row_major(shape))}]"
+
+
 def _online_merge(k: FusedKernel, ch: Chain, lay: ChainLayout) -> Lines:
     """Warps that split a row's columns each ran their own maximum: the largest goes
     into the maximum's tile (one level of warps at a time), and each warp rescales its
@@ -309,11 +317,9 @@ def _online_merge(k: FusedKernel, ch: Chain, lay: ChainLayout) -> Lines:
     on = ch.online
     assert on is not None
     mname, acc = on.acc.outputs[0].name, ch.acc.outputs[0].name
-    shape = k.a.types[mname].shape
-    lead = ["mg_b"] if len(shape) == 3 else []
 
     def slot(r: str) -> str:
-        return f"buf_{mname}[{offset_expr('0', lead + [r, '0'], row_major(shape))}]"
+        return _slot(k, mname, r, "0")
 
     out: Lines = []
     for lvl in range(lay.kwarps):
@@ -350,10 +356,8 @@ def _writes(k: FusedKernel, ch: Chain, lay: ChainLayout, first: bool,
     column-split warps, the accumulator's combine after it); not those in ``skip``."""
     lines: Lines = []
 
-    def put(name: str, idx: list[str], v: str, comb: Combine) -> str:
-        shape = k.a.types[name].shape
-        lead = ["mg_b"] if len(shape) == 3 else []
-        slot = f"buf_{name}[{offset_expr('0', lead + idx, row_major(shape))}]"
+    def put(name: str, r: str, v: str, comb: Combine) -> str:
+        slot = _slot(k, name, r, "0")
         return f"{slot} = {v};" if first else c_update(slot, v, comb)
 
     acc = ch.acc.outputs[0].name
@@ -364,7 +368,7 @@ def _writes(k: FusedKernel, ch: Chain, lay: ChainLayout, first: bool,
             if name in skip:
                 continue
             rows += ["if (mg_t == 0) {"] + indent(
-                [put(name, [r, "0"], f"acc_{name}[{m}][{h}]", comb)
+                [put(name, r, f"acc_{name}[{m}][{h}]", comb)
                  for h, r in enumerate(("r0", "r1"))]) + ["}"]
         for j in range(lay.out_tiles):
             rows += [_pair(k, acc, r, f"{j * 8} + 2 * mg_t", f"acc_{acc}[{m}][{j}][{2 * h}]",
@@ -378,10 +382,7 @@ def _pair(k: FusedKernel, name: str, r: str, col: str, a: str, b: str, first: bo
     """A fragment's two neighbouring values (columns ``col``, ``col + 1`` of row ``r``,
     ``col`` even) written to, or added to, f32 tile ``name`` by one 8-byte access: half
     the shared-memory instructions and wavefronts of two scalar ones."""
-    shape = k.a.types[name].shape
-    lead = ["mg_b"] if len(shape) == 3 else []
-    off = offset_expr("0", lead + [r, f"({col})"], row_major(shape))
-    at = f"reinterpret_cast<float2*>(&buf_{name}[{off}])"
+    at = f"reinterpret_cast<float2*>(&{_slot(k, name, r, f'({col})')})"
     if first:
         return f"*{at} = make_float2({a}, {b});"
     return (f"{{ float2* mg_p = {at}; const float2 mg_o = *mg_p; "

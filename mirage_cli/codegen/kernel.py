@@ -307,13 +307,12 @@ class FusedKernel:
         staged = self.staged("invariant")
         for bi in staged:
             lines += staging.stage(self, bi, f"base_{bi.value.name}", f"sm_{bi.value.name}_0")
-        ring = staging.prefetch(self)
+        ring, groups = staging.prefetch(self)
         if not staged:
             return ring + self._materialize_phase("invariant")
         # The ring's first stages are issued before the wait for the invariant tiles, in
         # commit groups of their own: both are in flight at once, so the loop's first
         # tiles arrive one memory latency after the kernel starts instead of two.
-        groups = ring.count("mg_cp_async_commit();")
         if groups:
             lines += ["mg_cp_async_commit();"] + ring + [f"mg_cp_async_wait<{groups}>();"]
         else:

@@ -61,6 +61,8 @@ ACC_REGS_MAX = 32     # accumulator elements per thread kept in registers
 
 # Thread counts a pin may name: whole warps, up to the 1024 threads of a block.
 THREAD_COUNTS = (32, 64, 128, 256, 512, 1024)
+# The thread counts a kernel's tuning space offers besides its own and the default.
+TUNED_THREADS = (64, 128, 256, 512)
 DEFAULTS = Knobs(stages=None, kwarps=None, pad=1, ldmatrix=1, stage_once=1, vec=None)
 
 
@@ -76,7 +78,7 @@ def plan_kernel(bg: BlockGraph, dev_types: Mapping[str, TensorType], target: str
     if pins.kwarps and not pins.threads and online_reads(bg):
         # No chain, no kernel: threads that give the pinned split of the columns a layout.
         ch = chainplan.chain_of(analyse(decompose(dataclasses.replace(bg, threads=threads))))
-        threads = next((t for t in (threads, 64, 128, 256, 512)
+        threads = next((t for t in (threads, *TUNED_THREADS)
                         if ch is not None and chainplan.lays_out(ch, t, pins.kwarps)), threads)
     bg = dataclasses.replace(bg, threads=threads)
     a = analyse(decompose(bg))
@@ -313,9 +315,9 @@ def _inlinable(name: str, a: Analysis) -> bool:
     # An invariant value read only after the loop is computed where it is read: its
     # operands (tiles copied once, or global memory) are still there, and it then needs
     # no pass over its elements before the loop and no shared-memory tile.
-    where = (a.phases[name], a.phases[user.outputs[0].name])
-    return (where[0] == where[1] or where == ("invariant", "epilogue")) and reads_once(
-        user, a.types[name], a.types)
+    phase, read_in = a.phases[name], a.phases[user.outputs[0].name]
+    return ((phase == read_in or (phase, read_in) == ("invariant", "epilogue"))
+            and reads_once(user, a.types[name], a.types))
 
 
 def _mmas(a: Analysis, tiles: dict[str, TileDraft], k: Knobs) -> list[MmaPlan]:
@@ -377,7 +379,7 @@ def _reductions(a: Analysis, tiles: dict[str, TileDraft]) -> list[ReducePlan]:
 def knob_space(bg: BlockGraph, dev_types: Mapping[str, TensorType], target: str
                ) -> dict[str, list[int]]:
     """Each knob's legal values for this kernel (the tuning space of the design)."""
-    threads = sorted({bg.threads, default_threads(bg), 64, 128, 256, 512})
+    threads = sorted({bg.threads, default_threads(bg), *TUNED_THREADS})
     a = analyse(decompose(dataclasses.replace(bg, threads=default_threads(bg))))
     kwarps = kwarps_range(a)
     online = bool(online_reads(bg))

@@ -136,8 +136,9 @@ def bulk_copies(k: FusedKernel, bis: list[BlockInput], iteration: str, arrive: b
     return ["if (threadIdx.x == 0) {"] + indent(lines) + ["}"]
 
 
-def prefetch(k: FusedKernel) -> Lines:
-    """Before the loop: issue the copies of iterations 0 .. S-2, one group each.
+def prefetch(k: FusedKernel) -> tuple[Lines, int]:
+    """Before the loop: issue the copies of iterations 0 .. S-2, one group each; the
+    lines and the number of ``cp.async`` commit groups they make.
 
     Copies of ``k.early`` inputs go to ``k.early_copies`` instead, issued before the
     grid-dependency wait; they fall into the first group, which iteration 0 waits for
@@ -165,7 +166,7 @@ def prefetch(k: FusedKernel) -> Lines:
             lines += bulk_copies(k, late, str(i), arrive=True)
         if cp:
             lines.append("mg_cp_async_commit();")
-    return lines
+    return lines, (S - 1 if staged and cp else 0)
 
 
 def iteration_copies(k: FusedKernel) -> Lines:
