@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -262,3 +263,54 @@ def test_the_loop_stages_are_in_flight_with_the_invariant_tiles() -> None:
         assert q_copy < ring < wait < k0.index("const auto* sm_q = sm_q_0;")
         assert k0[q_copy:wait].count("mg_cp_async_commit();") == stages
         assert "mg_cp_async_wait_all();" not in k0[:k0.index("for (int it = 0;")]
+
+
+def test_few_strided_results_are_reduced_by_lane_groups_and_divided_by_reciprocal(
+        tmp_path: Path) -> None:
+    # A qknorm attention's key norms: mean(k * k, dim=1) over [64, 64] K tiles, fewer
+    # results than threads, each a column of K. Computed where read they were
+    # 64 serial folds by 64 threads; planned, 8 lanes share a column and combine by
+    # shuffles. sqrt of it is only ever a broadcast divisor: it is stored as its
+    # reciprocal and the quotient multiplies. In a kernel without a matmul chain
+    # (qknorm_gqa_fused) and in one with it (the form mirage opt ships).
+    from test_chain import QKNORM_ONE_KERNEL
+
+    src = tmp_path / "qk.mir"  # one head of 128 query rows per block, as shipped at batch 8
+    src.write_text(QKNORM_ONE_KERNEL.replace("rows = 256", "rows = 128")
+                   .replace("grid=(16, 1, 1), threads=128", "grid=(2, 1, 1), threads=512")
+                   .replace("imap(x=1)", "imap(x=0)").replace("fmap(", "imap(x=0) fmap(")
+                   .replace("omap(x=1)", "omap(x=0)"))
+    cases = [(load_graph(str(ROOT / "examples/mugraphs/qknorm_gqa_fused.mir")), "km", "kr",
+              Knobs(chain=0)), (load_graph(str(src)), "b6", "b7", Knobs(chain=1))]
+    for g, mean, root, pins in cases:
+        plan = _plans(planned(g, "sm_90", [pins]))[0]
+        reds = {r.output: r for r in plan.reductions}
+        assert reds[mean].strategy == "rows" and reds[mean].threads_per_row == 8
+        assert {t.name: t.home for t in plan.tiles}[mean] == "smem"
+        k0 = emit(lower(planned(g, "sm_90", [pins])))[0].split("__global__")[1]
+        assert "const int mg_rl = threadIdx.x % 8;" in k0
+        assert re.search(r"(\w+) = mg_warp_sum\(\1, 8\);", k0)
+        assert re.search(rf"buf_{root}\[\w+\] = \(1\.0f / sqrtf\(", k0)
+        reads = re.findall(rf"const float (v\d+) = buf_{root}\[", k0)
+        assert reads and all(re.search(rf"\* {v}\)", k0) for v in reads)
+        assert not any(re.search(rf"/ {v}\)", k0) for v in reads)
+
+
+@pytest.mark.parametrize("expr,shape,inverted", [
+    ("div(a, s)", "n, 1", True),     # a broadcast divisor: one reciprocal per row
+    ("div(a, s)", "n, 64", False),   # one division per element either way
+    ("div(s, a)", "n, 1", False),    # a numerator
+])
+def test_only_a_broadcast_divisor_is_stored_as_its_reciprocal(
+        tmp_path: Path, expr: str, shape: str, inverted: bool) -> None:
+    from mirage_cli.codegen.blockfacts import analyse, decompose, stored_inverse
+
+    src = tmp_path / "p.mir"
+    src.write_text(
+        f"program p(n = 64) {{\n  input A: f16[n, 64];\n  input B: f16[{shape}];\n"
+        "  C = custom(grid=(1, 1, 1), threads=128, forloop=1) {\n"
+        "    a = load A imap();\n    b = load B imap();\n    s = sqrt(b);\n"
+        f"    r = {expr};\n    o = acc_sum(r);\n    store o -> C omap();\n  }}\n  output C;\n}}\n")
+    bg = load_graph(str(src)).ops[0].block
+    assert bg is not None
+    assert stored_inverse("s", analyse(decompose(bg))) is inverted

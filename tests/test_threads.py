@@ -9,7 +9,9 @@ from pathlib import Path
 from mirage_cli.codegen.emit import emit
 from mirage_cli.codegen.lower import lower
 from mirage_cli.codegen.planner import plan_kernel
+from mirage_cli.commands.plan import planned
 from mirage_cli.ir import Graph
+from mirage_cli.kplan import Knobs
 from mirage_cli.loading import graphs_from_text, load_graph
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -67,9 +69,11 @@ def test_a_matmul_after_the_loop_keeps_the_block_graphs_threads() -> None:
 
 
 def test_a_threads_own_fold_keeps_independent_partials() -> None:
-    # K's column norms (64 squares each) are folded by one thread per column: four
-    # partial sums, unrolled, instead of one chain of 64 dependent adds.
-    cu, _ = emit(lower(load_graph(str(MUGRAPHS / "qknorm_gqa_fused.mir"))))
+    # K's column norms (64 squares each), with as many threads as columns, are folded
+    # by one thread per column: four partial sums, unrolled, instead of one chain of 64
+    # dependent adds. (With more threads than columns, lanes share a column: test_plan.)
+    g = load_graph(str(MUGRAPHS / "qknorm_gqa_fused.mir"))
+    cu, _ = emit(lower(planned(g, "sm_90", [Knobs(threads=64), Knobs()])))
     assert re.search(r"float (acc\d+)_p\[4\];", cu)
     assert re.search(r"for \(int k\d+ = 0; k\d+ < 64; k\d+ \+= 4\)", cu)
 

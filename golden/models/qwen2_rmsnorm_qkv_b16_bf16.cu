@@ -81,14 +81,15 @@ __device__ __forceinline__ float mg_silu(float x) { return x / (1.0f + mg_exp(-x
 __device__ __forceinline__ float mg_gelu(float x) {
   return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
 }
-__device__ __forceinline__ float mg_warp_sum(float v) {
+// Sum (max) over aligned groups of `lanes` lanes (a power of two up to the warp).
+__device__ __forceinline__ float mg_warp_sum(float v, int lanes = 32) {
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  for (int o = lanes / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
 }
-__device__ __forceinline__ float mg_warp_max(float v) {
+__device__ __forceinline__ float mg_warp_max(float v, int lanes = 32) {
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  for (int o = lanes / 2; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;
 }
 // A whole block's sum (max) of v, returned to every thread: warp shuffles, then the

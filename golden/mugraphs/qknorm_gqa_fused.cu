@@ -10,7 +10,7 @@
 // input 1 'K': f16[16, 64, 4096]
 // input 2 'V': f16[16, 4096, 64]
 // output 0 'O': f16[16, 256, 64]
-// kernel mg_k0_mirage_qknorm_gqa_fused_h16x256x64_h16x64x4096_h16x4096x64_to_h16x256x64: grid [16, 16, 4], 512 threads, 148272 B dynamic shared memory
+// kernel mg_k0_mirage_qknorm_gqa_fused_h16x256x64_h16x64x4096_h16x4096x64_to_h16x256x64: grid [16, 16, 4], 512 threads, 148528 B dynamic shared memory
 // kernel mg_k1_mirage_qknorm_gqa_fused_h16x256x64_h16x64x4096_h16x4096x64_to_h16x256x64: grid [16, 16, 1], 512 threads, 37952 B dynamic shared memory
 
 // The kernels use cp.async, bf16 conversions and mma.sync shapes of sm_80 and later:
@@ -81,14 +81,15 @@ __device__ __forceinline__ float mg_silu(float x) { return x / (1.0f + mg_exp(-x
 __device__ __forceinline__ float mg_gelu(float x) {
   return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
 }
-__device__ __forceinline__ float mg_warp_sum(float v) {
+// Sum (max) over aligned groups of `lanes` lanes (a power of two up to the warp).
+__device__ __forceinline__ float mg_warp_sum(float v, int lanes = 32) {
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  for (int o = lanes / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
 }
-__device__ __forceinline__ float mg_warp_max(float v) {
+__device__ __forceinline__ float mg_warp_max(float v, int lanes = 32) {
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  for (int o = lanes / 2; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;
 }
 // A whole block's sum (max) of v, returned to every thread: warp shuffles, then the
@@ -323,7 +324,7 @@ __device__ __forceinline__ void mg_dsmem_st(float* p, unsigned rank, float v) {
 }
 #endif
 
-// fused kernel: grid [16, 16, 4], 512 threads, forloop 4; plan: 4 stage(s), kwarps 1, 148272 B shared memory
+// fused kernel: grid [16, 16, 4], 512 threads, forloop 4; plan: 4 stage(s), kwarps 1, 148528 B shared memory
 extern "C" __global__ void __launch_bounds__(512, 1) mg_k0_mirage_qknorm_gqa_fused_h16x256x64_h16x64x4096_h16x4096x64_to_h16x256x64(
     const mg_f16* __restrict__ p0,
     const mg_f16* __restrict__ p1,
@@ -338,9 +339,9 @@ extern "C" __global__ void __launch_bounds__(512, 1) mg_k0_mirage_qknorm_gqa_fus
   const int base_q = bx * 16384 + bz * 4096;
   const int base_k = bx * 262144 + by * 256;
   const int base_v = bx * 262144 + by * 16384;
-  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 147232);
+  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 147488);
   if (threadIdx.x < 4) mg_zero[threadIdx.x] = 0u;
-  unsigned long long* mg_mbar = reinterpret_cast<unsigned long long*>(mg_smem + 147200);
+  unsigned long long* mg_mbar = reinterpret_cast<unsigned long long*>(mg_smem + 147456);
   if (threadIdx.x == 0) {
     for (int s = 0; s < 4; ++s) mg_mbar_init(mg_mbar + s);
     mg_mbar_fence_init();
@@ -351,12 +352,13 @@ extern "C" __global__ void __launch_bounds__(512, 1) mg_k0_mirage_qknorm_gqa_fus
   mg_f16* sm_v_0 = reinterpret_cast<mg_f16*>(mg_smem + 0);
   float* buf_qn__rms = reinterpret_cast<float*>(mg_smem + 97280);
   mg_f16* sm_qn_0 = reinterpret_cast<mg_f16*>(mg_smem + 78848);
-  float* buf_kr = reinterpret_cast<float*>(mg_smem + 97536);
+  float* buf_km = reinterpret_cast<float*>(mg_smem + 97536);
+  float* buf_kr = reinterpret_cast<float*>(mg_smem + 97792);
   mg_f16* sm_kn_0 = reinterpret_cast<mg_f16*>(mg_smem + 88064);
-  float* buf_s = reinterpret_cast<float*>(mg_smem + 97792);
-  float* buf_e = reinterpret_cast<float*>(mg_smem + 114176);
-  float* buf_l = reinterpret_cast<float*>(mg_smem + 130560);
-  float* buf_o = reinterpret_cast<float*>(mg_smem + 130816);
+  float* buf_s = reinterpret_cast<float*>(mg_smem + 98048);
+  float* buf_e = reinterpret_cast<float*>(mg_smem + 114432);
+  float* buf_l = reinterpret_cast<float*>(mg_smem + 130816);
+  float* buf_o = reinterpret_cast<float*>(mg_smem + 131072);
   int mg_so_q[1], mg_do_q[1];
   #pragma unroll
   for (int i = 0; i < 1; ++i) {
@@ -411,7 +413,9 @@ extern "C" __global__ void __launch_bounds__(512, 1) mg_k0_mirage_qknorm_gqa_fus
     (void)row; (void)mg_rl;
     float r5 = 0.0f;
     const int w7_1 = row;
-    for (int k6 = mg_rl; k6 < 64; k6 += 32) {
+    #pragma unroll
+    for (int j9 = 0; j9 < 2; ++j9) {
+      const int k6 = mg_rl + j9 * 32;
       const float v8 = mg_ld(sm_q[w7_1 * 72 + k6]);
       r5 += v8 * v8;
     }
@@ -421,12 +425,12 @@ extern "C" __global__ void __launch_bounds__(512, 1) mg_k0_mirage_qknorm_gqa_fus
     }
   }
   __syncthreads();
-  for (int e9 = threadIdx.x; e9 < 4096; e9 += 512) {
-    const int i10_1 = e9 / 64;
-    const int i10_2 = (e9) % 64;
-    const float v11 = mg_ld(sm_q[i10_1 * 72 + i10_2]);
-    const float v12 = buf_qn__rms[i10_1];
-    mg_st(sm_qn_0 + (i10_1 * 72 + i10_2), (v11 / v12));
+  for (int e10 = threadIdx.x; e10 < 4096; e10 += 512) {
+    const int i11_1 = e10 / 64;
+    const int i11_2 = (e10) % 64;
+    const float v12 = mg_ld(sm_q[i11_1 * 72 + i11_2]);
+    const float v13 = buf_qn__rms[i11_1];
+    mg_st(sm_qn_0 + (i11_1 * 72 + i11_2), (v12 / v13));
   }
   __syncthreads();
   float acc_l[4];
@@ -451,36 +455,40 @@ extern "C" __global__ void __launch_bounds__(512, 1) mg_k0_mirage_qknorm_gqa_fus
     mg_cp_async_commit();
     const auto* sm_k = (sm_k_0 + ((it) % 4) * 4608);
     const auto* sm_v = (sm_v_0 + ((it) % 4) * 4096);
-    for (int e13 = threadIdx.x; e13 < 64; e13 += 512) {
-      const int i14_2 = e13;
-      float acc15_p[4];
+    #pragma unroll
+    for (int j = 0; j < 1; ++j) {
+      const int row = threadIdx.x / 8 + 64 * j;
+      const int mg_rl = threadIdx.x % 8;
+      (void)row; (void)mg_rl;
+      float r14 = 0.0f;
+      const int w16_2 = row;
       #pragma unroll
-      for (int q17 = 0; q17 < 4; ++q17) acc15_p[q17] = 0.0f;
-      #pragma unroll
-      for (int k16 = 0; k16 < 64; k16 += 4) {
-        #pragma unroll
-        for (int q17 = 0; q17 < 4; ++q17) {
-          const float v18 = mg_ld(sm_k[(k16 + q17) * 72 + i14_2]);
-          const float v19 = (v18 * v18);
-          acc15_p[q17] += v19;
-        }
+      for (int j19 = 0; j19 < 8; ++j19) {
+        const int k15 = mg_rl + j19 * 8;
+        const float v17 = mg_ld(sm_k[k15 * 72 + w16_2]);
+        const float v18 = (v17 * v17);
+        r14 += v18;
       }
-      float acc15 = acc15_p[0];
-      acc15 += acc15_p[1];
-      acc15 += acc15_p[2];
-      acc15 += acc15_p[3];
-      const float v20 = (acc15 / 64.0f);
-      buf_kr[i14_2] = sqrtf(v20);
+      r14 = mg_warp_sum(r14, 8);
+      if ((threadIdx.x & 7) == 0) {
+        if (row < 64) buf_km[row] = r14 / 64.0f;
+      }
+    }
+    __syncthreads();
+    for (int e20 = threadIdx.x; e20 < 64; e20 += 512) {
+      const int i21_2 = e20;
+      const float v22 = buf_km[i21_2];
+      buf_kr[i21_2] = (1.0f / sqrtf(v22));
     }
     __syncthreads();
     #pragma unroll
-    for (int j25 = 0; j25 < 8; ++j25) {
-      const int e21 = threadIdx.x + j25 * 512;
-      const int i22_1 = e21 / 64;
-      const int i22_2 = (e21) % 64;
-      const float v23 = mg_ld(sm_k[i22_1 * 72 + i22_2]);
-      const float v24 = buf_kr[i22_2];
-      mg_st(sm_kn_0 + (i22_1 * 72 + i22_2), (v23 / v24));
+    for (int j27 = 0; j27 < 8; ++j27) {
+      const int e23 = threadIdx.x + j27 * 512;
+      const int i24_1 = e23 / 64;
+      const int i24_2 = (e23) % 64;
+      const float v25 = mg_ld(sm_k[i24_1 * 72 + i24_2]);
+      const float v26 = buf_kr[i24_2];
+      mg_st(sm_kn_0 + (i24_1 * 72 + i24_2), (v25 * v26));
     }
     __syncthreads();
     {
@@ -520,13 +528,13 @@ extern "C" __global__ void __launch_bounds__(512, 1) mg_k0_mirage_qknorm_gqa_fus
     }
     __syncthreads();
     #pragma unroll
-    for (int j30 = 0; j30 < 8; ++j30) {
-      const int e26 = threadIdx.x + j30 * 512;
-      const int i27_1 = e26 / 64;
-      const int i27_2 = (e26) % 64;
-      const float v28 = buf_s[i27_1 * 64 + i27_2];
-      const float v29 = (v28 * 0.125f);
-      buf_e[i27_1 * 64 + i27_2] = mg_exp(v29);
+    for (int j32 = 0; j32 < 8; ++j32) {
+      const int e28 = threadIdx.x + j32 * 512;
+      const int i29_1 = e28 / 64;
+      const int i29_2 = (e28) % 64;
+      const float v30 = buf_s[i29_1 * 64 + i29_2];
+      const float v31 = (v30 * 0.125f);
+      buf_e[i29_1 * 64 + i29_2] = mg_exp(v31);
     }
     __syncthreads();
     #pragma unroll
@@ -534,9 +542,11 @@ extern "C" __global__ void __launch_bounds__(512, 1) mg_k0_mirage_qknorm_gqa_fus
       const int row = threadIdx.x / 32 + 16 * j;
       const int mg_rl = threadIdx.x % 32;
       (void)row; (void)mg_rl;
-      const int w32_1 = row;
-      for (int k31 = mg_rl; k31 < 64; k31 += 32) {
-        acc_l[j] += buf_e[w32_1 * 64 + k31];
+      const int w34_1 = row;
+      #pragma unroll
+      for (int j35 = 0; j35 < 2; ++j35) {
+        const int k33 = mg_rl + j35 * 32;
+        acc_l[j] += buf_e[w34_1 * 64 + k33];
       }
     }
     {
@@ -579,10 +589,10 @@ extern "C" __global__ void __launch_bounds__(512, 1) mg_k0_mirage_qknorm_gqa_fus
     const int row = threadIdx.x / 32 + 16 * j;
     const int mg_rl = threadIdx.x % 32;
     (void)row; (void)mg_rl;
-    float v33 = acc_l[j];
-    v33 = mg_warp_sum(v33);
+    float v36 = acc_l[j];
+    v36 = mg_warp_sum(v36);
     if ((threadIdx.x & 31) == 0) {
-      if (row < 64) buf_l[row] = v33;
+      if (row < 64) buf_l[row] = v36;
     }
   }
   {
@@ -609,14 +619,14 @@ extern "C" __global__ void __launch_bounds__(512, 1) mg_k0_mirage_qknorm_gqa_fus
     }
   }
   __syncthreads();
-  for (int e34 = threadIdx.x; e34 < 64; e34 += 512) {
-    const int i35_1 = e34;
-    mg_st(p3 + (bx * 4096 + by * 1 + bz * 1024 + i35_1 * 16), buf_l[i35_1]);
+  for (int e37 = threadIdx.x; e37 < 64; e37 += 512) {
+    const int i38_1 = e37;
+    mg_st(p3 + (bx * 4096 + by * 1 + bz * 1024 + i38_1 * 16), buf_l[i38_1]);
   }
-  for (int e36 = threadIdx.x; e36 < 512; e36 += 512) {
-    const int i37_1 = e36 / 8;
-    const int i37_2 = (e36) % 8;
-    mg_st8(p4 + (bx * 262144 + by * 64 + bz * 65536 + i37_1 * 1024 + (i37_2 * 8)), buf_o[i37_1 * 64 + ((i37_2 * 8) + 0)], buf_o[i37_1 * 64 + ((i37_2 * 8) + 1)], buf_o[i37_1 * 64 + ((i37_2 * 8) + 2)], buf_o[i37_1 * 64 + ((i37_2 * 8) + 3)], buf_o[i37_1 * 64 + ((i37_2 * 8) + 4)], buf_o[i37_1 * 64 + ((i37_2 * 8) + 5)], buf_o[i37_1 * 64 + ((i37_2 * 8) + 6)], buf_o[i37_1 * 64 + ((i37_2 * 8) + 7)]);
+  for (int e39 = threadIdx.x; e39 < 512; e39 += 512) {
+    const int i40_1 = e39 / 8;
+    const int i40_2 = (e39) % 8;
+    mg_st8(p4 + (bx * 262144 + by * 64 + bz * 65536 + i40_1 * 1024 + (i40_2 * 8)), buf_o[i40_1 * 64 + ((i40_2 * 8) + 0)], buf_o[i40_1 * 64 + ((i40_2 * 8) + 1)], buf_o[i40_1 * 64 + ((i40_2 * 8) + 2)], buf_o[i40_1 * 64 + ((i40_2 * 8) + 3)], buf_o[i40_1 * 64 + ((i40_2 * 8) + 4)], buf_o[i40_1 * 64 + ((i40_2 * 8) + 5)], buf_o[i40_1 * 64 + ((i40_2 * 8) + 6)], buf_o[i40_1 * 64 + ((i40_2 * 8) + 7)]);
   }
 }
 
@@ -797,7 +807,7 @@ static cudaError_t mg_prepare_mirage_qknorm_gqa_fused_h16x256x64_h16x64x4096_h16
     if (*mg_state != 0) return cudaSuccess;
   }
   mg_err = cudaFuncSetAttribute((const void*)mg_k0_mirage_qknorm_gqa_fused_h16x256x64_h16x64x4096_h16x4096x64_to_h16x256x64,
-                                cudaFuncAttributeMaxDynamicSharedMemorySize, 148272);
+                                cudaFuncAttributeMaxDynamicSharedMemorySize, 148528);
   if (mg_err != cudaSuccess) return mg_err;
   int mg_major = 0;
   mg_err = cudaDeviceGetAttribute(&mg_major, cudaDevAttrComputeCapabilityMajor, mg_dev);
@@ -838,7 +848,7 @@ extern "C" cudaError_t mirage_qknorm_gqa_fused_h16x256x64_h16x64x4096_h16x4096x6
     cudaLaunchConfig_t mg_cfg = {};
     mg_cfg.gridDim = dim3(16, 16, 4);
     mg_cfg.blockDim = dim3(512);
-    mg_cfg.dynamicSmemBytes = 148272;
+    mg_cfg.dynamicSmemBytes = 148528;
     mg_cfg.stream = mg_stream;
     mg_cfg.attrs = mg_pdl;
     mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;

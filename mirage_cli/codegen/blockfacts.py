@@ -112,6 +112,24 @@ def packed(name: str, a: Analysis) -> bool:
             and bool(users) and all(u is not None and is_mma(u, a.bg.threads) for u in users))
 
 
+def stored_inverse(name: str, a: Analysis) -> bool:
+    """An element-wise f32 tile that is only ever a broadcast divisor (``x / n`` with
+    ``n`` one per column or row, e.g. qknorm_gqa's key norms) is stored as its
+    reciprocal and its readers multiply: one division per stored element instead of one
+    per element read. An IEEE single division is a reciprocal, several fused
+    multiply-adds and a range check, issued for every element of the score tile in
+    every iteration."""
+    op = a.producer.get(name)
+    users = a.uses[name]
+    if (op is None or ops.get(op.op).cuda.kind != "elementwise"
+            or ops.get(op.op).is_accumulator or not users):
+        return False
+    t = a.types[name]
+    return all(u is not None and ops.get(u.op).cuda.by_inverse is not None
+               and u.inputs[0] != name and u.inputs[1] == name
+               and a.types[u.outputs[0].name].numel > t.numel for u in users)
+
+
 def mma_tiles(t: TensorType) -> int:
     """m16n8 tiles covering an output tile (batch dims included)."""
     n = 1
@@ -153,6 +171,23 @@ def threads_per_row(rows: int, threads: int) -> int:
     warps = threads // 32
     per = warps // rows if 0 < rows < warps and warps % rows == 0 else 1
     return 32 * per
+
+
+# Lanes per result of a reduction along a strided (not the last) dimension: a warp then
+# reads 8 consecutive rows of 4 adjacent columns, which rows padded to 72 16-bit
+# elements spread over 32 distinct banks. A whole warp per result read 32 rows of one
+# column instead (4-way bank conflicts, 5 shuffles per result); qknorm_gqa's key norms
+# over a [64, 64] K tile at 128 threads were 16 such passes, every iteration.
+STRIDED_LANES = 8
+
+
+def lanes_per_result(op: BlockOp, a: Analysis, threads: int) -> int:
+    """Threads that share one result of a row reduction (``row_reduction``)."""
+    red = reduced_dim(op, a.types)
+    assert red is not None
+    if red[0] != len(a.types[op.inputs[0]].shape) - 1:
+        return STRIDED_LANES
+    return threads_per_row(op.outputs[0].type.numel, threads)
 
 
 # -- row kernels with their rows in registers (codegen/rowregs.py) --------------------

@@ -120,6 +120,9 @@ class Emitter:
         self.nodes: dict[str, Node] = {}
         self._n = 0
         self.reg_slot: str | None = None  # the register element being computed (Regs)
+        # Tiles stored as their reciprocal (blockfacts.stored_inverse): a division by
+        # one of them is spelled as its registry ``by_inverse`` form.
+        self.inverted: frozenset[str] = frozenset()
 
     def fresh(self, prefix: str = "v") -> str:
         self._n += 1
@@ -175,8 +178,10 @@ class Emitter:
                         lines.append(f"const float {v} = {e};")
                         e = v
                     args.append(e)
-                assert spec.expr is not None
-                return lines, spec.expr.format(*args, **{k: attr_c(v) for k, v in attrs.items()})
+                form = spec.by_inverse if len(inputs) == 2 and inputs[1] in self.inverted \
+                    else spec.expr
+                assert form is not None
+                return lines, form.format(*args, **{k: attr_c(v) for k, v in attrs.items()})
             case "matmul":
                 return self._matmul(inputs, shapes, idx)
             case "reduce":

@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 from mirage_cli import ops
 from mirage_cli.codegen import chain, chainplan, cluster, mma, reduce, staging, stores, tmaplan
-from mirage_cli.codegen.blockfacts import Analysis, analyse, decompose
+from mirage_cli.codegen.blockfacts import Analysis, analyse, decompose, stored_inverse
 from mirage_cli.codegen.expr import (
     CTYPE,
     Emitter,
@@ -69,6 +69,11 @@ class FusedKernel:
         self.mmas = {m.output: m for m in plan.mmas}
         self.mma_acc = {m.accumulator: m for m in plan.mmas if m.accumulator}
         self.reds = {r.output: r for r in plan.reductions}
+        self.em.inverted = frozenset(
+            op.outputs[0].name for op in self.bg.ops
+            if self.tile(op.outputs[0].name).home == "smem"
+            and not self.tile(op.outputs[0].name).pitch
+            and stored_inverse(op.outputs[0].name, self.a))
         self.hoisted: Lines = []          # per-thread tables computed once, before use
         # Device tensors that no kernel still running ahead of this one can be writing
         # (lower.early_inputs): their first pipeline stages are copied before the wait.
@@ -283,6 +288,8 @@ class FusedKernel:
 
         def body(idx: list[str]) -> Lines:
             lines, e = self.em._inline(op.op, op.inputs, attrs, t.shape, idx)
+            if name in self.em.inverted:
+                e = f"(1.0f / {e})"
             if pitch:  # packed (blockfacts.packed): rounded to its dtype as it is stored
                 off = offset_expr("0", idx, padded_strides(t.shape, pitch))
                 return lines + [f"mg_st(sm_{name}_0 + ({off}), {e});"]

@@ -26,6 +26,7 @@ from mirage_cli.codegen.blockfacts import (
     decompose,
     direct_acc,
     is_mma,
+    lanes_per_result,
     packed,
     reads_once,
     row_kind,
@@ -214,6 +215,7 @@ def _chain(a: Analysis, ch: Chain, tiles: dict[str, TileDraft], k: Knobs
                           "in shared memory as 16-byte rows")
     a_path = "held" if chainplan.holds_a(a, ch, lay) else "ldmatrix"
     mmas, reds, owners = chainplan.plan_entries(ch, lay, a_path)
+    reds = reds + _tile_reductions(a, tiles)
     for name in ch.members:
         tiles[name].home = "frag"
     tiles[ch.acc.outputs[0].name].home = "acc_mma"
@@ -312,12 +314,25 @@ def _inlinable(name: str, a: Analysis) -> bool:
         return True
     if ops.get(user.op).is_accumulator:
         return a.phases[name] == "loop"
+    if _too_few_results(name, a):
+        return False
     # An invariant value read only after the loop is computed where it is read: its
     # operands (tiles copied once, or global memory) are still there, and it then needs
     # no pass over its elements before the loop and no shared-memory tile.
     phase, read_in = a.phases[name], a.phases[user.outputs[0].name]
     return ((phase == read_in or (phase, read_in) == ("invariant", "epilogue"))
             and reads_once(user, a.types[name], a.types))
+
+
+def _too_few_results(name: str, a: Analysis) -> bool:
+    """A reduction with fewer results than threads, each over a long row, is spread over
+    the lanes of whole warps (``row_reduction``) only from a shared-memory tile: computed
+    where read, each of its few results would be folded by one thread while the others
+    wait at the next barrier (qknorm_gqa's key norms: 64 threads of 512, each a
+    64-long serial fold, every iteration)."""
+    op = a.producer.get(name)
+    return (op is not None and a.types[name].numel < a.bg.threads
+            and row_reduction(op, a, a.bg.threads))
 
 
 def _mmas(a: Analysis, tiles: dict[str, TileDraft], k: Knobs) -> list[MmaPlan]:
@@ -364,16 +379,23 @@ def _reductions(a: Analysis, tiles: dict[str, TileDraft]) -> list[ReducePlan]:
     out = []
     for op in a.bg.ops:
         name = op.outputs[0].name
-        if ops.get(op.op).is_accumulator:
-            if tiles[name].home != "acc_mma" and acc_row_reduction(op, a):
-                rows = op.outputs[0].type.numel
-                tpr = threads_per_row(rows, T)
-                tiles[name].owner = (f"registers: one partial per thread, {tpr} threads per "
-                                     f"row, combined once after the loop")
-                out.append(ReducePlan(name, "rows", tpr))
-        elif tiles[name].home == "smem" and row_reduction(op, a, T):
-            out.append(ReducePlan(name, "rows", threads_per_row(op.outputs[0].type.numel, T)))
-    return out
+        if (ops.get(op.op).is_accumulator and tiles[name].home != "acc_mma"
+                and acc_row_reduction(op, a)):
+            rows = op.outputs[0].type.numel
+            tpr = threads_per_row(rows, T)
+            tiles[name].owner = (f"registers: one partial per thread, {tpr} threads per "
+                                 f"row, combined once after the loop")
+            out.append(ReducePlan(name, "rows", tpr))
+    return out + _tile_reductions(a, tiles)
+
+
+def _tile_reductions(a: Analysis, tiles: dict[str, TileDraft]) -> list[ReducePlan]:
+    """Row reductions into shared-memory tiles: whole warps per row, or aligned groups of
+    lanes along a strided dimension (``lanes_per_result``)."""
+    T = a.bg.threads
+    return [ReducePlan(op.outputs[0].name, "rows", lanes_per_result(op, a, T))
+            for op in a.bg.ops if not ops.get(op.op).is_accumulator
+            and tiles[op.outputs[0].name].home == "smem" and row_reduction(op, a, T)]
 
 
 def knob_space(bg: BlockGraph, dev_types: Mapping[str, TensorType], target: str

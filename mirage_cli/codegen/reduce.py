@@ -3,8 +3,9 @@
 Row reductions (``rms``, ``sum``/``mean``/``max`` along a row, accumulators that reduce
 the tile's last dimension) follow their :class:`~mirage_cli.kplan.ReducePlan`:
 ``threads_per_row`` threads stride each row (whole warps: every warp works even when a
-block has fewer rows than warps), combine with warp shuffles and, past one warp,
-through one shared-memory slot per warp. Accumulators that reduce rows keep one
+block has fewer rows than warps; an aligned group of lanes for a reduction along a
+strided dimension), combine with warp shuffles and, past one warp, through one
+shared-memory slot per warp. Accumulators that reduce rows keep one
 partial per thread across iterations and combine once, after the loop. Other
 accumulators keep their state in registers (fixed elements per thread, so updates
 need no barrier), in mma fragments (:mod:`mma`) or in shared memory.
@@ -39,6 +40,9 @@ _init = c_init
 _update = c_update
 
 
+# Terms per lane up to which a lane's loop over its elements of a row is unrolled.
+_UNROLL_TERMS = 16
+
 Body = Callable[[str, str], tuple[Lines, Lines, Lines]]
 
 
@@ -62,9 +66,10 @@ def _combine(k: FusedKernel, rp: ReducePlan, v: str, combine: Combine,
              leader: Callable[[str], Lines]) -> Lines:
     """Combine ``v`` over the row's threads; ``leader(total)`` runs once per row. Run by
     every thread (past one warp per row it holds barriers)."""
-    lines = [f"{v} = {c_warp(combine, v)};"]
-    if rp.threads_per_row == 32:
-        return lines + ["if ((threadIdx.x & 31) == 0) {"] + indent(leader(v)) + ["}"]
+    tpr = rp.threads_per_row
+    lines = [f"{v} = {c_warp(combine, v, min(tpr, 32))};"]
+    if tpr <= 32:
+        return lines + [f"if ((threadIdx.x & {tpr - 1}) == 0) {{"] + indent(leader(v)) + ["}"]
     nw = rp.threads_per_row // 32
     tot = k.em.fresh("tot")
     acc = [f"float {tot} = mg_red[threadIdx.x / 32];",
@@ -95,7 +100,13 @@ def _lane_terms(k: FusedKernel, x: str, idx: list[str], kv: str, length: int, tp
         return _lane_terms_vec(k, x, idx, kv, length, tpr, slot, pre, combine, decl)
     st, v = _pre(k, pre, *k.em.value(x, idx))
     inner = st + [_update(slot, v, combine)]
-    loop = [f"for (int {kv} = mg_rl; {kv} < {length}; {kv} += {tpr}) {{"] + indent(inner) + ["}"]
+    if length % tpr or length // tpr > _UNROLL_TERMS:
+        loop = [f"for (int {kv} = mg_rl; {kv} < {length}; {kv} += {tpr}) {{"]
+    else:  # a fixed count: unrolled, the lane's loads issue together
+        j = k.em.fresh("j")
+        loop = ["#pragma unroll", f"for (int {j} = 0; {j} < {length // tpr}; ++{j}) {{",
+                f"  const int {kv} = mg_rl + {j} * {tpr};"]
+    loop += indent(inner) + ["}"]
     return keep_used(decl, loop) + loop
 
 

@@ -152,16 +152,18 @@ def c_update(slot: str, v: str, combine: Combine) -> str:
             assert_never(other)
 
 
-def c_warp(combine: Combine, v: str) -> str:
-    """``v`` combined over the 32 lanes of a warp (the prelude's shuffle helpers; min
-    as the negated max of the negations, exact in floating point)."""
+def c_warp(combine: Combine, v: str, lanes: int = 32) -> str:
+    """``v`` combined over the 32 lanes of a warp, or over aligned groups of ``lanes``
+    lanes (the prelude's shuffle helpers; min as the negated max of the negations, exact
+    in floating point)."""
+    w = "" if lanes == 32 else f", {lanes}"
     match combine:
         case Combine.SUM:
-            return f"mg_warp_sum({v})"
+            return f"mg_warp_sum({v}{w})"
         case Combine.MAX:
-            return f"mg_warp_max({v})"
+            return f"mg_warp_max({v}{w})"
         case Combine.MIN:
-            return f"(-mg_warp_max(-({v})))"
+            return f"(-mg_warp_max(-({v}){w}))"
         case other:
             assert_never(other)
 
