@@ -86,7 +86,8 @@ class ReducePlan:
 
     output: str
     strategy: Reduction        # thread: one thread per result; rows: threads_per_row per row;
-    #                            quad: the 4 lanes holding a row of mma fragments
+    #                            quad: the 4 lanes holding a row of mma fragments (or a
+    #                            column of B fragments)
     threads_per_row: int
 
 

@@ -217,3 +217,53 @@ def test_column_split_warps_write_and_add_their_fragments_in_pairs() -> None:
     assert writes > 0 and adds == writes  # level 1 adds what level 0 wrote
     assert f"buf_{acc}[" not in "".join(line for line in cu.splitlines()
                                         if "acc_" + acc + "[" in line and "float2" not in line)
+
+
+def _plans(g: Graph) -> list:  # type: ignore[type-arg]
+    return [op.plan for op in g.ops if op.block is not None]
+
+
+def _qknorm(tmp_path: Path, text: str = QKNORM_ONE_KERNEL) -> Graph:
+    src = tmp_path / "qk.mir"
+    src.write_text(text)
+    return load_graph(str(src))
+
+
+def test_key_norms_come_from_the_b_fragments_with_few_warp_groups(tmp_path: Path) -> None:
+    # The key norms (mean of K * K over the head dimension, one per column of the
+    # first matmul's B operand) are folded from the B fragments each warp loads: its
+    # 4 elements of column lane/4 per n8 tile and K step, 2 shuffles per column, the
+    # reciprocal of sqrt gathered to the lanes holding each score column. Nothing of
+    # it in shared memory, no barrier in the iteration besides the ring's.
+    g = _qknorm(tmp_path)
+    a = analyse(decompose(g.ops[0].block))
+    ch = chain_form(a)
+    assert isinstance(ch, Chain) and ch.cols is not None
+    assert [op.outputs[0].name for op in ch.cols.reduces] == ["b6"] and ch.cols.read == ("b7",)
+    (plan,) = _plans(planned(g, "sm_90", [Knobs(threads=128, kwarps=2)]))
+    homes = {t.name: t.home for t in plan.tiles}
+    assert (homes["b6"], homes["b7"]) == ("frag", "frag")
+    assert ("b6", "quad") in {(r.output, r.strategy) for r in plan.reductions}
+    cu, _ = emit(lower(planned(g, "sm_90", [Knobs(threads=128, kwarps=2)])))
+    loop = cu.split("for (int it = 0;")[1].split("\n  __syncthreads();")[0]
+    assert loop.count("__syncthreads();") == 1 and "buf_b6" not in cu and "buf_b7" not in cu
+    assert "mg_unpack_f16(rb0_0," in loop and "mg_cs_b6[j] = mg_warp_sum(mg_cs_b6[j], 4);" in loop
+    assert "mg_cg_b7_3_1 = __shfl_sync(0xffffffffu, mg_cv_b7_3, (2 * mg_t + 1) * 4);" in loop
+    assert "(v16 * mg_cg_b7_0_0)" in loop or "* mg_cg_b7_0_0)" in loop
+    assert compile_cuda(cu, "k.cu", "sm_90").cubin
+    # Eight warp groups would each fold the same columns again: all warps compute them
+    # once into shared memory instead (chainplan.FRAGMENT_STATS_GROUPS).
+    (plan,) = _plans(planned(g, "sm_90", [Knobs(threads=256, kwarps=1)]))
+    assert {t.name: t.home for t in plan.tiles}["b6"] == "smem"
+
+
+def test_a_side_tensor_that_is_not_per_column_keeps_the_shared_memory_form(
+        tmp_path: Path) -> None:
+    # The key norms times the queries: a tensor of the score's shape, which no warp's B
+    # fragments give.
+    g = _qknorm(tmp_path, QKNORM_ONE_KERNEL.replace("b7 = sqrt(b6);", "b7 = mul(b6, b0);"))
+    ch = chain_form(analyse(decompose(g.ops[0].block)))
+    assert isinstance(ch, Chain) and ch.cols is None
+    (plan,) = _plans(planned(g, "sm_90", [Knobs(threads=128, kwarps=2)]))
+    homes = {t.name: t.home for t in plan.tiles}
+    assert "frag" not in (homes["b6"], homes["b7"])

@@ -290,10 +290,19 @@ def test_few_strided_results_are_reduced_by_lane_groups_and_divided_by_reciproca
         k0 = emit(lower(planned(g, "sm_90", [pins])))[0].split("__global__")[1]
         assert "const int mg_rl = threadIdx.x % 8;" in k0
         assert re.search(r"(\w+) = mg_warp_sum\(\1, 8\);", k0)
-        assert re.search(rf"buf_{root}\[\w+\] = \(1\.0f / sqrtf\(", k0)
+        # The norms' sqrt is written by the lanes that combine each mean, no pass of
+        # its own (fused_finish).
+        assert re.search(rf"buf_{mean}\[row\] = (fin\d+);\s*buf_{root}\[row\] = "
+                         rf"\(1\.0f / sqrtf\(\1\)\);", k0)
+        assert f"written with {mean}" in {t.name: t.owner for t in plan.tiles}[root]
         reads = re.findall(rf"const float (v\d+) = buf_{root}\[", k0)
         assert reads and all(re.search(rf"\* {v}\)", k0) for v in reads)
         assert not any(re.search(rf"/ {v}\)", k0) for v in reads)
+        if pins.chain == 1:  # the loop's one barrier after the side pass waits after QK^T
+            loop = k0.split("for (int it = 0;")[1]
+            first_mma = loop.index("mg_mma_f16(mg_s[")
+            assert loop.index("__syncthreads();", loop.index("__syncthreads();") + 1) > first_mma
+            assert loop.count("__syncthreads();", 0, first_mma) == 1
 
 
 @pytest.mark.parametrize("expr,shape,inverted", [

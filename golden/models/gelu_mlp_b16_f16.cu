@@ -216,6 +216,15 @@ __device__ __forceinline__ unsigned mg_pack_bf16(float lo, float hi) {
 }
 __device__ __forceinline__ unsigned mg_pack_f162(float2 v) { return mg_pack_f16(v.x, v.y); }
 __device__ __forceinline__ unsigned mg_pack_bf162(float2 v) { return mg_pack_bf16(v.x, v.y); }
+// The two 16-bit elements of a packed register (an mma fragment), as floats.
+__device__ __forceinline__ void mg_unpack_f16(unsigned u, float& lo, float& hi) {
+  lo = mg_ld(mg_f16{(unsigned short)(u & 0xffffu)});
+  hi = mg_ld(mg_f16{(unsigned short)(u >> 16)});
+}
+__device__ __forceinline__ void mg_unpack_bf16(unsigned u, float& lo, float& hi) {
+  lo = __uint_as_float(u << 16);
+  hi = __uint_as_float(u & 0xffff0000u);
+}
 template <typename T>
 __device__ __forceinline__ unsigned mg_bits2(T lo, T hi) {
   return (unsigned)lo.bits | ((unsigned)hi.bits << 16);

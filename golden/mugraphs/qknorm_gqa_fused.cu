@@ -215,6 +215,15 @@ __device__ __forceinline__ unsigned mg_pack_bf16(float lo, float hi) {
 }
 __device__ __forceinline__ unsigned mg_pack_f162(float2 v) { return mg_pack_f16(v.x, v.y); }
 __device__ __forceinline__ unsigned mg_pack_bf162(float2 v) { return mg_pack_bf16(v.x, v.y); }
+// The two 16-bit elements of a packed register (an mma fragment), as floats.
+__device__ __forceinline__ void mg_unpack_f16(unsigned u, float& lo, float& hi) {
+  lo = mg_ld(mg_f16{(unsigned short)(u & 0xffffu)});
+  hi = mg_ld(mg_f16{(unsigned short)(u >> 16)});
+}
+__device__ __forceinline__ void mg_unpack_bf16(unsigned u, float& lo, float& hi) {
+  lo = __uint_as_float(u << 16);
+  hi = __uint_as_float(u & 0xffff0000u);
+}
 template <typename T>
 __device__ __forceinline__ unsigned mg_bits2(T lo, T hi) {
   return (unsigned)lo.bits | ((unsigned)hi.bits << 16);
@@ -421,16 +430,19 @@ extern "C" __global__ void __launch_bounds__(512, 1) mg_k0_mirage_qknorm_gqa_fus
     }
     r5 = mg_warp_sum(r5);
     if ((threadIdx.x & 31) == 0) {
-      if (row < 64) buf_qn__rms[row] = sqrtf(r5 / 64.0f + 0.0f);
+      if (row < 64) {
+        const float fin10 = sqrtf(r5 / 64.0f + 0.0f);
+        buf_qn__rms[row] = fin10;
+      }
     }
   }
   __syncthreads();
-  for (int e10 = threadIdx.x; e10 < 4096; e10 += 512) {
-    const int i11_1 = e10 / 64;
-    const int i11_2 = (e10) % 64;
-    const float v12 = mg_ld(sm_q[i11_1 * 72 + i11_2]);
-    const float v13 = buf_qn__rms[i11_1];
-    mg_st(sm_qn_0 + (i11_1 * 72 + i11_2), (v12 / v13));
+  for (int e11 = threadIdx.x; e11 < 4096; e11 += 512) {
+    const int i12_1 = e11 / 64;
+    const int i12_2 = (e11) % 64;
+    const float v13 = mg_ld(sm_q[i12_1 * 72 + i12_2]);
+    const float v14 = buf_qn__rms[i12_1];
+    mg_st(sm_qn_0 + (i12_1 * 72 + i12_2), (v13 / v14));
   }
   __syncthreads();
   float acc_l[4];
@@ -460,35 +472,33 @@ extern "C" __global__ void __launch_bounds__(512, 1) mg_k0_mirage_qknorm_gqa_fus
       const int row = threadIdx.x / 8 + 64 * j;
       const int mg_rl = threadIdx.x % 8;
       (void)row; (void)mg_rl;
-      float r14 = 0.0f;
-      const int w16_2 = row;
+      float r15 = 0.0f;
+      const int w17_2 = row;
       #pragma unroll
-      for (int j19 = 0; j19 < 8; ++j19) {
-        const int k15 = mg_rl + j19 * 8;
-        const float v17 = mg_ld(sm_k[k15 * 72 + w16_2]);
-        const float v18 = (v17 * v17);
-        r14 += v18;
+      for (int j20 = 0; j20 < 8; ++j20) {
+        const int k16 = mg_rl + j20 * 8;
+        const float v18 = mg_ld(sm_k[k16 * 72 + w17_2]);
+        const float v19 = (v18 * v18);
+        r15 += v19;
       }
-      r14 = mg_warp_sum(r14, 8);
+      r15 = mg_warp_sum(r15, 8);
       if ((threadIdx.x & 7) == 0) {
-        if (row < 64) buf_km[row] = r14 / 64.0f;
+        if (row < 64) {
+          const float fin21 = r15 / 64.0f;
+          buf_km[row] = fin21;
+          buf_kr[row] = (1.0f / sqrtf(fin21));
+        }
       }
-    }
-    __syncthreads();
-    for (int e20 = threadIdx.x; e20 < 64; e20 += 512) {
-      const int i21_2 = e20;
-      const float v22 = buf_km[i21_2];
-      buf_kr[i21_2] = (1.0f / sqrtf(v22));
     }
     __syncthreads();
     #pragma unroll
-    for (int j27 = 0; j27 < 8; ++j27) {
-      const int e23 = threadIdx.x + j27 * 512;
-      const int i24_1 = e23 / 64;
-      const int i24_2 = (e23) % 64;
-      const float v25 = mg_ld(sm_k[i24_1 * 72 + i24_2]);
-      const float v26 = buf_kr[i24_2];
-      mg_st(sm_kn_0 + (i24_1 * 72 + i24_2), (v25 * v26));
+    for (int j26 = 0; j26 < 8; ++j26) {
+      const int e22 = threadIdx.x + j26 * 512;
+      const int i23_1 = e22 / 64;
+      const int i23_2 = (e22) % 64;
+      const float v24 = mg_ld(sm_k[i23_1 * 72 + i23_2]);
+      const float v25 = buf_kr[i23_2];
+      mg_st(sm_kn_0 + (i23_1 * 72 + i23_2), (v24 * v25));
     }
     __syncthreads();
     {
@@ -528,13 +538,13 @@ extern "C" __global__ void __launch_bounds__(512, 1) mg_k0_mirage_qknorm_gqa_fus
     }
     __syncthreads();
     #pragma unroll
-    for (int j32 = 0; j32 < 8; ++j32) {
-      const int e28 = threadIdx.x + j32 * 512;
-      const int i29_1 = e28 / 64;
-      const int i29_2 = (e28) % 64;
-      const float v30 = buf_s[i29_1 * 64 + i29_2];
-      const float v31 = (v30 * 0.125f);
-      buf_e[i29_1 * 64 + i29_2] = mg_exp(v31);
+    for (int j31 = 0; j31 < 8; ++j31) {
+      const int e27 = threadIdx.x + j31 * 512;
+      const int i28_1 = e27 / 64;
+      const int i28_2 = (e27) % 64;
+      const float v29 = buf_s[i28_1 * 64 + i28_2];
+      const float v30 = (v29 * 0.125f);
+      buf_e[i28_1 * 64 + i28_2] = mg_exp(v30);
     }
     __syncthreads();
     #pragma unroll
@@ -542,11 +552,11 @@ extern "C" __global__ void __launch_bounds__(512, 1) mg_k0_mirage_qknorm_gqa_fus
       const int row = threadIdx.x / 32 + 16 * j;
       const int mg_rl = threadIdx.x % 32;
       (void)row; (void)mg_rl;
-      const int w34_1 = row;
+      const int w33_1 = row;
       #pragma unroll
-      for (int j35 = 0; j35 < 2; ++j35) {
-        const int k33 = mg_rl + j35 * 32;
-        acc_l[j] += buf_e[w34_1 * 64 + k33];
+      for (int j34 = 0; j34 < 2; ++j34) {
+        const int k32 = mg_rl + j34 * 32;
+        acc_l[j] += buf_e[w33_1 * 64 + k32];
       }
     }
     {
@@ -589,10 +599,10 @@ extern "C" __global__ void __launch_bounds__(512, 1) mg_k0_mirage_qknorm_gqa_fus
     const int row = threadIdx.x / 32 + 16 * j;
     const int mg_rl = threadIdx.x % 32;
     (void)row; (void)mg_rl;
-    float v36 = acc_l[j];
-    v36 = mg_warp_sum(v36);
+    float v35 = acc_l[j];
+    v35 = mg_warp_sum(v35);
     if ((threadIdx.x & 31) == 0) {
-      if (row < 64) buf_l[row] = v36;
+      if (row < 64) buf_l[row] = v35;
     }
   }
   {
@@ -619,14 +629,14 @@ extern "C" __global__ void __launch_bounds__(512, 1) mg_k0_mirage_qknorm_gqa_fus
     }
   }
   __syncthreads();
-  for (int e37 = threadIdx.x; e37 < 64; e37 += 512) {
-    const int i38_1 = e37;
-    mg_st(p3 + (bx * 4096 + by * 1 + bz * 1024 + i38_1 * 16), buf_l[i38_1]);
+  for (int e36 = threadIdx.x; e36 < 64; e36 += 512) {
+    const int i37_1 = e36;
+    mg_st(p3 + (bx * 4096 + by * 1 + bz * 1024 + i37_1 * 16), buf_l[i37_1]);
   }
-  for (int e39 = threadIdx.x; e39 < 512; e39 += 512) {
-    const int i40_1 = e39 / 8;
-    const int i40_2 = (e39) % 8;
-    mg_st8(p4 + (bx * 262144 + by * 64 + bz * 65536 + i40_1 * 1024 + (i40_2 * 8)), buf_o[i40_1 * 64 + ((i40_2 * 8) + 0)], buf_o[i40_1 * 64 + ((i40_2 * 8) + 1)], buf_o[i40_1 * 64 + ((i40_2 * 8) + 2)], buf_o[i40_1 * 64 + ((i40_2 * 8) + 3)], buf_o[i40_1 * 64 + ((i40_2 * 8) + 4)], buf_o[i40_1 * 64 + ((i40_2 * 8) + 5)], buf_o[i40_1 * 64 + ((i40_2 * 8) + 6)], buf_o[i40_1 * 64 + ((i40_2 * 8) + 7)]);
+  for (int e38 = threadIdx.x; e38 < 512; e38 += 512) {
+    const int i39_1 = e38 / 8;
+    const int i39_2 = (e38) % 8;
+    mg_st8(p4 + (bx * 262144 + by * 64 + bz * 65536 + i39_1 * 1024 + (i39_2 * 8)), buf_o[i39_1 * 64 + ((i39_2 * 8) + 0)], buf_o[i39_1 * 64 + ((i39_2 * 8) + 1)], buf_o[i39_1 * 64 + ((i39_2 * 8) + 2)], buf_o[i39_1 * 64 + ((i39_2 * 8) + 3)], buf_o[i39_1 * 64 + ((i39_2 * 8) + 4)], buf_o[i39_1 * 64 + ((i39_2 * 8) + 5)], buf_o[i39_1 * 64 + ((i39_2 * 8) + 6)], buf_o[i39_1 * 64 + ((i39_2 * 8) + 7)]);
   }
 }
 

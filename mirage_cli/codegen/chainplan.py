@@ -165,7 +165,35 @@ def plan_entries(ch: Chain, lay: ChainLayout, a_path: str
     for op in ch.row_accs:
         owners[op.outputs[0].name] = ("registers: partials of a row in the 4 lanes holding "
                                       "it, combined by shuffles once after the loop")
+    if ch.cols is not None and stats_in_fragments(ch, lay):
+        reds += [ReducePlan(op.outputs[0].name, "quad", 4) for op in ch.cols.reduces]
+        for name in column_values(ch, lay):
+            owners[name] = ("registers: a value per column of the first matmul's B operand, "
+                            "folded from its B fragments by the column's 4 lanes each "
+                            "iteration, gathered by shuffles to the lanes that hold the "
+                            "column's score elements")
     return mmas, reds, owners
+
+
+# Warp groups up to which each computes the statistics of B1's columns from its own B
+# fragments (blockfacts.ColumnStats) rather than all warps once, through shared memory,
+# between two barriers. Every warp group folds the same columns: on an H100 (docs/
+# perf-log.md v26) qknorm_gqa with 2 groups ran 15.27 -> 13.97 us (64 query rows,
+# 8192 keys, batch 2), with 4 the same (21.53 -> 21.77, head dim 128), with 8 slower
+# (35.21 -> 38.55 at batch 8, 57.00 -> 63.35 at batch 16).
+FRAGMENT_STATS_GROUPS = 2
+
+
+def stats_in_fragments(ch: Chain, lay: ChainLayout) -> bool:
+    """Whether the chain computes its column statistics from its B fragments."""
+    return ch.cols is not None and lay.groups <= FRAGMENT_STATS_GROUPS
+
+
+def column_values(ch: Chain, lay: ChainLayout) -> frozenset[str]:
+    """The per-column values a chain computes from its B fragments (ColumnStats)."""
+    if ch.cols is None or not stats_in_fragments(ch, lay):
+        return frozenset()
+    return frozenset(op.outputs[0].name for op in (*ch.cols.reduces, *ch.cols.post))
 
 
 def chain_threads(a: Analysis) -> int | None:

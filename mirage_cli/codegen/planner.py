@@ -25,6 +25,7 @@ from mirage_cli.codegen.blockfacts import (
     analyse,
     decompose,
     direct_acc,
+    fused_finish,
     is_mma,
     lanes_per_result,
     packed,
@@ -90,6 +91,9 @@ def plan_kernel(bg: BlockGraph, dev_types: Mapping[str, TensorType], target: str
     if k.chain != 1:
         mmas = _mmas(a, tiles, k)  # operand paths again: a tile may have left shared memory
     T = bg.threads
+    for name, u in fused_finishes(a, tiles, reds).items():
+        tiles[u.outputs[0].name].owner = (f"f32 tile; written with {name} by the lanes that "
+                                          f"combine each of its rows")
     out = []
     for t in tiles.values():
         if not t.owner:
@@ -215,9 +219,9 @@ def _chain(a: Analysis, ch: Chain, tiles: dict[str, TileDraft], k: Knobs
                           "in shared memory as 16-byte rows")
     a_path = "held" if chainplan.holds_a(a, ch, lay) else "ldmatrix"
     mmas, reds, owners = chainplan.plan_entries(ch, lay, a_path)
-    reds = reds + _tile_reductions(a, tiles)
-    for name in ch.members:
+    for name in ch.members | chainplan.column_values(ch, lay):
         tiles[name].home = "frag"
+    reds = reds + _tile_reductions(a, tiles)
     tiles[ch.acc.outputs[0].name].home = "acc_mma"
     for op in ch.row_accs:
         tiles[op.outputs[0].name].home = "acc_regs"
@@ -387,6 +391,22 @@ def _reductions(a: Analysis, tiles: dict[str, TileDraft]) -> list[ReducePlan]:
                                  f"row, combined once after the loop")
             out.append(ReducePlan(name, "rows", tpr))
     return out + _tile_reductions(a, tiles)
+
+
+def fused_finishes(a: Analysis, tiles: Mapping[str, TileDraft | TilePlan],
+                   reds: list[ReducePlan]) -> dict[str, BlockOp]:
+    """Row reductions into shared memory whose one element-wise reader is written by
+    the reduction's leader lanes (blockfacts.fused_finish), by reduction."""
+    out = {}
+    for rp in reds:
+        op = a.producer.get(rp.output)
+        u = fused_finish(op, a) if op is not None and rp.strategy == "rows" else None
+        if u is None or tiles[rp.output].home != "smem":
+            continue
+        t = tiles[u.outputs[0].name]
+        if t.home == "smem" and not t.pitch and t.scratch_offset < 0:
+            out[rp.output] = u
+    return out
 
 
 def _tile_reductions(a: Analysis, tiles: dict[str, TileDraft]) -> list[ReducePlan]:

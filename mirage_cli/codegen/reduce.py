@@ -20,6 +20,8 @@ from mirage_cli import ops
 from mirage_cli.codegen import mma
 from mirage_cli.codegen.expr import (
     Lines,
+    Local,
+    Node,
     Stored,
     indent,
     index_vars,
@@ -164,9 +166,29 @@ def materialize(k: FusedKernel, op: BlockOp, rp: ReducePlan) -> Lines:
         valid = _lane_terms(k, op.inputs[0], idx, kv, length, rp.threads_per_row, r,
                             Pre.SQUARE if spec.kind == "rms" else Pre.ID, combine, decl)
         post = _combine(k, rp, r, combine, lambda tot: [
-            f"if ({row} < {n_rows}) buf_{out.name}[{row}] = {fin.format(tot)};"])
+            f"if ({row} < {n_rows}) {{"] + indent(_leader(k, op, row, fin.format(tot))) + ["}"])
         return [f"float {r} = {_init(combine)};"], valid, post
     return _rows(k, rp, n_rows, body) + ["__syncthreads();"]
+
+
+def _leader(k: FusedKernel, op: BlockOp, row: str, value: str) -> Lines:
+    """The reduction's result at ``row`` into its tile, and into the tile of the
+    element-wise operator it finishes (``FusedKernel.finishes``)."""
+    out = op.outputs[0]
+    v = k.em.fresh("fin")
+    lines = [f"const float {v} = {value};", f"buf_{out.name}[{row}] = {v};"]
+    u = k.finishes.get(out.name)
+    if u is None:
+        return lines
+    saved = k.em.nodes[out.name]
+    k.em.nodes[out.name] = Node(out.type.shape, Local(v))
+    attrs = ops.get(u.op).attr_values(u.attrs)
+    st, e = k.em._inline(u.op, u.inputs, attrs, out.type.shape, ["0"] * len(out.type.shape))
+    k.em.nodes[out.name] = saved
+    name = u.outputs[0].name
+    if name in k.em.inverted:
+        e = f"(1.0f / {e})"
+    return lines + st + [f"buf_{name}[{row}] = {e};"]
 
 
 # -- forloop accumulators -------------------------------------------------------------
