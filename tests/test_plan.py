@@ -265,6 +265,17 @@ def test_the_loop_stages_are_in_flight_with_the_invariant_tiles() -> None:
         assert "mg_cp_async_wait_all();" not in k0[:k0.index("for (int it = 0;")]
 
 
+def qknorm_chain_as_shipped() -> str:
+    """A qknorm attention chain kernel with one head of 128 query rows per block and 512
+    threads, as mirage opt ships qknorm_gqa's at batch 8 (8 warp groups)."""
+    from test_chain import QKNORM_ONE_KERNEL
+
+    return (QKNORM_ONE_KERNEL.replace("rows = 256", "rows = 128")
+            .replace("grid=(16, 1, 1), threads=128", "grid=(2, 1, 1), threads=512")
+            .replace("imap(x=1)", "imap(x=0)").replace("fmap(", "imap(x=0) fmap(")
+            .replace("omap(x=1)", "omap(x=0)"))
+
+
 def test_few_strided_results_are_reduced_by_lane_groups_and_divided_by_reciprocal(
         tmp_path: Path) -> None:
     # A qknorm attention's key norms: mean(k * k, dim=1) over [64, 64] K tiles, fewer
@@ -273,13 +284,8 @@ def test_few_strided_results_are_reduced_by_lane_groups_and_divided_by_reciproca
     # shuffles. sqrt of it is only ever a broadcast divisor: it is stored as its
     # reciprocal and the quotient multiplies. In a kernel without a matmul chain
     # (qknorm_gqa_fused) and in one with it (the form mirage opt ships).
-    from test_chain import QKNORM_ONE_KERNEL
-
-    src = tmp_path / "qk.mir"  # one head of 128 query rows per block, as shipped at batch 8
-    src.write_text(QKNORM_ONE_KERNEL.replace("rows = 256", "rows = 128")
-                   .replace("grid=(16, 1, 1), threads=128", "grid=(2, 1, 1), threads=512")
-                   .replace("imap(x=1)", "imap(x=0)").replace("fmap(", "imap(x=0) fmap(")
-                   .replace("omap(x=1)", "omap(x=0)"))
+    src = tmp_path / "qk.mir"
+    src.write_text(qknorm_chain_as_shipped())
     cases = [(load_graph(str(ROOT / "examples/mugraphs/qknorm_gqa_fused.mir")), "km", "kr",
               Knobs(chain=0)), (load_graph(str(src)), "b6", "b7", Knobs(chain=1))]
     for g, mean, root, pins in cases:

@@ -79,16 +79,37 @@ def test_cluster_combine_forms_on_gpu(device, stem: str, batch: int, pins: Knobs
     assert chk.ok, f"{stem} ({form}): {chk.reason}"
 
 
-@pytest.mark.parametrize("pins", [Knobs(chain=1), Knobs(chain=1, ksplit=2), Knobs(chain=0)],
-                         ids=["chain", "chain-ksplit2", "no-chain"])
-def test_packed_query_chain_on_gpu(device, tmp_path: Path, pins: Knobs) -> None:  # type: ignore[no-untyped-def]
-    """The chain whose A operand is a tile computed before the loop (test_chain.py)."""
+@pytest.mark.parametrize("pins,dtype", [(Knobs(chain=1), "f16"), (Knobs(chain=1, ksplit=2), "f16"),
+                                        (Knobs(chain=0), "f16"), (Knobs(chain=1), "bf16")],
+                         ids=["chain", "chain-ksplit2", "no-chain", "chain-bf16"])
+def test_packed_query_chain_on_gpu(device, tmp_path: Path, pins: Knobs, dtype: str) -> None:  # type: ignore[no-untyped-def]
+    """The chain whose A operand is a tile computed before the loop (test_chain.py), its
+    key norms from the B fragments (2 warp groups)."""
     from test_chain import QKNORM_ONE_KERNEL
 
     from mirage_cli.codegen.bench import check_graph
 
     src = tmp_path / "qk.mir"
-    src.write_text(QKNORM_ONE_KERNEL)
+    src.write_text(QKNORM_ONE_KERNEL.replace("f16[", f"{dtype}["))
     loaded, chk = check_graph(device, planned(load_graph(str(src)), "sm_90", [pins]), seed=3)
+    loaded.unload()
+    assert chk.ok, chk.reason
+
+
+@pytest.mark.parametrize("dtype", ["f16", "bf16"])
+def test_key_norms_through_shared_memory_in_a_chain_on_gpu(  # type: ignore[no-untyped-def]
+        device, tmp_path: Path, dtype: str) -> None:
+    """qknorm's chain kernel as shipped at batch 8 (128 query rows, 512 threads, 8 warp
+    groups): the key norms by 8-lane groups into shared memory, their sqrt written as a
+    reciprocal by the reducing lanes, the barrier after the first matmul (test_plan)."""
+    from test_plan import qknorm_chain_as_shipped
+
+    from mirage_cli.codegen.bench import check_graph
+
+    src = tmp_path / "qk.mir"
+    src.write_text(qknorm_chain_as_shipped().replace("f16[", f"{dtype}["))
+    g = planned(load_graph(str(src)), "sm_90", [Knobs(chain=1)])
+    assert [op.plan.threads for op in g.ops if op.plan is not None] == [512]
+    loaded, chk = check_graph(device, g, seed=7)
     loaded.unload()
     assert chk.ok, chk.reason
