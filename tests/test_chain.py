@@ -267,3 +267,29 @@ def test_a_side_tensor_that_is_not_per_column_keeps_the_shared_memory_form(
     (plan,) = _plans(planned(g, "sm_90", [Knobs(threads=128, kwarps=2)]))
     homes = {t.name: t.home for t in plan.tiles}
     assert "frag" not in (homes["b6"], homes["b7"])
+
+
+def loop_query_chain() -> str:
+    """A chain whose first matmul's A operand is computed in every iteration (queries
+    loaded with the keys' fmap and normalised), without key norms."""
+    text = (QKNORM_ONE_KERNEL
+            .replace("input Q: f16[2 * batch, rows, d];", "input Q: f16[2 * batch, rows, 8 * d];")
+            .replace("b0 = load Q imap(x=1);", "b0 = load Q imap(x=1) fmap(2);")
+            .replace("b8 = div(b5, b7);", "b8 = mul_scalar(b5, scalar=1.0);"))
+    for line in ("    b4 = mul(b1, b1);\n", "    b6 = mean(b4, dim=1, keepdim=true);\n",
+                 "    b7 = sqrt(b6);\n"):
+        text = text.replace(line, "")
+    return text
+
+
+def test_a_first_operand_computed_in_the_loop_is_written_before_the_first_matmul(
+        tmp_path: Path) -> None:
+    # The first matmul reads the tile the loop's side passes write, so their barrier
+    # stays before it (elsewhere it waits after the first matmul, which then overlaps
+    # them).
+    g = _qknorm(tmp_path, loop_query_chain())
+    cu, _ = emit(lower(planned(g, "sm_90", [Knobs(chain=1)])))
+    loop = cu.split("for (int it = 0;")[1]
+    first_mma = loop.index("mg_mma_f16(mg_s[")
+    last_write = loop.rindex("mg_st(sm_b3_0 + (", 0, first_mma)
+    assert "__syncthreads();" in loop[last_write:first_mma]

@@ -113,3 +113,19 @@ def test_key_norms_through_shared_memory_in_a_chain_on_gpu(  # type: ignore[no-u
     loaded, chk = check_graph(device, g, seed=7)
     loaded.unload()
     assert chk.ok, chk.reason
+
+
+def test_a_chain_whose_queries_change_every_iteration_on_gpu(  # type: ignore[no-untyped-def]
+        device, tmp_path: Path) -> None:
+    """The first matmul's A operand computed in the loop: written, then a barrier, then
+    read (test_chain.loop_query_chain)."""
+    from test_chain import loop_query_chain
+
+    from mirage_cli.codegen.bench import check_graph
+
+    src = tmp_path / "qk.mir"
+    src.write_text(loop_query_chain())
+    loaded, chk = check_graph(device, planned(load_graph(str(src)), "sm_90", [Knobs(chain=1)]),
+                              seed=9)
+    loaded.unload()
+    assert chk.ok, chk.reason

@@ -351,9 +351,13 @@ class FusedKernel:
         lines = staging.iteration_copies(self)
         side = self._materialize_phase("loop")
         if self.chain is not None:
-            # The first matmul reads none of the tiles the loop computes: their last
-            # barrier waits after it, so its mmas overlap the others' passes.
-            late = bool(side) and side[-1] == "__syncthreads();"
+            # Where the first matmul reads none of the tiles the loop computes (its
+            # operands loaded, or computed before the loop), their last barrier waits
+            # after it, so its mmas overlap the others' passes.
+            loaded = {bi.value.name for bi in self.bg.inputs}
+            late = (bool(side) and side[-1] == "__syncthreads();"
+                    and all(i in loaded or self.a.phases[i] != "loop"
+                            for i in self.chain.first.inputs))
             lines += side[:-1] if late else side
             lines += chain.update(self, self.chain, self.chain_lay, barrier=late)
         else:

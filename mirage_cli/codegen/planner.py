@@ -330,7 +330,7 @@ def _inlinable(name: str, a: Analysis) -> bool:
 
 def _too_few_results(name: str, a: Analysis) -> bool:
     """A reduction with fewer results than threads, each over a long row, is spread over
-    the lanes of whole warps (``row_reduction``) only from a shared-memory tile: computed
+    lanes (``row_reduction``, ``lanes_per_result``) only into a shared-memory tile: computed
     where read, each of its few results would be folded by one thread while the others
     wait at the next barrier (qknorm_gqa's key norms: 64 threads of 512, each a
     64-long serial fold, every iteration)."""
