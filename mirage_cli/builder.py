@@ -21,7 +21,14 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from mirage_cli import ops
-from mirage_cli.check import check_block, check_graph, infer_op, stored_type, tile_type
+from mirage_cli.check import (
+    check_block,
+    check_graph,
+    check_launch,
+    infer_op,
+    stored_type,
+    tile_type,
+)
 from mirage_cli.diagnostics import MirageError, Span
 from mirage_cli.ir import (
     Attrs,
@@ -114,6 +121,7 @@ class GraphBuilder:
     def custom(self, grid: Sequence[int], threads: int, forloop: int,
                span: Span | None = None) -> BlockBuilder:
         g = tuple(int(x) for x in grid) + (1,) * (3 - len(grid))
+        check_launch((g[0], g[1], g[2]), threads, forloop, span)
         return BlockBuilder(self, (g[0], g[1], g[2]), threads, forloop, span)
 
     def output(self, name: str, span: Span | None = None) -> None:

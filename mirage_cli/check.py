@@ -188,14 +188,21 @@ def online_reads(bg: BlockGraph) -> set[str]:
             for i in op.inputs if phases[i] == "epilogue"}
 
 
+def check_launch(grid: tuple[int, int, int], threads: int, forloop: int,
+                 span: Span | None = None) -> None:
+    """A custom kernel's grid, threads and forloop are positive: checked before any of
+    its loads divides a tensor by them."""
+    for n, what in ((forloop, "forloop"), (threads, "threads")):
+        if n < 1:
+            raise MirageError(f"{what} must be positive, got {n}", span)
+    if any(g < 1 for g in grid):
+        raise MirageError(f"grid dimensions must be positive, got {grid}", span)
+
+
 def check_block(bg: BlockGraph, kernel_types: dict[str, TensorType],
                 span: Span | None = None) -> None:
     """Validate one block graph against the device tensors it reads."""
-    for n, what in ((bg.forloop, "forloop"), (bg.threads, "threads")):
-        if n < 1:
-            raise MirageError(f"{what} must be positive, got {n}", span)
-    if any(g < 1 for g in bg.grid):
-        raise MirageError(f"grid dimensions must be positive, got {bg.grid}", span)
+    check_launch(bg.grid, bg.threads, bg.forloop, span)
     if bg.threads % 32:
         raise MirageError(f"threads per block must be a multiple of 32, got {bg.threads}",
                           span)
