@@ -18,6 +18,7 @@ from mirage_cli.codegen.blockfacts import Chain, analyse, chain_form, decompose
 from mirage_cli.codegen.chainplan import (
     FRAG_REGS_MAX,
     ChainLayout,
+    chain_of,
     frag_regs,
     held_a_regs,
     holds_a,
@@ -237,7 +238,7 @@ def test_key_norms_come_from_the_b_fragments_with_few_warp_groups(tmp_path: Path
     # it in shared memory, no barrier in the iteration besides the ring's.
     g = _qknorm(tmp_path)
     a = analyse(decompose(g.ops[0].block))
-    ch = chain_form(a)
+    ch = chain_of(a)
     assert isinstance(ch, Chain) and ch.cols is not None
     assert [op.outputs[0].name for op in ch.cols.reduces] == ["b6"] and ch.cols.read == ("b7",)
     (plan,) = _plans(planned(g, "sm_90", [Knobs(threads=128, kwarps=2)]))
@@ -252,7 +253,7 @@ def test_key_norms_come_from_the_b_fragments_with_few_warp_groups(tmp_path: Path
     assert "(v16 * mg_cg_b7_0_0)" in loop or "* mg_cg_b7_0_0)" in loop
     assert compile_cuda(cu, "k.cu", "sm_90").cubin
     # Eight warp groups would each fold the same columns again: all warps compute them
-    # once into shared memory instead (chainplan.FRAGMENT_STATS_GROUPS).
+    # once into shared memory instead (colstats.FRAGMENT_STATS_GROUPS).
     (plan,) = _plans(planned(g, "sm_90", [Knobs(threads=256, kwarps=1)]))
     assert {t.name: t.home for t in plan.tiles}["b6"] == "smem"
 
@@ -262,7 +263,7 @@ def test_a_side_tensor_that_is_not_per_column_keeps_the_shared_memory_form(
     # The key norms times the queries: a tensor of the score's shape, which no warp's B
     # fragments give.
     g = _qknorm(tmp_path, QKNORM_ONE_KERNEL.replace("b7 = sqrt(b6);", "b7 = mul(b6, b0);"))
-    ch = chain_form(analyse(decompose(g.ops[0].block)))
+    ch = chain_of(analyse(decompose(g.ops[0].block)))
     assert isinstance(ch, Chain) and ch.cols is None
     (plan,) = _plans(planned(g, "sm_90", [Knobs(threads=128, kwarps=2)]))
     homes = {t.name: t.home for t in plan.tiles}

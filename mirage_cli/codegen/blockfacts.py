@@ -12,12 +12,16 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from mirage_cli import ops
 from mirage_cli.check import block_phases, online_reads
 from mirage_cli.codegen.expr import numel
 from mirage_cli.ir import BlockGraph, BlockOp, DType, TensorType, Value, make_attrs
 from mirage_cli.semantics.accum import Finish
+
+if TYPE_CHECKING:
+    from mirage_cli.codegen.colstats import ColumnStats
 
 
 def decompose(bg: BlockGraph) -> BlockGraph:
@@ -295,7 +299,7 @@ class Chain:
     acc: BlockOp
     row_accs: tuple[BlockOp, ...]
     online: Online | None = None  # the running maximum the loop reads, if any
-    cols: ColumnStats | None = None  # statistics of B1's columns that links read
+    cols: ColumnStats | None = None  # statistics of B1's columns (chainplan.chain_of)
 
     @property
     def members(self) -> frozenset[str]:
@@ -353,70 +357,7 @@ def chain_form(a: Analysis) -> Chain | str:
     online = online_form(a, ch)
     if isinstance(online, str):
         return online
-    return dataclasses.replace(ch, online=online, cols=column_stats(a, ch))
-
-
-@dataclass(frozen=True)
-class ColumnStats:
-    """Reductions over the K dimension of the first matmul's B operand ``B1`` ([d, n]:
-    one value per column, e.g. qknorm's key norms ``sqrt(mean(K * K, dim=d))``) that
-    the links read, and every other tensor the loop computes besides the chain.
-
-    Each warp computes them from the B fragments its first matmul loads anyway: a lane
-    holds 4 elements of column ``lane / 4`` of each n8 tile per K step, so it folds
-    ``pre`` of them into a partial, the column's 4 lanes combine by two shuffles, the
-    ``post`` operators apply once per column, and each value a link reads is gathered
-    (one shuffle per fragment column) to the lanes whose score fragments hold that
-    column. No shared-memory tile and no barrier, but every warp group folds the same
-    columns again: so with few groups only (chainplan.stats_in_fragments); otherwise
-    all warps compute them once into shared memory, between two barriers."""
-
-    pre: tuple[BlockOp, ...]       # element-wise functions of B1 alone the reductions read
-    reduces: tuple[BlockOp, ...]   # over B1's K dimension, keepdim: [.., 1, n]
-    post: tuple[BlockOp, ...]      # element-wise functions of the per-column values
-    read: tuple[str, ...]          # the per-column values links read
-
-
-def column_stats(a: Analysis, ch: Chain) -> ColumnStats | None:
-    """The loop's side tensors as :class:`ColumnStats`, or None if any is not one."""
-    b1 = ch.first.inputs[1]
-    shape = a.types[b1].shape
-    kdim = len(shape) - 2
-    col_shape = shape[:kdim] + (1,) + shape[-1:]
-    inside = ch.members | {op.outputs[0].name for op in (ch.acc, *ch.row_accs)}
-    side = [op for op in a.bg.ops if a.phases.get(op.outputs[0].name) == "loop"
-            and op.outputs[0].name not in inside]
-    of_b, cols = {b1}, set()
-    pre, reduces, post = [], [], []
-    for op in side:
-        name, out = op.outputs[0].name, op.outputs[0].type.shape
-        spec = ops.get(op.op)
-        if spec.is_accumulator:
-            return None
-        red = reduced_dim(op, a.types)
-        if spec.cuda.kind == "elementwise" and set(op.inputs) <= of_b and out == shape:
-            pre.append(op)
-            of_b.add(name)
-        elif (spec.cuda.kind == "reduce" and op.inputs[0] in of_b and red is not None
-              and red[0] == kdim and out == col_shape):
-            reduces.append(op)
-            cols.add(name)
-        elif spec.cuda.kind == "elementwise" and set(op.inputs) <= cols and out == col_shape:
-            post.append(op)
-            cols.add(name)
-        else:
-            return None
-    if not reduces:
-        return None
-    derived = {op.outputs[0].name for op in (*pre, *reduces, *post)}
-    links = {op.outputs[0].name for op in ch.links}
-    for name in derived:
-        readers = {u.outputs[0].name if u is not None else None for u in a.uses[name]}
-        if not readers <= derived | links:
-            return None
-    read = tuple(n for n in (op.outputs[0].name for op in (*reduces, *post))
-                 if any(u is not None and u.outputs[0].name in links for u in a.uses[n]))
-    return ColumnStats(tuple(pre), tuple(reduces), tuple(post), read)
+    return dataclasses.replace(ch, online=online)
 
 
 def _links(a: Analysis, first: BlockOp, second: BlockOp

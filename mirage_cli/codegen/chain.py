@@ -21,13 +21,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from mirage_cli import ops
+from mirage_cli.codegen import colstats
 from mirage_cli.codegen.chainplan import ChainLayout
 from mirage_cli.codegen.expr import Lines, Local, Node, indent, offset_expr, row_major
 from mirage_cli.codegen.mma import mma_fn, smem_ptr, warp_ids
-from mirage_cli.codegen.reduce import accum_spec, row_combine
+from mirage_cli.codegen.reduce import accum_spec
 from mirage_cli.ir import DType
 from mirage_cli.semantics.accum import Combine, Pre
-from mirage_cli.semantics.cuda import c_init, c_update, c_warp
+from mirage_cli.semantics.cuda import c_init, c_update
 
 if TYPE_CHECKING:
     from mirage_cli.codegen.blockfacts import Chain
@@ -137,12 +138,12 @@ def _held_a(k: FusedKernel, ch: Chain, lay: ChainLayout) -> Lines:
 
 def _first(k: FusedKernel, ch: Chain, lay: ChainLayout) -> Lines:
     """S = A @ B1 over this warp's rows and columns into ``mg_s``; with them, the
-    statistics of B1's columns (:func:`_column_stats`)."""
+    statistics of B1's columns (:mod:`colstats`)."""
     a, b = ch.first.inputs
     d = k.a.types[a].shape[-1]
     mma = mma_fn(ch.first.outputs[0].type.dtype)
     held = _held(k, ch)
-    lines: Lines = _stats_init(k, ch, lay)
+    lines: Lines = colstats.init(k, ch, lay)
     for s in range(d // 16):
         step = [f"const int kk = {s * 16};"]
         for m in range(lay.tiles_per_warp):
@@ -154,85 +155,9 @@ def _first(k: FusedKernel, ch: Chain, lay: ChainLayout) -> Lines:
         step += _b_loads(k, b, lay.score_tiles, f"mg_ks * {lay.score_tiles}")
         step += [f"{mma}(mg_s[{m}][{j}], ra{m}_0, ra{m}_1, ra{m}_2, ra{m}_3, rb{j}_0, rb{j}_1);"
                  for m in range(lay.tiles_per_warp) for j in range(lay.score_tiles)]
-        step += _stats_fold(k, ch, lay)
+        step += colstats.fold(k, ch, lay)
         lines += ["{"] + indent(step) + ["}"]
-    return lines + _column_stats(k, ch, lay)
-
-
-# -- statistics of B1's columns from its fragments (blockfacts.ColumnStats) ------------
-
-
-def _stats_init(k: FusedKernel, ch: Chain, lay: ChainLayout) -> Lines:
-    """Each reduction's partial for column ``mg_g`` of each of this warp's n8 tiles."""
-    if ch.cols is None or not k.frag_stats:
-        return []
-    lines: Lines = []
-    for op in ch.cols.reduces:
-        name, comb = op.outputs[0].name, row_combine(op, 1)[0]
-        lines += [f"float mg_cs_{name}[{lay.score_tiles}];"]
-        lines += _unrolled("j", lay.score_tiles, [f"mg_cs_{name}[j] = {c_init(comb)};"])
-    return lines
-
-
-def _stats_fold(k: FusedKernel, ch: Chain, lay: ChainLayout) -> Lines:
-    """At one K step: the 4 elements of B1 this lane holds per n8 tile (column
-    ``mg_g``, 2 registers of two 16-bit elements), through ``pre``, into the partials."""
-    if ch.cols is None or not k.frag_stats:
-        return []
-    b = ch.first.inputs[1]
-    shape = k.a.types[b].shape
-    unpack = "mg_unpack_f16" if k.a.types[b].dtype is DType.F16 else "mg_unpack_bf16"
-    saved = k.em.nodes[b]
-    lines: Lines = []
-    for j in range(lay.score_tiles):
-        body = ["float mg_u[4];", f"{unpack}(rb{j}_0, mg_u[0], mg_u[1]);",
-                f"{unpack}(rb{j}_1, mg_u[2], mg_u[3]);"]
-        for u in range(4):
-            k.em.nodes[b] = Node(shape, Local(f"mg_u[{u}]"))
-            for op in ch.cols.reduces:
-                st, v = k.em.value(op.inputs[0], ["0"] * len(shape))
-                comb = row_combine(op, 1)[0]
-                body += st + [c_update(f"mg_cs_{op.outputs[0].name}[{j}]", v, comb)]
-        lines += ["{"] + indent(body) + ["}"]
-    k.em.nodes[b] = saved
-    return lines
-
-
-def _column_stats(k: FusedKernel, ch: Chain, lay: ChainLayout) -> Lines:
-    """The partials combined over each column's 4 lanes, finished, the ``post``
-    operators applied, and every value a link reads gathered into ``mg_cg_{name}_{j}_{e}``:
-    column ``2 * mg_t + e`` of n8 tile ``j``, the columns of this lane's score elements
-    (a divisor stored as its reciprocal, blockfacts.stored_inverse)."""
-    if ch.cols is None or not k.frag_stats:
-        return []
-    b = ch.first.inputs[1]
-    d = k.a.types[b].shape[-2]
-    lines: Lines = []
-    for op in ch.cols.reduces:
-        name = op.outputs[0].name
-        comb, fin = row_combine(op, d)
-        lines += _unrolled("j", lay.score_tiles, [
-            f"mg_cs_{name}[j] = {c_warp(comb, f'mg_cs_{name}[j]', 4)};",
-            f"mg_cs_{name}[j] = {fin.format(f'mg_cs_{name}[j]')};"])
-    idx = ["0"] * len(k.a.types[b].shape)
-    for j in range(lay.score_tiles):
-        for op in ch.cols.reduces:
-            name = op.outputs[0].name
-            k.em.nodes[name] = Node(op.outputs[0].type.shape, Local(f"mg_cs_{name}[{j}]"))
-        for op in ch.cols.post:
-            name = op.outputs[0].name
-            attrs = ops.get(op.op).attr_values(op.attrs)
-            st, e = k.em._inline(op.op, op.inputs, attrs, op.outputs[0].type.shape, idx)
-            lines += st + [f"const float mg_c_{name}_{j} = {e};"]
-            k.em.nodes[name] = Node(op.outputs[0].type.shape, Local(f"mg_c_{name}_{j}"))
-        for name in ch.cols.read:
-            st, v = k.em.value(name, idx)
-            if name in k.em.inverted:
-                v = f"(1.0f / {v})"
-            lines += st + [f"const float mg_cv_{name}_{j} = {v};"]
-            lines += [f"const float mg_cg_{name}_{j}_{e} = __shfl_sync(0xffffffffu, "
-                      f"mg_cv_{name}_{j}, (2 * mg_t + {e}) * 4);" for e in (0, 1)]
-    return lines
+    return lines + colstats.finish(k, ch, lay)
 
 
 def _links(k: FusedKernel, ch: Chain, lay: ChainLayout) -> Lines:
@@ -258,8 +183,7 @@ def _element(k: FusedKernel, ch: Chain, lay: ChainLayout, first: str, idx: list[
     folded into the ``row_accs`` (default all); the value ``result`` (default the
     second matmul's operand) is left in the fragment register."""
     k.em.nodes[first] = Node(k.a.types[first].shape, Local(f"mg_s[{m}][{j}][{i}]"))
-    for name in ch.cols.read if ch.cols is not None and k.frag_stats else ():
-        k.em.nodes[name] = Node(k.a.types[name].shape, Local(f"mg_cg_{name}_{j}_{i & 1}"))
+    colstats.bind(k, ch, j, i)
     body = [f"const int mg_r = mg_mi{m} * 16 + mg_g + {(i >> 1) * 8};",
             f"const int mg_c = (mg_ks * {lay.score_tiles} + {j}) * 8 + 2 * mg_t + {i & 1};",
             "(void)mg_r; (void)mg_c;"]

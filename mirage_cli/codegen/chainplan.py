@@ -15,8 +15,10 @@ columns), and the homes, mma and reduction entries of the plan.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
+from mirage_cli.codegen import colstats
 from mirage_cli.codegen.blockfacts import Analysis, Chain, chain_form
 from mirage_cli.kplan import MmaPlan, ReducePlan
 
@@ -101,8 +103,11 @@ def row_tiles(ch: Chain) -> int:
 
 
 def chain_of(a: Analysis) -> Chain | None:
+    """The block graph's matmul chain with the statistics of B1's columns it reads."""
     ch = chain_form(a)
-    return ch if isinstance(ch, Chain) else None
+    if not isinstance(ch, Chain):
+        return None
+    return dataclasses.replace(ch, cols=colstats.column_stats(a, ch))
 
 
 def chain_range(a: Analysis, kwarps: list[int]) -> list[int]:
@@ -165,35 +170,14 @@ def plan_entries(ch: Chain, lay: ChainLayout, a_path: str
     for op in ch.row_accs:
         owners[op.outputs[0].name] = ("registers: partials of a row in the 4 lanes holding "
                                       "it, combined by shuffles once after the loop")
-    if ch.cols is not None and stats_in_fragments(ch, lay):
+    if ch.cols is not None and colstats.in_fragments(ch, lay):
         reds += [ReducePlan(op.outputs[0].name, "quad", 4) for op in ch.cols.reduces]
-        for name in column_values(ch, lay):
+        for name in colstats.values(ch, lay):
             owners[name] = ("registers: a value per column of the first matmul's B operand, "
                             "folded from its B fragments by the column's 4 lanes each "
                             "iteration, gathered by shuffles to the lanes that hold the "
                             "column's score elements")
     return mmas, reds, owners
-
-
-# Warp groups up to which each computes the statistics of B1's columns from its own B
-# fragments (blockfacts.ColumnStats) rather than all warps once, through shared memory,
-# between two barriers. Every warp group folds the same columns: on an H100 (docs/
-# perf-log.md v26) qknorm_gqa with 2 groups ran 15.27 -> 13.97 us (64 query rows,
-# 8192 keys, batch 2), with 4 the same (21.53 -> 21.77, head dim 128), with 8 slower
-# (35.21 -> 38.55 at batch 8, 57.00 -> 63.35 at batch 16).
-FRAGMENT_STATS_GROUPS = 2
-
-
-def stats_in_fragments(ch: Chain, lay: ChainLayout) -> bool:
-    """Whether the chain computes its column statistics from its B fragments."""
-    return ch.cols is not None and lay.groups <= FRAGMENT_STATS_GROUPS
-
-
-def column_values(ch: Chain, lay: ChainLayout) -> frozenset[str]:
-    """The per-column values a chain computes from its B fragments (ColumnStats)."""
-    if ch.cols is None or not stats_in_fragments(ch, lay):
-        return frozenset()
-    return frozenset(op.outputs[0].name for op in (*ch.cols.reduces, *ch.cols.post))
 
 
 def chain_threads(a: Analysis) -> int | None:

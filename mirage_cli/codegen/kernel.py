@@ -22,6 +22,7 @@ from mirage_cli.codegen import (
     chain,
     chainplan,
     cluster,
+    colstats,
     mma,
     planner,
     reduce,
@@ -105,7 +106,7 @@ class FusedKernel:
         # The chain's statistics of B1's columns, when it folds them from its fragments.
         self.frag_stats: frozenset[str] = frozenset()
         if self.chain is not None:
-            self.frag_stats = chainplan.column_values(self.chain, self.chain_lay)
+            self.frag_stats = colstats.values(self.chain, self.chain_lay)
         cols = self.frag_stats
         self.em.inverted = frozenset(
             op.outputs[0].name for op in self.bg.ops

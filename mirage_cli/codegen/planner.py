@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from mirage_cli import arch as archs
 from mirage_cli import ops
 from mirage_cli.check import online_reads
-from mirage_cli.codegen import chainplan, tmaplan
+from mirage_cli.codegen import chainplan, colstats, tmaplan
 from mirage_cli.codegen.blockfacts import (
     Analysis,
     Chain,
@@ -219,7 +219,7 @@ def _chain(a: Analysis, ch: Chain, tiles: dict[str, TileDraft], k: Knobs
                           "in shared memory as 16-byte rows")
     a_path = "held" if chainplan.holds_a(a, ch, lay) else "ldmatrix"
     mmas, reds, owners = chainplan.plan_entries(ch, lay, a_path)
-    for name in ch.members | chainplan.column_values(ch, lay):
+    for name in ch.members | colstats.values(ch, lay):
         tiles[name].home = "frag"
     reds = reds + _tile_reductions(a, tiles)
     tiles[ch.acc.outputs[0].name].home = "acc_mma"
