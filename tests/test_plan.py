@@ -329,3 +329,34 @@ def test_only_a_broadcast_divisor_is_stored_as_its_reciprocal(
     bg = load_graph(str(src)).ops[0].block
     assert bg is not None
     assert stored_inverse("s", analyse(decompose(bg))) is inverted
+
+
+STRIDED_MAX = """program p() {
+  input X: f16[4, 512, 128];
+  Z = custom(grid=(4, 1, 1), threads=256, forloop=2) {
+    x = load X imap(x=0) fmap(1);
+    m = max(x, dim=1, keepdim=true);
+    e = exp(m);
+    s = acc_sum(e);
+    store s -> Z omap(x=0);
+  }
+  output Z;
+}
+"""
+
+
+def test_a_strided_reduction_reads_its_column_one_element_at_a_time(tmp_path: Path) -> None:
+    # max over the 256 rows of a staged [256, 128] tile, 128 results: 8 lanes per
+    # column, each lane down its column (row pitch 136). The 16-byte row reads of a
+    # reduction along the last dimension would read 8 columns of one row instead.
+    src = tmp_path / "p.mir"
+    src.write_text(STRIDED_MAX)
+    cu, _ = emit(lower(load_graph(str(src))))
+    assert re.search(r"fmaxf\((\w+), mg_ld\(sm_x\[(\w+) \* 136 \+ w\w+\]\)\)", cu)
+    assert "mg_ld8(sm_x" not in cu
+    # Loaded once, before the loop, the same reduction keeps its form (computed where
+    # it is read): only a loop's reductions are planned into shared memory for it.
+    src.write_text(STRIDED_MAX.replace("imap(x=0) fmap(1)", "imap(x=0)")
+                   .replace("f16[4, 512, 128]", "f16[4, 256, 128]"))
+    (plan,) = _plans(planned(load_graph(str(src)), "sm_90", [Knobs()]))
+    assert {t.name: t.home for t in plan.tiles}["m"] == "inline"

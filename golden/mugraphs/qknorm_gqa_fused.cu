@@ -422,27 +422,22 @@ extern "C" __global__ void __launch_bounds__(512, 1) mg_k0_mirage_qknorm_gqa_fus
     (void)row; (void)mg_rl;
     float r5 = 0.0f;
     const int w7_1 = row;
-    #pragma unroll
-    for (int j9 = 0; j9 < 2; ++j9) {
-      const int k6 = mg_rl + j9 * 32;
+    for (int k6 = mg_rl; k6 < 64; k6 += 32) {
       const float v8 = mg_ld(sm_q[w7_1 * 72 + k6]);
       r5 += v8 * v8;
     }
     r5 = mg_warp_sum(r5);
     if ((threadIdx.x & 31) == 0) {
-      if (row < 64) {
-        const float fin10 = sqrtf(r5 / 64.0f + 0.0f);
-        buf_qn__rms[row] = fin10;
-      }
+      if (row < 64) buf_qn__rms[row] = sqrtf(r5 / 64.0f + 0.0f);
     }
   }
   __syncthreads();
-  for (int e11 = threadIdx.x; e11 < 4096; e11 += 512) {
-    const int i12_1 = e11 / 64;
-    const int i12_2 = (e11) % 64;
-    const float v13 = mg_ld(sm_q[i12_1 * 72 + i12_2]);
-    const float v14 = buf_qn__rms[i12_1];
-    mg_st(sm_qn_0 + (i12_1 * 72 + i12_2), (v13 / v14));
+  for (int e9 = threadIdx.x; e9 < 4096; e9 += 512) {
+    const int i10_1 = e9 / 64;
+    const int i10_2 = (e9) % 64;
+    const float v11 = mg_ld(sm_q[i10_1 * 72 + i10_2]);
+    const float v12 = buf_qn__rms[i10_1];
+    mg_st(sm_qn_0 + (i10_1 * 72 + i10_2), (v11 / v12));
   }
   __syncthreads();
   float acc_l[4];
@@ -472,33 +467,33 @@ extern "C" __global__ void __launch_bounds__(512, 1) mg_k0_mirage_qknorm_gqa_fus
       const int row = threadIdx.x / 8 + 64 * j;
       const int mg_rl = threadIdx.x % 8;
       (void)row; (void)mg_rl;
-      float r15 = 0.0f;
-      const int w17_2 = row;
+      float r13 = 0.0f;
+      const int w15_2 = row;
       #pragma unroll
-      for (int j20 = 0; j20 < 8; ++j20) {
-        const int k16 = mg_rl + j20 * 8;
-        const float v18 = mg_ld(sm_k[k16 * 72 + w17_2]);
-        const float v19 = (v18 * v18);
-        r15 += v19;
+      for (int j18 = 0; j18 < 8; ++j18) {
+        const int k14 = mg_rl + j18 * 8;
+        const float v16 = mg_ld(sm_k[k14 * 72 + w15_2]);
+        const float v17 = (v16 * v16);
+        r13 += v17;
       }
-      r15 = mg_warp_sum(r15, 8);
+      r13 = mg_warp_sum(r13, 8);
       if ((threadIdx.x & 7) == 0) {
         if (row < 64) {
-          const float fin21 = r15 / 64.0f;
-          buf_km[row] = fin21;
-          buf_kr[row] = (1.0f / sqrtf(fin21));
+          const float fin19 = r13 / 64.0f;
+          buf_km[row] = fin19;
+          buf_kr[row] = (1.0f / sqrtf(fin19));
         }
       }
     }
     __syncthreads();
     #pragma unroll
-    for (int j26 = 0; j26 < 8; ++j26) {
-      const int e22 = threadIdx.x + j26 * 512;
-      const int i23_1 = e22 / 64;
-      const int i23_2 = (e22) % 64;
-      const float v24 = mg_ld(sm_k[i23_1 * 72 + i23_2]);
-      const float v25 = buf_kr[i23_2];
-      mg_st(sm_kn_0 + (i23_1 * 72 + i23_2), (v24 * v25));
+    for (int j24 = 0; j24 < 8; ++j24) {
+      const int e20 = threadIdx.x + j24 * 512;
+      const int i21_1 = e20 / 64;
+      const int i21_2 = (e20) % 64;
+      const float v22 = mg_ld(sm_k[i21_1 * 72 + i21_2]);
+      const float v23 = buf_kr[i21_2];
+      mg_st(sm_kn_0 + (i21_1 * 72 + i21_2), (v22 * v23));
     }
     __syncthreads();
     {
@@ -538,13 +533,13 @@ extern "C" __global__ void __launch_bounds__(512, 1) mg_k0_mirage_qknorm_gqa_fus
     }
     __syncthreads();
     #pragma unroll
-    for (int j31 = 0; j31 < 8; ++j31) {
-      const int e27 = threadIdx.x + j31 * 512;
-      const int i28_1 = e27 / 64;
-      const int i28_2 = (e27) % 64;
-      const float v29 = buf_s[i28_1 * 64 + i28_2];
-      const float v30 = (v29 * 0.125f);
-      buf_e[i28_1 * 64 + i28_2] = mg_exp(v30);
+    for (int j29 = 0; j29 < 8; ++j29) {
+      const int e25 = threadIdx.x + j29 * 512;
+      const int i26_1 = e25 / 64;
+      const int i26_2 = (e25) % 64;
+      const float v27 = buf_s[i26_1 * 64 + i26_2];
+      const float v28 = (v27 * 0.125f);
+      buf_e[i26_1 * 64 + i26_2] = mg_exp(v28);
     }
     __syncthreads();
     #pragma unroll
@@ -552,11 +547,9 @@ extern "C" __global__ void __launch_bounds__(512, 1) mg_k0_mirage_qknorm_gqa_fus
       const int row = threadIdx.x / 32 + 16 * j;
       const int mg_rl = threadIdx.x % 32;
       (void)row; (void)mg_rl;
-      const int w33_1 = row;
-      #pragma unroll
-      for (int j34 = 0; j34 < 2; ++j34) {
-        const int k32 = mg_rl + j34 * 32;
-        acc_l[j] += buf_e[w33_1 * 64 + k32];
+      const int w31_1 = row;
+      for (int k30 = mg_rl; k30 < 64; k30 += 32) {
+        acc_l[j] += buf_e[w31_1 * 64 + k30];
       }
     }
     {
@@ -599,10 +592,10 @@ extern "C" __global__ void __launch_bounds__(512, 1) mg_k0_mirage_qknorm_gqa_fus
     const int row = threadIdx.x / 32 + 16 * j;
     const int mg_rl = threadIdx.x % 32;
     (void)row; (void)mg_rl;
-    float v35 = acc_l[j];
-    v35 = mg_warp_sum(v35);
+    float v32 = acc_l[j];
+    v32 = mg_warp_sum(v32);
     if ((threadIdx.x & 31) == 0) {
-      if (row < 64) buf_l[row] = v35;
+      if (row < 64) buf_l[row] = v32;
     }
   }
   {
@@ -629,14 +622,14 @@ extern "C" __global__ void __launch_bounds__(512, 1) mg_k0_mirage_qknorm_gqa_fus
     }
   }
   __syncthreads();
-  for (int e36 = threadIdx.x; e36 < 64; e36 += 512) {
-    const int i37_1 = e36;
-    mg_st(p3 + (bx * 4096 + by * 1 + bz * 1024 + i37_1 * 16), buf_l[i37_1]);
+  for (int e33 = threadIdx.x; e33 < 64; e33 += 512) {
+    const int i34_1 = e33;
+    mg_st(p3 + (bx * 4096 + by * 1 + bz * 1024 + i34_1 * 16), buf_l[i34_1]);
   }
-  for (int e38 = threadIdx.x; e38 < 512; e38 += 512) {
-    const int i39_1 = e38 / 8;
-    const int i39_2 = (e38) % 8;
-    mg_st8(p4 + (bx * 262144 + by * 64 + bz * 65536 + i39_1 * 1024 + (i39_2 * 8)), buf_o[i39_1 * 64 + ((i39_2 * 8) + 0)], buf_o[i39_1 * 64 + ((i39_2 * 8) + 1)], buf_o[i39_1 * 64 + ((i39_2 * 8) + 2)], buf_o[i39_1 * 64 + ((i39_2 * 8) + 3)], buf_o[i39_1 * 64 + ((i39_2 * 8) + 4)], buf_o[i39_1 * 64 + ((i39_2 * 8) + 5)], buf_o[i39_1 * 64 + ((i39_2 * 8) + 6)], buf_o[i39_1 * 64 + ((i39_2 * 8) + 7)]);
+  for (int e35 = threadIdx.x; e35 < 512; e35 += 512) {
+    const int i36_1 = e35 / 8;
+    const int i36_2 = (e35) % 8;
+    mg_st8(p4 + (bx * 262144 + by * 64 + bz * 65536 + i36_1 * 1024 + (i36_2 * 8)), buf_o[i36_1 * 64 + ((i36_2 * 8) + 0)], buf_o[i36_1 * 64 + ((i36_2 * 8) + 1)], buf_o[i36_1 * 64 + ((i36_2 * 8) + 2)], buf_o[i36_1 * 64 + ((i36_2 * 8) + 3)], buf_o[i36_1 * 64 + ((i36_2 * 8) + 4)], buf_o[i36_1 * 64 + ((i36_2 * 8) + 5)], buf_o[i36_1 * 64 + ((i36_2 * 8) + 6)], buf_o[i36_1 * 64 + ((i36_2 * 8) + 7)]);
   }
 }
 

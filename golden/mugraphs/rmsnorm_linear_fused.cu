@@ -415,9 +415,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_rmsnorm_linear
       const int mg_rl = threadIdx.x % 32;
       (void)row; (void)mg_rl;
       const int w4_0 = row;
-      #pragma unroll
-      for (int j6 = 0; j6 < 4; ++j6) {
-        const int k3 = mg_rl + j6 * 32;
+      for (int k3 = mg_rl; k3 < 128; k3 += 32) {
         const float v5 = mg_ld(sm_x[w4_0 * 136 + k3]);
         acc_r[j] += v5 * v5;
       }
@@ -459,10 +457,10 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_rmsnorm_linear
     const int row = threadIdx.x / 32 + 4 * j;
     const int mg_rl = threadIdx.x % 32;
     (void)row; (void)mg_rl;
-    float v7 = acc_r[j];
-    v7 = mg_warp_sum(v7);
+    float v6 = acc_r[j];
+    v6 = mg_warp_sum(v6);
     if ((threadIdx.x & 31) == 0) {
-      if (row < 16) buf_r[row] = sqrtf(v7 / 4096.0f);
+      if (row < 16) buf_r[row] = sqrtf(v6 / 4096.0f);
     }
   }
   {
@@ -489,34 +487,34 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_rmsnorm_linear
     }
   }
   __syncthreads();
-  for (int e8 = threadIdx.x; e8 < 64; e8 += 128) {
-    const int i9_0 = e8 / 4;
-    const int i9_1 = (e8) % 4;
-    const float v10 = buf_s[i9_0 * 32 + ((i9_1 * 8) + 0)];
-    const float v11 = buf_r[i9_0];
-    const float v12 = (v10 / v11);
-    const float v13 = buf_s[i9_0 * 32 + ((i9_1 * 8) + 1)];
-    const float v14 = buf_r[i9_0];
-    const float v15 = (v13 / v14);
-    const float v16 = buf_s[i9_0 * 32 + ((i9_1 * 8) + 2)];
-    const float v17 = buf_r[i9_0];
-    const float v18 = (v16 / v17);
-    const float v19 = buf_s[i9_0 * 32 + ((i9_1 * 8) + 3)];
-    const float v20 = buf_r[i9_0];
-    const float v21 = (v19 / v20);
-    const float v22 = buf_s[i9_0 * 32 + ((i9_1 * 8) + 4)];
-    const float v23 = buf_r[i9_0];
-    const float v24 = (v22 / v23);
-    const float v25 = buf_s[i9_0 * 32 + ((i9_1 * 8) + 5)];
-    const float v26 = buf_r[i9_0];
-    const float v27 = (v25 / v26);
-    const float v28 = buf_s[i9_0 * 32 + ((i9_1 * 8) + 6)];
-    const float v29 = buf_r[i9_0];
-    const float v30 = (v28 / v29);
-    const float v31 = buf_s[i9_0 * 32 + ((i9_1 * 8) + 7)];
-    const float v32 = buf_r[i9_0];
-    const float v33 = (v31 / v32);
-    mg_st8(p2 + (bx * 32 + i9_0 * 6144 + (i9_1 * 8)), v12, v15, v18, v21, v24, v27, v30, v33);
+  for (int e7 = threadIdx.x; e7 < 64; e7 += 128) {
+    const int i8_0 = e7 / 4;
+    const int i8_1 = (e7) % 4;
+    const float v9 = buf_s[i8_0 * 32 + ((i8_1 * 8) + 0)];
+    const float v10 = buf_r[i8_0];
+    const float v11 = (v9 / v10);
+    const float v12 = buf_s[i8_0 * 32 + ((i8_1 * 8) + 1)];
+    const float v13 = buf_r[i8_0];
+    const float v14 = (v12 / v13);
+    const float v15 = buf_s[i8_0 * 32 + ((i8_1 * 8) + 2)];
+    const float v16 = buf_r[i8_0];
+    const float v17 = (v15 / v16);
+    const float v18 = buf_s[i8_0 * 32 + ((i8_1 * 8) + 3)];
+    const float v19 = buf_r[i8_0];
+    const float v20 = (v18 / v19);
+    const float v21 = buf_s[i8_0 * 32 + ((i8_1 * 8) + 4)];
+    const float v22 = buf_r[i8_0];
+    const float v23 = (v21 / v22);
+    const float v24 = buf_s[i8_0 * 32 + ((i8_1 * 8) + 5)];
+    const float v25 = buf_r[i8_0];
+    const float v26 = (v24 / v25);
+    const float v27 = buf_s[i8_0 * 32 + ((i8_1 * 8) + 6)];
+    const float v28 = buf_r[i8_0];
+    const float v29 = (v27 / v28);
+    const float v30 = buf_s[i8_0 * 32 + ((i8_1 * 8) + 7)];
+    const float v31 = buf_r[i8_0];
+    const float v32 = (v30 / v31);
+    mg_st8(p2 + (bx * 32 + i8_0 * 6144 + (i8_1 * 8)), v11, v14, v17, v20, v23, v26, v29, v32);
   }
 }
 

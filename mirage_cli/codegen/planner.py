@@ -329,13 +329,14 @@ def _inlinable(name: str, a: Analysis) -> bool:
 
 
 def _too_few_results(name: str, a: Analysis) -> bool:
-    """A reduction with fewer results than threads, each over a long row, is spread over
-    lanes (``row_reduction``, ``lanes_per_result``) only into a shared-memory tile: computed
-    where read, each of its few results would be folded by one thread while the others
-    wait at the next barrier (qknorm_gqa's key norms: 64 threads of 512, each a
-    64-long serial fold, every iteration)."""
+    """A reduction in the loop with fewer results than threads, each over a long row, is
+    spread over lanes (``row_reduction``, ``lanes_per_result``) only into a shared-memory
+    tile: computed where read, each of its few results would be folded by one thread
+    while the others wait at the next barrier (qknorm_gqa's key norms: 64 threads of
+    512, each a 64-long serial fold, every iteration). Before or after the loop it is
+    computed once and keeps its form (not measured there)."""
     op = a.producer.get(name)
-    return (op is not None and a.types[name].numel < a.bg.threads
+    return (op is not None and a.phases[name] == "loop" and a.types[name].numel < a.bg.threads
             and row_reduction(op, a, a.bg.threads))
 
 

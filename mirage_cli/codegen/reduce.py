@@ -42,7 +42,9 @@ _init = c_init
 _update = c_update
 
 
-# Terms per lane up to which a lane's loop over its elements of a row is unrolled.
+# Terms per lane up to which a lane's loop over its elements of a strided row is
+# unrolled (measured there: docs/perf-log.md v26; rows along the last dimension keep
+# their loop).
 _UNROLL_TERMS = 16
 
 Body = Callable[[str, str], tuple[Lines, Lines, Lines]]
@@ -96,15 +98,17 @@ def _row_index(k: FusedKernel, shape: tuple[int, ...], row: str, dim: int | None
 
 def _lane_terms(k: FusedKernel, x: str, idx: list[str], kv: str, length: int, tpr: int,
                 slot: str, pre: Pre, combine: Combine, decl: Lines) -> Lines:
-    """``slot`` ⊕= pre(x[idx]) over this thread's elements ``kv`` of the row."""
-    vec = _vec_row(k, x, length, tpr)
+    """``slot`` ⊕= pre(x[idx]) over this thread's elements ``kv`` of the row. 16-byte
+    reads only where ``kv`` indexes the contiguous last dimension (a reduction along a
+    strided dimension reads one element per step)."""
+    vec = idx[-1] == kv and _vec_row(k, x, length, tpr)
     if vec:
         return _lane_terms_vec(k, x, idx, kv, length, tpr, slot, pre, combine, decl)
     st, v = _pre(k, pre, *k.em.value(x, idx))
     inner = st + [_update(slot, v, combine)]
-    if length % tpr or length // tpr > _UNROLL_TERMS:
+    if idx[-1] == kv or length % tpr or length // tpr > _UNROLL_TERMS:
         loop = [f"for (int {kv} = mg_rl; {kv} < {length}; {kv} += {tpr}) {{"]
-    else:  # a fixed count: unrolled, the lane's loads issue together
+    else:  # a strided row's few terms per lane: unrolled, its loads issue together
         j = k.em.fresh("j")
         loop = ["#pragma unroll", f"for (int {j} = 0; {j} < {length // tpr}; ++{j}) {{",
                 f"  const int {kv} = mg_rl + {j} * {tpr};"]
@@ -165,21 +169,27 @@ def materialize(k: FusedKernel, op: BlockOp, rp: ReducePlan) -> Lines:
                                bool(attrs.get("keepdim", False)), kv)
         valid = _lane_terms(k, op.inputs[0], idx, kv, length, rp.threads_per_row, r,
                             Pre.SQUARE if spec.kind == "rms" else Pre.ID, combine, decl)
-        post = _combine(k, rp, r, combine, lambda tot: [
-            f"if ({row} < {n_rows}) {{"] + indent(_leader(k, op, row, fin.format(tot))) + ["}"])
+        post = _combine(k, rp, r, combine, lambda tot: _guarded(
+            f"{row} < {n_rows}", _leader(k, op, row, fin.format(tot))))
         return [f"float {r} = {_init(combine)};"], valid, post
     return _rows(k, rp, n_rows, body) + ["__syncthreads();"]
+
+
+def _guarded(cond: str, lines: Lines) -> Lines:
+    if len(lines) == 1:
+        return [f"if ({cond}) {lines[0]}"]
+    return [f"if ({cond}) {{"] + indent(lines) + ["}"]
 
 
 def _leader(k: FusedKernel, op: BlockOp, row: str, value: str) -> Lines:
     """The reduction's result at ``row`` into its tile, and into the tile of the
     element-wise operator it finishes (``FusedKernel.finishes``)."""
     out = op.outputs[0]
-    v = k.em.fresh("fin")
-    lines = [f"const float {v} = {value};", f"buf_{out.name}[{row}] = {v};"]
     u = k.finishes.get(out.name)
     if u is None:
-        return lines
+        return [f"buf_{out.name}[{row}] = {value};"]
+    v = k.em.fresh("fin")
+    lines = [f"const float {v} = {value};", f"buf_{out.name}[{row}] = {v};"]
     saved = k.em.nodes[out.name]
     k.em.nodes[out.name] = Node(out.type.shape, Local(v))
     attrs = ops.get(u.op).attr_values(u.attrs)
