@@ -294,3 +294,21 @@ def test_a_first_operand_computed_in_the_loop_is_written_before_the_first_matmul
     first_mma = loop.index("mg_mma_f16(mg_s[")
     last_write = loop.rindex("mg_st(sm_b3_0 + (", 0, first_mma)
     assert "__syncthreads();" in loop[last_write:first_mma]
+
+
+def online_qknorm_chain() -> str:
+    """The qknorm chain with a running maximum subtracted before exp (the online form)."""
+    return QKNORM_ONE_KERNEL.replace("    b10 = exp(b9);", "    bm = acc_max_ld(b9);\n"
+                                     "    bd = sub(b9, bm);\n    b10 = exp(bd);")
+
+
+def test_a_running_maximum_chain_reads_key_norms_from_its_fragments(tmp_path: Path) -> None:
+    # The values the running maximum is taken of already divide by the key norms: the
+    # links before the maximum (Online.early) read the gathered registers too.
+    g = _qknorm(tmp_path, online_qknorm_chain())
+    ch = chain_of(analyse(decompose(g.ops[0].block)))
+    assert ch is not None and ch.online is not None and ch.cols is not None
+    cu, _ = emit(lower(planned(g, "sm_90", [Knobs(threads=128, kwarps=2)])))
+    loop = cu.split("for (int it = 0;")[1].split("\n  __syncthreads();")[0]
+    assert "buf_b7" not in cu and loop.count("* mg_cg_b7_") == 16
+    assert compile_cuda(cu, "k.cu", "sm_90").cubin

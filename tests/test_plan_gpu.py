@@ -79,18 +79,22 @@ def test_cluster_combine_forms_on_gpu(device, stem: str, batch: int, pins: Knobs
     assert chk.ok, f"{stem} ({form}): {chk.reason}"
 
 
-@pytest.mark.parametrize("pins,dtype", [(Knobs(chain=1), "f16"), (Knobs(chain=1, ksplit=2), "f16"),
-                                        (Knobs(chain=0), "f16"), (Knobs(chain=1), "bf16")],
-                         ids=["chain", "chain-ksplit2", "no-chain", "chain-bf16"])
-def test_packed_query_chain_on_gpu(device, tmp_path: Path, pins: Knobs, dtype: str) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("pins,dtype,online", [
+    (Knobs(chain=1), "f16", False), (Knobs(chain=1, ksplit=2), "f16", False),
+    (Knobs(chain=0), "f16", False), (Knobs(chain=1), "bf16", False),
+    (Knobs(chain=1), "f16", True)],
+    ids=["chain", "chain-ksplit2", "no-chain", "chain-bf16", "chain-online"])
+def test_packed_query_chain_on_gpu(device, tmp_path: Path, pins: Knobs, dtype: str,  # type: ignore[no-untyped-def]
+                                   online: bool) -> None:
     """The chain whose A operand is a tile computed before the loop (test_chain.py), its
-    key norms from the B fragments (2 warp groups)."""
-    from test_chain import QKNORM_ONE_KERNEL
+    key norms from the B fragments (2 warp groups); also with a running maximum."""
+    from test_chain import QKNORM_ONE_KERNEL, online_qknorm_chain
 
     from mirage_cli.codegen.bench import check_graph
 
     src = tmp_path / "qk.mir"
-    src.write_text(QKNORM_ONE_KERNEL.replace("f16[", f"{dtype}["))
+    text = online_qknorm_chain() if online else QKNORM_ONE_KERNEL
+    src.write_text(text.replace("f16[", f"{dtype}["))
     loaded, chk = check_graph(device, planned(load_graph(str(src)), "sm_90", [pins]), seed=3)
     loaded.unload()
     assert chk.ok, chk.reason
