@@ -20,10 +20,17 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from mirage_cli import ops
 from mirage_cli.codegen import colstats
 from mirage_cli.codegen.chainplan import ChainLayout
-from mirage_cli.codegen.expr import Lines, Local, Node, indent, offset_expr, row_major
+from mirage_cli.codegen.expr import (
+    Lines,
+    Local,
+    Node,
+    indent,
+    offset_expr,
+    row_major,
+    unrolled,
+)
 from mirage_cli.codegen.mma import mma_fn, smem_ptr, warp_ids
 from mirage_cli.codegen.reduce import accum_spec
 from mirage_cli.ir import DType
@@ -51,23 +58,19 @@ def _tile_rows(ch: Chain, lay: ChainLayout) -> Lines:
                for m in range(lay.tiles_per_warp)])
 
 
-def _unrolled(var: str, n: int, body: Lines) -> Lines:
-    return ["#pragma unroll", f"for (int {var} = 0; {var} < {n}; ++{var}) {{"] + indent(body) + ["}"]
-
-
 def init(k: FusedKernel, ch: Chain, lay: ChainLayout) -> Lines:
     """Zeroed output fragments and row partials (the accumulators' identities); the
     first matmul's A fragments when they stay in registers over the loop."""
     acc = ch.acc.outputs[0].name
     mt, no = lay.tiles_per_warp, lay.out_tiles
     lines = _held_a(k, ch, lay) + [f"float acc_{acc}[{mt}][{no}][4];"]
-    lines += _unrolled("m", mt, _unrolled("j", no, [
+    lines += unrolled("m", mt, unrolled("j", no, [
         (f"acc_{acc}[m][j][0] = acc_{acc}[m][j][1] = acc_{acc}[m][j][2] = "
         f"acc_{acc}[m][j][3] = 0.0f;")]))
     for op in ch.row_accs:
         name = op.outputs[0].name
         lines += [f"float acc_{name}[{mt}][2];"]
-        lines += _unrolled("m", mt, [(f"acc_{name}[m][0] = acc_{name}[m][1] = "
+        lines += unrolled("m", mt, [(f"acc_{name}[m][0] = acc_{name}[m][1] = "
                                      f"{c_init(accum_spec(op).combine)};")])
     return lines
 
@@ -189,8 +192,7 @@ def _element(k: FusedKernel, ch: Chain, lay: ChainLayout, first: str, idx: list[
             "(void)mg_r; (void)mg_c;"]
     for op in ch.links if links is None else links:
         name = op.outputs[0].name
-        attrs = ops.get(op.op).attr_values(op.attrs)
-        st, e = k.em._inline(op.op, op.inputs, attrs, op.outputs[0].type.shape, list(idx))
+        st, e = k.em.apply(op, idx)
         body += st + [f"const float mg_v_{name} = {e};"]
         k.em.nodes[name] = Node(op.outputs[0].type.shape, Local(f"mg_v_{name}"))
     for op in ch.row_accs if row_accs is None else row_accs:
@@ -283,7 +285,7 @@ def finish(k: FusedKernel, ch: Chain, lay: ChainLayout, fins: dict[str, str]) ->
     out: Lines = warp_ids(lay.groups)
     for op in ch.row_accs:
         name, comb = op.outputs[0].name, accum_spec(op).combine
-        out += indent(_unrolled("m", lay.tiles_per_warp, _unrolled("h", 2, [
+        out += indent(unrolled("m", lay.tiles_per_warp, unrolled("h", 2, [
             c_update(f"acc_{name}[m][h]",
                      f"__shfl_xor_sync(0xffffffffu, acc_{name}[m][h], {x})", comb)
             for x in (1, 2)])))

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from mirage_cli import ops
 from mirage_cli.codegen.blockfacts import Analysis, reduced_dim
-from mirage_cli.codegen.expr import Lines, Local, Node, indent
+from mirage_cli.codegen.expr import Lines, Local, Node, indent, unrolled
 from mirage_cli.codegen.reduce import row_combine
 from mirage_cli.ir import BlockOp, DType
 from mirage_cli.semantics.cuda import c_init, c_update, c_warp
@@ -179,15 +179,12 @@ def finish(k: FusedKernel, ch: Chain, lay: ChainLayout) -> Lines:
             k.em.nodes[name] = Node(op.outputs[0].type.shape, Local(f"mg_cs_{name}[{j}]"))
         for op in ch.cols.post:
             name = op.outputs[0].name
-            attrs = ops.get(op.op).attr_values(op.attrs)
-            st, e = k.em._inline(op.op, op.inputs, attrs, op.outputs[0].type.shape, idx)
+            st, e = k.em.apply(op, idx)
             lines += st + [f"const float mg_c_{name}_{j} = {e};"]
             k.em.nodes[name] = Node(op.outputs[0].type.shape, Local(f"mg_c_{name}_{j}"))
         for name in ch.cols.read:
             st, v = k.em.value(name, idx)
-            if name in k.em.inverted:
-                v = f"(1.0f / {v})"
-            lines += st + [f"const float mg_cv_{name}_{j} = {v};"]
+            lines += st + [f"const float mg_cv_{name}_{j} = {k.em.as_stored(name, v)};"]
             lines += [f"const float mg_cg_{name}_{j}_{e} = __shfl_sync(0xffffffffu, "
                       f"mg_cv_{name}_{j}, (2 * mg_t + {e}) * 4);" for e in (0, 1)]
     return lines
@@ -198,7 +195,3 @@ def bind(k: FusedKernel, ch: Chain, j: int, i: int) -> None:
     registers :func:`finish` gathered them into."""
     for name in ch.cols.read if ch.cols is not None and k.frag_stats else ():
         k.em.nodes[name] = Node(k.a.types[name].shape, Local(f"mg_cg_{name}_{j}_{i & 1}"))
-
-
-def unrolled(var: str, n: int, body: Lines) -> Lines:
-    return ["#pragma unroll", f"for (int {var} = 0; {var} < {n}; ++{var}) {{"] + indent(body) + ["}"]

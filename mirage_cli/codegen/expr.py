@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import assert_never
 
 from mirage_cli import ops
-from mirage_cli.ir import AttrValue, DType
+from mirage_cli.ir import AttrValue, BlockOp, DType
 from mirage_cli.semantics.accum import Combine, Finish
 from mirage_cli.semantics.cuda import c_float, c_init, c_update
 
@@ -58,6 +58,11 @@ def broadcast_index(idx: Sequence[str], shape: Sequence[int]) -> list[str]:
 
 def indent(lines: Lines, n: int = 1) -> Lines:
     return ["  " * n + ln for ln in lines]
+
+
+def unrolled(var: str, n: int, body: Lines) -> Lines:
+    """``body`` in an unrolled loop of ``var`` over ``n``."""
+    return ["#pragma unroll", f"for (int {var} = 0; {var} < {n}; ++{var}) {{"] + indent(body) + ["}"]
 
 
 @dataclass(frozen=True)
@@ -151,6 +156,16 @@ class Emitter:
                 return [], var
             case _:
                 assert_never(node.how)
+
+    def apply(self, op: BlockOp, idx: Sequence[str]) -> tuple[Lines, str]:
+        """Statements and the f32 expression of operator ``op`` at element ``idx``, its
+        inputs read as their nodes say."""
+        return self._inline(op.op, op.inputs, ops.get(op.op).attr_values(op.attrs),
+                            op.outputs[0].type.shape, list(idx))
+
+    def as_stored(self, name: str, e: str) -> str:
+        """The value tensor ``name`` is stored as: its reciprocal if it is inverted."""
+        return f"(1.0f / {e})" if name in self.inverted else e
 
     def _operand(self, name: str, idx: Sequence[str], lines: Lines) -> str:
         st, e = self.value(name, idx)

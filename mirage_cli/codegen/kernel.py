@@ -301,14 +301,11 @@ class FusedKernel:
         if name in self.reds:
             return reduce.materialize(self, op, self.reds[name])
         t = op.outputs[0].type
-        attrs = ops.get(op.op).attr_values(op.attrs)
-
         pitch = self.tile(name).pitch
 
         def body(idx: list[str]) -> Lines:
-            lines, e = self.em._inline(op.op, op.inputs, attrs, t.shape, idx)
-            if name in self.em.inverted:
-                e = f"(1.0f / {e})"
+            lines, e = self.em.apply(op, idx)
+            e = self.em.as_stored(name, e)
             if pitch:  # packed (blockfacts.packed): rounded to its dtype as it is stored
                 off = offset_expr("0", idx, padded_strides(t.shape, pitch))
                 return lines + [f"mg_st(sm_{name}_0 + ({off}), {e});"]
@@ -352,14 +349,16 @@ class FusedKernel:
         lines = staging.iteration_copies(self)
         side = self._materialize_phase("loop")
         if self.chain is not None:
-            # Where the first matmul reads none of the tiles the loop computes (its
-            # operands loaded, or computed before the loop), their last barrier waits
-            # after it, so its mmas overlap the others' passes.
+            # Every pass ends with its barrier. Where the first matmul reads none of
+            # the tiles the loop computes (its operands loaded, or computed before the
+            # loop), the last one waits after it, so its mmas overlap the passes.
             loaded = {bi.value.name for bi in self.bg.inputs}
-            late = (bool(side) and side[-1] == "__syncthreads();"
-                    and all(i in loaded or self.a.phases[i] != "loop"
-                            for i in self.chain.first.inputs))
-            lines += side[:-1] if late else side
+            late = bool(side) and all(i in loaded or self.a.phases[i] != "loop"
+                                      for i in self.chain.first.inputs)
+            if late:
+                assert side[-1] == "__syncthreads();", side[-1]
+                side = side[:-1]
+            lines += side
             lines += chain.update(self, self.chain, self.chain_lay, barrier=late)
         else:
             lines += side

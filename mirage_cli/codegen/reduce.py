@@ -192,13 +192,10 @@ def _leader(k: FusedKernel, op: BlockOp, row: str, value: str) -> Lines:
     lines = [f"const float {v} = {value};", f"buf_{out.name}[{row}] = {v};"]
     saved = k.em.nodes[out.name]
     k.em.nodes[out.name] = Node(out.type.shape, Local(v))
-    attrs = ops.get(u.op).attr_values(u.attrs)
-    st, e = k.em._inline(u.op, u.inputs, attrs, out.type.shape, ["0"] * len(out.type.shape))
+    st, e = k.em.apply(u, ["0"] * len(out.type.shape))
     k.em.nodes[out.name] = saved
     name = u.outputs[0].name
-    if name in k.em.inverted:
-        e = f"(1.0f / {e})"
-    return lines + st + [f"buf_{name}[{row}] = {e};"]
+    return lines + st + [f"buf_{name}[{row}] = {k.em.as_stored(name, e)};"]
 
 
 # -- forloop accumulators -------------------------------------------------------------
