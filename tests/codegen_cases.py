@@ -264,7 +264,57 @@ def online_softmax_batched() -> Graph:
     return b.build()
 
 
+def split_combine() -> Graph:
+    """The combine of a split over the keys, computed element by element
+    (``codegen/direct.py``): per (batch, row), 8 splits' maxima and sums and their
+    partial rows of 16 columns, with each split's maximum spread over its columns (as
+    the search's online split writes them); the maximum over the splits, each split
+    rescaled, summed down to the 16 columns and divided by the rescaled total; bf16, a
+    grid over two axes, two outputs."""
+    b = GraphBuilder("split_combine")
+    m = b.input("M", (2, 8, 8), "bf16")
+    l_ = b.input("L", (2, 8, 8), "bf16")
+    o = b.input("O", (2, 8, 128), "bf16")
+    ms = b.input("MS", (2, 8, 128), "bf16")
+    k = b.custom((2, 4, 1), 64, 1)
+    mt = k.load(m, (0, 1, None))             # (1, 2, 8)
+    lt = k.load(l_, (0, 1, None))
+    ot = k.load(o, (0, 1, None))             # (1, 2, 128)
+    st = k.load(ms, (0, 1, None))
+    top = k.op("max", mt, dim=2, keepdim=True)
+    total = k.op("acc_sum_ld", k.op("mul", lt, k.op("exp", k.op("sub", mt, top))))
+    part = k.op("mul", ot, k.op("exp", k.op("sub", st, top)))
+    r = k.op("div", k.op("acc_sum_to", part, width=16), total)
+    (y, z) = k.finish([(r, "Y", (0, 1, None)),
+                       (k.op("mul", r, k.op("acc_sum", top)), "Z", (0, 1, None))])
+    b.output(y)
+    b.output(z)
+    return b.build()
+
+
+def invariant_max_after_loop() -> Graph:
+    """A reduction over a tile loaded once, with fewer results than threads, read only
+    after the loop (the spread maximum ``0 * max(V)`` of mha_decode's batch-1 split):
+    planned as a reduction over lanes into shared memory before the loop."""
+    b = GraphBuilder("invariant_max_after_loop")
+    q = b.input("Q", (2, 16, 32), "f16")
+    kk = b.input("K", (2, 32, 128), "f16")
+    v = b.input("V", (2, 64, 32), "f16")
+    k = b.custom((2, 1, 1), 128, 4)
+    qt = k.load(q, (0, None, None))          # (1, 16, 32)
+    kt = k.load(kk, (0, None, None), 2)      # (1, 32, 32)
+    vt = k.load(v, (0, None, None))          # (1, 64, 32), loaded once
+    s = k.op("acc_sum", k.op("matmul", qt, kt))
+    spread = k.op("add", k.op("mul_scalar", k.op("max", vt, dim=1, keepdim=True), scalar=0.5),
+                  k.op("mul_scalar", vt, scalar=0.0))
+    (r,) = k.finish([(k.op("add", s, k.op("sum", spread, dim=1, keepdim=True)), "O",
+                      (0, None, None))])
+    b.output(r)
+    return b.build()
+
+
 CASES: dict[str, Callable[[], Graph]] = {f.__name__: f for f in (
+    split_combine, invariant_max_after_loop,
     attention_chain, attention_chain_batched, online_softmax_chain, online_softmax_batched,
     rmsnorm_linear_small, bf16_kernel_ops, f32_block_ops, big_tiles_scratch, passthrough,
     single_buffer_unaligned, warp_reductions, mma_odd_shapes, kernel_matmuls)}

@@ -354,9 +354,16 @@ def test_a_strided_reduction_reads_its_column_one_element_at_a_time(tmp_path: Pa
     cu, _ = emit(lower(load_graph(str(src))))
     assert re.search(r"fmaxf\((\w+), mg_ld\(sm_x\[(\w+) \* 136 \+ w\w+\]\)\)", cu)
     assert "mg_ld8(sm_x" not in cu
-    # Loaded once, before the loop, the same reduction keeps its form (computed where
-    # it is read): only a loop's reductions are planned into shared memory for it.
+    # Loaded once, before the loop, the same reduction is planned the same way (computed
+    # where read, each of its 128 results would be a 256-long fold by one thread), and
+    # reads its columns the same way.
     src.write_text(STRIDED_MAX.replace("imap(x=0) fmap(1)", "imap(x=0)")
                    .replace("f16[4, 512, 128]", "f16[4, 256, 128]"))
-    (plan,) = _plans(planned(load_graph(str(src)), "sm_90", [Knobs()]))
-    assert {t.name: t.home for t in plan.tiles}["m"] == "inline"
+    g = load_graph(str(src))
+    (plan,) = _plans(planned(g, "sm_90", [Knobs()]))
+    assert {t.name: t.home for t in plan.tiles}["m"] == "smem"
+    assert [(r.output, r.strategy, r.threads_per_row) for r in plan.reductions] == [
+        ("m", "rows", 8)]
+    cu, _ = emit(lower(g))
+    assert re.search(r"fmaxf\((\w+), mg_ld\(sm_x\[(\w+) \* 136 \+ w\w+\]\)\)", cu)
+    assert "mg_ld8(sm_x" not in cu

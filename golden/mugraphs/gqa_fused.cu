@@ -11,7 +11,7 @@
 // input 2 'V': f16[16, 4096, 64]
 // output 0 'O': f16[16, 256, 64]
 // kernel mg_k0_mirage_gqa_fused_h16x256x64_h16x64x4096_h16x4096x64_to_h16x256x64: grid [16, 16, 4], 128 threads, 99600 B dynamic shared memory
-// kernel mg_k1_mirage_gqa_fused_h16x256x64_h16x64x4096_h16x4096x64_to_h16x256x64: grid [16, 16, 1], 512 threads, 37952 B dynamic shared memory
+// kernel mg_k1_mirage_gqa_fused_h16x256x64_h16x64x4096_h16x4096x64_to_h16x256x64: grid [16, 16, 1], 512 threads, 0 B dynamic shared memory
 
 // The kernels use cp.async, bf16 conversions and mma.sync shapes of sm_80 and later:
 // one clear error instead of a wall of ptxas errors for an older target.
@@ -997,111 +997,44 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_gqa_fused_h16x
   }
 }
 
-// fused kernel: grid [16, 16, 1], 512 threads, forloop 1; plan: 1 stage(s), kwarps 1, 37952 B shared memory
+// direct kernel: grid [16, 16, 1], 512 threads, each output element computed by one thread from global memory
 extern "C" __global__ void __launch_bounds__(512, 1) mg_k1_mirage_gqa_fused_h16x256x64_h16x64x4096_h16x4096x64_to_h16x256x64(
     const mg_f16* __restrict__ p0,
     const mg_f16* __restrict__ p1,
     mg_f16* __restrict__ p2) {
   const int bx = blockIdx.x, by = blockIdx.y, bz = blockIdx.z;
   (void)bx; (void)by; (void)bz;
-  extern __shared__ __align__(16) unsigned char mg_smem[];
   const int base_lp = bx * 4096 + by * 256;
   const int base_op = bx * 262144 + by * 16384;
-  mg_f16* sm_lp_0 = reinterpret_cast<mg_f16*>(mg_smem + 0);
-  mg_f16* sm_op_0 = reinterpret_cast<mg_f16*>(mg_smem + 768);
-  float* buf_l = reinterpret_cast<float*>(mg_smem + 33792);
-  float* buf_o = reinterpret_cast<float*>(mg_smem + 33856);
-  int mg_so_op[4], mg_do_op[4];
-  #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int c3 = threadIdx.x + i * 512;
-    const int s4_1 = c3 / 128;
-    const int s4_2 = (c3) % 128;
-    mg_so_op[i] = s4_1 * 1024 + (s4_2 * 8);
-    mg_do_op[i] = s4_1 * 1032 + (s4_2 * 8);
-  }
   mg_grid_wait();
   mg_grid_release();
-  for (int c1 = threadIdx.x; c1 < 32; c1 += 512) {
-    const int s2_1 = c1 / 2;
-    const int s2_2 = (c1) % 2;
-    mg_cp_async16(sm_lp_0 + (s2_1 * 24 + (s2_2 * 8)), p0 + (base_lp) + (s2_1 * 16 + (s2_2 * 8)));
-  }
   #pragma unroll
-  for (int i = 0; i < 4; ++i) mg_cp_async16(sm_op_0 + mg_do_op[i], p1 + (base_op) + mg_so_op[i]);
-  mg_cp_async_wait_all();
-  __syncthreads();
-  const auto* sm_lp = sm_lp_0;
-  const auto* sm_op = sm_op_0;
-  float acc_l[1];
-  #pragma unroll
-  for (int j = 0; j < 1; ++j) acc_l[j] = 0.0f;
-  float acc_o[2];
-  #pragma unroll
-  for (int j = 0; j < 2; ++j) acc_o[j] = 0.0f;
-  for (int it = 0; it < 1; ++it) {
+  for (int j11 = 0; j11 < 2; ++j11) {
+    const int e1 = threadIdx.x + j11 * 512;
+    const int i2_1 = e1 / 64;
+    const int i2_2 = (e1) % 64;
+    float acc3_p[4];
     #pragma unroll
-    for (int j = 0; j < 1; ++j) {
-      const int e5 = threadIdx.x + j * 512;
-      if (e5 < 16) {
-        const int a6_1 = e5;
-        for (int k7 = 0; k7 < 16; ++k7) {
-          acc_l[j] += mg_ld(sm_lp[a6_1 * 24 + k7]);
-        }
+    for (int q5 = 0; q5 < 4; ++q5) acc3_p[q5] = 0.0f;
+    #pragma unroll
+    for (int k4 = 0; k4 < 16; k4 += 4) {
+      #pragma unroll
+      for (int q5 = 0; q5 < 4; ++q5) {
+        acc3_p[q5] += mg_ld(p0[base_lp + i2_1 * 16 + (k4 + q5)]);
       }
     }
-    #pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      const int e8 = threadIdx.x + j * 512;
-      const int a9_1 = e8 / 64;
-      const int a9_2 = (e8) % 64;
-      for (int g10 = 0; g10 < 16; ++g10) {
-        acc_o[j] += mg_ld(sm_op[a9_1 * 1032 + (g10 * 64 + a9_2)]);
-      }
+    float acc3 = acc3_p[0];
+    acc3 += acc3_p[1];
+    acc3 += acc3_p[2];
+    acc3 += acc3_p[3];
+    const float r6 = acc3;
+    float acc8 = 0.0f;
+    for (int g7 = 0; g7 < 16; ++g7) {
+      acc8 += mg_ld(p1[base_op + i2_1 * 1024 + (g7 * 64 + i2_2)]);
     }
-    __syncthreads();
-  }
-  #pragma unroll
-  for (int j = 0; j < 1; ++j) {
-    const int e11 = threadIdx.x + j * 512;
-    if (e11 < 16) {
-      buf_l[e11] = acc_l[j];
-    }
-  }
-  #pragma unroll
-  for (int j = 0; j < 2; ++j) {
-    const int e13 = threadIdx.x + j * 512;
-    buf_o[e13] = acc_o[j];
-  }
-  __syncthreads();
-  for (int e15 = threadIdx.x; e15 < 128; e15 += 512) {
-    const int i16_1 = e15 / 8;
-    const int i16_2 = (e15) % 8;
-    const float v17 = buf_o[i16_1 * 64 + ((i16_2 * 8) + 0)];
-    const float v18 = buf_l[i16_1];
-    const float v19 = (v17 / v18);
-    const float v20 = buf_o[i16_1 * 64 + ((i16_2 * 8) + 1)];
-    const float v21 = buf_l[i16_1];
-    const float v22 = (v20 / v21);
-    const float v23 = buf_o[i16_1 * 64 + ((i16_2 * 8) + 2)];
-    const float v24 = buf_l[i16_1];
-    const float v25 = (v23 / v24);
-    const float v26 = buf_o[i16_1 * 64 + ((i16_2 * 8) + 3)];
-    const float v27 = buf_l[i16_1];
-    const float v28 = (v26 / v27);
-    const float v29 = buf_o[i16_1 * 64 + ((i16_2 * 8) + 4)];
-    const float v30 = buf_l[i16_1];
-    const float v31 = (v29 / v30);
-    const float v32 = buf_o[i16_1 * 64 + ((i16_2 * 8) + 5)];
-    const float v33 = buf_l[i16_1];
-    const float v34 = (v32 / v33);
-    const float v35 = buf_o[i16_1 * 64 + ((i16_2 * 8) + 6)];
-    const float v36 = buf_l[i16_1];
-    const float v37 = (v35 / v36);
-    const float v38 = buf_o[i16_1 * 64 + ((i16_2 * 8) + 7)];
-    const float v39 = buf_l[i16_1];
-    const float v40 = (v38 / v39);
-    mg_st8(p2 + (bx * 16384 + by * 1024 + i16_1 * 64 + (i16_2 * 8)), v19, v22, v25, v28, v31, v34, v37, v40);
+    const float v9 = acc8;
+    const float v10 = (v9 / r6);
+    mg_st(p2 + (bx * 16384 + by * 1024 + i2_1 * 64 + i2_2), v10);
   }
 }
 
@@ -1182,7 +1115,7 @@ extern "C" cudaError_t mirage_gqa_fused_h16x256x64_h16x64x4096_h16x4096x64_to_h1
     cudaLaunchConfig_t mg_cfg = {};
     mg_cfg.gridDim = dim3(16, 16, 1);
     mg_cfg.blockDim = dim3(512);
-    mg_cfg.dynamicSmemBytes = 37952;
+    mg_cfg.dynamicSmemBytes = 0;
     mg_cfg.stream = mg_stream;
     mg_cfg.attrs = mg_pdl;
     mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;

@@ -1,12 +1,14 @@
 """Lowering of one custom kernel: plan it, then emit it with the emitter its plan calls
-for (:mod:`rowregs` when the plan keeps every tile in registers, :mod:`kernel`
-otherwise)."""
+for (:mod:`rowregs` when the plan keeps every tile in registers, :mod:`direct` when it
+computes each output element from global memory, :mod:`kernel` otherwise)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 
 from mirage_cli.arch import DEFAULT_ARCH
+from mirage_cli.codegen.blockfacts import analyse, decompose, direct_reason
+from mirage_cli.codegen.direct import DirectKernel
 from mirage_cli.codegen.indexing import check_index_range
 from mirage_cli.codegen.kernel import FusedKernel
 from mirage_cli.codegen.plan import Kernel
@@ -28,6 +30,8 @@ def lower_custom(kop: KernelOp, name: str, dev_types: dict[str, TensorType],
     plan = located_plan(kop, dev_types, target, pins)
     if plan.tiles and all(t.home == "regs" for t in plan.tiles):
         return RowKernel(kop.block, plan, name, dev_types).lower()
+    if not plan.smem_bytes and direct_reason(analyse(decompose(kop.block))) is None:
+        return DirectKernel(kop.block, plan, name, dev_types).lower()
     return FusedKernel(kop.block, plan, name, dev_types, early).lower()
 
 

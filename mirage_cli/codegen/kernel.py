@@ -124,10 +124,7 @@ class FusedKernel:
     # -- the kernel ------------------------------------------------------------------
 
     def lower(self) -> Kernel:
-        for bi in self.bg.inputs:
-            self._param(bi.source, True)
-        for bo in self.bg.outputs:
-            self._param(bo.value.name, False)
+        self._io_params()
         if self.plan.scratch_floats:
             self.params.append(Param("float* __restrict__", "mg_ws", "$scratch"))
         for bi in self.bulk:
@@ -175,6 +172,13 @@ class FusedKernel:
                       (gx, gy, gz * self.KS), self.plan.smem_bytes,
                       self.plan.scratch_floats * 4, comment, self.plan.as_json(),
                       min_blocks=1, cluster=self.KS, wait_at=len(pre))
+
+    def _io_params(self) -> None:
+        """A pointer parameter for each device tensor the block graph loads or stores."""
+        for bi in self.bg.inputs:
+            self._param(bi.source, True)
+        for bo in self.bg.outputs:
+            self._param(bo.value.name, False)
 
     def _param(self, dev: str, is_input: bool) -> None:
         if dev in self.pname:

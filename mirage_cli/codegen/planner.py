@@ -25,6 +25,8 @@ from mirage_cli.codegen.blockfacts import (
     analyse,
     decompose,
     direct_acc,
+    direct_locals,
+    direct_reason,
     fused_finish,
     is_mma,
     lanes_per_result,
@@ -86,6 +88,10 @@ def plan_kernel(bg: BlockGraph, dev_types: Mapping[str, TensorType], target: str
     a = analyse(decompose(bg))
     if rows_in_registers(a, dev_types, bg.threads) is None:
         return _row_plan(a, dev_types, target, pins)
+    if direct_reason(a) is None:
+        if not pins.threads:
+            a = analyse(dataclasses.replace(a.bg, threads=direct_threads(a)))
+        return _direct_plan(a, dev_types, target, pins)
     k, tiles, mmas, reds, smem, scratch = _lay_out(a, dev_types, pins, arch)
     k = dataclasses.replace(k, stages=max([t.stages for t in tiles.values()] + [1]))
     if k.chain != 1:
@@ -120,6 +126,36 @@ def _row_plan(a: Analysis, dev_types: Mapping[str, TensorType], target: str, pin
                  if op.outputs[0].type.shape[-1] == 1
                  and (not ops.get(op.op).is_accumulator or row_kind(op, a) == "row"))
     return KernelPlan(target, T, k, 0, 0, tiles, (), reds)
+
+
+def direct_threads(a: Analysis) -> int:
+    """Threads of a direct kernel: its planned count, but no more warps than its
+    largest output tile has elements for (one element per thread)."""
+    largest = max(a.types[bo.source].numel for bo in a.bg.outputs)
+    return max(32, min(a.bg.threads, -(-largest // 32) * 32))
+
+
+def _direct_plan(a: Analysis, dev_types: Mapping[str, TensorType], target: str, pins: Knobs
+                 ) -> KernelPlan:
+    """A kernel computed element by element from global memory (``codegen/direct.py``):
+    no tile staged, no shared memory, no barrier."""
+    T = a.bg.threads
+    k = dataclasses.replace(_resolve(a, dev_types, pins), stages=1, ksplit=1, chain=0,
+                            tma=0, vec=1)
+    local = set(direct_locals(a))
+    inputs = {bi.value.name for bi in a.bg.inputs}
+    tiles = []
+    for n in a.types:
+        if n in inputs:
+            tiles.append(TilePlan(n, "global", f"global memory: read where used by the "
+                                  f"thread of each output element ({T} threads in turn)"))
+        else:
+            tiles.append(TilePlan(n, "inline", "registers: computed once per output element "
+                                  "by its thread" if n in local else
+                                  "registers: computed where read"))
+    reds = tuple(ReducePlan(n, "thread", 1) for n in a.types if n in local
+                 and ops.get(a.producer[n].op).cuda.kind != "elementwise")
+    return KernelPlan(target, T, k, 0, 0, tuple(tiles), (), reds)
 
 
 def _lay_out(a: Analysis, dev_types: Mapping[str, TensorType], pins: Knobs, arch: archs.Arch
@@ -320,12 +356,38 @@ def _inlinable(name: str, a: Analysis) -> bool:
         return a.phases[name] == "loop"
     if _too_few_results(name, a):
         return False
-    # An invariant value read only after the loop is computed where it is read: its
-    # operands (tiles copied once, or global memory) are still there, and it then needs
-    # no pass over its elements before the loop and no shared-memory tile.
+    # An invariant element-wise value read only after the loop is computed where it is
+    # read: its operands (tiles copied once, or global memory) are still there, and it
+    # then needs no pass over its elements before the loop and no shared-memory tile. A
+    # reduction keeps its pass: computed where read, each result is a serial fold by
+    # one thread (mha_decode's spread maximum max(V) at batch 1: 128 folds of 512 by 16
+    # threads after the loop, 81 us against 43).
     phase, read_in = a.phases[name], a.phases[user.outputs[0].name]
-    return ((phase == read_in or (phase, read_in) == ("invariant", "epilogue"))
-            and reads_once(user, a.types[name], a.types))
+    late = (phase, read_in) == ("invariant", "epilogue") and _elementwise(name, a)
+    return (phase == read_in or late) and reads_once(user, a.types[name], a.types)
+
+
+def _elementwise(name: str, a: Analysis) -> bool:
+    """Whether computing an element of ``name`` where it is read reads only a few
+    elements: an element-wise operator whose operands are inputs, tiles of their own
+    (a matmul's result) or such element-wise values, not a reduction computed where
+    it is read."""
+    op = a.producer.get(name)
+    if op is None or ops.get(op.op).cuda.kind != "elementwise":
+        return False
+    return all(_read_cheaply(i, a) for i in op.inputs)
+
+
+def _read_cheaply(name: str, a: Analysis) -> bool:
+    """Whether an element of operand ``name`` is an input, an element of a tile of its
+    own, or an element-wise value of such (see :func:`_elementwise`)."""
+    op = a.producer.get(name)
+    if op is None:
+        return True
+    kind = ops.get(op.op).cuda.kind
+    if kind == "elementwise":
+        return _elementwise(name, a)
+    return kind not in ("reduce", "rms", "sum_to", "softmax") or not _inlinable(name, a)
 
 
 def _too_few_results(name: str, a: Analysis) -> bool:
@@ -333,11 +395,12 @@ def _too_few_results(name: str, a: Analysis) -> bool:
     spread over lanes (``row_reduction``, ``lanes_per_result``) only into a shared-memory
     tile: computed where read, each of its few results would be folded by one thread
     while the others wait at the next barrier (qknorm_gqa's key norms: 64 threads of
-    512, each a 64-long serial fold, every iteration). Before or after the loop it is
-    computed once and keeps its form (not measured there)."""
+    512, each a 64-long serial fold, every iteration). Before the loop likewise (the
+    pass over an invariant reduction's results is a serial fold per element: mha_decode's
+    spread maximum at batch 1); after the loop it keeps its form (not measured there)."""
     op = a.producer.get(name)
-    return (op is not None and a.phases[name] == "loop" and a.types[name].numel < a.bg.threads
-            and row_reduction(op, a, a.bg.threads))
+    return (op is not None and a.phases[name] in ("loop", "invariant")
+            and a.types[name].numel < a.bg.threads and row_reduction(op, a, a.bg.threads))
 
 
 def _mmas(a: Analysis, tiles: dict[str, TileDraft], k: Knobs) -> list[MmaPlan]:

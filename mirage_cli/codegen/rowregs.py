@@ -37,10 +37,7 @@ class RowKernel(FusedKernel):
     """The emitter of one row kernel with its rows in registers."""
 
     def lower(self) -> Kernel:
-        for bi in self.bg.inputs:
-            self._param(bi.source, True)
-        for bo in self.bg.outputs:
-            self._param(bo.value.name, False)
+        self._io_params()
         shape = row_tile(self.a)
         assert shape is not None
         self.R, self.L = shape
