@@ -292,6 +292,21 @@ def split_combine() -> Graph:
     return b.build()
 
 
+def row_total() -> Graph:
+    """A direct kernel whose output is a per-row value (the rescaled total of a split's
+    combine alone, ``[R, 1]``), from f32 partials."""
+    b = GraphBuilder("row_total")
+    m = b.input("M", (4, 16), "f32")
+    l_ = b.input("L", (4, 16), "f32")
+    k = b.custom((4, 1, 1), 128, 1)
+    mt, lt = k.load(m, (0, None, None)), k.load(l_, (0, None, None))
+    top = k.op("max", mt, dim=1, keepdim=True)
+    total = k.op("acc_sum_ld", k.op("mul", lt, k.op("exp", k.op("sub", mt, top))))
+    (y,) = k.finish([(total, "Y", (0, None, None))])
+    b.output(y)
+    return b.build()
+
+
 def invariant_max_after_loop() -> Graph:
     """A reduction over a tile loaded once, with fewer results than threads, read only
     after the loop (the spread maximum ``0 * max(V)`` of mha_decode's batch-1 split):
@@ -314,7 +329,7 @@ def invariant_max_after_loop() -> Graph:
 
 
 CASES: dict[str, Callable[[], Graph]] = {f.__name__: f for f in (
-    split_combine, invariant_max_after_loop,
+    split_combine, row_total, invariant_max_after_loop,
     attention_chain, attention_chain_batched, online_softmax_chain, online_softmax_batched,
     rmsnorm_linear_small, bf16_kernel_ops, f32_block_ops, big_tiles_scratch, passthrough,
     single_buffer_unaligned, warp_reductions, mma_odd_shapes, kernel_matmuls)}

@@ -10,10 +10,11 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from codegen_cases import invariant_max_after_loop, split_combine
+from codegen_cases import invariant_max_after_loop, row_total, split_combine
 
 from mirage_cli.builder import GraphBuilder
-from mirage_cli.codegen.blockfacts import analyse, decompose, direct_reads, direct_reason
+from mirage_cli.codegen.blockfacts import analyse, decompose
+from mirage_cli.codegen.directfacts import direct_reads, direct_reason
 from mirage_cli.codegen.emit import emit
 from mirage_cli.codegen.lower import lower
 from mirage_cli.codegen.nvrtc import compile_cuda
@@ -134,3 +135,17 @@ def test_an_invariant_reduction_read_after_the_loop_has_its_own_pass() -> None:
     assert [(r.output, r.strategy, r.threads_per_row) for r in plan.reductions
             if r.output == "b5"] == [("b5", "rows", 8)]
     compile_cuda(emit(lower(g))[0], "invariant_max.cu", "sm_90")
+
+
+def test_a_per_row_output_and_f32_partials_are_direct() -> None:
+    # The combine's total alone, an [R, 1] output, from f32 partials: the per-row value
+    # is the element.
+    g = row_total()
+    (op,) = _customs(g)
+    assert _why(op) is None
+    assert plan_kernel(op.block, g.tensor_types(), "sm_90").threads == 32
+    cu, _ = emit(lower(g))
+    body = _body(cu, 0)
+    assert "__syncthreads" not in body and body.count("mg_st(p") == 1
+    assert "const float* __restrict__" in body
+    compile_cuda(cu, "row_total.cu", "sm_90")

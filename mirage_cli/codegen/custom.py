@@ -7,8 +7,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from mirage_cli.arch import DEFAULT_ARCH
-from mirage_cli.codegen.blockfacts import analyse, decompose, direct_reason
+from mirage_cli.codegen.blockfacts import analyse, decompose
 from mirage_cli.codegen.direct import DirectKernel
+from mirage_cli.codegen.directfacts import direct_reason
 from mirage_cli.codegen.indexing import check_index_range
 from mirage_cli.codegen.kernel import FusedKernel
 from mirage_cli.codegen.plan import Kernel

@@ -1,7 +1,7 @@
 """Emission of direct kernels: each output element computed by one thread from global
 memory.
 
-A custom kernel qualifies (:func:`~.blockfacts.direct_reason`) when its forloop has one
+A custom kernel qualifies (:func:`~.directfacts.direct_reason`) when its forloop has one
 iteration, every tensor shares its outputs' leading dimensions, and its operators are
 element-wise or reduce along the last dimension, with few input elements read per
 output element: the combine of a split over the keys (a few split rows of partial
@@ -12,7 +12,7 @@ shared memory between the wait for the kernel before it and its first store.
 
 Here the threads of a block take the elements of its output tile in turn (consecutive
 threads, consecutive elements: every load of a warp is coalesced). For its element a
-thread computes the per-row values it needs once (the row's maximum, its sum; blockfacts
+thread computes the per-row values it needs once (the row's maximum, its sum; directfacts
 ``direct_locals``), as local variables, then the element's expression, reading every
 input where it is used (a warp's reads of one row's statistics are one broadcast);
 no shared memory, no barrier. The per-row values are recomputed by each thread of a
@@ -24,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 
 from mirage_cli import ops
-from mirage_cli.codegen.blockfacts import direct_locals, is_alias, plain_form
+from mirage_cli.codegen.directfacts import direct_locals, is_alias, plain_form
 from mirage_cli.codegen.expr import (
     CTYPE,
     Inline,

@@ -25,8 +25,6 @@ from mirage_cli.codegen.blockfacts import (
     analyse,
     decompose,
     direct_acc,
-    direct_locals,
-    direct_reason,
     fused_finish,
     is_mma,
     lanes_per_result,
@@ -38,6 +36,7 @@ from mirage_cli.codegen.blockfacts import (
     rows_in_registers,
     threads_per_row,
 )
+from mirage_cli.codegen.directfacts import direct_locals, direct_reason
 from mirage_cli.codegen.knobranges import (
     VEC_BYTES,
     acc_in_registers,
