@@ -331,6 +331,37 @@ def test_only_a_broadcast_divisor_is_stored_as_its_reciprocal(
     assert stored_inverse("s", analyse(decompose(bg))) is inverted
 
 
+def test_a_norm_only_divided_by_is_stored_as_its_reciprocal(tmp_path: Path) -> None:
+    # rms_norm(Q) before the loop: the norm (a row reduction) is written as 1 / sqrt by
+    # the lane that combines its row, and the pass that normalises Q multiplies, its 16
+    # elements per thread in an unrolled loop (the loop phase's rule, before the loop
+    # too). qknorm_gqa's queries; docs/perf-log.md v27 item 8.
+    src = tmp_path / "p.mir"
+    src.write_text("""program p() {
+  input Q: f16[128, 64];
+  input K: f16[64, 256];
+  O = custom(grid=(1, 1, 1), threads=512, forloop=4) {
+    q = load Q imap();
+    k = load K imap() fmap(1);
+    n = rms_norm(q);
+    m = matmul(n, k);
+    s = acc_sum(m);
+    store s -> O omap();
+  }
+  output O;
+}
+""")
+    g = load_graph(str(src))
+    (plan,) = _plans(planned(g, "sm_90", [Knobs()]))
+    assert {t.name: t.home for t in plan.tiles}["n__rms"] == "smem"
+    k0 = emit(lower(g))[0].split("__global__")[1]
+    assert re.search(r"buf_n__rms\[row\] = \(1\.0f / sqrtf\(", k0)
+    norm = k0[k0.index("buf_n__rms[row] ="):k0.index("for (int it = 0;")]
+    assert re.search(r"#pragma unroll\s*for \(int j\d+ = 0; j\d+ < 16;", norm)
+    assert re.search(r"mg_st\(sm_n_0 \+ \(.*\), \(v\d+ \* v\d+\)\);", norm)
+    assert "/ v" not in norm
+
+
 STRIDED_MAX = """program p() {
   input X: f16[4, 512, 128];
   Z = custom(grid=(4, 1, 1), threads=256, forloop=2) {

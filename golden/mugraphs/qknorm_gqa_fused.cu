@@ -428,16 +428,18 @@ extern "C" __global__ void __launch_bounds__(512, 1) mg_k0_mirage_qknorm_gqa_fus
     }
     r5 = mg_warp_sum(r5);
     if ((threadIdx.x & 31) == 0) {
-      if (row < 64) buf_qn__rms[row] = sqrtf(r5 / 64.0f + 0.0f);
+      if (row < 64) buf_qn__rms[row] = (1.0f / sqrtf(r5 / 64.0f + 0.0f));
     }
   }
   __syncthreads();
-  for (int e9 = threadIdx.x; e9 < 4096; e9 += 512) {
+  #pragma unroll
+  for (int j13 = 0; j13 < 8; ++j13) {
+    const int e9 = threadIdx.x + j13 * 512;
     const int i10_1 = e9 / 64;
     const int i10_2 = (e9) % 64;
     const float v11 = mg_ld(sm_q[i10_1 * 72 + i10_2]);
     const float v12 = buf_qn__rms[i10_1];
-    mg_st(sm_qn_0 + (i10_1 * 72 + i10_2), (v11 / v12));
+    mg_st(sm_qn_0 + (i10_1 * 72 + i10_2), (v11 * v12));
   }
   __syncthreads();
   float acc_l[4];
@@ -467,33 +469,33 @@ extern "C" __global__ void __launch_bounds__(512, 1) mg_k0_mirage_qknorm_gqa_fus
       const int row = threadIdx.x / 8 + 64 * j;
       const int mg_rl = threadIdx.x % 8;
       (void)row; (void)mg_rl;
-      float r13 = 0.0f;
-      const int w15_2 = row;
+      float r14 = 0.0f;
+      const int w16_2 = row;
       #pragma unroll
-      for (int j18 = 0; j18 < 8; ++j18) {
-        const int k14 = mg_rl + j18 * 8;
-        const float v16 = mg_ld(sm_k[k14 * 72 + w15_2]);
-        const float v17 = (v16 * v16);
-        r13 += v17;
+      for (int j19 = 0; j19 < 8; ++j19) {
+        const int k15 = mg_rl + j19 * 8;
+        const float v17 = mg_ld(sm_k[k15 * 72 + w16_2]);
+        const float v18 = (v17 * v17);
+        r14 += v18;
       }
-      r13 = mg_warp_sum(r13, 8);
+      r14 = mg_warp_sum(r14, 8);
       if ((threadIdx.x & 7) == 0) {
         if (row < 64) {
-          const float fin19 = r13 / 64.0f;
-          buf_km[row] = fin19;
-          buf_kr[row] = (1.0f / sqrtf(fin19));
+          const float fin20 = r14 / 64.0f;
+          buf_km[row] = fin20;
+          buf_kr[row] = (1.0f / sqrtf(fin20));
         }
       }
     }
     __syncthreads();
     #pragma unroll
-    for (int j24 = 0; j24 < 8; ++j24) {
-      const int e20 = threadIdx.x + j24 * 512;
-      const int i21_1 = e20 / 64;
-      const int i21_2 = (e20) % 64;
-      const float v22 = mg_ld(sm_k[i21_1 * 72 + i21_2]);
-      const float v23 = buf_kr[i21_2];
-      mg_st(sm_kn_0 + (i21_1 * 72 + i21_2), (v22 * v23));
+    for (int j25 = 0; j25 < 8; ++j25) {
+      const int e21 = threadIdx.x + j25 * 512;
+      const int i22_1 = e21 / 64;
+      const int i22_2 = (e21) % 64;
+      const float v23 = mg_ld(sm_k[i22_1 * 72 + i22_2]);
+      const float v24 = buf_kr[i22_2];
+      mg_st(sm_kn_0 + (i22_1 * 72 + i22_2), (v23 * v24));
     }
     __syncthreads();
     {
@@ -533,13 +535,13 @@ extern "C" __global__ void __launch_bounds__(512, 1) mg_k0_mirage_qknorm_gqa_fus
     }
     __syncthreads();
     #pragma unroll
-    for (int j29 = 0; j29 < 8; ++j29) {
-      const int e25 = threadIdx.x + j29 * 512;
-      const int i26_1 = e25 / 64;
-      const int i26_2 = (e25) % 64;
-      const float v27 = buf_s[i26_1 * 64 + i26_2];
-      const float v28 = (v27 * 0.125f);
-      buf_e[i26_1 * 64 + i26_2] = mg_exp(v28);
+    for (int j30 = 0; j30 < 8; ++j30) {
+      const int e26 = threadIdx.x + j30 * 512;
+      const int i27_1 = e26 / 64;
+      const int i27_2 = (e26) % 64;
+      const float v28 = buf_s[i27_1 * 64 + i27_2];
+      const float v29 = (v28 * 0.125f);
+      buf_e[i27_1 * 64 + i27_2] = mg_exp(v29);
     }
     __syncthreads();
     #pragma unroll
@@ -547,9 +549,9 @@ extern "C" __global__ void __launch_bounds__(512, 1) mg_k0_mirage_qknorm_gqa_fus
       const int row = threadIdx.x / 32 + 16 * j;
       const int mg_rl = threadIdx.x % 32;
       (void)row; (void)mg_rl;
-      const int w31_1 = row;
-      for (int k30 = mg_rl; k30 < 64; k30 += 32) {
-        acc_l[j] += buf_e[w31_1 * 64 + k30];
+      const int w32_1 = row;
+      for (int k31 = mg_rl; k31 < 64; k31 += 32) {
+        acc_l[j] += buf_e[w32_1 * 64 + k31];
       }
     }
     {
@@ -592,10 +594,10 @@ extern "C" __global__ void __launch_bounds__(512, 1) mg_k0_mirage_qknorm_gqa_fus
     const int row = threadIdx.x / 32 + 16 * j;
     const int mg_rl = threadIdx.x % 32;
     (void)row; (void)mg_rl;
-    float v32 = acc_l[j];
-    v32 = mg_warp_sum(v32);
+    float v33 = acc_l[j];
+    v33 = mg_warp_sum(v33);
     if ((threadIdx.x & 31) == 0) {
-      if (row < 64) buf_l[row] = v32;
+      if (row < 64) buf_l[row] = v33;
     }
   }
   {
@@ -622,14 +624,14 @@ extern "C" __global__ void __launch_bounds__(512, 1) mg_k0_mirage_qknorm_gqa_fus
     }
   }
   __syncthreads();
-  for (int e33 = threadIdx.x; e33 < 64; e33 += 512) {
-    const int i34_1 = e33;
-    mg_st(p3 + (bx * 4096 + by * 1 + bz * 1024 + i34_1 * 16), buf_l[i34_1]);
+  for (int e34 = threadIdx.x; e34 < 64; e34 += 512) {
+    const int i35_1 = e34;
+    mg_st(p3 + (bx * 4096 + by * 1 + bz * 1024 + i35_1 * 16), buf_l[i35_1]);
   }
-  for (int e35 = threadIdx.x; e35 < 512; e35 += 512) {
-    const int i36_1 = e35 / 8;
-    const int i36_2 = (e35) % 8;
-    mg_st8(p4 + (bx * 262144 + by * 64 + bz * 65536 + i36_1 * 1024 + (i36_2 * 8)), buf_o[i36_1 * 64 + ((i36_2 * 8) + 0)], buf_o[i36_1 * 64 + ((i36_2 * 8) + 1)], buf_o[i36_1 * 64 + ((i36_2 * 8) + 2)], buf_o[i36_1 * 64 + ((i36_2 * 8) + 3)], buf_o[i36_1 * 64 + ((i36_2 * 8) + 4)], buf_o[i36_1 * 64 + ((i36_2 * 8) + 5)], buf_o[i36_1 * 64 + ((i36_2 * 8) + 6)], buf_o[i36_1 * 64 + ((i36_2 * 8) + 7)]);
+  for (int e36 = threadIdx.x; e36 < 512; e36 += 512) {
+    const int i37_1 = e36 / 8;
+    const int i37_2 = (e36) % 8;
+    mg_st8(p4 + (bx * 262144 + by * 64 + bz * 65536 + i37_1 * 1024 + (i37_2 * 8)), buf_o[i37_1 * 64 + ((i37_2 * 8) + 0)], buf_o[i37_1 * 64 + ((i37_2 * 8) + 1)], buf_o[i37_1 * 64 + ((i37_2 * 8) + 2)], buf_o[i37_1 * 64 + ((i37_2 * 8) + 3)], buf_o[i37_1 * 64 + ((i37_2 * 8) + 4)], buf_o[i37_1 * 64 + ((i37_2 * 8) + 5)], buf_o[i37_1 * 64 + ((i37_2 * 8) + 6)], buf_o[i37_1 * 64 + ((i37_2 * 8) + 7)]);
   }
 }
 

@@ -117,15 +117,15 @@ def packed(name: str, a: Analysis) -> bool:
 
 
 def stored_inverse(name: str, a: Analysis) -> bool:
-    """An element-wise f32 tile that is only ever a broadcast divisor (``x / n`` with
-    ``n`` one per column or row, e.g. qknorm_gqa's key norms) is stored as its
-    reciprocal and its readers multiply: one division per stored element instead of one
-    per element read. An IEEE single division is a reciprocal, several fused
-    multiply-adds and a range check, issued for every element of the score tile in
-    every iteration."""
+    """An element-wise or row-reduction f32 tile that is only ever a broadcast divisor
+    (``x / n`` with ``n`` one per column or row: qknorm_gqa's key norms, the norm of its
+    queries) is stored as its reciprocal and its readers multiply: one division per
+    stored element instead of one per element read. An IEEE single division is a
+    reciprocal, several fused multiply-adds and a range check, issued for every element
+    of the score tile in every iteration."""
     op = a.producer.get(name)
     users = a.uses[name]
-    if (op is None or ops.get(op.op).cuda.kind != "elementwise"
+    if (op is None or ops.get(op.op).cuda.kind not in ("elementwise", "reduce", "rms")
             or ops.get(op.op).is_accumulator or not users):
         return False
     t = a.types[name]

@@ -322,10 +322,13 @@ class FusedKernel:
             name = op.outputs[0].name
             if (self.a.phases[name] == phase and self.tile(name).home == "smem"
                     and name not in self.finished):
-                # Unrolled in the loop only: in a long epilogue the extra registers
-                # cost more than the overlap gains (the Llama layer's attention kernel
-                # at batch 8 ran 75.5 -> 80.3 µs on an H200 with every loop unrolled).
-                lines += self._materialize(op, unroll=phase == "loop")
+                # Unrolled in the loop and before it (where no accumulator is live
+                # yet: qknorm_gqa's normalised queries, 16 elements per thread, each
+                # waiting on the last), not after it: in a long epilogue the extra
+                # registers cost more than the overlap gains (the Llama layer's
+                # attention kernel at batch 8 ran 75.5 -> 80.3 µs on an H200 with
+                # every loop unrolled).
+                lines += self._materialize(op, unroll=phase != "epilogue")
         return lines
 
     def _invariant(self) -> Lines:

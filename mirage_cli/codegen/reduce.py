@@ -187,9 +187,9 @@ def _leader(k: FusedKernel, op: BlockOp, row: str, value: str) -> Lines:
     out = op.outputs[0]
     u = k.finishes.get(out.name)
     if u is None:
-        return [f"buf_{out.name}[{row}] = {value};"]
+        return [f"buf_{out.name}[{row}] = {k.em.as_stored(out.name, value)};"]
     v = k.em.fresh("fin")
-    lines = [f"const float {v} = {value};", f"buf_{out.name}[{row}] = {v};"]
+    lines = [f"const float {v} = {value};", f"buf_{out.name}[{row}] = {k.em.as_stored(out.name, v)};"]
     saved = k.em.nodes[out.name]
     k.em.nodes[out.name] = Node(out.type.shape, Local(v))
     st, e = k.em.apply(u, ["0"] * len(out.type.shape))
