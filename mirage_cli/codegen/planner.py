@@ -2,7 +2,7 @@
 
 Expects a checked block graph. Decides, from the block graph, the target and the
 knobs (pinned by the user or chosen here), every thread-level fact the emitter needs:
-where each tile lives, how wide its accesses are, the pipeline depth, the shared
+where each tile lives (:mod:`homes`), how wide its accesses are, the pipeline depth, the shared
 memory layout (row pitches padded against bank conflicts), how tensor-core matmuls are
 spread over warps and how reductions are spread over threads. Guarantees a plan that
 fits the target's shared memory, or a :class:`MirageError` naming the knob or the
@@ -28,8 +28,6 @@ from mirage_cli.codegen.blockfacts import (
     fused_finish,
     is_mma,
     lanes_per_result,
-    packed,
-    reads_once,
     row_kind,
     row_reduction,
     row_tile,
@@ -37,8 +35,8 @@ from mirage_cli.codegen.blockfacts import (
     threads_per_row,
 )
 from mirage_cli.codegen.directfacts import direct_locals, direct_reason
+from mirage_cli.codegen.homes import homes
 from mirage_cli.codegen.knobranges import (
-    VEC_BYTES,
     acc_in_registers,
     default_ksplit,
     default_stagger,
@@ -49,16 +47,12 @@ from mirage_cli.codegen.knobranges import (
     mma_tiles_per_warp,
     stagger_range,
     streams,
-    vec_elems,
     vec_range,
 )
-from mirage_cli.codegen.smemplan import MAX_STAGES, TileDraft, allocate, pitch_of
+from mirage_cli.codegen.smemplan import MAX_STAGES, TileDraft, allocate
 from mirage_cli.diagnostics import MirageError
 from mirage_cli.ir import BlockGraph, BlockOp, DType, TensorType
-from mirage_cli.kplan import Home, KernelPlan, Knobs, MmaPlan, ReducePlan, TilePlan
-
-ACC_REGS_MAX = 32     # accumulator elements per thread kept in registers
-
+from mirage_cli.kplan import KernelPlan, Knobs, MmaPlan, ReducePlan, TilePlan
 
 # -- the plan ---------------------------------------------------------------------------
 
@@ -67,9 +61,6 @@ THREAD_COUNTS = (32, 64, 128, 256, 512, 1024)
 # The thread counts a kernel's tuning space offers besides its own and the default.
 TUNED_THREADS = (64, 128, 256, 512)
 DEFAULTS = Knobs(stages=None, kwarps=None, pad=1, ldmatrix=1, stage_once=1, vec=None)
-
-
-
 
 def plan_kernel(bg: BlockGraph, dev_types: Mapping[str, TensorType], target: str,
                 pins: Knobs | None = None) -> KernelPlan:
@@ -107,7 +98,6 @@ def plan_kernel(bg: BlockGraph, dev_types: Mapping[str, TensorType], target: str
                             t.scratch_offset, t.swizzle))
     return KernelPlan(target, T, k, smem, scratch, tuple(out), tuple(mmas), tuple(reds))
 
-
 def _row_plan(a: Analysis, dev_types: Mapping[str, TensorType], target: str, pins: Knobs
               ) -> KernelPlan:
     """A row kernel with its rows in registers (``codegen/rowregs.py``): no tile in
@@ -126,13 +116,11 @@ def _row_plan(a: Analysis, dev_types: Mapping[str, TensorType], target: str, pin
                  and (not ops.get(op.op).is_accumulator or row_kind(op, a) == "row"))
     return KernelPlan(target, T, k, 0, 0, tiles, (), reds)
 
-
 def direct_threads(a: Analysis) -> int:
     """Threads of a direct kernel: its planned count, but no more warps than its
     largest output tile has elements for (one element per thread)."""
     largest = max(a.types[bo.source].numel for bo in a.bg.outputs)
     return max(32, min(a.bg.threads, -(-largest // 32) * 32))
-
 
 def _direct_plan(a: Analysis, dev_types: Mapping[str, TensorType], target: str, pins: Knobs
                  ) -> KernelPlan:
@@ -156,7 +144,6 @@ def _direct_plan(a: Analysis, dev_types: Mapping[str, TensorType], target: str, 
                  and ops.get(a.producer[n].op).cuda.kind != "elementwise")
     return KernelPlan(target, T, k, 0, 0, tuple(tiles), (), reds)
 
-
 def _lay_out(a: Analysis, dev_types: Mapping[str, TensorType], pins: Knobs, arch: archs.Arch
              ) -> tuple[Knobs, dict[str, TileDraft], list[MmaPlan], list[ReducePlan], int, int]:
     """Knobs resolved, tile homes, mma and reduction mappings, and the shared-memory
@@ -172,11 +159,10 @@ def _lay_out(a: Analysis, dev_types: Mapping[str, TensorType], pins: Knobs, arch
         # The default split did not fit (a cluster needs every tile in shared memory).
         return _lay_out_with(a, dev_types, dataclasses.replace(k, ksplit=1), pins, arch)
 
-
 def _lay_out_with(a: Analysis, dev_types: Mapping[str, TensorType], k: Knobs, pins: Knobs,
                   arch: archs.Arch
                   ) -> tuple[Knobs, dict[str, TileDraft], list[MmaPlan], list[ReducePlan], int, int]:
-    tiles = _homes(a, dev_types, k)
+    tiles = homes(a, dev_types, k)
     ch = chainplan.chain_of(a) if k.chain == 1 else None
     if online_reads(a.bg) and (ch is None or k.ksplit != 1):
         raise MirageError(
@@ -210,7 +196,6 @@ def _lay_out_with(a: Analysis, dev_types: Mapping[str, TensorType], k: Knobs, pi
                           "do not fit (pin fewer stages or chain=0)")
     return k, tiles, mmas, reds, smem, scratch
 
-
 def _tma_tiles(a: Analysis, dev: Mapping[str, TensorType], tiles: dict[str, TileDraft],
                mmas: list[MmaPlan]) -> dict[str, int]:
     """The loop inputs that bulk tensor copies can bring in (tmaplan), with their swizzle
@@ -227,7 +212,6 @@ def _tma_tiles(a: Analysis, dev: Mapping[str, TensorType], tiles: dict[str, Tile
             out[name] = tmaplan.swizzle_of(t)
     return out
 
-
 def _ldmatrix_reader(user: BlockOp | None, name: str, paths: Mapping[str, MmaPlan]) -> bool:
     """Whether ``user`` reads tile ``name`` only as an ldmatrix operand of an mma (not
     stored, not read by another operator)."""
@@ -237,10 +221,8 @@ def _ldmatrix_reader(user: BlockOp | None, name: str, paths: Mapping[str, MmaPla
     return ((user.inputs[0] != name or mp.a_path in ("ldmatrix", "held"))
             and (user.inputs[1] != name or mp.b_path == "ldmatrix.trans"))
 
-
 def _chain_operands(ch: Chain) -> tuple[str, str, str]:
     return ch.first.inputs[0], ch.first.inputs[1], ch.second.inputs[1]
-
 
 def _chain(a: Analysis, ch: Chain, tiles: dict[str, TileDraft], k: Knobs
            ) -> tuple[list[MmaPlan], list[ReducePlan]]:
@@ -264,7 +246,6 @@ def _chain(a: Analysis, ch: Chain, tiles: dict[str, TileDraft], k: Knobs
         tiles[name].owner = owner
     return mmas, reds
 
-
 def _owner(t: TileDraft, threads: int) -> str:
     match t.home:
         case "smem" if t.type.dtype is not DType.F32 and t.pitch:
@@ -278,7 +259,6 @@ def _owner(t: TileDraft, threads: int) -> str:
             return f"registers: element e by thread e % {threads}"
         case _:
             return f"f32 tile; element e written by thread e % {threads}"
-
 
 def _resolve(a: Analysis, dev: Mapping[str, TensorType], pins: Knobs) -> Knobs:
     """Pinned knobs, and the planner's choice for the others."""
@@ -313,95 +293,6 @@ def _resolve(a: Analysis, dev: Mapping[str, TensorType], pins: Knobs) -> Knobs:
         d["vec"] = max(vec_range(a, dev))
     return Knobs(**d)
 
-
-def _homes(a: Analysis, dev: Mapping[str, TensorType], k: Knobs) -> dict[str, TileDraft]:
-    bg, T = a.bg, a.bg.threads
-    tiles: dict[str, TileDraft] = {}
-    for bi in bg.inputs:
-        name, t = bi.value.name, bi.value.type
-        users = a.uses[name]
-        once = all(u is None or reads_once(u, t, a.types) for u in users) and len(users) <= 1
-        vec = vec_elems(t, dev[bi.source].shape[-1])
-        staged = not once or (k.stage_once == 1 and vec > 1)
-        tile = TileDraft(name, t, a.phases[name], "smem" if staged else "global", vec=vec)
-        if staged:
-            tile.pitch = pitch_of(t, k.pad == 1) if vec > 1 else t.shape[-1]
-        tiles[name] = tile
-    for op in bg.ops:
-        v = op.outputs[0]
-        home: Home
-        if ops.get(op.op).is_accumulator:
-            n = -(-v.type.numel // T)
-            home = "acc_regs" if n <= ACC_REGS_MAX or acc_row_reduction(op, a) else "acc_smem"
-        else:
-            home = "inline" if _inlinable(v.name, a) else "smem"
-        tiles[v.name] = TileDraft(v.name, v.type, a.phases[v.name], home)
-        if home == "smem" and k.ldmatrix != 0 and packed(v.name, a):
-            tile = tiles[v.name]
-            tile.pitch, tile.vec = pitch_of(v.type, k.pad == 1), VEC_BYTES // v.type.dtype.nbytes
-            tile.owner = (f"{v.type.dtype.name.lower()} tile for ldmatrix, row pitch "
-                          f"{tile.pitch}; element e written by thread e % {T}")
-    return tiles
-
-
-def _inlinable(name: str, a: Analysis) -> bool:
-    users = a.uses[name]
-    if len(users) != 1:
-        return False
-    user = users[0]
-    if user is None:
-        return True
-    if ops.get(user.op).is_accumulator:
-        return a.phases[name] == "loop"
-    if _too_few_results(name, a):
-        return False
-    # An invariant element-wise value read only after the loop is computed where it is
-    # read: its operands (tiles copied once, or global memory) are still there, and it
-    # then needs no pass over its elements before the loop and no shared-memory tile. A
-    # reduction keeps its pass: computed where read, each result is a serial fold by
-    # one thread (mha_decode's spread maximum max(V) at batch 1: 128 folds of 512 by 16
-    # threads after the loop, 81 us against 43).
-    phase, read_in = a.phases[name], a.phases[user.outputs[0].name]
-    late = (phase, read_in) == ("invariant", "epilogue") and _elementwise(name, a)
-    return (phase == read_in or late) and reads_once(user, a.types[name], a.types)
-
-
-def _elementwise(name: str, a: Analysis) -> bool:
-    """Whether computing an element of ``name`` where it is read reads only a few
-    elements: an element-wise operator whose operands are inputs, tiles of their own
-    (a matmul's result) or such element-wise values, not a reduction computed where
-    it is read."""
-    op = a.producer.get(name)
-    if op is None or ops.get(op.op).cuda.kind != "elementwise":
-        return False
-    return all(_read_cheaply(i, a) for i in op.inputs)
-
-
-def _read_cheaply(name: str, a: Analysis) -> bool:
-    """Whether an element of operand ``name`` is an input, an element of a tile of its
-    own, or an element-wise value of such (see :func:`_elementwise`)."""
-    op = a.producer.get(name)
-    if op is None:
-        return True
-    kind = ops.get(op.op).cuda.kind
-    if kind == "elementwise":
-        return _elementwise(name, a)
-    return kind not in ("reduce", "rms", "sum_to", "softmax") or not _inlinable(name, a)
-
-
-def _too_few_results(name: str, a: Analysis) -> bool:
-    """A reduction in the loop with fewer results than threads, each over a long row, is
-    spread over lanes (``row_reduction``, ``lanes_per_result``) only into a shared-memory
-    tile: computed where read, each of its few results would be folded by one thread
-    while the others wait at the next barrier (qknorm_gqa's key norms: 64 threads of
-    512, each a 64-long serial fold, every iteration). Before the loop likewise (the
-    pass over an invariant reduction's results is a serial fold per element: mha_decode's
-    spread maximum at batch 1); after the loop it keeps its form (not measured there)."""
-    op = a.producer.get(name)
-    return (op is not None and a.phases[name] in ("loop", "invariant")
-            and a.types[name].numel < a.bg.threads and row_reduction(op, a, a.bg.threads))
-
-
 def _mmas(a: Analysis, tiles: dict[str, TileDraft], k: Knobs) -> list[MmaPlan]:
     W = a.bg.threads // 32
     out = []
@@ -434,12 +325,10 @@ def _mmas(a: Analysis, tiles: dict[str, TileDraft], k: Knobs) -> list[MmaPlan]:
                            "ldmatrix.trans" if b_ok else "direct", kw, per_warp))
     return out
 
-
 def _ldmatrix_ok(t: TileDraft, dtype: DType) -> bool:
     """ldmatrix reads 16-byte rows of 8 elements from shared memory."""
     return (t.home == "smem" and t.type.dtype == dtype and t.pitch > 0
             and (t.pitch * t.type.dtype.nbytes) % 16 == 0 and t.vec > 1)
-
 
 def _reductions(a: Analysis, tiles: dict[str, TileDraft]) -> list[ReducePlan]:
     T = a.bg.threads
@@ -454,7 +343,6 @@ def _reductions(a: Analysis, tiles: dict[str, TileDraft]) -> list[ReducePlan]:
                                  f"row, combined once after the loop")
             out.append(ReducePlan(name, "rows", tpr))
     return out + _tile_reductions(a, tiles)
-
 
 def fused_finishes(a: Analysis, tiles: Mapping[str, TileDraft | TilePlan],
                    reds: list[ReducePlan]) -> dict[str, BlockOp]:
@@ -471,7 +359,6 @@ def fused_finishes(a: Analysis, tiles: Mapping[str, TileDraft | TilePlan],
             out[rp.output] = u
     return out
 
-
 def _tile_reductions(a: Analysis, tiles: dict[str, TileDraft]) -> list[ReducePlan]:
     """Row reductions into shared-memory tiles: whole warps per row, or aligned groups of
     lanes along a strided dimension (``lanes_per_result``)."""
@@ -479,7 +366,6 @@ def _tile_reductions(a: Analysis, tiles: dict[str, TileDraft]) -> list[ReducePla
     return [ReducePlan(op.outputs[0].name, "rows", lanes_per_result(op, a, T))
             for op in a.bg.ops if not ops.get(op.op).is_accumulator
             and tiles[op.outputs[0].name].home == "smem" and row_reduction(op, a, T)]
-
 
 def knob_space(bg: BlockGraph, dev_types: Mapping[str, TensorType], target: str
                ) -> dict[str, list[int]]:
@@ -505,7 +391,6 @@ def knob_space(bg: BlockGraph, dev_types: Mapping[str, TensorType], target: str
             "stagger": stagger_range(a), "chain": chainplan.chain_range(a, kwarps),
             "tma": [0, 1] if _tma_legal(a, dev_types, target) else [0]}
 
-
 def _tma_legal(a: Analysis, dev_types: Mapping[str, TensorType], target: str) -> bool:
     """Whether bulk tensor copies apply to some tile of the default plan (sm_90 only)."""
     if target != "sm_90":
@@ -517,12 +402,10 @@ def _tma_legal(a: Analysis, dev_types: Mapping[str, TensorType], target: str) ->
         return False
     return any(t.swizzle for t in tiles.values())
 
-
 def _no_scratch(a: Analysis, dev_types: Mapping[str, TensorType], target: str) -> bool:
     """Whether the default plan keeps every tile out of the workspace scratch area (a
     cluster's blocks cannot split the forloop otherwise)."""
     return _lay_out(a, dev_types, Knobs(ksplit=1), archs.get(target))[5] == 0
-
 
 def check_pins(bg: BlockGraph, dev_types: Mapping[str, TensorType], target: str,
                pins: Knobs) -> None:
