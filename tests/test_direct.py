@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+import pytest
 from codegen_cases import invariant_max_after_loop, row_total, split_combine
 
 from mirage_cli.builder import GraphBuilder
@@ -18,7 +19,8 @@ from mirage_cli.codegen.directfacts import direct_reads, direct_reason
 from mirage_cli.codegen.emit import emit
 from mirage_cli.codegen.lower import lower
 from mirage_cli.codegen.nvrtc import compile_cuda
-from mirage_cli.codegen.planner import plan_kernel
+from mirage_cli.codegen.planner import knob_space, plan_kernel
+from mirage_cli.diagnostics import MirageError
 from mirage_cli.ir import Graph, KernelOp
 from mirage_cli.kplan import Knobs
 from mirage_cli.loading import load_graph
@@ -149,3 +151,13 @@ def test_a_per_row_output_and_f32_partials_are_direct() -> None:
     assert "__syncthreads" not in body and body.count("mg_st(p") == 1
     assert "const float* __restrict__" in body
     compile_cuda(cu, "row_total.cu", "sm_90")
+
+
+def test_a_direct_kernel_offers_no_vector_stores() -> None:
+    # It stores one element per thread: a pinned 16-byte store is refused, not ignored.
+    g = _combine_of(16)
+    (op,) = _customs(g)
+    assert op.block is not None
+    assert knob_space(op.block, g.tensor_types(), "sm_90")["vec"] == [1]
+    with pytest.raises(MirageError, match="vec"):
+        plan_kernel(op.block, g.tensor_types(), "sm_90", Knobs(vec=8))

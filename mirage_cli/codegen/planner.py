@@ -62,6 +62,7 @@ THREAD_COUNTS = (32, 64, 128, 256, 512, 1024)
 TUNED_THREADS = (64, 128, 256, 512)
 DEFAULTS = Knobs(stages=None, kwarps=None, pad=1, ldmatrix=1, stage_once=1, vec=None)
 
+
 def plan_kernel(bg: BlockGraph, dev_types: Mapping[str, TensorType], target: str,
                 pins: Knobs | None = None) -> KernelPlan:
     """The plan of one custom kernel for ``target`` with the given knob pins."""
@@ -98,6 +99,7 @@ def plan_kernel(bg: BlockGraph, dev_types: Mapping[str, TensorType], target: str
                             t.scratch_offset, t.swizzle))
     return KernelPlan(target, T, k, smem, scratch, tuple(out), tuple(mmas), tuple(reds))
 
+
 def _row_plan(a: Analysis, dev_types: Mapping[str, TensorType], target: str, pins: Knobs
               ) -> KernelPlan:
     """A row kernel with its rows in registers (``codegen/rowregs.py``): no tile in
@@ -116,11 +118,13 @@ def _row_plan(a: Analysis, dev_types: Mapping[str, TensorType], target: str, pin
                  and (not ops.get(op.op).is_accumulator or row_kind(op, a) == "row"))
     return KernelPlan(target, T, k, 0, 0, tiles, (), reds)
 
+
 def direct_threads(a: Analysis) -> int:
     """Threads of a direct kernel: its planned count, but no more warps than its
     largest output tile has elements for (one element per thread)."""
     largest = max(a.types[bo.source].numel for bo in a.bg.outputs)
     return max(32, min(a.bg.threads, -(-largest // 32) * 32))
+
 
 def _direct_plan(a: Analysis, dev_types: Mapping[str, TensorType], target: str, pins: Knobs
                  ) -> KernelPlan:
@@ -144,6 +148,7 @@ def _direct_plan(a: Analysis, dev_types: Mapping[str, TensorType], target: str, 
                  and ops.get(a.producer[n].op).cuda.kind != "elementwise")
     return KernelPlan(target, T, k, 0, 0, tuple(tiles), (), reds)
 
+
 def _lay_out(a: Analysis, dev_types: Mapping[str, TensorType], pins: Knobs, arch: archs.Arch
              ) -> tuple[Knobs, dict[str, TileDraft], list[MmaPlan], list[ReducePlan], int, int]:
     """Knobs resolved, tile homes, mma and reduction mappings, and the shared-memory
@@ -158,6 +163,7 @@ def _lay_out(a: Analysis, dev_types: Mapping[str, TensorType], pins: Knobs, arch
             raise
         # The default split did not fit (a cluster needs every tile in shared memory).
         return _lay_out_with(a, dev_types, dataclasses.replace(k, ksplit=1), pins, arch)
+
 
 def _lay_out_with(a: Analysis, dev_types: Mapping[str, TensorType], k: Knobs, pins: Knobs,
                   arch: archs.Arch
@@ -196,6 +202,7 @@ def _lay_out_with(a: Analysis, dev_types: Mapping[str, TensorType], k: Knobs, pi
                           "do not fit (pin fewer stages or chain=0)")
     return k, tiles, mmas, reds, smem, scratch
 
+
 def _tma_tiles(a: Analysis, dev: Mapping[str, TensorType], tiles: dict[str, TileDraft],
                mmas: list[MmaPlan]) -> dict[str, int]:
     """The loop inputs that bulk tensor copies can bring in (tmaplan), with their swizzle
@@ -212,6 +219,7 @@ def _tma_tiles(a: Analysis, dev: Mapping[str, TensorType], tiles: dict[str, Tile
             out[name] = tmaplan.swizzle_of(t)
     return out
 
+
 def _ldmatrix_reader(user: BlockOp | None, name: str, paths: Mapping[str, MmaPlan]) -> bool:
     """Whether ``user`` reads tile ``name`` only as an ldmatrix operand of an mma (not
     stored, not read by another operator)."""
@@ -221,8 +229,10 @@ def _ldmatrix_reader(user: BlockOp | None, name: str, paths: Mapping[str, MmaPla
     return ((user.inputs[0] != name or mp.a_path in ("ldmatrix", "held"))
             and (user.inputs[1] != name or mp.b_path == "ldmatrix.trans"))
 
+
 def _chain_operands(ch: Chain) -> tuple[str, str, str]:
     return ch.first.inputs[0], ch.first.inputs[1], ch.second.inputs[1]
+
 
 def _chain(a: Analysis, ch: Chain, tiles: dict[str, TileDraft], k: Knobs
            ) -> tuple[list[MmaPlan], list[ReducePlan]]:
@@ -246,6 +256,7 @@ def _chain(a: Analysis, ch: Chain, tiles: dict[str, TileDraft], k: Knobs
         tiles[name].owner = owner
     return mmas, reds
 
+
 def _owner(t: TileDraft, threads: int) -> str:
     match t.home:
         case "smem" if t.type.dtype is not DType.F32 and t.pitch:
@@ -259,6 +270,7 @@ def _owner(t: TileDraft, threads: int) -> str:
             return f"registers: element e by thread e % {threads}"
         case _:
             return f"f32 tile; element e written by thread e % {threads}"
+
 
 def _resolve(a: Analysis, dev: Mapping[str, TensorType], pins: Knobs) -> Knobs:
     """Pinned knobs, and the planner's choice for the others."""
@@ -293,6 +305,7 @@ def _resolve(a: Analysis, dev: Mapping[str, TensorType], pins: Knobs) -> Knobs:
         d["vec"] = max(vec_range(a, dev))
     return Knobs(**d)
 
+
 def _mmas(a: Analysis, tiles: dict[str, TileDraft], k: Knobs) -> list[MmaPlan]:
     W = a.bg.threads // 32
     out = []
@@ -325,10 +338,12 @@ def _mmas(a: Analysis, tiles: dict[str, TileDraft], k: Knobs) -> list[MmaPlan]:
                            "ldmatrix.trans" if b_ok else "direct", kw, per_warp))
     return out
 
+
 def _ldmatrix_ok(t: TileDraft, dtype: DType) -> bool:
     """ldmatrix reads 16-byte rows of 8 elements from shared memory."""
     return (t.home == "smem" and t.type.dtype == dtype and t.pitch > 0
             and (t.pitch * t.type.dtype.nbytes) % 16 == 0 and t.vec > 1)
+
 
 def _reductions(a: Analysis, tiles: dict[str, TileDraft]) -> list[ReducePlan]:
     T = a.bg.threads
@@ -343,6 +358,7 @@ def _reductions(a: Analysis, tiles: dict[str, TileDraft]) -> list[ReducePlan]:
                                  f"row, combined once after the loop")
             out.append(ReducePlan(name, "rows", tpr))
     return out + _tile_reductions(a, tiles)
+
 
 def fused_finishes(a: Analysis, tiles: Mapping[str, TileDraft | TilePlan],
                    reds: list[ReducePlan]) -> dict[str, BlockOp]:
@@ -359,6 +375,7 @@ def fused_finishes(a: Analysis, tiles: Mapping[str, TileDraft | TilePlan],
             out[rp.output] = u
     return out
 
+
 def _tile_reductions(a: Analysis, tiles: dict[str, TileDraft]) -> list[ReducePlan]:
     """Row reductions into shared-memory tiles: whole warps per row, or aligned groups of
     lanes along a strided dimension (``lanes_per_result``)."""
@@ -366,6 +383,7 @@ def _tile_reductions(a: Analysis, tiles: dict[str, TileDraft]) -> list[ReducePla
     return [ReducePlan(op.outputs[0].name, "rows", lanes_per_result(op, a, T))
             for op in a.bg.ops if not ops.get(op.op).is_accumulator
             and tiles[op.outputs[0].name].home == "smem" and row_reduction(op, a, T)]
+
 
 def knob_space(bg: BlockGraph, dev_types: Mapping[str, TensorType], target: str
                ) -> dict[str, list[int]]:
@@ -382,14 +400,17 @@ def knob_space(bg: BlockGraph, dev_types: Mapping[str, TensorType], target: str
         kwarps = sorted({kw for t in threads for kw in kwarps_range(at[t])
                          if chainplan.online_kwarps(chainplan.chain_of(at[t]), t // 32, [kw])
                          is not None}) or kwarps
+    # A direct kernel stores one element per thread (codegen/direct.py).
+    vec = [1] if direct_reason(a) is None else vec_range(a, dev_types)
     return {"stages": list(range(1, min(MAX_STAGES, bg.forloop) + 1)) if bg.forloop > 1 else [1],
             "kwarps": kwarps, "pad": [0, 1],
             "ldmatrix": [1] if online else [0, 1],  # a chain's operands need it
-            "stage_once": [0, 1], "vec": vec_range(a, dev_types), "threads": threads,
+            "stage_once": [0, 1], "vec": vec, "threads": threads,
             "ksplit": ksplit_range(a, target) if _no_scratch(a, dev_types, target)
             and not online else [1],
             "stagger": stagger_range(a), "chain": chainplan.chain_range(a, kwarps),
             "tma": [0, 1] if _tma_legal(a, dev_types, target) else [0]}
+
 
 def _tma_legal(a: Analysis, dev_types: Mapping[str, TensorType], target: str) -> bool:
     """Whether bulk tensor copies apply to some tile of the default plan (sm_90 only)."""
@@ -402,10 +423,12 @@ def _tma_legal(a: Analysis, dev_types: Mapping[str, TensorType], target: str) ->
         return False
     return any(t.swizzle for t in tiles.values())
 
+
 def _no_scratch(a: Analysis, dev_types: Mapping[str, TensorType], target: str) -> bool:
     """Whether the default plan keeps every tile out of the workspace scratch area (a
     cluster's blocks cannot split the forloop otherwise)."""
     return _lay_out(a, dev_types, Knobs(ksplit=1), archs.get(target))[5] == 0
+
 
 def check_pins(bg: BlockGraph, dev_types: Mapping[str, TensorType], target: str,
                pins: Knobs) -> None:
