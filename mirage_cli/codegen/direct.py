@@ -24,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 
 from mirage_cli import ops
-from mirage_cli.codegen.directfacts import direct_locals, is_alias, plain_form
+from mirage_cli.codegen.directfacts import direct_locals, is_alias
 from mirage_cli.codegen.expr import (
     CTYPE,
     Inline,
@@ -52,16 +52,14 @@ class DirectKernel(FusedKernel):
                 row_major(self.dev[bi.source].shape), CTYPE[bi.value.type.dtype]))
         # An accumulator of the one iteration that returns its input is that input.
         self._src: dict[str, str] = {}
-        self._plain: dict[str, BlockOp] = {}
+        self._ops: dict[str, BlockOp] = {}  # each operator, aliases' readers reading their input
         for op in self.bg.ops:
             out = op.outputs[0]
             if is_alias(op):
                 self._src[out.name] = self._source(op.inputs[0])
                 continue
-            p = plain_form(op)
-            assert p is not None, op.op
-            p = dataclasses.replace(p, inputs=tuple(self._source(i) for i in p.inputs))
-            self._plain[out.name] = p
+            self._ops[out.name] = dataclasses.replace(
+                op, inputs=tuple(self._source(i) for i in op.inputs))
             self.em.nodes[out.name] = Node(out.type.shape, self._inline(out.name))
         self._locals = direct_locals(self.a)
         body: Lines = []
@@ -77,12 +75,12 @@ class DirectKernel(FusedKernel):
         return self._src.get(name, name)
 
     def _inline(self, name: str) -> Inline:
-        p = self._plain[name]
+        p = self._ops[name]
         return Inline(p.op, p.inputs, ops.get(p.op).attr_values(p.attrs))
 
     def _needed(self, name: str, seen: set[str]) -> None:
         """Adds to ``seen`` the per-row values that computing ``name`` reads."""
-        p = self._plain.get(name)
+        p = self._ops.get(name)
         if p is None or name in seen:
             return
         if name in self._locals:
@@ -107,7 +105,7 @@ class DirectKernel(FusedKernel):
             lines: Lines = []
             row = idx[:-1] + ["0"]
             for name in order:  # block order: a per-row value reads only earlier ones
-                st, e = self.em.apply(self._plain[name], row)
+                st, e = self.em.apply(self._ops[name], row)
                 v = self.em.fresh("r")
                 lines += st + [f"const float {v} = {e};"]
                 self.em.nodes[name] = Node(self.em.nodes[name].shape, Local(v))

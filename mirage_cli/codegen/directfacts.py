@@ -2,8 +2,8 @@
 computed by one thread straight from global memory.
 
 :func:`direct_reason` decides (the planner plans such a kernel with no tile staged, and
-``custom.py`` picks its emitter by the same test); :func:`plain_form` gives the operator
-an accumulator of a one-iteration forloop amounts to; :func:`direct_locals` and
+``custom.py`` picks its emitter by the same test); :func:`fold` says how many values an
+operator reduces per result; :func:`direct_locals` and
 :func:`direct_reads` say which per-row values each element computes and how many input
 elements it reads. Nothing here depends on the knobs or the target.
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from mirage_cli import ops
 from mirage_cli.codegen.blockfacts import Analysis
-from mirage_cli.ir import BlockOp, make_attrs
+from mirage_cli.ir import BlockOp
 from mirage_cli.semantics.accum import Finish
 
 # Input elements a direct kernel may read per output element, its per-row values
@@ -30,31 +30,29 @@ def is_alias(op: BlockOp) -> bool:
             and spec.finish is Finish.ID)
 
 
-def plain_form(op: BlockOp) -> BlockOp | None:
-    """The operator that computes what ``op`` computes over a forloop of one iteration:
-    ``op`` itself if it is not an accumulator, ``sum`` / ``mean`` / ``max`` / ``rms``
-    over the last dimension for a ``*_ld`` accumulator, ``sum_to`` for ``acc_sum_to``;
-    None for an alias (:func:`is_alias`) or an accumulator no operator computes."""
+def fold(op: BlockOp, a: Analysis) -> int | None:
+    """How many values ``op`` combines into each result over a forloop of one
+    iteration: the last dimension's length for a reduction along it (an operator, or
+    an accumulator reducing each tile's last dimension), the number of groups for a
+    sum down to a width; None for an element-wise operator or an alias. A reduction
+    along another dimension is reported as one over the last (``direct_reason``
+    refuses it first)."""
     reg = ops.get(op.op)
-    spec = reg.accum
-    if spec is None:
-        return op
-    x, out = op.inputs[0], op.outputs[0]
-    attrs = reg.attr_values(op.attrs)
-    last = make_attrs(dim=len(out.type.shape) - 1, keepdim=True)
-    P, R, C, F = ops.Pre, ops.Reduce, ops.Combine, Finish
-    match (spec.pre, spec.reduce, spec.combine, spec.finish):
-        case (P.ID, R.LAST, C.SUM, F.ID):
-            return BlockOp("sum", (x,), (out,), last)
-        case (P.ID, R.LAST, C.SUM, F.MEAN):
-            return BlockOp("mean", (x,), (out,), last)
-        case (P.ID, R.LAST, C.MAX, F.ID):
-            return BlockOp("max", (x,), (out,), last)
-        case (P.SQUARE, R.LAST, C.SUM, F.RMS):
-            return BlockOp("rms", (x,), (out,), make_attrs(eps=attrs.get("eps")))
-        case (P.ID, R.TO_WIDTH, C.SUM, F.ID):
-            return BlockOp("sum_to", (x,), (out,), make_attrs(width=attrs["width"]))
-    return None
+    n = a.types[op.inputs[0]].shape[-1]
+    if reg.accum is not None:
+        match reg.accum.reduce:
+            case ops.Reduce.NONE:
+                return None
+            case ops.Reduce.LAST:
+                return n
+            case ops.Reduce.TO_WIDTH:
+                return n // int(reg.attr_values(op.attrs)["width"])  # type: ignore[call-overload]
+    match reg.cuda.kind:
+        case "elementwise":
+            return None
+        case "sum_to":
+            return n // int(reg.attr_values(op.attrs)["width"])  # type: ignore[call-overload]
+    return n
 
 
 def direct_reason(a: Analysis) -> str | None:
@@ -77,23 +75,24 @@ def direct_reason(a: Analysis) -> str | None:
             return f"{name} does not share the outputs' leading dimensions"
     reduces = False
     for op in bg.ops:
-        if is_alias(op):
-            continue
-        p = plain_form(op)
-        if p is None:
-            return f"accumulator {op.op} has no operator form"
-        kind = ops.get(p.op).cuda.kind
-        attrs = ops.get(p.op).attr_values(p.attrs)
-        x = a.types[p.inputs[0]].shape
-        if kind == "reduce" and (int(attrs["dim"]) % len(x) != len(x) - 1
+        reg = ops.get(op.op)
+        spec, kind = reg.accum, reg.cuda.kind
+        if spec is not None and spec.reduce is ops.Reduce.NONE and not is_alias(op):
+            return f"accumulator {op.op} over one iteration is not computed here"
+        if spec is not None and spec.reduce is ops.Reduce.LAST and spec.pre is ops.Pre.SQUARE \
+                and spec.finish is not Finish.RMS:
+            return f"accumulator {op.op} over one iteration is not computed here"
+        x = a.types[op.inputs[0]].shape
+        attrs = reg.attr_values(op.attrs)
+        if kind == "reduce" and (int(attrs["dim"]) % len(x) != len(x) - 1  # type: ignore[call-overload]
                                  or not attrs.get("keepdim", False)):
             return f"{op.op} does not reduce along the last dimension"
-        if kind not in ("elementwise", "reduce", "rms", "sum_to"):
+        if kind not in ("elementwise", "reduce", "rms", "sum_to", "accum"):
             return f"operator {op.op} is not computed element by element"
-        fold = x[-1] // int(attrs["width"]) if kind == "sum_to" else x[-1]
-        if kind != "elementwise" and fold > DIRECT_FOLD:
-            return f"{op.op} reduces {fold} values per result (at most {DIRECT_FOLD})"
-        reduces = reduces or kind != "elementwise"
+        n = fold(op, a)
+        if n is not None and n > DIRECT_FOLD:
+            return f"{op.op} reduces {n} values per result (at most {DIRECT_FOLD})"
+        reduces = reduces or n is not None
     if not reduces:
         return "no reduction (the staged form's 16-byte accesses are faster)"
     n = direct_reads(a)
@@ -121,14 +120,9 @@ def direct_reads(a: Analysis) -> int:
 
     def own(name: str) -> int:  # the expression of ``name``, per-row values as read
         op = a.producer.get(src(name))
-        p = None if op is None else plain_form(op)
-        if p is None:
+        if op is None:
             return 1
-        kind = ops.get(p.op).cuda.kind
-        n = a.types[p.inputs[0]].shape[-1]
-        if kind == "sum_to":
-            n //= int(ops.get(p.op).attr_values(p.attrs)["width"])
-        return (n if kind != "elementwise" else 1) * sum(cost(i) for i in p.inputs)
+        return (fold(op, a) or 1) * sum(cost(i) for i in op.inputs)
 
     def cost(name: str) -> int:
         return 0 if src(name) in local else own(name)

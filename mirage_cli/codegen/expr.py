@@ -16,7 +16,7 @@ from typing import assert_never
 
 from mirage_cli import ops
 from mirage_cli.ir import AttrValue, BlockOp, DType
-from mirage_cli.semantics.accum import Combine, Finish
+from mirage_cli.semantics.accum import AccumSpec, Combine, Finish, Pre, Reduce
 from mirage_cli.semantics.cuda import c_float, c_init, c_update
 
 Lines = list[str]
@@ -219,10 +219,34 @@ class Emitter:
                 return self._concat(inputs, shapes, idx, int(attrs["dim"]))
             case "sum_to":
                 return self._sum_to(inputs[0], shapes[0], idx, int(attrs["width"]))
-            case "accum" | "custom":
+            case "accum":
+                acc = ops.get(op).accum
+                assert acc is not None
+                return self._accum(acc, inputs[0], shapes[0], idx, attrs)
+            case "custom":
                 raise AssertionError(f"{op} cannot be computed inline")
             case _:
                 assert_never(spec.kind)
+
+    def _accum(self, spec: AccumSpec, x: str, sx: tuple[int, ...], idx: list[str],
+               attrs: dict[str, AttrValue]) -> tuple[Lines, str]:
+        """An accumulator's value over a forloop of one iteration (a direct kernel's,
+        ``codegen/direct.py``): its reduction of the one tile, as the operator with that
+        reduction computes it. Over the iterations of a longer loop an accumulator is
+        carried by the kernel, never computed where read."""
+        last = len(sx) - 1
+        match spec.reduce, spec.pre, spec.finish:
+            case Reduce.LAST, Pre.SQUARE, Finish.RMS:
+                return self._rms(x, sx, idx, float(attrs.get("eps", 0.0)))  # type: ignore[arg-type]
+            case Reduce.LAST, Pre.ID, (Finish.ID | Finish.MEAN) as finish:
+                return self._reduce(x, sx, idx, last, True, spec.combine, finish)
+            case Reduce.TO_WIDTH, Pre.ID, Finish.ID:
+                return self._sum_to(x, sx, idx, int(attrs["width"]))  # type: ignore[arg-type]
+            case Reduce.NONE, Pre.ID, Finish.ID:
+                lines: Lines = []
+                e = self._operand(x, idx, lines)
+                return lines, e
+        raise AssertionError(f"accumulator {spec} has no one-iteration form here")
 
     def _matmul(self, inputs: tuple[str, ...], shapes: list[tuple[int, ...]],
                 idx: list[str]) -> tuple[Lines, str]:
