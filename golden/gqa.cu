@@ -335,6 +335,43 @@ __device__ __forceinline__ void mg_dsmem_st(float* p, unsigned rank, float v) {
   asm volatile("st.shared::cluster.f32 [%0], %1;" :: "r"(r), "f"(v) : "memory");
 }
 #endif
+// Warpgroup matrix multiply (wgmma, sm_90a): 4 consecutive warps multiply 64 rows; each
+// warp's A fragments and accumulators are those of mma.m16n8k16 over its 16 rows, so a
+// kernel switches between the two paths without touching its registers. B is read from
+// shared memory through a descriptor: a 64-column box of 16-bit elements, rows of 128
+// bytes with the 128-byte swizzle of a bulk tensor copy, 1024-byte aligned groups of 8
+// rows (stride 1024), N contiguous (the transposed, "MN-major" B). Compiled only for the
+// arch-specific target (sm_90a); elsewhere the kernels take their ldmatrix path.
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+__device__ __forceinline__ unsigned long long mg_wg_desc(const void* p) {
+  const unsigned a = (unsigned)__cvta_generic_to_shared(p);
+  return (unsigned long long)((a & 0x3FFFFu) >> 4) | (1ull << 16) | (64ull << 32) | (1ull << 62);
+}
+__device__ __forceinline__ void mg_wg_fence() {
+  asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void mg_wg_commit_wait() {
+  asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+  asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+}
+// The operands of one m64n64k16: this warp's 32 accumulators (8 m16n8 fragments of its
+// 16 rows over the box's 64 columns), its 4 A registers, B's descriptor; the predicate
+// p = 1 accumulates into d.
+#define MG_WG_ACC(d) "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+#define MG_WG_OPS "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, p, 1, 1, 1;\n}\n"
+__device__ __forceinline__ void mg_wgmma_f16(float (*d)[4], unsigned a0, unsigned a1,
+                                             unsigned a2, unsigned a3, unsigned long long b) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 " MG_WG_OPS
+               : MG_WG_ACC(d) : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(b));
+}
+__device__ __forceinline__ void mg_wgmma_bf16(float (*d)[4], unsigned a0, unsigned a1,
+                                              unsigned a2, unsigned a3, unsigned long long b) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " MG_WG_OPS
+               : MG_WG_ACC(d) : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(b));
+}
+#endif
 
 // matmul as a generated block graph: grid [16, 4, 16], forloop 4, tensor cores
 extern "C" __global__ void __launch_bounds__(512, 1) mg_k0_mirage_gqa_h16x256x64_h16x64x4096_h16x4096x64_to_h16x256x64(

@@ -41,6 +41,7 @@ class Knobs:
     stagger: int | None = None    # 1: each block starts its forloop at its own iteration
     chain: int | None = None      # 1: a matmul chain keeps its score tile in mma fragments
     tma: int | None = None        # 1: loop inputs read only by mma copied by bulk tensor copies
+    wgmma: int | None = None      # 1: a chain's mmas as warpgroup wgmma (sm_90a), B by descriptor
 
     def as_json(self) -> dict[str, int]:
         return {k: v for k, v in asdict(self).items() if v is not None}
@@ -75,7 +76,7 @@ class MmaPlan:
     accumulator: str           # the acc_sum it feeds in registers ("" if materialised)
     a_path: str                # "ldmatrix" | "direct" | "frag" (the first mma's fragments)
     #                            | "held" (ldmatrix once before the loop, kept in registers)
-    b_path: str                # "ldmatrix.trans" | "direct"
+    b_path: str                # "ldmatrix.trans" | "direct" | "wgmma" (a shared-memory descriptor)
     kwarps: int                # warps splitting K (their fragments are summed after the loop)
     tiles_per_warp: int        # m16n8 output tiles per warp
 

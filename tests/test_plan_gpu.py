@@ -112,7 +112,7 @@ def test_key_norms_through_shared_memory_in_a_chain_on_gpu(  # type: ignore[no-u
 
     src = tmp_path / "qk.mir"
     src.write_text(qknorm_chain_as_shipped().replace("f16[", f"{dtype}["))
-    g = planned(load_graph(str(src)), "sm_90", [Knobs(chain=1)])
+    g = planned(load_graph(str(src)), "sm_90", [Knobs(chain=1, threads=512)])
     assert [op.plan.threads for op in g.ops if op.plan is not None] == [512]
     loaded, chk = check_graph(device, g, seed=7)
     loaded.unload()

@@ -18,9 +18,9 @@ ROOT = Path(__file__).resolve().parent.parent
 MUGRAPHS = ROOT / "examples" / "mugraphs"
 
 
-def _kernel_plans(g: Graph) -> list:  # type: ignore[type-arg]
+def _kernel_plans(g: Graph, target: str = "sm_90") -> list:  # type: ignore[type-arg]
     types = g.tensor_types()
-    return [plan_kernel(op.block, types, "sm_90") for op in g.ops if op.block is not None]
+    return [plan_kernel(op.block, types, target) for op in g.ops if op.block is not None]
 
 
 def _variant(tmp_path: Path, stem: str, old: str, new: str) -> Graph:
@@ -81,8 +81,10 @@ def test_a_threads_own_fold_keeps_independent_partials() -> None:
 def test_a_chain_with_side_work_in_its_loop_gets_512_threads() -> None:
     # qknorm_gqa's one-kernel form computes the key norms (mean of squares over the
     # head dimension) in each iteration besides the chain: 512 threads, the extra warps
-    # splitting the score columns (H100: 82.5 -> 50.5 µs at batch 8, perf-log v21).
-    # Without the norms, the same chain keeps one warp per 16-row tile.
+    # splitting the score columns (H100: 82.5 -> 50.5 µs at batch 8, perf-log v21),
+    # where its mmas are mma.sync (sm_80). On sm_90 one warp per 16-row tile runs it
+    # as wgmma warpgroups, faster still (perf-log v28). Without the norms, the same
+    # chain keeps one warp per 16-row tile.
     from tests.test_tune_starts import ONE_KERNEL
 
     normed = ONE_KERNEL.replace("grid=(16, 1, 1)", "grid=(4, 1, 1)")
@@ -92,7 +94,9 @@ def test_a_chain_with_side_work_in_its_loop_gets_512_threads() -> None:
         assert line in plain
         plain = plain.replace(line, "")
     plain = plain.replace("b8 = div(b5, b7);", "b8 = mul_scalar(b5, scalar=1.0);")
-    (side,) = _kernel_plans(graphs_from_text(normed, "normed.mir")[0])
-    (alone,) = _kernel_plans(graphs_from_text(plain, "plain.mir")[0])
+    (side,) = _kernel_plans(graphs_from_text(normed, "normed.mir")[0], "sm_80")
+    (alone,) = _kernel_plans(graphs_from_text(plain, "plain.mir")[0], "sm_80")
     assert (side.threads, side.knobs.chain) == (512, 1) and side.knobs.kwarps == 2
     assert (alone.threads, alone.knobs.chain, alone.knobs.kwarps) == (256, 1, 1)
+    (side90,) = _kernel_plans(graphs_from_text(normed, "normed.mir")[0])
+    assert (side90.threads, side90.knobs.kwarps, side90.knobs.wgmma) == (256, 1, 1)

@@ -10,13 +10,16 @@
 // input 1 'K': f16[16, 64, 4096]
 // input 2 'V': f16[16, 4096, 64]
 // output 0 'O': f16[16, 256, 64]
-// kernel mg_k0_mirage_gqa_fused_h16x256x64_h16x64x4096_h16x4096x64_to_h16x256x64: grid [16, 16, 4], 128 threads, 99600 B dynamic shared memory
+// kernel mg_k0_mirage_gqa_fused_h16x256x64_h16x64x4096_h16x4096x64_to_h16x256x64: grid [16, 16, 4], 128 threads, 92464 B dynamic shared memory
 // kernel mg_k1_mirage_gqa_fused_h16x256x64_h16x64x4096_h16x4096x64_to_h16x256x64: grid [16, 16, 1], 512 threads, 0 B dynamic shared memory
 
 // The kernels use cp.async, bf16 conversions and mma.sync shapes of sm_80 and later:
 // one clear error instead of a wall of ptxas errors for an older target.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
 #error "mirage-cli generated code needs sm_80 or newer: compile with -arch=sm_80 or -arch=sm_90"
+// Some kernels use bulk tensor copies (TMA), sm_90 features.
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+#error "this file was generated for sm_90 (bulk tensor copies): compile with -arch=sm_90, or generate it with --arch sm_80"
 #endif
 
 // Storage types and helpers. The device code needs no header, so NVRTC compiles it
@@ -329,27 +332,73 @@ __device__ __forceinline__ void mg_dsmem_st(float* p, unsigned rank, float v) {
   asm volatile("st.shared::cluster.f32 [%0], %1;" :: "r"(r), "f"(v) : "memory");
 }
 #endif
+// Warpgroup matrix multiply (wgmma, sm_90a): 4 consecutive warps multiply 64 rows; each
+// warp's A fragments and accumulators are those of mma.m16n8k16 over its 16 rows, so a
+// kernel switches between the two paths without touching its registers. B is read from
+// shared memory through a descriptor: a 64-column box of 16-bit elements, rows of 128
+// bytes with the 128-byte swizzle of a bulk tensor copy, 1024-byte aligned groups of 8
+// rows (stride 1024), N contiguous (the transposed, "MN-major" B). Compiled only for the
+// arch-specific target (sm_90a); elsewhere the kernels take their ldmatrix path.
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+__device__ __forceinline__ unsigned long long mg_wg_desc(const void* p) {
+  const unsigned a = (unsigned)__cvta_generic_to_shared(p);
+  return (unsigned long long)((a & 0x3FFFFu) >> 4) | (1ull << 16) | (64ull << 32) | (1ull << 62);
+}
+__device__ __forceinline__ void mg_wg_fence() {
+  asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void mg_wg_commit_wait() {
+  asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+  asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+}
+// The operands of one m64n64k16: this warp's 32 accumulators (8 m16n8 fragments of its
+// 16 rows over the box's 64 columns), its 4 A registers, B's descriptor; the predicate
+// p = 1 accumulates into d.
+#define MG_WG_ACC(d) "+f"(d[0][0]), "+f"(d[0][1]), "+f"(d[0][2]), "+f"(d[0][3]), "+f"(d[1][0]), "+f"(d[1][1]), "+f"(d[1][2]), "+f"(d[1][3]), "+f"(d[2][0]), "+f"(d[2][1]), "+f"(d[2][2]), "+f"(d[2][3]), "+f"(d[3][0]), "+f"(d[3][1]), "+f"(d[3][2]), "+f"(d[3][3]), "+f"(d[4][0]), "+f"(d[4][1]), "+f"(d[4][2]), "+f"(d[4][3]), "+f"(d[5][0]), "+f"(d[5][1]), "+f"(d[5][2]), "+f"(d[5][3]), "+f"(d[6][0]), "+f"(d[6][1]), "+f"(d[6][2]), "+f"(d[6][3]), "+f"(d[7][0]), "+f"(d[7][1]), "+f"(d[7][2]), "+f"(d[7][3])
+#define MG_WG_OPS "{%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31}, {%32,%33,%34,%35}, %36, p, 1, 1, 1;\n}\n"
+__device__ __forceinline__ void mg_wgmma_f16(float (*d)[4], unsigned a0, unsigned a1,
+                                             unsigned a2, unsigned a3, unsigned long long b) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 " MG_WG_OPS
+               : MG_WG_ACC(d) : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(b));
+}
+__device__ __forceinline__ void mg_wgmma_bf16(float (*d)[4], unsigned a0, unsigned a1,
+                                              unsigned a2, unsigned a3, unsigned long long b) {
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, 1, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 " MG_WG_OPS
+               : MG_WG_ACC(d) : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "l"(b));
+}
+#endif
 
-// fused kernel: grid [16, 16, 4], 128 threads, forloop 4; plan: 4 stage(s), kwarps 1, 99600 B shared memory
+// fused kernel: grid [16, 16, 4], 128 threads, forloop 4; plan: 4 stage(s), kwarps 1, 92464 B shared memory
 extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_gqa_fused_h16x256x64_h16x64x4096_h16x4096x64_to_h16x256x64(
     const mg_f16* __restrict__ p0,
     const mg_f16* __restrict__ p1,
     const mg_f16* __restrict__ p2,
     mg_f16* __restrict__ p3,
-    mg_f16* __restrict__ p4) {
+    mg_f16* __restrict__ p4,
+    const __grid_constant__ mg_tmap p5,
+    const __grid_constant__ mg_tmap p6) {
   const int bx = blockIdx.x, by = blockIdx.y, bz = blockIdx.z;
   (void)bx; (void)by; (void)bz;
-  extern __shared__ __align__(16) unsigned char mg_smem[];
+  extern __shared__ __align__(16) unsigned char mg_smem_raw[];
+  unsigned char* mg_smem = mg_smem_raw + ((1024u - (mg_smem_addr(mg_smem_raw) & 1023u)) & 1023u);
   const int base_q = bx * 16384 + bz * 4096;
   const int base_k = bx * 262144 + by * 256;
   const int base_v = bx * 262144 + by * 16384;
-  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 99584);
+  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 91424);
   if (threadIdx.x < 4) mg_zero[threadIdx.x] = 0u;
-  mg_f16* sm_q_0 = reinterpret_cast<mg_f16*>(mg_smem + 0);
-  mg_f16* sm_k_0 = reinterpret_cast<mg_f16*>(mg_smem + 9216);
-  mg_f16* sm_v_0 = reinterpret_cast<mg_f16*>(mg_smem + 46080);
-  float* buf_l = reinterpret_cast<float*>(mg_smem + 82944);
-  float* buf_o = reinterpret_cast<float*>(mg_smem + 83200);
+  unsigned long long* mg_mbar = reinterpret_cast<unsigned long long*>(mg_smem + 91392);
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < 4; ++s) mg_mbar_init(mg_mbar + s);
+    mg_mbar_fence_init();
+  }
+  __syncthreads();
+  mg_f16* sm_q_0 = reinterpret_cast<mg_f16*>(mg_smem + 65536);
+  mg_f16* sm_k_0 = reinterpret_cast<mg_f16*>(mg_smem + 0);
+  mg_f16* sm_v_0 = reinterpret_cast<mg_f16*>(mg_smem + 32768);
+  float* buf_l = reinterpret_cast<float*>(mg_smem + 74752);
+  float* buf_o = reinterpret_cast<float*>(mg_smem + 75008);
   int mg_so_q[4], mg_do_q[4];
   #pragma unroll
   for (int i = 0; i < 4; ++i) {
@@ -359,45 +408,26 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_gqa_fused_h16x
     mg_so_q[i] = s2_1 * 64 + (s2_2 * 8);
     mg_do_q[i] = s2_1 * 72 + (s2_2 * 8);
   }
-  int mg_so_k[4], mg_do_k[4];
-  #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int c3 = threadIdx.x + i * 128;
-    const int s4_1 = c3 / 8;
-    const int s4_2 = (c3) % 8;
-    mg_so_k[i] = s4_1 * 4096 + (s4_2 * 8);
-    mg_do_k[i] = s4_1 * 72 + (s4_2 * 8);
-  }
-  int mg_so_v[4], mg_do_v[4];
-  #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int c5 = threadIdx.x + i * 128;
-    const int s6_1 = c5 / 8;
-    const int s6_2 = (c5) % 8;
-    mg_so_v[i] = s6_1 * 64 + (s6_2 * 8);
-    mg_do_v[i] = s6_1 * 72 + (s6_2 * 8);
-  }
   mg_grid_wait();
   mg_grid_release();
   #pragma unroll
   for (int i = 0; i < 4; ++i) mg_cp_async16(sm_q_0 + mg_do_q[i], p0 + (base_q) + mg_so_q[i]);
-  mg_cp_async_commit();
-  #pragma unroll
-  for (int i = 0; i < 4; ++i) mg_cp_async16((sm_k_0 + ((0) % 4) * 4608) + mg_do_k[i], p1 + ((base_k + 0)) + mg_so_k[i]);
-  #pragma unroll
-  for (int i = 0; i < 4; ++i) mg_cp_async16((sm_v_0 + ((0) % 4) * 4608) + mg_do_v[i], p2 + ((base_v + 0)) + mg_so_v[i]);
-  mg_cp_async_commit();
-  #pragma unroll
-  for (int i = 0; i < 4; ++i) mg_cp_async16((sm_k_0 + ((1) % 4) * 4608) + mg_do_k[i], p1 + ((base_k + 64)) + mg_so_k[i]);
-  #pragma unroll
-  for (int i = 0; i < 4; ++i) mg_cp_async16((sm_v_0 + ((1) % 4) * 4608) + mg_do_v[i], p2 + ((base_v + 4096)) + mg_so_v[i]);
-  mg_cp_async_commit();
-  #pragma unroll
-  for (int i = 0; i < 4; ++i) mg_cp_async16((sm_k_0 + ((2) % 4) * 4608) + mg_do_k[i], p1 + ((base_k + 128)) + mg_so_k[i]);
-  #pragma unroll
-  for (int i = 0; i < 4; ++i) mg_cp_async16((sm_v_0 + ((2) % 4) * 4608) + mg_do_v[i], p2 + ((base_v + 8192)) + mg_so_v[i]);
-  mg_cp_async_commit();
-  mg_cp_async_wait<3>();
+  if (threadIdx.x == 0) {
+    mg_mbar_arrive_expect(mg_mbar + ((0) % 4), 16384u);
+    mg_tma3(reinterpret_cast<unsigned char*>((sm_k_0 + ((0) % 4) * 4096)), &p5, by * 256 + (0) * 64, 0, bx * 1, mg_mbar + ((0) % 4));
+    mg_tma3(reinterpret_cast<unsigned char*>((sm_v_0 + ((0) % 4) * 4096)), &p6, 0, by * 256 + (0) * 64, bx * 1, mg_mbar + ((0) % 4));
+  }
+  if (threadIdx.x == 0) {
+    mg_mbar_arrive_expect(mg_mbar + ((1) % 4), 16384u);
+    mg_tma3(reinterpret_cast<unsigned char*>((sm_k_0 + ((1) % 4) * 4096)), &p5, by * 256 + (1) * 64, 0, bx * 1, mg_mbar + ((1) % 4));
+    mg_tma3(reinterpret_cast<unsigned char*>((sm_v_0 + ((1) % 4) * 4096)), &p6, 0, by * 256 + (1) * 64, bx * 1, mg_mbar + ((1) % 4));
+  }
+  if (threadIdx.x == 0) {
+    mg_mbar_arrive_expect(mg_mbar + ((2) % 4), 16384u);
+    mg_tma3(reinterpret_cast<unsigned char*>((sm_k_0 + ((2) % 4) * 4096)), &p5, by * 256 + (2) * 64, 0, bx * 1, mg_mbar + ((2) % 4));
+    mg_tma3(reinterpret_cast<unsigned char*>((sm_v_0 + ((2) % 4) * 4096)), &p6, 0, by * 256 + (2) * 64, bx * 1, mg_mbar + ((2) % 4));
+  }
+  mg_cp_async_wait_all();
   __syncthreads();
   const auto* sm_q = sm_q_0;
   unsigned mg_ha[1][4][4];
@@ -438,19 +468,17 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_gqa_fused_h16x
   }
   #pragma unroll 1
   for (int it = 0; it < 4; ++it) {
-    const int off_k = base_k + it * 64;
-    const int off_v = base_v + it * 4096;
-    mg_cp_async_wait<2>();
+    mg_mbar_wait(mg_mbar + (it % 4), (it / 4) & 1);
     __syncthreads();
     if (it + 3 < 4) {
-      #pragma unroll
-      for (int i = 0; i < 4; ++i) mg_cp_async16((sm_k_0 + (((it + 3)) % 4) * 4608) + mg_do_k[i], p1 + ((off_k + 192)) + mg_so_k[i]);
-      #pragma unroll
-      for (int i = 0; i < 4; ++i) mg_cp_async16((sm_v_0 + (((it + 3)) % 4) * 4608) + mg_do_v[i], p2 + ((off_v + 12288)) + mg_so_v[i]);
+      if (threadIdx.x == 0) {
+        mg_mbar_arrive_expect(mg_mbar + ((it + 3) % 4), 16384u);
+        mg_tma3(reinterpret_cast<unsigned char*>((sm_k_0 + ((it + 3) % 4) * 4096)), &p5, by * 256 + (it + 3) * 64, 0, bx * 1, mg_mbar + ((it + 3) % 4));
+        mg_tma3(reinterpret_cast<unsigned char*>((sm_v_0 + ((it + 3) % 4) * 4096)), &p6, 0, by * 256 + (it + 3) * 64, bx * 1, mg_mbar + ((it + 3) % 4));
+      }
     }
-    mg_cp_async_commit();
-    const auto* sm_k = (sm_k_0 + ((it) % 4) * 4608);
-    const auto* sm_v = (sm_v_0 + ((it) % 4) * 4608);
+    const auto* sm_k = (sm_k_0 + ((it) % 4) * 4096);
+    const auto* sm_v = (sm_v_0 + ((it) % 4) * 4096);
     {
       const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
       const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
@@ -469,6 +497,14 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_gqa_fused_h16x
       const int mg_b = (mg_grp * 1) / 4;
       (void)mg_b;
       const int mg_mi0 = (mg_grp * 1 + 0) % 4;
+      #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+      mg_wg_fence();
+      mg_wgmma_f16(mg_s[0] + 0, mg_ha[0][0][0], mg_ha[0][0][1], mg_ha[0][0][2], mg_ha[0][0][3], mg_wg_desc((reinterpret_cast<const unsigned char*>(sm_k) + (((0) * 2) / 128) * 8192 + ((((0) * 64 + (0)) * 128 + ((0) * 2) % 128) ^ ((((((0) * 64 + (0)) * 128 + ((0) * 2) % 128) >> 7) & 7) << 4)))));
+      mg_wgmma_f16(mg_s[0] + 0, mg_ha[0][1][0], mg_ha[0][1][1], mg_ha[0][1][2], mg_ha[0][1][3], mg_wg_desc((reinterpret_cast<const unsigned char*>(sm_k) + (((0) * 2) / 128) * 8192 + ((((0) * 64 + (16)) * 128 + ((0) * 2) % 128) ^ ((((((0) * 64 + (16)) * 128 + ((0) * 2) % 128) >> 7) & 7) << 4)))));
+      mg_wgmma_f16(mg_s[0] + 0, mg_ha[0][2][0], mg_ha[0][2][1], mg_ha[0][2][2], mg_ha[0][2][3], mg_wg_desc((reinterpret_cast<const unsigned char*>(sm_k) + (((0) * 2) / 128) * 8192 + ((((0) * 64 + (32)) * 128 + ((0) * 2) % 128) ^ ((((((0) * 64 + (32)) * 128 + ((0) * 2) % 128) >> 7) & 7) << 4)))));
+      mg_wgmma_f16(mg_s[0] + 0, mg_ha[0][3][0], mg_ha[0][3][1], mg_ha[0][3][2], mg_ha[0][3][3], mg_wg_desc((reinterpret_cast<const unsigned char*>(sm_k) + (((0) * 2) / 128) * 8192 + ((((0) * 64 + (48)) * 128 + ((0) * 2) % 128) ^ ((((((0) * 64 + (48)) * 128 + ((0) * 2) % 128) >> 7) & 7) << 4)))));
+      mg_wg_commit_wait();
+      #else
       {
         const int kk = 0;
         const unsigned ra0_0 = mg_ha[0][0][0];
@@ -476,13 +512,13 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_gqa_fused_h16x
         const unsigned ra0_2 = mg_ha[0][0][2];
         const unsigned ra0_3 = mg_ha[0][0][3];
         unsigned rb0_0, rb0_1, rb1_0, rb1_1;
-        mg_ldsm_x4_t(rb0_0, rb0_1, rb1_0, rb1_1, (sm_k + ((kk + (mg_lane & 15)) * 72 + ((mg_ks * 8 + 0 + (mg_lane >> 4)) * 8))));
+        mg_ldsm_x4_t(rb0_0, rb0_1, rb1_0, rb1_1, (reinterpret_cast<const unsigned char*>(sm_k) + (((((mg_ks * 8 + 0 + (mg_lane >> 4)) * 8)) * 2) / 128) * 8192 + ((((0) * 64 + ((kk + (mg_lane & 15)))) * 128 + ((((mg_ks * 8 + 0 + (mg_lane >> 4)) * 8)) * 2) % 128) ^ ((((((0) * 64 + ((kk + (mg_lane & 15)))) * 128 + ((((mg_ks * 8 + 0 + (mg_lane >> 4)) * 8)) * 2) % 128) >> 7) & 7) << 4))));
         unsigned rb2_0, rb2_1, rb3_0, rb3_1;
-        mg_ldsm_x4_t(rb2_0, rb2_1, rb3_0, rb3_1, (sm_k + ((kk + (mg_lane & 15)) * 72 + ((mg_ks * 8 + 2 + (mg_lane >> 4)) * 8))));
+        mg_ldsm_x4_t(rb2_0, rb2_1, rb3_0, rb3_1, (reinterpret_cast<const unsigned char*>(sm_k) + (((((mg_ks * 8 + 2 + (mg_lane >> 4)) * 8)) * 2) / 128) * 8192 + ((((0) * 64 + ((kk + (mg_lane & 15)))) * 128 + ((((mg_ks * 8 + 2 + (mg_lane >> 4)) * 8)) * 2) % 128) ^ ((((((0) * 64 + ((kk + (mg_lane & 15)))) * 128 + ((((mg_ks * 8 + 2 + (mg_lane >> 4)) * 8)) * 2) % 128) >> 7) & 7) << 4))));
         unsigned rb4_0, rb4_1, rb5_0, rb5_1;
-        mg_ldsm_x4_t(rb4_0, rb4_1, rb5_0, rb5_1, (sm_k + ((kk + (mg_lane & 15)) * 72 + ((mg_ks * 8 + 4 + (mg_lane >> 4)) * 8))));
+        mg_ldsm_x4_t(rb4_0, rb4_1, rb5_0, rb5_1, (reinterpret_cast<const unsigned char*>(sm_k) + (((((mg_ks * 8 + 4 + (mg_lane >> 4)) * 8)) * 2) / 128) * 8192 + ((((0) * 64 + ((kk + (mg_lane & 15)))) * 128 + ((((mg_ks * 8 + 4 + (mg_lane >> 4)) * 8)) * 2) % 128) ^ ((((((0) * 64 + ((kk + (mg_lane & 15)))) * 128 + ((((mg_ks * 8 + 4 + (mg_lane >> 4)) * 8)) * 2) % 128) >> 7) & 7) << 4))));
         unsigned rb6_0, rb6_1, rb7_0, rb7_1;
-        mg_ldsm_x4_t(rb6_0, rb6_1, rb7_0, rb7_1, (sm_k + ((kk + (mg_lane & 15)) * 72 + ((mg_ks * 8 + 6 + (mg_lane >> 4)) * 8))));
+        mg_ldsm_x4_t(rb6_0, rb6_1, rb7_0, rb7_1, (reinterpret_cast<const unsigned char*>(sm_k) + (((((mg_ks * 8 + 6 + (mg_lane >> 4)) * 8)) * 2) / 128) * 8192 + ((((0) * 64 + ((kk + (mg_lane & 15)))) * 128 + ((((mg_ks * 8 + 6 + (mg_lane >> 4)) * 8)) * 2) % 128) ^ ((((((0) * 64 + ((kk + (mg_lane & 15)))) * 128 + ((((mg_ks * 8 + 6 + (mg_lane >> 4)) * 8)) * 2) % 128) >> 7) & 7) << 4))));
         mg_mma_f16(mg_s[0][0], ra0_0, ra0_1, ra0_2, ra0_3, rb0_0, rb0_1);
         mg_mma_f16(mg_s[0][1], ra0_0, ra0_1, ra0_2, ra0_3, rb1_0, rb1_1);
         mg_mma_f16(mg_s[0][2], ra0_0, ra0_1, ra0_2, ra0_3, rb2_0, rb2_1);
@@ -499,13 +535,13 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_gqa_fused_h16x
         const unsigned ra0_2 = mg_ha[0][1][2];
         const unsigned ra0_3 = mg_ha[0][1][3];
         unsigned rb0_0, rb0_1, rb1_0, rb1_1;
-        mg_ldsm_x4_t(rb0_0, rb0_1, rb1_0, rb1_1, (sm_k + ((kk + (mg_lane & 15)) * 72 + ((mg_ks * 8 + 0 + (mg_lane >> 4)) * 8))));
+        mg_ldsm_x4_t(rb0_0, rb0_1, rb1_0, rb1_1, (reinterpret_cast<const unsigned char*>(sm_k) + (((((mg_ks * 8 + 0 + (mg_lane >> 4)) * 8)) * 2) / 128) * 8192 + ((((0) * 64 + ((kk + (mg_lane & 15)))) * 128 + ((((mg_ks * 8 + 0 + (mg_lane >> 4)) * 8)) * 2) % 128) ^ ((((((0) * 64 + ((kk + (mg_lane & 15)))) * 128 + ((((mg_ks * 8 + 0 + (mg_lane >> 4)) * 8)) * 2) % 128) >> 7) & 7) << 4))));
         unsigned rb2_0, rb2_1, rb3_0, rb3_1;
-        mg_ldsm_x4_t(rb2_0, rb2_1, rb3_0, rb3_1, (sm_k + ((kk + (mg_lane & 15)) * 72 + ((mg_ks * 8 + 2 + (mg_lane >> 4)) * 8))));
+        mg_ldsm_x4_t(rb2_0, rb2_1, rb3_0, rb3_1, (reinterpret_cast<const unsigned char*>(sm_k) + (((((mg_ks * 8 + 2 + (mg_lane >> 4)) * 8)) * 2) / 128) * 8192 + ((((0) * 64 + ((kk + (mg_lane & 15)))) * 128 + ((((mg_ks * 8 + 2 + (mg_lane >> 4)) * 8)) * 2) % 128) ^ ((((((0) * 64 + ((kk + (mg_lane & 15)))) * 128 + ((((mg_ks * 8 + 2 + (mg_lane >> 4)) * 8)) * 2) % 128) >> 7) & 7) << 4))));
         unsigned rb4_0, rb4_1, rb5_0, rb5_1;
-        mg_ldsm_x4_t(rb4_0, rb4_1, rb5_0, rb5_1, (sm_k + ((kk + (mg_lane & 15)) * 72 + ((mg_ks * 8 + 4 + (mg_lane >> 4)) * 8))));
+        mg_ldsm_x4_t(rb4_0, rb4_1, rb5_0, rb5_1, (reinterpret_cast<const unsigned char*>(sm_k) + (((((mg_ks * 8 + 4 + (mg_lane >> 4)) * 8)) * 2) / 128) * 8192 + ((((0) * 64 + ((kk + (mg_lane & 15)))) * 128 + ((((mg_ks * 8 + 4 + (mg_lane >> 4)) * 8)) * 2) % 128) ^ ((((((0) * 64 + ((kk + (mg_lane & 15)))) * 128 + ((((mg_ks * 8 + 4 + (mg_lane >> 4)) * 8)) * 2) % 128) >> 7) & 7) << 4))));
         unsigned rb6_0, rb6_1, rb7_0, rb7_1;
-        mg_ldsm_x4_t(rb6_0, rb6_1, rb7_0, rb7_1, (sm_k + ((kk + (mg_lane & 15)) * 72 + ((mg_ks * 8 + 6 + (mg_lane >> 4)) * 8))));
+        mg_ldsm_x4_t(rb6_0, rb6_1, rb7_0, rb7_1, (reinterpret_cast<const unsigned char*>(sm_k) + (((((mg_ks * 8 + 6 + (mg_lane >> 4)) * 8)) * 2) / 128) * 8192 + ((((0) * 64 + ((kk + (mg_lane & 15)))) * 128 + ((((mg_ks * 8 + 6 + (mg_lane >> 4)) * 8)) * 2) % 128) ^ ((((((0) * 64 + ((kk + (mg_lane & 15)))) * 128 + ((((mg_ks * 8 + 6 + (mg_lane >> 4)) * 8)) * 2) % 128) >> 7) & 7) << 4))));
         mg_mma_f16(mg_s[0][0], ra0_0, ra0_1, ra0_2, ra0_3, rb0_0, rb0_1);
         mg_mma_f16(mg_s[0][1], ra0_0, ra0_1, ra0_2, ra0_3, rb1_0, rb1_1);
         mg_mma_f16(mg_s[0][2], ra0_0, ra0_1, ra0_2, ra0_3, rb2_0, rb2_1);
@@ -522,13 +558,13 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_gqa_fused_h16x
         const unsigned ra0_2 = mg_ha[0][2][2];
         const unsigned ra0_3 = mg_ha[0][2][3];
         unsigned rb0_0, rb0_1, rb1_0, rb1_1;
-        mg_ldsm_x4_t(rb0_0, rb0_1, rb1_0, rb1_1, (sm_k + ((kk + (mg_lane & 15)) * 72 + ((mg_ks * 8 + 0 + (mg_lane >> 4)) * 8))));
+        mg_ldsm_x4_t(rb0_0, rb0_1, rb1_0, rb1_1, (reinterpret_cast<const unsigned char*>(sm_k) + (((((mg_ks * 8 + 0 + (mg_lane >> 4)) * 8)) * 2) / 128) * 8192 + ((((0) * 64 + ((kk + (mg_lane & 15)))) * 128 + ((((mg_ks * 8 + 0 + (mg_lane >> 4)) * 8)) * 2) % 128) ^ ((((((0) * 64 + ((kk + (mg_lane & 15)))) * 128 + ((((mg_ks * 8 + 0 + (mg_lane >> 4)) * 8)) * 2) % 128) >> 7) & 7) << 4))));
         unsigned rb2_0, rb2_1, rb3_0, rb3_1;
-        mg_ldsm_x4_t(rb2_0, rb2_1, rb3_0, rb3_1, (sm_k + ((kk + (mg_lane & 15)) * 72 + ((mg_ks * 8 + 2 + (mg_lane >> 4)) * 8))));
+        mg_ldsm_x4_t(rb2_0, rb2_1, rb3_0, rb3_1, (reinterpret_cast<const unsigned char*>(sm_k) + (((((mg_ks * 8 + 2 + (mg_lane >> 4)) * 8)) * 2) / 128) * 8192 + ((((0) * 64 + ((kk + (mg_lane & 15)))) * 128 + ((((mg_ks * 8 + 2 + (mg_lane >> 4)) * 8)) * 2) % 128) ^ ((((((0) * 64 + ((kk + (mg_lane & 15)))) * 128 + ((((mg_ks * 8 + 2 + (mg_lane >> 4)) * 8)) * 2) % 128) >> 7) & 7) << 4))));
         unsigned rb4_0, rb4_1, rb5_0, rb5_1;
-        mg_ldsm_x4_t(rb4_0, rb4_1, rb5_0, rb5_1, (sm_k + ((kk + (mg_lane & 15)) * 72 + ((mg_ks * 8 + 4 + (mg_lane >> 4)) * 8))));
+        mg_ldsm_x4_t(rb4_0, rb4_1, rb5_0, rb5_1, (reinterpret_cast<const unsigned char*>(sm_k) + (((((mg_ks * 8 + 4 + (mg_lane >> 4)) * 8)) * 2) / 128) * 8192 + ((((0) * 64 + ((kk + (mg_lane & 15)))) * 128 + ((((mg_ks * 8 + 4 + (mg_lane >> 4)) * 8)) * 2) % 128) ^ ((((((0) * 64 + ((kk + (mg_lane & 15)))) * 128 + ((((mg_ks * 8 + 4 + (mg_lane >> 4)) * 8)) * 2) % 128) >> 7) & 7) << 4))));
         unsigned rb6_0, rb6_1, rb7_0, rb7_1;
-        mg_ldsm_x4_t(rb6_0, rb6_1, rb7_0, rb7_1, (sm_k + ((kk + (mg_lane & 15)) * 72 + ((mg_ks * 8 + 6 + (mg_lane >> 4)) * 8))));
+        mg_ldsm_x4_t(rb6_0, rb6_1, rb7_0, rb7_1, (reinterpret_cast<const unsigned char*>(sm_k) + (((((mg_ks * 8 + 6 + (mg_lane >> 4)) * 8)) * 2) / 128) * 8192 + ((((0) * 64 + ((kk + (mg_lane & 15)))) * 128 + ((((mg_ks * 8 + 6 + (mg_lane >> 4)) * 8)) * 2) % 128) ^ ((((((0) * 64 + ((kk + (mg_lane & 15)))) * 128 + ((((mg_ks * 8 + 6 + (mg_lane >> 4)) * 8)) * 2) % 128) >> 7) & 7) << 4))));
         mg_mma_f16(mg_s[0][0], ra0_0, ra0_1, ra0_2, ra0_3, rb0_0, rb0_1);
         mg_mma_f16(mg_s[0][1], ra0_0, ra0_1, ra0_2, ra0_3, rb1_0, rb1_1);
         mg_mma_f16(mg_s[0][2], ra0_0, ra0_1, ra0_2, ra0_3, rb2_0, rb2_1);
@@ -545,13 +581,13 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_gqa_fused_h16x
         const unsigned ra0_2 = mg_ha[0][3][2];
         const unsigned ra0_3 = mg_ha[0][3][3];
         unsigned rb0_0, rb0_1, rb1_0, rb1_1;
-        mg_ldsm_x4_t(rb0_0, rb0_1, rb1_0, rb1_1, (sm_k + ((kk + (mg_lane & 15)) * 72 + ((mg_ks * 8 + 0 + (mg_lane >> 4)) * 8))));
+        mg_ldsm_x4_t(rb0_0, rb0_1, rb1_0, rb1_1, (reinterpret_cast<const unsigned char*>(sm_k) + (((((mg_ks * 8 + 0 + (mg_lane >> 4)) * 8)) * 2) / 128) * 8192 + ((((0) * 64 + ((kk + (mg_lane & 15)))) * 128 + ((((mg_ks * 8 + 0 + (mg_lane >> 4)) * 8)) * 2) % 128) ^ ((((((0) * 64 + ((kk + (mg_lane & 15)))) * 128 + ((((mg_ks * 8 + 0 + (mg_lane >> 4)) * 8)) * 2) % 128) >> 7) & 7) << 4))));
         unsigned rb2_0, rb2_1, rb3_0, rb3_1;
-        mg_ldsm_x4_t(rb2_0, rb2_1, rb3_0, rb3_1, (sm_k + ((kk + (mg_lane & 15)) * 72 + ((mg_ks * 8 + 2 + (mg_lane >> 4)) * 8))));
+        mg_ldsm_x4_t(rb2_0, rb2_1, rb3_0, rb3_1, (reinterpret_cast<const unsigned char*>(sm_k) + (((((mg_ks * 8 + 2 + (mg_lane >> 4)) * 8)) * 2) / 128) * 8192 + ((((0) * 64 + ((kk + (mg_lane & 15)))) * 128 + ((((mg_ks * 8 + 2 + (mg_lane >> 4)) * 8)) * 2) % 128) ^ ((((((0) * 64 + ((kk + (mg_lane & 15)))) * 128 + ((((mg_ks * 8 + 2 + (mg_lane >> 4)) * 8)) * 2) % 128) >> 7) & 7) << 4))));
         unsigned rb4_0, rb4_1, rb5_0, rb5_1;
-        mg_ldsm_x4_t(rb4_0, rb4_1, rb5_0, rb5_1, (sm_k + ((kk + (mg_lane & 15)) * 72 + ((mg_ks * 8 + 4 + (mg_lane >> 4)) * 8))));
+        mg_ldsm_x4_t(rb4_0, rb4_1, rb5_0, rb5_1, (reinterpret_cast<const unsigned char*>(sm_k) + (((((mg_ks * 8 + 4 + (mg_lane >> 4)) * 8)) * 2) / 128) * 8192 + ((((0) * 64 + ((kk + (mg_lane & 15)))) * 128 + ((((mg_ks * 8 + 4 + (mg_lane >> 4)) * 8)) * 2) % 128) ^ ((((((0) * 64 + ((kk + (mg_lane & 15)))) * 128 + ((((mg_ks * 8 + 4 + (mg_lane >> 4)) * 8)) * 2) % 128) >> 7) & 7) << 4))));
         unsigned rb6_0, rb6_1, rb7_0, rb7_1;
-        mg_ldsm_x4_t(rb6_0, rb6_1, rb7_0, rb7_1, (sm_k + ((kk + (mg_lane & 15)) * 72 + ((mg_ks * 8 + 6 + (mg_lane >> 4)) * 8))));
+        mg_ldsm_x4_t(rb6_0, rb6_1, rb7_0, rb7_1, (reinterpret_cast<const unsigned char*>(sm_k) + (((((mg_ks * 8 + 6 + (mg_lane >> 4)) * 8)) * 2) / 128) * 8192 + ((((0) * 64 + ((kk + (mg_lane & 15)))) * 128 + ((((mg_ks * 8 + 6 + (mg_lane >> 4)) * 8)) * 2) % 128) ^ ((((((0) * 64 + ((kk + (mg_lane & 15)))) * 128 + ((((mg_ks * 8 + 6 + (mg_lane >> 4)) * 8)) * 2) % 128) >> 7) & 7) << 4))));
         mg_mma_f16(mg_s[0][0], ra0_0, ra0_1, ra0_2, ra0_3, rb0_0, rb0_1);
         mg_mma_f16(mg_s[0][1], ra0_0, ra0_1, ra0_2, ra0_3, rb1_0, rb1_1);
         mg_mma_f16(mg_s[0][2], ra0_0, ra0_1, ra0_2, ra0_3, rb2_0, rb2_1);
@@ -561,12 +597,13 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_gqa_fused_h16x
         mg_mma_f16(mg_s[0][6], ra0_0, ra0_1, ra0_2, ra0_3, rb6_0, rb6_1);
         mg_mma_f16(mg_s[0][7], ra0_0, ra0_1, ra0_2, ra0_3, rb7_0, rb7_1);
       }
+      #endif
       {
         const int mg_r = mg_mi0 * 16 + mg_g + 0;
         const int mg_c = (mg_ks * 8 + 0) * 8 + 2 * mg_t + 0;
         (void)mg_r; (void)mg_c;
-        const float v7 = mg_s[0][0][0];
-        const float mg_v_e = mg_exp(v7);
+        const float v3 = mg_s[0][0][0];
+        const float mg_v_e = mg_exp(v3);
         acc_l[0][0] += mg_v_e;
         mg_s[0][0][0] = mg_v_e;
       }
@@ -574,8 +611,8 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_gqa_fused_h16x
         const int mg_r = mg_mi0 * 16 + mg_g + 0;
         const int mg_c = (mg_ks * 8 + 0) * 8 + 2 * mg_t + 1;
         (void)mg_r; (void)mg_c;
-        const float v8 = mg_s[0][0][1];
-        const float mg_v_e = mg_exp(v8);
+        const float v4 = mg_s[0][0][1];
+        const float mg_v_e = mg_exp(v4);
         acc_l[0][0] += mg_v_e;
         mg_s[0][0][1] = mg_v_e;
       }
@@ -583,8 +620,8 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_gqa_fused_h16x
         const int mg_r = mg_mi0 * 16 + mg_g + 8;
         const int mg_c = (mg_ks * 8 + 0) * 8 + 2 * mg_t + 0;
         (void)mg_r; (void)mg_c;
-        const float v9 = mg_s[0][0][2];
-        const float mg_v_e = mg_exp(v9);
+        const float v5 = mg_s[0][0][2];
+        const float mg_v_e = mg_exp(v5);
         acc_l[0][1] += mg_v_e;
         mg_s[0][0][2] = mg_v_e;
       }
@@ -592,8 +629,8 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_gqa_fused_h16x
         const int mg_r = mg_mi0 * 16 + mg_g + 8;
         const int mg_c = (mg_ks * 8 + 0) * 8 + 2 * mg_t + 1;
         (void)mg_r; (void)mg_c;
-        const float v10 = mg_s[0][0][3];
-        const float mg_v_e = mg_exp(v10);
+        const float v6 = mg_s[0][0][3];
+        const float mg_v_e = mg_exp(v6);
         acc_l[0][1] += mg_v_e;
         mg_s[0][0][3] = mg_v_e;
       }
@@ -601,8 +638,8 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_gqa_fused_h16x
         const int mg_r = mg_mi0 * 16 + mg_g + 0;
         const int mg_c = (mg_ks * 8 + 1) * 8 + 2 * mg_t + 0;
         (void)mg_r; (void)mg_c;
-        const float v11 = mg_s[0][1][0];
-        const float mg_v_e = mg_exp(v11);
+        const float v7 = mg_s[0][1][0];
+        const float mg_v_e = mg_exp(v7);
         acc_l[0][0] += mg_v_e;
         mg_s[0][1][0] = mg_v_e;
       }
@@ -610,8 +647,8 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_gqa_fused_h16x
         const int mg_r = mg_mi0 * 16 + mg_g + 0;
         const int mg_c = (mg_ks * 8 + 1) * 8 + 2 * mg_t + 1;
         (void)mg_r; (void)mg_c;
-        const float v12 = mg_s[0][1][1];
-        const float mg_v_e = mg_exp(v12);
+        const float v8 = mg_s[0][1][1];
+        const float mg_v_e = mg_exp(v8);
         acc_l[0][0] += mg_v_e;
         mg_s[0][1][1] = mg_v_e;
       }
@@ -619,8 +656,8 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_gqa_fused_h16x
         const int mg_r = mg_mi0 * 16 + mg_g + 8;
         const int mg_c = (mg_ks * 8 + 1) * 8 + 2 * mg_t + 0;
         (void)mg_r; (void)mg_c;
-        const float v13 = mg_s[0][1][2];
-        const float mg_v_e = mg_exp(v13);
+        const float v9 = mg_s[0][1][2];
+        const float mg_v_e = mg_exp(v9);
         acc_l[0][1] += mg_v_e;
         mg_s[0][1][2] = mg_v_e;
       }
@@ -628,8 +665,8 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_gqa_fused_h16x
         const int mg_r = mg_mi0 * 16 + mg_g + 8;
         const int mg_c = (mg_ks * 8 + 1) * 8 + 2 * mg_t + 1;
         (void)mg_r; (void)mg_c;
-        const float v14 = mg_s[0][1][3];
-        const float mg_v_e = mg_exp(v14);
+        const float v10 = mg_s[0][1][3];
+        const float mg_v_e = mg_exp(v10);
         acc_l[0][1] += mg_v_e;
         mg_s[0][1][3] = mg_v_e;
       }
@@ -637,8 +674,8 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_gqa_fused_h16x
         const int mg_r = mg_mi0 * 16 + mg_g + 0;
         const int mg_c = (mg_ks * 8 + 2) * 8 + 2 * mg_t + 0;
         (void)mg_r; (void)mg_c;
-        const float v15 = mg_s[0][2][0];
-        const float mg_v_e = mg_exp(v15);
+        const float v11 = mg_s[0][2][0];
+        const float mg_v_e = mg_exp(v11);
         acc_l[0][0] += mg_v_e;
         mg_s[0][2][0] = mg_v_e;
       }
@@ -646,8 +683,8 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_gqa_fused_h16x
         const int mg_r = mg_mi0 * 16 + mg_g + 0;
         const int mg_c = (mg_ks * 8 + 2) * 8 + 2 * mg_t + 1;
         (void)mg_r; (void)mg_c;
-        const float v16 = mg_s[0][2][1];
-        const float mg_v_e = mg_exp(v16);
+        const float v12 = mg_s[0][2][1];
+        const float mg_v_e = mg_exp(v12);
         acc_l[0][0] += mg_v_e;
         mg_s[0][2][1] = mg_v_e;
       }
@@ -655,8 +692,8 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_gqa_fused_h16x
         const int mg_r = mg_mi0 * 16 + mg_g + 8;
         const int mg_c = (mg_ks * 8 + 2) * 8 + 2 * mg_t + 0;
         (void)mg_r; (void)mg_c;
-        const float v17 = mg_s[0][2][2];
-        const float mg_v_e = mg_exp(v17);
+        const float v13 = mg_s[0][2][2];
+        const float mg_v_e = mg_exp(v13);
         acc_l[0][1] += mg_v_e;
         mg_s[0][2][2] = mg_v_e;
       }
@@ -664,8 +701,8 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_gqa_fused_h16x
         const int mg_r = mg_mi0 * 16 + mg_g + 8;
         const int mg_c = (mg_ks * 8 + 2) * 8 + 2 * mg_t + 1;
         (void)mg_r; (void)mg_c;
-        const float v18 = mg_s[0][2][3];
-        const float mg_v_e = mg_exp(v18);
+        const float v14 = mg_s[0][2][3];
+        const float mg_v_e = mg_exp(v14);
         acc_l[0][1] += mg_v_e;
         mg_s[0][2][3] = mg_v_e;
       }
@@ -673,8 +710,8 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_gqa_fused_h16x
         const int mg_r = mg_mi0 * 16 + mg_g + 0;
         const int mg_c = (mg_ks * 8 + 3) * 8 + 2 * mg_t + 0;
         (void)mg_r; (void)mg_c;
-        const float v19 = mg_s[0][3][0];
-        const float mg_v_e = mg_exp(v19);
+        const float v15 = mg_s[0][3][0];
+        const float mg_v_e = mg_exp(v15);
         acc_l[0][0] += mg_v_e;
         mg_s[0][3][0] = mg_v_e;
       }
@@ -682,8 +719,8 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_gqa_fused_h16x
         const int mg_r = mg_mi0 * 16 + mg_g + 0;
         const int mg_c = (mg_ks * 8 + 3) * 8 + 2 * mg_t + 1;
         (void)mg_r; (void)mg_c;
-        const float v20 = mg_s[0][3][1];
-        const float mg_v_e = mg_exp(v20);
+        const float v16 = mg_s[0][3][1];
+        const float mg_v_e = mg_exp(v16);
         acc_l[0][0] += mg_v_e;
         mg_s[0][3][1] = mg_v_e;
       }
@@ -691,8 +728,8 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_gqa_fused_h16x
         const int mg_r = mg_mi0 * 16 + mg_g + 8;
         const int mg_c = (mg_ks * 8 + 3) * 8 + 2 * mg_t + 0;
         (void)mg_r; (void)mg_c;
-        const float v21 = mg_s[0][3][2];
-        const float mg_v_e = mg_exp(v21);
+        const float v17 = mg_s[0][3][2];
+        const float mg_v_e = mg_exp(v17);
         acc_l[0][1] += mg_v_e;
         mg_s[0][3][2] = mg_v_e;
       }
@@ -700,8 +737,8 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_gqa_fused_h16x
         const int mg_r = mg_mi0 * 16 + mg_g + 8;
         const int mg_c = (mg_ks * 8 + 3) * 8 + 2 * mg_t + 1;
         (void)mg_r; (void)mg_c;
-        const float v22 = mg_s[0][3][3];
-        const float mg_v_e = mg_exp(v22);
+        const float v18 = mg_s[0][3][3];
+        const float mg_v_e = mg_exp(v18);
         acc_l[0][1] += mg_v_e;
         mg_s[0][3][3] = mg_v_e;
       }
@@ -709,8 +746,8 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_gqa_fused_h16x
         const int mg_r = mg_mi0 * 16 + mg_g + 0;
         const int mg_c = (mg_ks * 8 + 4) * 8 + 2 * mg_t + 0;
         (void)mg_r; (void)mg_c;
-        const float v23 = mg_s[0][4][0];
-        const float mg_v_e = mg_exp(v23);
+        const float v19 = mg_s[0][4][0];
+        const float mg_v_e = mg_exp(v19);
         acc_l[0][0] += mg_v_e;
         mg_s[0][4][0] = mg_v_e;
       }
@@ -718,8 +755,8 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_gqa_fused_h16x
         const int mg_r = mg_mi0 * 16 + mg_g + 0;
         const int mg_c = (mg_ks * 8 + 4) * 8 + 2 * mg_t + 1;
         (void)mg_r; (void)mg_c;
-        const float v24 = mg_s[0][4][1];
-        const float mg_v_e = mg_exp(v24);
+        const float v20 = mg_s[0][4][1];
+        const float mg_v_e = mg_exp(v20);
         acc_l[0][0] += mg_v_e;
         mg_s[0][4][1] = mg_v_e;
       }
@@ -727,8 +764,8 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_gqa_fused_h16x
         const int mg_r = mg_mi0 * 16 + mg_g + 8;
         const int mg_c = (mg_ks * 8 + 4) * 8 + 2 * mg_t + 0;
         (void)mg_r; (void)mg_c;
-        const float v25 = mg_s[0][4][2];
-        const float mg_v_e = mg_exp(v25);
+        const float v21 = mg_s[0][4][2];
+        const float mg_v_e = mg_exp(v21);
         acc_l[0][1] += mg_v_e;
         mg_s[0][4][2] = mg_v_e;
       }
@@ -736,8 +773,8 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_gqa_fused_h16x
         const int mg_r = mg_mi0 * 16 + mg_g + 8;
         const int mg_c = (mg_ks * 8 + 4) * 8 + 2 * mg_t + 1;
         (void)mg_r; (void)mg_c;
-        const float v26 = mg_s[0][4][3];
-        const float mg_v_e = mg_exp(v26);
+        const float v22 = mg_s[0][4][3];
+        const float mg_v_e = mg_exp(v22);
         acc_l[0][1] += mg_v_e;
         mg_s[0][4][3] = mg_v_e;
       }
@@ -745,8 +782,8 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_gqa_fused_h16x
         const int mg_r = mg_mi0 * 16 + mg_g + 0;
         const int mg_c = (mg_ks * 8 + 5) * 8 + 2 * mg_t + 0;
         (void)mg_r; (void)mg_c;
-        const float v27 = mg_s[0][5][0];
-        const float mg_v_e = mg_exp(v27);
+        const float v23 = mg_s[0][5][0];
+        const float mg_v_e = mg_exp(v23);
         acc_l[0][0] += mg_v_e;
         mg_s[0][5][0] = mg_v_e;
       }
@@ -754,8 +791,8 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_gqa_fused_h16x
         const int mg_r = mg_mi0 * 16 + mg_g + 0;
         const int mg_c = (mg_ks * 8 + 5) * 8 + 2 * mg_t + 1;
         (void)mg_r; (void)mg_c;
-        const float v28 = mg_s[0][5][1];
-        const float mg_v_e = mg_exp(v28);
+        const float v24 = mg_s[0][5][1];
+        const float mg_v_e = mg_exp(v24);
         acc_l[0][0] += mg_v_e;
         mg_s[0][5][1] = mg_v_e;
       }
@@ -763,8 +800,8 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_gqa_fused_h16x
         const int mg_r = mg_mi0 * 16 + mg_g + 8;
         const int mg_c = (mg_ks * 8 + 5) * 8 + 2 * mg_t + 0;
         (void)mg_r; (void)mg_c;
-        const float v29 = mg_s[0][5][2];
-        const float mg_v_e = mg_exp(v29);
+        const float v25 = mg_s[0][5][2];
+        const float mg_v_e = mg_exp(v25);
         acc_l[0][1] += mg_v_e;
         mg_s[0][5][2] = mg_v_e;
       }
@@ -772,8 +809,8 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_gqa_fused_h16x
         const int mg_r = mg_mi0 * 16 + mg_g + 8;
         const int mg_c = (mg_ks * 8 + 5) * 8 + 2 * mg_t + 1;
         (void)mg_r; (void)mg_c;
-        const float v30 = mg_s[0][5][3];
-        const float mg_v_e = mg_exp(v30);
+        const float v26 = mg_s[0][5][3];
+        const float mg_v_e = mg_exp(v26);
         acc_l[0][1] += mg_v_e;
         mg_s[0][5][3] = mg_v_e;
       }
@@ -781,8 +818,8 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_gqa_fused_h16x
         const int mg_r = mg_mi0 * 16 + mg_g + 0;
         const int mg_c = (mg_ks * 8 + 6) * 8 + 2 * mg_t + 0;
         (void)mg_r; (void)mg_c;
-        const float v31 = mg_s[0][6][0];
-        const float mg_v_e = mg_exp(v31);
+        const float v27 = mg_s[0][6][0];
+        const float mg_v_e = mg_exp(v27);
         acc_l[0][0] += mg_v_e;
         mg_s[0][6][0] = mg_v_e;
       }
@@ -790,8 +827,8 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_gqa_fused_h16x
         const int mg_r = mg_mi0 * 16 + mg_g + 0;
         const int mg_c = (mg_ks * 8 + 6) * 8 + 2 * mg_t + 1;
         (void)mg_r; (void)mg_c;
-        const float v32 = mg_s[0][6][1];
-        const float mg_v_e = mg_exp(v32);
+        const float v28 = mg_s[0][6][1];
+        const float mg_v_e = mg_exp(v28);
         acc_l[0][0] += mg_v_e;
         mg_s[0][6][1] = mg_v_e;
       }
@@ -799,8 +836,8 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_gqa_fused_h16x
         const int mg_r = mg_mi0 * 16 + mg_g + 8;
         const int mg_c = (mg_ks * 8 + 6) * 8 + 2 * mg_t + 0;
         (void)mg_r; (void)mg_c;
-        const float v33 = mg_s[0][6][2];
-        const float mg_v_e = mg_exp(v33);
+        const float v29 = mg_s[0][6][2];
+        const float mg_v_e = mg_exp(v29);
         acc_l[0][1] += mg_v_e;
         mg_s[0][6][2] = mg_v_e;
       }
@@ -808,8 +845,8 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_gqa_fused_h16x
         const int mg_r = mg_mi0 * 16 + mg_g + 8;
         const int mg_c = (mg_ks * 8 + 6) * 8 + 2 * mg_t + 1;
         (void)mg_r; (void)mg_c;
-        const float v34 = mg_s[0][6][3];
-        const float mg_v_e = mg_exp(v34);
+        const float v30 = mg_s[0][6][3];
+        const float mg_v_e = mg_exp(v30);
         acc_l[0][1] += mg_v_e;
         mg_s[0][6][3] = mg_v_e;
       }
@@ -817,8 +854,8 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_gqa_fused_h16x
         const int mg_r = mg_mi0 * 16 + mg_g + 0;
         const int mg_c = (mg_ks * 8 + 7) * 8 + 2 * mg_t + 0;
         (void)mg_r; (void)mg_c;
-        const float v35 = mg_s[0][7][0];
-        const float mg_v_e = mg_exp(v35);
+        const float v31 = mg_s[0][7][0];
+        const float mg_v_e = mg_exp(v31);
         acc_l[0][0] += mg_v_e;
         mg_s[0][7][0] = mg_v_e;
       }
@@ -826,8 +863,8 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_gqa_fused_h16x
         const int mg_r = mg_mi0 * 16 + mg_g + 0;
         const int mg_c = (mg_ks * 8 + 7) * 8 + 2 * mg_t + 1;
         (void)mg_r; (void)mg_c;
-        const float v36 = mg_s[0][7][1];
-        const float mg_v_e = mg_exp(v36);
+        const float v32 = mg_s[0][7][1];
+        const float mg_v_e = mg_exp(v32);
         acc_l[0][0] += mg_v_e;
         mg_s[0][7][1] = mg_v_e;
       }
@@ -835,8 +872,8 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_gqa_fused_h16x
         const int mg_r = mg_mi0 * 16 + mg_g + 8;
         const int mg_c = (mg_ks * 8 + 7) * 8 + 2 * mg_t + 0;
         (void)mg_r; (void)mg_c;
-        const float v37 = mg_s[0][7][2];
-        const float mg_v_e = mg_exp(v37);
+        const float v33 = mg_s[0][7][2];
+        const float mg_v_e = mg_exp(v33);
         acc_l[0][1] += mg_v_e;
         mg_s[0][7][2] = mg_v_e;
       }
@@ -844,11 +881,35 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_gqa_fused_h16x
         const int mg_r = mg_mi0 * 16 + mg_g + 8;
         const int mg_c = (mg_ks * 8 + 7) * 8 + 2 * mg_t + 1;
         (void)mg_r; (void)mg_c;
-        const float v38 = mg_s[0][7][3];
-        const float mg_v_e = mg_exp(v38);
+        const float v34 = mg_s[0][7][3];
+        const float mg_v_e = mg_exp(v34);
         acc_l[0][1] += mg_v_e;
         mg_s[0][7][3] = mg_v_e;
       }
+      #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+      const unsigned pa0_0 = mg_pack_f16(mg_s[0][0][0], mg_s[0][0][1]);
+      const unsigned pa0_1 = mg_pack_f16(mg_s[0][0][2], mg_s[0][0][3]);
+      const unsigned pa0_2 = mg_pack_f16(mg_s[0][1][0], mg_s[0][1][1]);
+      const unsigned pa0_3 = mg_pack_f16(mg_s[0][1][2], mg_s[0][1][3]);
+      const unsigned pa1_0 = mg_pack_f16(mg_s[0][2][0], mg_s[0][2][1]);
+      const unsigned pa1_1 = mg_pack_f16(mg_s[0][2][2], mg_s[0][2][3]);
+      const unsigned pa1_2 = mg_pack_f16(mg_s[0][3][0], mg_s[0][3][1]);
+      const unsigned pa1_3 = mg_pack_f16(mg_s[0][3][2], mg_s[0][3][3]);
+      const unsigned pa2_0 = mg_pack_f16(mg_s[0][4][0], mg_s[0][4][1]);
+      const unsigned pa2_1 = mg_pack_f16(mg_s[0][4][2], mg_s[0][4][3]);
+      const unsigned pa2_2 = mg_pack_f16(mg_s[0][5][0], mg_s[0][5][1]);
+      const unsigned pa2_3 = mg_pack_f16(mg_s[0][5][2], mg_s[0][5][3]);
+      const unsigned pa3_0 = mg_pack_f16(mg_s[0][6][0], mg_s[0][6][1]);
+      const unsigned pa3_1 = mg_pack_f16(mg_s[0][6][2], mg_s[0][6][3]);
+      const unsigned pa3_2 = mg_pack_f16(mg_s[0][7][0], mg_s[0][7][1]);
+      const unsigned pa3_3 = mg_pack_f16(mg_s[0][7][2], mg_s[0][7][3]);
+      mg_wg_fence();
+      mg_wgmma_f16(acc_o[0] + 0, pa0_0, pa0_1, pa0_2, pa0_3, mg_wg_desc((reinterpret_cast<const unsigned char*>(sm_v) + (((0) * 2) / 128) * 8192 + ((((0) * 64 + (0)) * 128 + ((0) * 2) % 128) ^ ((((((0) * 64 + (0)) * 128 + ((0) * 2) % 128) >> 7) & 7) << 4)))));
+      mg_wgmma_f16(acc_o[0] + 0, pa1_0, pa1_1, pa1_2, pa1_3, mg_wg_desc((reinterpret_cast<const unsigned char*>(sm_v) + (((0) * 2) / 128) * 8192 + ((((0) * 64 + (16)) * 128 + ((0) * 2) % 128) ^ ((((((0) * 64 + (16)) * 128 + ((0) * 2) % 128) >> 7) & 7) << 4)))));
+      mg_wgmma_f16(acc_o[0] + 0, pa2_0, pa2_1, pa2_2, pa2_3, mg_wg_desc((reinterpret_cast<const unsigned char*>(sm_v) + (((0) * 2) / 128) * 8192 + ((((0) * 64 + (32)) * 128 + ((0) * 2) % 128) ^ ((((((0) * 64 + (32)) * 128 + ((0) * 2) % 128) >> 7) & 7) << 4)))));
+      mg_wgmma_f16(acc_o[0] + 0, pa3_0, pa3_1, pa3_2, pa3_3, mg_wg_desc((reinterpret_cast<const unsigned char*>(sm_v) + (((0) * 2) / 128) * 8192 + ((((0) * 64 + (48)) * 128 + ((0) * 2) % 128) ^ ((((((0) * 64 + (48)) * 128 + ((0) * 2) % 128) >> 7) & 7) << 4)))));
+      mg_wg_commit_wait();
+      #else
       {
         const int kk = (mg_ks * 4 + 0) * 16;
         const unsigned ra0_0 = mg_pack_f16(mg_s[0][0][0], mg_s[0][0][1]);
@@ -856,13 +917,13 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_gqa_fused_h16x
         const unsigned ra0_2 = mg_pack_f16(mg_s[0][1][0], mg_s[0][1][1]);
         const unsigned ra0_3 = mg_pack_f16(mg_s[0][1][2], mg_s[0][1][3]);
         unsigned rb0_0, rb0_1, rb1_0, rb1_1;
-        mg_ldsm_x4_t(rb0_0, rb0_1, rb1_0, rb1_1, (sm_v + ((kk + (mg_lane & 15)) * 72 + ((0 + 0 + (mg_lane >> 4)) * 8))));
+        mg_ldsm_x4_t(rb0_0, rb0_1, rb1_0, rb1_1, (reinterpret_cast<const unsigned char*>(sm_v) + (((((0 + 0 + (mg_lane >> 4)) * 8)) * 2) / 128) * 8192 + ((((0) * 64 + ((kk + (mg_lane & 15)))) * 128 + ((((0 + 0 + (mg_lane >> 4)) * 8)) * 2) % 128) ^ ((((((0) * 64 + ((kk + (mg_lane & 15)))) * 128 + ((((0 + 0 + (mg_lane >> 4)) * 8)) * 2) % 128) >> 7) & 7) << 4))));
         unsigned rb2_0, rb2_1, rb3_0, rb3_1;
-        mg_ldsm_x4_t(rb2_0, rb2_1, rb3_0, rb3_1, (sm_v + ((kk + (mg_lane & 15)) * 72 + ((0 + 2 + (mg_lane >> 4)) * 8))));
+        mg_ldsm_x4_t(rb2_0, rb2_1, rb3_0, rb3_1, (reinterpret_cast<const unsigned char*>(sm_v) + (((((0 + 2 + (mg_lane >> 4)) * 8)) * 2) / 128) * 8192 + ((((0) * 64 + ((kk + (mg_lane & 15)))) * 128 + ((((0 + 2 + (mg_lane >> 4)) * 8)) * 2) % 128) ^ ((((((0) * 64 + ((kk + (mg_lane & 15)))) * 128 + ((((0 + 2 + (mg_lane >> 4)) * 8)) * 2) % 128) >> 7) & 7) << 4))));
         unsigned rb4_0, rb4_1, rb5_0, rb5_1;
-        mg_ldsm_x4_t(rb4_0, rb4_1, rb5_0, rb5_1, (sm_v + ((kk + (mg_lane & 15)) * 72 + ((0 + 4 + (mg_lane >> 4)) * 8))));
+        mg_ldsm_x4_t(rb4_0, rb4_1, rb5_0, rb5_1, (reinterpret_cast<const unsigned char*>(sm_v) + (((((0 + 4 + (mg_lane >> 4)) * 8)) * 2) / 128) * 8192 + ((((0) * 64 + ((kk + (mg_lane & 15)))) * 128 + ((((0 + 4 + (mg_lane >> 4)) * 8)) * 2) % 128) ^ ((((((0) * 64 + ((kk + (mg_lane & 15)))) * 128 + ((((0 + 4 + (mg_lane >> 4)) * 8)) * 2) % 128) >> 7) & 7) << 4))));
         unsigned rb6_0, rb6_1, rb7_0, rb7_1;
-        mg_ldsm_x4_t(rb6_0, rb6_1, rb7_0, rb7_1, (sm_v + ((kk + (mg_lane & 15)) * 72 + ((0 + 6 + (mg_lane >> 4)) * 8))));
+        mg_ldsm_x4_t(rb6_0, rb6_1, rb7_0, rb7_1, (reinterpret_cast<const unsigned char*>(sm_v) + (((((0 + 6 + (mg_lane >> 4)) * 8)) * 2) / 128) * 8192 + ((((0) * 64 + ((kk + (mg_lane & 15)))) * 128 + ((((0 + 6 + (mg_lane >> 4)) * 8)) * 2) % 128) ^ ((((((0) * 64 + ((kk + (mg_lane & 15)))) * 128 + ((((0 + 6 + (mg_lane >> 4)) * 8)) * 2) % 128) >> 7) & 7) << 4))));
         mg_mma_f16(acc_o[0][0], ra0_0, ra0_1, ra0_2, ra0_3, rb0_0, rb0_1);
         mg_mma_f16(acc_o[0][1], ra0_0, ra0_1, ra0_2, ra0_3, rb1_0, rb1_1);
         mg_mma_f16(acc_o[0][2], ra0_0, ra0_1, ra0_2, ra0_3, rb2_0, rb2_1);
@@ -879,13 +940,13 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_gqa_fused_h16x
         const unsigned ra0_2 = mg_pack_f16(mg_s[0][3][0], mg_s[0][3][1]);
         const unsigned ra0_3 = mg_pack_f16(mg_s[0][3][2], mg_s[0][3][3]);
         unsigned rb0_0, rb0_1, rb1_0, rb1_1;
-        mg_ldsm_x4_t(rb0_0, rb0_1, rb1_0, rb1_1, (sm_v + ((kk + (mg_lane & 15)) * 72 + ((0 + 0 + (mg_lane >> 4)) * 8))));
+        mg_ldsm_x4_t(rb0_0, rb0_1, rb1_0, rb1_1, (reinterpret_cast<const unsigned char*>(sm_v) + (((((0 + 0 + (mg_lane >> 4)) * 8)) * 2) / 128) * 8192 + ((((0) * 64 + ((kk + (mg_lane & 15)))) * 128 + ((((0 + 0 + (mg_lane >> 4)) * 8)) * 2) % 128) ^ ((((((0) * 64 + ((kk + (mg_lane & 15)))) * 128 + ((((0 + 0 + (mg_lane >> 4)) * 8)) * 2) % 128) >> 7) & 7) << 4))));
         unsigned rb2_0, rb2_1, rb3_0, rb3_1;
-        mg_ldsm_x4_t(rb2_0, rb2_1, rb3_0, rb3_1, (sm_v + ((kk + (mg_lane & 15)) * 72 + ((0 + 2 + (mg_lane >> 4)) * 8))));
+        mg_ldsm_x4_t(rb2_0, rb2_1, rb3_0, rb3_1, (reinterpret_cast<const unsigned char*>(sm_v) + (((((0 + 2 + (mg_lane >> 4)) * 8)) * 2) / 128) * 8192 + ((((0) * 64 + ((kk + (mg_lane & 15)))) * 128 + ((((0 + 2 + (mg_lane >> 4)) * 8)) * 2) % 128) ^ ((((((0) * 64 + ((kk + (mg_lane & 15)))) * 128 + ((((0 + 2 + (mg_lane >> 4)) * 8)) * 2) % 128) >> 7) & 7) << 4))));
         unsigned rb4_0, rb4_1, rb5_0, rb5_1;
-        mg_ldsm_x4_t(rb4_0, rb4_1, rb5_0, rb5_1, (sm_v + ((kk + (mg_lane & 15)) * 72 + ((0 + 4 + (mg_lane >> 4)) * 8))));
+        mg_ldsm_x4_t(rb4_0, rb4_1, rb5_0, rb5_1, (reinterpret_cast<const unsigned char*>(sm_v) + (((((0 + 4 + (mg_lane >> 4)) * 8)) * 2) / 128) * 8192 + ((((0) * 64 + ((kk + (mg_lane & 15)))) * 128 + ((((0 + 4 + (mg_lane >> 4)) * 8)) * 2) % 128) ^ ((((((0) * 64 + ((kk + (mg_lane & 15)))) * 128 + ((((0 + 4 + (mg_lane >> 4)) * 8)) * 2) % 128) >> 7) & 7) << 4))));
         unsigned rb6_0, rb6_1, rb7_0, rb7_1;
-        mg_ldsm_x4_t(rb6_0, rb6_1, rb7_0, rb7_1, (sm_v + ((kk + (mg_lane & 15)) * 72 + ((0 + 6 + (mg_lane >> 4)) * 8))));
+        mg_ldsm_x4_t(rb6_0, rb6_1, rb7_0, rb7_1, (reinterpret_cast<const unsigned char*>(sm_v) + (((((0 + 6 + (mg_lane >> 4)) * 8)) * 2) / 128) * 8192 + ((((0) * 64 + ((kk + (mg_lane & 15)))) * 128 + ((((0 + 6 + (mg_lane >> 4)) * 8)) * 2) % 128) ^ ((((((0) * 64 + ((kk + (mg_lane & 15)))) * 128 + ((((0 + 6 + (mg_lane >> 4)) * 8)) * 2) % 128) >> 7) & 7) << 4))));
         mg_mma_f16(acc_o[0][0], ra0_0, ra0_1, ra0_2, ra0_3, rb0_0, rb0_1);
         mg_mma_f16(acc_o[0][1], ra0_0, ra0_1, ra0_2, ra0_3, rb1_0, rb1_1);
         mg_mma_f16(acc_o[0][2], ra0_0, ra0_1, ra0_2, ra0_3, rb2_0, rb2_1);
@@ -902,13 +963,13 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_gqa_fused_h16x
         const unsigned ra0_2 = mg_pack_f16(mg_s[0][5][0], mg_s[0][5][1]);
         const unsigned ra0_3 = mg_pack_f16(mg_s[0][5][2], mg_s[0][5][3]);
         unsigned rb0_0, rb0_1, rb1_0, rb1_1;
-        mg_ldsm_x4_t(rb0_0, rb0_1, rb1_0, rb1_1, (sm_v + ((kk + (mg_lane & 15)) * 72 + ((0 + 0 + (mg_lane >> 4)) * 8))));
+        mg_ldsm_x4_t(rb0_0, rb0_1, rb1_0, rb1_1, (reinterpret_cast<const unsigned char*>(sm_v) + (((((0 + 0 + (mg_lane >> 4)) * 8)) * 2) / 128) * 8192 + ((((0) * 64 + ((kk + (mg_lane & 15)))) * 128 + ((((0 + 0 + (mg_lane >> 4)) * 8)) * 2) % 128) ^ ((((((0) * 64 + ((kk + (mg_lane & 15)))) * 128 + ((((0 + 0 + (mg_lane >> 4)) * 8)) * 2) % 128) >> 7) & 7) << 4))));
         unsigned rb2_0, rb2_1, rb3_0, rb3_1;
-        mg_ldsm_x4_t(rb2_0, rb2_1, rb3_0, rb3_1, (sm_v + ((kk + (mg_lane & 15)) * 72 + ((0 + 2 + (mg_lane >> 4)) * 8))));
+        mg_ldsm_x4_t(rb2_0, rb2_1, rb3_0, rb3_1, (reinterpret_cast<const unsigned char*>(sm_v) + (((((0 + 2 + (mg_lane >> 4)) * 8)) * 2) / 128) * 8192 + ((((0) * 64 + ((kk + (mg_lane & 15)))) * 128 + ((((0 + 2 + (mg_lane >> 4)) * 8)) * 2) % 128) ^ ((((((0) * 64 + ((kk + (mg_lane & 15)))) * 128 + ((((0 + 2 + (mg_lane >> 4)) * 8)) * 2) % 128) >> 7) & 7) << 4))));
         unsigned rb4_0, rb4_1, rb5_0, rb5_1;
-        mg_ldsm_x4_t(rb4_0, rb4_1, rb5_0, rb5_1, (sm_v + ((kk + (mg_lane & 15)) * 72 + ((0 + 4 + (mg_lane >> 4)) * 8))));
+        mg_ldsm_x4_t(rb4_0, rb4_1, rb5_0, rb5_1, (reinterpret_cast<const unsigned char*>(sm_v) + (((((0 + 4 + (mg_lane >> 4)) * 8)) * 2) / 128) * 8192 + ((((0) * 64 + ((kk + (mg_lane & 15)))) * 128 + ((((0 + 4 + (mg_lane >> 4)) * 8)) * 2) % 128) ^ ((((((0) * 64 + ((kk + (mg_lane & 15)))) * 128 + ((((0 + 4 + (mg_lane >> 4)) * 8)) * 2) % 128) >> 7) & 7) << 4))));
         unsigned rb6_0, rb6_1, rb7_0, rb7_1;
-        mg_ldsm_x4_t(rb6_0, rb6_1, rb7_0, rb7_1, (sm_v + ((kk + (mg_lane & 15)) * 72 + ((0 + 6 + (mg_lane >> 4)) * 8))));
+        mg_ldsm_x4_t(rb6_0, rb6_1, rb7_0, rb7_1, (reinterpret_cast<const unsigned char*>(sm_v) + (((((0 + 6 + (mg_lane >> 4)) * 8)) * 2) / 128) * 8192 + ((((0) * 64 + ((kk + (mg_lane & 15)))) * 128 + ((((0 + 6 + (mg_lane >> 4)) * 8)) * 2) % 128) ^ ((((((0) * 64 + ((kk + (mg_lane & 15)))) * 128 + ((((0 + 6 + (mg_lane >> 4)) * 8)) * 2) % 128) >> 7) & 7) << 4))));
         mg_mma_f16(acc_o[0][0], ra0_0, ra0_1, ra0_2, ra0_3, rb0_0, rb0_1);
         mg_mma_f16(acc_o[0][1], ra0_0, ra0_1, ra0_2, ra0_3, rb1_0, rb1_1);
         mg_mma_f16(acc_o[0][2], ra0_0, ra0_1, ra0_2, ra0_3, rb2_0, rb2_1);
@@ -925,13 +986,13 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_gqa_fused_h16x
         const unsigned ra0_2 = mg_pack_f16(mg_s[0][7][0], mg_s[0][7][1]);
         const unsigned ra0_3 = mg_pack_f16(mg_s[0][7][2], mg_s[0][7][3]);
         unsigned rb0_0, rb0_1, rb1_0, rb1_1;
-        mg_ldsm_x4_t(rb0_0, rb0_1, rb1_0, rb1_1, (sm_v + ((kk + (mg_lane & 15)) * 72 + ((0 + 0 + (mg_lane >> 4)) * 8))));
+        mg_ldsm_x4_t(rb0_0, rb0_1, rb1_0, rb1_1, (reinterpret_cast<const unsigned char*>(sm_v) + (((((0 + 0 + (mg_lane >> 4)) * 8)) * 2) / 128) * 8192 + ((((0) * 64 + ((kk + (mg_lane & 15)))) * 128 + ((((0 + 0 + (mg_lane >> 4)) * 8)) * 2) % 128) ^ ((((((0) * 64 + ((kk + (mg_lane & 15)))) * 128 + ((((0 + 0 + (mg_lane >> 4)) * 8)) * 2) % 128) >> 7) & 7) << 4))));
         unsigned rb2_0, rb2_1, rb3_0, rb3_1;
-        mg_ldsm_x4_t(rb2_0, rb2_1, rb3_0, rb3_1, (sm_v + ((kk + (mg_lane & 15)) * 72 + ((0 + 2 + (mg_lane >> 4)) * 8))));
+        mg_ldsm_x4_t(rb2_0, rb2_1, rb3_0, rb3_1, (reinterpret_cast<const unsigned char*>(sm_v) + (((((0 + 2 + (mg_lane >> 4)) * 8)) * 2) / 128) * 8192 + ((((0) * 64 + ((kk + (mg_lane & 15)))) * 128 + ((((0 + 2 + (mg_lane >> 4)) * 8)) * 2) % 128) ^ ((((((0) * 64 + ((kk + (mg_lane & 15)))) * 128 + ((((0 + 2 + (mg_lane >> 4)) * 8)) * 2) % 128) >> 7) & 7) << 4))));
         unsigned rb4_0, rb4_1, rb5_0, rb5_1;
-        mg_ldsm_x4_t(rb4_0, rb4_1, rb5_0, rb5_1, (sm_v + ((kk + (mg_lane & 15)) * 72 + ((0 + 4 + (mg_lane >> 4)) * 8))));
+        mg_ldsm_x4_t(rb4_0, rb4_1, rb5_0, rb5_1, (reinterpret_cast<const unsigned char*>(sm_v) + (((((0 + 4 + (mg_lane >> 4)) * 8)) * 2) / 128) * 8192 + ((((0) * 64 + ((kk + (mg_lane & 15)))) * 128 + ((((0 + 4 + (mg_lane >> 4)) * 8)) * 2) % 128) ^ ((((((0) * 64 + ((kk + (mg_lane & 15)))) * 128 + ((((0 + 4 + (mg_lane >> 4)) * 8)) * 2) % 128) >> 7) & 7) << 4))));
         unsigned rb6_0, rb6_1, rb7_0, rb7_1;
-        mg_ldsm_x4_t(rb6_0, rb6_1, rb7_0, rb7_1, (sm_v + ((kk + (mg_lane & 15)) * 72 + ((0 + 6 + (mg_lane >> 4)) * 8))));
+        mg_ldsm_x4_t(rb6_0, rb6_1, rb7_0, rb7_1, (reinterpret_cast<const unsigned char*>(sm_v) + (((((0 + 6 + (mg_lane >> 4)) * 8)) * 2) / 128) * 8192 + ((((0) * 64 + ((kk + (mg_lane & 15)))) * 128 + ((((0 + 6 + (mg_lane >> 4)) * 8)) * 2) % 128) ^ ((((((0) * 64 + ((kk + (mg_lane & 15)))) * 128 + ((((0 + 6 + (mg_lane >> 4)) * 8)) * 2) % 128) >> 7) & 7) << 4))));
         mg_mma_f16(acc_o[0][0], ra0_0, ra0_1, ra0_2, ra0_3, rb0_0, rb0_1);
         mg_mma_f16(acc_o[0][1], ra0_0, ra0_1, ra0_2, ra0_3, rb1_0, rb1_1);
         mg_mma_f16(acc_o[0][2], ra0_0, ra0_1, ra0_2, ra0_3, rb2_0, rb2_1);
@@ -941,6 +1002,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_gqa_fused_h16x
         mg_mma_f16(acc_o[0][6], ra0_0, ra0_1, ra0_2, ra0_3, rb6_0, rb6_1);
         mg_mma_f16(acc_o[0][7], ra0_0, ra0_1, ra0_2, ra0_3, rb7_0, rb7_1);
       }
+      #endif
     }
   }
   __syncthreads();
@@ -986,14 +1048,14 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_gqa_fused_h16x
     }
   }
   __syncthreads();
-  for (int e39 = threadIdx.x; e39 < 64; e39 += 128) {
-    const int i40_1 = e39;
-    mg_st(p3 + (bx * 4096 + by * 1 + bz * 1024 + i40_1 * 16), buf_l[i40_1]);
+  for (int e35 = threadIdx.x; e35 < 64; e35 += 128) {
+    const int i36_1 = e35;
+    mg_st(p3 + (bx * 4096 + by * 1 + bz * 1024 + i36_1 * 16), buf_l[i36_1]);
   }
-  for (int e41 = threadIdx.x; e41 < 512; e41 += 128) {
-    const int i42_1 = e41 / 8;
-    const int i42_2 = (e41) % 8;
-    mg_st8(p4 + (bx * 262144 + by * 64 + bz * 65536 + i42_1 * 1024 + (i42_2 * 8)), buf_o[i42_1 * 64 + ((i42_2 * 8) + 0)], buf_o[i42_1 * 64 + ((i42_2 * 8) + 1)], buf_o[i42_1 * 64 + ((i42_2 * 8) + 2)], buf_o[i42_1 * 64 + ((i42_2 * 8) + 3)], buf_o[i42_1 * 64 + ((i42_2 * 8) + 4)], buf_o[i42_1 * 64 + ((i42_2 * 8) + 5)], buf_o[i42_1 * 64 + ((i42_2 * 8) + 6)], buf_o[i42_1 * 64 + ((i42_2 * 8) + 7)]);
+  for (int e37 = threadIdx.x; e37 < 512; e37 += 128) {
+    const int i38_1 = e37 / 8;
+    const int i38_2 = (e37) % 8;
+    mg_st8(p4 + (bx * 262144 + by * 64 + bz * 65536 + i38_1 * 1024 + (i38_2 * 8)), buf_o[i38_1 * 64 + ((i38_2 * 8) + 0)], buf_o[i38_1 * 64 + ((i38_2 * 8) + 1)], buf_o[i38_1 * 64 + ((i38_2 * 8) + 2)], buf_o[i38_1 * 64 + ((i38_2 * 8) + 3)], buf_o[i38_1 * 64 + ((i38_2 * 8) + 4)], buf_o[i38_1 * 64 + ((i38_2 * 8) + 5)], buf_o[i38_1 * 64 + ((i38_2 * 8) + 6)], buf_o[i38_1 * 64 + ((i38_2 * 8) + 7)]);
   }
 }
 
@@ -1050,6 +1112,45 @@ extern "C" __global__ void __launch_bounds__(512, 1) mg_k1_mirage_gqa_fused_h16x
 
 extern "C" size_t mirage_gqa_fused_h16x256x64_h16x64x4096_h16x4096x64_to_h16x256x64_workspace_bytes(void) { return 8519680u; }
 
+// Bulk tensor copies read through tensor maps, which the launcher encodes on every call
+// (the addresses may change) with the driver's cuTensorMapEncodeTiled, found through the
+// runtime so that nothing but the CUDA runtime needs to be linked.
+#include <cuda.h>
+#if CUDART_VERSION < 12000
+#error "mirage-cli generated code with bulk tensor copies needs CUDA 12.0 or newer"
+#endif
+static_assert(sizeof(mg_tmap) == sizeof(CUtensorMap), "tensor map size");
+typedef CUresult (*mg_encode_fn_mirage_gqa_fused_h16x256x64_h16x64x4096_h16x4096x64_to_h16x256x64)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*,
+    const cuuint64_t*, const cuuint64_t*, const cuuint32_t*, const cuuint32_t*,
+    CUtensorMapInterleave, CUtensorMapSwizzle, CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+static std::atomic<void*> mg_encoder_mirage_gqa_fused_h16x256x64_h16x64x4096_h16x4096x64_to_h16x256x64{nullptr};
+
+static cudaError_t mg_encode_tmap_mirage_gqa_fused_h16x256x64_h16x64x4096_h16x4096x64_to_h16x256x64(mg_tmap* mg_map, const void* mg_base,
+                                   CUtensorMapDataType mg_dtype, cuuint32_t mg_rank,
+                                   const cuuint64_t* mg_dims, const cuuint64_t* mg_strides,
+                                   const cuuint32_t* mg_box, CUtensorMapSwizzle mg_swizzle) {
+  void* mg_fn = mg_encoder_mirage_gqa_fused_h16x256x64_h16x64x4096_h16x4096x64_to_h16x256x64.load(std::memory_order_acquire);
+  if (mg_fn == nullptr) {
+    cudaDriverEntryPointQueryResult mg_found = cudaDriverEntryPointSymbolNotFound;
+#if CUDART_VERSION >= 12050
+    cudaError_t mg_err = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &mg_fn,
+                                                          12000, cudaEnableDefault, &mg_found);
+#else
+    cudaError_t mg_err = cudaGetDriverEntryPoint("cuTensorMapEncodeTiled", &mg_fn,
+                                                 cudaEnableDefault, &mg_found);
+#endif
+    if (mg_err != cudaSuccess) return mg_err;
+    if (mg_found != cudaDriverEntryPointSuccess || mg_fn == nullptr) return cudaErrorSymbolNotFound;
+    mg_encoder_mirage_gqa_fused_h16x256x64_h16x64x4096_h16x4096x64_to_h16x256x64.store(mg_fn, std::memory_order_release);
+  }
+  const cuuint32_t mg_steps[5] = {1, 1, 1, 1, 1};
+  const CUresult mg_res = reinterpret_cast<mg_encode_fn_mirage_gqa_fused_h16x256x64_h16x64x4096_h16x4096x64_to_h16x256x64>(mg_fn)(
+      reinterpret_cast<CUtensorMap*>(mg_map), mg_dtype, mg_rank, const_cast<void*>(mg_base),
+      mg_dims, mg_strides, mg_box, mg_steps, CU_TENSOR_MAP_INTERLEAVE_NONE, mg_swizzle,
+      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return mg_res == CUDA_SUCCESS ? cudaSuccess : cudaErrorInvalidValue;
+}
+
 // What the launcher needs to know about the current device, found once per device
 // (a state per device ordinal; two threads racing store the same value, which is
 // harmless) and on every call for ordinals past the table: bit 0 says the device is
@@ -1068,7 +1169,7 @@ static cudaError_t mg_prepare_mirage_gqa_fused_h16x256x64_h16x64x4096_h16x4096x6
     if (*mg_state != 0) return cudaSuccess;
   }
   mg_err = cudaFuncSetAttribute((const void*)mg_k0_mirage_gqa_fused_h16x256x64_h16x64x4096_h16x4096x64_to_h16x256x64,
-                                cudaFuncAttributeMaxDynamicSharedMemorySize, 99600);
+                                cudaFuncAttributeMaxDynamicSharedMemorySize, 92464);
   if (mg_err != cudaSuccess) return mg_err;
   int mg_major = 0;
   mg_err = cudaDeviceGetAttribute(&mg_major, cudaDevAttrComputeCapabilityMajor, mg_dev);
@@ -1096,11 +1197,29 @@ extern "C" cudaError_t mirage_gqa_fused_h16x256x64_h16x64x4096_h16x4096x64_to_h1
     const mg_f16* mg_a2 = (const mg_f16*)(mg_in2_V);
     mg_f16* mg_a3 = (mg_f16*)(mg_ws + 0);
     mg_f16* mg_a4 = (mg_f16*)(mg_ws + 131072);
-    void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2, &mg_a3, &mg_a4};
+    mg_tmap mg_a5;
+    {
+      const cuuint64_t mg_dims[] = {4096, 64, 16};
+      const cuuint64_t mg_strides[] = {8192, 524288};
+      const cuuint32_t mg_box[] = {64, 64, 1};
+      mg_err = mg_encode_tmap_mirage_gqa_fused_h16x256x64_h16x64x4096_h16x4096x64_to_h16x256x64(&mg_a5, mg_in1_K, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 3,
+                                mg_dims, mg_strides, mg_box, CU_TENSOR_MAP_SWIZZLE_128B);
+      if (mg_err != cudaSuccess) return mg_err;
+    }
+    mg_tmap mg_a6;
+    {
+      const cuuint64_t mg_dims[] = {64, 4096, 16};
+      const cuuint64_t mg_strides[] = {128, 524288};
+      const cuuint32_t mg_box[] = {64, 64, 1};
+      mg_err = mg_encode_tmap_mirage_gqa_fused_h16x256x64_h16x64x4096_h16x4096x64_to_h16x256x64(&mg_a6, mg_in2_V, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 3,
+                                mg_dims, mg_strides, mg_box, CU_TENSOR_MAP_SWIZZLE_128B);
+      if (mg_err != cudaSuccess) return mg_err;
+    }
+    void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2, &mg_a3, &mg_a4, &mg_a5, &mg_a6};
     cudaLaunchConfig_t mg_cfg = {};
     mg_cfg.gridDim = dim3(16, 16, 4);
     mg_cfg.blockDim = dim3(128);
-    mg_cfg.dynamicSmemBytes = 99600;
+    mg_cfg.dynamicSmemBytes = 92464;
     mg_cfg.stream = mg_stream;
     mg_cfg.attrs = mg_pdl;
     mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;

@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from mirage_cli.codegen import colstats
-from mirage_cli.codegen.chainplan import ChainLayout
+from mirage_cli.codegen.chainplan import WGMMA_N, ChainLayout
 from mirage_cli.codegen.expr import (
     Lines,
     Local,
@@ -139,9 +139,81 @@ def _held_a(k: FusedKernel, ch: Chain, lay: ChainLayout) -> Lines:
     return [f"unsigned mg_ha[{mt}][{steps}][4];"] + warp_ids(lay.groups) + indent(body) + ["}"]
 
 
+def _wgmma(k: FusedKernel) -> bool:
+    """Whether the plan runs the chain's matmuls as warpgroup wgmma (``chainplan.
+    wgmma_reason``): emitted for the arch-specific target, beside the m16n8 path that
+    other targets compile (the registers are the same)."""
+    return any(mp.b_path == "wgmma" for mp in k.plan.mmas)
+
+
+def _either(k: FusedKernel, wg: Lines, mma: Lines) -> Lines:
+    if not _wgmma(k):
+        return mma
+    return ["#if defined(__CUDA_ARCH_FEAT_SM90_ALL)"] + wg + ["#else"] + mma + ["#endif"]
+
+
+def _wg_desc(k: FusedKernel, b: str, kk: str, box: int) -> str:
+    """The descriptor of B's rows ``kk``.. (16 of them, a multiple of 8 from the box's
+    first row, so no swizzle phase) in 64-column box ``box`` of this warp's matrix."""
+    return f"mg_wg_desc({smem_ptr(k, b, _lead(b, k) + [kk, str(box * WGMMA_N)])})"
+
+
+def _wg_first(k: FusedKernel, ch: Chain, lay: ChainLayout) -> Lines:
+    """S = A @ B1 for the warpgroup's 64 rows: per K step one wgmma per 64-column box,
+    A from this warp's fragments (held, or all K steps loaded by ldmatrix before the
+    fence: a head dimension of 128 leaves no room to hold them)."""
+    a, b = ch.first.inputs
+    steps = k.a.types[a].shape[-1] // 16
+    wg = "mg_wgmma_f16" if ch.first.outputs[0].type.dtype is DType.F16 else "mg_wgmma_bf16"
+    lines: Lines = []
+    regs = []
+    for s in range(steps):
+        if _held(k, ch):
+            regs.append(", ".join(f"mg_ha[0][{s}][{i}]" for i in range(4)))
+            continue
+        r = ", ".join(f"ra{s}_{i}" for i in range(4))
+        lines += [f"unsigned {r};",
+                  f"{{ const int kk = {s * 16}; mg_ldsm_x4({r}, {_a_frag(k, ch, 0)}); }}"]
+        regs.append(r)
+    lines.append("mg_wg_fence();")
+    for s in range(steps):
+        for box in range(lay.score_tiles // 8):
+            lines.append(f"{wg}(mg_s[0] + {box * 8}, {regs[s]}, "
+                         f"{_wg_desc(k, b, str(s * 16), box)});")
+    return lines + ["mg_wg_commit_wait();"]
+
+
+def _wg_second(k: FusedKernel, ch: Chain, lay: ChainLayout) -> Lines:
+    """acc += P @ B2 for the warpgroup's 64 rows: P's fragments packed to 16 bits (the
+    A layout, as in the m16n8 path), then per K step one wgmma per 64-column box."""
+    b = ch.second.inputs[1]
+    acc = ch.acc.outputs[0].name
+    f16 = ch.second.outputs[0].type.dtype is DType.F16
+    pack, wg = ("mg_pack_f16", "mg_wgmma_f16") if f16 else ("mg_pack_bf16", "mg_wgmma_bf16")
+    lines: Lines = []
+    for s in range(lay.score_tiles // 2):
+        lo, hi = 2 * s, 2 * s + 1
+        lines += [f"const unsigned pa{s}_0 = {pack}(mg_s[0][{lo}][0], mg_s[0][{lo}][1]);",
+                  f"const unsigned pa{s}_1 = {pack}(mg_s[0][{lo}][2], mg_s[0][{lo}][3]);",
+                  f"const unsigned pa{s}_2 = {pack}(mg_s[0][{hi}][0], mg_s[0][{hi}][1]);",
+                  f"const unsigned pa{s}_3 = {pack}(mg_s[0][{hi}][2], mg_s[0][{hi}][3]);"]
+    lines.append("mg_wg_fence();")
+    for s in range(lay.score_tiles // 2):
+        for box in range(lay.out_tiles // 8):
+            regs = ", ".join(f"pa{s}_{i}" for i in range(4))
+            lines.append(f"{wg}(acc_{acc}[0] + {box * 8}, {regs}, "
+                         f"{_wg_desc(k, b, str(s * 16), box)});")
+    return lines + ["mg_wg_commit_wait();"]
+
+
 def _first(k: FusedKernel, ch: Chain, lay: ChainLayout) -> Lines:
     """S = A @ B1 over this warp's rows and columns into ``mg_s``; with them, the
     statistics of B1's columns (:mod:`colstats`)."""
+    wg = _wg_first(k, ch, lay) if _wgmma(k) else []
+    return _either(k, wg, _mma_first(k, ch, lay))
+
+
+def _mma_first(k: FusedKernel, ch: Chain, lay: ChainLayout) -> Lines:
     a, b = ch.first.inputs
     d = k.a.types[a].shape[-1]
     mma = mma_fn(ch.first.outputs[0].type.dtype)
@@ -256,7 +328,13 @@ def _online_links(k: FusedKernel, ch: Chain, lay: ChainLayout) -> Lines:
 
 
 def _second(k: FusedKernel, ch: Chain, lay: ChainLayout) -> Lines:
-    """acc += P @ B2: P's fragments packed to 16 bits as A, B2 by ``ldmatrix.trans``."""
+    """acc += P @ B2: P's fragments packed to 16 bits as A, B2 by ``ldmatrix.trans``
+    (or by descriptor, :func:`_wg_second`)."""
+    wg = _wg_second(k, ch, lay) if _wgmma(k) else []
+    return _either(k, wg, _mma_second(k, ch, lay))
+
+
+def _mma_second(k: FusedKernel, ch: Chain, lay: ChainLayout) -> Lines:
     b = ch.second.inputs[1]
     acc = ch.acc.outputs[0].name
     pack = "mg_pack_f16" if ch.second.outputs[0].type.dtype is DType.F16 else "mg_pack_bf16"

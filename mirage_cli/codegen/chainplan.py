@@ -149,14 +149,48 @@ def why_not(a: Analysis, kwarps: int) -> str:
     return lay if isinstance(lay, str) else "pin chain=1 and ksplit=1"
 
 
-def plan_entries(ch: Chain, lay: ChainLayout, a_path: str
+# Columns of one wgmma's B operand: a 128-byte swizzled box of 16-bit elements.
+WGMMA_N = 64
+
+
+def wgmma_reason(ch: Chain, lay: ChainLayout) -> str | None:
+    """Why the chain's two matmuls cannot run as warpgroup ``wgmma`` (sm_90a), or None.
+
+    A warpgroup (4 consecutive warps) multiplies 64 rows; each of its warps holds 16 of
+    them in exactly the registers of the m16n8 path (the A fragments, the score and
+    output accumulators), so the links, row partials and the packing of the score into
+    the second matmul's A operand are unchanged. Its B operands are read from shared
+    memory by descriptor, as 64-column boxes with the 128-byte swizzle that bulk tensor
+    copies write (tmaplan): so each warp must own one 16-row tile of all the columns
+    (kwarps 1), the warpgroup's rows must lie in one matrix of a batched tile, and the
+    B tiles' columns must be whole boxes. Statistics of B1's columns are computed by
+    all warps from shared memory, not folded from ldmatrix fragments (colstats), which
+    a descriptor never loads."""
+    shape = ch.first.outputs[0].type.shape
+    R, n = shape[-2:]
+    e = ch.second.outputs[0].type.shape[-1]
+    if lay.kwarps != 1 or lay.tiles_per_warp != 1:
+        return (f"each warp must own one 16-row tile of all the score's columns "
+                f"(here kwarps={lay.kwarps}, {lay.tiles_per_warp} tile(s) per warp)")
+    if lay.groups % 4 or (R // 16) % 4:
+        return (f"the warps and the {R} rows of a matrix must form whole warpgroups of 64 "
+                f"rows ({lay.groups} warps)")
+    if n % WGMMA_N or e % WGMMA_N:
+        return f"the score's {n} and the output's {e} columns must be multiples of {WGMMA_N}"
+    if colstats.in_fragments(ch, lay):
+        return "the loop folds statistics of B1's columns from its ldmatrix fragments"
+    return None
+
+
+def plan_entries(ch: Chain, lay: ChainLayout, a_path: str, wgmma: bool = False
                  ) -> tuple[list[MmaPlan], list[ReducePlan], dict[str, str]]:
     """The chain's mma and reduction entries, and each chain tensor's owner (in words)."""
     first, second = ch.first.outputs[0].name, ch.second.outputs[0].name
     acc = ch.acc.outputs[0].name
-    mmas = [MmaPlan(first, "", a_path, "ldmatrix.trans", lay.kwarps,
+    b_path = "wgmma" if wgmma else "ldmatrix.trans"
+    mmas = [MmaPlan(first, "", a_path, b_path, lay.kwarps,
                     lay.tiles_per_warp * lay.score_tiles),
-            MmaPlan(second, acc, "frag", "ldmatrix.trans", lay.kwarps,
+            MmaPlan(second, acc, "frag", b_path, lay.kwarps,
                     lay.tiles_per_warp * lay.out_tiles)]
     reds = [ReducePlan(op.outputs[0].name, "quad", 4) for op in ch.row_accs]
     frag = (f"registers: mma m16n8 fragments; warp group g of {lay.groups} owns 16-row "
@@ -180,7 +214,7 @@ def plan_entries(ch: Chain, lay: ChainLayout, a_path: str
     return mmas, reds, owners
 
 
-def chain_threads(a: Analysis) -> int | None:
+def chain_threads(a: Analysis, wgmma: bool = False) -> int | None:
     """Threads (from the block graph's, doubling up to 512) for one warp per 16-row tile
     of the score, at least as many as hold the chain in registers; None without a
     chain. A warp with two 16-row tiles keeps both unrolled in its registers and
@@ -188,7 +222,10 @@ def chain_threads(a: Analysis) -> int | None:
     row tiles per block) ran 99.9 µs with 4 warps and 73.4 with 8, while gqa (four
     row tiles) was fastest with 4 (29.8 against 33.8). A chain whose loop also does
     :func:`side_work` gets 512 threads where a layout allows (more warps split the
-    columns, ``kwarps``)."""
+    columns, ``kwarps``), unless ``wgmma`` (an sm_90 target) and one warp per 16-row
+    tile runs it as warpgroups: on an H100 (docs/perf-log.md v28) qknorm_gqa at batch
+    8 ran 34.5 us at 512 threads (mma.sync) and 31.5 at 256 (wgmma), at batch 16
+    54.8 and 51.5."""
     ch = chain_of(a)
     if ch is None:
         return None
@@ -206,9 +243,16 @@ def chain_threads(a: Analysis) -> int | None:
     if ch.online is not None and not lays_out(ch, t):
         # No other form: the most threads, from 512 down, that have a warp layout.
         t = next((u for u in (512, 256, 128, 64, 32) if lays_out(ch, u)), t)
-    if side_work(a, ch) and lays_out(ch, 512):
+    if side_work(a, ch) and lays_out(ch, 512) and not (wgmma and wgmma_shape(ch, t)):
         return max(t, 512)
     return t
+
+
+def wgmma_shape(ch: Chain, threads: int) -> bool:
+    """Whether ``threads`` threads, one warp per 16-row tile, give the chain a layout
+    that runs as wgmma (:func:`wgmma_reason`)."""
+    lay = layout(ch, threads // 32, 1)
+    return isinstance(lay, ChainLayout) and wgmma_reason(ch, lay) is None
 
 
 def side_work(a: Analysis, ch: Chain) -> bool:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import assert_never
 
 from mirage_cli import ops
-from mirage_cli.ir import AttrValue, BlockOp, DType
+from mirage_cli.ir import AttrValue, BlockOp, DType, TensorType
 from mirage_cli.semantics.accum import AccumSpec, Combine, Finish, Pre, Reduce
 from mirage_cli.semantics.cuda import c_float, c_init, c_update
 
@@ -67,12 +67,15 @@ def unrolled(var: str, n: int, body: Lines) -> Lines:
 
 @dataclass(frozen=True)
 class Stored:
-    """Elements live in memory: ``ptr[base + sum(i*stride)]`` of C type ``ctype``."""
+    """Elements live in memory: ``ptr[base + sum(i*stride)]`` of C type ``ctype``; or,
+    for a tile that bulk tensor copies bring in swizzled boxes (``swizzled``: its type
+    and swizzle span), at the address :func:`swizzled_address` gives."""
 
     ptr: str
     base: str
     strides: tuple[int, ...]
     ctype: str
+    swizzled: tuple[TensorType, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -136,7 +139,11 @@ class Emitter:
     def load(self, name: str, idx: Sequence[str]) -> str:
         how = self.nodes[name].how
         assert isinstance(how, Stored)
-        ref = f"{how.ptr}[{offset_expr(how.base, idx, how.strides)}]"
+        if how.swizzled is not None:
+            addr = swizzled_address(how.ptr, list(idx), *how.swizzled)
+            ref = f"*reinterpret_cast<const {how.ctype}*>({addr})"
+        else:
+            ref = f"{how.ptr}[{offset_expr(how.base, idx, how.strides)}]"
         return ref if how.ctype == "float" else f"mg_ld({ref})"
 
     def value(self, name: str, idx: Sequence[str]) -> tuple[Lines, str]:
@@ -385,3 +392,20 @@ def keep_used(decl: Lines, body: Lines) -> Lines:
 
     text = "\n".join(body)
     return [d for d in decl if re.search(r"\b" + d.split()[2] + r"\b", text)]
+
+
+def swizzled_address(ptr: str, idx: list[str], t: TensorType, swizzle: int) -> str:
+    """The shared-memory address of element ``idx`` of a tile that bulk tensor copies
+    bring in (``tmaplan``: boxes of ``swizzle`` bytes per row, side by side, with the
+    hardware's XOR swizzle of 16-byte chunks) whose current slot is ``ptr``: an
+    ldmatrix row where the last index is a multiple of 16 bytes; the swizzle moves
+    whole chunks, so any element's address is its chunk's plus its offset in it."""
+    es = t.dtype.nbytes
+    strides = row_major(t.shape[:-1]) if t.rank > 1 else ()
+    row = " + ".join(f"({i}) * {s}" if s != 1 else f"({i})"
+                     for i, s in zip(idx[:-1], strides)) or "0"
+    col = f"(({idx[-1]}) * {es})"
+    o = f"(({row}) * {swizzle} + {col} % {swizzle})"
+    phys = f"({o} ^ ((({o} >> 7) & {swizzle // 16 - 1}) << 4))"
+    box = f"({col} / {swizzle}) * {t.numel // t.shape[-1] * swizzle}"
+    return f"(reinterpret_cast<const unsigned char*>({ptr}) + {box} + {phys})"

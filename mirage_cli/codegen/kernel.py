@@ -252,7 +252,8 @@ class FusedKernel:
             lines.append(f"{ct}* sm_{t.name}_0 = reinterpret_cast<{ct}*>(mg_smem + "
                          f"{t.smem_offset});")
             self.em.nodes[t.name] = Node(vt.shape, Stored(
-                f"sm_{t.name}", "0", padded_strides(vt.shape, t.pitch), ct))
+                f"sm_{t.name}", "0", padded_strides(vt.shape, t.pitch), ct,
+                (vt, t.swizzle) if t.swizzle else None))
         for op in self.bg.ops:
             v = op.outputs[0]
             t = self.tile(v.name)

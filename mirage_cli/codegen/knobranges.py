@@ -51,16 +51,18 @@ def default_ksplit(a: Analysis, arch: archs.Arch) -> int:
     return 2
 
 
-def default_threads(bg: BlockGraph) -> int:
+def default_threads(bg: BlockGraph, target: str = "sm_90") -> int:
     """The block graph's thread count; kernels without tensor-core work get enough
     threads for one 16-byte access per thread over their largest tile (up to 512), so
     row-wise kernels with few blocks still keep many loads in flight. Tensor-core
     kernels are judged on the graph the planner lays out (norms and softmax
-    decomposed), so that a chain fed by a normalised operand is seen as one."""
+    decomposed), so that a chain fed by a normalised operand is seen as one; a chain's
+    count depends on whether ``target`` runs it as wgmma (sm_90)."""
     if any(is_mma(op, bg.threads) for op in bg.ops):
         a = analyse(decompose(bg))
         mmas = [op for op in a.bg.ops if is_mma(op, bg.threads)]
-        chained = chainplan.chain_threads(a) if len(mmas) == 2 else None
+        chained = (chainplan.chain_threads(a, wgmma=target == "sm_90") if len(mmas) == 2
+                   else None)
         if chained is not None:
             return chained
         if any(_result_in_smem(op, a) for op in mmas):

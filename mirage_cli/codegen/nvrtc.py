@@ -60,16 +60,27 @@ class Compiled:
     resources: tuple[Resources, ...]
 
 
+def machine_arch(arch: str) -> str:
+    """The NVRTC target for ``arch``: sm_90 code is built for sm_90a, the arch-specific
+    target of the same GPUs, so that the kernels' wgmma paths (``#if
+    __CUDA_ARCH_FEAT_SM90_ALL``) are compiled; a cubin is only ever loaded on the GPU it
+    was built for. Built by another compiler for plain sm_90, the same source takes its
+    mma.sync paths."""
+    return "sm_90a" if arch == "sm_90" else arch
+
+
 def compile_cuda(source: str, filename: str, arch: str = "sm_90",
-                 extra: tuple[str, ...] = ()) -> Compiled:
-    """Compile ``source`` (named ``filename`` in diagnostics) for ``arch``."""
+                 extra: tuple[str, ...] = (), exact: bool = False) -> Compiled:
+    """Compile ``source`` (named ``filename`` in diagnostics) for ``arch`` (its
+    :func:`machine_arch`, unless ``exact``)."""
     if arch not in ARCHS:
         raise MirageError(f"unknown --arch '{arch}' (expected one of {', '.join(ARCHS)})")
     nv = _nvrtc()
     err, prog = nv.nvrtcCreateProgram(source.encode(), filename.encode(), 0, [], [])
     _check(nv, err, "nvrtcCreateProgram")
     try:
-        opts = [f"--gpu-architecture={arch}", "--std=c++17", "--ptxas-options=-v", *extra]
+        opts = [f"--gpu-architecture={arch if exact else machine_arch(arch)}", "--std=c++17",
+                "--ptxas-options=-v", *extra]
         (res,) = nv.nvrtcCompileProgram(prog, len(opts), [o.encode() for o in opts])
         log = _log(nv, prog)
         if int(res) != 0:

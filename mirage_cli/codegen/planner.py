@@ -69,7 +69,7 @@ def plan_kernel(bg: BlockGraph, dev_types: Mapping[str, TensorType], target: str
     arch = archs.get(target)
     pins = pins or Knobs()
     check_pins(bg, dev_types, target, pins)
-    threads = pins.threads or default_threads(bg)
+    threads = pins.threads or default_threads(bg, target)
     if pins.kwarps and not pins.threads and online_reads(bg):
         # No chain, no kernel: threads that give the pinned split of the columns a layout.
         ch = chainplan.chain_of(analyse(decompose(dataclasses.replace(bg, threads=threads))))
@@ -107,7 +107,7 @@ def _row_plan(a: Analysis, dev_types: Mapping[str, TensorType], target: str, pin
     T = a.bg.threads
     shape = row_tile(a)
     assert shape is not None
-    k = dataclasses.replace(_resolve(a, dev_types, pins), stages=1, ksplit=1)
+    k = dataclasses.replace(_resolve(a, dev_types, pins), stages=1, ksplit=1, wgmma=0)
     owner = (f"registers: 8-element chunk c of each row held by thread c % {T} in every "
              f"tile ({shape[0] * shape[1] // 8 // T} chunk(s) per thread)")
     tiles = tuple(TilePlan(n, "regs", owner if t.shape[-1] > 1 else
@@ -132,7 +132,7 @@ def _direct_plan(a: Analysis, dev_types: Mapping[str, TensorType], target: str, 
     no tile staged, no shared memory, no barrier."""
     T = a.bg.threads
     k = dataclasses.replace(_resolve(a, dev_types, pins), stages=1, ksplit=1, chain=0,
-                            tma=0, vec=1)
+                            tma=0, vec=1, wgmma=0)
     local = set(direct_locals(a))
     inputs = {bi.value.name for bi in a.bg.inputs}
     tiles = []
@@ -156,6 +156,14 @@ def _lay_out(a: Analysis, dev_types: Mapping[str, TensorType], pins: Knobs, arch
     k = _resolve(a, dev_types, pins)
     if pins.ksplit is None and not online_reads(a.bg):  # a cluster's combine adds, unscaled
         k = dataclasses.replace(k, ksplit=default_ksplit(a, arch))
+    if pins.wgmma is None and k.chain == 1 and k.kwarps == 1 and arch.name == "sm_90":
+        # wgmma where the chain's layout admits it: on an H100 (docs/perf-log.md v28)
+        # gqa's chain kernel at batch 8 ran 20.5 -> ~16 us, the whole µGraph 23.6 ->
+        # 19.0 us at batch 8 and 38.9 -> 29.6 at batch 16, the same rounding error.
+        try:
+            return _lay_out_with(a, dev_types, dataclasses.replace(k, wgmma=1), pins, arch)
+        except MirageError:
+            pass
     try:
         return _lay_out_with(a, dev_types, k, pins, arch)
     except MirageError:
@@ -179,10 +187,17 @@ def _lay_out_with(a: Analysis, dev_types: Mapping[str, TensorType], k: Knobs, pi
         mmas, reds = _chain(a, ch, tiles, k)
     else:
         mmas, reds = _mmas(a, tiles, k), _reductions(a, tiles)
-    # Not for matmul chains: their K and V tiles by bulk copies ran no faster (gqa at
-    # batch 8 on an H100: 29.9 us with cp.async, 30.2 with TMA; mqa_decode 21.4, 23.0;
-    # docs/perf-log.md v19).
-    bulk = _tma_tiles(a, dev_types, tiles, mmas) if arch.name == "sm_90" and ch is None else {}
+    if k.wgmma == 1 and ch is None:
+        raise MirageError("plan knob wgmma=1 needs a matmul chain in registers (chain=1)")
+    # Not for matmul chains read by ldmatrix: their K and V tiles by bulk copies ran no
+    # faster (gqa at batch 8 on an H100: 29.9 us with cp.async, 30.2 with TMA;
+    # mqa_decode 21.4, 23.0; docs/perf-log.md v19). wgmma reads the swizzled boxes.
+    bulk = (_tma_tiles(a, dev_types, tiles, mmas, _side_read(a, ch, k))
+            if arch.name == "sm_90" and (ch is None or k.wgmma == 1) else {})
+    if k.wgmma == 1:
+        assert ch is not None
+        bulk = _wgmma_operands(ch, bulk, pins)
+        k = dataclasses.replace(k, tma=1)
     if k.tma is None:
         # On for loops that stream a weight (tmaplan: twice the per-SM rate of cp.async);
         # a loop over a few small tiles waits on latency, which one thread issuing the
@@ -204,9 +219,12 @@ def _lay_out_with(a: Analysis, dev_types: Mapping[str, TensorType], k: Knobs, pi
 
 
 def _tma_tiles(a: Analysis, dev: Mapping[str, TensorType], tiles: dict[str, TileDraft],
-               mmas: list[MmaPlan]) -> dict[str, int]:
+               mmas: list[MmaPlan], side_read: frozenset[str] = frozenset()
+               ) -> dict[str, int]:
     """The loop inputs that bulk tensor copies can bring in (tmaplan), with their swizzle
-    span: staged tiles read only as ldmatrix operands of tensor-core matmuls."""
+    span: staged tiles read only as ldmatrix operands of tensor-core matmuls, or also,
+    those in ``side_read``, element by element through the expression engine (which
+    reads the swizzled layout too)."""
     paths = {m.output: m for m in mmas}
     out: dict[str, int] = {}
     for bi in a.bg.inputs:
@@ -214,10 +232,36 @@ def _tma_tiles(a: Analysis, dev: Mapping[str, TensorType], tiles: dict[str, Tile
         tile = tiles[name]
         if tile.home != "smem" or not tile.pitch or a.phases[name] != "loop":
             continue
-        if a.uses[name] and all(_ldmatrix_reader(u, name, paths) for u in a.uses[name]) \
-                and tmaplan.fits(t, dev[bi.source]):
+        readers = all(_ldmatrix_reader(u, name, paths) or name in side_read
+                      for u in a.uses[name])
+        if a.uses[name] and readers and tmaplan.fits(t, dev[bi.source]):
             out[name] = tmaplan.swizzle_of(t)
     return out
+
+
+def _side_read(a: Analysis, ch: Chain | None, k: Knobs) -> frozenset[str]:
+    """B1 of a wgmma chain whose column statistics (qknorm's key norms) all warps compute
+    through shared memory: they read its elements by the expression engine."""
+    if ch is None or k.wgmma != 1 or ch.cols is None:
+        return frozenset()
+    lay = chainplan.layout(ch, a.bg.threads // 32, k.kwarps or 1)
+    if isinstance(lay, str) or colstats.in_fragments(ch, lay):
+        return frozenset()
+    return frozenset({ch.first.inputs[1]})
+
+
+def _wgmma_operands(ch: Chain, bulk: dict[str, int], pins: Knobs) -> dict[str, int]:
+    """The chain's B tiles, which wgmma reads by descriptor from bulk-copied boxes with
+    the 128-byte swizzle; a diagnostic where they cannot be."""
+    bs = (ch.first.inputs[1], ch.second.inputs[1])
+    if pins.tma == 0:
+        raise MirageError("plan knob wgmma=1 reads its B operands from bulk tensor copies: "
+                          "it needs tma=1")
+    if any(bulk.get(b) != 128 for b in bs):
+        raise MirageError("plan knob wgmma=1 needs both B operands of the chain loaded by "
+                          "bulk tensor copies in 128-byte swizzled boxes (rows of a multiple "
+                          "of 64 16-bit elements, at most 256 rows)")
+    return {b: bulk[b] for b in bs}
 
 
 def _ldmatrix_reader(user: BlockOp | None, name: str, paths: Mapping[str, MmaPlan]) -> bool:
@@ -227,7 +271,7 @@ def _ldmatrix_reader(user: BlockOp | None, name: str, paths: Mapping[str, MmaPla
     if user is None or mp is None:
         return False
     return ((user.inputs[0] != name or mp.a_path in ("ldmatrix", "held"))
-            and (user.inputs[1] != name or mp.b_path == "ldmatrix.trans"))
+            and (user.inputs[1] != name or mp.b_path in ("ldmatrix.trans", "wgmma")))
 
 
 def _chain_operands(ch: Chain) -> tuple[str, str, str]:
@@ -244,8 +288,12 @@ def _chain(a: Analysis, ch: Chain, tiles: dict[str, TileDraft], k: Knobs
     if k.ldmatrix != 1 or not all(_ldmatrix_ok(tiles[n], dt) for n in _chain_operands(ch)):
         raise MirageError("plan knob chain=1 needs ldmatrix=1 and the matmul operands staged "
                           "in shared memory as 16-byte rows")
+    if k.wgmma == 1:
+        why = chainplan.wgmma_reason(ch, lay)
+        if why is not None:
+            raise MirageError(f"plan knob wgmma=1 is not legal here: {why}")
     a_path = "held" if chainplan.holds_a(a, ch, lay) else "ldmatrix"
-    mmas, reds, owners = chainplan.plan_entries(ch, lay, a_path)
+    mmas, reds, owners = chainplan.plan_entries(ch, lay, a_path, wgmma=k.wgmma == 1)
     for name in ch.members | colstats.values(ch, lay):
         tiles[name].home = "frag"
     reds = reds + _tile_reductions(a, tiles)
@@ -286,7 +334,9 @@ def _resolve(a: Analysis, dev: Mapping[str, TensorType], pins: Knobs) -> Knobs:
         # The chain's warps split the score's columns only where there are fewer 16-row
         # tiles than warps: every warp then owns rows.
         kw = d["kwarps"] or chainplan.default_kwarps(ch, a.bg.threads // 32)
-        if ch.online is not None and not d["kwarps"]:
+        if d["wgmma"] == 1 and not d["kwarps"]:
+            kw = 1  # a warpgroup's warps each own whole rows
+        elif ch.online is not None and not d["kwarps"]:
             # No chain, no kernel: any split of the columns that gives a layout.
             kw = chainplan.online_kwarps(ch, a.bg.threads // 32, kwarps_range(a)) or kw
         ok = not isinstance(chainplan.layout(ch, a.bg.threads // 32, kw), str)
@@ -296,6 +346,8 @@ def _resolve(a: Analysis, dev: Mapping[str, TensorType], pins: Knobs) -> Knobs:
             d["kwarps"] = kw
     if d["chain"] is None:
         d["chain"] = 0
+    if d["wgmma"] is None:
+        d["wgmma"] = 0
     if d["kwarps"] is None:
         # Measured on an H200 (docs/perf-log.md): splitting K pays while each warp keeps
         # at least 8 mma steps per iteration; past that the fragment sums cost more.
@@ -388,8 +440,8 @@ def _tile_reductions(a: Analysis, tiles: dict[str, TileDraft]) -> list[ReducePla
 def knob_space(bg: BlockGraph, dev_types: Mapping[str, TensorType], target: str
                ) -> dict[str, list[int]]:
     """Each knob's legal values for this kernel (the tuning space of the design)."""
-    threads = sorted({bg.threads, default_threads(bg), *TUNED_THREADS})
-    a = analyse(decompose(dataclasses.replace(bg, threads=default_threads(bg))))
+    threads = sorted({bg.threads, default_threads(bg, target), *TUNED_THREADS})
+    a = analyse(decompose(dataclasses.replace(bg, threads=default_threads(bg, target))))
     kwarps = kwarps_range(a)
     online = bool(online_reads(bg))
     if online:  # only a chain carries the kernel: the thread counts it has
@@ -402,6 +454,7 @@ def knob_space(bg: BlockGraph, dev_types: Mapping[str, TensorType], target: str
                          is not None}) or kwarps
     # A direct kernel stores one element per thread (codegen/direct.py).
     vec = [1] if direct_reason(a) is None else vec_range(a, dev_types)
+    wgmma = _wgmma_legal(bg, threads, dev_types, target)
     return {"stages": list(range(1, min(MAX_STAGES, bg.forloop) + 1)) if bg.forloop > 1 else [1],
             "kwarps": kwarps, "pad": [0, 1],
             "ldmatrix": [1] if online else [0, 1],  # a chain's operands need it
@@ -409,7 +462,28 @@ def knob_space(bg: BlockGraph, dev_types: Mapping[str, TensorType], target: str
             "ksplit": ksplit_range(a, target) if _no_scratch(a, dev_types, target)
             and not online else [1],
             "stagger": stagger_range(a), "chain": chainplan.chain_range(a, kwarps),
-            "tma": [0, 1] if _tma_legal(a, dev_types, target) else [0]}
+            # A chain's B tiles are bulk-copied only for wgmma.
+            "tma": [0, 1] if wgmma or _tma_legal(a, dev_types, target) else [0],
+            "wgmma": [0, 1] if wgmma else [0]}
+
+
+def _wgmma_legal(bg: BlockGraph, threads: list[int], dev_types: Mapping[str, TensorType],
+                 target: str) -> bool:
+    """Whether the kernel's matmul chain can run as wgmma at one of ``threads`` (sm_90
+    only): the warpgroups need one warp per 16-row tile, which the default thread count
+    of a chain with a running maximum (two warps per tile) does not give."""
+    if target != "sm_90":
+        return False
+    for t in threads:
+        a = analyse(decompose(dataclasses.replace(bg, threads=t)))
+        if chainplan.chain_of(a) is None:
+            return False
+        try:
+            _lay_out(a, dev_types, Knobs(ksplit=1, chain=1, wgmma=1), archs.get(target))
+        except MirageError:
+            continue
+        return True
+    return False
 
 
 def _tma_legal(a: Analysis, dev_types: Mapping[str, TensorType], target: str) -> bool:

@@ -22,6 +22,7 @@ starts 1024-aligned, as the swizzle pattern needs.
 from __future__ import annotations
 
 from mirage_cli.codegen.expr import row_major
+from mirage_cli.codegen.expr import swizzled_address as address  # noqa: F401 (re-export)
 from mirage_cli.codegen.plan import TMAP_DTYPES, TensorMapSpec
 from mirage_cli.ir import BlockInput, TensorType
 
@@ -87,17 +88,3 @@ def coords(bi: BlockInput, dev: TensorType, grid: tuple[int, int, int], it: str 
             terms.append(str(box * swizzle // t.dtype.nbytes))
         origin.append(" + ".join(terms) if terms else "0")
     return list(reversed(origin))
-
-
-def address(ptr: str, idx: list[str], t: TensorType, swizzle: int) -> str:
-    """The shared-memory address of element ``idx`` of a TMA tile whose current slot is
-    ``ptr``; the last index must be a multiple of 16 bytes (an ldmatrix row)."""
-    es = t.dtype.nbytes
-    strides = row_major(t.shape[:-1]) if t.rank > 1 else ()
-    row = " + ".join(f"({i}) * {s}" if s != 1 else f"({i})"
-                     for i, s in zip(idx[:-1], strides)) or "0"
-    col = f"(({idx[-1]}) * {es})"
-    o = f"(({row}) * {swizzle} + {col} % {swizzle})"
-    phys = f"({o} ^ ((({o} >> 7) & {swizzle // 16 - 1}) << 4))"
-    box = f"({col} / {swizzle}) * {rows(t) * swizzle}"
-    return f"(reinterpret_cast<const unsigned char*>({ptr}) + {box} + {phys})"

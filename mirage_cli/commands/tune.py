@@ -89,7 +89,12 @@ def space_lines(g: Graph, arch: str) -> list[str]:
                   "kwarps": "warps splitting the K dimension of accumulated mmas",
                   "pad": "0/1", "ldmatrix": "0/1", "stage_once": "0/1",
                   "vec": "16-byte vectors dividing the stored rows",
-                  "threads": "threads per block"}
+                  "threads": "threads per block",
+                  "ksplit": "blocks of an sm_90 cluster splitting the forloop",
+                  "stagger": "each block starts at its own iteration",
+                  "chain": "a matmul chain's score in mma fragments",
+                  "tma": "loop inputs by bulk tensor copies (sm_90)",
+                  "wgmma": "a chain's matmuls as warpgroup wgmma (sm_90)"}
         for name, vals in knob_space(bg, types, arch).items():
             lines.append(f"    {name}  legal {vals}  ({bounds.get(name, '')})")
         k += 1
