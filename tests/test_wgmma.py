@@ -220,3 +220,28 @@ def test_wgmma_chains_match_the_float64_reference_on_gpu(
     loaded, chk = check_graph(Device(0), g, seed=13)
     loaded.unload()
     assert chk.ok, chk.reason
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kw", [{}, {"online": True}], ids=["plain", "online"])
+def test_the_mma_sync_path_of_a_wgmma_plan_matches_float64_on_gpu(
+        tmp_path: Path, kw: dict) -> None:  # type: ignore[type-arg]
+    # What nvcc -arch=sm_90 builds from the same source: the m16n8 path reading the
+    # bulk-copied swizzled tiles by ldmatrix.
+    from mirage_cli.codegen.runner import Device, gpu_available
+
+    if not gpu_available():
+        pytest.skip("no CUDA GPU")
+    from mirage_cli.codegen.bench import compare, input_scale, reference_outputs, scaled_inputs
+
+    pins = Knobs(wgmma=1, threads=256) if kw else Knobs()
+    g = planned(_graph(tmp_path, chain_mir(**kw)), "sm_90", [pins])
+    assert g.ops[0].plan is not None and g.ops[0].plan.knobs.wgmma == 1
+    prog = lower(g)
+    cu, _ = emit(prog)
+    loaded = Device(0).load(prog, compile_cuda(cu, "wg.cu", "sm_90", exact=True).cubin)
+    scale = input_scale(g, 19)
+    outs = loaded.run(scaled_inputs(g, 19, scale))
+    loaded.unload()
+    chk = compare(outs, reference_outputs(g, 19, scale), list(g.outputs))
+    assert chk.ok, chk.reason
