@@ -1,5 +1,8 @@
 """`mirage compile prog.cu --arch sm_90 -o prog.cubin`: NVRTC, no toolkit needed.
 
+``--arch sm_90`` builds for sm_90a, the arch-specific target of the same GPUs, so that
+the kernels' wgmma paths are compiled (``nvrtc.machine_arch``); the message names it.
+
 ``--resource-usage`` adds each kernel's dynamic shared memory, which ptxas cannot
 see: it is read from the summary comments the code generator writes at the top of
 the ``.cu`` (``// kernel K: ..., N B dynamic shared memory``).
@@ -15,7 +18,7 @@ from pathlib import Path
 import click
 from rich.table import Table
 
-from mirage_cli.codegen.nvrtc import ARCHS, compile_cuda
+from mirage_cli.codegen.nvrtc import ARCHS, compile_cuda, machine_arch
 from mirage_cli.console import info
 from mirage_cli.diagnostics import MirageError
 from mirage_cli.loading import read_text
@@ -53,7 +56,7 @@ def command(file: str, arch: str, output: str | None, resource_usage: bool,
     with OutputSet([out], inputs=[file]) as outputs:
         compiled = compile_cuda(src, file, arch)
         outputs.commit({out: compiled.cubin})
-    info(f"wrote {out} ({len(compiled.cubin)} bytes, {arch})")
+    info(f"wrote {out} ({len(compiled.cubin)} bytes, {machine_arch(arch)})")
     dyn = dynamic_smem(src)
     rows = [{**r.__dict__, "smem_dynamic": dyn.get(r.kernel, 0)} for r in compiled.resources]
     if as_json:
