@@ -15,6 +15,7 @@ import pytest
 
 from mirage_cli.codegen import tmaplan
 from mirage_cli.codegen.emit import emit
+from mirage_cli.codegen.expr import swizzled_address
 from mirage_cli.codegen.lower import lower
 from mirage_cli.codegen.nvrtc import compile_cuda
 from mirage_cli.codegen.planner import knob_space, plan_kernel
@@ -31,7 +32,7 @@ def _fused(stem: str, batch: int) -> Graph:
 
 
 def _eval(expr: str, **env: int) -> int:
-    """A C integer expression of tmaplan.address, evaluated (non-negative operands)."""
+    """A C integer expression of expr.swizzled_address, evaluated (non-negative operands)."""
     py = expr.replace("reinterpret_cast<const unsigned char*>(sm)", "0").replace("/", "//")
     return int(eval(py, {}, env))
 
@@ -41,7 +42,7 @@ def test_swizzled_address_is_the_hardware_pattern_and_conflict_free(cols: int,
                                                                      swizzle: int) -> None:
     t = TensorType((32, cols), DType.F16)
     assert tmaplan.swizzle_of(t) == swizzle
-    expr = tmaplan.address("sm", ["r", "c"], t, swizzle)
+    expr = swizzled_address("sm", ["r", "c"], t, swizzle)
     mask = swizzle // 16 - 1
     for r in range(32):
         for c in range(0, cols, 8):

@@ -166,7 +166,7 @@ def test_key_norms_read_the_swizzled_key_tile_of_a_wgmma_chain(tmp_path: Path) -
     assert tiles[k_tile].swizzle == 128
     cu, _ = emit(lower(g))
     loop = cu.split("for (int it = 0;")[1]
-    # The norms' loads of K go through the swizzle (tmaplan.address), none by pitch.
+    # The norms' loads of K go through the swizzle (expr.swizzled_address), none by pitch.
     assert f"sm_{k_tile}[" not in loop
     assert loop.count(f"reinterpret_cast<const unsigned char*>(sm_{k_tile})") > 0
     for exact in (False, True):

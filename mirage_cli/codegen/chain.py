@@ -31,9 +31,8 @@ from mirage_cli.codegen.expr import (
     row_major,
     unrolled,
 )
-from mirage_cli.codegen.mma import mma_fn, smem_ptr, warp_ids
+from mirage_cli.codegen.mma import mma_fn, pack_fn, smem_ptr, warp_ids, wgmma_fn
 from mirage_cli.codegen.reduce import accum_spec
-from mirage_cli.ir import DType
 from mirage_cli.semantics.accum import Combine, Pre
 from mirage_cli.semantics.cuda import c_init, c_update
 
@@ -152,22 +151,38 @@ def _either(k: FusedKernel, wg: Lines, mma: Lines) -> Lines:
     return ["#if defined(__CUDA_ARCH_FEAT_SM90_ALL)"] + wg + ["#else"] + mma + ["#endif"]
 
 
-def _wg_desc(k: FusedKernel, b: str, kk: str, box: int) -> str:
-    """The descriptor of B's rows ``kk``.. (16 of them, a multiple of 8 from the box's
-    first row, so no swizzle phase) in 64-column box ``box`` of this warp's matrix."""
-    return f"mg_wg_desc({smem_ptr(k, b, _lead(b, k) + [kk, str(box * WGMMA_N)])})"
+def _wg_mmas(k: FusedKernel, b: str, acc: str, regs: str, kk: int) -> Lines:
+    """One wgmma per 64-column box of B tile ``b`` at its rows ``kk``.. (16 of them, a
+    multiple of 8 from the box's first row, so no swizzle phase; of this warp's
+    matrix), A in ``regs``, into the accumulator fragments ``acc``: box j's into
+    fragments from 8 * j on."""
+    fn = wgmma_fn(k.a.types[b].dtype)
+    boxes = k.a.types[b].shape[-1] // WGMMA_N
+    return [f"{fn}({acc} + {8 * j}, {regs}, mg_wg_desc("
+            f"{smem_ptr(k, b, _lead(b, k) + [str(kk), str(j * WGMMA_N)])}));"
+            for j in range(boxes)]
 
 
-def _wg_first(k: FusedKernel, ch: Chain, lay: ChainLayout) -> Lines:
-    """S = A @ B1 for the warpgroup's 64 rows: per K step one wgmma per 64-column box,
-    A from this warp's fragments (held, or all K steps loaded by ldmatrix before the
+def _packed_a(ch: Chain, m: int, s: int, name: str) -> Lines:
+    """The second matmul's A fragment for K step ``s`` of row tile ``m``: the score
+    fragments of two adjacent n8 tiles packed to 16 bits (the accumulator layout of two
+    m16n8 tiles is the A layout of one m16k16 step), as ``{name}_0`` .. ``{name}_3``."""
+    pack = pack_fn(ch.second.outputs[0].type.dtype)
+    lo, hi = 2 * s, 2 * s + 1
+    return [f"const unsigned {name}_0 = {pack}(mg_s[{m}][{lo}][0], mg_s[{m}][{lo}][1]);",
+            f"const unsigned {name}_1 = {pack}(mg_s[{m}][{lo}][2], mg_s[{m}][{lo}][3]);",
+            f"const unsigned {name}_2 = {pack}(mg_s[{m}][{hi}][0], mg_s[{m}][{hi}][1]);",
+            f"const unsigned {name}_3 = {pack}(mg_s[{m}][{hi}][2], mg_s[{m}][{hi}][3]);"]
+
+
+def _wg_first(k: FusedKernel, ch: Chain) -> Lines:
+    """S = A @ B1 for the warpgroup's 64 rows: per K step one wgmma per box of B1, A
+    from this warp's fragments (held, or all K steps loaded by ldmatrix before the
     fence: a head dimension of 128 leaves no room to hold them)."""
     a, b = ch.first.inputs
-    steps = k.a.types[a].shape[-1] // 16
-    wg = "mg_wgmma_f16" if ch.first.outputs[0].type.dtype is DType.F16 else "mg_wgmma_bf16"
     lines: Lines = []
     regs = []
-    for s in range(steps):
+    for s in range(k.a.types[a].shape[-1] // 16):
         if _held(k, ch):
             regs.append(", ".join(f"mg_ha[0][{s}][{i}]" for i in range(4)))
             continue
@@ -176,40 +191,31 @@ def _wg_first(k: FusedKernel, ch: Chain, lay: ChainLayout) -> Lines:
                   f"{{ const int kk = {s * 16}; mg_ldsm_x4({r}, {_a_frag(k, ch, 0)}); }}"]
         regs.append(r)
     lines.append("mg_wg_fence();")
-    for s in range(steps):
-        for box in range(lay.score_tiles // 8):
-            lines.append(f"{wg}(mg_s[0] + {box * 8}, {regs[s]}, "
-                         f"{_wg_desc(k, b, str(s * 16), box)});")
+    for s, r in enumerate(regs):
+        lines += _wg_mmas(k, b, "mg_s[0]", r, 16 * s)
     return lines + ["mg_wg_commit_wait();"]
 
 
 def _wg_second(k: FusedKernel, ch: Chain, lay: ChainLayout) -> Lines:
-    """acc += P @ B2 for the warpgroup's 64 rows: P's fragments packed to 16 bits (the
-    A layout, as in the m16n8 path), then per K step one wgmma per 64-column box."""
+    """acc += P @ B2 for the warpgroup's 64 rows: P's fragments packed to 16 bits (as
+    in the m16n8 path), then per K step one wgmma per box of B2."""
     b = ch.second.inputs[1]
     acc = ch.acc.outputs[0].name
-    f16 = ch.second.outputs[0].type.dtype is DType.F16
-    pack, wg = ("mg_pack_f16", "mg_wgmma_f16") if f16 else ("mg_pack_bf16", "mg_wgmma_bf16")
+    steps = lay.score_tiles // 2
     lines: Lines = []
-    for s in range(lay.score_tiles // 2):
-        lo, hi = 2 * s, 2 * s + 1
-        lines += [f"const unsigned pa{s}_0 = {pack}(mg_s[0][{lo}][0], mg_s[0][{lo}][1]);",
-                  f"const unsigned pa{s}_1 = {pack}(mg_s[0][{lo}][2], mg_s[0][{lo}][3]);",
-                  f"const unsigned pa{s}_2 = {pack}(mg_s[0][{hi}][0], mg_s[0][{hi}][1]);",
-                  f"const unsigned pa{s}_3 = {pack}(mg_s[0][{hi}][2], mg_s[0][{hi}][3]);"]
+    for s in range(steps):
+        lines += _packed_a(ch, 0, s, f"pa{s}")
     lines.append("mg_wg_fence();")
-    for s in range(lay.score_tiles // 2):
-        for box in range(lay.out_tiles // 8):
-            regs = ", ".join(f"pa{s}_{i}" for i in range(4))
-            lines.append(f"{wg}(acc_{acc}[0] + {box * 8}, {regs}, "
-                         f"{_wg_desc(k, b, str(s * 16), box)});")
+    for s in range(steps):
+        regs = ", ".join(f"pa{s}_{i}" for i in range(4))
+        lines += _wg_mmas(k, b, f"acc_{acc}[0]", regs, 16 * s)
     return lines + ["mg_wg_commit_wait();"]
 
 
 def _first(k: FusedKernel, ch: Chain, lay: ChainLayout) -> Lines:
     """S = A @ B1 over this warp's rows and columns into ``mg_s``; with them, the
     statistics of B1's columns (:mod:`colstats`)."""
-    wg = _wg_first(k, ch, lay) if _wgmma(k) else []
+    wg = _wg_first(k, ch) if _wgmma(k) else []
     return _either(k, wg, _mma_first(k, ch, lay))
 
 
@@ -337,17 +343,12 @@ def _second(k: FusedKernel, ch: Chain, lay: ChainLayout) -> Lines:
 def _mma_second(k: FusedKernel, ch: Chain, lay: ChainLayout) -> Lines:
     b = ch.second.inputs[1]
     acc = ch.acc.outputs[0].name
-    pack = "mg_pack_f16" if ch.second.outputs[0].type.dtype is DType.F16 else "mg_pack_bf16"
     mma = mma_fn(ch.second.outputs[0].type.dtype)
     lines: Lines = []
     for s in range(lay.score_tiles // 2):
-        lo, hi = 2 * s, 2 * s + 1
         step = [f"const int kk = (mg_ks * {lay.score_tiles // 2} + {s}) * 16;"]
         for m in range(lay.tiles_per_warp):
-            step += [f"const unsigned ra{m}_0 = {pack}(mg_s[{m}][{lo}][0], mg_s[{m}][{lo}][1]);",
-                     f"const unsigned ra{m}_1 = {pack}(mg_s[{m}][{lo}][2], mg_s[{m}][{lo}][3]);",
-                     f"const unsigned ra{m}_2 = {pack}(mg_s[{m}][{hi}][0], mg_s[{m}][{hi}][1]);",
-                     f"const unsigned ra{m}_3 = {pack}(mg_s[{m}][{hi}][2], mg_s[{m}][{hi}][3]);"]
+            step += _packed_a(ch, m, s, f"ra{m}")
         step += _b_loads(k, b, lay.out_tiles, "0")
         step += [f"{mma}(acc_{acc}[{m}][{j}], ra{m}_0, ra{m}_1, ra{m}_2, ra{m}_3, rb{j}_0, rb{j}_1);"
                  for m in range(lay.tiles_per_warp) for j in range(lay.out_tiles)]

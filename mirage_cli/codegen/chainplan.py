@@ -149,8 +149,10 @@ def why_not(a: Analysis, kwarps: int) -> str:
     return lay if isinstance(lay, str) else "pin chain=1 and ksplit=1"
 
 
-# Columns of one wgmma's B operand: a 128-byte swizzled box of 16-bit elements.
-WGMMA_N = 64
+# One wgmma's B operand: a box of rows of WGMMA_SWIZZLE bytes, swizzled as bulk tensor
+# copies write them (tmaplan), of WGMMA_N 16-bit elements (the prelude's mg_wg_desc).
+WGMMA_SWIZZLE = 128
+WGMMA_N = WGMMA_SWIZZLE // 2
 
 
 def wgmma_reason(ch: Chain, lay: ChainLayout) -> str | None:

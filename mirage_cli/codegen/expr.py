@@ -407,5 +407,6 @@ def swizzled_address(ptr: str, idx: list[str], t: TensorType, swizzle: int) -> s
     col = f"(({idx[-1]}) * {es})"
     o = f"(({row}) * {swizzle} + {col} % {swizzle})"
     phys = f"({o} ^ ((({o} >> 7) & {swizzle // 16 - 1}) << 4))"
-    box = f"({col} / {swizzle}) * {t.numel // t.shape[-1] * swizzle}"
+    rows = t.numel // t.shape[-1]  # every dimension but the last (tmaplan.rows)
+    box = f"({col} / {swizzle}) * {rows * swizzle}"
     return f"(reinterpret_cast<const unsigned char*>({ptr}) + {box} + {phys})"

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from mirage_cli.codegen import tmaplan
 from mirage_cli.codegen.expr import (
     CTYPE,
     Lines,
@@ -24,6 +23,7 @@ from mirage_cli.codegen.expr import (
     index_vars,
     offset_expr,
     row_major,
+    swizzled_address,
 )
 from mirage_cli.ir import BlockOp, DType
 from mirage_cli.kplan import MmaPlan
@@ -203,6 +203,16 @@ def mma_fn(dtype: DType) -> str:
     return "mg_mma_f16" if dtype is DType.F16 else "mg_mma_bf16"
 
 
+def wgmma_fn(dtype: DType) -> str:
+    """The prelude's warpgroup m64n64k16 wgmma for 16-bit operands of ``dtype``."""
+    return "mg_wgmma_f16" if dtype is DType.F16 else "mg_wgmma_bf16"
+
+
+def pack_fn(dtype: DType) -> str:
+    """The prelude's packing of two f32 values into one register of ``dtype``."""
+    return "mg_pack_f16" if dtype is DType.F16 else "mg_pack_bf16"
+
+
 def _k_loop(k: FusedKernel, op: BlockOp, mp: MmaPlan, dreg: str, bidx: list[str]) -> Lines:
     """This warp's steps over K for one output tile: fragments, then one mma a step."""
     a_lines, b_lines, mma = _operands(k, op, mp, bidx)
@@ -219,7 +229,7 @@ def smem_ptr(k: FusedKernel, name: str, idx: list[str]) -> str:
     assert isinstance(how, Stored)
     t = k.tiles.get(name)
     if t is not None and t.swizzle:  # swizzled boxes of a bulk tensor copy
-        return tmaplan.address(how.ptr, idx, k.a.types[name], t.swizzle)
+        return swizzled_address(how.ptr, idx, k.a.types[name], t.swizzle)
     return f"({how.ptr} + ({offset_expr('0', idx, how.strides)}))"
 
 
@@ -248,7 +258,7 @@ def _ld(k: FusedKernel, name: str, pre: list[str], r: str, c: str, rows: int, co
 
 
 def _direct_a(k: FusedKernel, a: str, ia: list[str], M: int, K: int, dt: DType) -> list[str]:
-    pack = "mg_pack_f16" if dt is DType.F16 else "mg_pack_bf16"
+    pack = pack_fn(dt)
     regs = []
     for r, c in (("r0", "k0"), ("r1", "k0"), ("r0", "k1"), ("r1", "k1")):
         fast = _pair(k, a, ia + [r, c], 1, dt, f"{r} < {M}" if M % 16 else None)
@@ -258,7 +268,7 @@ def _direct_a(k: FusedKernel, a: str, ia: list[str], M: int, K: int, dt: DType) 
 
 
 def _direct_b(k: FusedKernel, b: str, ib: list[str], K: int, N: int, dt: DType) -> list[str]:
-    pack = "mg_pack_f16" if dt is DType.F16 else "mg_pack_bf16"
+    pack = pack_fn(dt)
     regs = []
     for kv in ("k0", "k1"):
         fast = _pair(k, b, ib + [kv, "n0"], 0, dt, f"n0 < {N}" if N % 8 else None)
@@ -280,7 +290,7 @@ def _pair(k: FusedKernel, name: str, idx: list[str], axis: int, dtype: DType, gu
     nxt = list(idx)
     nxt[-2 + axis] = f"({idx[-2 + axis]} + 1)"
     off2 = offset_expr("0", nxt, how.strides)
-    pack = "mg_pack_f16" if dtype is DType.F16 else "mg_pack_bf16"
+    pack = pack_fn(dtype)
     if axis == 1 and how.strides[-1] == 1 and shape[-1] % 2 == 0:
         if how.ctype == CTYPE[dtype]:
             e = f"*reinterpret_cast<const unsigned*>({how.ptr} + ({off}))"

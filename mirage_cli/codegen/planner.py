@@ -257,10 +257,11 @@ def _wgmma_operands(ch: Chain, bulk: dict[str, int], pins: Knobs) -> dict[str, i
     if pins.tma == 0:
         raise MirageError("plan knob wgmma=1 reads its B operands from bulk tensor copies: "
                           "it needs tma=1")
-    if any(bulk.get(b) != 128 for b in bs):
+    if any(bulk.get(b) != chainplan.WGMMA_SWIZZLE for b in bs):
         raise MirageError("plan knob wgmma=1 needs both B operands of the chain loaded by "
-                          "bulk tensor copies in 128-byte swizzled boxes (rows of a multiple "
-                          "of 64 16-bit elements, at most 256 rows)")
+                          f"bulk tensor copies in {chainplan.WGMMA_SWIZZLE}-byte swizzled "
+                          f"boxes (rows of a multiple of {chainplan.WGMMA_N} 16-bit elements, "
+                          "at most 256 rows)")
     return {b: bulk[b] for b in bs}
 
 
@@ -478,11 +479,8 @@ def _wgmma_legal(bg: BlockGraph, threads: list[int], dev_types: Mapping[str, Ten
         a = analyse(decompose(dataclasses.replace(bg, threads=t)))
         if chainplan.chain_of(a) is None:
             return False
-        try:
-            _lay_out(a, dev_types, Knobs(ksplit=1, chain=1, wgmma=1), archs.get(target))
-        except MirageError:
-            continue
-        return True
+        if _tiles_with(a, dev_types, Knobs(ksplit=1, chain=1, wgmma=1), target) is not None:
+            return True
     return False
 
 
@@ -490,12 +488,17 @@ def _tma_legal(a: Analysis, dev_types: Mapping[str, TensorType], target: str) ->
     """Whether bulk tensor copies apply to some tile of the default plan (sm_90 only)."""
     if target != "sm_90":
         return False
+    tiles = _tiles_with(a, dev_types, Knobs(ksplit=1, tma=1, chain=0), target)
+    return tiles is not None and any(t.swizzle for t in tiles.values())
+
+
+def _tiles_with(a: Analysis, dev_types: Mapping[str, TensorType], pins: Knobs, target: str
+                ) -> dict[str, TileDraft] | None:
+    """The tiles of the plan with ``pins``, or None where those pins have no plan."""
     try:
-        _, tiles, *_ = _lay_out(a, dev_types, Knobs(ksplit=1, tma=1, chain=0),
-                                archs.get(target))
+        return _lay_out(a, dev_types, pins, archs.get(target))[1]
     except MirageError:
-        return False
-    return any(t.swizzle for t in tiles.values())
+        return None
 
 
 def _no_scratch(a: Analysis, dev_types: Mapping[str, TensorType], target: str) -> bool:

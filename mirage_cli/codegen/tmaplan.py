@@ -1,5 +1,6 @@
 """Bulk tensor copies (TMA, sm_90): which loop inputs a plan brings into shared memory
-with them, their boxes and swizzle, and the shared-memory address of an element.
+with them, their boxes and swizzle (the shared-memory address of an element of such a
+tile is ``expr.swizzled_address``, which every reader uses).
 
 A 16-byte ``cp.async`` stream tops out at about 33 GB/s per SM on an H100 or H200
 whatever its depth, while one ``cp.async.bulk.tensor`` per stage, issued by one thread,
@@ -8,7 +9,8 @@ H200, 128 blocks at 33 GB/s are exactly its DRAM bandwidth, so any other traffic
 streaming matmul (the shared operand, its mma work) came out of the weight stream.
 
 A tile qualifies when it is a loop input staged in shared memory, read only as an mma
-operand through ``ldmatrix`` (the only reader that knows the swizzled layout), of a
+operand through ``ldmatrix`` or ``wgmma`` (or, for a wgmma chain's B1, by its column
+statistics through the expression engine, planner._side_read), of a
 16-bit dtype, whose device tensor has rank 2 to 5 with 16-byte row strides, and whose
 rows (all dimensions but the last, flattened) are a multiple of 8 and whose dimensions
 fit a box (at most 256 each). The tile is copied as boxes of ``swizzle`` bytes per row
@@ -22,7 +24,6 @@ starts 1024-aligned, as the swizzle pattern needs.
 from __future__ import annotations
 
 from mirage_cli.codegen.expr import row_major
-from mirage_cli.codegen.expr import swizzled_address as address  # noqa: F401 (re-export)
 from mirage_cli.codegen.plan import TMAP_DTYPES, TensorMapSpec
 from mirage_cli.ir import BlockInput, TensorType
 
