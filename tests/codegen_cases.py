@@ -140,6 +140,20 @@ def warp_reductions() -> Graph:
     return b.build()
 
 
+def divide_by_mean() -> Graph:
+    """A tile divided by its rows' mean, which the kernel stores as its reciprocal: the
+    mean's ``sum / n`` must be inverted whole (it was once stored as ``1 / sum / n``)."""
+    b = GraphBuilder("divide_by_mean")
+    x = b.input("X", (8, 256), "f16")
+    k = b.custom((2, 1, 1), 128, 2)
+    xt = k.load(x, (0, None, None), 1)      # (4, 128)
+    m = k.op("mean", k.op("exp", xt), dim=1, keepdim=True)
+    s = k.op("acc_sum", k.op("div", xt, m))
+    (o,) = k.finish([(s, "O", (0, None, None))])
+    b.output(o)
+    return b.build()
+
+
 def mma_odd_shapes() -> Graph:
     """Tensor-core matmuls whose M, N, K are not multiples of the mma tile, batched
     with a broadcast operand, bf16; one into an accumulator, one materialized."""
@@ -332,4 +346,4 @@ CASES: dict[str, Callable[[], Graph]] = {f.__name__: f for f in (
     split_combine, row_total, invariant_max_after_loop,
     attention_chain, attention_chain_batched, online_softmax_chain, online_softmax_batched,
     rmsnorm_linear_small, bf16_kernel_ops, f32_block_ops, big_tiles_scratch, passthrough,
-    single_buffer_unaligned, warp_reductions, mma_odd_shapes, kernel_matmuls)}
+    single_buffer_unaligned, warp_reductions, divide_by_mean, mma_odd_shapes, kernel_matmuls)}

@@ -452,20 +452,27 @@ extern "C" __global__ void __launch_bounds__(512, 1) mg_k0_mirage_qknorm_gqa_fus
   mg_cp_async_wait<3>();
   __syncthreads();
   const auto* sm_q = sm_q_0;
+  float r5[4];
   #pragma unroll
   for (int j = 0; j < 4; ++j) {
     const int row = threadIdx.x / 32 + 16 * j;
     const int mg_rl = threadIdx.x % 32;
     (void)row; (void)mg_rl;
-    float r5 = 0.0f;
+    r5[j] = 0.0f;
     const int w7_1 = row;
     for (int k6 = mg_rl; k6 < 64; k6 += 32) {
       const float v8 = mg_ld(sm_q[w7_1 * 72 + k6]);
-      r5 += v8 * v8;
+      r5[j] += v8 * v8;
     }
-    r5 = mg_warp_sum(r5);
+    r5[j] = mg_warp_sum(r5[j]);
+  }
+  #pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const int row = threadIdx.x / 32 + 16 * j;
+    const int mg_rl = threadIdx.x % 32;
+    (void)row; (void)mg_rl;
     if ((threadIdx.x & 31) == 0) {
-      if (row < 64) buf_qn__rms[row] = (1.0f / sqrtf(r5 / 64.0f + 0.0f));
+      if (row < 64) buf_qn__rms[row] = rsqrtf(r5[j] / 64.0f + 0.0f);
     }
   }
   __syncthreads();
@@ -520,7 +527,7 @@ extern "C" __global__ void __launch_bounds__(512, 1) mg_k0_mirage_qknorm_gqa_fus
         if (row < 64) {
           const float fin20 = r14 / 64.0f;
           buf_km[row] = fin20;
-          buf_kr[row] = (1.0f / sqrtf(fin20));
+          buf_kr[row] = rsqrtf(fin20);
         }
       }
     }

@@ -164,15 +164,53 @@ def materialize(k: FusedKernel, op: BlockOp, rp: ReducePlan) -> Lines:
     n_rows = out.type.numel
     r, kv = k.em.fresh("r"), k.em.fresh("k")
 
-    def body(row: str, lane: str) -> tuple[Lines, Lines, Lines]:
+    def terms(row: str, slot: str) -> Lines:
         decl, idx = _row_index(k, out.type.shape, row, None if spec.kind == "rms" else dim,
                                bool(attrs.get("keepdim", False)), kv)
-        valid = _lane_terms(k, op.inputs[0], idx, kv, length, rp.threads_per_row, r,
-                            Pre.SQUARE if spec.kind == "rms" else Pre.ID, combine, decl)
-        post = _combine(k, rp, r, combine, lambda tot: _guarded(
-            f"{row} < {n_rows}", _leader(k, op, row, fin.format(tot))))
+        return _lane_terms(k, op.inputs[0], idx, kv, length, rp.threads_per_row, slot,
+                           Pre.SQUARE if spec.kind == "rms" else Pre.ID, combine, decl)
+
+    def leader(row: str, tot: str) -> Lines:
+        return _guarded(f"{row} < {n_rows}", _leader(k, op, row, fin.format(tot)))
+
+    passes = -(-n_rows // (k.T // rp.threads_per_row))
+    if rp.threads_per_row <= 32 and 1 < passes <= _SPLIT_PASSES:
+        return _rows_then_stores(k, rp, n_rows, r, combine, terms, leader) + ["__syncthreads();"]
+
+    def body(row: str, lane: str) -> tuple[Lines, Lines, Lines]:
+        valid = terms(row, r)
+        post = _combine(k, rp, r, combine, lambda tot: leader(row, tot))
         return [f"float {r} = {_init(combine)};"], valid, post
     return _rows(k, rp, n_rows, body) + ["__syncthreads();"]
+
+
+# Passes (rows per thread) up to which a reduction's rows are all combined before any is
+# stored. Each store may alias the next pass's loads, so a pass that stores as it goes
+# waits for the previous one's whole chain of loads and shuffles (docs/perf-log.md v29).
+_SPLIT_PASSES = 8
+
+
+def _rows_then_stores(k: FusedKernel, rp: ReducePlan, n_rows: int, r: str, combine: Combine,
+                      terms: Callable[[str, str], Lines],
+                      leader: Callable[[str, str], Lines]) -> Lines:
+    """:func:`_rows` for rows combined within a warp: every pass's value into ``r[j]``
+    (loads and shuffles of all passes free to overlap), then the rows' leaders store
+    them, one pass after another."""
+    tpr = rp.threads_per_row
+    per_pass = k.T // tpr
+    J = -(-n_rows // per_pass)
+    head = [f"const int row = threadIdx.x / {tpr} + {per_pass} * j;",
+            f"const int mg_rl = threadIdx.x % {tpr};", "(void)row; (void)mg_rl;"]
+    valid = terms("row", f"{r}[j]")
+    if n_rows % per_pass:
+        valid = [f"if (row < {n_rows}) {{"] + indent(valid) + ["}"]
+    fold = head + [f"{r}[j] = {_init(combine)};"] + valid
+    fold += [f"{r}[j] = {c_warp(combine, f'{r}[j]', tpr)};"]
+    store = head + [f"if ((threadIdx.x & {tpr - 1}) == 0) {{"] + indent(
+        leader("row", f"{r}[j]")) + ["}"]
+    return ([f"float {r}[{J}];", "#pragma unroll", f"for (int j = 0; j < {J}; ++j) {{"]
+            + indent(fold) + ["}", "#pragma unroll", f"for (int j = 0; j < {J}; ++j) {{"]
+            + indent(store) + ["}"])
 
 
 def _guarded(cond: str, lines: Lines) -> Lines:
