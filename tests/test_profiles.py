@@ -131,9 +131,12 @@ def test_the_model_reads_the_plan(tmp_path: Path) -> None:
 def test_a_chain_kernel_is_priced_at_the_chain_rate() -> None:
     """chain_mma_flops prices the tensor-core work of a kernel whose plan keeps a
     matmul chain in registers, and no other kernel's."""
+    from mirage_cli.commands.plan import planned
+    from mirage_cli.kplan import Knobs
     from mirage_cli.loading import load_graph
 
     gqa = load_graph(str(ROOT / "examples/mugraphs/gqa_fused.mir"), {"batch": 8})
+    gqa = planned(gqa, "sm_90", [Knobs(wgmma=0)])  # mma.sync: the wgmma rate is not used
     streaming = lora()[0][0]
     p = profiles.load("h200")
     assert p.chain_mma_flops == 350e12 and p.mma_flops == 130e12
@@ -143,6 +146,34 @@ def test_a_chain_kernel_is_priced_at_the_chain_rate() -> None:
     assert cost.kernel_costs(gqa, slower)[0].compute_us == pytest.approx(2 * chain.compute_us)
     assert cost.kernel_costs(gqa, slower)[1] == cost.kernel_costs(gqa, p)[1]  # the combine
     assert cost.kernel_costs(streaming, slower) == cost.kernel_costs(streaming, p)
+
+
+def test_a_wgmma_chain_without_side_work_is_priced_at_the_wgmma_rate(tmp_path: Path) -> None:
+    """chain_wgmma_flops prices a chain whose plan runs as wgmma and whose loop is the
+    chain alone (gqa); qknorm_gqa's chain, whose loop also computes the key norms, keeps
+    chain_mma_flops under the same plan knobs (docs/perf-log.md v29)."""
+    from test_plan import qknorm_chain_as_shipped
+
+    from mirage_cli.commands.plan import planned
+    from mirage_cli.kplan import Knobs
+    from mirage_cli.loading import load_graph
+
+    src = tmp_path / "qknorm_chain.mir"
+    src.write_text(qknorm_chain_as_shipped())
+    p = profiles.load("h200")
+    assert p.chain_wgmma_flops == 440e12
+    slower = dataclasses.replace(p, chain_wgmma_flops=p.chain_wgmma_flops / 2)
+    gqa = load_graph(str(ROOT / "examples/mugraphs/gqa_fused.mir"), {"batch": 8})
+    for name, g, rate, threads in (("gqa", gqa, 440e12, 128),
+                                   ("qknorm", load_graph(str(src)), 350e12, 256)):
+        wg = planned(g, "sm_90", [Knobs(wgmma=1, threads=threads)])
+        assert wg.ops[0].plan is not None and wg.ops[0].plan.knobs.wgmma == 1
+        chain = cost.kernel_costs(wg, p)[0]
+        assert chain.compute_us == pytest.approx(chain.flops / rate * 1e6), name
+        halved = cost.kernel_costs(wg, slower)[0].compute_us
+        assert halved == pytest.approx(chain.compute_us * (2 if rate == 440e12 else 1)), name
+        sync = cost.kernel_costs(planned(g, "sm_90", [Knobs(wgmma=0)]), p)[0]
+        assert sync.compute_us == pytest.approx(sync.flops / 350e12 * 1e6), name
 
 
 def test_a_chain_exposes_the_lesser_term_as_its_pipeline_fill() -> None:

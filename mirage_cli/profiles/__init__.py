@@ -17,8 +17,9 @@ Fields (``format: mirage-cli/device-profile``, ``version: 1``): ``name``, ``devi
 absent), ``mma_flops`` (``peak_flops`` when absent), ``mem_util_exp`` and
 ``scalar_copy_slowdown`` (1 when absent), ``block_stream_bw`` (no bound when absent),
 ``bulk_stream_bw`` (``block_stream_bw`` when absent), ``simt_slowdown`` (1 when absent),
-``chain_mma_flops`` (``mma_flops`` when absent; see :class:`Profile`); and ``fit``: the coefficients of the model's
-terms (``stream``, ``sync``, ``launch``, ``const_us``), 1/1/1/0 when unfitted.
+``chain_mma_flops`` (``mma_flops`` when absent), ``chain_wgmma_flops``
+(``chain_mma_flops`` when absent; see :class:`Profile`); and ``fit``: the coefficients
+of the model's terms (``stream``, ``sync``, ``launch``, ``const_us``), 1/1/1/0 when unfitted.
 """
 
 from __future__ import annotations
@@ -86,6 +87,10 @@ class Profile:
     # The rate of the tensor-core work of a kernel that keeps a matmul chain in
     # registers (plan knob chain=1, the attention family); mma_flops when absent.
     chain_mma_flops: float | None = None
+    # The same for a chain whose plan runs both matmuls as warpgroup wgmma (knob
+    # wgmma=1) and whose loop is the chain alone (no side work, such as qknorm_gqa's
+    # key norms, which wgmma does not speed up); chain_mma_flops when absent.
+    chain_wgmma_flops: float | None = None
     fit: dict[str, float] = field(default_factory=lambda: {"stream": 1.0, "sync": 1.0,
                                                            "launch": 1.0, "const_us": 0.0})
     extra: dict[str, Any] = field(default_factory=dict)  # other recorded figures
@@ -135,6 +140,7 @@ _OPTIONAL: dict[str, tuple[Callable[[Any], bool], str]] = {
     "bulk_stream_bw": (lambda v: _pos(v), "> 0"),
     "simt_slowdown": (lambda v: _pos(v) and v >= 1, ">= 1"),
     "chain_mma_flops": (lambda v: _pos(v), "> 0"),
+    "chain_wgmma_flops": (lambda v: _pos(v), "> 0"),
 }
 
 

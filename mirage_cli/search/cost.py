@@ -156,6 +156,9 @@ class PlanFacts:
     # Block matmuls (by output) with an operand gathered element by element from an
     # f32 tile (plan path "direct", :func:`_gathered_mmas`).
     direct: frozenset[str] = frozenset()
+    # The chain's matmuls run as wgmma (knob wgmma=1) and its loop does nothing else
+    # (no side work, chainplan.side_work).
+    wgmma: bool = False
     violation: str = ""
 
 
@@ -196,7 +199,19 @@ def _facts(bg: BlockGraph, plan: KernelPlan) -> PlanFacts:
     scalar = any(t.name in inputs and t.home == "smem" and t.vec == 1 for t in plan.tiles)
     bulk = any(t.swizzle for t in plan.tiles)
     return PlanFacts(plan.smem_bytes, plan.threads, k.ksplit or 1, k.stages or 1, scalar,
-                     bulk, k.chain == 1, _gathered_mmas(bg, plan))
+                     bulk, k.chain == 1, _gathered_mmas(bg, plan),
+                     wgmma=k.wgmma == 1 and not _side_work(bg, plan.threads))
+
+
+def _side_work(bg: BlockGraph, threads: int) -> bool:
+    """Whether the loop of ``bg``'s matmul chain (at ``threads``, its plan's) also
+    computes tensors the chain reads (chainplan.side_work); False without a chain."""
+    from mirage_cli.codegen.blockfacts import analyse, decompose
+    from mirage_cli.codegen.chainplan import chain_of, side_work
+
+    a = analyse(decompose(dataclasses.replace(bg, threads=threads)))
+    ch = chain_of(a)
+    return ch is not None and side_work(a, ch)
 
 
 def _gathered_mmas(bg: BlockGraph, plan: KernelPlan) -> frozenset[str]:
@@ -256,7 +271,15 @@ def _kernel_cost(op: KernelOp, types: dict[str, TensorType], p: Profile) -> Kern
     # (fitted to the far slower attention kernels of docs/perf-log.md v10) every
     # tiling of a chain looked compute-bound alike, blind to the L2 re-reads of K and
     # V that made gqa's (16, 4, 2) grid at batch 8 slower than (16, 2, 4) (v22).
-    mma_rate = (p.chain_mma_flops or p.flop_rate) if facts.chain else p.flop_rate
+    # A chain run as wgmma with nothing else in its loop is faster again (on an H100,
+    # gqa's chain kernels at batch 8 and 16 ran 0.80 and 0.76 of their mma.sync time,
+    # docs/perf-log.md v28); with side work it is not (qknorm_gqa: 0.91 to 0.94, and
+    # its designs ranked by the faster rate measured slower, v29).
+    mma_rate = p.flop_rate
+    if facts.chain:
+        mma_rate = p.chain_mma_flops or p.flop_rate
+        if facts.wgmma and p.chain_wgmma_flops:
+            mma_rate = p.chain_wgmma_flops
     c_s = (k_flops + (slow - 1) * elem_flops) / mma_rate
     # A grid on part of the GPU still draws most of the memory bandwidth (on an
     # H200, 64 blocks streamed a weight 1.2x slower than 128, not 2x), while its
