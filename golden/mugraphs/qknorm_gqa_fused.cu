@@ -452,27 +452,22 @@ extern "C" __global__ void __launch_bounds__(512, 1) mg_k0_mirage_qknorm_gqa_fus
   mg_cp_async_wait<3>();
   __syncthreads();
   const auto* sm_q = sm_q_0;
-  float r5[4];
   #pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const int row = threadIdx.x / 32 + 16 * j;
-    const int mg_rl = threadIdx.x % 32;
+  for (int j = 0; j < 1; ++j) {
+    const int row = threadIdx.x / 8 + 64 * j;
+    const int mg_rl = threadIdx.x % 8;
     (void)row; (void)mg_rl;
-    r5[j] = 0.0f;
+    float r5 = 0.0f;
     const int w7_1 = row;
-    for (int k6 = mg_rl; k6 < 64; k6 += 32) {
-      const float v8 = mg_ld(sm_q[w7_1 * 72 + k6]);
-      r5[j] += v8 * v8;
+    for (int k6 = mg_rl; k6 < 8; k6 += 8) {
+      float f8[8];
+      mg_ld8(sm_q + (w7_1 * 72 + k6 * 8), f8);
+      #pragma unroll
+      for (int q = 0; q < 8; ++q) r5 += f8[q] * f8[q];
     }
-    r5[j] = mg_warp_sum(r5[j]);
-  }
-  #pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    const int row = threadIdx.x / 32 + 16 * j;
-    const int mg_rl = threadIdx.x % 32;
-    (void)row; (void)mg_rl;
-    if ((threadIdx.x & 31) == 0) {
-      if (row < 64) buf_qn__rms[row] = rsqrtf(r5[j] / 64.0f + 0.0f);
+    r5 = mg_warp_sum(r5, 8);
+    if ((threadIdx.x & 7) == 0) {
+      if (row < 64) buf_qn__rms[row] = rsqrtf(r5 / 64.0f + 0.0f);
     }
   }
   __syncthreads();

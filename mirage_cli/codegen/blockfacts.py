@@ -204,12 +204,21 @@ def fused_finish(op: BlockOp, a: Analysis) -> BlockOp | None:
 
 
 def lanes_per_result(op: BlockOp, a: Analysis, threads: int) -> int:
-    """Threads that share one result of a row reduction (``row_reduction``)."""
+    """Threads that share one result of a row reduction (``row_reduction``): whole warps
+    per row (``threads_per_row``), but a row of fewer than 32 chunks of 8 elements gets
+    no more lanes than it has chunks (a power of two of them). A warp per 64-long row read 2 elements per lane and combined
+    them by 5 shuffles, 16 rows one after another for qknorm_gqa's 128 queries at 256
+    threads; 8 lanes read a chunk each, combine by 3 shuffles, and a warp takes 4 rows
+    at once."""
     red = reduced_dim(op, a.types)
     assert red is not None
     if red[0] != len(a.types[op.inputs[0]].shape) - 1:
         return STRIDED_LANES
-    return threads_per_row(op.outputs[0].type.numel, threads)
+    whole = threads_per_row(op.outputs[0].type.numel, threads)
+    chunks = red[1] // ROW_VEC
+    if not 1 <= chunks < 32 or red[1] % ROW_VEC:
+        return whole  # a long row keeps its warps (a block's few long rows, all of them)
+    return min(whole, 1 << (chunks.bit_length() - 1))
 
 
 # -- row kernels with their rows in registers (codegen/rowregs.py) --------------------

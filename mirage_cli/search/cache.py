@@ -87,8 +87,9 @@ def cache_dir() -> Path:
 # whose layout admits it runs as wgmma by default, its B tiles bulk-copied, and a chain
 # with side work keeps one warp per 16-row tile where that runs as wgmma, which the
 # model reads; 30: a chain run as wgmma whose loop has no side work is priced at the
-# profile's chain_wgmma_flops).
-SEARCH_REVISION = 30
+# profile's chain_wgmma_flops; 31: a short row's reduction takes one lane per 16-byte
+# chunk, which changes the plans the model reads).
+SEARCH_REVISION = 31
 
 
 def program_hash(program: Graph) -> str:
