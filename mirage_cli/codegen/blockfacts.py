@@ -206,10 +206,11 @@ def fused_finish(op: BlockOp, a: Analysis) -> BlockOp | None:
 def lanes_per_result(op: BlockOp, a: Analysis, threads: int) -> int:
     """Threads that share one result of a row reduction (``row_reduction``): whole warps
     per row (``threads_per_row``), but a row of fewer than 32 chunks of 8 elements gets
-    no more lanes than it has chunks (a power of two of them). A warp per 64-long row read 2 elements per lane and combined
-    them by 5 shuffles, 16 rows one after another for qknorm_gqa's 128 queries at 256
-    threads; 8 lanes read a chunk each, combine by 3 shuffles, and a warp takes 4 rows
-    at once."""
+    no more lanes than it has chunks (a power of two of them). A warp per 64-long row
+    read 2 elements per lane and combined them by 5 shuffles, 16 rows one after another
+    for qknorm_gqa's 128 queries at 256 threads; 8 lanes read a chunk each, combine by 3
+    shuffles, and a warp takes 4 rows at once (its kernel at batch 8 on an H100: 26.97
+    -> 25.45 µs, docs/perf-log.md v29)."""
     red = reduced_dim(op, a.types)
     assert red is not None
     if red[0] != len(a.types[op.inputs[0]].shape) - 1:
