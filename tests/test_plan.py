@@ -401,3 +401,43 @@ def test_a_strided_reduction_reads_its_column_one_element_at_a_time(tmp_path: Pa
     cu, _ = emit(lower(g))
     assert re.search(r"fmaxf\(([\w\[\]]+), mg_ld\(sm_x\[(\w+) \* 136 \+ w\w+\]\)\)", cu)
     assert "mg_ld8(sm_x" not in cu
+
+
+@pytest.mark.parametrize("length,rows,threads,chunk_lanes", [
+    (64, 128, 256, 8),       # qknorm_gqa's queries: one lane per 16-byte chunk
+    (128, 64, 256, 16),      # a head dimension of 128
+    (256, 4, 128, None),     # 32 chunks: whole warps, as before
+    (4096, 16, 128, None),   # a hidden row
+])
+def test_a_short_row_takes_one_lane_per_chunk(tmp_path: Path, length: int, rows: int,
+                                              threads: int, chunk_lanes: int | None) -> None:
+    """A row reduction along the last dimension takes whole warps per row, but a row of
+    fewer than 32 chunks of 8 elements no more lanes than it has chunks; its rows are
+    then combined into registers before any is stored."""
+    from mirage_cli.codegen.blockfacts import threads_per_row
+
+    src = tmp_path / "rows.mir"
+    src.write_text(f"""program rows() {{
+  input Q: f16[{rows}, {length}];
+  input K: f16[{length}, 256];
+  O = custom(grid=(1, 1, 1), threads={threads}, forloop=4) {{
+    q = load Q imap();
+    k = load K imap() fmap(1);
+    n = rms_norm(q);
+    m = matmul(n, k);
+    s = acc_sum(m);
+    store s -> O omap();
+  }}
+  output O;
+}}
+""")
+    g = load_graph(str(src))
+    (plan,) = _plans(planned(g, "sm_90", [Knobs()]))
+    whole = threads_per_row(rows, plan.threads)
+    lanes = min(whole, chunk_lanes) if chunk_lanes else whole
+    red = {r.output: r for r in plan.reductions}["n__rms"]
+    assert red.strategy == "rows" and red.threads_per_row == lanes
+    k0 = emit(lower(g))[0].split("__global__")[1]
+    passes = -(-rows // (plan.threads // lanes))
+    assert (re.search(rf"float r\d+\[{passes}\];", k0) is not None) == (
+        lanes <= 32 and 1 < passes <= 8)
