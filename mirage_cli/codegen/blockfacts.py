@@ -56,6 +56,12 @@ class Analysis:
     producer: dict[str, BlockOp] = field(default_factory=dict)
 
 
+def analyse_at(bg: BlockGraph, threads: int) -> Analysis:
+    """The analysis of ``bg``'s decomposed form (:func:`decompose`) run by ``threads``
+    threads (which operators are tensor-core matmuls, and so the chain, depend on it)."""
+    return analyse(decompose(dataclasses.replace(bg, threads=threads)))
+
+
 def analyse(bg: BlockGraph) -> Analysis:
     types = {bi.value.name: bi.value.type for bi in bg.inputs}
     types.update({op.outputs[0].name: op.outputs[0].type for op in bg.ops})

@@ -23,6 +23,7 @@ from mirage_cli.codegen.blockfacts import (
     Chain,
     acc_row_reduction,
     analyse,
+    analyse_at,
     decompose,
     direct_acc,
     fused_finish,
@@ -72,7 +73,7 @@ def plan_kernel(bg: BlockGraph, dev_types: Mapping[str, TensorType], target: str
     threads = pins.threads or default_threads(bg, target)
     if pins.kwarps and not pins.threads and online_reads(bg):
         # No chain, no kernel: threads that give the pinned split of the columns a layout.
-        ch = chainplan.chain_of(analyse(decompose(dataclasses.replace(bg, threads=threads))))
+        ch = chainplan.chain_of(analyse_at(bg, threads))
         threads = next((t for t in (threads, *TUNED_THREADS)
                         if ch is not None and chainplan.lays_out(ch, t, pins.kwarps)), threads)
     bg = dataclasses.replace(bg, threads=threads)
@@ -442,11 +443,11 @@ def knob_space(bg: BlockGraph, dev_types: Mapping[str, TensorType], target: str
                ) -> dict[str, list[int]]:
     """Each knob's legal values for this kernel (the tuning space of the design)."""
     threads = sorted({bg.threads, default_threads(bg, target), *TUNED_THREADS})
-    a = analyse(decompose(dataclasses.replace(bg, threads=default_threads(bg, target))))
+    a = analyse_at(bg, default_threads(bg, target))
     kwarps = kwarps_range(a)
     online = bool(online_reads(bg))
     if online:  # only a chain carries the kernel: the thread counts it has
-        at = {t: analyse(decompose(dataclasses.replace(bg, threads=t))) for t in threads}
+        at = {t: analyse_at(bg, t) for t in threads}
         threads = [t for t in threads if chainplan.online_kwarps(
             chainplan.chain_of(at[t]), t // 32, kwarps_range(at[t])) is not None] or threads
         # A pinned split of the columns takes the threads that lay it out (plan_kernel).
@@ -476,7 +477,7 @@ def _wgmma_legal(bg: BlockGraph, threads: list[int], dev_types: Mapping[str, Ten
     if target != "sm_90":
         return False
     for t in threads:
-        a = analyse(decompose(dataclasses.replace(bg, threads=t)))
+        a = analyse_at(bg, t)
         if chainplan.chain_of(a) is None:
             return False
         if _tiles_with(a, dev_types, Knobs(ksplit=1, chain=1, wgmma=1), target) is not None:

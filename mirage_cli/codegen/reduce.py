@@ -55,15 +55,30 @@ def _rows(k: FusedKernel, rp: ReducePlan, n_rows: int, body: Body) -> Lines:
     pass, lane ``threadIdx.x % tpr`` within it). ``body(row, lane)`` gives statements
     for every thread, for threads of a valid row, then again for every thread (those
     may hold barriers: every thread runs the same passes)."""
-    per_pass = k.T // rp.threads_per_row
-    J = -(-n_rows // per_pass)
+    per_pass, J = _passes(k, rp, n_rows)
     pre, valid, post = body("row", "mg_rl")
     if n_rows % per_pass:
         valid = [f"if (row < {n_rows}) {{"] + indent(valid) + ["}"]
-    return (["#pragma unroll", f"for (int j = 0; j < {J}; ++j) {{",
-             f"  const int row = threadIdx.x / {rp.threads_per_row} + {per_pass} * j;",
-             f"  const int mg_rl = threadIdx.x % {rp.threads_per_row};",
-             "  (void)row; (void)mg_rl;"] + indent(pre + valid + post) + ["}"])
+    return (["#pragma unroll", f"for (int j = 0; j < {J}; ++j) {{"]
+            + indent(_row_head(rp, per_pass) + pre + valid + post) + ["}"])
+
+
+def _passes(k: FusedKernel, rp: ReducePlan, n_rows: int) -> tuple[int, int]:
+    """Rows reduced at once by the block, and the passes over ``n_rows`` rows."""
+    per_pass = k.T // rp.threads_per_row
+    return per_pass, -(-n_rows // per_pass)
+
+
+def _row_head(rp: ReducePlan, per_pass: int) -> Lines:
+    """This thread's row in pass ``j`` and its lane in that row."""
+    tpr = rp.threads_per_row
+    return [f"const int row = threadIdx.x / {tpr} + {per_pass} * j;",
+            f"const int mg_rl = threadIdx.x % {tpr};", "(void)row; (void)mg_rl;"]
+
+
+def _row_leader(tpr: int, lines: Lines) -> Lines:
+    """``lines`` for the first of each row's ``tpr`` lanes (at most a warp)."""
+    return [f"if ((threadIdx.x & {tpr - 1}) == 0) {{"] + indent(lines) + ["}"]
 
 
 def _combine(k: FusedKernel, rp: ReducePlan, v: str, combine: Combine,
@@ -73,7 +88,7 @@ def _combine(k: FusedKernel, rp: ReducePlan, v: str, combine: Combine,
     tpr = rp.threads_per_row
     lines = [f"{v} = {c_warp(combine, v, min(tpr, 32))};"]
     if tpr <= 32:
-        return lines + [f"if ((threadIdx.x & {tpr - 1}) == 0) {{"] + indent(leader(v)) + ["}"]
+        return lines + _row_leader(tpr, leader(v))
     nw = rp.threads_per_row // 32
     tot = k.em.fresh("tot")
     acc = [f"float {tot} = mg_red[threadIdx.x / 32];",
@@ -173,8 +188,7 @@ def materialize(k: FusedKernel, op: BlockOp, rp: ReducePlan) -> Lines:
     def leader(row: str, tot: str) -> Lines:
         return _guarded(f"{row} < {n_rows}", _leader(k, op, row, fin.format(tot)))
 
-    passes = -(-n_rows // (k.T // rp.threads_per_row))
-    if rp.threads_per_row <= 32 and 1 < passes <= _SPLIT_PASSES:
+    if rp.threads_per_row <= 32 and 1 < _passes(k, rp, n_rows)[1] <= _SPLIT_PASSES:
         return _rows_then_stores(k, rp, n_rows, r, combine, terms, leader) + ["__syncthreads();"]
 
     def body(row: str, lane: str) -> tuple[Lines, Lines, Lines]:
@@ -197,17 +211,14 @@ def _rows_then_stores(k: FusedKernel, rp: ReducePlan, n_rows: int, r: str, combi
     (loads and shuffles of all passes free to overlap), then the rows' leaders store
     them, one pass after another."""
     tpr = rp.threads_per_row
-    per_pass = k.T // tpr
-    J = -(-n_rows // per_pass)
-    head = [f"const int row = threadIdx.x / {tpr} + {per_pass} * j;",
-            f"const int mg_rl = threadIdx.x % {tpr};", "(void)row; (void)mg_rl;"]
+    per_pass, J = _passes(k, rp, n_rows)
+    head = _row_head(rp, per_pass)
     valid = terms("row", f"{r}[j]")
     if n_rows % per_pass:
         valid = [f"if (row < {n_rows}) {{"] + indent(valid) + ["}"]
     fold = head + [f"{r}[j] = {_init(combine)};"] + valid
     fold += [f"{r}[j] = {c_warp(combine, f'{r}[j]', tpr)};"]
-    store = head + [f"if ((threadIdx.x & {tpr - 1}) == 0) {{"] + indent(
-        leader("row", f"{r}[j]")) + ["}"]
+    store = head + _row_leader(tpr, leader("row", f"{r}[j]"))
     return ([f"float {r}[{J}];", "#pragma unroll", f"for (int j = 0; j < {J}; ++j) {{"]
             + indent(fold) + ["}", "#pragma unroll", f"for (int j = 0; j < {J}; ++j) {{"]
             + indent(store) + ["}"])

@@ -206,10 +206,10 @@ def _facts(bg: BlockGraph, plan: KernelPlan) -> PlanFacts:
 def _side_work(bg: BlockGraph, threads: int) -> bool:
     """Whether the loop of ``bg``'s matmul chain (at ``threads``, its plan's) also
     computes tensors the chain reads (chainplan.side_work); False without a chain."""
-    from mirage_cli.codegen.blockfacts import analyse, decompose
+    from mirage_cli.codegen.blockfacts import analyse_at
     from mirage_cli.codegen.chainplan import chain_of, side_work
 
-    a = analyse(decompose(dataclasses.replace(bg, threads=threads)))
+    a = analyse_at(bg, threads)
     ch = chain_of(a)
     return ch is not None and side_work(a, ch)
 
