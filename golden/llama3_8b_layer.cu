@@ -424,7 +424,7 @@ extern "C" __global__ void __launch_bounds__(256) mg_k0_mirage_llama3_8b_layer_a
   float v = 0.0f;
   for (int k = threadIdx.x; k < 4096; k += 256) { const float t = mg_ld(p0[k]); v = fmaf(t, t, v); }
   const float ss = mg_block_sum(v, red);
-  const float inv = 1.0f / sqrtf(ss / 4096.0f + 1e-05f);
+  const float inv = rsqrtf(ss / 4096.0f + 1e-05f);
   for (int k = threadIdx.x; k < 4096; k += 256) mg_st(p2 + (k), mg_ld(p0[k]) * inv * mg_ld(p1[k]));
 }
 
@@ -1719,7 +1719,7 @@ extern "C" __global__ void __launch_bounds__(256) mg_k20_mirage_llama3_8b_layer_
   const float m = mg_block_max(v, red);
   v = 0.0f;
   for (int k = threadIdx.x; k < 4096; k += 256) v += mg_exp(mg_ld(p0[r1 * 16384 + r2 * 4096 + k]) - m);
-  const float inv = 1.0f / mg_block_sum(v, red);
+  const float inv = (1.0f / mg_block_sum(v, red));
   for (int k = threadIdx.x; k < 4096; k += 256) mg_st(p1 + (r1 * 16384 + r2 * 4096 + k), mg_exp(mg_ld(p0[r1 * 16384 + r2 * 4096 + k]) - m) * inv);
 }
 
@@ -2185,7 +2185,7 @@ extern "C" __global__ void __launch_bounds__(256) mg_k25_mirage_llama3_8b_layer_
   float v = 0.0f;
   for (int k = threadIdx.x; k < 4096; k += 256) { const float t = mg_ld(p0[k]); v = fmaf(t, t, v); }
   const float ss = mg_block_sum(v, red);
-  const float inv = 1.0f / sqrtf(ss / 4096.0f + 1e-05f);
+  const float inv = rsqrtf(ss / 4096.0f + 1e-05f);
   for (int k = threadIdx.x; k < 4096; k += 256) mg_st(p2 + (k), mg_ld(p0[k]) * inv * mg_ld(p1[k]));
 }
 

@@ -565,7 +565,7 @@ extern "C" __global__ void __launch_bounds__(256) mg_k2_mirage_mqa_decode_h8x32x
   const float m = mg_block_max(v, red);
   v = 0.0f;
   for (int k = threadIdx.x; k < 4096; k += 256) v += mg_exp(mg_ld(p0[r0 * 131072 + r1 * 4096 + k]) - m);
-  const float inv = 1.0f / mg_block_sum(v, red);
+  const float inv = (1.0f / mg_block_sum(v, red));
   for (int k = threadIdx.x; k < 4096; k += 256) mg_st(p1 + (r0 * 131072 + r1 * 4096 + k), mg_exp(mg_ld(p0[r0 * 131072 + r1 * 4096 + k]) - m) * inv);
 }
 

@@ -382,7 +382,7 @@ extern "C" __global__ void __launch_bounds__(256) mg_k0_mirage_ntrans_h64x4096_h
   float v = 0.0f;
   for (int k = threadIdx.x; k < 4096; k += 256) { const float t = mg_ld(p0[r0 * 4096 + k]); v = fmaf(t, t, v); }
   const float ss = mg_block_sum(v, red);
-  const float inv = 1.0f / sqrtf(ss / 4096.0f + 0.0f);
+  const float inv = rsqrtf(ss / 4096.0f + 0.0f);
   for (int k = threadIdx.x; k < 4096; k += 256) mg_st(p1 + (r0 * 4096 + k), mg_ld(p0[r0 * 4096 + k]) * inv);
 }
 
@@ -515,7 +515,7 @@ extern "C" __global__ void __launch_bounds__(256) mg_k4_mirage_ntrans_h64x4096_h
   float v = 0.0f;
   for (int k = threadIdx.x; k < 4096; k += 256) { const float t = mg_ld(p0[r0 * 4096 + k]); v = fmaf(t, t, v); }
   const float ss = mg_block_sum(v, red);
-  const float inv = 1.0f / sqrtf(ss / 4096.0f + 0.0f);
+  const float inv = rsqrtf(ss / 4096.0f + 0.0f);
   for (int k = threadIdx.x; k < 4096; k += 256) mg_st(p1 + (r0 * 4096 + k), mg_ld(p0[r0 * 4096 + k]) * inv);
 }
 

@@ -393,7 +393,7 @@ extern "C" __global__ void __launch_bounds__(256) mg_k0_mirage_qknorm_gqa_h16x25
   float v = 0.0f;
   for (int k = lane; k < 64; k += 32) { const float t = mg_ld(p0[r0 * 16384 + r1 * 64 + k]); v = fmaf(t, t, v); }
   const float ss = mg_warp_sum(v);
-  const float inv = 1.0f / sqrtf(ss / 64.0f + 0.0f);
+  const float inv = rsqrtf(ss / 64.0f + 0.0f);
   for (int k = lane; k < 64; k += 32) mg_st(p1 + (r0 * 16384 + r1 * 64 + k), mg_ld(p0[r0 * 16384 + r1 * 64 + k]) * inv);
 }
 

@@ -430,7 +430,7 @@ extern "C" __global__ void __launch_bounds__(256) mg_k0_mirage_qwen2_7b_layer_cc
   float v = 0.0f;
   for (int k = threadIdx.x; k < 3584; k += 256) { const float t = mg_ld(p0[k]); v = fmaf(t, t, v); }
   const float ss = mg_block_sum(v, red);
-  const float inv = 1.0f / sqrtf(ss / 3584.0f + 1e-06f);
+  const float inv = rsqrtf(ss / 3584.0f + 1e-06f);
   for (int k = threadIdx.x; k < 3584; k += 256) mg_st(p2 + (k), mg_ld(p0[k]) * inv * mg_ld(p1[k]));
 }
 
@@ -1733,7 +1733,7 @@ extern "C" __global__ void __launch_bounds__(256) mg_k23_mirage_qwen2_7b_layer_c
   const float m = mg_block_max(v, red);
   v = 0.0f;
   for (int k = threadIdx.x; k < 4096; k += 256) v += mg_exp(mg_ld(p0[r1 * 28672 + r2 * 4096 + k]) - m);
-  const float inv = 1.0f / mg_block_sum(v, red);
+  const float inv = (1.0f / mg_block_sum(v, red));
   for (int k = threadIdx.x; k < 4096; k += 256) mg_st(p1 + (r1 * 28672 + r2 * 4096 + k), mg_exp(mg_ld(p0[r1 * 28672 + r2 * 4096 + k]) - m) * inv);
 }
 
@@ -2177,7 +2177,7 @@ extern "C" __global__ void __launch_bounds__(256) mg_k28_mirage_qwen2_7b_layer_c
   float v = 0.0f;
   for (int k = threadIdx.x; k < 3584; k += 256) { const float t = mg_ld(p0[k]); v = fmaf(t, t, v); }
   const float ss = mg_block_sum(v, red);
-  const float inv = 1.0f / sqrtf(ss / 3584.0f + 1e-06f);
+  const float inv = rsqrtf(ss / 3584.0f + 1e-06f);
   for (int k = threadIdx.x; k < 3584; k += 256) mg_st(p2 + (k), mg_ld(p0[k]) * inv * mg_ld(p1[k]));
 }
 

@@ -420,7 +420,7 @@ extern "C" __global__ void __launch_bounds__(256) mg_k1_mirage_llama3_residual_r
   float v = 0.0f;
   for (int k = threadIdx.x; k < 4096; k += 256) { const float t = mg_ld(p0[r0 * 4096 + k]); v = fmaf(t, t, v); }
   const float ss = mg_block_sum(v, red);
-  const float inv = 1.0f / sqrtf(ss / 4096.0f + 1e-05f);
+  const float inv = rsqrtf(ss / 4096.0f + 1e-05f);
   for (int k = threadIdx.x; k < 4096; k += 256) mg_st(p2 + (r0 * 4096 + k), mg_ld(p0[r0 * 4096 + k]) * inv * mg_ld(p1[k]));
 }
 

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from mirage_cli import ops
 from mirage_cli.codegen.blockfacts import ROW_VEC as VEC
 from mirage_cli.codegen.blockfacts import row_kind, row_tile
-from mirage_cli.codegen.expr import Lines, Node, Regs, Stored, indent, row_major
+from mirage_cli.codegen.expr import Lines, Node, Regs, Stored, indent, reciprocal, row_major
 from mirage_cli.codegen.kernel import FusedKernel
 from mirage_cli.codegen.plan import Kernel
 from mirage_cli.codegen.reduce import row_combine
@@ -112,7 +112,7 @@ class RowKernel(FusedKernel):
             # per element, instead of an IEEE division (a slow-path call) per element.
             inv = f"inv_{out.name}"
             d = self._row_value(op.inputs[1], "r")
-            recip = d if op.inputs[1] in self._recip else f"1.0f / {d}"
+            recip = d if op.inputs[1] in self._recip else reciprocal(d)
             lines += [f"float {inv}[{self.R}];", "#pragma unroll",
                       f"for (int r = 0; r < {self.R}; ++r) {inv}[r] = {recip};"]
 
@@ -146,11 +146,12 @@ class RowKernel(FusedKernel):
         out = op.outputs[0]
         rms, combine, fin = self._row_reduction(op)
         if rms and self._only_divides(out.name):
-            # A norm used only as a divisor is kept as its reciprocal (rsqrtf: within a
-            # few ulp of f32) instead of sqrtf and then 1 / x, two correctly rounded
-            # slow paths per row; its divisions become products.
+            # A norm used only as a divisor is kept as its reciprocal (rsqrtf, as
+            # expr.reciprocal spells it: within a few ulp of f32) instead of sqrtf and
+            # then 1 / x, two correctly rounded slow paths per row; its divisions
+            # become products.
             eps = c_float(float(ops.get(op.op).attr_values(op.attrs).get("eps", 0.0)))
-            fin = f"rsqrtf({{0}} / {c_float(float(self.L))} + {eps})"
+            fin = reciprocal(f"sqrtf({{0}} / {c_float(float(self.L))} + {eps})")
             self._recip.add(out.name)
         part, red, res = f"p_{out.name}", f"red_{out.name}", f"s_{out.name}"
         W = self.W

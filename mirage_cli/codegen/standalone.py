@@ -33,6 +33,7 @@ from mirage_cli.codegen.expr import (
     keep_used,
     numel,
     offset_expr,
+    reciprocal,
     row_major,
 )
 from mirage_cli.codegen.indexing import check_index_range, loop_index_type
@@ -239,14 +240,14 @@ def _rows(kop: KernelOp, name: str, types: dict[str, TensorType]) -> Kernel:
         body += ["float v = 0.0f;",
                  f"{loop} {{ const float t = {xv}; v = fmaf(t, t, v); }}",
                  f"const float ss = {combine.format('sum')};",
-                 f"const float inv = 1.0f / sqrtf(ss / {c_float(float(n))} + {eps});",
+                 f"const float inv = {reciprocal(f'sqrtf(ss / {c_float(float(n))} + {eps})')};",
                  f"{loop} mg_st({out} + ({o}), {xv} * inv{wv});"]
     else:
         body += ["float v = __int_as_float(0xff800000);",
                  f"{loop} v = fmaxf(v, {xv});",
                  f"const float m = {combine.format('max')};", "v = 0.0f;",
                  f"{loop} v += mg_exp({xv} - m);",
-                 f"const float inv = 1.0f / {combine.format('sum')};",
+                 f"const float inv = {reciprocal(combine.format('sum'))};",
                  f"{loop} mg_st({out} + ({o}), mg_exp({xv} - m) * inv);"]
     grid = (rows if per_block else -(-rows // ROW_WARPS), 1, 1)
     return Kernel(name, params, tuple(body), 32 * ROW_WARPS, grid, 0, 0,
