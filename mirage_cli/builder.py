@@ -197,20 +197,25 @@ class BlockBuilder:
         return v.name
 
     def finish(self, stores: Sequence[tuple[str, str | None, AxisMap]] |
-               Sequence[tuple[str, str | None, AxisMap, Span | None]]) -> tuple[str, ...]:
+               Sequence[tuple[str, str | None, AxisMap, Span | None]] |
+               Sequence[tuple[str, str | None, AxisMap, Span | None, str | DType | None]]
+               ) -> tuple[str, ...]:
         """Store tiles into new device tensors and add the custom kernel to the parent.
 
         ``stores``: (block tensor, device tensor name or None for a fresh one, omap[,
-        span]). Returns the device tensor names.
+        span[, dtype]]); the dtype of the device tensor (None: the tile's; a store
+        converts, docs/ir.md). Returns the device tensor names.
         """
         outputs: list[BlockOutput] = []
         for store in stores:
             source, target, omap = store[0], store[1], store[2]
             span = store[3] if len(store) > 3 else None  # type: ignore[misc]
+            dtype = store[4] if len(store) > 4 else None  # type: ignore[misc]
             if source not in self.types:
                 raise MirageError(f"undefined block tensor '{source}'", span)
             name = target or self.parent.fresh()
-            t = stored_type(self.types[source], self.grid, omap, name, span)
+            t = stored_type(self.types[source], self.grid, omap, name, span,
+                            DType(dtype) if dtype is not None else None)
             outputs.append(BlockOutput(Value(name, t, span), source, omap, span))
         bg = BlockGraph(self.grid, self.threads, self.forloop, tuple(self.inputs),
                         tuple(self.ops), tuple(outputs))

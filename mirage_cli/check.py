@@ -14,7 +14,16 @@ from typing import Literal
 
 from mirage_cli import ops
 from mirage_cli.diagnostics import MirageError, Span, did_you_mean
-from mirage_cli.ir import GRID_AXES, Attrs, AttrValue, AxisMap, BlockGraph, Graph, TensorType
+from mirage_cli.ir import (
+    GRID_AXES,
+    Attrs,
+    AttrValue,
+    AxisMap,
+    BlockGraph,
+    DType,
+    Graph,
+    TensorType,
+)
 
 Phase = Literal["loop", "epilogue", "invariant"]
 
@@ -101,8 +110,10 @@ def tile_type(src: TensorType, grid: tuple[int, int, int], forloop: int, imap: A
 
 
 def stored_type(tile: TensorType, grid: tuple[int, int, int], omap: AxisMap,
-                target: str = "output", span: Span | None = None) -> TensorType:
-    """The device tensor that the blocks' tiles concatenate into under ``omap``."""
+                target: str = "output", span: Span | None = None,
+                dtype: DType | None = None) -> TensorType:
+    """The device tensor that the blocks' tiles concatenate into under ``omap``, of
+    ``dtype`` (default: the tile's; the store converts each element)."""
     _check_axis_map(omap, tile.rank, grid, f"omap of '{target}'", span)
     shape = list(tile.shape)
     for axis, g, dim in zip(GRID_AXES, grid, omap):
@@ -113,7 +124,7 @@ def stored_type(tile: TensorType, grid: tuple[int, int, int], omap: AxisMap,
                                   span)
             continue
         shape[dim] *= g
-    return TensorType(tuple(shape), tile.dtype)
+    return TensorType(tuple(shape), dtype or tile.dtype)
 
 
 def block_phases(bg: BlockGraph) -> dict[str, Phase]:
@@ -239,7 +250,8 @@ def check_block(bg: BlockGraph, kernel_types: dict[str, TensorType],
         if phases[bo.source] == "loop":
             raise MirageError(f"'{bo.source}' is computed in every forloop iteration; "
                               f"store an accumulated value instead", bo.span)
-        t = stored_type(types[bo.source], bg.grid, bo.omap, bo.value.name, bo.span)
+        t = stored_type(types[bo.source], bg.grid, bo.omap, bo.value.name, bo.span,
+                        bo.value.type.dtype)
         _expect(bo.value.type, t, bo.value.name, bo.span)
 
 

@@ -168,6 +168,15 @@ class _Store:
     target: Name
     omap: AxisMap
     span: Span
+    dtype: str | None
+
+
+def _dtype(name: Name) -> str:
+    """A dtype as written (f16, bf16, f32), or a located error."""
+    if name.text not in DTYPES:
+        raise MirageError(f"unknown dtype '{name.text}'{did_you_mean(name.text, DTYPES)}; "
+                          f"expected f16, bf16 or f32", name.span)
+    return name.text
 
 
 class _Lowering:
@@ -224,10 +233,7 @@ class _Lowering:
                 assert_never(stmt)
 
     def _input(self, b: GraphBuilder, stmt: InputStmt) -> None:
-        dtype = stmt.dtype.text
-        if dtype not in DTYPES:
-            raise MirageError(f"unknown dtype '{dtype}'{did_you_mean(dtype, DTYPES)}; "
-                              f"expected f16, bf16 or f32", stmt.dtype.span)
+        dtype = _dtype(stmt.dtype)
         shape = []
         for i, d in enumerate(stmt.dims):
             n = eval_int(d, self.env, f"dimension {i} of '{stmt.name.text}'")
@@ -260,8 +266,8 @@ class _Lowering:
             if o.text not in stores:
                 raise MirageError(f"'{o.text}' is never stored by this custom kernel "
                                   f"(add 'store TILE -> {o.text};')", o.span)
-        k.finish([(stores[o.text].source, o.text, stores[o.text].omap, stores[o.text].span)
-                  for o in stmt.outs])
+        k.finish([(stores[o.text].source, o.text, stores[o.text].omap, stores[o.text].span,
+                   stores[o.text].dtype) for o in stmt.outs])
 
     def _header(self, stmt: CustomStmt) -> tuple[tuple[int, ...], int, int]:
         values: dict[str, Expr] = {}
@@ -366,7 +372,8 @@ class _Lowering:
             if c.kind != "omap":
                 raise MirageError(f"'{c.kind}' belongs to load; a store takes omap", c.span)
             omap = self._axis_map(c)
-        stores[tgt.text] = _Store(stmt.source.text, tgt, omap, stmt.span)
+        dtype = _dtype(stmt.dtype) if stmt.dtype is not None else None
+        stores[tgt.text] = _Store(stmt.source.text, tgt, omap, stmt.span, dtype)
 
     # --- operators (both levels) ----------------------------------------------
     def _op(self, b: GraphBuilder | BlockBuilder, stmt: OpStmt, types: Mapping[str, object],

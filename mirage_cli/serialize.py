@@ -338,9 +338,12 @@ def _build_op(r: _Reader, b: GraphBuilder, op: Any, path: Path) -> None:
     _block_inputs(r, k, bd, bp)
     _block_ops(r, k, bd, bp)
     stores = []
+    dtype_of = {v.name: v.type.dtype for v in outs}  # a store converts to its tensor's
     for j, bo in enumerate(r.get(bd, "outputs", list, bp)):
         p = bp + ("outputs", j)
-        stores.append((r.name(bo, "source", p), r.name(bo, "name", p), r.axis_map(bo, "omap", p)))
+        name = r.name(bo, "name", p)
+        stores.append((r.name(bo, "source", p), name, r.axis_map(bo, "omap", p), None,
+                       dtype_of.get(name)))
     _guard(r, path, k.finish, stores)
     if [v.name for v in outs] != [bo[1] for bo in stores]:
         raise r.fail(path + ("outputs",), "custom kernel outputs disagree with its stores")

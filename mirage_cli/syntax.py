@@ -207,6 +207,7 @@ class StoreStmt:
     clauses: tuple[MapClause, ...]
     span: Span
     keyword: Span
+    dtype: Name | None = None  # the device tensor's, where it is not the tile's
 
 
 @dataclass(frozen=True)
@@ -394,10 +395,11 @@ class ToAst(Transformer):  # type: ignore[type-arg]
                         _meta_span(self.file, meta), self._s(kw))
 
     @v_args(meta=True, inline=True)
-    def store_stmt(self, meta: Meta, kw: Token, source: Token, target: Token, *clauses: Any
-                   ) -> Stmt:
+    def store_stmt(self, meta: Meta, kw: Token, source: Token, target: Token,
+                   dtype: Token | None, *clauses: Any) -> Stmt:
         return StoreStmt(self._n(source), self._n(target), tuple(clauses),
-                         _meta_span(self.file, meta), self._s(kw))
+                         _meta_span(self.file, meta), self._s(kw),
+                         self._n(dtype) if dtype is not None else None)
 
     def output_stmt(self, kw: Token, *names: Token) -> Stmt:
         return OutputStmt(tuple(self._n(n) for n in names), self._s(kw))

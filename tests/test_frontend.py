@@ -116,6 +116,24 @@ def test_print_is_canonical_and_round_trips() -> None:
     assert print_graph(parse_text(text, "printed.mir")) == text
 
 
+def test_a_store_may_convert_to_another_dtype() -> None:
+    """``store t -> X: f32``: the device tensor's dtype where it is not the tile's
+    (docs/ir.md); printed only then, kept through .ugraph.json, and a bad dtype is a
+    located error."""
+    text = SMALL.replace("store r -> B omap", "store r -> B: f32 omap")
+    g = parse_text(text, "small.mir")
+    types = g.tensor_types()
+    assert types["B"].dtype.value == "f32" and types["A"].dtype.value == "f16"
+    printed = print_graph(g)
+    assert "    store r -> B: f32 omap(x=1);" in printed
+    assert "    store o -> A omap(x=1);" in printed
+    assert parse_text(printed, "printed.mir") == g
+    assert serialize.loads(serialize.dumps(g)) == g
+    with pytest.raises(MirageError) as e:
+        parse_text(SMALL.replace("store r -> B omap", "store r -> B: f64 omap"), "small.mir")
+    assert e.value.render().startswith("small.mir:13:19: error: unknown dtype 'f64'")
+
+
 def test_defines_override_and_reprint() -> None:
     g = parse_text(SMALL, "small.mir", {"m": 8})
     assert g.params == (("m", 8), ("k", 16), ("n", 8))

@@ -10,14 +10,14 @@ import numpy as np
 import pytest
 
 from mirage_cli import interp
-from mirage_cli.ir import Graph
+from mirage_cli.ir import DType, Graph
 from mirage_cli.loading import load_graph
 from mirage_cli.search.design import CustomD, Design, OpD, design_of, instantiate
 from mirage_cli.search.driver import SearchOptions, _splits, search
 from mirage_cli.search.online import online_split
 from mirage_cli.verifier.api import Verifier
 from mirage_cli.verifier.crosscheck import crosscheck
-from mirage_cli.verifier.numerics import safety_check, scaled_inputs
+from mirage_cli.verifier.numerics import Inputs, hostile_inputs, safety_check, scaled_inputs
 
 ROOT = Path(__file__).resolve().parent.parent
 SMALL = {"batch": 1, "heads": 4, "d": 64, "seq": 512}
@@ -146,6 +146,31 @@ def test_online_candidate_stays_finite_on_large_logits_and_dropping_the_max_is_r
     assert not _exp_arguments_are_max_shifted(mutant)
 
 
+def test_partials_are_kept_in_f32_and_in_f16_they_are_rejected():
+    """Kernel 1 stores its partial results in f32 and kernel 2 converts its result to
+    the program's f16. The same design with f16 partials (the program's dtype)
+    verifies and passes random inputs, but a constant V of 16384 overflows a chunk's
+    sum of them where the program's result, their weighted average, is 16384: the
+    numerics check rejects it."""
+    prog = _program("mha_decode")
+    od, g = _online(prog)
+    assert [v.type.dtype for v in g.ops[0].outputs] == [DType.F32] * len(g.ops[0].outputs)
+    assert g.ops[1].outputs[0].type.dtype is DType.F16
+    assert safety_check(prog, g).safe
+    narrow = Design(tuple(replace(k, stores=tuple(replace(st, dtype=None) for st in k.stores))
+                          for k in od.steps if isinstance(k, CustomD)), od.outputs)
+    mutant = instantiate(prog, narrow, _tuning(g))
+    assert mutant is not None and mutant.ops[0].outputs[0].type.dtype is DType.F16
+    assert Verifier(prog, seed=0).check(mutant, trials=1).equivalent is True
+    assert crosscheck(prog, mutant, 0).close
+    verdict = safety_check(prog, mutant)
+    assert not verdict.safe and verdict.failed_on.startswith("V = 16384")
+    assert "infinite" in verdict.reason
+    ins = hostile_inputs(prog, 0, Inputs(constant=2))
+    assert np.allclose(interp.run(prog, ins, "native")["O"], 16384.0)
+    assert np.allclose(interp.run(g, ins, "native")["O"], 16384.0)
+
+
 def _tuning(g: Graph) -> tuple[tuple[tuple[int, int, int], int], ...]:
     return design_of(g)[1]
 
@@ -204,6 +229,14 @@ def test_online_candidate_runs_on_the_gpu_finite_on_large_logits():
         ref = interp.run(prog, ins, "float64")["O"]
         assert np.isfinite(out).all()
         assert np.linalg.norm(out - ref) / np.linalg.norm(ref) <= 1e-2
+        # V constant: each chunk's partial sum of V far exceeds f16's range; the
+        # result, a weighted average of V, is V.
+        loaded = build(Device(0), res.candidates[0].graph)
+        try:
+            out = loaded.run(hostile_inputs(prog, 0, Inputs(constant=2)))["O"]
+        finally:
+            loaded.unload()
+        assert np.allclose(out, 16384.0, rtol=1e-3)
 
 
 # A one-kernel mqa_decode design whose grid splits the batch only: every query row of a

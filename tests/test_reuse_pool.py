@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ from click.testing import CliRunner
 
 from mirage_cli import serialize
 from mirage_cli.cli import main
-from mirage_cli.ir import Graph
+from mirage_cli.ir import DType, Graph
 from mirage_cli.loading import load_graph
 from mirage_cli.search import driver
 from mirage_cli.search.cost import rank
@@ -132,6 +133,12 @@ def test_designs_round_trip_through_json() -> None:
     for d in res.pool:
         doc = json.loads(json.dumps(design_to_json(d)))
         assert design_from_json(doc) == d
+    # A store's dtype (the rescaled split's f32 partials) too.
+    d = res.pool[0]
+    wide = Design(tuple(replace(s, stores=tuple(replace(st, dtype=DType.F32) for st in s.stores))
+                        if isinstance(s, CustomD) else s for s in d.steps), d.outputs)
+    assert wide != d
+    assert design_from_json(json.loads(json.dumps(design_to_json(wide)))) == wide
 
 
 @functools.cache
@@ -147,6 +154,7 @@ def _one_design() -> Design:
     lambda s: s.__setitem__("axes", "2"),                  # a string for an integer
     lambda s: s["loads"][0].__setitem__(1, [0, None]),     # an imap of two axes
     lambda s: s["stores"][0].__setitem__(0, -1),           # a negative tile index
+    lambda s: s["stores"][0].append("f64"),                # an unknown dtype
     lambda s: s.__setitem__("extra", 1),                   # an unknown key
 ])
 def test_a_damaged_design_does_not_decode(damage: Any) -> None:

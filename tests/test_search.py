@@ -6,10 +6,12 @@ from click.testing import CliRunner
 
 from mirage_cli import serialize
 from mirage_cli.cli import main
+from mirage_cli.ir import DType
 from mirage_cli.loading import load_graph
 from mirage_cli.parser import parse_text
 from mirage_cli.search import abstract as ab_search
 from mirage_cli.search.analysis import analyze
+from mirage_cli.search.design import design_of, instantiate
 from mirage_cli.search.driver import SearchOptions, search
 from mirage_cli.search.enumerate import Limits, Search, make_target
 from mirage_cli.search.prune import Oracle
@@ -135,7 +137,7 @@ def test_search_is_deterministic_across_jobs():
 def test_split_reduction_gives_verified_flash_decoding():
     g = _program(GQA)
     s = Search(make_target(g), Limits(max_kernel_ops=1, max_block_ops=6))
-    found = 0
+    found = wide_found = 0
     v = Verifier(g, seed=1)
     for d in s.designs(s.initial(), 1):
         tuned = tune(g, d, max_steps=0)
@@ -149,9 +151,23 @@ def test_split_reduction_gives_verified_flash_decoding():
         assert len(cand.ops) == 2
         assert v.certify(cand, crosscheck_float64=True).verdict == "equivalent"
         found += 1
-        if found == 2:
+        # The wide form, where the second kernel reads only the partials: the same
+        # design with them in f32, converted back to the program's dtype as the
+        # second kernel stores the output.
+        wd = split_reduction(g, d, tuned[0][1], wide=True)
+        reads_inputs = any(ld.source in {i.value.name for i in g.inputs}
+                           for ld in sd.steps[1].loads)  # type: ignore[union-attr]
+        assert (wd is None) == reads_inputs
+        if wd is not None:
+            wide = instantiate(g, wd, design_of(cand)[1])
+            assert wide is not None
+            assert {t.type.dtype for t in wide.ops[0].outputs} == {DType.F32}
+            assert wide.tensor_types()[wide.outputs[0]] == g.tensor_types()[g.outputs[0]]
+            assert v.certify(wide, crosscheck_float64=True).verdict == "equivalent"
+            wide_found += 1
+        if found >= 2 and wide_found:
             break
-    assert found >= 1
+    assert found >= 2 and wide_found >= 1
 
 
 def test_an_index_split_down_to_one_element_per_block_still_stores():

@@ -278,6 +278,13 @@ __device__ __forceinline__ void mg_st8(mg_bf16* p, float v0, float v1, float v2,
              mg_pack_bf16(v6, v7)};
   *reinterpret_cast<mg_u4*>(p) = u;
 }
+// Eight f32 values kept in f32 (a wider store than the tile's, docs/ir.md): two
+// 16-byte accesses.
+__device__ __forceinline__ void mg_st8(float* p, float v0, float v1, float v2, float v3,
+                                       float v4, float v5, float v6, float v7) {
+  reinterpret_cast<float4*>(p)[0] = make_float4(v0, v1, v2, v3);
+  reinterpret_cast<float4*>(p)[1] = make_float4(v4, v5, v6, v7);
+}
 // Eight 16-bit values from one 16-byte (aligned) access, as f32.
 template <typename T>
 __device__ __forceinline__ void mg_ld8(const T* p, float* f) {

@@ -126,8 +126,9 @@ def kwarps_range(a: Analysis) -> list[int]:
 def store_vec(t: TensorType, d: TensorType) -> int:
     """Elements per 16-byte store of a block output whose tile is ``t`` in device tensor
     ``d``, or 1. The tile's row length must be a multiple of the vector (so omap offsets
-    along the last dimension are too) and so must the device tensor's; f32 outputs are
-    stored one element at a time."""
+    along the last dimension are too) and so must the device tensor's; f32 tiles are
+    stored one element at a time (a 16-bit tile stored into an f32 tensor, as two
+    16-byte stores: ``mg_st8(float*)``)."""
     return 1 if t.dtype is DType.F32 else vec_elems(t, d.shape[-1])
 
 

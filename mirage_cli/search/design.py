@@ -15,7 +15,7 @@ from typing import Union
 
 from mirage_cli.builder import GraphBuilder
 from mirage_cli.diagnostics import MirageError
-from mirage_cli.ir import Attrs, AxisMap, BlockGraph, Graph
+from mirage_cli.ir import Attrs, AxisMap, BlockGraph, DType, Graph
 from mirage_cli.serialize import Json
 
 
@@ -37,9 +37,13 @@ class OpD:
 
 @dataclass(frozen=True)
 class StoreD:
+    """A store; ``dtype``: the device tensor's where it is not the tile's (a split's
+    partial results kept in f32, :mod:`.online`)."""
+
     tile: int
     name: str
     omap: AxisMap
+    dtype: DType | None = None
 
 
 @dataclass(frozen=True)
@@ -126,7 +130,7 @@ def _custom(b: GraphBuilder, step: CustomD, grid: tuple[int, int, int], forloop:
     for o in step.ops:
         tiles.append(kb.op(o.op, *(tiles[i] for i in o.args),
                            **dict(o.attrs)))  # type: ignore[arg-type]  # attrs only
-    kb.finish([(tiles[s.tile], s.name, s.omap) for s in step.stores])
+    kb.finish([(tiles[s.tile], s.name, s.omap, None, s.dtype) for s in step.stores])
 
 
 def looped_kernel(target: Graph, design: Design, tuning: Tuning
@@ -166,7 +170,11 @@ def design_of(g: Graph) -> tuple[Design, Tuning]:
             index[bop.outputs[0].name] = len(index)
         loads = tuple(LoadD(bi.source, bi.imap, bi.fmap) for bi in bg.inputs)
         ops = tuple(OpD(o.op, tuple(index[i] for i in o.inputs), o.attrs) for o in bg.ops)
-        stores = tuple(StoreD(index[bo.source], bo.value.name, bo.omap) for bo in bg.outputs)
+        tile_dtype = {bi.value.name: bi.value.type.dtype for bi in bg.inputs} | {
+            o.outputs[0].name: o.outputs[0].type.dtype for o in bg.ops}
+        stores = tuple(StoreD(index[bo.source], bo.value.name, bo.omap,
+                              None if bo.value.type.dtype == tile_dtype[bo.source]
+                              else bo.value.type.dtype) for bo in bg.outputs)
         # The builder splits the leading grid axes; a size of 1 is an unsplit axis.
         axes = sum(1 for n in bg.grid if n > 1)
         steps.append(CustomD(loads, ops, stores, axes, bg.forloop > 1))

@@ -11,7 +11,7 @@ import json
 from typing import Any
 
 from mirage_cli import ops
-from mirage_cli.ir import Graph
+from mirage_cli.ir import DType, Graph
 from mirage_cli.search.design import CustomD, Design, LoadD, OpD, PredefD, Step, StoreD
 
 
@@ -64,7 +64,8 @@ def _step_json(s: Step) -> dict[str, Any]:
                 "name": s.name}
     return {"loads": [[ld.source, list(ld.imap), ld.fmap] for ld in s.loads],
             "ops": [[o.op, list(o.args), [list(a) for a in o.attrs]] for o in s.ops],
-            "stores": [[st.tile, st.name, list(st.omap)] for st in s.stores],
+            "stores": [[st.tile, st.name, list(st.omap)]
+                       + ([st.dtype.value] if st.dtype is not None else []) for st in s.stores],
             "axes": s.axes, "looped": s.looped}
 
 
@@ -96,11 +97,20 @@ def _step(doc: Any) -> Step:
         idx = tuple(_int(a, len(loads) + len(block_ops)) for a in _list(args))
         block_ops.append(OpD(_op(op), idx, _attrs(attrs)))
     tiles = len(loads) + len(block_ops)
-    stores = tuple(StoreD(_int(t, tiles), _str(name), _axes(omap))
-                   for t, name, omap in (_tuple(x, 3) for x in _list(d["stores"])))
+    stores = tuple(_store(x, tiles) for x in _list(d["stores"]))
     if not isinstance(d["looped"], bool):
         raise BadDesign("looped is not a boolean")
     return CustomD(loads, tuple(block_ops), stores, _int(d["axes"], 4), d["looped"])
+
+
+def _store(doc: Any, tiles: int) -> StoreD:
+    """``[tile, name, omap]``, or with the device tensor's dtype after them."""
+    x = _tuple(doc, 4) if isinstance(doc, list) and len(doc) == 4 else _tuple(doc, 3)
+    dtype = x[3] if len(x) == 4 else None
+    if dtype is not None and dtype not in {d.value for d in DType}:
+        raise BadDesign(f"unknown dtype {dtype!r}")
+    return StoreD(_int(x[0], tiles), _str(x[1]), _axes(x[2]),
+                  DType(dtype) if dtype is not None else None)
 
 
 def _obj(doc: Any, keys: tuple[str, ...]) -> dict[str, Any]:

@@ -17,6 +17,11 @@ exponential, ``y`` free of the max) times ``exp(m_j - M)`` is the same reduction
 ``exp(x - M) * y``: shift invariance, which the finite-field verifier certifies like
 any other identity. Every exponent the candidate evaluates is at most 0 (``x - m_j``,
 ``m_j - M``), as in the program, so nothing overflows where the program does not.
+The partial results are stored in f32, as the accumulators that hold them: ``O_j``
+sums up to a chunk's worth of values, which in an f16 workspace tensor overflows
+where the program's result (a weighted average of them) does not (the numerics check
+holds each input constant to find that, docs/verification.md). Kernel 2 then reads
+f32 tiles only and converts its result to the program output's dtype as it stores it.
 
 A partial of width ``w > 1`` (``O_j``) is weighted in kernel 2 element by element, so
 kernel 1 also stores its chunk max spread over ``w`` columns (``m_j + 0 * O_j``): no
@@ -40,7 +45,7 @@ from dataclasses import dataclass
 
 from mirage_cli import ops
 from mirage_cli.check import online_reads
-from mirage_cli.ir import Graph
+from mirage_cli.ir import DType, Graph
 from mirage_cli.search.abstract import FORLOOP_KEY, UNIT, AVal, apply
 from mirage_cli.search.analysis import UnionFind, analyze
 from mirage_cli.search.design import CustomD, Design, LoadD, OpD, StoreD, Tuning, instantiate
@@ -82,7 +87,8 @@ def online_split(target: Graph, design: Design, tuning: Tuning, rows: bool = Fal
     kinds = _classify(c, tiles)
     if kinds is None or CHUNK_MAX not in kinds or PARTIAL not in kinds:
         return None
-    return _build(c, tiles, kinds, design.outputs, rows)
+    dtypes = {n: t.dtype for n, t in target.tensor_types().items()}
+    return _build(c, tiles, kinds, design.outputs, dtypes, rows)
 
 
 def _tiles(target: Graph, c: CustomD, tuning: Tuning) -> _Tiles | None:
@@ -188,7 +194,7 @@ def _linear(o: OpD, args: list[str]) -> bool:
 
 
 def _build(c: CustomD, t: _Tiles, kinds: list[str], outputs: tuple[str, ...],
-           rows: bool = False) -> Design | None:
+           dtypes: dict[str, DType], rows: bool = False) -> Design | None:
     """Kernel 1 (chunks over a new grid axis) and kernel 2 (rescale, add, epilogue)."""
     nl = len(c.loads)
     maxima = [i for i, k in enumerate(kinds) if k == CHUNK_MAX]
@@ -203,7 +209,8 @@ def _build(c: CustomD, t: _Tiles, kinds: list[str], outputs: tuple[str, ...],
         return None
     kernel1, spread, names = k1
     partials = [i for i, k in enumerate(kinds) if k == PARTIAL]
-    kernel2 = _combine(c, t, kinds, maxima[0], partials, spread, names, kernel1.stores, rows)
+    kernel2 = _combine(c, t, kinds, maxima[0], partials, spread, names, kernel1.stores,
+                       dtypes, rows)
     if kernel2 is None:
         return None
     return Design((kernel1, kernel2), outputs)
@@ -251,7 +258,7 @@ def _kernel1(c: CustomD, t: _Tiles, kinds: list[str], mx: int
         if list(omap[:a]).count(rank - 1):
             return None  # the last dimension is already split by the grid
         names[key] = f"{c.stores[0].name}_online{j}"
-        stores1.append(StoreD(tile, names[key], omap))
+        stores1.append(StoreD(tile, names[key], omap, DType.F32))
     return (CustomD(tuple(loads1), tuple(ops1), tuple(stores1), a + 1, c.looped), spread,
             names)
 
@@ -291,7 +298,8 @@ def _append(ops_: list[OpD], nl: int, o: OpD) -> int:
 
 def _combine(c: CustomD, t: _Tiles, kinds: list[str], mx: int, partials: list[int],
              spread: dict[int, int], names: dict[int, str],
-             stores1: tuple[StoreD, ...], split_rows: bool = False) -> CustomD | None:
+             stores1: tuple[StoreD, ...], dtypes: dict[str, DType],
+             split_rows: bool = False) -> CustomD | None:
     """Kernel 2: M = max_j m_j; each partial weighted by exp(m_j - M) and added over
     the chunks (``acc_sum_ld`` for one column, ``acc_sum_to`` for wider ones); then
     the original epilogue on the rescaled sums (m_j read there becomes M). With
@@ -346,5 +354,6 @@ def _combine(c: CustomD, t: _Tiles, kinds: list[str], mx: int, partials: list[in
 
     ops_final = tuple(OpD(o.op, tuple(fix(x) for x in o.args), o.attrs) for o in ops2)
     stores2 = tuple(StoreD(fix(remap[s.tile]), s.name,
-                           s.omap if rows is None else _set(s.omap, a, rows)) for s in c.stores)
+                           s.omap if rows is None else _set(s.omap, a, rows),
+                           dtypes.get(s.name)) for s in c.stores)
     return CustomD(tuple(loads2), ops_final, stores2, a if rows is None else a + 1, False)

@@ -20,12 +20,12 @@ boundary at a tensor the program itself names.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from mirage_cli.builder import GraphBuilder
 from mirage_cli.diagnostics import MirageError
 from mirage_cli.ir import Graph
-from mirage_cli.search.design import CustomD, Design, LoadD, PredefD, Step, StoreD, Tuning
+from mirage_cli.search.design import CustomD, Design, LoadD, PredefD, Step, Tuning
 
 MAX_DEPTH = 2
 
@@ -109,5 +109,5 @@ def _rename_step(s: Step, r: Callable[[str], str]) -> Step:
     if isinstance(s, PredefD):
         return PredefD(s.op, tuple(r(a) for a in s.args), s.attrs, r(s.name))
     return CustomD(tuple(LoadD(r(ld.source), ld.imap, ld.fmap) for ld in s.loads), s.ops,
-                   tuple(StoreD(st.tile, r(st.name), st.omap) for st in s.stores),
+                   tuple(replace(st, name=r(st.name)) for st in s.stores),
                    s.axes, s.looped)

@@ -27,12 +27,14 @@ the chunks rescaled when they are added) is :mod:`.online`'s move.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from mirage_cli import ops
 from mirage_cli.builder import GraphBuilder
 from mirage_cli.check import block_phases
 from mirage_cli.diagnostics import MirageError
 from mirage_cli.ir import AttrValue, Graph, KernelOp
-from mirage_cli.search.design import CustomD, Design, OpD, StoreD, Tuning, looped_kernel
+from mirage_cli.search.design import CustomD, Design, OpD, Tuning, looped_kernel
 
 
 def strip(program: Graph) -> Graph | None:
@@ -167,5 +169,5 @@ def with_running_max(program: Graph, design: Design, tuning: Tuning) -> Design |
         remap[nl + k] = add(OpD(o.op, args, o.attrs))
     if not shifted:
         return None
-    stores = tuple(StoreD(remap[s.tile], s.name, s.omap) for s in c.stores)
+    stores = tuple(replace(s, tile=remap[s.tile]) for s in c.stores)
     return Design((CustomD(c.loads, tuple(new), stores, c.axes, c.looped),), design.outputs)

@@ -9,21 +9,29 @@ chunks (``acc_sum_to`` / ``acc_sum_ld`` over the concatenated dimension) and run
 original epilogue. This is the kernel-level generator move that produces Mirage's
 two-kernel attention µGraphs from the one-kernel ones; it applies when every
 accumulator is a plain sum (sums split over chunks; ``mean``/``rms``/``max`` do not
-this way). Like every design, the result is re-checked by the builder at each tuning
-and verified before it is emitted.
+this way). The partial results are stored in the program's dtype, or, in a second
+form (``wide``), in f32 as the accumulators that hold them, with the second kernel
+converting its result to the output's dtype: a chunk's sum can exceed f16's range
+where the program's result does not, which the numerics check finds
+(docs/verification.md), and then the narrow form is rejected and the wide one, which
+moves more bytes, ships. The wide form exists only where the second kernel reads
+nothing but the partials (its operators need one dtype). Like every design, the
+result is re-checked by the builder at each tuning and verified before it is
+emitted.
 """
 
 from __future__ import annotations
 
 from mirage_cli import ops
-from mirage_cli.ir import AxisMap, Graph
+from mirage_cli.ir import AxisMap, DType, Graph
 from mirage_cli.search.design import CustomD, Design, LoadD, OpD, StoreD, Tuning, looped_kernel
 
 
-def split_reduction(target: Graph, design: Design, tuning: Tuning) -> Design | None:
+def split_reduction(target: Graph, design: Design, tuning: Tuning, wide: bool = False
+                    ) -> Design | None:
     """The two-kernel form of a one-kernel ``design`` (or None where it does not
     apply). ``tuning`` is any valid tuning of ``design``; it fixes the widths of the
-    partial results."""
+    partial results. ``wide``: the partials in f32 (see the module docstring)."""
     found = looped_kernel(target, design, tuning)
     if found is None or found[0].axes >= 3:
         return None
@@ -63,12 +71,15 @@ def split_reduction(target: Graph, design: Design, tuning: Tuning) -> Design | N
         if phase[nl + k] != "epilogue":
             k1_ops.append(OpD(o.op, tuple(remap1[x] for x in o.args), o.attrs))
             remap1[nl + k] = nl + len(k1_ops) - 1
-    stores1 = [StoreD(remap1[s.tile], s.name, s.omap) for s in stores1]
-    kernel1 = CustomD(loads1, tuple(k1_ops), tuple(stores1), a + 1, True)
     # Kernel 2: load the partials (and invariant loads the epilogue reads), reduce the
     # chunks, run the epilogue.
     inv_used = sorted({x for k, o in enumerate(c.ops) if phase[nl + k] == "epilogue"
                        for x in o.args if x < nl})
+    if wide and inv_used:
+        return None
+    stores1 = [StoreD(remap1[s.tile], s.name, s.omap, DType.F32 if wide else None)
+               for s in stores1]
+    kernel1 = CustomD(loads1, tuple(k1_ops), tuple(stores1), a + 1, True)
     loads2 = [LoadD(s.name, _first_axes(s.omap, a), None) for s in stores1]
     loads2 += [LoadD(c.loads[x].source, c.loads[x].imap, None) for x in inv_used]
     remap: dict[int, int] = {x: len(stores1) + i for i, x in enumerate(inv_used)}
@@ -87,7 +98,10 @@ def split_reduction(target: Graph, design: Design, tuning: Tuning) -> Design | N
         if phase[nl + k] == "epilogue":
             ops2.append(OpD(o.op, tuple(remap[x] for x in o.args), o.attrs))
             remap[nl + k] = len(loads2) + len(ops2) - 1
-    stores2 = tuple(StoreD(remap[s.tile], s.name, s.omap) for s in c.stores)
+    types = target.tensor_types()
+    stores2 = tuple(StoreD(remap[s.tile], s.name, s.omap,
+                           types[s.name].dtype if wide and s.name in types else None)
+                    for s in c.stores)
     kernel2 = CustomD(tuple(loads2), tuple(ops2), stores2, a, False)  # type: ignore[arg-type]
     return Design((kernel1, kernel2), design.outputs)
 

@@ -19,6 +19,17 @@ rejection costs one run. The candidate is *unsafe* at a scale when
   f16 outputs) and ``FACTOR`` times the program's own error: it lost accuracy where
   the program did not.
 
+Random inputs cancel: a partial sum that a split design stores between its kernels
+(``sum exp(x - m_j) * v`` over a chunk of keys) stays small when ``v`` has random
+signs, however large. So the candidate is also run with **one input held constant** at
+``CONSTANT`` (2^14, a quarter of f16's largest value) and the others standard normal,
+for each input in turn: a sum of such values does not cancel, and a partial result
+stored in a dtype too narrow for it (an f16 workspace tensor holding the sum of a few
+of them) overflows where the program, whose sums stay in f32, does not. On those
+inputs only the first rule is judged, and the program is run only where the
+candidate's result is not finite: a constant input is a test of range, and the
+program's float64 run at the sizes of a large attention costs more than the search.
+
 Elements where the program itself is not finite, or where the exact (float64) value
 does not fit the output's dtype, are not judged: the candidate may do anything the
 program does, and overflowing a value that is out of range is not a loss of safety. The rule is documented in docs/verification.md.
@@ -36,28 +47,59 @@ from mirage_cli.ir import Graph
 from mirage_cli.verifier.crosscheck import float_inputs
 
 SCALES = (16.0,)
+CONSTANT = 2.0 ** 14
 FLOOR = 1e-2
 FACTOR = 4.0
 
 
 @dataclass(frozen=True)
+class Inputs:
+    """One set of hostile inputs: the standard normal draw times ``scale``, or with
+    input number ``constant`` (by position) set to ``CONSTANT`` everywhere."""
+
+    scale: float = 1.0
+    constant: int | None = None
+
+    def describe(self, g: Graph) -> str:
+        if self.constant is None:
+            return f"standard normal x{self.scale:g}"
+        return (f"{g.inputs[self.constant].value.name} = {CONSTANT:g}, the others standard "
+                "normal")
+
+
+def regimes(g: Graph) -> tuple[Inputs, ...]:
+    """The input sets a candidate of ``g`` is judged on, in order."""
+    return (tuple(Inputs(scale=s) for s in SCALES)
+            + tuple(Inputs(constant=i) for i in range(len(g.inputs))))
+
+
+@dataclass(frozen=True)
 class Safety:
-    """The verdict: ``safe``, and at which scale and output it failed, and why."""
+    """The verdict: ``safe``, and on which inputs and output it failed, and why."""
 
     safe: bool
-    scale: float | None = None
+    inputs: Inputs | None = None
     output: str | None = None
     reason: str = ""
-    errors: tuple[tuple[float, float, float], ...] = ()  # (scale, program, candidate)
+    # (the inputs described, the program's relative error, the candidate's)
+    errors: tuple[tuple[str, float, float], ...] = ()
+    failed_on: str = ""  # the failing inputs, described
+
+    @property
+    def scale(self) -> float | None:
+        """The scale of the failing random inputs (None: safe, or a constant input)."""
+        return self.inputs.scale if self.inputs and self.inputs.constant is None else None
 
     def as_json(self) -> dict[str, object]:
         return {"verdict": "safe" if self.safe else "unsafe",
                 "method": "native precision (f32 arithmetic, tensors in their dtype) "
-                          "against float64, inputs standard normal times each scale",
-                "scales": list(SCALES), "floor": FLOOR, "factor": FACTOR,
-                "errors": [{"scale": s, "program": p, "candidate": c}
-                           for s, p, c in self.errors],
-                **({} if self.safe else {"scale": self.scale, "output": self.output,
+                          "against float64, inputs standard normal times each scale, "
+                          "and each input in turn held constant",
+                "scales": list(SCALES), "constant": CONSTANT, "floor": FLOOR,
+                "factor": FACTOR,
+                "errors": [{"inputs": d, "program": p, "candidate": c}
+                           for d, p, c in self.errors],
+                **({} if self.safe else {"inputs": self.failed_on, "output": self.output,
                                          "reason": self.reason})}
 
 
@@ -69,6 +111,15 @@ def scaled_inputs(g: Graph, seed: int, scale: float) -> dict[str, np.ndarray]:
     return {n: round_to(types[n].dtype, x * np.float32(scale)) for n, x in base.items()}
 
 
+def hostile_inputs(g: Graph, seed: int, which: Inputs) -> dict[str, np.ndarray]:
+    """The inputs of ``which`` for ``g`` (see :class:`Inputs`)."""
+    ins = scaled_inputs(g, seed, which.scale)
+    if which.constant is not None:
+        name = g.inputs[which.constant].value.name
+        ins[name] = np.full_like(ins[name], CONSTANT)
+    return ins
+
+
 def safety_check(program: Graph, candidate: Graph, seed: int = 0) -> Safety:
     """Is ``candidate`` at least as safe numerically as ``program`` (inputs and outputs
     matched by position)?"""
@@ -77,13 +128,16 @@ def safety_check(program: Graph, candidate: Graph, seed: int = 0) -> Safety:
 
 
 def _check(program: Graph, candidate: Graph, seed: int) -> Safety:
-    errors: list[tuple[float, float, float]] = []
-    for scale in SCALES:
-        ins_c = scaled_inputs(candidate, seed, scale)
+    errors: list[tuple[str, float, float]] = []
+    for which in regimes(program):
+        ins_c = hostile_inputs(candidate, seed, which)
+        nat_c = interp.run(candidate, ins_c, "native")
+        if which.constant is not None and all(np.isfinite(nat_c[o]).all()
+                                              for o in candidate.outputs):
+            continue  # a test of range only (see the module docstring)
         ins_p = {ip.value.name: ins_c[ic.value.name]
                  for ip, ic in zip(program.inputs, candidate.inputs)}
-        ref, nat_p = _program_runs(program, seed, scale, ins_p)
-        nat_c = interp.run(candidate, ins_c, "native")
+        ref, nat_p = _program_runs(program, seed, which, ins_p)
         types = program.tensor_types()
         for op, oc in zip(program.outputs, candidate.outputs):
             # Out of the dtype's range: not judged (see the module docstring).
@@ -91,24 +145,26 @@ def _check(program: Graph, candidate: Graph, seed: int) -> Safety:
             ref[op] = np.where(fits, ref[op], np.nan)
             bad = _judge(ref[op], nat_p[op], nat_c[oc])
             e_p, e_c = _rel_err(nat_p[op], ref[op]), _rel_err(nat_c[oc], ref[op])
-            errors.append((scale, e_p, e_c))
-            if bad is None and e_c > max(FLOOR, FACTOR * e_p):
+            errors.append((which.describe(program), e_p, e_c))
+            if bad is None and which.constant is None and e_c > max(FLOOR, FACTOR * e_p):
                 bad = (f"relative error {e_c:.3g} where the program's is {e_p:.3g} "
                        "(lost accuracy)")
             if bad is not None:
-                return Safety(False, scale, oc, bad, tuple(errors))
+                return Safety(False, which, oc, bad, tuple(errors), which.describe(program))
     return Safety(True, errors=tuple(errors))
 
 
-_RUNS: dict[tuple[Graph, int, float], tuple[dict[str, np.ndarray], dict[str, np.ndarray]]] = {}
+_RUNS: dict[tuple[Graph, int, Inputs],
+            tuple[dict[str, np.ndarray], dict[str, np.ndarray]]] = {}
 
 
-def _program_runs(program: Graph, seed: int, scale: float, ins: dict[str, np.ndarray]
+def _program_runs(program: Graph, seed: int, which: Inputs, ins: dict[str, np.ndarray]
                   ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
     """The program's float64 and native outputs (copies: the caller edits them)."""
-    key = (program, seed, scale)
+    key = (program, seed, which)
     if key not in _RUNS:
-        _RUNS.clear()  # one program at a time: these hold whole outputs
+        if any(k[:2] != key[:2] for k in _RUNS):
+            _RUNS.clear()  # one program at a time: these hold whole outputs
         _RUNS[key] = (interp.run(program, ins, "float64"), interp.run(program, ins, "native"))
     ref, nat = _RUNS[key]
     return dict(ref), dict(nat)
