@@ -18,9 +18,9 @@ from tests.test_chain import QKNORM_ONE_KERNEL
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _design(stem: str):  # type: ignore[no-untyped-def]
+def _design(stem: str, batch: int = 8):  # type: ignore[no-untyped-def]
     fused = load_graph(str(ROOT / "examples" / "mugraphs" / f"{stem}_fused.mir"))
-    program = load_graph(str(ROOT / "examples" / f"{stem}.mir"), {"batch": 8})
+    program = load_graph(str(ROOT / "examples" / f"{stem}.mir"), {"batch": batch})
     design, _ = design_of(fused)
     return program, design
 
@@ -43,10 +43,12 @@ def test_a_one_axis_grid_has_one_start() -> None:
 
 
 def test_more_starts_find_a_better_tuning(monkeypatch: pytest.MonkeyPatch) -> None:
-    # qknorm_gqa's two-kernel design at batch 8: one descent from the first start
+    # qknorm_gqa's two-kernel design at batch 1: one descent from the first start
     # stops at a local optimum that a rebalanced start beats, where the descent moves
     # one size at a time (moving a factor between axes, it reaches that one as well).
-    program, design = _design("qknorm_gqa")
+    # (At batch 8 it did too until the model priced a loop's invariant tiles,
+    # revision 33.)
+    program, design = _design("qknorm_gqa", 1)
     monkeypatch.setattr(tuner, "_transfers", lambda grid, axes: [])
     monkeypatch.setattr(tuner, "REBALANCED_STARTS", 0)
     one = tuner.tune(program, design)[0][0].time_us

@@ -89,8 +89,10 @@ def cache_dir() -> Path:
 # model reads; 30: a chain run as wgmma whose loop has no side work is priced at the
 # profile's chain_wgmma_flops; 31: a short row's reduction takes one lane per 16-byte
 # chunk, which changes the plans the model reads; 32: the rescaled split stores its
-# partial results in f32, and the numerics check holds each input constant).
-SEARCH_REVISION = 32
+# partial results in f32, and the numerics check holds each input constant; 33: a
+# loop's invariant tiles waited for before it are priced, per round of blocks at one
+# block per SM).
+SEARCH_REVISION = 33
 
 
 def program_hash(program: Graph) -> str:

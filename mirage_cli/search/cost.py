@@ -31,7 +31,9 @@ an f32 tile in shared memory (its mma fragments are gathered element by element:
 :func:`_gathered_mmas`). A block reads DRAM no faster
 than ``block_stream_bw``, and blocks run in rounds of those resident at once: a grid of
 fewer blocks than SMs reads in proportion to its blocks, and a grid a little larger
-than the resident blocks pays a tail round at the few blocks' own rate.
+than the resident blocks pays a tail round at the few blocks' own rate. A loop's
+invariant tiles, waited for before its first iteration, add their load once per round
+of blocks at one block per SM, else once.
 
 The figures (bandwidths, peak, launch and iteration costs, SM count) and the
 coefficients ``a, b, c, d`` come from a device profile (:mod:`mirage_cli.profiles`,
@@ -248,14 +250,14 @@ def kernel_costs(g: Graph, p: Profile | None = None) -> list[KernelCost]:
 def _kernel_cost(op: KernelOp, types: dict[str, TensorType], p: Profile) -> KernelCost:
     fit = p.fit
     facts = PlanFacts()
-    elem_flops = simt_flops = 0
+    elem_flops = simt_flops = invariant = 0
     if op.block is None:
         k_dram, k_l2, k_flops, k_smem, blocks = _predefined(op, types, p.num_sms)
     else:
         facts = _plan_facts(op, types, p)
         c = _custom(op.block, types, facts.direct)
         k_dram, k_l2, k_flops, k_smem, blocks = c.dram, c.l2, c.flops, c.smem, c.blocks
-        elem_flops, simt_flops = c.gathered, c.simt
+        elem_flops, simt_flops, invariant = c.gathered, c.simt, c.invariant
     plan_smem, threads, ksplit, stages = facts.smem, facts.threads, facts.ksplit, \
         facts.stages
     # A forloop split over a cluster launches ksplit blocks per µGraph block, each
@@ -308,6 +310,20 @@ def _kernel_cost(op: KernelOp, types: dict[str, TensorType], p: Profile) -> Kern
     # A loop with few copies in flight exposes part of each load's latency.
     depth = 1 + p.stage_penalty / stages ** 2 if forloop > 1 else 1.0
     stream = fit["stream"] * (bound_s + _fill_s(mem_s, comp_s, facts.chain) / forloop) * depth
+    # A loop's invariant tiles are waited for before its first iteration (the ring's
+    # first stages stream meanwhile). With one resident block per SM nothing else
+    # runs on the SM meanwhile, in every round of blocks; with more, a later block's
+    # wait overlaps the others' loops, and only the first round's is exposed.
+    # mha_decode's split at batch 1, its whole 128 KB V tile per block at one block
+    # per SM in two rounds, ran 44.5 µs on an H100 where its tilings with 64 KB and
+    # two blocks per SM ran 33.7-34.0, which the model ranked after it
+    # (docs/perf-log.md v30).
+    if forloop > 1 and invariant and p.block_stream_bw:
+        rate = (p.bulk_stream_bw or p.block_stream_bw) if facts.bulk else p.block_stream_bw
+        resident = min(blocks, p.num_sms * per_sm)
+        rounds = -(-blocks // resident) if per_sm == 1 else 1
+        stream += fit["stream"] * rounds * max(resident * invariant / p.dram_bw,
+                                               invariant / rate)
     # Element-wise math in a custom kernel runs on the CUDA cores of the blocks' few
     # warps, in series with the loop's copies and mma steps: it adds to the kernel's
     # time, at the FMA rate slowed by the profile's ``simt_slowdown``.
@@ -502,6 +518,7 @@ class _Counts:
     blocks: int
     gathered: int   # FLOPs of block matmuls whose mma fragments are gathered
     simt: int       # FLOPs of the other operators, as the blocks run them
+    invariant: int = 0  # bytes of one block's loop-invariant loads
 
 
 def _custom(bg: BlockGraph, types: dict[str, TensorType],
@@ -516,7 +533,7 @@ def _custom(bg: BlockGraph, types: dict[str, TensorType],
     the FLOPs of the element-wise and reduction operators as every block runs them: once per iteration in the loop (a GELU before a loop's
     matmul is recomputed by every block along N), once after it."""
     tiles: dict[str, TensorType] = {}
-    loop_l2 = smem = 0
+    loop_l2 = smem = invariant = 0
     sources: set[str] = set()
     looped = {bi.value.name for bi in bg.inputs if bi.fmap is not None}
     for bi in bg.inputs:
@@ -525,6 +542,7 @@ def _custom(bg: BlockGraph, types: dict[str, TensorType],
         sources.add(bi.source)
         reads = bg.forloop if bi.fmap is not None else 1
         loop_l2 += t.nbytes * reads
+        invariant += t.nbytes if bi.fmap is None else 0
         smem += t.nbytes * (2 if bi.fmap is not None else 1)
     flops = elem = simt = gathered_direct = 0
     for bop in bg.ops:
@@ -553,4 +571,4 @@ def _custom(bg: BlockGraph, types: dict[str, TensorType],
     stored = sum(bo.value.type.nbytes for bo in bg.outputs)
     dram = sum(types[s].nbytes for s in sorted(sources)) + stored
     return _Counts(dram, loop_l2 * blocks + stored, flops * blocks, smem, blocks,
-                   (elem + gathered_direct) * blocks, simt * blocks)
+                   (elem + gathered_direct) * blocks, simt * blocks, invariant)
