@@ -334,27 +334,33 @@ def test_only_a_broadcast_divisor_is_stored_as_its_reciprocal(
     assert stored_inverse("s", analyse(decompose(bg))) is inverted
 
 
-def test_a_norm_only_divided_by_is_stored_as_its_reciprocal(tmp_path: Path) -> None:
-    # rms_norm(Q) before the loop: the norm (a row reduction) is written as 1 / sqrt by
-    # the lane that combines its row, and the pass that normalises Q multiplies, its 16
-    # elements per thread in an unrolled loop (the loop phase's rule, before the loop
-    # too). qknorm_gqa's queries; docs/perf-log.md v27 item 8.
-    src = tmp_path / "p.mir"
-    src.write_text("""program p() {
-  input Q: f16[128, 64];
-  input K: f16[64, 256];
-  O = custom(grid=(1, 1, 1), threads=512, forloop=4) {
+def _normed_queries(tmp_path: Path, rows: int, length: int, threads: int) -> Graph:
+    """One kernel that normalises Q (rows x length) before its loop, then multiplies
+    it by 4 slices of K: qknorm_gqa's query norm."""
+    src = tmp_path / "normed.mir"
+    src.write_text(f"""program normed() {{
+  input Q: f16[{rows}, {length}];
+  input K: f16[{length}, 256];
+  O = custom(grid=(1, 1, 1), threads={threads}, forloop=4) {{
     q = load Q imap();
     k = load K imap() fmap(1);
     n = rms_norm(q);
     m = matmul(n, k);
     s = acc_sum(m);
     store s -> O omap();
-  }
+  }}
   output O;
-}
+}}
 """)
-    g = load_graph(str(src))
+    return load_graph(str(src))
+
+
+def test_a_norm_only_divided_by_is_stored_as_its_reciprocal(tmp_path: Path) -> None:
+    # rms_norm(Q) before the loop: the norm (a row reduction) is written as 1 / sqrt by
+    # the lane that combines its row, and the pass that normalises Q multiplies, its 16
+    # elements per thread in an unrolled loop (the loop phase's rule, before the loop
+    # too). qknorm_gqa's queries; docs/perf-log.md v27 item 8.
+    g = _normed_queries(tmp_path, 128, 64, 512)
     (plan,) = _plans(planned(g, "sm_90", [Knobs()]))
     assert {t.name: t.home for t in plan.tiles}["n__rms"] == "smem"
     k0 = emit(lower(g))[0].split("__global__")[1]
@@ -416,22 +422,7 @@ def test_a_short_row_takes_one_lane_per_chunk(tmp_path: Path, length: int, rows:
     then combined into registers before any is stored."""
     from mirage_cli.codegen.blockfacts import threads_per_row
 
-    src = tmp_path / "rows.mir"
-    src.write_text(f"""program rows() {{
-  input Q: f16[{rows}, {length}];
-  input K: f16[{length}, 256];
-  O = custom(grid=(1, 1, 1), threads={threads}, forloop=4) {{
-    q = load Q imap();
-    k = load K imap() fmap(1);
-    n = rms_norm(q);
-    m = matmul(n, k);
-    s = acc_sum(m);
-    store s -> O omap();
-  }}
-  output O;
-}}
-""")
-    g = load_graph(str(src))
+    g = _normed_queries(tmp_path, rows, length, threads)
     (plan,) = _plans(planned(g, "sm_90", [Knobs()]))
     whole = threads_per_row(rows, plan.threads)
     lanes = min(whole, chunk_lanes) if chunk_lanes else whole
