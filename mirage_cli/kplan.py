@@ -75,6 +75,7 @@ class MmaPlan:
     output: str
     accumulator: str           # the acc_sum it feeds in registers ("" if materialised)
     a_path: str                # "ldmatrix" | "direct" | "frag" (the first mma's fragments)
+    #                            | "scaled" (a tile's ldmatrix fragments times a vector)
     #                            | "held" (ldmatrix once before the loop, kept in registers)
     b_path: str                # "ldmatrix.trans" | "direct" | "wgmma" (a shared-memory descriptor)
     kwarps: int                # warps splitting K (their fragments are summed after the loop)

@@ -23,6 +23,31 @@ def rmsnorm_linear_small() -> Graph:
     return b.build()
 
 
+def weighted_norm_uneven_tiles() -> Graph:
+    """A weighted RMSNorm's ``x * w`` as the A operand of the loop's matmul (A's
+    fragments scaled in registers), 72 columns a block (9 mma tiles over 4 warps: a
+    warp's last tile clamped), bf16 with the weight second and f16 with it first over
+    2 rows (the zero rows of a short A)."""
+    b = GraphBuilder("weighted_norm_uneven_tiles")
+    outs = []
+    for dt, rows, first in (("bf16", 16, False), ("f16", 2, True)):
+        x = b.input(f"X{dt}", (rows, 256), dt)
+        g = b.input(f"G{dt}", (256,), dt)
+        w = b.input(f"W{dt}", (256, 288), dt)
+        k = b.custom((4, 1, 1), 128, 4)
+        xt = k.load(x, (None, None, None), 1)
+        gt = k.load(g, (None, None, None), 0)
+        wt = k.load(w, (1, None, None), 0)
+        r = k.op("acc_rms_ld", xt, eps=1e-6)
+        xg = k.op("mul", gt, xt) if first else k.op("mul", xt, gt)
+        s = k.op("acc_sum", k.op("matmul", xg, wt))
+        (z,) = k.finish([(k.op("div", s, r), f"Z{dt}", (1, None, None))])
+        outs.append(z)
+    for z in outs:
+        b.output(z)
+    return b.build()
+
+
 def bf16_kernel_ops() -> Graph:
     """Every pre-defined kernel operator, bf16, odd shapes, broadcasting."""
     b = GraphBuilder("bf16_kernel_ops")
@@ -345,5 +370,5 @@ def invariant_max_after_loop() -> Graph:
 CASES: dict[str, Callable[[], Graph]] = {f.__name__: f for f in (
     split_combine, row_total, invariant_max_after_loop,
     attention_chain, attention_chain_batched, online_softmax_chain, online_softmax_batched,
-    rmsnorm_linear_small, bf16_kernel_ops, f32_block_ops, big_tiles_scratch, passthrough,
+    rmsnorm_linear_small, weighted_norm_uneven_tiles, bf16_kernel_ops, f32_block_ops, big_tiles_scratch, passthrough,
     single_buffer_unaligned, warp_reductions, divide_by_mean, mma_odd_shapes, kernel_matmuls)}

@@ -65,6 +65,29 @@ def test_a_tile_computed_in_the_loop_for_tensor_cores_is_16_bit_and_padded() -> 
     assert "mg_st(sm_kn_0 + (" in cu and "buf_kn" not in cu
 
 
+def test_a_weighted_tile_is_scaled_in_registers_and_uneven_tiles_have_no_branch() -> None:
+    # x * w before the loop's matmul: no tile of its own, A's fragments are x's, scaled
+    # by w's pairs; 9 tiles over 4 warps: the last tile of a warp clamped, not skipped.
+    import sys
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    from codegen_cases import weighted_norm_uneven_tiles
+
+    g = planned(weighted_norm_uneven_tiles(), "sm_90", [Knobs()])
+    for plan in _plans(g):
+        assert next(t for t in plan.tiles if t.name == "b4").home == "inline"
+        assert plan.mmas[0].a_path == "scaled"
+    cu, _ = emit(lower(g))
+    assert cu.count("mg_hmul2_bf16(ra") == 4 and cu.count("mg_hmul2_f16(ra") == 4
+    assert cu.count("const int q = min(mg_grp + 4 * j, 8);") == 2
+    loop = cu[cu.index("for (int it = 0;"):]
+    assert "if (q < 9)" not in loop[:loop.index("mg_mma_bf16(")]
+    # With ldmatrix off the product is computed where the direct path reads it.
+    off = planned(weighted_norm_uneven_tiles(), "sm_90", [Knobs(ldmatrix=0)] * 2)
+    assert all(p.mmas[0].a_path == "direct" for p in _plans(off))
+    assert "mg_hmul2" not in emit(lower(off))[0].split("extern \"C\"", 1)[1]
+
+
 def test_k_split_warps_combine_in_order_without_atomics() -> None:
     # Each level of K-split warps writes (level 0) or adds (later levels) its own
     # fragments after a barrier: one writer per element and level, a fixed order.

@@ -217,6 +217,19 @@ __device__ __forceinline__ unsigned mg_pack_bf16(float lo, float hi) {
   asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
   return d;
 }
+// Two 16-bit products, each rounded once: the product of two 16-bit values is exact in
+// f32, so this is the f32 product rounded to the dtype (bf16 by fma with -0: sm_80 has
+// no bf16x2 multiply).
+__device__ __forceinline__ unsigned mg_hmul2_f16(unsigned a, unsigned b) {
+  unsigned d;
+  asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+  return d;
+}
+__device__ __forceinline__ unsigned mg_hmul2_bf16(unsigned a, unsigned b) {
+  unsigned d;
+  asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(0x80008000u));
+  return d;
+}
 __device__ __forceinline__ unsigned mg_pack_f162(float2 v) { return mg_pack_f16(v.x, v.y); }
 __device__ __forceinline__ unsigned mg_pack_bf162(float2 v) { return mg_pack_bf16(v.x, v.y); }
 // The two 16-bit elements of a packed register (an mma fragment), as floats.
@@ -528,15 +541,13 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(128, 1) m
       #pragma unroll
       for (int j = 0; j < 7; ++j) {
         const int q = mg_grp + 4 * j;
-        if (q < 28) {
-          const int mg_nb = q / 28;
-          const int mg_ni = q % 28;
-          const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
-          (void)mg_nb; (void)c0; (void)n0;
-          unsigned rb0, rb1;
-          mg_ldsm_x2_t(rb0, rb1, (reinterpret_cast<const unsigned char*>(sm_b) + ((((mg_ni * 8)) * 2) / 64) * 4096 + (((((kk + (mg_lane & 15)))) * 64 + (((mg_ni * 8)) * 2) % 64) ^ (((((((kk + (mg_lane & 15)))) * 64 + (((mg_ni * 8)) * 2) % 64) >> 7) & 3) << 4))));
-          mg_mma_bf16(acc_s[j], ra0, ra1, ra2, ra3, rb0, rb1);
-        }
+        const int mg_nb = q / 28;
+        const int mg_ni = q % 28;
+        const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
+        (void)mg_nb; (void)c0; (void)n0;
+        unsigned rb0, rb1;
+        mg_ldsm_x2_t(rb0, rb1, (reinterpret_cast<const unsigned char*>(sm_b) + ((((mg_ni * 8)) * 2) / 64) * 4096 + (((((kk + (mg_lane & 15)))) * 64 + (((mg_ni * 8)) * 2) % 64) ^ (((((((kk + (mg_lane & 15)))) * 64 + (((mg_ni * 8)) * 2) % 64) >> 7) & 3) << 4))));
+        mg_mma_bf16(acc_s[j], ra0, ra1, ra2, ra3, rb0, rb1);
       }
     }
     }
@@ -750,15 +761,13 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(128, 1) m
       #pragma unroll
       for (int j = 0; j < 7; ++j) {
         const int q = mg_grp + 4 * j;
-        if (q < 28) {
-          const int mg_nb = q / 28;
-          const int mg_ni = q % 28;
-          const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
-          (void)mg_nb; (void)c0; (void)n0;
-          unsigned rb0, rb1;
-          mg_ldsm_x2_t(rb0, rb1, (reinterpret_cast<const unsigned char*>(sm_b) + ((((mg_ni * 8)) * 2) / 64) * 4096 + (((((kk + (mg_lane & 15)))) * 64 + (((mg_ni * 8)) * 2) % 64) ^ (((((((kk + (mg_lane & 15)))) * 64 + (((mg_ni * 8)) * 2) % 64) >> 7) & 3) << 4))));
-          mg_mma_bf16(acc_s[j], ra0, ra1, ra2, ra3, rb0, rb1);
-        }
+        const int mg_nb = q / 28;
+        const int mg_ni = q % 28;
+        const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
+        (void)mg_nb; (void)c0; (void)n0;
+        unsigned rb0, rb1;
+        mg_ldsm_x2_t(rb0, rb1, (reinterpret_cast<const unsigned char*>(sm_b) + ((((mg_ni * 8)) * 2) / 64) * 4096 + (((((kk + (mg_lane & 15)))) * 64 + (((mg_ni * 8)) * 2) % 64) ^ (((((((kk + (mg_lane & 15)))) * 64 + (((mg_ni * 8)) * 2) % 64) >> 7) & 3) << 4))));
+        mg_mma_bf16(acc_s[j], ra0, ra1, ra2, ra3, rb0, rb1);
       }
     }
     }
@@ -1003,15 +1012,13 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(256, 1) m
       #pragma unroll
       for (int j = 0; j < 2; ++j) {
         const int q = mg_grp + 4 * j;
-        if (q < 8) {
-          const int mg_nb = q / 8;
-          const int mg_ni = q % 8;
-          const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
-          (void)mg_nb; (void)c0; (void)n0;
-          unsigned rb0, rb1;
-          mg_ldsm_x2_t(rb0, rb1, (reinterpret_cast<const unsigned char*>(sm_b) + ((((mg_ni * 8)) * 2) / 128) * 32768 + (((((kk + (mg_lane & 15)))) * 128 + (((mg_ni * 8)) * 2) % 128) ^ (((((((kk + (mg_lane & 15)))) * 128 + (((mg_ni * 8)) * 2) % 128) >> 7) & 7) << 4))));
-          mg_mma_bf16(acc_s[j], ra0, ra1, ra2, ra3, rb0, rb1);
-        }
+        const int mg_nb = q / 8;
+        const int mg_ni = q % 8;
+        const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
+        (void)mg_nb; (void)c0; (void)n0;
+        unsigned rb0, rb1;
+        mg_ldsm_x2_t(rb0, rb1, (reinterpret_cast<const unsigned char*>(sm_b) + ((((mg_ni * 8)) * 2) / 128) * 32768 + (((((kk + (mg_lane & 15)))) * 128 + (((mg_ni * 8)) * 2) % 128) ^ (((((((kk + (mg_lane & 15)))) * 128 + (((mg_ni * 8)) * 2) % 128) >> 7) & 7) << 4))));
+        mg_mma_bf16(acc_s[j], ra0, ra1, ra2, ra3, rb0, rb1);
       }
     }
     }

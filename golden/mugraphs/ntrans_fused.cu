@@ -209,6 +209,19 @@ __device__ __forceinline__ unsigned mg_pack_bf16(float lo, float hi) {
   asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
   return d;
 }
+// Two 16-bit products, each rounded once: the product of two 16-bit values is exact in
+// f32, so this is the f32 product rounded to the dtype (bf16 by fma with -0: sm_80 has
+// no bf16x2 multiply).
+__device__ __forceinline__ unsigned mg_hmul2_f16(unsigned a, unsigned b) {
+  unsigned d;
+  asm("mul.rn.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b));
+  return d;
+}
+__device__ __forceinline__ unsigned mg_hmul2_bf16(unsigned a, unsigned b) {
+  unsigned d;
+  asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(0x80008000u));
+  return d;
+}
 __device__ __forceinline__ unsigned mg_pack_f162(float2 v) { return mg_pack_f16(v.x, v.y); }
 __device__ __forceinline__ unsigned mg_pack_bf162(float2 v) { return mg_pack_bf16(v.x, v.y); }
 // The two 16-bit elements of a packed register (an mma fragment), as floats.

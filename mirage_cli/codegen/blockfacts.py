@@ -122,6 +122,35 @@ def packed(name: str, a: Analysis) -> bool:
             and bool(users) and all(u is not None and is_mma(u, a.bg.threads) for u in users))
 
 
+def scaled_operand(name: str, a: Analysis) -> tuple[str, str] | None:
+    """``(tile, vector)`` where ``name`` is ``mul(tile, vector)`` of a block input
+    ``tile`` of ``name``'s own shape and dtype and a 16-bit block input ``vector`` of one
+    value per column (``[K]`` or ``[1, K]``), read only as the A operand of tensor-core
+    matmuls in the loop (each iteration's ``x * w`` of a weighted RMSNorm before a
+    projection). Its fragments are ``tile``'s, loaded by ``ldmatrix`` and multiplied by
+    pairs of ``vector`` in registers (mma's "scaled" A path): no pass that writes the
+    product into a shared-memory tile and no barrier before the matmul reads it. The
+    product of two 16-bit values is exact in f32, so the paired multiply (one rounding
+    to the dtype) gives the bits of the f32 product rounded on store, as before."""
+    op = a.producer.get(name)
+    t = a.types[name]
+    if (op is None or op.op != "mul" or len(op.inputs) != 2 or a.phases[name] != "loop"
+            or t.dtype not in (DType.F16, DType.BF16) or len(t.shape) != 2
+            or t.shape[-1] % 16):
+        return None
+    users = a.uses[name]
+    if not users or not all(u is not None and is_mma(u, a.bg.threads)
+                            and u.inputs[0] == name and u.inputs[1] != name for u in users):
+        return None
+    for tile, vec in (op.inputs, op.inputs[::-1]):
+        tt, tv = a.types[tile], a.types[vec]
+        if (tile in a.producer or vec in a.producer or tt != t or tv.dtype != t.dtype
+                or tv.shape not in ((t.shape[-1],), (1, t.shape[-1]))):
+            continue
+        return tile, vec
+    return None
+
+
 def stored_inverse(name: str, a: Analysis) -> bool:
     """An element-wise or row-reduction f32 tile that is only ever a broadcast divisor
     (``x / n`` with ``n`` one per column or row: qknorm_gqa's key norms, the norm of its

@@ -20,6 +20,7 @@ from mirage_cli.codegen.blockfacts import (
     packed,
     reads_once,
     row_reduction,
+    scaled_operand,
 )
 from mirage_cli.codegen.knobranges import VEC_BYTES, vec_elems
 from mirage_cli.codegen.smemplan import TileDraft, pitch_of
@@ -50,7 +51,8 @@ def homes(a: Analysis, dev: Mapping[str, TensorType], k: Knobs) -> dict[str, Til
             n = -(-v.type.numel // T)
             home = "acc_regs" if n <= ACC_REGS_MAX or acc_row_reduction(op, a) else "acc_smem"
         else:
-            home = "inline" if inlinable(v.name, a) else "smem"
+            # A scaled mma operand is read from its tile's fragments (planner._mmas).
+            home = "inline" if _scaled(v.name, a, tiles, k) or inlinable(v.name, a) else "smem"
         tiles[v.name] = TileDraft(v.name, v.type, a.phases[v.name], home)
         if home == "smem" and k.ldmatrix != 0 and packed(v.name, a):
             tile = tiles[v.name]
@@ -58,6 +60,16 @@ def homes(a: Analysis, dev: Mapping[str, TensorType], k: Knobs) -> dict[str, Til
             tile.owner = (f"{v.type.dtype.name.lower()} tile for ldmatrix, row pitch "
                           f"{tile.pitch}; element e written by thread e % {T}")
     return tiles
+
+
+def _scaled(name: str, a: Analysis, tiles: Mapping[str, TileDraft], k: Knobs) -> bool:
+    """Whether ``name`` is a scaled mma operand (:func:`blockfacts.scaled_operand`)
+    whose tile and vector are both staged, the tile in rows ``ldmatrix`` can read."""
+    pair = scaled_operand(name, a) if k.ldmatrix != 0 else None
+    if pair is None:
+        return False
+    tile, vec = tiles[pair[0]], tiles[pair[1]]
+    return tile.home == "smem" and tile.vec > 1 and tile.pitch > 0 and vec.home == "smem"
 
 
 def inlinable(name: str, a: Analysis) -> bool:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from mirage_cli.codegen.blockfacts import scaled_operand
 from mirage_cli.codegen.expr import (
     CTYPE,
     Lines,
@@ -63,8 +64,8 @@ def acc_update(k: FusedKernel, acc: BlockOp, mp: MmaPlan) -> Lines:
     inner = _tile_coords(op) + (b_lines if shared_a else a_lines + b_lines)
     inner.append(f"{mma}({dreg}, ra0, ra1, ra2, ra3, rb0, rb1);")
     tile_loop = ["#pragma unroll", f"for (int j = 0; j < {mp.tiles_per_warp}; ++j) {{",
-                 f"  const int q = mg_grp + {groups} * j;",
-                 f"  if (q < {nb * tm * tn}) {{"] + indent(inner, 2) + ["  }", "}"]
+                 f"  {_owned_tile(nb * tm * tn, groups, mp.tiles_per_warp)}"]
+    tile_loop += indent(inner, 1) + ["}"]
     steps = -(-k.a.types[op.inputs[0]].shape[-1] // 16) // mp.kwarps
     step = [f"const int kk = (mg_ks + s * {mp.kwarps}) * 16;",
             "const int k0 = kk + 2 * mg_t, k1 = k0 + 8;", "(void)k0; (void)k1;",
@@ -73,6 +74,20 @@ def acc_update(k: FusedKernel, acc: BlockOp, mp: MmaPlan) -> Lines:
         step += ["const int mg_mi = 0, r0 = mg_g, r1 = r0 + 8;", "(void)r0; (void)r1;"] + a_lines
     return (warp_ids(groups) + [_unroll(steps), f"for (int s = 0; s < {steps}; ++s) {{"]
             + indent(step + tile_loop) + ["}", "}"])
+
+
+def _owned_tile(tiles: int, groups: int, per_warp: int) -> str:
+    """The declaration of ``q``, this warp's ``j``-th output tile in a loop iteration's
+    matmul. Where the tiles do not deal evenly over the warp groups, a warp's last
+    ``q`` may be past the end; it is clamped to the last tile instead of skipped, so
+    the step has no branch: a branch around each tile's ``ldmatrix`` and ``mma`` kept
+    ptxas from overlapping one tile's loads with another's mma, and 9 tiles over 4
+    warps ran the loop 2.2 times slower than 12 (qwen2_rmsnorm_qkv, 72 columns a
+    block; docs/perf-log.md v31). The clamped tile's sums are never stored: the
+    accumulator's finish (:func:`tiles`) skips ``q`` past the end."""
+    if tiles >= groups * per_warp:
+        return f"const int q = mg_grp + {groups} * j;"
+    return f"const int q = min(mg_grp + {groups} * j, {tiles - 1});"
 
 
 def _unroll(steps: int) -> str:
@@ -188,6 +203,8 @@ def _operands(k: FusedKernel, op: BlockOp, mp: MmaPlan, bidx: list[str]
     ib = broadcast_index(bidx, tb.shape[:-2])
     if mp.a_path == "ldmatrix":
         a_lines = _ldsm_a(k, a, ia, M)
+    elif mp.a_path == "scaled":
+        a_lines = _scaled_a(k, a, ia, M, tc.dtype)
     else:
         a_lines = [f"ra{i} = {e};" for i, e in enumerate(_direct_a(k, a, ia, M, K, tc.dtype))]
     b_lines = ["unsigned rb0, rb1;"]
@@ -242,6 +259,23 @@ def _ldsm_a(k: FusedKernel, a: str, ia: list[str], M: int) -> Lines:
     if M % 16:
         ptr = f"({row} < {M} ? (const void*){ptr} : (const void*)mg_zero)"
     return [f"mg_ldsm_x4(ra0, ra1, ra2, ra3, {ptr});"]
+
+
+def _scaled_a(k: FusedKernel, a: str, ia: list[str], M: int, dt: DType) -> Lines:
+    """A's fragment where A is ``tile * vector`` (:func:`blockfacts.scaled_operand`):
+    ``tile``'s fragment by ``ldmatrix``, each register's two columns (k0, k0 + 1 in
+    ra0 and ra1; k1, k1 + 1 in ra2 and ra3) multiplied by the vector's pair there."""
+    pair = scaled_operand(a, k.a)
+    assert pair is not None
+    tile, vec = pair
+    lines = _ldsm_a(k, tile, ia, M)
+    lead = ["0"] if len(k.a.types[vec].shape) == 2 else []
+    mul = "mg_hmul2_f16" if dt is DType.F16 else "mg_hmul2_bf16"
+    for regs, col in ((("ra0", "ra1"), "k0"), (("ra2", "ra3"), "k1")):
+        ptr = smem_ptr(k, vec, lead + [col])
+        lines.append(f"{{ const unsigned mg_v = *reinterpret_cast<const unsigned*>({ptr});")
+        lines += [f"  {r} = {mul}({r}, mg_v);" for r in regs] + ["}"]
+    return lines
 
 
 def _ldsm_b(k: FusedKernel, b: str, ib: list[str]) -> Lines:

@@ -33,6 +33,7 @@ from mirage_cli.codegen.blockfacts import (
     row_reduction,
     row_tile,
     rows_in_registers,
+    scaled_operand,
     threads_per_row,
 )
 from mirage_cli.codegen.directfacts import direct_locals, direct_reason
@@ -387,8 +388,10 @@ def _mmas(a: Analysis, tiles: dict[str, TileDraft], k: Knobs) -> list[MmaPlan]:
         use = k.ldmatrix == 1
         a_ok = use and _ldmatrix_ok(ta, dt) and K % 16 == 0
         b_ok = use and _ldmatrix_ok(tb, dt) and K % 16 == 0 and N % 8 == 0
+        # An operand computed inline as a staged tile times a column vector (homes).
+        scaled = ta.home == "inline" and scaled_operand(op.inputs[0], a) is not None
         out.append(MmaPlan(name, acc.outputs[0].name if acc else "",
-                           "ldmatrix" if a_ok else "direct",
+                           "scaled" if scaled else "ldmatrix" if a_ok else "direct",
                            "ldmatrix.trans" if b_ok else "direct", kw, per_warp))
     return out
 
