@@ -205,6 +205,27 @@ def test_opt_variants_mark_what_select_ships():
     assert len(none) == 1 and none[0].graph is None and not none[0].ok
 
 
+def test_opt_variants_mark_the_unfused_lowering_when_opt_ships_it():
+    """opt ships the program itself when every candidate is predicted slower
+    (commands.opt.stage_ship): the bench times and marks that, not candidate 1."""
+    from mirage_cli.commands.opt import stage_ship
+    from mirage_cli.search.cost import estimate
+
+    a, b = (parse_text(SMALL.replace("n = 32", f"n = {n}"), "<t>", {}) for n in (32, 1 << 20))
+    slow = [(b, {"rank": 0, "cost": {"time_us": 1e6}})]
+    vs = opt_variants(a, 1, lambda g: _Outcome(slow), lambda out: a)
+    assert [v.label for v in vs] == ["opt: unfused (shipped)", "opt#1"]
+    assert vs[0].graph == a and vs[0].shipped and not vs[1].shipped
+    assert vs[0].predicted_us == estimate(a).time_us
+    # stage_ship itself: the candidate, unless the model predicts it slower than the
+    # program (b reads a weight 32768 times a's, so it stands in for a slower candidate).
+    assert stage_ship(a, _Outcome([(a, {})])) == (a, None)
+    best, why = stage_ship(a, _Outcome([(b, {})]))
+    assert best is a and "predicted slower than the unfused program" in why
+    assert stage_ship(a, _Outcome([(b, {})]), require_fused=True) == (b, None)
+    assert stage_ship(a, _Outcome([])) == (None, None)
+
+
 def test_bench_candidates_are_what_opt_ships(tmp_path, monkeypatch):
     from mirage_cli.commands.bench import opt_candidates, opt_settings
     from mirage_cli.search.cost import TIE_REL

@@ -662,8 +662,10 @@ def opt_variants(program: Graph, top: int, search: Callable[[Graph], Any],
     """The first ``top`` ranked, verified candidates of ``search(program)`` (an
     :class:`~mirage_cli.search.driver.Outcome`), labelled ``opt#1``, ``opt#2``, ...,
     each with its kernel plans as ``plan`` (opt's planning step) gives them; the one
-    ``select`` picks (what ``mirage opt`` ships) is marked ``(shipped)``. No candidate
-    at all is a failure row, not an empty list."""
+    ``select`` picks (what ``mirage opt`` ships) is marked ``(shipped)``; where that is
+    the program itself (opt ships the unfused lowering when the model predicts every
+    candidate slower), it is a variant of its own, ``opt: unfused (shipped)``. No
+    candidate at all is a failure row, not an empty list."""
     out = search(program)
     info_search = {"cached": out.cached, "complete": out.complete}
     if not out.candidates:
@@ -672,6 +674,12 @@ def opt_variants(program: Graph, top: int, search: Callable[[Graph], Any],
     chosen = select(out)
     shipped = plan(chosen) if chosen is not None else None
     variants = []
+    if chosen is program:
+        from mirage_cli.search.cost import estimate
+
+        variants.append(Variant("opt: unfused (shipped)", shipped, shipped=True,
+                                predicted_us=estimate(program).time_us,
+                                search={**info_search, "unfused": True}))
     for i, (g, meta) in enumerate(out.candidates[:top]):
         g = plan(g)
         mark = g == shipped

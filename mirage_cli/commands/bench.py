@@ -88,7 +88,8 @@ def opt_candidates(program: Graph, top: int, kw: dict[str, Any]) -> list[Variant
 
     try:
         return opt_variants(program, top, lambda g: opt.stage_search(g, kw, kw["budget"]),
-                            opt.stage_select, lambda g: planned(g, DEFAULT_ARCH, []))
+                            lambda out: opt.stage_ship(program, out)[0],
+                            lambda g: planned(g, DEFAULT_ARCH, []))
     except Exception as e:  # noqa: BLE001 - one program's failed search is a row, not the end
         return [Variant("opt", None, f"search failed: {type(e).__name__}: {e}", ok=False)]
 

@@ -157,6 +157,19 @@ def stage_select(out: Outcome) -> Graph | None:
     return out.candidates[0][0] if out.candidates else None
 
 
+def stage_ship(program: Graph, out: Outcome, require_fused: bool = False
+               ) -> tuple[Graph | None, str | None]:
+    """What `mirage opt` (without ``--gpu``) ships from ``out``, and why it is the
+    unfused lowering when it is: the best verified candidate, unless the model predicts
+    it slower than ``program`` itself (:func:`~mirage_cli.search.driver.slower_than_unfused`)
+    and ``require_fused`` is off. ``mirage bench`` marks the same choice as shipped."""
+    best = stage_select(out)
+    if best is None or require_fused:
+        return best, None
+    slower = slower_than_unfused(program, best)
+    return (best, None) if slower is None else (program, slower)
+
+
 def stage_codegen(best: Graph, name: str, arch: str, header: str | None
                   ) -> tuple[str, str, str | None]:
     """CUDA source, header and (when ``header`` is given) typed C++ interface of
@@ -328,17 +341,15 @@ def _optimise(g: Graph, program: str, kw: dict, deadline: float,  # type: ignore
             warn(clock_warning("opt", res))
         if save_temps:
             temps.append((os.path.join(save_temps, f"{base}.cands.ugraph.json"), res.text))
-        best = stage_select(res)
-        if timer is not None and best is not None:
+        if timer is not None and res.candidates:
             best, measured = stage_measure(g, res, timer, kw)
             if save_temps:
                 temps.append((os.path.join(save_temps, f"{base}.measured.ugraph.json"),
                               measured))
-        elif best is not None and not require_fused:
-            slower = slower_than_unfused(g, best)
+        else:
+            best, slower = stage_ship(g, res, require_fused)
             if slower is not None:
                 info(f"opt: {slower}: shipping the unfused lowering")
-                best = g
         why = explain_none(res.progress) if res.progress else "search interrupted"
     fused = best is not None and best is not g
     if best is None:
