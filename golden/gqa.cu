@@ -472,20 +472,46 @@ extern "C" __global__ void __launch_bounds__(512, 1) mg_k0_mirage_gqa_h16x256x64
       const int kk = (mg_ks + s * 1) * 16;
       const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
       (void)k0; (void)k1;
-      unsigned ra0, ra1, ra2, ra3;
-      #pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        const int q = mg_grp + 16 * j;
-        const int mg_nb = q / 128;
-        const int mg_ni = q % 32;
-        const int mg_mi = (q / 32) % 4;
-        const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
-        const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
-        (void)mg_nb; (void)c0; (void)n0;
+      unsigned mg_ra[4][4];
+      {
+        const int mg_mi = 0, r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
+        (void)r0; (void)r1;
+        unsigned ra0, ra1, ra2, ra3;
         mg_ldsm_x4(ra0, ra1, ra2, ra3, (reinterpret_cast<const unsigned char*>(sm_a) + ((((kk + (mg_lane >> 4) * 8)) * 2) / 32) * 2048 + ((((0) * 64 + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8))) * 32 + (((kk + (mg_lane >> 4) * 8)) * 2) % 32) ^ ((((((0) * 64 + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8))) * 32 + (((kk + (mg_lane >> 4) * 8)) * 2) % 32) >> 7) & 1) << 4))));
+        mg_ra[0][0] = ra0; mg_ra[0][1] = ra1; mg_ra[0][2] = ra2; mg_ra[0][3] = ra3;
+      }
+      {
+        const int mg_mi = 1, r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
+        (void)r0; (void)r1;
+        unsigned ra0, ra1, ra2, ra3;
+        mg_ldsm_x4(ra0, ra1, ra2, ra3, (reinterpret_cast<const unsigned char*>(sm_a) + ((((kk + (mg_lane >> 4) * 8)) * 2) / 32) * 2048 + ((((0) * 64 + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8))) * 32 + (((kk + (mg_lane >> 4) * 8)) * 2) % 32) ^ ((((((0) * 64 + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8))) * 32 + (((kk + (mg_lane >> 4) * 8)) * 2) % 32) >> 7) & 1) << 4))));
+        mg_ra[1][0] = ra0; mg_ra[1][1] = ra1; mg_ra[1][2] = ra2; mg_ra[1][3] = ra3;
+      }
+      {
+        const int mg_mi = 2, r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
+        (void)r0; (void)r1;
+        unsigned ra0, ra1, ra2, ra3;
+        mg_ldsm_x4(ra0, ra1, ra2, ra3, (reinterpret_cast<const unsigned char*>(sm_a) + ((((kk + (mg_lane >> 4) * 8)) * 2) / 32) * 2048 + ((((0) * 64 + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8))) * 32 + (((kk + (mg_lane >> 4) * 8)) * 2) % 32) ^ ((((((0) * 64 + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8))) * 32 + (((kk + (mg_lane >> 4) * 8)) * 2) % 32) >> 7) & 1) << 4))));
+        mg_ra[2][0] = ra0; mg_ra[2][1] = ra1; mg_ra[2][2] = ra2; mg_ra[2][3] = ra3;
+      }
+      {
+        const int mg_mi = 3, r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
+        (void)r0; (void)r1;
+        unsigned ra0, ra1, ra2, ra3;
+        mg_ldsm_x4(ra0, ra1, ra2, ra3, (reinterpret_cast<const unsigned char*>(sm_a) + ((((kk + (mg_lane >> 4) * 8)) * 2) / 32) * 2048 + ((((0) * 64 + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8))) * 32 + (((kk + (mg_lane >> 4) * 8)) * 2) % 32) ^ ((((((0) * 64 + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8))) * 32 + (((kk + (mg_lane >> 4) * 8)) * 2) % 32) >> 7) & 1) << 4))));
+        mg_ra[3][0] = ra0; mg_ra[3][1] = ra1; mg_ra[3][2] = ra2; mg_ra[3][3] = ra3;
+      }
+      #pragma unroll
+      for (int jn = 0; jn < 2; ++jn) {
+        const int mg_ni = mg_grp + 16 * jn;
+        const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
+        (void)c0; (void)n0;
         unsigned rb0, rb1;
         mg_ldsm_x2_t(rb0, rb1, (reinterpret_cast<const unsigned char*>(sm_b) + ((((mg_ni * 8)) * 2) / 128) * 2048 + ((((0) * 16 + ((kk + (mg_lane & 15)))) * 128 + (((mg_ni * 8)) * 2) % 128) ^ ((((((0) * 16 + ((kk + (mg_lane & 15)))) * 128 + (((mg_ni * 8)) * 2) % 128) >> 7) & 7) << 4))));
-        mg_mma_f16(acc_s[j], ra0, ra1, ra2, ra3, rb0, rb1);
+        mg_mma_f16(acc_s[0 + jn], mg_ra[0][0], mg_ra[0][1], mg_ra[0][2], mg_ra[0][3], rb0, rb1);
+        mg_mma_f16(acc_s[2 + jn], mg_ra[1][0], mg_ra[1][1], mg_ra[1][2], mg_ra[1][3], rb0, rb1);
+        mg_mma_f16(acc_s[4 + jn], mg_ra[2][0], mg_ra[2][1], mg_ra[2][2], mg_ra[2][3], rb0, rb1);
+        mg_mma_f16(acc_s[6 + jn], mg_ra[3][0], mg_ra[3][1], mg_ra[3][2], mg_ra[3][3], rb0, rb1);
       }
     }
     }
@@ -708,20 +734,46 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k4_mirage_gqa_h16x256x64
       const int kk = (mg_ks + s * 1) * 16;
       const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
       (void)k0; (void)k1;
-      unsigned ra0, ra1, ra2, ra3;
-      #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int q = mg_grp + 4 * j;
-        const int mg_nb = q / 16;
-        const int mg_ni = q % 4;
-        const int mg_mi = (q / 4) % 4;
-        const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
-        const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
-        (void)mg_nb; (void)c0; (void)n0;
+      unsigned mg_ra[4][4];
+      {
+        const int mg_mi = 0, r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
+        (void)r0; (void)r1;
+        unsigned ra0, ra1, ra2, ra3;
         mg_ldsm_x4(ra0, ra1, ra2, ra3, (reinterpret_cast<const unsigned char*>(sm_a) + ((((kk + (mg_lane >> 4) * 8)) * 2) / 128) * 8192 + ((((0) * 64 + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8))) * 128 + (((kk + (mg_lane >> 4) * 8)) * 2) % 128) ^ ((((((0) * 64 + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8))) * 128 + (((kk + (mg_lane >> 4) * 8)) * 2) % 128) >> 7) & 7) << 4))));
+        mg_ra[0][0] = ra0; mg_ra[0][1] = ra1; mg_ra[0][2] = ra2; mg_ra[0][3] = ra3;
+      }
+      {
+        const int mg_mi = 1, r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
+        (void)r0; (void)r1;
+        unsigned ra0, ra1, ra2, ra3;
+        mg_ldsm_x4(ra0, ra1, ra2, ra3, (reinterpret_cast<const unsigned char*>(sm_a) + ((((kk + (mg_lane >> 4) * 8)) * 2) / 128) * 8192 + ((((0) * 64 + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8))) * 128 + (((kk + (mg_lane >> 4) * 8)) * 2) % 128) ^ ((((((0) * 64 + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8))) * 128 + (((kk + (mg_lane >> 4) * 8)) * 2) % 128) >> 7) & 7) << 4))));
+        mg_ra[1][0] = ra0; mg_ra[1][1] = ra1; mg_ra[1][2] = ra2; mg_ra[1][3] = ra3;
+      }
+      {
+        const int mg_mi = 2, r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
+        (void)r0; (void)r1;
+        unsigned ra0, ra1, ra2, ra3;
+        mg_ldsm_x4(ra0, ra1, ra2, ra3, (reinterpret_cast<const unsigned char*>(sm_a) + ((((kk + (mg_lane >> 4) * 8)) * 2) / 128) * 8192 + ((((0) * 64 + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8))) * 128 + (((kk + (mg_lane >> 4) * 8)) * 2) % 128) ^ ((((((0) * 64 + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8))) * 128 + (((kk + (mg_lane >> 4) * 8)) * 2) % 128) >> 7) & 7) << 4))));
+        mg_ra[2][0] = ra0; mg_ra[2][1] = ra1; mg_ra[2][2] = ra2; mg_ra[2][3] = ra3;
+      }
+      {
+        const int mg_mi = 3, r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
+        (void)r0; (void)r1;
+        unsigned ra0, ra1, ra2, ra3;
+        mg_ldsm_x4(ra0, ra1, ra2, ra3, (reinterpret_cast<const unsigned char*>(sm_a) + ((((kk + (mg_lane >> 4) * 8)) * 2) / 128) * 8192 + ((((0) * 64 + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8))) * 128 + (((kk + (mg_lane >> 4) * 8)) * 2) % 128) ^ ((((((0) * 64 + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8))) * 128 + (((kk + (mg_lane >> 4) * 8)) * 2) % 128) >> 7) & 7) << 4))));
+        mg_ra[3][0] = ra0; mg_ra[3][1] = ra1; mg_ra[3][2] = ra2; mg_ra[3][3] = ra3;
+      }
+      #pragma unroll
+      for (int jn = 0; jn < 1; ++jn) {
+        const int mg_ni = mg_grp + 4 * jn;
+        const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
+        (void)c0; (void)n0;
         unsigned rb0, rb1;
         mg_ldsm_x2_t(rb0, rb1, (reinterpret_cast<const unsigned char*>(sm_b) + ((((mg_ni * 8)) * 2) / 64) * 8192 + ((((0) * 128 + ((kk + (mg_lane & 15)))) * 64 + (((mg_ni * 8)) * 2) % 64) ^ ((((((0) * 128 + ((kk + (mg_lane & 15)))) * 64 + (((mg_ni * 8)) * 2) % 64) >> 7) & 3) << 4))));
-        mg_mma_f16(acc_s[j], ra0, ra1, ra2, ra3, rb0, rb1);
+        mg_mma_f16(acc_s[0 + jn], mg_ra[0][0], mg_ra[0][1], mg_ra[0][2], mg_ra[0][3], rb0, rb1);
+        mg_mma_f16(acc_s[1 + jn], mg_ra[1][0], mg_ra[1][1], mg_ra[1][2], mg_ra[1][3], rb0, rb1);
+        mg_mma_f16(acc_s[2 + jn], mg_ra[2][0], mg_ra[2][1], mg_ra[2][2], mg_ra[2][3], rb0, rb1);
+        mg_mma_f16(acc_s[3 + jn], mg_ra[3][0], mg_ra[3][1], mg_ra[3][2], mg_ra[3][3], rb0, rb1);
       }
     }
     }

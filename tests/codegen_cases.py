@@ -48,6 +48,27 @@ def weighted_norm_uneven_tiles() -> Graph:
     return b.build()
 
 
+def two_row_tiles() -> Graph:
+    """A loop matmul of two 16-row tiles per 8-column tile (a warp loads each B
+    fragment once for both): 32 rows in f16, and 24 in bf16 (the second row tile half
+    zero rows)."""
+    b = GraphBuilder("two_row_tiles")
+    outs = []
+    for dt, rows in (("f16", 32), ("bf16", 24)):
+        x = b.input(f"X{dt}", (rows, 128), dt)
+        w = b.input(f"W{dt}", (128, 64), dt)
+        k = b.custom((1, 1, 1), 128, 2)
+        xt = k.load(x, (None, None, None), 1)
+        wt = k.load(w, (None, None, None), 0)
+        r = k.op("acc_rms_ld", xt)
+        s = k.op("acc_sum", k.op("matmul", xt, wt))
+        (z,) = k.finish([(k.op("div", s, r), f"Z{dt}", (None, None, None))])
+        outs.append(z)
+    for z in outs:
+        b.output(z)
+    return b.build()
+
+
 def bf16_kernel_ops() -> Graph:
     """Every pre-defined kernel operator, bf16, odd shapes, broadcasting."""
     b = GraphBuilder("bf16_kernel_ops")
@@ -370,5 +391,5 @@ def invariant_max_after_loop() -> Graph:
 CASES: dict[str, Callable[[], Graph]] = {f.__name__: f for f in (
     split_combine, row_total, invariant_max_after_loop,
     attention_chain, attention_chain_batched, online_softmax_chain, online_softmax_batched,
-    rmsnorm_linear_small, weighted_norm_uneven_tiles, bf16_kernel_ops, f32_block_ops, big_tiles_scratch, passthrough,
+    rmsnorm_linear_small, weighted_norm_uneven_tiles, two_row_tiles, bf16_kernel_ops, f32_block_ops, big_tiles_scratch, passthrough,
     single_buffer_unaligned, warp_reductions, divide_by_mean, mma_odd_shapes, kernel_matmuls)}

@@ -88,6 +88,22 @@ def test_a_weighted_tile_is_scaled_in_registers_and_uneven_tiles_have_no_branch(
     assert "mg_hmul2" not in emit(lower(off))[0].split("extern \"C\"", 1)[1]
 
 
+def test_two_row_tiles_share_each_b_fragment() -> None:
+    # 32 (and 24) rows: each warp owns both 16-row tiles of its 8-column tiles, loads
+    # the two A fragments once a step and each B fragment once for both.
+    import sys
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    from codegen_cases import two_row_tiles
+
+    cu, _ = emit(lower(planned(two_row_tiles(), "sm_90", [Knobs()])))
+    step = cu[cu.index("unsigned mg_ra[2][4];"):]
+    step = step[:step.index("acc_b4[2 + jn]") + 200]
+    assert step.count("mg_ldsm_x4(") == 2 and step.count("mg_ldsm_x2_t(") == 1
+    assert "acc_b4[0 + jn], mg_ra[0][0]" in step and "acc_b4[2 + jn], mg_ra[1][0]" in step
+    assert cu.count("unsigned mg_ra[2][4];") == 2
+
+
 def test_k_split_warps_combine_in_order_without_atomics() -> None:
     # Each level of K-split warps writes (level 0) or adds (later levels) its own
     # fragments after a barrier: one writer per element and level, a fixed order.

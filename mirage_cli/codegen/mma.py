@@ -72,8 +72,40 @@ def acc_update(k: FusedKernel, acc: BlockOp, mp: MmaPlan) -> Lines:
             "unsigned ra0, ra1, ra2, ra3;"]
     if shared_a:
         step += ["const int mg_mi = 0, r0 = mg_g, r1 = r0 + 8;", "(void)r0; (void)r1;"] + a_lines
+    elif _row_tiles(nb, tm, tn, groups, mp.tiles_per_warp):
+        step, tile_loop = step[:3], _rows_of_tiles(op, tm, tn // groups, groups, a_lines,
+                                                   b_lines, mma, dreg)
     return (warp_ids(groups) + [_unroll(steps), f"for (int s = 0; s < {steps}; ++s) {{"]
             + indent(step + tile_loop) + ["}", "}"])
+
+
+def _row_tiles(nb: int, tm: int, tn: int, groups: int, per_warp: int) -> bool:
+    """Whether a warp's tiles are whole columns of tiles: every 16-row tile of the
+    8-column tiles ``mg_grp``, ``mg_grp + groups``, ... (q = mg_grp + groups * j)."""
+    return nb == 1 and tm > 1 and tn % groups == 0 and per_warp == tm * (tn // groups)
+
+
+def _rows_of_tiles(op: BlockOp, tm: int, per_n: int, groups: int, a_lines: Lines,
+                   b_lines: Lines, mma: str, dreg: str) -> Lines:
+    """One K step of a warp that owns every 16-row tile of its 8-column tiles: the
+    ``tm`` A fragments once, then each B fragment once for all of them. Tile by tile,
+    each of A's and B's fragments was loaded once per tile it is used in (12 ldmatrix
+    for 6 mma where 5 do; rmsnorm_linear at batch 16, 32 rows). The accumulator
+    index is the tile loop's: tile (mi, ni) is q = mi * tn + ni, j = mi * per_n + jn."""
+    acc = dreg.removesuffix("[j]")
+    lines: Lines = [f"unsigned mg_ra[{tm}][4];"]
+    for mi in range(tm):
+        lines += ["{", f"  const int mg_mi = {mi}, r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;",
+                  "  (void)r0; (void)r1;", "  unsigned ra0, ra1, ra2, ra3;"]
+        lines += indent(a_lines, 1)
+        lines += ["  " + " ".join(f"mg_ra[{mi}][{i}] = ra{i};" for i in range(4)), "}"]
+    body = [f"const int mg_ni = mg_grp + {groups} * jn;",
+            "const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;",
+            "(void)c0; (void)n0;"] + b_lines
+    body += [f"{mma}({acc}[{mi * per_n} + jn], mg_ra[{mi}][0], mg_ra[{mi}][1], "
+             f"mg_ra[{mi}][2], mg_ra[{mi}][3], rb0, rb1);" for mi in range(tm)]
+    return lines + ["#pragma unroll", f"for (int jn = 0; jn < {per_n}; ++jn) {{"] \
+        + indent(body) + ["}"]
 
 
 def _owned_tile(tiles: int, groups: int, per_warp: int) -> str:
