@@ -12,6 +12,9 @@ Stable entry points (used by the search and by ``mirage verify``)::
 - ``check(candidate, trials=1)`` runs ``trials`` finite-field trials. The reference's
   outputs of each trial (its "fingerprints") and the trial's inputs are computed once
   and cached, so checking a candidate costs one evaluation of the candidate per trial.
+  A graph too large to evaluate at once is evaluated slab by slab along an independent
+  leading axis (:mod:`.slabs`), drawing each slab's inputs when it is evaluated: same
+  residues, same outputs, the memory of one slab (its inputs are then not cached).
   ``Verdict.equivalent`` is False on a mismatch (a proof of non-equivalence in the
   field model), True when every trial passed, None when the field model does not
   apply (e.g. nested exp) or every trial met a zero divisor.
@@ -38,6 +41,7 @@ from mirage_cli.verifier.analysis import Profile, profile
 from mirage_cli.verifier.bound import TrialBound, trial_bound
 from mirage_cli.verifier.crosscheck import CrossCheck, crosscheck
 from mirage_cli.verifier.evaluate import evaluate
+from mirage_cli.verifier.slabs import Slabs, gather, plan
 
 DEFAULT_BOUND = 2.0 ** -40
 # Trials that met a zero divisor are replaced; give up after this many replacements.
@@ -210,13 +214,40 @@ class Verifier:
         """Outputs mod P, zero division met, why unsupported, and (only in the second
         field's trial) outputs mod Q, None where an output has no Z_Q meaning."""
         ctx = TrialContext(self.seed, t)
+        slabs = plan(g)
         try:
-            vals = evaluate(g, self.trial_inputs(t), ctx)
-            outs = [o.p for o in vals]
-            second = [o.q for o in vals] if t == SECOND_FIELD_TRIAL else []
+            if slabs is None:
+                vals = evaluate(g, self.trial_inputs(t), ctx)
+                outs = [o.p for o in vals]
+                second = [o.q for o in vals] if t == SECOND_FIELD_TRIAL else []
+            else:
+                outs, second = self._run_slabs(g, slabs, t, ctx)
         except Unsupported as e:
             return None, False, str(e), []
         return outs, ctx.zero_division[0], "", second
+
+    def _run_slabs(self, g: Graph, slabs: Slabs, t: int, ctx: TrialContext
+                   ) -> tuple[list[np.ndarray], list[np.ndarray | None]]:
+        """:meth:`_run`'s outputs mod P (and mod Q in the second field's trial), slab by
+        slab: each slab's axis-carrying inputs are drawn as it is evaluated (the rows
+        of the whole draw), the axis-free ones come whole from the trial's cache; one
+        context for all slabs, so a zero divisor met in any slab is the trial's."""
+        whole = self.trial_inputs(t)  # lazy: only the axis-free inputs get drawn
+        shapes = [i.value.type.shape for i in g.inputs]
+        n = len(g.outputs)
+        both = t == SECOND_FIELD_TRIAL
+
+        def one(s: int) -> list[np.ndarray | None]:
+            rows = slabs.rows_of(s)
+            ins = [_random_input(self.seed, t, k, shapes[k], rows) if c else whole[k]
+                   for k, c in enumerate(slabs.inputs)]
+            vals = evaluate(slabs.graph, ins, ctx)
+            return [o.p for o in vals] + ([o.q for o in vals] if both else [])
+
+        res = gather(slabs, slabs.outputs * (2 if both else 1), one)
+        outs = res[:n]
+        assert all(x is not None for x in outs)  # a residue mod P exists or raised
+        return outs, res[n:]  # type: ignore[return-value]
 
     def _run_candidate(self, g: Graph, t: int) -> tuple[list[np.ndarray] | None, bool,
                                                         str, list[np.ndarray | None]]:
@@ -330,18 +361,33 @@ def _combine(fv: Verdict, cc: CrossCheck | None) -> tuple[str, str | None]:
                          "the field model does not have?), but float64 outputs agree")
 
 
-def _random_input(seed: int, t: int, k: int, shape: tuple[int, ...]) -> FVal:
+def _random_input(seed: int, t: int, k: int, shape: tuple[int, ...],
+                  rows: slice = slice(None)) -> FVal:
+    """Input ``k`` of trial ``t`` (its residues drawn on first use), or its ``rows``
+    (of dim 0, a step-1 slice): the same values as those rows of the whole input."""
+    start, stop, _ = rows.indices(shape[0]) if shape else (0, 0, 1)
+    part = shape if rows == slice(None) else (stop - start,) + shape[1:]
+    skip = start * int(np.prod(shape[1:], dtype=np.int64))
+
     def draw(which: int) -> np.ndarray:
-        return draw_uniform(np.random.default_rng([seed, t, k, which]), shape)
+        return draw_uniform(np.random.default_rng([seed, t, k, which]), part, skip)
     return FVal(lambda: draw(0), lambda: draw(1), lambda: draw(2))
 
 
-def draw_uniform(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
+def draw_uniform(rng: np.random.Generator, shape: tuple[int, ...], skip: int = 0
+                 ) -> np.ndarray:
     """int64 values uniform in [0, 2^INPUT_BITS): the low INPUT_BITS bits of the
     generator's 32-bit output words (uniform and independent, as every bit of PCG64's
-    output is), masked straight into the result: no intermediate arrays."""
+    output is), masked straight into the result: no intermediate arrays. ``skip``: the
+    elements from number ``skip`` on of a longer draw (PCG64 jumps over the 64-bit words
+    before them, each of which holds two elements), so rows of an input can be drawn
+    without drawing the whole input."""
     n = int(np.prod(shape))
-    words = rng.bit_generator.random_raw((n + 1) // 2).view(np.uint32)[:n]
+    bits = rng.bit_generator
+    assert isinstance(bits, np.random.PCG64)  # default_rng's, which can jump
+    bits.advance(skip // 2)
+    odd = skip % 2
+    words = bits.random_raw((odd + n + 1) // 2).view(np.uint32)[odd:odd + n]
     x = np.empty(shape, dtype=np.int64)
     np.bitwise_and(words.reshape(shape), np.uint32((1 << INPUT_BITS) - 1), out=x,
                    casting="unsafe")

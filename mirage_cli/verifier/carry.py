@@ -75,6 +75,20 @@ def carry(prog_old: Graph, cand_old: Graph, prog_new: Graph, cand_new: Graph) ->
     return Carry(param, old, new, tuple((n, a) for n, a in axes.items() if a is not None))
 
 
+def tensor_axes(g: Graph, axes: dict[str, Ax]) -> dict[str, Ax]:
+    """Every device tensor's d axis in one graph, given its inputs' (``axes``, by name):
+    the walk of the graph with itself, i.e. the index rules alone. Raises
+    :class:`NotCarried` where an operator is not pointwise along d. (The slab evaluation
+    of :mod:`.slabs` cuts a graph along such an axis.)"""
+    return _walk(g, g, axes)
+
+
+def splitting_axis(bg: BlockGraph, env: dict[str, Ax]) -> int | None:
+    """The grid axis of a custom kernel that splits the d axes of its loads (None: no
+    grid axis does), given every device tensor's d axis ``env``."""
+    return _splitter(bg, env)
+
+
 def why_not(prog_old: Graph, cand_old: Graph, prog_new: Graph, cand_new: Graph
             ) -> str | None:
     """The reason :func:`carry` refuses, or None when it carries."""

@@ -41,9 +41,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mirage_cli import interp
 from mirage_cli.dtypes import round_to
 from mirage_cli.ir import Graph
+from mirage_cli.verifier import slabs
 from mirage_cli.verifier.crosscheck import float_inputs
 
 SCALES = (16.0,)
@@ -106,18 +106,30 @@ class Safety:
 def scaled_inputs(g: Graph, seed: int, scale: float) -> dict[str, np.ndarray]:
     """``interp.random_inputs`` times ``scale``, rounded to each input's dtype (the
     draw is the float64 cross-check's, :func:`.crosscheck.float_inputs`)."""
-    base = float_inputs(g, seed)
-    types = {i.value.name: i.value.type for i in g.inputs}
-    return {n: round_to(types[n].dtype, x * np.float32(scale)) for n, x in base.items()}
+    return _whole(g, hostile_source(g, seed, Inputs(scale=scale)))
 
 
 def hostile_inputs(g: Graph, seed: int, which: Inputs) -> dict[str, np.ndarray]:
     """The inputs of ``which`` for ``g`` (see :class:`Inputs`)."""
-    ins = scaled_inputs(g, seed, which.scale)
-    if which.constant is not None:
-        name = g.inputs[which.constant].value.name
-        ins[name] = np.full_like(ins[name], CONSTANT)
-    return ins
+    return _whole(g, hostile_source(g, seed, which))
+
+
+def hostile_source(g: Graph, seed: int, which: Inputs) -> slabs.Source:
+    """Rows of :func:`hostile_inputs`, built when asked for: every step is element-wise
+    (scale, round, or the constant), so rows built alone equal those rows of the whole
+    inputs, and a slab by slab run (:mod:`.slabs`) never holds a whole scaled input."""
+    base = float_inputs(g, seed)
+    types = {i.value.name: i.value.type for i in g.inputs}
+    constant = None if which.constant is None else g.inputs[which.constant].value.name
+
+    def rows_of(name: str, rows: slice) -> np.ndarray:
+        x = round_to(types[name].dtype, base[name][rows] * np.float32(which.scale))
+        return np.full_like(x, CONSTANT) if name == constant else x
+    return rows_of
+
+
+def _whole(g: Graph, source: slabs.Source) -> dict[str, np.ndarray]:
+    return {i.value.name: source(i.value.name, slice(None)) for i in g.inputs}
 
 
 def safety_check(program: Graph, candidate: Graph, seed: int = 0) -> Safety:
@@ -130,14 +142,15 @@ def safety_check(program: Graph, candidate: Graph, seed: int = 0) -> Safety:
 def _check(program: Graph, candidate: Graph, seed: int) -> Safety:
     errors: list[tuple[str, float, float]] = []
     for which in regimes(program):
-        ins_c = hostile_inputs(candidate, seed, which)
-        nat_c = interp.run(candidate, ins_c, "native")
+        # Each run builds its inputs a slab at a time (:mod:`.slabs`), and only the
+        # outputs of one set of inputs are alive at once: at a large attention's sizes
+        # whole inputs in float64 are gigabytes each.
+        src_c = hostile_source(candidate, seed, which)
+        nat_c = slabs.run(candidate, src_c, "native")
         if which.constant is not None and all(np.isfinite(nat_c[o]).all()
                                               for o in candidate.outputs):
             continue  # a test of range only (see the module docstring)
-        ins_p = {ip.value.name: ins_c[ic.value.name]
-                 for ip, ic in zip(program.inputs, candidate.inputs)}
-        ref, nat_p = _program_runs(program, seed, which, ins_p)
+        ref, nat_p = _program_runs(program, seed, which, _renamed(src_c, program, candidate))
         types = program.tensor_types()
         for op, oc in zip(program.outputs, candidate.outputs):
             # Out of the dtype's range: not judged (see the module docstring).
@@ -154,18 +167,26 @@ def _check(program: Graph, candidate: Graph, seed: int) -> Safety:
     return Safety(True, errors=tuple(errors))
 
 
+def _renamed(source: slabs.Source, program: Graph, candidate: Graph) -> slabs.Source:
+    """The candidate's inputs ``source`` under the program's names (by position)."""
+    by_position = {ip.value.name: ic.value.name
+                   for ip, ic in zip(program.inputs, candidate.inputs)}
+    return lambda name, rows: source(by_position[name], rows)
+
+
 _RUNS: dict[tuple[Graph, int, Inputs],
             tuple[dict[str, np.ndarray], dict[str, np.ndarray]]] = {}
 
 
-def _program_runs(program: Graph, seed: int, which: Inputs, ins: dict[str, np.ndarray]
+def _program_runs(program: Graph, seed: int, which: Inputs, ins: slabs.Source
                   ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
-    """The program's float64 and native outputs (copies: the caller edits them)."""
+    """The program's float64 and native outputs on the inputs ``ins`` gives (copies:
+    the caller edits them)."""
     key = (program, seed, which)
     if key not in _RUNS:
         if any(k[:2] != key[:2] for k in _RUNS):
             _RUNS.clear()  # one program at a time: these hold whole outputs
-        _RUNS[key] = (interp.run(program, ins, "float64"), interp.run(program, ins, "native"))
+        _RUNS[key] = (slabs.run(program, ins, "float64"), slabs.run(program, ins, "native"))
     ref, nat = _RUNS[key]
     return dict(ref), dict(nat)
 
