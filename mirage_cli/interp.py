@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -55,12 +55,19 @@ def random_inputs(g: Graph, seed: int = 0) -> dict[str, np.ndarray]:
     return out
 
 
+# Called with each kernel operator's result as it is stored (see ``run``).
+Observer = Callable[[Value, np.ndarray], None]
+
+
 def run(g: Graph, inputs: Mapping[str, np.ndarray], precision: Precision = "float64",
-        stack_iterations: bool = True) -> dict[str, np.ndarray]:
+        stack_iterations: bool = True, observe: Observer | None = None
+        ) -> dict[str, np.ndarray]:
     """Evaluate ``g`` on ``inputs``; returns its outputs by name.
 
     ``stack_iterations`` (see ``run_block_graph``) only changes the speed; with False,
-    every forloop iteration is evaluated on its own, the literal reading."""
+    every forloop iteration is evaluated on its own, the literal reading. ``observe``,
+    if given, sees every kernel operator's result as stored (a device tensor, in the
+    run's precision), so a caller can check intermediates without keeping them."""
     dt = np.float64 if precision == "float64" else np.float32
     env: dict[str, np.ndarray] = {}
     for inp in g.inputs:
@@ -76,6 +83,8 @@ def run(g: Graph, inputs: Mapping[str, np.ndarray], precision: Precision = "floa
         results = _run_kernel_op(op, env, dt, stack_iterations)
         for v, r in zip(op.outputs, results):
             env[v.name] = _store(r, v.type, precision)
+            if observe is not None:
+                observe(v, env[v.name])
     return {name: env[name] for name in g.outputs}
 
 

@@ -130,3 +130,73 @@ def test_softmax_search_result_stays_finite_on_large_logits_on_the_gpu():
     ref = interp.run(prog, ins, "float64")["P"]
     assert np.isfinite(out).all()
     assert np.linalg.norm(out - ref) / np.linalg.norm(ref) <= 1e-2
+
+
+LAYERNORM = """
+program ln_linear(batch = 16, hidden = 4096, n = 4096) {
+  input X: f16[batch, hidden];
+  input G: f16[hidden] weight;
+  input Bias: f16[hidden] weight;
+  input W: f16[hidden, n] weight;
+  M = mean(X, dim=1, keepdim=true);
+  C = sub(X, M);
+  N = rms_norm(C, G, eps=1e-05);
+  Y = add(N, Bias);
+  Z = matmul(Y, W);
+  output Z;
+}
+"""
+
+# The search's two-kernel form of LAYERNORM (a row kernel, then the projection): Y is
+# computed as G * C / rms + Bias and rounded to f16 once.
+LAYERNORM_TWO_KERNELS = """
+program ln_linear(batch = 16, hidden = 4096, n = 4096) {
+  input X: f16[batch, hidden];
+  input G: f16[hidden] weight;
+  input Bias: f16[hidden] weight;
+  input W: f16[hidden, n] weight;
+  Y = custom(grid=(16, 1, 1), threads=128, forloop=1) {
+    b0 = load X imap(x=0);
+    b1 = load G;
+    b2 = load Bias;
+    b3 = acc_mean_ld(b0);
+    b4 = sub(b0, b3);
+    b5 = mul(b1, b4);
+    b6 = rms(b4, eps=1e-05);
+    b7 = div(b5, b6);
+    b8 = add(b2, b7);
+    store b8 -> Y omap(x=0);
+  }
+  Z = custom(grid=(64, 1, 1), threads=128, forloop=32) {
+    b0 = load Y fmap(1);
+    b1 = load W imap(x=1) fmap(0);
+    b2 = matmul(b0, b1);
+    b3 = acc_sum(b2);
+    store b3 -> Z omap(x=1);
+  }
+  output Z;
+}
+"""
+
+
+@pytest.mark.slow
+def test_a_program_finite_only_by_its_roundings_does_not_judge_finiteness():
+    """With G held at 2^14 the exact N = rms_norm(C, G) passes f16's largest value in
+    some rows; the program rounds N to f16 (65504) and adds the bias after, the
+    candidate rounds G * C / rms + Bias once, to inf there. Both are out of range: the
+    candidate is not less safe (it was rejected before this rule: 2 of 65536
+    outputs). A program whose intermediates stay in range is still judged (the
+    softmax and f16-partials tests here and in test_online)."""
+    from mirage_cli.verifier import numerics
+
+    prog = parse_text(LAYERNORM, "<p>", {})
+    cand = parse_text(LAYERNORM_TWO_KERNELS, "<c>", {})
+    g_const = numerics.Inputs(constant=1)
+    src = numerics.hostile_source(prog, 0, g_const)
+    _, nat_p, in_range = numerics._program_runs(prog, 0, g_const, src)
+    assert not in_range
+    nat_c = numerics.slabs.run(cand, numerics.hostile_source(cand, 0, g_const), "native")
+    # The elements this rule is about: infinite in the candidate, finite in the program.
+    assert (np.isfinite(nat_p["Z"]) & ~np.isfinite(nat_c["Z"])).any()
+    safety = numerics.safety_check(prog, cand, 0)
+    assert safety.safe, safety.as_json()

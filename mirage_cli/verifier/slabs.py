@@ -205,19 +205,22 @@ def source_of(arrays: dict[str, np.ndarray]) -> Source:
 
 
 def run(g: Graph, source: Source, precision: Precision = "float64",
-        limit: int | None = None) -> dict[str, np.ndarray]:
+        limit: int | None = None, observe: interp.Observer | None = None
+        ) -> dict[str, np.ndarray]:
     """``interp.run`` of ``g`` on the inputs ``source`` gives, slab by slab where
     :func:`plan` cuts it (``limit``: its argument): the same outputs, holding one
-    slab's inputs and values at a time."""
+    slab's inputs and values at a time. ``observe`` sees each slab's intermediates
+    (``interp.run``'s argument)."""
     names = [i.value.name for i in g.inputs]
     p = plan(g, limit)
     if p is None:
-        return interp.run(g, {n: source(n, slice(None)) for n in names}, precision)
+        return interp.run(g, {n: source(n, slice(None)) for n in names}, precision,
+                          observe=observe)
 
     def one(s: int) -> list[np.ndarray]:
         ins = {n: source(n, p.rows_of(s) if c else slice(None))
                for n, c in zip(names, p.inputs)}
-        outs = interp.run(p.graph, ins, precision)
+        outs = interp.run(p.graph, ins, precision, observe=observe)
         return [outs[o] for o in p.graph.outputs]
 
     outs = gather(p, p.outputs, one)
