@@ -148,6 +148,14 @@ class BlockGraph:
     def num_blocks(self) -> int:
         return self.grid[0] * self.grid[1] * self.grid[2]
 
+    def tile_types(self) -> dict[str, TensorType]:
+        """Every tile's type (the block inputs', then each operator's result), by name."""
+        types = {bi.value.name: bi.value.type for bi in self.inputs}
+        for op in self.ops:
+            for v in op.outputs:
+                types[v.name] = v.type
+        return types
+
 
 # ---------------------------------------------------------------------------
 # Kernel level

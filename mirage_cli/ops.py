@@ -489,15 +489,17 @@ _WIDTH = AttrSpec("width", int, required=True)
 def elementwise(name: str, arity: int, fn: Callable[..., np.ndarray], abstract: Rule,
                 field: FieldSem, cuda: str, torch: _cuda.TorchFn, doc: str,
                 mirage: MirageNames = (), by_inverse: str | None = None,
-                scaling: Scaling | None = None, flops: int = 1) -> OpDef:
+                scaling: Scaling | None = None, flops: int = 1,
+                pair16: str | None = None) -> OpDef:
     """The row of an element-wise operator of ``arity`` operands (numpy broadcasting);
     ``cuda`` is its C spelling over ``{0}``, ``{1}`` (see :mod:`mirage_cli.semantics.cuda`),
-    ``by_inverse`` that of a division given operand 1's reciprocal, ``flops`` the
-    operations per element (the cost model's element-wise term)."""
+    ``by_inverse`` that of a division given operand 1's reciprocal, ``pair16`` its exact
+    form on packed 16-bit pairs (``CudaSpec.pair16``), ``flops`` the operations per
+    element (the cost model's element-wise term)."""
     cost = _fl.per_element if flops == 1 else _fl.per_element_times(flops)
     return OpDef(name, BOTH, (arity, arity), infer_binary if arity == 2 else infer_unary,
                  lambda xs, a: fn(*xs), field=field, abstract=abstract,
-                 cost=cost, cuda=_cuda.elementwise(cuda, torch, by_inverse),
+                 cost=cost, cuda=_cuda.elementwise(cuda, torch, by_inverse, pair16),
                  elementwise=True, index=Index.POINTWISE, mirage=mirage, doc=doc,
                  scaling=scaling)
 
@@ -527,7 +529,7 @@ register(elementwise("mul", 2, np.multiply, _ab.elementwise(_ab.mul, "mul"),
                      FieldSem(_F.ring(lambda x, y, m: x * y % m), _D.st_mul, _F.EXACT),
                      "({0} * {1})", lambda t, xs, a: xs[0] * xs[1],
                      "element-wise mul with numpy broadcasting", _kn_tb("mul"),
-                     scaling=Scaling.EACH))
+                     scaling=Scaling.EACH, pair16="mg_hmul2"))
 register(elementwise("div", 2, np.divide, _ab.elementwise(_ab.div, "div"),
                      FieldSem(_F.ev_div, _D.st_div, _F.RATIONAL, inverts=_D.inv_divisor),
                      "({0} / {1})", lambda t, xs, a: xs[0] / xs[1],

@@ -145,11 +145,10 @@ def _block(bg: BlockGraph) -> list[tuple[str, Anchor]]:
     for op in bg.ops:
         lines.append((f"    {_name(op.outputs[0].name)} = {_call(op.op, op.inputs, op.attrs)};",
                       _line(op.span)))
-    tiles = {v.name: v.type.dtype for v in
-             [bi.value for bi in bg.inputs] + [o.outputs[0] for o in bg.ops]}
+    tiles = bg.tile_types()
     for bo in bg.outputs:
         dtype = bo.value.type.dtype
-        conv = f": {dtype.value}" if dtype != tiles[bo.source] else ""
+        conv = f": {dtype.value}" if dtype != tiles[bo.source].dtype else ""
         lines.append(((f"    store {_name(bo.source)} -> {_name(bo.value.name)}{conv}"
                       f"{_axis_map('omap', bo.omap)};"), _line(bo.span)))
     return lines

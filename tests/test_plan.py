@@ -78,7 +78,9 @@ def test_a_weighted_tile_is_scaled_in_registers_and_uneven_tiles_have_no_branch(
         assert next(t for t in plan.tiles if t.name == "b4").home == "inline"
         assert plan.mmas[0].a_path == "scaled"
     cu, _ = emit(lower(g))
-    assert cu.count("mg_hmul2_bf16(ra") == 4 and cu.count("mg_hmul2_f16(ra") == 4
+    # The operands in the operator's order: x * w in bf16, w * x in f16.
+    assert cu.count("mg_hmul2_bf16(ra") == 4 and cu.count("mg_hmul2_f16(mg_v, ra") == 4
+    assert "ra0 = mg_hmul2_bf16(ra0, mg_v);" in cu and "ra3 = mg_hmul2_f16(mg_v, ra3);" in cu
     assert cu.count("const int q = min(mg_grp + 4 * j, 8);") == 2
     loop = cu[cu.index("for (int it = 0;"):]
     assert "if (q < 9)" not in loop[:loop.index("mg_mma_bf16(")]

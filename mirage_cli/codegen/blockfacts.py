@@ -63,8 +63,7 @@ def analyse_at(bg: BlockGraph, threads: int) -> Analysis:
 
 
 def analyse(bg: BlockGraph) -> Analysis:
-    types = {bi.value.name: bi.value.type for bi in bg.inputs}
-    types.update({op.outputs[0].name: op.outputs[0].type for op in bg.ops})
+    types = bg.tile_types()
     uses: dict[str, list[BlockOp | None]] = {n: [] for n in types}
     for op in bg.ops:
         for i in op.inputs:
@@ -123,18 +122,19 @@ def packed(name: str, a: Analysis) -> bool:
 
 
 def scaled_operand(name: str, a: Analysis) -> tuple[str, str] | None:
-    """``(tile, vector)`` where ``name`` is ``mul(tile, vector)`` of a block input
-    ``tile`` of ``name``'s own shape and dtype and a 16-bit block input ``vector`` of one
-    value per column (``[K]`` or ``[1, K]``), read only as the A operand of tensor-core
-    matmuls in the loop (each iteration's ``x * w`` of a weighted RMSNorm before a
-    projection). Its fragments are ``tile``'s, loaded by ``ldmatrix`` and multiplied by
-    pairs of ``vector`` in registers (mma's "scaled" A path): no pass that writes the
-    product into a shared-memory tile and no barrier before the matmul reads it. The
-    product of two 16-bit values is exact in f32, so the paired multiply (one rounding
-    to the dtype) gives the bits of the f32 product rounded on store, as before."""
+    """``(tile, vector)`` where ``name`` is ``f(tile, vector)``, ``f`` an operator with
+    an exact form on packed 16-bit pairs (registry ``CudaSpec.pair16``: ``mul``), of a
+    block input ``tile`` of ``name``'s own shape and dtype and a block input ``vector``
+    of one value per column (``[K]`` or ``[1, K]``), read only as the A operand of
+    tensor-core matmuls in the loop (each iteration's ``x * w`` of a weighted RMSNorm
+    before a projection). Its fragments are ``tile``'s, loaded by ``ldmatrix`` and
+    combined with pairs of ``vector`` in registers (mma's "scaled" A path): no pass that
+    writes the result into a shared-memory tile and no barrier before the matmul reads
+    it, and the same bits as that tile held."""
     op = a.producer.get(name)
     t = a.types[name]
-    if (op is None or op.op != "mul" or len(op.inputs) != 2 or a.phases[name] != "loop"
+    if (op is None or ops.get(op.op).cuda.pair16 is None or len(op.inputs) != 2
+            or a.phases[name] != "loop"
             or t.dtype not in (DType.F16, DType.BF16) or len(t.shape) != 2
             or t.shape[-1] % 16):
         return None

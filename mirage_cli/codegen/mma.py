@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from mirage_cli import ops
 from mirage_cli.codegen.blockfacts import scaled_operand
 from mirage_cli.codegen.expr import (
     CTYPE,
@@ -73,7 +74,7 @@ def acc_update(k: FusedKernel, acc: BlockOp, mp: MmaPlan) -> Lines:
     if shared_a:
         step += ["const int mg_mi = 0, r0 = mg_g, r1 = r0 + 8;", "(void)r0; (void)r1;"] + a_lines
     elif _row_tiles(nb, tm, tn, groups, mp.tiles_per_warp):
-        step, tile_loop = step[:3], _rows_of_tiles(op, tm, tn // groups, groups, a_lines,
+        step, tile_loop = step[:3], _rows_of_tiles(tm, tn // groups, groups, a_lines,
                                                    b_lines, mma, dreg)
     return (warp_ids(groups) + [_unroll(steps), f"for (int s = 0; s < {steps}; ++s) {{"]
             + indent(step + tile_loop) + ["}", "}"])
@@ -85,8 +86,8 @@ def _row_tiles(nb: int, tm: int, tn: int, groups: int, per_warp: int) -> bool:
     return nb == 1 and tm > 1 and tn % groups == 0 and per_warp == tm * (tn // groups)
 
 
-def _rows_of_tiles(op: BlockOp, tm: int, per_n: int, groups: int, a_lines: Lines,
-                   b_lines: Lines, mma: str, dreg: str) -> Lines:
+def _rows_of_tiles(tm: int, per_n: int, groups: int, a_lines: Lines, b_lines: Lines,
+                   mma: str, dreg: str) -> Lines:
     """One K step of a warp that owns every 16-row tile of its 8-column tiles: the
     ``tm`` A fragments once, then each B fragment once for all of them. Tile by tile,
     each of A's and B's fragments was loaded once per tile it is used in (12 ldmatrix
@@ -294,19 +295,23 @@ def _ldsm_a(k: FusedKernel, a: str, ia: list[str], M: int) -> Lines:
 
 
 def _scaled_a(k: FusedKernel, a: str, ia: list[str], M: int, dt: DType) -> Lines:
-    """A's fragment where A is ``tile * vector`` (:func:`blockfacts.scaled_operand`):
+    """A's fragment where A is ``f(tile, vector)`` (:func:`blockfacts.scaled_operand`):
     ``tile``'s fragment by ``ldmatrix``, each register's two columns (k0, k0 + 1 in
-    ra0 and ra1; k1, k1 + 1 in ra2 and ra3) multiplied by the vector's pair there."""
+    ra0 and ra1; k1, k1 + 1 in ra2 and ra3) combined with the vector's pair there by
+    ``f``'s registry form on 16-bit pairs."""
     pair = scaled_operand(a, k.a)
     assert pair is not None
     tile, vec = pair
     lines = _ldsm_a(k, tile, ia, M)
     lead = ["0"] if len(k.a.types[vec].shape) == 2 else []
-    mul = "mg_hmul2_f16" if dt is DType.F16 else "mg_hmul2_bf16"
+    op = k.a.producer[a]
+    fn = f"{ops.get(op.op).cuda.pair16}_{dt.value}"
     for regs, col in ((("ra0", "ra1"), "k0"), (("ra2", "ra3"), "k1")):
         ptr = smem_ptr(k, vec, lead + [col])
         lines.append(f"{{ const unsigned mg_v = *reinterpret_cast<const unsigned*>({ptr});")
-        lines += [f"  {r} = {mul}({r}, mg_v);" for r in regs] + ["}"]
+        # The operands in the operator's own order.
+        lines += [f"  {r} = {fn}({r}, mg_v);" if op.inputs[0] == tile else
+                  f"  {r} = {fn}(mg_v, {r});" for r in regs] + ["}"]
     return lines
 
 

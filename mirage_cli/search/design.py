@@ -170,10 +170,9 @@ def design_of(g: Graph) -> tuple[Design, Tuning]:
             index[bop.outputs[0].name] = len(index)
         loads = tuple(LoadD(bi.source, bi.imap, bi.fmap) for bi in bg.inputs)
         ops = tuple(OpD(o.op, tuple(index[i] for i in o.inputs), o.attrs) for o in bg.ops)
-        tile_dtype = {bi.value.name: bi.value.type.dtype for bi in bg.inputs} | {
-            o.outputs[0].name: o.outputs[0].type.dtype for o in bg.ops}
+        tiles = bg.tile_types()
         stores = tuple(StoreD(index[bo.source], bo.value.name, bo.omap,
-                              None if bo.value.type.dtype == tile_dtype[bo.source]
+                              None if bo.value.type.dtype == tiles[bo.source].dtype
                               else bo.value.type.dtype) for bo in bg.outputs)
         # The builder splits the leading grid axes; a size of 1 is an unsplit axis.
         axes = sum(1 for n in bg.grid if n > 1)

@@ -52,10 +52,17 @@ class CudaSpec:
     # A division by operand 1: the same value from operand 1's reciprocal, so that a
     # kernel dividing many elements by one value computes the reciprocal once.
     by_inverse: str | None = None
+    # The prelude function (``{stem}_f16`` / ``{stem}_bf16``) that applies the operator
+    # to two packed pairs of 16-bit values, each result rounded once to the dtype, with
+    # the bits of the f32 result rounded on store (a product of two 16-bit values is
+    # exact in f32): an mma operand so computed stays in registers (mma's "scaled" A).
+    pair16: str | None = None
 
 
-def elementwise(expr: str, torch: TorchFn, by_inverse: str | None = None) -> CudaSpec:
-    return CudaSpec("elementwise", expr=expr, torch=torch, by_inverse=by_inverse)
+def elementwise(expr: str, torch: TorchFn, by_inverse: str | None = None,
+                pair16: str | None = None) -> CudaSpec:
+    return CudaSpec("elementwise", expr=expr, torch=torch, by_inverse=by_inverse,
+                    pair16=pair16)
 
 
 def t_reduce(name: str) -> TorchFn:
