@@ -91,8 +91,8 @@ def cache_dir() -> Path:
 # chunk, which changes the plans the model reads; 32: the rescaled split stores its
 # partial results in f32, and the numerics check holds each input constant; 33: a
 # loop's invariant tiles waited for before it are priced, per round of blocks at one
-# block per SM; 34: the numerics check does not judge finiteness on inputs where one of
-# the program's own intermediates is out of its dtype's range).
+# block per SM; 34: the numerics check does not judge finiteness on an input held
+# constant that takes one of the program's own intermediates out of its dtype's range).
 SEARCH_REVISION = 34
 
 
