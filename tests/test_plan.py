@@ -143,6 +143,46 @@ def test_illegal_pins_are_rejected() -> None:
             plan_kernel(op.block, types, "sm_90", Knobs(threads=bad))
 
 
+RMSNORM_LINEAR_B16 = """program rmsnorm_linear(batch = 16, hidden = 4096, n = 6144) {
+  input X: f16[2 * batch, hidden];
+  input W: f16[hidden, n] weight;
+  Z = custom(grid=(64, 1, 1), threads=128, forloop=32) {
+    b0 = load X fmap(1);
+    b1 = load W imap(x=1) fmap(0);
+    b2 = acc_rms_ld(b0);
+    b3 = matmul(b0, b1);
+    b4 = acc_sum(b3);
+    b5 = div(b4, b2);
+    store b5 -> Z omap(x=1);
+  }
+  output Z;
+}
+"""
+
+
+def test_stages_stop_where_the_loop_tiles_leave_shared_memory(tmp_path: Path) -> None:
+    # What `mirage opt` ships for rmsnorm_linear at batch 16: 6 stages of X's and W's
+    # tiles fit beside each other, 7 would push W's into global memory (4x slower on
+    # the H200). Such a depth is not a value of the knob, and pinning it is an error.
+    src = tmp_path / "rl16.mir"
+    src.write_text(RMSNORM_LINEAR_B16)
+    g = load_graph(str(src))
+    types = g.tensor_types()
+    (op,) = g.ops
+    assert op.block is not None
+    assert knob_space(op.block, types, "sm_90")["stages"] == [1, 2, 3, 4, 5, 6]
+    plan = plan_kernel(op.block, types, "sm_90", Knobs(stages=6))
+    assert {t.name: t.home for t in plan.tiles}["b1"] == "smem"
+    with pytest.raises(MirageError, match=r"stages=7 is not legal .*legal values: 1, 2, 3, 4, 5, 6\)"):
+        plan_kernel(op.block, types, "sm_90", Knobs(stages=7))
+    # At batch 1 (2 rows of X) the deepest ring fits.
+    src.write_text(RMSNORM_LINEAR_B16.replace("batch = 16", "batch = 1"))
+    g1 = load_graph(str(src))
+    (op1,) = g1.ops
+    assert op1.block is not None
+    assert knob_space(op1.block, g1.tensor_types(), "sm_90")["stages"] == list(range(1, 9))
+
+
 def test_plan_cli_diagnostics(tmp_path: Path) -> None:
     src = str(ROOT / "examples/mugraphs/rmsnorm_linear_fused.mir")
     code, out, err = run_cli(("plan", src, "--pin", "kwarps=3"))

@@ -120,7 +120,8 @@ def allocate(a: Analysis, tiles: dict[str, TileDraft], has_mma: bool, reds: list
             break
         if t.name in a.producer:  # a packed computed tile has no global copy to read
             continue
-        t.home, t.pitch, t.stages, t.swizzle = "global", 0, 1, 0
+        # Its copy path (and the owner text that described it) goes with it.
+        t.home, t.pitch, t.stages, t.swizzle, t.owner = "global", 0, 1, 0, ""
         staged.remove(t)
     if scratch and (k.ksplit or 1) > 1:
         raise MirageError(f"ksplit={k.ksplit} needs every tile in shared memory (the blocks of "
