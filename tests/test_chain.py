@@ -14,7 +14,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from codegen_cases import attention_chain, attention_chain_batched
 
-from mirage_cli.codegen.blockfacts import Chain, analyse, chain_form, decompose
+from mirage_cli.codegen.blockfacts import analyse, decompose
+from mirage_cli.codegen.chainfacts import Chain, chain_form
 from mirage_cli.codegen.chainplan import (
     FRAG_REGS_MAX,
     ChainLayout,

@@ -14,7 +14,8 @@ from codegen_cases import online_softmax_batched, online_softmax_chain
 
 from mirage_cli import interp
 from mirage_cli.check import loop_passes, online_reads
-from mirage_cli.codegen.blockfacts import Chain, analyse, chain_form, decompose
+from mirage_cli.codegen.blockfacts import analyse, decompose
+from mirage_cli.codegen.chainfacts import Chain, chain_form
 from mirage_cli.codegen.emit import emit
 from mirage_cli.codegen.lower import lower
 from mirage_cli.codegen.nvrtc import compile_cuda

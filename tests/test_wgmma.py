@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 
 from mirage_cli.codegen import chainplan
-from mirage_cli.codegen.blockfacts import analyse
+from mirage_cli.codegen.blockfacts import analyse, decompose
 from mirage_cli.codegen.emit import emit
 from mirage_cli.codegen.lower import lower
 from mirage_cli.codegen.nvrtc import compile_cuda, machine_arch
-from mirage_cli.codegen.planner import decompose, knob_space, plan_kernel
+from mirage_cli.codegen.planner import knob_space, plan_kernel
 from mirage_cli.commands.plan import planned
 from mirage_cli.diagnostics import MirageError
 from mirage_cli.ir import Graph

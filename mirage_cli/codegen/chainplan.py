@@ -1,7 +1,7 @@
 """Planning of matmul chains (the attention family) with the score tile in registers.
 
 A block graph whose two tensor-core matmuls are joined by element-wise operators
-(:func:`blockfacts.chain_form`) can keep the first matmul's result, the operators
+(:func:`chainfacts.chain_form`) can keep the first matmul's result, the operators
 after it and their row accumulators in the registers of mma fragments: each warp owns
 whole 16-row tiles of the score (its rows times its share of the columns), so the
 accumulator fragments of the first mma are, packed to 16 bits, the A fragments of the
@@ -19,7 +19,8 @@ import dataclasses
 from dataclasses import dataclass
 
 from mirage_cli.codegen import colstats
-from mirage_cli.codegen.blockfacts import Analysis, Chain, chain_form
+from mirage_cli.codegen.blockfacts import Analysis
+from mirage_cli.codegen.chainfacts import Chain, chain_form
 from mirage_cli.kplan import MmaPlan, ReducePlan
 
 # f32 fragment registers per thread (score, output, row partials): past this the kernel

@@ -22,7 +22,7 @@ from mirage_cli.ir import BlockOp, DType
 from mirage_cli.semantics.cuda import c_init, c_update, c_warp
 
 if TYPE_CHECKING:
-    from mirage_cli.codegen.blockfacts import Chain
+    from mirage_cli.codegen.chainfacts import Chain
     from mirage_cli.codegen.chainplan import ChainLayout
     from mirage_cli.codegen.kernel import FusedKernel
 

@@ -51,7 +51,7 @@ def homes(a: Analysis, dev: Mapping[str, TensorType], k: Knobs) -> dict[str, Til
             n = -(-v.type.numel // T)
             home = "acc_regs" if n <= ACC_REGS_MAX or acc_row_reduction(op, a) else "acc_smem"
         else:
-            # A scaled mma operand is read from its tile's fragments (planner._mmas).
+            # A scaled mma operand is read from its tile's fragments (layout.mma_plans).
             home = "inline" if _scaled(v.name, a, tiles, k) or inlinable(v.name, a) else "smem"
         tiles[v.name] = TileDraft(v.name, v.type, a.phases[v.name], home)
         if home == "smem" and k.ldmatrix != 0 and packed(v.name, a):

@@ -20,11 +20,12 @@ from collections.abc import Callable
 from mirage_cli import ops
 from mirage_cli.codegen import (
     chain,
+    chainfinish,
     chainplan,
     cluster,
     colstats,
+    layout,
     mma,
-    planner,
     reduce,
     staging,
     stores,
@@ -81,7 +82,7 @@ class FusedKernel:
         self.mma_acc = {m.accumulator: m for m in plan.mmas if m.accumulator}
         self.reds = {r.output: r for r in plan.reductions}
         # Element-wise tiles the leader lanes of a row reduction write (fused_finish).
-        self.finishes = planner.fused_finishes(self.a, self.tiles, list(plan.reductions))
+        self.finishes = layout.fused_finishes(self.a, self.tiles, list(plan.reductions))
         self.finished = {u.outputs[0].name for u in self.finishes.values()}
         self.hoisted: Lines = []          # per-thread tables computed once, before use
         # Device tensors that no kernel still running ahead of this one can be writing
@@ -151,7 +152,7 @@ class FusedKernel:
         if self.chain is not None:
             fins = {op.outputs[0].name: "{0}" if self.KS > 1 else reduce.finish_format(self, op)
                     for op in accs if op.outputs[0].name in self.chain_accs}
-            body += chain.finish(self, self.chain, self.chain_lay, fins) + ["__syncthreads();"]
+            body += chainfinish.finish(self, self.chain, self.chain_lay, fins) + ["__syncthreads();"]
         body += reduce.acc_finish(self, plain, raw=self.KS > 1)
         shared = False
         if self.KS > 1:

@@ -90,7 +90,7 @@ ELEMENT_THREADS = 512
 def _result_in_smem(op: BlockOp, a: Analysis) -> bool:
     """Whether the planner homes this forloop mma's result in shared memory at the block
     graph's threads: not summed by a forloop accumulator, or too many m16n8 tiles per
-    warp for the accumulator's registers (the planner's rule in ``planner._mmas``). A
+    warp for the accumulator's registers (the planner's rule in ``layout.mma_plans``). A
     matmul after the loop runs once: its home does not make the kernel element-bound."""
     if a.phases[op.outputs[0].name] != "loop":
         return False

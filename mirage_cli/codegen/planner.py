@@ -2,11 +2,13 @@
 
 Expects a checked block graph. Decides, from the block graph, the target and the
 knobs (pinned by the user or chosen here), every thread-level fact the emitter needs:
-where each tile lives (:mod:`homes`), how wide its accesses are, the pipeline depth, the shared
+where each tile lives, how wide its accesses are, the pipeline depth, the shared
 memory layout (row pitches padded against bank conflicts), how tensor-core matmuls are
-spread over warps and how reductions are spread over threads. Guarantees a plan that
-fits the target's shared memory, or a :class:`MirageError` naming the knob or the
-tile that does not fit. :func:`knob_space` gives each knob's legal values.
+spread over warps and how reductions are spread over threads: row kernels and direct
+kernels here, loops through :mod:`layout`. Guarantees a plan that fits the target's
+shared memory, or a :class:`MirageError` naming the knob or the tile that does not
+fit. :func:`knob_space` gives each knob's legal values, :func:`check_pins` refuses the
+others.
 """
 
 from __future__ import annotations
@@ -17,44 +19,29 @@ from collections.abc import Mapping
 from mirage_cli import arch as archs
 from mirage_cli import ops
 from mirage_cli.check import online_reads
-from mirage_cli.codegen import chainplan, colstats, tmaplan
+from mirage_cli.codegen import chainplan
 from mirage_cli.codegen.blockfacts import (
     Analysis,
-    Chain,
-    acc_row_reduction,
     analyse,
     analyse_at,
     decompose,
-    direct_acc,
-    fused_finish,
-    is_mma,
-    lanes_per_result,
     row_kind,
-    row_reduction,
     row_tile,
     rows_in_registers,
-    scaled_operand,
-    threads_per_row,
 )
 from mirage_cli.codegen.directfacts import direct_locals, direct_reason
-from mirage_cli.codegen.homes import homes
 from mirage_cli.codegen.knobranges import (
-    acc_in_registers,
-    default_ksplit,
-    default_stagger,
     default_threads,
     ksplit_range,
-    ksteps,
     kwarps_range,
-    mma_tiles_per_warp,
     stagger_range,
-    streams,
     vec_range,
 )
-from mirage_cli.codegen.smemplan import MAX_STAGES, TileDraft, allocate
+from mirage_cli.codegen.layout import fused_finishes, lay_out, mma_plans, resolve
+from mirage_cli.codegen.smemplan import MAX_STAGES, TileDraft
 from mirage_cli.diagnostics import MirageError
-from mirage_cli.ir import BlockGraph, BlockOp, DType, TensorType
-from mirage_cli.kplan import KernelPlan, Knobs, MmaPlan, ReducePlan, TilePlan
+from mirage_cli.ir import BlockGraph, DType, TensorType
+from mirage_cli.kplan import KernelPlan, Knobs, ReducePlan, TilePlan
 
 # -- the plan ---------------------------------------------------------------------------
 
@@ -62,7 +49,6 @@ from mirage_cli.kplan import KernelPlan, Knobs, MmaPlan, ReducePlan, TilePlan
 THREAD_COUNTS = (32, 64, 128, 256, 512, 1024)
 # The thread counts a kernel's tuning space offers besides its own and the default.
 TUNED_THREADS = (64, 128, 256, 512)
-DEFAULTS = Knobs(stages=None, kwarps=None, pad=1, ldmatrix=1, stage_once=1, vec=None)
 
 
 def plan_kernel(bg: BlockGraph, dev_types: Mapping[str, TensorType], target: str,
@@ -85,10 +71,10 @@ def plan_kernel(bg: BlockGraph, dev_types: Mapping[str, TensorType], target: str
         if not pins.threads:
             a = analyse(dataclasses.replace(a.bg, threads=direct_threads(a)))
         return _direct_plan(a, dev_types, target, pins)
-    k, tiles, mmas, reds, smem, scratch = _lay_out(a, dev_types, pins, arch)
+    k, tiles, mmas, reds, smem, scratch = lay_out(a, dev_types, pins, arch)
     k = dataclasses.replace(k, stages=max([t.stages for t in tiles.values()] + [1]))
     if k.chain != 1:
-        mmas = _mmas(a, tiles, k)  # operand paths again: a tile may have left shared memory
+        mmas = mma_plans(a, tiles, k)  # operand paths again: a tile may have left shared memory
     T = bg.threads
     for name, u in fused_finishes(a, tiles, reds).items():
         tiles[u.outputs[0].name].owner = (f"f32 tile; written with {name} by the lanes that "
@@ -109,7 +95,7 @@ def _row_plan(a: Analysis, dev_types: Mapping[str, TensorType], target: str, pin
     T = a.bg.threads
     shape = row_tile(a)
     assert shape is not None
-    k = dataclasses.replace(_resolve(a, dev_types, pins), stages=1, ksplit=1, wgmma=0)
+    k = dataclasses.replace(resolve(a, dev_types, pins), stages=1, ksplit=1, wgmma=0)
     owner = (f"registers: 8-element chunk c of each row held by thread c % {T} in every "
              f"tile ({shape[0] * shape[1] // 8 // T} chunk(s) per thread)")
     tiles = tuple(TilePlan(n, "regs", owner if t.shape[-1] > 1 else
@@ -133,7 +119,7 @@ def _direct_plan(a: Analysis, dev_types: Mapping[str, TensorType], target: str, 
     """A kernel computed element by element from global memory (``codegen/direct.py``):
     no tile staged, no shared memory, no barrier."""
     T = a.bg.threads
-    k = dataclasses.replace(_resolve(a, dev_types, pins), stages=1, ksplit=1, chain=0,
+    k = dataclasses.replace(resolve(a, dev_types, pins), stages=1, ksplit=1, chain=0,
                             tma=0, vec=1, wgmma=0)
     local = set(direct_locals(a))
     inputs = {bi.value.name for bi in a.bg.inputs}
@@ -151,163 +137,6 @@ def _direct_plan(a: Analysis, dev_types: Mapping[str, TensorType], target: str, 
     return KernelPlan(target, T, k, 0, 0, tuple(tiles), (), reds)
 
 
-def _lay_out(a: Analysis, dev_types: Mapping[str, TensorType], pins: Knobs, arch: archs.Arch
-             ) -> tuple[Knobs, dict[str, TileDraft], list[MmaPlan], list[ReducePlan], int, int]:
-    """Knobs resolved, tile homes, mma and reduction mappings, and the shared-memory
-    allocation: (knobs, tiles, mmas, reductions, shared memory bytes, scratch floats)."""
-    k = _resolve(a, dev_types, pins)
-    if pins.ksplit is None and not online_reads(a.bg):  # a cluster's combine adds, unscaled
-        k = dataclasses.replace(k, ksplit=default_ksplit(a, arch))
-    if pins.wgmma is None and k.chain == 1 and k.kwarps == 1 and arch.name == "sm_90":
-        # wgmma where the chain's layout admits it: on an H100 (docs/perf-log.md v28)
-        # gqa's chain kernel at batch 8 ran 20.5 -> ~16 us, the whole µGraph 23.6 ->
-        # 19.0 us at batch 8 and 38.9 -> 29.6 at batch 16, the same rounding error.
-        try:
-            return _lay_out_with(a, dev_types, dataclasses.replace(k, wgmma=1), pins, arch)
-        except MirageError:
-            pass
-    try:
-        return _lay_out_with(a, dev_types, k, pins, arch)
-    except MirageError:
-        if k.ksplit == 1 or pins.ksplit is not None:
-            raise
-        # The default split did not fit (a cluster needs every tile in shared memory).
-        return _lay_out_with(a, dev_types, dataclasses.replace(k, ksplit=1), pins, arch)
-
-
-def _lay_out_with(a: Analysis, dev_types: Mapping[str, TensorType], k: Knobs, pins: Knobs,
-                  arch: archs.Arch
-                  ) -> tuple[Knobs, dict[str, TileDraft], list[MmaPlan], list[ReducePlan], int, int]:
-    tiles = homes(a, dev_types, k)
-    ch = chainplan.chain_of(a) if k.chain == 1 else None
-    if online_reads(a.bg) and (ch is None or k.ksplit != 1):
-        raise MirageError(
-            "this kernel's loop reads an accumulator's result (a running maximum), which "
-            "only a matmul chain in registers carries (chain=1, ksplit=1); here: "
-            + chainplan.why_not(a, k.kwarps or 1))
-    if ch is not None:
-        mmas, reds = _chain(a, ch, tiles, k)
-    else:
-        mmas, reds = _mmas(a, tiles, k), _reductions(a, tiles)
-    if k.wgmma == 1 and ch is None:
-        raise MirageError("plan knob wgmma=1 needs a matmul chain in registers (chain=1)")
-    # Not for matmul chains read by ldmatrix: their K and V tiles by bulk copies ran no
-    # faster (gqa at batch 8 on an H100: 29.9 us with cp.async, 30.2 with TMA;
-    # mqa_decode 21.4, 23.0; docs/perf-log.md v19). wgmma reads the swizzled boxes.
-    bulk = (_tma_tiles(a, dev_types, tiles, mmas, _side_read(a, ch, k))
-            if arch.name == "sm_90" and (ch is None or k.wgmma == 1) else {})
-    if k.wgmma == 1:
-        assert ch is not None
-        bulk = _wgmma_operands(ch, bulk, pins)
-        k = dataclasses.replace(k, tma=1)
-    if k.tma is None:
-        # On for loops that stream a weight (tmaplan: twice the per-SM rate of cp.async);
-        # a loop over a few small tiles waits on latency, which one thread issuing the
-        # copies and an mbarrier add to (lora at batch 8 on an H100: 3.9 -> 5.1 us,
-        # docs/perf-log.md v19).
-        k = dataclasses.replace(k, tma=1 if bulk and streams(a, dev_types) else 0)
-    if k.tma == 1:
-        for name, swizzle in bulk.items():
-            t = tiles[name]
-            t.swizzle, t.pitch = swizzle, t.type.shape[-1]
-            t.owner = (f"bulk tensor copies (TMA): {tmaplan.boxes(t.type, swizzle)} box(es) of "
-                       f"{tmaplan.rows(t.type)} rows x {swizzle} B, {swizzle}-byte swizzle, "
-                       f"issued by thread 0, one mbarrier per stage")
-    smem, scratch = allocate(a, tiles, bool(mmas), reds, k, pins, arch)
-    if ch is not None and any(tiles[n].home != "smem" for n in _chain_operands(ch)):
-        raise MirageError("chain=1 needs the matmul operands in shared memory, which they "
-                          "do not fit (pin fewer stages or chain=0)")
-    return k, tiles, mmas, reds, smem, scratch
-
-
-def _tma_tiles(a: Analysis, dev: Mapping[str, TensorType], tiles: dict[str, TileDraft],
-               mmas: list[MmaPlan], side_read: frozenset[str] = frozenset()
-               ) -> dict[str, int]:
-    """The loop inputs that bulk tensor copies can bring in (tmaplan), with their swizzle
-    span: staged tiles read only as ldmatrix operands of tensor-core matmuls, or also,
-    those in ``side_read``, element by element through the expression engine (which
-    reads the swizzled layout too)."""
-    paths = {m.output: m for m in mmas}
-    out: dict[str, int] = {}
-    for bi in a.bg.inputs:
-        name, t = bi.value.name, bi.value.type
-        tile = tiles[name]
-        if tile.home != "smem" or not tile.pitch or a.phases[name] != "loop":
-            continue
-        readers = all(_ldmatrix_reader(u, name, paths) or name in side_read
-                      for u in a.uses[name])
-        if a.uses[name] and readers and tmaplan.fits(t, dev[bi.source]):
-            out[name] = tmaplan.swizzle_of(t)
-    return out
-
-
-def _side_read(a: Analysis, ch: Chain | None, k: Knobs) -> frozenset[str]:
-    """B1 of a wgmma chain whose column statistics (qknorm's key norms) all warps compute
-    through shared memory: they read its elements by the expression engine."""
-    if ch is None or k.wgmma != 1 or ch.cols is None:
-        return frozenset()
-    lay = chainplan.layout(ch, a.bg.threads // 32, k.kwarps or 1)
-    if isinstance(lay, str) or colstats.in_fragments(ch, lay):
-        return frozenset()
-    return frozenset({ch.first.inputs[1]})
-
-
-def _wgmma_operands(ch: Chain, bulk: dict[str, int], pins: Knobs) -> dict[str, int]:
-    """The chain's B tiles, which wgmma reads by descriptor from bulk-copied boxes with
-    the 128-byte swizzle; a diagnostic where they cannot be."""
-    bs = (ch.first.inputs[1], ch.second.inputs[1])
-    if pins.tma == 0:
-        raise MirageError("plan knob wgmma=1 reads its B operands from bulk tensor copies: "
-                          "it needs tma=1")
-    if any(bulk.get(b) != chainplan.WGMMA_SWIZZLE for b in bs):
-        raise MirageError("plan knob wgmma=1 needs both B operands of the chain loaded by "
-                          f"bulk tensor copies in {chainplan.WGMMA_SWIZZLE}-byte swizzled "
-                          f"boxes (rows of a multiple of {chainplan.WGMMA_N} 16-bit elements, "
-                          "at most 256 rows)")
-    return {b: bulk[b] for b in bs}
-
-
-def _ldmatrix_reader(user: BlockOp | None, name: str, paths: Mapping[str, MmaPlan]) -> bool:
-    """Whether ``user`` reads tile ``name`` only as an ldmatrix operand of an mma (not
-    stored, not read by another operator)."""
-    mp = paths.get(user.outputs[0].name) if user is not None else None
-    if user is None or mp is None:
-        return False
-    return ((user.inputs[0] != name or mp.a_path in ("ldmatrix", "held"))
-            and (user.inputs[1] != name or mp.b_path in ("ldmatrix.trans", "wgmma")))
-
-
-def _chain_operands(ch: Chain) -> tuple[str, str, str]:
-    return ch.first.inputs[0], ch.first.inputs[1], ch.second.inputs[1]
-
-
-def _chain(a: Analysis, ch: Chain, tiles: dict[str, TileDraft], k: Knobs
-           ) -> tuple[list[MmaPlan], list[ReducePlan]]:
-    """Homes, mma and reduction entries of a matmul chain in registers (chainplan)."""
-    lay = chainplan.layout(ch, a.bg.threads // 32, k.kwarps or 1)
-    if isinstance(lay, str):
-        raise MirageError(f"plan knob chain=1 is not legal here: {lay}")
-    dt = ch.first.outputs[0].type.dtype
-    if k.ldmatrix != 1 or not all(_ldmatrix_ok(tiles[n], dt) for n in _chain_operands(ch)):
-        raise MirageError("plan knob chain=1 needs ldmatrix=1 and the matmul operands staged "
-                          "in shared memory as 16-byte rows")
-    if k.wgmma == 1:
-        why = chainplan.wgmma_reason(ch, lay)
-        if why is not None:
-            raise MirageError(f"plan knob wgmma=1 is not legal here: {why}")
-    a_path = "held" if chainplan.holds_a(a, ch, lay) else "ldmatrix"
-    mmas, reds, owners = chainplan.plan_entries(ch, lay, a_path, wgmma=k.wgmma == 1)
-    for name in ch.members | colstats.values(ch, lay):
-        tiles[name].home = "frag"
-    reds = reds + _tile_reductions(a, tiles)
-    tiles[ch.acc.outputs[0].name].home = "acc_mma"
-    for op in ch.row_accs:
-        tiles[op.outputs[0].name].home = "acc_regs"
-    for name, owner in owners.items():
-        tiles[name].owner = owner
-    return mmas, reds
-
-
 def _owner(t: TileDraft, threads: int) -> str:
     match t.home:
         case "smem" if t.type.dtype is not DType.F32 and t.pitch:
@@ -321,125 +150,6 @@ def _owner(t: TileDraft, threads: int) -> str:
             return f"registers: element e by thread e % {threads}"
         case _:
             return f"f32 tile; element e written by thread e % {threads}"
-
-
-def _resolve(a: Analysis, dev: Mapping[str, TensorType], pins: Knobs) -> Knobs:
-    """Pinned knobs, and the planner's choice for the others."""
-    d = dataclasses.asdict(DEFAULTS)
-    d.update({k: v for k, v in dataclasses.asdict(pins).items() if v is not None})
-    d["threads"] = a.bg.threads
-    if d["ksplit"] is None:
-        d["ksplit"] = 1  # the caller (_lay_out) chooses the default split
-    if d["stagger"] is None:
-        d["stagger"] = default_stagger(a, dev)
-    ch = chainplan.chain_of(a) if d["chain"] != 0 and d["ldmatrix"] == 1 else None
-    if ch is not None:
-        # The chain's warps split the score's columns only where there are fewer 16-row
-        # tiles than warps: every warp then owns rows.
-        kw = d["kwarps"] or chainplan.default_kwarps(ch, a.bg.threads // 32)
-        if d["wgmma"] == 1 and not d["kwarps"]:
-            kw = 1  # a warpgroup's warps each own whole rows
-        elif ch.online is not None and not d["kwarps"]:
-            # No chain, no kernel: any split of the columns that gives a layout.
-            kw = chainplan.online_kwarps(ch, a.bg.threads // 32, kwarps_range(a)) or kw
-        ok = not isinstance(chainplan.layout(ch, a.bg.threads // 32, kw), str)
-        if d["chain"] is None:
-            d["chain"] = 1 if ok else 0
-        if d["chain"] == 1:
-            d["kwarps"] = kw
-    if d["chain"] is None:
-        d["chain"] = 0
-    if d["wgmma"] is None:
-        d["wgmma"] = 0
-    if d["kwarps"] is None:
-        # Measured on an H200 (docs/perf-log.md): splitting K pays while each warp keeps
-        # at least 8 mma steps per iteration; past that the fragment sums cost more.
-        steps = max([ksteps(op, a) for op in a.bg.ops if is_mma(op, a.bg.threads)] + [1])
-        d["kwarps"] = max(kw for kw in kwarps_range(a) if kw == 1 or steps // kw >= 8)
-    if d["vec"] is None:
-        d["vec"] = max(vec_range(a, dev))
-    return Knobs(**d)
-
-
-def _mmas(a: Analysis, tiles: dict[str, TileDraft], k: Knobs) -> list[MmaPlan]:
-    W = a.bg.threads // 32
-    out = []
-    for op in a.bg.ops:
-        if not is_mma(op, a.bg.threads):
-            continue
-        name = op.outputs[0].name
-        acc = direct_acc(op, a)
-        kw = (k.kwarps or 1) if acc is not None else 1
-        per_warp = mma_tiles_per_warp(op, W // kw)
-        if acc is not None and not acc_in_registers(op, W // kw):
-            acc, kw = None, 1
-            per_warp = mma_tiles_per_warp(op, W)
-        if acc is not None:
-            tiles[name].home = "inline"
-            tiles[acc.outputs[0].name].home = "acc_mma"
-            tiles[acc.outputs[0].name].owner = (
-                f"mma m16n8 accumulator fragments: {W // kw} warp group(s) x {kw} "
-                f"K-split warp(s), {per_warp} tile(s) per warp")
-        else:
-            tiles[name].home = "smem"
-        ta, tb = tiles[op.inputs[0]], tiles[op.inputs[1]]
-        dt = op.outputs[0].type.dtype
-        K, N = ta.type.shape[-1], tb.type.shape[-1]
-        use = k.ldmatrix == 1
-        a_ok = use and _ldmatrix_ok(ta, dt) and K % 16 == 0
-        b_ok = use and _ldmatrix_ok(tb, dt) and K % 16 == 0 and N % 8 == 0
-        # An operand computed inline as a staged tile times a column vector (homes).
-        scaled = ta.home == "inline" and scaled_operand(op.inputs[0], a) is not None
-        out.append(MmaPlan(name, acc.outputs[0].name if acc else "",
-                           "scaled" if scaled else "ldmatrix" if a_ok else "direct",
-                           "ldmatrix.trans" if b_ok else "direct", kw, per_warp))
-    return out
-
-
-def _ldmatrix_ok(t: TileDraft, dtype: DType) -> bool:
-    """ldmatrix reads 16-byte rows of 8 elements from shared memory."""
-    return (t.home == "smem" and t.type.dtype == dtype and t.pitch > 0
-            and (t.pitch * t.type.dtype.nbytes) % 16 == 0 and t.vec > 1)
-
-
-def _reductions(a: Analysis, tiles: dict[str, TileDraft]) -> list[ReducePlan]:
-    T = a.bg.threads
-    out = []
-    for op in a.bg.ops:
-        name = op.outputs[0].name
-        if (ops.get(op.op).is_accumulator and tiles[name].home != "acc_mma"
-                and acc_row_reduction(op, a)):
-            rows = op.outputs[0].type.numel
-            tpr = threads_per_row(rows, T)
-            tiles[name].owner = (f"registers: one partial per thread, {tpr} threads per "
-                                 f"row, combined once after the loop")
-            out.append(ReducePlan(name, "rows", tpr))
-    return out + _tile_reductions(a, tiles)
-
-
-def fused_finishes(a: Analysis, tiles: Mapping[str, TileDraft | TilePlan],
-                   reds: list[ReducePlan]) -> dict[str, BlockOp]:
-    """Row reductions into shared memory whose one element-wise reader is written by
-    the reduction's leader lanes (blockfacts.fused_finish), by reduction."""
-    out = {}
-    for rp in reds:
-        op = a.producer.get(rp.output)
-        u = fused_finish(op, a) if op is not None and rp.strategy == "rows" else None
-        if u is None or tiles[rp.output].home != "smem":
-            continue
-        t = tiles[u.outputs[0].name]
-        if t.home == "smem" and not t.pitch and t.scratch_offset < 0:
-            out[rp.output] = u
-    return out
-
-
-def _tile_reductions(a: Analysis, tiles: dict[str, TileDraft]) -> list[ReducePlan]:
-    """Row reductions into shared-memory tiles: whole warps per row, or aligned groups of
-    lanes along a strided dimension (``lanes_per_result``)."""
-    T = a.bg.threads
-    return [ReducePlan(op.outputs[0].name, "rows", lanes_per_result(op, a, T))
-            for op in a.bg.ops if not ops.get(op.op).is_accumulator
-            and tiles[op.outputs[0].name].home == "smem" and row_reduction(op, a, T)]
 
 
 def knob_space(bg: BlockGraph, dev_types: Mapping[str, TensorType], target: str
@@ -483,13 +193,13 @@ def _stage_range(a: Analysis, dev_types: Mapping[str, TensorType], target: str) 
         return [1]
     arch = archs.get(target)
     try:
-        default = _placement(_lay_out(a, dev_types, Knobs(), arch)[1])
+        default = _placement(lay_out(a, dev_types, Knobs(), arch)[1])
     except MirageError:  # no default layout: nothing to keep (check_pins reports it)
         return list(range(1, top + 1))
     legal = []
     for s in range(1, top + 1):
         try:
-            if _placement(_lay_out(a, dev_types, Knobs(stages=s), arch)[1]) == default:
+            if _placement(lay_out(a, dev_types, Knobs(stages=s), arch)[1]) == default:
                 legal.append(s)
         except MirageError:
             pass
@@ -529,7 +239,7 @@ def _tiles_with(a: Analysis, dev_types: Mapping[str, TensorType], pins: Knobs, t
                 ) -> dict[str, TileDraft] | None:
     """The tiles of the plan with ``pins``, or None where those pins have no plan."""
     try:
-        return _lay_out(a, dev_types, pins, archs.get(target))[1]
+        return lay_out(a, dev_types, pins, archs.get(target))[1]
     except MirageError:
         return None
 
@@ -537,7 +247,7 @@ def _tiles_with(a: Analysis, dev_types: Mapping[str, TensorType], pins: Knobs, t
 def _no_scratch(a: Analysis, dev_types: Mapping[str, TensorType], target: str) -> bool:
     """Whether the default plan keeps every tile out of the workspace scratch area (a
     cluster's blocks cannot split the forloop otherwise)."""
-    return _lay_out(a, dev_types, Knobs(ksplit=1), archs.get(target))[5] == 0
+    return lay_out(a, dev_types, Knobs(ksplit=1), archs.get(target))[5] == 0
 
 
 def check_pins(bg: BlockGraph, dev_types: Mapping[str, TensorType], target: str,

@@ -10,7 +10,7 @@ streaming matmul (the shared operand, its mma work) came out of the weight strea
 
 A tile qualifies when it is a loop input staged in shared memory, read only as an mma
 operand through ``ldmatrix`` or ``wgmma`` (or, for a wgmma chain's B1, by its column
-statistics through the expression engine, planner._side_read), of a
+statistics through the expression engine, layout._side_read), of a
 16-bit dtype, whose device tensor has rank 2 to 5 with 16-byte row strides, and whose
 rows (all dimensions but the last, flattened) are a multiple of 8 and whose dimensions
 fit a box (at most 256 each). The tile is copied as boxes of ``swizzle`` bytes per row
