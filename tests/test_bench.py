@@ -322,6 +322,35 @@ def test_run_bench_rows_floor_and_variants(tmp_path, monkeypatch):
     assert all(r.bandwidth == BW.copy_kernel for r in rows)
 
 
+def test_a_program_without_a_batch_parameter_is_left_out_with_a_warning(monkeypatch, tmp_path,
+                                                                         capsys):
+    """--batch cannot size a program with no batch parameter: it is left out with a
+    warning, and the other programs are benched; any other error still stops the bench."""
+    from mirage_cli.codegen import bench
+    from mirage_cli.codegen.bench import Check, Measured
+
+    monkeypatch.setattr(bench, "_measure", lambda *a, **k: Measured(10.0, Check(True, 1e-4)))
+    monkeypatch.setattr(bench, "input_scale", lambda g, seed=0: 1.0)
+    (tmp_path / "examples").mkdir()
+    sized = SMALL.replace("(rows = 4,", "(batch = 1, rows = 4,").replace(
+        "f16[rows, hidden]", "f16[rows * batch, hidden]")
+    (tmp_path / "examples" / "sized.mir").write_text(sized.replace("rmsnorm_linear", "sized"))
+    (tmp_path / "examples" / "fixed.mir").write_text(SMALL.replace("rmsnorm_linear", "fixed"))
+
+    class Dev:
+        name, arch, l2_bytes = "fake", "sm_90", 50 << 20
+
+    _, rows = bench.run_bench(Dev(), bench.discover(tmp_path), (1, 2),  # type: ignore[arg-type]
+                              use_torch=False, bandwidth=BW)
+    assert sorted({(r.benchmark, r.batch) for r in rows}) == [("sized", 1), ("sized", 2)]
+    err = capsys.readouterr().err
+    assert "fixed.mir:leftout:theprogramhasno'batch'parameter" in "".join(err.split())
+    (tmp_path / "examples" / "fixed.mir").write_text("program fixed(batch = 1) {")
+    with pytest.raises(bench.MirageError):
+        bench.run_bench(Dev(), bench.discover(tmp_path), (1,),  # type: ignore[arg-type]
+                        use_torch=False, bandwidth=BW)
+
+
 # -- the command line ----------------------------------------------------------------------
 
 
