@@ -300,7 +300,7 @@ def _complete(complete: bool, prog: Progress, deadline: float | None) -> bool:
     """Whether the search ended by its work alone: no unit, phase or Z3 query stopped
     by the clock, and the budget not spent (a phase it would have stopped next)."""
     if deadline is not None and time.time() >= deadline:
-        prog.clock_stop("the budget ran out")
+        prog.clock_stop("the search (its budget ran out)")
     return complete and not prog.clock
 
 
