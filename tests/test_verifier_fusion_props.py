@@ -86,6 +86,9 @@ def test_fusing_preserves_the_function(steps: list[tuple[int, int]]) -> None:
 @settings(max_examples=40, deadline=None)
 @given(program, st.integers(0, 5))
 @example([(0, 1), (11, 2)], 0)  # the mutant computes (x - x) and divides by it
+# Program and mutant are both identically zero: (y + 2x) x^2 / x - (y + 2x) x, and the
+# same with y - x for y + x. float64 leaves rounding noise there, which is no difference.
+@example([(0, 0), (0, 0), (2, 0), (2, 0), (11, 0), (1, 4)], 0)
 def test_a_changed_operator_is_caught(steps: list[tuple[int, int]], where: int) -> None:
     where %= len(steps)
     v = Verifier(unfused(steps), seed=1)
@@ -101,7 +104,10 @@ def test_a_changed_operator_is_caught(steps: list[tuple[int, int]], where: int) 
     # is a domain error, not a different function: the field, where relu is a random
     # function, rightly sees x/x = 1 there. Only finite differences must be caught.
     finite = all(np.isfinite(o).all() for o in cc.outputs_a + cc.outputs_b)
-    if not cc.close and finite:
+    # Outputs that are rounding noise around zero in both graphs (a function that is
+    # identically zero, computed by cancellation) do not tell two functions apart.
+    noise = finite and max(float(np.abs(o).max()) for o in cc.outputs_a + cc.outputs_b) < 1e-9
+    if not cc.close and finite and not noise:
         verdict = v.check(b, trials=2)
         # Never "equivalent"; "undecided" only where the mutant divides by a value
         # that is identically zero (e.g. x - x), which no trial can evaluate.
