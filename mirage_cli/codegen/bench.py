@@ -587,11 +587,11 @@ def run_bench(dev: Device | Callable[[], Device], pairs: list[tuple[Path, list[P
     # a search forked from a multi-threaded process found nothing on an H200 machine.
     work: list[tuple[Graph, int, list[Variant]]] = []
     for prog_path, fused_paths in pairs:
-        if not _sized_by_batch(prog_path, batches, load):
-            continue
         for batch in batches:
             defines = {"batch": batch}
-            prog = load(prog_path, defines)
+            prog = _sized(prog_path, defines, load)
+            if prog is None:
+                break
             variants = hand_written(fused_paths, defines, load)
             if candidates is not None:
                 info(f"{prog.name} batch={batch}: the candidates of mirage opt")
@@ -617,20 +617,20 @@ def run_bench(dev: Device | Callable[[], Device], pairs: list[tuple[Path, list[P
     return bw, rows
 
 
-def _sized_by_batch(prog_path: Path, batches: tuple[int, ...],
-                    load: Callable[[Path, dict[str, int]], Graph]) -> bool:
-    """Whether ``--batch`` can size the program. One without a ``batch`` parameter is
-    left out with a warning, not the end of a bench over many programs (the searches of
-    the others may already have run); any other error in the program is reported."""
+def _sized(prog_path: Path, defines: dict[str, int],
+           load: Callable[[Path, dict[str, int]], Graph]) -> Graph | None:
+    """The program at ``defines``' batch, or None (with a warning) where it has no
+    ``batch`` parameter for ``--batch`` to set: one such program is left out, not the
+    end of a bench over many (the searches of the others may already have run); any
+    other error in the program is reported."""
     try:
-        load(prog_path, {"batch": batches[0]})
-        return True
+        return load(prog_path, defines)
     except MirageError:
         if "batch" in dict(load(prog_path, {}).params):
             raise
     warn(f"{prog_path}: left out: the program has no 'batch' parameter for --batch to set "
          f"(declare one, e.g. 'batch = 1', and use it in the input shapes)")
-    return False
+    return None
 
 
 def _bench_one(dev: Device, prog: Graph, batch: int, variants: list[Variant], bw: float,

@@ -191,18 +191,12 @@ def _stage_range(a: Analysis, dev_types: Mapping[str, TensorType], target: str) 
     top = min(MAX_STAGES, a.bg.forloop)
     if top <= 1:
         return [1]
-    arch = archs.get(target)
-    try:
-        default = _placement(lay_out(a, dev_types, Knobs(), arch)[1])
-    except MirageError:  # no default layout: nothing to keep (check_pins reports it)
+    default = _tiles_with(a, dev_types, Knobs(), target)
+    if default is None:  # no default layout: nothing to keep (check_pins reports it)
         return list(range(1, top + 1))
-    legal = []
-    for s in range(1, top + 1):
-        try:
-            if _placement(lay_out(a, dev_types, Knobs(stages=s), arch)[1]) == default:
-                legal.append(s)
-        except MirageError:
-            pass
+    legal = [s for s in range(1, top + 1)
+             if (tiles := _tiles_with(a, dev_types, Knobs(stages=s), target)) is not None
+             and _placement(tiles) == _placement(default)]
     return legal or [1]
 
 
