@@ -152,9 +152,11 @@ def _owner(t: TileDraft, threads: int) -> str:
             return f"f32 tile; element e written by thread e % {threads}"
 
 
-def knob_space(bg: BlockGraph, dev_types: Mapping[str, TensorType], target: str
-               ) -> dict[str, list[int]]:
-    """Each knob's legal values for this kernel (the tuning space of the design)."""
+def knob_space(bg: BlockGraph, dev_types: Mapping[str, TensorType], target: str,
+               given: Knobs | None = None) -> dict[str, list[int]]:
+    """Each knob's legal values for this kernel (the tuning space of the design); the
+    pipeline depths are those that keep the tile placement of the plan with ``given``
+    (the other knobs pinned, see :func:`_stage_range`)."""
     threads = sorted({bg.threads, default_threads(bg, target), *TUNED_THREADS})
     a = analyse_at(bg, default_threads(bg, target))
     kwarps = kwarps_range(a)
@@ -170,7 +172,7 @@ def knob_space(bg: BlockGraph, dev_types: Mapping[str, TensorType], target: str
     # A direct kernel stores one element per thread (codegen/direct.py).
     vec = [1] if direct_reason(a) is None else vec_range(a, dev_types)
     wgmma = _wgmma_legal(bg, threads, dev_types, target)
-    return {"stages": _stage_range(a, dev_types, target),
+    return {"stages": _stage_range(a, dev_types, target, given),
             "kwarps": kwarps, "pad": [0, 1],
             "ldmatrix": [1] if online else [0, 1],  # a chain's operands need it
             "stage_once": [0, 1], "vec": vec, "threads": threads,
@@ -182,20 +184,26 @@ def knob_space(bg: BlockGraph, dev_types: Mapping[str, TensorType], target: str
             "wgmma": [0, 1] if wgmma else [0]}
 
 
-def _stage_range(a: Analysis, dev_types: Mapping[str, TensorType], target: str) -> list[int]:
+def _stage_range(a: Analysis, dev_types: Mapping[str, TensorType], target: str,
+                 given: Knobs | None = None) -> list[int]:
     """Pipeline depths up to the forloop's length at which every tile stays where the
-    default plan keeps it. A deeper ring that pushes a loop tile out of shared memory
-    (into global memory, or an accumulator into the scratch area) is another design,
-    not a tuning of this one: rmsnorm_linear at batch 16 ran 18.4 us with 6 stages and
-    78.6 with 7, its weight read from global memory (docs/perf-log.md v32)."""
+    plan with the ``given`` knobs (the default plan without them) keeps it. A deeper
+    ring that pushes a loop tile out of shared memory (into global memory, or an
+    accumulator into the scratch area) is another design, not a tuning of this one:
+    rmsnorm_linear at batch 16 ran 18.4 us with 6 stages and 78.6 with 7, its weight
+    read from global memory (docs/perf-log.md v32). The other knobs count: unpadded
+    rows (pad=0) or bulk-copied tiles leave room for a deeper ring than the default
+    plan's, and that plan's own depth must stay legal when its knobs are pinned again."""
     top = min(MAX_STAGES, a.bg.forloop)
     if top <= 1:
         return [1]
-    default = _tiles_with(a, dev_types, Knobs(), target)
-    if default is None:  # no default layout: nothing to keep (check_pins reports it)
+    given = dataclasses.replace(given or Knobs(), stages=None)
+    default = _tiles_with(a, dev_types, given, target)
+    if default is None:  # no layout with these pins: nothing to keep (lay_out reports it)
         return list(range(1, top + 1))
     legal = [s for s in range(1, top + 1)
-             if (tiles := _tiles_with(a, dev_types, Knobs(stages=s), target)) is not None
+             if (tiles := _tiles_with(a, dev_types, dataclasses.replace(given, stages=s),
+                                      target)) is not None
              and _placement(tiles) == _placement(default)]
     return legal or [1]
 
@@ -254,7 +262,7 @@ def check_pins(bg: BlockGraph, dev_types: Mapping[str, TensorType], target: str,
             raise MirageError(f"plan knob threads={pins.threads} is not legal for this kernel "
                               f"(legal values: {', '.join(map(str, THREAD_COUNTS))})")
         bg = dataclasses.replace(bg, threads=pins.threads)
-    space = knob_space(bg, dev_types, target)
+    space = knob_space(bg, dev_types, target, pins)
     for name, value in dataclasses.asdict(pins).items():
         if value is not None and value not in space[name]:
             raise MirageError(f"plan knob {name}={value} is not legal for this kernel "

@@ -65,7 +65,8 @@ def plan_report(g: Graph, arch: str) -> list[dict]:  # type: ignore[type-arg]
     g = planned(g, arch, recorded_pins(g))
     types = g.tensor_types()
     return [{"kernel": i, "plan": op.plan.as_json() if op.plan else None,
-             "space": knob_space(op.block, types, arch) if op.block else None}
+             "space": knob_space(op.block, types, arch, op.plan.knobs)
+             if op.block is not None and op.plan is not None else None}
             for i, op in enumerate(g.ops) if op.block is not None]
 
 
