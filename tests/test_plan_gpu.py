@@ -133,3 +133,16 @@ def test_a_chain_whose_queries_change_every_iteration_on_gpu(  # type: ignore[no
                               seed=9)
     loaded.unload()
     assert chk.ok, chk.reason
+
+
+@pytest.mark.parametrize("dtype", ["f16", "bf16"])
+def test_mqa_chain_every_knob_value_on_gpu(  # type: ignore[no-untyped-def]
+        device, tmp_path: Path, dtype: str) -> None:
+    """mqa_decode's rescaled split at batch 8 as shipped (a running maximum carried by
+    the chain on mma.sync), every legal knob value: among them its K and V tiles by bulk
+    copies into swizzled boxes (tma=1), read by ldmatrix (test_tma.py)."""
+    from test_tma import MQA_CHAIN_B8
+
+    src = tmp_path / "mqa8.mir"
+    src.write_text(MQA_CHAIN_B8.replace("f16[", f"{dtype}["))
+    _check_all(device, load_graph(str(src)))

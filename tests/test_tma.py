@@ -5,6 +5,7 @@ whose copies start before the previous call has finished."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import shutil
 import subprocess
@@ -80,6 +81,60 @@ def test_small_loops_keep_cp_async_but_may_pin_tma() -> None:
     assert knob_space(op.block, types, "sm_90")["tma"] == [0, 1]
     pinned = plan_kernel(op.block, types, "sm_90", Knobs(tma=1))
     assert any(t.swizzle for t in pinned.tiles)
+
+
+MQA_CHAIN_B8 = """program mqa_decode(batch = 8, heads = 32, d = 128, seq = 4096) {
+  input Q: f16[batch, heads, d];
+  input K: f16[batch, d, seq];
+  input V: f16[batch, seq, d];
+  (O0, O1, O2, O3) = custom(grid=(8, 16, 1), threads=128, forloop=8) {
+    b0 = load Q imap(x=0);
+    b1 = load K imap(x=0, y=2) fmap(2);
+    b2 = load V imap(x=0, y=1) fmap(1);
+    b3 = matmul(b0, b1);
+    b4 = mul_scalar(b3, scalar=0.08838834764831845);
+    b5 = acc_max_ld(b4);
+    b6 = sub(b4, b5);
+    b7 = exp(b6);
+    b8 = acc_sum_ld(b7);
+    b9 = matmul(b7, b2);
+    b10 = acc_sum(b9);
+    b11 = mul_scalar(b0, scalar=0.0);
+    b12 = add(b5, b11);
+    store b5 -> O0: f32 omap(x=0, y=2);
+    store b8 -> O1: f32 omap(x=0, y=2);
+    store b10 -> O2: f32 omap(x=0, y=2);
+    store b12 -> O3: f32 omap(x=0, y=2);
+  }
+  output O0;
+  output O1;
+  output O2;
+  output O3;
+}
+"""
+
+
+def test_a_chain_on_mma_sync_may_pin_bulk_copies_of_its_b_tiles(tmp_path: Path) -> None:
+    # mqa_decode's rescaled split at batch 8 (what `mirage opt` ships): its chain's K
+    # and V tiles, read only by ldmatrix, can come by bulk copies into swizzled boxes;
+    # cp.async stays the default.
+    src = tmp_path / "mqa8.mir"
+    src.write_text(MQA_CHAIN_B8)
+    g = load_graph(str(src))
+    (op,) = g.ops
+    assert op.block is not None
+    types = g.tensor_types()
+    assert plan_kernel(op.block, types, "sm_90", Knobs()).knobs.tma == 0
+    assert knob_space(op.block, types, "sm_90")["tma"] == [0, 1]
+    plan = plan_kernel(op.block, types, "sm_90", Knobs(tma=1))
+    assert plan.knobs.chain == 1 and plan.knobs.wgmma == 0
+    sw = {bi.source: plan.tile(bi.value.name).swizzle for bi in op.block.inputs}
+    assert sw == {"Q": 0, "K": 64, "V": 128}
+    pinned = dataclasses.replace(g, ops=(dataclasses.replace(op, plan=plan),))
+    cu, _ = emit(lower(pinned))
+    assert "mg_tma2(" in cu or "mg_tma3(" in cu
+    res = compile_cuda(cu, "mqa8.cu", "sm_90")
+    assert all(r.spill_stores == 0 and r.stack == 0 for r in res.resources)
 
 
 def test_tma_is_sm_90_only() -> None:

@@ -86,11 +86,12 @@ def _lay_out_with(a: Analysis, dev_types: Mapping[str, TensorType], k: Knobs, pi
         mmas, reds = mma_plans(a, tiles, k), _reductions(a, tiles)
     if k.wgmma == 1 and ch is None:
         raise MirageError("plan knob wgmma=1 needs a matmul chain in registers (chain=1)")
-    # Not for matmul chains read by ldmatrix: their K and V tiles by bulk copies ran no
-    # faster (gqa at batch 8 on an H100: 29.9 us with cp.async, 30.2 with TMA;
-    # mqa_decode 21.4, 23.0; docs/perf-log.md v19). wgmma reads the swizzled boxes.
+    # Not by default for matmul chains read by ldmatrix: their K and V tiles by bulk
+    # copies ran no faster (gqa at batch 8 on an H100: 29.9 us with cp.async, 30.2 with
+    # TMA; mqa_decode 21.4, 23.0; docs/perf-log.md v19); a pinned tma=1 gives them.
+    # wgmma reads the swizzled boxes.
     bulk = (_tma_tiles(a, dev_types, tiles, mmas, _side_read(a, ch, k))
-            if arch.name == "sm_90" and (ch is None or k.wgmma == 1) else {})
+            if arch.name == "sm_90" and (ch is None or k.wgmma == 1 or k.tma == 1) else {})
     if k.wgmma == 1:
         assert ch is not None
         bulk = _wgmma_operands(ch, bulk, pins)

@@ -233,8 +233,11 @@ def _tma_legal(a: Analysis, dev_types: Mapping[str, TensorType], target: str) ->
     """Whether bulk tensor copies apply to some tile of the default plan (sm_90 only)."""
     if target != "sm_90":
         return False
-    tiles = _tiles_with(a, dev_types, Knobs(ksplit=1, tma=1, chain=0), target)
-    return tiles is not None and any(t.swizzle for t in tiles.values())
+    for chain in (0, 1):  # a kernel whose loop only a chain carries lays out with one
+        tiles = _tiles_with(a, dev_types, Knobs(ksplit=1, tma=1, chain=chain, wgmma=0), target)
+        if tiles is not None and any(t.swizzle for t in tiles.values()):
+            return True
+    return False
 
 
 def _tiles_with(a: Analysis, dev_types: Mapping[str, TensorType], pins: Knobs, target: str
