@@ -11,11 +11,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from plan_programs import MQA_SPLIT_B16
 
 from mirage_cli import interp, serialize
 from mirage_cli.cli import main
 from mirage_cli.codegen import bench
 from mirage_cli.ir import Graph
+from mirage_cli.kplan import Knobs
 from mirage_cli.loading import load_graph
 from mirage_cli.search import measure
 from mirage_cli.search.design import design_of
@@ -83,9 +85,18 @@ def test_variants_are_deterministic_bounded_and_planned() -> None:
     assert any(k.as_json() for v in a for k in v.knobs)
 
 
-def test_thin_keeps_the_first_and_spreads_the_rest() -> None:
-    assert measure.thin(list(range(10)), 4) == [0, 3, 6, 9]
-    assert measure.thin([1, 2], 5) == [1, 2]
+def test_knob_deviations_come_in_the_measured_order(tmp_path: Path) -> None:
+    assert sorted(measure.KNOB_ORDER) == sorted(Knobs.names())
+    # mqa_decode's split kernel at batch 16 (two warps per 16-row tile, five stages):
+    # the other warp splits first (one warp per tile, then four), then shallower rings.
+    src = tmp_path / "mqa16.mir"
+    src.write_text(MQA_SPLIT_B16)
+    g = load_graph(str(src))
+    sets = measure.knob_sets(g, "sm_90", 5)
+    assert [s[0].as_json() for s in sets] == [
+        {}, {"kwarps": 1}, {"kwarps": 4}, {"stages": 4}, {"stages": 3}]
+    assert len(measure.knob_sets(g, "sm_90", 100)) == 14  # every deviation, each once
+    assert measure.knob_sets(g, "sm_90", 1) == [(Knobs(),)]
 
 
 def test_selection_ships_the_fastest_and_records_times() -> None:

@@ -10,6 +10,7 @@ import re
 from pathlib import Path
 
 import pytest
+from plan_programs import MQA_SPLIT_B16
 
 from mirage_cli import serialize
 from mirage_cli.codegen.emit import emit
@@ -159,33 +160,6 @@ RMSNORM_LINEAR_B16 = """program rmsnorm_linear(batch = 16, hidden = 4096, n = 61
 }
 """
 
-
-MQA_SPLIT_B16 = """program mqa_decode(batch = 16, heads = 32, d = 128, seq = 4096) {
-  input Q: f16[batch, heads, d];
-  input K: f16[batch, d, seq];
-  input V: f16[batch, seq, d];
-  (O_online0, O_online1, O_online2, O_online3) = custom(grid=(16, 8, 1), threads=128, forloop=8) {
-    b0 = load Q imap(x=0);
-    b1 = load K imap(x=0, y=2) fmap(2);
-    b2 = load V imap(x=0, y=1) fmap(1);
-    b3 = matmul(b0, b1);
-    b4 = mul_scalar(b3, scalar=0.08838834764831845);
-    b5 = acc_max_ld(b4);
-    b6 = sub(b4, b5);
-    b7 = exp(b6);
-    b8 = acc_sum_ld(b7);
-    b9 = matmul(b7, b2);
-    b10 = acc_sum(b9);
-    b11 = mul_scalar(b0, scalar=0.0);
-    b12 = add(b5, b11);
-    store b5 -> O_online0: f32 omap(x=0, y=2);
-    store b8 -> O_online1: f32 omap(x=0, y=2);
-    store b10 -> O_online2: f32 omap(x=0, y=2);
-    store b12 -> O_online3: f32 omap(x=0, y=2);
-  }
-  output O_online0, O_online1, O_online2, O_online3;
-}
-"""
 
 
 def test_a_plan_with_a_deeper_ring_replans_from_its_own_knobs(tmp_path: Path) -> None:

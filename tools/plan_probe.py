@@ -11,7 +11,8 @@ timed as CUDA-graph replays over input copies larger than twice the L2 (the benc
 method). The floor uses the bandwidth of a large device-to-device copy through
 PyTorch's copy kernel measured in the same process. Prints a table; writes every row
 to OUT.json (``PROBE_NO_TORCH=1``: no PyTorch baselines; ``PROBE_KNOBS=a,b``: only
-these knobs; ``PROBE_PER_KERNEL=1``: also each kernel of the default plan timed alone,
+these knobs; ``PROBE_PINS="kwarps=1;kwarps=1,tma=1"``: these sets of pins instead, each
+one variant; ``PROBE_PER_KERNEL=1``: also each kernel of the default plan timed alone,
 its intermediates uninitialised; ``PROBE_REPLAN=1``: the plans a µGraph file records
 are dropped, so that the current planner plans it, as ``mirage opt`` would now). Used
 for docs/perf-log.md.
@@ -95,6 +96,14 @@ def variants(g: Graph) -> list[tuple[str, Graph]]:
     out = [("default", g)]
     types = g.tensor_types()
     spaces = [knob_space(op.block, types, "sm_90") for op in g.ops if op.block is not None]
+    # PROBE_PINS="kwarps=1;kwarps=1,tma=1": these pin sets only, each as one variant.
+    if sets := os.environ.get("PROBE_PINS"):
+        for text in sets.split(";"):
+            pins = dict(item.split("=") for item in text.split(","))
+            pg = pinned(g, Knobs(**{k: int(v) for k, v in pins.items()}))
+            if pg is not None:
+                out.append((text, pg))
+        return out
     only = os.environ.get("PROBE_KNOBS")
     for knob in (only.split(",") if only else Knobs.names()):
         values = sorted({v for s in spaces for v in s[knob]})

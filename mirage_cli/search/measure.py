@@ -5,9 +5,10 @@ Steps (``mirage tune --gpu N``, ``mirage opt --gpu N``):
 1. :func:`variants`: for each of the first ``top`` distinct designs of a ranked
    candidate list, its tunings (the candidate's own, then the tuner's, best first by
    the cost model: :func:`mirage_cli.search.tune.tune`) times the kernel-plan knob
-   settings (:func:`knob_sets`: the planner's defaults, then every single-knob
-   deviation from them within :func:`~mirage_cli.codegen.planner.knob_space`, evenly
-   thinned to a bound), each with its plans attached. Deterministic: no randomness,
+   settings (:func:`knob_sets`: the planner's defaults, then the single-knob
+   deviations from them within :func:`~mirage_cli.codegen.planner.knob_space`, the
+   knobs that have won measurements first, up to a bound), each with its plans
+   attached. Deterministic: no randomness,
    the order depends only on the candidates.
 2. :func:`compile_all`: NVRTC compilation in worker processes (``spawn``: safe even
    after a CUDA context exists; compilation needs no GPU).
@@ -43,7 +44,18 @@ from mirage_cli.search.design import Design, Tuning, design_of, instantiate
 from mirage_cli.util import write_atomic
 
 TUNINGS_PER_DESIGN = 4   # grid/forloop tunings timed per design
-KNOBS_PER_TUNING = 4     # plan-knob settings timed per tuning (defaults first)
+KNOBS_PER_TUNING = 6     # plan-knob settings timed per tuning (defaults first)
+
+# The order in which the tuner tries knob deviations: first the knobs whose other values
+# have beaten the planner's on some kernel, then those that have only lost. Measured on
+# an H100 (docs/perf-log.md v33): one warp per 16-row tile (kwarps=1) ran mqa_decode's
+# split kernel at batch 8 in 12.6 us against 13.6; a shallower ring (stages=4) gqa's at
+# batch 8 in 18.0 against 18.6; bulk copies (tma=1) mqa_decode at batch 1 in 8.0 against
+# 9.0, and cp.async (tma=0) rmsnorm_linear at batch 1 on an H200 in 15.3 against 15.8
+# (v32). Unpadded rows and scalar fragment loads lost everywhere (qknorm_gqa at batch
+# 1: pad=0 15.4 us and ldmatrix=0 32.4 against 9.7).
+KNOB_ORDER = ("kwarps", "stages", "tma", "threads", "ksplit", "wgmma", "chain", "stagger",
+              "vec", "stage_once", "ldmatrix", "pad")
 REPLAYS = 30             # CUDA-graph replays per timing (the bench's default)
 FORMAT = "mirage-cli/measure-cache"
 VERSION = 1
@@ -111,37 +123,31 @@ class Timer(Protocol):
 
 def knob_sets(g: Graph, arch: str, limit: int) -> list[tuple[Knobs, ...]]:
     """Knob pins for every custom kernel of ``g``: the planner's defaults first, then
-    each single-knob deviation (one kernel, one knob, one legal value other than the
-    planner's), thinned evenly to ``limit`` settings."""
+    single-knob deviations (one kernel, one knob, one legal value other than the
+    planner's) in :data:`KNOB_ORDER`, a knob's values nearest the planner's first,
+    kernels in turn, up to ``limit`` settings in all."""
     from mirage_cli.codegen.planner import knob_space, plan_kernel
 
     types = g.tensor_types()
     blocks = [op.block for op in g.ops if op.block is not None]
     default = tuple(Knobs() for _ in blocks)
-    out: list[tuple[Knobs, ...]] = [default]
+    ranked: list[tuple[int, int, int, int, str]] = []
     for k, bg in enumerate(blocks):
         try:
             chosen = plan_kernel(bg, types, arch).knobs
         except MirageError:
             continue  # no default plan: the deviations would not fit either
-        for name, values in sorted(knob_space(bg, types, arch).items()):
+        for name, values in knob_space(bg, types, arch).items():
+            at = getattr(chosen, name)
             for v in values:
-                if getattr(chosen, name) == v:
-                    continue
-                pins = list(default)
-                pins[k] = Knobs(**{name: v})
-                out.append(tuple(pins))
-    return thin(out, limit)
-
-
-def thin(items: list[Any], limit: int) -> list[Any]:
-    """At most ``limit`` items, the first kept, the rest evenly spaced (deterministic)."""
-    if len(items) <= limit:
-        return items
-    if limit <= 1:
-        return items[:limit]
-    step = (len(items) - 1) / (limit - 1)
-    return [items[round(i * step)] for i in range(limit)]
+                if v != at:
+                    ranked.append((KNOB_ORDER.index(name), abs(v - at), k, v, name))
+    out: list[tuple[Knobs, ...]] = [default]
+    for _, _, k, v, name in sorted(ranked)[:max(0, limit - 1)]:
+        pins = list(default)
+        pins[k] = Knobs(**{name: v})
+        out.append(tuple(pins))
+    return out
 
 
 def _tunings(g: Graph, design: Design, own: Tuning, limit: int) -> list[tuple[Tuning, Graph]]:

@@ -1,0 +1,30 @@
+"""Programs with explicit custom kernels that plan tests share."""
+
+# mqa_decode's split kernel at batch 16, as `mirage opt` ships it: two 16-row tiles of
+# queries per block, a running maximum, five pipeline stages by default.
+MQA_SPLIT_B16 = """program mqa_decode(batch = 16, heads = 32, d = 128, seq = 4096) {
+  input Q: f16[batch, heads, d];
+  input K: f16[batch, d, seq];
+  input V: f16[batch, seq, d];
+  (O_online0, O_online1, O_online2, O_online3) = custom(grid=(16, 8, 1), threads=128, forloop=8) {
+    b0 = load Q imap(x=0);
+    b1 = load K imap(x=0, y=2) fmap(2);
+    b2 = load V imap(x=0, y=1) fmap(1);
+    b3 = matmul(b0, b1);
+    b4 = mul_scalar(b3, scalar=0.08838834764831845);
+    b5 = acc_max_ld(b4);
+    b6 = sub(b4, b5);
+    b7 = exp(b6);
+    b8 = acc_sum_ld(b7);
+    b9 = matmul(b7, b2);
+    b10 = acc_sum(b9);
+    b11 = mul_scalar(b0, scalar=0.0);
+    b12 = add(b5, b11);
+    store b5 -> O_online0: f32 omap(x=0, y=2);
+    store b8 -> O_online1: f32 omap(x=0, y=2);
+    store b10 -> O_online2: f32 omap(x=0, y=2);
+    store b12 -> O_online3: f32 omap(x=0, y=2);
+  }
+  output O_online0, O_online1, O_online2, O_online3;
+}
+"""
