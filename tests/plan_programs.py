@@ -28,3 +28,27 @@ MQA_SPLIT_B16 = """program mqa_decode(batch = 16, heads = 32, d = 128, seq = 409
   output O_online0, O_online1, O_online2, O_online3;
 }
 """
+
+
+# mha_decode's softmax kernel at batch 1 (one design `mirage opt` keeps): a matmul whose
+# A tile has one row (ldmatrix reads a zero row for the others) and block-wide row
+# reductions (one partial per warp in shared memory).
+MHA_SOFTMAX_B1 = """program mha_decode(batch = 1, heads = 32, d = 128, seq = 4096) {
+  input Q: f16[heads * batch, 1, d];
+  input K: f16[heads * batch, d, seq];
+  t0 = custom(grid=(32, 1, 1), threads=128, forloop=8) {
+    b0 = load Q imap(x=0) fmap(2);
+    b1 = load K imap(x=0) fmap(1);
+    b2 = matmul(b0, b1);
+    b3 = acc_sum(b2);
+    b4 = mul_scalar(b3, scalar=0.08838834764831845);
+    b5 = max(b4, dim=2, keepdim=true);
+    b6 = sub(b4, b5);
+    b7 = exp(b6);
+    b8 = sum(b7, dim=2, keepdim=true);
+    b9 = div(b7, b8);
+    store b9 -> t0 omap(x=0);
+  }
+  output t0;
+}
+"""

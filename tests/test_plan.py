@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 
 import pytest
-from plan_programs import MQA_SPLIT_B16
+from plan_programs import MHA_SOFTMAX_B1, MQA_SPLIT_B16
 
 from mirage_cli import serialize
 from mirage_cli.codegen.emit import emit
@@ -180,6 +180,22 @@ def test_a_plan_with_a_deeper_ring_replans_from_its_own_knobs(tmp_path: Path) ->
     assert knob_space(op.block, types, "sm_90", Knobs(pad=0))["stages"] == [1, 2, 3, 4, 5, 6]
     with pytest.raises(MirageError, match=r"stages=6 is not legal .*legal values: 1, 2, 3, 4, 5\)"):
         plan_kernel(op.block, types, "sm_90", Knobs(stages=6))
+
+def test_the_zero_row_is_16_byte_aligned_at_every_thread_count(tmp_path: Path) -> None:
+    # ldmatrix reads the zero row for the rows past a short A tile; it follows the
+    # per-warp partials, which took 8 bytes at 64 threads and left it misaligned (a
+    # misaligned-address fault on an H100 when the tuner tried threads=64).
+    src = tmp_path / "mha1.mir"
+    src.write_text(MHA_SOFTMAX_B1)
+    g = load_graph(str(src))
+    types = g.tensor_types()
+    (op,) = g.ops
+    assert op.block is not None
+    for threads in knob_space(op.block, types, "sm_90")["threads"]:
+        plan = plan_kernel(op.block, types, "sm_90", Knobs(threads=threads))
+        offsets = {t.name: t.smem_offset for t in plan.tiles}
+        assert "$zero" in offsets and "$red" in offsets, threads
+        assert offsets["$zero"] % 16 == 0, (threads, offsets["$zero"])
 
 def test_stages_stop_where_the_loop_tiles_leave_shared_memory(tmp_path: Path) -> None:
     # What `mirage opt` ships for rmsnorm_linear at batch 16: 6 stages of X's and W's
