@@ -73,3 +73,33 @@ def test_calibrate_measures_plausible_figures(tmp_path: Path) -> None:
     assert 0 < p.launch_us < 20 and p.barrier_us is not None and 0 < p.barrier_us < 1
     assert 10e12 < p.peak_flops < 5000e12 and p.fma_flops < p.peak_flops
     assert p.smem_per_block <= p.smem_per_sm
+
+
+def test_a_kernel_that_faults_does_not_fail_the_variants_after_it() -> None:
+    # A fault (here a trap; in the field a misaligned shared-memory address) leaves the
+    # context unusable: without a fresh one, every variant timed after the faulting
+    # one failed with its error and was reported as computing a wrong result.
+    import re
+
+    from mirage_cli.codegen.emit import emit
+    from mirage_cli.codegen.lower import lower
+    from mirage_cli.codegen.nvrtc import compile_cuda
+    from mirage_cli.commands.plan import planned
+    from mirage_cli.kplan import Knobs
+    from mirage_cli.loading import load_graph
+    from mirage_cli.search import measure
+
+    timer = measure.GpuTimer(0)
+    g = planned(load_graph(str(ROOT / "examples" / "mugraphs" / "rmsnorm_linear_fused.mir")),
+                timer.arch, [])
+    prog = lower(g, timer.arch)
+    cu, _ = emit(prog)
+    trap = re.sub(r"(__global__[^{]*\{)", r'\1 asm volatile("trap;");', cu, count=1)
+    assert trap != cu
+    good = compile_cuda(cu, "good.cu", timer.arch).cubin
+    bad = compile_cuda(trap, "bad.cu", timer.arch).cubin
+    v = measure.Variant("d0.t0.k0", 0, g, (), (Knobs(),), 0.0)
+    faulted = timer.time(v, bad, g)
+    assert not faulted.ok and "faulted" in (faulted.reason or "")
+    after = timer.time(v, good, g)
+    assert after.ok and after.us is not None and after.us > 0, after

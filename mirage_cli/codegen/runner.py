@@ -63,6 +63,20 @@ def check(res: Any, what: str) -> Any:
     return rest[0] if len(rest) == 1 else rest
 
 
+# Faults after which a context is unusable: every later call in it fails with the same
+# error, so one faulting kernel would fail every kernel after it (Device.reset).
+STICKY_ERRORS = ("CUDA_ERROR_ILLEGAL_ADDRESS", "CUDA_ERROR_MISALIGNED_ADDRESS",
+                 "CUDA_ERROR_LAUNCH_FAILED", "CUDA_ERROR_ILLEGAL_INSTRUCTION",
+                 "CUDA_ERROR_HARDWARE_STACK_ERROR", "CUDA_ERROR_INVALID_PC",
+                 "CUDA_ERROR_INVALID_ADDRESS_SPACE", "CUDA_ERROR_ASSERT",
+                 "CUDA_ERROR_LAUNCH_TIMEOUT")
+
+
+def is_sticky(e: BaseException) -> bool:
+    """Whether ``e`` (from :func:`check`) reports a fault that left the context unusable."""
+    return isinstance(e, RuntimeError) and any(code in str(e) for code in STICKY_ERRORS)
+
+
 NAN_BITS = {DType.F16: 0x7E00, DType.BF16: 0x7FC0, DType.F32: 0x7FC00000}
 
 
@@ -96,9 +110,7 @@ class Device:
         if not 0 <= ordinal < n:
             raise MirageError(f"--gpu {ordinal}: no such device ({n} present)")
         self.dev = check(drv.cuDeviceGet(ordinal), "cuDeviceGet")
-        self.ctx = check(drv.cuDevicePrimaryCtxRetain(self.dev), "cuDevicePrimaryCtxRetain")
-        check(drv.cuCtxSetCurrent(self.ctx), "cuCtxSetCurrent")
-        self.stream = check(drv.cuStreamCreate(1), "cuStreamCreate")  # non-blocking
+        self._open()
         name = check(drv.cuDeviceGetName(256, self.dev), "cuDeviceGetName")
         self.name = name.split(b"\x00")[0].decode()
         attr = drv.CUdevice_attribute
@@ -108,6 +120,19 @@ class Device:
                                                    self.dev), "attr"))
         self.l2_bytes = check(drv.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE,
                                                        self.dev), "attr")
+
+    def _open(self) -> None:
+        drv = self.drv
+        self.ctx = check(drv.cuDevicePrimaryCtxRetain(self.dev), "cuDevicePrimaryCtxRetain")
+        check(drv.cuCtxSetCurrent(self.ctx), "cuCtxSetCurrent")
+        self.stream = check(drv.cuStreamCreate(1), "cuStreamCreate")  # non-blocking
+
+    def reset(self) -> None:
+        """A fresh context after a fault (:func:`is_sticky`): the old one, its modules
+        and its memory are gone, so whatever was loaded must be loaded again."""
+        self.drv.cuDevicePrimaryCtxRelease(self.dev)  # errors: the context is dead anyway
+        check(self.drv.cuDevicePrimaryCtxReset(self.dev), "cuDevicePrimaryCtxReset")
+        self._open()
 
     @property
     def arch(self) -> str:

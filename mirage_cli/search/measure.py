@@ -255,21 +255,30 @@ class GpuTimer:
     def time(self, v: Variant, cubin: bytes, reference: Graph) -> Timing:
         from mirage_cli.codegen import bench
         from mirage_cli.codegen.lower import lower
+        from mirage_cli.codegen.runner import is_sticky
 
         if reference not in self._scales:
             self._scales[reference] = bench.input_scale(reference)
         scale = self._scales[reference]
-        loaded = self.dev.load(lower(v.graph, self.arch), cubin)
         try:
-            outs = loaded.run(bench.scaled_inputs(v.graph, 0, scale))
-            chk = bench.compare(outs, bench.reference_outputs(reference, 0, scale),
-                                list(v.graph.outputs))
-            if not chk.ok:
-                return Timing(None, False, chk.rel_err, chk.reason)
-            us = bench.time_loaded(self.dev, loaded, v.graph, self.replays, scale)
-            return Timing(us, True, chk.rel_err)
-        finally:
-            loaded.unload()
+            loaded = self.dev.load(lower(v.graph, self.arch), cubin)
+            try:
+                outs = loaded.run(bench.scaled_inputs(v.graph, 0, scale))
+                chk = bench.compare(outs, bench.reference_outputs(reference, 0, scale),
+                                    list(v.graph.outputs))
+                if not chk.ok:
+                    return Timing(None, False, chk.rel_err, chk.reason)
+                us = bench.time_loaded(self.dev, loaded, v.graph, self.replays, scale)
+                return Timing(us, True, chk.rel_err)
+            finally:
+                loaded.unload()
+        except RuntimeError as e:
+            if not is_sticky(e):
+                raise
+            # The fault is this variant's; without a fresh context every variant timed
+            # after it would fail with the same error and be reported wrong too.
+            self.dev.reset()
+            return Timing(None, False, None, f"the kernel faulted ({e})")
 
 
 # -- the cache of measured timings ---------------------------------------------------------
