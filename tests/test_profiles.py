@@ -57,6 +57,22 @@ def test_bad_target_is_exit_2(target: str, msg: str) -> None:
     assert r.exit_code == 2 and msg in r.output, r.output
 
 
+def test_bench_takes_the_target_and_refuses_a_bad_one_before_the_gpu() -> None:
+    r = CliRunner().invoke(main, ["bench", "--gpu", "0", "--target", "a100"])
+    assert r.exit_code == 2 and "unknown target" in r.output, r.output
+
+
+def test_a_profile_for_another_gpu_is_named() -> None:
+    # The default profile on an H100 (the bench's notice there; opt --gpu's too).
+    h200, h100 = profiles.load("sm_90/h200"), profiles.load("sm_90/h100")
+    notice = profiles.mismatch(h200, "NVIDIA H100 80GB HBM3")
+    assert notice is not None and "--target sm_90/h100" in notice
+    assert profiles.mismatch(h200, "NVIDIA H200") is None
+    assert profiles.mismatch(h100, "NVIDIA H100 80GB HBM3") is None
+    assert "--target sm_90/h200" in (profiles.mismatch(h100, "NVIDIA H200") or "")
+    assert profiles.mismatch(h200, "NVIDIA A100-SXM4-80GB") is None  # no profile of its own
+
+
 def test_bad_profile_file_names_the_field(tmp_path: Path) -> None:
     doc = profiles.load("h200").as_json()
     doc["dram_bw"] = -1

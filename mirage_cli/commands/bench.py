@@ -51,9 +51,11 @@ from mirage_cli.codegen.benchreport import (
     table_cells,
 )
 from mirage_cli.commands.plan import planned
-from mirage_cli.console import info
+from mirage_cli.console import info, warn
 from mirage_cli.diagnostics import MirageError
 from mirage_cli.ir import Graph
+from mirage_cli.profiles import mismatch, target_option
+from mirage_cli.search.cost import use_profile
 from mirage_cli.util import write_atomic
 
 # The options of `mirage opt` that choose its search (the rest are about its files).
@@ -184,17 +186,19 @@ def _write(path: str, text: str | bytes) -> None:
 @click.option("--markdown", "md_path", metavar="FILE", help="Write the table as Markdown.")
 @click.option("--plot", "plot_path", metavar="FILE.png",
               help="Plot µs per benchmark and variant, floor marked (needs matplotlib).")
+@target_option
 def command(gpu: int, batches: str, only: tuple[str, ...], root: str, replays: int, top: int,
             jobs: int | None, budget: float | None, no_search: bool,
             mirage_ckpt: str | None, no_torch: bool,
             no_compile: bool, per_kernel: bool, json_path: str | None, csv_path: str | None,
-            md_path: str | None, plot_path: str | None) -> None:
+            md_path: str | None, plot_path: str | None, target: str) -> None:
     """Check and time, on GPU N, every example: the µGraphs `mirage opt` keeps (the
     shipped one marked), the hand-written fused µGraphs, Mirage's own candidates
     (--mirage-ckpt) and the baselines (PyTorch's scaled_dot_product_attention too,
     for plain softmax attention)."""
     from mirage_cli.codegen.runner import Device
 
+    prof = use_profile(target)  # as `mirage opt --target`: it ranks opt's candidates
     bs = parse_batches(batches)
     if plot_path:
         require_matplotlib(plot_path)
@@ -208,6 +212,8 @@ def command(gpu: int, batches: str, only: tuple[str, ...], root: str, replays: i
     def device() -> Device:  # opened after the searches (see run_bench)
         if not opened:
             opened.append(Device(gpu))
+            if not no_search and (notice := mismatch(prof, opened[0].name)):
+                warn(notice)
         return opened[0]
     bw, rows = run_bench(device, pairs, bs, replays, not no_torch, not no_compile,
                          candidates=None if no_search else

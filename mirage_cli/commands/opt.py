@@ -60,7 +60,7 @@ from mirage_cli.console import info, warn
 from mirage_cli.diagnostics import MirageError
 from mirage_cli.ir import Graph
 from mirage_cli.loading import load_graph
-from mirage_cli.profiles import target_option
+from mirage_cli.profiles import mismatch, target_option
 from mirage_cli.search.cost import use_profile
 from mirage_cli.search.display import progress_display
 from mirage_cli.search.driver import Outcome, cached_search, explain_none, slower_than_unfused
@@ -254,8 +254,10 @@ def command(program: str, output: str, defines: tuple[str, ...], save_temps: str
             require_fused: bool, hpp: bool, plan_pins: str | None, gpu: int | None,
             target: str, **kw: object) -> None:
     """Optimise PROGRAM end to end: parse, search, verify, rank, generate CUDA."""
-    use_profile(target)
+    prof = use_profile(target)
     timer = _open_gpu(gpu)  # before the search: no GPU is exit 2 at once
+    if timer is not None and (notice := mismatch(prof, timer.device)):
+        warn(notice + " (it chooses which designs are measured)")
     # From the command's start: Python's own start-up (0.5-1.5 s) comes before it, and
     # a process age would be wrong for in-process callers (tests, bench).
     deadline = time.monotonic() + float(kw["budget"])  # type: ignore[arg-type]

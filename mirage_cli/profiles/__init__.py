@@ -209,6 +209,20 @@ def load(target: str) -> Profile:
     return prof
 
 
+def mismatch(prof: Profile, device_name: str) -> str | None:
+    """A notice when the cost model ranks with ``prof`` on a GPU another shipped profile
+    names (e.g. the default H200 profile on an H100: its candidates' order is the
+    H200's, and on an H100 the one it ships may not be the fastest); None otherwise."""
+    dev = device_name.lower()
+    if prof.name.lower() in dev:
+        return None
+    match = next((n for n in NAMES if n.lower() in dev), None)
+    if match is None:
+        return None
+    return (f"the cost model ranks with the {prof.name} profile ({prof.device}) on this "
+            f"{device_name}; --target {prof.arch}/{match} ranks for it")
+
+
 def target_option(f: Callable[..., Any]) -> Callable[..., Any]:
     """``--target``: the device profile the cost model uses."""
     import click
