@@ -90,11 +90,11 @@ def allocate(a: Analysis, tiles: dict[str, TileDraft], has_mma: bool, reds: list
     loop_staged = [t for t in staged if t.phase == "loop" and t.name not in a.producer]
     bufs = [t for t in tiles.values() if not t.pitch and t.home in
             ("smem", "acc_regs", "acc_mma", "acc_smem")]
-    # The zero row follows the per-warp partials: padded to 16 bytes, as ldmatrix reads
-    # it (with one or two warps, W * 4 bytes left it 8-byte aligned: a misaligned
-    # address fault at 64 threads).
-    extra = (pad16(W * 4) if any(r.threads_per_row > 32 for r in reds) else 0) + \
-        (16 if has_mma else 0)
+    # The per-warp partials of block-wide reductions, padded to 16 bytes: the zero row
+    # after them is read by ldmatrix (with one or two warps, W * 4 bytes left it 8-byte
+    # aligned: a misaligned address fault at 64 threads).
+    red = pad16(W * 4) if any(r.threads_per_row > 32 for r in reds) else 0
+    extra = red + (16 if has_mma else 0)
     tma = any(t.swizzle for t in staged)
     if tma:  # the mbarriers, and the slack that aligns the base to 1024 bytes at run time
         extra += 8 * MAX_STAGES + tmaplan.ALIGN
@@ -146,10 +146,10 @@ def allocate(a: Analysis, tiles: dict[str, TileDraft], has_mma: bool, reds: list
                                 "smem", smem_offset=off, owner="one mbarrier (8 bytes) per stage")
         off += pad16(8 * stages)
     if extra:
-        if any(r.threads_per_row > 32 for r in reds):
+        if red:
             tiles[RED] = TileDraft(RED, TensorType((W,), DType.F32), "epilogue", "smem",
                                smem_offset=off, owner="one partial per warp")
-            off += pad16(W * 4)
+            off += red
         if has_mma:
             tiles[ZERO] = TileDraft(ZERO, TensorType((8,), DType.F16), "invariant", "smem",
                                 smem_offset=off, owner="zeros")
