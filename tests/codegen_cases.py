@@ -283,18 +283,22 @@ def online_softmax_chain() -> Graph:
     online softmax, ``chain.Online``): f16, 32 rows, 4 iterations of 32 keys, the
     maximum of a scaled score plus a per-key bias, a per-row weight after the exp (a
     value linear in it, summed), and an epilogue that reads the final maximum too."""
-    b = GraphBuilder("online_softmax_chain")
-    q = b.input("Q", (2, 32, 32), "f16")
+    return _online_chain("online_softmax_chain", 32, 128)
+
+
+def _online_chain(name: str, rows: int, threads: int) -> Graph:
+    b = GraphBuilder(name)
+    q = b.input("Q", (2, rows, 32), "f16")
     kk = b.input("K", (2, 32, 128), "f16")
     v = b.input("V", (2, 128, 16), "f16")
     c = b.input("C", (2, 1, 128), "f16")
-    w = b.input("W", (2, 32, 1), "f16")
-    k = b.custom((2, 1, 1), 128, 4)
-    qt = k.load(q, (0, None, None))          # (1, 32, 32)
+    w = b.input("W", (2, rows, 1), "f16")
+    k = b.custom((2, 1, 1), threads, 4)
+    qt = k.load(q, (0, None, None))          # (1, rows, 32)
     kt = k.load(kk, (0, None, None), 2)      # (1, 32, 32)
     vt = k.load(v, (0, None, None), 1)       # (1, 32, 16)
     ct = k.load(c, (0, None, None), 2)       # (1, 1, 32)
-    wt = k.load(w, (0, None, None))          # (1, 32, 1)
+    wt = k.load(w, (0, None, None))          # (1, rows, 1)
     x = k.op("add", k.op("mul_scalar", k.op("matmul", qt, kt), scalar=2.0), ct)
     top = k.op("acc_max_ld", x)
     e = k.op("mul", k.op("exp", k.op("sub", x, top)), wt)
@@ -318,6 +322,33 @@ def online_softmax_batched() -> Graph:
     vt = k.load(v, (0, None, None), 1)       # (2, 16, 16)
     s = k.op("matmul", qt, kt)
     e = k.op("exp", k.op("sub", s, k.op("acc_max_ld", s)))
+    o = k.op("acc_sum", k.op("matmul", e, vt))
+    (r,) = k.finish([(k.op("div", o, k.op("acc_sum_ld", e)), "O", (0, None, None))])
+    b.output(r)
+    return b.build()
+
+
+def short_rows_online_chain() -> Graph:
+    """The online softmax chain with 4 rows a block (a decode GQA's query heads per KV
+    head): one 16-row mma tile, its 12 padding rows read as zeros and never stored; a
+    per-row weight (read at the last real row for the padding rows) and a per-key bias;
+    f16, 4 iterations of 32 keys."""
+    return _online_chain("short_rows_online_chain", 4, 64)
+
+
+def short_rows_chain_batched() -> Graph:
+    """A chain over a batch of two matrices of 7 rows per block (Qwen2's 7 query heads
+    per KV head; each matrix its own padded 16-row tile), bf16, K broadcast, 2
+    iterations of 32 keys."""
+    b = GraphBuilder("short_rows_chain_batched")
+    q = b.input("Q", (4, 7, 32), "bf16")
+    kk = b.input("K", (1, 32, 64), "bf16")
+    v = b.input("V", (4, 64, 16), "bf16")
+    k = b.custom((2, 1, 1), 64, 2)
+    qt = k.load(q, (0, None, None))          # (2, 7, 32)
+    kt = k.load(kk, (None, None, None), 2)   # (1, 32, 32)
+    vt = k.load(v, (0, None, None), 1)       # (2, 32, 16)
+    e = k.op("exp", k.op("mul_scalar", k.op("matmul", qt, kt), scalar=0.25))
     o = k.op("acc_sum", k.op("matmul", e, vt))
     (r,) = k.finish([(k.op("div", o, k.op("acc_sum_ld", e)), "O", (0, None, None))])
     b.output(r)
@@ -391,5 +422,6 @@ def invariant_max_after_loop() -> Graph:
 CASES: dict[str, Callable[[], Graph]] = {f.__name__: f for f in (
     split_combine, row_total, invariant_max_after_loop,
     attention_chain, attention_chain_batched, online_softmax_chain, online_softmax_batched,
+    short_rows_online_chain, short_rows_chain_batched,
     rmsnorm_linear_small, weighted_norm_uneven_tiles, two_row_tiles, bf16_kernel_ops, f32_block_ops, big_tiles_scratch, passthrough,
     single_buffer_unaligned, warp_reductions, divide_by_mean, mma_odd_shapes, kernel_matmuls)}

@@ -12,7 +12,12 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from codegen_cases import attention_chain, attention_chain_batched
+from codegen_cases import (
+    attention_chain,
+    attention_chain_batched,
+    short_rows_chain_batched,
+    short_rows_online_chain,
+)
 
 from mirage_cli.codegen.blockfacts import analyse, decompose
 from mirage_cli.codegen.chainfacts import Chain, chain_form
@@ -24,6 +29,7 @@ from mirage_cli.codegen.chainplan import (
     held_a_regs,
     holds_a,
     layout,
+    row_tiles,
 )
 from mirage_cli.codegen.emit import emit
 from mirage_cli.codegen.lower import lower
@@ -121,12 +127,13 @@ def test_a_normalised_query_is_packed_for_the_chain(tmp_path: Path) -> None:
     assert {t.name: t for t in off.tiles}[a_operand].pitch == 0 and off.knobs.chain == 0
 
 
-@pytest.mark.parametrize("why", ["computed", "store", "three"])
-def test_graphs_that_are_not_chains_say_why(why: str) -> None:
+def _not_a_chain(why: str, rows: int = 32) -> Graph:
+    """A two-matmul kernel that is no chain for the reason ``why`` (or, at 20 rows, for
+    its rows)."""
     from mirage_cli.builder import GraphBuilder
 
     b = GraphBuilder("nc")
-    q = b.input("Q", (1, 32, 32), "f16")
+    q = b.input("Q", (1, rows, 32), "f16")
     kk = b.input("K", (1, 32, 64), "f16")
     v = b.input("V", (1, 64, 16), "f16")
     k = b.custom((1, 1, 1), 128, 2)
@@ -144,7 +151,12 @@ def test_graphs_that_are_not_chains_say_why(why: str) -> None:
         stores.append((k.op("acc_max", e), "M", (0, None, None)))
     for name in k.finish(stores):
         b.output(name)
-    g = b.build()
+    return b.build()
+
+
+@pytest.mark.parametrize("why", ["computed", "store", "three"])
+def test_graphs_that_are_not_chains_say_why(why: str) -> None:
+    g = _not_a_chain(why)
     reason = chain_form(analyse(decompose(_kernel(g).block)))
     assert isinstance(reason, str)
     assert {"computed": "computed, not loaded", "store": "has no fragment form",
@@ -175,6 +187,40 @@ def test_every_knob_value_of_the_chain_cases_compiles(case) -> None:  # type: ig
     space = knob_space(_kernel(g).block, types, "sm_90")
     assert space["chain"] == [0, 1]
     for knob, values in space.items():
+        for value in values:
+            pg = planned(g, "sm_90", [Knobs(**{knob: value})])
+            res = compile_cuda(emit(lower(pg, "sm_90"))[0], f"{g.name}.cu", "sm_90")
+            assert all(r.spill_stores == 0 and r.stack == 0 for r in res.resources), \
+                (knob, value, res.resources)
+
+
+def test_a_chain_of_fewer_than_16_rows_fills_one_padded_tile() -> None:
+    # A decode GQA's 4 (Llama-3) or 7 (Qwen2) query heads per KV head: one 16-row
+    # tile a matrix, its padding rows read from the zero row, clamped where a link
+    # reads a per-row tile, and never stored; no wgmma (a warpgroup needs 64 rows).
+    g = short_rows_online_chain()
+    ch = chain_form(analyse(decompose(_kernel(g).block)))
+    assert isinstance(ch, Chain) and ch.online is not None
+    assert row_tiles(ch) == 1
+    space = knob_space(_kernel(g).block, g.tensor_types(), "sm_90")
+    assert space["chain"] == [1] and space["wgmma"] == [0]
+    cu = emit(lower(planned(g, "sm_90", []), "sm_90"))[0]
+    assert "< 4 ? (const void*)" in cu and "(const void*)mg_zero" in cu
+    assert "min(mg_mi0 * 16 + mg_g + 8, 3)" in cu
+    assert "if (r1 < 4)" in cu and "if (r0 < 4)" in cu
+    batched = chain_form(analyse(decompose(_kernel(short_rows_chain_batched()).block)))
+    assert isinstance(batched, Chain) and row_tiles(batched) == 2  # one a matrix
+    # More than 16 rows that are not a multiple of 16 stay outside the chain.
+    reason = chain_form(analyse(decompose(_kernel(_not_a_chain("rows20", 20)).block)))
+    assert isinstance(reason, str) and "multiples of the mma shape" in reason
+
+
+@pytest.mark.parametrize("case", [short_rows_online_chain, short_rows_chain_batched],
+                         ids=lambda f: f.__name__)
+def test_every_knob_value_of_the_short_chain_cases_compiles(case) -> None:  # type: ignore[no-untyped-def]
+    g = case()
+    types = g.tensor_types()
+    for knob, values in knob_space(_kernel(g).block, types, "sm_90").items():
         for value in values:
             pg = planned(g, "sm_90", [Knobs(**{knob: value})])
             res = compile_cuda(emit(lower(pg, "sm_90"))[0], f"{g.name}.cu", "sm_90")

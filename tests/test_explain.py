@@ -198,8 +198,12 @@ def test_shape_reuse_retunes_known_designs_without_searching() -> None:
     assert res.candidates[0].verdict["float64"]["verdict"] == "close"
     assert res.candidates[0].graph.tensor_types()["O"] == prog.tensor_types()["O"]
     assert t_reuse <= t_fresh / 10, (t_reuse, t_fresh)
-    # The fresh search finds nothing cheaper than the reused design at the new sizes.
-    assert res.candidates[0].cost.time_us <= fresh.candidates[0].cost.time_us + 1e-3
+    # What reuse ships is within 5% of the fresh search's best (the criterion):
+    # a design the small search did not keep can win at the new sizes (since chains of
+    # fewer than 16 rows plan, the fresh search at 128 keys finds a 4-row chain that
+    # the one at 64 ranks below its third; 2.785 against 2.716 us predicted).
+    best = min(c.cost.time_us for c in fresh.candidates)
+    assert res.candidates[0].cost.time_us <= best * 1.05
 
 
 def test_tune_space_pin_and_widen(tmp_path: Path) -> None:

@@ -211,9 +211,10 @@ def test_column_split_warps_merge_their_maxima() -> None:
 
 
 def test_a_running_maximum_without_a_chain_is_a_located_refusal() -> None:
-    """Four query rows per block (no 16-row mma tile): the loop cannot be emitted, and
-    the planner says why rather than generating the two-pass meaning wrongly."""
-    text = RUNNING.replace("heads = 16", "heads = 4")
+    """Twenty query rows per block (not whole 16-row mma tiles; fewer than 16 fill one
+    padded tile): the loop cannot be emitted, and the planner says why rather than
+    generating the two-pass meaning wrongly."""
+    text = RUNNING.replace("heads = 16", "heads = 20")
     g = _graph(text)
     with pytest.raises(MirageError, match="running maximum.*multiples of the mma shape"):
         plan_kernel(_block(g), g.tensor_types(), "sm_90")

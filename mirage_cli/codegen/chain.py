@@ -22,6 +22,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from mirage_cli.codegen import colstats
+from mirage_cli.codegen.chainfacts import Chain, real_rows, tile_rows_of
 from mirage_cli.codegen.chainplan import WGMMA_N, ChainLayout
 from mirage_cli.codegen.expr import (
     Lines,
@@ -36,7 +37,6 @@ from mirage_cli.semantics.accum import Combine, Pre
 from mirage_cli.semantics.cuda import c_init, c_update
 
 if TYPE_CHECKING:
-    from mirage_cli.codegen.chainfacts import Chain
     from mirage_cli.codegen.kernel import FusedKernel
     from mirage_cli.ir import BlockOp
 
@@ -49,7 +49,7 @@ def _lead(name: str, k: FusedKernel) -> list[str]:
 
 def tile_rows(ch: Chain, lay: ChainLayout) -> Lines:
     """This warp's matrix of the batch (``mg_b``) and its 16-row tiles in it (``mg_mi{m}``)."""
-    per = ch.first.outputs[0].type.shape[-2] // 16
+    per = tile_rows_of(ch) // 16
     first = f"mg_grp * {lay.tiles_per_warp}"
     return ([f"const int mg_b = ({first}) / {per};", "(void)mg_b;"]
             + [f"const int mg_mi{m} = ({first} + {m}) % {per};"
@@ -118,7 +118,11 @@ def _a_frag(k: FusedKernel, ch: Chain, m: int) -> str:
     step ``kk``."""
     a = ch.first.inputs[0]
     row = f"(mg_mi{m} * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8)"
-    return smem_ptr(k, a, _lead(a, k) + [row, "(kk + (mg_lane >> 4) * 8)"])
+    ptr = smem_ptr(k, a, _lead(a, k) + [row, "(kk + (mg_lane >> 4) * 8)"])
+    R = real_rows(ch)
+    if R < tile_rows_of(ch):  # a short tile: the padding rows read the zero row
+        return f"({row} < {R} ? (const void*){ptr} : (const void*)mg_zero)"
+    return ptr
 
 
 def _held_a(k: FusedKernel, ch: Chain, lay: ChainLayout) -> Lines:
@@ -264,7 +268,10 @@ def _element(k: FusedKernel, ch: Chain, lay: ChainLayout, first: str, idx: list[
     second matmul's operand) is left in the fragment register."""
     k.em.nodes[first] = Node(k.a.types[first].shape, Local(f"mg_s[{m}][{j}][{i}]"))
     colstats.bind(k, ch, j, i)
-    body = [f"const int mg_r = mg_mi{m} * 16 + mg_g + {(i >> 1) * 8};",
+    row = f"mg_mi{m} * 16 + mg_g + {(i >> 1) * 8}"
+    if real_rows(ch) < tile_rows_of(ch):  # a padding row reads the last real row's data
+        row = f"min({row}, {real_rows(ch) - 1})"
+    body = [f"const int mg_r = {row};",
             f"const int mg_c = (mg_ks * {lay.score_tiles} + {j}) * 8 + 2 * mg_t + {i & 1};",
             "(void)mg_r; (void)mg_c;"]
     for op in ch.links if links is None else links:

@@ -65,7 +65,10 @@ def chain_form(a: Analysis) -> Chain | str:
                             for t in (ta, tb1, tb2)):
         return "the matmul tiles' batch dimensions are not one shared (or broadcast) one"
     R, n = score[-2:]
-    if R % 16 or ta.shape[-1] % 16 or n % 16 or tb2.shape[-1] % 8:
+    # Fewer than 16 rows (a decode GQA's 4 or 7 query heads per KV head) fill one
+    # 16-row tile: A's missing rows are read as zeros, and nothing of them is stored.
+    short = R < 16 and first.inputs[0] in loaded
+    if (R % 16 and not short) or ta.shape[-1] % 16 or n % 16 or tb2.shape[-1] % 8:
         return "tile sizes are not multiples of the mma shape"
     if len({ta.dtype, tb1.dtype, tb2.dtype, second.outputs[0].type.dtype}) != 1:
         return "operands of different dtypes"
@@ -199,3 +202,14 @@ def _ancestors(ch: Chain, x: str) -> set[str]:
             out.add(n)
             todo.extend(by_out[n].inputs)
     return out
+
+
+def tile_rows_of(ch: Chain) -> int:
+    """Rows of the score tile (of one matrix of a batched tile) as the 16-row mma tiles
+    cover them: a short tile (fewer than 16 rows) fills one."""
+    return max(16, ch.first.outputs[0].type.shape[-2])
+
+
+def real_rows(ch: Chain) -> int:
+    """Rows of the score tile that exist (a short tile's padding rows do not)."""
+    return ch.first.outputs[0].type.shape[-2]

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from mirage_cli.codegen.chain import tile_rows
+from mirage_cli.codegen.chainfacts import Chain, real_rows, tile_rows_of
 from mirage_cli.codegen.chainplan import ChainLayout
 from mirage_cli.codegen.expr import Lines, indent, offset_expr, row_major, unrolled
 from mirage_cli.codegen.mma import warp_ids
@@ -19,7 +20,6 @@ from mirage_cli.semantics.accum import Combine
 from mirage_cli.semantics.cuda import c_init, c_update
 
 if TYPE_CHECKING:
-    from mirage_cli.codegen.chainfacts import Chain
     from mirage_cli.codegen.kernel import FusedKernel
 
 
@@ -82,8 +82,9 @@ def _online_merge(k: FusedKernel, ch: Chain, lay: ChainLayout) -> Lines:
         for m in range(lay.tiles_per_warp):
             rows += ["{", f"  const int r0 = mg_mi{m} * 16 + mg_g, r1 = r0 + 8;",
                      "  if (mg_t == 0) {"]
-            rows += [f"    {slot(r)} = {f'acc_{mname}[{m}][{h}]'};" if lvl == 0 else
-                     "    " + c_update(slot(r), f"acc_{mname}[{m}][{h}]", Combine.MAX)
+            rows += [_if_real(ch, r, f"{slot(r)} = {f'acc_{mname}[{m}][{h}]'};" if lvl == 0
+                              else c_update(slot(r), f"acc_{mname}[{m}][{h}]", Combine.MAX),
+                              "    ")
                      for h, r in enumerate(("r0", "r1"))]
             rows += ["  }", "}"]
         out += (["__syncthreads();"] if lvl else []) + [f"if (mg_ks == {lvl}) {{"] + indent(
@@ -95,7 +96,7 @@ def _online_merge(k: FusedKernel, ch: Chain, lay: ChainLayout) -> Lines:
         for h, r in enumerate(("r0", "r1")):
             run = f"acc_{mname}[{m}][{h}]"
             scale += [(f"  {{ const float mg_al = {run} == {c_init(Combine.MAX)} ? 0.0f : "
-                       f"mg_exp({run} - {slot(r)});")]
+                       f"mg_exp({run} - {slot(_clamped(ch, r))});")]
             scale += [f"    acc_{acc}[{m}][{j}][{2 * h + c}] *= mg_al;"
                       for j in range(lay.out_tiles) for c in range(2)]
             scale += [f"    acc_{op.outputs[0].name}[{m}][{h}] *= mg_al;" for op in ch.row_accs
@@ -123,11 +124,12 @@ def _writes(k: FusedKernel, ch: Chain, lay: ChainLayout, first: bool,
             if name in skip:
                 continue
             rows += ["if (mg_t == 0) {"] + indent(
-                [put(name, r, f"acc_{name}[{m}][{h}]", comb)
+                [_if_real(ch, r, put(name, r, f"acc_{name}[{m}][{h}]", comb))
                  for h, r in enumerate(("r0", "r1"))]) + ["}"]
         for j in range(lay.out_tiles):
-            rows += [_pair(k, acc, r, f"{j * 8} + 2 * mg_t", f"acc_{acc}[{m}][{j}][{2 * h}]",
-                           f"acc_{acc}[{m}][{j}][{2 * h + 1}]", first)
+            rows += [_if_real(ch, r, _pair(k, acc, r, f"{j * 8} + 2 * mg_t",
+                                           f"acc_{acc}[{m}][{j}][{2 * h}]",
+                                           f"acc_{acc}[{m}][{j}][{2 * h + 1}]", first))
                      for h, r in enumerate(("r0", "r1"))]
         lines += ["{"] + indent(rows) + ["}"]
     return lines
@@ -142,3 +144,18 @@ def _pair(k: FusedKernel, name: str, r: str, col: str, a: str, b: str, first: bo
         return f"*{at} = make_float2({a}, {b});"
     return (f"{{ float2* mg_p = {at}; const float2 mg_o = *mg_p; "
             f"*mg_p = make_float2(mg_o.x + {a}, mg_o.y + {b}); }}")
+
+
+def _if_real(ch: Chain, r: str, stmt: str, pad: str = "") -> str:
+    """``stmt`` where row ``r`` exists: a short tile's padding rows are never stored."""
+    if real_rows(ch) < tile_rows_of(ch):
+        return f"{pad}if ({r} < {real_rows(ch)}) {{ {stmt} }}"
+    return pad + stmt
+
+
+def _clamped(ch: Chain, r: str) -> str:
+    """Row ``r``, or for a short tile's padding rows the last real one (read, never
+    stored: their values are discarded)."""
+    if real_rows(ch) < tile_rows_of(ch):
+        return f"min({r}, {real_rows(ch) - 1})"
+    return r

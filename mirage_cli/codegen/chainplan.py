@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from mirage_cli.codegen import colstats
 from mirage_cli.codegen.blockfacts import Analysis
-from mirage_cli.codegen.chainfacts import Chain, chain_form
+from mirage_cli.codegen.chainfacts import Chain, chain_form, tile_rows_of
 from mirage_cli.kplan import MmaPlan, ReducePlan
 
 # f32 fragment registers per thread (score, output, row partials): past this the kernel
@@ -46,7 +46,7 @@ def layout(ch: Chain, warps: int, kwarps: int) -> ChainLayout | str:
     """The warp layout for ``warps`` warps, ``kwarps`` of them per 16-row tile, or why
     there is none."""
     shape = ch.first.outputs[0].type.shape
-    R, n = shape[-2:]
+    n = shape[-1]
     e = ch.second.outputs[0].type.shape[-1]
     slices = shape[0] if len(shape) == 3 else 1
     tm = row_tiles(ch)
@@ -58,7 +58,7 @@ def layout(ch: Chain, warps: int, kwarps: int) -> ChainLayout | str:
     if (n // 16) % kwarps:
         return f"the score's {n} columns do not split over {kwarps} warps in steps of 16"
     lay = ChainLayout(groups, kwarps, tm // groups, n // 8 // kwarps, e // 8)
-    if slices > 1 and (R // 16) % lay.tiles_per_warp:
+    if slices > 1 and (tile_rows_of(ch) // 16) % lay.tiles_per_warp:
         return (f"a warp's {lay.tiles_per_warp} tiles of 16 rows would span two of the "
                 f"{slices} matrices of the batch")
     regs = frag_regs(ch, lay)
@@ -100,7 +100,7 @@ def default_kwarps(ch: Chain, warps: int) -> int:
 def row_tiles(ch: Chain) -> int:
     """16-row tiles of the score (over the matrices of a batched tile)."""
     shape = ch.first.outputs[0].type.shape
-    return (shape[0] if len(shape) == 3 else 1) * (shape[-2] // 16)
+    return (shape[0] if len(shape) == 3 else 1) * (tile_rows_of(ch) // 16)
 
 
 def chain_of(a: Analysis) -> Chain | None:
@@ -175,7 +175,7 @@ def wgmma_reason(ch: Chain, lay: ChainLayout) -> str | None:
     if lay.kwarps != 1 or lay.tiles_per_warp != 1:
         return (f"each warp must own one 16-row tile of all the score's columns "
                 f"(here kwarps={lay.kwarps}, {lay.tiles_per_warp} tile(s) per warp)")
-    if lay.groups % 4 or (R // 16) % 4:
+    if lay.groups % 4 or R % 64:
         return (f"the warps and the {R} rows of a matrix must form whole warpgroups of 64 "
                 f"rows ({lay.groups} warps)")
     if n % WGMMA_N or e % WGMMA_N:
