@@ -336,6 +336,26 @@ def short_rows_online_chain() -> Graph:
     return _online_chain("short_rows_online_chain", 4, 64)
 
 
+def short_rows_chain_4d() -> Graph:
+    """A decode layer's attention as it writes it: 4-D tensors (batch, KV head, query
+    head of the group, ...), a block taking one KV head of one batch element (two batch
+    dimensions of size 1 in the tile), 4 rows, the running maximum; f16."""
+    b = GraphBuilder("short_rows_chain_4d")
+    q = b.input("Q", (2, 2, 4, 32), "f16")
+    kk = b.input("K", (2, 2, 32, 64), "f16")
+    v = b.input("V", (2, 2, 64, 16), "f16")
+    k = b.custom((2, 2, 1), 64, 2)
+    qt = k.load(q, (0, 1, None))             # (1, 1, 4, 32)
+    kt = k.load(kk, (0, 1, None), 3)         # (1, 1, 32, 32)
+    vt = k.load(v, (0, 1, None), 2)          # (1, 1, 32, 16)
+    s = k.op("mul_scalar", k.op("matmul", qt, kt), scalar=0.25)
+    e = k.op("exp", k.op("sub", s, k.op("acc_max_ld", s)))
+    o = k.op("acc_sum", k.op("matmul", e, vt))
+    (r,) = k.finish([(k.op("div", o, k.op("acc_sum_ld", e)), "O", (0, 1, None))])
+    b.output(r)
+    return b.build()
+
+
 def short_rows_chain_batched() -> Graph:
     """A chain over a batch of two matrices of 7 rows per block (Qwen2's 7 query heads
     per KV head; each matrix its own padded 16-row tile), bf16, K broadcast, 2
@@ -422,6 +442,6 @@ def invariant_max_after_loop() -> Graph:
 CASES: dict[str, Callable[[], Graph]] = {f.__name__: f for f in (
     split_combine, row_total, invariant_max_after_loop,
     attention_chain, attention_chain_batched, online_softmax_chain, online_softmax_batched,
-    short_rows_online_chain, short_rows_chain_batched,
+    short_rows_online_chain, short_rows_chain_batched, short_rows_chain_4d,
     rmsnorm_linear_small, weighted_norm_uneven_tiles, two_row_tiles, bf16_kernel_ops, f32_block_ops, big_tiles_scratch, passthrough,
     single_buffer_unaligned, warp_reductions, divide_by_mean, mma_odd_shapes, kernel_matmuls)}

@@ -15,6 +15,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from codegen_cases import (
     attention_chain,
     attention_chain_batched,
+    short_rows_chain_4d,
     short_rows_chain_batched,
     short_rows_online_chain,
 )
@@ -210,12 +211,16 @@ def test_a_chain_of_fewer_than_16_rows_fills_one_padded_tile() -> None:
     assert "if (r1 < 4)" in cu and "if (r0 < 4)" in cu
     batched = chain_form(analyse(decompose(_kernel(short_rows_chain_batched()).block)))
     assert isinstance(batched, Chain) and row_tiles(batched) == 2  # one a matrix
+    # A decode layer's 4-D tile of one (batch element, KV head): two unit batch dims.
+    four = chain_form(analyse(decompose(_kernel(short_rows_chain_4d()).block)))
+    assert isinstance(four, Chain) and row_tiles(four) == 1
     # More than 16 rows that are not a multiple of 16 stay outside the chain.
     reason = chain_form(analyse(decompose(_kernel(_not_a_chain("rows20", 20)).block)))
     assert isinstance(reason, str) and "multiples of the mma shape" in reason
 
 
-@pytest.mark.parametrize("case", [short_rows_online_chain, short_rows_chain_batched],
+@pytest.mark.parametrize("case", [short_rows_online_chain, short_rows_chain_batched,
+                                  short_rows_chain_4d],
                          ids=lambda f: f.__name__)
 def test_every_knob_value_of_the_short_chain_cases_compiles(case) -> None:  # type: ignore[no-untyped-def]
     g = case()

@@ -61,7 +61,9 @@ def chain_form(a: Analysis) -> Chain | str:
     ta, tb1, tb2 = (a.types[n] for n in (first.inputs[0], first.inputs[1], second.inputs[1]))
     score = first.outputs[0].type.shape
     lead = score[:-2]
-    if len(lead) > 1 or any(t.shape[:-2] != lead and numel(t.shape[:-2]) != 1
+    # One batch dimension, or several of which at most one is not 1 (a 4-D attention's
+    # (batch, KV head) tile of one head): a warp's matrix is then one index.
+    if sum(d > 1 for d in lead) > 1 or any(t.shape[:-2] != lead and numel(t.shape[:-2]) != 1
                             for t in (ta, tb1, tb2)):
         return "the matmul tiles' batch dimensions are not one shared (or broadcast) one"
     R, n = score[-2:]

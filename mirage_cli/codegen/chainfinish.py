@@ -61,7 +61,11 @@ def _slot(k: FusedKernel, name: str, r: str, col: str) -> str:
     """Element (row ``r``, column ``col``) of f32 tile ``name`` in this warp's matrix
     (``mg_b``, for a batched tile)."""
     shape = k.a.types[name].shape
-    lead = ["mg_b"] if len(shape) == 3 else []
+    # The warp's matrix (mg_b) along the batch dimension that is not 1 (the first where
+    # all are: mg_b is 0 then); the others are 1.
+    dims = shape[:-2]
+    at = next((i for i, d in enumerate(dims) if d > 1), 0)
+    lead = ["mg_b" if i == at else "0" for i in range(len(dims))]
     return f"buf_{name}[{offset_expr('0', lead + [r, col], row_major(shape))}]"
 
 

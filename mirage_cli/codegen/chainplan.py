@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from mirage_cli.codegen import colstats
 from mirage_cli.codegen.blockfacts import Analysis
 from mirage_cli.codegen.chainfacts import Chain, chain_form, tile_rows_of
+from mirage_cli.codegen.expr import numel
 from mirage_cli.kplan import MmaPlan, ReducePlan
 
 # f32 fragment registers per thread (score, output, row partials): past this the kernel
@@ -48,7 +49,7 @@ def layout(ch: Chain, warps: int, kwarps: int) -> ChainLayout | str:
     shape = ch.first.outputs[0].type.shape
     n = shape[-1]
     e = ch.second.outputs[0].type.shape[-1]
-    slices = shape[0] if len(shape) == 3 else 1
+    slices = numel(shape[:-2])
     tm = row_tiles(ch)
     if warps % kwarps:
         return f"kwarps={kwarps} does not divide {warps} warps"
@@ -100,7 +101,7 @@ def default_kwarps(ch: Chain, warps: int) -> int:
 def row_tiles(ch: Chain) -> int:
     """16-row tiles of the score (over the matrices of a batched tile)."""
     shape = ch.first.outputs[0].type.shape
-    return (shape[0] if len(shape) == 3 else 1) * (tile_rows_of(ch) // 16)
+    return numel(shape[:-2]) * (tile_rows_of(ch) // 16)
 
 
 def chain_of(a: Analysis) -> Chain | None:

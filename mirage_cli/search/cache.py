@@ -94,7 +94,8 @@ def cache_dir() -> Path:
 # block per SM; 34: the numerics check does not judge finiteness on an input held
 # constant that takes one of the program's own intermediates out of its dtype's range;
 # 35: a matmul chain of fewer than 16 rows of a loaded A fills one padded 16-row tile,
-# so a decode GQA's loop over the keys with a running maximum has a plan).
+# and takes tiles with several batch dimensions of which at most one is not 1, so a
+# decode GQA's loop over the keys with a running maximum has a plan).
 SEARCH_REVISION = 35
 
 
