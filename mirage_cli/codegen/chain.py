@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from mirage_cli.codegen import colstats
-from mirage_cli.codegen.chainfacts import Chain, real_rows, tile_rows_of
+from mirage_cli.codegen.chainfacts import Chain, clamped_row, real_rows, tile_rows_of
 from mirage_cli.codegen.chainplan import WGMMA_N, ChainLayout
 from mirage_cli.codegen.expr import (
     Lines,
@@ -31,7 +31,7 @@ from mirage_cli.codegen.expr import (
     indent,
     unrolled,
 )
-from mirage_cli.codegen.mma import mma_fn, pack_fn, smem_ptr, warp_ids, wgmma_fn
+from mirage_cli.codegen.mma import mma_fn, pack_fn, smem_ptr, warp_ids, wgmma_fn, zero_padded
 from mirage_cli.codegen.reduce import accum_spec
 from mirage_cli.semantics.accum import Combine, Pre
 from mirage_cli.semantics.cuda import c_init, c_update
@@ -118,11 +118,8 @@ def _a_frag(k: FusedKernel, ch: Chain, m: int) -> str:
     step ``kk``."""
     a = ch.first.inputs[0]
     row = f"(mg_mi{m} * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8)"
-    ptr = smem_ptr(k, a, _lead(a, k) + [row, "(kk + (mg_lane >> 4) * 8)"])
-    R = real_rows(ch)
-    if R < tile_rows_of(ch):  # a short tile: the padding rows read the zero row
-        return f"({row} < {R} ? (const void*){ptr} : (const void*)mg_zero)"
-    return ptr
+    return zero_padded(smem_ptr(k, a, _lead(a, k) + [row, "(kk + (mg_lane >> 4) * 8)"]),
+                       row, real_rows(ch))
 
 
 def _held_a(k: FusedKernel, ch: Chain, lay: ChainLayout) -> Lines:
@@ -268,10 +265,7 @@ def _element(k: FusedKernel, ch: Chain, lay: ChainLayout, first: str, idx: list[
     second matmul's operand) is left in the fragment register."""
     k.em.nodes[first] = Node(k.a.types[first].shape, Local(f"mg_s[{m}][{j}][{i}]"))
     colstats.bind(k, ch, j, i)
-    row = f"mg_mi{m} * 16 + mg_g + {(i >> 1) * 8}"
-    if real_rows(ch) < tile_rows_of(ch):  # a padding row reads the last real row's data
-        row = f"min({row}, {real_rows(ch) - 1})"
-    body = [f"const int mg_r = {row};",
+    body = [f"const int mg_r = {clamped_row(ch, f'mg_mi{m} * 16 + mg_g + {(i >> 1) * 8}')};",
             f"const int mg_c = (mg_ks * {lay.score_tiles} + {j}) * 8 + 2 * mg_t + {i & 1};",
             "(void)mg_r; (void)mg_c;"]
     for op in ch.links if links is None else links:

@@ -215,3 +215,11 @@ def tile_rows_of(ch: Chain) -> int:
 def real_rows(ch: Chain) -> int:
     """Rows of the score tile that exist (a short tile's padding rows do not)."""
     return ch.first.outputs[0].type.shape[-2]
+
+
+def clamped_row(ch: Chain, r: str) -> str:
+    """Row ``r`` of the score tile for reading a per-row tile: a short tile's padding
+    rows read its last real row (their values are discarded, never stored)."""
+    if real_rows(ch) < tile_rows_of(ch):
+        return f"min({r}, {real_rows(ch) - 1})"
+    return r

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from mirage_cli.codegen.chain import tile_rows
-from mirage_cli.codegen.chainfacts import Chain, real_rows, tile_rows_of
+from mirage_cli.codegen.chainfacts import Chain, clamped_row, real_rows, tile_rows_of
 from mirage_cli.codegen.chainplan import ChainLayout
 from mirage_cli.codegen.expr import Lines, indent, offset_expr, row_major, unrolled
 from mirage_cli.codegen.mma import warp_ids
@@ -100,7 +100,7 @@ def _online_merge(k: FusedKernel, ch: Chain, lay: ChainLayout) -> Lines:
         for h, r in enumerate(("r0", "r1")):
             run = f"acc_{mname}[{m}][{h}]"
             scale += [(f"  {{ const float mg_al = {run} == {c_init(Combine.MAX)} ? 0.0f : "
-                       f"mg_exp({run} - {slot(_clamped(ch, r))});")]
+                       f"mg_exp({run} - {slot(clamped_row(ch, r))});")]
             scale += [f"    acc_{acc}[{m}][{j}][{2 * h + c}] *= mg_al;"
                       for j in range(lay.out_tiles) for c in range(2)]
             scale += [f"    acc_{op.outputs[0].name}[{m}][{h}] *= mg_al;" for op in ch.row_accs
@@ -156,10 +156,3 @@ def _if_real(ch: Chain, r: str, stmt: str, pad: str = "") -> str:
         return f"{pad}if ({r} < {real_rows(ch)}) {{ {stmt} }}"
     return pad + stmt
 
-
-def _clamped(ch: Chain, r: str) -> str:
-    """Row ``r``, or for a short tile's padding rows the last real one (read, never
-    stored: their values are discarded)."""
-    if real_rows(ch) < tile_rows_of(ch):
-        return f"min({r}, {real_rows(ch) - 1})"
-    return r

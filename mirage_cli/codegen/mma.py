@@ -288,10 +288,15 @@ def _ldsm_a(k: FusedKernel, a: str, ia: list[str], M: int) -> Lines:
     columns kk..kk+7, then of kk+8..kk+15 (a0..a3 of the mma)."""
     row = "(mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8)"
     col = "(kk + (mg_lane >> 4) * 8)"
-    ptr = smem_ptr(k, a, ia + [row, col])
-    if M % 16:
-        ptr = f"({row} < {M} ? (const void*){ptr} : (const void*)mg_zero)"
-    return [f"mg_ldsm_x4(ra0, ra1, ra2, ra3, {ptr});"]
+    return [f"mg_ldsm_x4(ra0, ra1, ra2, ra3, {zero_padded(smem_ptr(k, a, ia + [row, col]), row, M)});"]
+
+
+def zero_padded(ptr: str, row: str, rows: int) -> str:
+    """An ldmatrix row address of an A tile of ``rows`` rows: rows past its end (the
+    padding of a short tile to whole 16-row mma tiles) read the zero row instead."""
+    if rows % 16 == 0:
+        return ptr
+    return f"({row} < {rows} ? (const void*){ptr} : (const void*)mg_zero)"
 
 
 def _scaled_a(k: FusedKernel, a: str, ia: list[str], M: int, dt: DType) -> Lines:
