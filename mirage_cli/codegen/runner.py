@@ -63,8 +63,8 @@ def check(res: Any, what: str) -> Any:
     return rest[0] if len(rest) == 1 else rest
 
 
-# Faults after which a context is unusable: every later call in it fails with the same
-# error, so one faulting kernel would fail every kernel after it (Device.reset).
+# Faults after which the process's CUDA state is unusable: every later call fails with the
+# same error, and no context reset clears it (mirage_cli.search.gpuproc).
 STICKY_ERRORS = ("CUDA_ERROR_ILLEGAL_ADDRESS", "CUDA_ERROR_MISALIGNED_ADDRESS",
                  "CUDA_ERROR_LAUNCH_FAILED", "CUDA_ERROR_ILLEGAL_INSTRUCTION",
                  "CUDA_ERROR_HARDWARE_STACK_ERROR", "CUDA_ERROR_INVALID_PC",
@@ -73,7 +73,7 @@ STICKY_ERRORS = ("CUDA_ERROR_ILLEGAL_ADDRESS", "CUDA_ERROR_MISALIGNED_ADDRESS",
 
 
 def is_sticky(e: BaseException) -> bool:
-    """Whether ``e`` (from :func:`check`) reports a fault that left the context unusable."""
+    """Whether ``e`` (from :func:`check`) reports a fault that left the process unusable."""
     return isinstance(e, RuntimeError) and any(code in str(e) for code in STICKY_ERRORS)
 
 
@@ -110,7 +110,9 @@ class Device:
         if not 0 <= ordinal < n:
             raise MirageError(f"--gpu {ordinal}: no such device ({n} present)")
         self.dev = check(drv.cuDeviceGet(ordinal), "cuDeviceGet")
-        self._open()
+        self.ctx = check(drv.cuDevicePrimaryCtxRetain(self.dev), "cuDevicePrimaryCtxRetain")
+        check(drv.cuCtxSetCurrent(self.ctx), "cuCtxSetCurrent")
+        self.stream = check(drv.cuStreamCreate(1), "cuStreamCreate")  # non-blocking
         name = check(drv.cuDeviceGetName(256, self.dev), "cuDeviceGetName")
         self.name = name.split(b"\x00")[0].decode()
         attr = drv.CUdevice_attribute
@@ -120,19 +122,6 @@ class Device:
                                                    self.dev), "attr"))
         self.l2_bytes = check(drv.cuDeviceGetAttribute(attr.CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE,
                                                        self.dev), "attr")
-
-    def _open(self) -> None:
-        drv = self.drv
-        self.ctx = check(drv.cuDevicePrimaryCtxRetain(self.dev), "cuDevicePrimaryCtxRetain")
-        check(drv.cuCtxSetCurrent(self.ctx), "cuCtxSetCurrent")
-        self.stream = check(drv.cuStreamCreate(1), "cuStreamCreate")  # non-blocking
-
-    def reset(self) -> None:
-        """A fresh context after a fault (:func:`is_sticky`): the old one, its modules
-        and its memory are gone, so whatever was loaded must be loaded again."""
-        self.drv.cuDevicePrimaryCtxRelease(self.dev)  # errors: the context is dead anyway
-        check(self.drv.cuDevicePrimaryCtxReset(self.dev), "cuDevicePrimaryCtxReset")
-        self._open()
 
     @property
     def arch(self) -> str:

@@ -15,7 +15,9 @@ Steps (``mirage tune --gpu N``, ``mirage opt --gpu N``):
 3. A :class:`Timer` runs each variant once on NaN-poisoned outputs, compares it with
    the float64 reference of the program (the bench's check), and times the correct
    ones with the bench's method (CUDA-graph replays over input copies larger than
-   twice the L2 cache, median). :class:`GpuTimer` is the real one; tests inject fakes.
+   twice the L2 cache, median). :class:`GpuTimer` is the real one (the device in a
+   child process, :mod:`.gpuproc`, so that a kernel that faults fails only itself);
+   tests inject fakes.
 4. :func:`select`: the fastest correct variant wins (ties: the earlier variant, i.e.
    the model's order). A variant whose output is wrong is a bug in the code generator:
    it is dropped and reported as an error line, never shipped.
@@ -28,6 +30,7 @@ included) to its timing, so a rerun times only what it has not timed before.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import time
@@ -237,48 +240,68 @@ def compile_all(jobs: list[tuple[Graph, str]], workers: int) -> list[bytes | str
 
 
 class GpuTimer:
-    """:class:`Timer` on CUDA device ``ordinal``, with the bench's check and timing."""
+    """:class:`Timer` on CUDA device ``ordinal``, with the bench's check and timing.
+
+    The device is driven from a child process (:mod:`.gpuproc`): a variant that faults
+    is reported as faulting and the next one runs in a fresh process, where in this one
+    every later variant would fail with the fault too."""
 
     def __init__(self, ordinal: int, replays: int = REPLAYS) -> None:
-        from mirage_cli.codegen.runner import Device
+        from mirage_cli.search.gpuproc import Worker
 
         try:
-            self.dev = Device(ordinal)
+            self._worker = Worker(functools.partial(LocalTimer, ordinal, replays))
         except MirageError as e:
             raise MirageError(f"--gpu {ordinal}: {e.message}; measured selection needs a "
                               f"CUDA GPU (omit --gpu to rank by the cost model)") from None
+        self.device = self._worker.device
+        self.arch = self._worker.arch
+
+    def time(self, v: Variant, cubin: bytes, reference: Graph) -> Timing:
+        from mirage_cli.search.gpuproc import Fault
+
+        try:
+            return self._worker.run((v.graph, cubin, reference))
+        except Fault as e:
+            return Timing(None, False, None, f"the kernel faulted ({e})")
+
+    def close(self) -> None:
+        self._worker.close()
+
+
+class LocalTimer:
+    """The device opened in this process: :class:`GpuTimer`'s child side."""
+
+    def __init__(self, ordinal: int, replays: int) -> None:
+        from mirage_cli.codegen.runner import Device
+
+        self.dev = Device(ordinal)
         self.device = self.dev.name
         self.arch = self.dev.arch
         self.replays = replays
         self._scales: dict[Graph, float] = {}
 
-    def time(self, v: Variant, cubin: bytes, reference: Graph) -> Timing:
+    def run(self, job: tuple[Graph, bytes, Graph]) -> Timing:
+        """Check one µGraph (compiled to a cubin) against the float64 reference of a
+        program and, when correct, time it."""
         from mirage_cli.codegen import bench
         from mirage_cli.codegen.lower import lower
-        from mirage_cli.codegen.runner import is_sticky
 
+        graph, cubin, reference = job
         if reference not in self._scales:
             self._scales[reference] = bench.input_scale(reference)
         scale = self._scales[reference]
+        loaded = self.dev.load(lower(graph, self.arch), cubin)
         try:
-            loaded = self.dev.load(lower(v.graph, self.arch), cubin)
-            try:
-                outs = loaded.run(bench.scaled_inputs(v.graph, 0, scale))
-                chk = bench.compare(outs, bench.reference_outputs(reference, 0, scale),
-                                    list(v.graph.outputs))
-                if not chk.ok:
-                    return Timing(None, False, chk.rel_err, chk.reason)
-                us = bench.time_loaded(self.dev, loaded, v.graph, self.replays, scale)
-                return Timing(us, True, chk.rel_err)
-            finally:
-                loaded.unload()
-        except RuntimeError as e:
-            if not is_sticky(e):
-                raise
-            # The fault is this variant's; without a fresh context every variant timed
-            # after it would fail with the same error and be reported wrong too.
-            self.dev.reset()
-            return Timing(None, False, None, f"the kernel faulted ({e})")
+            outs = loaded.run(bench.scaled_inputs(graph, 0, scale))
+            chk = bench.compare(outs, bench.reference_outputs(reference, 0, scale),
+                                list(graph.outputs))
+            if not chk.ok:
+                return Timing(None, False, chk.rel_err, chk.reason)
+            us = bench.time_loaded(self.dev, loaded, graph, self.replays, scale)
+            return Timing(us, True, chk.rel_err)
+        finally:
+            loaded.unload()
 
 
 # -- the cache of measured timings ---------------------------------------------------------
