@@ -52,17 +52,16 @@ def _search_all(names: list[str], batches: list[int], budget: float, jobs: int
     return work
 
 
-def _retime(timer: Any, g: Any, prog: Any) -> float | None:
-    """The shipped µGraph compiled and timed on its own (the bench's _measure path)."""
-    from mirage_cli.codegen import bench
+def _retime(timer: Any, v: Any, prog: Any) -> float | None:
+    """The shipped variant compiled and timed again on its own, as the timer times every
+    variant (the bench's check and method, in the timer's GPU process)."""
+    from mirage_cli.search import measure
 
-    scale = bench.input_scale(prog)
-    loaded, chk = bench.check_graph(timer.dev, g, seed=0, reference=prog, scale=scale)
-    try:
-        return bench.time_loaded(timer.dev, loaded, g, timer.replays, scale) if chk.ok \
-            else None
-    finally:
-        loaded.unload()
+    cubin = measure.compile_one((v.graph, timer.arch))
+    if isinstance(cubin, str):
+        return None
+    t = timer.time(v, cubin, prog)
+    return t.us if t.ok else None
 
 
 def main(argv: list[str]) -> int:
@@ -88,7 +87,7 @@ def main(argv: list[str]) -> int:
             continue
         res = measure.measure(w["cands"], w["graph"], timer, top=a.top, workers=a.jobs)
         shipped = res.variants[res.best]
-        retimed = _retime(timer, shipped.graph, w["graph"])
+        retimed = _retime(timer, shipped, w["graph"])
         fastest = res.fastest_us()
         row.update({
             "device": timer.device, "tuning_s": round(res.seconds, 2),
