@@ -860,3 +860,31 @@ def test_per_kernel_times_on_gpu():
         assert k["us"] > 0 and k["flops"] > 0 and k["dram_bytes"] > 0
         assert k["tflop_s"] == pytest.approx(k["flops"] / k["us"] / 1e6)
         assert k["gb_s"] == pytest.approx(k["dram_bytes"] / k["us"] / 1e3)
+
+
+def test_precompiled_cubins_are_loaded_without_compiling_again(monkeypatch) -> None:
+    """``run_bench(workers=N)`` compiles every program and variant ahead on N processes;
+    the measurements then load those cubins (compiled from the same source text)."""
+    pytest.importorskip("cuda.bindings")
+    from mirage_cli.codegen import bench
+
+    g = parse_text(SMALL, "<t>", {})
+    bench._CUBINS.clear()
+    bench.precompile([g, g], "sm_90", 2)
+    assert len(bench._CUBINS) == 1
+
+    def no_compile(*a, **k):  # type: ignore[no-untyped-def]
+        raise AssertionError("compiled again")
+
+    loaded: list[bytes] = []
+
+    class Dev:
+        arch = "sm_90"
+
+        def load(self, prog, cubin):  # type: ignore[no-untyped-def]
+            loaded.append(cubin)
+
+    monkeypatch.setattr(bench, "compile_cuda", no_compile)
+    bench.build(Dev(), g)  # type: ignore[arg-type]
+    assert loaded == list(bench._CUBINS.values())
+    bench._CUBINS.clear()

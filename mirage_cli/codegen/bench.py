@@ -78,8 +78,53 @@ def compare(outs: dict[str, np.ndarray], ref: dict[str, np.ndarray], names: list
 def build(dev: Device, g: Graph) -> Loaded:
     prog = lower(g)
     cu, _ = emit(prog)
-    compiled = compile_cuda(cu, f"{prog.name}.cu", dev.arch)
-    return dev.load(prog, compiled.cubin)
+    cubin = _CUBINS.get((cu, dev.arch))
+    if cubin is None:
+        cubin = compile_cuda(cu, f"{prog.name}.cu", dev.arch).cubin
+    return dev.load(prog, cubin)
+
+
+# Cubins compiled ahead by :func:`precompile`, by (CUDA source, arch).
+_CUBINS: dict[tuple[str, str], bytes] = {}
+
+
+def precompile(graphs: list[Graph], arch: str, workers: int) -> None:
+    """NVRTC-compile every graph's program for ``arch`` on ``workers`` processes ahead of
+    the measurements, which then only load (a bench of the model programs spent most of
+    its device time compiling one program at a time). Sources that do not compile are
+    left for :func:`build` to report where the bench measures them."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    jobs: dict[str, tuple[str, str, str]] = {}
+    for g in graphs:
+        try:
+            prog = lower(g)  # as build() lowers it: the same source text
+            cu, _ = emit(prog)
+        except MirageError:
+            continue  # reported when the bench lowers it
+        if (cu, arch) not in _CUBINS:
+            jobs.setdefault(cu, (cu, f"{prog.name}.cu", arch))
+    if not jobs:
+        return
+    # spawn, not fork: the CUDA context is open by now.
+    ctx = multiprocessing.get_context("spawn")
+    try:
+        with ProcessPoolExecutor(max_workers=min(workers, len(jobs)), mp_context=ctx) as pool:
+            for cu, cubin in zip(jobs, pool.map(_compile_source, jobs.values(), chunksize=1)):
+                if cubin is not None:
+                    _CUBINS[(cu, arch)] = cubin
+    except Exception as e:  # noqa: BLE001 - only time is lost: build() compiles the rest
+        warn(f"compiling ahead failed ({type(e).__name__}: {e}); compiling one at a time")
+
+
+def _compile_source(job: tuple[str, str, str]) -> bytes | None:
+    """One source's cubin, or None where it does not compile (build() reports it)."""
+    cu, name, arch = job
+    try:
+        return compile_cuda(cu, name, arch).cubin
+    except Exception:  # noqa: BLE001 - the bench's own compile reports the error
+        return None
 
 
 def scaled_inputs(g: Graph, seed: int, scale: float) -> dict[str, np.ndarray]:
@@ -569,16 +614,17 @@ def run_bench(dev: Device | Callable[[], Device], pairs: list[tuple[Path, list[P
               replays: int = 30, use_torch: bool = True, use_compile: bool = True,
               load: Callable[[Path, dict[str, int]], Graph] | None = None,
               candidates: Candidates | None = None, bandwidth: Bandwidth | None = None,
-              checkpoints: Checkpoints | None = None, per_kernel: bool = False
-              ) -> tuple[Bandwidth, list[Row]]:
+              checkpoints: Checkpoints | None = None, per_kernel: bool = False,
+              workers: int = 1) -> tuple[Bandwidth, list[Row]]:
     """Measure every program at every batch: baselines, hand-written fused µGraphs, the
     variants ``candidates`` gives for the program (the search's, see
     :func:`opt_variants`) and those ``checkpoints`` gives for the example and batch
     (Mirage's, see :func:`mirage_variants`). ``dev`` may be a function that opens the
     device: it is then called after the searches and verifications. With
     ``per_kernel``, every correct variant's kernels are also timed one by one (a
-    timing per kernel: off by default). Returns the bandwidth that defines the floor
-    and the rows."""
+    timing per kernel: off by default). With ``workers`` > 1 every program and variant
+    is compiled ahead on that many processes (:func:`precompile`). Returns the bandwidth
+    that defines the floor and the rows."""
     from mirage_cli.loading import load_graph
 
     load = load or (lambda p, d: load_graph(str(p), d))
@@ -601,6 +647,11 @@ def run_bench(dev: Device | Callable[[], Device], pairs: list[tuple[Path, list[P
             work.append((prog, batch, variants))
     # A CUDA context starts driver threads: open it only once no more workers fork.
     dev = dev() if callable(dev) else dev
+    if workers > 1:
+        graphs = [g for prog, _, variants in work
+                  for g in [prog] + [v.graph for v in variants if v.graph is not None]]
+        info(f"compiling {len(graphs)} programs and variants with {workers} workers")
+        precompile(graphs, dev.arch, workers)
     bw = bandwidth or copybw.measure(dev)
     info(f"device {dev.name} ({dev.arch}), L2 {dev.l2_bytes >> 20} MiB, copy kernel "
          f"{bw.copy_kernel / 1e9:.0f} GB/s ({bw.launch}), cuMemcpyDtoDAsync "

@@ -21,6 +21,7 @@ one more timing per kernel, so it is off by default.
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -166,7 +167,8 @@ def _write(path: str, text: str | bytes) -> None:
 @click.option("--top", type=click.IntRange(min=1), default=3, show_default=True,
               help="Candidates of `mirage opt`'s search to time per program and batch.")
 @click.option("--jobs", "-j", type=click.IntRange(min=1), default=None,
-              help="Search worker processes [default: mirage opt's].")
+              help="Search worker processes, and NVRTC compile processes once the "
+                   "searches are done [default: mirage opt's; compiles: the CPU count].")
 @click.option("--budget", type=click.FloatRange(min=0.1), default=None,
               help="Search seconds per program and batch [default: mirage opt's].")
 @click.option("--no-search", is_flag=True,
@@ -220,7 +222,7 @@ def command(gpu: int, batches: str, only: tuple[str, ...], root: str, replays: i
                          (lambda g: opt_candidates(g, top, kw)),
                          checkpoints=None if mirage_ckpt is None else
                          checkpoint_candidates(Path(mirage_ckpt), int(kw["seed"])),
-                         per_kernel=per_kernel)
+                         per_kernel=per_kernel, workers=jobs or os.cpu_count() or 1)
     dev = device()
     doc = document(dev.name, dev.arch, "mirage bench " + " ".join(sys.argv[2:]), bw, rows)
     # The table goes to stderr when stdout carries the rows.
