@@ -869,9 +869,10 @@ def test_precompiled_cubins_are_loaded_without_compiling_again(monkeypatch) -> N
     from mirage_cli.codegen import bench
 
     g = parse_text(SMALL, "<t>", {})
+    h = parse_text(SMALL.replace("n = 32", "n = 64"), "<t>", {})
     bench._CUBINS.clear()
-    bench.precompile([g, g], "sm_90", 2)
-    assert len(bench._CUBINS) == 1
+    bench.precompile([g, h, g], "sm_90", 2)
+    assert list(bench._CUBINS) == [(g, "sm_90"), (h, "sm_90")]
 
     def no_compile(*a, **k):  # type: ignore[no-untyped-def]
         raise AssertionError("compiled again")
@@ -886,5 +887,5 @@ def test_precompiled_cubins_are_loaded_without_compiling_again(monkeypatch) -> N
 
     monkeypatch.setattr(bench, "compile_cuda", no_compile)
     bench.build(Dev(), g)  # type: ignore[arg-type]
-    assert loaded == list(bench._CUBINS.values())
+    assert loaded == [bench._CUBINS[(g, "sm_90")]]
     bench._CUBINS.clear()

@@ -76,55 +76,33 @@ def compare(outs: dict[str, np.ndarray], ref: dict[str, np.ndarray], names: list
 
 
 def build(dev: Device, g: Graph) -> Loaded:
-    prog = lower(g)
-    cu, _ = emit(prog)
-    cubin = _CUBINS.get((cu, dev.arch))
+    prog = lower(g, dev.arch)
+    cubin = _CUBINS.get((g, dev.arch))
     if cubin is None:
+        cu, _ = emit(prog)
         cubin = compile_cuda(cu, f"{prog.name}.cu", dev.arch).cubin
     return dev.load(prog, cubin)
 
 
-# Cubins compiled ahead by :func:`precompile`, by (CUDA source, arch).
-_CUBINS: dict[tuple[str, str], bytes] = {}
+# Cubins compiled ahead by :func:`precompile`, by (µGraph, arch).
+_CUBINS: dict[tuple[Graph, str], bytes] = {}
 
 
 def precompile(graphs: list[Graph], arch: str, workers: int) -> None:
-    """NVRTC-compile every graph's program for ``arch`` on ``workers`` processes ahead of
-    the measurements, which then only load (a bench of the model programs spent most of
-    its device time compiling one program at a time). Sources that do not compile are
-    left for :func:`build` to report where the bench measures them."""
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
+    """NVRTC-compile every graph for ``arch`` on ``workers`` processes ahead of the
+    measurements (measured selection's compiler), which then only load. What does not
+    compile is left for :func:`build` to report where the bench measures it."""
+    from mirage_cli.search.measure import compile_all
 
-    jobs: dict[str, tuple[str, str, str]] = {}
-    for g in graphs:
-        try:
-            prog = lower(g)  # as build() lowers it: the same source text
-            cu, _ = emit(prog)
-        except MirageError:
-            continue  # reported when the bench lowers it
-        if (cu, arch) not in _CUBINS:
-            jobs.setdefault(cu, (cu, f"{prog.name}.cu", arch))
-    if not jobs:
-        return
-    # spawn, not fork: the CUDA context is open by now.
-    ctx = multiprocessing.get_context("spawn")
+    todo = list(dict.fromkeys(g for g in graphs if (g, arch) not in _CUBINS))
     try:
-        with ProcessPoolExecutor(max_workers=min(workers, len(jobs)), mp_context=ctx) as pool:
-            for cu, cubin in zip(jobs, pool.map(_compile_source, jobs.values(), chunksize=1)):
-                if cubin is not None:
-                    _CUBINS[(cu, arch)] = cubin
+        cubins = compile_all([(g, arch) for g in todo], workers)
     except Exception as e:  # noqa: BLE001 - only time is lost: build() compiles the rest
         warn(f"compiling ahead failed ({type(e).__name__}: {e}); compiling one at a time")
-
-
-def _compile_source(job: tuple[str, str, str]) -> bytes | None:
-    """One source's cubin, or None where it does not compile (build() reports it)."""
-    cu, name, arch = job
-    try:
-        return compile_cuda(cu, name, arch).cubin
-    except Exception:  # noqa: BLE001 - the bench's own compile reports the error
-        return None
+        return
+    for g, cubin in zip(todo, cubins):
+        if isinstance(cubin, bytes):
+            _CUBINS[(g, arch)] = cubin
 
 
 def scaled_inputs(g: Graph, seed: int, scale: float) -> dict[str, np.ndarray]:
