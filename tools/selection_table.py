@@ -55,9 +55,9 @@ def _search_all(names: list[str], batches: list[int], budget: float, jobs: int
 def _retime(timer: Any, v: Any, prog: Any) -> float | None:
     """The shipped variant compiled and timed again on its own, as the timer times every
     variant (the bench's check and method, in the timer's GPU process)."""
-    from mirage_cli.search import measure
+    from mirage_cli.codegen.cubins import compile_one
 
-    cubin = measure.compile_one((v.graph, timer.arch))
+    cubin = compile_one((v.graph, timer.arch))
     if isinstance(cubin, str):
         return None
     t = timer.time(v, cubin, prog)

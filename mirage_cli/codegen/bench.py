@@ -92,7 +92,7 @@ def precompile(graphs: list[Graph], arch: str, workers: int) -> None:
     """NVRTC-compile every graph for ``arch`` on ``workers`` processes ahead of the
     measurements (measured selection's compiler), which then only load. What does not
     compile is left for :func:`build` to report where the bench measures it."""
-    from mirage_cli.search.measure import compile_all
+    from mirage_cli.codegen.cubins import compile_all
 
     todo = list(dict.fromkeys(g for g in graphs if (g, arch) not in _CUBINS))
     try:

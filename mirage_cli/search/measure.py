@@ -10,8 +10,8 @@ Steps (``mirage tune --gpu N``, ``mirage opt --gpu N``):
    knobs that have won measurements first, up to a bound), each with its plans
    attached. Deterministic: no randomness,
    the order depends only on the candidates.
-2. :func:`compile_all`: NVRTC compilation in worker processes (``spawn``: safe even
-   after a CUDA context exists; compilation needs no GPU).
+2. :func:`~mirage_cli.codegen.cubins.compile_all`: NVRTC compilation in worker
+   processes (``spawn``: safe even after a CUDA context exists; no GPU needed).
 3. A :class:`Timer` runs each variant once on NaN-poisoned outputs, compares it with
    the float64 reference of the program (the bench's check), and times the correct
    ones with the bench's method (CUDA-graph replays over input copies larger than
@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from mirage_cli import serialize
+from mirage_cli.codegen.cubins import compile_all
 from mirage_cli.console import console, info
 from mirage_cli.diagnostics import MirageError
 from mirage_cli.ir import Graph
@@ -199,41 +200,10 @@ def variants(cands: Sequence[Graph], top: int, arch: str,
     return out, skipped
 
 
-# -- compilation (worker processes, no GPU) ----------------------------------------------
-
-
-def compile_one(job: tuple[Graph, str]) -> bytes | str:
-    """NVRTC cubin of one µGraph for ``arch``, or the error text (reported, not raised:
-    one kernel that does not compile must not stop the others)."""
-    from mirage_cli.codegen.emit import emit
-    from mirage_cli.codegen.lower import lower
-    from mirage_cli.codegen.nvrtc import compile_cuda
-
-    g, arch = job
-    try:
-        prog = lower(g, arch)
-        cu, _ = emit(prog)
-        return compile_cuda(cu, f"{prog.name}.cu", arch).cubin
-    except MirageError as e:
-        return e.message
-    except Exception as e:  # noqa: BLE001 - a compiler crash is a result to report
-        return f"{type(e).__name__}: {e}"
+# -- compilation (worker processes, no GPU: codegen/cubins.py) -------------------------
 
 
 Compiler = Callable[[list[tuple[Graph, str]], int], list["bytes | str"]]
-
-
-def compile_all(jobs: list[tuple[Graph, str]], workers: int) -> list[bytes | str]:
-    """:func:`compile_one` of every job, in order, on ``workers`` processes (spawned:
-    forking a process that holds a CUDA context is unsafe)."""
-    if workers <= 1 or len(jobs) <= 1:
-        return [compile_one(j) for j in jobs]
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor
-
-    ctx = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=min(workers, len(jobs)), mp_context=ctx) as pool:
-        return list(pool.map(compile_one, jobs, chunksize=1))
 
 
 # -- the GPU timer -----------------------------------------------------------------------
