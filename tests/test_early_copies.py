@@ -103,3 +103,45 @@ def test_weights_are_copied_before_the_wait_and_activations_after() -> None:
     prog = lower(plain)
     cu, _ = emit(prog)
     assert _pre_wait_args(prog, cu) == [set()]
+
+
+# LoRA as the search ships it at Llama-3 sizes: X @ A first, then one kernel streaming W
+# whose product (X @ A) @ B is loop-invariant, staged by cp.async before the loop.
+LORA = """program lora(m = 16, k = 4096, n = 4096, r = 64) {
+  input X: f16[m, k];
+  input W: f16[k, n] weight;
+  input A: f16[k, r] weight;
+  input B: f16[r, n] weight;
+  t0 = matmul(X, A);
+  Y = custom(grid=(64, 1, 1), threads=128, forloop=32) {
+    b0 = load X fmap(1);
+    b1 = load W imap(x=1) fmap(0);
+    b2 = load B imap(x=1);
+    b3 = load t0;
+    b4 = matmul(b0, b1);
+    b5 = matmul(b3, b2);
+    b6 = acc_sum(b4);
+    b7 = add(b5, b6);
+    store b7 -> Y omap(x=1);
+  }
+  output Y;
+}
+"""
+
+
+def test_bulk_copies_go_before_the_wait_beside_staged_invariants() -> None:
+    """The second kernel's loop streams X and W in bulk; its invariants (B and the
+    first kernel's t0) are copied by cp.async after the wait, whose wait for all
+    cp.async copies must not include loop copies: only bulk copies go early."""
+    from mirage_cli.commands.plan import planned
+    from mirage_cli.kplan import Knobs
+
+    g = parse_text(LORA, "lora.mir")
+    for tma, early in ((1, {"X", "W"}), (0, set())):
+        pg = planned(g, "sm_90", [Knobs(tma=tma)])
+        prog = lower(pg, "sm_90")
+        cu, _ = emit(prog)
+        assert _pre_wait_args(prog, cu)[1] == early, tma
+        body = re.findall(r'extern "C" __global__[^{]*\{\n(.*?)\n\}\n', cu, re.DOTALL)[1]
+        pre = body[:body.index("mg_grid_wait();")]
+        assert ("mg_tma2" in pre) == bool(tma) and "mg_cp_async16" not in pre

@@ -54,6 +54,12 @@ from mirage_cli.kplan import KernelPlan, TilePlan
 BodyFn = Callable[[list[str]], Lines]
 
 
+def _bulk_only(k: FusedKernel) -> frozenset[str]:
+    """Device tensors that every tile reading them copies in bulk."""
+    bulk = {bi.source for bi in k.bulk}
+    return frozenset(bulk - {bi.source for bi in k.bg.inputs if bi not in k.bulk})
+
+
 class FusedKernel:
     """The emitter of one fused kernel; state shared by :mod:`mma` and :mod:`reduce`."""
 
@@ -85,14 +91,15 @@ class FusedKernel:
         self.finishes = layout.fused_finishes(self.a, self.tiles, list(plan.reductions))
         self.finished = {u.outputs[0].name for u in self.finishes.values()}
         self.hoisted: Lines = []          # per-thread tables computed once, before use
-        # Device tensors that no kernel still running ahead of this one can be writing
-        # (lower.early_inputs): their first pipeline stages are copied before the wait.
-        # Not with staged loop-invariant inputs, whose wait for all copies would then
-        # wait for these too.
-        self.early = early if not self.staged("invariant") else frozenset()
-        self.early_copies: Lines = []     # issued before the grid-dependency wait
         # Loop inputs brought in by bulk tensor copies, and their tensor-map parameters.
         self.bulk = [bi for bi in self.bg.inputs if self.tile(bi.value.name).swizzle]
+        # Device tensors that no kernel still running ahead of this one can be writing
+        # (lower.early_inputs): their first pipeline stages are copied before the wait.
+        # With staged loop-invariant inputs, only those copied in bulk: the invariants'
+        # wait for all cp.async copies would wait for the others too, while bulk copies
+        # complete on their own mbarriers.
+        self.early = early if not self.staged("invariant") else early & _bulk_only(self)
+        self.early_copies: Lines = []     # issued before the grid-dependency wait
         self.tmap: dict[str, str] = {}
         self._tables: set[str] = set()
         # A matmul chain planned into registers (codegen/chain.py emits it).
