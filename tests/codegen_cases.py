@@ -439,8 +439,30 @@ def invariant_max_after_loop() -> Graph:
     return b.build()
 
 
+def invariant_after_loop() -> Graph:
+    """LoRA as the search ships it: a pre-defined X @ A, then a kernel streaming W whose
+    loop-invariant (X @ A) @ B only the epilogue reads. The invariant reads the first
+    kernel's output and the loop reads only inputs, so the kernel runs its loop before
+    its grid-dependency wait and the invariant after it (``FusedKernel.defer``)."""
+    b = GraphBuilder("invariant_after_loop")
+    x = b.input("X", (16, 64), "f16")
+    w = b.input("W", (64, 128), "f16", weight=True)
+    a = b.input("A", (64, 16), "f16", weight=True)
+    bb = b.input("B", (16, 128), "f16", weight=True)
+    t0 = b.op("matmul", x, a)
+    k = b.custom((2, 1, 1), 128, 4)
+    xt = k.load(x, (None, None, None), 1)     # (16, 16) a step
+    wt = k.load(w, (1, None, None), 0)        # (16, 64) a step
+    bt = k.load(bb, (1, None, None))          # (16, 64), loaded once
+    tt = k.load(t0)                           # (16, 16), the first kernel's
+    s = k.op("acc_sum", k.op("matmul", xt, wt))
+    (y,) = k.finish([(k.op("add", k.op("matmul", tt, bt), s), "Y", (1, None, None))])
+    b.output(y)
+    return b.build()
+
+
 CASES: dict[str, Callable[[], Graph]] = {f.__name__: f for f in (
-    split_combine, row_total, invariant_max_after_loop,
+    split_combine, row_total, invariant_max_after_loop, invariant_after_loop,
     attention_chain, attention_chain_batched, online_softmax_chain, online_softmax_batched,
     short_rows_online_chain, short_rows_chain_batched, short_rows_chain_4d,
     rmsnorm_linear_small, weighted_norm_uneven_tiles, two_row_tiles, bf16_kernel_ops, f32_block_ops, big_tiles_scratch, passthrough,

@@ -106,7 +106,7 @@ def test_weights_are_copied_before_the_wait_and_activations_after() -> None:
 
 
 # LoRA as the search ships it at Llama-3 sizes: X @ A first, then one kernel streaming W
-# whose product (X @ A) @ B is loop-invariant, staged by cp.async before the loop.
+# whose product (X @ A) @ B is loop-invariant and read only after the loop.
 LORA = """program lora(m = 16, k = 4096, n = 4096, r = 64) {
   input X: f16[m, k];
   input W: f16[k, n] weight;
@@ -129,19 +129,39 @@ LORA = """program lora(m = 16, k = 4096, n = 4096, r = 64) {
 """
 
 
-def test_bulk_copies_go_before_the_wait_beside_staged_invariants() -> None:
-    """The second kernel's loop streams X and W in bulk; its invariants (B and the
-    first kernel's t0) are copied by cp.async after the wait, whose wait for all
-    cp.async copies must not include loop copies: only bulk copies go early."""
+def _second_kernel(src: str, tma: int) -> tuple[set[str], str, str]:
     from mirage_cli.commands.plan import planned
     from mirage_cli.kplan import Knobs
 
-    g = parse_text(LORA, "lora.mir")
-    for tma, early in ((1, {"X", "W"}), (0, set())):
-        pg = planned(g, "sm_90", [Knobs(tma=tma)])
-        prog = lower(pg, "sm_90")
-        cu, _ = emit(prog)
-        assert _pre_wait_args(prog, cu)[1] == early, tma
-        body = re.findall(r'extern "C" __global__[^{]*\{\n(.*?)\n\}\n', cu, re.DOTALL)[1]
-        pre = body[:body.index("mg_grid_wait();")]
-        assert ("mg_tma2" in pre) == bool(tma) and "mg_cp_async16" not in pre
+    g = planned(parse_text(src, "lora.mir"), "sm_90", [Knobs(tma=tma)])
+    prog = lower(g, "sm_90")
+    cu, _ = emit(prog)
+    body = re.findall(r'extern "C" __global__[^{]*\{\n(.*?)\n\}\n', cu, re.DOTALL)[-1]
+    at = body.index("mg_grid_wait();")
+    return _pre_wait_args(prog, cu)[-1], body[:at], body[at:]
+
+
+def test_a_loop_that_reads_no_invariant_runs_before_the_wait() -> None:
+    """The LoRA kernel's loop streams X and W, both safe to read early; its invariant
+    (X @ A) @ B reads the first kernel's t0 and only the epilogue reads it: the copies
+    of B and t0 and their product go after the loop, and the wait with them."""
+    for tma in (1, 0):
+        names, pre, post = _second_kernel(LORA, tma)
+        assert names == {"X", "W"}, tma
+        assert "for (int it = 0;" in pre and "for (int it = 0;" not in post
+        assert ("mg_tma2" in pre) == bool(tma)
+        assert post.count("mg_cp_async16") == 2 and "mma" in post
+
+
+def test_bulk_copies_go_before_the_wait_beside_staged_invariants() -> None:
+    """As the first kernel (t0 an activation of the caller), the loop reads X, which the
+    caller's last kernel may still be writing, so the invariants stay before the loop
+    and the wait before both. W's bulk copies still go early: the invariants' wait for
+    their cp.async copies does not wait for bulk copies, which complete on their own
+    mbarriers (cp.async copies of W would be waited for with them: none go early)."""
+    first = LORA.replace("  t0 = matmul(X, A);\n", "").replace(
+        "  input B: f16[r, n] weight;\n", "  input B: f16[r, n] weight;\n  input t0: f16[m, r];\n")
+    for tma, early in ((1, {"W"}), (0, set())):
+        names, pre, post = _second_kernel(first, tma)
+        assert names == early, tma
+        assert "for (int it = 0;" in post and "mg_cp_async16" not in pre

@@ -60,6 +60,24 @@ def _bulk_only(k: FusedKernel) -> frozenset[str]:
     return frozenset(bulk - {bi.source for bi in k.bg.inputs if bi not in k.bulk})
 
 
+def _defers(k: FusedKernel, early: frozenset[str]) -> bool:
+    """Whether the invariant phase moves after the loop: it reads a tensor the kernel
+    ahead may still be writing (the LoRA kernel's X @ A, written by the kernel before
+    it), the loop reads nothing it computes, and every loop input may be read before
+    the wait. The loop then streams its weights while that kernel finishes; only the
+    epilogue waits."""
+    inv = k.staged("invariant")
+    if k.chain is not None or not inv or all(bi.source in early for bi in inv):
+        return False
+    loop = [bi for bi in k.bg.inputs if k.a.phases[bi.value.name] == "loop"]
+    if not loop or any(bi.source not in early for bi in loop):
+        return False
+    # What the loop reads: its own values' operands and the accumulators' (updated in it).
+    in_loop = [op for op in k.bg.ops if k.a.phases[op.outputs[0].name] == "loop"
+               or ops.get(op.op).is_accumulator]
+    return all(k.a.phases[i] != "invariant" for op in in_loop for i in op.inputs)
+
+
 class FusedKernel:
     """The emitter of one fused kernel; state shared by :mod:`mma` and :mod:`reduce`."""
 
@@ -121,6 +139,11 @@ class FusedKernel:
             if (op.outputs[0].name in cols or self.tile(op.outputs[0].name).home == "smem"
                 and not self.tile(op.outputs[0].name).pitch)
             and stored_inverse(op.outputs[0].name, self.a))
+        # Invariants computed after the loop instead (see _deferred): then the whole loop
+        # runs before the wait, while the kernel ahead of it finishes.
+        self.defer = _defers(self, early)
+        if self.defer:
+            self.early = early
 
     def tile(self, name: str) -> TilePlan:
         return self.tiles[name]
@@ -143,7 +166,10 @@ class FusedKernel:
         accs = [op for op in self.bg.ops if ops.get(op.op).is_accumulator]
         plain = [op for op in accs if op.outputs[0].name not in self.chain_accs]
         head = self._prologue() + self._define_nodes()
-        body = self._invariant()
+        # Deferred invariants are emitted where the others are (their per-thread tables
+        # go before the wait with every other), and placed after the loop.
+        deferred = self._deferred() if self.defer else []
+        body = self._ring() if self.defer else self._invariant()
         body += reduce.acc_init(self, plain)
         if self.chain is not None:
             body += chain.init(self, self.chain, self.chain_lay)
@@ -156,6 +182,10 @@ class FusedKernel:
             body.append("__syncthreads();")
         pre = head + self.hoisted + self.early_copies
         body = pre + body
+        wait_at = len(pre)
+        if self.defer:
+            wait_at = len(body)
+            body += deferred
         if self.chain is not None:
             fins = {op.outputs[0].name: "{0}" if self.KS > 1 else reduce.finish_format(self, op)
                     for op in accs if op.outputs[0].name in self.chain_accs}
@@ -179,7 +209,7 @@ class FusedKernel:
         return Kernel(self.name, tuple(self.params), tuple(body), self.T,
                       (gx, gy, gz * self.KS), self.plan.smem_bytes,
                       self.plan.scratch_floats * 4, comment, self.plan.as_json(),
-                      min_blocks=1, cluster=self.KS, wait_at=len(pre))
+                      min_blocks=1, cluster=self.KS, wait_at=wait_at)
 
     def _io_params(self) -> None:
         """A pointer parameter for each device tensor the block graph loads or stores."""
@@ -358,6 +388,24 @@ class FusedKernel:
         else:
             lines += ring + ["mg_cp_async_wait_all();"]
         lines.append("__syncthreads();")
+        lines += [f"const auto* sm_{bi.value.name} = sm_{bi.value.name}_0;" for bi in staged]
+        return lines + self._materialize_phase("invariant")
+
+    def _ring(self) -> Lines:
+        """With deferred invariants: only the loop ring's first stages before the loop
+        (their copies are all early, so only commit groups are left here)."""
+        ring, _ = staging.prefetch(self)
+        return ring
+
+    def _deferred(self) -> Lines:
+        """After the loop and the grid-dependency wait: the invariant tiles' copies, the
+        wait for them, then the invariant phase's values (which only the epilogue
+        reads)."""
+        staged = self.staged("invariant")
+        lines: Lines = []
+        for bi in staged:
+            lines += staging.stage(self, bi, f"base_{bi.value.name}", f"sm_{bi.value.name}_0")
+        lines += ["mg_cp_async_wait_all();", "__syncthreads();"]
         lines += [f"const auto* sm_{bi.value.name} = sm_{bi.value.name}_0;" for bi in staged]
         return lines + self._materialize_phase("invariant")
 
