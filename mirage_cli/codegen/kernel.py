@@ -139,7 +139,7 @@ class FusedKernel:
             if (op.outputs[0].name in cols or self.tile(op.outputs[0].name).home == "smem"
                 and not self.tile(op.outputs[0].name).pitch)
             and stored_inverse(op.outputs[0].name, self.a))
-        # Invariants computed after the loop instead (see _deferred): then the whole loop
+        # Invariants computed after the loop instead (_invariant(ring=False)): then the whole loop
         # runs before the wait, while the kernel ahead of it finishes.
         self.defer = _defers(self, early)
         if self.defer:
@@ -168,8 +168,10 @@ class FusedKernel:
         head = self._prologue() + self._define_nodes()
         # Deferred invariants are emitted where the others are (their per-thread tables
         # go before the wait with every other), and placed after the loop.
-        deferred = self._deferred() if self.defer else []
-        body = self._ring() if self.defer else self._invariant()
+        deferred = self._invariant(ring=False) if self.defer else []
+        # With deferred invariants only the ring's first stages precede the loop (their
+        # copies are all early, so only commit groups are left after the wait's place).
+        body = staging.prefetch(self)[0] if self.defer else self._invariant()
         body += reduce.acc_init(self, plain)
         if self.chain is not None:
             body += chain.init(self, self.chain, self.chain_lay)
@@ -370,42 +372,25 @@ class FusedKernel:
                 lines += self._materialize(op, unroll=phase != "epilogue")
         return lines
 
-    def _invariant(self) -> Lines:
-        """The invariant tiles' copies, the loop ring's first stages, the wait for the
-        invariant tiles alone, then the invariant phase's values."""
+    def _invariant(self, ring: bool = True) -> Lines:
+        """The invariant tiles' copies, the loop ring's first stages (unless ``ring`` is
+        False: deferred invariants come after the loop), the wait for the invariant
+        tiles alone, then the invariant phase's values."""
         lines: Lines = []
         staged = self.staged("invariant")
         for bi in staged:
             lines += staging.stage(self, bi, f"base_{bi.value.name}", f"sm_{bi.value.name}_0")
-        ring, groups = staging.prefetch(self)
+        first, groups = staging.prefetch(self) if ring else ([], 0)
         if not staged:
-            return ring + self._materialize_phase("invariant")
+            return first + self._materialize_phase("invariant")
         # The ring's first stages are issued before the wait for the invariant tiles, in
         # commit groups of their own: both are in flight at once, so the loop's first
         # tiles arrive one memory latency after the kernel starts instead of two.
         if groups:
-            lines += ["mg_cp_async_commit();"] + ring + [f"mg_cp_async_wait<{groups}>();"]
+            lines += ["mg_cp_async_commit();"] + first + [f"mg_cp_async_wait<{groups}>();"]
         else:
-            lines += ring + ["mg_cp_async_wait_all();"]
+            lines += first + ["mg_cp_async_wait_all();"]
         lines.append("__syncthreads();")
-        lines += [f"const auto* sm_{bi.value.name} = sm_{bi.value.name}_0;" for bi in staged]
-        return lines + self._materialize_phase("invariant")
-
-    def _ring(self) -> Lines:
-        """With deferred invariants: only the loop ring's first stages before the loop
-        (their copies are all early, so only commit groups are left here)."""
-        ring, _ = staging.prefetch(self)
-        return ring
-
-    def _deferred(self) -> Lines:
-        """After the loop and the grid-dependency wait: the invariant tiles' copies, the
-        wait for them, then the invariant phase's values (which only the epilogue
-        reads)."""
-        staged = self.staged("invariant")
-        lines: Lines = []
-        for bi in staged:
-            lines += staging.stage(self, bi, f"base_{bi.value.name}", f"sm_{bi.value.name}_0")
-        lines += ["mg_cp_async_wait_all();", "__syncthreads();"]
         lines += [f"const auto* sm_{bi.value.name} = sm_{bi.value.name}_0;" for bi in staged]
         return lines + self._materialize_phase("invariant")
 
