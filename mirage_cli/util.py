@@ -13,7 +13,8 @@
 - New files get the mode a plain ``open()`` would give them (0666 less the umask).
 - An :class:`OutputSet` holds an advisory lock (``.<name>.lock`` beside its first
   file) from before the work until after the renames, so concurrent runs writing
-  the same outputs produce one run's complete set, never a mix.
+  the same outputs produce one run's complete set, never a mix. The lock file is
+  removed when the run ends (nothing is left beside the outputs).
 """
 
 from __future__ import annotations
@@ -153,6 +154,7 @@ class OutputSet:
         self.paths = list(paths)
         self.inputs = list(inputs)
         self._lock_fd: int | None = None
+        self._lock_path: Path | None = None
 
     def __enter__(self) -> Self:
         targets = [output_target(p, self.inputs) for p in self.paths]
@@ -166,17 +168,32 @@ class OutputSet:
         from mirage_cli.console import info
 
         lock = target.parent / f".{target.name}.lock"
+        self._lock_path = lock
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, file_mode())
         except OSError as e:
             raise MirageError(f"cannot write the output: {e.strerror}", file=shown) from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            info(f"waiting for another mirage run writing {shown}")
-            fcntl.flock(fd, fcntl.LOCK_EX)
-        self._lock_fd = fd
+        told = False
+        while True:
+            try:
+                fd = os.open(lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, file_mode())
+            except OSError as e:
+                raise MirageError(f"cannot write the output: {e.strerror}",
+                                  file=shown) from None
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                if not told:
+                    info(f"waiting for another mirage run writing {shown}")
+                    told = True
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            # The holder before us removes the file before it unlocks: a lock on a
+            # file no longer at the path (or replaced by a newer run's) locks
+            # nothing; open the path again.
+            if _same_file(fd, lock):
+                self._lock_fd = fd
+                return
+            os.close(fd)
 
     def commit(self, files: dict[str, str | bytes]) -> list[str]:
         """Write ``files`` (a subset of the paths given) as one unit; the changed ones."""
@@ -187,6 +204,24 @@ class OutputSet:
     def __exit__(self, et: type[BaseException] | None, ev: BaseException | None,
                  tb: TracebackType | None) -> None:
         if self._lock_fd is not None:
-            os.close(self._lock_fd)  # releases the lock; the file stays (unlinking races)
+            # Removed while still held, so no other run can hold a lock on it: one
+            # that opened it meanwhile sees, once it gets the lock, that the file is
+            # gone from the path, and starts again (see _lock).
+            try:
+                if self._lock_path is not None:
+                    os.unlink(self._lock_path)
+            except OSError:
+                pass
+            os.close(self._lock_fd)
             self._lock_fd = None
 
+
+
+def _same_file(fd: int, path: Path) -> bool:
+    """Whether the open file ``fd`` is the file now at ``path``."""
+    try:
+        now = os.stat(path)
+    except FileNotFoundError:
+        return False
+    held = os.fstat(fd)
+    return (held.st_dev, held.st_ino) == (now.st_dev, now.st_ino)

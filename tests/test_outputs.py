@@ -131,6 +131,31 @@ def test_concurrent_writers_of_one_output_are_serialised(tmp_path: Path) -> None
     t.join(10)
     assert order == ["first commits", "second locked"]
     assert {Path(p).read_text() for p in paths} == {"2"}  # one run's complete set
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["k.cu", "k.h"]  # no lock file
+
+
+def test_many_writers_each_hold_the_lock_alone(tmp_path: Path) -> None:
+    """The lock file is removed as each run ends: a run that opened it before then
+    must not count its lock on the removed file as holding the lock."""
+    paths = [str(tmp_path / "k.cu")]
+    inside: list[int] = []
+    overlaps: list[int] = []
+
+    def run(i: int) -> None:
+        with OutputSet(paths) as out:
+            inside.append(i)
+            if len(inside) > 1:
+                overlaps.append(i)
+            time.sleep(0.01)
+            out.commit({paths[0]: str(i)})
+            inside.remove(i)
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(12)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(20)
+    assert not overlaps
+    assert [x.name for x in tmp_path.iterdir()] == ["k.cu"]
 
 
 def test_dash_is_stdout_where_the_format_allows(tmp_path: Path) -> None:
