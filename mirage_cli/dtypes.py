@@ -12,12 +12,15 @@ from mirage_cli.ir import DType
 
 
 def round_to(dtype: DType, x: np.ndarray) -> np.ndarray:
-    """``x`` rounded to ``dtype`` and returned as float32 (the compute type)."""
+    """``x`` rounded to ``dtype`` and returned as float32 (the compute type). A value
+    beyond the type's range becomes an infinity, as the GPU's conversion makes it;
+    that is the result, not an error, so numpy's overflow warning is silenced."""
     x32 = np.asarray(x, dtype=np.float32)
     if dtype is DType.F32:
         return x32
     if dtype is DType.F16:
-        return x32.astype(np.float16).astype(np.float32)
+        with np.errstate(over="ignore"):
+            return x32.astype(np.float16).astype(np.float32)
     bits = x32.view(np.uint32)
     # Round to nearest even on the 16 bits that are dropped, in place on one uint32
     # array: a carry out of bit 31 happens only for NaN patterns, which are put back

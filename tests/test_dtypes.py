@@ -53,3 +53,13 @@ def test_rounding_does_not_write_its_input_and_f16_f32_are_plain() -> None:
     assert np.array_equal(x, before)
     assert round_to(DType.F16, x)[1] == np.inf and round_to(DType.F32, x) is not None
     assert np.array_equal(round_to(DType.F32, x), x)
+
+
+def test_overflow_to_f16_is_an_infinity_without_a_warning() -> None:
+    import warnings
+
+    x = np.array([1e6, -1e6, 65504.0], dtype=np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a RuntimeWarning here would reach bench output
+        y = round_to(DType.F16, x)
+    assert y.tolist() == [np.inf, -np.inf, 65504.0]
