@@ -153,6 +153,16 @@ def test_markdown_table_numbers():
     assert header.count("|") == md.splitlines()[3].count("|")
 
 
+def test_an_unfinished_report_says_so_and_a_finished_one_has_no_such_key():
+    assert "unfinished" not in json.loads(benchreport.dumps(_doc()))
+    doc = benchreport.document("NVIDIA H200", "sm_90", "mirage bench --gpu 0", BW,
+                               _rows()[:3], "1 of 2 program and batch pairs measured")
+    assert json.loads(benchreport.dumps(doc))["unfinished"] == doc["unfinished"]
+    md = benchreport.markdown(doc)
+    assert md.startswith("**Unfinished run: 1 of 2 program and batch pairs measured.**")
+    assert md.count("| rmsnorm_linear | 1 |") == 3
+
+
 def test_csv_one_row_per_variant_with_kernels():
     rows = list(csv.DictReader(io.StringIO(benchreport.csv_text(_doc()))))
     assert [(r["benchmark"], r["batch"], r["variant"]) for r in rows] == [
@@ -306,9 +316,15 @@ def test_run_bench_rows_floor_and_variants(tmp_path, monkeypatch):
 
     pairs = bench.discover(tmp_path)
     assert pairs == [(prog, [fused])]
+    reports: list[tuple[list[str], int, int]] = []
     bw, rows = bench.run_bench(Dev(), pairs, (1, 2), use_torch=False, load=load,
-                               candidates=cands, bandwidth=BW)  # type: ignore[arg-type]
+                               candidates=cands, bandwidth=BW,  # type: ignore[arg-type]
+                               progress=lambda bw, rows, done, total: reports.append(
+                                   ([r.variant for r in rows], done, total)))
     assert bw is BW
+    # the rows so far after each program and batch but the last (the command writes
+    # its reports then: a run stopped early keeps them)
+    assert reports == [(["small_fused", "opt#1 (shipped)", "opt#2"], 1, 2)]
     assert timed == ["unfused", "opt#1 (shipped)", "opt#2"] * 2
     assert [r.variant for r in rows] == ["small_fused", "opt#1 (shipped)", "opt#2"] * 2
     fixed, shipped, failed = rows[:3]

@@ -593,7 +593,9 @@ def run_bench(dev: Device | Callable[[], Device], pairs: list[tuple[Path, list[P
               load: Callable[[Path, dict[str, int]], Graph] | None = None,
               candidates: Candidates | None = None, bandwidth: Bandwidth | None = None,
               checkpoints: Checkpoints | None = None, per_kernel: bool = False,
-              workers: int = 1) -> tuple[Bandwidth, list[Row]]:
+              workers: int = 1,
+              progress: Callable[[Bandwidth, list[Row], int, int], None] | None = None,
+              ) -> tuple[Bandwidth, list[Row]]:
     """Measure every program at every batch: baselines, hand-written fused µGraphs, the
     variants ``candidates`` gives for the program (the search's, see
     :func:`opt_variants`) and those ``checkpoints`` gives for the example and batch
@@ -601,8 +603,10 @@ def run_bench(dev: Device | Callable[[], Device], pairs: list[tuple[Path, list[P
     device: it is then called after the searches and verifications. With
     ``per_kernel``, every correct variant's kernels are also timed one by one (a
     timing per kernel: off by default). With ``workers`` > 1 every program and variant
-    is compiled ahead on that many processes (:func:`precompile`). Returns the bandwidth
-    that defines the floor and the rows."""
+    is compiled ahead on that many processes (:func:`precompile`). ``progress`` is
+    called after each program and batch with the rows so far, the pairs done and their
+    number (the command rewrites its reports, so a run stopped early keeps what it
+    measured). Returns the bandwidth that defines the floor and the rows."""
     from mirage_cli.loading import load_graph
 
     load = load or (lambda p, d: load_graph(str(p), d))
@@ -640,9 +644,11 @@ def run_bench(dev: Device | Callable[[], Device], pairs: list[tuple[Path, list[P
     if why_not:
         # Numbers without the baselines read as absolute: say so, loudly.
         warn(f"PyTorch baselines skipped: {why_not}")
-    for prog, batch, variants in work:
+    for done, (prog, batch, variants) in enumerate(work, 1):
         rows += _bench_one(dev, prog, batch, variants, bw.copy_kernel, replays, torch_ok,
                            use_compile, per_kernel)
+        if progress is not None and done < len(work):
+            progress(bw, rows, done, len(work))
     return bw, rows
 
 

@@ -41,11 +41,16 @@ def _clean(v: Any) -> Any:
     return v
 
 
-def document(device: str, arch: str, command: str, bw: Bandwidth, rows: list[Row]
-             ) -> dict[str, Any]:
-    """The results as one JSON-ready document."""
-    return _clean({"format": FORMAT, "device": device, "arch": arch, "command": command,
-                   "bandwidth": bw.as_json(), "rows": [asdict(r) for r in rows]})
+def document(device: str, arch: str, command: str, bw: Bandwidth, rows: list[Row],
+             unfinished: str = "") -> dict[str, Any]:
+    """The results as one JSON-ready document. ``unfinished`` (e.g. "3 of 8 program
+    and batch pairs measured") marks the report a run writes while it goes on: the key
+    is absent from a finished run's report."""
+    doc = {"format": FORMAT, "device": device, "arch": arch, "command": command,
+           "bandwidth": bw.as_json(), "rows": [asdict(r) for r in rows]}
+    if unfinished:
+        doc["unfinished"] = unfinished
+    return _clean(doc)
 
 
 def dumps(doc: dict[str, Any]) -> str:
@@ -130,6 +135,8 @@ def markdown(doc: dict[str, Any]) -> str:
     align = ["---", "---:", "---"] + ["---:"] * (len(head) - 3)
     lines = [f"{bandwidth_line(doc)}.", "", "| " + " | ".join(head) + " |",
              "|" + "|".join(align) + "|"]
+    if doc.get("unfinished"):
+        lines[:0] = [f"**Unfinished run: {doc['unfinished']}.**", ""]
     lines += ["| " + " | ".join(c.replace("|", "\\|") for c in row) + " |" for row in body]
     return "\n".join(lines) + "\n"
 

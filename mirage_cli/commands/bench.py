@@ -33,6 +33,7 @@ from rich.table import Table
 from mirage_cli.arch import DEFAULT_ARCH
 from mirage_cli.codegen.bench import (
     Checkpoints,
+    Row,
     Variant,
     Verify,
     checkpoint_files,
@@ -51,6 +52,7 @@ from mirage_cli.codegen.benchreport import (
     require_matplotlib,
     table_cells,
 )
+from mirage_cli.codegen.copybw import Bandwidth
 from mirage_cli.commands.plan import planned
 from mirage_cli.console import info, warn
 from mirage_cli.diagnostics import MirageError
@@ -217,23 +219,31 @@ def command(gpu: int, batches: str, only: tuple[str, ...], root: str, replays: i
             if not no_search and (notice := mismatch(prof, opened[0].name)):
                 warn(notice)
         return opened[0]
+    command_line = "mirage bench " + " ".join(sys.argv[2:])
+
+    def write_files(bw: Bandwidth, rows: list[Row], unfinished: str = "") -> None:
+        """The report files (stdout and the plot only once the run is done)."""
+        doc = document(device().name, device().arch, command_line, bw, rows, unfinished)
+        for path, render in ((json_path, dumps), (csv_path, csv_text), (md_path, markdown)):
+            if path and not (unfinished and path == "-"):
+                _write(path, render(doc))
+
+    def progress(bw: Bandwidth, rows: list[Row], done: int, total: int) -> None:
+        write_files(bw, rows, f"{done} of {total} program and batch pairs measured")
+
     bw, rows = run_bench(device, pairs, bs, replays, not no_torch, not no_compile,
                          candidates=None if no_search else
                          (lambda g: opt_candidates(g, top, kw)),
                          checkpoints=None if mirage_ckpt is None else
                          checkpoint_candidates(Path(mirage_ckpt), int(kw["seed"])),
-                         per_kernel=per_kernel, workers=jobs or os.cpu_count() or 1)
+                         per_kernel=per_kernel, workers=jobs or os.cpu_count() or 1,
+                         progress=progress)
     dev = device()
-    doc = document(dev.name, dev.arch, "mirage bench " + " ".join(sys.argv[2:]), bw, rows)
+    doc = document(dev.name, dev.arch, command_line, bw, rows)
     # The table goes to stderr when stdout carries the rows.
     to_stderr = "-" in (json_path, csv_path, md_path)
     Console(highlight=False, width=220, stderr=to_stderr).print(table(doc))
-    if json_path:
-        _write(json_path, dumps(doc))
-    if csv_path:
-        _write(csv_path, csv_text(doc))
-    if md_path:
-        _write(md_path, markdown(doc))
+    write_files(bw, rows)
     if plot_path:
         write_atomic(plot_path, plot(doc, plot_path))
     if not all(r.ok for r in rows):
