@@ -259,6 +259,26 @@ def test_bench_candidates_are_what_opt_ships(tmp_path, monkeypatch):
     assert vs[0].predicted_us <= vs[1].predicted_us * (1 + TIE_REL)
 
 
+def test_bench_certifies_only_the_candidates_it_times(monkeypatch):
+    """``--top N`` needs N certified candidates, not the search's own top: a cache entry
+    from a plain `mirage opt` (one certified, at sizes reused from another search)
+    serves ``--top 1`` without verifying again."""
+    from mirage_cli.commands import bench as cmd
+    from mirage_cli.commands import opt
+
+    needs: list[int | None] = []
+
+    def search(g, kw, budget, need=None):  # type: ignore[no-untyped-def]
+        needs.append(need)
+        raise RuntimeError("stop here")
+
+    monkeypatch.setattr(opt, "stage_search", search)
+    prog = parse_text(SMALL, "<t>", {})
+    for top in (1, 2):
+        cmd.opt_candidates(prog, top, cmd.opt_settings(jobs=1, top=top))
+    assert needs == [1, 2]
+
+
 def test_a_failing_search_is_a_row():
     from mirage_cli.commands import bench as cmd
 

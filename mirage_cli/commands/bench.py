@@ -88,11 +88,15 @@ def opt_settings(jobs: int | None = None, top: int = 1, budget: float | None = N
 
 def opt_candidates(program: Graph, top: int, kw: dict[str, Any]) -> list[Variant]:
     """The first ``top`` candidates `mirage opt` keeps for ``program``, the shipped one
-    marked (found by opt's own stages: search, then select)."""
+    marked (found by opt's own stages: search, then select). Only ``top`` need be
+    certified: a search cached by a plain `mirage opt` (one certified) serves
+    ``--top 1`` as it is, where asking for the search's own top re-verified designs
+    at these sizes (mha_decode at batch 16: 139 s of a bench's device time)."""
     from mirage_cli.commands import opt
 
     try:
-        return opt_variants(program, top, lambda g: opt.stage_search(g, kw, kw["budget"]),
+        return opt_variants(program, top,
+                            lambda g: opt.stage_search(g, kw, kw["budget"], need=top),
                             lambda out: opt.stage_ship(program, out)[0],
                             lambda g: planned(g, DEFAULT_ARCH, []))
     except Exception as e:  # noqa: BLE001 - one program's failed search is a row, not the end
