@@ -135,6 +135,23 @@ def test_the_cli_reports_it_located_with_exit_2(tmp_path: Path) -> None:
     assert not out.exists() and not out.with_suffix(".h").exists()
 
 
+@pytest.mark.parametrize("command", ["opt", "search"])
+def test_opt_and_search_refuse_it_before_searching(tmp_path: Path, command: str) -> None:
+    """Refused as the program is read: a search and a verification at 10^22 elements
+    (n = 99999999999) would not end."""
+    import time
+
+    src = tmp_path / "huge.mir"
+    src.write_text(_program("f16[99999999999, 99999999999]", "Y = exp(X);"))
+    out = tmp_path / ("huge.cu" if command == "opt" else "huge.cands.ugraph.json")
+    t0 = time.monotonic()
+    r = CliRunner().invoke(main, [command, str(src), "-o", str(out)])
+    assert r.exit_code == 2, r.output
+    assert time.monotonic() - t0 < 20
+    assert f"{src}:3:7: error: tensor 'X'" in r.output and "32-bit" in r.output
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["huge.mir"]
+
+
 def test_no_emitted_int_loop_reaches_2_31_in_the_goldens() -> None:
     files = sorted((ROOT / "golden").rglob("*.cu"))
     assert len(files) >= 10

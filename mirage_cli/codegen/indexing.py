@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from mirage_cli.diagnostics import MirageError
-from mirage_cli.ir import KernelOp, TensorType
+from mirage_cli.ir import Graph, KernelOp, TensorType
 
 INT_MAX = 2**31 - 1
 
@@ -27,6 +27,16 @@ def check_index_range(kop: KernelOp, types: Mapping[str, TensorType]) -> None:
                 f"tensor '{name}' ({t}) has {t.numel} elements; generated kernels index "
                 f"with 32-bit integers, so a tensor of 2^31 ({INT_MAX + 1}) elements or "
                 f"more is not supported: split it", kop.span)
+
+
+def check_program_range(g: Graph) -> None:
+    """:func:`check_index_range` over every operator of ``g``: run by the commands that
+    search before they generate code, so a program no kernel can index is refused at
+    once, not after a search and a verification at its sizes (which, for tensors of
+    10^22 elements, would not end)."""
+    types = g.tensor_types()
+    for kop in g.ops:
+        check_index_range(kop, types)
 
 
 def loop_index_type(bound: int, step: int) -> str:

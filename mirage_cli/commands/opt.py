@@ -72,7 +72,13 @@ CODEGEN_RESERVE = 0.3
 
 
 def stage_parse(path: str, defines: dict[str, int]) -> Graph:
-    return load_graph(path, defines)
+    """The program, refused at once (exit 2) where a tensor is too large for the
+    generated kernels' indexing."""
+    from mirage_cli.codegen.indexing import check_program_range
+
+    g = load_graph(path, defines)
+    check_program_range(g)
+    return g
 
 
 def stage_search(program: Graph, kw: dict, budget: float,  # type: ignore[type-arg]
