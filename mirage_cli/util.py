@@ -14,7 +14,8 @@
 - An :class:`OutputSet` holds an advisory lock (``.<name>.lock`` beside its first
   file) from before the work until after the renames, so concurrent runs writing
   the same outputs produce one run's complete set, never a mix. The lock file is
-  removed when the run ends (nothing is left beside the outputs).
+  removed when the run ends (nothing is left beside the outputs; a run killed by a
+  signal leaves the empty file, which the next run takes over and removes).
 """
 
 from __future__ import annotations
