@@ -157,3 +157,22 @@ def test_measured_figures_make_a_loadable_profile(tmp_path: Path) -> None:
     q = profiles.load(str(f))
     assert q == p and q.calibrated and q.iter_us == 0.02 and q.dram_bw == 4.1e12
     assert q.fit == {"stream": 1.0, "sync": 1.0, "launch": 1.0, "const_us": 0.0}
+
+
+def test_model_fit_tool_varies_profile_figures(tmp_path: Path) -> None:
+    """--vary evaluates the profile at every combination of the figures' values, one
+    line each; an unknown figure is refused."""
+    f = synthetic(tmp_path)
+    run = [sys.executable, str(ROOT / "tools" / "model_fit.py"), str(f)]
+    env = {"PYTHONPATH": str(ROOT), "PATH": ""}
+    p = subprocess.run(run + ["--vary", "bulk_l2_bw=3e12,4.2e12", "--vary",
+                              "bulk_mem_util_exp=0,0.25"], check=False, capture_output=True,
+                       text=True, cwd=ROOT, env=env)
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.strip().splitlines()
+    assert len(lines) == 4 and all("picks within 15%" in ln for ln in lines)
+    assert {ln.split(":")[0] for ln in lines} == {
+        f"bulk_l2_bw={a}, bulk_mem_util_exp={b}" for a in ("3e+12", "4.2e+12") for b in ("0", "0.25")}
+    p = subprocess.run(run + ["--vary", "warp_speed=1,2"], check=False, capture_output=True,
+                       text=True, cwd=ROOT, env=env)
+    assert p.returncode != 0 and "expected FIGURE=V1,V2" in p.stderr

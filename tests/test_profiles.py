@@ -92,6 +92,8 @@ def test_bad_profile_file_names_the_field(tmp_path: Path) -> None:
     ("mma_flops", "fast", "'mma_flops' must be a number > 0"),
     ("mem_util_exp", 1.5, r"'mem_util_exp' must be a number in \[0, 1\]"),
     ("chain_mma_flops", 0, "'chain_mma_flops' must be a number > 0"),
+    ("bulk_l2_bw", -1, "'bulk_l2_bw' must be a number > 0"),
+    ("bulk_mem_util_exp", 2, r"'bulk_mem_util_exp' must be a number in \[0, 1\]"),
 ])
 def test_bad_optional_figure_names_the_field(tmp_path: Path, key: str, value: object,
                                              msg: str) -> None:
@@ -142,6 +144,43 @@ def test_the_model_reads_the_plan(tmp_path: Path) -> None:
     k0 = doc["chosen"]["kernels"][0]
     assert doc["chosen"]["fits"] is False and k0["smem_source"] == "plan"
     assert any("exceeds" in t for t in k0["tight"])
+
+
+def test_bulk_copy_figures_price_only_kernels_that_copy_with_tma() -> None:
+    """bulk_l2_bw and bulk_mem_util_exp replace l2_bw and mem_util_exp for a kernel
+    whose plan copies its loop inputs with bulk tensor copies, not for one that uses
+    cp.async; absent (the shipped profiles), nothing changes."""
+    from mirage_cli.commands.plan import planned
+    from mirage_cli.kplan import Knobs
+    from mirage_cli.parser import parse_text
+
+    g = parse_text("""
+program p(hidden = 4096, n = 4096) {
+  input X: f16[16, hidden];
+  input W: f16[hidden, n];
+  O = custom(grid=(32, 1, 1), threads=128, forloop=32) {
+    x = load X fmap(1);
+    w = load W imap(x=1) fmap(0);
+    m = matmul(x, w);
+    s = acc_sum(m);
+    store s -> O omap(x=1);
+  }
+  output O;
+}
+""", "p.mir")
+    blocks = 1
+    p = profiles.load("h200")
+    assert p.bulk_l2_bw is None and p.bulk_mem_util_exp is None
+    faster = dataclasses.replace(p, bulk_l2_bw=2 * p.l2_bw, bulk_mem_util_exp=0.0)
+    for tma, changes in ((0, False), (1, True)):
+        pg = planned(g, "sm_90", [Knobs(tma=tma)] * blocks)
+        base, bulk = cost.kernel_costs(pg, p), cost.kernel_costs(pg, faster)
+        k = next(i for i, op in enumerate(pg.ops) if op.block is not None)
+        if changes:
+            assert bulk[k].l2_us == pytest.approx(base[k].l2_us / 2)
+            assert bulk[k].stream_us < base[k].stream_us
+        else:
+            assert bulk == base
 
 
 def test_a_chain_kernel_is_priced_at_the_chain_rate() -> None:

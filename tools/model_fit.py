@@ -2,6 +2,7 @@
 
     PYTHONPATH=$PWD python tools/model_fit.py MEASURED.json... [--target sm_90/h200]
         [--calibrated device.json] [--png scatter.png] [--json report.json]
+        [--vary FIGURE=V1,V2,... ...]
 
 MEASURED.json (one or more, e.g. one per batch) is what ``tools/selection_table.py`` writes (every timed variant of the
 six examples with its µGraph and measured µs). For the uncalibrated model (``--target``,
@@ -13,11 +14,18 @@ otherwise its coefficients are fitted here (``mirage calibrate --fit``), and the
 figures are reported both in sample and leave-one-program-out (fitted without the
 program it then predicts), since an in-sample fit flatters itself. ``--png`` draws the
 scatter plot (predicted vs measured, log-log) when matplotlib is installed.
+
+``--vary FIGURE=V1,V2,...`` (repeatable) evaluates the ``--target`` profile with each
+combination of those values of its figures (e.g. ``bulk_l2_bw=3e12,4.2e12
+bulk_mem_util_exp=0,0.25``: the figures the measured data should decide) and prints
+one line per combination, the most picks within 15% first, then the higher Spearman.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import itertools
 import json
 import math
 import sys
@@ -94,6 +102,35 @@ def scatter(path: str, samples: list[cal.Sample], series: dict[str, list[float]]
     plt.close(fig)
 
 
+def parse_vary(specs: list[str], base: Profile) -> list[tuple[str, list[float]]]:
+    """``FIGURE=V1,V2`` specs as (figure, values), checked against the profile's fields."""
+    names = {f.name for f in dataclasses.fields(base)} - {"fit", "extra", "name", "device",
+                                                           "arch", "source", "calibrated"}
+    out = []
+    for spec in specs:
+        name, _, values = spec.partition("=")
+        if name not in names or not values:
+            raise SystemExit(f"--vary {spec}: expected FIGURE=V1,V2,... with FIGURE one of "
+                             f"{', '.join(sorted(names))}")
+        try:
+            out.append((name, [float(v) for v in values.split(",")]))
+        except ValueError:
+            raise SystemExit(f"--vary {spec}: the values must be numbers") from None
+    return out
+
+
+def vary(samples: list[cal.Sample], base: Profile, figures: list[tuple[str, list[float]]]
+         ) -> list[tuple[dict[str, float], dict[str, Any]]]:
+    """The report of every combination of the figures' values, best first."""
+    runs = []
+    for combo in itertools.product(*(vals for _, vals in figures)):
+        setting = {name: v for (name, _), v in zip(figures, combo)}
+        r = report(samples, cal.predict(samples, dataclasses.replace(base, **setting)))
+        runs.append((setting, r))
+    runs.sort(key=lambda x: (-x[1]["picks_within_15pct"], -(x[1]["spearman"] or -1.0)))
+    return runs
+
+
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("measured", nargs="+")
@@ -101,10 +138,17 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--calibrated", default=None)
     ap.add_argument("--png", default=None)
     ap.add_argument("--json", dest="json_out", default=None)
+    ap.add_argument("--vary", action="append", default=[], metavar="FIGURE=V1,V2,...")
     a = ap.parse_args(argv)
     samples = [s for f in a.measured
                for s in cal.load_samples(json.loads(Path(f).read_text()), f)]
     base = profiles.load(a.target)
+    if a.vary:
+        for setting, r in vary(samples, base, parse_vary(a.vary, base)):
+            shown = ", ".join(f"{k}={v:g}" for k, v in setting.items())
+            print(f"{shown}: picks within 15% {r['picks_within_15pct']}/{r['examples']}, "
+                  f"Spearman {r['spearman']}")
+        return 0
     series = {f"uncalibrated ({base.name})": cal.predict(samples, base)}
     if a.calibrated:
         calibrated = profiles.load(a.calibrated)

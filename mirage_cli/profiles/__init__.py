@@ -16,7 +16,8 @@ Fields (``format: mirage-cli/device-profile``, ``version: 1``): ``name``, ``devi
 ``regs_per_sm``, ``max_threads_per_sm``, optionally ``stage_penalty`` (0 when
 absent), ``mma_flops`` (``peak_flops`` when absent), ``mem_util_exp`` and
 ``scalar_copy_slowdown`` (1 when absent), ``block_stream_bw`` (no bound when absent),
-``bulk_stream_bw`` (``block_stream_bw`` when absent), ``simt_slowdown`` (1 when absent),
+``bulk_stream_bw`` (``block_stream_bw`` when absent), ``bulk_l2_bw`` (``l2_bw`` when
+absent), ``bulk_mem_util_exp`` (``mem_util_exp`` when absent), ``simt_slowdown`` (1 when absent),
 ``chain_mma_flops`` (``mma_flops`` when absent), ``chain_wgmma_flops``
 (``chain_mma_flops`` when absent; see :class:`Profile`); and ``fit``: the coefficients
 of the model's terms (``stream``, ``sync``, ``launch``, ``const_us``), 1/1/1/0 when unfitted.
@@ -81,6 +82,13 @@ class Profile:
     # The same for a block whose plan copies its loop inputs with bulk tensor copies
     # (TMA); block_stream_bw when absent.
     bulk_stream_bw: float | None = None
+    # The rate at which the blocks of a kernel whose plan copies its loop inputs with
+    # bulk tensor copies receive what they load (l2_bw's meaning, for TMA: it writes
+    # shared memory without the SM's load path); l2_bw when absent.
+    bulk_l2_bw: float | None = None
+    # mem_util_exp for such a kernel (a grid on part of the GPU, its rate bounded per
+    # block by bulk_stream_bw); mem_util_exp when absent.
+    bulk_mem_util_exp: float | None = None
     # Element-wise math in custom kernels (few warps per SM, one element's instructions
     # after another) runs this many times slower than fma_flops; 1 when absent.
     simt_slowdown: float | None = None
@@ -138,6 +146,8 @@ _OPTIONAL: dict[str, tuple[Callable[[Any], bool], str]] = {
     "scalar_copy_slowdown": (lambda v: _pos(v) and v >= 1, ">= 1"),
     "block_stream_bw": (lambda v: _pos(v), "> 0"),
     "bulk_stream_bw": (lambda v: _pos(v), "> 0"),
+    "bulk_l2_bw": (lambda v: _pos(v), "> 0"),
+    "bulk_mem_util_exp": (lambda v: _nonneg(v) and v <= 1, "in [0, 1]"),
     "simt_slowdown": (lambda v: _pos(v) and v >= 1, ">= 1"),
     "chain_mma_flops": (lambda v: _pos(v), "> 0"),
     "chain_wgmma_flops": (lambda v: _pos(v), "> 0"),

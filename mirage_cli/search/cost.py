@@ -13,7 +13,9 @@ plus ``d`` once per
 them (per iteration in the loop: every block along N recomputes what it reads), ``SLOW``
 is the profile's ``simt_slowdown``, ``u`` (the
 utilisation) is the fraction of SMs the grid occupies, ``e`` the profile's
-``mem_util_exp`` (memory streams nearly as fast on part of the GPU), ``F`` the forloop
+``mem_util_exp`` (memory streams nearly as fast on part of the GPU; for a kernel whose
+plan copies with bulk tensor copies, ``L2BW`` and ``e`` are the profile's ``bulk_l2_bw``
+and ``bulk_mem_util_exp`` where it gives them), ``F`` the forloop
 iterations one block runs, ``X`` what the first of them exposes (the pipeline fill:
 ``max(M, C)``, one iteration's loads before any compute overlaps them, or for a matmul
 chain ``min(M, C)``, see :func:`_fill_s`) and ``waves`` the number of rounds of blocks
@@ -268,7 +270,15 @@ def _kernel_cost(op: KernelOp, types: dict[str, TensorType], p: Profile) -> Kern
     # mma fragments gathered element by element (a K tile that is not a multiple of
     # 16) run many times slower than 16-byte copies and ldmatrix.
     slow = p.scalar_copy_slowdown or 1.0
-    d_s, l_s = k_dram / p.dram_bw, k_l2 / p.l2_bw
+    # Bulk tensor copies have their own receive rate and partial-grid exponent where
+    # the profile gives them (fitted to cp.async kernels, the common ones priced a
+    # bulk-copy weight stream 1.3-1.55x its measured time on an H200, and a 64-block
+    # GQA kernel that ran 39.3 us behind a 256-block one that ran 46.3; perf-log v35).
+    l2_rate = (p.bulk_l2_bw or p.l2_bw) if facts.bulk else p.l2_bw
+    util_exp = p.mem_util_exp
+    if facts.bulk and p.bulk_mem_util_exp is not None:
+        util_exp = p.bulk_mem_util_exp
+    d_s, l_s = k_dram / p.dram_bw, k_l2 / l2_rate
     # A chain kept in registers has its own tensor-core rate: priced at mma_flops
     # (fitted to the far slower attention kernels of docs/perf-log.md v10) every
     # tiling of a chain looked compute-bound alike, blind to the L2 re-reads of K and
@@ -286,7 +296,7 @@ def _kernel_cost(op: KernelOp, types: dict[str, TensorType], p: Profile) -> Kern
     # A grid on part of the GPU still draws most of the memory bandwidth (on an
     # H200, 64 blocks streamed a weight 1.2x slower than 128, not 2x), while its
     # compute scales with the SMs it occupies.
-    mem_util = util ** (p.mem_util_exp if p.mem_util_exp is not None else 1.0)
+    mem_util = util ** (util_exp if util_exp is not None else 1.0)
     forloop = op.block.forloop // ksplit if op.block is not None else 4
     scalar = slow if facts.scalar and forloop > 1 else 1.0
     mem_s, comp_s = max(d_s, l_s) * scalar / mem_util, c_s / util
