@@ -149,3 +149,23 @@ def test_the_tuning_sweep_tool_writes_fitting_tunings_best_first() -> None:
     found = tool.sweep(program, design, (128, 128), [8])
     assert found and [us for us, _, _ in found] == sorted(us for us, _, _ in found)
     assert all(prod(t[0][0]) == 128 and t[0][1] == 8 for _, t, _ in found)
+
+
+def test_the_start_splits_rows_into_whole_16_byte_vectors() -> None:
+    """At n = 2560 the fused RMSNorm + linear started at 128 blocks of 20 columns
+    (40-byte rows, copied element by element), was ranked by that tuning's 48 us and
+    never tuned; the start now keeps whole 16-byte vectors per row (64 blocks of 40
+    columns), and the first fitting tuning is the one the descent improves on."""
+    program = load_graph(str(ROOT / "examples" / "rmsnorm_linear.mir"),
+                         {"batch": 1, "hidden": 2048, "n": 2560})
+    shipped = load_graph(str(ROOT / "examples" / "mugraphs" / "rmsnorm_linear_fused.mir"))
+    design, _ = design_of(shipped)
+    first = tuner.start(program, design)
+    assert first == (((64, 1, 1), 32),)
+    (c, t, _), *_ = tuner.first_fitting(program, design)
+    assert t == first and c.time_us < 10
+    assert tuner.tune(program, design)[0][0].time_us <= c.time_us
+    # The example's 6144 columns start as before: 256 blocks of 24 (48-byte rows).
+    example = load_graph(str(ROOT / "examples" / "rmsnorm_linear.mir"), {"batch": 8})
+    assert tuner.start(example, design)[0][0] == (256, 1, 1)
+    assert tuner._vector_elements(design.steps[0], program.tensor_types()) == [8, 1, 1]

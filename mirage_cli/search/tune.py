@@ -36,8 +36,15 @@ def start(target: Graph, design: Design) -> Tuning:
     for step in custom_steps(design):
         grid = [2 if a < step.axes else 1 for a in range(3)]
         extents = _axis_extents(step, types)
+        vector = _vector_elements(step, types)
         while grid[0] * grid[1] * grid[2] < profile().num_sms:
-            options = [a for a in range(step.axes) if extents[a] // (grid[a] * 2) >= 16]
+            # A split keeps 16 elements a block, and along an axis that cuts a load's
+            # rows, rows of whole 16-byte vectors: a start of 20-column tiles (40-byte
+            # rows, copied element by element) priced a fused RMSNorm + linear at
+            # hidden 2048, n 2560 at 48 us, which put it outside the designs tuned,
+            # where its 64-block tiling is predicted 7.1 (docs/perf-log.md v35).
+            options = [a for a in range(step.axes) if extents[a] // (grid[a] * 2) >= 16
+                       and (extents[a] // (grid[a] * 2)) % vector[a] == 0]
             if not options:
                 break
             best = max(options, key=lambda a: (extents[a] // grid[a], -a))
@@ -61,6 +68,21 @@ def _axis_extents(step: CustomD, types: dict) -> list[int]:
             if d is not None:
                 ext[a] = min(ext[a], t.shape[d])
     return [e if e < (1 << 30) else 64 for e in ext]
+
+
+def _vector_elements(step: CustomD, types: dict) -> list[int]:
+    """Per grid axis, the elements of one 16-byte vector of each load whose last (its
+    contiguous) dimension that axis splits: the block's share of that dimension should
+    be a multiple of it. 1 for an axis that splits no load's last dimension."""
+    out = [1, 1, 1]
+    for ld in step.loads:
+        t = types.get(ld.source)
+        if t is None:
+            continue
+        for a, d in enumerate(ld.imap):
+            if d is not None and d == len(t.shape) - 1:
+                out[a] = max(out[a], 16 // t.dtype.nbytes)
+    return out
 
 
 def _loop_extent(step: CustomD, types: dict, grid: list[int]) -> int:
