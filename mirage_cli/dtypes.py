@@ -38,6 +38,15 @@ def round_to(dtype: DType, x: np.ndarray) -> np.ndarray:
     return res
 
 
+def largest(dtype: DType) -> float:
+    """The largest finite value of ``dtype``."""
+    if dtype is DType.F16:
+        return float(np.finfo(np.float16).max)
+    if dtype is DType.BF16:  # 0x7F7F: the largest exponent, all mantissa bits set
+        return float(np.array([0x7F7F0000], dtype=np.uint32).view(np.float32)[0])
+    return float(np.finfo(np.float32).max)
+
+
 def storage_dtype(dtype: DType) -> np.dtype:
     """The numpy dtype used to store ``dtype`` in .npz files."""
     return np.dtype(np.float16) if dtype is DType.F16 else np.dtype(np.float32)

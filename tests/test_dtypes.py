@@ -63,3 +63,14 @@ def test_overflow_to_f16_is_an_infinity_without_a_warning() -> None:
         warnings.simplefilter("error")  # a RuntimeWarning here would reach bench output
         y = round_to(DType.F16, x)
     assert y.tolist() == [np.inf, -np.inf, 65504.0]
+
+
+def test_largest_finite_values() -> None:
+    from mirage_cli.dtypes import largest
+
+    assert largest(DType.F16) == 65504.0
+    assert largest(DType.BF16) == float.fromhex("0x1.fep127")
+    assert largest(DType.F32) == float.fromhex("0x1.fffffep127")
+    for dt in DType:  # each is finite in its own type, and the last such value
+        x = np.array([largest(dt)], dtype=np.float32)
+        assert round_to(dt, x)[0] == largest(dt)

@@ -52,7 +52,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mirage_cli.dtypes import round_to
+from mirage_cli.dtypes import largest, round_to
 from mirage_cli.ir import DType, Graph, Value
 from mirage_cli.verifier import slabs
 from mirage_cli.verifier.crosscheck import float_inputs
@@ -228,16 +228,7 @@ def _clear_of_range_end(ref: np.ndarray, dtype: DType) -> np.ndarray:
     if not finite.any():
         return finite
     rms = float(np.sqrt(np.mean(np.square(ref[finite], dtype=np.float64))))
-    return finite & (np.abs(ref) <= _largest(dtype) - FLOOR * rms)
-
-
-def _largest(dtype: DType) -> float:
-    """The largest finite value of ``dtype``."""
-    if dtype is DType.F16:
-        return float(np.finfo(np.float16).max)
-    if dtype is DType.BF16:
-        return float(np.array([0x7F7F0000], dtype=np.uint32).view(np.float32)[0])
-    return float(np.finfo(np.float32).max)
+    return finite & (np.abs(ref) <= largest(dtype) - FLOOR * rms)
 
 
 def _judge(ref: np.ndarray, prog: np.ndarray, cand: np.ndarray) -> str | None:
