@@ -14,6 +14,7 @@ valid µGraphs are ever costed.
 
 from __future__ import annotations
 
+from mirage_cli.codegen.knobranges import VEC_BYTES
 from mirage_cli.ir import Graph
 from mirage_cli.search.cost import Cost, estimate, profile
 from mirage_cli.search.design import CustomD, Design, Tuning, custom_steps, instantiate
@@ -81,7 +82,7 @@ def _vector_elements(step: CustomD, types: dict) -> list[int]:
             continue
         for a, d in enumerate(ld.imap):
             if d is not None and d == len(t.shape) - 1:
-                out[a] = max(out[a], 16 // t.dtype.nbytes)
+                out[a] = max(out[a], VEC_BYTES // t.dtype.nbytes)
     return out
 
 
