@@ -152,33 +152,18 @@ def test_bulk_copy_figures_price_only_kernels_that_copy_with_tma() -> None:
     cp.async; absent (the shipped profiles), nothing changes."""
     from mirage_cli.commands.plan import planned
     from mirage_cli.kplan import Knobs
-    from mirage_cli.parser import parse_text
+    from tests.test_search_models import _streaming_matmul
 
-    g = parse_text("""
-program p(hidden = 4096, n = 4096) {
-  input X: f16[16, hidden];
-  input W: f16[hidden, n];
-  O = custom(grid=(32, 1, 1), threads=128, forloop=32) {
-    x = load X fmap(1);
-    w = load W imap(x=1) fmap(0);
-    m = matmul(x, w);
-    s = acc_sum(m);
-    store s -> O omap(x=1);
-  }
-  output O;
-}
-""", "p.mir")
-    blocks = 1
+    g = _streaming_matmul(32, 4096, 4096, 32)  # one kernel, 32 of 132 SMs
     p = profiles.load("h200")
     assert p.bulk_l2_bw is None and p.bulk_mem_util_exp is None
     faster = dataclasses.replace(p, bulk_l2_bw=2 * p.l2_bw, bulk_mem_util_exp=0.0)
     for tma, changes in ((0, False), (1, True)):
-        pg = planned(g, "sm_90", [Knobs(tma=tma)] * blocks)
+        pg = planned(g, "sm_90", [Knobs(tma=tma)])
         base, bulk = cost.kernel_costs(pg, p), cost.kernel_costs(pg, faster)
-        k = next(i for i, op in enumerate(pg.ops) if op.block is not None)
         if changes:
-            assert bulk[k].l2_us == pytest.approx(base[k].l2_us / 2)
-            assert bulk[k].stream_us < base[k].stream_us
+            assert bulk[0].l2_us == pytest.approx(base[0].l2_us / 2)
+            assert bulk[0].stream_us < base[0].stream_us
         else:
             assert bulk == base
 
