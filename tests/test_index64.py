@@ -152,6 +152,16 @@ def test_opt_and_search_refuse_it_before_searching(tmp_path: Path, command: str)
     assert sorted(x.name for x in tmp_path.iterdir()) == ["huge.mir"]
 
 
+def test_the_bench_s_search_refuses_it_too() -> None:
+    """`mirage bench` searches through opt's search stage: refused there, not hung."""
+    from mirage_cli.commands import opt
+    from mirage_cli.commands.bench import opt_settings
+
+    g = parse_text(_program("f16[99999999999, 99999999999]", "Y = exp(X);"), "huge.mir")
+    with pytest.raises(MirageError, match=r"tensor 'X' .* 32-bit"):
+        opt.stage_search(g, opt_settings(jobs=1), 10.0)
+
+
 def test_no_emitted_int_loop_reaches_2_31_in_the_goldens() -> None:
     files = sorted((ROOT / "golden").rglob("*.cu"))
     assert len(files) >= 10

@@ -72,20 +72,19 @@ CODEGEN_RESERVE = 0.3
 
 
 def stage_parse(path: str, defines: dict[str, int]) -> Graph:
-    """The program, refused at once (exit 2) where a tensor is too large for the
-    generated kernels' indexing."""
-    from mirage_cli.codegen.indexing import check_program_range
-
-    g = load_graph(path, defines)
-    check_program_range(g)
-    return g
+    return load_graph(path, defines)
 
 
 def stage_search(program: Graph, kw: dict, budget: float,  # type: ignore[type-arg]
                  need: int | None = None) -> Outcome:
     """The candidates: searched, or (shape reuse) the known designs re-verified at these
     sizes, of which only ``need`` (default ``--top``) are certified: `opt` ships the
-    first unless ``--gpu`` measures the top ones."""
+    first unless ``--gpu`` measures the top ones. A program with a tensor too large
+    for the generated kernels' indexing is refused first (exit 2): a search and a
+    verification at its sizes would not end (``mirage bench`` searches here too)."""
+    from mirage_cli.codegen.indexing import check_program_range
+
+    check_program_range(program)
     if _layered(program, kw):  # a whole layer: its parts searched, --budget each
         return stage_layer(program, kw)[0]
     if kw.get("reuse"):  # --reuse: the known designs at this program's sizes, no search
