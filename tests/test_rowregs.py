@@ -18,7 +18,9 @@ from mirage_cli.codegen.nvrtc import compile_cuda
 from mirage_cli.codegen.planner import plan_kernel
 from mirage_cli.codegen.runner import gpu_available
 from mirage_cli.ir import Graph
+from mirage_cli.kplan import Knobs
 from mirage_cli.loading import load_graph
+from mirage_cli.search import measure
 
 ROOT = Path(__file__).resolve().parent.parent
 NTRANS = ROOT / "examples" / "mugraphs" / "ntrans_fused.mir"
@@ -44,6 +46,17 @@ def test_ntrans_keeps_its_rows_in_registers() -> None:
         res = compile_cuda(cu, "ntrans.cu", arch)
         assert all(r.spill_stores == 0 for r in res.resources)
 
+
+
+def test_a_row_plan_resolves_every_knob_and_its_deviations_rank() -> None:
+    # The measured selection ranks knob deviations by their distance from the plan's
+    # own values: an unresolved knob (tma was None) crashed opt --gpu on ntrans.
+    g = load_graph(str(NTRANS))
+    op = _custom(g)
+    knobs = plan_kernel(op.block, g.tensor_types(), "sm_90").knobs
+    assert None not in dataclasses.astuple(knobs)
+    sets = measure.knob_sets(g, "sm_90", 100)
+    assert len(sets) > 1 and sets[0] == (Knobs(),)
 
 def _why(g: Graph, threads: int | None = None) -> str | None:
     op = _custom(g)

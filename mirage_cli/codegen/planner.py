@@ -95,7 +95,8 @@ def _row_plan(a: Analysis, dev_types: Mapping[str, TensorType], target: str, pin
     T = a.bg.threads
     shape = row_tile(a)
     assert shape is not None
-    k = dataclasses.replace(resolve(a, dev_types, pins), stages=1, ksplit=1, wgmma=0)
+    # Every knob resolved, as in the other plans: the tuner ranks deviations from them.
+    k = dataclasses.replace(resolve(a, dev_types, pins), stages=1, ksplit=1, tma=0, wgmma=0)
     owner = (f"registers: 8-element chunk c of each row held by thread c % {T} in every "
              f"tile ({shape[0] * shape[1] // 8 // T} chunk(s) per thread)")
     tiles = tuple(TilePlan(n, "regs", owner if t.shape[-1] > 1 else
