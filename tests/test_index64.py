@@ -135,17 +135,19 @@ def test_the_cli_reports_it_located_with_exit_2(tmp_path: Path) -> None:
     assert not out.exists() and not out.with_suffix(".h").exists()
 
 
-@pytest.mark.parametrize("command", ["opt", "search"])
-def test_opt_and_search_refuse_it_before_searching(tmp_path: Path, command: str) -> None:
-    """Refused as the program is read: a search and a verification at 10^22 elements
-    (n = 99999999999) would not end."""
+@pytest.mark.parametrize("command", ["opt", "search", "explain"])
+def test_the_commands_that_search_refuse_it_before_searching(tmp_path: Path,
+                                                           command: str) -> None:
+    """Refused before the search (explain searches a .mir it is given): a search and a
+    verification at 10^22 elements (n = 99999999999) would not end."""
     import time
 
     src = tmp_path / "huge.mir"
     src.write_text(_program("f16[99999999999, 99999999999]", "Y = exp(X);"))
     out = tmp_path / ("huge.cu" if command == "opt" else "huge.cands.ugraph.json")
     t0 = time.monotonic()
-    r = CliRunner().invoke(main, [command, str(src), "-o", str(out)])
+    args = [str(src)] if command == "explain" else [str(src), "-o", str(out)]
+    r = CliRunner().invoke(main, [command, *args])
     assert r.exit_code == 2, r.output
     assert time.monotonic() - t0 < 20
     assert f"{src}:3:7: error: tensor 'X'" in r.output and "32-bit" in r.output

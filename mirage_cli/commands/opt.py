@@ -80,8 +80,9 @@ def stage_search(program: Graph, kw: dict, budget: float,  # type: ignore[type-a
     """The candidates: searched, or (shape reuse) the known designs re-verified at these
     sizes, of which only ``need`` (default ``--top``) are certified: `opt` ships the
     first unless ``--gpu`` measures the top ones. A program with a tensor too large
-    for the generated kernels' indexing is refused first (exit 2): a search and a
-    verification at its sizes would not end (``mirage bench`` searches here too)."""
+    for the generated kernels' indexing is refused first (exit 2), as
+    ``cached_search`` refuses it: the shape reuse below verifies known designs at the
+    program's sizes without searching (``mirage bench`` comes here too)."""
     from mirage_cli.codegen.indexing import check_program_range
 
     check_program_range(program)

@@ -76,10 +76,7 @@ def options_from(kw: dict) -> SearchOptions:  # type: ignore[type-arg]
 
 
 def run(program_path: str, defines: tuple[str, ...], kw: dict) -> Outcome:  # type: ignore
-    from mirage_cli.codegen.indexing import check_program_range
-
     program = load_graph(program_path, parse_defines(defines))
-    check_program_range(program)  # before a search whose candidates no kernel can index
     with progress_display() as show:
         return cached_search(program, options_from(kw), kw["budget"], kw["jobs"],
                              not kw["no_cache"], show)

@@ -724,9 +724,14 @@ def cached_search(program: Graph, options: SearchOptions, budget: float | None, 
                   use_cache: bool = True,
                   on_progress: Callable[[Progress], None] | None = None,
                   unit_map: UnitMap | None = None) -> Outcome:
-    """:func:`search` behind the result cache (:mod:`.cache`)."""
+    """:func:`search` behind the result cache (:mod:`.cache`). Every command that
+    searches (`search`, `opt`, `explain`, a layer's parts) comes here, so a program
+    with a tensor too large for the generated kernels' indexing is refused here (exit
+    2), before a search and a verification at its sizes that would not end."""
+    from mirage_cli.codegen.indexing import check_program_range
     from mirage_cli.search import cache
 
+    check_program_range(program)
     k = cache.key(program, options.as_json())
     if use_cache:
         text = cache.get(k, program, options.as_json(), options.seed)
