@@ -87,18 +87,18 @@ def test_variants_are_deterministic_bounded_and_planned() -> None:
 
 def test_knob_deviations_come_in_the_measured_order(tmp_path: Path) -> None:
     assert sorted(measure.KNOB_ORDER) == sorted(Knobs.names())
-    # mqa_decode's split kernel at batch 16 (two warps per 16-row tile, five stages,
-    # cp.async, 128 threads): each knob's nearest other value in the measured order of
-    # the knobs, then the next values round again.
+    # mqa_decode's split kernel at batch 16 (two warps per 16-row tile, six stages,
+    # bulk copies, 128 threads): each knob's nearest other value in the measured order
+    # of the knobs, then the next values round again.
     src = tmp_path / "mqa16.mir"
     src.write_text(MQA_SPLIT_B16)
     g = load_graph(str(src))
     sets = measure.knob_sets(g, "sm_90", 5)
     assert [s[0].as_json() for s in sets] == [
-        {}, {"kwarps": 1}, {"stages": 4}, {"tma": 1}, {"threads": 64}]
+        {}, {"kwarps": 1}, {"stages": 5}, {"tma": 0}, {"threads": 64}]
     second = [s[0].as_json() for s in measure.knob_sets(g, "sm_90", 100)][9:12]
-    assert second == [{"kwarps": 4}, {"stages": 3}, {"threads": 256}]
-    assert len(measure.knob_sets(g, "sm_90", 100)) == 14  # every deviation, each once
+    assert second == [{"kwarps": 4}, {"stages": 4}, {"threads": 256}]
+    assert len(measure.knob_sets(g, "sm_90", 100)) == 15  # every deviation, each once
     assert measure.knob_sets(g, "sm_90", 1) == [(Knobs(),)]
 
 

@@ -163,23 +163,27 @@ RMSNORM_LINEAR_B16 = """program rmsnorm_linear(batch = 16, hidden = 4096, n = 61
 
 
 def test_a_plan_with_a_deeper_ring_replans_from_its_own_knobs(tmp_path: Path) -> None:
-    # Unpadded rows (pad=0) leave room for a sixth stage of mqa_decode's split kernel
-    # at batch 16, where the padded default stops at five. The plan's own knobs, pinned
-    # again (as `mirage plan` and codegen do with a recorded plan), are legal: the
-    # depths are those of the plan with the other knobs pinned, not of the default.
+    # On cp.async (tma=0), unpadded rows (pad=0) leave room for a sixth stage of
+    # mqa_decode's split kernel at batch 16, where padded rows stop at five. The plan's
+    # own knobs, pinned again (as `mirage plan` and codegen do with a recorded plan),
+    # are legal: the depths are those of the plan with the other knobs pinned, not of
+    # the default (bulk copies into unpadded boxes, which reach six as well).
     src = tmp_path / "mqa16.mir"
     src.write_text(MQA_SPLIT_B16)
     g = load_graph(str(src))
     types = g.tensor_types()
     (op,) = g.ops
     assert op.block is not None
-    assert knob_space(op.block, types, "sm_90")["stages"] == [1, 2, 3, 4, 5]
-    plan = plan_kernel(op.block, types, "sm_90", Knobs(pad=0))
+    assert plan_kernel(op.block, types, "sm_90", Knobs()).knobs.stages == 6
+    cp = Knobs(tma=0)
+    assert knob_space(op.block, types, "sm_90", cp)["stages"] == [1, 2, 3, 4, 5]
+    plan = plan_kernel(op.block, types, "sm_90", Knobs(pad=0, tma=0))
     assert plan.knobs.stages == 6
     assert plan_kernel(op.block, types, "sm_90", plan.knobs) == plan
-    assert knob_space(op.block, types, "sm_90", Knobs(pad=0))["stages"] == [1, 2, 3, 4, 5, 6]
+    unpadded = Knobs(pad=0, tma=0)
+    assert knob_space(op.block, types, "sm_90", unpadded)["stages"] == [1, 2, 3, 4, 5, 6]
     with pytest.raises(MirageError, match=r"stages=6 is not legal .*legal values: 1, 2, 3, 4, 5\)"):
-        plan_kernel(op.block, types, "sm_90", Knobs(stages=6))
+        plan_kernel(op.block, types, "sm_90", Knobs(stages=6, tma=0))
 
 def test_the_zero_row_is_16_byte_aligned_at_every_thread_count(tmp_path: Path) -> None:
     # ldmatrix reads the zero row for the rows past a short A tile; it follows the
@@ -372,10 +376,10 @@ def test_each_output_is_stored_as_wide_as_its_own_rows_allow() -> None:
 def test_the_loop_stages_are_in_flight_with_the_invariant_tiles() -> None:
     # gqa_fused copies Q once and K, V through a ring: the ring's first S - 1 stages are
     # issued before the wait for Q, which waits for Q's own commit group alone (the
-    # cp.async ring: with wgmma, K and V come by bulk copies, test_wgmma.py).
+    # cp.async ring, pinned: by default K and V come by bulk copies, test_tma.py).
     g = load_graph(str(ROOT / "examples/mugraphs/gqa_fused.mir"))
     for stages in (2, 4):
-        k0 = emit(lower(planned(g, "sm_90", [Knobs(stages=stages, wgmma=0)])))[0]
+        k0 = emit(lower(planned(g, "sm_90", [Knobs(stages=stages, wgmma=0, tma=0)])))[0]
         k0 = k0.split("__global__")[1]
         q_copy = k0.index("mg_cp_async16(sm_q_0")
         ring = k0.index("mg_cp_async16((sm_k_0")

@@ -114,19 +114,20 @@ MQA_CHAIN_B8 = """program mqa_decode(batch = 8, heads = 32, d = 128, seq = 4096)
 """
 
 
-def test_a_chain_on_mma_sync_may_pin_bulk_copies_of_its_b_tiles(tmp_path: Path) -> None:
+def test_a_chain_on_mma_sync_takes_bulk_copies_of_its_b_tiles(tmp_path: Path) -> None:
     # mqa_decode's rescaled split at batch 8 (what `mirage opt` ships): its chain's K
-    # and V tiles, read only by ldmatrix, can come by bulk copies into swizzled boxes;
-    # cp.async stays the default.
+    # and V tiles, its only loop inputs, read only by ldmatrix, come by bulk copies into
+    # swizzled boxes by default; cp.async stays a tuning value.
     src = tmp_path / "mqa8.mir"
     src.write_text(MQA_CHAIN_B8)
     g = load_graph(str(src))
     (op,) = g.ops
     assert op.block is not None
     types = g.tensor_types()
-    assert plan_kernel(op.block, types, "sm_90", Knobs()).knobs.tma == 0
     assert knob_space(op.block, types, "sm_90")["tma"] == [0, 1]
-    plan = plan_kernel(op.block, types, "sm_90", Knobs(tma=1))
+    plan = plan_kernel(op.block, types, "sm_90", Knobs())
+    assert plan.knobs.tma == 1
+    assert plan_kernel(op.block, types, "sm_90", Knobs(tma=0)).knobs.tma == 0
     assert plan.knobs.chain == 1 and plan.knobs.wgmma == 0
     sw = {bi.source: plan.tile(bi.value.name).swizzle for bi in op.block.inputs}
     assert sw == {"Q": 0, "K": 64, "V": 128}
@@ -135,6 +136,25 @@ def test_a_chain_on_mma_sync_may_pin_bulk_copies_of_its_b_tiles(tmp_path: Path) 
     assert "mg_tma2(" in cu or "mg_tma3(" in cu
     res = compile_cuda(cu, "mqa8.cu", "sm_90")
     assert all(r.spill_stores == 0 and r.stack == 0 for r in res.resources)
+
+
+def test_a_chain_whose_keys_are_also_read_element_wise_keeps_cp_async(
+        tmp_path: Path) -> None:
+    # qknorm_gqa's chain at batch 1 on mma.sync: its key tiles also feed the key norms,
+    # read element by element, so only the value tiles could come by bulk copies; with
+    # part of the stream on cp.async the default stays cp.async (pinned, it plans).
+    from test_chain import QKNORM_ONE_KERNEL
+
+    src = tmp_path / "qk.mir"
+    src.write_text(QKNORM_ONE_KERNEL)
+    g = load_graph(str(src))
+    (op,) = g.ops
+    assert op.block is not None
+    types = g.tensor_types()
+    assert plan_kernel(op.block, types, "sm_90", Knobs(wgmma=0)).knobs.tma == 0
+    plan = plan_kernel(op.block, types, "sm_90", Knobs(wgmma=0, tma=1))
+    bulk = {bi.source for bi in op.block.inputs if plan.tile(bi.value.name).swizzle}
+    assert bulk == {"V"}
 
 
 def test_tma_is_sm_90_only() -> None:

@@ -104,7 +104,7 @@ def test_other_pins_that_exclude_wgmma_leave_it_off(tmp_path: Path) -> None:
     assert _plan(g, Knobs(tma=0)).knobs.wgmma == 0
     assert _plan(g, Knobs(kwarps=2)).knobs.wgmma == 0
     assert _plan(g, Knobs(chain=0)).knobs.wgmma == 0
-    assert _plan(g, Knobs(wgmma=0)).knobs.tma == 0  # a chain's tiles: cp.async
+    assert _plan(g, Knobs(wgmma=0)).knobs.tma == 1  # its K and V tiles: bulk copies
 
 
 def test_a_pinned_wgmma_that_cannot_be_is_refused(tmp_path: Path) -> None:

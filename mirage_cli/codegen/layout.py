@@ -86,22 +86,15 @@ def _lay_out_with(a: Analysis, dev_types: Mapping[str, TensorType], k: Knobs, pi
         mmas, reds = mma_plans(a, tiles, k), _reductions(a, tiles)
     if k.wgmma == 1 and ch is None:
         raise MirageError("plan knob wgmma=1 needs a matmul chain in registers (chain=1)")
-    # Not by default for matmul chains read by ldmatrix: their K and V tiles by bulk
-    # copies ran no faster (gqa at batch 8 on an H100: 29.9 us with cp.async, 30.2 with
-    # TMA; mqa_decode 21.4, 23.0; docs/perf-log.md v19); a pinned tma=1 gives them.
     # wgmma reads the swizzled boxes.
     bulk = (_tma_tiles(a, dev_types, tiles, mmas, _side_read(a, ch, k))
-            if arch.name == "sm_90" and (ch is None or k.wgmma == 1 or k.tma == 1) else {})
+            if arch.name == "sm_90" else {})
     if k.wgmma == 1:
         assert ch is not None
         bulk = _wgmma_operands(ch, bulk, pins)
         k = dataclasses.replace(k, tma=1)
-    if k.tma is None:
-        # On for loops that stream a weight (tmaplan: twice the per-SM rate of cp.async);
-        # a loop over a few small tiles waits on latency, which one thread issuing the
-        # copies and an mbarrier add to (lora at batch 8 on an H100: 3.9 -> 5.1 us,
-        # docs/perf-log.md v19).
-        k = dataclasses.replace(k, tma=1 if bulk and streams(a, dev_types) else 0)
+    if k.tma is None:  # tmaplan: twice the per-SM rate of cp.async
+        k = dataclasses.replace(k, tma=1 if _bulk_by_default(a, dev_types, ch, bulk) else 0)
     if k.tma == 1:
         for name, swizzle in bulk.items():
             t = tiles[name]
@@ -114,6 +107,26 @@ def _lay_out_with(a: Analysis, dev_types: Mapping[str, TensorType], k: Knobs, pi
         raise MirageError("chain=1 needs the matmul operands in shared memory, which they "
                           "do not fit (pin fewer stages or chain=0)")
     return k, tiles, mmas, reds, smem, scratch
+
+
+def _bulk_by_default(a: Analysis, dev_types: Mapping[str, TensorType], ch: Chain | None,
+                     bulk: Mapping[str, int]) -> bool:
+    """Whether a loop's inputs come by bulk copies unpinned: a loop that streams a weight
+    from DRAM (a few small tiles wait on latency instead, which one issuing thread and
+    an mbarrier add to: lora at batch 8 on an H100, 3.9 -> 5.1 us, perf-log v19); a
+    matmul chain read by ldmatrix only where they bring every loop input, whatever its
+    size: on an H200 the decode attentions' chain kernels ran faster with their K and V
+    tiles by bulk copies (mqa_decode at batch 1 8.84 -> 7.89 us, mha_decode at batch 8
+    144.1 -> 133.3, at batch 1 25.3 -> 24.5), while qknorm_gqa at batch 1, whose key
+    tiles are also read element by element for their norms and so stay on cp.async,
+    ran slower with its value tiles alone by bulk copies (9.70 -> 10.20; perf-log v37).
+    """
+    if not bulk:
+        return False
+    if ch is None:
+        return streams(a, dev_types)
+    return all(bi.value.name in bulk for bi in a.bg.inputs
+               if a.phases[bi.value.name] == "loop")
 
 
 def _tma_tiles(a: Analysis, dev: Mapping[str, TensorType], tiles: dict[str, TileDraft],
