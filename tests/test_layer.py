@@ -312,3 +312,60 @@ def test_executor_ray_without_ray_is_a_usage_error(monkeypatch: pytest.MonkeyPat
     assert code == 2, err
     assert "--executor ray needs Ray: pip install 'mirage-cli[ray]'" in err
     assert not (tmp_path / "t.cu").exists()
+
+
+QKV = """program qkv(rows = 8, hidden = 64) {
+  input X: f32[rows, hidden];
+  input G: f32[hidden];
+  input WQ: f32[hidden, 32];
+  input WK: f32[hidden, 16];
+  input WV: f32[hidden, 16];
+  N = rms_norm(X, G, eps=1e-05);
+  Q = matmul(N, WQ);
+  K = matmul(N, WK);
+  V = matmul(N, WV);
+  output Q, K, V;
+}
+"""
+
+
+def test_output_cones_repeat_shared_operators_and_refuse_nested_outputs() -> None:
+    from mirage_cli.search import partition
+
+    cones = partition.output_cones(parse_text(QKV, "qkv.mir"))
+    assert cones is not None
+    assert [[op.op for op in c.ops] for c in cones] == [["rms_norm", "matmul"]] * 3
+    assert [c.outputs for c in cones] == [("Q",), ("K",), ("V",)]
+    assert [sorted(c.input_names) for c in cones] == [["G", "WQ", "X"], ["G", "WK", "X"],
+                                                      ["G", "WV", "X"]]
+    # An output read on the way to another (a residual sum and its normalisation):
+    # a cone per output would repeat the first one's work.
+    nested = QKV.replace("output Q, K, V;", "output N, Q;")
+    assert partition.output_cones(parse_text(nested, "n.mir")) is None
+    single = QKV.replace("output Q, K, V;", "output Q;")
+    assert partition.output_cones(parse_text(single, "s.mir")) is None
+
+
+def test_a_part_of_three_projections_joins_one_fused_kernel_per_output() -> None:
+    import time
+
+    from mirage_cli.search.verify import verify_composed
+
+    prog = parse_text(QKV, "qkv.mir")
+    plan = layer.PartPlan(0, 0, len(prog.ops), True, "test")
+    task = layer.PartTask(plan, prog, SearchOptions(), 30.0, False)
+    res = layer._per_output(task, None, time.time(), True)
+    assert res is not None and res.fused and res.verdict is not None
+    assert [op.op for op in res.graph.ops] == ["custom"] * 3
+    assert [o.name for op in res.graph.ops for o in op.outputs] == ["Q", "K", "V"]
+    assert res.graph.outputs == prog.outputs and res.graph.input_names == prog.input_names
+    assert "one search per output (3 of 3 fused" in res.note
+    ins = interp.random_inputs(prog, 5)
+    got, want = interp.run(res.graph, ins), interp.run(prog, ins)
+    for name in prog.outputs:
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-9, atol=1e-12)
+    assert Verifier(prog, seed=3).check(res.graph, trials=2).equivalent is True
+    assert verify_composed(prog, res.graph, [res.verdict], 1).ok
+    # Deterministic: the same join again.
+    again = layer._per_output(task, None, time.time(), True)
+    assert again is not None and serialize.dumps(again.graph) == serialize.dumps(res.graph)

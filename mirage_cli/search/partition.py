@@ -79,6 +79,30 @@ def subprogram(program: Graph, ops: tuple, outputs: tuple[str, ...], name: str) 
     return b.build()
 
 
+def output_cones(program: Graph) -> list[Graph] | None:
+    """One sub-program per output of ``program``: the operators that output needs, in
+    program order, those shared with other outputs repeated in each (a normalisation
+    feeding three projections). None unless there are two or more outputs and none is
+    read on the way to another (then its cone would repeat the other's whole work)."""
+    if len(program.outputs) < 2:
+        return None
+    producer = {v.name: i for i, op in enumerate(program.ops) for v in op.outputs}
+    cones = []
+    for j, out in enumerate(program.outputs):
+        need: set[int] = set()
+        todo = [out]
+        while todo:
+            i = producer.get(todo.pop())
+            if i is not None and i not in need:
+                need.add(i)
+                todo.extend(program.ops[i].inputs)
+        if any(producer.get(o) in need for o in program.outputs if o != out):
+            return None
+        ops = tuple(program.ops[i] for i in sorted(need))
+        cones.append(subprogram(program, ops, (out,), f"{program.name}_out{j}"))
+    return cones
+
+
 def predefined(part: Graph) -> tuple[Design, Tuning] | None:
     """A one-operator part as that pre-defined operator."""
     if len(part.ops) != 1 or part.ops[0].block is not None:
