@@ -369,3 +369,26 @@ def test_a_part_of_three_projections_joins_one_fused_kernel_per_output() -> None
     # Deterministic: the same join again.
     again = layer._per_output(task, None, time.time(), True)
     assert again is not None and serialize.dumps(again.graph) == serialize.dumps(res.graph)
+
+
+def test_a_part_that_fuses_nothing_says_so() -> None:
+    # A rotary embedding between barriers: element-wise operators only, for which no
+    # custom kernel is enumerated; the part's best is its pre-defined kernels, and its
+    # note must not read as a fused answer.
+    prog = parse_text("""program rot(rows = 8, d = 16) {
+  input A: f32[rows, d];
+  input C: f32[rows, d];
+  input S: f32[rows, d];
+  R = rotate_half(A);
+  AC = mul(A, C);
+  RS = mul(R, S);
+  E = add(AC, RS);
+  output E;
+}
+""", "rot.mir")
+    res = layer.optimise_layer(prog, SearchOptions(), 30.0, layer.local_mapper(1),
+                               use_cache=False)
+    searched = [r for r in res.parts if r.plan.searched]
+    assert len(searched) == 1 and not searched[0].graph.is_fused
+    assert "3 pre-defined kernel(s), nothing fused, verified" in searched[0].note
+    assert res.graph is not None and res.verdict["equivalent"]
