@@ -259,6 +259,7 @@ def test_opt_on_a_small_layer_keeps_part_files_and_explains(tmp_path: Path,
     code, out, err = run_cli(("explain", str(cands)))
     assert code == 0, err
     assert "part 1 (op 2): not searched: reshape is a kernel-level operator" in out
+    assert "part 0 (ops 0..1): 1 kernel(s), verified (" in out
     code, out, err = run_cli(("explain", str(cands), "--json"))
     assert json.loads(out)["layer"]["parts"][0]["searched"] is True
     assert (tmp_path / "tiny.cu").read_text().count("__global__") == len(g.ops)

@@ -286,7 +286,7 @@ def search_part(task: PartTask, unit_map: Any = None) -> PartResult:
     note = "cached" if out.cached else ("complete" if out.complete else stopped[2:])
     # A best µGraph of pre-defined operators only says so: nothing of it is fused
     # (the rotary parts of the layers: element-wise operators, no design enumerated).
-    what = "kernel(s)" if g.is_fused else "pre-defined kernel(s), nothing fused,"
+    what = "kernel(s)," if g.is_fused else "pre-defined kernel(s), nothing fused,"
     return PartResult(task.plan, g, True, meta.get("verification"), secs,
                       f"{len(g.ops)} {what} verified ({note})", out.complete)
 
