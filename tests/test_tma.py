@@ -21,7 +21,7 @@ from mirage_cli.codegen.lower import lower
 from mirage_cli.codegen.nvrtc import compile_cuda
 from mirage_cli.codegen.planner import knob_space, plan_kernel
 from mirage_cli.diagnostics import MirageError
-from mirage_cli.ir import DType, Graph, TensorType
+from mirage_cli.ir import DType, Graph, KernelOp, TensorType
 from mirage_cli.kplan import Knobs
 from mirage_cli.loading import load_graph
 
@@ -114,16 +114,21 @@ MQA_CHAIN_B8 = """program mqa_decode(batch = 8, heads = 32, d = 128, seq = 4096)
 """
 
 
+def _one_kernel(tmp_path: Path, text: str) -> tuple[Graph, KernelOp, dict[str, TensorType]]:
+    """A program of one custom kernel: the graph, the kernel and the tensor types."""
+    src = tmp_path / "one.mir"
+    src.write_text(text)
+    g = load_graph(str(src))
+    (op,) = g.ops
+    assert op.block is not None
+    return g, op, g.tensor_types()
+
+
 def test_a_chain_on_mma_sync_takes_bulk_copies_of_its_b_tiles(tmp_path: Path) -> None:
     # mqa_decode's rescaled split at batch 8 (what `mirage opt` ships): its chain's K
     # and V tiles, its only loop inputs, read only by ldmatrix, come by bulk copies into
     # swizzled boxes by default; cp.async stays a tuning value.
-    src = tmp_path / "mqa8.mir"
-    src.write_text(MQA_CHAIN_B8)
-    g = load_graph(str(src))
-    (op,) = g.ops
-    assert op.block is not None
-    types = g.tensor_types()
+    g, op, types = _one_kernel(tmp_path, MQA_CHAIN_B8)
     assert knob_space(op.block, types, "sm_90")["tma"] == [0, 1]
     plan = plan_kernel(op.block, types, "sm_90", Knobs())
     assert plan.knobs.tma == 1
@@ -145,12 +150,7 @@ def test_a_chain_whose_keys_are_also_read_element_wise_keeps_cp_async(
     # part of the stream on cp.async the default stays cp.async (pinned, it plans).
     from test_chain import QKNORM_ONE_KERNEL
 
-    src = tmp_path / "qk.mir"
-    src.write_text(QKNORM_ONE_KERNEL)
-    g = load_graph(str(src))
-    (op,) = g.ops
-    assert op.block is not None
-    types = g.tensor_types()
+    _, op, types = _one_kernel(tmp_path, QKNORM_ONE_KERNEL)
     assert plan_kernel(op.block, types, "sm_90", Knobs(wgmma=0)).knobs.tma == 0
     plan = plan_kernel(op.block, types, "sm_90", Knobs(wgmma=0, tma=1))
     bulk = {bi.source for bi in op.block.inputs if plan.tile(bi.value.name).swizzle}

@@ -180,11 +180,18 @@ def stitch(program: Graph, results: Sequence[PartResult]) -> Graph:
     """One µGraph of ``program`` from the parts' µGraphs, in part order: device
     tensors a part invents (not the program's) are renamed ``p{k}_NAME``."""
     keep = set(program.tensor_types())
-    taken = set(keep)
+    return _joined(program, [(f"p{r.plan.index}_", r.graph) for r in results], keep,
+                   set(keep))
+
+
+def _joined(program: Graph, pieces: Sequence[tuple[str, Graph]], keep: set[str],
+            taken: set[str]) -> Graph:
+    """``program``'s interface over the pieces' operators in order, each piece's names
+    outside ``keep`` prefixed with its prefix (made unique against ``taken``)."""
     out_ops: list[KernelOp] = []
-    for r in results:
-        rename = _renamer(keep, taken, f"p{r.plan.index}_")
-        out_ops.extend(_rename_op(op, rename) for op in r.graph.ops)
+    for prefix, g in pieces:
+        rename = _renamer(keep, taken, prefix)
+        out_ops.extend(_rename_op(op, rename) for op in g.ops)
     return Graph(program.name, program.params, program.inputs, tuple(out_ops),
                  program.outputs)
 
@@ -346,12 +353,8 @@ def join_outputs(part: Graph, graphs: Sequence[Graph]) -> Graph:
     """One graph of ``part`` from its outputs' graphs, in output order: tensors other
     than the part's inputs and outputs are renamed ``o{j}_NAME`` for output ``j``."""
     keep = {i.value.name for i in part.inputs} | set(part.outputs)
-    taken = set(part.tensor_types())
-    ops: list[KernelOp] = []
-    for j, g in enumerate(graphs):
-        rename = _renamer(keep, taken, f"o{j}_")
-        ops.extend(_rename_op(op, rename) for op in g.ops)
-    return Graph(part.name, part.params, part.inputs, tuple(ops), part.outputs)
+    return _joined(part, [(f"o{j}_", g) for j, g in enumerate(graphs)], keep,
+                   set(part.tensor_types()))
 
 
 PartMapper = Callable[[Sequence[PartTask]], list[PartResult]]
