@@ -108,7 +108,8 @@ def interrupts_survive_finalizers() -> Iterator[None]:
     try:
         yield
     finally:
-        sys.unraisablehook = default
+        if sys.unraisablehook is hook:  # not once interrupted: see _interrupted
+            sys.unraisablehook = default
 
 
 def _is_write_error(e: OSError) -> bool:
@@ -131,9 +132,19 @@ def _is_interrupt(e: Exception) -> bool:
 
 def _interrupted() -> None:
     """Ctrl-C: exit 130 (128 + SIGINT), as a shell reports a process it interrupted.
-    Outputs are written atomically at the very end of each command, so none is left."""
+    Outputs are written atomically at the very end of each command, so none is left.
+
+    From here on, errors raised in finalizers are dropped: they are the interrupt's
+    aftermath, not news. A Ctrl-C that lands inside a constructor (a Z3 sort's
+    ``__init__``) leaves a half-built object whose ``__del__`` fails when it is
+    collected at exit, and that traceback must not follow the word "interrupted"."""
+    sys.unraisablehook = _after_interrupt
     console.print("interrupted", style="red")
     sys.exit(130)
+
+
+def _after_interrupt(u: Any) -> None:
+    """The unraisable hook once a command is interrupted: says nothing."""
 
 
 def _stdout_failed(e: OSError) -> None:
