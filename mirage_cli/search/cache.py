@@ -101,8 +101,9 @@ def cache_dir() -> Path:
 # start splits a load's rows into whole 16-byte vectors, so designs over sizes that are
 # not powers of two are ranked by a tiling that copies 16 bytes at a time); 38: a
 # matmul chain read by ldmatrix whose loop inputs all fit bulk copies takes them by
-# default, which the model prices at the bulk-copy rates.
-SEARCH_REVISION = 38
+# default, which the model prices at the bulk-copy rates; (39: branch fill1); 40:
+# acc_sum is in every block vocabulary, so element-wise programs get fused kernels.
+SEARCH_REVISION = 40
 
 
 def program_hash(program: Graph) -> str:

@@ -124,7 +124,13 @@ def make_target(g: Graph) -> Target:
                 and op_symbols(name) <= syms)
 
     kernel = tuple(n for n in ops.names(ops.KERNEL) if allowed(n, ops.KERNEL))
-    block = tuple(n for n in ops.names(ops.BLOCK) if allowed(n, ops.BLOCK))
+    # acc_sum whatever the target: a kernel's stores follow an accumulator (the µGraph
+    # contract), and over a loop of one iteration acc_sum is the identity, so a kernel
+    # of element-wise operators alone (the layers' rotary embedding: three kernels
+    # fused into one) needs it although its program sums nothing. Over a longer loop
+    # it sums, and the oracle prunes it where the target has no sum.
+    block = tuple(n for n in ops.names(ops.BLOCK)
+                  if allowed(n, ops.BLOCK) or n == "acc_sum")
     choices: dict[str, set[AttrValue]] = {}
     for op in g.ops:
         for k, v in op.attrs:
