@@ -3,7 +3,7 @@
 // Entry points (declared with their shape constants in the companion header):
 //   cudaError_t mirage_llama3_8b_layer_aec50abcc000(const void* mg_in0_X, const void* mg_in1_G1, const void* mg_in2_WQ, const void* mg_in3_WK, const void* mg_in4_WV, const void* mg_in5_COS, const void* mg_in6_SIN, const void* mg_in7_KC, const void* mg_in8_VC, const void* mg_in9_WO, const void* mg_in10_G2, const void* mg_in11_W1, const void* mg_in12_W3, const void* mg_in13_W2, void* mg_out0_Y, void* mg_out1_KE, void* mg_out2_V4, void* mg_workspace, cudaStream_t mg_stream);
 //   cudaError_t mirage_llama3_8b_layer_aec50abcc000_checked(const void* mg_in0_X, const int64_t* mg_in0_X_shape, int mg_in0_X_rank, const void* mg_in1_G1, const int64_t* mg_in1_G1_shape, int mg_in1_G1_rank, const void* mg_in2_WQ, const int64_t* mg_in2_WQ_shape, int mg_in2_WQ_rank, const void* mg_in3_WK, const int64_t* mg_in3_WK_shape, int mg_in3_WK_rank, const void* mg_in4_WV, const int64_t* mg_in4_WV_shape, int mg_in4_WV_rank, const void* mg_in5_COS, const int64_t* mg_in5_COS_shape, int mg_in5_COS_rank, const void* mg_in6_SIN, const int64_t* mg_in6_SIN_shape, int mg_in6_SIN_rank, const void* mg_in7_KC, const int64_t* mg_in7_KC_shape, int mg_in7_KC_rank, const void* mg_in8_VC, const int64_t* mg_in8_VC_shape, int mg_in8_VC_rank, const void* mg_in9_WO, const int64_t* mg_in9_WO_shape, int mg_in9_WO_rank, const void* mg_in10_G2, const int64_t* mg_in10_G2_shape, int mg_in10_G2_rank, const void* mg_in11_W1, const int64_t* mg_in11_W1_shape, int mg_in11_W1_rank, const void* mg_in12_W3, const int64_t* mg_in12_W3_shape, int mg_in12_W3_rank, const void* mg_in13_W2, const int64_t* mg_in13_W2_shape, int mg_in13_W2_rank, void* mg_out0_Y, const int64_t* mg_out0_Y_shape, int mg_out0_Y_rank, void* mg_out1_KE, const int64_t* mg_out1_KE_shape, int mg_out1_KE_rank, void* mg_out2_V4, const int64_t* mg_out2_V4_shape, int mg_out2_V4_rank, void* mg_workspace, size_t mg_workspace_size, cudaStream_t mg_stream);
-//   size_t mirage_llama3_8b_layer_aec50abcc000_workspace_bytes(void);  // 17799168
+//   size_t mirage_llama3_8b_layer_aec50abcc000_workspace_bytes(void);  // 17776640
 // Device pointers must be 16-byte aligned; the workspace must hold
 // mirage_llama3_8b_layer_aec50abcc000_workspace_bytes() bytes. No allocation, synchronisation or exit inside.
 // input 0 'X': f16[1, 4096]
@@ -27,9 +27,6 @@
 // kernel mg_k1_mirage_llama3_8b_layer_aec50abcc000: grid [64, 1, 2], 128 threads, 101280 B dynamic shared memory
 // kernel mg_k2_mirage_llama3_8b_layer_aec50abcc000: grid [64, 1, 2], 256 threads, 53472 B dynamic shared memory
 // kernel mg_k3_mirage_llama3_8b_layer_aec50abcc000: grid [64, 1, 2], 256 threads, 53472 B dynamic shared memory
-// kernel mg_k4_mirage_llama3_8b_layer_aec50abcc000: grid [16, 1, 1], 256 threads, 0 B dynamic shared memory
-// kernel mg_k5_mirage_llama3_8b_layer_aec50abcc000: grid [4, 1, 1], 256 threads, 0 B dynamic shared memory
-// kernel mg_k6_mirage_llama3_8b_layer_aec50abcc000: grid [4, 1, 1], 256 threads, 0 B dynamic shared memory
 // kernel mg_k7_mirage_llama3_8b_layer_aec50abcc000: grid [16, 1, 1], 256 threads, 0 B dynamic shared memory
 // kernel mg_k8_mirage_llama3_8b_layer_aec50abcc000: grid [2, 1, 1], 256 threads, 0 B dynamic shared memory
 // kernel mg_k9_mirage_llama3_8b_layer_aec50abcc000: grid [2, 1, 1], 256 threads, 0 B dynamic shared memory
@@ -38,14 +35,12 @@
 // kernel mg_k12_mirage_llama3_8b_layer_aec50abcc000: grid [1, 1, 1], 256 threads, 0 B dynamic shared memory
 // kernel mg_k13_mirage_llama3_8b_layer_aec50abcc000: grid [1, 1, 1], 256 threads, 0 B dynamic shared memory
 // kernel mg_k14_mirage_llama3_8b_layer_aec50abcc000: grid [1, 1, 1], 256 threads, 0 B dynamic shared memory
-// kernel mg_k15_mirage_llama3_8b_layer_aec50abcc000: grid [4, 1, 1], 256 threads, 0 B dynamic shared memory
 // kernel mg_k16_mirage_llama3_8b_layer_aec50abcc000: grid [2048, 1, 1], 256 threads, 0 B dynamic shared memory
 // kernel mg_k17_mirage_llama3_8b_layer_aec50abcc000: grid [2048, 1, 1], 256 threads, 0 B dynamic shared memory
 // kernel mg_k18_mirage_llama3_8b_layer_aec50abcc000: grid [16, 8, 1], 128 threads, 55488 B dynamic shared memory
 // kernel mg_k19_mirage_llama3_8b_layer_aec50abcc000: grid [64, 1, 1], 256 threads, 0 B dynamic shared memory
 // kernel mg_k20_mirage_llama3_8b_layer_aec50abcc000: grid [32, 1, 1], 256 threads, 0 B dynamic shared memory
 // kernel mg_k21_mirage_llama3_8b_layer_aec50abcc000: grid [8, 8, 2], 256 threads, 63168 B dynamic shared memory
-// kernel mg_k22_mirage_llama3_8b_layer_aec50abcc000: grid [16, 1, 1], 256 threads, 0 B dynamic shared memory
 // kernel mg_k23_mirage_llama3_8b_layer_aec50abcc000: grid [64, 1, 2], 128 threads, 101280 B dynamic shared memory
 // kernel mg_k24_mirage_llama3_8b_layer_aec50abcc000: grid [2, 1, 1], 256 threads, 0 B dynamic shared memory
 // kernel mg_k25_mirage_llama3_8b_layer_aec50abcc000: grid [1, 1, 1], 256 threads, 0 B dynamic shared memory
@@ -1042,49 +1037,6 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(256, 1) m
   mg_cluster_wait();
 }
 
-// reshape: one thread per output element
-extern "C" __global__ void __launch_bounds__(256) mg_k4_mirage_llama3_8b_layer_aec50abcc000(
-    const mg_f16* __restrict__ p0,
-    mg_f16* __restrict__ p1) {
-  mg_grid_wait();
-  mg_grid_release();
-  for (int e = blockIdx.x * 256 + threadIdx.x; e < 4096; e += gridDim.x * 256) {
-    const int i1 = e / 512;
-    const int i2 = (e / 128) % 4;
-    const int i3 = (e) % 128;
-    const float v1 = mg_ld(p0[(int)((((long long)(i1) * 512 + (long long)(i2) * 128 + (long long)(i3) * 1) / 1))]);
-    mg_st(p1 + e, v1);
-  }
-}
-
-// reshape: one thread per output element
-extern "C" __global__ void __launch_bounds__(256) mg_k5_mirage_llama3_8b_layer_aec50abcc000(
-    const mg_f16* __restrict__ p0,
-    mg_f16* __restrict__ p1) {
-  mg_grid_wait();
-  mg_grid_release();
-  for (int e = blockIdx.x * 256 + threadIdx.x; e < 1024; e += gridDim.x * 256) {
-    const int i1 = e / 128;
-    const int i3 = (e) % 128;
-    const float v1 = mg_ld(p0[(int)((((long long)(i1) * 128 + (long long)(i3) * 1) / 1))]);
-    mg_st(p1 + e, v1);
-  }
-}
-
-// reshape: one thread per output element
-extern "C" __global__ void __launch_bounds__(256) mg_k6_mirage_llama3_8b_layer_aec50abcc000(
-    const mg_f16* __restrict__ p0,
-    mg_f16* __restrict__ p1) {
-  mg_grid_wait();
-  mg_grid_release();
-  for (int e = blockIdx.x * 256 + threadIdx.x; e < 1024; e += gridDim.x * 256) {
-    const int i1 = e / 128;
-    const int i3 = (e) % 128;
-    const float v1 = mg_ld(p0[(int)((((long long)(i1) * 128 + (long long)(i3) * 1) / 1))]);
-    mg_st(p1 + e, v1);
-  }
-}
-
 // rotate_half: one thread per output element
 extern "C" __global__ void __launch_bounds__(256) mg_k7_mirage_llama3_8b_layer_aec50abcc000(
     const mg_f16* __restrict__ p0,
@@ -1348,20 +1300,6 @@ extern "C" __global__ void __launch_bounds__(256) mg_k14_mirage_llama3_8b_layer_
     const float v23 = mg_ld(p1[i1 * 128 + (i3 + 7)]);
     const float v24 = (v22 + v23);
     mg_st8(p2 + e, v3, v6, v9, v12, v15, v18, v21, v24);
-  }
-}
-
-// reshape: one thread per output element
-extern "C" __global__ void __launch_bounds__(256) mg_k15_mirage_llama3_8b_layer_aec50abcc000(
-    const mg_f16* __restrict__ p0,
-    mg_f16* __restrict__ p1) {
-  mg_grid_wait();
-  mg_grid_release();
-  for (int e = blockIdx.x * 256 + threadIdx.x; e < 1024; e += gridDim.x * 256) {
-    const int i1 = e / 128;
-    const int i2 = (e) % 128;
-    const float v1 = mg_ld(p0[(int)((((long long)(i1) * 128 + (long long)(i2) * 1) / 128)) * 128 + (int)((((long long)(i1) * 128 + (long long)(i2) * 1) / 1) % 128)]);
-    mg_st(p1 + e, v1);
   }
 }
 
@@ -1945,19 +1883,6 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(256, 1) m
     mg_st8(p2 + (bx * 16 + by * 512 + i14_2 * 128 + (i14_3 * 8)), buf_s[i14_2 * 16 + ((i14_3 * 8) + 0)], buf_s[i14_2 * 16 + ((i14_3 * 8) + 1)], buf_s[i14_2 * 16 + ((i14_3 * 8) + 2)], buf_s[i14_2 * 16 + ((i14_3 * 8) + 3)], buf_s[i14_2 * 16 + ((i14_3 * 8) + 4)], buf_s[i14_2 * 16 + ((i14_3 * 8) + 5)], buf_s[i14_2 * 16 + ((i14_3 * 8) + 6)], buf_s[i14_2 * 16 + ((i14_3 * 8) + 7)]);
   }
   mg_cluster_wait();
-}
-
-// reshape: one thread per output element
-extern "C" __global__ void __launch_bounds__(256) mg_k22_mirage_llama3_8b_layer_aec50abcc000(
-    const mg_f16* __restrict__ p0,
-    mg_f16* __restrict__ p1) {
-  mg_grid_wait();
-  mg_grid_release();
-  for (int e = blockIdx.x * 256 + threadIdx.x; e < 4096; e += gridDim.x * 256) {
-    const int i1 = e;
-    const float v1 = mg_ld(p0[(int)((((long long)(i1) * 1) / 512)) * 512 + (int)((((long long)(i1) * 1) / 128) % 4) * 128 + (int)((((long long)(i1) * 1) / 1) % 128)]);
-    mg_st(p1 + e, v1);
-  }
 }
 
 // matmul as a generated block graph: grid [64, 1, 1], forloop 32, tensor cores
@@ -2957,7 +2882,7 @@ extern "C" __global__ void __launch_bounds__(256) mg_k31_mirage_llama3_8b_layer_
 #error "mirage-cli generated code needs CUDA 11.8 or newer (cudaLaunchKernelExC)"
 #endif
 
-extern "C" size_t mirage_llama3_8b_layer_aec50abcc000_workspace_bytes(void) { return 17799168u; }
+extern "C" size_t mirage_llama3_8b_layer_aec50abcc000_workspace_bytes(void) { return 17776640u; }
 
 // Bulk tensor copies read through tensor maps, which the launcher encodes on every call
 // (the addresses may change) with the driver's cuTensorMapEncodeTiled, found through the
@@ -3128,7 +3053,7 @@ extern "C" cudaError_t mirage_llama3_8b_layer_aec50abcc000(const void* mg_in0_X,
   {
     const mg_f16* mg_a0 = (const mg_f16*)(mg_ws + 0);
     const mg_f16* mg_a1 = (const mg_f16*)(mg_in4_WV);
-    mg_f16* mg_a2 = (mg_f16*)(mg_ws + 18432);
+    mg_f16* mg_a2 = (mg_f16*)(mg_out2_V4);
     mg_tmap mg_a3;
     {
       const cuuint64_t mg_dims[] = {1024, 4096};
@@ -3151,49 +3076,7 @@ extern "C" cudaError_t mirage_llama3_8b_layer_aec50abcc000(const void* mg_in0_X,
   if (mg_err != cudaSuccess) return mg_err;
   {
     const mg_f16* mg_a0 = (const mg_f16*)(mg_ws + 8192);
-    mg_f16* mg_a1 = (mg_f16*)(mg_ws + 20480);
-    void* mg_args[] = {&mg_a0, &mg_a1};
-    cudaLaunchConfig_t mg_cfg = {};
-    mg_cfg.gridDim = dim3(16, 1, 1);
-    mg_cfg.blockDim = dim3(256);
-    mg_cfg.dynamicSmemBytes = 0;
-    mg_cfg.stream = mg_stream;
-    mg_cfg.attrs = mg_pdl;
-    mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
-    mg_err = cudaLaunchKernelExC(&mg_cfg, (const void*)mg_k4_mirage_llama3_8b_layer_aec50abcc000, mg_args);
-  }
-  if (mg_err != cudaSuccess) return mg_err;
-  {
-    const mg_f16* mg_a0 = (const mg_f16*)(mg_ws + 16384);
-    mg_f16* mg_a1 = (mg_f16*)(mg_ws + 28672);
-    void* mg_args[] = {&mg_a0, &mg_a1};
-    cudaLaunchConfig_t mg_cfg = {};
-    mg_cfg.gridDim = dim3(4, 1, 1);
-    mg_cfg.blockDim = dim3(256);
-    mg_cfg.dynamicSmemBytes = 0;
-    mg_cfg.stream = mg_stream;
-    mg_cfg.attrs = mg_pdl;
-    mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
-    mg_err = cudaLaunchKernelExC(&mg_cfg, (const void*)mg_k5_mirage_llama3_8b_layer_aec50abcc000, mg_args);
-  }
-  if (mg_err != cudaSuccess) return mg_err;
-  {
-    const mg_f16* mg_a0 = (const mg_f16*)(mg_ws + 18432);
-    mg_f16* mg_a1 = (mg_f16*)(mg_out2_V4);
-    void* mg_args[] = {&mg_a0, &mg_a1};
-    cudaLaunchConfig_t mg_cfg = {};
-    mg_cfg.gridDim = dim3(4, 1, 1);
-    mg_cfg.blockDim = dim3(256);
-    mg_cfg.dynamicSmemBytes = 0;
-    mg_cfg.stream = mg_stream;
-    mg_cfg.attrs = mg_pdl;
-    mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
-    mg_err = cudaLaunchKernelExC(&mg_cfg, (const void*)mg_k6_mirage_llama3_8b_layer_aec50abcc000, mg_args);
-  }
-  if (mg_err != cudaSuccess) return mg_err;
-  {
-    const mg_f16* mg_a0 = (const mg_f16*)(mg_ws + 20480);
-    mg_f16* mg_a1 = (mg_f16*)(mg_ws + 30720);
+    mg_f16* mg_a1 = (mg_f16*)(mg_ws + 18432);
     void* mg_args[] = {&mg_a0, &mg_a1};
     cudaLaunchConfig_t mg_cfg = {};
     mg_cfg.gridDim = dim3(16, 1, 1);
@@ -3206,9 +3089,9 @@ extern "C" cudaError_t mirage_llama3_8b_layer_aec50abcc000(const void* mg_in0_X,
   }
   if (mg_err != cudaSuccess) return mg_err;
   {
-    const mg_f16* mg_a0 = (const mg_f16*)(mg_ws + 20480);
+    const mg_f16* mg_a0 = (const mg_f16*)(mg_ws + 8192);
     const mg_f16* mg_a1 = (const mg_f16*)(mg_in5_COS);
-    mg_f16* mg_a2 = (mg_f16*)(mg_ws + 38912);
+    mg_f16* mg_a2 = (mg_f16*)(mg_ws + 26624);
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
     cudaLaunchConfig_t mg_cfg = {};
     mg_cfg.gridDim = dim3(2, 1, 1);
@@ -3221,9 +3104,9 @@ extern "C" cudaError_t mirage_llama3_8b_layer_aec50abcc000(const void* mg_in0_X,
   }
   if (mg_err != cudaSuccess) return mg_err;
   {
-    const mg_f16* mg_a0 = (const mg_f16*)(mg_ws + 30720);
+    const mg_f16* mg_a0 = (const mg_f16*)(mg_ws + 18432);
     const mg_f16* mg_a1 = (const mg_f16*)(mg_in6_SIN);
-    mg_f16* mg_a2 = (mg_f16*)(mg_ws + 47104);
+    mg_f16* mg_a2 = (mg_f16*)(mg_ws + 34816);
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
     cudaLaunchConfig_t mg_cfg = {};
     mg_cfg.gridDim = dim3(2, 1, 1);
@@ -3236,9 +3119,9 @@ extern "C" cudaError_t mirage_llama3_8b_layer_aec50abcc000(const void* mg_in0_X,
   }
   if (mg_err != cudaSuccess) return mg_err;
   {
-    const mg_f16* mg_a0 = (const mg_f16*)(mg_ws + 38912);
-    const mg_f16* mg_a1 = (const mg_f16*)(mg_ws + 47104);
-    mg_f16* mg_a2 = (mg_f16*)(mg_ws + 55296);
+    const mg_f16* mg_a0 = (const mg_f16*)(mg_ws + 26624);
+    const mg_f16* mg_a1 = (const mg_f16*)(mg_ws + 34816);
+    mg_f16* mg_a2 = (mg_f16*)(mg_ws + 43008);
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
     cudaLaunchConfig_t mg_cfg = {};
     mg_cfg.gridDim = dim3(2, 1, 1);
@@ -3251,8 +3134,8 @@ extern "C" cudaError_t mirage_llama3_8b_layer_aec50abcc000(const void* mg_in0_X,
   }
   if (mg_err != cudaSuccess) return mg_err;
   {
-    const mg_f16* mg_a0 = (const mg_f16*)(mg_ws + 28672);
-    mg_f16* mg_a1 = (mg_f16*)(mg_ws + 63488);
+    const mg_f16* mg_a0 = (const mg_f16*)(mg_ws + 16384);
+    mg_f16* mg_a1 = (mg_f16*)(mg_ws + 51200);
     void* mg_args[] = {&mg_a0, &mg_a1};
     cudaLaunchConfig_t mg_cfg = {};
     mg_cfg.gridDim = dim3(4, 1, 1);
@@ -3265,9 +3148,9 @@ extern "C" cudaError_t mirage_llama3_8b_layer_aec50abcc000(const void* mg_in0_X,
   }
   if (mg_err != cudaSuccess) return mg_err;
   {
-    const mg_f16* mg_a0 = (const mg_f16*)(mg_ws + 28672);
+    const mg_f16* mg_a0 = (const mg_f16*)(mg_ws + 16384);
     const mg_f16* mg_a1 = (const mg_f16*)(mg_in5_COS);
-    mg_f16* mg_a2 = (mg_f16*)(mg_ws + 65536);
+    mg_f16* mg_a2 = (mg_f16*)(mg_ws + 53248);
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
     cudaLaunchConfig_t mg_cfg = {};
     mg_cfg.gridDim = dim3(1, 1, 1);
@@ -3280,9 +3163,9 @@ extern "C" cudaError_t mirage_llama3_8b_layer_aec50abcc000(const void* mg_in0_X,
   }
   if (mg_err != cudaSuccess) return mg_err;
   {
-    const mg_f16* mg_a0 = (const mg_f16*)(mg_ws + 63488);
+    const mg_f16* mg_a0 = (const mg_f16*)(mg_ws + 51200);
     const mg_f16* mg_a1 = (const mg_f16*)(mg_in6_SIN);
-    mg_f16* mg_a2 = (mg_f16*)(mg_ws + 67584);
+    mg_f16* mg_a2 = (mg_f16*)(mg_ws + 55296);
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
     cudaLaunchConfig_t mg_cfg = {};
     mg_cfg.gridDim = dim3(1, 1, 1);
@@ -3295,8 +3178,8 @@ extern "C" cudaError_t mirage_llama3_8b_layer_aec50abcc000(const void* mg_in0_X,
   }
   if (mg_err != cudaSuccess) return mg_err;
   {
-    const mg_f16* mg_a0 = (const mg_f16*)(mg_ws + 65536);
-    const mg_f16* mg_a1 = (const mg_f16*)(mg_ws + 67584);
+    const mg_f16* mg_a0 = (const mg_f16*)(mg_ws + 53248);
+    const mg_f16* mg_a1 = (const mg_f16*)(mg_ws + 55296);
     mg_f16* mg_a2 = (mg_f16*)(mg_out1_KE);
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
     cudaLaunchConfig_t mg_cfg = {};
@@ -3310,23 +3193,9 @@ extern "C" cudaError_t mirage_llama3_8b_layer_aec50abcc000(const void* mg_in0_X,
   }
   if (mg_err != cudaSuccess) return mg_err;
   {
-    const mg_f16* mg_a0 = (const mg_f16*)(mg_out1_KE);
-    mg_f16* mg_a1 = (mg_f16*)(mg_ws + 69632);
-    void* mg_args[] = {&mg_a0, &mg_a1};
-    cudaLaunchConfig_t mg_cfg = {};
-    mg_cfg.gridDim = dim3(4, 1, 1);
-    mg_cfg.blockDim = dim3(256);
-    mg_cfg.dynamicSmemBytes = 0;
-    mg_cfg.stream = mg_stream;
-    mg_cfg.attrs = mg_pdl;
-    mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
-    mg_err = cudaLaunchKernelExC(&mg_cfg, (const void*)mg_k15_mirage_llama3_8b_layer_aec50abcc000, mg_args);
-  }
-  if (mg_err != cudaSuccess) return mg_err;
-  {
     const mg_f16* mg_a0 = (const mg_f16*)(mg_in7_KC);
-    const mg_f16* mg_a1 = (const mg_f16*)(mg_ws + 69632);
-    mg_f16* mg_a2 = (mg_f16*)(mg_ws + 71680);
+    const mg_f16* mg_a1 = (const mg_f16*)(mg_out1_KE);
+    mg_f16* mg_a2 = (mg_f16*)(mg_ws + 57344);
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
     cudaLaunchConfig_t mg_cfg = {};
     mg_cfg.gridDim = dim3(2048, 1, 1);
@@ -3341,7 +3210,7 @@ extern "C" cudaError_t mirage_llama3_8b_layer_aec50abcc000(const void* mg_in0_X,
   {
     const mg_f16* mg_a0 = (const mg_f16*)(mg_in8_VC);
     const mg_f16* mg_a1 = (const mg_f16*)(mg_out2_V4);
-    mg_f16* mg_a2 = (mg_f16*)(mg_ws + 8460288);
+    mg_f16* mg_a2 = (mg_f16*)(mg_ws + 8445952);
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
     cudaLaunchConfig_t mg_cfg = {};
     mg_cfg.gridDim = dim3(2048, 1, 1);
@@ -3354,15 +3223,15 @@ extern "C" cudaError_t mirage_llama3_8b_layer_aec50abcc000(const void* mg_in0_X,
   }
   if (mg_err != cudaSuccess) return mg_err;
   {
-    const mg_f16* mg_a0 = (const mg_f16*)(mg_ws + 55296);
-    const mg_f16* mg_a1 = (const mg_f16*)(mg_ws + 71680);
-    mg_f16* mg_a2 = (mg_f16*)(mg_ws + 16848896);
+    const mg_f16* mg_a0 = (const mg_f16*)(mg_ws + 43008);
+    const mg_f16* mg_a1 = (const mg_f16*)(mg_ws + 57344);
+    mg_f16* mg_a2 = (mg_f16*)(mg_ws + 16834560);
     mg_tmap mg_a3;
     {
       const cuuint64_t mg_dims[] = {4096, 128, 8, 1};
       const cuuint64_t mg_strides[] = {8192, 1048576, 8388608};
       const cuuint32_t mg_box[] = {64, 16, 1, 1};
-      mg_err = mg_encode_tmap_mirage_llama3_8b_layer_aec50abcc000(&mg_a3, mg_ws + 71680, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4,
+      mg_err = mg_encode_tmap_mirage_llama3_8b_layer_aec50abcc000(&mg_a3, mg_ws + 57344, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4,
                                 mg_dims, mg_strides, mg_box, CU_TENSOR_MAP_SWIZZLE_128B);
       if (mg_err != cudaSuccess) return mg_err;
     }
@@ -3378,8 +3247,8 @@ extern "C" cudaError_t mirage_llama3_8b_layer_aec50abcc000(const void* mg_in0_X,
   }
   if (mg_err != cudaSuccess) return mg_err;
   {
-    const mg_f16* mg_a0 = (const mg_f16*)(mg_ws + 16848896);
-    mg_f16* mg_a1 = (mg_f16*)(mg_ws + 17111040);
+    const mg_f16* mg_a0 = (const mg_f16*)(mg_ws + 16834560);
+    mg_f16* mg_a1 = (mg_f16*)(mg_ws + 17096704);
     void* mg_args[] = {&mg_a0, &mg_a1};
     cudaLaunchConfig_t mg_cfg = {};
     mg_cfg.gridDim = dim3(64, 1, 1);
@@ -3392,8 +3261,8 @@ extern "C" cudaError_t mirage_llama3_8b_layer_aec50abcc000(const void* mg_in0_X,
   }
   if (mg_err != cudaSuccess) return mg_err;
   {
-    const mg_f16* mg_a0 = (const mg_f16*)(mg_ws + 17111040);
-    mg_f16* mg_a1 = (mg_f16*)(mg_ws + 17373184);
+    const mg_f16* mg_a0 = (const mg_f16*)(mg_ws + 17096704);
+    mg_f16* mg_a1 = (mg_f16*)(mg_ws + 17358848);
     void* mg_args[] = {&mg_a0, &mg_a1};
     cudaLaunchConfig_t mg_cfg = {};
     mg_cfg.gridDim = dim3(32, 1, 1);
@@ -3406,15 +3275,15 @@ extern "C" cudaError_t mirage_llama3_8b_layer_aec50abcc000(const void* mg_in0_X,
   }
   if (mg_err != cudaSuccess) return mg_err;
   {
-    const mg_f16* mg_a0 = (const mg_f16*)(mg_ws + 17373184);
-    const mg_f16* mg_a1 = (const mg_f16*)(mg_ws + 8460288);
-    mg_f16* mg_a2 = (mg_f16*)(mg_ws + 17635328);
+    const mg_f16* mg_a0 = (const mg_f16*)(mg_ws + 17358848);
+    const mg_f16* mg_a1 = (const mg_f16*)(mg_ws + 8445952);
+    mg_f16* mg_a2 = (mg_f16*)(mg_ws + 17620992);
     mg_tmap mg_a3;
     {
       const cuuint64_t mg_dims[] = {128, 4096, 8, 1};
       const cuuint64_t mg_strides[] = {256, 1048576, 8388608};
       const cuuint32_t mg_box[] = {16, 256, 1, 1};
-      mg_err = mg_encode_tmap_mirage_llama3_8b_layer_aec50abcc000(&mg_a3, mg_ws + 8460288, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4,
+      mg_err = mg_encode_tmap_mirage_llama3_8b_layer_aec50abcc000(&mg_a3, mg_ws + 8445952, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4,
                                 mg_dims, mg_strides, mg_box, CU_TENSOR_MAP_SWIZZLE_32B);
       if (mg_err != cudaSuccess) return mg_err;
     }
@@ -3430,23 +3299,9 @@ extern "C" cudaError_t mirage_llama3_8b_layer_aec50abcc000(const void* mg_in0_X,
   }
   if (mg_err != cudaSuccess) return mg_err;
   {
-    const mg_f16* mg_a0 = (const mg_f16*)(mg_ws + 17635328);
-    mg_f16* mg_a1 = (mg_f16*)(mg_ws + 17643520);
-    void* mg_args[] = {&mg_a0, &mg_a1};
-    cudaLaunchConfig_t mg_cfg = {};
-    mg_cfg.gridDim = dim3(16, 1, 1);
-    mg_cfg.blockDim = dim3(256);
-    mg_cfg.dynamicSmemBytes = 0;
-    mg_cfg.stream = mg_stream;
-    mg_cfg.attrs = mg_pdl;
-    mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
-    mg_err = cudaLaunchKernelExC(&mg_cfg, (const void*)mg_k22_mirage_llama3_8b_layer_aec50abcc000, mg_args);
-  }
-  if (mg_err != cudaSuccess) return mg_err;
-  {
-    const mg_f16* mg_a0 = (const mg_f16*)(mg_ws + 17643520);
+    const mg_f16* mg_a0 = (const mg_f16*)(mg_ws + 17620992);
     const mg_f16* mg_a1 = (const mg_f16*)(mg_in9_WO);
-    mg_f16* mg_a2 = (mg_f16*)(mg_ws + 17651712);
+    mg_f16* mg_a2 = (mg_f16*)(mg_ws + 17629184);
     mg_tmap mg_a3;
     {
       const cuuint64_t mg_dims[] = {4096, 4096};
@@ -3469,8 +3324,8 @@ extern "C" cudaError_t mirage_llama3_8b_layer_aec50abcc000(const void* mg_in0_X,
   if (mg_err != cudaSuccess) return mg_err;
   {
     const mg_f16* mg_a0 = (const mg_f16*)(mg_in0_X);
-    const mg_f16* mg_a1 = (const mg_f16*)(mg_ws + 17651712);
-    mg_f16* mg_a2 = (mg_f16*)(mg_ws + 17659904);
+    const mg_f16* mg_a1 = (const mg_f16*)(mg_ws + 17629184);
+    mg_f16* mg_a2 = (mg_f16*)(mg_ws + 17637376);
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
     cudaLaunchConfig_t mg_cfg = {};
     mg_cfg.gridDim = dim3(2, 1, 1);
@@ -3483,9 +3338,9 @@ extern "C" cudaError_t mirage_llama3_8b_layer_aec50abcc000(const void* mg_in0_X,
   }
   if (mg_err != cudaSuccess) return mg_err;
   {
-    const mg_f16* mg_a0 = (const mg_f16*)(mg_ws + 17659904);
+    const mg_f16* mg_a0 = (const mg_f16*)(mg_ws + 17637376);
     const mg_f16* mg_a1 = (const mg_f16*)(mg_in10_G2);
-    mg_f16* mg_a2 = (mg_f16*)(mg_ws + 17668096);
+    mg_f16* mg_a2 = (mg_f16*)(mg_ws + 17645568);
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
     cudaLaunchConfig_t mg_cfg = {};
     mg_cfg.gridDim = dim3(1, 1, 1);
@@ -3498,9 +3353,9 @@ extern "C" cudaError_t mirage_llama3_8b_layer_aec50abcc000(const void* mg_in0_X,
   }
   if (mg_err != cudaSuccess) return mg_err;
   {
-    const mg_f16* mg_a0 = (const mg_f16*)(mg_ws + 17668096);
+    const mg_f16* mg_a0 = (const mg_f16*)(mg_ws + 17645568);
     const mg_f16* mg_a1 = (const mg_f16*)(mg_in11_W1);
-    mg_f16* mg_a2 = (mg_f16*)(mg_ws + 17676288);
+    mg_f16* mg_a2 = (mg_f16*)(mg_ws + 17653760);
     mg_tmap mg_a3;
     {
       const cuuint64_t mg_dims[] = {14336, 4096};
@@ -3522,9 +3377,9 @@ extern "C" cudaError_t mirage_llama3_8b_layer_aec50abcc000(const void* mg_in0_X,
   }
   if (mg_err != cudaSuccess) return mg_err;
   {
-    const mg_f16* mg_a0 = (const mg_f16*)(mg_ws + 17668096);
+    const mg_f16* mg_a0 = (const mg_f16*)(mg_ws + 17645568);
     const mg_f16* mg_a1 = (const mg_f16*)(mg_in12_W3);
-    mg_f16* mg_a2 = (mg_f16*)(mg_ws + 17704960);
+    mg_f16* mg_a2 = (mg_f16*)(mg_ws + 17682432);
     mg_tmap mg_a3;
     {
       const cuuint64_t mg_dims[] = {14336, 4096};
@@ -3546,8 +3401,8 @@ extern "C" cudaError_t mirage_llama3_8b_layer_aec50abcc000(const void* mg_in0_X,
   }
   if (mg_err != cudaSuccess) return mg_err;
   {
-    const mg_f16* mg_a0 = (const mg_f16*)(mg_ws + 17676288);
-    mg_f16* mg_a1 = (mg_f16*)(mg_ws + 17733632);
+    const mg_f16* mg_a0 = (const mg_f16*)(mg_ws + 17653760);
+    mg_f16* mg_a1 = (mg_f16*)(mg_ws + 17711104);
     void* mg_args[] = {&mg_a0, &mg_a1};
     cudaLaunchConfig_t mg_cfg = {};
     mg_cfg.gridDim = dim3(7, 1, 1);
@@ -3560,9 +3415,9 @@ extern "C" cudaError_t mirage_llama3_8b_layer_aec50abcc000(const void* mg_in0_X,
   }
   if (mg_err != cudaSuccess) return mg_err;
   {
-    const mg_f16* mg_a0 = (const mg_f16*)(mg_ws + 17733632);
-    const mg_f16* mg_a1 = (const mg_f16*)(mg_ws + 17704960);
-    mg_f16* mg_a2 = (mg_f16*)(mg_ws + 17762304);
+    const mg_f16* mg_a0 = (const mg_f16*)(mg_ws + 17711104);
+    const mg_f16* mg_a1 = (const mg_f16*)(mg_ws + 17682432);
+    mg_f16* mg_a2 = (mg_f16*)(mg_ws + 17739776);
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
     cudaLaunchConfig_t mg_cfg = {};
     mg_cfg.gridDim = dim3(7, 1, 1);
@@ -3575,9 +3430,9 @@ extern "C" cudaError_t mirage_llama3_8b_layer_aec50abcc000(const void* mg_in0_X,
   }
   if (mg_err != cudaSuccess) return mg_err;
   {
-    const mg_f16* mg_a0 = (const mg_f16*)(mg_ws + 17762304);
+    const mg_f16* mg_a0 = (const mg_f16*)(mg_ws + 17739776);
     const mg_f16* mg_a1 = (const mg_f16*)(mg_in13_W2);
-    mg_f16* mg_a2 = (mg_f16*)(mg_ws + 17790976);
+    mg_f16* mg_a2 = (mg_f16*)(mg_ws + 17768448);
     mg_tmap mg_a3;
     {
       const cuuint64_t mg_dims[] = {4096, 14336};
@@ -3599,8 +3454,8 @@ extern "C" cudaError_t mirage_llama3_8b_layer_aec50abcc000(const void* mg_in0_X,
   }
   if (mg_err != cudaSuccess) return mg_err;
   {
-    const mg_f16* mg_a0 = (const mg_f16*)(mg_ws + 17659904);
-    const mg_f16* mg_a1 = (const mg_f16*)(mg_ws + 17790976);
+    const mg_f16* mg_a0 = (const mg_f16*)(mg_ws + 17637376);
+    const mg_f16* mg_a1 = (const mg_f16*)(mg_ws + 17768448);
     mg_f16* mg_a2 = (mg_f16*)(mg_out0_Y);
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
     cudaLaunchConfig_t mg_cfg = {};
@@ -3698,7 +3553,7 @@ extern "C" cudaError_t mirage_llama3_8b_layer_aec50abcc000_checked(const void* m
   if (!mg_arg_ok_mirage_llama3_8b_layer_aec50abcc000(mg_out2_V4, mg_out2_V4_shape, mg_out2_V4_rank, mg_want16, 4, 2048u)) {
     return cudaErrorInvalidValue;
   }
-  if (mg_workspace_size < 17799168u || mg_workspace == NULL ||
+  if (mg_workspace_size < 17776640u || mg_workspace == NULL ||
       reinterpret_cast<uintptr_t>(mg_workspace) % 16 != 0) {
     return cudaErrorInvalidValue;
   }

@@ -132,7 +132,7 @@ enum {
 #define mirage_llama3_8b_layer_aec50abcc000_OUT0_BYTES ((size_t)8192u)
 #define mirage_llama3_8b_layer_aec50abcc000_OUT1_BYTES ((size_t)2048u)
 #define mirage_llama3_8b_layer_aec50abcc000_OUT2_BYTES ((size_t)2048u)
-#define mirage_llama3_8b_layer_aec50abcc000_WORKSPACE_BYTES ((size_t)17799168u)
+#define mirage_llama3_8b_layer_aec50abcc000_WORKSPACE_BYTES ((size_t)17776640u)
 
 #ifdef __cplusplus
 extern "C" {

@@ -3,7 +3,7 @@
 // Entry points (declared with their shape constants in the companion header):
 //   cudaError_t mirage_qwen2_7b_layer_cc9a7bb5bfd5(const void* mg_in0_X, const void* mg_in1_G1, const void* mg_in2_WQ, const void* mg_in3_WK, const void* mg_in4_WV, const void* mg_in5_COS, const void* mg_in6_SIN, const void* mg_in7_KC, const void* mg_in8_VC, const void* mg_in9_BQ, const void* mg_in10_BK, const void* mg_in11_BV, const void* mg_in12_WO, const void* mg_in13_G2, const void* mg_in14_W1, const void* mg_in15_W3, const void* mg_in16_W2, void* mg_out0_Y, void* mg_out1_KE, void* mg_out2_V4, void* mg_workspace, cudaStream_t mg_stream);
 //   cudaError_t mirage_qwen2_7b_layer_cc9a7bb5bfd5_checked(const void* mg_in0_X, const int64_t* mg_in0_X_shape, int mg_in0_X_rank, const void* mg_in1_G1, const int64_t* mg_in1_G1_shape, int mg_in1_G1_rank, const void* mg_in2_WQ, const int64_t* mg_in2_WQ_shape, int mg_in2_WQ_rank, const void* mg_in3_WK, const int64_t* mg_in3_WK_shape, int mg_in3_WK_rank, const void* mg_in4_WV, const int64_t* mg_in4_WV_shape, int mg_in4_WV_rank, const void* mg_in5_COS, const int64_t* mg_in5_COS_shape, int mg_in5_COS_rank, const void* mg_in6_SIN, const int64_t* mg_in6_SIN_shape, int mg_in6_SIN_rank, const void* mg_in7_KC, const int64_t* mg_in7_KC_shape, int mg_in7_KC_rank, const void* mg_in8_VC, const int64_t* mg_in8_VC_shape, int mg_in8_VC_rank, const void* mg_in9_BQ, const int64_t* mg_in9_BQ_shape, int mg_in9_BQ_rank, const void* mg_in10_BK, const int64_t* mg_in10_BK_shape, int mg_in10_BK_rank, const void* mg_in11_BV, const int64_t* mg_in11_BV_shape, int mg_in11_BV_rank, const void* mg_in12_WO, const int64_t* mg_in12_WO_shape, int mg_in12_WO_rank, const void* mg_in13_G2, const int64_t* mg_in13_G2_shape, int mg_in13_G2_rank, const void* mg_in14_W1, const int64_t* mg_in14_W1_shape, int mg_in14_W1_rank, const void* mg_in15_W3, const int64_t* mg_in15_W3_shape, int mg_in15_W3_rank, const void* mg_in16_W2, const int64_t* mg_in16_W2_shape, int mg_in16_W2_rank, void* mg_out0_Y, const int64_t* mg_out0_Y_shape, int mg_out0_Y_rank, void* mg_out1_KE, const int64_t* mg_out1_KE_shape, int mg_out1_KE_rank, void* mg_out2_V4, const int64_t* mg_out2_V4_shape, int mg_out2_V4_rank, void* mg_workspace, size_t mg_workspace_size, cudaStream_t mg_stream);
-//   size_t mirage_qwen2_7b_layer_cc9a7bb5bfd5_workspace_bytes(void);  // 9337856
+//   size_t mirage_qwen2_7b_layer_cc9a7bb5bfd5_workspace_bytes(void);  // 9320448
 // Device pointers must be 16-byte aligned; the workspace must hold
 // mirage_qwen2_7b_layer_cc9a7bb5bfd5_workspace_bytes() bytes. No allocation, synchronisation or exit inside.
 // input 0 'X': bf16[1, 3584]
@@ -33,9 +33,6 @@
 // kernel mg_k4_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [2, 1, 1], 256 threads, 0 B dynamic shared memory
 // kernel mg_k5_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [1, 1, 1], 256 threads, 0 B dynamic shared memory
 // kernel mg_k6_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [1, 1, 1], 256 threads, 0 B dynamic shared memory
-// kernel mg_k7_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [14, 1, 1], 256 threads, 0 B dynamic shared memory
-// kernel mg_k8_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [2, 1, 1], 256 threads, 0 B dynamic shared memory
-// kernel mg_k9_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [2, 1, 1], 256 threads, 0 B dynamic shared memory
 // kernel mg_k10_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [14, 1, 1], 256 threads, 0 B dynamic shared memory
 // kernel mg_k11_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [2, 1, 1], 256 threads, 0 B dynamic shared memory
 // kernel mg_k12_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [2, 1, 1], 256 threads, 0 B dynamic shared memory
@@ -44,14 +41,12 @@
 // kernel mg_k15_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [1, 1, 1], 256 threads, 0 B dynamic shared memory
 // kernel mg_k16_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [1, 1, 1], 256 threads, 0 B dynamic shared memory
 // kernel mg_k17_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [1, 1, 1], 256 threads, 0 B dynamic shared memory
-// kernel mg_k18_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [2, 1, 1], 256 threads, 0 B dynamic shared memory
 // kernel mg_k19_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [1024, 1, 1], 256 threads, 0 B dynamic shared memory
 // kernel mg_k20_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [1024, 1, 1], 256 threads, 0 B dynamic shared memory
 // kernel mg_k21_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [32, 4, 1], 128 threads, 31728 B dynamic shared memory
 // kernel mg_k22_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [56, 1, 1], 256 threads, 0 B dynamic shared memory
 // kernel mg_k23_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [28, 1, 1], 256 threads, 0 B dynamic shared memory
 // kernel mg_k24_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [8, 4, 2], 256 threads, 96368 B dynamic shared memory
-// kernel mg_k25_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [14, 1, 1], 256 threads, 0 B dynamic shared memory
 // kernel mg_k26_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [64, 1, 2], 128 threads, 87888 B dynamic shared memory
 // kernel mg_k27_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [2, 1, 1], 256 threads, 0 B dynamic shared memory
 // kernel mg_k28_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [1, 1, 1], 256 threads, 0 B dynamic shared memory
@@ -1085,49 +1080,6 @@ extern "C" __global__ void __launch_bounds__(256) mg_k6_mirage_qwen2_7b_layer_cc
   }
 }
 
-// reshape: one thread per output element
-extern "C" __global__ void __launch_bounds__(256) mg_k7_mirage_qwen2_7b_layer_cc9a7bb5bfd5(
-    const mg_bf16* __restrict__ p0,
-    mg_bf16* __restrict__ p1) {
-  mg_grid_wait();
-  mg_grid_release();
-  for (int e = blockIdx.x * 256 + threadIdx.x; e < 3584; e += gridDim.x * 256) {
-    const int i1 = e / 896;
-    const int i2 = (e / 128) % 7;
-    const int i3 = (e) % 128;
-    const float v1 = mg_ld(p0[(int)((((long long)(i1) * 896 + (long long)(i2) * 128 + (long long)(i3) * 1) / 1))]);
-    mg_st(p1 + e, v1);
-  }
-}
-
-// reshape: one thread per output element
-extern "C" __global__ void __launch_bounds__(256) mg_k8_mirage_qwen2_7b_layer_cc9a7bb5bfd5(
-    const mg_bf16* __restrict__ p0,
-    mg_bf16* __restrict__ p1) {
-  mg_grid_wait();
-  mg_grid_release();
-  for (int e = blockIdx.x * 256 + threadIdx.x; e < 512; e += gridDim.x * 256) {
-    const int i1 = e / 128;
-    const int i3 = (e) % 128;
-    const float v1 = mg_ld(p0[(int)((((long long)(i1) * 128 + (long long)(i3) * 1) / 1))]);
-    mg_st(p1 + e, v1);
-  }
-}
-
-// reshape: one thread per output element
-extern "C" __global__ void __launch_bounds__(256) mg_k9_mirage_qwen2_7b_layer_cc9a7bb5bfd5(
-    const mg_bf16* __restrict__ p0,
-    mg_bf16* __restrict__ p1) {
-  mg_grid_wait();
-  mg_grid_release();
-  for (int e = blockIdx.x * 256 + threadIdx.x; e < 512; e += gridDim.x * 256) {
-    const int i1 = e / 128;
-    const int i3 = (e) % 128;
-    const float v1 = mg_ld(p0[(int)((((long long)(i1) * 128 + (long long)(i3) * 1) / 1))]);
-    mg_st(p1 + e, v1);
-  }
-}
-
 // rotate_half: one thread per output element
 extern "C" __global__ void __launch_bounds__(256) mg_k10_mirage_qwen2_7b_layer_cc9a7bb5bfd5(
     const mg_bf16* __restrict__ p0,
@@ -1391,20 +1343,6 @@ extern "C" __global__ void __launch_bounds__(256) mg_k17_mirage_qwen2_7b_layer_c
     const float v23 = mg_ld(p1[i1 * 128 + (i3 + 7)]);
     const float v24 = (v22 + v23);
     mg_st8(p2 + e, v3, v6, v9, v12, v15, v18, v21, v24);
-  }
-}
-
-// reshape: one thread per output element
-extern "C" __global__ void __launch_bounds__(256) mg_k18_mirage_qwen2_7b_layer_cc9a7bb5bfd5(
-    const mg_bf16* __restrict__ p0,
-    mg_bf16* __restrict__ p1) {
-  mg_grid_wait();
-  mg_grid_release();
-  for (int e = blockIdx.x * 256 + threadIdx.x; e < 512; e += gridDim.x * 256) {
-    const int i1 = e / 128;
-    const int i2 = (e) % 128;
-    const float v1 = mg_ld(p0[(int)((((long long)(i1) * 128 + (long long)(i2) * 1) / 128)) * 128 + (int)((((long long)(i1) * 128 + (long long)(i2) * 1) / 1) % 128)]);
-    mg_st(p1 + e, v1);
   }
 }
 
@@ -1948,19 +1886,6 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(256, 1) m
     mg_st8(p2 + (bx * 16 + by * 896 + i16_2 * 128 + (i16_3 * 8)), buf_s[i16_2 * 16 + ((i16_3 * 8) + 0)], buf_s[i16_2 * 16 + ((i16_3 * 8) + 1)], buf_s[i16_2 * 16 + ((i16_3 * 8) + 2)], buf_s[i16_2 * 16 + ((i16_3 * 8) + 3)], buf_s[i16_2 * 16 + ((i16_3 * 8) + 4)], buf_s[i16_2 * 16 + ((i16_3 * 8) + 5)], buf_s[i16_2 * 16 + ((i16_3 * 8) + 6)], buf_s[i16_2 * 16 + ((i16_3 * 8) + 7)]);
   }
   mg_cluster_wait();
-}
-
-// reshape: one thread per output element
-extern "C" __global__ void __launch_bounds__(256) mg_k25_mirage_qwen2_7b_layer_cc9a7bb5bfd5(
-    const mg_bf16* __restrict__ p0,
-    mg_bf16* __restrict__ p1) {
-  mg_grid_wait();
-  mg_grid_release();
-  for (int e = blockIdx.x * 256 + threadIdx.x; e < 3584; e += gridDim.x * 256) {
-    const int i1 = e;
-    const float v1 = mg_ld(p0[(int)((((long long)(i1) * 1) / 896)) * 896 + (int)((((long long)(i1) * 1) / 128) % 7) * 128 + (int)((((long long)(i1) * 1) / 1) % 128)]);
-    mg_st(p1 + e, v1);
-  }
 }
 
 // matmul as a generated block graph: grid [64, 1, 1], forloop 28, tensor cores
@@ -2772,7 +2697,7 @@ extern "C" __global__ void __launch_bounds__(256) mg_k34_mirage_qwen2_7b_layer_c
 #error "mirage-cli generated code needs CUDA 11.8 or newer (cudaLaunchKernelExC)"
 #endif
 
-extern "C" size_t mirage_qwen2_7b_layer_cc9a7bb5bfd5_workspace_bytes(void) { return 9337856u; }
+extern "C" size_t mirage_qwen2_7b_layer_cc9a7bb5bfd5_workspace_bytes(void) { return 9320448u; }
 
 // Bulk tensor copies read through tensor maps, which the launcher encodes on every call
 // (the addresses may change) with the driver's cuTensorMapEncodeTiled, found through the
@@ -2961,7 +2886,7 @@ extern "C" cudaError_t mirage_qwen2_7b_layer_cc9a7bb5bfd5(const void* mg_in0_X, 
   {
     const mg_bf16* mg_a0 = (const mg_bf16*)(mg_ws + 15360);
     const mg_bf16* mg_a1 = (const mg_bf16*)(mg_in11_BV);
-    mg_bf16* mg_a2 = (mg_bf16*)(mg_ws + 24576);
+    mg_bf16* mg_a2 = (mg_bf16*)(mg_out2_V4);
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
     cudaLaunchConfig_t mg_cfg = {};
     mg_cfg.gridDim = dim3(1, 1, 1);
@@ -2975,49 +2900,7 @@ extern "C" cudaError_t mirage_qwen2_7b_layer_cc9a7bb5bfd5(const void* mg_in0_X, 
   if (mg_err != cudaSuccess) return mg_err;
   {
     const mg_bf16* mg_a0 = (const mg_bf16*)(mg_ws + 16384);
-    mg_bf16* mg_a1 = (mg_bf16*)(mg_ws + 25600);
-    void* mg_args[] = {&mg_a0, &mg_a1};
-    cudaLaunchConfig_t mg_cfg = {};
-    mg_cfg.gridDim = dim3(14, 1, 1);
-    mg_cfg.blockDim = dim3(256);
-    mg_cfg.dynamicSmemBytes = 0;
-    mg_cfg.stream = mg_stream;
-    mg_cfg.attrs = mg_pdl;
-    mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
-    mg_err = cudaLaunchKernelExC(&mg_cfg, (const void*)mg_k7_mirage_qwen2_7b_layer_cc9a7bb5bfd5, mg_args);
-  }
-  if (mg_err != cudaSuccess) return mg_err;
-  {
-    const mg_bf16* mg_a0 = (const mg_bf16*)(mg_ws + 23552);
-    mg_bf16* mg_a1 = (mg_bf16*)(mg_ws + 32768);
-    void* mg_args[] = {&mg_a0, &mg_a1};
-    cudaLaunchConfig_t mg_cfg = {};
-    mg_cfg.gridDim = dim3(2, 1, 1);
-    mg_cfg.blockDim = dim3(256);
-    mg_cfg.dynamicSmemBytes = 0;
-    mg_cfg.stream = mg_stream;
-    mg_cfg.attrs = mg_pdl;
-    mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
-    mg_err = cudaLaunchKernelExC(&mg_cfg, (const void*)mg_k8_mirage_qwen2_7b_layer_cc9a7bb5bfd5, mg_args);
-  }
-  if (mg_err != cudaSuccess) return mg_err;
-  {
-    const mg_bf16* mg_a0 = (const mg_bf16*)(mg_ws + 24576);
-    mg_bf16* mg_a1 = (mg_bf16*)(mg_out2_V4);
-    void* mg_args[] = {&mg_a0, &mg_a1};
-    cudaLaunchConfig_t mg_cfg = {};
-    mg_cfg.gridDim = dim3(2, 1, 1);
-    mg_cfg.blockDim = dim3(256);
-    mg_cfg.dynamicSmemBytes = 0;
-    mg_cfg.stream = mg_stream;
-    mg_cfg.attrs = mg_pdl;
-    mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
-    mg_err = cudaLaunchKernelExC(&mg_cfg, (const void*)mg_k9_mirage_qwen2_7b_layer_cc9a7bb5bfd5, mg_args);
-  }
-  if (mg_err != cudaSuccess) return mg_err;
-  {
-    const mg_bf16* mg_a0 = (const mg_bf16*)(mg_ws + 25600);
-    mg_bf16* mg_a1 = (mg_bf16*)(mg_ws + 33792);
+    mg_bf16* mg_a1 = (mg_bf16*)(mg_ws + 24576);
     void* mg_args[] = {&mg_a0, &mg_a1};
     cudaLaunchConfig_t mg_cfg = {};
     mg_cfg.gridDim = dim3(14, 1, 1);
@@ -3030,9 +2913,9 @@ extern "C" cudaError_t mirage_qwen2_7b_layer_cc9a7bb5bfd5(const void* mg_in0_X, 
   }
   if (mg_err != cudaSuccess) return mg_err;
   {
-    const mg_bf16* mg_a0 = (const mg_bf16*)(mg_ws + 25600);
+    const mg_bf16* mg_a0 = (const mg_bf16*)(mg_ws + 16384);
     const mg_bf16* mg_a1 = (const mg_bf16*)(mg_in5_COS);
-    mg_bf16* mg_a2 = (mg_bf16*)(mg_ws + 40960);
+    mg_bf16* mg_a2 = (mg_bf16*)(mg_ws + 31744);
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
     cudaLaunchConfig_t mg_cfg = {};
     mg_cfg.gridDim = dim3(2, 1, 1);
@@ -3045,9 +2928,9 @@ extern "C" cudaError_t mirage_qwen2_7b_layer_cc9a7bb5bfd5(const void* mg_in0_X, 
   }
   if (mg_err != cudaSuccess) return mg_err;
   {
-    const mg_bf16* mg_a0 = (const mg_bf16*)(mg_ws + 33792);
+    const mg_bf16* mg_a0 = (const mg_bf16*)(mg_ws + 24576);
     const mg_bf16* mg_a1 = (const mg_bf16*)(mg_in6_SIN);
-    mg_bf16* mg_a2 = (mg_bf16*)(mg_ws + 48128);
+    mg_bf16* mg_a2 = (mg_bf16*)(mg_ws + 38912);
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
     cudaLaunchConfig_t mg_cfg = {};
     mg_cfg.gridDim = dim3(2, 1, 1);
@@ -3060,9 +2943,9 @@ extern "C" cudaError_t mirage_qwen2_7b_layer_cc9a7bb5bfd5(const void* mg_in0_X, 
   }
   if (mg_err != cudaSuccess) return mg_err;
   {
-    const mg_bf16* mg_a0 = (const mg_bf16*)(mg_ws + 40960);
-    const mg_bf16* mg_a1 = (const mg_bf16*)(mg_ws + 48128);
-    mg_bf16* mg_a2 = (mg_bf16*)(mg_ws + 55296);
+    const mg_bf16* mg_a0 = (const mg_bf16*)(mg_ws + 31744);
+    const mg_bf16* mg_a1 = (const mg_bf16*)(mg_ws + 38912);
+    mg_bf16* mg_a2 = (mg_bf16*)(mg_ws + 46080);
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
     cudaLaunchConfig_t mg_cfg = {};
     mg_cfg.gridDim = dim3(2, 1, 1);
@@ -3075,8 +2958,8 @@ extern "C" cudaError_t mirage_qwen2_7b_layer_cc9a7bb5bfd5(const void* mg_in0_X, 
   }
   if (mg_err != cudaSuccess) return mg_err;
   {
-    const mg_bf16* mg_a0 = (const mg_bf16*)(mg_ws + 32768);
-    mg_bf16* mg_a1 = (mg_bf16*)(mg_ws + 62464);
+    const mg_bf16* mg_a0 = (const mg_bf16*)(mg_ws + 23552);
+    mg_bf16* mg_a1 = (mg_bf16*)(mg_ws + 53248);
     void* mg_args[] = {&mg_a0, &mg_a1};
     cudaLaunchConfig_t mg_cfg = {};
     mg_cfg.gridDim = dim3(2, 1, 1);
@@ -3089,9 +2972,9 @@ extern "C" cudaError_t mirage_qwen2_7b_layer_cc9a7bb5bfd5(const void* mg_in0_X, 
   }
   if (mg_err != cudaSuccess) return mg_err;
   {
-    const mg_bf16* mg_a0 = (const mg_bf16*)(mg_ws + 32768);
+    const mg_bf16* mg_a0 = (const mg_bf16*)(mg_ws + 23552);
     const mg_bf16* mg_a1 = (const mg_bf16*)(mg_in5_COS);
-    mg_bf16* mg_a2 = (mg_bf16*)(mg_ws + 63488);
+    mg_bf16* mg_a2 = (mg_bf16*)(mg_ws + 54272);
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
     cudaLaunchConfig_t mg_cfg = {};
     mg_cfg.gridDim = dim3(1, 1, 1);
@@ -3104,9 +2987,9 @@ extern "C" cudaError_t mirage_qwen2_7b_layer_cc9a7bb5bfd5(const void* mg_in0_X, 
   }
   if (mg_err != cudaSuccess) return mg_err;
   {
-    const mg_bf16* mg_a0 = (const mg_bf16*)(mg_ws + 62464);
+    const mg_bf16* mg_a0 = (const mg_bf16*)(mg_ws + 53248);
     const mg_bf16* mg_a1 = (const mg_bf16*)(mg_in6_SIN);
-    mg_bf16* mg_a2 = (mg_bf16*)(mg_ws + 64512);
+    mg_bf16* mg_a2 = (mg_bf16*)(mg_ws + 55296);
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
     cudaLaunchConfig_t mg_cfg = {};
     mg_cfg.gridDim = dim3(1, 1, 1);
@@ -3119,8 +3002,8 @@ extern "C" cudaError_t mirage_qwen2_7b_layer_cc9a7bb5bfd5(const void* mg_in0_X, 
   }
   if (mg_err != cudaSuccess) return mg_err;
   {
-    const mg_bf16* mg_a0 = (const mg_bf16*)(mg_ws + 63488);
-    const mg_bf16* mg_a1 = (const mg_bf16*)(mg_ws + 64512);
+    const mg_bf16* mg_a0 = (const mg_bf16*)(mg_ws + 54272);
+    const mg_bf16* mg_a1 = (const mg_bf16*)(mg_ws + 55296);
     mg_bf16* mg_a2 = (mg_bf16*)(mg_out1_KE);
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
     cudaLaunchConfig_t mg_cfg = {};
@@ -3134,23 +3017,9 @@ extern "C" cudaError_t mirage_qwen2_7b_layer_cc9a7bb5bfd5(const void* mg_in0_X, 
   }
   if (mg_err != cudaSuccess) return mg_err;
   {
-    const mg_bf16* mg_a0 = (const mg_bf16*)(mg_out1_KE);
-    mg_bf16* mg_a1 = (mg_bf16*)(mg_ws + 65536);
-    void* mg_args[] = {&mg_a0, &mg_a1};
-    cudaLaunchConfig_t mg_cfg = {};
-    mg_cfg.gridDim = dim3(2, 1, 1);
-    mg_cfg.blockDim = dim3(256);
-    mg_cfg.dynamicSmemBytes = 0;
-    mg_cfg.stream = mg_stream;
-    mg_cfg.attrs = mg_pdl;
-    mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
-    mg_err = cudaLaunchKernelExC(&mg_cfg, (const void*)mg_k18_mirage_qwen2_7b_layer_cc9a7bb5bfd5, mg_args);
-  }
-  if (mg_err != cudaSuccess) return mg_err;
-  {
     const mg_bf16* mg_a0 = (const mg_bf16*)(mg_in7_KC);
-    const mg_bf16* mg_a1 = (const mg_bf16*)(mg_ws + 65536);
-    mg_bf16* mg_a2 = (mg_bf16*)(mg_ws + 66560);
+    const mg_bf16* mg_a1 = (const mg_bf16*)(mg_out1_KE);
+    mg_bf16* mg_a2 = (mg_bf16*)(mg_ws + 56320);
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
     cudaLaunchConfig_t mg_cfg = {};
     mg_cfg.gridDim = dim3(1024, 1, 1);
@@ -3165,7 +3034,7 @@ extern "C" cudaError_t mirage_qwen2_7b_layer_cc9a7bb5bfd5(const void* mg_in0_X, 
   {
     const mg_bf16* mg_a0 = (const mg_bf16*)(mg_in8_VC);
     const mg_bf16* mg_a1 = (const mg_bf16*)(mg_out2_V4);
-    mg_bf16* mg_a2 = (mg_bf16*)(mg_ws + 4260864);
+    mg_bf16* mg_a2 = (mg_bf16*)(mg_ws + 4250624);
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
     cudaLaunchConfig_t mg_cfg = {};
     mg_cfg.gridDim = dim3(1024, 1, 1);
@@ -3178,9 +3047,9 @@ extern "C" cudaError_t mirage_qwen2_7b_layer_cc9a7bb5bfd5(const void* mg_in0_X, 
   }
   if (mg_err != cudaSuccess) return mg_err;
   {
-    const mg_bf16* mg_a0 = (const mg_bf16*)(mg_ws + 55296);
-    const mg_bf16* mg_a1 = (const mg_bf16*)(mg_ws + 66560);
-    mg_bf16* mg_a2 = (mg_bf16*)(mg_ws + 8455168);
+    const mg_bf16* mg_a0 = (const mg_bf16*)(mg_ws + 46080);
+    const mg_bf16* mg_a1 = (const mg_bf16*)(mg_ws + 56320);
+    mg_bf16* mg_a2 = (mg_bf16*)(mg_ws + 8444928);
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
     cudaLaunchConfig_t mg_cfg = {};
     mg_cfg.gridDim = dim3(32, 4, 1);
@@ -3193,8 +3062,8 @@ extern "C" cudaError_t mirage_qwen2_7b_layer_cc9a7bb5bfd5(const void* mg_in0_X, 
   }
   if (mg_err != cudaSuccess) return mg_err;
   {
-    const mg_bf16* mg_a0 = (const mg_bf16*)(mg_ws + 8455168);
-    mg_bf16* mg_a1 = (mg_bf16*)(mg_ws + 8684544);
+    const mg_bf16* mg_a0 = (const mg_bf16*)(mg_ws + 8444928);
+    mg_bf16* mg_a1 = (mg_bf16*)(mg_ws + 8674304);
     void* mg_args[] = {&mg_a0, &mg_a1};
     cudaLaunchConfig_t mg_cfg = {};
     mg_cfg.gridDim = dim3(56, 1, 1);
@@ -3207,8 +3076,8 @@ extern "C" cudaError_t mirage_qwen2_7b_layer_cc9a7bb5bfd5(const void* mg_in0_X, 
   }
   if (mg_err != cudaSuccess) return mg_err;
   {
-    const mg_bf16* mg_a0 = (const mg_bf16*)(mg_ws + 8684544);
-    mg_bf16* mg_a1 = (mg_bf16*)(mg_ws + 8913920);
+    const mg_bf16* mg_a0 = (const mg_bf16*)(mg_ws + 8674304);
+    mg_bf16* mg_a1 = (mg_bf16*)(mg_ws + 8903680);
     void* mg_args[] = {&mg_a0, &mg_a1};
     cudaLaunchConfig_t mg_cfg = {};
     mg_cfg.gridDim = dim3(28, 1, 1);
@@ -3221,9 +3090,9 @@ extern "C" cudaError_t mirage_qwen2_7b_layer_cc9a7bb5bfd5(const void* mg_in0_X, 
   }
   if (mg_err != cudaSuccess) return mg_err;
   {
-    const mg_bf16* mg_a0 = (const mg_bf16*)(mg_ws + 8913920);
-    const mg_bf16* mg_a1 = (const mg_bf16*)(mg_ws + 4260864);
-    mg_bf16* mg_a2 = (mg_bf16*)(mg_ws + 9143296);
+    const mg_bf16* mg_a0 = (const mg_bf16*)(mg_ws + 8903680);
+    const mg_bf16* mg_a1 = (const mg_bf16*)(mg_ws + 4250624);
+    mg_bf16* mg_a2 = (mg_bf16*)(mg_ws + 9133056);
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
     cudaLaunchConfig_t mg_cfg = {};
     mg_cfg.gridDim = dim3(8, 4, 2);
@@ -3236,23 +3105,9 @@ extern "C" cudaError_t mirage_qwen2_7b_layer_cc9a7bb5bfd5(const void* mg_in0_X, 
   }
   if (mg_err != cudaSuccess) return mg_err;
   {
-    const mg_bf16* mg_a0 = (const mg_bf16*)(mg_ws + 9143296);
-    mg_bf16* mg_a1 = (mg_bf16*)(mg_ws + 9150464);
-    void* mg_args[] = {&mg_a0, &mg_a1};
-    cudaLaunchConfig_t mg_cfg = {};
-    mg_cfg.gridDim = dim3(14, 1, 1);
-    mg_cfg.blockDim = dim3(256);
-    mg_cfg.dynamicSmemBytes = 0;
-    mg_cfg.stream = mg_stream;
-    mg_cfg.attrs = mg_pdl;
-    mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
-    mg_err = cudaLaunchKernelExC(&mg_cfg, (const void*)mg_k25_mirage_qwen2_7b_layer_cc9a7bb5bfd5, mg_args);
-  }
-  if (mg_err != cudaSuccess) return mg_err;
-  {
-    const mg_bf16* mg_a0 = (const mg_bf16*)(mg_ws + 9150464);
+    const mg_bf16* mg_a0 = (const mg_bf16*)(mg_ws + 9133056);
     const mg_bf16* mg_a1 = (const mg_bf16*)(mg_in12_WO);
-    mg_bf16* mg_a2 = (mg_bf16*)(mg_ws + 9157632);
+    mg_bf16* mg_a2 = (mg_bf16*)(mg_ws + 9140224);
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
     cudaLaunchConfig_t mg_cfg = {};
     mg_cfg.gridDim = dim3(64, 1, 2);
@@ -3266,8 +3121,8 @@ extern "C" cudaError_t mirage_qwen2_7b_layer_cc9a7bb5bfd5(const void* mg_in0_X, 
   if (mg_err != cudaSuccess) return mg_err;
   {
     const mg_bf16* mg_a0 = (const mg_bf16*)(mg_in0_X);
-    const mg_bf16* mg_a1 = (const mg_bf16*)(mg_ws + 9157632);
-    mg_bf16* mg_a2 = (mg_bf16*)(mg_ws + 9164800);
+    const mg_bf16* mg_a1 = (const mg_bf16*)(mg_ws + 9140224);
+    mg_bf16* mg_a2 = (mg_bf16*)(mg_ws + 9147392);
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
     cudaLaunchConfig_t mg_cfg = {};
     mg_cfg.gridDim = dim3(2, 1, 1);
@@ -3280,9 +3135,9 @@ extern "C" cudaError_t mirage_qwen2_7b_layer_cc9a7bb5bfd5(const void* mg_in0_X, 
   }
   if (mg_err != cudaSuccess) return mg_err;
   {
-    const mg_bf16* mg_a0 = (const mg_bf16*)(mg_ws + 9164800);
+    const mg_bf16* mg_a0 = (const mg_bf16*)(mg_ws + 9147392);
     const mg_bf16* mg_a1 = (const mg_bf16*)(mg_in13_G2);
-    mg_bf16* mg_a2 = (mg_bf16*)(mg_ws + 9171968);
+    mg_bf16* mg_a2 = (mg_bf16*)(mg_ws + 9154560);
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
     cudaLaunchConfig_t mg_cfg = {};
     mg_cfg.gridDim = dim3(1, 1, 1);
@@ -3295,9 +3150,9 @@ extern "C" cudaError_t mirage_qwen2_7b_layer_cc9a7bb5bfd5(const void* mg_in0_X, 
   }
   if (mg_err != cudaSuccess) return mg_err;
   {
-    const mg_bf16* mg_a0 = (const mg_bf16*)(mg_ws + 9171968);
+    const mg_bf16* mg_a0 = (const mg_bf16*)(mg_ws + 9154560);
     const mg_bf16* mg_a1 = (const mg_bf16*)(mg_in14_W1);
-    mg_bf16* mg_a2 = (mg_bf16*)(mg_ws + 9179136);
+    mg_bf16* mg_a2 = (mg_bf16*)(mg_ws + 9161728);
     mg_tmap mg_a3;
     {
       const cuuint64_t mg_dims[] = {18944, 3584};
@@ -3319,9 +3174,9 @@ extern "C" cudaError_t mirage_qwen2_7b_layer_cc9a7bb5bfd5(const void* mg_in0_X, 
   }
   if (mg_err != cudaSuccess) return mg_err;
   {
-    const mg_bf16* mg_a0 = (const mg_bf16*)(mg_ws + 9171968);
+    const mg_bf16* mg_a0 = (const mg_bf16*)(mg_ws + 9154560);
     const mg_bf16* mg_a1 = (const mg_bf16*)(mg_in15_W3);
-    mg_bf16* mg_a2 = (mg_bf16*)(mg_ws + 9217024);
+    mg_bf16* mg_a2 = (mg_bf16*)(mg_ws + 9199616);
     mg_tmap mg_a3;
     {
       const cuuint64_t mg_dims[] = {18944, 3584};
@@ -3343,8 +3198,8 @@ extern "C" cudaError_t mirage_qwen2_7b_layer_cc9a7bb5bfd5(const void* mg_in0_X, 
   }
   if (mg_err != cudaSuccess) return mg_err;
   {
-    const mg_bf16* mg_a0 = (const mg_bf16*)(mg_ws + 9179136);
-    mg_bf16* mg_a1 = (mg_bf16*)(mg_ws + 9254912);
+    const mg_bf16* mg_a0 = (const mg_bf16*)(mg_ws + 9161728);
+    mg_bf16* mg_a1 = (mg_bf16*)(mg_ws + 9237504);
     void* mg_args[] = {&mg_a0, &mg_a1};
     cudaLaunchConfig_t mg_cfg = {};
     mg_cfg.gridDim = dim3(10, 1, 1);
@@ -3357,9 +3212,9 @@ extern "C" cudaError_t mirage_qwen2_7b_layer_cc9a7bb5bfd5(const void* mg_in0_X, 
   }
   if (mg_err != cudaSuccess) return mg_err;
   {
-    const mg_bf16* mg_a0 = (const mg_bf16*)(mg_ws + 9254912);
-    const mg_bf16* mg_a1 = (const mg_bf16*)(mg_ws + 9217024);
-    mg_bf16* mg_a2 = (mg_bf16*)(mg_ws + 9292800);
+    const mg_bf16* mg_a0 = (const mg_bf16*)(mg_ws + 9237504);
+    const mg_bf16* mg_a1 = (const mg_bf16*)(mg_ws + 9199616);
+    mg_bf16* mg_a2 = (mg_bf16*)(mg_ws + 9275392);
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
     cudaLaunchConfig_t mg_cfg = {};
     mg_cfg.gridDim = dim3(10, 1, 1);
@@ -3372,9 +3227,9 @@ extern "C" cudaError_t mirage_qwen2_7b_layer_cc9a7bb5bfd5(const void* mg_in0_X, 
   }
   if (mg_err != cudaSuccess) return mg_err;
   {
-    const mg_bf16* mg_a0 = (const mg_bf16*)(mg_ws + 9292800);
+    const mg_bf16* mg_a0 = (const mg_bf16*)(mg_ws + 9275392);
     const mg_bf16* mg_a1 = (const mg_bf16*)(mg_in16_W2);
-    mg_bf16* mg_a2 = (mg_bf16*)(mg_ws + 9330688);
+    mg_bf16* mg_a2 = (mg_bf16*)(mg_ws + 9313280);
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
     cudaLaunchConfig_t mg_cfg = {};
     mg_cfg.gridDim = dim3(64, 1, 2);
@@ -3387,8 +3242,8 @@ extern "C" cudaError_t mirage_qwen2_7b_layer_cc9a7bb5bfd5(const void* mg_in0_X, 
   }
   if (mg_err != cudaSuccess) return mg_err;
   {
-    const mg_bf16* mg_a0 = (const mg_bf16*)(mg_ws + 9164800);
-    const mg_bf16* mg_a1 = (const mg_bf16*)(mg_ws + 9330688);
+    const mg_bf16* mg_a0 = (const mg_bf16*)(mg_ws + 9147392);
+    const mg_bf16* mg_a1 = (const mg_bf16*)(mg_ws + 9313280);
     mg_bf16* mg_a2 = (mg_bf16*)(mg_out0_Y);
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
     cudaLaunchConfig_t mg_cfg = {};
@@ -3498,7 +3353,7 @@ extern "C" cudaError_t mirage_qwen2_7b_layer_cc9a7bb5bfd5_checked(const void* mg
   if (!mg_arg_ok_mirage_qwen2_7b_layer_cc9a7bb5bfd5(mg_out2_V4, mg_out2_V4_shape, mg_out2_V4_rank, mg_want19, 4, 1024u)) {
     return cudaErrorInvalidValue;
   }
-  if (mg_workspace_size < 9337856u || mg_workspace == NULL ||
+  if (mg_workspace_size < 9320448u || mg_workspace == NULL ||
       reinterpret_cast<uintptr_t>(mg_workspace) % 16 != 0) {
     return cudaErrorInvalidValue;
   }

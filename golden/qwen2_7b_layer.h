@@ -147,7 +147,7 @@ enum {
 #define mirage_qwen2_7b_layer_cc9a7bb5bfd5_OUT0_BYTES ((size_t)7168u)
 #define mirage_qwen2_7b_layer_cc9a7bb5bfd5_OUT1_BYTES ((size_t)1024u)
 #define mirage_qwen2_7b_layer_cc9a7bb5bfd5_OUT2_BYTES ((size_t)1024u)
-#define mirage_qwen2_7b_layer_cc9a7bb5bfd5_WORKSPACE_BYTES ((size_t)9337856u)
+#define mirage_qwen2_7b_layer_cc9a7bb5bfd5_WORKSPACE_BYTES ((size_t)9320448u)
 
 #ifdef __cplusplus
 extern "C" {

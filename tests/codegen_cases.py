@@ -150,6 +150,26 @@ def passthrough() -> Graph:
     return b.build()
 
 
+def reshape_aliases() -> Graph:
+    """Reshapes in every storage case (codegen/aliasing.py): of an input (read in
+    place; the program's first operator, so the first launched kernel is the second),
+    of a temporary into a temporary and on into an output (the producer writes that
+    output; a later kernel reads it there), and the two that copy: a second output of
+    the same tensor, and an input reshaped into an output."""
+    b = GraphBuilder("reshape_aliases")
+    x = b.input("X", (4, 32), "f16")
+    r0 = b.op("reshape", x, d0=8, d1=16)
+    e = b.op("exp", r0)
+    r1 = b.op("reshape", e, d0=128)
+    r2 = b.op("reshape", r1, d0=4, d1=32, out="R2")
+    f = b.op("exp", r1, out="F")
+    r3 = b.op("reshape", e, d0=2, d1=64, out="R3")
+    r4 = b.op("reshape", x, d0=128, out="R4")
+    for o in (r2, f, r3, r4):
+        b.output(o)
+    return b.build()
+
+
 def single_buffer_unaligned() -> Graph:
     """Tile rows that are not 16-byte multiples (no cp.async) and forloop 1."""
     b = GraphBuilder("single_buffer_unaligned")
@@ -466,4 +486,5 @@ CASES: dict[str, Callable[[], Graph]] = {f.__name__: f for f in (
     attention_chain, attention_chain_batched, online_softmax_chain, online_softmax_batched,
     short_rows_online_chain, short_rows_chain_batched, short_rows_chain_4d,
     rmsnorm_linear_small, weighted_norm_uneven_tiles, two_row_tiles, bf16_kernel_ops, f32_block_ops, big_tiles_scratch, passthrough,
+    reshape_aliases,
     single_buffer_unaligned, warp_reductions, divide_by_mean, mma_odd_shapes, kernel_matmuls)}

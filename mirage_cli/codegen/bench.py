@@ -241,7 +241,7 @@ def model_counts(g: Graph) -> list[tuple[int, int]]:
     and the device disagree."""
     from mirage_cli.search.cost import kernel_costs
 
-    return [(c.flops, c.dram_bytes) for c in kernel_costs(g)]
+    return [(c.flops, c.dram_bytes) for c in kernel_costs(g) if c.launched]
 
 
 def achieved(flops: int, dram_bytes: int, us: float | None

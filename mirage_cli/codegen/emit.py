@@ -94,7 +94,8 @@ def checked_signature(prog: Program) -> str:
 
 def _pointer(prog: Program, name: str) -> str:
     """The host expression of device tensor ``name``: kernels read inputs and write
-    outputs or workspace temporaries."""
+    outputs or workspace temporaries, an alias where its buffer is."""
+    name = prog.storage(name)
     ins, outs = host_names(prog)
     for b, n in zip(prog.inputs, ins):
         if b.name == name:

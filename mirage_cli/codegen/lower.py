@@ -1,7 +1,8 @@
 """Lowering of a whole µGraph to a :class:`~mirage_cli.codegen.plan.Program`.
 
 Expects a checked graph. Every kernel operator becomes one kernel: custom operators
-through :mod:`fused`, pre-defined ones through :mod:`standalone`. Device tensors that
+through :mod:`fused`, pre-defined ones through :mod:`standalone`, but for reshapes
+whose tensors share one buffer (:mod:`aliasing`), which launch nothing. Device tensors that
 are neither inputs nor outputs live in the workspace (256-byte aligned), followed by
 each fused kernel's per-block scratch area. ``unfused`` is the baseline lowering of a
 program without custom kernels (the same thing; named for the benchmark).
@@ -10,6 +11,7 @@ program without custom kernels (the same thing; named for the benchmark).
 from __future__ import annotations
 
 from mirage_cli.arch import DEFAULT_ARCH
+from mirage_cli.codegen.aliasing import aliasing
 from mirage_cli.codegen.custom import lower_custom
 from mirage_cli.codegen.names import (
     RESERVED,
@@ -56,18 +58,21 @@ def lower(g: Graph, arch: str = DEFAULT_ARCH, *, name: str | None = None) -> Pro
                    for k, i in enumerate(g.inputs))
     outputs = tuple(Buffer(n, types[n], "output", k) for k, n in enumerate(g.outputs))
     external = {b.name for b in inputs + outputs}
+    shared = aliasing(g)
     temps: list[Buffer] = []
     ws = 0
     for op in g.ops:
         for v in op.outputs:
-            if v.name not in external:
+            if v.name not in external and v.name not in shared.storage:
                 temps.append(Buffer(v.name, v.type, "workspace", ws))
                 ws = align(ws + v.type.nbytes)
     kernels: list[Kernel] = []
     steps: list[Launch | Copy] = []
     for i, op in enumerate(g.ops):
+        if i in shared.free:
+            continue
         kname = kernel_name(name, i)
-        early = early_inputs(g, i)
+        early = early_inputs(g, len(kernels))  # by launch: the first follows the caller
         if op.block is not None:
             k = lower_custom(op, kname, types, arch, early)
         else:
@@ -80,4 +85,4 @@ def lower(g: Graph, arch: str = DEFAULT_ARCH, *, name: str | None = None) -> Pro
         if n not in produced:  # an output that is an input: copy it
             steps.append(Copy(n, n, types[n].nbytes))
     return Program(name, inputs, outputs, tuple(temps), tuple(kernels), tuple(steps), ws,
-                   arch=arch, source_name=g.name)
+                   arch=arch, source_name=g.name, aliases=tuple(sorted(shared.storage.items())))

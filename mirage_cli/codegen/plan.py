@@ -116,6 +116,13 @@ class Program:
     workspace_bytes: int
     arch: str = "sm_90"    # the target GPU the plan is made for (sm_80, sm_90)
     source_name: str = ""  # the µGraph's own name: user text, for comments only
+    # Tensors stored in another's buffer (a reshape that launches nothing:
+    # codegen/aliasing.py), each with the tensor whose buffer it is.
+    aliases: tuple[tuple[str, str], ...] = ()
+
+    def storage(self, name: str) -> str:
+        """The tensor whose buffer holds ``name`` (``name`` itself but for aliases)."""
+        return dict(self.aliases).get(name, name)
 
     def buffer(self, name: str) -> Buffer:
         for b in self.inputs + self.outputs + self.temps:

@@ -234,6 +234,7 @@ class Loaded:
 
     def pointer(self, bufs: Buffers, name: str) -> int:
         """Where a kernel reads or writes device tensor ``name``."""
+        name = self.prog.storage(name)
         if name in bufs.ptrs:  # an input (kernels never write inputs)
             return bufs.ptrs[name]
         if out_key(name) in bufs.ptrs:

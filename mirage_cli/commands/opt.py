@@ -48,6 +48,7 @@ from typing import Any
 import click
 
 from mirage_cli import __version__, serialize
+from mirage_cli.codegen.aliasing import launched
 from mirage_cli.commands.common import (
     codegen_options,
     defines_option,
@@ -142,7 +143,7 @@ def stage_layer(program: Graph, kw: dict) -> tuple[Outcome, LayerResult]:  # typ
                "limit (--max-states)")
     cands = [] if res.graph is None else [
         (res.graph, {"rank": 0, "layer": res.as_json(), "verification": res.verdict,
-                     "kernels": len(res.graph.ops), "tool": f"mirage-cli {__version__}"})]
+                     "kernels": launched(res.graph), "tool": f"mirage-cli {__version__}"})]
     return Outcome(serialize.dumps_candidates(cands), cands, False, res.complete, None), res
 
 
@@ -296,7 +297,7 @@ def command(program: str, output: str, defines: tuple[str, ...], save_temps: str
     kept = [p for p in files if p not in changed]
     info(f"opt: wrote {', '.join(changed) or 'nothing'}"
          + (f" ({', '.join(kept)} unchanged)" if kept else "")
-         + f"; entry point {entry}, {len(best.ops)} kernel(s)")
+         + f"; entry point {entry}, {launched(best)} kernel(s)")
 
 
 def _open_gpu(gpu: int | None) -> Any:

@@ -26,6 +26,7 @@ import click
 
 from mirage_cli import serialize
 from mirage_cli.arch import DEFAULT_ARCH
+from mirage_cli.codegen.aliasing import launched
 from mirage_cli.diagnostics import MirageError
 from mirage_cli.ir import Graph
 from mirage_cli.kplan import Knobs
@@ -250,7 +251,7 @@ def command(file: str, space: bool, pin: str, widen: tuple[str, ...], output: st
     for i, (g, t) in enumerate(ranked):
         c = estimate(g)
         pairs.append((_plan_pins(g, pins, DEFAULT_ARCH),
-                      {"rank": i, "cost": c.as_json(), "kernels": len(g.ops),
+                      {"rank": i, "cost": c.as_json(), "kernels": launched(g),
                        "tuning": [{"grid": list(gr), "forloop": f} for gr, f in t],
                        "pins": pin}))
         click.echo(f"#{i}: {c.time_us:.3f} us predicted, tuning "

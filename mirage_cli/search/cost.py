@@ -60,6 +60,7 @@ from mirage_cli import ops
 from mirage_cli import profiles as device_profiles
 from mirage_cli.check import tile_type
 from mirage_cli.codegen import matmul_tiling
+from mirage_cli.codegen.aliasing import aliasing, launched
 from mirage_cli.diagnostics import MirageError
 from mirage_cli.ir import BlockGraph, Graph, KernelOp, TensorType, Value
 from mirage_cli.kplan import KernelPlan
@@ -134,11 +135,14 @@ class KernelCost:
     per_sm: int = 1      # blocks resident per SM at the plan's threads and shared memory
     waves: int = 1
     violation: str = ""  # why the kernel cannot run as planned ("": it can)
+    launched: bool = True  # False: a reshape that shares its input's buffer
 
     @property
     def binding(self) -> str:
         """The term that sets the kernel's time: memory (DRAM or L2), compute, or
         latency (launch and synchronisation exceed the streaming time)."""
+        if not self.launched:
+            return "nothing (launches no kernel)"
         if self.launch_us + self.sync_us >= self.stream_us:
             return "latency"
         if self.compute_us >= max(self.dram_us, self.l2_us):
@@ -245,8 +249,15 @@ def kernel_costs(g: Graph, p: Profile | None = None) -> list[KernelCost]:
     default the active profile)."""
     p = p or profile()
     types = g.tensor_types()
+    free = aliasing(g).free
     # A pre-defined matmul runs as a generated custom kernel: cost that kernel.
-    return [_kernel_cost(lowered(op, types), types, p) for op in g.ops]
+    return [NOT_LAUNCHED if i in free else _kernel_cost(lowered(op, types), types, p)
+            for i, op in enumerate(g.ops)]
+
+
+# A reshape whose tensors share one buffer (codegen/aliasing.py): no kernel, no cost.
+NOT_LAUNCHED = KernelCost(0, 0, 0, 0, 0, 0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0,
+                          launched=False)
 
 
 def _kernel_cost(op: KernelOp, types: dict[str, TensorType], p: Profile) -> KernelCost:
@@ -398,7 +409,7 @@ def estimate(g: Graph) -> Cost:
     # The fit's constant is paid once per µGraph (what per-kernel terms do not explain:
     # the graph's own launch, timing overhead); per kernel it would duplicate ``launch``.
     time_us = time_s * 1e6 + p.fit["const_us"]
-    return Cost(dram, l2, flops, len(g.ops), smem, min_blocks, not violations, time_us,
+    return Cost(dram, l2, flops, launched(g), smem, min_blocks, not violations, time_us,
                 tuple(violations))
 
 

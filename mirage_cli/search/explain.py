@@ -87,7 +87,7 @@ def _kernel(i: int, op: KernelOp, k: KernelCost, types: dict[str, TensorType], a
                          f"on {sms} SMs x {k.per_sm} resident")
     entry = {"index": i, "kind": "custom" if op.block is not None else op.op,
              "dram_bytes": k.dram_bytes, "l2_bytes": k.l2_bytes, "flops": k.flops,
-             "launches": 1, "smem_bytes": smem, "smem_source": source,
+             "launches": int(k.launched), "smem_bytes": smem, "smem_source": source,
              "threads": threads, "warps": threads // 32, "blocks": k.blocks,
              "sms": sms, "waves": k.waves, "per_sm": k.per_sm,
              "terms_us": {"dram": _r(k.dram_us), "l2": _r(k.l2_us),

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from mirage_cli import serialize
+from mirage_cli.codegen.aliasing import launched
 from mirage_cli.codegen.cubins import compile_all
 from mirage_cli.console import console, info
 from mirage_cli.diagnostics import MirageError
@@ -351,7 +352,7 @@ class Result:
         for rank, i in enumerate(order):
             v, t = self.variants[i], self.timings[i]
             out.append((v.graph, {
-                "rank": rank, "kernels": len(v.graph.ops),
+                "rank": rank, "kernels": launched(v.graph),
                 "cost": {"time_us": round(v.predicted_us, 3)},
                 "tuning": [{"grid": list(g), "forloop": f} for g, f in v.tuning],
                 "knobs": [k.as_json() for k in v.knobs],
