@@ -78,3 +78,13 @@ def test_the_model_prices_no_kernel_for_a_shared_buffer() -> None:
     assert estimate(g).launches == 4
     free = next(k for k in ks if not k.launched)
     assert free.time_us == 0 and free.dram_bytes == 0 and free.binding.startswith("nothing")
+
+
+def test_explain_counts_launched_kernels() -> None:
+    from mirage_cli.search.explain import entry, entry_lines
+
+    e, _ = entry(reshape_aliases(), "#0", 0, {}, "sm_90")
+    assert [k["launches"] for k in e["kernels"]] == [0, 1, 0, 0, 1, 1, 1]
+    assert entry_lines(e)[0].startswith("#0: 4 kernel(s), ")
+    free = e["kernels"][0]
+    assert free["kind"] == "reshape" and free["binds"].startswith("nothing")

@@ -236,7 +236,7 @@ def _table(rows: list[list[str]]) -> list[str]:
 
 
 def entry_lines(e: Json) -> list[str]:
-    head = f"{e['label']}: {len(e['kernels'])} kernel(s), {_time(e)}"
+    head = f"{e['label']}: {sum(k['launches'] for k in e['kernels'])} kernel(s), {_time(e)}"
     if not e["fits"]:
         head += " (does not fit)"
     lines = [head]
