@@ -25,18 +25,11 @@
 // output 2 'V4': f16[1, 8, 1, 128]
 // kernel mg_k0_mirage_llama3_8b_layer_aec50abcc000: grid [1, 1, 1], 256 threads, 0 B dynamic shared memory
 // kernel mg_k1_mirage_llama3_8b_layer_aec50abcc000: grid [64, 1, 2], 128 threads, 101280 B dynamic shared memory
-// kernel mg_k2_mirage_llama3_8b_layer_aec50abcc000: grid [64, 1, 2], 256 threads, 53472 B dynamic shared memory
-// kernel mg_k3_mirage_llama3_8b_layer_aec50abcc000: grid [64, 1, 2], 256 threads, 53472 B dynamic shared memory
-// kernel mg_k7_mirage_llama3_8b_layer_aec50abcc000: grid [16, 1, 1], 256 threads, 0 B dynamic shared memory
-// kernel mg_k8_mirage_llama3_8b_layer_aec50abcc000: grid [2, 1, 1], 256 threads, 0 B dynamic shared memory
-// kernel mg_k9_mirage_llama3_8b_layer_aec50abcc000: grid [2, 1, 1], 256 threads, 0 B dynamic shared memory
-// kernel mg_k10_mirage_llama3_8b_layer_aec50abcc000: grid [2, 1, 1], 256 threads, 0 B dynamic shared memory
-// kernel mg_k11_mirage_llama3_8b_layer_aec50abcc000: grid [4, 1, 1], 256 threads, 0 B dynamic shared memory
-// kernel mg_k12_mirage_llama3_8b_layer_aec50abcc000: grid [1, 1, 1], 256 threads, 0 B dynamic shared memory
-// kernel mg_k13_mirage_llama3_8b_layer_aec50abcc000: grid [1, 1, 1], 256 threads, 0 B dynamic shared memory
-// kernel mg_k14_mirage_llama3_8b_layer_aec50abcc000: grid [1, 1, 1], 256 threads, 0 B dynamic shared memory
+// kernel mg_k2_mirage_llama3_8b_layer_aec50abcc000: grid [128, 1, 2], 256 threads, 53472 B dynamic shared memory
+// kernel mg_k7_mirage_llama3_8b_layer_aec50abcc000: grid [2071, 1, 1], 256 threads, 0 B dynamic shared memory
+// kernel mg_k9_mirage_llama3_8b_layer_aec50abcc000: grid [3, 1, 1], 256 threads, 0 B dynamic shared memory
+// kernel mg_k10_mirage_llama3_8b_layer_aec50abcc000: grid [3, 1, 1], 256 threads, 0 B dynamic shared memory
 // kernel mg_k16_mirage_llama3_8b_layer_aec50abcc000: grid [2048, 1, 1], 256 threads, 0 B dynamic shared memory
-// kernel mg_k17_mirage_llama3_8b_layer_aec50abcc000: grid [2048, 1, 1], 256 threads, 0 B dynamic shared memory
 // kernel mg_k18_mirage_llama3_8b_layer_aec50abcc000: grid [16, 8, 1], 128 threads, 55488 B dynamic shared memory
 // kernel mg_k19_mirage_llama3_8b_layer_aec50abcc000: grid [64, 1, 1], 256 threads, 0 B dynamic shared memory
 // kernel mg_k20_mirage_llama3_8b_layer_aec50abcc000: grid [32, 1, 1], 256 threads, 0 B dynamic shared memory
@@ -44,8 +37,7 @@
 // kernel mg_k23_mirage_llama3_8b_layer_aec50abcc000: grid [64, 1, 2], 128 threads, 101280 B dynamic shared memory
 // kernel mg_k24_mirage_llama3_8b_layer_aec50abcc000: grid [2, 1, 1], 256 threads, 0 B dynamic shared memory
 // kernel mg_k25_mirage_llama3_8b_layer_aec50abcc000: grid [1, 1, 1], 256 threads, 0 B dynamic shared memory
-// kernel mg_k26_mirage_llama3_8b_layer_aec50abcc000: grid [64, 1, 2], 128 threads, 174880 B dynamic shared memory
-// kernel mg_k27_mirage_llama3_8b_layer_aec50abcc000: grid [64, 1, 2], 128 threads, 174880 B dynamic shared memory
+// kernel mg_k26_mirage_llama3_8b_layer_aec50abcc000: grid [128, 1, 2], 128 threads, 174880 B dynamic shared memory
 // kernel mg_k28_mirage_llama3_8b_layer_aec50abcc000: grid [7, 1, 1], 256 threads, 0 B dynamic shared memory
 // kernel mg_k29_mirage_llama3_8b_layer_aec50abcc000: grid [7, 1, 1], 256 threads, 0 B dynamic shared memory
 // kernel mg_k30_mirage_llama3_8b_layer_aec50abcc000: grid [64, 1, 2], 256 threads, 201120 B dynamic shared memory
@@ -627,679 +619,771 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(128, 1) m
   mg_cluster_wait();
 }
 
-// matmul as a generated block graph: grid [64, 1, 1], forloop 16, tensor cores
+// one launch of 2 kernels: matmul as a generated block graph: grid [64, 1, 1], forloop 16, tensor cores; matmul as a generated block graph: grid [64, 1, 1], forloop 16, tensor cores
 extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(256, 1) mg_k2_mirage_llama3_8b_layer_aec50abcc000(
-    const mg_f16* __restrict__ p0,
-    const mg_f16* __restrict__ p1,
-    mg_f16* __restrict__ p2,
-    const __grid_constant__ mg_tmap p3) {
-  const int bx = blockIdx.x, by = blockIdx.y, bz = 0;
-  (void)bx; (void)by; (void)bz;
-  const unsigned mg_rank = blockIdx.z;
-  const int mg_it0 = (int)mg_rank * 8;
-  extern __shared__ __align__(16) unsigned char mg_smem_raw[];
-  unsigned char* mg_smem = mg_smem_raw + ((1024u - (mg_smem_addr(mg_smem_raw) & 1023u)) & 1023u);
-  const int base_a = 0;
-  const int base_b = bx * 16;
-  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 52432);
-  if (threadIdx.x < 4) mg_zero[threadIdx.x] = 0u;
-  unsigned long long* mg_mbar = reinterpret_cast<unsigned long long*>(mg_smem + 52384);
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < 6; ++s) mg_mbar_init(mg_mbar + s);
-    mg_mbar_fence_init();
-  }
-  __syncthreads();
-  mg_f16* sm_a_0 = reinterpret_cast<mg_f16*>(mg_smem + 49152);
-  mg_f16* sm_b_0 = reinterpret_cast<mg_f16*>(mg_smem + 0);
-  float* buf_s = reinterpret_cast<float*>(mg_smem + 52320);
-  if (threadIdx.x == 0) {
-    mg_mbar_arrive_expect(mg_mbar + ((0) % 6), 8192u);
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 4096)), &p3, bx * 16, ((mg_it0 + 0)) * 256, mg_mbar + ((0) % 6));
-  }
-  if (threadIdx.x == 0) {
-    mg_mbar_arrive_expect(mg_mbar + ((1) % 6), 8192u);
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 4096)), &p3, bx * 16, ((mg_it0 + 1)) * 256, mg_mbar + ((1) % 6));
-  }
-  if (threadIdx.x == 0) {
-    mg_mbar_arrive_expect(mg_mbar + ((2) % 6), 8192u);
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 4096)), &p3, bx * 16, ((mg_it0 + 2)) * 256, mg_mbar + ((2) % 6));
-  }
-  if (threadIdx.x == 0) {
-    mg_mbar_arrive_expect(mg_mbar + ((3) % 6), 8192u);
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 4096)), &p3, bx * 16, ((mg_it0 + 3)) * 256, mg_mbar + ((3) % 6));
-  }
-  if (threadIdx.x == 0) {
-    mg_mbar_arrive_expect(mg_mbar + ((4) % 6), 8192u);
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 4096)), &p3, bx * 16, ((mg_it0 + 4)) * 256, mg_mbar + ((4) % 6));
-  }
-  mg_grid_wait();
-  mg_grid_release();
-  for (int c1 = threadIdx.x; c1 < 32; c1 += 256) {
-    const int s2_1 = c1;
-    mg_cp_async16((sm_a_0 + ((0) % 6) * 264) + ((s2_1 * 8)), p0 + ((base_a + (mg_it0 + 0) * 256)) + ((s2_1 * 8)));
-  }
-  mg_cp_async_commit();
-  for (int c3 = threadIdx.x; c3 < 32; c3 += 256) {
-    const int s4_1 = c3;
-    mg_cp_async16((sm_a_0 + ((1) % 6) * 264) + ((s4_1 * 8)), p0 + ((base_a + (mg_it0 + 1) * 256)) + ((s4_1 * 8)));
-  }
-  mg_cp_async_commit();
-  for (int c5 = threadIdx.x; c5 < 32; c5 += 256) {
-    const int s6_1 = c5;
-    mg_cp_async16((sm_a_0 + ((2) % 6) * 264) + ((s6_1 * 8)), p0 + ((base_a + (mg_it0 + 2) * 256)) + ((s6_1 * 8)));
-  }
-  mg_cp_async_commit();
-  for (int c7 = threadIdx.x; c7 < 32; c7 += 256) {
-    const int s8_1 = c7;
-    mg_cp_async16((sm_a_0 + ((3) % 6) * 264) + ((s8_1 * 8)), p0 + ((base_a + (mg_it0 + 3) * 256)) + ((s8_1 * 8)));
-  }
-  mg_cp_async_commit();
-  for (int c9 = threadIdx.x; c9 < 32; c9 += 256) {
-    const int s10_1 = c9;
-    mg_cp_async16((sm_a_0 + ((4) % 6) * 264) + ((s10_1 * 8)), p0 + ((base_a + (mg_it0 + 4) * 256)) + ((s10_1 * 8)));
-  }
-  mg_cp_async_commit();
-  float acc_s[1][4];
-  #pragma unroll
-  for (int j = 0; j < 1; ++j) acc_s[j][0] = acc_s[j][1] = acc_s[j][2] = acc_s[j][3] = 0.0f;
-  for (int it = 0; it < 8; ++it) {
-    const int off_a = base_a + (mg_it0 + it) * 256;
-    mg_cp_async_wait<4>();
-    mg_mbar_wait(mg_mbar + (it % 6), (it / 6) & 1);
+    const mg_f16* __restrict__ g0_p0,
+    const mg_f16* __restrict__ g0_p1,
+    mg_f16* __restrict__ g0_p2,
+    const __grid_constant__ mg_tmap g0_p3,
+    const mg_f16* __restrict__ g1_p0,
+    const mg_f16* __restrict__ g1_p1,
+    mg_f16* __restrict__ g1_p2,
+    const __grid_constant__ mg_tmap g1_p3) {
+  if (blockIdx.x < 64u) {
+    const unsigned mg_bx = (blockIdx.x - 0u) % 64u;
+    const unsigned mg_by = (blockIdx.x - 0u) / 64u;
+    (void)mg_bx; (void)mg_by;
+    const int bx = mg_bx, by = mg_by, bz = 0;
+    (void)bx; (void)by; (void)bz;
+    const unsigned mg_rank = blockIdx.z;
+    const int mg_it0 = (int)mg_rank * 8;
+    extern __shared__ __align__(16) unsigned char mg_smem_raw[];
+    unsigned char* mg_smem = mg_smem_raw + ((1024u - (mg_smem_addr(mg_smem_raw) & 1023u)) & 1023u);
+    const int base_a = 0;
+    const int base_b = bx * 16;
+    unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 52432);
+    if (threadIdx.x < 4) mg_zero[threadIdx.x] = 0u;
+    unsigned long long* mg_mbar = reinterpret_cast<unsigned long long*>(mg_smem + 52384);
+    if (threadIdx.x == 0) {
+      for (int s = 0; s < 6; ++s) mg_mbar_init(mg_mbar + s);
+      mg_mbar_fence_init();
+    }
     __syncthreads();
-    if (it + 5 < 8) {
-      for (int c11 = threadIdx.x; c11 < 32; c11 += 256) {
-        const int s12_1 = c11;
-        mg_cp_async16((sm_a_0 + (((it + 5)) % 6) * 264) + ((s12_1 * 8)), p0 + ((off_a + 1280)) + ((s12_1 * 8)));
-      }
-      if (threadIdx.x == 0) {
-        mg_mbar_arrive_expect(mg_mbar + ((it + 5) % 6), 8192u);
-        mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 4096)), &p3, bx * 16, ((mg_it0 + it + 5)) * 256, mg_mbar + ((it + 5) % 6));
-      }
+    mg_f16* sm_a_0 = reinterpret_cast<mg_f16*>(mg_smem + 49152);
+    mg_f16* sm_b_0 = reinterpret_cast<mg_f16*>(mg_smem + 0);
+    float* buf_s = reinterpret_cast<float*>(mg_smem + 52320);
+    if (threadIdx.x == 0) {
+      mg_mbar_arrive_expect(mg_mbar + ((0) % 6), 8192u);
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 4096)), &g0_p3, bx * 16, ((mg_it0 + 0)) * 256, mg_mbar + ((0) % 6));
+    }
+    if (threadIdx.x == 0) {
+      mg_mbar_arrive_expect(mg_mbar + ((1) % 6), 8192u);
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 4096)), &g0_p3, bx * 16, ((mg_it0 + 1)) * 256, mg_mbar + ((1) % 6));
+    }
+    if (threadIdx.x == 0) {
+      mg_mbar_arrive_expect(mg_mbar + ((2) % 6), 8192u);
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 4096)), &g0_p3, bx * 16, ((mg_it0 + 2)) * 256, mg_mbar + ((2) % 6));
+    }
+    if (threadIdx.x == 0) {
+      mg_mbar_arrive_expect(mg_mbar + ((3) % 6), 8192u);
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 4096)), &g0_p3, bx * 16, ((mg_it0 + 3)) * 256, mg_mbar + ((3) % 6));
+    }
+    if (threadIdx.x == 0) {
+      mg_mbar_arrive_expect(mg_mbar + ((4) % 6), 8192u);
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 4096)), &g0_p3, bx * 16, ((mg_it0 + 4)) * 256, mg_mbar + ((4) % 6));
+    }
+    mg_grid_wait();
+    mg_grid_release();
+    for (int c1 = threadIdx.x; c1 < 32; c1 += 256) {
+      const int s2_1 = c1;
+      mg_cp_async16((sm_a_0 + ((0) % 6) * 264) + ((s2_1 * 8)), g0_p0 + ((base_a + (mg_it0 + 0) * 256)) + ((s2_1 * 8)));
     }
     mg_cp_async_commit();
-    const auto* sm_a = (sm_a_0 + ((it) % 6) * 264);
-    const auto* sm_b = (sm_b_0 + ((it) % 6) * 4096);
+    for (int c3 = threadIdx.x; c3 < 32; c3 += 256) {
+      const int s4_1 = c3;
+      mg_cp_async16((sm_a_0 + ((1) % 6) * 264) + ((s4_1 * 8)), g0_p0 + ((base_a + (mg_it0 + 1) * 256)) + ((s4_1 * 8)));
+    }
+    mg_cp_async_commit();
+    for (int c5 = threadIdx.x; c5 < 32; c5 += 256) {
+      const int s6_1 = c5;
+      mg_cp_async16((sm_a_0 + ((2) % 6) * 264) + ((s6_1 * 8)), g0_p0 + ((base_a + (mg_it0 + 2) * 256)) + ((s6_1 * 8)));
+    }
+    mg_cp_async_commit();
+    for (int c7 = threadIdx.x; c7 < 32; c7 += 256) {
+      const int s8_1 = c7;
+      mg_cp_async16((sm_a_0 + ((3) % 6) * 264) + ((s8_1 * 8)), g0_p0 + ((base_a + (mg_it0 + 3) * 256)) + ((s8_1 * 8)));
+    }
+    mg_cp_async_commit();
+    for (int c9 = threadIdx.x; c9 < 32; c9 += 256) {
+      const int s10_1 = c9;
+      mg_cp_async16((sm_a_0 + ((4) % 6) * 264) + ((s10_1 * 8)), g0_p0 + ((base_a + (mg_it0 + 4) * 256)) + ((s10_1 * 8)));
+    }
+    mg_cp_async_commit();
+    float acc_s[1][4];
+    #pragma unroll
+    for (int j = 0; j < 1; ++j) acc_s[j][0] = acc_s[j][1] = acc_s[j][2] = acc_s[j][3] = 0.0f;
+    for (int it = 0; it < 8; ++it) {
+      const int off_a = base_a + (mg_it0 + it) * 256;
+      mg_cp_async_wait<4>();
+      mg_mbar_wait(mg_mbar + (it % 6), (it / 6) & 1);
+      __syncthreads();
+      if (it + 5 < 8) {
+        for (int c11 = threadIdx.x; c11 < 32; c11 += 256) {
+          const int s12_1 = c11;
+          mg_cp_async16((sm_a_0 + (((it + 5)) % 6) * 264) + ((s12_1 * 8)), g0_p0 + ((off_a + 1280)) + ((s12_1 * 8)));
+        }
+        if (threadIdx.x == 0) {
+          mg_mbar_arrive_expect(mg_mbar + ((it + 5) % 6), 8192u);
+          mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 4096)), &g0_p3, bx * 16, ((mg_it0 + it + 5)) * 256, mg_mbar + ((it + 5) % 6));
+        }
+      }
+      mg_cp_async_commit();
+      const auto* sm_a = (sm_a_0 + ((it) % 6) * 264);
+      const auto* sm_b = (sm_b_0 + ((it) % 6) * 4096);
+      {
+        const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
+        const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
+        (void)mg_g; (void)mg_t;
+        const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
+        (void)mg_ks;
+      #pragma unroll
+      for (int s = 0; s < 8; ++s) {
+        const int kk = (mg_ks + s * 2) * 16;
+        const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
+        (void)k0; (void)k1;
+        unsigned ra0, ra1, ra2, ra3;
+        const int mg_mi = 0, r0 = mg_g, r1 = r0 + 8;
+        (void)r0; (void)r1;
+        mg_ldsm_x4(ra0, ra1, ra2, ra3, ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) < 1 ? (const void*)(sm_a + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) * 264 + (kk + (mg_lane >> 4) * 8))) : (const void*)mg_zero));
+        #pragma unroll
+        for (int j = 0; j < 1; ++j) {
+          const int q = min(mg_grp + 4 * j, 1);
+          const int mg_nb = q / 2;
+          const int mg_ni = q % 2;
+          const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
+          (void)mg_nb; (void)c0; (void)n0;
+          unsigned rb0, rb1;
+          mg_ldsm_x2_t(rb0, rb1, (reinterpret_cast<const unsigned char*>(sm_b) + ((((mg_ni * 8)) * 2) / 32) * 8192 + (((((kk + (mg_lane & 15)))) * 32 + (((mg_ni * 8)) * 2) % 32) ^ (((((((kk + (mg_lane & 15)))) * 32 + (((mg_ni * 8)) * 2) % 32) >> 7) & 1) << 4))));
+          mg_mma_f16(acc_s[j], ra0, ra1, ra2, ra3, rb0, rb1);
+        }
+      }
+      }
+    }
+    __syncthreads();
     {
       const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
       const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
       (void)mg_g; (void)mg_t;
       const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
       (void)mg_ks;
-    #pragma unroll
-    for (int s = 0; s < 8; ++s) {
-      const int kk = (mg_ks + s * 2) * 16;
-      const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
-      (void)k0; (void)k1;
-      unsigned ra0, ra1, ra2, ra3;
-      const int mg_mi = 0, r0 = mg_g, r1 = r0 + 8;
-      (void)r0; (void)r1;
-      mg_ldsm_x4(ra0, ra1, ra2, ra3, ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) < 1 ? (const void*)(sm_a + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) * 264 + (kk + (mg_lane >> 4) * 8))) : (const void*)mg_zero));
-      #pragma unroll
-      for (int j = 0; j < 1; ++j) {
-        const int q = min(mg_grp + 4 * j, 1);
-        const int mg_nb = q / 2;
-        const int mg_ni = q % 2;
-        const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
-        (void)mg_nb; (void)c0; (void)n0;
-        unsigned rb0, rb1;
-        mg_ldsm_x2_t(rb0, rb1, (reinterpret_cast<const unsigned char*>(sm_b) + ((((mg_ni * 8)) * 2) / 32) * 8192 + (((((kk + (mg_lane & 15)))) * 32 + (((mg_ni * 8)) * 2) % 32) ^ (((((((kk + (mg_lane & 15)))) * 32 + (((mg_ni * 8)) * 2) % 32) >> 7) & 1) << 4))));
-        mg_mma_f16(acc_s[j], ra0, ra1, ra2, ra3, rb0, rb1);
+      if (mg_ks == 0) {
+        #pragma unroll
+        for (int j = 0; j < 1; ++j) {
+          const int q = mg_grp + 4 * j;
+          if (q < 2) {
+            const int mg_nb = q / 2;
+            const int mg_mi = (q / 2) % 1;
+            const int mg_ni = q % 2;
+            const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
+            const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
+            (void)mg_nb; (void)r1; (void)c0; (void)n0;
+            if (r0 < 1) buf_s[r0 * 16 + c0] = acc_s[j][0];
+            if (r0 < 1) buf_s[r0 * 16 + (c0 + 1)] = acc_s[j][1];
+            if (r1 < 1) buf_s[r1 * 16 + c0] = acc_s[j][2];
+            if (r1 < 1) buf_s[r1 * 16 + (c0 + 1)] = acc_s[j][3];
+          }
+        }
       }
-    }
-    }
-  }
-  __syncthreads();
-  {
-    const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
-    const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
-    (void)mg_g; (void)mg_t;
-    const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
-    (void)mg_ks;
-    if (mg_ks == 0) {
-      #pragma unroll
-      for (int j = 0; j < 1; ++j) {
-        const int q = mg_grp + 4 * j;
-        if (q < 2) {
-          const int mg_nb = q / 2;
-          const int mg_mi = (q / 2) % 1;
-          const int mg_ni = q % 2;
-          const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
-          const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
-          (void)mg_nb; (void)r1; (void)c0; (void)n0;
-          if (r0 < 1) buf_s[r0 * 16 + c0] = acc_s[j][0];
-          if (r0 < 1) buf_s[r0 * 16 + (c0 + 1)] = acc_s[j][1];
-          if (r1 < 1) buf_s[r1 * 16 + c0] = acc_s[j][2];
-          if (r1 < 1) buf_s[r1 * 16 + (c0 + 1)] = acc_s[j][3];
+      __syncthreads();
+      if (mg_ks == 1) {
+        #pragma unroll
+        for (int j = 0; j < 1; ++j) {
+          const int q = mg_grp + 4 * j;
+          if (q < 2) {
+            const int mg_nb = q / 2;
+            const int mg_mi = (q / 2) % 1;
+            const int mg_ni = q % 2;
+            const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
+            const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
+            (void)mg_nb; (void)r1; (void)c0; (void)n0;
+            if (r0 < 1) buf_s[r0 * 16 + c0] += acc_s[j][0];
+            if (r0 < 1) buf_s[r0 * 16 + (c0 + 1)] += acc_s[j][1];
+            if (r1 < 1) buf_s[r1 * 16 + c0] += acc_s[j][2];
+            if (r1 < 1) buf_s[r1 * 16 + (c0 + 1)] += acc_s[j][3];
+          }
         }
       }
     }
     __syncthreads();
-    if (mg_ks == 1) {
+    mg_cluster_sync();
+    for (int e0 = threadIdx.x; e0 < 4; e0 += 1024) {
+      float4 mg_p[4][2];
       #pragma unroll
-      for (int j = 0; j < 1; ++j) {
-        const int q = mg_grp + 4 * j;
-        if (q < 2) {
-          const int mg_nb = q / 2;
-          const int mg_mi = (q / 2) % 1;
-          const int mg_ni = q % 2;
-          const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
-          const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
-          (void)mg_nb; (void)r1; (void)c0; (void)n0;
-          if (r0 < 1) buf_s[r0 * 16 + c0] += acc_s[j][0];
-          if (r0 < 1) buf_s[r0 * 16 + (c0 + 1)] += acc_s[j][1];
-          if (r1 < 1) buf_s[r1 * 16 + c0] += acc_s[j][2];
-          if (r1 < 1) buf_s[r1 * 16 + (c0 + 1)] += acc_s[j][3];
+      for (int j = 0; j < 4; ++j) {
+        const int e = e0 + j * 256;
+        if (e < 4) {
+          #pragma unroll
+          for (unsigned r = 0; r < 2; ++r) mg_p[j][r] = mg_dsmem_ld4(buf_s + 4 * e, r);
+        }
+      }
+      #pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int e = e0 + j * 256;
+        if (e < 4) {
+          float4 v = mg_p[j][0];
+          #pragma unroll
+          for (unsigned r = 1; r < 2; ++r) {
+            v.x += mg_p[j][r].x;
+            v.y += mg_p[j][r].y;
+            v.z += mg_p[j][r].z;
+            v.w += mg_p[j][r].w;
+          }
+          reinterpret_cast<float4*>(reinterpret_cast<float*>(mg_smem + 0))[e] = v;
         }
       }
     }
-  }
-  __syncthreads();
-  mg_cluster_sync();
-  for (int e0 = threadIdx.x; e0 < 4; e0 += 1024) {
-    float4 mg_p[4][2];
-    #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int e = e0 + j * 256;
-      if (e < 4) {
-        #pragma unroll
-        for (unsigned r = 0; r < 2; ++r) mg_p[j][r] = mg_dsmem_ld4(buf_s + 4 * e, r);
-      }
-    }
-    #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int e = e0 + j * 256;
-      if (e < 4) {
-        float4 v = mg_p[j][0];
-        #pragma unroll
-        for (unsigned r = 1; r < 2; ++r) {
-          v.x += mg_p[j][r].x;
-          v.y += mg_p[j][r].y;
-          v.z += mg_p[j][r].z;
-          v.w += mg_p[j][r].w;
-        }
-        reinterpret_cast<float4*>(reinterpret_cast<float*>(mg_smem + 0))[e] = v;
-      }
-    }
-  }
-  mg_cluster_arrive();
-  __syncthreads();
-  buf_s = reinterpret_cast<float*>(mg_smem + 0);
-  for (int e13 = (int)mg_rank * 256 + (int)threadIdx.x; e13 < 2; e13 += 512) {
-    const int i14_1 = e13;
-    mg_st8(p2 + (bx * 16 + (i14_1 * 8)), buf_s[((i14_1 * 8) + 0)], buf_s[((i14_1 * 8) + 1)], buf_s[((i14_1 * 8) + 2)], buf_s[((i14_1 * 8) + 3)], buf_s[((i14_1 * 8) + 4)], buf_s[((i14_1 * 8) + 5)], buf_s[((i14_1 * 8) + 6)], buf_s[((i14_1 * 8) + 7)]);
-  }
-  mg_cluster_wait();
-}
-
-// matmul as a generated block graph: grid [64, 1, 1], forloop 16, tensor cores
-extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(256, 1) mg_k3_mirage_llama3_8b_layer_aec50abcc000(
-    const mg_f16* __restrict__ p0,
-    const mg_f16* __restrict__ p1,
-    mg_f16* __restrict__ p2,
-    const __grid_constant__ mg_tmap p3) {
-  const int bx = blockIdx.x, by = blockIdx.y, bz = 0;
-  (void)bx; (void)by; (void)bz;
-  const unsigned mg_rank = blockIdx.z;
-  const int mg_it0 = (int)mg_rank * 8;
-  extern __shared__ __align__(16) unsigned char mg_smem_raw[];
-  unsigned char* mg_smem = mg_smem_raw + ((1024u - (mg_smem_addr(mg_smem_raw) & 1023u)) & 1023u);
-  const int base_a = 0;
-  const int base_b = bx * 16;
-  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 52432);
-  if (threadIdx.x < 4) mg_zero[threadIdx.x] = 0u;
-  unsigned long long* mg_mbar = reinterpret_cast<unsigned long long*>(mg_smem + 52384);
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < 6; ++s) mg_mbar_init(mg_mbar + s);
-    mg_mbar_fence_init();
-  }
-  __syncthreads();
-  mg_f16* sm_a_0 = reinterpret_cast<mg_f16*>(mg_smem + 49152);
-  mg_f16* sm_b_0 = reinterpret_cast<mg_f16*>(mg_smem + 0);
-  float* buf_s = reinterpret_cast<float*>(mg_smem + 52320);
-  if (threadIdx.x == 0) {
-    mg_mbar_arrive_expect(mg_mbar + ((0) % 6), 8192u);
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 4096)), &p3, bx * 16, ((mg_it0 + 0)) * 256, mg_mbar + ((0) % 6));
-  }
-  if (threadIdx.x == 0) {
-    mg_mbar_arrive_expect(mg_mbar + ((1) % 6), 8192u);
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 4096)), &p3, bx * 16, ((mg_it0 + 1)) * 256, mg_mbar + ((1) % 6));
-  }
-  if (threadIdx.x == 0) {
-    mg_mbar_arrive_expect(mg_mbar + ((2) % 6), 8192u);
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 4096)), &p3, bx * 16, ((mg_it0 + 2)) * 256, mg_mbar + ((2) % 6));
-  }
-  if (threadIdx.x == 0) {
-    mg_mbar_arrive_expect(mg_mbar + ((3) % 6), 8192u);
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 4096)), &p3, bx * 16, ((mg_it0 + 3)) * 256, mg_mbar + ((3) % 6));
-  }
-  if (threadIdx.x == 0) {
-    mg_mbar_arrive_expect(mg_mbar + ((4) % 6), 8192u);
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 4096)), &p3, bx * 16, ((mg_it0 + 4)) * 256, mg_mbar + ((4) % 6));
-  }
-  mg_grid_wait();
-  mg_grid_release();
-  for (int c1 = threadIdx.x; c1 < 32; c1 += 256) {
-    const int s2_1 = c1;
-    mg_cp_async16((sm_a_0 + ((0) % 6) * 264) + ((s2_1 * 8)), p0 + ((base_a + (mg_it0 + 0) * 256)) + ((s2_1 * 8)));
-  }
-  mg_cp_async_commit();
-  for (int c3 = threadIdx.x; c3 < 32; c3 += 256) {
-    const int s4_1 = c3;
-    mg_cp_async16((sm_a_0 + ((1) % 6) * 264) + ((s4_1 * 8)), p0 + ((base_a + (mg_it0 + 1) * 256)) + ((s4_1 * 8)));
-  }
-  mg_cp_async_commit();
-  for (int c5 = threadIdx.x; c5 < 32; c5 += 256) {
-    const int s6_1 = c5;
-    mg_cp_async16((sm_a_0 + ((2) % 6) * 264) + ((s6_1 * 8)), p0 + ((base_a + (mg_it0 + 2) * 256)) + ((s6_1 * 8)));
-  }
-  mg_cp_async_commit();
-  for (int c7 = threadIdx.x; c7 < 32; c7 += 256) {
-    const int s8_1 = c7;
-    mg_cp_async16((sm_a_0 + ((3) % 6) * 264) + ((s8_1 * 8)), p0 + ((base_a + (mg_it0 + 3) * 256)) + ((s8_1 * 8)));
-  }
-  mg_cp_async_commit();
-  for (int c9 = threadIdx.x; c9 < 32; c9 += 256) {
-    const int s10_1 = c9;
-    mg_cp_async16((sm_a_0 + ((4) % 6) * 264) + ((s10_1 * 8)), p0 + ((base_a + (mg_it0 + 4) * 256)) + ((s10_1 * 8)));
-  }
-  mg_cp_async_commit();
-  float acc_s[1][4];
-  #pragma unroll
-  for (int j = 0; j < 1; ++j) acc_s[j][0] = acc_s[j][1] = acc_s[j][2] = acc_s[j][3] = 0.0f;
-  for (int it = 0; it < 8; ++it) {
-    const int off_a = base_a + (mg_it0 + it) * 256;
-    mg_cp_async_wait<4>();
-    mg_mbar_wait(mg_mbar + (it % 6), (it / 6) & 1);
+    mg_cluster_arrive();
     __syncthreads();
-    if (it + 5 < 8) {
-      for (int c11 = threadIdx.x; c11 < 32; c11 += 256) {
-        const int s12_1 = c11;
-        mg_cp_async16((sm_a_0 + (((it + 5)) % 6) * 264) + ((s12_1 * 8)), p0 + ((off_a + 1280)) + ((s12_1 * 8)));
-      }
-      if (threadIdx.x == 0) {
-        mg_mbar_arrive_expect(mg_mbar + ((it + 5) % 6), 8192u);
-        mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 4096)), &p3, bx * 16, ((mg_it0 + it + 5)) * 256, mg_mbar + ((it + 5) % 6));
-      }
+    buf_s = reinterpret_cast<float*>(mg_smem + 0);
+    for (int e13 = (int)mg_rank * 256 + (int)threadIdx.x; e13 < 2; e13 += 512) {
+      const int i14_1 = e13;
+      mg_st8(g0_p2 + (bx * 16 + (i14_1 * 8)), buf_s[((i14_1 * 8) + 0)], buf_s[((i14_1 * 8) + 1)], buf_s[((i14_1 * 8) + 2)], buf_s[((i14_1 * 8) + 3)], buf_s[((i14_1 * 8) + 4)], buf_s[((i14_1 * 8) + 5)], buf_s[((i14_1 * 8) + 6)], buf_s[((i14_1 * 8) + 7)]);
+    }
+    mg_cluster_wait();
+  } else if (blockIdx.x < 128u) {
+    const unsigned mg_bx = (blockIdx.x - 64u) % 64u;
+    const unsigned mg_by = (blockIdx.x - 64u) / 64u;
+    (void)mg_bx; (void)mg_by;
+    const int bx = mg_bx, by = mg_by, bz = 0;
+    (void)bx; (void)by; (void)bz;
+    const unsigned mg_rank = blockIdx.z;
+    const int mg_it0 = (int)mg_rank * 8;
+    extern __shared__ __align__(16) unsigned char mg_smem_raw[];
+    unsigned char* mg_smem = mg_smem_raw + ((1024u - (mg_smem_addr(mg_smem_raw) & 1023u)) & 1023u);
+    const int base_a = 0;
+    const int base_b = bx * 16;
+    unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 52432);
+    if (threadIdx.x < 4) mg_zero[threadIdx.x] = 0u;
+    unsigned long long* mg_mbar = reinterpret_cast<unsigned long long*>(mg_smem + 52384);
+    if (threadIdx.x == 0) {
+      for (int s = 0; s < 6; ++s) mg_mbar_init(mg_mbar + s);
+      mg_mbar_fence_init();
+    }
+    __syncthreads();
+    mg_f16* sm_a_0 = reinterpret_cast<mg_f16*>(mg_smem + 49152);
+    mg_f16* sm_b_0 = reinterpret_cast<mg_f16*>(mg_smem + 0);
+    float* buf_s = reinterpret_cast<float*>(mg_smem + 52320);
+    if (threadIdx.x == 0) {
+      mg_mbar_arrive_expect(mg_mbar + ((0) % 6), 8192u);
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 4096)), &g1_p3, bx * 16, ((mg_it0 + 0)) * 256, mg_mbar + ((0) % 6));
+    }
+    if (threadIdx.x == 0) {
+      mg_mbar_arrive_expect(mg_mbar + ((1) % 6), 8192u);
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 4096)), &g1_p3, bx * 16, ((mg_it0 + 1)) * 256, mg_mbar + ((1) % 6));
+    }
+    if (threadIdx.x == 0) {
+      mg_mbar_arrive_expect(mg_mbar + ((2) % 6), 8192u);
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 4096)), &g1_p3, bx * 16, ((mg_it0 + 2)) * 256, mg_mbar + ((2) % 6));
+    }
+    if (threadIdx.x == 0) {
+      mg_mbar_arrive_expect(mg_mbar + ((3) % 6), 8192u);
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 4096)), &g1_p3, bx * 16, ((mg_it0 + 3)) * 256, mg_mbar + ((3) % 6));
+    }
+    if (threadIdx.x == 0) {
+      mg_mbar_arrive_expect(mg_mbar + ((4) % 6), 8192u);
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 4096)), &g1_p3, bx * 16, ((mg_it0 + 4)) * 256, mg_mbar + ((4) % 6));
+    }
+    mg_grid_wait();
+    mg_grid_release();
+    for (int c1 = threadIdx.x; c1 < 32; c1 += 256) {
+      const int s2_1 = c1;
+      mg_cp_async16((sm_a_0 + ((0) % 6) * 264) + ((s2_1 * 8)), g1_p0 + ((base_a + (mg_it0 + 0) * 256)) + ((s2_1 * 8)));
     }
     mg_cp_async_commit();
-    const auto* sm_a = (sm_a_0 + ((it) % 6) * 264);
-    const auto* sm_b = (sm_b_0 + ((it) % 6) * 4096);
+    for (int c3 = threadIdx.x; c3 < 32; c3 += 256) {
+      const int s4_1 = c3;
+      mg_cp_async16((sm_a_0 + ((1) % 6) * 264) + ((s4_1 * 8)), g1_p0 + ((base_a + (mg_it0 + 1) * 256)) + ((s4_1 * 8)));
+    }
+    mg_cp_async_commit();
+    for (int c5 = threadIdx.x; c5 < 32; c5 += 256) {
+      const int s6_1 = c5;
+      mg_cp_async16((sm_a_0 + ((2) % 6) * 264) + ((s6_1 * 8)), g1_p0 + ((base_a + (mg_it0 + 2) * 256)) + ((s6_1 * 8)));
+    }
+    mg_cp_async_commit();
+    for (int c7 = threadIdx.x; c7 < 32; c7 += 256) {
+      const int s8_1 = c7;
+      mg_cp_async16((sm_a_0 + ((3) % 6) * 264) + ((s8_1 * 8)), g1_p0 + ((base_a + (mg_it0 + 3) * 256)) + ((s8_1 * 8)));
+    }
+    mg_cp_async_commit();
+    for (int c9 = threadIdx.x; c9 < 32; c9 += 256) {
+      const int s10_1 = c9;
+      mg_cp_async16((sm_a_0 + ((4) % 6) * 264) + ((s10_1 * 8)), g1_p0 + ((base_a + (mg_it0 + 4) * 256)) + ((s10_1 * 8)));
+    }
+    mg_cp_async_commit();
+    float acc_s[1][4];
+    #pragma unroll
+    for (int j = 0; j < 1; ++j) acc_s[j][0] = acc_s[j][1] = acc_s[j][2] = acc_s[j][3] = 0.0f;
+    for (int it = 0; it < 8; ++it) {
+      const int off_a = base_a + (mg_it0 + it) * 256;
+      mg_cp_async_wait<4>();
+      mg_mbar_wait(mg_mbar + (it % 6), (it / 6) & 1);
+      __syncthreads();
+      if (it + 5 < 8) {
+        for (int c11 = threadIdx.x; c11 < 32; c11 += 256) {
+          const int s12_1 = c11;
+          mg_cp_async16((sm_a_0 + (((it + 5)) % 6) * 264) + ((s12_1 * 8)), g1_p0 + ((off_a + 1280)) + ((s12_1 * 8)));
+        }
+        if (threadIdx.x == 0) {
+          mg_mbar_arrive_expect(mg_mbar + ((it + 5) % 6), 8192u);
+          mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 4096)), &g1_p3, bx * 16, ((mg_it0 + it + 5)) * 256, mg_mbar + ((it + 5) % 6));
+        }
+      }
+      mg_cp_async_commit();
+      const auto* sm_a = (sm_a_0 + ((it) % 6) * 264);
+      const auto* sm_b = (sm_b_0 + ((it) % 6) * 4096);
+      {
+        const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
+        const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
+        (void)mg_g; (void)mg_t;
+        const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
+        (void)mg_ks;
+      #pragma unroll
+      for (int s = 0; s < 8; ++s) {
+        const int kk = (mg_ks + s * 2) * 16;
+        const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
+        (void)k0; (void)k1;
+        unsigned ra0, ra1, ra2, ra3;
+        const int mg_mi = 0, r0 = mg_g, r1 = r0 + 8;
+        (void)r0; (void)r1;
+        mg_ldsm_x4(ra0, ra1, ra2, ra3, ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) < 1 ? (const void*)(sm_a + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) * 264 + (kk + (mg_lane >> 4) * 8))) : (const void*)mg_zero));
+        #pragma unroll
+        for (int j = 0; j < 1; ++j) {
+          const int q = min(mg_grp + 4 * j, 1);
+          const int mg_nb = q / 2;
+          const int mg_ni = q % 2;
+          const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
+          (void)mg_nb; (void)c0; (void)n0;
+          unsigned rb0, rb1;
+          mg_ldsm_x2_t(rb0, rb1, (reinterpret_cast<const unsigned char*>(sm_b) + ((((mg_ni * 8)) * 2) / 32) * 8192 + (((((kk + (mg_lane & 15)))) * 32 + (((mg_ni * 8)) * 2) % 32) ^ (((((((kk + (mg_lane & 15)))) * 32 + (((mg_ni * 8)) * 2) % 32) >> 7) & 1) << 4))));
+          mg_mma_f16(acc_s[j], ra0, ra1, ra2, ra3, rb0, rb1);
+        }
+      }
+      }
+    }
+    __syncthreads();
     {
       const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
       const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
       (void)mg_g; (void)mg_t;
       const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
       (void)mg_ks;
-    #pragma unroll
-    for (int s = 0; s < 8; ++s) {
-      const int kk = (mg_ks + s * 2) * 16;
-      const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
-      (void)k0; (void)k1;
-      unsigned ra0, ra1, ra2, ra3;
-      const int mg_mi = 0, r0 = mg_g, r1 = r0 + 8;
-      (void)r0; (void)r1;
-      mg_ldsm_x4(ra0, ra1, ra2, ra3, ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) < 1 ? (const void*)(sm_a + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) * 264 + (kk + (mg_lane >> 4) * 8))) : (const void*)mg_zero));
-      #pragma unroll
-      for (int j = 0; j < 1; ++j) {
-        const int q = min(mg_grp + 4 * j, 1);
-        const int mg_nb = q / 2;
-        const int mg_ni = q % 2;
-        const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
-        (void)mg_nb; (void)c0; (void)n0;
-        unsigned rb0, rb1;
-        mg_ldsm_x2_t(rb0, rb1, (reinterpret_cast<const unsigned char*>(sm_b) + ((((mg_ni * 8)) * 2) / 32) * 8192 + (((((kk + (mg_lane & 15)))) * 32 + (((mg_ni * 8)) * 2) % 32) ^ (((((((kk + (mg_lane & 15)))) * 32 + (((mg_ni * 8)) * 2) % 32) >> 7) & 1) << 4))));
-        mg_mma_f16(acc_s[j], ra0, ra1, ra2, ra3, rb0, rb1);
+      if (mg_ks == 0) {
+        #pragma unroll
+        for (int j = 0; j < 1; ++j) {
+          const int q = mg_grp + 4 * j;
+          if (q < 2) {
+            const int mg_nb = q / 2;
+            const int mg_mi = (q / 2) % 1;
+            const int mg_ni = q % 2;
+            const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
+            const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
+            (void)mg_nb; (void)r1; (void)c0; (void)n0;
+            if (r0 < 1) buf_s[r0 * 16 + c0] = acc_s[j][0];
+            if (r0 < 1) buf_s[r0 * 16 + (c0 + 1)] = acc_s[j][1];
+            if (r1 < 1) buf_s[r1 * 16 + c0] = acc_s[j][2];
+            if (r1 < 1) buf_s[r1 * 16 + (c0 + 1)] = acc_s[j][3];
+          }
+        }
       }
-    }
-    }
-  }
-  __syncthreads();
-  {
-    const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
-    const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
-    (void)mg_g; (void)mg_t;
-    const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
-    (void)mg_ks;
-    if (mg_ks == 0) {
-      #pragma unroll
-      for (int j = 0; j < 1; ++j) {
-        const int q = mg_grp + 4 * j;
-        if (q < 2) {
-          const int mg_nb = q / 2;
-          const int mg_mi = (q / 2) % 1;
-          const int mg_ni = q % 2;
-          const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
-          const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
-          (void)mg_nb; (void)r1; (void)c0; (void)n0;
-          if (r0 < 1) buf_s[r0 * 16 + c0] = acc_s[j][0];
-          if (r0 < 1) buf_s[r0 * 16 + (c0 + 1)] = acc_s[j][1];
-          if (r1 < 1) buf_s[r1 * 16 + c0] = acc_s[j][2];
-          if (r1 < 1) buf_s[r1 * 16 + (c0 + 1)] = acc_s[j][3];
+      __syncthreads();
+      if (mg_ks == 1) {
+        #pragma unroll
+        for (int j = 0; j < 1; ++j) {
+          const int q = mg_grp + 4 * j;
+          if (q < 2) {
+            const int mg_nb = q / 2;
+            const int mg_mi = (q / 2) % 1;
+            const int mg_ni = q % 2;
+            const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
+            const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
+            (void)mg_nb; (void)r1; (void)c0; (void)n0;
+            if (r0 < 1) buf_s[r0 * 16 + c0] += acc_s[j][0];
+            if (r0 < 1) buf_s[r0 * 16 + (c0 + 1)] += acc_s[j][1];
+            if (r1 < 1) buf_s[r1 * 16 + c0] += acc_s[j][2];
+            if (r1 < 1) buf_s[r1 * 16 + (c0 + 1)] += acc_s[j][3];
+          }
         }
       }
     }
     __syncthreads();
-    if (mg_ks == 1) {
+    mg_cluster_sync();
+    for (int e0 = threadIdx.x; e0 < 4; e0 += 1024) {
+      float4 mg_p[4][2];
       #pragma unroll
-      for (int j = 0; j < 1; ++j) {
-        const int q = mg_grp + 4 * j;
-        if (q < 2) {
-          const int mg_nb = q / 2;
-          const int mg_mi = (q / 2) % 1;
-          const int mg_ni = q % 2;
-          const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
-          const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
-          (void)mg_nb; (void)r1; (void)c0; (void)n0;
-          if (r0 < 1) buf_s[r0 * 16 + c0] += acc_s[j][0];
-          if (r0 < 1) buf_s[r0 * 16 + (c0 + 1)] += acc_s[j][1];
-          if (r1 < 1) buf_s[r1 * 16 + c0] += acc_s[j][2];
-          if (r1 < 1) buf_s[r1 * 16 + (c0 + 1)] += acc_s[j][3];
+      for (int j = 0; j < 4; ++j) {
+        const int e = e0 + j * 256;
+        if (e < 4) {
+          #pragma unroll
+          for (unsigned r = 0; r < 2; ++r) mg_p[j][r] = mg_dsmem_ld4(buf_s + 4 * e, r);
+        }
+      }
+      #pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int e = e0 + j * 256;
+        if (e < 4) {
+          float4 v = mg_p[j][0];
+          #pragma unroll
+          for (unsigned r = 1; r < 2; ++r) {
+            v.x += mg_p[j][r].x;
+            v.y += mg_p[j][r].y;
+            v.z += mg_p[j][r].z;
+            v.w += mg_p[j][r].w;
+          }
+          reinterpret_cast<float4*>(reinterpret_cast<float*>(mg_smem + 0))[e] = v;
         }
       }
     }
-  }
-  __syncthreads();
-  mg_cluster_sync();
-  for (int e0 = threadIdx.x; e0 < 4; e0 += 1024) {
-    float4 mg_p[4][2];
-    #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int e = e0 + j * 256;
-      if (e < 4) {
-        #pragma unroll
-        for (unsigned r = 0; r < 2; ++r) mg_p[j][r] = mg_dsmem_ld4(buf_s + 4 * e, r);
-      }
+    mg_cluster_arrive();
+    __syncthreads();
+    buf_s = reinterpret_cast<float*>(mg_smem + 0);
+    for (int e13 = (int)mg_rank * 256 + (int)threadIdx.x; e13 < 2; e13 += 512) {
+      const int i14_1 = e13;
+      mg_st8(g1_p2 + (bx * 16 + (i14_1 * 8)), buf_s[((i14_1 * 8) + 0)], buf_s[((i14_1 * 8) + 1)], buf_s[((i14_1 * 8) + 2)], buf_s[((i14_1 * 8) + 3)], buf_s[((i14_1 * 8) + 4)], buf_s[((i14_1 * 8) + 5)], buf_s[((i14_1 * 8) + 6)], buf_s[((i14_1 * 8) + 7)]);
     }
-    #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int e = e0 + j * 256;
-      if (e < 4) {
-        float4 v = mg_p[j][0];
-        #pragma unroll
-        for (unsigned r = 1; r < 2; ++r) {
-          v.x += mg_p[j][r].x;
-          v.y += mg_p[j][r].y;
-          v.z += mg_p[j][r].z;
-          v.w += mg_p[j][r].w;
-        }
-        reinterpret_cast<float4*>(reinterpret_cast<float*>(mg_smem + 0))[e] = v;
-      }
-    }
+    mg_cluster_wait();
   }
-  mg_cluster_arrive();
-  __syncthreads();
-  buf_s = reinterpret_cast<float*>(mg_smem + 0);
-  for (int e13 = (int)mg_rank * 256 + (int)threadIdx.x; e13 < 2; e13 += 512) {
-    const int i14_1 = e13;
-    mg_st8(p2 + (bx * 16 + (i14_1 * 8)), buf_s[((i14_1 * 8) + 0)], buf_s[((i14_1 * 8) + 1)], buf_s[((i14_1 * 8) + 2)], buf_s[((i14_1 * 8) + 3)], buf_s[((i14_1 * 8) + 4)], buf_s[((i14_1 * 8) + 5)], buf_s[((i14_1 * 8) + 6)], buf_s[((i14_1 * 8) + 7)]);
-  }
-  mg_cluster_wait();
 }
 
-// rotate_half: one thread per output element
+// one launch of 5 kernels: rotate_half: one thread per output element; mul: 8 consecutive output elements per thread, one 16-byte store; rotate_half: one thread per output element; mul: 8 consecutive output elements per thread, one 16-byte store; concat: 8 consecutive output elements per thread, one 16-byte store
 extern "C" __global__ void __launch_bounds__(256) mg_k7_mirage_llama3_8b_layer_aec50abcc000(
-    const mg_f16* __restrict__ p0,
-    mg_f16* __restrict__ p1) {
-  mg_grid_wait();
-  mg_grid_release();
-  for (int e = blockIdx.x * 256 + threadIdx.x; e < 4096; e += gridDim.x * 256) {
-    const int i1 = e / 512;
-    const int i2 = (e / 128) % 4;
-    const int i3 = (e) % 128;
-    const float v1 = ((i3) < 64 ? -(mg_ld(p0[i1 * 512 + i2 * 128 + ((i3 + 64) % 128)])) : (mg_ld(p0[i1 * 512 + i2 * 128 + ((i3 + 64) % 128)])));
-    mg_st(p1 + e, v1);
+    const mg_f16* __restrict__ g0_p0,
+    mg_f16* __restrict__ g0_p1,
+    const mg_f16* __restrict__ g1_p0,
+    const mg_f16* __restrict__ g1_p1,
+    mg_f16* __restrict__ g1_p2,
+    const mg_f16* __restrict__ g2_p0,
+    mg_f16* __restrict__ g2_p1,
+    const mg_f16* __restrict__ g3_p0,
+    const mg_f16* __restrict__ g3_p1,
+    mg_f16* __restrict__ g3_p2,
+    const mg_f16* __restrict__ g4_p0,
+    const mg_f16* __restrict__ g4_p1,
+    mg_f16* __restrict__ g4_p2) {
+  if (blockIdx.x < 16u) {
+    const unsigned mg_bx = (blockIdx.x - 0u) % 16u;
+    const unsigned mg_by = (blockIdx.x - 0u) / 16u;
+    (void)mg_bx; (void)mg_by;
+    mg_grid_wait();
+    mg_grid_release();
+    for (int e = mg_bx * 256 + threadIdx.x; e < 4096; e += 16u * 256) {
+      const int i1 = e / 512;
+      const int i2 = (e / 128) % 4;
+      const int i3 = (e) % 128;
+      const float v1 = ((i3) < 64 ? -(mg_ld(g0_p0[i1 * 512 + i2 * 128 + ((i3 + 64) % 128)])) : (mg_ld(g0_p0[i1 * 512 + i2 * 128 + ((i3 + 64) % 128)])));
+      mg_st(g0_p1 + e, v1);
+    }
+  } else if (blockIdx.x < 18u) {
+    const unsigned mg_bx = (blockIdx.x - 16u) % 2u;
+    const unsigned mg_by = (blockIdx.x - 16u) / 2u;
+    (void)mg_bx; (void)mg_by;
+    mg_grid_wait();
+    mg_grid_release();
+    for (int e8 = mg_bx * 256 + threadIdx.x; e8 < 512; e8 += 2u * 256) {
+      const int e = e8 * 8;
+      const int i1 = e / 512;
+      const int i2 = (e / 128) % 4;
+      const int i3 = (e) % 128;
+      const float v1 = mg_ld(g1_p0[i1 * 512 + i2 * 128 + (i3 + 0)]);
+      const float v2 = mg_ld(g1_p1[(i3 + 0)]);
+      const float v3 = (v1 * v2);
+      const float v4 = mg_ld(g1_p0[i1 * 512 + i2 * 128 + (i3 + 1)]);
+      const float v5 = mg_ld(g1_p1[(i3 + 1)]);
+      const float v6 = (v4 * v5);
+      const float v7 = mg_ld(g1_p0[i1 * 512 + i2 * 128 + (i3 + 2)]);
+      const float v8 = mg_ld(g1_p1[(i3 + 2)]);
+      const float v9 = (v7 * v8);
+      const float v10 = mg_ld(g1_p0[i1 * 512 + i2 * 128 + (i3 + 3)]);
+      const float v11 = mg_ld(g1_p1[(i3 + 3)]);
+      const float v12 = (v10 * v11);
+      const float v13 = mg_ld(g1_p0[i1 * 512 + i2 * 128 + (i3 + 4)]);
+      const float v14 = mg_ld(g1_p1[(i3 + 4)]);
+      const float v15 = (v13 * v14);
+      const float v16 = mg_ld(g1_p0[i1 * 512 + i2 * 128 + (i3 + 5)]);
+      const float v17 = mg_ld(g1_p1[(i3 + 5)]);
+      const float v18 = (v16 * v17);
+      const float v19 = mg_ld(g1_p0[i1 * 512 + i2 * 128 + (i3 + 6)]);
+      const float v20 = mg_ld(g1_p1[(i3 + 6)]);
+      const float v21 = (v19 * v20);
+      const float v22 = mg_ld(g1_p0[i1 * 512 + i2 * 128 + (i3 + 7)]);
+      const float v23 = mg_ld(g1_p1[(i3 + 7)]);
+      const float v24 = (v22 * v23);
+      mg_st8(g1_p2 + e, v3, v6, v9, v12, v15, v18, v21, v24);
+    }
+  } else if (blockIdx.x < 22u) {
+    const unsigned mg_bx = (blockIdx.x - 18u) % 4u;
+    const unsigned mg_by = (blockIdx.x - 18u) / 4u;
+    (void)mg_bx; (void)mg_by;
+    mg_grid_wait();
+    mg_grid_release();
+    for (int e = mg_bx * 256 + threadIdx.x; e < 1024; e += 4u * 256) {
+      const int i1 = e / 128;
+      const int i3 = (e) % 128;
+      const float v1 = ((i3) < 64 ? -(mg_ld(g2_p0[i1 * 128 + ((i3 + 64) % 128)])) : (mg_ld(g2_p0[i1 * 128 + ((i3 + 64) % 128)])));
+      mg_st(g2_p1 + e, v1);
+    }
+  } else if (blockIdx.x < 23u) {
+    const unsigned mg_bx = (blockIdx.x - 22u) % 1u;
+    const unsigned mg_by = (blockIdx.x - 22u) / 1u;
+    (void)mg_bx; (void)mg_by;
+    mg_grid_wait();
+    mg_grid_release();
+    for (int e8 = mg_bx * 256 + threadIdx.x; e8 < 128; e8 += 1u * 256) {
+      const int e = e8 * 8;
+      const int i1 = e / 128;
+      const int i3 = (e) % 128;
+      const float v1 = mg_ld(g3_p0[i1 * 128 + (i3 + 0)]);
+      const float v2 = mg_ld(g3_p1[(i3 + 0)]);
+      const float v3 = (v1 * v2);
+      const float v4 = mg_ld(g3_p0[i1 * 128 + (i3 + 1)]);
+      const float v5 = mg_ld(g3_p1[(i3 + 1)]);
+      const float v6 = (v4 * v5);
+      const float v7 = mg_ld(g3_p0[i1 * 128 + (i3 + 2)]);
+      const float v8 = mg_ld(g3_p1[(i3 + 2)]);
+      const float v9 = (v7 * v8);
+      const float v10 = mg_ld(g3_p0[i1 * 128 + (i3 + 3)]);
+      const float v11 = mg_ld(g3_p1[(i3 + 3)]);
+      const float v12 = (v10 * v11);
+      const float v13 = mg_ld(g3_p0[i1 * 128 + (i3 + 4)]);
+      const float v14 = mg_ld(g3_p1[(i3 + 4)]);
+      const float v15 = (v13 * v14);
+      const float v16 = mg_ld(g3_p0[i1 * 128 + (i3 + 5)]);
+      const float v17 = mg_ld(g3_p1[(i3 + 5)]);
+      const float v18 = (v16 * v17);
+      const float v19 = mg_ld(g3_p0[i1 * 128 + (i3 + 6)]);
+      const float v20 = mg_ld(g3_p1[(i3 + 6)]);
+      const float v21 = (v19 * v20);
+      const float v22 = mg_ld(g3_p0[i1 * 128 + (i3 + 7)]);
+      const float v23 = mg_ld(g3_p1[(i3 + 7)]);
+      const float v24 = (v22 * v23);
+      mg_st8(g3_p2 + e, v3, v6, v9, v12, v15, v18, v21, v24);
+    }
+  } else if (blockIdx.x < 2071u) {
+    const unsigned mg_bx = (blockIdx.x - 23u) % 2048u;
+    const unsigned mg_by = (blockIdx.x - 23u) / 2048u;
+    (void)mg_bx; (void)mg_by;
+    mg_grid_wait();
+    mg_grid_release();
+    for (int e8 = mg_bx * 256 + threadIdx.x; e8 < 524288; e8 += 2048u * 256) {
+      const int e = e8 * 8;
+      const int i1 = e / 524288;
+      const int i2 = (e / 128) % 4096;
+      const int i3 = (e) % 128;
+      float v1;
+      if (i2 < 4095) {
+        v1 = mg_ld(g4_p0[i1 * 524160 + i2 * 128 + (i3 + 0)]);
+      } else {
+        v1 = mg_ld(g4_p1[i1 * 128 + (i2 - 4095) * 128 + (i3 + 0)]);
+      }
+      const float v2 = v1;
+      float v3;
+      if (i2 < 4095) {
+        v3 = mg_ld(g4_p0[i1 * 524160 + i2 * 128 + (i3 + 1)]);
+      } else {
+        v3 = mg_ld(g4_p1[i1 * 128 + (i2 - 4095) * 128 + (i3 + 1)]);
+      }
+      const float v4 = v3;
+      float v5;
+      if (i2 < 4095) {
+        v5 = mg_ld(g4_p0[i1 * 524160 + i2 * 128 + (i3 + 2)]);
+      } else {
+        v5 = mg_ld(g4_p1[i1 * 128 + (i2 - 4095) * 128 + (i3 + 2)]);
+      }
+      const float v6 = v5;
+      float v7;
+      if (i2 < 4095) {
+        v7 = mg_ld(g4_p0[i1 * 524160 + i2 * 128 + (i3 + 3)]);
+      } else {
+        v7 = mg_ld(g4_p1[i1 * 128 + (i2 - 4095) * 128 + (i3 + 3)]);
+      }
+      const float v8 = v7;
+      float v9;
+      if (i2 < 4095) {
+        v9 = mg_ld(g4_p0[i1 * 524160 + i2 * 128 + (i3 + 4)]);
+      } else {
+        v9 = mg_ld(g4_p1[i1 * 128 + (i2 - 4095) * 128 + (i3 + 4)]);
+      }
+      const float v10 = v9;
+      float v11;
+      if (i2 < 4095) {
+        v11 = mg_ld(g4_p0[i1 * 524160 + i2 * 128 + (i3 + 5)]);
+      } else {
+        v11 = mg_ld(g4_p1[i1 * 128 + (i2 - 4095) * 128 + (i3 + 5)]);
+      }
+      const float v12 = v11;
+      float v13;
+      if (i2 < 4095) {
+        v13 = mg_ld(g4_p0[i1 * 524160 + i2 * 128 + (i3 + 6)]);
+      } else {
+        v13 = mg_ld(g4_p1[i1 * 128 + (i2 - 4095) * 128 + (i3 + 6)]);
+      }
+      const float v14 = v13;
+      float v15;
+      if (i2 < 4095) {
+        v15 = mg_ld(g4_p0[i1 * 524160 + i2 * 128 + (i3 + 7)]);
+      } else {
+        v15 = mg_ld(g4_p1[i1 * 128 + (i2 - 4095) * 128 + (i3 + 7)]);
+      }
+      const float v16 = v15;
+      mg_st8(g4_p2 + e, v2, v4, v6, v8, v10, v12, v14, v16);
+    }
   }
 }
 
-// mul: 8 consecutive output elements per thread, one 16-byte store
-extern "C" __global__ void __launch_bounds__(256) mg_k8_mirage_llama3_8b_layer_aec50abcc000(
-    const mg_f16* __restrict__ p0,
-    const mg_f16* __restrict__ p1,
-    mg_f16* __restrict__ p2) {
-  mg_grid_wait();
-  mg_grid_release();
-  for (int e8 = blockIdx.x * 256 + threadIdx.x; e8 < 512; e8 += gridDim.x * 256) {
-    const int e = e8 * 8;
-    const int i1 = e / 512;
-    const int i2 = (e / 128) % 4;
-    const int i3 = (e) % 128;
-    const float v1 = mg_ld(p0[i1 * 512 + i2 * 128 + (i3 + 0)]);
-    const float v2 = mg_ld(p1[(i3 + 0)]);
-    const float v3 = (v1 * v2);
-    const float v4 = mg_ld(p0[i1 * 512 + i2 * 128 + (i3 + 1)]);
-    const float v5 = mg_ld(p1[(i3 + 1)]);
-    const float v6 = (v4 * v5);
-    const float v7 = mg_ld(p0[i1 * 512 + i2 * 128 + (i3 + 2)]);
-    const float v8 = mg_ld(p1[(i3 + 2)]);
-    const float v9 = (v7 * v8);
-    const float v10 = mg_ld(p0[i1 * 512 + i2 * 128 + (i3 + 3)]);
-    const float v11 = mg_ld(p1[(i3 + 3)]);
-    const float v12 = (v10 * v11);
-    const float v13 = mg_ld(p0[i1 * 512 + i2 * 128 + (i3 + 4)]);
-    const float v14 = mg_ld(p1[(i3 + 4)]);
-    const float v15 = (v13 * v14);
-    const float v16 = mg_ld(p0[i1 * 512 + i2 * 128 + (i3 + 5)]);
-    const float v17 = mg_ld(p1[(i3 + 5)]);
-    const float v18 = (v16 * v17);
-    const float v19 = mg_ld(p0[i1 * 512 + i2 * 128 + (i3 + 6)]);
-    const float v20 = mg_ld(p1[(i3 + 6)]);
-    const float v21 = (v19 * v20);
-    const float v22 = mg_ld(p0[i1 * 512 + i2 * 128 + (i3 + 7)]);
-    const float v23 = mg_ld(p1[(i3 + 7)]);
-    const float v24 = (v22 * v23);
-    mg_st8(p2 + e, v3, v6, v9, v12, v15, v18, v21, v24);
-  }
-}
-
-// mul: 8 consecutive output elements per thread, one 16-byte store
+// one launch of 2 kernels: mul: 8 consecutive output elements per thread, one 16-byte store; mul: 8 consecutive output elements per thread, one 16-byte store
 extern "C" __global__ void __launch_bounds__(256) mg_k9_mirage_llama3_8b_layer_aec50abcc000(
-    const mg_f16* __restrict__ p0,
-    const mg_f16* __restrict__ p1,
-    mg_f16* __restrict__ p2) {
-  mg_grid_wait();
-  mg_grid_release();
-  for (int e8 = blockIdx.x * 256 + threadIdx.x; e8 < 512; e8 += gridDim.x * 256) {
-    const int e = e8 * 8;
-    const int i1 = e / 512;
-    const int i2 = (e / 128) % 4;
-    const int i3 = (e) % 128;
-    const float v1 = mg_ld(p0[i1 * 512 + i2 * 128 + (i3 + 0)]);
-    const float v2 = mg_ld(p1[(i3 + 0)]);
-    const float v3 = (v1 * v2);
-    const float v4 = mg_ld(p0[i1 * 512 + i2 * 128 + (i3 + 1)]);
-    const float v5 = mg_ld(p1[(i3 + 1)]);
-    const float v6 = (v4 * v5);
-    const float v7 = mg_ld(p0[i1 * 512 + i2 * 128 + (i3 + 2)]);
-    const float v8 = mg_ld(p1[(i3 + 2)]);
-    const float v9 = (v7 * v8);
-    const float v10 = mg_ld(p0[i1 * 512 + i2 * 128 + (i3 + 3)]);
-    const float v11 = mg_ld(p1[(i3 + 3)]);
-    const float v12 = (v10 * v11);
-    const float v13 = mg_ld(p0[i1 * 512 + i2 * 128 + (i3 + 4)]);
-    const float v14 = mg_ld(p1[(i3 + 4)]);
-    const float v15 = (v13 * v14);
-    const float v16 = mg_ld(p0[i1 * 512 + i2 * 128 + (i3 + 5)]);
-    const float v17 = mg_ld(p1[(i3 + 5)]);
-    const float v18 = (v16 * v17);
-    const float v19 = mg_ld(p0[i1 * 512 + i2 * 128 + (i3 + 6)]);
-    const float v20 = mg_ld(p1[(i3 + 6)]);
-    const float v21 = (v19 * v20);
-    const float v22 = mg_ld(p0[i1 * 512 + i2 * 128 + (i3 + 7)]);
-    const float v23 = mg_ld(p1[(i3 + 7)]);
-    const float v24 = (v22 * v23);
-    mg_st8(p2 + e, v3, v6, v9, v12, v15, v18, v21, v24);
+    const mg_f16* __restrict__ g0_p0,
+    const mg_f16* __restrict__ g0_p1,
+    mg_f16* __restrict__ g0_p2,
+    const mg_f16* __restrict__ g1_p0,
+    const mg_f16* __restrict__ g1_p1,
+    mg_f16* __restrict__ g1_p2) {
+  if (blockIdx.x < 2u) {
+    const unsigned mg_bx = (blockIdx.x - 0u) % 2u;
+    const unsigned mg_by = (blockIdx.x - 0u) / 2u;
+    (void)mg_bx; (void)mg_by;
+    mg_grid_wait();
+    mg_grid_release();
+    for (int e8 = mg_bx * 256 + threadIdx.x; e8 < 512; e8 += 2u * 256) {
+      const int e = e8 * 8;
+      const int i1 = e / 512;
+      const int i2 = (e / 128) % 4;
+      const int i3 = (e) % 128;
+      const float v1 = mg_ld(g0_p0[i1 * 512 + i2 * 128 + (i3 + 0)]);
+      const float v2 = mg_ld(g0_p1[(i3 + 0)]);
+      const float v3 = (v1 * v2);
+      const float v4 = mg_ld(g0_p0[i1 * 512 + i2 * 128 + (i3 + 1)]);
+      const float v5 = mg_ld(g0_p1[(i3 + 1)]);
+      const float v6 = (v4 * v5);
+      const float v7 = mg_ld(g0_p0[i1 * 512 + i2 * 128 + (i3 + 2)]);
+      const float v8 = mg_ld(g0_p1[(i3 + 2)]);
+      const float v9 = (v7 * v8);
+      const float v10 = mg_ld(g0_p0[i1 * 512 + i2 * 128 + (i3 + 3)]);
+      const float v11 = mg_ld(g0_p1[(i3 + 3)]);
+      const float v12 = (v10 * v11);
+      const float v13 = mg_ld(g0_p0[i1 * 512 + i2 * 128 + (i3 + 4)]);
+      const float v14 = mg_ld(g0_p1[(i3 + 4)]);
+      const float v15 = (v13 * v14);
+      const float v16 = mg_ld(g0_p0[i1 * 512 + i2 * 128 + (i3 + 5)]);
+      const float v17 = mg_ld(g0_p1[(i3 + 5)]);
+      const float v18 = (v16 * v17);
+      const float v19 = mg_ld(g0_p0[i1 * 512 + i2 * 128 + (i3 + 6)]);
+      const float v20 = mg_ld(g0_p1[(i3 + 6)]);
+      const float v21 = (v19 * v20);
+      const float v22 = mg_ld(g0_p0[i1 * 512 + i2 * 128 + (i3 + 7)]);
+      const float v23 = mg_ld(g0_p1[(i3 + 7)]);
+      const float v24 = (v22 * v23);
+      mg_st8(g0_p2 + e, v3, v6, v9, v12, v15, v18, v21, v24);
+    }
+  } else if (blockIdx.x < 3u) {
+    const unsigned mg_bx = (blockIdx.x - 2u) % 1u;
+    const unsigned mg_by = (blockIdx.x - 2u) / 1u;
+    (void)mg_bx; (void)mg_by;
+    mg_grid_wait();
+    mg_grid_release();
+    for (int e8 = mg_bx * 256 + threadIdx.x; e8 < 128; e8 += 1u * 256) {
+      const int e = e8 * 8;
+      const int i1 = e / 128;
+      const int i3 = (e) % 128;
+      const float v1 = mg_ld(g1_p0[i1 * 128 + (i3 + 0)]);
+      const float v2 = mg_ld(g1_p1[(i3 + 0)]);
+      const float v3 = (v1 * v2);
+      const float v4 = mg_ld(g1_p0[i1 * 128 + (i3 + 1)]);
+      const float v5 = mg_ld(g1_p1[(i3 + 1)]);
+      const float v6 = (v4 * v5);
+      const float v7 = mg_ld(g1_p0[i1 * 128 + (i3 + 2)]);
+      const float v8 = mg_ld(g1_p1[(i3 + 2)]);
+      const float v9 = (v7 * v8);
+      const float v10 = mg_ld(g1_p0[i1 * 128 + (i3 + 3)]);
+      const float v11 = mg_ld(g1_p1[(i3 + 3)]);
+      const float v12 = (v10 * v11);
+      const float v13 = mg_ld(g1_p0[i1 * 128 + (i3 + 4)]);
+      const float v14 = mg_ld(g1_p1[(i3 + 4)]);
+      const float v15 = (v13 * v14);
+      const float v16 = mg_ld(g1_p0[i1 * 128 + (i3 + 5)]);
+      const float v17 = mg_ld(g1_p1[(i3 + 5)]);
+      const float v18 = (v16 * v17);
+      const float v19 = mg_ld(g1_p0[i1 * 128 + (i3 + 6)]);
+      const float v20 = mg_ld(g1_p1[(i3 + 6)]);
+      const float v21 = (v19 * v20);
+      const float v22 = mg_ld(g1_p0[i1 * 128 + (i3 + 7)]);
+      const float v23 = mg_ld(g1_p1[(i3 + 7)]);
+      const float v24 = (v22 * v23);
+      mg_st8(g1_p2 + e, v3, v6, v9, v12, v15, v18, v21, v24);
+    }
   }
 }
 
-// add: 8 consecutive output elements per thread, one 16-byte store
+// one launch of 2 kernels: add: 8 consecutive output elements per thread, one 16-byte store; add: 8 consecutive output elements per thread, one 16-byte store
 extern "C" __global__ void __launch_bounds__(256) mg_k10_mirage_llama3_8b_layer_aec50abcc000(
-    const mg_f16* __restrict__ p0,
-    const mg_f16* __restrict__ p1,
-    mg_f16* __restrict__ p2) {
-  mg_grid_wait();
-  mg_grid_release();
-  for (int e8 = blockIdx.x * 256 + threadIdx.x; e8 < 512; e8 += gridDim.x * 256) {
-    const int e = e8 * 8;
-    const int i1 = e / 512;
-    const int i2 = (e / 128) % 4;
-    const int i3 = (e) % 128;
-    const float v1 = mg_ld(p0[i1 * 512 + i2 * 128 + (i3 + 0)]);
-    const float v2 = mg_ld(p1[i1 * 512 + i2 * 128 + (i3 + 0)]);
-    const float v3 = (v1 + v2);
-    const float v4 = mg_ld(p0[i1 * 512 + i2 * 128 + (i3 + 1)]);
-    const float v5 = mg_ld(p1[i1 * 512 + i2 * 128 + (i3 + 1)]);
-    const float v6 = (v4 + v5);
-    const float v7 = mg_ld(p0[i1 * 512 + i2 * 128 + (i3 + 2)]);
-    const float v8 = mg_ld(p1[i1 * 512 + i2 * 128 + (i3 + 2)]);
-    const float v9 = (v7 + v8);
-    const float v10 = mg_ld(p0[i1 * 512 + i2 * 128 + (i3 + 3)]);
-    const float v11 = mg_ld(p1[i1 * 512 + i2 * 128 + (i3 + 3)]);
-    const float v12 = (v10 + v11);
-    const float v13 = mg_ld(p0[i1 * 512 + i2 * 128 + (i3 + 4)]);
-    const float v14 = mg_ld(p1[i1 * 512 + i2 * 128 + (i3 + 4)]);
-    const float v15 = (v13 + v14);
-    const float v16 = mg_ld(p0[i1 * 512 + i2 * 128 + (i3 + 5)]);
-    const float v17 = mg_ld(p1[i1 * 512 + i2 * 128 + (i3 + 5)]);
-    const float v18 = (v16 + v17);
-    const float v19 = mg_ld(p0[i1 * 512 + i2 * 128 + (i3 + 6)]);
-    const float v20 = mg_ld(p1[i1 * 512 + i2 * 128 + (i3 + 6)]);
-    const float v21 = (v19 + v20);
-    const float v22 = mg_ld(p0[i1 * 512 + i2 * 128 + (i3 + 7)]);
-    const float v23 = mg_ld(p1[i1 * 512 + i2 * 128 + (i3 + 7)]);
-    const float v24 = (v22 + v23);
-    mg_st8(p2 + e, v3, v6, v9, v12, v15, v18, v21, v24);
-  }
-}
-
-// rotate_half: one thread per output element
-extern "C" __global__ void __launch_bounds__(256) mg_k11_mirage_llama3_8b_layer_aec50abcc000(
-    const mg_f16* __restrict__ p0,
-    mg_f16* __restrict__ p1) {
-  mg_grid_wait();
-  mg_grid_release();
-  for (int e = blockIdx.x * 256 + threadIdx.x; e < 1024; e += gridDim.x * 256) {
-    const int i1 = e / 128;
-    const int i3 = (e) % 128;
-    const float v1 = ((i3) < 64 ? -(mg_ld(p0[i1 * 128 + ((i3 + 64) % 128)])) : (mg_ld(p0[i1 * 128 + ((i3 + 64) % 128)])));
-    mg_st(p1 + e, v1);
-  }
-}
-
-// mul: 8 consecutive output elements per thread, one 16-byte store
-extern "C" __global__ void __launch_bounds__(256) mg_k12_mirage_llama3_8b_layer_aec50abcc000(
-    const mg_f16* __restrict__ p0,
-    const mg_f16* __restrict__ p1,
-    mg_f16* __restrict__ p2) {
-  mg_grid_wait();
-  mg_grid_release();
-  for (int e8 = blockIdx.x * 256 + threadIdx.x; e8 < 128; e8 += gridDim.x * 256) {
-    const int e = e8 * 8;
-    const int i1 = e / 128;
-    const int i3 = (e) % 128;
-    const float v1 = mg_ld(p0[i1 * 128 + (i3 + 0)]);
-    const float v2 = mg_ld(p1[(i3 + 0)]);
-    const float v3 = (v1 * v2);
-    const float v4 = mg_ld(p0[i1 * 128 + (i3 + 1)]);
-    const float v5 = mg_ld(p1[(i3 + 1)]);
-    const float v6 = (v4 * v5);
-    const float v7 = mg_ld(p0[i1 * 128 + (i3 + 2)]);
-    const float v8 = mg_ld(p1[(i3 + 2)]);
-    const float v9 = (v7 * v8);
-    const float v10 = mg_ld(p0[i1 * 128 + (i3 + 3)]);
-    const float v11 = mg_ld(p1[(i3 + 3)]);
-    const float v12 = (v10 * v11);
-    const float v13 = mg_ld(p0[i1 * 128 + (i3 + 4)]);
-    const float v14 = mg_ld(p1[(i3 + 4)]);
-    const float v15 = (v13 * v14);
-    const float v16 = mg_ld(p0[i1 * 128 + (i3 + 5)]);
-    const float v17 = mg_ld(p1[(i3 + 5)]);
-    const float v18 = (v16 * v17);
-    const float v19 = mg_ld(p0[i1 * 128 + (i3 + 6)]);
-    const float v20 = mg_ld(p1[(i3 + 6)]);
-    const float v21 = (v19 * v20);
-    const float v22 = mg_ld(p0[i1 * 128 + (i3 + 7)]);
-    const float v23 = mg_ld(p1[(i3 + 7)]);
-    const float v24 = (v22 * v23);
-    mg_st8(p2 + e, v3, v6, v9, v12, v15, v18, v21, v24);
-  }
-}
-
-// mul: 8 consecutive output elements per thread, one 16-byte store
-extern "C" __global__ void __launch_bounds__(256) mg_k13_mirage_llama3_8b_layer_aec50abcc000(
-    const mg_f16* __restrict__ p0,
-    const mg_f16* __restrict__ p1,
-    mg_f16* __restrict__ p2) {
-  mg_grid_wait();
-  mg_grid_release();
-  for (int e8 = blockIdx.x * 256 + threadIdx.x; e8 < 128; e8 += gridDim.x * 256) {
-    const int e = e8 * 8;
-    const int i1 = e / 128;
-    const int i3 = (e) % 128;
-    const float v1 = mg_ld(p0[i1 * 128 + (i3 + 0)]);
-    const float v2 = mg_ld(p1[(i3 + 0)]);
-    const float v3 = (v1 * v2);
-    const float v4 = mg_ld(p0[i1 * 128 + (i3 + 1)]);
-    const float v5 = mg_ld(p1[(i3 + 1)]);
-    const float v6 = (v4 * v5);
-    const float v7 = mg_ld(p0[i1 * 128 + (i3 + 2)]);
-    const float v8 = mg_ld(p1[(i3 + 2)]);
-    const float v9 = (v7 * v8);
-    const float v10 = mg_ld(p0[i1 * 128 + (i3 + 3)]);
-    const float v11 = mg_ld(p1[(i3 + 3)]);
-    const float v12 = (v10 * v11);
-    const float v13 = mg_ld(p0[i1 * 128 + (i3 + 4)]);
-    const float v14 = mg_ld(p1[(i3 + 4)]);
-    const float v15 = (v13 * v14);
-    const float v16 = mg_ld(p0[i1 * 128 + (i3 + 5)]);
-    const float v17 = mg_ld(p1[(i3 + 5)]);
-    const float v18 = (v16 * v17);
-    const float v19 = mg_ld(p0[i1 * 128 + (i3 + 6)]);
-    const float v20 = mg_ld(p1[(i3 + 6)]);
-    const float v21 = (v19 * v20);
-    const float v22 = mg_ld(p0[i1 * 128 + (i3 + 7)]);
-    const float v23 = mg_ld(p1[(i3 + 7)]);
-    const float v24 = (v22 * v23);
-    mg_st8(p2 + e, v3, v6, v9, v12, v15, v18, v21, v24);
-  }
-}
-
-// add: 8 consecutive output elements per thread, one 16-byte store
-extern "C" __global__ void __launch_bounds__(256) mg_k14_mirage_llama3_8b_layer_aec50abcc000(
-    const mg_f16* __restrict__ p0,
-    const mg_f16* __restrict__ p1,
-    mg_f16* __restrict__ p2) {
-  mg_grid_wait();
-  mg_grid_release();
-  for (int e8 = blockIdx.x * 256 + threadIdx.x; e8 < 128; e8 += gridDim.x * 256) {
-    const int e = e8 * 8;
-    const int i1 = e / 128;
-    const int i3 = (e) % 128;
-    const float v1 = mg_ld(p0[i1 * 128 + (i3 + 0)]);
-    const float v2 = mg_ld(p1[i1 * 128 + (i3 + 0)]);
-    const float v3 = (v1 + v2);
-    const float v4 = mg_ld(p0[i1 * 128 + (i3 + 1)]);
-    const float v5 = mg_ld(p1[i1 * 128 + (i3 + 1)]);
-    const float v6 = (v4 + v5);
-    const float v7 = mg_ld(p0[i1 * 128 + (i3 + 2)]);
-    const float v8 = mg_ld(p1[i1 * 128 + (i3 + 2)]);
-    const float v9 = (v7 + v8);
-    const float v10 = mg_ld(p0[i1 * 128 + (i3 + 3)]);
-    const float v11 = mg_ld(p1[i1 * 128 + (i3 + 3)]);
-    const float v12 = (v10 + v11);
-    const float v13 = mg_ld(p0[i1 * 128 + (i3 + 4)]);
-    const float v14 = mg_ld(p1[i1 * 128 + (i3 + 4)]);
-    const float v15 = (v13 + v14);
-    const float v16 = mg_ld(p0[i1 * 128 + (i3 + 5)]);
-    const float v17 = mg_ld(p1[i1 * 128 + (i3 + 5)]);
-    const float v18 = (v16 + v17);
-    const float v19 = mg_ld(p0[i1 * 128 + (i3 + 6)]);
-    const float v20 = mg_ld(p1[i1 * 128 + (i3 + 6)]);
-    const float v21 = (v19 + v20);
-    const float v22 = mg_ld(p0[i1 * 128 + (i3 + 7)]);
-    const float v23 = mg_ld(p1[i1 * 128 + (i3 + 7)]);
-    const float v24 = (v22 + v23);
-    mg_st8(p2 + e, v3, v6, v9, v12, v15, v18, v21, v24);
+    const mg_f16* __restrict__ g0_p0,
+    const mg_f16* __restrict__ g0_p1,
+    mg_f16* __restrict__ g0_p2,
+    const mg_f16* __restrict__ g1_p0,
+    const mg_f16* __restrict__ g1_p1,
+    mg_f16* __restrict__ g1_p2) {
+  if (blockIdx.x < 2u) {
+    const unsigned mg_bx = (blockIdx.x - 0u) % 2u;
+    const unsigned mg_by = (blockIdx.x - 0u) / 2u;
+    (void)mg_bx; (void)mg_by;
+    mg_grid_wait();
+    mg_grid_release();
+    for (int e8 = mg_bx * 256 + threadIdx.x; e8 < 512; e8 += 2u * 256) {
+      const int e = e8 * 8;
+      const int i1 = e / 512;
+      const int i2 = (e / 128) % 4;
+      const int i3 = (e) % 128;
+      const float v1 = mg_ld(g0_p0[i1 * 512 + i2 * 128 + (i3 + 0)]);
+      const float v2 = mg_ld(g0_p1[i1 * 512 + i2 * 128 + (i3 + 0)]);
+      const float v3 = (v1 + v2);
+      const float v4 = mg_ld(g0_p0[i1 * 512 + i2 * 128 + (i3 + 1)]);
+      const float v5 = mg_ld(g0_p1[i1 * 512 + i2 * 128 + (i3 + 1)]);
+      const float v6 = (v4 + v5);
+      const float v7 = mg_ld(g0_p0[i1 * 512 + i2 * 128 + (i3 + 2)]);
+      const float v8 = mg_ld(g0_p1[i1 * 512 + i2 * 128 + (i3 + 2)]);
+      const float v9 = (v7 + v8);
+      const float v10 = mg_ld(g0_p0[i1 * 512 + i2 * 128 + (i3 + 3)]);
+      const float v11 = mg_ld(g0_p1[i1 * 512 + i2 * 128 + (i3 + 3)]);
+      const float v12 = (v10 + v11);
+      const float v13 = mg_ld(g0_p0[i1 * 512 + i2 * 128 + (i3 + 4)]);
+      const float v14 = mg_ld(g0_p1[i1 * 512 + i2 * 128 + (i3 + 4)]);
+      const float v15 = (v13 + v14);
+      const float v16 = mg_ld(g0_p0[i1 * 512 + i2 * 128 + (i3 + 5)]);
+      const float v17 = mg_ld(g0_p1[i1 * 512 + i2 * 128 + (i3 + 5)]);
+      const float v18 = (v16 + v17);
+      const float v19 = mg_ld(g0_p0[i1 * 512 + i2 * 128 + (i3 + 6)]);
+      const float v20 = mg_ld(g0_p1[i1 * 512 + i2 * 128 + (i3 + 6)]);
+      const float v21 = (v19 + v20);
+      const float v22 = mg_ld(g0_p0[i1 * 512 + i2 * 128 + (i3 + 7)]);
+      const float v23 = mg_ld(g0_p1[i1 * 512 + i2 * 128 + (i3 + 7)]);
+      const float v24 = (v22 + v23);
+      mg_st8(g0_p2 + e, v3, v6, v9, v12, v15, v18, v21, v24);
+    }
+  } else if (blockIdx.x < 3u) {
+    const unsigned mg_bx = (blockIdx.x - 2u) % 1u;
+    const unsigned mg_by = (blockIdx.x - 2u) / 1u;
+    (void)mg_bx; (void)mg_by;
+    mg_grid_wait();
+    mg_grid_release();
+    for (int e8 = mg_bx * 256 + threadIdx.x; e8 < 128; e8 += 1u * 256) {
+      const int e = e8 * 8;
+      const int i1 = e / 128;
+      const int i3 = (e) % 128;
+      const float v1 = mg_ld(g1_p0[i1 * 128 + (i3 + 0)]);
+      const float v2 = mg_ld(g1_p1[i1 * 128 + (i3 + 0)]);
+      const float v3 = (v1 + v2);
+      const float v4 = mg_ld(g1_p0[i1 * 128 + (i3 + 1)]);
+      const float v5 = mg_ld(g1_p1[i1 * 128 + (i3 + 1)]);
+      const float v6 = (v4 + v5);
+      const float v7 = mg_ld(g1_p0[i1 * 128 + (i3 + 2)]);
+      const float v8 = mg_ld(g1_p1[i1 * 128 + (i3 + 2)]);
+      const float v9 = (v7 + v8);
+      const float v10 = mg_ld(g1_p0[i1 * 128 + (i3 + 3)]);
+      const float v11 = mg_ld(g1_p1[i1 * 128 + (i3 + 3)]);
+      const float v12 = (v10 + v11);
+      const float v13 = mg_ld(g1_p0[i1 * 128 + (i3 + 4)]);
+      const float v14 = mg_ld(g1_p1[i1 * 128 + (i3 + 4)]);
+      const float v15 = (v13 + v14);
+      const float v16 = mg_ld(g1_p0[i1 * 128 + (i3 + 5)]);
+      const float v17 = mg_ld(g1_p1[i1 * 128 + (i3 + 5)]);
+      const float v18 = (v16 + v17);
+      const float v19 = mg_ld(g1_p0[i1 * 128 + (i3 + 6)]);
+      const float v20 = mg_ld(g1_p1[i1 * 128 + (i3 + 6)]);
+      const float v21 = (v19 + v20);
+      const float v22 = mg_ld(g1_p0[i1 * 128 + (i3 + 7)]);
+      const float v23 = mg_ld(g1_p1[i1 * 128 + (i3 + 7)]);
+      const float v24 = (v22 + v23);
+      mg_st8(g1_p2 + e, v3, v6, v9, v12, v15, v18, v21, v24);
+    }
   }
 }
 
@@ -1369,78 +1453,6 @@ extern "C" __global__ void __launch_bounds__(256) mg_k16_mirage_llama3_8b_layer_
       v15 = mg_ld(p0[i1 * 524160 + i2 * 4095 + (i3 + 7)]);
     } else {
       v15 = mg_ld(p1[i1 * 128 + i2 + ((i3 + 7) - 4095)]);
-    }
-    const float v16 = v15;
-    mg_st8(p2 + e, v2, v4, v6, v8, v10, v12, v14, v16);
-  }
-}
-
-// concat: 8 consecutive output elements per thread, one 16-byte store
-extern "C" __global__ void __launch_bounds__(256) mg_k17_mirage_llama3_8b_layer_aec50abcc000(
-    const mg_f16* __restrict__ p0,
-    const mg_f16* __restrict__ p1,
-    mg_f16* __restrict__ p2) {
-  mg_grid_wait();
-  mg_grid_release();
-  for (int e8 = blockIdx.x * 256 + threadIdx.x; e8 < 524288; e8 += gridDim.x * 256) {
-    const int e = e8 * 8;
-    const int i1 = e / 524288;
-    const int i2 = (e / 128) % 4096;
-    const int i3 = (e) % 128;
-    float v1;
-    if (i2 < 4095) {
-      v1 = mg_ld(p0[i1 * 524160 + i2 * 128 + (i3 + 0)]);
-    } else {
-      v1 = mg_ld(p1[i1 * 128 + (i2 - 4095) * 128 + (i3 + 0)]);
-    }
-    const float v2 = v1;
-    float v3;
-    if (i2 < 4095) {
-      v3 = mg_ld(p0[i1 * 524160 + i2 * 128 + (i3 + 1)]);
-    } else {
-      v3 = mg_ld(p1[i1 * 128 + (i2 - 4095) * 128 + (i3 + 1)]);
-    }
-    const float v4 = v3;
-    float v5;
-    if (i2 < 4095) {
-      v5 = mg_ld(p0[i1 * 524160 + i2 * 128 + (i3 + 2)]);
-    } else {
-      v5 = mg_ld(p1[i1 * 128 + (i2 - 4095) * 128 + (i3 + 2)]);
-    }
-    const float v6 = v5;
-    float v7;
-    if (i2 < 4095) {
-      v7 = mg_ld(p0[i1 * 524160 + i2 * 128 + (i3 + 3)]);
-    } else {
-      v7 = mg_ld(p1[i1 * 128 + (i2 - 4095) * 128 + (i3 + 3)]);
-    }
-    const float v8 = v7;
-    float v9;
-    if (i2 < 4095) {
-      v9 = mg_ld(p0[i1 * 524160 + i2 * 128 + (i3 + 4)]);
-    } else {
-      v9 = mg_ld(p1[i1 * 128 + (i2 - 4095) * 128 + (i3 + 4)]);
-    }
-    const float v10 = v9;
-    float v11;
-    if (i2 < 4095) {
-      v11 = mg_ld(p0[i1 * 524160 + i2 * 128 + (i3 + 5)]);
-    } else {
-      v11 = mg_ld(p1[i1 * 128 + (i2 - 4095) * 128 + (i3 + 5)]);
-    }
-    const float v12 = v11;
-    float v13;
-    if (i2 < 4095) {
-      v13 = mg_ld(p0[i1 * 524160 + i2 * 128 + (i3 + 6)]);
-    } else {
-      v13 = mg_ld(p1[i1 * 128 + (i2 - 4095) * 128 + (i3 + 6)]);
-    }
-    const float v14 = v13;
-    float v15;
-    if (i2 < 4095) {
-      v15 = mg_ld(p0[i1 * 524160 + i2 * 128 + (i3 + 7)]);
-    } else {
-      v15 = mg_ld(p1[i1 * 128 + (i2 - 4095) * 128 + (i3 + 7)]);
     }
     const float v16 = v15;
     mg_st8(p2 + e, v2, v4, v6, v8, v10, v12, v14, v16);
@@ -2122,444 +2134,449 @@ extern "C" __global__ void __launch_bounds__(256) mg_k25_mirage_llama3_8b_layer_
   for (int k = threadIdx.x; k < 4096; k += 256) mg_st(p2 + (k), mg_ld(p0[k]) * inv * mg_ld(p1[k]));
 }
 
-// matmul as a generated block graph: grid [64, 1, 1], forloop 64, tensor cores
+// one launch of 2 kernels: matmul as a generated block graph: grid [64, 1, 1], forloop 64, tensor cores; matmul as a generated block graph: grid [64, 1, 1], forloop 64, tensor cores
 extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(128, 1) mg_k26_mirage_llama3_8b_layer_aec50abcc000(
-    const mg_f16* __restrict__ p0,
-    const mg_f16* __restrict__ p1,
-    mg_f16* __restrict__ p2,
-    const __grid_constant__ mg_tmap p3) {
-  const int bx = blockIdx.x, by = blockIdx.y, bz = 0;
-  (void)bx; (void)by; (void)bz;
-  const unsigned mg_rank = blockIdx.z;
-  const int mg_it0 = (int)mg_rank * 32;
-  extern __shared__ __align__(16) unsigned char mg_smem_raw[];
-  unsigned char* mg_smem = mg_smem_raw + ((1024u - (mg_smem_addr(mg_smem_raw) & 1023u)) & 1023u);
-  const int base_a = 0;
-  const int base_b = bx * 224;
-  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 173840);
-  if (threadIdx.x < 4) mg_zero[threadIdx.x] = 0u;
-  unsigned long long* mg_mbar = reinterpret_cast<unsigned long long*>(mg_smem + 173792);
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < 6; ++s) mg_mbar_init(mg_mbar + s);
-    mg_mbar_fence_init();
-  }
-  __syncthreads();
-  mg_f16* sm_a_0 = reinterpret_cast<mg_f16*>(mg_smem + 172032);
-  mg_f16* sm_b_0 = reinterpret_cast<mg_f16*>(mg_smem + 0);
-  float* buf_s = reinterpret_cast<float*>(mg_smem + 172896);
-  if (threadIdx.x == 0) {
-    mg_mbar_arrive_expect(mg_mbar + ((0) % 6), 28672u);
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 14336)), &p3, bx * 224, ((mg_it0 + 0)) * 64, mg_mbar + ((0) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 14336)) + 4096, &p3, bx * 224 + 32, ((mg_it0 + 0)) * 64, mg_mbar + ((0) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 14336)) + 8192, &p3, bx * 224 + 64, ((mg_it0 + 0)) * 64, mg_mbar + ((0) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 14336)) + 12288, &p3, bx * 224 + 96, ((mg_it0 + 0)) * 64, mg_mbar + ((0) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 14336)) + 16384, &p3, bx * 224 + 128, ((mg_it0 + 0)) * 64, mg_mbar + ((0) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 14336)) + 20480, &p3, bx * 224 + 160, ((mg_it0 + 0)) * 64, mg_mbar + ((0) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 14336)) + 24576, &p3, bx * 224 + 192, ((mg_it0 + 0)) * 64, mg_mbar + ((0) % 6));
-  }
-  if (threadIdx.x == 0) {
-    mg_mbar_arrive_expect(mg_mbar + ((1) % 6), 28672u);
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 14336)), &p3, bx * 224, ((mg_it0 + 1)) * 64, mg_mbar + ((1) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 14336)) + 4096, &p3, bx * 224 + 32, ((mg_it0 + 1)) * 64, mg_mbar + ((1) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 14336)) + 8192, &p3, bx * 224 + 64, ((mg_it0 + 1)) * 64, mg_mbar + ((1) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 14336)) + 12288, &p3, bx * 224 + 96, ((mg_it0 + 1)) * 64, mg_mbar + ((1) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 14336)) + 16384, &p3, bx * 224 + 128, ((mg_it0 + 1)) * 64, mg_mbar + ((1) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 14336)) + 20480, &p3, bx * 224 + 160, ((mg_it0 + 1)) * 64, mg_mbar + ((1) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 14336)) + 24576, &p3, bx * 224 + 192, ((mg_it0 + 1)) * 64, mg_mbar + ((1) % 6));
-  }
-  if (threadIdx.x == 0) {
-    mg_mbar_arrive_expect(mg_mbar + ((2) % 6), 28672u);
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 14336)), &p3, bx * 224, ((mg_it0 + 2)) * 64, mg_mbar + ((2) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 14336)) + 4096, &p3, bx * 224 + 32, ((mg_it0 + 2)) * 64, mg_mbar + ((2) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 14336)) + 8192, &p3, bx * 224 + 64, ((mg_it0 + 2)) * 64, mg_mbar + ((2) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 14336)) + 12288, &p3, bx * 224 + 96, ((mg_it0 + 2)) * 64, mg_mbar + ((2) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 14336)) + 16384, &p3, bx * 224 + 128, ((mg_it0 + 2)) * 64, mg_mbar + ((2) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 14336)) + 20480, &p3, bx * 224 + 160, ((mg_it0 + 2)) * 64, mg_mbar + ((2) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 14336)) + 24576, &p3, bx * 224 + 192, ((mg_it0 + 2)) * 64, mg_mbar + ((2) % 6));
-  }
-  if (threadIdx.x == 0) {
-    mg_mbar_arrive_expect(mg_mbar + ((3) % 6), 28672u);
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 14336)), &p3, bx * 224, ((mg_it0 + 3)) * 64, mg_mbar + ((3) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 14336)) + 4096, &p3, bx * 224 + 32, ((mg_it0 + 3)) * 64, mg_mbar + ((3) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 14336)) + 8192, &p3, bx * 224 + 64, ((mg_it0 + 3)) * 64, mg_mbar + ((3) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 14336)) + 12288, &p3, bx * 224 + 96, ((mg_it0 + 3)) * 64, mg_mbar + ((3) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 14336)) + 16384, &p3, bx * 224 + 128, ((mg_it0 + 3)) * 64, mg_mbar + ((3) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 14336)) + 20480, &p3, bx * 224 + 160, ((mg_it0 + 3)) * 64, mg_mbar + ((3) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 14336)) + 24576, &p3, bx * 224 + 192, ((mg_it0 + 3)) * 64, mg_mbar + ((3) % 6));
-  }
-  if (threadIdx.x == 0) {
-    mg_mbar_arrive_expect(mg_mbar + ((4) % 6), 28672u);
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 14336)), &p3, bx * 224, ((mg_it0 + 4)) * 64, mg_mbar + ((4) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 14336)) + 4096, &p3, bx * 224 + 32, ((mg_it0 + 4)) * 64, mg_mbar + ((4) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 14336)) + 8192, &p3, bx * 224 + 64, ((mg_it0 + 4)) * 64, mg_mbar + ((4) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 14336)) + 12288, &p3, bx * 224 + 96, ((mg_it0 + 4)) * 64, mg_mbar + ((4) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 14336)) + 16384, &p3, bx * 224 + 128, ((mg_it0 + 4)) * 64, mg_mbar + ((4) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 14336)) + 20480, &p3, bx * 224 + 160, ((mg_it0 + 4)) * 64, mg_mbar + ((4) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 14336)) + 24576, &p3, bx * 224 + 192, ((mg_it0 + 4)) * 64, mg_mbar + ((4) % 6));
-  }
-  mg_grid_wait();
-  mg_grid_release();
-  for (int c1 = threadIdx.x; c1 < 8; c1 += 128) {
-    const int s2_1 = c1;
-    mg_cp_async16((sm_a_0 + ((0) % 6) * 72) + ((s2_1 * 8)), p0 + ((base_a + (mg_it0 + 0) * 64)) + ((s2_1 * 8)));
-  }
-  mg_cp_async_commit();
-  for (int c3 = threadIdx.x; c3 < 8; c3 += 128) {
-    const int s4_1 = c3;
-    mg_cp_async16((sm_a_0 + ((1) % 6) * 72) + ((s4_1 * 8)), p0 + ((base_a + (mg_it0 + 1) * 64)) + ((s4_1 * 8)));
-  }
-  mg_cp_async_commit();
-  for (int c5 = threadIdx.x; c5 < 8; c5 += 128) {
-    const int s6_1 = c5;
-    mg_cp_async16((sm_a_0 + ((2) % 6) * 72) + ((s6_1 * 8)), p0 + ((base_a + (mg_it0 + 2) * 64)) + ((s6_1 * 8)));
-  }
-  mg_cp_async_commit();
-  for (int c7 = threadIdx.x; c7 < 8; c7 += 128) {
-    const int s8_1 = c7;
-    mg_cp_async16((sm_a_0 + ((3) % 6) * 72) + ((s8_1 * 8)), p0 + ((base_a + (mg_it0 + 3) * 64)) + ((s8_1 * 8)));
-  }
-  mg_cp_async_commit();
-  for (int c9 = threadIdx.x; c9 < 8; c9 += 128) {
-    const int s10_1 = c9;
-    mg_cp_async16((sm_a_0 + ((4) % 6) * 72) + ((s10_1 * 8)), p0 + ((base_a + (mg_it0 + 4) * 64)) + ((s10_1 * 8)));
-  }
-  mg_cp_async_commit();
-  float acc_s[7][4];
-  #pragma unroll
-  for (int j = 0; j < 7; ++j) acc_s[j][0] = acc_s[j][1] = acc_s[j][2] = acc_s[j][3] = 0.0f;
-  for (int it = 0; it < 32; ++it) {
-    const int off_a = base_a + (mg_it0 + it) * 64;
-    mg_cp_async_wait<4>();
-    mg_mbar_wait(mg_mbar + (it % 6), (it / 6) & 1);
+    const mg_f16* __restrict__ g0_p0,
+    const mg_f16* __restrict__ g0_p1,
+    mg_f16* __restrict__ g0_p2,
+    const __grid_constant__ mg_tmap g0_p3,
+    const mg_f16* __restrict__ g1_p0,
+    const mg_f16* __restrict__ g1_p1,
+    mg_f16* __restrict__ g1_p2,
+    const __grid_constant__ mg_tmap g1_p3) {
+  if (blockIdx.x < 64u) {
+    const unsigned mg_bx = (blockIdx.x - 0u) % 64u;
+    const unsigned mg_by = (blockIdx.x - 0u) / 64u;
+    (void)mg_bx; (void)mg_by;
+    const int bx = mg_bx, by = mg_by, bz = 0;
+    (void)bx; (void)by; (void)bz;
+    const unsigned mg_rank = blockIdx.z;
+    const int mg_it0 = (int)mg_rank * 32;
+    extern __shared__ __align__(16) unsigned char mg_smem_raw[];
+    unsigned char* mg_smem = mg_smem_raw + ((1024u - (mg_smem_addr(mg_smem_raw) & 1023u)) & 1023u);
+    const int base_a = 0;
+    const int base_b = bx * 224;
+    unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 173840);
+    if (threadIdx.x < 4) mg_zero[threadIdx.x] = 0u;
+    unsigned long long* mg_mbar = reinterpret_cast<unsigned long long*>(mg_smem + 173792);
+    if (threadIdx.x == 0) {
+      for (int s = 0; s < 6; ++s) mg_mbar_init(mg_mbar + s);
+      mg_mbar_fence_init();
+    }
     __syncthreads();
-    if (it + 5 < 32) {
-      for (int c11 = threadIdx.x; c11 < 8; c11 += 128) {
-        const int s12_1 = c11;
-        mg_cp_async16((sm_a_0 + (((it + 5)) % 6) * 72) + ((s12_1 * 8)), p0 + ((off_a + 320)) + ((s12_1 * 8)));
-      }
-      if (threadIdx.x == 0) {
-        mg_mbar_arrive_expect(mg_mbar + ((it + 5) % 6), 28672u);
-        mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 14336)), &p3, bx * 224, ((mg_it0 + it + 5)) * 64, mg_mbar + ((it + 5) % 6));
-        mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 14336)) + 4096, &p3, bx * 224 + 32, ((mg_it0 + it + 5)) * 64, mg_mbar + ((it + 5) % 6));
-        mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 14336)) + 8192, &p3, bx * 224 + 64, ((mg_it0 + it + 5)) * 64, mg_mbar + ((it + 5) % 6));
-        mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 14336)) + 12288, &p3, bx * 224 + 96, ((mg_it0 + it + 5)) * 64, mg_mbar + ((it + 5) % 6));
-        mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 14336)) + 16384, &p3, bx * 224 + 128, ((mg_it0 + it + 5)) * 64, mg_mbar + ((it + 5) % 6));
-        mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 14336)) + 20480, &p3, bx * 224 + 160, ((mg_it0 + it + 5)) * 64, mg_mbar + ((it + 5) % 6));
-        mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 14336)) + 24576, &p3, bx * 224 + 192, ((mg_it0 + it + 5)) * 64, mg_mbar + ((it + 5) % 6));
-      }
+    mg_f16* sm_a_0 = reinterpret_cast<mg_f16*>(mg_smem + 172032);
+    mg_f16* sm_b_0 = reinterpret_cast<mg_f16*>(mg_smem + 0);
+    float* buf_s = reinterpret_cast<float*>(mg_smem + 172896);
+    if (threadIdx.x == 0) {
+      mg_mbar_arrive_expect(mg_mbar + ((0) % 6), 28672u);
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 14336)), &g0_p3, bx * 224, ((mg_it0 + 0)) * 64, mg_mbar + ((0) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 14336)) + 4096, &g0_p3, bx * 224 + 32, ((mg_it0 + 0)) * 64, mg_mbar + ((0) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 14336)) + 8192, &g0_p3, bx * 224 + 64, ((mg_it0 + 0)) * 64, mg_mbar + ((0) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 14336)) + 12288, &g0_p3, bx * 224 + 96, ((mg_it0 + 0)) * 64, mg_mbar + ((0) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 14336)) + 16384, &g0_p3, bx * 224 + 128, ((mg_it0 + 0)) * 64, mg_mbar + ((0) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 14336)) + 20480, &g0_p3, bx * 224 + 160, ((mg_it0 + 0)) * 64, mg_mbar + ((0) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 14336)) + 24576, &g0_p3, bx * 224 + 192, ((mg_it0 + 0)) * 64, mg_mbar + ((0) % 6));
+    }
+    if (threadIdx.x == 0) {
+      mg_mbar_arrive_expect(mg_mbar + ((1) % 6), 28672u);
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 14336)), &g0_p3, bx * 224, ((mg_it0 + 1)) * 64, mg_mbar + ((1) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 14336)) + 4096, &g0_p3, bx * 224 + 32, ((mg_it0 + 1)) * 64, mg_mbar + ((1) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 14336)) + 8192, &g0_p3, bx * 224 + 64, ((mg_it0 + 1)) * 64, mg_mbar + ((1) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 14336)) + 12288, &g0_p3, bx * 224 + 96, ((mg_it0 + 1)) * 64, mg_mbar + ((1) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 14336)) + 16384, &g0_p3, bx * 224 + 128, ((mg_it0 + 1)) * 64, mg_mbar + ((1) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 14336)) + 20480, &g0_p3, bx * 224 + 160, ((mg_it0 + 1)) * 64, mg_mbar + ((1) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 14336)) + 24576, &g0_p3, bx * 224 + 192, ((mg_it0 + 1)) * 64, mg_mbar + ((1) % 6));
+    }
+    if (threadIdx.x == 0) {
+      mg_mbar_arrive_expect(mg_mbar + ((2) % 6), 28672u);
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 14336)), &g0_p3, bx * 224, ((mg_it0 + 2)) * 64, mg_mbar + ((2) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 14336)) + 4096, &g0_p3, bx * 224 + 32, ((mg_it0 + 2)) * 64, mg_mbar + ((2) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 14336)) + 8192, &g0_p3, bx * 224 + 64, ((mg_it0 + 2)) * 64, mg_mbar + ((2) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 14336)) + 12288, &g0_p3, bx * 224 + 96, ((mg_it0 + 2)) * 64, mg_mbar + ((2) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 14336)) + 16384, &g0_p3, bx * 224 + 128, ((mg_it0 + 2)) * 64, mg_mbar + ((2) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 14336)) + 20480, &g0_p3, bx * 224 + 160, ((mg_it0 + 2)) * 64, mg_mbar + ((2) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 14336)) + 24576, &g0_p3, bx * 224 + 192, ((mg_it0 + 2)) * 64, mg_mbar + ((2) % 6));
+    }
+    if (threadIdx.x == 0) {
+      mg_mbar_arrive_expect(mg_mbar + ((3) % 6), 28672u);
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 14336)), &g0_p3, bx * 224, ((mg_it0 + 3)) * 64, mg_mbar + ((3) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 14336)) + 4096, &g0_p3, bx * 224 + 32, ((mg_it0 + 3)) * 64, mg_mbar + ((3) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 14336)) + 8192, &g0_p3, bx * 224 + 64, ((mg_it0 + 3)) * 64, mg_mbar + ((3) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 14336)) + 12288, &g0_p3, bx * 224 + 96, ((mg_it0 + 3)) * 64, mg_mbar + ((3) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 14336)) + 16384, &g0_p3, bx * 224 + 128, ((mg_it0 + 3)) * 64, mg_mbar + ((3) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 14336)) + 20480, &g0_p3, bx * 224 + 160, ((mg_it0 + 3)) * 64, mg_mbar + ((3) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 14336)) + 24576, &g0_p3, bx * 224 + 192, ((mg_it0 + 3)) * 64, mg_mbar + ((3) % 6));
+    }
+    if (threadIdx.x == 0) {
+      mg_mbar_arrive_expect(mg_mbar + ((4) % 6), 28672u);
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 14336)), &g0_p3, bx * 224, ((mg_it0 + 4)) * 64, mg_mbar + ((4) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 14336)) + 4096, &g0_p3, bx * 224 + 32, ((mg_it0 + 4)) * 64, mg_mbar + ((4) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 14336)) + 8192, &g0_p3, bx * 224 + 64, ((mg_it0 + 4)) * 64, mg_mbar + ((4) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 14336)) + 12288, &g0_p3, bx * 224 + 96, ((mg_it0 + 4)) * 64, mg_mbar + ((4) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 14336)) + 16384, &g0_p3, bx * 224 + 128, ((mg_it0 + 4)) * 64, mg_mbar + ((4) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 14336)) + 20480, &g0_p3, bx * 224 + 160, ((mg_it0 + 4)) * 64, mg_mbar + ((4) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 14336)) + 24576, &g0_p3, bx * 224 + 192, ((mg_it0 + 4)) * 64, mg_mbar + ((4) % 6));
+    }
+    mg_grid_wait();
+    mg_grid_release();
+    for (int c1 = threadIdx.x; c1 < 8; c1 += 128) {
+      const int s2_1 = c1;
+      mg_cp_async16((sm_a_0 + ((0) % 6) * 72) + ((s2_1 * 8)), g0_p0 + ((base_a + (mg_it0 + 0) * 64)) + ((s2_1 * 8)));
     }
     mg_cp_async_commit();
-    const auto* sm_a = (sm_a_0 + ((it) % 6) * 72);
-    const auto* sm_b = (sm_b_0 + ((it) % 6) * 14336);
+    for (int c3 = threadIdx.x; c3 < 8; c3 += 128) {
+      const int s4_1 = c3;
+      mg_cp_async16((sm_a_0 + ((1) % 6) * 72) + ((s4_1 * 8)), g0_p0 + ((base_a + (mg_it0 + 1) * 64)) + ((s4_1 * 8)));
+    }
+    mg_cp_async_commit();
+    for (int c5 = threadIdx.x; c5 < 8; c5 += 128) {
+      const int s6_1 = c5;
+      mg_cp_async16((sm_a_0 + ((2) % 6) * 72) + ((s6_1 * 8)), g0_p0 + ((base_a + (mg_it0 + 2) * 64)) + ((s6_1 * 8)));
+    }
+    mg_cp_async_commit();
+    for (int c7 = threadIdx.x; c7 < 8; c7 += 128) {
+      const int s8_1 = c7;
+      mg_cp_async16((sm_a_0 + ((3) % 6) * 72) + ((s8_1 * 8)), g0_p0 + ((base_a + (mg_it0 + 3) * 64)) + ((s8_1 * 8)));
+    }
+    mg_cp_async_commit();
+    for (int c9 = threadIdx.x; c9 < 8; c9 += 128) {
+      const int s10_1 = c9;
+      mg_cp_async16((sm_a_0 + ((4) % 6) * 72) + ((s10_1 * 8)), g0_p0 + ((base_a + (mg_it0 + 4) * 64)) + ((s10_1 * 8)));
+    }
+    mg_cp_async_commit();
+    float acc_s[7][4];
+    #pragma unroll
+    for (int j = 0; j < 7; ++j) acc_s[j][0] = acc_s[j][1] = acc_s[j][2] = acc_s[j][3] = 0.0f;
+    for (int it = 0; it < 32; ++it) {
+      const int off_a = base_a + (mg_it0 + it) * 64;
+      mg_cp_async_wait<4>();
+      mg_mbar_wait(mg_mbar + (it % 6), (it / 6) & 1);
+      __syncthreads();
+      if (it + 5 < 32) {
+        for (int c11 = threadIdx.x; c11 < 8; c11 += 128) {
+          const int s12_1 = c11;
+          mg_cp_async16((sm_a_0 + (((it + 5)) % 6) * 72) + ((s12_1 * 8)), g0_p0 + ((off_a + 320)) + ((s12_1 * 8)));
+        }
+        if (threadIdx.x == 0) {
+          mg_mbar_arrive_expect(mg_mbar + ((it + 5) % 6), 28672u);
+          mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 14336)), &g0_p3, bx * 224, ((mg_it0 + it + 5)) * 64, mg_mbar + ((it + 5) % 6));
+          mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 14336)) + 4096, &g0_p3, bx * 224 + 32, ((mg_it0 + it + 5)) * 64, mg_mbar + ((it + 5) % 6));
+          mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 14336)) + 8192, &g0_p3, bx * 224 + 64, ((mg_it0 + it + 5)) * 64, mg_mbar + ((it + 5) % 6));
+          mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 14336)) + 12288, &g0_p3, bx * 224 + 96, ((mg_it0 + it + 5)) * 64, mg_mbar + ((it + 5) % 6));
+          mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 14336)) + 16384, &g0_p3, bx * 224 + 128, ((mg_it0 + it + 5)) * 64, mg_mbar + ((it + 5) % 6));
+          mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 14336)) + 20480, &g0_p3, bx * 224 + 160, ((mg_it0 + it + 5)) * 64, mg_mbar + ((it + 5) % 6));
+          mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 14336)) + 24576, &g0_p3, bx * 224 + 192, ((mg_it0 + it + 5)) * 64, mg_mbar + ((it + 5) % 6));
+        }
+      }
+      mg_cp_async_commit();
+      const auto* sm_a = (sm_a_0 + ((it) % 6) * 72);
+      const auto* sm_b = (sm_b_0 + ((it) % 6) * 14336);
+      {
+        const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
+        const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
+        (void)mg_g; (void)mg_t;
+        const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
+        (void)mg_ks;
+      #pragma unroll
+      for (int s = 0; s < 4; ++s) {
+        const int kk = (mg_ks + s * 1) * 16;
+        const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
+        (void)k0; (void)k1;
+        unsigned ra0, ra1, ra2, ra3;
+        const int mg_mi = 0, r0 = mg_g, r1 = r0 + 8;
+        (void)r0; (void)r1;
+        mg_ldsm_x4(ra0, ra1, ra2, ra3, ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) < 1 ? (const void*)(sm_a + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) * 72 + (kk + (mg_lane >> 4) * 8))) : (const void*)mg_zero));
+        #pragma unroll
+        for (int j = 0; j < 7; ++j) {
+          const int q = mg_grp + 4 * j;
+          const int mg_nb = q / 28;
+          const int mg_ni = q % 28;
+          const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
+          (void)mg_nb; (void)c0; (void)n0;
+          unsigned rb0, rb1;
+          mg_ldsm_x2_t(rb0, rb1, (reinterpret_cast<const unsigned char*>(sm_b) + ((((mg_ni * 8)) * 2) / 64) * 4096 + (((((kk + (mg_lane & 15)))) * 64 + (((mg_ni * 8)) * 2) % 64) ^ (((((((kk + (mg_lane & 15)))) * 64 + (((mg_ni * 8)) * 2) % 64) >> 7) & 3) << 4))));
+          mg_mma_f16(acc_s[j], ra0, ra1, ra2, ra3, rb0, rb1);
+        }
+      }
+      }
+    }
+    __syncthreads();
     {
       const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
       const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
       (void)mg_g; (void)mg_t;
       const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
       (void)mg_ks;
-    #pragma unroll
-    for (int s = 0; s < 4; ++s) {
-      const int kk = (mg_ks + s * 1) * 16;
-      const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
-      (void)k0; (void)k1;
-      unsigned ra0, ra1, ra2, ra3;
-      const int mg_mi = 0, r0 = mg_g, r1 = r0 + 8;
-      (void)r0; (void)r1;
-      mg_ldsm_x4(ra0, ra1, ra2, ra3, ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) < 1 ? (const void*)(sm_a + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) * 72 + (kk + (mg_lane >> 4) * 8))) : (const void*)mg_zero));
       #pragma unroll
       for (int j = 0; j < 7; ++j) {
         const int q = mg_grp + 4 * j;
-        const int mg_nb = q / 28;
-        const int mg_ni = q % 28;
-        const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
-        (void)mg_nb; (void)c0; (void)n0;
-        unsigned rb0, rb1;
-        mg_ldsm_x2_t(rb0, rb1, (reinterpret_cast<const unsigned char*>(sm_b) + ((((mg_ni * 8)) * 2) / 64) * 4096 + (((((kk + (mg_lane & 15)))) * 64 + (((mg_ni * 8)) * 2) % 64) ^ (((((((kk + (mg_lane & 15)))) * 64 + (((mg_ni * 8)) * 2) % 64) >> 7) & 3) << 4))));
-        mg_mma_f16(acc_s[j], ra0, ra1, ra2, ra3, rb0, rb1);
-      }
-    }
-    }
-  }
-  __syncthreads();
-  {
-    const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
-    const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
-    (void)mg_g; (void)mg_t;
-    const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
-    (void)mg_ks;
-    #pragma unroll
-    for (int j = 0; j < 7; ++j) {
-      const int q = mg_grp + 4 * j;
-      if (q < 28) {
-        const int mg_nb = q / 28;
-        const int mg_mi = (q / 28) % 1;
-        const int mg_ni = q % 28;
-        const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
-        const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
-        (void)mg_nb; (void)r1; (void)c0; (void)n0;
-        if (r0 < 1) buf_s[r0 * 224 + c0] = acc_s[j][0];
-        if (r0 < 1) buf_s[r0 * 224 + (c0 + 1)] = acc_s[j][1];
-        if (r1 < 1) buf_s[r1 * 224 + c0] = acc_s[j][2];
-        if (r1 < 1) buf_s[r1 * 224 + (c0 + 1)] = acc_s[j][3];
-      }
-    }
-  }
-  __syncthreads();
-  mg_cluster_sync();
-  for (int e0 = threadIdx.x; e0 < 56; e0 += 512) {
-    float4 mg_p[4][2];
-    #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int e = e0 + j * 128;
-      if (e < 56) {
-        #pragma unroll
-        for (unsigned r = 0; r < 2; ++r) mg_p[j][r] = mg_dsmem_ld4(buf_s + 4 * e, r);
-      }
-    }
-    #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int e = e0 + j * 128;
-      if (e < 56) {
-        float4 v = mg_p[j][0];
-        #pragma unroll
-        for (unsigned r = 1; r < 2; ++r) {
-          v.x += mg_p[j][r].x;
-          v.y += mg_p[j][r].y;
-          v.z += mg_p[j][r].z;
-          v.w += mg_p[j][r].w;
+        if (q < 28) {
+          const int mg_nb = q / 28;
+          const int mg_mi = (q / 28) % 1;
+          const int mg_ni = q % 28;
+          const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
+          const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
+          (void)mg_nb; (void)r1; (void)c0; (void)n0;
+          if (r0 < 1) buf_s[r0 * 224 + c0] = acc_s[j][0];
+          if (r0 < 1) buf_s[r0 * 224 + (c0 + 1)] = acc_s[j][1];
+          if (r1 < 1) buf_s[r1 * 224 + c0] = acc_s[j][2];
+          if (r1 < 1) buf_s[r1 * 224 + (c0 + 1)] = acc_s[j][3];
         }
-        reinterpret_cast<float4*>(reinterpret_cast<float*>(mg_smem + 0))[e] = v;
       }
     }
-  }
-  mg_cluster_arrive();
-  __syncthreads();
-  buf_s = reinterpret_cast<float*>(mg_smem + 0);
-  for (int e13 = (int)mg_rank * 128 + (int)threadIdx.x; e13 < 28; e13 += 256) {
-    const int i14_1 = e13;
-    mg_st8(p2 + (bx * 224 + (i14_1 * 8)), buf_s[((i14_1 * 8) + 0)], buf_s[((i14_1 * 8) + 1)], buf_s[((i14_1 * 8) + 2)], buf_s[((i14_1 * 8) + 3)], buf_s[((i14_1 * 8) + 4)], buf_s[((i14_1 * 8) + 5)], buf_s[((i14_1 * 8) + 6)], buf_s[((i14_1 * 8) + 7)]);
-  }
-  mg_cluster_wait();
-}
-
-// matmul as a generated block graph: grid [64, 1, 1], forloop 64, tensor cores
-extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(128, 1) mg_k27_mirage_llama3_8b_layer_aec50abcc000(
-    const mg_f16* __restrict__ p0,
-    const mg_f16* __restrict__ p1,
-    mg_f16* __restrict__ p2,
-    const __grid_constant__ mg_tmap p3) {
-  const int bx = blockIdx.x, by = blockIdx.y, bz = 0;
-  (void)bx; (void)by; (void)bz;
-  const unsigned mg_rank = blockIdx.z;
-  const int mg_it0 = (int)mg_rank * 32;
-  extern __shared__ __align__(16) unsigned char mg_smem_raw[];
-  unsigned char* mg_smem = mg_smem_raw + ((1024u - (mg_smem_addr(mg_smem_raw) & 1023u)) & 1023u);
-  const int base_a = 0;
-  const int base_b = bx * 224;
-  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 173840);
-  if (threadIdx.x < 4) mg_zero[threadIdx.x] = 0u;
-  unsigned long long* mg_mbar = reinterpret_cast<unsigned long long*>(mg_smem + 173792);
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < 6; ++s) mg_mbar_init(mg_mbar + s);
-    mg_mbar_fence_init();
-  }
-  __syncthreads();
-  mg_f16* sm_a_0 = reinterpret_cast<mg_f16*>(mg_smem + 172032);
-  mg_f16* sm_b_0 = reinterpret_cast<mg_f16*>(mg_smem + 0);
-  float* buf_s = reinterpret_cast<float*>(mg_smem + 172896);
-  if (threadIdx.x == 0) {
-    mg_mbar_arrive_expect(mg_mbar + ((0) % 6), 28672u);
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 14336)), &p3, bx * 224, ((mg_it0 + 0)) * 64, mg_mbar + ((0) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 14336)) + 4096, &p3, bx * 224 + 32, ((mg_it0 + 0)) * 64, mg_mbar + ((0) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 14336)) + 8192, &p3, bx * 224 + 64, ((mg_it0 + 0)) * 64, mg_mbar + ((0) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 14336)) + 12288, &p3, bx * 224 + 96, ((mg_it0 + 0)) * 64, mg_mbar + ((0) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 14336)) + 16384, &p3, bx * 224 + 128, ((mg_it0 + 0)) * 64, mg_mbar + ((0) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 14336)) + 20480, &p3, bx * 224 + 160, ((mg_it0 + 0)) * 64, mg_mbar + ((0) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 14336)) + 24576, &p3, bx * 224 + 192, ((mg_it0 + 0)) * 64, mg_mbar + ((0) % 6));
-  }
-  if (threadIdx.x == 0) {
-    mg_mbar_arrive_expect(mg_mbar + ((1) % 6), 28672u);
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 14336)), &p3, bx * 224, ((mg_it0 + 1)) * 64, mg_mbar + ((1) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 14336)) + 4096, &p3, bx * 224 + 32, ((mg_it0 + 1)) * 64, mg_mbar + ((1) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 14336)) + 8192, &p3, bx * 224 + 64, ((mg_it0 + 1)) * 64, mg_mbar + ((1) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 14336)) + 12288, &p3, bx * 224 + 96, ((mg_it0 + 1)) * 64, mg_mbar + ((1) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 14336)) + 16384, &p3, bx * 224 + 128, ((mg_it0 + 1)) * 64, mg_mbar + ((1) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 14336)) + 20480, &p3, bx * 224 + 160, ((mg_it0 + 1)) * 64, mg_mbar + ((1) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 14336)) + 24576, &p3, bx * 224 + 192, ((mg_it0 + 1)) * 64, mg_mbar + ((1) % 6));
-  }
-  if (threadIdx.x == 0) {
-    mg_mbar_arrive_expect(mg_mbar + ((2) % 6), 28672u);
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 14336)), &p3, bx * 224, ((mg_it0 + 2)) * 64, mg_mbar + ((2) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 14336)) + 4096, &p3, bx * 224 + 32, ((mg_it0 + 2)) * 64, mg_mbar + ((2) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 14336)) + 8192, &p3, bx * 224 + 64, ((mg_it0 + 2)) * 64, mg_mbar + ((2) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 14336)) + 12288, &p3, bx * 224 + 96, ((mg_it0 + 2)) * 64, mg_mbar + ((2) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 14336)) + 16384, &p3, bx * 224 + 128, ((mg_it0 + 2)) * 64, mg_mbar + ((2) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 14336)) + 20480, &p3, bx * 224 + 160, ((mg_it0 + 2)) * 64, mg_mbar + ((2) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 14336)) + 24576, &p3, bx * 224 + 192, ((mg_it0 + 2)) * 64, mg_mbar + ((2) % 6));
-  }
-  if (threadIdx.x == 0) {
-    mg_mbar_arrive_expect(mg_mbar + ((3) % 6), 28672u);
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 14336)), &p3, bx * 224, ((mg_it0 + 3)) * 64, mg_mbar + ((3) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 14336)) + 4096, &p3, bx * 224 + 32, ((mg_it0 + 3)) * 64, mg_mbar + ((3) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 14336)) + 8192, &p3, bx * 224 + 64, ((mg_it0 + 3)) * 64, mg_mbar + ((3) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 14336)) + 12288, &p3, bx * 224 + 96, ((mg_it0 + 3)) * 64, mg_mbar + ((3) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 14336)) + 16384, &p3, bx * 224 + 128, ((mg_it0 + 3)) * 64, mg_mbar + ((3) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 14336)) + 20480, &p3, bx * 224 + 160, ((mg_it0 + 3)) * 64, mg_mbar + ((3) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 14336)) + 24576, &p3, bx * 224 + 192, ((mg_it0 + 3)) * 64, mg_mbar + ((3) % 6));
-  }
-  if (threadIdx.x == 0) {
-    mg_mbar_arrive_expect(mg_mbar + ((4) % 6), 28672u);
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 14336)), &p3, bx * 224, ((mg_it0 + 4)) * 64, mg_mbar + ((4) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 14336)) + 4096, &p3, bx * 224 + 32, ((mg_it0 + 4)) * 64, mg_mbar + ((4) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 14336)) + 8192, &p3, bx * 224 + 64, ((mg_it0 + 4)) * 64, mg_mbar + ((4) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 14336)) + 12288, &p3, bx * 224 + 96, ((mg_it0 + 4)) * 64, mg_mbar + ((4) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 14336)) + 16384, &p3, bx * 224 + 128, ((mg_it0 + 4)) * 64, mg_mbar + ((4) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 14336)) + 20480, &p3, bx * 224 + 160, ((mg_it0 + 4)) * 64, mg_mbar + ((4) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 14336)) + 24576, &p3, bx * 224 + 192, ((mg_it0 + 4)) * 64, mg_mbar + ((4) % 6));
-  }
-  mg_grid_wait();
-  mg_grid_release();
-  for (int c1 = threadIdx.x; c1 < 8; c1 += 128) {
-    const int s2_1 = c1;
-    mg_cp_async16((sm_a_0 + ((0) % 6) * 72) + ((s2_1 * 8)), p0 + ((base_a + (mg_it0 + 0) * 64)) + ((s2_1 * 8)));
-  }
-  mg_cp_async_commit();
-  for (int c3 = threadIdx.x; c3 < 8; c3 += 128) {
-    const int s4_1 = c3;
-    mg_cp_async16((sm_a_0 + ((1) % 6) * 72) + ((s4_1 * 8)), p0 + ((base_a + (mg_it0 + 1) * 64)) + ((s4_1 * 8)));
-  }
-  mg_cp_async_commit();
-  for (int c5 = threadIdx.x; c5 < 8; c5 += 128) {
-    const int s6_1 = c5;
-    mg_cp_async16((sm_a_0 + ((2) % 6) * 72) + ((s6_1 * 8)), p0 + ((base_a + (mg_it0 + 2) * 64)) + ((s6_1 * 8)));
-  }
-  mg_cp_async_commit();
-  for (int c7 = threadIdx.x; c7 < 8; c7 += 128) {
-    const int s8_1 = c7;
-    mg_cp_async16((sm_a_0 + ((3) % 6) * 72) + ((s8_1 * 8)), p0 + ((base_a + (mg_it0 + 3) * 64)) + ((s8_1 * 8)));
-  }
-  mg_cp_async_commit();
-  for (int c9 = threadIdx.x; c9 < 8; c9 += 128) {
-    const int s10_1 = c9;
-    mg_cp_async16((sm_a_0 + ((4) % 6) * 72) + ((s10_1 * 8)), p0 + ((base_a + (mg_it0 + 4) * 64)) + ((s10_1 * 8)));
-  }
-  mg_cp_async_commit();
-  float acc_s[7][4];
-  #pragma unroll
-  for (int j = 0; j < 7; ++j) acc_s[j][0] = acc_s[j][1] = acc_s[j][2] = acc_s[j][3] = 0.0f;
-  for (int it = 0; it < 32; ++it) {
-    const int off_a = base_a + (mg_it0 + it) * 64;
-    mg_cp_async_wait<4>();
-    mg_mbar_wait(mg_mbar + (it % 6), (it / 6) & 1);
     __syncthreads();
-    if (it + 5 < 32) {
-      for (int c11 = threadIdx.x; c11 < 8; c11 += 128) {
-        const int s12_1 = c11;
-        mg_cp_async16((sm_a_0 + (((it + 5)) % 6) * 72) + ((s12_1 * 8)), p0 + ((off_a + 320)) + ((s12_1 * 8)));
+    mg_cluster_sync();
+    for (int e0 = threadIdx.x; e0 < 56; e0 += 512) {
+      float4 mg_p[4][2];
+      #pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int e = e0 + j * 128;
+        if (e < 56) {
+          #pragma unroll
+          for (unsigned r = 0; r < 2; ++r) mg_p[j][r] = mg_dsmem_ld4(buf_s + 4 * e, r);
+        }
       }
-      if (threadIdx.x == 0) {
-        mg_mbar_arrive_expect(mg_mbar + ((it + 5) % 6), 28672u);
-        mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 14336)), &p3, bx * 224, ((mg_it0 + it + 5)) * 64, mg_mbar + ((it + 5) % 6));
-        mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 14336)) + 4096, &p3, bx * 224 + 32, ((mg_it0 + it + 5)) * 64, mg_mbar + ((it + 5) % 6));
-        mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 14336)) + 8192, &p3, bx * 224 + 64, ((mg_it0 + it + 5)) * 64, mg_mbar + ((it + 5) % 6));
-        mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 14336)) + 12288, &p3, bx * 224 + 96, ((mg_it0 + it + 5)) * 64, mg_mbar + ((it + 5) % 6));
-        mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 14336)) + 16384, &p3, bx * 224 + 128, ((mg_it0 + it + 5)) * 64, mg_mbar + ((it + 5) % 6));
-        mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 14336)) + 20480, &p3, bx * 224 + 160, ((mg_it0 + it + 5)) * 64, mg_mbar + ((it + 5) % 6));
-        mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 14336)) + 24576, &p3, bx * 224 + 192, ((mg_it0 + it + 5)) * 64, mg_mbar + ((it + 5) % 6));
+      #pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int e = e0 + j * 128;
+        if (e < 56) {
+          float4 v = mg_p[j][0];
+          #pragma unroll
+          for (unsigned r = 1; r < 2; ++r) {
+            v.x += mg_p[j][r].x;
+            v.y += mg_p[j][r].y;
+            v.z += mg_p[j][r].z;
+            v.w += mg_p[j][r].w;
+          }
+          reinterpret_cast<float4*>(reinterpret_cast<float*>(mg_smem + 0))[e] = v;
+        }
       }
+    }
+    mg_cluster_arrive();
+    __syncthreads();
+    buf_s = reinterpret_cast<float*>(mg_smem + 0);
+    for (int e13 = (int)mg_rank * 128 + (int)threadIdx.x; e13 < 28; e13 += 256) {
+      const int i14_1 = e13;
+      mg_st8(g0_p2 + (bx * 224 + (i14_1 * 8)), buf_s[((i14_1 * 8) + 0)], buf_s[((i14_1 * 8) + 1)], buf_s[((i14_1 * 8) + 2)], buf_s[((i14_1 * 8) + 3)], buf_s[((i14_1 * 8) + 4)], buf_s[((i14_1 * 8) + 5)], buf_s[((i14_1 * 8) + 6)], buf_s[((i14_1 * 8) + 7)]);
+    }
+    mg_cluster_wait();
+  } else if (blockIdx.x < 128u) {
+    const unsigned mg_bx = (blockIdx.x - 64u) % 64u;
+    const unsigned mg_by = (blockIdx.x - 64u) / 64u;
+    (void)mg_bx; (void)mg_by;
+    const int bx = mg_bx, by = mg_by, bz = 0;
+    (void)bx; (void)by; (void)bz;
+    const unsigned mg_rank = blockIdx.z;
+    const int mg_it0 = (int)mg_rank * 32;
+    extern __shared__ __align__(16) unsigned char mg_smem_raw[];
+    unsigned char* mg_smem = mg_smem_raw + ((1024u - (mg_smem_addr(mg_smem_raw) & 1023u)) & 1023u);
+    const int base_a = 0;
+    const int base_b = bx * 224;
+    unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 173840);
+    if (threadIdx.x < 4) mg_zero[threadIdx.x] = 0u;
+    unsigned long long* mg_mbar = reinterpret_cast<unsigned long long*>(mg_smem + 173792);
+    if (threadIdx.x == 0) {
+      for (int s = 0; s < 6; ++s) mg_mbar_init(mg_mbar + s);
+      mg_mbar_fence_init();
+    }
+    __syncthreads();
+    mg_f16* sm_a_0 = reinterpret_cast<mg_f16*>(mg_smem + 172032);
+    mg_f16* sm_b_0 = reinterpret_cast<mg_f16*>(mg_smem + 0);
+    float* buf_s = reinterpret_cast<float*>(mg_smem + 172896);
+    if (threadIdx.x == 0) {
+      mg_mbar_arrive_expect(mg_mbar + ((0) % 6), 28672u);
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 14336)), &g1_p3, bx * 224, ((mg_it0 + 0)) * 64, mg_mbar + ((0) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 14336)) + 4096, &g1_p3, bx * 224 + 32, ((mg_it0 + 0)) * 64, mg_mbar + ((0) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 14336)) + 8192, &g1_p3, bx * 224 + 64, ((mg_it0 + 0)) * 64, mg_mbar + ((0) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 14336)) + 12288, &g1_p3, bx * 224 + 96, ((mg_it0 + 0)) * 64, mg_mbar + ((0) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 14336)) + 16384, &g1_p3, bx * 224 + 128, ((mg_it0 + 0)) * 64, mg_mbar + ((0) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 14336)) + 20480, &g1_p3, bx * 224 + 160, ((mg_it0 + 0)) * 64, mg_mbar + ((0) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 14336)) + 24576, &g1_p3, bx * 224 + 192, ((mg_it0 + 0)) * 64, mg_mbar + ((0) % 6));
+    }
+    if (threadIdx.x == 0) {
+      mg_mbar_arrive_expect(mg_mbar + ((1) % 6), 28672u);
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 14336)), &g1_p3, bx * 224, ((mg_it0 + 1)) * 64, mg_mbar + ((1) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 14336)) + 4096, &g1_p3, bx * 224 + 32, ((mg_it0 + 1)) * 64, mg_mbar + ((1) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 14336)) + 8192, &g1_p3, bx * 224 + 64, ((mg_it0 + 1)) * 64, mg_mbar + ((1) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 14336)) + 12288, &g1_p3, bx * 224 + 96, ((mg_it0 + 1)) * 64, mg_mbar + ((1) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 14336)) + 16384, &g1_p3, bx * 224 + 128, ((mg_it0 + 1)) * 64, mg_mbar + ((1) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 14336)) + 20480, &g1_p3, bx * 224 + 160, ((mg_it0 + 1)) * 64, mg_mbar + ((1) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 14336)) + 24576, &g1_p3, bx * 224 + 192, ((mg_it0 + 1)) * 64, mg_mbar + ((1) % 6));
+    }
+    if (threadIdx.x == 0) {
+      mg_mbar_arrive_expect(mg_mbar + ((2) % 6), 28672u);
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 14336)), &g1_p3, bx * 224, ((mg_it0 + 2)) * 64, mg_mbar + ((2) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 14336)) + 4096, &g1_p3, bx * 224 + 32, ((mg_it0 + 2)) * 64, mg_mbar + ((2) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 14336)) + 8192, &g1_p3, bx * 224 + 64, ((mg_it0 + 2)) * 64, mg_mbar + ((2) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 14336)) + 12288, &g1_p3, bx * 224 + 96, ((mg_it0 + 2)) * 64, mg_mbar + ((2) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 14336)) + 16384, &g1_p3, bx * 224 + 128, ((mg_it0 + 2)) * 64, mg_mbar + ((2) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 14336)) + 20480, &g1_p3, bx * 224 + 160, ((mg_it0 + 2)) * 64, mg_mbar + ((2) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 14336)) + 24576, &g1_p3, bx * 224 + 192, ((mg_it0 + 2)) * 64, mg_mbar + ((2) % 6));
+    }
+    if (threadIdx.x == 0) {
+      mg_mbar_arrive_expect(mg_mbar + ((3) % 6), 28672u);
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 14336)), &g1_p3, bx * 224, ((mg_it0 + 3)) * 64, mg_mbar + ((3) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 14336)) + 4096, &g1_p3, bx * 224 + 32, ((mg_it0 + 3)) * 64, mg_mbar + ((3) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 14336)) + 8192, &g1_p3, bx * 224 + 64, ((mg_it0 + 3)) * 64, mg_mbar + ((3) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 14336)) + 12288, &g1_p3, bx * 224 + 96, ((mg_it0 + 3)) * 64, mg_mbar + ((3) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 14336)) + 16384, &g1_p3, bx * 224 + 128, ((mg_it0 + 3)) * 64, mg_mbar + ((3) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 14336)) + 20480, &g1_p3, bx * 224 + 160, ((mg_it0 + 3)) * 64, mg_mbar + ((3) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 14336)) + 24576, &g1_p3, bx * 224 + 192, ((mg_it0 + 3)) * 64, mg_mbar + ((3) % 6));
+    }
+    if (threadIdx.x == 0) {
+      mg_mbar_arrive_expect(mg_mbar + ((4) % 6), 28672u);
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 14336)), &g1_p3, bx * 224, ((mg_it0 + 4)) * 64, mg_mbar + ((4) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 14336)) + 4096, &g1_p3, bx * 224 + 32, ((mg_it0 + 4)) * 64, mg_mbar + ((4) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 14336)) + 8192, &g1_p3, bx * 224 + 64, ((mg_it0 + 4)) * 64, mg_mbar + ((4) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 14336)) + 12288, &g1_p3, bx * 224 + 96, ((mg_it0 + 4)) * 64, mg_mbar + ((4) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 14336)) + 16384, &g1_p3, bx * 224 + 128, ((mg_it0 + 4)) * 64, mg_mbar + ((4) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 14336)) + 20480, &g1_p3, bx * 224 + 160, ((mg_it0 + 4)) * 64, mg_mbar + ((4) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 14336)) + 24576, &g1_p3, bx * 224 + 192, ((mg_it0 + 4)) * 64, mg_mbar + ((4) % 6));
+    }
+    mg_grid_wait();
+    mg_grid_release();
+    for (int c1 = threadIdx.x; c1 < 8; c1 += 128) {
+      const int s2_1 = c1;
+      mg_cp_async16((sm_a_0 + ((0) % 6) * 72) + ((s2_1 * 8)), g1_p0 + ((base_a + (mg_it0 + 0) * 64)) + ((s2_1 * 8)));
     }
     mg_cp_async_commit();
-    const auto* sm_a = (sm_a_0 + ((it) % 6) * 72);
-    const auto* sm_b = (sm_b_0 + ((it) % 6) * 14336);
+    for (int c3 = threadIdx.x; c3 < 8; c3 += 128) {
+      const int s4_1 = c3;
+      mg_cp_async16((sm_a_0 + ((1) % 6) * 72) + ((s4_1 * 8)), g1_p0 + ((base_a + (mg_it0 + 1) * 64)) + ((s4_1 * 8)));
+    }
+    mg_cp_async_commit();
+    for (int c5 = threadIdx.x; c5 < 8; c5 += 128) {
+      const int s6_1 = c5;
+      mg_cp_async16((sm_a_0 + ((2) % 6) * 72) + ((s6_1 * 8)), g1_p0 + ((base_a + (mg_it0 + 2) * 64)) + ((s6_1 * 8)));
+    }
+    mg_cp_async_commit();
+    for (int c7 = threadIdx.x; c7 < 8; c7 += 128) {
+      const int s8_1 = c7;
+      mg_cp_async16((sm_a_0 + ((3) % 6) * 72) + ((s8_1 * 8)), g1_p0 + ((base_a + (mg_it0 + 3) * 64)) + ((s8_1 * 8)));
+    }
+    mg_cp_async_commit();
+    for (int c9 = threadIdx.x; c9 < 8; c9 += 128) {
+      const int s10_1 = c9;
+      mg_cp_async16((sm_a_0 + ((4) % 6) * 72) + ((s10_1 * 8)), g1_p0 + ((base_a + (mg_it0 + 4) * 64)) + ((s10_1 * 8)));
+    }
+    mg_cp_async_commit();
+    float acc_s[7][4];
+    #pragma unroll
+    for (int j = 0; j < 7; ++j) acc_s[j][0] = acc_s[j][1] = acc_s[j][2] = acc_s[j][3] = 0.0f;
+    for (int it = 0; it < 32; ++it) {
+      const int off_a = base_a + (mg_it0 + it) * 64;
+      mg_cp_async_wait<4>();
+      mg_mbar_wait(mg_mbar + (it % 6), (it / 6) & 1);
+      __syncthreads();
+      if (it + 5 < 32) {
+        for (int c11 = threadIdx.x; c11 < 8; c11 += 128) {
+          const int s12_1 = c11;
+          mg_cp_async16((sm_a_0 + (((it + 5)) % 6) * 72) + ((s12_1 * 8)), g1_p0 + ((off_a + 320)) + ((s12_1 * 8)));
+        }
+        if (threadIdx.x == 0) {
+          mg_mbar_arrive_expect(mg_mbar + ((it + 5) % 6), 28672u);
+          mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 14336)), &g1_p3, bx * 224, ((mg_it0 + it + 5)) * 64, mg_mbar + ((it + 5) % 6));
+          mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 14336)) + 4096, &g1_p3, bx * 224 + 32, ((mg_it0 + it + 5)) * 64, mg_mbar + ((it + 5) % 6));
+          mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 14336)) + 8192, &g1_p3, bx * 224 + 64, ((mg_it0 + it + 5)) * 64, mg_mbar + ((it + 5) % 6));
+          mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 14336)) + 12288, &g1_p3, bx * 224 + 96, ((mg_it0 + it + 5)) * 64, mg_mbar + ((it + 5) % 6));
+          mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 14336)) + 16384, &g1_p3, bx * 224 + 128, ((mg_it0 + it + 5)) * 64, mg_mbar + ((it + 5) % 6));
+          mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 14336)) + 20480, &g1_p3, bx * 224 + 160, ((mg_it0 + it + 5)) * 64, mg_mbar + ((it + 5) % 6));
+          mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 14336)) + 24576, &g1_p3, bx * 224 + 192, ((mg_it0 + it + 5)) * 64, mg_mbar + ((it + 5) % 6));
+        }
+      }
+      mg_cp_async_commit();
+      const auto* sm_a = (sm_a_0 + ((it) % 6) * 72);
+      const auto* sm_b = (sm_b_0 + ((it) % 6) * 14336);
+      {
+        const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
+        const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
+        (void)mg_g; (void)mg_t;
+        const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
+        (void)mg_ks;
+      #pragma unroll
+      for (int s = 0; s < 4; ++s) {
+        const int kk = (mg_ks + s * 1) * 16;
+        const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
+        (void)k0; (void)k1;
+        unsigned ra0, ra1, ra2, ra3;
+        const int mg_mi = 0, r0 = mg_g, r1 = r0 + 8;
+        (void)r0; (void)r1;
+        mg_ldsm_x4(ra0, ra1, ra2, ra3, ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) < 1 ? (const void*)(sm_a + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) * 72 + (kk + (mg_lane >> 4) * 8))) : (const void*)mg_zero));
+        #pragma unroll
+        for (int j = 0; j < 7; ++j) {
+          const int q = mg_grp + 4 * j;
+          const int mg_nb = q / 28;
+          const int mg_ni = q % 28;
+          const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
+          (void)mg_nb; (void)c0; (void)n0;
+          unsigned rb0, rb1;
+          mg_ldsm_x2_t(rb0, rb1, (reinterpret_cast<const unsigned char*>(sm_b) + ((((mg_ni * 8)) * 2) / 64) * 4096 + (((((kk + (mg_lane & 15)))) * 64 + (((mg_ni * 8)) * 2) % 64) ^ (((((((kk + (mg_lane & 15)))) * 64 + (((mg_ni * 8)) * 2) % 64) >> 7) & 3) << 4))));
+          mg_mma_f16(acc_s[j], ra0, ra1, ra2, ra3, rb0, rb1);
+        }
+      }
+      }
+    }
+    __syncthreads();
     {
       const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
       const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
       (void)mg_g; (void)mg_t;
       const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
       (void)mg_ks;
-    #pragma unroll
-    for (int s = 0; s < 4; ++s) {
-      const int kk = (mg_ks + s * 1) * 16;
-      const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
-      (void)k0; (void)k1;
-      unsigned ra0, ra1, ra2, ra3;
-      const int mg_mi = 0, r0 = mg_g, r1 = r0 + 8;
-      (void)r0; (void)r1;
-      mg_ldsm_x4(ra0, ra1, ra2, ra3, ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) < 1 ? (const void*)(sm_a + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) * 72 + (kk + (mg_lane >> 4) * 8))) : (const void*)mg_zero));
       #pragma unroll
       for (int j = 0; j < 7; ++j) {
         const int q = mg_grp + 4 * j;
-        const int mg_nb = q / 28;
-        const int mg_ni = q % 28;
-        const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
-        (void)mg_nb; (void)c0; (void)n0;
-        unsigned rb0, rb1;
-        mg_ldsm_x2_t(rb0, rb1, (reinterpret_cast<const unsigned char*>(sm_b) + ((((mg_ni * 8)) * 2) / 64) * 4096 + (((((kk + (mg_lane & 15)))) * 64 + (((mg_ni * 8)) * 2) % 64) ^ (((((((kk + (mg_lane & 15)))) * 64 + (((mg_ni * 8)) * 2) % 64) >> 7) & 3) << 4))));
-        mg_mma_f16(acc_s[j], ra0, ra1, ra2, ra3, rb0, rb1);
-      }
-    }
-    }
-  }
-  __syncthreads();
-  {
-    const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
-    const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
-    (void)mg_g; (void)mg_t;
-    const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
-    (void)mg_ks;
-    #pragma unroll
-    for (int j = 0; j < 7; ++j) {
-      const int q = mg_grp + 4 * j;
-      if (q < 28) {
-        const int mg_nb = q / 28;
-        const int mg_mi = (q / 28) % 1;
-        const int mg_ni = q % 28;
-        const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
-        const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
-        (void)mg_nb; (void)r1; (void)c0; (void)n0;
-        if (r0 < 1) buf_s[r0 * 224 + c0] = acc_s[j][0];
-        if (r0 < 1) buf_s[r0 * 224 + (c0 + 1)] = acc_s[j][1];
-        if (r1 < 1) buf_s[r1 * 224 + c0] = acc_s[j][2];
-        if (r1 < 1) buf_s[r1 * 224 + (c0 + 1)] = acc_s[j][3];
-      }
-    }
-  }
-  __syncthreads();
-  mg_cluster_sync();
-  for (int e0 = threadIdx.x; e0 < 56; e0 += 512) {
-    float4 mg_p[4][2];
-    #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int e = e0 + j * 128;
-      if (e < 56) {
-        #pragma unroll
-        for (unsigned r = 0; r < 2; ++r) mg_p[j][r] = mg_dsmem_ld4(buf_s + 4 * e, r);
-      }
-    }
-    #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int e = e0 + j * 128;
-      if (e < 56) {
-        float4 v = mg_p[j][0];
-        #pragma unroll
-        for (unsigned r = 1; r < 2; ++r) {
-          v.x += mg_p[j][r].x;
-          v.y += mg_p[j][r].y;
-          v.z += mg_p[j][r].z;
-          v.w += mg_p[j][r].w;
+        if (q < 28) {
+          const int mg_nb = q / 28;
+          const int mg_mi = (q / 28) % 1;
+          const int mg_ni = q % 28;
+          const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
+          const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
+          (void)mg_nb; (void)r1; (void)c0; (void)n0;
+          if (r0 < 1) buf_s[r0 * 224 + c0] = acc_s[j][0];
+          if (r0 < 1) buf_s[r0 * 224 + (c0 + 1)] = acc_s[j][1];
+          if (r1 < 1) buf_s[r1 * 224 + c0] = acc_s[j][2];
+          if (r1 < 1) buf_s[r1 * 224 + (c0 + 1)] = acc_s[j][3];
         }
-        reinterpret_cast<float4*>(reinterpret_cast<float*>(mg_smem + 0))[e] = v;
       }
     }
+    __syncthreads();
+    mg_cluster_sync();
+    for (int e0 = threadIdx.x; e0 < 56; e0 += 512) {
+      float4 mg_p[4][2];
+      #pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int e = e0 + j * 128;
+        if (e < 56) {
+          #pragma unroll
+          for (unsigned r = 0; r < 2; ++r) mg_p[j][r] = mg_dsmem_ld4(buf_s + 4 * e, r);
+        }
+      }
+      #pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int e = e0 + j * 128;
+        if (e < 56) {
+          float4 v = mg_p[j][0];
+          #pragma unroll
+          for (unsigned r = 1; r < 2; ++r) {
+            v.x += mg_p[j][r].x;
+            v.y += mg_p[j][r].y;
+            v.z += mg_p[j][r].z;
+            v.w += mg_p[j][r].w;
+          }
+          reinterpret_cast<float4*>(reinterpret_cast<float*>(mg_smem + 0))[e] = v;
+        }
+      }
+    }
+    mg_cluster_arrive();
+    __syncthreads();
+    buf_s = reinterpret_cast<float*>(mg_smem + 0);
+    for (int e13 = (int)mg_rank * 128 + (int)threadIdx.x; e13 < 28; e13 += 256) {
+      const int i14_1 = e13;
+      mg_st8(g1_p2 + (bx * 224 + (i14_1 * 8)), buf_s[((i14_1 * 8) + 0)], buf_s[((i14_1 * 8) + 1)], buf_s[((i14_1 * 8) + 2)], buf_s[((i14_1 * 8) + 3)], buf_s[((i14_1 * 8) + 4)], buf_s[((i14_1 * 8) + 5)], buf_s[((i14_1 * 8) + 6)], buf_s[((i14_1 * 8) + 7)]);
+    }
+    mg_cluster_wait();
   }
-  mg_cluster_arrive();
-  __syncthreads();
-  buf_s = reinterpret_cast<float*>(mg_smem + 0);
-  for (int e13 = (int)mg_rank * 128 + (int)threadIdx.x; e13 < 28; e13 += 256) {
-    const int i14_1 = e13;
-    mg_st8(p2 + (bx * 224 + (i14_1 * 8)), buf_s[((i14_1 * 8) + 0)], buf_s[((i14_1 * 8) + 1)], buf_s[((i14_1 * 8) + 2)], buf_s[((i14_1 * 8) + 3)], buf_s[((i14_1 * 8) + 4)], buf_s[((i14_1 * 8) + 5)], buf_s[((i14_1 * 8) + 6)], buf_s[((i14_1 * 8) + 7)]);
-  }
-  mg_cluster_wait();
 }
 
 // silu: 8 consecutive output elements per thread, one 16-byte store
@@ -2946,9 +2963,6 @@ static cudaError_t mg_prepare_mirage_llama3_8b_layer_aec50abcc000(int* mg_state)
   mg_err = cudaFuncSetAttribute((const void*)mg_k2_mirage_llama3_8b_layer_aec50abcc000,
                                 cudaFuncAttributeMaxDynamicSharedMemorySize, 53472);
   if (mg_err != cudaSuccess) return mg_err;
-  mg_err = cudaFuncSetAttribute((const void*)mg_k3_mirage_llama3_8b_layer_aec50abcc000,
-                                cudaFuncAttributeMaxDynamicSharedMemorySize, 53472);
-  if (mg_err != cudaSuccess) return mg_err;
   mg_err = cudaFuncSetAttribute((const void*)mg_k18_mirage_llama3_8b_layer_aec50abcc000,
                                 cudaFuncAttributeMaxDynamicSharedMemorySize, 55488);
   if (mg_err != cudaSuccess) return mg_err;
@@ -2959,9 +2973,6 @@ static cudaError_t mg_prepare_mirage_llama3_8b_layer_aec50abcc000(int* mg_state)
                                 cudaFuncAttributeMaxDynamicSharedMemorySize, 101280);
   if (mg_err != cudaSuccess) return mg_err;
   mg_err = cudaFuncSetAttribute((const void*)mg_k26_mirage_llama3_8b_layer_aec50abcc000,
-                                cudaFuncAttributeMaxDynamicSharedMemorySize, 174880);
-  if (mg_err != cudaSuccess) return mg_err;
-  mg_err = cudaFuncSetAttribute((const void*)mg_k27_mirage_llama3_8b_layer_aec50abcc000,
                                 cudaFuncAttributeMaxDynamicSharedMemorySize, 174880);
   if (mg_err != cudaSuccess) return mg_err;
   mg_err = cudaFuncSetAttribute((const void*)mg_k30_mirage_llama3_8b_layer_aec50abcc000,
@@ -3039,9 +3050,21 @@ extern "C" cudaError_t mirage_llama3_8b_layer_aec50abcc000(const void* mg_in0_X,
                                 mg_dims, mg_strides, mg_box, CU_TENSOR_MAP_SWIZZLE_32B);
       if (mg_err != cudaSuccess) return mg_err;
     }
-    void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2, &mg_a3};
+    const mg_f16* mg_a4 = (const mg_f16*)(mg_ws + 0);
+    const mg_f16* mg_a5 = (const mg_f16*)(mg_in4_WV);
+    mg_f16* mg_a6 = (mg_f16*)(mg_out2_V4);
+    mg_tmap mg_a7;
+    {
+      const cuuint64_t mg_dims[] = {1024, 4096};
+      const cuuint64_t mg_strides[] = {2048};
+      const cuuint32_t mg_box[] = {16, 256};
+      mg_err = mg_encode_tmap_mirage_llama3_8b_layer_aec50abcc000(&mg_a7, mg_in4_WV, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2,
+                                mg_dims, mg_strides, mg_box, CU_TENSOR_MAP_SWIZZLE_32B);
+      if (mg_err != cudaSuccess) return mg_err;
+    }
+    void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2, &mg_a3, &mg_a4, &mg_a5, &mg_a6, &mg_a7};
     cudaLaunchConfig_t mg_cfg = {};
-    mg_cfg.gridDim = dim3(64, 1, 2);
+    mg_cfg.gridDim = dim3(128, 1, 2);
     mg_cfg.blockDim = dim3(256);
     mg_cfg.dynamicSmemBytes = 53472;
     mg_cfg.stream = mg_stream;
@@ -3051,35 +3074,22 @@ extern "C" cudaError_t mirage_llama3_8b_layer_aec50abcc000(const void* mg_in0_X,
   }
   if (mg_err != cudaSuccess) return mg_err;
   {
-    const mg_f16* mg_a0 = (const mg_f16*)(mg_ws + 0);
-    const mg_f16* mg_a1 = (const mg_f16*)(mg_in4_WV);
-    mg_f16* mg_a2 = (mg_f16*)(mg_out2_V4);
-    mg_tmap mg_a3;
-    {
-      const cuuint64_t mg_dims[] = {1024, 4096};
-      const cuuint64_t mg_strides[] = {2048};
-      const cuuint32_t mg_box[] = {16, 256};
-      mg_err = mg_encode_tmap_mirage_llama3_8b_layer_aec50abcc000(&mg_a3, mg_in4_WV, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2,
-                                mg_dims, mg_strides, mg_box, CU_TENSOR_MAP_SWIZZLE_32B);
-      if (mg_err != cudaSuccess) return mg_err;
-    }
-    void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2, &mg_a3};
-    cudaLaunchConfig_t mg_cfg = {};
-    mg_cfg.gridDim = dim3(64, 1, 2);
-    mg_cfg.blockDim = dim3(256);
-    mg_cfg.dynamicSmemBytes = 53472;
-    mg_cfg.stream = mg_stream;
-    mg_cfg.attrs = mg_pdl;
-    mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
-    mg_err = cudaLaunchKernelExC(&mg_cfg, (const void*)mg_k3_mirage_llama3_8b_layer_aec50abcc000, mg_args);
-  }
-  if (mg_err != cudaSuccess) return mg_err;
-  {
     const mg_f16* mg_a0 = (const mg_f16*)(mg_ws + 8192);
     mg_f16* mg_a1 = (mg_f16*)(mg_ws + 18432);
-    void* mg_args[] = {&mg_a0, &mg_a1};
+    const mg_f16* mg_a2 = (const mg_f16*)(mg_ws + 8192);
+    const mg_f16* mg_a3 = (const mg_f16*)(mg_in5_COS);
+    mg_f16* mg_a4 = (mg_f16*)(mg_ws + 26624);
+    const mg_f16* mg_a5 = (const mg_f16*)(mg_ws + 16384);
+    mg_f16* mg_a6 = (mg_f16*)(mg_ws + 51200);
+    const mg_f16* mg_a7 = (const mg_f16*)(mg_ws + 16384);
+    const mg_f16* mg_a8 = (const mg_f16*)(mg_in5_COS);
+    mg_f16* mg_a9 = (mg_f16*)(mg_ws + 53248);
+    const mg_f16* mg_a10 = (const mg_f16*)(mg_in8_VC);
+    const mg_f16* mg_a11 = (const mg_f16*)(mg_out2_V4);
+    mg_f16* mg_a12 = (mg_f16*)(mg_ws + 8445952);
+    void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2, &mg_a3, &mg_a4, &mg_a5, &mg_a6, &mg_a7, &mg_a8, &mg_a9, &mg_a10, &mg_a11, &mg_a12};
     cudaLaunchConfig_t mg_cfg = {};
-    mg_cfg.gridDim = dim3(16, 1, 1);
+    mg_cfg.gridDim = dim3(2071, 1, 1);
     mg_cfg.blockDim = dim3(256);
     mg_cfg.dynamicSmemBytes = 0;
     mg_cfg.stream = mg_stream;
@@ -3089,27 +3099,15 @@ extern "C" cudaError_t mirage_llama3_8b_layer_aec50abcc000(const void* mg_in0_X,
   }
   if (mg_err != cudaSuccess) return mg_err;
   {
-    const mg_f16* mg_a0 = (const mg_f16*)(mg_ws + 8192);
-    const mg_f16* mg_a1 = (const mg_f16*)(mg_in5_COS);
-    mg_f16* mg_a2 = (mg_f16*)(mg_ws + 26624);
-    void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
-    cudaLaunchConfig_t mg_cfg = {};
-    mg_cfg.gridDim = dim3(2, 1, 1);
-    mg_cfg.blockDim = dim3(256);
-    mg_cfg.dynamicSmemBytes = 0;
-    mg_cfg.stream = mg_stream;
-    mg_cfg.attrs = mg_pdl;
-    mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
-    mg_err = cudaLaunchKernelExC(&mg_cfg, (const void*)mg_k8_mirage_llama3_8b_layer_aec50abcc000, mg_args);
-  }
-  if (mg_err != cudaSuccess) return mg_err;
-  {
     const mg_f16* mg_a0 = (const mg_f16*)(mg_ws + 18432);
     const mg_f16* mg_a1 = (const mg_f16*)(mg_in6_SIN);
     mg_f16* mg_a2 = (mg_f16*)(mg_ws + 34816);
-    void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
+    const mg_f16* mg_a3 = (const mg_f16*)(mg_ws + 51200);
+    const mg_f16* mg_a4 = (const mg_f16*)(mg_in6_SIN);
+    mg_f16* mg_a5 = (mg_f16*)(mg_ws + 55296);
+    void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2, &mg_a3, &mg_a4, &mg_a5};
     cudaLaunchConfig_t mg_cfg = {};
-    mg_cfg.gridDim = dim3(2, 1, 1);
+    mg_cfg.gridDim = dim3(3, 1, 1);
     mg_cfg.blockDim = dim3(256);
     mg_cfg.dynamicSmemBytes = 0;
     mg_cfg.stream = mg_stream;
@@ -3122,74 +3120,18 @@ extern "C" cudaError_t mirage_llama3_8b_layer_aec50abcc000(const void* mg_in0_X,
     const mg_f16* mg_a0 = (const mg_f16*)(mg_ws + 26624);
     const mg_f16* mg_a1 = (const mg_f16*)(mg_ws + 34816);
     mg_f16* mg_a2 = (mg_f16*)(mg_ws + 43008);
-    void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
+    const mg_f16* mg_a3 = (const mg_f16*)(mg_ws + 53248);
+    const mg_f16* mg_a4 = (const mg_f16*)(mg_ws + 55296);
+    mg_f16* mg_a5 = (mg_f16*)(mg_out1_KE);
+    void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2, &mg_a3, &mg_a4, &mg_a5};
     cudaLaunchConfig_t mg_cfg = {};
-    mg_cfg.gridDim = dim3(2, 1, 1);
+    mg_cfg.gridDim = dim3(3, 1, 1);
     mg_cfg.blockDim = dim3(256);
     mg_cfg.dynamicSmemBytes = 0;
     mg_cfg.stream = mg_stream;
     mg_cfg.attrs = mg_pdl;
     mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
     mg_err = cudaLaunchKernelExC(&mg_cfg, (const void*)mg_k10_mirage_llama3_8b_layer_aec50abcc000, mg_args);
-  }
-  if (mg_err != cudaSuccess) return mg_err;
-  {
-    const mg_f16* mg_a0 = (const mg_f16*)(mg_ws + 16384);
-    mg_f16* mg_a1 = (mg_f16*)(mg_ws + 51200);
-    void* mg_args[] = {&mg_a0, &mg_a1};
-    cudaLaunchConfig_t mg_cfg = {};
-    mg_cfg.gridDim = dim3(4, 1, 1);
-    mg_cfg.blockDim = dim3(256);
-    mg_cfg.dynamicSmemBytes = 0;
-    mg_cfg.stream = mg_stream;
-    mg_cfg.attrs = mg_pdl;
-    mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
-    mg_err = cudaLaunchKernelExC(&mg_cfg, (const void*)mg_k11_mirage_llama3_8b_layer_aec50abcc000, mg_args);
-  }
-  if (mg_err != cudaSuccess) return mg_err;
-  {
-    const mg_f16* mg_a0 = (const mg_f16*)(mg_ws + 16384);
-    const mg_f16* mg_a1 = (const mg_f16*)(mg_in5_COS);
-    mg_f16* mg_a2 = (mg_f16*)(mg_ws + 53248);
-    void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
-    cudaLaunchConfig_t mg_cfg = {};
-    mg_cfg.gridDim = dim3(1, 1, 1);
-    mg_cfg.blockDim = dim3(256);
-    mg_cfg.dynamicSmemBytes = 0;
-    mg_cfg.stream = mg_stream;
-    mg_cfg.attrs = mg_pdl;
-    mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
-    mg_err = cudaLaunchKernelExC(&mg_cfg, (const void*)mg_k12_mirage_llama3_8b_layer_aec50abcc000, mg_args);
-  }
-  if (mg_err != cudaSuccess) return mg_err;
-  {
-    const mg_f16* mg_a0 = (const mg_f16*)(mg_ws + 51200);
-    const mg_f16* mg_a1 = (const mg_f16*)(mg_in6_SIN);
-    mg_f16* mg_a2 = (mg_f16*)(mg_ws + 55296);
-    void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
-    cudaLaunchConfig_t mg_cfg = {};
-    mg_cfg.gridDim = dim3(1, 1, 1);
-    mg_cfg.blockDim = dim3(256);
-    mg_cfg.dynamicSmemBytes = 0;
-    mg_cfg.stream = mg_stream;
-    mg_cfg.attrs = mg_pdl;
-    mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
-    mg_err = cudaLaunchKernelExC(&mg_cfg, (const void*)mg_k13_mirage_llama3_8b_layer_aec50abcc000, mg_args);
-  }
-  if (mg_err != cudaSuccess) return mg_err;
-  {
-    const mg_f16* mg_a0 = (const mg_f16*)(mg_ws + 53248);
-    const mg_f16* mg_a1 = (const mg_f16*)(mg_ws + 55296);
-    mg_f16* mg_a2 = (mg_f16*)(mg_out1_KE);
-    void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
-    cudaLaunchConfig_t mg_cfg = {};
-    mg_cfg.gridDim = dim3(1, 1, 1);
-    mg_cfg.blockDim = dim3(256);
-    mg_cfg.dynamicSmemBytes = 0;
-    mg_cfg.stream = mg_stream;
-    mg_cfg.attrs = mg_pdl;
-    mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
-    mg_err = cudaLaunchKernelExC(&mg_cfg, (const void*)mg_k14_mirage_llama3_8b_layer_aec50abcc000, mg_args);
   }
   if (mg_err != cudaSuccess) return mg_err;
   {
@@ -3205,21 +3147,6 @@ extern "C" cudaError_t mirage_llama3_8b_layer_aec50abcc000(const void* mg_in0_X,
     mg_cfg.attrs = mg_pdl;
     mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
     mg_err = cudaLaunchKernelExC(&mg_cfg, (const void*)mg_k16_mirage_llama3_8b_layer_aec50abcc000, mg_args);
-  }
-  if (mg_err != cudaSuccess) return mg_err;
-  {
-    const mg_f16* mg_a0 = (const mg_f16*)(mg_in8_VC);
-    const mg_f16* mg_a1 = (const mg_f16*)(mg_out2_V4);
-    mg_f16* mg_a2 = (mg_f16*)(mg_ws + 8445952);
-    void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
-    cudaLaunchConfig_t mg_cfg = {};
-    mg_cfg.gridDim = dim3(2048, 1, 1);
-    mg_cfg.blockDim = dim3(256);
-    mg_cfg.dynamicSmemBytes = 0;
-    mg_cfg.stream = mg_stream;
-    mg_cfg.attrs = mg_pdl;
-    mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
-    mg_err = cudaLaunchKernelExC(&mg_cfg, (const void*)mg_k17_mirage_llama3_8b_layer_aec50abcc000, mg_args);
   }
   if (mg_err != cudaSuccess) return mg_err;
   {
@@ -3365,39 +3292,27 @@ extern "C" cudaError_t mirage_llama3_8b_layer_aec50abcc000(const void* mg_in0_X,
                                 mg_dims, mg_strides, mg_box, CU_TENSOR_MAP_SWIZZLE_64B);
       if (mg_err != cudaSuccess) return mg_err;
     }
-    void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2, &mg_a3};
+    const mg_f16* mg_a4 = (const mg_f16*)(mg_ws + 17645568);
+    const mg_f16* mg_a5 = (const mg_f16*)(mg_in12_W3);
+    mg_f16* mg_a6 = (mg_f16*)(mg_ws + 17682432);
+    mg_tmap mg_a7;
+    {
+      const cuuint64_t mg_dims[] = {14336, 4096};
+      const cuuint64_t mg_strides[] = {28672};
+      const cuuint32_t mg_box[] = {32, 64};
+      mg_err = mg_encode_tmap_mirage_llama3_8b_layer_aec50abcc000(&mg_a7, mg_in12_W3, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2,
+                                mg_dims, mg_strides, mg_box, CU_TENSOR_MAP_SWIZZLE_64B);
+      if (mg_err != cudaSuccess) return mg_err;
+    }
+    void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2, &mg_a3, &mg_a4, &mg_a5, &mg_a6, &mg_a7};
     cudaLaunchConfig_t mg_cfg = {};
-    mg_cfg.gridDim = dim3(64, 1, 2);
+    mg_cfg.gridDim = dim3(128, 1, 2);
     mg_cfg.blockDim = dim3(128);
     mg_cfg.dynamicSmemBytes = 174880;
     mg_cfg.stream = mg_stream;
     mg_cfg.attrs = mg_pdl;
     mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
     mg_err = cudaLaunchKernelExC(&mg_cfg, (const void*)mg_k26_mirage_llama3_8b_layer_aec50abcc000, mg_args);
-  }
-  if (mg_err != cudaSuccess) return mg_err;
-  {
-    const mg_f16* mg_a0 = (const mg_f16*)(mg_ws + 17645568);
-    const mg_f16* mg_a1 = (const mg_f16*)(mg_in12_W3);
-    mg_f16* mg_a2 = (mg_f16*)(mg_ws + 17682432);
-    mg_tmap mg_a3;
-    {
-      const cuuint64_t mg_dims[] = {14336, 4096};
-      const cuuint64_t mg_strides[] = {28672};
-      const cuuint32_t mg_box[] = {32, 64};
-      mg_err = mg_encode_tmap_mirage_llama3_8b_layer_aec50abcc000(&mg_a3, mg_in12_W3, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2,
-                                mg_dims, mg_strides, mg_box, CU_TENSOR_MAP_SWIZZLE_64B);
-      if (mg_err != cudaSuccess) return mg_err;
-    }
-    void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2, &mg_a3};
-    cudaLaunchConfig_t mg_cfg = {};
-    mg_cfg.gridDim = dim3(64, 1, 2);
-    mg_cfg.blockDim = dim3(128);
-    mg_cfg.dynamicSmemBytes = 174880;
-    mg_cfg.stream = mg_stream;
-    mg_cfg.attrs = mg_pdl;
-    mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
-    mg_err = cudaLaunchKernelExC(&mg_cfg, (const void*)mg_k27_mirage_llama3_8b_layer_aec50abcc000, mg_args);
   }
   if (mg_err != cudaSuccess) return mg_err;
   {

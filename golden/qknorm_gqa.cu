@@ -10,8 +10,7 @@
 // input 1 'K': f16[16, 64, 4096]
 // input 2 'V': f16[16, 4096, 64]
 // output 0 'O': f16[16, 256, 64]
-// kernel mg_k0_mirage_qknorm_gqa_h16x256x64_h16x64x4096_h16x4096x64_to_h16x256x64: grid [512, 1, 1], 256 threads, 0 B dynamic shared memory
-// kernel mg_k1_mirage_qknorm_gqa_h16x256x64_h16x64x4096_h16x4096x64_to_h16x256x64: grid [2048, 1, 1], 256 threads, 0 B dynamic shared memory
+// kernel mg_k0_mirage_qknorm_gqa_h16x256x64_h16x64x4096_h16x4096x64_to_h16x256x64: grid [2560, 1, 1], 256 threads, 0 B dynamic shared memory
 // kernel mg_k2_mirage_qknorm_gqa_h16x256x64_h16x64x4096_h16x4096x64_to_h16x256x64: grid [256, 1, 1], 256 threads, 0 B dynamic shared memory
 // kernel mg_k3_mirage_qknorm_gqa_h16x256x64_h16x64x4096_h16x4096x64_to_h16x256x64: grid [32, 1, 1], 256 threads, 0 B dynamic shared memory
 // kernel mg_k4_mirage_qknorm_gqa_h16x256x64_h16x64x4096_h16x4096x64_to_h16x256x64: grid [2048, 1, 1], 256 threads, 0 B dynamic shared memory
@@ -399,52 +398,57 @@ __device__ __forceinline__ void mg_wgmma_bf16(float (*d)[4], unsigned a0, unsign
 }
 #endif
 
-// rms_norm: one warp per row of 64
+// one launch of 2 kernels: rms_norm: one warp per row of 64; square: 8 consecutive output elements per thread, one 16-byte store
 extern "C" __global__ void __launch_bounds__(256) mg_k0_mirage_qknorm_gqa_h16x256x64_h16x64x4096_h16x4096x64_to_h16x256x64(
-    const mg_f16* __restrict__ p0,
-    mg_f16* __restrict__ p1) {
-  mg_grid_wait();
-  mg_grid_release();
-  const int row = blockIdx.x * 8 + threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  if (row >= 4096) return;
-  const int r0 = row / 256;
-  const int r1 = (row) % 256;
-  float v = 0.0f;
-  for (int k = lane; k < 64; k += 32) { const float t = mg_ld(p0[r0 * 16384 + r1 * 64 + k]); v = fmaf(t, t, v); }
-  const float ss = mg_warp_sum(v);
-  const float inv = rsqrtf(ss / 64.0f + 0.0f);
-  for (int k = lane; k < 64; k += 32) mg_st(p1 + (r0 * 16384 + r1 * 64 + k), mg_ld(p0[r0 * 16384 + r1 * 64 + k]) * inv);
-}
-
-// square: 8 consecutive output elements per thread, one 16-byte store
-extern "C" __global__ void __launch_bounds__(256) mg_k1_mirage_qknorm_gqa_h16x256x64_h16x64x4096_h16x4096x64_to_h16x256x64(
-    const mg_f16* __restrict__ p0,
-    mg_f16* __restrict__ p1) {
-  mg_grid_wait();
-  mg_grid_release();
-  for (int e8 = blockIdx.x * 256 + threadIdx.x; e8 < 524288; e8 += gridDim.x * 256) {
-    const int e = e8 * 8;
-    const int i0 = e / 262144;
-    const int i1 = (e / 4096) % 64;
-    const int i2 = (e) % 4096;
-    const float v1 = mg_ld(p0[i0 * 262144 + i1 * 4096 + (i2 + 0)]);
-    const float v2 = (v1 * v1);
-    const float v3 = mg_ld(p0[i0 * 262144 + i1 * 4096 + (i2 + 1)]);
-    const float v4 = (v3 * v3);
-    const float v5 = mg_ld(p0[i0 * 262144 + i1 * 4096 + (i2 + 2)]);
-    const float v6 = (v5 * v5);
-    const float v7 = mg_ld(p0[i0 * 262144 + i1 * 4096 + (i2 + 3)]);
-    const float v8 = (v7 * v7);
-    const float v9 = mg_ld(p0[i0 * 262144 + i1 * 4096 + (i2 + 4)]);
-    const float v10 = (v9 * v9);
-    const float v11 = mg_ld(p0[i0 * 262144 + i1 * 4096 + (i2 + 5)]);
-    const float v12 = (v11 * v11);
-    const float v13 = mg_ld(p0[i0 * 262144 + i1 * 4096 + (i2 + 6)]);
-    const float v14 = (v13 * v13);
-    const float v15 = mg_ld(p0[i0 * 262144 + i1 * 4096 + (i2 + 7)]);
-    const float v16 = (v15 * v15);
-    mg_st8(p1 + e, v2, v4, v6, v8, v10, v12, v14, v16);
+    const mg_f16* __restrict__ g0_p0,
+    mg_f16* __restrict__ g0_p1,
+    const mg_f16* __restrict__ g1_p0,
+    mg_f16* __restrict__ g1_p1) {
+  if (blockIdx.x < 512u) {
+    const unsigned mg_bx = (blockIdx.x - 0u) % 512u;
+    const unsigned mg_by = (blockIdx.x - 0u) / 512u;
+    (void)mg_bx; (void)mg_by;
+    mg_grid_wait();
+    mg_grid_release();
+    const int row = mg_bx * 8 + threadIdx.x / 32;
+    const int lane = threadIdx.x % 32;
+    if (row >= 4096) return;
+    const int r0 = row / 256;
+    const int r1 = (row) % 256;
+    float v = 0.0f;
+    for (int k = lane; k < 64; k += 32) { const float t = mg_ld(g0_p0[r0 * 16384 + r1 * 64 + k]); v = fmaf(t, t, v); }
+    const float ss = mg_warp_sum(v);
+    const float inv = rsqrtf(ss / 64.0f + 0.0f);
+    for (int k = lane; k < 64; k += 32) mg_st(g0_p1 + (r0 * 16384 + r1 * 64 + k), mg_ld(g0_p0[r0 * 16384 + r1 * 64 + k]) * inv);
+  } else if (blockIdx.x < 2560u) {
+    const unsigned mg_bx = (blockIdx.x - 512u) % 2048u;
+    const unsigned mg_by = (blockIdx.x - 512u) / 2048u;
+    (void)mg_bx; (void)mg_by;
+    mg_grid_wait();
+    mg_grid_release();
+    for (int e8 = mg_bx * 256 + threadIdx.x; e8 < 524288; e8 += 2048u * 256) {
+      const int e = e8 * 8;
+      const int i0 = e / 262144;
+      const int i1 = (e / 4096) % 64;
+      const int i2 = (e) % 4096;
+      const float v1 = mg_ld(g1_p0[i0 * 262144 + i1 * 4096 + (i2 + 0)]);
+      const float v2 = (v1 * v1);
+      const float v3 = mg_ld(g1_p0[i0 * 262144 + i1 * 4096 + (i2 + 1)]);
+      const float v4 = (v3 * v3);
+      const float v5 = mg_ld(g1_p0[i0 * 262144 + i1 * 4096 + (i2 + 2)]);
+      const float v6 = (v5 * v5);
+      const float v7 = mg_ld(g1_p0[i0 * 262144 + i1 * 4096 + (i2 + 3)]);
+      const float v8 = (v7 * v7);
+      const float v9 = mg_ld(g1_p0[i0 * 262144 + i1 * 4096 + (i2 + 4)]);
+      const float v10 = (v9 * v9);
+      const float v11 = mg_ld(g1_p0[i0 * 262144 + i1 * 4096 + (i2 + 5)]);
+      const float v12 = (v11 * v11);
+      const float v13 = mg_ld(g1_p0[i0 * 262144 + i1 * 4096 + (i2 + 6)]);
+      const float v14 = (v13 * v13);
+      const float v15 = mg_ld(g1_p0[i0 * 262144 + i1 * 4096 + (i2 + 7)]);
+      const float v16 = (v15 * v15);
+      mg_st8(g1_p1 + e, v2, v4, v6, v8, v10, v12, v14, v16);
+    }
   }
 }
 
@@ -1091,29 +1095,17 @@ extern "C" cudaError_t mirage_qknorm_gqa_h16x256x64_h16x64x4096_h16x4096x64_to_h
   {
     const mg_f16* mg_a0 = (const mg_f16*)(mg_in0_Q);
     mg_f16* mg_a1 = (mg_f16*)(mg_ws + 0);
-    void* mg_args[] = {&mg_a0, &mg_a1};
+    const mg_f16* mg_a2 = (const mg_f16*)(mg_in1_K);
+    mg_f16* mg_a3 = (mg_f16*)(mg_ws + 524288);
+    void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2, &mg_a3};
     cudaLaunchConfig_t mg_cfg = {};
-    mg_cfg.gridDim = dim3(512, 1, 1);
+    mg_cfg.gridDim = dim3(2560, 1, 1);
     mg_cfg.blockDim = dim3(256);
     mg_cfg.dynamicSmemBytes = 0;
     mg_cfg.stream = mg_stream;
     mg_cfg.attrs = mg_pdl;
     mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
     mg_err = cudaLaunchKernelExC(&mg_cfg, (const void*)mg_k0_mirage_qknorm_gqa_h16x256x64_h16x64x4096_h16x4096x64_to_h16x256x64, mg_args);
-  }
-  if (mg_err != cudaSuccess) return mg_err;
-  {
-    const mg_f16* mg_a0 = (const mg_f16*)(mg_in1_K);
-    mg_f16* mg_a1 = (mg_f16*)(mg_ws + 524288);
-    void* mg_args[] = {&mg_a0, &mg_a1};
-    cudaLaunchConfig_t mg_cfg = {};
-    mg_cfg.gridDim = dim3(2048, 1, 1);
-    mg_cfg.blockDim = dim3(256);
-    mg_cfg.dynamicSmemBytes = 0;
-    mg_cfg.stream = mg_stream;
-    mg_cfg.attrs = mg_pdl;
-    mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
-    mg_err = cudaLaunchKernelExC(&mg_cfg, (const void*)mg_k1_mirage_qknorm_gqa_h16x256x64_h16x64x4096_h16x4096x64_to_h16x256x64, mg_args);
   }
   if (mg_err != cudaSuccess) return mg_err;
   {

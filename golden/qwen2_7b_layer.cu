@@ -27,22 +27,12 @@
 // output 1 'KE': bf16[1, 4, 1, 128]
 // output 2 'V4': bf16[1, 4, 1, 128]
 // kernel mg_k0_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [1, 1, 1], 256 threads, 0 B dynamic shared memory
-// kernel mg_k1_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [64, 1, 2], 128 threads, 87888 B dynamic shared memory
-// kernel mg_k2_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [64, 1, 2], 128 threads, 13968 B dynamic shared memory
-// kernel mg_k3_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [64, 1, 2], 128 threads, 13968 B dynamic shared memory
-// kernel mg_k4_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [2, 1, 1], 256 threads, 0 B dynamic shared memory
-// kernel mg_k5_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [1, 1, 1], 256 threads, 0 B dynamic shared memory
-// kernel mg_k6_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [1, 1, 1], 256 threads, 0 B dynamic shared memory
-// kernel mg_k10_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [14, 1, 1], 256 threads, 0 B dynamic shared memory
-// kernel mg_k11_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [2, 1, 1], 256 threads, 0 B dynamic shared memory
-// kernel mg_k12_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [2, 1, 1], 256 threads, 0 B dynamic shared memory
-// kernel mg_k13_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [2, 1, 1], 256 threads, 0 B dynamic shared memory
-// kernel mg_k14_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [2, 1, 1], 256 threads, 0 B dynamic shared memory
-// kernel mg_k15_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [1, 1, 1], 256 threads, 0 B dynamic shared memory
-// kernel mg_k16_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [1, 1, 1], 256 threads, 0 B dynamic shared memory
-// kernel mg_k17_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [1, 1, 1], 256 threads, 0 B dynamic shared memory
+// kernel mg_k1_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [192, 1, 2], 128 threads, 87888 B dynamic shared memory
+// kernel mg_k4_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [4, 1, 1], 256 threads, 0 B dynamic shared memory
+// kernel mg_k10_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [1043, 1, 1], 256 threads, 0 B dynamic shared memory
+// kernel mg_k12_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [3, 1, 1], 256 threads, 0 B dynamic shared memory
+// kernel mg_k13_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [3, 1, 1], 256 threads, 0 B dynamic shared memory
 // kernel mg_k19_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [1024, 1, 1], 256 threads, 0 B dynamic shared memory
-// kernel mg_k20_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [1024, 1, 1], 256 threads, 0 B dynamic shared memory
 // kernel mg_k21_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [32, 4, 1], 128 threads, 31728 B dynamic shared memory
 // kernel mg_k22_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [56, 1, 1], 256 threads, 0 B dynamic shared memory
 // kernel mg_k23_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [28, 1, 1], 256 threads, 0 B dynamic shared memory
@@ -50,8 +40,7 @@
 // kernel mg_k26_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [64, 1, 2], 128 threads, 87888 B dynamic shared memory
 // kernel mg_k27_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [2, 1, 1], 256 threads, 0 B dynamic shared memory
 // kernel mg_k28_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [1, 1, 1], 256 threads, 0 B dynamic shared memory
-// kernel mg_k29_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [148, 1, 1], 128 threads, 133744 B dynamic shared memory
-// kernel mg_k30_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [148, 1, 1], 128 threads, 133744 B dynamic shared memory
+// kernel mg_k29_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [296, 1, 1], 128 threads, 133744 B dynamic shared memory
 // kernel mg_k31_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [10, 1, 1], 256 threads, 0 B dynamic shared memory
 // kernel mg_k32_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [10, 1, 1], 256 threads, 0 B dynamic shared memory
 // kernel mg_k33_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [64, 1, 2], 256 threads, 175440 B dynamic shared memory
@@ -449,900 +438,997 @@ extern "C" __global__ void __launch_bounds__(256) mg_k0_mirage_qwen2_7b_layer_cc
   for (int k = threadIdx.x; k < 3584; k += 256) mg_st(p2 + (k), mg_ld(p0[k]) * inv * mg_ld(p1[k]));
 }
 
-// matmul as a generated block graph: grid [64, 1, 1], forloop 28, tensor cores
+// one launch of 3 kernels: matmul as a generated block graph: grid [64, 1, 1], forloop 28, tensor cores; matmul as a generated block graph: grid [64, 1, 1], forloop 28, tensor cores; matmul as a generated block graph: grid [64, 1, 1], forloop 28, tensor cores
 extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(128, 1) mg_k1_mirage_qwen2_7b_layer_cc9a7bb5bfd5(
-    const mg_bf16* __restrict__ p0,
-    const mg_bf16* __restrict__ p1,
-    mg_bf16* __restrict__ p2) {
-  const int bx = blockIdx.x, by = blockIdx.y, bz = 0;
-  (void)bx; (void)by; (void)bz;
-  const unsigned mg_rank = blockIdx.z;
-  const int mg_it0 = (int)mg_rank * 14;
-  extern __shared__ __align__(16) unsigned char mg_smem[];
-  const int base_a = 0;
-  const int base_b = bx * 56;
-  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 87872);
-  if (threadIdx.x < 4) mg_zero[threadIdx.x] = 0u;
-  mg_bf16* sm_a_0 = reinterpret_cast<mg_bf16*>(mg_smem + 0);
-  mg_bf16* sm_b_0 = reinterpret_cast<mg_bf16*>(mg_smem + 1632);
-  float* buf_s = reinterpret_cast<float*>(mg_smem + 87648);
-  int mg_so_b[7], mg_do_b[7];
-  #pragma unroll
-  for (int i = 0; i < 7; ++i) {
-    const int c3 = threadIdx.x + i * 128;
-    const int s4_0 = c3 / 7;
-    const int s4_1 = (c3) % 7;
-    mg_so_b[i] = s4_0 * 3584 + (s4_1 * 8);
-    mg_do_b[i] = s4_0 * 56 + (s4_1 * 8);
-  }
-  #pragma unroll
-  for (int i = 0; i < 7; ++i) mg_cp_async16((sm_b_0 + ((0) % 6) * 7168) + mg_do_b[i], p1 + ((base_b + (mg_it0 + 0) * 458752)) + mg_so_b[i]);
-  #pragma unroll
-  for (int i = 0; i < 7; ++i) mg_cp_async16((sm_b_0 + ((1) % 6) * 7168) + mg_do_b[i], p1 + ((base_b + (mg_it0 + 1) * 458752)) + mg_so_b[i]);
-  #pragma unroll
-  for (int i = 0; i < 7; ++i) mg_cp_async16((sm_b_0 + ((2) % 6) * 7168) + mg_do_b[i], p1 + ((base_b + (mg_it0 + 2) * 458752)) + mg_so_b[i]);
-  #pragma unroll
-  for (int i = 0; i < 7; ++i) mg_cp_async16((sm_b_0 + ((3) % 6) * 7168) + mg_do_b[i], p1 + ((base_b + (mg_it0 + 3) * 458752)) + mg_so_b[i]);
-  #pragma unroll
-  for (int i = 0; i < 7; ++i) mg_cp_async16((sm_b_0 + ((4) % 6) * 7168) + mg_do_b[i], p1 + ((base_b + (mg_it0 + 4) * 458752)) + mg_so_b[i]);
-  mg_grid_wait();
-  mg_grid_release();
-  for (int c1 = threadIdx.x; c1 < 16; c1 += 128) {
-    const int s2_1 = c1;
-    mg_cp_async16((sm_a_0 + ((0) % 6) * 136) + ((s2_1 * 8)), p0 + ((base_a + (mg_it0 + 0) * 128)) + ((s2_1 * 8)));
-  }
-  mg_cp_async_commit();
-  for (int c5 = threadIdx.x; c5 < 16; c5 += 128) {
-    const int s6_1 = c5;
-    mg_cp_async16((sm_a_0 + ((1) % 6) * 136) + ((s6_1 * 8)), p0 + ((base_a + (mg_it0 + 1) * 128)) + ((s6_1 * 8)));
-  }
-  mg_cp_async_commit();
-  for (int c7 = threadIdx.x; c7 < 16; c7 += 128) {
-    const int s8_1 = c7;
-    mg_cp_async16((sm_a_0 + ((2) % 6) * 136) + ((s8_1 * 8)), p0 + ((base_a + (mg_it0 + 2) * 128)) + ((s8_1 * 8)));
-  }
-  mg_cp_async_commit();
-  for (int c9 = threadIdx.x; c9 < 16; c9 += 128) {
-    const int s10_1 = c9;
-    mg_cp_async16((sm_a_0 + ((3) % 6) * 136) + ((s10_1 * 8)), p0 + ((base_a + (mg_it0 + 3) * 128)) + ((s10_1 * 8)));
-  }
-  mg_cp_async_commit();
-  for (int c11 = threadIdx.x; c11 < 16; c11 += 128) {
-    const int s12_1 = c11;
-    mg_cp_async16((sm_a_0 + ((4) % 6) * 136) + ((s12_1 * 8)), p0 + ((base_a + (mg_it0 + 4) * 128)) + ((s12_1 * 8)));
-  }
-  mg_cp_async_commit();
-  float acc_s[2][4];
-  #pragma unroll
-  for (int j = 0; j < 2; ++j) acc_s[j][0] = acc_s[j][1] = acc_s[j][2] = acc_s[j][3] = 0.0f;
-  for (int it = 0; it < 14; ++it) {
-    const int off_a = base_a + (mg_it0 + it) * 128;
-    const int off_b = base_b + (mg_it0 + it) * 458752;
-    mg_cp_async_wait<4>();
-    __syncthreads();
-    if (it + 5 < 14) {
-      for (int c13 = threadIdx.x; c13 < 16; c13 += 128) {
-        const int s14_1 = c13;
-        mg_cp_async16((sm_a_0 + (((it + 5)) % 6) * 136) + ((s14_1 * 8)), p0 + ((off_a + 640)) + ((s14_1 * 8)));
-      }
-      #pragma unroll
-      for (int i = 0; i < 7; ++i) mg_cp_async16((sm_b_0 + (((it + 5)) % 6) * 7168) + mg_do_b[i], p1 + ((off_b + 2293760)) + mg_so_b[i]);
+    const mg_bf16* __restrict__ g0_p0,
+    const mg_bf16* __restrict__ g0_p1,
+    mg_bf16* __restrict__ g0_p2,
+    const mg_bf16* __restrict__ g1_p0,
+    const mg_bf16* __restrict__ g1_p1,
+    mg_bf16* __restrict__ g1_p2,
+    const mg_bf16* __restrict__ g2_p0,
+    const mg_bf16* __restrict__ g2_p1,
+    mg_bf16* __restrict__ g2_p2) {
+  if (blockIdx.x < 64u) {
+    const unsigned mg_bx = (blockIdx.x - 0u) % 64u;
+    const unsigned mg_by = (blockIdx.x - 0u) / 64u;
+    (void)mg_bx; (void)mg_by;
+    const int bx = mg_bx, by = mg_by, bz = 0;
+    (void)bx; (void)by; (void)bz;
+    const unsigned mg_rank = blockIdx.z;
+    const int mg_it0 = (int)mg_rank * 14;
+    extern __shared__ __align__(16) unsigned char mg_smem[];
+    const int base_a = 0;
+    const int base_b = bx * 56;
+    unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 87872);
+    if (threadIdx.x < 4) mg_zero[threadIdx.x] = 0u;
+    mg_bf16* sm_a_0 = reinterpret_cast<mg_bf16*>(mg_smem + 0);
+    mg_bf16* sm_b_0 = reinterpret_cast<mg_bf16*>(mg_smem + 1632);
+    float* buf_s = reinterpret_cast<float*>(mg_smem + 87648);
+    int mg_so_b[7], mg_do_b[7];
+    #pragma unroll
+    for (int i = 0; i < 7; ++i) {
+      const int c3 = threadIdx.x + i * 128;
+      const int s4_0 = c3 / 7;
+      const int s4_1 = (c3) % 7;
+      mg_so_b[i] = s4_0 * 3584 + (s4_1 * 8);
+      mg_do_b[i] = s4_0 * 56 + (s4_1 * 8);
+    }
+    #pragma unroll
+    for (int i = 0; i < 7; ++i) mg_cp_async16((sm_b_0 + ((0) % 6) * 7168) + mg_do_b[i], g0_p1 + ((base_b + (mg_it0 + 0) * 458752)) + mg_so_b[i]);
+    #pragma unroll
+    for (int i = 0; i < 7; ++i) mg_cp_async16((sm_b_0 + ((1) % 6) * 7168) + mg_do_b[i], g0_p1 + ((base_b + (mg_it0 + 1) * 458752)) + mg_so_b[i]);
+    #pragma unroll
+    for (int i = 0; i < 7; ++i) mg_cp_async16((sm_b_0 + ((2) % 6) * 7168) + mg_do_b[i], g0_p1 + ((base_b + (mg_it0 + 2) * 458752)) + mg_so_b[i]);
+    #pragma unroll
+    for (int i = 0; i < 7; ++i) mg_cp_async16((sm_b_0 + ((3) % 6) * 7168) + mg_do_b[i], g0_p1 + ((base_b + (mg_it0 + 3) * 458752)) + mg_so_b[i]);
+    #pragma unroll
+    for (int i = 0; i < 7; ++i) mg_cp_async16((sm_b_0 + ((4) % 6) * 7168) + mg_do_b[i], g0_p1 + ((base_b + (mg_it0 + 4) * 458752)) + mg_so_b[i]);
+    mg_grid_wait();
+    mg_grid_release();
+    for (int c1 = threadIdx.x; c1 < 16; c1 += 128) {
+      const int s2_1 = c1;
+      mg_cp_async16((sm_a_0 + ((0) % 6) * 136) + ((s2_1 * 8)), g0_p0 + ((base_a + (mg_it0 + 0) * 128)) + ((s2_1 * 8)));
     }
     mg_cp_async_commit();
-    const auto* sm_a = (sm_a_0 + ((it) % 6) * 136);
-    const auto* sm_b = (sm_b_0 + ((it) % 6) * 7168);
+    for (int c5 = threadIdx.x; c5 < 16; c5 += 128) {
+      const int s6_1 = c5;
+      mg_cp_async16((sm_a_0 + ((1) % 6) * 136) + ((s6_1 * 8)), g0_p0 + ((base_a + (mg_it0 + 1) * 128)) + ((s6_1 * 8)));
+    }
+    mg_cp_async_commit();
+    for (int c7 = threadIdx.x; c7 < 16; c7 += 128) {
+      const int s8_1 = c7;
+      mg_cp_async16((sm_a_0 + ((2) % 6) * 136) + ((s8_1 * 8)), g0_p0 + ((base_a + (mg_it0 + 2) * 128)) + ((s8_1 * 8)));
+    }
+    mg_cp_async_commit();
+    for (int c9 = threadIdx.x; c9 < 16; c9 += 128) {
+      const int s10_1 = c9;
+      mg_cp_async16((sm_a_0 + ((3) % 6) * 136) + ((s10_1 * 8)), g0_p0 + ((base_a + (mg_it0 + 3) * 128)) + ((s10_1 * 8)));
+    }
+    mg_cp_async_commit();
+    for (int c11 = threadIdx.x; c11 < 16; c11 += 128) {
+      const int s12_1 = c11;
+      mg_cp_async16((sm_a_0 + ((4) % 6) * 136) + ((s12_1 * 8)), g0_p0 + ((base_a + (mg_it0 + 4) * 128)) + ((s12_1 * 8)));
+    }
+    mg_cp_async_commit();
+    float acc_s[2][4];
+    #pragma unroll
+    for (int j = 0; j < 2; ++j) acc_s[j][0] = acc_s[j][1] = acc_s[j][2] = acc_s[j][3] = 0.0f;
+    for (int it = 0; it < 14; ++it) {
+      const int off_a = base_a + (mg_it0 + it) * 128;
+      const int off_b = base_b + (mg_it0 + it) * 458752;
+      mg_cp_async_wait<4>();
+      __syncthreads();
+      if (it + 5 < 14) {
+        for (int c13 = threadIdx.x; c13 < 16; c13 += 128) {
+          const int s14_1 = c13;
+          mg_cp_async16((sm_a_0 + (((it + 5)) % 6) * 136) + ((s14_1 * 8)), g0_p0 + ((off_a + 640)) + ((s14_1 * 8)));
+        }
+        #pragma unroll
+        for (int i = 0; i < 7; ++i) mg_cp_async16((sm_b_0 + (((it + 5)) % 6) * 7168) + mg_do_b[i], g0_p1 + ((off_b + 2293760)) + mg_so_b[i]);
+      }
+      mg_cp_async_commit();
+      const auto* sm_a = (sm_a_0 + ((it) % 6) * 136);
+      const auto* sm_b = (sm_b_0 + ((it) % 6) * 7168);
+      {
+        const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
+        const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
+        (void)mg_g; (void)mg_t;
+        const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
+        (void)mg_ks;
+      #pragma unroll
+      for (int s = 0; s < 8; ++s) {
+        const int kk = (mg_ks + s * 1) * 16;
+        const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
+        (void)k0; (void)k1;
+        unsigned ra0, ra1, ra2, ra3;
+        const int mg_mi = 0, r0 = mg_g, r1 = r0 + 8;
+        (void)r0; (void)r1;
+        mg_ldsm_x4(ra0, ra1, ra2, ra3, ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) < 1 ? (const void*)(sm_a + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) * 136 + (kk + (mg_lane >> 4) * 8))) : (const void*)mg_zero));
+        #pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          const int q = min(mg_grp + 4 * j, 6);
+          const int mg_nb = q / 7;
+          const int mg_ni = q % 7;
+          const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
+          (void)mg_nb; (void)c0; (void)n0;
+          unsigned rb0, rb1;
+          mg_ldsm_x2_t(rb0, rb1, (sm_b + ((kk + (mg_lane & 15)) * 56 + (mg_ni * 8))));
+          mg_mma_bf16(acc_s[j], ra0, ra1, ra2, ra3, rb0, rb1);
+        }
+      }
+      }
+    }
+    __syncthreads();
     {
       const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
       const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
       (void)mg_g; (void)mg_t;
       const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
       (void)mg_ks;
-    #pragma unroll
-    for (int s = 0; s < 8; ++s) {
-      const int kk = (mg_ks + s * 1) * 16;
-      const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
-      (void)k0; (void)k1;
-      unsigned ra0, ra1, ra2, ra3;
-      const int mg_mi = 0, r0 = mg_g, r1 = r0 + 8;
-      (void)r0; (void)r1;
-      mg_ldsm_x4(ra0, ra1, ra2, ra3, ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) < 1 ? (const void*)(sm_a + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) * 136 + (kk + (mg_lane >> 4) * 8))) : (const void*)mg_zero));
       #pragma unroll
       for (int j = 0; j < 2; ++j) {
-        const int q = min(mg_grp + 4 * j, 6);
-        const int mg_nb = q / 7;
-        const int mg_ni = q % 7;
-        const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
-        (void)mg_nb; (void)c0; (void)n0;
-        unsigned rb0, rb1;
-        mg_ldsm_x2_t(rb0, rb1, (sm_b + ((kk + (mg_lane & 15)) * 56 + (mg_ni * 8))));
-        mg_mma_bf16(acc_s[j], ra0, ra1, ra2, ra3, rb0, rb1);
-      }
-    }
-    }
-  }
-  __syncthreads();
-  {
-    const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
-    const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
-    (void)mg_g; (void)mg_t;
-    const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
-    (void)mg_ks;
-    #pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      const int q = mg_grp + 4 * j;
-      if (q < 7) {
-        const int mg_nb = q / 7;
-        const int mg_mi = (q / 7) % 1;
-        const int mg_ni = q % 7;
-        const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
-        const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
-        (void)mg_nb; (void)r1; (void)c0; (void)n0;
-        if (r0 < 1) buf_s[r0 * 56 + c0] = acc_s[j][0];
-        if (r0 < 1) buf_s[r0 * 56 + (c0 + 1)] = acc_s[j][1];
-        if (r1 < 1) buf_s[r1 * 56 + c0] = acc_s[j][2];
-        if (r1 < 1) buf_s[r1 * 56 + (c0 + 1)] = acc_s[j][3];
-      }
-    }
-  }
-  __syncthreads();
-  mg_cluster_sync();
-  for (int e0 = threadIdx.x; e0 < 14; e0 += 512) {
-    float4 mg_p[4][2];
-    #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int e = e0 + j * 128;
-      if (e < 14) {
-        #pragma unroll
-        for (unsigned r = 0; r < 2; ++r) mg_p[j][r] = mg_dsmem_ld4(buf_s + 4 * e, r);
-      }
-    }
-    #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int e = e0 + j * 128;
-      if (e < 14) {
-        float4 v = mg_p[j][0];
-        #pragma unroll
-        for (unsigned r = 1; r < 2; ++r) {
-          v.x += mg_p[j][r].x;
-          v.y += mg_p[j][r].y;
-          v.z += mg_p[j][r].z;
-          v.w += mg_p[j][r].w;
+        const int q = mg_grp + 4 * j;
+        if (q < 7) {
+          const int mg_nb = q / 7;
+          const int mg_mi = (q / 7) % 1;
+          const int mg_ni = q % 7;
+          const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
+          const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
+          (void)mg_nb; (void)r1; (void)c0; (void)n0;
+          if (r0 < 1) buf_s[r0 * 56 + c0] = acc_s[j][0];
+          if (r0 < 1) buf_s[r0 * 56 + (c0 + 1)] = acc_s[j][1];
+          if (r1 < 1) buf_s[r1 * 56 + c0] = acc_s[j][2];
+          if (r1 < 1) buf_s[r1 * 56 + (c0 + 1)] = acc_s[j][3];
         }
-        reinterpret_cast<float4*>(reinterpret_cast<float*>(mg_smem + 0))[e] = v;
       }
     }
-  }
-  mg_cluster_arrive();
-  __syncthreads();
-  buf_s = reinterpret_cast<float*>(mg_smem + 0);
-  for (int e15 = (int)mg_rank * 128 + (int)threadIdx.x; e15 < 7; e15 += 256) {
-    const int i16_1 = e15;
-    mg_st8(p2 + (bx * 56 + (i16_1 * 8)), buf_s[((i16_1 * 8) + 0)], buf_s[((i16_1 * 8) + 1)], buf_s[((i16_1 * 8) + 2)], buf_s[((i16_1 * 8) + 3)], buf_s[((i16_1 * 8) + 4)], buf_s[((i16_1 * 8) + 5)], buf_s[((i16_1 * 8) + 6)], buf_s[((i16_1 * 8) + 7)]);
-  }
-  mg_cluster_wait();
-}
-
-// matmul as a generated block graph: grid [64, 1, 1], forloop 28, tensor cores
-extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(128, 1) mg_k2_mirage_qwen2_7b_layer_cc9a7bb5bfd5(
-    const mg_bf16* __restrict__ p0,
-    const mg_bf16* __restrict__ p1,
-    mg_bf16* __restrict__ p2) {
-  const int bx = blockIdx.x, by = blockIdx.y, bz = 0;
-  (void)bx; (void)by; (void)bz;
-  const unsigned mg_rank = blockIdx.z;
-  const int mg_it0 = (int)mg_rank * 14;
-  const int mg_rot = (int)((bx + 64 * (by + 1 * bz)) + mg_rank) % 14;
-  extern __shared__ __align__(16) unsigned char mg_smem[];
-  const int base_a = 0;
-  const int base_b = bx * 8;
-  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 13952);
-  if (threadIdx.x < 4) mg_zero[threadIdx.x] = 0u;
-  mg_bf16* sm_a_0 = reinterpret_cast<mg_bf16*>(mg_smem + 0);
-  mg_bf16* sm_b_0 = reinterpret_cast<mg_bf16*>(mg_smem + 1632);
-  float* buf_s = reinterpret_cast<float*>(mg_smem + 13920);
-  int mg_so_b[1], mg_do_b[1];
-  #pragma unroll
-  for (int i = 0; i < 1; ++i) {
-    const int c3 = threadIdx.x + i * 128;
-    const int s4_0 = c3;
-    mg_so_b[i] = s4_0 * 512;
-    mg_do_b[i] = s4_0 * 8;
-  }
-  #pragma unroll
-  for (int i = 0; i < 1; ++i) mg_cp_async16((sm_b_0 + ((0) % 6) * 1024) + mg_do_b[i], p1 + ((base_b + (mg_it0 + (((0) + mg_rot) % 14)) * 65536)) + mg_so_b[i]);
-  #pragma unroll
-  for (int i = 0; i < 1; ++i) mg_cp_async16((sm_b_0 + ((1) % 6) * 1024) + mg_do_b[i], p1 + ((base_b + (mg_it0 + (((1) + mg_rot) % 14)) * 65536)) + mg_so_b[i]);
-  #pragma unroll
-  for (int i = 0; i < 1; ++i) mg_cp_async16((sm_b_0 + ((2) % 6) * 1024) + mg_do_b[i], p1 + ((base_b + (mg_it0 + (((2) + mg_rot) % 14)) * 65536)) + mg_so_b[i]);
-  #pragma unroll
-  for (int i = 0; i < 1; ++i) mg_cp_async16((sm_b_0 + ((3) % 6) * 1024) + mg_do_b[i], p1 + ((base_b + (mg_it0 + (((3) + mg_rot) % 14)) * 65536)) + mg_so_b[i]);
-  #pragma unroll
-  for (int i = 0; i < 1; ++i) mg_cp_async16((sm_b_0 + ((4) % 6) * 1024) + mg_do_b[i], p1 + ((base_b + (mg_it0 + (((4) + mg_rot) % 14)) * 65536)) + mg_so_b[i]);
-  mg_grid_wait();
-  mg_grid_release();
-  for (int c1 = threadIdx.x; c1 < 16; c1 += 128) {
-    const int s2_1 = c1;
-    mg_cp_async16((sm_a_0 + ((0) % 6) * 136) + ((s2_1 * 8)), p0 + ((base_a + (mg_it0 + (((0) + mg_rot) % 14)) * 128)) + ((s2_1 * 8)));
-  }
-  mg_cp_async_commit();
-  for (int c5 = threadIdx.x; c5 < 16; c5 += 128) {
-    const int s6_1 = c5;
-    mg_cp_async16((sm_a_0 + ((1) % 6) * 136) + ((s6_1 * 8)), p0 + ((base_a + (mg_it0 + (((1) + mg_rot) % 14)) * 128)) + ((s6_1 * 8)));
-  }
-  mg_cp_async_commit();
-  for (int c7 = threadIdx.x; c7 < 16; c7 += 128) {
-    const int s8_1 = c7;
-    mg_cp_async16((sm_a_0 + ((2) % 6) * 136) + ((s8_1 * 8)), p0 + ((base_a + (mg_it0 + (((2) + mg_rot) % 14)) * 128)) + ((s8_1 * 8)));
-  }
-  mg_cp_async_commit();
-  for (int c9 = threadIdx.x; c9 < 16; c9 += 128) {
-    const int s10_1 = c9;
-    mg_cp_async16((sm_a_0 + ((3) % 6) * 136) + ((s10_1 * 8)), p0 + ((base_a + (mg_it0 + (((3) + mg_rot) % 14)) * 128)) + ((s10_1 * 8)));
-  }
-  mg_cp_async_commit();
-  for (int c11 = threadIdx.x; c11 < 16; c11 += 128) {
-    const int s12_1 = c11;
-    mg_cp_async16((sm_a_0 + ((4) % 6) * 136) + ((s12_1 * 8)), p0 + ((base_a + (mg_it0 + (((4) + mg_rot) % 14)) * 128)) + ((s12_1 * 8)));
-  }
-  mg_cp_async_commit();
-  float acc_s[1][4];
-  #pragma unroll
-  for (int j = 0; j < 1; ++j) acc_s[j][0] = acc_s[j][1] = acc_s[j][2] = acc_s[j][3] = 0.0f;
-  for (int it = 0; it < 14; ++it) {
-    const int off_a = base_a + (mg_it0 + (((it) + mg_rot) % 14)) * 128;
-    const int off_b = base_b + (mg_it0 + (((it) + mg_rot) % 14)) * 65536;
-    mg_cp_async_wait<4>();
     __syncthreads();
-    if (it + 5 < 14) {
-      for (int c13 = threadIdx.x; c13 < 16; c13 += 128) {
-        const int s14_1 = c13;
-        mg_cp_async16((sm_a_0 + (((it + 5)) % 6) * 136) + ((s14_1 * 8)), p0 + ((base_a + (mg_it0 + (((it + 5) + mg_rot) % 14)) * 128)) + ((s14_1 * 8)));
+    mg_cluster_sync();
+    for (int e0 = threadIdx.x; e0 < 14; e0 += 512) {
+      float4 mg_p[4][2];
+      #pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int e = e0 + j * 128;
+        if (e < 14) {
+          #pragma unroll
+          for (unsigned r = 0; r < 2; ++r) mg_p[j][r] = mg_dsmem_ld4(buf_s + 4 * e, r);
+        }
       }
       #pragma unroll
-      for (int i = 0; i < 1; ++i) mg_cp_async16((sm_b_0 + (((it + 5)) % 6) * 1024) + mg_do_b[i], p1 + ((base_b + (mg_it0 + (((it + 5) + mg_rot) % 14)) * 65536)) + mg_so_b[i]);
+      for (int j = 0; j < 4; ++j) {
+        const int e = e0 + j * 128;
+        if (e < 14) {
+          float4 v = mg_p[j][0];
+          #pragma unroll
+          for (unsigned r = 1; r < 2; ++r) {
+            v.x += mg_p[j][r].x;
+            v.y += mg_p[j][r].y;
+            v.z += mg_p[j][r].z;
+            v.w += mg_p[j][r].w;
+          }
+          reinterpret_cast<float4*>(reinterpret_cast<float*>(mg_smem + 0))[e] = v;
+        }
+      }
+    }
+    mg_cluster_arrive();
+    __syncthreads();
+    buf_s = reinterpret_cast<float*>(mg_smem + 0);
+    for (int e15 = (int)mg_rank * 128 + (int)threadIdx.x; e15 < 7; e15 += 256) {
+      const int i16_1 = e15;
+      mg_st8(g0_p2 + (bx * 56 + (i16_1 * 8)), buf_s[((i16_1 * 8) + 0)], buf_s[((i16_1 * 8) + 1)], buf_s[((i16_1 * 8) + 2)], buf_s[((i16_1 * 8) + 3)], buf_s[((i16_1 * 8) + 4)], buf_s[((i16_1 * 8) + 5)], buf_s[((i16_1 * 8) + 6)], buf_s[((i16_1 * 8) + 7)]);
+    }
+    mg_cluster_wait();
+  } else if (blockIdx.x < 128u) {
+    const unsigned mg_bx = (blockIdx.x - 64u) % 64u;
+    const unsigned mg_by = (blockIdx.x - 64u) / 64u;
+    (void)mg_bx; (void)mg_by;
+    const int bx = mg_bx, by = mg_by, bz = 0;
+    (void)bx; (void)by; (void)bz;
+    const unsigned mg_rank = blockIdx.z;
+    const int mg_it0 = (int)mg_rank * 14;
+    const int mg_rot = (int)((bx + 64 * (by + 1 * bz)) + mg_rank) % 14;
+    extern __shared__ __align__(16) unsigned char mg_smem[];
+    const int base_a = 0;
+    const int base_b = bx * 8;
+    unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 13952);
+    if (threadIdx.x < 4) mg_zero[threadIdx.x] = 0u;
+    mg_bf16* sm_a_0 = reinterpret_cast<mg_bf16*>(mg_smem + 0);
+    mg_bf16* sm_b_0 = reinterpret_cast<mg_bf16*>(mg_smem + 1632);
+    float* buf_s = reinterpret_cast<float*>(mg_smem + 13920);
+    int mg_so_b[1], mg_do_b[1];
+    #pragma unroll
+    for (int i = 0; i < 1; ++i) {
+      const int c3 = threadIdx.x + i * 128;
+      const int s4_0 = c3;
+      mg_so_b[i] = s4_0 * 512;
+      mg_do_b[i] = s4_0 * 8;
+    }
+    #pragma unroll
+    for (int i = 0; i < 1; ++i) mg_cp_async16((sm_b_0 + ((0) % 6) * 1024) + mg_do_b[i], g1_p1 + ((base_b + (mg_it0 + (((0) + mg_rot) % 14)) * 65536)) + mg_so_b[i]);
+    #pragma unroll
+    for (int i = 0; i < 1; ++i) mg_cp_async16((sm_b_0 + ((1) % 6) * 1024) + mg_do_b[i], g1_p1 + ((base_b + (mg_it0 + (((1) + mg_rot) % 14)) * 65536)) + mg_so_b[i]);
+    #pragma unroll
+    for (int i = 0; i < 1; ++i) mg_cp_async16((sm_b_0 + ((2) % 6) * 1024) + mg_do_b[i], g1_p1 + ((base_b + (mg_it0 + (((2) + mg_rot) % 14)) * 65536)) + mg_so_b[i]);
+    #pragma unroll
+    for (int i = 0; i < 1; ++i) mg_cp_async16((sm_b_0 + ((3) % 6) * 1024) + mg_do_b[i], g1_p1 + ((base_b + (mg_it0 + (((3) + mg_rot) % 14)) * 65536)) + mg_so_b[i]);
+    #pragma unroll
+    for (int i = 0; i < 1; ++i) mg_cp_async16((sm_b_0 + ((4) % 6) * 1024) + mg_do_b[i], g1_p1 + ((base_b + (mg_it0 + (((4) + mg_rot) % 14)) * 65536)) + mg_so_b[i]);
+    mg_grid_wait();
+    mg_grid_release();
+    for (int c1 = threadIdx.x; c1 < 16; c1 += 128) {
+      const int s2_1 = c1;
+      mg_cp_async16((sm_a_0 + ((0) % 6) * 136) + ((s2_1 * 8)), g1_p0 + ((base_a + (mg_it0 + (((0) + mg_rot) % 14)) * 128)) + ((s2_1 * 8)));
     }
     mg_cp_async_commit();
-    const auto* sm_a = (sm_a_0 + ((it) % 6) * 136);
-    const auto* sm_b = (sm_b_0 + ((it) % 6) * 1024);
+    for (int c5 = threadIdx.x; c5 < 16; c5 += 128) {
+      const int s6_1 = c5;
+      mg_cp_async16((sm_a_0 + ((1) % 6) * 136) + ((s6_1 * 8)), g1_p0 + ((base_a + (mg_it0 + (((1) + mg_rot) % 14)) * 128)) + ((s6_1 * 8)));
+    }
+    mg_cp_async_commit();
+    for (int c7 = threadIdx.x; c7 < 16; c7 += 128) {
+      const int s8_1 = c7;
+      mg_cp_async16((sm_a_0 + ((2) % 6) * 136) + ((s8_1 * 8)), g1_p0 + ((base_a + (mg_it0 + (((2) + mg_rot) % 14)) * 128)) + ((s8_1 * 8)));
+    }
+    mg_cp_async_commit();
+    for (int c9 = threadIdx.x; c9 < 16; c9 += 128) {
+      const int s10_1 = c9;
+      mg_cp_async16((sm_a_0 + ((3) % 6) * 136) + ((s10_1 * 8)), g1_p0 + ((base_a + (mg_it0 + (((3) + mg_rot) % 14)) * 128)) + ((s10_1 * 8)));
+    }
+    mg_cp_async_commit();
+    for (int c11 = threadIdx.x; c11 < 16; c11 += 128) {
+      const int s12_1 = c11;
+      mg_cp_async16((sm_a_0 + ((4) % 6) * 136) + ((s12_1 * 8)), g1_p0 + ((base_a + (mg_it0 + (((4) + mg_rot) % 14)) * 128)) + ((s12_1 * 8)));
+    }
+    mg_cp_async_commit();
+    float acc_s[1][4];
+    #pragma unroll
+    for (int j = 0; j < 1; ++j) acc_s[j][0] = acc_s[j][1] = acc_s[j][2] = acc_s[j][3] = 0.0f;
+    for (int it = 0; it < 14; ++it) {
+      const int off_a = base_a + (mg_it0 + (((it) + mg_rot) % 14)) * 128;
+      const int off_b = base_b + (mg_it0 + (((it) + mg_rot) % 14)) * 65536;
+      mg_cp_async_wait<4>();
+      __syncthreads();
+      if (it + 5 < 14) {
+        for (int c13 = threadIdx.x; c13 < 16; c13 += 128) {
+          const int s14_1 = c13;
+          mg_cp_async16((sm_a_0 + (((it + 5)) % 6) * 136) + ((s14_1 * 8)), g1_p0 + ((base_a + (mg_it0 + (((it + 5) + mg_rot) % 14)) * 128)) + ((s14_1 * 8)));
+        }
+        #pragma unroll
+        for (int i = 0; i < 1; ++i) mg_cp_async16((sm_b_0 + (((it + 5)) % 6) * 1024) + mg_do_b[i], g1_p1 + ((base_b + (mg_it0 + (((it + 5) + mg_rot) % 14)) * 65536)) + mg_so_b[i]);
+      }
+      mg_cp_async_commit();
+      const auto* sm_a = (sm_a_0 + ((it) % 6) * 136);
+      const auto* sm_b = (sm_b_0 + ((it) % 6) * 1024);
+      {
+        const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
+        const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
+        (void)mg_g; (void)mg_t;
+        const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
+        (void)mg_ks;
+      #pragma unroll
+      for (int s = 0; s < 8; ++s) {
+        const int kk = (mg_ks + s * 1) * 16;
+        const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
+        (void)k0; (void)k1;
+        unsigned ra0, ra1, ra2, ra3;
+        const int mg_mi = 0, r0 = mg_g, r1 = r0 + 8;
+        (void)r0; (void)r1;
+        mg_ldsm_x4(ra0, ra1, ra2, ra3, ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) < 1 ? (const void*)(sm_a + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) * 136 + (kk + (mg_lane >> 4) * 8))) : (const void*)mg_zero));
+        #pragma unroll
+        for (int j = 0; j < 1; ++j) {
+          const int q = min(mg_grp + 4 * j, 0);
+          const int mg_nb = q / 1;
+          const int mg_ni = q % 1;
+          const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
+          (void)mg_nb; (void)c0; (void)n0;
+          unsigned rb0, rb1;
+          mg_ldsm_x2_t(rb0, rb1, (sm_b + ((kk + (mg_lane & 15)) * 8 + (mg_ni * 8))));
+          mg_mma_bf16(acc_s[j], ra0, ra1, ra2, ra3, rb0, rb1);
+        }
+      }
+      }
+    }
+    __syncthreads();
     {
       const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
       const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
       (void)mg_g; (void)mg_t;
       const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
       (void)mg_ks;
-    #pragma unroll
-    for (int s = 0; s < 8; ++s) {
-      const int kk = (mg_ks + s * 1) * 16;
-      const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
-      (void)k0; (void)k1;
-      unsigned ra0, ra1, ra2, ra3;
-      const int mg_mi = 0, r0 = mg_g, r1 = r0 + 8;
-      (void)r0; (void)r1;
-      mg_ldsm_x4(ra0, ra1, ra2, ra3, ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) < 1 ? (const void*)(sm_a + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) * 136 + (kk + (mg_lane >> 4) * 8))) : (const void*)mg_zero));
       #pragma unroll
       for (int j = 0; j < 1; ++j) {
-        const int q = min(mg_grp + 4 * j, 0);
-        const int mg_nb = q / 1;
-        const int mg_ni = q % 1;
-        const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
-        (void)mg_nb; (void)c0; (void)n0;
-        unsigned rb0, rb1;
-        mg_ldsm_x2_t(rb0, rb1, (sm_b + ((kk + (mg_lane & 15)) * 8 + (mg_ni * 8))));
-        mg_mma_bf16(acc_s[j], ra0, ra1, ra2, ra3, rb0, rb1);
-      }
-    }
-    }
-  }
-  __syncthreads();
-  {
-    const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
-    const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
-    (void)mg_g; (void)mg_t;
-    const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
-    (void)mg_ks;
-    #pragma unroll
-    for (int j = 0; j < 1; ++j) {
-      const int q = mg_grp + 4 * j;
-      if (q < 1) {
-        const int mg_nb = q / 1;
-        const int mg_mi = (q / 1) % 1;
-        const int mg_ni = q % 1;
-        const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
-        const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
-        (void)mg_nb; (void)r1; (void)c0; (void)n0;
-        if (r0 < 1) buf_s[r0 * 8 + c0] = acc_s[j][0];
-        if (r0 < 1) buf_s[r0 * 8 + (c0 + 1)] = acc_s[j][1];
-        if (r1 < 1) buf_s[r1 * 8 + c0] = acc_s[j][2];
-        if (r1 < 1) buf_s[r1 * 8 + (c0 + 1)] = acc_s[j][3];
-      }
-    }
-  }
-  __syncthreads();
-  mg_cluster_sync();
-  for (int e0 = threadIdx.x; e0 < 2; e0 += 512) {
-    float4 mg_p[4][2];
-    #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int e = e0 + j * 128;
-      if (e < 2) {
-        #pragma unroll
-        for (unsigned r = 0; r < 2; ++r) mg_p[j][r] = mg_dsmem_ld4(buf_s + 4 * e, r);
-      }
-    }
-    #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int e = e0 + j * 128;
-      if (e < 2) {
-        float4 v = mg_p[j][0];
-        #pragma unroll
-        for (unsigned r = 1; r < 2; ++r) {
-          v.x += mg_p[j][r].x;
-          v.y += mg_p[j][r].y;
-          v.z += mg_p[j][r].z;
-          v.w += mg_p[j][r].w;
+        const int q = mg_grp + 4 * j;
+        if (q < 1) {
+          const int mg_nb = q / 1;
+          const int mg_mi = (q / 1) % 1;
+          const int mg_ni = q % 1;
+          const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
+          const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
+          (void)mg_nb; (void)r1; (void)c0; (void)n0;
+          if (r0 < 1) buf_s[r0 * 8 + c0] = acc_s[j][0];
+          if (r0 < 1) buf_s[r0 * 8 + (c0 + 1)] = acc_s[j][1];
+          if (r1 < 1) buf_s[r1 * 8 + c0] = acc_s[j][2];
+          if (r1 < 1) buf_s[r1 * 8 + (c0 + 1)] = acc_s[j][3];
         }
-        reinterpret_cast<float4*>(reinterpret_cast<float*>(mg_smem + 0))[e] = v;
       }
     }
-  }
-  mg_cluster_arrive();
-  __syncthreads();
-  buf_s = reinterpret_cast<float*>(mg_smem + 0);
-  for (int e15 = (int)mg_rank * 128 + (int)threadIdx.x; e15 < 1; e15 += 256) {
-    mg_st8(p2 + (bx * 8), buf_s[(0 + 0)], buf_s[(0 + 1)], buf_s[(0 + 2)], buf_s[(0 + 3)], buf_s[(0 + 4)], buf_s[(0 + 5)], buf_s[(0 + 6)], buf_s[(0 + 7)]);
-  }
-  mg_cluster_wait();
-}
-
-// matmul as a generated block graph: grid [64, 1, 1], forloop 28, tensor cores
-extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(128, 1) mg_k3_mirage_qwen2_7b_layer_cc9a7bb5bfd5(
-    const mg_bf16* __restrict__ p0,
-    const mg_bf16* __restrict__ p1,
-    mg_bf16* __restrict__ p2) {
-  const int bx = blockIdx.x, by = blockIdx.y, bz = 0;
-  (void)bx; (void)by; (void)bz;
-  const unsigned mg_rank = blockIdx.z;
-  const int mg_it0 = (int)mg_rank * 14;
-  const int mg_rot = (int)((bx + 64 * (by + 1 * bz)) + mg_rank) % 14;
-  extern __shared__ __align__(16) unsigned char mg_smem[];
-  const int base_a = 0;
-  const int base_b = bx * 8;
-  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 13952);
-  if (threadIdx.x < 4) mg_zero[threadIdx.x] = 0u;
-  mg_bf16* sm_a_0 = reinterpret_cast<mg_bf16*>(mg_smem + 0);
-  mg_bf16* sm_b_0 = reinterpret_cast<mg_bf16*>(mg_smem + 1632);
-  float* buf_s = reinterpret_cast<float*>(mg_smem + 13920);
-  int mg_so_b[1], mg_do_b[1];
-  #pragma unroll
-  for (int i = 0; i < 1; ++i) {
-    const int c3 = threadIdx.x + i * 128;
-    const int s4_0 = c3;
-    mg_so_b[i] = s4_0 * 512;
-    mg_do_b[i] = s4_0 * 8;
-  }
-  #pragma unroll
-  for (int i = 0; i < 1; ++i) mg_cp_async16((sm_b_0 + ((0) % 6) * 1024) + mg_do_b[i], p1 + ((base_b + (mg_it0 + (((0) + mg_rot) % 14)) * 65536)) + mg_so_b[i]);
-  #pragma unroll
-  for (int i = 0; i < 1; ++i) mg_cp_async16((sm_b_0 + ((1) % 6) * 1024) + mg_do_b[i], p1 + ((base_b + (mg_it0 + (((1) + mg_rot) % 14)) * 65536)) + mg_so_b[i]);
-  #pragma unroll
-  for (int i = 0; i < 1; ++i) mg_cp_async16((sm_b_0 + ((2) % 6) * 1024) + mg_do_b[i], p1 + ((base_b + (mg_it0 + (((2) + mg_rot) % 14)) * 65536)) + mg_so_b[i]);
-  #pragma unroll
-  for (int i = 0; i < 1; ++i) mg_cp_async16((sm_b_0 + ((3) % 6) * 1024) + mg_do_b[i], p1 + ((base_b + (mg_it0 + (((3) + mg_rot) % 14)) * 65536)) + mg_so_b[i]);
-  #pragma unroll
-  for (int i = 0; i < 1; ++i) mg_cp_async16((sm_b_0 + ((4) % 6) * 1024) + mg_do_b[i], p1 + ((base_b + (mg_it0 + (((4) + mg_rot) % 14)) * 65536)) + mg_so_b[i]);
-  mg_grid_wait();
-  mg_grid_release();
-  for (int c1 = threadIdx.x; c1 < 16; c1 += 128) {
-    const int s2_1 = c1;
-    mg_cp_async16((sm_a_0 + ((0) % 6) * 136) + ((s2_1 * 8)), p0 + ((base_a + (mg_it0 + (((0) + mg_rot) % 14)) * 128)) + ((s2_1 * 8)));
-  }
-  mg_cp_async_commit();
-  for (int c5 = threadIdx.x; c5 < 16; c5 += 128) {
-    const int s6_1 = c5;
-    mg_cp_async16((sm_a_0 + ((1) % 6) * 136) + ((s6_1 * 8)), p0 + ((base_a + (mg_it0 + (((1) + mg_rot) % 14)) * 128)) + ((s6_1 * 8)));
-  }
-  mg_cp_async_commit();
-  for (int c7 = threadIdx.x; c7 < 16; c7 += 128) {
-    const int s8_1 = c7;
-    mg_cp_async16((sm_a_0 + ((2) % 6) * 136) + ((s8_1 * 8)), p0 + ((base_a + (mg_it0 + (((2) + mg_rot) % 14)) * 128)) + ((s8_1 * 8)));
-  }
-  mg_cp_async_commit();
-  for (int c9 = threadIdx.x; c9 < 16; c9 += 128) {
-    const int s10_1 = c9;
-    mg_cp_async16((sm_a_0 + ((3) % 6) * 136) + ((s10_1 * 8)), p0 + ((base_a + (mg_it0 + (((3) + mg_rot) % 14)) * 128)) + ((s10_1 * 8)));
-  }
-  mg_cp_async_commit();
-  for (int c11 = threadIdx.x; c11 < 16; c11 += 128) {
-    const int s12_1 = c11;
-    mg_cp_async16((sm_a_0 + ((4) % 6) * 136) + ((s12_1 * 8)), p0 + ((base_a + (mg_it0 + (((4) + mg_rot) % 14)) * 128)) + ((s12_1 * 8)));
-  }
-  mg_cp_async_commit();
-  float acc_s[1][4];
-  #pragma unroll
-  for (int j = 0; j < 1; ++j) acc_s[j][0] = acc_s[j][1] = acc_s[j][2] = acc_s[j][3] = 0.0f;
-  for (int it = 0; it < 14; ++it) {
-    const int off_a = base_a + (mg_it0 + (((it) + mg_rot) % 14)) * 128;
-    const int off_b = base_b + (mg_it0 + (((it) + mg_rot) % 14)) * 65536;
-    mg_cp_async_wait<4>();
     __syncthreads();
-    if (it + 5 < 14) {
-      for (int c13 = threadIdx.x; c13 < 16; c13 += 128) {
-        const int s14_1 = c13;
-        mg_cp_async16((sm_a_0 + (((it + 5)) % 6) * 136) + ((s14_1 * 8)), p0 + ((base_a + (mg_it0 + (((it + 5) + mg_rot) % 14)) * 128)) + ((s14_1 * 8)));
+    mg_cluster_sync();
+    for (int e0 = threadIdx.x; e0 < 2; e0 += 512) {
+      float4 mg_p[4][2];
+      #pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int e = e0 + j * 128;
+        if (e < 2) {
+          #pragma unroll
+          for (unsigned r = 0; r < 2; ++r) mg_p[j][r] = mg_dsmem_ld4(buf_s + 4 * e, r);
+        }
       }
       #pragma unroll
-      for (int i = 0; i < 1; ++i) mg_cp_async16((sm_b_0 + (((it + 5)) % 6) * 1024) + mg_do_b[i], p1 + ((base_b + (mg_it0 + (((it + 5) + mg_rot) % 14)) * 65536)) + mg_so_b[i]);
+      for (int j = 0; j < 4; ++j) {
+        const int e = e0 + j * 128;
+        if (e < 2) {
+          float4 v = mg_p[j][0];
+          #pragma unroll
+          for (unsigned r = 1; r < 2; ++r) {
+            v.x += mg_p[j][r].x;
+            v.y += mg_p[j][r].y;
+            v.z += mg_p[j][r].z;
+            v.w += mg_p[j][r].w;
+          }
+          reinterpret_cast<float4*>(reinterpret_cast<float*>(mg_smem + 0))[e] = v;
+        }
+      }
+    }
+    mg_cluster_arrive();
+    __syncthreads();
+    buf_s = reinterpret_cast<float*>(mg_smem + 0);
+    for (int e15 = (int)mg_rank * 128 + (int)threadIdx.x; e15 < 1; e15 += 256) {
+      mg_st8(g1_p2 + (bx * 8), buf_s[(0 + 0)], buf_s[(0 + 1)], buf_s[(0 + 2)], buf_s[(0 + 3)], buf_s[(0 + 4)], buf_s[(0 + 5)], buf_s[(0 + 6)], buf_s[(0 + 7)]);
+    }
+    mg_cluster_wait();
+  } else if (blockIdx.x < 192u) {
+    const unsigned mg_bx = (blockIdx.x - 128u) % 64u;
+    const unsigned mg_by = (blockIdx.x - 128u) / 64u;
+    (void)mg_bx; (void)mg_by;
+    const int bx = mg_bx, by = mg_by, bz = 0;
+    (void)bx; (void)by; (void)bz;
+    const unsigned mg_rank = blockIdx.z;
+    const int mg_it0 = (int)mg_rank * 14;
+    const int mg_rot = (int)((bx + 64 * (by + 1 * bz)) + mg_rank) % 14;
+    extern __shared__ __align__(16) unsigned char mg_smem[];
+    const int base_a = 0;
+    const int base_b = bx * 8;
+    unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 13952);
+    if (threadIdx.x < 4) mg_zero[threadIdx.x] = 0u;
+    mg_bf16* sm_a_0 = reinterpret_cast<mg_bf16*>(mg_smem + 0);
+    mg_bf16* sm_b_0 = reinterpret_cast<mg_bf16*>(mg_smem + 1632);
+    float* buf_s = reinterpret_cast<float*>(mg_smem + 13920);
+    int mg_so_b[1], mg_do_b[1];
+    #pragma unroll
+    for (int i = 0; i < 1; ++i) {
+      const int c3 = threadIdx.x + i * 128;
+      const int s4_0 = c3;
+      mg_so_b[i] = s4_0 * 512;
+      mg_do_b[i] = s4_0 * 8;
+    }
+    #pragma unroll
+    for (int i = 0; i < 1; ++i) mg_cp_async16((sm_b_0 + ((0) % 6) * 1024) + mg_do_b[i], g2_p1 + ((base_b + (mg_it0 + (((0) + mg_rot) % 14)) * 65536)) + mg_so_b[i]);
+    #pragma unroll
+    for (int i = 0; i < 1; ++i) mg_cp_async16((sm_b_0 + ((1) % 6) * 1024) + mg_do_b[i], g2_p1 + ((base_b + (mg_it0 + (((1) + mg_rot) % 14)) * 65536)) + mg_so_b[i]);
+    #pragma unroll
+    for (int i = 0; i < 1; ++i) mg_cp_async16((sm_b_0 + ((2) % 6) * 1024) + mg_do_b[i], g2_p1 + ((base_b + (mg_it0 + (((2) + mg_rot) % 14)) * 65536)) + mg_so_b[i]);
+    #pragma unroll
+    for (int i = 0; i < 1; ++i) mg_cp_async16((sm_b_0 + ((3) % 6) * 1024) + mg_do_b[i], g2_p1 + ((base_b + (mg_it0 + (((3) + mg_rot) % 14)) * 65536)) + mg_so_b[i]);
+    #pragma unroll
+    for (int i = 0; i < 1; ++i) mg_cp_async16((sm_b_0 + ((4) % 6) * 1024) + mg_do_b[i], g2_p1 + ((base_b + (mg_it0 + (((4) + mg_rot) % 14)) * 65536)) + mg_so_b[i]);
+    mg_grid_wait();
+    mg_grid_release();
+    for (int c1 = threadIdx.x; c1 < 16; c1 += 128) {
+      const int s2_1 = c1;
+      mg_cp_async16((sm_a_0 + ((0) % 6) * 136) + ((s2_1 * 8)), g2_p0 + ((base_a + (mg_it0 + (((0) + mg_rot) % 14)) * 128)) + ((s2_1 * 8)));
     }
     mg_cp_async_commit();
-    const auto* sm_a = (sm_a_0 + ((it) % 6) * 136);
-    const auto* sm_b = (sm_b_0 + ((it) % 6) * 1024);
+    for (int c5 = threadIdx.x; c5 < 16; c5 += 128) {
+      const int s6_1 = c5;
+      mg_cp_async16((sm_a_0 + ((1) % 6) * 136) + ((s6_1 * 8)), g2_p0 + ((base_a + (mg_it0 + (((1) + mg_rot) % 14)) * 128)) + ((s6_1 * 8)));
+    }
+    mg_cp_async_commit();
+    for (int c7 = threadIdx.x; c7 < 16; c7 += 128) {
+      const int s8_1 = c7;
+      mg_cp_async16((sm_a_0 + ((2) % 6) * 136) + ((s8_1 * 8)), g2_p0 + ((base_a + (mg_it0 + (((2) + mg_rot) % 14)) * 128)) + ((s8_1 * 8)));
+    }
+    mg_cp_async_commit();
+    for (int c9 = threadIdx.x; c9 < 16; c9 += 128) {
+      const int s10_1 = c9;
+      mg_cp_async16((sm_a_0 + ((3) % 6) * 136) + ((s10_1 * 8)), g2_p0 + ((base_a + (mg_it0 + (((3) + mg_rot) % 14)) * 128)) + ((s10_1 * 8)));
+    }
+    mg_cp_async_commit();
+    for (int c11 = threadIdx.x; c11 < 16; c11 += 128) {
+      const int s12_1 = c11;
+      mg_cp_async16((sm_a_0 + ((4) % 6) * 136) + ((s12_1 * 8)), g2_p0 + ((base_a + (mg_it0 + (((4) + mg_rot) % 14)) * 128)) + ((s12_1 * 8)));
+    }
+    mg_cp_async_commit();
+    float acc_s[1][4];
+    #pragma unroll
+    for (int j = 0; j < 1; ++j) acc_s[j][0] = acc_s[j][1] = acc_s[j][2] = acc_s[j][3] = 0.0f;
+    for (int it = 0; it < 14; ++it) {
+      const int off_a = base_a + (mg_it0 + (((it) + mg_rot) % 14)) * 128;
+      const int off_b = base_b + (mg_it0 + (((it) + mg_rot) % 14)) * 65536;
+      mg_cp_async_wait<4>();
+      __syncthreads();
+      if (it + 5 < 14) {
+        for (int c13 = threadIdx.x; c13 < 16; c13 += 128) {
+          const int s14_1 = c13;
+          mg_cp_async16((sm_a_0 + (((it + 5)) % 6) * 136) + ((s14_1 * 8)), g2_p0 + ((base_a + (mg_it0 + (((it + 5) + mg_rot) % 14)) * 128)) + ((s14_1 * 8)));
+        }
+        #pragma unroll
+        for (int i = 0; i < 1; ++i) mg_cp_async16((sm_b_0 + (((it + 5)) % 6) * 1024) + mg_do_b[i], g2_p1 + ((base_b + (mg_it0 + (((it + 5) + mg_rot) % 14)) * 65536)) + mg_so_b[i]);
+      }
+      mg_cp_async_commit();
+      const auto* sm_a = (sm_a_0 + ((it) % 6) * 136);
+      const auto* sm_b = (sm_b_0 + ((it) % 6) * 1024);
+      {
+        const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
+        const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
+        (void)mg_g; (void)mg_t;
+        const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
+        (void)mg_ks;
+      #pragma unroll
+      for (int s = 0; s < 8; ++s) {
+        const int kk = (mg_ks + s * 1) * 16;
+        const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
+        (void)k0; (void)k1;
+        unsigned ra0, ra1, ra2, ra3;
+        const int mg_mi = 0, r0 = mg_g, r1 = r0 + 8;
+        (void)r0; (void)r1;
+        mg_ldsm_x4(ra0, ra1, ra2, ra3, ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) < 1 ? (const void*)(sm_a + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) * 136 + (kk + (mg_lane >> 4) * 8))) : (const void*)mg_zero));
+        #pragma unroll
+        for (int j = 0; j < 1; ++j) {
+          const int q = min(mg_grp + 4 * j, 0);
+          const int mg_nb = q / 1;
+          const int mg_ni = q % 1;
+          const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
+          (void)mg_nb; (void)c0; (void)n0;
+          unsigned rb0, rb1;
+          mg_ldsm_x2_t(rb0, rb1, (sm_b + ((kk + (mg_lane & 15)) * 8 + (mg_ni * 8))));
+          mg_mma_bf16(acc_s[j], ra0, ra1, ra2, ra3, rb0, rb1);
+        }
+      }
+      }
+    }
+    __syncthreads();
     {
       const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
       const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
       (void)mg_g; (void)mg_t;
       const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
       (void)mg_ks;
-    #pragma unroll
-    for (int s = 0; s < 8; ++s) {
-      const int kk = (mg_ks + s * 1) * 16;
-      const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
-      (void)k0; (void)k1;
-      unsigned ra0, ra1, ra2, ra3;
-      const int mg_mi = 0, r0 = mg_g, r1 = r0 + 8;
-      (void)r0; (void)r1;
-      mg_ldsm_x4(ra0, ra1, ra2, ra3, ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) < 1 ? (const void*)(sm_a + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) * 136 + (kk + (mg_lane >> 4) * 8))) : (const void*)mg_zero));
       #pragma unroll
       for (int j = 0; j < 1; ++j) {
-        const int q = min(mg_grp + 4 * j, 0);
-        const int mg_nb = q / 1;
-        const int mg_ni = q % 1;
-        const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
-        (void)mg_nb; (void)c0; (void)n0;
-        unsigned rb0, rb1;
-        mg_ldsm_x2_t(rb0, rb1, (sm_b + ((kk + (mg_lane & 15)) * 8 + (mg_ni * 8))));
-        mg_mma_bf16(acc_s[j], ra0, ra1, ra2, ra3, rb0, rb1);
-      }
-    }
-    }
-  }
-  __syncthreads();
-  {
-    const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
-    const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
-    (void)mg_g; (void)mg_t;
-    const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
-    (void)mg_ks;
-    #pragma unroll
-    for (int j = 0; j < 1; ++j) {
-      const int q = mg_grp + 4 * j;
-      if (q < 1) {
-        const int mg_nb = q / 1;
-        const int mg_mi = (q / 1) % 1;
-        const int mg_ni = q % 1;
-        const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
-        const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
-        (void)mg_nb; (void)r1; (void)c0; (void)n0;
-        if (r0 < 1) buf_s[r0 * 8 + c0] = acc_s[j][0];
-        if (r0 < 1) buf_s[r0 * 8 + (c0 + 1)] = acc_s[j][1];
-        if (r1 < 1) buf_s[r1 * 8 + c0] = acc_s[j][2];
-        if (r1 < 1) buf_s[r1 * 8 + (c0 + 1)] = acc_s[j][3];
-      }
-    }
-  }
-  __syncthreads();
-  mg_cluster_sync();
-  for (int e0 = threadIdx.x; e0 < 2; e0 += 512) {
-    float4 mg_p[4][2];
-    #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int e = e0 + j * 128;
-      if (e < 2) {
-        #pragma unroll
-        for (unsigned r = 0; r < 2; ++r) mg_p[j][r] = mg_dsmem_ld4(buf_s + 4 * e, r);
-      }
-    }
-    #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int e = e0 + j * 128;
-      if (e < 2) {
-        float4 v = mg_p[j][0];
-        #pragma unroll
-        for (unsigned r = 1; r < 2; ++r) {
-          v.x += mg_p[j][r].x;
-          v.y += mg_p[j][r].y;
-          v.z += mg_p[j][r].z;
-          v.w += mg_p[j][r].w;
+        const int q = mg_grp + 4 * j;
+        if (q < 1) {
+          const int mg_nb = q / 1;
+          const int mg_mi = (q / 1) % 1;
+          const int mg_ni = q % 1;
+          const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
+          const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
+          (void)mg_nb; (void)r1; (void)c0; (void)n0;
+          if (r0 < 1) buf_s[r0 * 8 + c0] = acc_s[j][0];
+          if (r0 < 1) buf_s[r0 * 8 + (c0 + 1)] = acc_s[j][1];
+          if (r1 < 1) buf_s[r1 * 8 + c0] = acc_s[j][2];
+          if (r1 < 1) buf_s[r1 * 8 + (c0 + 1)] = acc_s[j][3];
         }
-        reinterpret_cast<float4*>(reinterpret_cast<float*>(mg_smem + 0))[e] = v;
       }
     }
+    __syncthreads();
+    mg_cluster_sync();
+    for (int e0 = threadIdx.x; e0 < 2; e0 += 512) {
+      float4 mg_p[4][2];
+      #pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int e = e0 + j * 128;
+        if (e < 2) {
+          #pragma unroll
+          for (unsigned r = 0; r < 2; ++r) mg_p[j][r] = mg_dsmem_ld4(buf_s + 4 * e, r);
+        }
+      }
+      #pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int e = e0 + j * 128;
+        if (e < 2) {
+          float4 v = mg_p[j][0];
+          #pragma unroll
+          for (unsigned r = 1; r < 2; ++r) {
+            v.x += mg_p[j][r].x;
+            v.y += mg_p[j][r].y;
+            v.z += mg_p[j][r].z;
+            v.w += mg_p[j][r].w;
+          }
+          reinterpret_cast<float4*>(reinterpret_cast<float*>(mg_smem + 0))[e] = v;
+        }
+      }
+    }
+    mg_cluster_arrive();
+    __syncthreads();
+    buf_s = reinterpret_cast<float*>(mg_smem + 0);
+    for (int e15 = (int)mg_rank * 128 + (int)threadIdx.x; e15 < 1; e15 += 256) {
+      mg_st8(g2_p2 + (bx * 8), buf_s[(0 + 0)], buf_s[(0 + 1)], buf_s[(0 + 2)], buf_s[(0 + 3)], buf_s[(0 + 4)], buf_s[(0 + 5)], buf_s[(0 + 6)], buf_s[(0 + 7)]);
+    }
+    mg_cluster_wait();
   }
-  mg_cluster_arrive();
-  __syncthreads();
-  buf_s = reinterpret_cast<float*>(mg_smem + 0);
-  for (int e15 = (int)mg_rank * 128 + (int)threadIdx.x; e15 < 1; e15 += 256) {
-    mg_st8(p2 + (bx * 8), buf_s[(0 + 0)], buf_s[(0 + 1)], buf_s[(0 + 2)], buf_s[(0 + 3)], buf_s[(0 + 4)], buf_s[(0 + 5)], buf_s[(0 + 6)], buf_s[(0 + 7)]);
-  }
-  mg_cluster_wait();
 }
 
-// add: 8 consecutive output elements per thread, one 16-byte store
+// one launch of 3 kernels: add: 8 consecutive output elements per thread, one 16-byte store; add: 8 consecutive output elements per thread, one 16-byte store; add: 8 consecutive output elements per thread, one 16-byte store
 extern "C" __global__ void __launch_bounds__(256) mg_k4_mirage_qwen2_7b_layer_cc9a7bb5bfd5(
-    const mg_bf16* __restrict__ p0,
-    const mg_bf16* __restrict__ p1,
-    mg_bf16* __restrict__ p2) {
-  mg_grid_wait();
-  mg_grid_release();
-  for (int e8 = blockIdx.x * 256 + threadIdx.x; e8 < 448; e8 += gridDim.x * 256) {
-    const int e = e8 * 8;
-    const int i1 = e;
-    const float v1 = mg_ld(p0[(i1 + 0)]);
-    const float v2 = mg_ld(p1[(i1 + 0)]);
-    const float v3 = (v1 + v2);
-    const float v4 = mg_ld(p0[(i1 + 1)]);
-    const float v5 = mg_ld(p1[(i1 + 1)]);
-    const float v6 = (v4 + v5);
-    const float v7 = mg_ld(p0[(i1 + 2)]);
-    const float v8 = mg_ld(p1[(i1 + 2)]);
-    const float v9 = (v7 + v8);
-    const float v10 = mg_ld(p0[(i1 + 3)]);
-    const float v11 = mg_ld(p1[(i1 + 3)]);
-    const float v12 = (v10 + v11);
-    const float v13 = mg_ld(p0[(i1 + 4)]);
-    const float v14 = mg_ld(p1[(i1 + 4)]);
-    const float v15 = (v13 + v14);
-    const float v16 = mg_ld(p0[(i1 + 5)]);
-    const float v17 = mg_ld(p1[(i1 + 5)]);
-    const float v18 = (v16 + v17);
-    const float v19 = mg_ld(p0[(i1 + 6)]);
-    const float v20 = mg_ld(p1[(i1 + 6)]);
-    const float v21 = (v19 + v20);
-    const float v22 = mg_ld(p0[(i1 + 7)]);
-    const float v23 = mg_ld(p1[(i1 + 7)]);
-    const float v24 = (v22 + v23);
-    mg_st8(p2 + e, v3, v6, v9, v12, v15, v18, v21, v24);
+    const mg_bf16* __restrict__ g0_p0,
+    const mg_bf16* __restrict__ g0_p1,
+    mg_bf16* __restrict__ g0_p2,
+    const mg_bf16* __restrict__ g1_p0,
+    const mg_bf16* __restrict__ g1_p1,
+    mg_bf16* __restrict__ g1_p2,
+    const mg_bf16* __restrict__ g2_p0,
+    const mg_bf16* __restrict__ g2_p1,
+    mg_bf16* __restrict__ g2_p2) {
+  if (blockIdx.x < 2u) {
+    const unsigned mg_bx = (blockIdx.x - 0u) % 2u;
+    const unsigned mg_by = (blockIdx.x - 0u) / 2u;
+    (void)mg_bx; (void)mg_by;
+    mg_grid_wait();
+    mg_grid_release();
+    for (int e8 = mg_bx * 256 + threadIdx.x; e8 < 448; e8 += 2u * 256) {
+      const int e = e8 * 8;
+      const int i1 = e;
+      const float v1 = mg_ld(g0_p0[(i1 + 0)]);
+      const float v2 = mg_ld(g0_p1[(i1 + 0)]);
+      const float v3 = (v1 + v2);
+      const float v4 = mg_ld(g0_p0[(i1 + 1)]);
+      const float v5 = mg_ld(g0_p1[(i1 + 1)]);
+      const float v6 = (v4 + v5);
+      const float v7 = mg_ld(g0_p0[(i1 + 2)]);
+      const float v8 = mg_ld(g0_p1[(i1 + 2)]);
+      const float v9 = (v7 + v8);
+      const float v10 = mg_ld(g0_p0[(i1 + 3)]);
+      const float v11 = mg_ld(g0_p1[(i1 + 3)]);
+      const float v12 = (v10 + v11);
+      const float v13 = mg_ld(g0_p0[(i1 + 4)]);
+      const float v14 = mg_ld(g0_p1[(i1 + 4)]);
+      const float v15 = (v13 + v14);
+      const float v16 = mg_ld(g0_p0[(i1 + 5)]);
+      const float v17 = mg_ld(g0_p1[(i1 + 5)]);
+      const float v18 = (v16 + v17);
+      const float v19 = mg_ld(g0_p0[(i1 + 6)]);
+      const float v20 = mg_ld(g0_p1[(i1 + 6)]);
+      const float v21 = (v19 + v20);
+      const float v22 = mg_ld(g0_p0[(i1 + 7)]);
+      const float v23 = mg_ld(g0_p1[(i1 + 7)]);
+      const float v24 = (v22 + v23);
+      mg_st8(g0_p2 + e, v3, v6, v9, v12, v15, v18, v21, v24);
+    }
+  } else if (blockIdx.x < 3u) {
+    const unsigned mg_bx = (blockIdx.x - 2u) % 1u;
+    const unsigned mg_by = (blockIdx.x - 2u) / 1u;
+    (void)mg_bx; (void)mg_by;
+    mg_grid_wait();
+    mg_grid_release();
+    for (int e8 = mg_bx * 256 + threadIdx.x; e8 < 64; e8 += 1u * 256) {
+      const int e = e8 * 8;
+      const int i1 = e;
+      const float v1 = mg_ld(g1_p0[(i1 + 0)]);
+      const float v2 = mg_ld(g1_p1[(i1 + 0)]);
+      const float v3 = (v1 + v2);
+      const float v4 = mg_ld(g1_p0[(i1 + 1)]);
+      const float v5 = mg_ld(g1_p1[(i1 + 1)]);
+      const float v6 = (v4 + v5);
+      const float v7 = mg_ld(g1_p0[(i1 + 2)]);
+      const float v8 = mg_ld(g1_p1[(i1 + 2)]);
+      const float v9 = (v7 + v8);
+      const float v10 = mg_ld(g1_p0[(i1 + 3)]);
+      const float v11 = mg_ld(g1_p1[(i1 + 3)]);
+      const float v12 = (v10 + v11);
+      const float v13 = mg_ld(g1_p0[(i1 + 4)]);
+      const float v14 = mg_ld(g1_p1[(i1 + 4)]);
+      const float v15 = (v13 + v14);
+      const float v16 = mg_ld(g1_p0[(i1 + 5)]);
+      const float v17 = mg_ld(g1_p1[(i1 + 5)]);
+      const float v18 = (v16 + v17);
+      const float v19 = mg_ld(g1_p0[(i1 + 6)]);
+      const float v20 = mg_ld(g1_p1[(i1 + 6)]);
+      const float v21 = (v19 + v20);
+      const float v22 = mg_ld(g1_p0[(i1 + 7)]);
+      const float v23 = mg_ld(g1_p1[(i1 + 7)]);
+      const float v24 = (v22 + v23);
+      mg_st8(g1_p2 + e, v3, v6, v9, v12, v15, v18, v21, v24);
+    }
+  } else if (blockIdx.x < 4u) {
+    const unsigned mg_bx = (blockIdx.x - 3u) % 1u;
+    const unsigned mg_by = (blockIdx.x - 3u) / 1u;
+    (void)mg_bx; (void)mg_by;
+    mg_grid_wait();
+    mg_grid_release();
+    for (int e8 = mg_bx * 256 + threadIdx.x; e8 < 64; e8 += 1u * 256) {
+      const int e = e8 * 8;
+      const int i1 = e;
+      const float v1 = mg_ld(g2_p0[(i1 + 0)]);
+      const float v2 = mg_ld(g2_p1[(i1 + 0)]);
+      const float v3 = (v1 + v2);
+      const float v4 = mg_ld(g2_p0[(i1 + 1)]);
+      const float v5 = mg_ld(g2_p1[(i1 + 1)]);
+      const float v6 = (v4 + v5);
+      const float v7 = mg_ld(g2_p0[(i1 + 2)]);
+      const float v8 = mg_ld(g2_p1[(i1 + 2)]);
+      const float v9 = (v7 + v8);
+      const float v10 = mg_ld(g2_p0[(i1 + 3)]);
+      const float v11 = mg_ld(g2_p1[(i1 + 3)]);
+      const float v12 = (v10 + v11);
+      const float v13 = mg_ld(g2_p0[(i1 + 4)]);
+      const float v14 = mg_ld(g2_p1[(i1 + 4)]);
+      const float v15 = (v13 + v14);
+      const float v16 = mg_ld(g2_p0[(i1 + 5)]);
+      const float v17 = mg_ld(g2_p1[(i1 + 5)]);
+      const float v18 = (v16 + v17);
+      const float v19 = mg_ld(g2_p0[(i1 + 6)]);
+      const float v20 = mg_ld(g2_p1[(i1 + 6)]);
+      const float v21 = (v19 + v20);
+      const float v22 = mg_ld(g2_p0[(i1 + 7)]);
+      const float v23 = mg_ld(g2_p1[(i1 + 7)]);
+      const float v24 = (v22 + v23);
+      mg_st8(g2_p2 + e, v3, v6, v9, v12, v15, v18, v21, v24);
+    }
   }
 }
 
-// add: 8 consecutive output elements per thread, one 16-byte store
-extern "C" __global__ void __launch_bounds__(256) mg_k5_mirage_qwen2_7b_layer_cc9a7bb5bfd5(
-    const mg_bf16* __restrict__ p0,
-    const mg_bf16* __restrict__ p1,
-    mg_bf16* __restrict__ p2) {
-  mg_grid_wait();
-  mg_grid_release();
-  for (int e8 = blockIdx.x * 256 + threadIdx.x; e8 < 64; e8 += gridDim.x * 256) {
-    const int e = e8 * 8;
-    const int i1 = e;
-    const float v1 = mg_ld(p0[(i1 + 0)]);
-    const float v2 = mg_ld(p1[(i1 + 0)]);
-    const float v3 = (v1 + v2);
-    const float v4 = mg_ld(p0[(i1 + 1)]);
-    const float v5 = mg_ld(p1[(i1 + 1)]);
-    const float v6 = (v4 + v5);
-    const float v7 = mg_ld(p0[(i1 + 2)]);
-    const float v8 = mg_ld(p1[(i1 + 2)]);
-    const float v9 = (v7 + v8);
-    const float v10 = mg_ld(p0[(i1 + 3)]);
-    const float v11 = mg_ld(p1[(i1 + 3)]);
-    const float v12 = (v10 + v11);
-    const float v13 = mg_ld(p0[(i1 + 4)]);
-    const float v14 = mg_ld(p1[(i1 + 4)]);
-    const float v15 = (v13 + v14);
-    const float v16 = mg_ld(p0[(i1 + 5)]);
-    const float v17 = mg_ld(p1[(i1 + 5)]);
-    const float v18 = (v16 + v17);
-    const float v19 = mg_ld(p0[(i1 + 6)]);
-    const float v20 = mg_ld(p1[(i1 + 6)]);
-    const float v21 = (v19 + v20);
-    const float v22 = mg_ld(p0[(i1 + 7)]);
-    const float v23 = mg_ld(p1[(i1 + 7)]);
-    const float v24 = (v22 + v23);
-    mg_st8(p2 + e, v3, v6, v9, v12, v15, v18, v21, v24);
-  }
-}
-
-// add: 8 consecutive output elements per thread, one 16-byte store
-extern "C" __global__ void __launch_bounds__(256) mg_k6_mirage_qwen2_7b_layer_cc9a7bb5bfd5(
-    const mg_bf16* __restrict__ p0,
-    const mg_bf16* __restrict__ p1,
-    mg_bf16* __restrict__ p2) {
-  mg_grid_wait();
-  mg_grid_release();
-  for (int e8 = blockIdx.x * 256 + threadIdx.x; e8 < 64; e8 += gridDim.x * 256) {
-    const int e = e8 * 8;
-    const int i1 = e;
-    const float v1 = mg_ld(p0[(i1 + 0)]);
-    const float v2 = mg_ld(p1[(i1 + 0)]);
-    const float v3 = (v1 + v2);
-    const float v4 = mg_ld(p0[(i1 + 1)]);
-    const float v5 = mg_ld(p1[(i1 + 1)]);
-    const float v6 = (v4 + v5);
-    const float v7 = mg_ld(p0[(i1 + 2)]);
-    const float v8 = mg_ld(p1[(i1 + 2)]);
-    const float v9 = (v7 + v8);
-    const float v10 = mg_ld(p0[(i1 + 3)]);
-    const float v11 = mg_ld(p1[(i1 + 3)]);
-    const float v12 = (v10 + v11);
-    const float v13 = mg_ld(p0[(i1 + 4)]);
-    const float v14 = mg_ld(p1[(i1 + 4)]);
-    const float v15 = (v13 + v14);
-    const float v16 = mg_ld(p0[(i1 + 5)]);
-    const float v17 = mg_ld(p1[(i1 + 5)]);
-    const float v18 = (v16 + v17);
-    const float v19 = mg_ld(p0[(i1 + 6)]);
-    const float v20 = mg_ld(p1[(i1 + 6)]);
-    const float v21 = (v19 + v20);
-    const float v22 = mg_ld(p0[(i1 + 7)]);
-    const float v23 = mg_ld(p1[(i1 + 7)]);
-    const float v24 = (v22 + v23);
-    mg_st8(p2 + e, v3, v6, v9, v12, v15, v18, v21, v24);
-  }
-}
-
-// rotate_half: one thread per output element
+// one launch of 5 kernels: rotate_half: one thread per output element; mul: 8 consecutive output elements per thread, one 16-byte store; rotate_half: one thread per output element; mul: 8 consecutive output elements per thread, one 16-byte store; concat: 8 consecutive output elements per thread, one 16-byte store
 extern "C" __global__ void __launch_bounds__(256) mg_k10_mirage_qwen2_7b_layer_cc9a7bb5bfd5(
-    const mg_bf16* __restrict__ p0,
-    mg_bf16* __restrict__ p1) {
-  mg_grid_wait();
-  mg_grid_release();
-  for (int e = blockIdx.x * 256 + threadIdx.x; e < 3584; e += gridDim.x * 256) {
-    const int i1 = e / 896;
-    const int i2 = (e / 128) % 7;
-    const int i3 = (e) % 128;
-    const float v1 = ((i3) < 64 ? -(mg_ld(p0[i1 * 896 + i2 * 128 + ((i3 + 64) % 128)])) : (mg_ld(p0[i1 * 896 + i2 * 128 + ((i3 + 64) % 128)])));
-    mg_st(p1 + e, v1);
+    const mg_bf16* __restrict__ g0_p0,
+    mg_bf16* __restrict__ g0_p1,
+    const mg_bf16* __restrict__ g1_p0,
+    const mg_bf16* __restrict__ g1_p1,
+    mg_bf16* __restrict__ g1_p2,
+    const mg_bf16* __restrict__ g2_p0,
+    mg_bf16* __restrict__ g2_p1,
+    const mg_bf16* __restrict__ g3_p0,
+    const mg_bf16* __restrict__ g3_p1,
+    mg_bf16* __restrict__ g3_p2,
+    const mg_bf16* __restrict__ g4_p0,
+    const mg_bf16* __restrict__ g4_p1,
+    mg_bf16* __restrict__ g4_p2) {
+  if (blockIdx.x < 14u) {
+    const unsigned mg_bx = (blockIdx.x - 0u) % 14u;
+    const unsigned mg_by = (blockIdx.x - 0u) / 14u;
+    (void)mg_bx; (void)mg_by;
+    mg_grid_wait();
+    mg_grid_release();
+    for (int e = mg_bx * 256 + threadIdx.x; e < 3584; e += 14u * 256) {
+      const int i1 = e / 896;
+      const int i2 = (e / 128) % 7;
+      const int i3 = (e) % 128;
+      const float v1 = ((i3) < 64 ? -(mg_ld(g0_p0[i1 * 896 + i2 * 128 + ((i3 + 64) % 128)])) : (mg_ld(g0_p0[i1 * 896 + i2 * 128 + ((i3 + 64) % 128)])));
+      mg_st(g0_p1 + e, v1);
+    }
+  } else if (blockIdx.x < 16u) {
+    const unsigned mg_bx = (blockIdx.x - 14u) % 2u;
+    const unsigned mg_by = (blockIdx.x - 14u) / 2u;
+    (void)mg_bx; (void)mg_by;
+    mg_grid_wait();
+    mg_grid_release();
+    for (int e8 = mg_bx * 256 + threadIdx.x; e8 < 448; e8 += 2u * 256) {
+      const int e = e8 * 8;
+      const int i1 = e / 896;
+      const int i2 = (e / 128) % 7;
+      const int i3 = (e) % 128;
+      const float v1 = mg_ld(g1_p0[i1 * 896 + i2 * 128 + (i3 + 0)]);
+      const float v2 = mg_ld(g1_p1[(i3 + 0)]);
+      const float v3 = (v1 * v2);
+      const float v4 = mg_ld(g1_p0[i1 * 896 + i2 * 128 + (i3 + 1)]);
+      const float v5 = mg_ld(g1_p1[(i3 + 1)]);
+      const float v6 = (v4 * v5);
+      const float v7 = mg_ld(g1_p0[i1 * 896 + i2 * 128 + (i3 + 2)]);
+      const float v8 = mg_ld(g1_p1[(i3 + 2)]);
+      const float v9 = (v7 * v8);
+      const float v10 = mg_ld(g1_p0[i1 * 896 + i2 * 128 + (i3 + 3)]);
+      const float v11 = mg_ld(g1_p1[(i3 + 3)]);
+      const float v12 = (v10 * v11);
+      const float v13 = mg_ld(g1_p0[i1 * 896 + i2 * 128 + (i3 + 4)]);
+      const float v14 = mg_ld(g1_p1[(i3 + 4)]);
+      const float v15 = (v13 * v14);
+      const float v16 = mg_ld(g1_p0[i1 * 896 + i2 * 128 + (i3 + 5)]);
+      const float v17 = mg_ld(g1_p1[(i3 + 5)]);
+      const float v18 = (v16 * v17);
+      const float v19 = mg_ld(g1_p0[i1 * 896 + i2 * 128 + (i3 + 6)]);
+      const float v20 = mg_ld(g1_p1[(i3 + 6)]);
+      const float v21 = (v19 * v20);
+      const float v22 = mg_ld(g1_p0[i1 * 896 + i2 * 128 + (i3 + 7)]);
+      const float v23 = mg_ld(g1_p1[(i3 + 7)]);
+      const float v24 = (v22 * v23);
+      mg_st8(g1_p2 + e, v3, v6, v9, v12, v15, v18, v21, v24);
+    }
+  } else if (blockIdx.x < 18u) {
+    const unsigned mg_bx = (blockIdx.x - 16u) % 2u;
+    const unsigned mg_by = (blockIdx.x - 16u) / 2u;
+    (void)mg_bx; (void)mg_by;
+    mg_grid_wait();
+    mg_grid_release();
+    for (int e = mg_bx * 256 + threadIdx.x; e < 512; e += 2u * 256) {
+      const int i1 = e / 128;
+      const int i3 = (e) % 128;
+      const float v1 = ((i3) < 64 ? -(mg_ld(g2_p0[i1 * 128 + ((i3 + 64) % 128)])) : (mg_ld(g2_p0[i1 * 128 + ((i3 + 64) % 128)])));
+      mg_st(g2_p1 + e, v1);
+    }
+  } else if (blockIdx.x < 19u) {
+    const unsigned mg_bx = (blockIdx.x - 18u) % 1u;
+    const unsigned mg_by = (blockIdx.x - 18u) / 1u;
+    (void)mg_bx; (void)mg_by;
+    mg_grid_wait();
+    mg_grid_release();
+    for (int e8 = mg_bx * 256 + threadIdx.x; e8 < 64; e8 += 1u * 256) {
+      const int e = e8 * 8;
+      const int i1 = e / 128;
+      const int i3 = (e) % 128;
+      const float v1 = mg_ld(g3_p0[i1 * 128 + (i3 + 0)]);
+      const float v2 = mg_ld(g3_p1[(i3 + 0)]);
+      const float v3 = (v1 * v2);
+      const float v4 = mg_ld(g3_p0[i1 * 128 + (i3 + 1)]);
+      const float v5 = mg_ld(g3_p1[(i3 + 1)]);
+      const float v6 = (v4 * v5);
+      const float v7 = mg_ld(g3_p0[i1 * 128 + (i3 + 2)]);
+      const float v8 = mg_ld(g3_p1[(i3 + 2)]);
+      const float v9 = (v7 * v8);
+      const float v10 = mg_ld(g3_p0[i1 * 128 + (i3 + 3)]);
+      const float v11 = mg_ld(g3_p1[(i3 + 3)]);
+      const float v12 = (v10 * v11);
+      const float v13 = mg_ld(g3_p0[i1 * 128 + (i3 + 4)]);
+      const float v14 = mg_ld(g3_p1[(i3 + 4)]);
+      const float v15 = (v13 * v14);
+      const float v16 = mg_ld(g3_p0[i1 * 128 + (i3 + 5)]);
+      const float v17 = mg_ld(g3_p1[(i3 + 5)]);
+      const float v18 = (v16 * v17);
+      const float v19 = mg_ld(g3_p0[i1 * 128 + (i3 + 6)]);
+      const float v20 = mg_ld(g3_p1[(i3 + 6)]);
+      const float v21 = (v19 * v20);
+      const float v22 = mg_ld(g3_p0[i1 * 128 + (i3 + 7)]);
+      const float v23 = mg_ld(g3_p1[(i3 + 7)]);
+      const float v24 = (v22 * v23);
+      mg_st8(g3_p2 + e, v3, v6, v9, v12, v15, v18, v21, v24);
+    }
+  } else if (blockIdx.x < 1043u) {
+    const unsigned mg_bx = (blockIdx.x - 19u) % 1024u;
+    const unsigned mg_by = (blockIdx.x - 19u) / 1024u;
+    (void)mg_bx; (void)mg_by;
+    mg_grid_wait();
+    mg_grid_release();
+    for (int e8 = mg_bx * 256 + threadIdx.x; e8 < 262144; e8 += 1024u * 256) {
+      const int e = e8 * 8;
+      const int i1 = e / 524288;
+      const int i2 = (e / 128) % 4096;
+      const int i3 = (e) % 128;
+      float v1;
+      if (i2 < 4095) {
+        v1 = mg_ld(g4_p0[i1 * 524160 + i2 * 128 + (i3 + 0)]);
+      } else {
+        v1 = mg_ld(g4_p1[i1 * 128 + (i2 - 4095) * 128 + (i3 + 0)]);
+      }
+      const float v2 = v1;
+      float v3;
+      if (i2 < 4095) {
+        v3 = mg_ld(g4_p0[i1 * 524160 + i2 * 128 + (i3 + 1)]);
+      } else {
+        v3 = mg_ld(g4_p1[i1 * 128 + (i2 - 4095) * 128 + (i3 + 1)]);
+      }
+      const float v4 = v3;
+      float v5;
+      if (i2 < 4095) {
+        v5 = mg_ld(g4_p0[i1 * 524160 + i2 * 128 + (i3 + 2)]);
+      } else {
+        v5 = mg_ld(g4_p1[i1 * 128 + (i2 - 4095) * 128 + (i3 + 2)]);
+      }
+      const float v6 = v5;
+      float v7;
+      if (i2 < 4095) {
+        v7 = mg_ld(g4_p0[i1 * 524160 + i2 * 128 + (i3 + 3)]);
+      } else {
+        v7 = mg_ld(g4_p1[i1 * 128 + (i2 - 4095) * 128 + (i3 + 3)]);
+      }
+      const float v8 = v7;
+      float v9;
+      if (i2 < 4095) {
+        v9 = mg_ld(g4_p0[i1 * 524160 + i2 * 128 + (i3 + 4)]);
+      } else {
+        v9 = mg_ld(g4_p1[i1 * 128 + (i2 - 4095) * 128 + (i3 + 4)]);
+      }
+      const float v10 = v9;
+      float v11;
+      if (i2 < 4095) {
+        v11 = mg_ld(g4_p0[i1 * 524160 + i2 * 128 + (i3 + 5)]);
+      } else {
+        v11 = mg_ld(g4_p1[i1 * 128 + (i2 - 4095) * 128 + (i3 + 5)]);
+      }
+      const float v12 = v11;
+      float v13;
+      if (i2 < 4095) {
+        v13 = mg_ld(g4_p0[i1 * 524160 + i2 * 128 + (i3 + 6)]);
+      } else {
+        v13 = mg_ld(g4_p1[i1 * 128 + (i2 - 4095) * 128 + (i3 + 6)]);
+      }
+      const float v14 = v13;
+      float v15;
+      if (i2 < 4095) {
+        v15 = mg_ld(g4_p0[i1 * 524160 + i2 * 128 + (i3 + 7)]);
+      } else {
+        v15 = mg_ld(g4_p1[i1 * 128 + (i2 - 4095) * 128 + (i3 + 7)]);
+      }
+      const float v16 = v15;
+      mg_st8(g4_p2 + e, v2, v4, v6, v8, v10, v12, v14, v16);
+    }
   }
 }
 
-// mul: 8 consecutive output elements per thread, one 16-byte store
-extern "C" __global__ void __launch_bounds__(256) mg_k11_mirage_qwen2_7b_layer_cc9a7bb5bfd5(
-    const mg_bf16* __restrict__ p0,
-    const mg_bf16* __restrict__ p1,
-    mg_bf16* __restrict__ p2) {
-  mg_grid_wait();
-  mg_grid_release();
-  for (int e8 = blockIdx.x * 256 + threadIdx.x; e8 < 448; e8 += gridDim.x * 256) {
-    const int e = e8 * 8;
-    const int i1 = e / 896;
-    const int i2 = (e / 128) % 7;
-    const int i3 = (e) % 128;
-    const float v1 = mg_ld(p0[i1 * 896 + i2 * 128 + (i3 + 0)]);
-    const float v2 = mg_ld(p1[(i3 + 0)]);
-    const float v3 = (v1 * v2);
-    const float v4 = mg_ld(p0[i1 * 896 + i2 * 128 + (i3 + 1)]);
-    const float v5 = mg_ld(p1[(i3 + 1)]);
-    const float v6 = (v4 * v5);
-    const float v7 = mg_ld(p0[i1 * 896 + i2 * 128 + (i3 + 2)]);
-    const float v8 = mg_ld(p1[(i3 + 2)]);
-    const float v9 = (v7 * v8);
-    const float v10 = mg_ld(p0[i1 * 896 + i2 * 128 + (i3 + 3)]);
-    const float v11 = mg_ld(p1[(i3 + 3)]);
-    const float v12 = (v10 * v11);
-    const float v13 = mg_ld(p0[i1 * 896 + i2 * 128 + (i3 + 4)]);
-    const float v14 = mg_ld(p1[(i3 + 4)]);
-    const float v15 = (v13 * v14);
-    const float v16 = mg_ld(p0[i1 * 896 + i2 * 128 + (i3 + 5)]);
-    const float v17 = mg_ld(p1[(i3 + 5)]);
-    const float v18 = (v16 * v17);
-    const float v19 = mg_ld(p0[i1 * 896 + i2 * 128 + (i3 + 6)]);
-    const float v20 = mg_ld(p1[(i3 + 6)]);
-    const float v21 = (v19 * v20);
-    const float v22 = mg_ld(p0[i1 * 896 + i2 * 128 + (i3 + 7)]);
-    const float v23 = mg_ld(p1[(i3 + 7)]);
-    const float v24 = (v22 * v23);
-    mg_st8(p2 + e, v3, v6, v9, v12, v15, v18, v21, v24);
-  }
-}
-
-// mul: 8 consecutive output elements per thread, one 16-byte store
+// one launch of 2 kernels: mul: 8 consecutive output elements per thread, one 16-byte store; mul: 8 consecutive output elements per thread, one 16-byte store
 extern "C" __global__ void __launch_bounds__(256) mg_k12_mirage_qwen2_7b_layer_cc9a7bb5bfd5(
-    const mg_bf16* __restrict__ p0,
-    const mg_bf16* __restrict__ p1,
-    mg_bf16* __restrict__ p2) {
-  mg_grid_wait();
-  mg_grid_release();
-  for (int e8 = blockIdx.x * 256 + threadIdx.x; e8 < 448; e8 += gridDim.x * 256) {
-    const int e = e8 * 8;
-    const int i1 = e / 896;
-    const int i2 = (e / 128) % 7;
-    const int i3 = (e) % 128;
-    const float v1 = mg_ld(p0[i1 * 896 + i2 * 128 + (i3 + 0)]);
-    const float v2 = mg_ld(p1[(i3 + 0)]);
-    const float v3 = (v1 * v2);
-    const float v4 = mg_ld(p0[i1 * 896 + i2 * 128 + (i3 + 1)]);
-    const float v5 = mg_ld(p1[(i3 + 1)]);
-    const float v6 = (v4 * v5);
-    const float v7 = mg_ld(p0[i1 * 896 + i2 * 128 + (i3 + 2)]);
-    const float v8 = mg_ld(p1[(i3 + 2)]);
-    const float v9 = (v7 * v8);
-    const float v10 = mg_ld(p0[i1 * 896 + i2 * 128 + (i3 + 3)]);
-    const float v11 = mg_ld(p1[(i3 + 3)]);
-    const float v12 = (v10 * v11);
-    const float v13 = mg_ld(p0[i1 * 896 + i2 * 128 + (i3 + 4)]);
-    const float v14 = mg_ld(p1[(i3 + 4)]);
-    const float v15 = (v13 * v14);
-    const float v16 = mg_ld(p0[i1 * 896 + i2 * 128 + (i3 + 5)]);
-    const float v17 = mg_ld(p1[(i3 + 5)]);
-    const float v18 = (v16 * v17);
-    const float v19 = mg_ld(p0[i1 * 896 + i2 * 128 + (i3 + 6)]);
-    const float v20 = mg_ld(p1[(i3 + 6)]);
-    const float v21 = (v19 * v20);
-    const float v22 = mg_ld(p0[i1 * 896 + i2 * 128 + (i3 + 7)]);
-    const float v23 = mg_ld(p1[(i3 + 7)]);
-    const float v24 = (v22 * v23);
-    mg_st8(p2 + e, v3, v6, v9, v12, v15, v18, v21, v24);
+    const mg_bf16* __restrict__ g0_p0,
+    const mg_bf16* __restrict__ g0_p1,
+    mg_bf16* __restrict__ g0_p2,
+    const mg_bf16* __restrict__ g1_p0,
+    const mg_bf16* __restrict__ g1_p1,
+    mg_bf16* __restrict__ g1_p2) {
+  if (blockIdx.x < 2u) {
+    const unsigned mg_bx = (blockIdx.x - 0u) % 2u;
+    const unsigned mg_by = (blockIdx.x - 0u) / 2u;
+    (void)mg_bx; (void)mg_by;
+    mg_grid_wait();
+    mg_grid_release();
+    for (int e8 = mg_bx * 256 + threadIdx.x; e8 < 448; e8 += 2u * 256) {
+      const int e = e8 * 8;
+      const int i1 = e / 896;
+      const int i2 = (e / 128) % 7;
+      const int i3 = (e) % 128;
+      const float v1 = mg_ld(g0_p0[i1 * 896 + i2 * 128 + (i3 + 0)]);
+      const float v2 = mg_ld(g0_p1[(i3 + 0)]);
+      const float v3 = (v1 * v2);
+      const float v4 = mg_ld(g0_p0[i1 * 896 + i2 * 128 + (i3 + 1)]);
+      const float v5 = mg_ld(g0_p1[(i3 + 1)]);
+      const float v6 = (v4 * v5);
+      const float v7 = mg_ld(g0_p0[i1 * 896 + i2 * 128 + (i3 + 2)]);
+      const float v8 = mg_ld(g0_p1[(i3 + 2)]);
+      const float v9 = (v7 * v8);
+      const float v10 = mg_ld(g0_p0[i1 * 896 + i2 * 128 + (i3 + 3)]);
+      const float v11 = mg_ld(g0_p1[(i3 + 3)]);
+      const float v12 = (v10 * v11);
+      const float v13 = mg_ld(g0_p0[i1 * 896 + i2 * 128 + (i3 + 4)]);
+      const float v14 = mg_ld(g0_p1[(i3 + 4)]);
+      const float v15 = (v13 * v14);
+      const float v16 = mg_ld(g0_p0[i1 * 896 + i2 * 128 + (i3 + 5)]);
+      const float v17 = mg_ld(g0_p1[(i3 + 5)]);
+      const float v18 = (v16 * v17);
+      const float v19 = mg_ld(g0_p0[i1 * 896 + i2 * 128 + (i3 + 6)]);
+      const float v20 = mg_ld(g0_p1[(i3 + 6)]);
+      const float v21 = (v19 * v20);
+      const float v22 = mg_ld(g0_p0[i1 * 896 + i2 * 128 + (i3 + 7)]);
+      const float v23 = mg_ld(g0_p1[(i3 + 7)]);
+      const float v24 = (v22 * v23);
+      mg_st8(g0_p2 + e, v3, v6, v9, v12, v15, v18, v21, v24);
+    }
+  } else if (blockIdx.x < 3u) {
+    const unsigned mg_bx = (blockIdx.x - 2u) % 1u;
+    const unsigned mg_by = (blockIdx.x - 2u) / 1u;
+    (void)mg_bx; (void)mg_by;
+    mg_grid_wait();
+    mg_grid_release();
+    for (int e8 = mg_bx * 256 + threadIdx.x; e8 < 64; e8 += 1u * 256) {
+      const int e = e8 * 8;
+      const int i1 = e / 128;
+      const int i3 = (e) % 128;
+      const float v1 = mg_ld(g1_p0[i1 * 128 + (i3 + 0)]);
+      const float v2 = mg_ld(g1_p1[(i3 + 0)]);
+      const float v3 = (v1 * v2);
+      const float v4 = mg_ld(g1_p0[i1 * 128 + (i3 + 1)]);
+      const float v5 = mg_ld(g1_p1[(i3 + 1)]);
+      const float v6 = (v4 * v5);
+      const float v7 = mg_ld(g1_p0[i1 * 128 + (i3 + 2)]);
+      const float v8 = mg_ld(g1_p1[(i3 + 2)]);
+      const float v9 = (v7 * v8);
+      const float v10 = mg_ld(g1_p0[i1 * 128 + (i3 + 3)]);
+      const float v11 = mg_ld(g1_p1[(i3 + 3)]);
+      const float v12 = (v10 * v11);
+      const float v13 = mg_ld(g1_p0[i1 * 128 + (i3 + 4)]);
+      const float v14 = mg_ld(g1_p1[(i3 + 4)]);
+      const float v15 = (v13 * v14);
+      const float v16 = mg_ld(g1_p0[i1 * 128 + (i3 + 5)]);
+      const float v17 = mg_ld(g1_p1[(i3 + 5)]);
+      const float v18 = (v16 * v17);
+      const float v19 = mg_ld(g1_p0[i1 * 128 + (i3 + 6)]);
+      const float v20 = mg_ld(g1_p1[(i3 + 6)]);
+      const float v21 = (v19 * v20);
+      const float v22 = mg_ld(g1_p0[i1 * 128 + (i3 + 7)]);
+      const float v23 = mg_ld(g1_p1[(i3 + 7)]);
+      const float v24 = (v22 * v23);
+      mg_st8(g1_p2 + e, v3, v6, v9, v12, v15, v18, v21, v24);
+    }
   }
 }
 
-// add: 8 consecutive output elements per thread, one 16-byte store
+// one launch of 2 kernels: add: 8 consecutive output elements per thread, one 16-byte store; add: 8 consecutive output elements per thread, one 16-byte store
 extern "C" __global__ void __launch_bounds__(256) mg_k13_mirage_qwen2_7b_layer_cc9a7bb5bfd5(
-    const mg_bf16* __restrict__ p0,
-    const mg_bf16* __restrict__ p1,
-    mg_bf16* __restrict__ p2) {
-  mg_grid_wait();
-  mg_grid_release();
-  for (int e8 = blockIdx.x * 256 + threadIdx.x; e8 < 448; e8 += gridDim.x * 256) {
-    const int e = e8 * 8;
-    const int i1 = e / 896;
-    const int i2 = (e / 128) % 7;
-    const int i3 = (e) % 128;
-    const float v1 = mg_ld(p0[i1 * 896 + i2 * 128 + (i3 + 0)]);
-    const float v2 = mg_ld(p1[i1 * 896 + i2 * 128 + (i3 + 0)]);
-    const float v3 = (v1 + v2);
-    const float v4 = mg_ld(p0[i1 * 896 + i2 * 128 + (i3 + 1)]);
-    const float v5 = mg_ld(p1[i1 * 896 + i2 * 128 + (i3 + 1)]);
-    const float v6 = (v4 + v5);
-    const float v7 = mg_ld(p0[i1 * 896 + i2 * 128 + (i3 + 2)]);
-    const float v8 = mg_ld(p1[i1 * 896 + i2 * 128 + (i3 + 2)]);
-    const float v9 = (v7 + v8);
-    const float v10 = mg_ld(p0[i1 * 896 + i2 * 128 + (i3 + 3)]);
-    const float v11 = mg_ld(p1[i1 * 896 + i2 * 128 + (i3 + 3)]);
-    const float v12 = (v10 + v11);
-    const float v13 = mg_ld(p0[i1 * 896 + i2 * 128 + (i3 + 4)]);
-    const float v14 = mg_ld(p1[i1 * 896 + i2 * 128 + (i3 + 4)]);
-    const float v15 = (v13 + v14);
-    const float v16 = mg_ld(p0[i1 * 896 + i2 * 128 + (i3 + 5)]);
-    const float v17 = mg_ld(p1[i1 * 896 + i2 * 128 + (i3 + 5)]);
-    const float v18 = (v16 + v17);
-    const float v19 = mg_ld(p0[i1 * 896 + i2 * 128 + (i3 + 6)]);
-    const float v20 = mg_ld(p1[i1 * 896 + i2 * 128 + (i3 + 6)]);
-    const float v21 = (v19 + v20);
-    const float v22 = mg_ld(p0[i1 * 896 + i2 * 128 + (i3 + 7)]);
-    const float v23 = mg_ld(p1[i1 * 896 + i2 * 128 + (i3 + 7)]);
-    const float v24 = (v22 + v23);
-    mg_st8(p2 + e, v3, v6, v9, v12, v15, v18, v21, v24);
-  }
-}
-
-// rotate_half: one thread per output element
-extern "C" __global__ void __launch_bounds__(256) mg_k14_mirage_qwen2_7b_layer_cc9a7bb5bfd5(
-    const mg_bf16* __restrict__ p0,
-    mg_bf16* __restrict__ p1) {
-  mg_grid_wait();
-  mg_grid_release();
-  for (int e = blockIdx.x * 256 + threadIdx.x; e < 512; e += gridDim.x * 256) {
-    const int i1 = e / 128;
-    const int i3 = (e) % 128;
-    const float v1 = ((i3) < 64 ? -(mg_ld(p0[i1 * 128 + ((i3 + 64) % 128)])) : (mg_ld(p0[i1 * 128 + ((i3 + 64) % 128)])));
-    mg_st(p1 + e, v1);
-  }
-}
-
-// mul: 8 consecutive output elements per thread, one 16-byte store
-extern "C" __global__ void __launch_bounds__(256) mg_k15_mirage_qwen2_7b_layer_cc9a7bb5bfd5(
-    const mg_bf16* __restrict__ p0,
-    const mg_bf16* __restrict__ p1,
-    mg_bf16* __restrict__ p2) {
-  mg_grid_wait();
-  mg_grid_release();
-  for (int e8 = blockIdx.x * 256 + threadIdx.x; e8 < 64; e8 += gridDim.x * 256) {
-    const int e = e8 * 8;
-    const int i1 = e / 128;
-    const int i3 = (e) % 128;
-    const float v1 = mg_ld(p0[i1 * 128 + (i3 + 0)]);
-    const float v2 = mg_ld(p1[(i3 + 0)]);
-    const float v3 = (v1 * v2);
-    const float v4 = mg_ld(p0[i1 * 128 + (i3 + 1)]);
-    const float v5 = mg_ld(p1[(i3 + 1)]);
-    const float v6 = (v4 * v5);
-    const float v7 = mg_ld(p0[i1 * 128 + (i3 + 2)]);
-    const float v8 = mg_ld(p1[(i3 + 2)]);
-    const float v9 = (v7 * v8);
-    const float v10 = mg_ld(p0[i1 * 128 + (i3 + 3)]);
-    const float v11 = mg_ld(p1[(i3 + 3)]);
-    const float v12 = (v10 * v11);
-    const float v13 = mg_ld(p0[i1 * 128 + (i3 + 4)]);
-    const float v14 = mg_ld(p1[(i3 + 4)]);
-    const float v15 = (v13 * v14);
-    const float v16 = mg_ld(p0[i1 * 128 + (i3 + 5)]);
-    const float v17 = mg_ld(p1[(i3 + 5)]);
-    const float v18 = (v16 * v17);
-    const float v19 = mg_ld(p0[i1 * 128 + (i3 + 6)]);
-    const float v20 = mg_ld(p1[(i3 + 6)]);
-    const float v21 = (v19 * v20);
-    const float v22 = mg_ld(p0[i1 * 128 + (i3 + 7)]);
-    const float v23 = mg_ld(p1[(i3 + 7)]);
-    const float v24 = (v22 * v23);
-    mg_st8(p2 + e, v3, v6, v9, v12, v15, v18, v21, v24);
-  }
-}
-
-// mul: 8 consecutive output elements per thread, one 16-byte store
-extern "C" __global__ void __launch_bounds__(256) mg_k16_mirage_qwen2_7b_layer_cc9a7bb5bfd5(
-    const mg_bf16* __restrict__ p0,
-    const mg_bf16* __restrict__ p1,
-    mg_bf16* __restrict__ p2) {
-  mg_grid_wait();
-  mg_grid_release();
-  for (int e8 = blockIdx.x * 256 + threadIdx.x; e8 < 64; e8 += gridDim.x * 256) {
-    const int e = e8 * 8;
-    const int i1 = e / 128;
-    const int i3 = (e) % 128;
-    const float v1 = mg_ld(p0[i1 * 128 + (i3 + 0)]);
-    const float v2 = mg_ld(p1[(i3 + 0)]);
-    const float v3 = (v1 * v2);
-    const float v4 = mg_ld(p0[i1 * 128 + (i3 + 1)]);
-    const float v5 = mg_ld(p1[(i3 + 1)]);
-    const float v6 = (v4 * v5);
-    const float v7 = mg_ld(p0[i1 * 128 + (i3 + 2)]);
-    const float v8 = mg_ld(p1[(i3 + 2)]);
-    const float v9 = (v7 * v8);
-    const float v10 = mg_ld(p0[i1 * 128 + (i3 + 3)]);
-    const float v11 = mg_ld(p1[(i3 + 3)]);
-    const float v12 = (v10 * v11);
-    const float v13 = mg_ld(p0[i1 * 128 + (i3 + 4)]);
-    const float v14 = mg_ld(p1[(i3 + 4)]);
-    const float v15 = (v13 * v14);
-    const float v16 = mg_ld(p0[i1 * 128 + (i3 + 5)]);
-    const float v17 = mg_ld(p1[(i3 + 5)]);
-    const float v18 = (v16 * v17);
-    const float v19 = mg_ld(p0[i1 * 128 + (i3 + 6)]);
-    const float v20 = mg_ld(p1[(i3 + 6)]);
-    const float v21 = (v19 * v20);
-    const float v22 = mg_ld(p0[i1 * 128 + (i3 + 7)]);
-    const float v23 = mg_ld(p1[(i3 + 7)]);
-    const float v24 = (v22 * v23);
-    mg_st8(p2 + e, v3, v6, v9, v12, v15, v18, v21, v24);
-  }
-}
-
-// add: 8 consecutive output elements per thread, one 16-byte store
-extern "C" __global__ void __launch_bounds__(256) mg_k17_mirage_qwen2_7b_layer_cc9a7bb5bfd5(
-    const mg_bf16* __restrict__ p0,
-    const mg_bf16* __restrict__ p1,
-    mg_bf16* __restrict__ p2) {
-  mg_grid_wait();
-  mg_grid_release();
-  for (int e8 = blockIdx.x * 256 + threadIdx.x; e8 < 64; e8 += gridDim.x * 256) {
-    const int e = e8 * 8;
-    const int i1 = e / 128;
-    const int i3 = (e) % 128;
-    const float v1 = mg_ld(p0[i1 * 128 + (i3 + 0)]);
-    const float v2 = mg_ld(p1[i1 * 128 + (i3 + 0)]);
-    const float v3 = (v1 + v2);
-    const float v4 = mg_ld(p0[i1 * 128 + (i3 + 1)]);
-    const float v5 = mg_ld(p1[i1 * 128 + (i3 + 1)]);
-    const float v6 = (v4 + v5);
-    const float v7 = mg_ld(p0[i1 * 128 + (i3 + 2)]);
-    const float v8 = mg_ld(p1[i1 * 128 + (i3 + 2)]);
-    const float v9 = (v7 + v8);
-    const float v10 = mg_ld(p0[i1 * 128 + (i3 + 3)]);
-    const float v11 = mg_ld(p1[i1 * 128 + (i3 + 3)]);
-    const float v12 = (v10 + v11);
-    const float v13 = mg_ld(p0[i1 * 128 + (i3 + 4)]);
-    const float v14 = mg_ld(p1[i1 * 128 + (i3 + 4)]);
-    const float v15 = (v13 + v14);
-    const float v16 = mg_ld(p0[i1 * 128 + (i3 + 5)]);
-    const float v17 = mg_ld(p1[i1 * 128 + (i3 + 5)]);
-    const float v18 = (v16 + v17);
-    const float v19 = mg_ld(p0[i1 * 128 + (i3 + 6)]);
-    const float v20 = mg_ld(p1[i1 * 128 + (i3 + 6)]);
-    const float v21 = (v19 + v20);
-    const float v22 = mg_ld(p0[i1 * 128 + (i3 + 7)]);
-    const float v23 = mg_ld(p1[i1 * 128 + (i3 + 7)]);
-    const float v24 = (v22 + v23);
-    mg_st8(p2 + e, v3, v6, v9, v12, v15, v18, v21, v24);
+    const mg_bf16* __restrict__ g0_p0,
+    const mg_bf16* __restrict__ g0_p1,
+    mg_bf16* __restrict__ g0_p2,
+    const mg_bf16* __restrict__ g1_p0,
+    const mg_bf16* __restrict__ g1_p1,
+    mg_bf16* __restrict__ g1_p2) {
+  if (blockIdx.x < 2u) {
+    const unsigned mg_bx = (blockIdx.x - 0u) % 2u;
+    const unsigned mg_by = (blockIdx.x - 0u) / 2u;
+    (void)mg_bx; (void)mg_by;
+    mg_grid_wait();
+    mg_grid_release();
+    for (int e8 = mg_bx * 256 + threadIdx.x; e8 < 448; e8 += 2u * 256) {
+      const int e = e8 * 8;
+      const int i1 = e / 896;
+      const int i2 = (e / 128) % 7;
+      const int i3 = (e) % 128;
+      const float v1 = mg_ld(g0_p0[i1 * 896 + i2 * 128 + (i3 + 0)]);
+      const float v2 = mg_ld(g0_p1[i1 * 896 + i2 * 128 + (i3 + 0)]);
+      const float v3 = (v1 + v2);
+      const float v4 = mg_ld(g0_p0[i1 * 896 + i2 * 128 + (i3 + 1)]);
+      const float v5 = mg_ld(g0_p1[i1 * 896 + i2 * 128 + (i3 + 1)]);
+      const float v6 = (v4 + v5);
+      const float v7 = mg_ld(g0_p0[i1 * 896 + i2 * 128 + (i3 + 2)]);
+      const float v8 = mg_ld(g0_p1[i1 * 896 + i2 * 128 + (i3 + 2)]);
+      const float v9 = (v7 + v8);
+      const float v10 = mg_ld(g0_p0[i1 * 896 + i2 * 128 + (i3 + 3)]);
+      const float v11 = mg_ld(g0_p1[i1 * 896 + i2 * 128 + (i3 + 3)]);
+      const float v12 = (v10 + v11);
+      const float v13 = mg_ld(g0_p0[i1 * 896 + i2 * 128 + (i3 + 4)]);
+      const float v14 = mg_ld(g0_p1[i1 * 896 + i2 * 128 + (i3 + 4)]);
+      const float v15 = (v13 + v14);
+      const float v16 = mg_ld(g0_p0[i1 * 896 + i2 * 128 + (i3 + 5)]);
+      const float v17 = mg_ld(g0_p1[i1 * 896 + i2 * 128 + (i3 + 5)]);
+      const float v18 = (v16 + v17);
+      const float v19 = mg_ld(g0_p0[i1 * 896 + i2 * 128 + (i3 + 6)]);
+      const float v20 = mg_ld(g0_p1[i1 * 896 + i2 * 128 + (i3 + 6)]);
+      const float v21 = (v19 + v20);
+      const float v22 = mg_ld(g0_p0[i1 * 896 + i2 * 128 + (i3 + 7)]);
+      const float v23 = mg_ld(g0_p1[i1 * 896 + i2 * 128 + (i3 + 7)]);
+      const float v24 = (v22 + v23);
+      mg_st8(g0_p2 + e, v3, v6, v9, v12, v15, v18, v21, v24);
+    }
+  } else if (blockIdx.x < 3u) {
+    const unsigned mg_bx = (blockIdx.x - 2u) % 1u;
+    const unsigned mg_by = (blockIdx.x - 2u) / 1u;
+    (void)mg_bx; (void)mg_by;
+    mg_grid_wait();
+    mg_grid_release();
+    for (int e8 = mg_bx * 256 + threadIdx.x; e8 < 64; e8 += 1u * 256) {
+      const int e = e8 * 8;
+      const int i1 = e / 128;
+      const int i3 = (e) % 128;
+      const float v1 = mg_ld(g1_p0[i1 * 128 + (i3 + 0)]);
+      const float v2 = mg_ld(g1_p1[i1 * 128 + (i3 + 0)]);
+      const float v3 = (v1 + v2);
+      const float v4 = mg_ld(g1_p0[i1 * 128 + (i3 + 1)]);
+      const float v5 = mg_ld(g1_p1[i1 * 128 + (i3 + 1)]);
+      const float v6 = (v4 + v5);
+      const float v7 = mg_ld(g1_p0[i1 * 128 + (i3 + 2)]);
+      const float v8 = mg_ld(g1_p1[i1 * 128 + (i3 + 2)]);
+      const float v9 = (v7 + v8);
+      const float v10 = mg_ld(g1_p0[i1 * 128 + (i3 + 3)]);
+      const float v11 = mg_ld(g1_p1[i1 * 128 + (i3 + 3)]);
+      const float v12 = (v10 + v11);
+      const float v13 = mg_ld(g1_p0[i1 * 128 + (i3 + 4)]);
+      const float v14 = mg_ld(g1_p1[i1 * 128 + (i3 + 4)]);
+      const float v15 = (v13 + v14);
+      const float v16 = mg_ld(g1_p0[i1 * 128 + (i3 + 5)]);
+      const float v17 = mg_ld(g1_p1[i1 * 128 + (i3 + 5)]);
+      const float v18 = (v16 + v17);
+      const float v19 = mg_ld(g1_p0[i1 * 128 + (i3 + 6)]);
+      const float v20 = mg_ld(g1_p1[i1 * 128 + (i3 + 6)]);
+      const float v21 = (v19 + v20);
+      const float v22 = mg_ld(g1_p0[i1 * 128 + (i3 + 7)]);
+      const float v23 = mg_ld(g1_p1[i1 * 128 + (i3 + 7)]);
+      const float v24 = (v22 + v23);
+      mg_st8(g1_p2 + e, v3, v6, v9, v12, v15, v18, v21, v24);
+    }
   }
 }
 
@@ -1412,78 +1498,6 @@ extern "C" __global__ void __launch_bounds__(256) mg_k19_mirage_qwen2_7b_layer_c
       v15 = mg_ld(p0[i1 * 524160 + i2 * 4095 + (i3 + 7)]);
     } else {
       v15 = mg_ld(p1[i1 * 128 + i2 + ((i3 + 7) - 4095)]);
-    }
-    const float v16 = v15;
-    mg_st8(p2 + e, v2, v4, v6, v8, v10, v12, v14, v16);
-  }
-}
-
-// concat: 8 consecutive output elements per thread, one 16-byte store
-extern "C" __global__ void __launch_bounds__(256) mg_k20_mirage_qwen2_7b_layer_cc9a7bb5bfd5(
-    const mg_bf16* __restrict__ p0,
-    const mg_bf16* __restrict__ p1,
-    mg_bf16* __restrict__ p2) {
-  mg_grid_wait();
-  mg_grid_release();
-  for (int e8 = blockIdx.x * 256 + threadIdx.x; e8 < 262144; e8 += gridDim.x * 256) {
-    const int e = e8 * 8;
-    const int i1 = e / 524288;
-    const int i2 = (e / 128) % 4096;
-    const int i3 = (e) % 128;
-    float v1;
-    if (i2 < 4095) {
-      v1 = mg_ld(p0[i1 * 524160 + i2 * 128 + (i3 + 0)]);
-    } else {
-      v1 = mg_ld(p1[i1 * 128 + (i2 - 4095) * 128 + (i3 + 0)]);
-    }
-    const float v2 = v1;
-    float v3;
-    if (i2 < 4095) {
-      v3 = mg_ld(p0[i1 * 524160 + i2 * 128 + (i3 + 1)]);
-    } else {
-      v3 = mg_ld(p1[i1 * 128 + (i2 - 4095) * 128 + (i3 + 1)]);
-    }
-    const float v4 = v3;
-    float v5;
-    if (i2 < 4095) {
-      v5 = mg_ld(p0[i1 * 524160 + i2 * 128 + (i3 + 2)]);
-    } else {
-      v5 = mg_ld(p1[i1 * 128 + (i2 - 4095) * 128 + (i3 + 2)]);
-    }
-    const float v6 = v5;
-    float v7;
-    if (i2 < 4095) {
-      v7 = mg_ld(p0[i1 * 524160 + i2 * 128 + (i3 + 3)]);
-    } else {
-      v7 = mg_ld(p1[i1 * 128 + (i2 - 4095) * 128 + (i3 + 3)]);
-    }
-    const float v8 = v7;
-    float v9;
-    if (i2 < 4095) {
-      v9 = mg_ld(p0[i1 * 524160 + i2 * 128 + (i3 + 4)]);
-    } else {
-      v9 = mg_ld(p1[i1 * 128 + (i2 - 4095) * 128 + (i3 + 4)]);
-    }
-    const float v10 = v9;
-    float v11;
-    if (i2 < 4095) {
-      v11 = mg_ld(p0[i1 * 524160 + i2 * 128 + (i3 + 5)]);
-    } else {
-      v11 = mg_ld(p1[i1 * 128 + (i2 - 4095) * 128 + (i3 + 5)]);
-    }
-    const float v12 = v11;
-    float v13;
-    if (i2 < 4095) {
-      v13 = mg_ld(p0[i1 * 524160 + i2 * 128 + (i3 + 6)]);
-    } else {
-      v13 = mg_ld(p1[i1 * 128 + (i2 - 4095) * 128 + (i3 + 6)]);
-    }
-    const float v14 = v13;
-    float v15;
-    if (i2 < 4095) {
-      v15 = mg_ld(p0[i1 * 524160 + i2 * 128 + (i3 + 7)]);
-    } else {
-      v15 = mg_ld(p1[i1 * 128 + (i2 - 4095) * 128 + (i3 + 7)]);
     }
     const float v16 = v15;
     mg_st8(p2 + e, v2, v4, v6, v8, v10, v12, v14, v16);
@@ -2114,277 +2128,282 @@ extern "C" __global__ void __launch_bounds__(256) mg_k28_mirage_qwen2_7b_layer_c
   for (int k = threadIdx.x; k < 3584; k += 256) mg_st(p2 + (k), mg_ld(p0[k]) * inv * mg_ld(p1[k]));
 }
 
-// matmul as a generated block graph: grid [148, 1, 1], forloop 28, tensor cores
+// one launch of 2 kernels: matmul as a generated block graph: grid [148, 1, 1], forloop 28, tensor cores; matmul as a generated block graph: grid [148, 1, 1], forloop 28, tensor cores
 extern "C" __global__ void __launch_bounds__(128, 1) mg_k29_mirage_qwen2_7b_layer_cc9a7bb5bfd5(
-    const mg_bf16* __restrict__ p0,
-    const mg_bf16* __restrict__ p1,
-    mg_bf16* __restrict__ p2,
-    const __grid_constant__ mg_tmap p3) {
-  const int bx = blockIdx.x, by = blockIdx.y, bz = blockIdx.z;
-  (void)bx; (void)by; (void)bz;
-  extern __shared__ __align__(16) unsigned char mg_smem_raw[];
-  unsigned char* mg_smem = mg_smem_raw + ((1024u - (mg_smem_addr(mg_smem_raw) & 1023u)) & 1023u);
-  const int base_a = 0;
-  const int base_b = bx * 128;
-  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 132704);
-  if (threadIdx.x < 4) mg_zero[threadIdx.x] = 0u;
-  unsigned long long* mg_mbar = reinterpret_cast<unsigned long long*>(mg_smem + 132672);
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < 4; ++s) mg_mbar_init(mg_mbar + s);
-    mg_mbar_fence_init();
-  }
-  __syncthreads();
-  mg_bf16* sm_a_0 = reinterpret_cast<mg_bf16*>(mg_smem + 131072);
-  mg_bf16* sm_b_0 = reinterpret_cast<mg_bf16*>(mg_smem + 0);
-  float* buf_s = reinterpret_cast<float*>(mg_smem + 132160);
-  if (threadIdx.x == 0) {
-    mg_mbar_arrive_expect(mg_mbar + ((0) % 4), 32768u);
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 4) * 16384)), &p3, bx * 128, (0) * 128, mg_mbar + ((0) % 4));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 4) * 16384)) + 16384, &p3, bx * 128 + 64, (0) * 128, mg_mbar + ((0) % 4));
-  }
-  if (threadIdx.x == 0) {
-    mg_mbar_arrive_expect(mg_mbar + ((1) % 4), 32768u);
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 4) * 16384)), &p3, bx * 128, (1) * 128, mg_mbar + ((1) % 4));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 4) * 16384)) + 16384, &p3, bx * 128 + 64, (1) * 128, mg_mbar + ((1) % 4));
-  }
-  if (threadIdx.x == 0) {
-    mg_mbar_arrive_expect(mg_mbar + ((2) % 4), 32768u);
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 4) * 16384)), &p3, bx * 128, (2) * 128, mg_mbar + ((2) % 4));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 4) * 16384)) + 16384, &p3, bx * 128 + 64, (2) * 128, mg_mbar + ((2) % 4));
-  }
-  mg_grid_wait();
-  mg_grid_release();
-  for (int c1 = threadIdx.x; c1 < 16; c1 += 128) {
-    const int s2_1 = c1;
-    mg_cp_async16((sm_a_0 + ((0) % 4) * 136) + ((s2_1 * 8)), p0 + ((base_a + 0)) + ((s2_1 * 8)));
-  }
-  mg_cp_async_commit();
-  for (int c3 = threadIdx.x; c3 < 16; c3 += 128) {
-    const int s4_1 = c3;
-    mg_cp_async16((sm_a_0 + ((1) % 4) * 136) + ((s4_1 * 8)), p0 + ((base_a + 128)) + ((s4_1 * 8)));
-  }
-  mg_cp_async_commit();
-  for (int c5 = threadIdx.x; c5 < 16; c5 += 128) {
-    const int s6_1 = c5;
-    mg_cp_async16((sm_a_0 + ((2) % 4) * 136) + ((s6_1 * 8)), p0 + ((base_a + 256)) + ((s6_1 * 8)));
-  }
-  mg_cp_async_commit();
-  float acc_s[4][4];
-  #pragma unroll
-  for (int j = 0; j < 4; ++j) acc_s[j][0] = acc_s[j][1] = acc_s[j][2] = acc_s[j][3] = 0.0f;
-  for (int it = 0; it < 28; ++it) {
-    const int off_a = base_a + it * 128;
-    mg_cp_async_wait<2>();
-    mg_mbar_wait(mg_mbar + (it % 4), (it / 4) & 1);
+    const mg_bf16* __restrict__ g0_p0,
+    const mg_bf16* __restrict__ g0_p1,
+    mg_bf16* __restrict__ g0_p2,
+    const __grid_constant__ mg_tmap g0_p3,
+    const mg_bf16* __restrict__ g1_p0,
+    const mg_bf16* __restrict__ g1_p1,
+    mg_bf16* __restrict__ g1_p2,
+    const __grid_constant__ mg_tmap g1_p3) {
+  if (blockIdx.x < 148u) {
+    const unsigned mg_bx = (blockIdx.x - 0u) % 148u;
+    const unsigned mg_by = (blockIdx.x - 0u) / 148u;
+    (void)mg_bx; (void)mg_by;
+    const int bx = mg_bx, by = mg_by, bz = blockIdx.z;
+    (void)bx; (void)by; (void)bz;
+    extern __shared__ __align__(16) unsigned char mg_smem_raw[];
+    unsigned char* mg_smem = mg_smem_raw + ((1024u - (mg_smem_addr(mg_smem_raw) & 1023u)) & 1023u);
+    const int base_a = 0;
+    const int base_b = bx * 128;
+    unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 132704);
+    if (threadIdx.x < 4) mg_zero[threadIdx.x] = 0u;
+    unsigned long long* mg_mbar = reinterpret_cast<unsigned long long*>(mg_smem + 132672);
+    if (threadIdx.x == 0) {
+      for (int s = 0; s < 4; ++s) mg_mbar_init(mg_mbar + s);
+      mg_mbar_fence_init();
+    }
     __syncthreads();
-    if (it + 3 < 28) {
-      for (int c7 = threadIdx.x; c7 < 16; c7 += 128) {
-        const int s8_1 = c7;
-        mg_cp_async16((sm_a_0 + (((it + 3)) % 4) * 136) + ((s8_1 * 8)), p0 + ((off_a + 384)) + ((s8_1 * 8)));
-      }
-      if (threadIdx.x == 0) {
-        mg_mbar_arrive_expect(mg_mbar + ((it + 3) % 4), 32768u);
-        mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 3) % 4) * 16384)), &p3, bx * 128, (it + 3) * 128, mg_mbar + ((it + 3) % 4));
-        mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 3) % 4) * 16384)) + 16384, &p3, bx * 128 + 64, (it + 3) * 128, mg_mbar + ((it + 3) % 4));
-      }
+    mg_bf16* sm_a_0 = reinterpret_cast<mg_bf16*>(mg_smem + 131072);
+    mg_bf16* sm_b_0 = reinterpret_cast<mg_bf16*>(mg_smem + 0);
+    float* buf_s = reinterpret_cast<float*>(mg_smem + 132160);
+    if (threadIdx.x == 0) {
+      mg_mbar_arrive_expect(mg_mbar + ((0) % 4), 32768u);
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 4) * 16384)), &g0_p3, bx * 128, (0) * 128, mg_mbar + ((0) % 4));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 4) * 16384)) + 16384, &g0_p3, bx * 128 + 64, (0) * 128, mg_mbar + ((0) % 4));
+    }
+    if (threadIdx.x == 0) {
+      mg_mbar_arrive_expect(mg_mbar + ((1) % 4), 32768u);
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 4) * 16384)), &g0_p3, bx * 128, (1) * 128, mg_mbar + ((1) % 4));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 4) * 16384)) + 16384, &g0_p3, bx * 128 + 64, (1) * 128, mg_mbar + ((1) % 4));
+    }
+    if (threadIdx.x == 0) {
+      mg_mbar_arrive_expect(mg_mbar + ((2) % 4), 32768u);
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 4) * 16384)), &g0_p3, bx * 128, (2) * 128, mg_mbar + ((2) % 4));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 4) * 16384)) + 16384, &g0_p3, bx * 128 + 64, (2) * 128, mg_mbar + ((2) % 4));
+    }
+    mg_grid_wait();
+    mg_grid_release();
+    for (int c1 = threadIdx.x; c1 < 16; c1 += 128) {
+      const int s2_1 = c1;
+      mg_cp_async16((sm_a_0 + ((0) % 4) * 136) + ((s2_1 * 8)), g0_p0 + ((base_a + 0)) + ((s2_1 * 8)));
     }
     mg_cp_async_commit();
-    const auto* sm_a = (sm_a_0 + ((it) % 4) * 136);
-    const auto* sm_b = (sm_b_0 + ((it) % 4) * 16384);
+    for (int c3 = threadIdx.x; c3 < 16; c3 += 128) {
+      const int s4_1 = c3;
+      mg_cp_async16((sm_a_0 + ((1) % 4) * 136) + ((s4_1 * 8)), g0_p0 + ((base_a + 128)) + ((s4_1 * 8)));
+    }
+    mg_cp_async_commit();
+    for (int c5 = threadIdx.x; c5 < 16; c5 += 128) {
+      const int s6_1 = c5;
+      mg_cp_async16((sm_a_0 + ((2) % 4) * 136) + ((s6_1 * 8)), g0_p0 + ((base_a + 256)) + ((s6_1 * 8)));
+    }
+    mg_cp_async_commit();
+    float acc_s[4][4];
+    #pragma unroll
+    for (int j = 0; j < 4; ++j) acc_s[j][0] = acc_s[j][1] = acc_s[j][2] = acc_s[j][3] = 0.0f;
+    for (int it = 0; it < 28; ++it) {
+      const int off_a = base_a + it * 128;
+      mg_cp_async_wait<2>();
+      mg_mbar_wait(mg_mbar + (it % 4), (it / 4) & 1);
+      __syncthreads();
+      if (it + 3 < 28) {
+        for (int c7 = threadIdx.x; c7 < 16; c7 += 128) {
+          const int s8_1 = c7;
+          mg_cp_async16((sm_a_0 + (((it + 3)) % 4) * 136) + ((s8_1 * 8)), g0_p0 + ((off_a + 384)) + ((s8_1 * 8)));
+        }
+        if (threadIdx.x == 0) {
+          mg_mbar_arrive_expect(mg_mbar + ((it + 3) % 4), 32768u);
+          mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 3) % 4) * 16384)), &g0_p3, bx * 128, (it + 3) * 128, mg_mbar + ((it + 3) % 4));
+          mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 3) % 4) * 16384)) + 16384, &g0_p3, bx * 128 + 64, (it + 3) * 128, mg_mbar + ((it + 3) % 4));
+        }
+      }
+      mg_cp_async_commit();
+      const auto* sm_a = (sm_a_0 + ((it) % 4) * 136);
+      const auto* sm_b = (sm_b_0 + ((it) % 4) * 16384);
+      {
+        const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
+        const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
+        (void)mg_g; (void)mg_t;
+        const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
+        (void)mg_ks;
+      #pragma unroll
+      for (int s = 0; s < 8; ++s) {
+        const int kk = (mg_ks + s * 1) * 16;
+        const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
+        (void)k0; (void)k1;
+        unsigned ra0, ra1, ra2, ra3;
+        const int mg_mi = 0, r0 = mg_g, r1 = r0 + 8;
+        (void)r0; (void)r1;
+        mg_ldsm_x4(ra0, ra1, ra2, ra3, ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) < 1 ? (const void*)(sm_a + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) * 136 + (kk + (mg_lane >> 4) * 8))) : (const void*)mg_zero));
+        #pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const int q = mg_grp + 4 * j;
+          const int mg_nb = q / 16;
+          const int mg_ni = q % 16;
+          const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
+          (void)mg_nb; (void)c0; (void)n0;
+          unsigned rb0, rb1;
+          mg_ldsm_x2_t(rb0, rb1, (reinterpret_cast<const unsigned char*>(sm_b) + ((((mg_ni * 8)) * 2) / 128) * 16384 + (((((kk + (mg_lane & 15)))) * 128 + (((mg_ni * 8)) * 2) % 128) ^ (((((((kk + (mg_lane & 15)))) * 128 + (((mg_ni * 8)) * 2) % 128) >> 7) & 7) << 4))));
+          mg_mma_bf16(acc_s[j], ra0, ra1, ra2, ra3, rb0, rb1);
+        }
+      }
+      }
+    }
+    __syncthreads();
     {
       const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
       const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
       (void)mg_g; (void)mg_t;
       const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
       (void)mg_ks;
-    #pragma unroll
-    for (int s = 0; s < 8; ++s) {
-      const int kk = (mg_ks + s * 1) * 16;
-      const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
-      (void)k0; (void)k1;
-      unsigned ra0, ra1, ra2, ra3;
-      const int mg_mi = 0, r0 = mg_g, r1 = r0 + 8;
-      (void)r0; (void)r1;
-      mg_ldsm_x4(ra0, ra1, ra2, ra3, ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) < 1 ? (const void*)(sm_a + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) * 136 + (kk + (mg_lane >> 4) * 8))) : (const void*)mg_zero));
       #pragma unroll
       for (int j = 0; j < 4; ++j) {
         const int q = mg_grp + 4 * j;
-        const int mg_nb = q / 16;
-        const int mg_ni = q % 16;
-        const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
-        (void)mg_nb; (void)c0; (void)n0;
-        unsigned rb0, rb1;
-        mg_ldsm_x2_t(rb0, rb1, (reinterpret_cast<const unsigned char*>(sm_b) + ((((mg_ni * 8)) * 2) / 128) * 16384 + (((((kk + (mg_lane & 15)))) * 128 + (((mg_ni * 8)) * 2) % 128) ^ (((((((kk + (mg_lane & 15)))) * 128 + (((mg_ni * 8)) * 2) % 128) >> 7) & 7) << 4))));
-        mg_mma_bf16(acc_s[j], ra0, ra1, ra2, ra3, rb0, rb1);
+        if (q < 16) {
+          const int mg_nb = q / 16;
+          const int mg_mi = (q / 16) % 1;
+          const int mg_ni = q % 16;
+          const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
+          const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
+          (void)mg_nb; (void)r1; (void)c0; (void)n0;
+          if (r0 < 1) buf_s[r0 * 128 + c0] = acc_s[j][0];
+          if (r0 < 1) buf_s[r0 * 128 + (c0 + 1)] = acc_s[j][1];
+          if (r1 < 1) buf_s[r1 * 128 + c0] = acc_s[j][2];
+          if (r1 < 1) buf_s[r1 * 128 + (c0 + 1)] = acc_s[j][3];
+        }
       }
     }
-    }
-  }
-  __syncthreads();
-  {
-    const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
-    const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
-    (void)mg_g; (void)mg_t;
-    const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
-    (void)mg_ks;
-    #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int q = mg_grp + 4 * j;
-      if (q < 16) {
-        const int mg_nb = q / 16;
-        const int mg_mi = (q / 16) % 1;
-        const int mg_ni = q % 16;
-        const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
-        const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
-        (void)mg_nb; (void)r1; (void)c0; (void)n0;
-        if (r0 < 1) buf_s[r0 * 128 + c0] = acc_s[j][0];
-        if (r0 < 1) buf_s[r0 * 128 + (c0 + 1)] = acc_s[j][1];
-        if (r1 < 1) buf_s[r1 * 128 + c0] = acc_s[j][2];
-        if (r1 < 1) buf_s[r1 * 128 + (c0 + 1)] = acc_s[j][3];
-      }
-    }
-  }
-  __syncthreads();
-  for (int e9 = threadIdx.x; e9 < 16; e9 += 128) {
-    const int i10_1 = e9;
-    mg_st8(p2 + (bx * 128 + (i10_1 * 8)), buf_s[((i10_1 * 8) + 0)], buf_s[((i10_1 * 8) + 1)], buf_s[((i10_1 * 8) + 2)], buf_s[((i10_1 * 8) + 3)], buf_s[((i10_1 * 8) + 4)], buf_s[((i10_1 * 8) + 5)], buf_s[((i10_1 * 8) + 6)], buf_s[((i10_1 * 8) + 7)]);
-  }
-}
-
-// matmul as a generated block graph: grid [148, 1, 1], forloop 28, tensor cores
-extern "C" __global__ void __launch_bounds__(128, 1) mg_k30_mirage_qwen2_7b_layer_cc9a7bb5bfd5(
-    const mg_bf16* __restrict__ p0,
-    const mg_bf16* __restrict__ p1,
-    mg_bf16* __restrict__ p2,
-    const __grid_constant__ mg_tmap p3) {
-  const int bx = blockIdx.x, by = blockIdx.y, bz = blockIdx.z;
-  (void)bx; (void)by; (void)bz;
-  extern __shared__ __align__(16) unsigned char mg_smem_raw[];
-  unsigned char* mg_smem = mg_smem_raw + ((1024u - (mg_smem_addr(mg_smem_raw) & 1023u)) & 1023u);
-  const int base_a = 0;
-  const int base_b = bx * 128;
-  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 132704);
-  if (threadIdx.x < 4) mg_zero[threadIdx.x] = 0u;
-  unsigned long long* mg_mbar = reinterpret_cast<unsigned long long*>(mg_smem + 132672);
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < 4; ++s) mg_mbar_init(mg_mbar + s);
-    mg_mbar_fence_init();
-  }
-  __syncthreads();
-  mg_bf16* sm_a_0 = reinterpret_cast<mg_bf16*>(mg_smem + 131072);
-  mg_bf16* sm_b_0 = reinterpret_cast<mg_bf16*>(mg_smem + 0);
-  float* buf_s = reinterpret_cast<float*>(mg_smem + 132160);
-  if (threadIdx.x == 0) {
-    mg_mbar_arrive_expect(mg_mbar + ((0) % 4), 32768u);
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 4) * 16384)), &p3, bx * 128, (0) * 128, mg_mbar + ((0) % 4));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 4) * 16384)) + 16384, &p3, bx * 128 + 64, (0) * 128, mg_mbar + ((0) % 4));
-  }
-  if (threadIdx.x == 0) {
-    mg_mbar_arrive_expect(mg_mbar + ((1) % 4), 32768u);
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 4) * 16384)), &p3, bx * 128, (1) * 128, mg_mbar + ((1) % 4));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 4) * 16384)) + 16384, &p3, bx * 128 + 64, (1) * 128, mg_mbar + ((1) % 4));
-  }
-  if (threadIdx.x == 0) {
-    mg_mbar_arrive_expect(mg_mbar + ((2) % 4), 32768u);
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 4) * 16384)), &p3, bx * 128, (2) * 128, mg_mbar + ((2) % 4));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 4) * 16384)) + 16384, &p3, bx * 128 + 64, (2) * 128, mg_mbar + ((2) % 4));
-  }
-  mg_grid_wait();
-  mg_grid_release();
-  for (int c1 = threadIdx.x; c1 < 16; c1 += 128) {
-    const int s2_1 = c1;
-    mg_cp_async16((sm_a_0 + ((0) % 4) * 136) + ((s2_1 * 8)), p0 + ((base_a + 0)) + ((s2_1 * 8)));
-  }
-  mg_cp_async_commit();
-  for (int c3 = threadIdx.x; c3 < 16; c3 += 128) {
-    const int s4_1 = c3;
-    mg_cp_async16((sm_a_0 + ((1) % 4) * 136) + ((s4_1 * 8)), p0 + ((base_a + 128)) + ((s4_1 * 8)));
-  }
-  mg_cp_async_commit();
-  for (int c5 = threadIdx.x; c5 < 16; c5 += 128) {
-    const int s6_1 = c5;
-    mg_cp_async16((sm_a_0 + ((2) % 4) * 136) + ((s6_1 * 8)), p0 + ((base_a + 256)) + ((s6_1 * 8)));
-  }
-  mg_cp_async_commit();
-  float acc_s[4][4];
-  #pragma unroll
-  for (int j = 0; j < 4; ++j) acc_s[j][0] = acc_s[j][1] = acc_s[j][2] = acc_s[j][3] = 0.0f;
-  for (int it = 0; it < 28; ++it) {
-    const int off_a = base_a + it * 128;
-    mg_cp_async_wait<2>();
-    mg_mbar_wait(mg_mbar + (it % 4), (it / 4) & 1);
     __syncthreads();
-    if (it + 3 < 28) {
-      for (int c7 = threadIdx.x; c7 < 16; c7 += 128) {
-        const int s8_1 = c7;
-        mg_cp_async16((sm_a_0 + (((it + 3)) % 4) * 136) + ((s8_1 * 8)), p0 + ((off_a + 384)) + ((s8_1 * 8)));
-      }
-      if (threadIdx.x == 0) {
-        mg_mbar_arrive_expect(mg_mbar + ((it + 3) % 4), 32768u);
-        mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 3) % 4) * 16384)), &p3, bx * 128, (it + 3) * 128, mg_mbar + ((it + 3) % 4));
-        mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 3) % 4) * 16384)) + 16384, &p3, bx * 128 + 64, (it + 3) * 128, mg_mbar + ((it + 3) % 4));
-      }
+    for (int e9 = threadIdx.x; e9 < 16; e9 += 128) {
+      const int i10_1 = e9;
+      mg_st8(g0_p2 + (bx * 128 + (i10_1 * 8)), buf_s[((i10_1 * 8) + 0)], buf_s[((i10_1 * 8) + 1)], buf_s[((i10_1 * 8) + 2)], buf_s[((i10_1 * 8) + 3)], buf_s[((i10_1 * 8) + 4)], buf_s[((i10_1 * 8) + 5)], buf_s[((i10_1 * 8) + 6)], buf_s[((i10_1 * 8) + 7)]);
+    }
+  } else if (blockIdx.x < 296u) {
+    const unsigned mg_bx = (blockIdx.x - 148u) % 148u;
+    const unsigned mg_by = (blockIdx.x - 148u) / 148u;
+    (void)mg_bx; (void)mg_by;
+    const int bx = mg_bx, by = mg_by, bz = blockIdx.z;
+    (void)bx; (void)by; (void)bz;
+    extern __shared__ __align__(16) unsigned char mg_smem_raw[];
+    unsigned char* mg_smem = mg_smem_raw + ((1024u - (mg_smem_addr(mg_smem_raw) & 1023u)) & 1023u);
+    const int base_a = 0;
+    const int base_b = bx * 128;
+    unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 132704);
+    if (threadIdx.x < 4) mg_zero[threadIdx.x] = 0u;
+    unsigned long long* mg_mbar = reinterpret_cast<unsigned long long*>(mg_smem + 132672);
+    if (threadIdx.x == 0) {
+      for (int s = 0; s < 4; ++s) mg_mbar_init(mg_mbar + s);
+      mg_mbar_fence_init();
+    }
+    __syncthreads();
+    mg_bf16* sm_a_0 = reinterpret_cast<mg_bf16*>(mg_smem + 131072);
+    mg_bf16* sm_b_0 = reinterpret_cast<mg_bf16*>(mg_smem + 0);
+    float* buf_s = reinterpret_cast<float*>(mg_smem + 132160);
+    if (threadIdx.x == 0) {
+      mg_mbar_arrive_expect(mg_mbar + ((0) % 4), 32768u);
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 4) * 16384)), &g1_p3, bx * 128, (0) * 128, mg_mbar + ((0) % 4));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 4) * 16384)) + 16384, &g1_p3, bx * 128 + 64, (0) * 128, mg_mbar + ((0) % 4));
+    }
+    if (threadIdx.x == 0) {
+      mg_mbar_arrive_expect(mg_mbar + ((1) % 4), 32768u);
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 4) * 16384)), &g1_p3, bx * 128, (1) * 128, mg_mbar + ((1) % 4));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 4) * 16384)) + 16384, &g1_p3, bx * 128 + 64, (1) * 128, mg_mbar + ((1) % 4));
+    }
+    if (threadIdx.x == 0) {
+      mg_mbar_arrive_expect(mg_mbar + ((2) % 4), 32768u);
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 4) * 16384)), &g1_p3, bx * 128, (2) * 128, mg_mbar + ((2) % 4));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 4) * 16384)) + 16384, &g1_p3, bx * 128 + 64, (2) * 128, mg_mbar + ((2) % 4));
+    }
+    mg_grid_wait();
+    mg_grid_release();
+    for (int c1 = threadIdx.x; c1 < 16; c1 += 128) {
+      const int s2_1 = c1;
+      mg_cp_async16((sm_a_0 + ((0) % 4) * 136) + ((s2_1 * 8)), g1_p0 + ((base_a + 0)) + ((s2_1 * 8)));
     }
     mg_cp_async_commit();
-    const auto* sm_a = (sm_a_0 + ((it) % 4) * 136);
-    const auto* sm_b = (sm_b_0 + ((it) % 4) * 16384);
+    for (int c3 = threadIdx.x; c3 < 16; c3 += 128) {
+      const int s4_1 = c3;
+      mg_cp_async16((sm_a_0 + ((1) % 4) * 136) + ((s4_1 * 8)), g1_p0 + ((base_a + 128)) + ((s4_1 * 8)));
+    }
+    mg_cp_async_commit();
+    for (int c5 = threadIdx.x; c5 < 16; c5 += 128) {
+      const int s6_1 = c5;
+      mg_cp_async16((sm_a_0 + ((2) % 4) * 136) + ((s6_1 * 8)), g1_p0 + ((base_a + 256)) + ((s6_1 * 8)));
+    }
+    mg_cp_async_commit();
+    float acc_s[4][4];
+    #pragma unroll
+    for (int j = 0; j < 4; ++j) acc_s[j][0] = acc_s[j][1] = acc_s[j][2] = acc_s[j][3] = 0.0f;
+    for (int it = 0; it < 28; ++it) {
+      const int off_a = base_a + it * 128;
+      mg_cp_async_wait<2>();
+      mg_mbar_wait(mg_mbar + (it % 4), (it / 4) & 1);
+      __syncthreads();
+      if (it + 3 < 28) {
+        for (int c7 = threadIdx.x; c7 < 16; c7 += 128) {
+          const int s8_1 = c7;
+          mg_cp_async16((sm_a_0 + (((it + 3)) % 4) * 136) + ((s8_1 * 8)), g1_p0 + ((off_a + 384)) + ((s8_1 * 8)));
+        }
+        if (threadIdx.x == 0) {
+          mg_mbar_arrive_expect(mg_mbar + ((it + 3) % 4), 32768u);
+          mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 3) % 4) * 16384)), &g1_p3, bx * 128, (it + 3) * 128, mg_mbar + ((it + 3) % 4));
+          mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 3) % 4) * 16384)) + 16384, &g1_p3, bx * 128 + 64, (it + 3) * 128, mg_mbar + ((it + 3) % 4));
+        }
+      }
+      mg_cp_async_commit();
+      const auto* sm_a = (sm_a_0 + ((it) % 4) * 136);
+      const auto* sm_b = (sm_b_0 + ((it) % 4) * 16384);
+      {
+        const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
+        const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
+        (void)mg_g; (void)mg_t;
+        const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
+        (void)mg_ks;
+      #pragma unroll
+      for (int s = 0; s < 8; ++s) {
+        const int kk = (mg_ks + s * 1) * 16;
+        const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
+        (void)k0; (void)k1;
+        unsigned ra0, ra1, ra2, ra3;
+        const int mg_mi = 0, r0 = mg_g, r1 = r0 + 8;
+        (void)r0; (void)r1;
+        mg_ldsm_x4(ra0, ra1, ra2, ra3, ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) < 1 ? (const void*)(sm_a + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) * 136 + (kk + (mg_lane >> 4) * 8))) : (const void*)mg_zero));
+        #pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const int q = mg_grp + 4 * j;
+          const int mg_nb = q / 16;
+          const int mg_ni = q % 16;
+          const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
+          (void)mg_nb; (void)c0; (void)n0;
+          unsigned rb0, rb1;
+          mg_ldsm_x2_t(rb0, rb1, (reinterpret_cast<const unsigned char*>(sm_b) + ((((mg_ni * 8)) * 2) / 128) * 16384 + (((((kk + (mg_lane & 15)))) * 128 + (((mg_ni * 8)) * 2) % 128) ^ (((((((kk + (mg_lane & 15)))) * 128 + (((mg_ni * 8)) * 2) % 128) >> 7) & 7) << 4))));
+          mg_mma_bf16(acc_s[j], ra0, ra1, ra2, ra3, rb0, rb1);
+        }
+      }
+      }
+    }
+    __syncthreads();
     {
       const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
       const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
       (void)mg_g; (void)mg_t;
       const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
       (void)mg_ks;
-    #pragma unroll
-    for (int s = 0; s < 8; ++s) {
-      const int kk = (mg_ks + s * 1) * 16;
-      const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
-      (void)k0; (void)k1;
-      unsigned ra0, ra1, ra2, ra3;
-      const int mg_mi = 0, r0 = mg_g, r1 = r0 + 8;
-      (void)r0; (void)r1;
-      mg_ldsm_x4(ra0, ra1, ra2, ra3, ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) < 1 ? (const void*)(sm_a + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) * 136 + (kk + (mg_lane >> 4) * 8))) : (const void*)mg_zero));
       #pragma unroll
       for (int j = 0; j < 4; ++j) {
         const int q = mg_grp + 4 * j;
-        const int mg_nb = q / 16;
-        const int mg_ni = q % 16;
-        const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
-        (void)mg_nb; (void)c0; (void)n0;
-        unsigned rb0, rb1;
-        mg_ldsm_x2_t(rb0, rb1, (reinterpret_cast<const unsigned char*>(sm_b) + ((((mg_ni * 8)) * 2) / 128) * 16384 + (((((kk + (mg_lane & 15)))) * 128 + (((mg_ni * 8)) * 2) % 128) ^ (((((((kk + (mg_lane & 15)))) * 128 + (((mg_ni * 8)) * 2) % 128) >> 7) & 7) << 4))));
-        mg_mma_bf16(acc_s[j], ra0, ra1, ra2, ra3, rb0, rb1);
+        if (q < 16) {
+          const int mg_nb = q / 16;
+          const int mg_mi = (q / 16) % 1;
+          const int mg_ni = q % 16;
+          const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
+          const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
+          (void)mg_nb; (void)r1; (void)c0; (void)n0;
+          if (r0 < 1) buf_s[r0 * 128 + c0] = acc_s[j][0];
+          if (r0 < 1) buf_s[r0 * 128 + (c0 + 1)] = acc_s[j][1];
+          if (r1 < 1) buf_s[r1 * 128 + c0] = acc_s[j][2];
+          if (r1 < 1) buf_s[r1 * 128 + (c0 + 1)] = acc_s[j][3];
+        }
       }
     }
+    __syncthreads();
+    for (int e9 = threadIdx.x; e9 < 16; e9 += 128) {
+      const int i10_1 = e9;
+      mg_st8(g1_p2 + (bx * 128 + (i10_1 * 8)), buf_s[((i10_1 * 8) + 0)], buf_s[((i10_1 * 8) + 1)], buf_s[((i10_1 * 8) + 2)], buf_s[((i10_1 * 8) + 3)], buf_s[((i10_1 * 8) + 4)], buf_s[((i10_1 * 8) + 5)], buf_s[((i10_1 * 8) + 6)], buf_s[((i10_1 * 8) + 7)]);
     }
-  }
-  __syncthreads();
-  {
-    const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
-    const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
-    (void)mg_g; (void)mg_t;
-    const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
-    (void)mg_ks;
-    #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int q = mg_grp + 4 * j;
-      if (q < 16) {
-        const int mg_nb = q / 16;
-        const int mg_mi = (q / 16) % 1;
-        const int mg_ni = q % 16;
-        const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
-        const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
-        (void)mg_nb; (void)r1; (void)c0; (void)n0;
-        if (r0 < 1) buf_s[r0 * 128 + c0] = acc_s[j][0];
-        if (r0 < 1) buf_s[r0 * 128 + (c0 + 1)] = acc_s[j][1];
-        if (r1 < 1) buf_s[r1 * 128 + c0] = acc_s[j][2];
-        if (r1 < 1) buf_s[r1 * 128 + (c0 + 1)] = acc_s[j][3];
-      }
-    }
-  }
-  __syncthreads();
-  for (int e9 = threadIdx.x; e9 < 16; e9 += 128) {
-    const int i10_1 = e9;
-    mg_st8(p2 + (bx * 128 + (i10_1 * 8)), buf_s[((i10_1 * 8) + 0)], buf_s[((i10_1 * 8) + 1)], buf_s[((i10_1 * 8) + 2)], buf_s[((i10_1 * 8) + 3)], buf_s[((i10_1 * 8) + 4)], buf_s[((i10_1 * 8) + 5)], buf_s[((i10_1 * 8) + 6)], buf_s[((i10_1 * 8) + 7)]);
   }
 }
 
@@ -2767,9 +2786,6 @@ static cudaError_t mg_prepare_mirage_qwen2_7b_layer_cc9a7bb5bfd5(int* mg_state) 
   mg_err = cudaFuncSetAttribute((const void*)mg_k29_mirage_qwen2_7b_layer_cc9a7bb5bfd5,
                                 cudaFuncAttributeMaxDynamicSharedMemorySize, 133744);
   if (mg_err != cudaSuccess) return mg_err;
-  mg_err = cudaFuncSetAttribute((const void*)mg_k30_mirage_qwen2_7b_layer_cc9a7bb5bfd5,
-                                cudaFuncAttributeMaxDynamicSharedMemorySize, 133744);
-  if (mg_err != cudaSuccess) return mg_err;
   mg_err = cudaFuncSetAttribute((const void*)mg_k33_mirage_qwen2_7b_layer_cc9a7bb5bfd5,
                                 cudaFuncAttributeMaxDynamicSharedMemorySize, 175440);
   if (mg_err != cudaSuccess) return mg_err;
@@ -2812,9 +2828,15 @@ extern "C" cudaError_t mirage_qwen2_7b_layer_cc9a7bb5bfd5(const void* mg_in0_X, 
     const mg_bf16* mg_a0 = (const mg_bf16*)(mg_ws + 0);
     const mg_bf16* mg_a1 = (const mg_bf16*)(mg_in2_WQ);
     mg_bf16* mg_a2 = (mg_bf16*)(mg_ws + 7168);
-    void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
+    const mg_bf16* mg_a3 = (const mg_bf16*)(mg_ws + 0);
+    const mg_bf16* mg_a4 = (const mg_bf16*)(mg_in3_WK);
+    mg_bf16* mg_a5 = (mg_bf16*)(mg_ws + 14336);
+    const mg_bf16* mg_a6 = (const mg_bf16*)(mg_ws + 0);
+    const mg_bf16* mg_a7 = (const mg_bf16*)(mg_in4_WV);
+    mg_bf16* mg_a8 = (mg_bf16*)(mg_ws + 15360);
+    void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2, &mg_a3, &mg_a4, &mg_a5, &mg_a6, &mg_a7, &mg_a8};
     cudaLaunchConfig_t mg_cfg = {};
-    mg_cfg.gridDim = dim3(64, 1, 2);
+    mg_cfg.gridDim = dim3(192, 1, 2);
     mg_cfg.blockDim = dim3(128);
     mg_cfg.dynamicSmemBytes = 87888;
     mg_cfg.stream = mg_stream;
@@ -2824,42 +2846,18 @@ extern "C" cudaError_t mirage_qwen2_7b_layer_cc9a7bb5bfd5(const void* mg_in0_X, 
   }
   if (mg_err != cudaSuccess) return mg_err;
   {
-    const mg_bf16* mg_a0 = (const mg_bf16*)(mg_ws + 0);
-    const mg_bf16* mg_a1 = (const mg_bf16*)(mg_in3_WK);
-    mg_bf16* mg_a2 = (mg_bf16*)(mg_ws + 14336);
-    void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
-    cudaLaunchConfig_t mg_cfg = {};
-    mg_cfg.gridDim = dim3(64, 1, 2);
-    mg_cfg.blockDim = dim3(128);
-    mg_cfg.dynamicSmemBytes = 13968;
-    mg_cfg.stream = mg_stream;
-    mg_cfg.attrs = mg_pdl;
-    mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
-    mg_err = cudaLaunchKernelExC(&mg_cfg, (const void*)mg_k2_mirage_qwen2_7b_layer_cc9a7bb5bfd5, mg_args);
-  }
-  if (mg_err != cudaSuccess) return mg_err;
-  {
-    const mg_bf16* mg_a0 = (const mg_bf16*)(mg_ws + 0);
-    const mg_bf16* mg_a1 = (const mg_bf16*)(mg_in4_WV);
-    mg_bf16* mg_a2 = (mg_bf16*)(mg_ws + 15360);
-    void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
-    cudaLaunchConfig_t mg_cfg = {};
-    mg_cfg.gridDim = dim3(64, 1, 2);
-    mg_cfg.blockDim = dim3(128);
-    mg_cfg.dynamicSmemBytes = 13968;
-    mg_cfg.stream = mg_stream;
-    mg_cfg.attrs = mg_pdl;
-    mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
-    mg_err = cudaLaunchKernelExC(&mg_cfg, (const void*)mg_k3_mirage_qwen2_7b_layer_cc9a7bb5bfd5, mg_args);
-  }
-  if (mg_err != cudaSuccess) return mg_err;
-  {
     const mg_bf16* mg_a0 = (const mg_bf16*)(mg_ws + 7168);
     const mg_bf16* mg_a1 = (const mg_bf16*)(mg_in9_BQ);
     mg_bf16* mg_a2 = (mg_bf16*)(mg_ws + 16384);
-    void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
+    const mg_bf16* mg_a3 = (const mg_bf16*)(mg_ws + 14336);
+    const mg_bf16* mg_a4 = (const mg_bf16*)(mg_in10_BK);
+    mg_bf16* mg_a5 = (mg_bf16*)(mg_ws + 23552);
+    const mg_bf16* mg_a6 = (const mg_bf16*)(mg_ws + 15360);
+    const mg_bf16* mg_a7 = (const mg_bf16*)(mg_in11_BV);
+    mg_bf16* mg_a8 = (mg_bf16*)(mg_out2_V4);
+    void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2, &mg_a3, &mg_a4, &mg_a5, &mg_a6, &mg_a7, &mg_a8};
     cudaLaunchConfig_t mg_cfg = {};
-    mg_cfg.gridDim = dim3(2, 1, 1);
+    mg_cfg.gridDim = dim3(4, 1, 1);
     mg_cfg.blockDim = dim3(256);
     mg_cfg.dynamicSmemBytes = 0;
     mg_cfg.stream = mg_stream;
@@ -2869,41 +2867,22 @@ extern "C" cudaError_t mirage_qwen2_7b_layer_cc9a7bb5bfd5(const void* mg_in0_X, 
   }
   if (mg_err != cudaSuccess) return mg_err;
   {
-    const mg_bf16* mg_a0 = (const mg_bf16*)(mg_ws + 14336);
-    const mg_bf16* mg_a1 = (const mg_bf16*)(mg_in10_BK);
-    mg_bf16* mg_a2 = (mg_bf16*)(mg_ws + 23552);
-    void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
-    cudaLaunchConfig_t mg_cfg = {};
-    mg_cfg.gridDim = dim3(1, 1, 1);
-    mg_cfg.blockDim = dim3(256);
-    mg_cfg.dynamicSmemBytes = 0;
-    mg_cfg.stream = mg_stream;
-    mg_cfg.attrs = mg_pdl;
-    mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
-    mg_err = cudaLaunchKernelExC(&mg_cfg, (const void*)mg_k5_mirage_qwen2_7b_layer_cc9a7bb5bfd5, mg_args);
-  }
-  if (mg_err != cudaSuccess) return mg_err;
-  {
-    const mg_bf16* mg_a0 = (const mg_bf16*)(mg_ws + 15360);
-    const mg_bf16* mg_a1 = (const mg_bf16*)(mg_in11_BV);
-    mg_bf16* mg_a2 = (mg_bf16*)(mg_out2_V4);
-    void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
-    cudaLaunchConfig_t mg_cfg = {};
-    mg_cfg.gridDim = dim3(1, 1, 1);
-    mg_cfg.blockDim = dim3(256);
-    mg_cfg.dynamicSmemBytes = 0;
-    mg_cfg.stream = mg_stream;
-    mg_cfg.attrs = mg_pdl;
-    mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
-    mg_err = cudaLaunchKernelExC(&mg_cfg, (const void*)mg_k6_mirage_qwen2_7b_layer_cc9a7bb5bfd5, mg_args);
-  }
-  if (mg_err != cudaSuccess) return mg_err;
-  {
     const mg_bf16* mg_a0 = (const mg_bf16*)(mg_ws + 16384);
     mg_bf16* mg_a1 = (mg_bf16*)(mg_ws + 24576);
-    void* mg_args[] = {&mg_a0, &mg_a1};
+    const mg_bf16* mg_a2 = (const mg_bf16*)(mg_ws + 16384);
+    const mg_bf16* mg_a3 = (const mg_bf16*)(mg_in5_COS);
+    mg_bf16* mg_a4 = (mg_bf16*)(mg_ws + 31744);
+    const mg_bf16* mg_a5 = (const mg_bf16*)(mg_ws + 23552);
+    mg_bf16* mg_a6 = (mg_bf16*)(mg_ws + 53248);
+    const mg_bf16* mg_a7 = (const mg_bf16*)(mg_ws + 23552);
+    const mg_bf16* mg_a8 = (const mg_bf16*)(mg_in5_COS);
+    mg_bf16* mg_a9 = (mg_bf16*)(mg_ws + 54272);
+    const mg_bf16* mg_a10 = (const mg_bf16*)(mg_in8_VC);
+    const mg_bf16* mg_a11 = (const mg_bf16*)(mg_out2_V4);
+    mg_bf16* mg_a12 = (mg_bf16*)(mg_ws + 4250624);
+    void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2, &mg_a3, &mg_a4, &mg_a5, &mg_a6, &mg_a7, &mg_a8, &mg_a9, &mg_a10, &mg_a11, &mg_a12};
     cudaLaunchConfig_t mg_cfg = {};
-    mg_cfg.gridDim = dim3(14, 1, 1);
+    mg_cfg.gridDim = dim3(1043, 1, 1);
     mg_cfg.blockDim = dim3(256);
     mg_cfg.dynamicSmemBytes = 0;
     mg_cfg.stream = mg_stream;
@@ -2913,27 +2892,15 @@ extern "C" cudaError_t mirage_qwen2_7b_layer_cc9a7bb5bfd5(const void* mg_in0_X, 
   }
   if (mg_err != cudaSuccess) return mg_err;
   {
-    const mg_bf16* mg_a0 = (const mg_bf16*)(mg_ws + 16384);
-    const mg_bf16* mg_a1 = (const mg_bf16*)(mg_in5_COS);
-    mg_bf16* mg_a2 = (mg_bf16*)(mg_ws + 31744);
-    void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
-    cudaLaunchConfig_t mg_cfg = {};
-    mg_cfg.gridDim = dim3(2, 1, 1);
-    mg_cfg.blockDim = dim3(256);
-    mg_cfg.dynamicSmemBytes = 0;
-    mg_cfg.stream = mg_stream;
-    mg_cfg.attrs = mg_pdl;
-    mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
-    mg_err = cudaLaunchKernelExC(&mg_cfg, (const void*)mg_k11_mirage_qwen2_7b_layer_cc9a7bb5bfd5, mg_args);
-  }
-  if (mg_err != cudaSuccess) return mg_err;
-  {
     const mg_bf16* mg_a0 = (const mg_bf16*)(mg_ws + 24576);
     const mg_bf16* mg_a1 = (const mg_bf16*)(mg_in6_SIN);
     mg_bf16* mg_a2 = (mg_bf16*)(mg_ws + 38912);
-    void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
+    const mg_bf16* mg_a3 = (const mg_bf16*)(mg_ws + 53248);
+    const mg_bf16* mg_a4 = (const mg_bf16*)(mg_in6_SIN);
+    mg_bf16* mg_a5 = (mg_bf16*)(mg_ws + 55296);
+    void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2, &mg_a3, &mg_a4, &mg_a5};
     cudaLaunchConfig_t mg_cfg = {};
-    mg_cfg.gridDim = dim3(2, 1, 1);
+    mg_cfg.gridDim = dim3(3, 1, 1);
     mg_cfg.blockDim = dim3(256);
     mg_cfg.dynamicSmemBytes = 0;
     mg_cfg.stream = mg_stream;
@@ -2946,74 +2913,18 @@ extern "C" cudaError_t mirage_qwen2_7b_layer_cc9a7bb5bfd5(const void* mg_in0_X, 
     const mg_bf16* mg_a0 = (const mg_bf16*)(mg_ws + 31744);
     const mg_bf16* mg_a1 = (const mg_bf16*)(mg_ws + 38912);
     mg_bf16* mg_a2 = (mg_bf16*)(mg_ws + 46080);
-    void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
+    const mg_bf16* mg_a3 = (const mg_bf16*)(mg_ws + 54272);
+    const mg_bf16* mg_a4 = (const mg_bf16*)(mg_ws + 55296);
+    mg_bf16* mg_a5 = (mg_bf16*)(mg_out1_KE);
+    void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2, &mg_a3, &mg_a4, &mg_a5};
     cudaLaunchConfig_t mg_cfg = {};
-    mg_cfg.gridDim = dim3(2, 1, 1);
+    mg_cfg.gridDim = dim3(3, 1, 1);
     mg_cfg.blockDim = dim3(256);
     mg_cfg.dynamicSmemBytes = 0;
     mg_cfg.stream = mg_stream;
     mg_cfg.attrs = mg_pdl;
     mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
     mg_err = cudaLaunchKernelExC(&mg_cfg, (const void*)mg_k13_mirage_qwen2_7b_layer_cc9a7bb5bfd5, mg_args);
-  }
-  if (mg_err != cudaSuccess) return mg_err;
-  {
-    const mg_bf16* mg_a0 = (const mg_bf16*)(mg_ws + 23552);
-    mg_bf16* mg_a1 = (mg_bf16*)(mg_ws + 53248);
-    void* mg_args[] = {&mg_a0, &mg_a1};
-    cudaLaunchConfig_t mg_cfg = {};
-    mg_cfg.gridDim = dim3(2, 1, 1);
-    mg_cfg.blockDim = dim3(256);
-    mg_cfg.dynamicSmemBytes = 0;
-    mg_cfg.stream = mg_stream;
-    mg_cfg.attrs = mg_pdl;
-    mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
-    mg_err = cudaLaunchKernelExC(&mg_cfg, (const void*)mg_k14_mirage_qwen2_7b_layer_cc9a7bb5bfd5, mg_args);
-  }
-  if (mg_err != cudaSuccess) return mg_err;
-  {
-    const mg_bf16* mg_a0 = (const mg_bf16*)(mg_ws + 23552);
-    const mg_bf16* mg_a1 = (const mg_bf16*)(mg_in5_COS);
-    mg_bf16* mg_a2 = (mg_bf16*)(mg_ws + 54272);
-    void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
-    cudaLaunchConfig_t mg_cfg = {};
-    mg_cfg.gridDim = dim3(1, 1, 1);
-    mg_cfg.blockDim = dim3(256);
-    mg_cfg.dynamicSmemBytes = 0;
-    mg_cfg.stream = mg_stream;
-    mg_cfg.attrs = mg_pdl;
-    mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
-    mg_err = cudaLaunchKernelExC(&mg_cfg, (const void*)mg_k15_mirage_qwen2_7b_layer_cc9a7bb5bfd5, mg_args);
-  }
-  if (mg_err != cudaSuccess) return mg_err;
-  {
-    const mg_bf16* mg_a0 = (const mg_bf16*)(mg_ws + 53248);
-    const mg_bf16* mg_a1 = (const mg_bf16*)(mg_in6_SIN);
-    mg_bf16* mg_a2 = (mg_bf16*)(mg_ws + 55296);
-    void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
-    cudaLaunchConfig_t mg_cfg = {};
-    mg_cfg.gridDim = dim3(1, 1, 1);
-    mg_cfg.blockDim = dim3(256);
-    mg_cfg.dynamicSmemBytes = 0;
-    mg_cfg.stream = mg_stream;
-    mg_cfg.attrs = mg_pdl;
-    mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
-    mg_err = cudaLaunchKernelExC(&mg_cfg, (const void*)mg_k16_mirage_qwen2_7b_layer_cc9a7bb5bfd5, mg_args);
-  }
-  if (mg_err != cudaSuccess) return mg_err;
-  {
-    const mg_bf16* mg_a0 = (const mg_bf16*)(mg_ws + 54272);
-    const mg_bf16* mg_a1 = (const mg_bf16*)(mg_ws + 55296);
-    mg_bf16* mg_a2 = (mg_bf16*)(mg_out1_KE);
-    void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
-    cudaLaunchConfig_t mg_cfg = {};
-    mg_cfg.gridDim = dim3(1, 1, 1);
-    mg_cfg.blockDim = dim3(256);
-    mg_cfg.dynamicSmemBytes = 0;
-    mg_cfg.stream = mg_stream;
-    mg_cfg.attrs = mg_pdl;
-    mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
-    mg_err = cudaLaunchKernelExC(&mg_cfg, (const void*)mg_k17_mirage_qwen2_7b_layer_cc9a7bb5bfd5, mg_args);
   }
   if (mg_err != cudaSuccess) return mg_err;
   {
@@ -3029,21 +2940,6 @@ extern "C" cudaError_t mirage_qwen2_7b_layer_cc9a7bb5bfd5(const void* mg_in0_X, 
     mg_cfg.attrs = mg_pdl;
     mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
     mg_err = cudaLaunchKernelExC(&mg_cfg, (const void*)mg_k19_mirage_qwen2_7b_layer_cc9a7bb5bfd5, mg_args);
-  }
-  if (mg_err != cudaSuccess) return mg_err;
-  {
-    const mg_bf16* mg_a0 = (const mg_bf16*)(mg_in8_VC);
-    const mg_bf16* mg_a1 = (const mg_bf16*)(mg_out2_V4);
-    mg_bf16* mg_a2 = (mg_bf16*)(mg_ws + 4250624);
-    void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
-    cudaLaunchConfig_t mg_cfg = {};
-    mg_cfg.gridDim = dim3(1024, 1, 1);
-    mg_cfg.blockDim = dim3(256);
-    mg_cfg.dynamicSmemBytes = 0;
-    mg_cfg.stream = mg_stream;
-    mg_cfg.attrs = mg_pdl;
-    mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
-    mg_err = cudaLaunchKernelExC(&mg_cfg, (const void*)mg_k20_mirage_qwen2_7b_layer_cc9a7bb5bfd5, mg_args);
   }
   if (mg_err != cudaSuccess) return mg_err;
   {
@@ -3162,39 +3058,27 @@ extern "C" cudaError_t mirage_qwen2_7b_layer_cc9a7bb5bfd5(const void* mg_in0_X, 
                                 mg_dims, mg_strides, mg_box, CU_TENSOR_MAP_SWIZZLE_128B);
       if (mg_err != cudaSuccess) return mg_err;
     }
-    void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2, &mg_a3};
+    const mg_bf16* mg_a4 = (const mg_bf16*)(mg_ws + 9154560);
+    const mg_bf16* mg_a5 = (const mg_bf16*)(mg_in15_W3);
+    mg_bf16* mg_a6 = (mg_bf16*)(mg_ws + 9199616);
+    mg_tmap mg_a7;
+    {
+      const cuuint64_t mg_dims[] = {18944, 3584};
+      const cuuint64_t mg_strides[] = {37888};
+      const cuuint32_t mg_box[] = {64, 128};
+      mg_err = mg_encode_tmap_mirage_qwen2_7b_layer_cc9a7bb5bfd5(&mg_a7, mg_in15_W3, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2,
+                                mg_dims, mg_strides, mg_box, CU_TENSOR_MAP_SWIZZLE_128B);
+      if (mg_err != cudaSuccess) return mg_err;
+    }
+    void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2, &mg_a3, &mg_a4, &mg_a5, &mg_a6, &mg_a7};
     cudaLaunchConfig_t mg_cfg = {};
-    mg_cfg.gridDim = dim3(148, 1, 1);
+    mg_cfg.gridDim = dim3(296, 1, 1);
     mg_cfg.blockDim = dim3(128);
     mg_cfg.dynamicSmemBytes = 133744;
     mg_cfg.stream = mg_stream;
     mg_cfg.attrs = mg_pdl;
     mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
     mg_err = cudaLaunchKernelExC(&mg_cfg, (const void*)mg_k29_mirage_qwen2_7b_layer_cc9a7bb5bfd5, mg_args);
-  }
-  if (mg_err != cudaSuccess) return mg_err;
-  {
-    const mg_bf16* mg_a0 = (const mg_bf16*)(mg_ws + 9154560);
-    const mg_bf16* mg_a1 = (const mg_bf16*)(mg_in15_W3);
-    mg_bf16* mg_a2 = (mg_bf16*)(mg_ws + 9199616);
-    mg_tmap mg_a3;
-    {
-      const cuuint64_t mg_dims[] = {18944, 3584};
-      const cuuint64_t mg_strides[] = {37888};
-      const cuuint32_t mg_box[] = {64, 128};
-      mg_err = mg_encode_tmap_mirage_qwen2_7b_layer_cc9a7bb5bfd5(&mg_a3, mg_in15_W3, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2,
-                                mg_dims, mg_strides, mg_box, CU_TENSOR_MAP_SWIZZLE_128B);
-      if (mg_err != cudaSuccess) return mg_err;
-    }
-    void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2, &mg_a3};
-    cudaLaunchConfig_t mg_cfg = {};
-    mg_cfg.gridDim = dim3(148, 1, 1);
-    mg_cfg.blockDim = dim3(128);
-    mg_cfg.dynamicSmemBytes = 133744;
-    mg_cfg.stream = mg_stream;
-    mg_cfg.attrs = mg_pdl;
-    mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
-    mg_err = cudaLaunchKernelExC(&mg_cfg, (const void*)mg_k30_mirage_qwen2_7b_layer_cc9a7bb5bfd5, mg_args);
   }
   if (mg_err != cudaSuccess) return mg_err;
   {

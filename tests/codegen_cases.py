@@ -170,6 +170,27 @@ def reshape_aliases() -> Graph:
     return b.build()
 
 
+def grouped_launches() -> Graph:
+    """Independent kernels that share launches (codegen/grouping.py): two weight
+    streams of one input (level 0, a K split over a cluster each), their two
+    element-wise successors (level 1), and a kernel that reads both (level 2)."""
+    b = GraphBuilder("grouped_launches")
+    x = b.input("X", (2, 256), "f16")
+    outs = []
+    for n, cols in (("A", 64), ("B", 32)):
+        w = b.input(f"W{n}", (256, cols), "f16", weight=True)
+        k = b.custom((2, 1, 1), 128, 8)
+        xt = k.load(x, (None, None, None), 1)
+        wt = k.load(w, (1, None, None), 0)
+        (z,) = k.finish([(k.op("acc_sum", k.op("matmul", xt, wt)), f"Z{n}",
+                          (1, None, None))])
+        outs.append(b.op("exp", z, out=f"E{n}"))
+    ea, eb = outs
+    b.output(b.op("matmul", ea, b.op("reshape", eb, d0=64, d1=1), out="O"))
+    b.output(ea)
+    return b.build()
+
+
 def single_buffer_unaligned() -> Graph:
     """Tile rows that are not 16-byte multiples (no cp.async) and forloop 1."""
     b = GraphBuilder("single_buffer_unaligned")
@@ -486,5 +507,5 @@ CASES: dict[str, Callable[[], Graph]] = {f.__name__: f for f in (
     attention_chain, attention_chain_batched, online_softmax_chain, online_softmax_batched,
     short_rows_online_chain, short_rows_chain_batched, short_rows_chain_4d,
     rmsnorm_linear_small, weighted_norm_uneven_tiles, two_row_tiles, bf16_kernel_ops, f32_block_ops, big_tiles_scratch, passthrough,
-    reshape_aliases,
+    reshape_aliases, grouped_launches,
     single_buffer_unaligned, warp_reductions, divide_by_mean, mma_odd_shapes, kernel_matmuls)}

@@ -651,9 +651,28 @@ def test_model_counts_are_the_cost_models():
     from mirage_cli.search.cost import kernel_costs
 
     g = load_graph(str(ROOT / "examples" / "mugraphs" / "gqa_fused.mir"), {"batch": 1})
-    counts = model_counts(g)
+    counts = model_counts(g, [(i,) for i in range(len(g.ops))])
     assert len(counts) == len(g.ops)
     assert counts == [(c.flops, c.dram_bytes) for c in kernel_costs(g)]
+
+
+def test_model_counts_and_kinds_add_up_per_launch():
+    """A grouped launch (codegen/grouping.py) carries the sum of its kernels' counts
+    and their kinds joined; a reshape that launches nothing is in no launch."""
+    from codegen_cases import reshape_aliases
+
+    from mirage_cli.codegen.bench import launch_kinds, model_counts
+    from mirage_cli.codegen.lower import lower
+    from mirage_cli.search.cost import kernel_costs
+
+    g = reshape_aliases()
+    runs = lower(g).launch_ops
+    assert runs == ((1, 6), (4, 5))
+    ks = kernel_costs(g)
+    assert model_counts(g, runs) == [
+        (ks[1].flops + ks[6].flops, ks[1].dram_bytes + ks[6].dram_bytes),
+        (ks[4].flops + ks[5].flops, ks[4].dram_bytes + ks[5].dram_bytes)]
+    assert launch_kinds(g, runs) == ["exp+reshape", "exp+reshape"]
 
 
 def test_kernel_times_launch_each_kernel_alone():

@@ -25,13 +25,14 @@ LIMIT = INT_MAX + 1  # 2^31
 # for (TYPE V = INIT; V < BOUND; STEP): the step as ++V or V += EXPR
 _LOOP = re.compile(r"for \((int|long long) (\w+) = [^;]*; \2 < (\d+); "
                    r"(?:\+\+\2|\2 \+= ([^)]*))\)")
-_ROW = re.compile(r"const (int|long long) row = blockIdx\.x \* (\d+) \+ threadIdx\.x / 32;")
+_ROW = re.compile(r"const (int|long long) row = (?:blockIdx\.x|mg_bx) \* (\d+) \+ threadIdx\.x / 32;")
 
 
 def _step(expr: str | None, grid: tuple[int, int, int]) -> int:
     if expr is None:
         return 1
-    value = expr.replace("gridDim.x", str(grid[0])).replace(" ", "")
+    # a grouped launch's member has its grid size as a literal (codegen/grouping.py)
+    value = re.sub(r"(\d+)u\b", r"\1", expr.replace("gridDim.x", str(grid[0]))).replace(" ", "")
     assert re.fullmatch(r"[\d*]+", value), f"cannot bound the step {expr!r}"
     out = 1
     for factor in value.split("*"):

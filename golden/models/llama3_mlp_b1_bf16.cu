@@ -11,8 +11,7 @@
 // input 2 'W3': bf16[4096, 14336] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
 // input 3 'W2': bf16[14336, 4096] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
 // output 0 'O': bf16[1, 4096]
-// kernel mg_k0_mirage_llama3_mlp_b1_bf16_b1x4096_b4096x14336_b4096x14336_b14336x4096_to_b1x4096: grid [64, 1, 2], 128 threads, 174880 B dynamic shared memory
-// kernel mg_k1_mirage_llama3_mlp_b1_bf16_b1x4096_b4096x14336_b4096x14336_b14336x4096_to_b1x4096: grid [64, 1, 2], 128 threads, 174880 B dynamic shared memory
+// kernel mg_k0_mirage_llama3_mlp_b1_bf16_b1x4096_b4096x14336_b4096x14336_b14336x4096_to_b1x4096: grid [128, 1, 2], 128 threads, 174880 B dynamic shared memory
 // kernel mg_k2_mirage_llama3_mlp_b1_bf16_b1x4096_b4096x14336_b4096x14336_b14336x4096_to_b1x4096: grid [7, 1, 1], 256 threads, 0 B dynamic shared memory
 // kernel mg_k3_mirage_llama3_mlp_b1_bf16_b1x4096_b4096x14336_b4096x14336_b14336x4096_to_b1x4096: grid [7, 1, 1], 256 threads, 0 B dynamic shared memory
 // kernel mg_k4_mirage_llama3_mlp_b1_bf16_b1x4096_b4096x14336_b4096x14336_b14336x4096_to_b1x4096: grid [64, 1, 2], 256 threads, 201120 B dynamic shared memory
@@ -394,444 +393,449 @@ __device__ __forceinline__ void mg_wgmma_bf16(float (*d)[4], unsigned a0, unsign
 }
 #endif
 
-// matmul as a generated block graph: grid [64, 1, 1], forloop 64, tensor cores
+// one launch of 2 kernels: matmul as a generated block graph: grid [64, 1, 1], forloop 64, tensor cores; matmul as a generated block graph: grid [64, 1, 1], forloop 64, tensor cores
 extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(128, 1) mg_k0_mirage_llama3_mlp_b1_bf16_b1x4096_b4096x14336_b4096x14336_b14336x4096_to_b1x4096(
-    const mg_bf16* __restrict__ p0,
-    const mg_bf16* __restrict__ p1,
-    mg_bf16* __restrict__ p2,
-    const __grid_constant__ mg_tmap p3) {
-  const int bx = blockIdx.x, by = blockIdx.y, bz = 0;
-  (void)bx; (void)by; (void)bz;
-  const unsigned mg_rank = blockIdx.z;
-  const int mg_it0 = (int)mg_rank * 32;
-  extern __shared__ __align__(16) unsigned char mg_smem_raw[];
-  unsigned char* mg_smem = mg_smem_raw + ((1024u - (mg_smem_addr(mg_smem_raw) & 1023u)) & 1023u);
-  const int base_a = 0;
-  const int base_b = bx * 224;
-  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 173840);
-  if (threadIdx.x < 4) mg_zero[threadIdx.x] = 0u;
-  unsigned long long* mg_mbar = reinterpret_cast<unsigned long long*>(mg_smem + 173792);
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < 6; ++s) mg_mbar_init(mg_mbar + s);
-    mg_mbar_fence_init();
-  }
-  __syncthreads();
-  mg_bf16* sm_a_0 = reinterpret_cast<mg_bf16*>(mg_smem + 172032);
-  mg_bf16* sm_b_0 = reinterpret_cast<mg_bf16*>(mg_smem + 0);
-  float* buf_s = reinterpret_cast<float*>(mg_smem + 172896);
-  if (threadIdx.x == 0) {
-    mg_mbar_arrive_expect(mg_mbar + ((0) % 6), 28672u);
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 14336)), &p3, bx * 224, ((mg_it0 + 0)) * 64, mg_mbar + ((0) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 14336)) + 4096, &p3, bx * 224 + 32, ((mg_it0 + 0)) * 64, mg_mbar + ((0) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 14336)) + 8192, &p3, bx * 224 + 64, ((mg_it0 + 0)) * 64, mg_mbar + ((0) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 14336)) + 12288, &p3, bx * 224 + 96, ((mg_it0 + 0)) * 64, mg_mbar + ((0) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 14336)) + 16384, &p3, bx * 224 + 128, ((mg_it0 + 0)) * 64, mg_mbar + ((0) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 14336)) + 20480, &p3, bx * 224 + 160, ((mg_it0 + 0)) * 64, mg_mbar + ((0) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 14336)) + 24576, &p3, bx * 224 + 192, ((mg_it0 + 0)) * 64, mg_mbar + ((0) % 6));
-  }
-  if (threadIdx.x == 0) {
-    mg_mbar_arrive_expect(mg_mbar + ((1) % 6), 28672u);
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 14336)), &p3, bx * 224, ((mg_it0 + 1)) * 64, mg_mbar + ((1) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 14336)) + 4096, &p3, bx * 224 + 32, ((mg_it0 + 1)) * 64, mg_mbar + ((1) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 14336)) + 8192, &p3, bx * 224 + 64, ((mg_it0 + 1)) * 64, mg_mbar + ((1) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 14336)) + 12288, &p3, bx * 224 + 96, ((mg_it0 + 1)) * 64, mg_mbar + ((1) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 14336)) + 16384, &p3, bx * 224 + 128, ((mg_it0 + 1)) * 64, mg_mbar + ((1) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 14336)) + 20480, &p3, bx * 224 + 160, ((mg_it0 + 1)) * 64, mg_mbar + ((1) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 14336)) + 24576, &p3, bx * 224 + 192, ((mg_it0 + 1)) * 64, mg_mbar + ((1) % 6));
-  }
-  if (threadIdx.x == 0) {
-    mg_mbar_arrive_expect(mg_mbar + ((2) % 6), 28672u);
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 14336)), &p3, bx * 224, ((mg_it0 + 2)) * 64, mg_mbar + ((2) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 14336)) + 4096, &p3, bx * 224 + 32, ((mg_it0 + 2)) * 64, mg_mbar + ((2) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 14336)) + 8192, &p3, bx * 224 + 64, ((mg_it0 + 2)) * 64, mg_mbar + ((2) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 14336)) + 12288, &p3, bx * 224 + 96, ((mg_it0 + 2)) * 64, mg_mbar + ((2) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 14336)) + 16384, &p3, bx * 224 + 128, ((mg_it0 + 2)) * 64, mg_mbar + ((2) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 14336)) + 20480, &p3, bx * 224 + 160, ((mg_it0 + 2)) * 64, mg_mbar + ((2) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 14336)) + 24576, &p3, bx * 224 + 192, ((mg_it0 + 2)) * 64, mg_mbar + ((2) % 6));
-  }
-  if (threadIdx.x == 0) {
-    mg_mbar_arrive_expect(mg_mbar + ((3) % 6), 28672u);
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 14336)), &p3, bx * 224, ((mg_it0 + 3)) * 64, mg_mbar + ((3) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 14336)) + 4096, &p3, bx * 224 + 32, ((mg_it0 + 3)) * 64, mg_mbar + ((3) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 14336)) + 8192, &p3, bx * 224 + 64, ((mg_it0 + 3)) * 64, mg_mbar + ((3) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 14336)) + 12288, &p3, bx * 224 + 96, ((mg_it0 + 3)) * 64, mg_mbar + ((3) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 14336)) + 16384, &p3, bx * 224 + 128, ((mg_it0 + 3)) * 64, mg_mbar + ((3) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 14336)) + 20480, &p3, bx * 224 + 160, ((mg_it0 + 3)) * 64, mg_mbar + ((3) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 14336)) + 24576, &p3, bx * 224 + 192, ((mg_it0 + 3)) * 64, mg_mbar + ((3) % 6));
-  }
-  if (threadIdx.x == 0) {
-    mg_mbar_arrive_expect(mg_mbar + ((4) % 6), 28672u);
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 14336)), &p3, bx * 224, ((mg_it0 + 4)) * 64, mg_mbar + ((4) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 14336)) + 4096, &p3, bx * 224 + 32, ((mg_it0 + 4)) * 64, mg_mbar + ((4) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 14336)) + 8192, &p3, bx * 224 + 64, ((mg_it0 + 4)) * 64, mg_mbar + ((4) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 14336)) + 12288, &p3, bx * 224 + 96, ((mg_it0 + 4)) * 64, mg_mbar + ((4) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 14336)) + 16384, &p3, bx * 224 + 128, ((mg_it0 + 4)) * 64, mg_mbar + ((4) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 14336)) + 20480, &p3, bx * 224 + 160, ((mg_it0 + 4)) * 64, mg_mbar + ((4) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 14336)) + 24576, &p3, bx * 224 + 192, ((mg_it0 + 4)) * 64, mg_mbar + ((4) % 6));
-  }
-  mg_grid_wait();
-  mg_grid_release();
-  for (int c1 = threadIdx.x; c1 < 8; c1 += 128) {
-    const int s2_1 = c1;
-    mg_cp_async16((sm_a_0 + ((0) % 6) * 72) + ((s2_1 * 8)), p0 + ((base_a + (mg_it0 + 0) * 64)) + ((s2_1 * 8)));
-  }
-  mg_cp_async_commit();
-  for (int c3 = threadIdx.x; c3 < 8; c3 += 128) {
-    const int s4_1 = c3;
-    mg_cp_async16((sm_a_0 + ((1) % 6) * 72) + ((s4_1 * 8)), p0 + ((base_a + (mg_it0 + 1) * 64)) + ((s4_1 * 8)));
-  }
-  mg_cp_async_commit();
-  for (int c5 = threadIdx.x; c5 < 8; c5 += 128) {
-    const int s6_1 = c5;
-    mg_cp_async16((sm_a_0 + ((2) % 6) * 72) + ((s6_1 * 8)), p0 + ((base_a + (mg_it0 + 2) * 64)) + ((s6_1 * 8)));
-  }
-  mg_cp_async_commit();
-  for (int c7 = threadIdx.x; c7 < 8; c7 += 128) {
-    const int s8_1 = c7;
-    mg_cp_async16((sm_a_0 + ((3) % 6) * 72) + ((s8_1 * 8)), p0 + ((base_a + (mg_it0 + 3) * 64)) + ((s8_1 * 8)));
-  }
-  mg_cp_async_commit();
-  for (int c9 = threadIdx.x; c9 < 8; c9 += 128) {
-    const int s10_1 = c9;
-    mg_cp_async16((sm_a_0 + ((4) % 6) * 72) + ((s10_1 * 8)), p0 + ((base_a + (mg_it0 + 4) * 64)) + ((s10_1 * 8)));
-  }
-  mg_cp_async_commit();
-  float acc_s[7][4];
-  #pragma unroll
-  for (int j = 0; j < 7; ++j) acc_s[j][0] = acc_s[j][1] = acc_s[j][2] = acc_s[j][3] = 0.0f;
-  for (int it = 0; it < 32; ++it) {
-    const int off_a = base_a + (mg_it0 + it) * 64;
-    mg_cp_async_wait<4>();
-    mg_mbar_wait(mg_mbar + (it % 6), (it / 6) & 1);
+    const mg_bf16* __restrict__ g0_p0,
+    const mg_bf16* __restrict__ g0_p1,
+    mg_bf16* __restrict__ g0_p2,
+    const __grid_constant__ mg_tmap g0_p3,
+    const mg_bf16* __restrict__ g1_p0,
+    const mg_bf16* __restrict__ g1_p1,
+    mg_bf16* __restrict__ g1_p2,
+    const __grid_constant__ mg_tmap g1_p3) {
+  if (blockIdx.x < 64u) {
+    const unsigned mg_bx = (blockIdx.x - 0u) % 64u;
+    const unsigned mg_by = (blockIdx.x - 0u) / 64u;
+    (void)mg_bx; (void)mg_by;
+    const int bx = mg_bx, by = mg_by, bz = 0;
+    (void)bx; (void)by; (void)bz;
+    const unsigned mg_rank = blockIdx.z;
+    const int mg_it0 = (int)mg_rank * 32;
+    extern __shared__ __align__(16) unsigned char mg_smem_raw[];
+    unsigned char* mg_smem = mg_smem_raw + ((1024u - (mg_smem_addr(mg_smem_raw) & 1023u)) & 1023u);
+    const int base_a = 0;
+    const int base_b = bx * 224;
+    unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 173840);
+    if (threadIdx.x < 4) mg_zero[threadIdx.x] = 0u;
+    unsigned long long* mg_mbar = reinterpret_cast<unsigned long long*>(mg_smem + 173792);
+    if (threadIdx.x == 0) {
+      for (int s = 0; s < 6; ++s) mg_mbar_init(mg_mbar + s);
+      mg_mbar_fence_init();
+    }
     __syncthreads();
-    if (it + 5 < 32) {
-      for (int c11 = threadIdx.x; c11 < 8; c11 += 128) {
-        const int s12_1 = c11;
-        mg_cp_async16((sm_a_0 + (((it + 5)) % 6) * 72) + ((s12_1 * 8)), p0 + ((off_a + 320)) + ((s12_1 * 8)));
-      }
-      if (threadIdx.x == 0) {
-        mg_mbar_arrive_expect(mg_mbar + ((it + 5) % 6), 28672u);
-        mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 14336)), &p3, bx * 224, ((mg_it0 + it + 5)) * 64, mg_mbar + ((it + 5) % 6));
-        mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 14336)) + 4096, &p3, bx * 224 + 32, ((mg_it0 + it + 5)) * 64, mg_mbar + ((it + 5) % 6));
-        mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 14336)) + 8192, &p3, bx * 224 + 64, ((mg_it0 + it + 5)) * 64, mg_mbar + ((it + 5) % 6));
-        mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 14336)) + 12288, &p3, bx * 224 + 96, ((mg_it0 + it + 5)) * 64, mg_mbar + ((it + 5) % 6));
-        mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 14336)) + 16384, &p3, bx * 224 + 128, ((mg_it0 + it + 5)) * 64, mg_mbar + ((it + 5) % 6));
-        mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 14336)) + 20480, &p3, bx * 224 + 160, ((mg_it0 + it + 5)) * 64, mg_mbar + ((it + 5) % 6));
-        mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 14336)) + 24576, &p3, bx * 224 + 192, ((mg_it0 + it + 5)) * 64, mg_mbar + ((it + 5) % 6));
-      }
+    mg_bf16* sm_a_0 = reinterpret_cast<mg_bf16*>(mg_smem + 172032);
+    mg_bf16* sm_b_0 = reinterpret_cast<mg_bf16*>(mg_smem + 0);
+    float* buf_s = reinterpret_cast<float*>(mg_smem + 172896);
+    if (threadIdx.x == 0) {
+      mg_mbar_arrive_expect(mg_mbar + ((0) % 6), 28672u);
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 14336)), &g0_p3, bx * 224, ((mg_it0 + 0)) * 64, mg_mbar + ((0) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 14336)) + 4096, &g0_p3, bx * 224 + 32, ((mg_it0 + 0)) * 64, mg_mbar + ((0) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 14336)) + 8192, &g0_p3, bx * 224 + 64, ((mg_it0 + 0)) * 64, mg_mbar + ((0) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 14336)) + 12288, &g0_p3, bx * 224 + 96, ((mg_it0 + 0)) * 64, mg_mbar + ((0) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 14336)) + 16384, &g0_p3, bx * 224 + 128, ((mg_it0 + 0)) * 64, mg_mbar + ((0) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 14336)) + 20480, &g0_p3, bx * 224 + 160, ((mg_it0 + 0)) * 64, mg_mbar + ((0) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 14336)) + 24576, &g0_p3, bx * 224 + 192, ((mg_it0 + 0)) * 64, mg_mbar + ((0) % 6));
+    }
+    if (threadIdx.x == 0) {
+      mg_mbar_arrive_expect(mg_mbar + ((1) % 6), 28672u);
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 14336)), &g0_p3, bx * 224, ((mg_it0 + 1)) * 64, mg_mbar + ((1) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 14336)) + 4096, &g0_p3, bx * 224 + 32, ((mg_it0 + 1)) * 64, mg_mbar + ((1) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 14336)) + 8192, &g0_p3, bx * 224 + 64, ((mg_it0 + 1)) * 64, mg_mbar + ((1) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 14336)) + 12288, &g0_p3, bx * 224 + 96, ((mg_it0 + 1)) * 64, mg_mbar + ((1) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 14336)) + 16384, &g0_p3, bx * 224 + 128, ((mg_it0 + 1)) * 64, mg_mbar + ((1) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 14336)) + 20480, &g0_p3, bx * 224 + 160, ((mg_it0 + 1)) * 64, mg_mbar + ((1) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 14336)) + 24576, &g0_p3, bx * 224 + 192, ((mg_it0 + 1)) * 64, mg_mbar + ((1) % 6));
+    }
+    if (threadIdx.x == 0) {
+      mg_mbar_arrive_expect(mg_mbar + ((2) % 6), 28672u);
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 14336)), &g0_p3, bx * 224, ((mg_it0 + 2)) * 64, mg_mbar + ((2) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 14336)) + 4096, &g0_p3, bx * 224 + 32, ((mg_it0 + 2)) * 64, mg_mbar + ((2) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 14336)) + 8192, &g0_p3, bx * 224 + 64, ((mg_it0 + 2)) * 64, mg_mbar + ((2) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 14336)) + 12288, &g0_p3, bx * 224 + 96, ((mg_it0 + 2)) * 64, mg_mbar + ((2) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 14336)) + 16384, &g0_p3, bx * 224 + 128, ((mg_it0 + 2)) * 64, mg_mbar + ((2) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 14336)) + 20480, &g0_p3, bx * 224 + 160, ((mg_it0 + 2)) * 64, mg_mbar + ((2) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 14336)) + 24576, &g0_p3, bx * 224 + 192, ((mg_it0 + 2)) * 64, mg_mbar + ((2) % 6));
+    }
+    if (threadIdx.x == 0) {
+      mg_mbar_arrive_expect(mg_mbar + ((3) % 6), 28672u);
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 14336)), &g0_p3, bx * 224, ((mg_it0 + 3)) * 64, mg_mbar + ((3) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 14336)) + 4096, &g0_p3, bx * 224 + 32, ((mg_it0 + 3)) * 64, mg_mbar + ((3) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 14336)) + 8192, &g0_p3, bx * 224 + 64, ((mg_it0 + 3)) * 64, mg_mbar + ((3) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 14336)) + 12288, &g0_p3, bx * 224 + 96, ((mg_it0 + 3)) * 64, mg_mbar + ((3) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 14336)) + 16384, &g0_p3, bx * 224 + 128, ((mg_it0 + 3)) * 64, mg_mbar + ((3) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 14336)) + 20480, &g0_p3, bx * 224 + 160, ((mg_it0 + 3)) * 64, mg_mbar + ((3) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 14336)) + 24576, &g0_p3, bx * 224 + 192, ((mg_it0 + 3)) * 64, mg_mbar + ((3) % 6));
+    }
+    if (threadIdx.x == 0) {
+      mg_mbar_arrive_expect(mg_mbar + ((4) % 6), 28672u);
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 14336)), &g0_p3, bx * 224, ((mg_it0 + 4)) * 64, mg_mbar + ((4) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 14336)) + 4096, &g0_p3, bx * 224 + 32, ((mg_it0 + 4)) * 64, mg_mbar + ((4) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 14336)) + 8192, &g0_p3, bx * 224 + 64, ((mg_it0 + 4)) * 64, mg_mbar + ((4) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 14336)) + 12288, &g0_p3, bx * 224 + 96, ((mg_it0 + 4)) * 64, mg_mbar + ((4) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 14336)) + 16384, &g0_p3, bx * 224 + 128, ((mg_it0 + 4)) * 64, mg_mbar + ((4) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 14336)) + 20480, &g0_p3, bx * 224 + 160, ((mg_it0 + 4)) * 64, mg_mbar + ((4) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 14336)) + 24576, &g0_p3, bx * 224 + 192, ((mg_it0 + 4)) * 64, mg_mbar + ((4) % 6));
+    }
+    mg_grid_wait();
+    mg_grid_release();
+    for (int c1 = threadIdx.x; c1 < 8; c1 += 128) {
+      const int s2_1 = c1;
+      mg_cp_async16((sm_a_0 + ((0) % 6) * 72) + ((s2_1 * 8)), g0_p0 + ((base_a + (mg_it0 + 0) * 64)) + ((s2_1 * 8)));
     }
     mg_cp_async_commit();
-    const auto* sm_a = (sm_a_0 + ((it) % 6) * 72);
-    const auto* sm_b = (sm_b_0 + ((it) % 6) * 14336);
+    for (int c3 = threadIdx.x; c3 < 8; c3 += 128) {
+      const int s4_1 = c3;
+      mg_cp_async16((sm_a_0 + ((1) % 6) * 72) + ((s4_1 * 8)), g0_p0 + ((base_a + (mg_it0 + 1) * 64)) + ((s4_1 * 8)));
+    }
+    mg_cp_async_commit();
+    for (int c5 = threadIdx.x; c5 < 8; c5 += 128) {
+      const int s6_1 = c5;
+      mg_cp_async16((sm_a_0 + ((2) % 6) * 72) + ((s6_1 * 8)), g0_p0 + ((base_a + (mg_it0 + 2) * 64)) + ((s6_1 * 8)));
+    }
+    mg_cp_async_commit();
+    for (int c7 = threadIdx.x; c7 < 8; c7 += 128) {
+      const int s8_1 = c7;
+      mg_cp_async16((sm_a_0 + ((3) % 6) * 72) + ((s8_1 * 8)), g0_p0 + ((base_a + (mg_it0 + 3) * 64)) + ((s8_1 * 8)));
+    }
+    mg_cp_async_commit();
+    for (int c9 = threadIdx.x; c9 < 8; c9 += 128) {
+      const int s10_1 = c9;
+      mg_cp_async16((sm_a_0 + ((4) % 6) * 72) + ((s10_1 * 8)), g0_p0 + ((base_a + (mg_it0 + 4) * 64)) + ((s10_1 * 8)));
+    }
+    mg_cp_async_commit();
+    float acc_s[7][4];
+    #pragma unroll
+    for (int j = 0; j < 7; ++j) acc_s[j][0] = acc_s[j][1] = acc_s[j][2] = acc_s[j][3] = 0.0f;
+    for (int it = 0; it < 32; ++it) {
+      const int off_a = base_a + (mg_it0 + it) * 64;
+      mg_cp_async_wait<4>();
+      mg_mbar_wait(mg_mbar + (it % 6), (it / 6) & 1);
+      __syncthreads();
+      if (it + 5 < 32) {
+        for (int c11 = threadIdx.x; c11 < 8; c11 += 128) {
+          const int s12_1 = c11;
+          mg_cp_async16((sm_a_0 + (((it + 5)) % 6) * 72) + ((s12_1 * 8)), g0_p0 + ((off_a + 320)) + ((s12_1 * 8)));
+        }
+        if (threadIdx.x == 0) {
+          mg_mbar_arrive_expect(mg_mbar + ((it + 5) % 6), 28672u);
+          mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 14336)), &g0_p3, bx * 224, ((mg_it0 + it + 5)) * 64, mg_mbar + ((it + 5) % 6));
+          mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 14336)) + 4096, &g0_p3, bx * 224 + 32, ((mg_it0 + it + 5)) * 64, mg_mbar + ((it + 5) % 6));
+          mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 14336)) + 8192, &g0_p3, bx * 224 + 64, ((mg_it0 + it + 5)) * 64, mg_mbar + ((it + 5) % 6));
+          mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 14336)) + 12288, &g0_p3, bx * 224 + 96, ((mg_it0 + it + 5)) * 64, mg_mbar + ((it + 5) % 6));
+          mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 14336)) + 16384, &g0_p3, bx * 224 + 128, ((mg_it0 + it + 5)) * 64, mg_mbar + ((it + 5) % 6));
+          mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 14336)) + 20480, &g0_p3, bx * 224 + 160, ((mg_it0 + it + 5)) * 64, mg_mbar + ((it + 5) % 6));
+          mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 14336)) + 24576, &g0_p3, bx * 224 + 192, ((mg_it0 + it + 5)) * 64, mg_mbar + ((it + 5) % 6));
+        }
+      }
+      mg_cp_async_commit();
+      const auto* sm_a = (sm_a_0 + ((it) % 6) * 72);
+      const auto* sm_b = (sm_b_0 + ((it) % 6) * 14336);
+      {
+        const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
+        const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
+        (void)mg_g; (void)mg_t;
+        const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
+        (void)mg_ks;
+      #pragma unroll
+      for (int s = 0; s < 4; ++s) {
+        const int kk = (mg_ks + s * 1) * 16;
+        const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
+        (void)k0; (void)k1;
+        unsigned ra0, ra1, ra2, ra3;
+        const int mg_mi = 0, r0 = mg_g, r1 = r0 + 8;
+        (void)r0; (void)r1;
+        mg_ldsm_x4(ra0, ra1, ra2, ra3, ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) < 1 ? (const void*)(sm_a + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) * 72 + (kk + (mg_lane >> 4) * 8))) : (const void*)mg_zero));
+        #pragma unroll
+        for (int j = 0; j < 7; ++j) {
+          const int q = mg_grp + 4 * j;
+          const int mg_nb = q / 28;
+          const int mg_ni = q % 28;
+          const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
+          (void)mg_nb; (void)c0; (void)n0;
+          unsigned rb0, rb1;
+          mg_ldsm_x2_t(rb0, rb1, (reinterpret_cast<const unsigned char*>(sm_b) + ((((mg_ni * 8)) * 2) / 64) * 4096 + (((((kk + (mg_lane & 15)))) * 64 + (((mg_ni * 8)) * 2) % 64) ^ (((((((kk + (mg_lane & 15)))) * 64 + (((mg_ni * 8)) * 2) % 64) >> 7) & 3) << 4))));
+          mg_mma_bf16(acc_s[j], ra0, ra1, ra2, ra3, rb0, rb1);
+        }
+      }
+      }
+    }
+    __syncthreads();
     {
       const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
       const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
       (void)mg_g; (void)mg_t;
       const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
       (void)mg_ks;
-    #pragma unroll
-    for (int s = 0; s < 4; ++s) {
-      const int kk = (mg_ks + s * 1) * 16;
-      const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
-      (void)k0; (void)k1;
-      unsigned ra0, ra1, ra2, ra3;
-      const int mg_mi = 0, r0 = mg_g, r1 = r0 + 8;
-      (void)r0; (void)r1;
-      mg_ldsm_x4(ra0, ra1, ra2, ra3, ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) < 1 ? (const void*)(sm_a + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) * 72 + (kk + (mg_lane >> 4) * 8))) : (const void*)mg_zero));
       #pragma unroll
       for (int j = 0; j < 7; ++j) {
         const int q = mg_grp + 4 * j;
-        const int mg_nb = q / 28;
-        const int mg_ni = q % 28;
-        const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
-        (void)mg_nb; (void)c0; (void)n0;
-        unsigned rb0, rb1;
-        mg_ldsm_x2_t(rb0, rb1, (reinterpret_cast<const unsigned char*>(sm_b) + ((((mg_ni * 8)) * 2) / 64) * 4096 + (((((kk + (mg_lane & 15)))) * 64 + (((mg_ni * 8)) * 2) % 64) ^ (((((((kk + (mg_lane & 15)))) * 64 + (((mg_ni * 8)) * 2) % 64) >> 7) & 3) << 4))));
-        mg_mma_bf16(acc_s[j], ra0, ra1, ra2, ra3, rb0, rb1);
-      }
-    }
-    }
-  }
-  __syncthreads();
-  {
-    const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
-    const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
-    (void)mg_g; (void)mg_t;
-    const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
-    (void)mg_ks;
-    #pragma unroll
-    for (int j = 0; j < 7; ++j) {
-      const int q = mg_grp + 4 * j;
-      if (q < 28) {
-        const int mg_nb = q / 28;
-        const int mg_mi = (q / 28) % 1;
-        const int mg_ni = q % 28;
-        const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
-        const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
-        (void)mg_nb; (void)r1; (void)c0; (void)n0;
-        if (r0 < 1) buf_s[r0 * 224 + c0] = acc_s[j][0];
-        if (r0 < 1) buf_s[r0 * 224 + (c0 + 1)] = acc_s[j][1];
-        if (r1 < 1) buf_s[r1 * 224 + c0] = acc_s[j][2];
-        if (r1 < 1) buf_s[r1 * 224 + (c0 + 1)] = acc_s[j][3];
-      }
-    }
-  }
-  __syncthreads();
-  mg_cluster_sync();
-  for (int e0 = threadIdx.x; e0 < 56; e0 += 512) {
-    float4 mg_p[4][2];
-    #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int e = e0 + j * 128;
-      if (e < 56) {
-        #pragma unroll
-        for (unsigned r = 0; r < 2; ++r) mg_p[j][r] = mg_dsmem_ld4(buf_s + 4 * e, r);
-      }
-    }
-    #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int e = e0 + j * 128;
-      if (e < 56) {
-        float4 v = mg_p[j][0];
-        #pragma unroll
-        for (unsigned r = 1; r < 2; ++r) {
-          v.x += mg_p[j][r].x;
-          v.y += mg_p[j][r].y;
-          v.z += mg_p[j][r].z;
-          v.w += mg_p[j][r].w;
+        if (q < 28) {
+          const int mg_nb = q / 28;
+          const int mg_mi = (q / 28) % 1;
+          const int mg_ni = q % 28;
+          const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
+          const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
+          (void)mg_nb; (void)r1; (void)c0; (void)n0;
+          if (r0 < 1) buf_s[r0 * 224 + c0] = acc_s[j][0];
+          if (r0 < 1) buf_s[r0 * 224 + (c0 + 1)] = acc_s[j][1];
+          if (r1 < 1) buf_s[r1 * 224 + c0] = acc_s[j][2];
+          if (r1 < 1) buf_s[r1 * 224 + (c0 + 1)] = acc_s[j][3];
         }
-        reinterpret_cast<float4*>(reinterpret_cast<float*>(mg_smem + 0))[e] = v;
       }
     }
-  }
-  mg_cluster_arrive();
-  __syncthreads();
-  buf_s = reinterpret_cast<float*>(mg_smem + 0);
-  for (int e13 = (int)mg_rank * 128 + (int)threadIdx.x; e13 < 28; e13 += 256) {
-    const int i14_1 = e13;
-    mg_st8(p2 + (bx * 224 + (i14_1 * 8)), buf_s[((i14_1 * 8) + 0)], buf_s[((i14_1 * 8) + 1)], buf_s[((i14_1 * 8) + 2)], buf_s[((i14_1 * 8) + 3)], buf_s[((i14_1 * 8) + 4)], buf_s[((i14_1 * 8) + 5)], buf_s[((i14_1 * 8) + 6)], buf_s[((i14_1 * 8) + 7)]);
-  }
-  mg_cluster_wait();
-}
-
-// matmul as a generated block graph: grid [64, 1, 1], forloop 64, tensor cores
-extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(128, 1) mg_k1_mirage_llama3_mlp_b1_bf16_b1x4096_b4096x14336_b4096x14336_b14336x4096_to_b1x4096(
-    const mg_bf16* __restrict__ p0,
-    const mg_bf16* __restrict__ p1,
-    mg_bf16* __restrict__ p2,
-    const __grid_constant__ mg_tmap p3) {
-  const int bx = blockIdx.x, by = blockIdx.y, bz = 0;
-  (void)bx; (void)by; (void)bz;
-  const unsigned mg_rank = blockIdx.z;
-  const int mg_it0 = (int)mg_rank * 32;
-  extern __shared__ __align__(16) unsigned char mg_smem_raw[];
-  unsigned char* mg_smem = mg_smem_raw + ((1024u - (mg_smem_addr(mg_smem_raw) & 1023u)) & 1023u);
-  const int base_a = 0;
-  const int base_b = bx * 224;
-  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 173840);
-  if (threadIdx.x < 4) mg_zero[threadIdx.x] = 0u;
-  unsigned long long* mg_mbar = reinterpret_cast<unsigned long long*>(mg_smem + 173792);
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < 6; ++s) mg_mbar_init(mg_mbar + s);
-    mg_mbar_fence_init();
-  }
-  __syncthreads();
-  mg_bf16* sm_a_0 = reinterpret_cast<mg_bf16*>(mg_smem + 172032);
-  mg_bf16* sm_b_0 = reinterpret_cast<mg_bf16*>(mg_smem + 0);
-  float* buf_s = reinterpret_cast<float*>(mg_smem + 172896);
-  for (int c1 = threadIdx.x; c1 < 8; c1 += 128) {
-    const int s2_1 = c1;
-    mg_cp_async16((sm_a_0 + ((0) % 6) * 72) + ((s2_1 * 8)), p0 + ((base_a + (mg_it0 + 0) * 64)) + ((s2_1 * 8)));
-  }
-  if (threadIdx.x == 0) {
-    mg_mbar_arrive_expect(mg_mbar + ((0) % 6), 28672u);
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 14336)), &p3, bx * 224, ((mg_it0 + 0)) * 64, mg_mbar + ((0) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 14336)) + 4096, &p3, bx * 224 + 32, ((mg_it0 + 0)) * 64, mg_mbar + ((0) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 14336)) + 8192, &p3, bx * 224 + 64, ((mg_it0 + 0)) * 64, mg_mbar + ((0) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 14336)) + 12288, &p3, bx * 224 + 96, ((mg_it0 + 0)) * 64, mg_mbar + ((0) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 14336)) + 16384, &p3, bx * 224 + 128, ((mg_it0 + 0)) * 64, mg_mbar + ((0) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 14336)) + 20480, &p3, bx * 224 + 160, ((mg_it0 + 0)) * 64, mg_mbar + ((0) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 14336)) + 24576, &p3, bx * 224 + 192, ((mg_it0 + 0)) * 64, mg_mbar + ((0) % 6));
-  }
-  for (int c3 = threadIdx.x; c3 < 8; c3 += 128) {
-    const int s4_1 = c3;
-    mg_cp_async16((sm_a_0 + ((1) % 6) * 72) + ((s4_1 * 8)), p0 + ((base_a + (mg_it0 + 1) * 64)) + ((s4_1 * 8)));
-  }
-  if (threadIdx.x == 0) {
-    mg_mbar_arrive_expect(mg_mbar + ((1) % 6), 28672u);
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 14336)), &p3, bx * 224, ((mg_it0 + 1)) * 64, mg_mbar + ((1) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 14336)) + 4096, &p3, bx * 224 + 32, ((mg_it0 + 1)) * 64, mg_mbar + ((1) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 14336)) + 8192, &p3, bx * 224 + 64, ((mg_it0 + 1)) * 64, mg_mbar + ((1) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 14336)) + 12288, &p3, bx * 224 + 96, ((mg_it0 + 1)) * 64, mg_mbar + ((1) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 14336)) + 16384, &p3, bx * 224 + 128, ((mg_it0 + 1)) * 64, mg_mbar + ((1) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 14336)) + 20480, &p3, bx * 224 + 160, ((mg_it0 + 1)) * 64, mg_mbar + ((1) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 14336)) + 24576, &p3, bx * 224 + 192, ((mg_it0 + 1)) * 64, mg_mbar + ((1) % 6));
-  }
-  for (int c5 = threadIdx.x; c5 < 8; c5 += 128) {
-    const int s6_1 = c5;
-    mg_cp_async16((sm_a_0 + ((2) % 6) * 72) + ((s6_1 * 8)), p0 + ((base_a + (mg_it0 + 2) * 64)) + ((s6_1 * 8)));
-  }
-  if (threadIdx.x == 0) {
-    mg_mbar_arrive_expect(mg_mbar + ((2) % 6), 28672u);
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 14336)), &p3, bx * 224, ((mg_it0 + 2)) * 64, mg_mbar + ((2) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 14336)) + 4096, &p3, bx * 224 + 32, ((mg_it0 + 2)) * 64, mg_mbar + ((2) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 14336)) + 8192, &p3, bx * 224 + 64, ((mg_it0 + 2)) * 64, mg_mbar + ((2) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 14336)) + 12288, &p3, bx * 224 + 96, ((mg_it0 + 2)) * 64, mg_mbar + ((2) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 14336)) + 16384, &p3, bx * 224 + 128, ((mg_it0 + 2)) * 64, mg_mbar + ((2) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 14336)) + 20480, &p3, bx * 224 + 160, ((mg_it0 + 2)) * 64, mg_mbar + ((2) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 14336)) + 24576, &p3, bx * 224 + 192, ((mg_it0 + 2)) * 64, mg_mbar + ((2) % 6));
-  }
-  for (int c7 = threadIdx.x; c7 < 8; c7 += 128) {
-    const int s8_1 = c7;
-    mg_cp_async16((sm_a_0 + ((3) % 6) * 72) + ((s8_1 * 8)), p0 + ((base_a + (mg_it0 + 3) * 64)) + ((s8_1 * 8)));
-  }
-  if (threadIdx.x == 0) {
-    mg_mbar_arrive_expect(mg_mbar + ((3) % 6), 28672u);
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 14336)), &p3, bx * 224, ((mg_it0 + 3)) * 64, mg_mbar + ((3) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 14336)) + 4096, &p3, bx * 224 + 32, ((mg_it0 + 3)) * 64, mg_mbar + ((3) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 14336)) + 8192, &p3, bx * 224 + 64, ((mg_it0 + 3)) * 64, mg_mbar + ((3) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 14336)) + 12288, &p3, bx * 224 + 96, ((mg_it0 + 3)) * 64, mg_mbar + ((3) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 14336)) + 16384, &p3, bx * 224 + 128, ((mg_it0 + 3)) * 64, mg_mbar + ((3) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 14336)) + 20480, &p3, bx * 224 + 160, ((mg_it0 + 3)) * 64, mg_mbar + ((3) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 14336)) + 24576, &p3, bx * 224 + 192, ((mg_it0 + 3)) * 64, mg_mbar + ((3) % 6));
-  }
-  for (int c9 = threadIdx.x; c9 < 8; c9 += 128) {
-    const int s10_1 = c9;
-    mg_cp_async16((sm_a_0 + ((4) % 6) * 72) + ((s10_1 * 8)), p0 + ((base_a + (mg_it0 + 4) * 64)) + ((s10_1 * 8)));
-  }
-  if (threadIdx.x == 0) {
-    mg_mbar_arrive_expect(mg_mbar + ((4) % 6), 28672u);
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 14336)), &p3, bx * 224, ((mg_it0 + 4)) * 64, mg_mbar + ((4) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 14336)) + 4096, &p3, bx * 224 + 32, ((mg_it0 + 4)) * 64, mg_mbar + ((4) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 14336)) + 8192, &p3, bx * 224 + 64, ((mg_it0 + 4)) * 64, mg_mbar + ((4) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 14336)) + 12288, &p3, bx * 224 + 96, ((mg_it0 + 4)) * 64, mg_mbar + ((4) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 14336)) + 16384, &p3, bx * 224 + 128, ((mg_it0 + 4)) * 64, mg_mbar + ((4) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 14336)) + 20480, &p3, bx * 224 + 160, ((mg_it0 + 4)) * 64, mg_mbar + ((4) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 14336)) + 24576, &p3, bx * 224 + 192, ((mg_it0 + 4)) * 64, mg_mbar + ((4) % 6));
-  }
-  mg_grid_wait();
-  mg_grid_release();
-  mg_cp_async_commit();
-  mg_cp_async_commit();
-  mg_cp_async_commit();
-  mg_cp_async_commit();
-  mg_cp_async_commit();
-  float acc_s[7][4];
-  #pragma unroll
-  for (int j = 0; j < 7; ++j) acc_s[j][0] = acc_s[j][1] = acc_s[j][2] = acc_s[j][3] = 0.0f;
-  for (int it = 0; it < 32; ++it) {
-    const int off_a = base_a + (mg_it0 + it) * 64;
-    mg_cp_async_wait<4>();
-    mg_mbar_wait(mg_mbar + (it % 6), (it / 6) & 1);
     __syncthreads();
-    if (it + 5 < 32) {
-      for (int c11 = threadIdx.x; c11 < 8; c11 += 128) {
-        const int s12_1 = c11;
-        mg_cp_async16((sm_a_0 + (((it + 5)) % 6) * 72) + ((s12_1 * 8)), p0 + ((off_a + 320)) + ((s12_1 * 8)));
+    mg_cluster_sync();
+    for (int e0 = threadIdx.x; e0 < 56; e0 += 512) {
+      float4 mg_p[4][2];
+      #pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int e = e0 + j * 128;
+        if (e < 56) {
+          #pragma unroll
+          for (unsigned r = 0; r < 2; ++r) mg_p[j][r] = mg_dsmem_ld4(buf_s + 4 * e, r);
+        }
       }
-      if (threadIdx.x == 0) {
-        mg_mbar_arrive_expect(mg_mbar + ((it + 5) % 6), 28672u);
-        mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 14336)), &p3, bx * 224, ((mg_it0 + it + 5)) * 64, mg_mbar + ((it + 5) % 6));
-        mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 14336)) + 4096, &p3, bx * 224 + 32, ((mg_it0 + it + 5)) * 64, mg_mbar + ((it + 5) % 6));
-        mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 14336)) + 8192, &p3, bx * 224 + 64, ((mg_it0 + it + 5)) * 64, mg_mbar + ((it + 5) % 6));
-        mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 14336)) + 12288, &p3, bx * 224 + 96, ((mg_it0 + it + 5)) * 64, mg_mbar + ((it + 5) % 6));
-        mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 14336)) + 16384, &p3, bx * 224 + 128, ((mg_it0 + it + 5)) * 64, mg_mbar + ((it + 5) % 6));
-        mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 14336)) + 20480, &p3, bx * 224 + 160, ((mg_it0 + it + 5)) * 64, mg_mbar + ((it + 5) % 6));
-        mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 14336)) + 24576, &p3, bx * 224 + 192, ((mg_it0 + it + 5)) * 64, mg_mbar + ((it + 5) % 6));
+      #pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int e = e0 + j * 128;
+        if (e < 56) {
+          float4 v = mg_p[j][0];
+          #pragma unroll
+          for (unsigned r = 1; r < 2; ++r) {
+            v.x += mg_p[j][r].x;
+            v.y += mg_p[j][r].y;
+            v.z += mg_p[j][r].z;
+            v.w += mg_p[j][r].w;
+          }
+          reinterpret_cast<float4*>(reinterpret_cast<float*>(mg_smem + 0))[e] = v;
+        }
       }
+    }
+    mg_cluster_arrive();
+    __syncthreads();
+    buf_s = reinterpret_cast<float*>(mg_smem + 0);
+    for (int e13 = (int)mg_rank * 128 + (int)threadIdx.x; e13 < 28; e13 += 256) {
+      const int i14_1 = e13;
+      mg_st8(g0_p2 + (bx * 224 + (i14_1 * 8)), buf_s[((i14_1 * 8) + 0)], buf_s[((i14_1 * 8) + 1)], buf_s[((i14_1 * 8) + 2)], buf_s[((i14_1 * 8) + 3)], buf_s[((i14_1 * 8) + 4)], buf_s[((i14_1 * 8) + 5)], buf_s[((i14_1 * 8) + 6)], buf_s[((i14_1 * 8) + 7)]);
+    }
+    mg_cluster_wait();
+  } else if (blockIdx.x < 128u) {
+    const unsigned mg_bx = (blockIdx.x - 64u) % 64u;
+    const unsigned mg_by = (blockIdx.x - 64u) / 64u;
+    (void)mg_bx; (void)mg_by;
+    const int bx = mg_bx, by = mg_by, bz = 0;
+    (void)bx; (void)by; (void)bz;
+    const unsigned mg_rank = blockIdx.z;
+    const int mg_it0 = (int)mg_rank * 32;
+    extern __shared__ __align__(16) unsigned char mg_smem_raw[];
+    unsigned char* mg_smem = mg_smem_raw + ((1024u - (mg_smem_addr(mg_smem_raw) & 1023u)) & 1023u);
+    const int base_a = 0;
+    const int base_b = bx * 224;
+    unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 173840);
+    if (threadIdx.x < 4) mg_zero[threadIdx.x] = 0u;
+    unsigned long long* mg_mbar = reinterpret_cast<unsigned long long*>(mg_smem + 173792);
+    if (threadIdx.x == 0) {
+      for (int s = 0; s < 6; ++s) mg_mbar_init(mg_mbar + s);
+      mg_mbar_fence_init();
+    }
+    __syncthreads();
+    mg_bf16* sm_a_0 = reinterpret_cast<mg_bf16*>(mg_smem + 172032);
+    mg_bf16* sm_b_0 = reinterpret_cast<mg_bf16*>(mg_smem + 0);
+    float* buf_s = reinterpret_cast<float*>(mg_smem + 172896);
+    if (threadIdx.x == 0) {
+      mg_mbar_arrive_expect(mg_mbar + ((0) % 6), 28672u);
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 14336)), &g1_p3, bx * 224, ((mg_it0 + 0)) * 64, mg_mbar + ((0) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 14336)) + 4096, &g1_p3, bx * 224 + 32, ((mg_it0 + 0)) * 64, mg_mbar + ((0) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 14336)) + 8192, &g1_p3, bx * 224 + 64, ((mg_it0 + 0)) * 64, mg_mbar + ((0) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 14336)) + 12288, &g1_p3, bx * 224 + 96, ((mg_it0 + 0)) * 64, mg_mbar + ((0) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 14336)) + 16384, &g1_p3, bx * 224 + 128, ((mg_it0 + 0)) * 64, mg_mbar + ((0) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 14336)) + 20480, &g1_p3, bx * 224 + 160, ((mg_it0 + 0)) * 64, mg_mbar + ((0) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 14336)) + 24576, &g1_p3, bx * 224 + 192, ((mg_it0 + 0)) * 64, mg_mbar + ((0) % 6));
+    }
+    if (threadIdx.x == 0) {
+      mg_mbar_arrive_expect(mg_mbar + ((1) % 6), 28672u);
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 14336)), &g1_p3, bx * 224, ((mg_it0 + 1)) * 64, mg_mbar + ((1) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 14336)) + 4096, &g1_p3, bx * 224 + 32, ((mg_it0 + 1)) * 64, mg_mbar + ((1) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 14336)) + 8192, &g1_p3, bx * 224 + 64, ((mg_it0 + 1)) * 64, mg_mbar + ((1) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 14336)) + 12288, &g1_p3, bx * 224 + 96, ((mg_it0 + 1)) * 64, mg_mbar + ((1) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 14336)) + 16384, &g1_p3, bx * 224 + 128, ((mg_it0 + 1)) * 64, mg_mbar + ((1) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 14336)) + 20480, &g1_p3, bx * 224 + 160, ((mg_it0 + 1)) * 64, mg_mbar + ((1) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 14336)) + 24576, &g1_p3, bx * 224 + 192, ((mg_it0 + 1)) * 64, mg_mbar + ((1) % 6));
+    }
+    if (threadIdx.x == 0) {
+      mg_mbar_arrive_expect(mg_mbar + ((2) % 6), 28672u);
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 14336)), &g1_p3, bx * 224, ((mg_it0 + 2)) * 64, mg_mbar + ((2) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 14336)) + 4096, &g1_p3, bx * 224 + 32, ((mg_it0 + 2)) * 64, mg_mbar + ((2) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 14336)) + 8192, &g1_p3, bx * 224 + 64, ((mg_it0 + 2)) * 64, mg_mbar + ((2) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 14336)) + 12288, &g1_p3, bx * 224 + 96, ((mg_it0 + 2)) * 64, mg_mbar + ((2) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 14336)) + 16384, &g1_p3, bx * 224 + 128, ((mg_it0 + 2)) * 64, mg_mbar + ((2) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 14336)) + 20480, &g1_p3, bx * 224 + 160, ((mg_it0 + 2)) * 64, mg_mbar + ((2) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 14336)) + 24576, &g1_p3, bx * 224 + 192, ((mg_it0 + 2)) * 64, mg_mbar + ((2) % 6));
+    }
+    if (threadIdx.x == 0) {
+      mg_mbar_arrive_expect(mg_mbar + ((3) % 6), 28672u);
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 14336)), &g1_p3, bx * 224, ((mg_it0 + 3)) * 64, mg_mbar + ((3) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 14336)) + 4096, &g1_p3, bx * 224 + 32, ((mg_it0 + 3)) * 64, mg_mbar + ((3) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 14336)) + 8192, &g1_p3, bx * 224 + 64, ((mg_it0 + 3)) * 64, mg_mbar + ((3) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 14336)) + 12288, &g1_p3, bx * 224 + 96, ((mg_it0 + 3)) * 64, mg_mbar + ((3) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 14336)) + 16384, &g1_p3, bx * 224 + 128, ((mg_it0 + 3)) * 64, mg_mbar + ((3) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 14336)) + 20480, &g1_p3, bx * 224 + 160, ((mg_it0 + 3)) * 64, mg_mbar + ((3) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 14336)) + 24576, &g1_p3, bx * 224 + 192, ((mg_it0 + 3)) * 64, mg_mbar + ((3) % 6));
+    }
+    if (threadIdx.x == 0) {
+      mg_mbar_arrive_expect(mg_mbar + ((4) % 6), 28672u);
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 14336)), &g1_p3, bx * 224, ((mg_it0 + 4)) * 64, mg_mbar + ((4) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 14336)) + 4096, &g1_p3, bx * 224 + 32, ((mg_it0 + 4)) * 64, mg_mbar + ((4) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 14336)) + 8192, &g1_p3, bx * 224 + 64, ((mg_it0 + 4)) * 64, mg_mbar + ((4) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 14336)) + 12288, &g1_p3, bx * 224 + 96, ((mg_it0 + 4)) * 64, mg_mbar + ((4) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 14336)) + 16384, &g1_p3, bx * 224 + 128, ((mg_it0 + 4)) * 64, mg_mbar + ((4) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 14336)) + 20480, &g1_p3, bx * 224 + 160, ((mg_it0 + 4)) * 64, mg_mbar + ((4) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 14336)) + 24576, &g1_p3, bx * 224 + 192, ((mg_it0 + 4)) * 64, mg_mbar + ((4) % 6));
+    }
+    mg_grid_wait();
+    mg_grid_release();
+    for (int c1 = threadIdx.x; c1 < 8; c1 += 128) {
+      const int s2_1 = c1;
+      mg_cp_async16((sm_a_0 + ((0) % 6) * 72) + ((s2_1 * 8)), g1_p0 + ((base_a + (mg_it0 + 0) * 64)) + ((s2_1 * 8)));
     }
     mg_cp_async_commit();
-    const auto* sm_a = (sm_a_0 + ((it) % 6) * 72);
-    const auto* sm_b = (sm_b_0 + ((it) % 6) * 14336);
+    for (int c3 = threadIdx.x; c3 < 8; c3 += 128) {
+      const int s4_1 = c3;
+      mg_cp_async16((sm_a_0 + ((1) % 6) * 72) + ((s4_1 * 8)), g1_p0 + ((base_a + (mg_it0 + 1) * 64)) + ((s4_1 * 8)));
+    }
+    mg_cp_async_commit();
+    for (int c5 = threadIdx.x; c5 < 8; c5 += 128) {
+      const int s6_1 = c5;
+      mg_cp_async16((sm_a_0 + ((2) % 6) * 72) + ((s6_1 * 8)), g1_p0 + ((base_a + (mg_it0 + 2) * 64)) + ((s6_1 * 8)));
+    }
+    mg_cp_async_commit();
+    for (int c7 = threadIdx.x; c7 < 8; c7 += 128) {
+      const int s8_1 = c7;
+      mg_cp_async16((sm_a_0 + ((3) % 6) * 72) + ((s8_1 * 8)), g1_p0 + ((base_a + (mg_it0 + 3) * 64)) + ((s8_1 * 8)));
+    }
+    mg_cp_async_commit();
+    for (int c9 = threadIdx.x; c9 < 8; c9 += 128) {
+      const int s10_1 = c9;
+      mg_cp_async16((sm_a_0 + ((4) % 6) * 72) + ((s10_1 * 8)), g1_p0 + ((base_a + (mg_it0 + 4) * 64)) + ((s10_1 * 8)));
+    }
+    mg_cp_async_commit();
+    float acc_s[7][4];
+    #pragma unroll
+    for (int j = 0; j < 7; ++j) acc_s[j][0] = acc_s[j][1] = acc_s[j][2] = acc_s[j][3] = 0.0f;
+    for (int it = 0; it < 32; ++it) {
+      const int off_a = base_a + (mg_it0 + it) * 64;
+      mg_cp_async_wait<4>();
+      mg_mbar_wait(mg_mbar + (it % 6), (it / 6) & 1);
+      __syncthreads();
+      if (it + 5 < 32) {
+        for (int c11 = threadIdx.x; c11 < 8; c11 += 128) {
+          const int s12_1 = c11;
+          mg_cp_async16((sm_a_0 + (((it + 5)) % 6) * 72) + ((s12_1 * 8)), g1_p0 + ((off_a + 320)) + ((s12_1 * 8)));
+        }
+        if (threadIdx.x == 0) {
+          mg_mbar_arrive_expect(mg_mbar + ((it + 5) % 6), 28672u);
+          mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 14336)), &g1_p3, bx * 224, ((mg_it0 + it + 5)) * 64, mg_mbar + ((it + 5) % 6));
+          mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 14336)) + 4096, &g1_p3, bx * 224 + 32, ((mg_it0 + it + 5)) * 64, mg_mbar + ((it + 5) % 6));
+          mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 14336)) + 8192, &g1_p3, bx * 224 + 64, ((mg_it0 + it + 5)) * 64, mg_mbar + ((it + 5) % 6));
+          mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 14336)) + 12288, &g1_p3, bx * 224 + 96, ((mg_it0 + it + 5)) * 64, mg_mbar + ((it + 5) % 6));
+          mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 14336)) + 16384, &g1_p3, bx * 224 + 128, ((mg_it0 + it + 5)) * 64, mg_mbar + ((it + 5) % 6));
+          mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 14336)) + 20480, &g1_p3, bx * 224 + 160, ((mg_it0 + it + 5)) * 64, mg_mbar + ((it + 5) % 6));
+          mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 14336)) + 24576, &g1_p3, bx * 224 + 192, ((mg_it0 + it + 5)) * 64, mg_mbar + ((it + 5) % 6));
+        }
+      }
+      mg_cp_async_commit();
+      const auto* sm_a = (sm_a_0 + ((it) % 6) * 72);
+      const auto* sm_b = (sm_b_0 + ((it) % 6) * 14336);
+      {
+        const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
+        const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
+        (void)mg_g; (void)mg_t;
+        const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
+        (void)mg_ks;
+      #pragma unroll
+      for (int s = 0; s < 4; ++s) {
+        const int kk = (mg_ks + s * 1) * 16;
+        const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
+        (void)k0; (void)k1;
+        unsigned ra0, ra1, ra2, ra3;
+        const int mg_mi = 0, r0 = mg_g, r1 = r0 + 8;
+        (void)r0; (void)r1;
+        mg_ldsm_x4(ra0, ra1, ra2, ra3, ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) < 1 ? (const void*)(sm_a + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) * 72 + (kk + (mg_lane >> 4) * 8))) : (const void*)mg_zero));
+        #pragma unroll
+        for (int j = 0; j < 7; ++j) {
+          const int q = mg_grp + 4 * j;
+          const int mg_nb = q / 28;
+          const int mg_ni = q % 28;
+          const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
+          (void)mg_nb; (void)c0; (void)n0;
+          unsigned rb0, rb1;
+          mg_ldsm_x2_t(rb0, rb1, (reinterpret_cast<const unsigned char*>(sm_b) + ((((mg_ni * 8)) * 2) / 64) * 4096 + (((((kk + (mg_lane & 15)))) * 64 + (((mg_ni * 8)) * 2) % 64) ^ (((((((kk + (mg_lane & 15)))) * 64 + (((mg_ni * 8)) * 2) % 64) >> 7) & 3) << 4))));
+          mg_mma_bf16(acc_s[j], ra0, ra1, ra2, ra3, rb0, rb1);
+        }
+      }
+      }
+    }
+    __syncthreads();
     {
       const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
       const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
       (void)mg_g; (void)mg_t;
       const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
       (void)mg_ks;
-    #pragma unroll
-    for (int s = 0; s < 4; ++s) {
-      const int kk = (mg_ks + s * 1) * 16;
-      const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
-      (void)k0; (void)k1;
-      unsigned ra0, ra1, ra2, ra3;
-      const int mg_mi = 0, r0 = mg_g, r1 = r0 + 8;
-      (void)r0; (void)r1;
-      mg_ldsm_x4(ra0, ra1, ra2, ra3, ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) < 1 ? (const void*)(sm_a + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) * 72 + (kk + (mg_lane >> 4) * 8))) : (const void*)mg_zero));
       #pragma unroll
       for (int j = 0; j < 7; ++j) {
         const int q = mg_grp + 4 * j;
-        const int mg_nb = q / 28;
-        const int mg_ni = q % 28;
-        const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
-        (void)mg_nb; (void)c0; (void)n0;
-        unsigned rb0, rb1;
-        mg_ldsm_x2_t(rb0, rb1, (reinterpret_cast<const unsigned char*>(sm_b) + ((((mg_ni * 8)) * 2) / 64) * 4096 + (((((kk + (mg_lane & 15)))) * 64 + (((mg_ni * 8)) * 2) % 64) ^ (((((((kk + (mg_lane & 15)))) * 64 + (((mg_ni * 8)) * 2) % 64) >> 7) & 3) << 4))));
-        mg_mma_bf16(acc_s[j], ra0, ra1, ra2, ra3, rb0, rb1);
-      }
-    }
-    }
-  }
-  __syncthreads();
-  {
-    const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
-    const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
-    (void)mg_g; (void)mg_t;
-    const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
-    (void)mg_ks;
-    #pragma unroll
-    for (int j = 0; j < 7; ++j) {
-      const int q = mg_grp + 4 * j;
-      if (q < 28) {
-        const int mg_nb = q / 28;
-        const int mg_mi = (q / 28) % 1;
-        const int mg_ni = q % 28;
-        const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
-        const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
-        (void)mg_nb; (void)r1; (void)c0; (void)n0;
-        if (r0 < 1) buf_s[r0 * 224 + c0] = acc_s[j][0];
-        if (r0 < 1) buf_s[r0 * 224 + (c0 + 1)] = acc_s[j][1];
-        if (r1 < 1) buf_s[r1 * 224 + c0] = acc_s[j][2];
-        if (r1 < 1) buf_s[r1 * 224 + (c0 + 1)] = acc_s[j][3];
-      }
-    }
-  }
-  __syncthreads();
-  mg_cluster_sync();
-  for (int e0 = threadIdx.x; e0 < 56; e0 += 512) {
-    float4 mg_p[4][2];
-    #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int e = e0 + j * 128;
-      if (e < 56) {
-        #pragma unroll
-        for (unsigned r = 0; r < 2; ++r) mg_p[j][r] = mg_dsmem_ld4(buf_s + 4 * e, r);
-      }
-    }
-    #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int e = e0 + j * 128;
-      if (e < 56) {
-        float4 v = mg_p[j][0];
-        #pragma unroll
-        for (unsigned r = 1; r < 2; ++r) {
-          v.x += mg_p[j][r].x;
-          v.y += mg_p[j][r].y;
-          v.z += mg_p[j][r].z;
-          v.w += mg_p[j][r].w;
+        if (q < 28) {
+          const int mg_nb = q / 28;
+          const int mg_mi = (q / 28) % 1;
+          const int mg_ni = q % 28;
+          const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
+          const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
+          (void)mg_nb; (void)r1; (void)c0; (void)n0;
+          if (r0 < 1) buf_s[r0 * 224 + c0] = acc_s[j][0];
+          if (r0 < 1) buf_s[r0 * 224 + (c0 + 1)] = acc_s[j][1];
+          if (r1 < 1) buf_s[r1 * 224 + c0] = acc_s[j][2];
+          if (r1 < 1) buf_s[r1 * 224 + (c0 + 1)] = acc_s[j][3];
         }
-        reinterpret_cast<float4*>(reinterpret_cast<float*>(mg_smem + 0))[e] = v;
       }
     }
+    __syncthreads();
+    mg_cluster_sync();
+    for (int e0 = threadIdx.x; e0 < 56; e0 += 512) {
+      float4 mg_p[4][2];
+      #pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int e = e0 + j * 128;
+        if (e < 56) {
+          #pragma unroll
+          for (unsigned r = 0; r < 2; ++r) mg_p[j][r] = mg_dsmem_ld4(buf_s + 4 * e, r);
+        }
+      }
+      #pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int e = e0 + j * 128;
+        if (e < 56) {
+          float4 v = mg_p[j][0];
+          #pragma unroll
+          for (unsigned r = 1; r < 2; ++r) {
+            v.x += mg_p[j][r].x;
+            v.y += mg_p[j][r].y;
+            v.z += mg_p[j][r].z;
+            v.w += mg_p[j][r].w;
+          }
+          reinterpret_cast<float4*>(reinterpret_cast<float*>(mg_smem + 0))[e] = v;
+        }
+      }
+    }
+    mg_cluster_arrive();
+    __syncthreads();
+    buf_s = reinterpret_cast<float*>(mg_smem + 0);
+    for (int e13 = (int)mg_rank * 128 + (int)threadIdx.x; e13 < 28; e13 += 256) {
+      const int i14_1 = e13;
+      mg_st8(g1_p2 + (bx * 224 + (i14_1 * 8)), buf_s[((i14_1 * 8) + 0)], buf_s[((i14_1 * 8) + 1)], buf_s[((i14_1 * 8) + 2)], buf_s[((i14_1 * 8) + 3)], buf_s[((i14_1 * 8) + 4)], buf_s[((i14_1 * 8) + 5)], buf_s[((i14_1 * 8) + 6)], buf_s[((i14_1 * 8) + 7)]);
+    }
+    mg_cluster_wait();
   }
-  mg_cluster_arrive();
-  __syncthreads();
-  buf_s = reinterpret_cast<float*>(mg_smem + 0);
-  for (int e13 = (int)mg_rank * 128 + (int)threadIdx.x; e13 < 28; e13 += 256) {
-    const int i14_1 = e13;
-    mg_st8(p2 + (bx * 224 + (i14_1 * 8)), buf_s[((i14_1 * 8) + 0)], buf_s[((i14_1 * 8) + 1)], buf_s[((i14_1 * 8) + 2)], buf_s[((i14_1 * 8) + 3)], buf_s[((i14_1 * 8) + 4)], buf_s[((i14_1 * 8) + 5)], buf_s[((i14_1 * 8) + 6)], buf_s[((i14_1 * 8) + 7)]);
-  }
-  mg_cluster_wait();
 }
 
 // silu: 8 consecutive output elements per thread, one 16-byte store
@@ -1177,9 +1181,6 @@ static cudaError_t mg_prepare_mirage_llama3_mlp_b1_bf16_b1x4096_b4096x14336_b409
   mg_err = cudaFuncSetAttribute((const void*)mg_k0_mirage_llama3_mlp_b1_bf16_b1x4096_b4096x14336_b4096x14336_b14336x4096_to_b1x4096,
                                 cudaFuncAttributeMaxDynamicSharedMemorySize, 174880);
   if (mg_err != cudaSuccess) return mg_err;
-  mg_err = cudaFuncSetAttribute((const void*)mg_k1_mirage_llama3_mlp_b1_bf16_b1x4096_b4096x14336_b4096x14336_b14336x4096_to_b1x4096,
-                                cudaFuncAttributeMaxDynamicSharedMemorySize, 174880);
-  if (mg_err != cudaSuccess) return mg_err;
   mg_err = cudaFuncSetAttribute((const void*)mg_k4_mirage_llama3_mlp_b1_bf16_b1x4096_b4096x14336_b4096x14336_b14336x4096_to_b1x4096,
                                 cudaFuncAttributeMaxDynamicSharedMemorySize, 201120);
   if (mg_err != cudaSuccess) return mg_err;
@@ -1216,39 +1217,27 @@ extern "C" cudaError_t mirage_llama3_mlp_b1_bf16_b1x4096_b4096x14336_b4096x14336
                                 mg_dims, mg_strides, mg_box, CU_TENSOR_MAP_SWIZZLE_64B);
       if (mg_err != cudaSuccess) return mg_err;
     }
-    void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2, &mg_a3};
+    const mg_bf16* mg_a4 = (const mg_bf16*)(mg_in0_X);
+    const mg_bf16* mg_a5 = (const mg_bf16*)(mg_in2_W3);
+    mg_bf16* mg_a6 = (mg_bf16*)(mg_ws + 28672);
+    mg_tmap mg_a7;
+    {
+      const cuuint64_t mg_dims[] = {14336, 4096};
+      const cuuint64_t mg_strides[] = {28672};
+      const cuuint32_t mg_box[] = {32, 64};
+      mg_err = mg_encode_tmap_mirage_llama3_mlp_b1_bf16_b1x4096_b4096x14336_b4096x14336_b14336x4096_to_b1x4096(&mg_a7, mg_in2_W3, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2,
+                                mg_dims, mg_strides, mg_box, CU_TENSOR_MAP_SWIZZLE_64B);
+      if (mg_err != cudaSuccess) return mg_err;
+    }
+    void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2, &mg_a3, &mg_a4, &mg_a5, &mg_a6, &mg_a7};
     cudaLaunchConfig_t mg_cfg = {};
-    mg_cfg.gridDim = dim3(64, 1, 2);
+    mg_cfg.gridDim = dim3(128, 1, 2);
     mg_cfg.blockDim = dim3(128);
     mg_cfg.dynamicSmemBytes = 174880;
     mg_cfg.stream = mg_stream;
     mg_cfg.attrs = mg_pdl;
     mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
     mg_err = cudaLaunchKernelExC(&mg_cfg, (const void*)mg_k0_mirage_llama3_mlp_b1_bf16_b1x4096_b4096x14336_b4096x14336_b14336x4096_to_b1x4096, mg_args);
-  }
-  if (mg_err != cudaSuccess) return mg_err;
-  {
-    const mg_bf16* mg_a0 = (const mg_bf16*)(mg_in0_X);
-    const mg_bf16* mg_a1 = (const mg_bf16*)(mg_in2_W3);
-    mg_bf16* mg_a2 = (mg_bf16*)(mg_ws + 28672);
-    mg_tmap mg_a3;
-    {
-      const cuuint64_t mg_dims[] = {14336, 4096};
-      const cuuint64_t mg_strides[] = {28672};
-      const cuuint32_t mg_box[] = {32, 64};
-      mg_err = mg_encode_tmap_mirage_llama3_mlp_b1_bf16_b1x4096_b4096x14336_b4096x14336_b14336x4096_to_b1x4096(&mg_a3, mg_in2_W3, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2,
-                                mg_dims, mg_strides, mg_box, CU_TENSOR_MAP_SWIZZLE_64B);
-      if (mg_err != cudaSuccess) return mg_err;
-    }
-    void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2, &mg_a3};
-    cudaLaunchConfig_t mg_cfg = {};
-    mg_cfg.gridDim = dim3(64, 1, 2);
-    mg_cfg.blockDim = dim3(128);
-    mg_cfg.dynamicSmemBytes = 174880;
-    mg_cfg.stream = mg_stream;
-    mg_cfg.attrs = mg_pdl;
-    mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
-    mg_err = cudaLaunchKernelExC(&mg_cfg, (const void*)mg_k1_mirage_llama3_mlp_b1_bf16_b1x4096_b4096x14336_b4096x14336_b14336x4096_to_b1x4096, mg_args);
   }
   if (mg_err != cudaSuccess) return mg_err;
   {

@@ -10,8 +10,7 @@
 // input 1 'W1': f16[4096, 14336] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
 // input 2 'W3': f16[4096, 14336] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
 // output 0 'H': f16[16, 14336]
-// kernel mg_k0_mirage_llama3_swiglu_gateup_b16_f16_h16x4096_h4096x14336_h4096x14336_to_h16x14336: grid [64, 1, 2], 128 threads, 199744 B dynamic shared memory
-// kernel mg_k1_mirage_llama3_swiglu_gateup_b16_f16_h16x4096_h4096x14336_h4096x14336_to_h16x14336: grid [64, 1, 2], 128 threads, 199744 B dynamic shared memory
+// kernel mg_k0_mirage_llama3_swiglu_gateup_b16_f16_h16x4096_h4096x14336_h4096x14336_to_h16x14336: grid [128, 1, 2], 128 threads, 199744 B dynamic shared memory
 // kernel mg_k2_mirage_llama3_swiglu_gateup_b16_f16_h16x4096_h4096x14336_h4096x14336_to_h16x14336: grid [112, 1, 1], 256 threads, 0 B dynamic shared memory
 // kernel mg_k3_mirage_llama3_swiglu_gateup_b16_f16_h16x4096_h4096x14336_h4096x14336_to_h16x14336: grid [112, 1, 1], 256 threads, 0 B dynamic shared memory
 
@@ -392,411 +391,431 @@ __device__ __forceinline__ void mg_wgmma_bf16(float (*d)[4], unsigned a0, unsign
 }
 #endif
 
-// matmul as a generated block graph: grid [64, 1, 1], forloop 64, tensor cores
+// one launch of 2 kernels: matmul as a generated block graph: grid [64, 1, 1], forloop 64, tensor cores; matmul as a generated block graph: grid [64, 1, 1], forloop 64, tensor cores
 extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(128, 1) mg_k0_mirage_llama3_swiglu_gateup_b16_f16_h16x4096_h4096x14336_h4096x14336_to_h16x14336(
-    const mg_f16* __restrict__ p0,
-    const mg_f16* __restrict__ p1,
-    mg_f16* __restrict__ p2,
-    const __grid_constant__ mg_tmap p3,
-    const __grid_constant__ mg_tmap p4) {
-  const int bx = blockIdx.x, by = blockIdx.y, bz = 0;
-  (void)bx; (void)by; (void)bz;
-  const unsigned mg_rank = blockIdx.z;
-  const int mg_it0 = (int)mg_rank * 32;
-  extern __shared__ __align__(16) unsigned char mg_smem_raw[];
-  unsigned char* mg_smem = mg_smem_raw + ((1024u - (mg_smem_addr(mg_smem_raw) & 1023u)) & 1023u);
-  const int base_a = 0;
-  const int base_b = bx * 224;
-  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 198704);
-  if (threadIdx.x < 4) mg_zero[threadIdx.x] = 0u;
-  unsigned long long* mg_mbar = reinterpret_cast<unsigned long long*>(mg_smem + 198656);
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < 6; ++s) mg_mbar_init(mg_mbar + s);
-    mg_mbar_fence_init();
-  }
-  __syncthreads();
-  mg_f16* sm_a_0 = reinterpret_cast<mg_f16*>(mg_smem + 0);
-  mg_f16* sm_b_0 = reinterpret_cast<mg_f16*>(mg_smem + 12288);
-  float* buf_s = reinterpret_cast<float*>(mg_smem + 184320);
-  if (threadIdx.x == 0) {
-    mg_mbar_expect(mg_mbar + ((0) % 6), 28672u);
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 14336)), &p4, bx * 224, ((mg_it0 + 0)) * 64, mg_mbar + ((0) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 14336)) + 4096, &p4, bx * 224 + 32, ((mg_it0 + 0)) * 64, mg_mbar + ((0) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 14336)) + 8192, &p4, bx * 224 + 64, ((mg_it0 + 0)) * 64, mg_mbar + ((0) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 14336)) + 12288, &p4, bx * 224 + 96, ((mg_it0 + 0)) * 64, mg_mbar + ((0) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 14336)) + 16384, &p4, bx * 224 + 128, ((mg_it0 + 0)) * 64, mg_mbar + ((0) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 14336)) + 20480, &p4, bx * 224 + 160, ((mg_it0 + 0)) * 64, mg_mbar + ((0) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 14336)) + 24576, &p4, bx * 224 + 192, ((mg_it0 + 0)) * 64, mg_mbar + ((0) % 6));
-  }
-  if (threadIdx.x == 0) {
-    mg_mbar_expect(mg_mbar + ((1) % 6), 28672u);
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 14336)), &p4, bx * 224, ((mg_it0 + 1)) * 64, mg_mbar + ((1) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 14336)) + 4096, &p4, bx * 224 + 32, ((mg_it0 + 1)) * 64, mg_mbar + ((1) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 14336)) + 8192, &p4, bx * 224 + 64, ((mg_it0 + 1)) * 64, mg_mbar + ((1) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 14336)) + 12288, &p4, bx * 224 + 96, ((mg_it0 + 1)) * 64, mg_mbar + ((1) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 14336)) + 16384, &p4, bx * 224 + 128, ((mg_it0 + 1)) * 64, mg_mbar + ((1) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 14336)) + 20480, &p4, bx * 224 + 160, ((mg_it0 + 1)) * 64, mg_mbar + ((1) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 14336)) + 24576, &p4, bx * 224 + 192, ((mg_it0 + 1)) * 64, mg_mbar + ((1) % 6));
-  }
-  if (threadIdx.x == 0) {
-    mg_mbar_expect(mg_mbar + ((2) % 6), 28672u);
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 14336)), &p4, bx * 224, ((mg_it0 + 2)) * 64, mg_mbar + ((2) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 14336)) + 4096, &p4, bx * 224 + 32, ((mg_it0 + 2)) * 64, mg_mbar + ((2) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 14336)) + 8192, &p4, bx * 224 + 64, ((mg_it0 + 2)) * 64, mg_mbar + ((2) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 14336)) + 12288, &p4, bx * 224 + 96, ((mg_it0 + 2)) * 64, mg_mbar + ((2) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 14336)) + 16384, &p4, bx * 224 + 128, ((mg_it0 + 2)) * 64, mg_mbar + ((2) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 14336)) + 20480, &p4, bx * 224 + 160, ((mg_it0 + 2)) * 64, mg_mbar + ((2) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 14336)) + 24576, &p4, bx * 224 + 192, ((mg_it0 + 2)) * 64, mg_mbar + ((2) % 6));
-  }
-  if (threadIdx.x == 0) {
-    mg_mbar_expect(mg_mbar + ((3) % 6), 28672u);
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 14336)), &p4, bx * 224, ((mg_it0 + 3)) * 64, mg_mbar + ((3) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 14336)) + 4096, &p4, bx * 224 + 32, ((mg_it0 + 3)) * 64, mg_mbar + ((3) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 14336)) + 8192, &p4, bx * 224 + 64, ((mg_it0 + 3)) * 64, mg_mbar + ((3) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 14336)) + 12288, &p4, bx * 224 + 96, ((mg_it0 + 3)) * 64, mg_mbar + ((3) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 14336)) + 16384, &p4, bx * 224 + 128, ((mg_it0 + 3)) * 64, mg_mbar + ((3) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 14336)) + 20480, &p4, bx * 224 + 160, ((mg_it0 + 3)) * 64, mg_mbar + ((3) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 14336)) + 24576, &p4, bx * 224 + 192, ((mg_it0 + 3)) * 64, mg_mbar + ((3) % 6));
-  }
-  if (threadIdx.x == 0) {
-    mg_mbar_expect(mg_mbar + ((4) % 6), 28672u);
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 14336)), &p4, bx * 224, ((mg_it0 + 4)) * 64, mg_mbar + ((4) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 14336)) + 4096, &p4, bx * 224 + 32, ((mg_it0 + 4)) * 64, mg_mbar + ((4) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 14336)) + 8192, &p4, bx * 224 + 64, ((mg_it0 + 4)) * 64, mg_mbar + ((4) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 14336)) + 12288, &p4, bx * 224 + 96, ((mg_it0 + 4)) * 64, mg_mbar + ((4) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 14336)) + 16384, &p4, bx * 224 + 128, ((mg_it0 + 4)) * 64, mg_mbar + ((4) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 14336)) + 20480, &p4, bx * 224 + 160, ((mg_it0 + 4)) * 64, mg_mbar + ((4) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 14336)) + 24576, &p4, bx * 224 + 192, ((mg_it0 + 4)) * 64, mg_mbar + ((4) % 6));
-  }
-  mg_grid_wait();
-  mg_grid_release();
-  if (threadIdx.x == 0) {
-    mg_mbar_arrive_expect(mg_mbar + ((0) % 6), 2048u);
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((0) % 6) * 1024)), &p3, ((mg_it0 + 0)) * 64, 0, mg_mbar + ((0) % 6));
-  }
-  if (threadIdx.x == 0) {
-    mg_mbar_arrive_expect(mg_mbar + ((1) % 6), 2048u);
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((1) % 6) * 1024)), &p3, ((mg_it0 + 1)) * 64, 0, mg_mbar + ((1) % 6));
-  }
-  if (threadIdx.x == 0) {
-    mg_mbar_arrive_expect(mg_mbar + ((2) % 6), 2048u);
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((2) % 6) * 1024)), &p3, ((mg_it0 + 2)) * 64, 0, mg_mbar + ((2) % 6));
-  }
-  if (threadIdx.x == 0) {
-    mg_mbar_arrive_expect(mg_mbar + ((3) % 6), 2048u);
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((3) % 6) * 1024)), &p3, ((mg_it0 + 3)) * 64, 0, mg_mbar + ((3) % 6));
-  }
-  if (threadIdx.x == 0) {
-    mg_mbar_arrive_expect(mg_mbar + ((4) % 6), 2048u);
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((4) % 6) * 1024)), &p3, ((mg_it0 + 4)) * 64, 0, mg_mbar + ((4) % 6));
-  }
-  float acc_s[7][4];
-  #pragma unroll
-  for (int j = 0; j < 7; ++j) acc_s[j][0] = acc_s[j][1] = acc_s[j][2] = acc_s[j][3] = 0.0f;
-  for (int it = 0; it < 32; ++it) {
-    mg_mbar_wait(mg_mbar + (it % 6), (it / 6) & 1);
+    const mg_f16* __restrict__ g0_p0,
+    const mg_f16* __restrict__ g0_p1,
+    mg_f16* __restrict__ g0_p2,
+    const __grid_constant__ mg_tmap g0_p3,
+    const __grid_constant__ mg_tmap g0_p4,
+    const mg_f16* __restrict__ g1_p0,
+    const mg_f16* __restrict__ g1_p1,
+    mg_f16* __restrict__ g1_p2,
+    const __grid_constant__ mg_tmap g1_p3,
+    const __grid_constant__ mg_tmap g1_p4) {
+  if (blockIdx.x < 64u) {
+    const unsigned mg_bx = (blockIdx.x - 0u) % 64u;
+    const unsigned mg_by = (blockIdx.x - 0u) / 64u;
+    (void)mg_bx; (void)mg_by;
+    const int bx = mg_bx, by = mg_by, bz = 0;
+    (void)bx; (void)by; (void)bz;
+    const unsigned mg_rank = blockIdx.z;
+    const int mg_it0 = (int)mg_rank * 32;
+    extern __shared__ __align__(16) unsigned char mg_smem_raw[];
+    unsigned char* mg_smem = mg_smem_raw + ((1024u - (mg_smem_addr(mg_smem_raw) & 1023u)) & 1023u);
+    const int base_a = 0;
+    const int base_b = bx * 224;
+    unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 198704);
+    if (threadIdx.x < 4) mg_zero[threadIdx.x] = 0u;
+    unsigned long long* mg_mbar = reinterpret_cast<unsigned long long*>(mg_smem + 198656);
+    if (threadIdx.x == 0) {
+      for (int s = 0; s < 6; ++s) mg_mbar_init(mg_mbar + s);
+      mg_mbar_fence_init();
+    }
     __syncthreads();
-    if (it + 5 < 32) {
-      if (threadIdx.x == 0) {
-        mg_mbar_arrive_expect(mg_mbar + ((it + 5) % 6), 30720u);
-        mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((it + 5) % 6) * 1024)), &p3, ((mg_it0 + it + 5)) * 64, 0, mg_mbar + ((it + 5) % 6));
-        mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 14336)), &p4, bx * 224, ((mg_it0 + it + 5)) * 64, mg_mbar + ((it + 5) % 6));
-        mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 14336)) + 4096, &p4, bx * 224 + 32, ((mg_it0 + it + 5)) * 64, mg_mbar + ((it + 5) % 6));
-        mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 14336)) + 8192, &p4, bx * 224 + 64, ((mg_it0 + it + 5)) * 64, mg_mbar + ((it + 5) % 6));
-        mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 14336)) + 12288, &p4, bx * 224 + 96, ((mg_it0 + it + 5)) * 64, mg_mbar + ((it + 5) % 6));
-        mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 14336)) + 16384, &p4, bx * 224 + 128, ((mg_it0 + it + 5)) * 64, mg_mbar + ((it + 5) % 6));
-        mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 14336)) + 20480, &p4, bx * 224 + 160, ((mg_it0 + it + 5)) * 64, mg_mbar + ((it + 5) % 6));
-        mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 14336)) + 24576, &p4, bx * 224 + 192, ((mg_it0 + it + 5)) * 64, mg_mbar + ((it + 5) % 6));
+    mg_f16* sm_a_0 = reinterpret_cast<mg_f16*>(mg_smem + 0);
+    mg_f16* sm_b_0 = reinterpret_cast<mg_f16*>(mg_smem + 12288);
+    float* buf_s = reinterpret_cast<float*>(mg_smem + 184320);
+    if (threadIdx.x == 0) {
+      mg_mbar_expect(mg_mbar + ((0) % 6), 28672u);
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 14336)), &g0_p4, bx * 224, ((mg_it0 + 0)) * 64, mg_mbar + ((0) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 14336)) + 4096, &g0_p4, bx * 224 + 32, ((mg_it0 + 0)) * 64, mg_mbar + ((0) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 14336)) + 8192, &g0_p4, bx * 224 + 64, ((mg_it0 + 0)) * 64, mg_mbar + ((0) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 14336)) + 12288, &g0_p4, bx * 224 + 96, ((mg_it0 + 0)) * 64, mg_mbar + ((0) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 14336)) + 16384, &g0_p4, bx * 224 + 128, ((mg_it0 + 0)) * 64, mg_mbar + ((0) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 14336)) + 20480, &g0_p4, bx * 224 + 160, ((mg_it0 + 0)) * 64, mg_mbar + ((0) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 14336)) + 24576, &g0_p4, bx * 224 + 192, ((mg_it0 + 0)) * 64, mg_mbar + ((0) % 6));
+    }
+    if (threadIdx.x == 0) {
+      mg_mbar_expect(mg_mbar + ((1) % 6), 28672u);
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 14336)), &g0_p4, bx * 224, ((mg_it0 + 1)) * 64, mg_mbar + ((1) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 14336)) + 4096, &g0_p4, bx * 224 + 32, ((mg_it0 + 1)) * 64, mg_mbar + ((1) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 14336)) + 8192, &g0_p4, bx * 224 + 64, ((mg_it0 + 1)) * 64, mg_mbar + ((1) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 14336)) + 12288, &g0_p4, bx * 224 + 96, ((mg_it0 + 1)) * 64, mg_mbar + ((1) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 14336)) + 16384, &g0_p4, bx * 224 + 128, ((mg_it0 + 1)) * 64, mg_mbar + ((1) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 14336)) + 20480, &g0_p4, bx * 224 + 160, ((mg_it0 + 1)) * 64, mg_mbar + ((1) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 14336)) + 24576, &g0_p4, bx * 224 + 192, ((mg_it0 + 1)) * 64, mg_mbar + ((1) % 6));
+    }
+    if (threadIdx.x == 0) {
+      mg_mbar_expect(mg_mbar + ((2) % 6), 28672u);
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 14336)), &g0_p4, bx * 224, ((mg_it0 + 2)) * 64, mg_mbar + ((2) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 14336)) + 4096, &g0_p4, bx * 224 + 32, ((mg_it0 + 2)) * 64, mg_mbar + ((2) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 14336)) + 8192, &g0_p4, bx * 224 + 64, ((mg_it0 + 2)) * 64, mg_mbar + ((2) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 14336)) + 12288, &g0_p4, bx * 224 + 96, ((mg_it0 + 2)) * 64, mg_mbar + ((2) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 14336)) + 16384, &g0_p4, bx * 224 + 128, ((mg_it0 + 2)) * 64, mg_mbar + ((2) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 14336)) + 20480, &g0_p4, bx * 224 + 160, ((mg_it0 + 2)) * 64, mg_mbar + ((2) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 14336)) + 24576, &g0_p4, bx * 224 + 192, ((mg_it0 + 2)) * 64, mg_mbar + ((2) % 6));
+    }
+    if (threadIdx.x == 0) {
+      mg_mbar_expect(mg_mbar + ((3) % 6), 28672u);
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 14336)), &g0_p4, bx * 224, ((mg_it0 + 3)) * 64, mg_mbar + ((3) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 14336)) + 4096, &g0_p4, bx * 224 + 32, ((mg_it0 + 3)) * 64, mg_mbar + ((3) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 14336)) + 8192, &g0_p4, bx * 224 + 64, ((mg_it0 + 3)) * 64, mg_mbar + ((3) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 14336)) + 12288, &g0_p4, bx * 224 + 96, ((mg_it0 + 3)) * 64, mg_mbar + ((3) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 14336)) + 16384, &g0_p4, bx * 224 + 128, ((mg_it0 + 3)) * 64, mg_mbar + ((3) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 14336)) + 20480, &g0_p4, bx * 224 + 160, ((mg_it0 + 3)) * 64, mg_mbar + ((3) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 14336)) + 24576, &g0_p4, bx * 224 + 192, ((mg_it0 + 3)) * 64, mg_mbar + ((3) % 6));
+    }
+    if (threadIdx.x == 0) {
+      mg_mbar_expect(mg_mbar + ((4) % 6), 28672u);
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 14336)), &g0_p4, bx * 224, ((mg_it0 + 4)) * 64, mg_mbar + ((4) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 14336)) + 4096, &g0_p4, bx * 224 + 32, ((mg_it0 + 4)) * 64, mg_mbar + ((4) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 14336)) + 8192, &g0_p4, bx * 224 + 64, ((mg_it0 + 4)) * 64, mg_mbar + ((4) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 14336)) + 12288, &g0_p4, bx * 224 + 96, ((mg_it0 + 4)) * 64, mg_mbar + ((4) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 14336)) + 16384, &g0_p4, bx * 224 + 128, ((mg_it0 + 4)) * 64, mg_mbar + ((4) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 14336)) + 20480, &g0_p4, bx * 224 + 160, ((mg_it0 + 4)) * 64, mg_mbar + ((4) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 14336)) + 24576, &g0_p4, bx * 224 + 192, ((mg_it0 + 4)) * 64, mg_mbar + ((4) % 6));
+    }
+    mg_grid_wait();
+    mg_grid_release();
+    if (threadIdx.x == 0) {
+      mg_mbar_arrive_expect(mg_mbar + ((0) % 6), 2048u);
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((0) % 6) * 1024)), &g0_p3, ((mg_it0 + 0)) * 64, 0, mg_mbar + ((0) % 6));
+    }
+    if (threadIdx.x == 0) {
+      mg_mbar_arrive_expect(mg_mbar + ((1) % 6), 2048u);
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((1) % 6) * 1024)), &g0_p3, ((mg_it0 + 1)) * 64, 0, mg_mbar + ((1) % 6));
+    }
+    if (threadIdx.x == 0) {
+      mg_mbar_arrive_expect(mg_mbar + ((2) % 6), 2048u);
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((2) % 6) * 1024)), &g0_p3, ((mg_it0 + 2)) * 64, 0, mg_mbar + ((2) % 6));
+    }
+    if (threadIdx.x == 0) {
+      mg_mbar_arrive_expect(mg_mbar + ((3) % 6), 2048u);
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((3) % 6) * 1024)), &g0_p3, ((mg_it0 + 3)) * 64, 0, mg_mbar + ((3) % 6));
+    }
+    if (threadIdx.x == 0) {
+      mg_mbar_arrive_expect(mg_mbar + ((4) % 6), 2048u);
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((4) % 6) * 1024)), &g0_p3, ((mg_it0 + 4)) * 64, 0, mg_mbar + ((4) % 6));
+    }
+    float acc_s[7][4];
+    #pragma unroll
+    for (int j = 0; j < 7; ++j) acc_s[j][0] = acc_s[j][1] = acc_s[j][2] = acc_s[j][3] = 0.0f;
+    for (int it = 0; it < 32; ++it) {
+      mg_mbar_wait(mg_mbar + (it % 6), (it / 6) & 1);
+      __syncthreads();
+      if (it + 5 < 32) {
+        if (threadIdx.x == 0) {
+          mg_mbar_arrive_expect(mg_mbar + ((it + 5) % 6), 30720u);
+          mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((it + 5) % 6) * 1024)), &g0_p3, ((mg_it0 + it + 5)) * 64, 0, mg_mbar + ((it + 5) % 6));
+          mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 14336)), &g0_p4, bx * 224, ((mg_it0 + it + 5)) * 64, mg_mbar + ((it + 5) % 6));
+          mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 14336)) + 4096, &g0_p4, bx * 224 + 32, ((mg_it0 + it + 5)) * 64, mg_mbar + ((it + 5) % 6));
+          mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 14336)) + 8192, &g0_p4, bx * 224 + 64, ((mg_it0 + it + 5)) * 64, mg_mbar + ((it + 5) % 6));
+          mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 14336)) + 12288, &g0_p4, bx * 224 + 96, ((mg_it0 + it + 5)) * 64, mg_mbar + ((it + 5) % 6));
+          mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 14336)) + 16384, &g0_p4, bx * 224 + 128, ((mg_it0 + it + 5)) * 64, mg_mbar + ((it + 5) % 6));
+          mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 14336)) + 20480, &g0_p4, bx * 224 + 160, ((mg_it0 + it + 5)) * 64, mg_mbar + ((it + 5) % 6));
+          mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 14336)) + 24576, &g0_p4, bx * 224 + 192, ((mg_it0 + it + 5)) * 64, mg_mbar + ((it + 5) % 6));
+        }
+      }
+      const auto* sm_a = (sm_a_0 + ((it) % 6) * 1024);
+      const auto* sm_b = (sm_b_0 + ((it) % 6) * 14336);
+      {
+        const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
+        const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
+        (void)mg_g; (void)mg_t;
+        const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
+        (void)mg_ks;
+      #pragma unroll
+      for (int s = 0; s < 4; ++s) {
+        const int kk = (mg_ks + s * 1) * 16;
+        const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
+        (void)k0; (void)k1;
+        unsigned ra0, ra1, ra2, ra3;
+        const int mg_mi = 0, r0 = mg_g, r1 = r0 + 8;
+        (void)r0; (void)r1;
+        mg_ldsm_x4(ra0, ra1, ra2, ra3, (reinterpret_cast<const unsigned char*>(sm_a) + ((((kk + (mg_lane >> 4) * 8)) * 2) / 128) * 2048 + (((((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8))) * 128 + (((kk + (mg_lane >> 4) * 8)) * 2) % 128) ^ (((((((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8))) * 128 + (((kk + (mg_lane >> 4) * 8)) * 2) % 128) >> 7) & 7) << 4))));
+        #pragma unroll
+        for (int j = 0; j < 7; ++j) {
+          const int q = mg_grp + 4 * j;
+          const int mg_nb = q / 28;
+          const int mg_ni = q % 28;
+          const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
+          (void)mg_nb; (void)c0; (void)n0;
+          unsigned rb0, rb1;
+          mg_ldsm_x2_t(rb0, rb1, (reinterpret_cast<const unsigned char*>(sm_b) + ((((mg_ni * 8)) * 2) / 64) * 4096 + (((((kk + (mg_lane & 15)))) * 64 + (((mg_ni * 8)) * 2) % 64) ^ (((((((kk + (mg_lane & 15)))) * 64 + (((mg_ni * 8)) * 2) % 64) >> 7) & 3) << 4))));
+          mg_mma_f16(acc_s[j], ra0, ra1, ra2, ra3, rb0, rb1);
+        }
+      }
       }
     }
-    const auto* sm_a = (sm_a_0 + ((it) % 6) * 1024);
-    const auto* sm_b = (sm_b_0 + ((it) % 6) * 14336);
+    __syncthreads();
     {
       const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
       const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
       (void)mg_g; (void)mg_t;
       const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
       (void)mg_ks;
-    #pragma unroll
-    for (int s = 0; s < 4; ++s) {
-      const int kk = (mg_ks + s * 1) * 16;
-      const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
-      (void)k0; (void)k1;
-      unsigned ra0, ra1, ra2, ra3;
-      const int mg_mi = 0, r0 = mg_g, r1 = r0 + 8;
-      (void)r0; (void)r1;
-      mg_ldsm_x4(ra0, ra1, ra2, ra3, (reinterpret_cast<const unsigned char*>(sm_a) + ((((kk + (mg_lane >> 4) * 8)) * 2) / 128) * 2048 + (((((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8))) * 128 + (((kk + (mg_lane >> 4) * 8)) * 2) % 128) ^ (((((((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8))) * 128 + (((kk + (mg_lane >> 4) * 8)) * 2) % 128) >> 7) & 7) << 4))));
       #pragma unroll
       for (int j = 0; j < 7; ++j) {
         const int q = mg_grp + 4 * j;
-        const int mg_nb = q / 28;
-        const int mg_ni = q % 28;
-        const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
-        (void)mg_nb; (void)c0; (void)n0;
-        unsigned rb0, rb1;
-        mg_ldsm_x2_t(rb0, rb1, (reinterpret_cast<const unsigned char*>(sm_b) + ((((mg_ni * 8)) * 2) / 64) * 4096 + (((((kk + (mg_lane & 15)))) * 64 + (((mg_ni * 8)) * 2) % 64) ^ (((((((kk + (mg_lane & 15)))) * 64 + (((mg_ni * 8)) * 2) % 64) >> 7) & 3) << 4))));
-        mg_mma_f16(acc_s[j], ra0, ra1, ra2, ra3, rb0, rb1);
-      }
-    }
-    }
-  }
-  __syncthreads();
-  {
-    const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
-    const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
-    (void)mg_g; (void)mg_t;
-    const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
-    (void)mg_ks;
-    #pragma unroll
-    for (int j = 0; j < 7; ++j) {
-      const int q = mg_grp + 4 * j;
-      if (q < 28) {
-        const int mg_nb = q / 28;
-        const int mg_mi = (q / 28) % 1;
-        const int mg_ni = q % 28;
-        const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
-        const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
-        (void)mg_nb; (void)r1; (void)c0; (void)n0;
-        buf_s[r0 * 224 + c0] = acc_s[j][0];
-        buf_s[r0 * 224 + (c0 + 1)] = acc_s[j][1];
-        buf_s[r1 * 224 + c0] = acc_s[j][2];
-        buf_s[r1 * 224 + (c0 + 1)] = acc_s[j][3];
-      }
-    }
-  }
-  __syncthreads();
-  mg_cluster_sync();
-  for (int e0 = threadIdx.x; e0 < 896; e0 += 512) {
-    float4 mg_p[4][2];
-    #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int e = e0 + j * 128;
-      if (e < 896) {
-        #pragma unroll
-        for (unsigned r = 0; r < 2; ++r) mg_p[j][r] = mg_dsmem_ld4(buf_s + 4 * e, r);
-      }
-    }
-    #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int e = e0 + j * 128;
-      if (e < 896) {
-        float4 v = mg_p[j][0];
-        #pragma unroll
-        for (unsigned r = 1; r < 2; ++r) {
-          v.x += mg_p[j][r].x;
-          v.y += mg_p[j][r].y;
-          v.z += mg_p[j][r].z;
-          v.w += mg_p[j][r].w;
+        if (q < 28) {
+          const int mg_nb = q / 28;
+          const int mg_mi = (q / 28) % 1;
+          const int mg_ni = q % 28;
+          const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
+          const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
+          (void)mg_nb; (void)r1; (void)c0; (void)n0;
+          buf_s[r0 * 224 + c0] = acc_s[j][0];
+          buf_s[r0 * 224 + (c0 + 1)] = acc_s[j][1];
+          buf_s[r1 * 224 + c0] = acc_s[j][2];
+          buf_s[r1 * 224 + (c0 + 1)] = acc_s[j][3];
         }
-        reinterpret_cast<float4*>(reinterpret_cast<float*>(mg_smem + 0))[e] = v;
       }
     }
-  }
-  mg_cluster_arrive();
-  __syncthreads();
-  buf_s = reinterpret_cast<float*>(mg_smem + 0);
-  for (int e1 = (int)mg_rank * 128 + (int)threadIdx.x; e1 < 448; e1 += 256) {
-    const int i2_0 = e1 / 28;
-    const int i2_1 = (e1) % 28;
-    mg_st8(p2 + (bx * 224 + i2_0 * 14336 + (i2_1 * 8)), buf_s[i2_0 * 224 + ((i2_1 * 8) + 0)], buf_s[i2_0 * 224 + ((i2_1 * 8) + 1)], buf_s[i2_0 * 224 + ((i2_1 * 8) + 2)], buf_s[i2_0 * 224 + ((i2_1 * 8) + 3)], buf_s[i2_0 * 224 + ((i2_1 * 8) + 4)], buf_s[i2_0 * 224 + ((i2_1 * 8) + 5)], buf_s[i2_0 * 224 + ((i2_1 * 8) + 6)], buf_s[i2_0 * 224 + ((i2_1 * 8) + 7)]);
-  }
-  mg_cluster_wait();
-}
-
-// matmul as a generated block graph: grid [64, 1, 1], forloop 64, tensor cores
-extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(128, 1) mg_k1_mirage_llama3_swiglu_gateup_b16_f16_h16x4096_h4096x14336_h4096x14336_to_h16x14336(
-    const mg_f16* __restrict__ p0,
-    const mg_f16* __restrict__ p1,
-    mg_f16* __restrict__ p2,
-    const __grid_constant__ mg_tmap p3,
-    const __grid_constant__ mg_tmap p4) {
-  const int bx = blockIdx.x, by = blockIdx.y, bz = 0;
-  (void)bx; (void)by; (void)bz;
-  const unsigned mg_rank = blockIdx.z;
-  const int mg_it0 = (int)mg_rank * 32;
-  extern __shared__ __align__(16) unsigned char mg_smem_raw[];
-  unsigned char* mg_smem = mg_smem_raw + ((1024u - (mg_smem_addr(mg_smem_raw) & 1023u)) & 1023u);
-  const int base_a = 0;
-  const int base_b = bx * 224;
-  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 198704);
-  if (threadIdx.x < 4) mg_zero[threadIdx.x] = 0u;
-  unsigned long long* mg_mbar = reinterpret_cast<unsigned long long*>(mg_smem + 198656);
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < 6; ++s) mg_mbar_init(mg_mbar + s);
-    mg_mbar_fence_init();
-  }
-  __syncthreads();
-  mg_f16* sm_a_0 = reinterpret_cast<mg_f16*>(mg_smem + 0);
-  mg_f16* sm_b_0 = reinterpret_cast<mg_f16*>(mg_smem + 12288);
-  float* buf_s = reinterpret_cast<float*>(mg_smem + 184320);
-  if (threadIdx.x == 0) {
-    mg_mbar_arrive_expect(mg_mbar + ((0) % 6), 30720u);
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((0) % 6) * 1024)), &p3, ((mg_it0 + 0)) * 64, 0, mg_mbar + ((0) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 14336)), &p4, bx * 224, ((mg_it0 + 0)) * 64, mg_mbar + ((0) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 14336)) + 4096, &p4, bx * 224 + 32, ((mg_it0 + 0)) * 64, mg_mbar + ((0) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 14336)) + 8192, &p4, bx * 224 + 64, ((mg_it0 + 0)) * 64, mg_mbar + ((0) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 14336)) + 12288, &p4, bx * 224 + 96, ((mg_it0 + 0)) * 64, mg_mbar + ((0) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 14336)) + 16384, &p4, bx * 224 + 128, ((mg_it0 + 0)) * 64, mg_mbar + ((0) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 14336)) + 20480, &p4, bx * 224 + 160, ((mg_it0 + 0)) * 64, mg_mbar + ((0) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 14336)) + 24576, &p4, bx * 224 + 192, ((mg_it0 + 0)) * 64, mg_mbar + ((0) % 6));
-  }
-  if (threadIdx.x == 0) {
-    mg_mbar_arrive_expect(mg_mbar + ((1) % 6), 30720u);
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((1) % 6) * 1024)), &p3, ((mg_it0 + 1)) * 64, 0, mg_mbar + ((1) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 14336)), &p4, bx * 224, ((mg_it0 + 1)) * 64, mg_mbar + ((1) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 14336)) + 4096, &p4, bx * 224 + 32, ((mg_it0 + 1)) * 64, mg_mbar + ((1) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 14336)) + 8192, &p4, bx * 224 + 64, ((mg_it0 + 1)) * 64, mg_mbar + ((1) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 14336)) + 12288, &p4, bx * 224 + 96, ((mg_it0 + 1)) * 64, mg_mbar + ((1) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 14336)) + 16384, &p4, bx * 224 + 128, ((mg_it0 + 1)) * 64, mg_mbar + ((1) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 14336)) + 20480, &p4, bx * 224 + 160, ((mg_it0 + 1)) * 64, mg_mbar + ((1) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 14336)) + 24576, &p4, bx * 224 + 192, ((mg_it0 + 1)) * 64, mg_mbar + ((1) % 6));
-  }
-  if (threadIdx.x == 0) {
-    mg_mbar_arrive_expect(mg_mbar + ((2) % 6), 30720u);
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((2) % 6) * 1024)), &p3, ((mg_it0 + 2)) * 64, 0, mg_mbar + ((2) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 14336)), &p4, bx * 224, ((mg_it0 + 2)) * 64, mg_mbar + ((2) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 14336)) + 4096, &p4, bx * 224 + 32, ((mg_it0 + 2)) * 64, mg_mbar + ((2) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 14336)) + 8192, &p4, bx * 224 + 64, ((mg_it0 + 2)) * 64, mg_mbar + ((2) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 14336)) + 12288, &p4, bx * 224 + 96, ((mg_it0 + 2)) * 64, mg_mbar + ((2) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 14336)) + 16384, &p4, bx * 224 + 128, ((mg_it0 + 2)) * 64, mg_mbar + ((2) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 14336)) + 20480, &p4, bx * 224 + 160, ((mg_it0 + 2)) * 64, mg_mbar + ((2) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 14336)) + 24576, &p4, bx * 224 + 192, ((mg_it0 + 2)) * 64, mg_mbar + ((2) % 6));
-  }
-  if (threadIdx.x == 0) {
-    mg_mbar_arrive_expect(mg_mbar + ((3) % 6), 30720u);
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((3) % 6) * 1024)), &p3, ((mg_it0 + 3)) * 64, 0, mg_mbar + ((3) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 14336)), &p4, bx * 224, ((mg_it0 + 3)) * 64, mg_mbar + ((3) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 14336)) + 4096, &p4, bx * 224 + 32, ((mg_it0 + 3)) * 64, mg_mbar + ((3) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 14336)) + 8192, &p4, bx * 224 + 64, ((mg_it0 + 3)) * 64, mg_mbar + ((3) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 14336)) + 12288, &p4, bx * 224 + 96, ((mg_it0 + 3)) * 64, mg_mbar + ((3) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 14336)) + 16384, &p4, bx * 224 + 128, ((mg_it0 + 3)) * 64, mg_mbar + ((3) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 14336)) + 20480, &p4, bx * 224 + 160, ((mg_it0 + 3)) * 64, mg_mbar + ((3) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 14336)) + 24576, &p4, bx * 224 + 192, ((mg_it0 + 3)) * 64, mg_mbar + ((3) % 6));
-  }
-  if (threadIdx.x == 0) {
-    mg_mbar_arrive_expect(mg_mbar + ((4) % 6), 30720u);
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((4) % 6) * 1024)), &p3, ((mg_it0 + 4)) * 64, 0, mg_mbar + ((4) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 14336)), &p4, bx * 224, ((mg_it0 + 4)) * 64, mg_mbar + ((4) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 14336)) + 4096, &p4, bx * 224 + 32, ((mg_it0 + 4)) * 64, mg_mbar + ((4) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 14336)) + 8192, &p4, bx * 224 + 64, ((mg_it0 + 4)) * 64, mg_mbar + ((4) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 14336)) + 12288, &p4, bx * 224 + 96, ((mg_it0 + 4)) * 64, mg_mbar + ((4) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 14336)) + 16384, &p4, bx * 224 + 128, ((mg_it0 + 4)) * 64, mg_mbar + ((4) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 14336)) + 20480, &p4, bx * 224 + 160, ((mg_it0 + 4)) * 64, mg_mbar + ((4) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 14336)) + 24576, &p4, bx * 224 + 192, ((mg_it0 + 4)) * 64, mg_mbar + ((4) % 6));
-  }
-  mg_grid_wait();
-  mg_grid_release();
-  float acc_s[7][4];
-  #pragma unroll
-  for (int j = 0; j < 7; ++j) acc_s[j][0] = acc_s[j][1] = acc_s[j][2] = acc_s[j][3] = 0.0f;
-  for (int it = 0; it < 32; ++it) {
-    mg_mbar_wait(mg_mbar + (it % 6), (it / 6) & 1);
     __syncthreads();
-    if (it + 5 < 32) {
-      if (threadIdx.x == 0) {
-        mg_mbar_arrive_expect(mg_mbar + ((it + 5) % 6), 30720u);
-        mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((it + 5) % 6) * 1024)), &p3, ((mg_it0 + it + 5)) * 64, 0, mg_mbar + ((it + 5) % 6));
-        mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 14336)), &p4, bx * 224, ((mg_it0 + it + 5)) * 64, mg_mbar + ((it + 5) % 6));
-        mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 14336)) + 4096, &p4, bx * 224 + 32, ((mg_it0 + it + 5)) * 64, mg_mbar + ((it + 5) % 6));
-        mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 14336)) + 8192, &p4, bx * 224 + 64, ((mg_it0 + it + 5)) * 64, mg_mbar + ((it + 5) % 6));
-        mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 14336)) + 12288, &p4, bx * 224 + 96, ((mg_it0 + it + 5)) * 64, mg_mbar + ((it + 5) % 6));
-        mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 14336)) + 16384, &p4, bx * 224 + 128, ((mg_it0 + it + 5)) * 64, mg_mbar + ((it + 5) % 6));
-        mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 14336)) + 20480, &p4, bx * 224 + 160, ((mg_it0 + it + 5)) * 64, mg_mbar + ((it + 5) % 6));
-        mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 14336)) + 24576, &p4, bx * 224 + 192, ((mg_it0 + it + 5)) * 64, mg_mbar + ((it + 5) % 6));
+    mg_cluster_sync();
+    for (int e0 = threadIdx.x; e0 < 896; e0 += 512) {
+      float4 mg_p[4][2];
+      #pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int e = e0 + j * 128;
+        if (e < 896) {
+          #pragma unroll
+          for (unsigned r = 0; r < 2; ++r) mg_p[j][r] = mg_dsmem_ld4(buf_s + 4 * e, r);
+        }
+      }
+      #pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int e = e0 + j * 128;
+        if (e < 896) {
+          float4 v = mg_p[j][0];
+          #pragma unroll
+          for (unsigned r = 1; r < 2; ++r) {
+            v.x += mg_p[j][r].x;
+            v.y += mg_p[j][r].y;
+            v.z += mg_p[j][r].z;
+            v.w += mg_p[j][r].w;
+          }
+          reinterpret_cast<float4*>(reinterpret_cast<float*>(mg_smem + 0))[e] = v;
+        }
       }
     }
-    const auto* sm_a = (sm_a_0 + ((it) % 6) * 1024);
-    const auto* sm_b = (sm_b_0 + ((it) % 6) * 14336);
+    mg_cluster_arrive();
+    __syncthreads();
+    buf_s = reinterpret_cast<float*>(mg_smem + 0);
+    for (int e1 = (int)mg_rank * 128 + (int)threadIdx.x; e1 < 448; e1 += 256) {
+      const int i2_0 = e1 / 28;
+      const int i2_1 = (e1) % 28;
+      mg_st8(g0_p2 + (bx * 224 + i2_0 * 14336 + (i2_1 * 8)), buf_s[i2_0 * 224 + ((i2_1 * 8) + 0)], buf_s[i2_0 * 224 + ((i2_1 * 8) + 1)], buf_s[i2_0 * 224 + ((i2_1 * 8) + 2)], buf_s[i2_0 * 224 + ((i2_1 * 8) + 3)], buf_s[i2_0 * 224 + ((i2_1 * 8) + 4)], buf_s[i2_0 * 224 + ((i2_1 * 8) + 5)], buf_s[i2_0 * 224 + ((i2_1 * 8) + 6)], buf_s[i2_0 * 224 + ((i2_1 * 8) + 7)]);
+    }
+    mg_cluster_wait();
+  } else if (blockIdx.x < 128u) {
+    const unsigned mg_bx = (blockIdx.x - 64u) % 64u;
+    const unsigned mg_by = (blockIdx.x - 64u) / 64u;
+    (void)mg_bx; (void)mg_by;
+    const int bx = mg_bx, by = mg_by, bz = 0;
+    (void)bx; (void)by; (void)bz;
+    const unsigned mg_rank = blockIdx.z;
+    const int mg_it0 = (int)mg_rank * 32;
+    extern __shared__ __align__(16) unsigned char mg_smem_raw[];
+    unsigned char* mg_smem = mg_smem_raw + ((1024u - (mg_smem_addr(mg_smem_raw) & 1023u)) & 1023u);
+    const int base_a = 0;
+    const int base_b = bx * 224;
+    unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 198704);
+    if (threadIdx.x < 4) mg_zero[threadIdx.x] = 0u;
+    unsigned long long* mg_mbar = reinterpret_cast<unsigned long long*>(mg_smem + 198656);
+    if (threadIdx.x == 0) {
+      for (int s = 0; s < 6; ++s) mg_mbar_init(mg_mbar + s);
+      mg_mbar_fence_init();
+    }
+    __syncthreads();
+    mg_f16* sm_a_0 = reinterpret_cast<mg_f16*>(mg_smem + 0);
+    mg_f16* sm_b_0 = reinterpret_cast<mg_f16*>(mg_smem + 12288);
+    float* buf_s = reinterpret_cast<float*>(mg_smem + 184320);
+    if (threadIdx.x == 0) {
+      mg_mbar_expect(mg_mbar + ((0) % 6), 28672u);
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 14336)), &g1_p4, bx * 224, ((mg_it0 + 0)) * 64, mg_mbar + ((0) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 14336)) + 4096, &g1_p4, bx * 224 + 32, ((mg_it0 + 0)) * 64, mg_mbar + ((0) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 14336)) + 8192, &g1_p4, bx * 224 + 64, ((mg_it0 + 0)) * 64, mg_mbar + ((0) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 14336)) + 12288, &g1_p4, bx * 224 + 96, ((mg_it0 + 0)) * 64, mg_mbar + ((0) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 14336)) + 16384, &g1_p4, bx * 224 + 128, ((mg_it0 + 0)) * 64, mg_mbar + ((0) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 14336)) + 20480, &g1_p4, bx * 224 + 160, ((mg_it0 + 0)) * 64, mg_mbar + ((0) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 14336)) + 24576, &g1_p4, bx * 224 + 192, ((mg_it0 + 0)) * 64, mg_mbar + ((0) % 6));
+    }
+    if (threadIdx.x == 0) {
+      mg_mbar_expect(mg_mbar + ((1) % 6), 28672u);
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 14336)), &g1_p4, bx * 224, ((mg_it0 + 1)) * 64, mg_mbar + ((1) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 14336)) + 4096, &g1_p4, bx * 224 + 32, ((mg_it0 + 1)) * 64, mg_mbar + ((1) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 14336)) + 8192, &g1_p4, bx * 224 + 64, ((mg_it0 + 1)) * 64, mg_mbar + ((1) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 14336)) + 12288, &g1_p4, bx * 224 + 96, ((mg_it0 + 1)) * 64, mg_mbar + ((1) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 14336)) + 16384, &g1_p4, bx * 224 + 128, ((mg_it0 + 1)) * 64, mg_mbar + ((1) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 14336)) + 20480, &g1_p4, bx * 224 + 160, ((mg_it0 + 1)) * 64, mg_mbar + ((1) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 14336)) + 24576, &g1_p4, bx * 224 + 192, ((mg_it0 + 1)) * 64, mg_mbar + ((1) % 6));
+    }
+    if (threadIdx.x == 0) {
+      mg_mbar_expect(mg_mbar + ((2) % 6), 28672u);
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 14336)), &g1_p4, bx * 224, ((mg_it0 + 2)) * 64, mg_mbar + ((2) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 14336)) + 4096, &g1_p4, bx * 224 + 32, ((mg_it0 + 2)) * 64, mg_mbar + ((2) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 14336)) + 8192, &g1_p4, bx * 224 + 64, ((mg_it0 + 2)) * 64, mg_mbar + ((2) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 14336)) + 12288, &g1_p4, bx * 224 + 96, ((mg_it0 + 2)) * 64, mg_mbar + ((2) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 14336)) + 16384, &g1_p4, bx * 224 + 128, ((mg_it0 + 2)) * 64, mg_mbar + ((2) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 14336)) + 20480, &g1_p4, bx * 224 + 160, ((mg_it0 + 2)) * 64, mg_mbar + ((2) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 14336)) + 24576, &g1_p4, bx * 224 + 192, ((mg_it0 + 2)) * 64, mg_mbar + ((2) % 6));
+    }
+    if (threadIdx.x == 0) {
+      mg_mbar_expect(mg_mbar + ((3) % 6), 28672u);
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 14336)), &g1_p4, bx * 224, ((mg_it0 + 3)) * 64, mg_mbar + ((3) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 14336)) + 4096, &g1_p4, bx * 224 + 32, ((mg_it0 + 3)) * 64, mg_mbar + ((3) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 14336)) + 8192, &g1_p4, bx * 224 + 64, ((mg_it0 + 3)) * 64, mg_mbar + ((3) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 14336)) + 12288, &g1_p4, bx * 224 + 96, ((mg_it0 + 3)) * 64, mg_mbar + ((3) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 14336)) + 16384, &g1_p4, bx * 224 + 128, ((mg_it0 + 3)) * 64, mg_mbar + ((3) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 14336)) + 20480, &g1_p4, bx * 224 + 160, ((mg_it0 + 3)) * 64, mg_mbar + ((3) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 14336)) + 24576, &g1_p4, bx * 224 + 192, ((mg_it0 + 3)) * 64, mg_mbar + ((3) % 6));
+    }
+    if (threadIdx.x == 0) {
+      mg_mbar_expect(mg_mbar + ((4) % 6), 28672u);
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 14336)), &g1_p4, bx * 224, ((mg_it0 + 4)) * 64, mg_mbar + ((4) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 14336)) + 4096, &g1_p4, bx * 224 + 32, ((mg_it0 + 4)) * 64, mg_mbar + ((4) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 14336)) + 8192, &g1_p4, bx * 224 + 64, ((mg_it0 + 4)) * 64, mg_mbar + ((4) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 14336)) + 12288, &g1_p4, bx * 224 + 96, ((mg_it0 + 4)) * 64, mg_mbar + ((4) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 14336)) + 16384, &g1_p4, bx * 224 + 128, ((mg_it0 + 4)) * 64, mg_mbar + ((4) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 14336)) + 20480, &g1_p4, bx * 224 + 160, ((mg_it0 + 4)) * 64, mg_mbar + ((4) % 6));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 14336)) + 24576, &g1_p4, bx * 224 + 192, ((mg_it0 + 4)) * 64, mg_mbar + ((4) % 6));
+    }
+    mg_grid_wait();
+    mg_grid_release();
+    if (threadIdx.x == 0) {
+      mg_mbar_arrive_expect(mg_mbar + ((0) % 6), 2048u);
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((0) % 6) * 1024)), &g1_p3, ((mg_it0 + 0)) * 64, 0, mg_mbar + ((0) % 6));
+    }
+    if (threadIdx.x == 0) {
+      mg_mbar_arrive_expect(mg_mbar + ((1) % 6), 2048u);
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((1) % 6) * 1024)), &g1_p3, ((mg_it0 + 1)) * 64, 0, mg_mbar + ((1) % 6));
+    }
+    if (threadIdx.x == 0) {
+      mg_mbar_arrive_expect(mg_mbar + ((2) % 6), 2048u);
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((2) % 6) * 1024)), &g1_p3, ((mg_it0 + 2)) * 64, 0, mg_mbar + ((2) % 6));
+    }
+    if (threadIdx.x == 0) {
+      mg_mbar_arrive_expect(mg_mbar + ((3) % 6), 2048u);
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((3) % 6) * 1024)), &g1_p3, ((mg_it0 + 3)) * 64, 0, mg_mbar + ((3) % 6));
+    }
+    if (threadIdx.x == 0) {
+      mg_mbar_arrive_expect(mg_mbar + ((4) % 6), 2048u);
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((4) % 6) * 1024)), &g1_p3, ((mg_it0 + 4)) * 64, 0, mg_mbar + ((4) % 6));
+    }
+    float acc_s[7][4];
+    #pragma unroll
+    for (int j = 0; j < 7; ++j) acc_s[j][0] = acc_s[j][1] = acc_s[j][2] = acc_s[j][3] = 0.0f;
+    for (int it = 0; it < 32; ++it) {
+      mg_mbar_wait(mg_mbar + (it % 6), (it / 6) & 1);
+      __syncthreads();
+      if (it + 5 < 32) {
+        if (threadIdx.x == 0) {
+          mg_mbar_arrive_expect(mg_mbar + ((it + 5) % 6), 30720u);
+          mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((it + 5) % 6) * 1024)), &g1_p3, ((mg_it0 + it + 5)) * 64, 0, mg_mbar + ((it + 5) % 6));
+          mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 14336)), &g1_p4, bx * 224, ((mg_it0 + it + 5)) * 64, mg_mbar + ((it + 5) % 6));
+          mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 14336)) + 4096, &g1_p4, bx * 224 + 32, ((mg_it0 + it + 5)) * 64, mg_mbar + ((it + 5) % 6));
+          mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 14336)) + 8192, &g1_p4, bx * 224 + 64, ((mg_it0 + it + 5)) * 64, mg_mbar + ((it + 5) % 6));
+          mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 14336)) + 12288, &g1_p4, bx * 224 + 96, ((mg_it0 + it + 5)) * 64, mg_mbar + ((it + 5) % 6));
+          mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 14336)) + 16384, &g1_p4, bx * 224 + 128, ((mg_it0 + it + 5)) * 64, mg_mbar + ((it + 5) % 6));
+          mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 14336)) + 20480, &g1_p4, bx * 224 + 160, ((mg_it0 + it + 5)) * 64, mg_mbar + ((it + 5) % 6));
+          mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 14336)) + 24576, &g1_p4, bx * 224 + 192, ((mg_it0 + it + 5)) * 64, mg_mbar + ((it + 5) % 6));
+        }
+      }
+      const auto* sm_a = (sm_a_0 + ((it) % 6) * 1024);
+      const auto* sm_b = (sm_b_0 + ((it) % 6) * 14336);
+      {
+        const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
+        const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
+        (void)mg_g; (void)mg_t;
+        const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
+        (void)mg_ks;
+      #pragma unroll
+      for (int s = 0; s < 4; ++s) {
+        const int kk = (mg_ks + s * 1) * 16;
+        const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
+        (void)k0; (void)k1;
+        unsigned ra0, ra1, ra2, ra3;
+        const int mg_mi = 0, r0 = mg_g, r1 = r0 + 8;
+        (void)r0; (void)r1;
+        mg_ldsm_x4(ra0, ra1, ra2, ra3, (reinterpret_cast<const unsigned char*>(sm_a) + ((((kk + (mg_lane >> 4) * 8)) * 2) / 128) * 2048 + (((((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8))) * 128 + (((kk + (mg_lane >> 4) * 8)) * 2) % 128) ^ (((((((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8))) * 128 + (((kk + (mg_lane >> 4) * 8)) * 2) % 128) >> 7) & 7) << 4))));
+        #pragma unroll
+        for (int j = 0; j < 7; ++j) {
+          const int q = mg_grp + 4 * j;
+          const int mg_nb = q / 28;
+          const int mg_ni = q % 28;
+          const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
+          (void)mg_nb; (void)c0; (void)n0;
+          unsigned rb0, rb1;
+          mg_ldsm_x2_t(rb0, rb1, (reinterpret_cast<const unsigned char*>(sm_b) + ((((mg_ni * 8)) * 2) / 64) * 4096 + (((((kk + (mg_lane & 15)))) * 64 + (((mg_ni * 8)) * 2) % 64) ^ (((((((kk + (mg_lane & 15)))) * 64 + (((mg_ni * 8)) * 2) % 64) >> 7) & 3) << 4))));
+          mg_mma_f16(acc_s[j], ra0, ra1, ra2, ra3, rb0, rb1);
+        }
+      }
+      }
+    }
+    __syncthreads();
     {
       const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
       const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
       (void)mg_g; (void)mg_t;
       const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
       (void)mg_ks;
-    #pragma unroll
-    for (int s = 0; s < 4; ++s) {
-      const int kk = (mg_ks + s * 1) * 16;
-      const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
-      (void)k0; (void)k1;
-      unsigned ra0, ra1, ra2, ra3;
-      const int mg_mi = 0, r0 = mg_g, r1 = r0 + 8;
-      (void)r0; (void)r1;
-      mg_ldsm_x4(ra0, ra1, ra2, ra3, (reinterpret_cast<const unsigned char*>(sm_a) + ((((kk + (mg_lane >> 4) * 8)) * 2) / 128) * 2048 + (((((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8))) * 128 + (((kk + (mg_lane >> 4) * 8)) * 2) % 128) ^ (((((((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8))) * 128 + (((kk + (mg_lane >> 4) * 8)) * 2) % 128) >> 7) & 7) << 4))));
       #pragma unroll
       for (int j = 0; j < 7; ++j) {
         const int q = mg_grp + 4 * j;
-        const int mg_nb = q / 28;
-        const int mg_ni = q % 28;
-        const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
-        (void)mg_nb; (void)c0; (void)n0;
-        unsigned rb0, rb1;
-        mg_ldsm_x2_t(rb0, rb1, (reinterpret_cast<const unsigned char*>(sm_b) + ((((mg_ni * 8)) * 2) / 64) * 4096 + (((((kk + (mg_lane & 15)))) * 64 + (((mg_ni * 8)) * 2) % 64) ^ (((((((kk + (mg_lane & 15)))) * 64 + (((mg_ni * 8)) * 2) % 64) >> 7) & 3) << 4))));
-        mg_mma_f16(acc_s[j], ra0, ra1, ra2, ra3, rb0, rb1);
-      }
-    }
-    }
-  }
-  __syncthreads();
-  {
-    const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
-    const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
-    (void)mg_g; (void)mg_t;
-    const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
-    (void)mg_ks;
-    #pragma unroll
-    for (int j = 0; j < 7; ++j) {
-      const int q = mg_grp + 4 * j;
-      if (q < 28) {
-        const int mg_nb = q / 28;
-        const int mg_mi = (q / 28) % 1;
-        const int mg_ni = q % 28;
-        const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
-        const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
-        (void)mg_nb; (void)r1; (void)c0; (void)n0;
-        buf_s[r0 * 224 + c0] = acc_s[j][0];
-        buf_s[r0 * 224 + (c0 + 1)] = acc_s[j][1];
-        buf_s[r1 * 224 + c0] = acc_s[j][2];
-        buf_s[r1 * 224 + (c0 + 1)] = acc_s[j][3];
-      }
-    }
-  }
-  __syncthreads();
-  mg_cluster_sync();
-  for (int e0 = threadIdx.x; e0 < 896; e0 += 512) {
-    float4 mg_p[4][2];
-    #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int e = e0 + j * 128;
-      if (e < 896) {
-        #pragma unroll
-        for (unsigned r = 0; r < 2; ++r) mg_p[j][r] = mg_dsmem_ld4(buf_s + 4 * e, r);
-      }
-    }
-    #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int e = e0 + j * 128;
-      if (e < 896) {
-        float4 v = mg_p[j][0];
-        #pragma unroll
-        for (unsigned r = 1; r < 2; ++r) {
-          v.x += mg_p[j][r].x;
-          v.y += mg_p[j][r].y;
-          v.z += mg_p[j][r].z;
-          v.w += mg_p[j][r].w;
+        if (q < 28) {
+          const int mg_nb = q / 28;
+          const int mg_mi = (q / 28) % 1;
+          const int mg_ni = q % 28;
+          const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
+          const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
+          (void)mg_nb; (void)r1; (void)c0; (void)n0;
+          buf_s[r0 * 224 + c0] = acc_s[j][0];
+          buf_s[r0 * 224 + (c0 + 1)] = acc_s[j][1];
+          buf_s[r1 * 224 + c0] = acc_s[j][2];
+          buf_s[r1 * 224 + (c0 + 1)] = acc_s[j][3];
         }
-        reinterpret_cast<float4*>(reinterpret_cast<float*>(mg_smem + 0))[e] = v;
       }
     }
+    __syncthreads();
+    mg_cluster_sync();
+    for (int e0 = threadIdx.x; e0 < 896; e0 += 512) {
+      float4 mg_p[4][2];
+      #pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int e = e0 + j * 128;
+        if (e < 896) {
+          #pragma unroll
+          for (unsigned r = 0; r < 2; ++r) mg_p[j][r] = mg_dsmem_ld4(buf_s + 4 * e, r);
+        }
+      }
+      #pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int e = e0 + j * 128;
+        if (e < 896) {
+          float4 v = mg_p[j][0];
+          #pragma unroll
+          for (unsigned r = 1; r < 2; ++r) {
+            v.x += mg_p[j][r].x;
+            v.y += mg_p[j][r].y;
+            v.z += mg_p[j][r].z;
+            v.w += mg_p[j][r].w;
+          }
+          reinterpret_cast<float4*>(reinterpret_cast<float*>(mg_smem + 0))[e] = v;
+        }
+      }
+    }
+    mg_cluster_arrive();
+    __syncthreads();
+    buf_s = reinterpret_cast<float*>(mg_smem + 0);
+    for (int e1 = (int)mg_rank * 128 + (int)threadIdx.x; e1 < 448; e1 += 256) {
+      const int i2_0 = e1 / 28;
+      const int i2_1 = (e1) % 28;
+      mg_st8(g1_p2 + (bx * 224 + i2_0 * 14336 + (i2_1 * 8)), buf_s[i2_0 * 224 + ((i2_1 * 8) + 0)], buf_s[i2_0 * 224 + ((i2_1 * 8) + 1)], buf_s[i2_0 * 224 + ((i2_1 * 8) + 2)], buf_s[i2_0 * 224 + ((i2_1 * 8) + 3)], buf_s[i2_0 * 224 + ((i2_1 * 8) + 4)], buf_s[i2_0 * 224 + ((i2_1 * 8) + 5)], buf_s[i2_0 * 224 + ((i2_1 * 8) + 6)], buf_s[i2_0 * 224 + ((i2_1 * 8) + 7)]);
+    }
+    mg_cluster_wait();
   }
-  mg_cluster_arrive();
-  __syncthreads();
-  buf_s = reinterpret_cast<float*>(mg_smem + 0);
-  for (int e1 = (int)mg_rank * 128 + (int)threadIdx.x; e1 < 448; e1 += 256) {
-    const int i2_0 = e1 / 28;
-    const int i2_1 = (e1) % 28;
-    mg_st8(p2 + (bx * 224 + i2_0 * 14336 + (i2_1 * 8)), buf_s[i2_0 * 224 + ((i2_1 * 8) + 0)], buf_s[i2_0 * 224 + ((i2_1 * 8) + 1)], buf_s[i2_0 * 224 + ((i2_1 * 8) + 2)], buf_s[i2_0 * 224 + ((i2_1 * 8) + 3)], buf_s[i2_0 * 224 + ((i2_1 * 8) + 4)], buf_s[i2_0 * 224 + ((i2_1 * 8) + 5)], buf_s[i2_0 * 224 + ((i2_1 * 8) + 6)], buf_s[i2_0 * 224 + ((i2_1 * 8) + 7)]);
-  }
-  mg_cluster_wait();
 }
 
 // silu: 8 consecutive output elements per thread, one 16-byte store
@@ -939,9 +958,6 @@ static cudaError_t mg_prepare_mirage_llama3_swiglu_gateup_b16_f16_h16x4096_h4096
   mg_err = cudaFuncSetAttribute((const void*)mg_k0_mirage_llama3_swiglu_gateup_b16_f16_h16x4096_h4096x14336_h4096x14336_to_h16x14336,
                                 cudaFuncAttributeMaxDynamicSharedMemorySize, 199744);
   if (mg_err != cudaSuccess) return mg_err;
-  mg_err = cudaFuncSetAttribute((const void*)mg_k1_mirage_llama3_swiglu_gateup_b16_f16_h16x4096_h4096x14336_h4096x14336_to_h16x14336,
-                                cudaFuncAttributeMaxDynamicSharedMemorySize, 199744);
-  if (mg_err != cudaSuccess) return mg_err;
   int mg_major = 0;
   mg_err = cudaDeviceGetAttribute(&mg_major, cudaDevAttrComputeCapabilityMajor, mg_dev);
   if (mg_err != cudaSuccess) return mg_err;
@@ -984,48 +1000,36 @@ extern "C" cudaError_t mirage_llama3_swiglu_gateup_b16_f16_h16x4096_h4096x14336_
                                 mg_dims, mg_strides, mg_box, CU_TENSOR_MAP_SWIZZLE_64B);
       if (mg_err != cudaSuccess) return mg_err;
     }
-    void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2, &mg_a3, &mg_a4};
+    const mg_f16* mg_a5 = (const mg_f16*)(mg_in0_X);
+    const mg_f16* mg_a6 = (const mg_f16*)(mg_in2_W3);
+    mg_f16* mg_a7 = (mg_f16*)(mg_ws + 458752);
+    mg_tmap mg_a8;
+    {
+      const cuuint64_t mg_dims[] = {4096, 16};
+      const cuuint64_t mg_strides[] = {8192};
+      const cuuint32_t mg_box[] = {64, 16};
+      mg_err = mg_encode_tmap_mirage_llama3_swiglu_gateup_b16_f16_h16x4096_h4096x14336_h4096x14336_to_h16x14336(&mg_a8, mg_in0_X, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2,
+                                mg_dims, mg_strides, mg_box, CU_TENSOR_MAP_SWIZZLE_128B);
+      if (mg_err != cudaSuccess) return mg_err;
+    }
+    mg_tmap mg_a9;
+    {
+      const cuuint64_t mg_dims[] = {14336, 4096};
+      const cuuint64_t mg_strides[] = {28672};
+      const cuuint32_t mg_box[] = {32, 64};
+      mg_err = mg_encode_tmap_mirage_llama3_swiglu_gateup_b16_f16_h16x4096_h4096x14336_h4096x14336_to_h16x14336(&mg_a9, mg_in2_W3, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2,
+                                mg_dims, mg_strides, mg_box, CU_TENSOR_MAP_SWIZZLE_64B);
+      if (mg_err != cudaSuccess) return mg_err;
+    }
+    void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2, &mg_a3, &mg_a4, &mg_a5, &mg_a6, &mg_a7, &mg_a8, &mg_a9};
     cudaLaunchConfig_t mg_cfg = {};
-    mg_cfg.gridDim = dim3(64, 1, 2);
+    mg_cfg.gridDim = dim3(128, 1, 2);
     mg_cfg.blockDim = dim3(128);
     mg_cfg.dynamicSmemBytes = 199744;
     mg_cfg.stream = mg_stream;
     mg_cfg.attrs = mg_pdl;
     mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
     mg_err = cudaLaunchKernelExC(&mg_cfg, (const void*)mg_k0_mirage_llama3_swiglu_gateup_b16_f16_h16x4096_h4096x14336_h4096x14336_to_h16x14336, mg_args);
-  }
-  if (mg_err != cudaSuccess) return mg_err;
-  {
-    const mg_f16* mg_a0 = (const mg_f16*)(mg_in0_X);
-    const mg_f16* mg_a1 = (const mg_f16*)(mg_in2_W3);
-    mg_f16* mg_a2 = (mg_f16*)(mg_ws + 458752);
-    mg_tmap mg_a3;
-    {
-      const cuuint64_t mg_dims[] = {4096, 16};
-      const cuuint64_t mg_strides[] = {8192};
-      const cuuint32_t mg_box[] = {64, 16};
-      mg_err = mg_encode_tmap_mirage_llama3_swiglu_gateup_b16_f16_h16x4096_h4096x14336_h4096x14336_to_h16x14336(&mg_a3, mg_in0_X, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2,
-                                mg_dims, mg_strides, mg_box, CU_TENSOR_MAP_SWIZZLE_128B);
-      if (mg_err != cudaSuccess) return mg_err;
-    }
-    mg_tmap mg_a4;
-    {
-      const cuuint64_t mg_dims[] = {14336, 4096};
-      const cuuint64_t mg_strides[] = {28672};
-      const cuuint32_t mg_box[] = {32, 64};
-      mg_err = mg_encode_tmap_mirage_llama3_swiglu_gateup_b16_f16_h16x4096_h4096x14336_h4096x14336_to_h16x14336(&mg_a4, mg_in2_W3, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2,
-                                mg_dims, mg_strides, mg_box, CU_TENSOR_MAP_SWIZZLE_64B);
-      if (mg_err != cudaSuccess) return mg_err;
-    }
-    void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2, &mg_a3, &mg_a4};
-    cudaLaunchConfig_t mg_cfg = {};
-    mg_cfg.gridDim = dim3(64, 1, 2);
-    mg_cfg.blockDim = dim3(128);
-    mg_cfg.dynamicSmemBytes = 199744;
-    mg_cfg.stream = mg_stream;
-    mg_cfg.attrs = mg_pdl;
-    mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
-    mg_err = cudaLaunchKernelExC(&mg_cfg, (const void*)mg_k1_mirage_llama3_swiglu_gateup_b16_f16_h16x4096_h4096x14336_h4096x14336_to_h16x14336, mg_args);
   }
   if (mg_err != cudaSuccess) return mg_err;
   {

@@ -11,8 +11,7 @@
 // input 2 'W3': f16[3584, 18944] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
 // input 3 'W2': f16[18944, 3584] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
 // output 0 'O': f16[16, 3584]
-// kernel mg_k0_mirage_qwen2_mlp_b16_f16_h16x3584_h3584x18944_h3584x18944_h18944x3584_to_h16x3584: grid [148, 1, 1], 128 threads, 156720 B dynamic shared memory
-// kernel mg_k1_mirage_qwen2_mlp_b16_f16_h16x3584_h3584x18944_h3584x18944_h18944x3584_to_h16x3584: grid [148, 1, 1], 128 threads, 156720 B dynamic shared memory
+// kernel mg_k0_mirage_qwen2_mlp_b16_f16_h16x3584_h3584x18944_h3584x18944_h18944x3584_to_h16x3584: grid [296, 1, 1], 128 threads, 156720 B dynamic shared memory
 // kernel mg_k2_mirage_qwen2_mlp_b16_f16_h16x3584_h3584x18944_h3584x18944_h18944x3584_to_h16x3584: grid [148, 1, 1], 256 threads, 0 B dynamic shared memory
 // kernel mg_k3_mirage_qwen2_mlp_b16_f16_h16x3584_h3584x18944_h3584x18944_h18944x3584_to_h16x3584: grid [148, 1, 1], 256 threads, 0 B dynamic shared memory
 // kernel mg_k4_mirage_qwen2_mlp_b16_f16_h16x3584_h3584x18944_h3584x18944_h18944x3584_to_h16x3584: grid [64, 1, 2], 256 threads, 225856 B dynamic shared memory
@@ -394,262 +393,276 @@ __device__ __forceinline__ void mg_wgmma_bf16(float (*d)[4], unsigned a0, unsign
 }
 #endif
 
-// matmul as a generated block graph: grid [148, 1, 1], forloop 28, tensor cores
+// one launch of 2 kernels: matmul as a generated block graph: grid [148, 1, 1], forloop 28, tensor cores; matmul as a generated block graph: grid [148, 1, 1], forloop 28, tensor cores
 extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_qwen2_mlp_b16_f16_h16x3584_h3584x18944_h3584x18944_h18944x3584_to_h16x3584(
-    const mg_f16* __restrict__ p0,
-    const mg_f16* __restrict__ p1,
-    mg_f16* __restrict__ p2,
-    const __grid_constant__ mg_tmap p3,
-    const __grid_constant__ mg_tmap p4) {
-  const int bx = blockIdx.x, by = blockIdx.y, bz = blockIdx.z;
-  (void)bx; (void)by; (void)bz;
-  extern __shared__ __align__(16) unsigned char mg_smem_raw[];
-  unsigned char* mg_smem = mg_smem_raw + ((1024u - (mg_smem_addr(mg_smem_raw) & 1023u)) & 1023u);
-  const int base_a = 0;
-  const int base_b = bx * 128;
-  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 155680);
-  if (threadIdx.x < 4) mg_zero[threadIdx.x] = 0u;
-  unsigned long long* mg_mbar = reinterpret_cast<unsigned long long*>(mg_smem + 155648);
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < 4; ++s) mg_mbar_init(mg_mbar + s);
-    mg_mbar_fence_init();
-  }
-  __syncthreads();
-  mg_f16* sm_a_0 = reinterpret_cast<mg_f16*>(mg_smem + 0);
-  mg_f16* sm_b_0 = reinterpret_cast<mg_f16*>(mg_smem + 16384);
-  float* buf_s = reinterpret_cast<float*>(mg_smem + 147456);
-  if (threadIdx.x == 0) {
-    mg_mbar_expect(mg_mbar + ((0) % 4), 32768u);
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 4) * 16384)), &p4, bx * 128, (0) * 128, mg_mbar + ((0) % 4));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 4) * 16384)) + 16384, &p4, bx * 128 + 64, (0) * 128, mg_mbar + ((0) % 4));
-  }
-  if (threadIdx.x == 0) {
-    mg_mbar_expect(mg_mbar + ((1) % 4), 32768u);
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 4) * 16384)), &p4, bx * 128, (1) * 128, mg_mbar + ((1) % 4));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 4) * 16384)) + 16384, &p4, bx * 128 + 64, (1) * 128, mg_mbar + ((1) % 4));
-  }
-  if (threadIdx.x == 0) {
-    mg_mbar_expect(mg_mbar + ((2) % 4), 32768u);
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 4) * 16384)), &p4, bx * 128, (2) * 128, mg_mbar + ((2) % 4));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 4) * 16384)) + 16384, &p4, bx * 128 + 64, (2) * 128, mg_mbar + ((2) % 4));
-  }
-  mg_grid_wait();
-  mg_grid_release();
-  if (threadIdx.x == 0) {
-    mg_mbar_arrive_expect(mg_mbar + ((0) % 4), 4096u);
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((0) % 4) * 2048)), &p3, (0) * 128, 0, mg_mbar + ((0) % 4));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((0) % 4) * 2048)) + 2048, &p3, (0) * 128 + 64, 0, mg_mbar + ((0) % 4));
-  }
-  if (threadIdx.x == 0) {
-    mg_mbar_arrive_expect(mg_mbar + ((1) % 4), 4096u);
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((1) % 4) * 2048)), &p3, (1) * 128, 0, mg_mbar + ((1) % 4));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((1) % 4) * 2048)) + 2048, &p3, (1) * 128 + 64, 0, mg_mbar + ((1) % 4));
-  }
-  if (threadIdx.x == 0) {
-    mg_mbar_arrive_expect(mg_mbar + ((2) % 4), 4096u);
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((2) % 4) * 2048)), &p3, (2) * 128, 0, mg_mbar + ((2) % 4));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((2) % 4) * 2048)) + 2048, &p3, (2) * 128 + 64, 0, mg_mbar + ((2) % 4));
-  }
-  float acc_s[4][4];
-  #pragma unroll
-  for (int j = 0; j < 4; ++j) acc_s[j][0] = acc_s[j][1] = acc_s[j][2] = acc_s[j][3] = 0.0f;
-  for (int it = 0; it < 28; ++it) {
-    mg_mbar_wait(mg_mbar + (it % 4), (it / 4) & 1);
+    const mg_f16* __restrict__ g0_p0,
+    const mg_f16* __restrict__ g0_p1,
+    mg_f16* __restrict__ g0_p2,
+    const __grid_constant__ mg_tmap g0_p3,
+    const __grid_constant__ mg_tmap g0_p4,
+    const mg_f16* __restrict__ g1_p0,
+    const mg_f16* __restrict__ g1_p1,
+    mg_f16* __restrict__ g1_p2,
+    const __grid_constant__ mg_tmap g1_p3,
+    const __grid_constant__ mg_tmap g1_p4) {
+  if (blockIdx.x < 148u) {
+    const unsigned mg_bx = (blockIdx.x - 0u) % 148u;
+    const unsigned mg_by = (blockIdx.x - 0u) / 148u;
+    (void)mg_bx; (void)mg_by;
+    const int bx = mg_bx, by = mg_by, bz = blockIdx.z;
+    (void)bx; (void)by; (void)bz;
+    extern __shared__ __align__(16) unsigned char mg_smem_raw[];
+    unsigned char* mg_smem = mg_smem_raw + ((1024u - (mg_smem_addr(mg_smem_raw) & 1023u)) & 1023u);
+    const int base_a = 0;
+    const int base_b = bx * 128;
+    unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 155680);
+    if (threadIdx.x < 4) mg_zero[threadIdx.x] = 0u;
+    unsigned long long* mg_mbar = reinterpret_cast<unsigned long long*>(mg_smem + 155648);
+    if (threadIdx.x == 0) {
+      for (int s = 0; s < 4; ++s) mg_mbar_init(mg_mbar + s);
+      mg_mbar_fence_init();
+    }
     __syncthreads();
-    if (it + 3 < 28) {
-      if (threadIdx.x == 0) {
-        mg_mbar_arrive_expect(mg_mbar + ((it + 3) % 4), 36864u);
-        mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((it + 3) % 4) * 2048)), &p3, (it + 3) * 128, 0, mg_mbar + ((it + 3) % 4));
-        mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((it + 3) % 4) * 2048)) + 2048, &p3, (it + 3) * 128 + 64, 0, mg_mbar + ((it + 3) % 4));
-        mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 3) % 4) * 16384)), &p4, bx * 128, (it + 3) * 128, mg_mbar + ((it + 3) % 4));
-        mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 3) % 4) * 16384)) + 16384, &p4, bx * 128 + 64, (it + 3) * 128, mg_mbar + ((it + 3) % 4));
+    mg_f16* sm_a_0 = reinterpret_cast<mg_f16*>(mg_smem + 0);
+    mg_f16* sm_b_0 = reinterpret_cast<mg_f16*>(mg_smem + 16384);
+    float* buf_s = reinterpret_cast<float*>(mg_smem + 147456);
+    if (threadIdx.x == 0) {
+      mg_mbar_expect(mg_mbar + ((0) % 4), 32768u);
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 4) * 16384)), &g0_p4, bx * 128, (0) * 128, mg_mbar + ((0) % 4));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 4) * 16384)) + 16384, &g0_p4, bx * 128 + 64, (0) * 128, mg_mbar + ((0) % 4));
+    }
+    if (threadIdx.x == 0) {
+      mg_mbar_expect(mg_mbar + ((1) % 4), 32768u);
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 4) * 16384)), &g0_p4, bx * 128, (1) * 128, mg_mbar + ((1) % 4));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 4) * 16384)) + 16384, &g0_p4, bx * 128 + 64, (1) * 128, mg_mbar + ((1) % 4));
+    }
+    if (threadIdx.x == 0) {
+      mg_mbar_expect(mg_mbar + ((2) % 4), 32768u);
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 4) * 16384)), &g0_p4, bx * 128, (2) * 128, mg_mbar + ((2) % 4));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 4) * 16384)) + 16384, &g0_p4, bx * 128 + 64, (2) * 128, mg_mbar + ((2) % 4));
+    }
+    mg_grid_wait();
+    mg_grid_release();
+    if (threadIdx.x == 0) {
+      mg_mbar_arrive_expect(mg_mbar + ((0) % 4), 4096u);
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((0) % 4) * 2048)), &g0_p3, (0) * 128, 0, mg_mbar + ((0) % 4));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((0) % 4) * 2048)) + 2048, &g0_p3, (0) * 128 + 64, 0, mg_mbar + ((0) % 4));
+    }
+    if (threadIdx.x == 0) {
+      mg_mbar_arrive_expect(mg_mbar + ((1) % 4), 4096u);
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((1) % 4) * 2048)), &g0_p3, (1) * 128, 0, mg_mbar + ((1) % 4));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((1) % 4) * 2048)) + 2048, &g0_p3, (1) * 128 + 64, 0, mg_mbar + ((1) % 4));
+    }
+    if (threadIdx.x == 0) {
+      mg_mbar_arrive_expect(mg_mbar + ((2) % 4), 4096u);
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((2) % 4) * 2048)), &g0_p3, (2) * 128, 0, mg_mbar + ((2) % 4));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((2) % 4) * 2048)) + 2048, &g0_p3, (2) * 128 + 64, 0, mg_mbar + ((2) % 4));
+    }
+    float acc_s[4][4];
+    #pragma unroll
+    for (int j = 0; j < 4; ++j) acc_s[j][0] = acc_s[j][1] = acc_s[j][2] = acc_s[j][3] = 0.0f;
+    for (int it = 0; it < 28; ++it) {
+      mg_mbar_wait(mg_mbar + (it % 4), (it / 4) & 1);
+      __syncthreads();
+      if (it + 3 < 28) {
+        if (threadIdx.x == 0) {
+          mg_mbar_arrive_expect(mg_mbar + ((it + 3) % 4), 36864u);
+          mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((it + 3) % 4) * 2048)), &g0_p3, (it + 3) * 128, 0, mg_mbar + ((it + 3) % 4));
+          mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((it + 3) % 4) * 2048)) + 2048, &g0_p3, (it + 3) * 128 + 64, 0, mg_mbar + ((it + 3) % 4));
+          mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 3) % 4) * 16384)), &g0_p4, bx * 128, (it + 3) * 128, mg_mbar + ((it + 3) % 4));
+          mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 3) % 4) * 16384)) + 16384, &g0_p4, bx * 128 + 64, (it + 3) * 128, mg_mbar + ((it + 3) % 4));
+        }
+      }
+      const auto* sm_a = (sm_a_0 + ((it) % 4) * 2048);
+      const auto* sm_b = (sm_b_0 + ((it) % 4) * 16384);
+      {
+        const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
+        const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
+        (void)mg_g; (void)mg_t;
+        const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
+        (void)mg_ks;
+      #pragma unroll
+      for (int s = 0; s < 8; ++s) {
+        const int kk = (mg_ks + s * 1) * 16;
+        const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
+        (void)k0; (void)k1;
+        unsigned ra0, ra1, ra2, ra3;
+        const int mg_mi = 0, r0 = mg_g, r1 = r0 + 8;
+        (void)r0; (void)r1;
+        mg_ldsm_x4(ra0, ra1, ra2, ra3, (reinterpret_cast<const unsigned char*>(sm_a) + ((((kk + (mg_lane >> 4) * 8)) * 2) / 128) * 2048 + (((((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8))) * 128 + (((kk + (mg_lane >> 4) * 8)) * 2) % 128) ^ (((((((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8))) * 128 + (((kk + (mg_lane >> 4) * 8)) * 2) % 128) >> 7) & 7) << 4))));
+        #pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const int q = mg_grp + 4 * j;
+          const int mg_nb = q / 16;
+          const int mg_ni = q % 16;
+          const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
+          (void)mg_nb; (void)c0; (void)n0;
+          unsigned rb0, rb1;
+          mg_ldsm_x2_t(rb0, rb1, (reinterpret_cast<const unsigned char*>(sm_b) + ((((mg_ni * 8)) * 2) / 128) * 16384 + (((((kk + (mg_lane & 15)))) * 128 + (((mg_ni * 8)) * 2) % 128) ^ (((((((kk + (mg_lane & 15)))) * 128 + (((mg_ni * 8)) * 2) % 128) >> 7) & 7) << 4))));
+          mg_mma_f16(acc_s[j], ra0, ra1, ra2, ra3, rb0, rb1);
+        }
+      }
       }
     }
-    const auto* sm_a = (sm_a_0 + ((it) % 4) * 2048);
-    const auto* sm_b = (sm_b_0 + ((it) % 4) * 16384);
+    __syncthreads();
     {
       const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
       const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
       (void)mg_g; (void)mg_t;
       const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
       (void)mg_ks;
-    #pragma unroll
-    for (int s = 0; s < 8; ++s) {
-      const int kk = (mg_ks + s * 1) * 16;
-      const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
-      (void)k0; (void)k1;
-      unsigned ra0, ra1, ra2, ra3;
-      const int mg_mi = 0, r0 = mg_g, r1 = r0 + 8;
-      (void)r0; (void)r1;
-      mg_ldsm_x4(ra0, ra1, ra2, ra3, (reinterpret_cast<const unsigned char*>(sm_a) + ((((kk + (mg_lane >> 4) * 8)) * 2) / 128) * 2048 + (((((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8))) * 128 + (((kk + (mg_lane >> 4) * 8)) * 2) % 128) ^ (((((((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8))) * 128 + (((kk + (mg_lane >> 4) * 8)) * 2) % 128) >> 7) & 7) << 4))));
       #pragma unroll
       for (int j = 0; j < 4; ++j) {
         const int q = mg_grp + 4 * j;
-        const int mg_nb = q / 16;
-        const int mg_ni = q % 16;
-        const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
-        (void)mg_nb; (void)c0; (void)n0;
-        unsigned rb0, rb1;
-        mg_ldsm_x2_t(rb0, rb1, (reinterpret_cast<const unsigned char*>(sm_b) + ((((mg_ni * 8)) * 2) / 128) * 16384 + (((((kk + (mg_lane & 15)))) * 128 + (((mg_ni * 8)) * 2) % 128) ^ (((((((kk + (mg_lane & 15)))) * 128 + (((mg_ni * 8)) * 2) % 128) >> 7) & 7) << 4))));
-        mg_mma_f16(acc_s[j], ra0, ra1, ra2, ra3, rb0, rb1);
+        if (q < 16) {
+          const int mg_nb = q / 16;
+          const int mg_mi = (q / 16) % 1;
+          const int mg_ni = q % 16;
+          const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
+          const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
+          (void)mg_nb; (void)r1; (void)c0; (void)n0;
+          buf_s[r0 * 128 + c0] = acc_s[j][0];
+          buf_s[r0 * 128 + (c0 + 1)] = acc_s[j][1];
+          buf_s[r1 * 128 + c0] = acc_s[j][2];
+          buf_s[r1 * 128 + (c0 + 1)] = acc_s[j][3];
+        }
       }
     }
-    }
-  }
-  __syncthreads();
-  {
-    const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
-    const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
-    (void)mg_g; (void)mg_t;
-    const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
-    (void)mg_ks;
-    #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int q = mg_grp + 4 * j;
-      if (q < 16) {
-        const int mg_nb = q / 16;
-        const int mg_mi = (q / 16) % 1;
-        const int mg_ni = q % 16;
-        const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
-        const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
-        (void)mg_nb; (void)r1; (void)c0; (void)n0;
-        buf_s[r0 * 128 + c0] = acc_s[j][0];
-        buf_s[r0 * 128 + (c0 + 1)] = acc_s[j][1];
-        buf_s[r1 * 128 + c0] = acc_s[j][2];
-        buf_s[r1 * 128 + (c0 + 1)] = acc_s[j][3];
-      }
-    }
-  }
-  __syncthreads();
-  for (int e1 = threadIdx.x; e1 < 256; e1 += 128) {
-    const int i2_0 = e1 / 16;
-    const int i2_1 = (e1) % 16;
-    mg_st8(p2 + (bx * 128 + i2_0 * 18944 + (i2_1 * 8)), buf_s[i2_0 * 128 + ((i2_1 * 8) + 0)], buf_s[i2_0 * 128 + ((i2_1 * 8) + 1)], buf_s[i2_0 * 128 + ((i2_1 * 8) + 2)], buf_s[i2_0 * 128 + ((i2_1 * 8) + 3)], buf_s[i2_0 * 128 + ((i2_1 * 8) + 4)], buf_s[i2_0 * 128 + ((i2_1 * 8) + 5)], buf_s[i2_0 * 128 + ((i2_1 * 8) + 6)], buf_s[i2_0 * 128 + ((i2_1 * 8) + 7)]);
-  }
-}
-
-// matmul as a generated block graph: grid [148, 1, 1], forloop 28, tensor cores
-extern "C" __global__ void __launch_bounds__(128, 1) mg_k1_mirage_qwen2_mlp_b16_f16_h16x3584_h3584x18944_h3584x18944_h18944x3584_to_h16x3584(
-    const mg_f16* __restrict__ p0,
-    const mg_f16* __restrict__ p1,
-    mg_f16* __restrict__ p2,
-    const __grid_constant__ mg_tmap p3,
-    const __grid_constant__ mg_tmap p4) {
-  const int bx = blockIdx.x, by = blockIdx.y, bz = blockIdx.z;
-  (void)bx; (void)by; (void)bz;
-  extern __shared__ __align__(16) unsigned char mg_smem_raw[];
-  unsigned char* mg_smem = mg_smem_raw + ((1024u - (mg_smem_addr(mg_smem_raw) & 1023u)) & 1023u);
-  const int base_a = 0;
-  const int base_b = bx * 128;
-  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 155680);
-  if (threadIdx.x < 4) mg_zero[threadIdx.x] = 0u;
-  unsigned long long* mg_mbar = reinterpret_cast<unsigned long long*>(mg_smem + 155648);
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < 4; ++s) mg_mbar_init(mg_mbar + s);
-    mg_mbar_fence_init();
-  }
-  __syncthreads();
-  mg_f16* sm_a_0 = reinterpret_cast<mg_f16*>(mg_smem + 0);
-  mg_f16* sm_b_0 = reinterpret_cast<mg_f16*>(mg_smem + 16384);
-  float* buf_s = reinterpret_cast<float*>(mg_smem + 147456);
-  if (threadIdx.x == 0) {
-    mg_mbar_arrive_expect(mg_mbar + ((0) % 4), 36864u);
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((0) % 4) * 2048)), &p3, (0) * 128, 0, mg_mbar + ((0) % 4));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((0) % 4) * 2048)) + 2048, &p3, (0) * 128 + 64, 0, mg_mbar + ((0) % 4));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 4) * 16384)), &p4, bx * 128, (0) * 128, mg_mbar + ((0) % 4));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 4) * 16384)) + 16384, &p4, bx * 128 + 64, (0) * 128, mg_mbar + ((0) % 4));
-  }
-  if (threadIdx.x == 0) {
-    mg_mbar_arrive_expect(mg_mbar + ((1) % 4), 36864u);
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((1) % 4) * 2048)), &p3, (1) * 128, 0, mg_mbar + ((1) % 4));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((1) % 4) * 2048)) + 2048, &p3, (1) * 128 + 64, 0, mg_mbar + ((1) % 4));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 4) * 16384)), &p4, bx * 128, (1) * 128, mg_mbar + ((1) % 4));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 4) * 16384)) + 16384, &p4, bx * 128 + 64, (1) * 128, mg_mbar + ((1) % 4));
-  }
-  if (threadIdx.x == 0) {
-    mg_mbar_arrive_expect(mg_mbar + ((2) % 4), 36864u);
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((2) % 4) * 2048)), &p3, (2) * 128, 0, mg_mbar + ((2) % 4));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((2) % 4) * 2048)) + 2048, &p3, (2) * 128 + 64, 0, mg_mbar + ((2) % 4));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 4) * 16384)), &p4, bx * 128, (2) * 128, mg_mbar + ((2) % 4));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 4) * 16384)) + 16384, &p4, bx * 128 + 64, (2) * 128, mg_mbar + ((2) % 4));
-  }
-  mg_grid_wait();
-  mg_grid_release();
-  float acc_s[4][4];
-  #pragma unroll
-  for (int j = 0; j < 4; ++j) acc_s[j][0] = acc_s[j][1] = acc_s[j][2] = acc_s[j][3] = 0.0f;
-  for (int it = 0; it < 28; ++it) {
-    mg_mbar_wait(mg_mbar + (it % 4), (it / 4) & 1);
     __syncthreads();
-    if (it + 3 < 28) {
-      if (threadIdx.x == 0) {
-        mg_mbar_arrive_expect(mg_mbar + ((it + 3) % 4), 36864u);
-        mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((it + 3) % 4) * 2048)), &p3, (it + 3) * 128, 0, mg_mbar + ((it + 3) % 4));
-        mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((it + 3) % 4) * 2048)) + 2048, &p3, (it + 3) * 128 + 64, 0, mg_mbar + ((it + 3) % 4));
-        mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 3) % 4) * 16384)), &p4, bx * 128, (it + 3) * 128, mg_mbar + ((it + 3) % 4));
-        mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 3) % 4) * 16384)) + 16384, &p4, bx * 128 + 64, (it + 3) * 128, mg_mbar + ((it + 3) % 4));
+    for (int e1 = threadIdx.x; e1 < 256; e1 += 128) {
+      const int i2_0 = e1 / 16;
+      const int i2_1 = (e1) % 16;
+      mg_st8(g0_p2 + (bx * 128 + i2_0 * 18944 + (i2_1 * 8)), buf_s[i2_0 * 128 + ((i2_1 * 8) + 0)], buf_s[i2_0 * 128 + ((i2_1 * 8) + 1)], buf_s[i2_0 * 128 + ((i2_1 * 8) + 2)], buf_s[i2_0 * 128 + ((i2_1 * 8) + 3)], buf_s[i2_0 * 128 + ((i2_1 * 8) + 4)], buf_s[i2_0 * 128 + ((i2_1 * 8) + 5)], buf_s[i2_0 * 128 + ((i2_1 * 8) + 6)], buf_s[i2_0 * 128 + ((i2_1 * 8) + 7)]);
+    }
+  } else if (blockIdx.x < 296u) {
+    const unsigned mg_bx = (blockIdx.x - 148u) % 148u;
+    const unsigned mg_by = (blockIdx.x - 148u) / 148u;
+    (void)mg_bx; (void)mg_by;
+    const int bx = mg_bx, by = mg_by, bz = blockIdx.z;
+    (void)bx; (void)by; (void)bz;
+    extern __shared__ __align__(16) unsigned char mg_smem_raw[];
+    unsigned char* mg_smem = mg_smem_raw + ((1024u - (mg_smem_addr(mg_smem_raw) & 1023u)) & 1023u);
+    const int base_a = 0;
+    const int base_b = bx * 128;
+    unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 155680);
+    if (threadIdx.x < 4) mg_zero[threadIdx.x] = 0u;
+    unsigned long long* mg_mbar = reinterpret_cast<unsigned long long*>(mg_smem + 155648);
+    if (threadIdx.x == 0) {
+      for (int s = 0; s < 4; ++s) mg_mbar_init(mg_mbar + s);
+      mg_mbar_fence_init();
+    }
+    __syncthreads();
+    mg_f16* sm_a_0 = reinterpret_cast<mg_f16*>(mg_smem + 0);
+    mg_f16* sm_b_0 = reinterpret_cast<mg_f16*>(mg_smem + 16384);
+    float* buf_s = reinterpret_cast<float*>(mg_smem + 147456);
+    if (threadIdx.x == 0) {
+      mg_mbar_expect(mg_mbar + ((0) % 4), 32768u);
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 4) * 16384)), &g1_p4, bx * 128, (0) * 128, mg_mbar + ((0) % 4));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 4) * 16384)) + 16384, &g1_p4, bx * 128 + 64, (0) * 128, mg_mbar + ((0) % 4));
+    }
+    if (threadIdx.x == 0) {
+      mg_mbar_expect(mg_mbar + ((1) % 4), 32768u);
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 4) * 16384)), &g1_p4, bx * 128, (1) * 128, mg_mbar + ((1) % 4));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 4) * 16384)) + 16384, &g1_p4, bx * 128 + 64, (1) * 128, mg_mbar + ((1) % 4));
+    }
+    if (threadIdx.x == 0) {
+      mg_mbar_expect(mg_mbar + ((2) % 4), 32768u);
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 4) * 16384)), &g1_p4, bx * 128, (2) * 128, mg_mbar + ((2) % 4));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 4) * 16384)) + 16384, &g1_p4, bx * 128 + 64, (2) * 128, mg_mbar + ((2) % 4));
+    }
+    mg_grid_wait();
+    mg_grid_release();
+    if (threadIdx.x == 0) {
+      mg_mbar_arrive_expect(mg_mbar + ((0) % 4), 4096u);
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((0) % 4) * 2048)), &g1_p3, (0) * 128, 0, mg_mbar + ((0) % 4));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((0) % 4) * 2048)) + 2048, &g1_p3, (0) * 128 + 64, 0, mg_mbar + ((0) % 4));
+    }
+    if (threadIdx.x == 0) {
+      mg_mbar_arrive_expect(mg_mbar + ((1) % 4), 4096u);
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((1) % 4) * 2048)), &g1_p3, (1) * 128, 0, mg_mbar + ((1) % 4));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((1) % 4) * 2048)) + 2048, &g1_p3, (1) * 128 + 64, 0, mg_mbar + ((1) % 4));
+    }
+    if (threadIdx.x == 0) {
+      mg_mbar_arrive_expect(mg_mbar + ((2) % 4), 4096u);
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((2) % 4) * 2048)), &g1_p3, (2) * 128, 0, mg_mbar + ((2) % 4));
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((2) % 4) * 2048)) + 2048, &g1_p3, (2) * 128 + 64, 0, mg_mbar + ((2) % 4));
+    }
+    float acc_s[4][4];
+    #pragma unroll
+    for (int j = 0; j < 4; ++j) acc_s[j][0] = acc_s[j][1] = acc_s[j][2] = acc_s[j][3] = 0.0f;
+    for (int it = 0; it < 28; ++it) {
+      mg_mbar_wait(mg_mbar + (it % 4), (it / 4) & 1);
+      __syncthreads();
+      if (it + 3 < 28) {
+        if (threadIdx.x == 0) {
+          mg_mbar_arrive_expect(mg_mbar + ((it + 3) % 4), 36864u);
+          mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((it + 3) % 4) * 2048)), &g1_p3, (it + 3) * 128, 0, mg_mbar + ((it + 3) % 4));
+          mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((it + 3) % 4) * 2048)) + 2048, &g1_p3, (it + 3) * 128 + 64, 0, mg_mbar + ((it + 3) % 4));
+          mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 3) % 4) * 16384)), &g1_p4, bx * 128, (it + 3) * 128, mg_mbar + ((it + 3) % 4));
+          mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 3) % 4) * 16384)) + 16384, &g1_p4, bx * 128 + 64, (it + 3) * 128, mg_mbar + ((it + 3) % 4));
+        }
+      }
+      const auto* sm_a = (sm_a_0 + ((it) % 4) * 2048);
+      const auto* sm_b = (sm_b_0 + ((it) % 4) * 16384);
+      {
+        const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
+        const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
+        (void)mg_g; (void)mg_t;
+        const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
+        (void)mg_ks;
+      #pragma unroll
+      for (int s = 0; s < 8; ++s) {
+        const int kk = (mg_ks + s * 1) * 16;
+        const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
+        (void)k0; (void)k1;
+        unsigned ra0, ra1, ra2, ra3;
+        const int mg_mi = 0, r0 = mg_g, r1 = r0 + 8;
+        (void)r0; (void)r1;
+        mg_ldsm_x4(ra0, ra1, ra2, ra3, (reinterpret_cast<const unsigned char*>(sm_a) + ((((kk + (mg_lane >> 4) * 8)) * 2) / 128) * 2048 + (((((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8))) * 128 + (((kk + (mg_lane >> 4) * 8)) * 2) % 128) ^ (((((((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8))) * 128 + (((kk + (mg_lane >> 4) * 8)) * 2) % 128) >> 7) & 7) << 4))));
+        #pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const int q = mg_grp + 4 * j;
+          const int mg_nb = q / 16;
+          const int mg_ni = q % 16;
+          const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
+          (void)mg_nb; (void)c0; (void)n0;
+          unsigned rb0, rb1;
+          mg_ldsm_x2_t(rb0, rb1, (reinterpret_cast<const unsigned char*>(sm_b) + ((((mg_ni * 8)) * 2) / 128) * 16384 + (((((kk + (mg_lane & 15)))) * 128 + (((mg_ni * 8)) * 2) % 128) ^ (((((((kk + (mg_lane & 15)))) * 128 + (((mg_ni * 8)) * 2) % 128) >> 7) & 7) << 4))));
+          mg_mma_f16(acc_s[j], ra0, ra1, ra2, ra3, rb0, rb1);
+        }
+      }
       }
     }
-    const auto* sm_a = (sm_a_0 + ((it) % 4) * 2048);
-    const auto* sm_b = (sm_b_0 + ((it) % 4) * 16384);
+    __syncthreads();
     {
       const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
       const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
       (void)mg_g; (void)mg_t;
       const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
       (void)mg_ks;
-    #pragma unroll
-    for (int s = 0; s < 8; ++s) {
-      const int kk = (mg_ks + s * 1) * 16;
-      const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
-      (void)k0; (void)k1;
-      unsigned ra0, ra1, ra2, ra3;
-      const int mg_mi = 0, r0 = mg_g, r1 = r0 + 8;
-      (void)r0; (void)r1;
-      mg_ldsm_x4(ra0, ra1, ra2, ra3, (reinterpret_cast<const unsigned char*>(sm_a) + ((((kk + (mg_lane >> 4) * 8)) * 2) / 128) * 2048 + (((((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8))) * 128 + (((kk + (mg_lane >> 4) * 8)) * 2) % 128) ^ (((((((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8))) * 128 + (((kk + (mg_lane >> 4) * 8)) * 2) % 128) >> 7) & 7) << 4))));
       #pragma unroll
       for (int j = 0; j < 4; ++j) {
         const int q = mg_grp + 4 * j;
-        const int mg_nb = q / 16;
-        const int mg_ni = q % 16;
-        const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
-        (void)mg_nb; (void)c0; (void)n0;
-        unsigned rb0, rb1;
-        mg_ldsm_x2_t(rb0, rb1, (reinterpret_cast<const unsigned char*>(sm_b) + ((((mg_ni * 8)) * 2) / 128) * 16384 + (((((kk + (mg_lane & 15)))) * 128 + (((mg_ni * 8)) * 2) % 128) ^ (((((((kk + (mg_lane & 15)))) * 128 + (((mg_ni * 8)) * 2) % 128) >> 7) & 7) << 4))));
-        mg_mma_f16(acc_s[j], ra0, ra1, ra2, ra3, rb0, rb1);
+        if (q < 16) {
+          const int mg_nb = q / 16;
+          const int mg_mi = (q / 16) % 1;
+          const int mg_ni = q % 16;
+          const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
+          const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
+          (void)mg_nb; (void)r1; (void)c0; (void)n0;
+          buf_s[r0 * 128 + c0] = acc_s[j][0];
+          buf_s[r0 * 128 + (c0 + 1)] = acc_s[j][1];
+          buf_s[r1 * 128 + c0] = acc_s[j][2];
+          buf_s[r1 * 128 + (c0 + 1)] = acc_s[j][3];
+        }
       }
     }
+    __syncthreads();
+    for (int e1 = threadIdx.x; e1 < 256; e1 += 128) {
+      const int i2_0 = e1 / 16;
+      const int i2_1 = (e1) % 16;
+      mg_st8(g1_p2 + (bx * 128 + i2_0 * 18944 + (i2_1 * 8)), buf_s[i2_0 * 128 + ((i2_1 * 8) + 0)], buf_s[i2_0 * 128 + ((i2_1 * 8) + 1)], buf_s[i2_0 * 128 + ((i2_1 * 8) + 2)], buf_s[i2_0 * 128 + ((i2_1 * 8) + 3)], buf_s[i2_0 * 128 + ((i2_1 * 8) + 4)], buf_s[i2_0 * 128 + ((i2_1 * 8) + 5)], buf_s[i2_0 * 128 + ((i2_1 * 8) + 6)], buf_s[i2_0 * 128 + ((i2_1 * 8) + 7)]);
     }
-  }
-  __syncthreads();
-  {
-    const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
-    const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
-    (void)mg_g; (void)mg_t;
-    const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
-    (void)mg_ks;
-    #pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int q = mg_grp + 4 * j;
-      if (q < 16) {
-        const int mg_nb = q / 16;
-        const int mg_mi = (q / 16) % 1;
-        const int mg_ni = q % 16;
-        const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
-        const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
-        (void)mg_nb; (void)r1; (void)c0; (void)n0;
-        buf_s[r0 * 128 + c0] = acc_s[j][0];
-        buf_s[r0 * 128 + (c0 + 1)] = acc_s[j][1];
-        buf_s[r1 * 128 + c0] = acc_s[j][2];
-        buf_s[r1 * 128 + (c0 + 1)] = acc_s[j][3];
-      }
-    }
-  }
-  __syncthreads();
-  for (int e1 = threadIdx.x; e1 < 256; e1 += 128) {
-    const int i2_0 = e1 / 16;
-    const int i2_1 = (e1) % 16;
-    mg_st8(p2 + (bx * 128 + i2_0 * 18944 + (i2_1 * 8)), buf_s[i2_0 * 128 + ((i2_1 * 8) + 0)], buf_s[i2_0 * 128 + ((i2_1 * 8) + 1)], buf_s[i2_0 * 128 + ((i2_1 * 8) + 2)], buf_s[i2_0 * 128 + ((i2_1 * 8) + 3)], buf_s[i2_0 * 128 + ((i2_1 * 8) + 4)], buf_s[i2_0 * 128 + ((i2_1 * 8) + 5)], buf_s[i2_0 * 128 + ((i2_1 * 8) + 6)], buf_s[i2_0 * 128 + ((i2_1 * 8) + 7)]);
   }
 }
 
@@ -1014,9 +1027,6 @@ static cudaError_t mg_prepare_mirage_qwen2_mlp_b16_f16_h16x3584_h3584x18944_h358
   mg_err = cudaFuncSetAttribute((const void*)mg_k0_mirage_qwen2_mlp_b16_f16_h16x3584_h3584x18944_h3584x18944_h18944x3584_to_h16x3584,
                                 cudaFuncAttributeMaxDynamicSharedMemorySize, 156720);
   if (mg_err != cudaSuccess) return mg_err;
-  mg_err = cudaFuncSetAttribute((const void*)mg_k1_mirage_qwen2_mlp_b16_f16_h16x3584_h3584x18944_h3584x18944_h18944x3584_to_h16x3584,
-                                cudaFuncAttributeMaxDynamicSharedMemorySize, 156720);
-  if (mg_err != cudaSuccess) return mg_err;
   mg_err = cudaFuncSetAttribute((const void*)mg_k4_mirage_qwen2_mlp_b16_f16_h16x3584_h3584x18944_h3584x18944_h18944x3584_to_h16x3584,
                                 cudaFuncAttributeMaxDynamicSharedMemorySize, 225856);
   if (mg_err != cudaSuccess) return mg_err;
@@ -1062,48 +1072,36 @@ extern "C" cudaError_t mirage_qwen2_mlp_b16_f16_h16x3584_h3584x18944_h3584x18944
                                 mg_dims, mg_strides, mg_box, CU_TENSOR_MAP_SWIZZLE_128B);
       if (mg_err != cudaSuccess) return mg_err;
     }
-    void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2, &mg_a3, &mg_a4};
+    const mg_f16* mg_a5 = (const mg_f16*)(mg_in0_X);
+    const mg_f16* mg_a6 = (const mg_f16*)(mg_in2_W3);
+    mg_f16* mg_a7 = (mg_f16*)(mg_ws + 606208);
+    mg_tmap mg_a8;
+    {
+      const cuuint64_t mg_dims[] = {3584, 16};
+      const cuuint64_t mg_strides[] = {7168};
+      const cuuint32_t mg_box[] = {64, 16};
+      mg_err = mg_encode_tmap_mirage_qwen2_mlp_b16_f16_h16x3584_h3584x18944_h3584x18944_h18944x3584_to_h16x3584(&mg_a8, mg_in0_X, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2,
+                                mg_dims, mg_strides, mg_box, CU_TENSOR_MAP_SWIZZLE_128B);
+      if (mg_err != cudaSuccess) return mg_err;
+    }
+    mg_tmap mg_a9;
+    {
+      const cuuint64_t mg_dims[] = {18944, 3584};
+      const cuuint64_t mg_strides[] = {37888};
+      const cuuint32_t mg_box[] = {64, 128};
+      mg_err = mg_encode_tmap_mirage_qwen2_mlp_b16_f16_h16x3584_h3584x18944_h3584x18944_h18944x3584_to_h16x3584(&mg_a9, mg_in2_W3, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2,
+                                mg_dims, mg_strides, mg_box, CU_TENSOR_MAP_SWIZZLE_128B);
+      if (mg_err != cudaSuccess) return mg_err;
+    }
+    void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2, &mg_a3, &mg_a4, &mg_a5, &mg_a6, &mg_a7, &mg_a8, &mg_a9};
     cudaLaunchConfig_t mg_cfg = {};
-    mg_cfg.gridDim = dim3(148, 1, 1);
+    mg_cfg.gridDim = dim3(296, 1, 1);
     mg_cfg.blockDim = dim3(128);
     mg_cfg.dynamicSmemBytes = 156720;
     mg_cfg.stream = mg_stream;
     mg_cfg.attrs = mg_pdl;
     mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
     mg_err = cudaLaunchKernelExC(&mg_cfg, (const void*)mg_k0_mirage_qwen2_mlp_b16_f16_h16x3584_h3584x18944_h3584x18944_h18944x3584_to_h16x3584, mg_args);
-  }
-  if (mg_err != cudaSuccess) return mg_err;
-  {
-    const mg_f16* mg_a0 = (const mg_f16*)(mg_in0_X);
-    const mg_f16* mg_a1 = (const mg_f16*)(mg_in2_W3);
-    mg_f16* mg_a2 = (mg_f16*)(mg_ws + 606208);
-    mg_tmap mg_a3;
-    {
-      const cuuint64_t mg_dims[] = {3584, 16};
-      const cuuint64_t mg_strides[] = {7168};
-      const cuuint32_t mg_box[] = {64, 16};
-      mg_err = mg_encode_tmap_mirage_qwen2_mlp_b16_f16_h16x3584_h3584x18944_h3584x18944_h18944x3584_to_h16x3584(&mg_a3, mg_in0_X, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2,
-                                mg_dims, mg_strides, mg_box, CU_TENSOR_MAP_SWIZZLE_128B);
-      if (mg_err != cudaSuccess) return mg_err;
-    }
-    mg_tmap mg_a4;
-    {
-      const cuuint64_t mg_dims[] = {18944, 3584};
-      const cuuint64_t mg_strides[] = {37888};
-      const cuuint32_t mg_box[] = {64, 128};
-      mg_err = mg_encode_tmap_mirage_qwen2_mlp_b16_f16_h16x3584_h3584x18944_h3584x18944_h18944x3584_to_h16x3584(&mg_a4, mg_in2_W3, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2,
-                                mg_dims, mg_strides, mg_box, CU_TENSOR_MAP_SWIZZLE_128B);
-      if (mg_err != cudaSuccess) return mg_err;
-    }
-    void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2, &mg_a3, &mg_a4};
-    cudaLaunchConfig_t mg_cfg = {};
-    mg_cfg.gridDim = dim3(148, 1, 1);
-    mg_cfg.blockDim = dim3(128);
-    mg_cfg.dynamicSmemBytes = 156720;
-    mg_cfg.stream = mg_stream;
-    mg_cfg.attrs = mg_pdl;
-    mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
-    mg_err = cudaLaunchKernelExC(&mg_cfg, (const void*)mg_k1_mirage_qwen2_mlp_b16_f16_h16x3584_h3584x18944_h3584x18944_h18944x3584_to_h16x3584, mg_args);
   }
   if (mg_err != cudaSuccess) return mg_err;
   {

@@ -28,7 +28,7 @@ import functools
 import math
 import statistics
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -234,14 +234,22 @@ def kernel_times(dev: Device, loaded: Loaded, g: Graph, replays: int, scale: flo
 # -- achieved rates per kernel ------------------------------------------------------------
 
 
-def model_counts(g: Graph) -> list[tuple[int, int]]:
-    """(FLOPs, DRAM bytes) of each kernel of ``g`` in launch order, as the search's cost
-    model counts them (:func:`~mirage_cli.search.cost.kernel_costs`): the rates are
-    then the model's own terms over measured time, which is what shows where the model
-    and the device disagree."""
+def model_counts(g: Graph, launch_ops: Sequence[Sequence[int]]) -> list[tuple[int, int]]:
+    """(FLOPs, DRAM bytes) of each launch of ``g`` (the kernel operators each runs, in
+    launch order: ``Program.launch_ops``), as the search's cost model counts them
+    (:func:`~mirage_cli.search.cost.kernel_costs`): the rates are then the model's own
+    terms over measured time, which is what shows where the model and the device
+    disagree."""
     from mirage_cli.search.cost import kernel_costs
 
-    return [(c.flops, c.dram_bytes) for c in kernel_costs(g) if c.launched]
+    ks = kernel_costs(g)
+    return [(sum(ks[i].flops for i in run), sum(ks[i].dram_bytes for i in run))
+            for run in launch_ops]
+
+
+def launch_kinds(g: Graph, launch_ops: Sequence[Sequence[int]]) -> list[str]:
+    """The operator kind of each launch: its kernels' kinds, joined by '+'."""
+    return ["+".join(g.ops[i].op for i in run) for run in launch_ops]
 
 
 def achieved(flops: int, dram_bytes: int, us: float | None
@@ -554,7 +562,8 @@ def _measure(dev: Device, label: str, g: Graph, ref: Graph, replays: int, scale:
         us = time_loaded(dev, loaded, g, replays, scale) if chk.ok else None
         if per_kernel and chk.ok:
             times = kernel_times(dev, loaded, g, replays, scale)
-            kernels = with_rates(kernels, [op.op for op in g.ops], _counts(g), times)
+            runs = loaded.prog.launch_ops
+            kernels = with_rates(kernels, launch_kinds(g, runs), _counts(g, runs), times)
     finally:
         loaded.unload()
     info(f"  {label}: {'ok' if chk.ok else 'FAIL ' + chk.reason} rel_err={chk.rel_err:.2e}"
@@ -564,11 +573,11 @@ def _measure(dev: Device, label: str, g: Graph, ref: Graph, replays: int, scale:
     return Measured(us, chk, kernels)
 
 
-def _counts(g: Graph) -> list[tuple[int, int]] | None:
+def _counts(g: Graph, launch_ops: Sequence[Sequence[int]]) -> list[tuple[int, int]] | None:
     """:func:`model_counts`, or ``None`` (rates unknown) where the model fails: the
     rates are information, never a reason to lose a measurement."""
     try:
-        return model_counts(g)
+        return model_counts(g, launch_ops)
     except Exception as e:  # noqa: BLE001
         info(f"    cost model: {type(e).__name__}: {e} (no rates)")
         return None

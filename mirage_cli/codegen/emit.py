@@ -157,6 +157,7 @@ def emit(prog: Program) -> tuple[str, str]:
                 "bounds": f"{k.threads}, {k.min_blocks}" if k.min_blocks else str(k.threads),
                 "attrs": f"__cluster_dims__(1, 1, {k.cluster}) " if k.cluster > 1 else "",
                 "pre": k.body[:k.wait_at], "body": k.body[k.wait_at:],
+                "wait": not k.waits_inside,
                 "params": [f"{p.ctype} {p.name}" for p in k.params]}
                for k in prog.kernels]
     summary = [f"kernel {k.name}: grid {list(k.grid)}, {k.threads} threads, "

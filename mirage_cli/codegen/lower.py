@@ -2,7 +2,9 @@
 
 Expects a checked graph. Every kernel operator becomes one kernel: custom operators
 through :mod:`fused`, pre-defined ones through :mod:`standalone`, but for reshapes
-whose tensors share one buffer (:mod:`aliasing`), which launch nothing. Device tensors that
+whose tensors share one buffer (:mod:`aliasing`), which launch nothing. Kernels are
+launched level by level, and neighbours that run alike share one launch
+(:mod:`grouping`). Device tensors that
 are neither inputs nor outputs live in the workspace (256-byte aligned), followed by
 each fused kernel's per-block scratch area. ``unfused`` is the baseline lowering of a
 program without custom kernels (the same thing; named for the benchmark).
@@ -13,6 +15,7 @@ from __future__ import annotations
 from mirage_cli.arch import DEFAULT_ARCH
 from mirage_cli.codegen.aliasing import aliasing
 from mirage_cli.codegen.custom import lower_custom
+from mirage_cli.codegen.grouping import compatible, levels, merge
 from mirage_cli.codegen.names import (
     RESERVED,
     check_entry_name,
@@ -39,11 +42,12 @@ def entry_name(g: Graph, name: str | None = None) -> str:
 
 
 def early_inputs(g: Graph, i: int) -> frozenset[str]:
-    """The inputs that kernel ``i`` of ``g`` may read before its grid-dependency wait,
-    while the kernel ahead of it in the stream may still run. The first kernel follows
-    the caller's work, which may write any input but those declared ``weight``. Every
-    later kernel follows a kernel of this call, which lets it launch only after its own
-    wait: by then all of the caller's work is done, and no kernel writes an input."""
+    """The inputs that a kernel of ``g`` of launch level ``i`` may read before its
+    grid-dependency wait, while the kernel ahead of it in the stream may still run. A
+    kernel of level 0 may be in the first launch, which follows the caller's work, and
+    that may write any input but those declared ``weight``. Every later launch follows
+    a kernel of this call, which lets it launch only after its own wait: by then all of
+    the caller's work is done, and no kernel writes an input."""
     if i == 0:
         return frozenset(inp.value.name for inp in g.inputs if inp.weight)
     return frozenset(inp.value.name for inp in g.inputs)
@@ -66,17 +70,31 @@ def lower(g: Graph, arch: str = DEFAULT_ARCH, *, name: str | None = None) -> Pro
             if v.name not in external and v.name not in shared.storage:
                 temps.append(Buffer(v.name, v.type, "workspace", ws))
                 ws = align(ws + v.type.nbytes)
+    # Kernels launch level by level, neighbours of one level that run alike in one
+    # launch (grouping.py). The first launch follows the caller's work, so its kernels
+    # read no input but weights before their wait; a kernel lowered for it that does
+    # not join it is lowered again for a later launch, where it may read any input.
+    level = levels(g, shared.free)
+
+    def lowered(i: int, first: bool) -> Kernel:
+        op, kname = g.ops[i], kernel_name(name, i)
+        early = early_inputs(g, 0 if first else 1)
+        if op.block is not None:
+            return lower_custom(op, kname, types, arch, early)
+        return lower_kernel_op(op, kname, types, arch, early)
+
+    runs: list[list[tuple[int, Kernel]]] = []
+    for i in sorted(level, key=lambda i: (level[i], i)):
+        first = len(runs) <= 1 and (not runs or level[runs[0][0][0]] == level[i])
+        k = lowered(i, first)
+        if runs and level[runs[-1][0][0]] == level[i] and compatible(runs[-1][0][1], k):
+            runs[-1].append((i, k))
+            continue
+        runs.append([(i, k if not runs or not first else lowered(i, False))])
     kernels: list[Kernel] = []
     steps: list[Launch | Copy] = []
-    for i, op in enumerate(g.ops):
-        if i in shared.free:
-            continue
-        kname = kernel_name(name, i)
-        early = early_inputs(g, len(kernels))  # by launch: the first follows the caller
-        if op.block is not None:
-            k = lower_custom(op, kname, types, arch, early)
-        else:
-            k = lower_kernel_op(op, kname, types, arch, early)
+    for run in runs:
+        k = run[0][1] if len(run) == 1 else merge([m for _, m in run], run[0][1].name)
         kernels.append(k)
         steps.append(Launch(k.name, ws))
         ws = align(ws + k.scratch_bytes * k.grid[0] * k.grid[1] * k.grid[2])
@@ -85,4 +103,5 @@ def lower(g: Graph, arch: str = DEFAULT_ARCH, *, name: str | None = None) -> Pro
         if n not in produced:  # an output that is an input: copy it
             steps.append(Copy(n, n, types[n].nbytes))
     return Program(name, inputs, outputs, tuple(temps), tuple(kernels), tuple(steps), ws,
-                   arch=arch, source_name=g.name, aliases=tuple(sorted(shared.storage.items())))
+                   arch=arch, source_name=g.name, aliases=tuple(sorted(shared.storage.items())),
+                   launch_ops=tuple(tuple(i for i, _ in run) for run in runs))

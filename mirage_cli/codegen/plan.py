@@ -74,6 +74,9 @@ class Kernel:
     # a kernel may issue copies of inputs that no earlier kernel can be writing before
     # it waits for the kernel ahead of it in the stream (codegen/kernel.py, early).
     wait_at: int = 0
+    # A grouped launch (codegen/grouping.py): each member's body waits where it would
+    # alone, so the kernel has no wait of its own.
+    waits_inside: bool = False
 
 
 @dataclass(frozen=True)
@@ -119,6 +122,9 @@ class Program:
     # Tensors stored in another's buffer (a reshape that launches nothing:
     # codegen/aliasing.py), each with the tensor whose buffer it is.
     aliases: tuple[tuple[str, str], ...] = ()
+    # The µGraph's kernel operators (by index) that each launch step runs: one, or
+    # several sharing one launch (codegen/grouping.py); in the order of ``steps``.
+    launch_ops: tuple[tuple[int, ...], ...] = ()
 
     def storage(self, name: str) -> str:
         """The tensor whose buffer holds ``name`` (``name`` itself but for aliases)."""

@@ -54,4 +54,5 @@ def command(file: str, output: str | None, name: str | None, arch: str, hpp: boo
             files[paths[2]] = emit_hpp(prog, paths[1].rsplit("/", 1)[-1])
         changed = out.commit(files)
     info(f"wrote {', '.join(changed) or 'nothing (unchanged)'}: entry point {prog.name}, "
-         f"{len(prog.kernels)} kernel(s), workspace {prog.workspace_bytes} bytes")
+         f"{sum(map(len, prog.launch_ops))} kernel(s) in {len(prog.kernels)} launch(es), "
+         f"workspace {prog.workspace_bytes} bytes")

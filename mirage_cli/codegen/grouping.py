@@ -1,0 +1,98 @@
+"""Launch order and grouped launches: independent kernels that share one launch.
+
+A kernel's *level* is one more than the highest level of the kernels whose results it
+reads (0: it reads only the program's inputs); reshapes that launch nothing
+(:mod:`.aliasing`) pass their input's producer on. Kernels are launched level by level,
+in program order within a level, so kernels that do not depend on each other become
+neighbours: the three projections of a decoder layer's queries, keys and values; the
+two rotations; the key and value cache copies.
+
+Neighbours of one level that run alike (equal threads per block, cluster size and grid
+depth, no scratch area) share a launch: one grid whose blocks, by ``blockIdx.x``, run one
+member's body or the next's (:func:`merge`). What that saves is the fixed cost of a
+kernel: its launch, the pipeline fill before its first bytes arrive, and its tail, in
+which the SMs empty one by one; a small kernel (a key projection of 8 MB, a rotation)
+is mostly that. Members keep their own code: each block runs exactly what it ran
+alone, with its own block index, grid size and parameters, and waits for the kernel
+ahead of it in the stream after its own early copies of weights, as it did alone.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+from mirage_cli.codegen.plan import Kernel, Param
+from mirage_cli.ir import Graph
+
+# Tokens of a member's body that become its own values in a grouped launch.
+_BLOCK_VARS = re.compile(r"\b(blockIdx|gridDim)\.([xyz])\b")
+
+
+def levels(g: Graph, free: frozenset[int]) -> dict[int, int]:
+    """The level of each launched kernel operator of ``g`` (by op index)."""
+    producer: dict[str, int] = {}  # a tensor -> the launched op that writes its buffer
+    level: dict[int, int] = {}
+    for i, op in enumerate(g.ops):
+        if i in free:  # a reshape sharing its input's buffer: written by its producer
+            if op.inputs[0] in producer:
+                producer[op.outputs[0].name] = producer[op.inputs[0]]
+            continue
+        level[i] = 1 + max((level[producer[t]] for t in op.inputs if t in producer),
+                           default=-1)
+        for v in op.outputs:
+            producer[v.name] = i
+    return level
+
+
+def compatible(a: Kernel, b: Kernel) -> bool:
+    """Whether ``b`` can join a launch with ``a``: every block of one grid runs the same
+    number of threads in clusters of one size, along one grid depth."""
+    return (a.threads == b.threads and a.cluster == b.cluster and a.grid[2] == b.grid[2]
+            and a.scratch_bytes == 0 and b.scratch_bytes == 0)
+
+
+def merge(members: Sequence[Kernel], name: str) -> Kernel:
+    """One kernel that runs ``members`` side by side: member ``m`` owns the next
+    ``grid.x * grid.y`` values of ``blockIdx.x`` (all of ``blockIdx.z``)."""
+    params: list[Param] = []
+    body: list[str] = []
+    first = 0
+    for m, k in enumerate(members):
+        rename = {p.name: f"g{m}_{p.name}" for p in k.params}
+        params += [Param(p.ctype, rename[p.name], p.arg, p.tmap) for p in k.params]
+        gx, gy, _ = k.grid
+        cond = "if" if m == 0 else "} else if"
+        body += [f"{cond} (blockIdx.x < {first + gx * gy}u) {{",
+                 f"  const unsigned mg_bx = (blockIdx.x - {first}u) % {gx}u;",
+                 f"  const unsigned mg_by = (blockIdx.x - {first}u) / {gx}u;",
+                 "  (void)mg_bx; (void)mg_by;"]
+        lines = [_local(line, rename, k.grid) for line in k.body]
+        body += ["  " + line if line else "" for line in lines[:k.wait_at]]
+        body += ["  mg_grid_wait();", "  mg_grid_release();"]
+        body += ["  " + line if line else "" for line in lines[k.wait_at:]]
+        first += gx * gy
+    body.append("}")
+    head = members[0]
+    return Kernel(name, tuple(params), tuple(body), head.threads,
+                  (first, 1, head.grid[2]), max(k.smem_bytes for k in members), 0,
+                  "one launch of " + str(len(members)) + " kernels: "
+                  + "; ".join(k.comment for k in members),
+                  {"grouped": [k.plan for k in members]},
+                  max(k.min_blocks for k in members), head.cluster, 0, waits_inside=True)
+
+
+def _local(line: str, rename: dict[str, str], grid: tuple[int, int, int]) -> str:
+    """``line`` of a member's body with its block index, grid size and parameter names
+    made its own (the grid depth and ``blockIdx.z`` are every member's)."""
+    def block_var(m: re.Match[str]) -> str:
+        axis = "xyz".index(m.group(2))
+        if m.group(1) == "gridDim":
+            return f"{grid[axis]}u"
+        return ("mg_bx", "mg_by", "blockIdx.z")[axis]
+
+    line = _BLOCK_VARS.sub(block_var, line)
+    if not rename:
+        return line
+    names = re.compile(r"\b(" + "|".join(map(re.escape, rename)) + r")\b")
+    return names.sub(lambda m: rename[m.group(1)], line)

@@ -1,0 +1,98 @@
+"""Launch order and grouped launches (codegen/grouping.py): levels, which kernels share
+a launch, what each member's code becomes, and which inputs the first launch may copy
+before its wait. On a GPU, ``codegen_cases.grouped_launches`` and every example are
+checked against the reference by test_codegen_gpu."""
+
+from __future__ import annotations
+
+import re
+
+from codegen_cases import grouped_launches
+
+from mirage_cli.builder import GraphBuilder
+from mirage_cli.codegen.aliasing import aliasing
+from mirage_cli.codegen.emit import emit
+from mirage_cli.codegen.grouping import compatible, levels, merge
+from mirage_cli.codegen.lower import lower
+from mirage_cli.codegen.plan import Kernel, Param
+
+
+def test_levels_follow_the_data_through_shared_buffers() -> None:
+    g = grouped_launches()
+    kinds = [op.op for op in g.ops]
+    assert kinds == ["custom", "exp", "custom", "exp", "reshape", "matmul"]
+    # the reshape (op 4) launches nothing; the matmul reads it, so its producer's level
+    assert levels(g, aliasing(g).free) == {0: 0, 2: 0, 1: 1, 3: 1, 5: 2}
+
+
+def test_independent_kernels_that_run_alike_share_a_launch() -> None:
+    prog = lower(grouped_launches())
+    assert prog.launch_ops == ((0, 2), (1, 3), (5,))
+    k0, k1, k5 = prog.kernels
+    assert k0.waits_inside and k1.waits_inside and not k5.waits_inside
+    assert k0.grid == (4, 1, 1) and k1.grid[0] > 1  # 2 + 2 blocks of the two streams
+    assert [p.name for p in k0.params] == ["g0_p0", "g0_p1", "g0_p2", "g1_p0", "g1_p1", "g1_p2"]
+    assert [p.arg for p in k0.params] == ["X", "WA", "ZA", "X", "WB", "ZB"]
+    cu, _ = emit(prog)
+    assert cu.count("mg_grid_wait();") == 2 + 2 + 1  # once per member, where it was
+
+
+def _kernel(name: str, body: list[str], grid: tuple[int, int, int], threads: int = 128,
+            wait_at: int = 0, cluster: int = 1) -> Kernel:
+    return Kernel(name, (Param("const float* __restrict__", "p0", "X"),
+                         Param("float* __restrict__", "p1", name)),
+                  tuple(body), threads, grid, 1024, 0, name, None, 0, cluster, wait_at)
+
+
+def test_a_member_keeps_its_block_index_grid_and_parameters() -> None:
+    a = _kernel("A", ["const int i = blockIdx.x * gridDim.x + blockIdx.y;",
+                      "p1[i] = p0[i];"], (3, 2, 1))
+    b = _kernel("B", ["float w = p0[blockIdx.x];", "p1[blockIdx.x] = w;"], (5, 1, 1),
+                wait_at=1)
+    k = merge([a, b], "AB")
+    assert k.grid == (11, 1, 1) and k.waits_inside and k.smem_bytes == 1024
+    text = "\n".join(k.body)
+    # member 0 owns blocks 0..5 (3 x 2), member 1 blocks 6..10
+    assert "if (blockIdx.x < 6u) {" in text and "} else if (blockIdx.x < 11u) {" in text
+    assert "const unsigned mg_bx = (blockIdx.x - 6u) % 5u;" in text
+    assert "const int i = mg_bx * 3u + mg_by;" in text
+    assert "g0_p1[i] = g0_p0[i];" in text
+    # B's early line stays before its wait, the rest after
+    body_b = text[text.index("else if"):]
+    assert body_b.index("float w = g1_p0[mg_bx];") < body_b.index("mg_grid_wait();") \
+        < body_b.index("g1_p1[mg_bx] = w;")
+    assert not re.search(r"\bp[01]\b", text)  # no parameter left unrenamed
+
+
+def test_only_kernels_that_run_alike_share_a_launch() -> None:
+    a = _kernel("A", [], (4, 1, 2), cluster=2)
+    assert compatible(a, _kernel("B", [], (8, 1, 2), cluster=2))
+    assert not compatible(a, _kernel("B", [], (8, 1, 2), threads=256, cluster=2))
+    assert not compatible(a, _kernel("B", [], (8, 1, 2)))            # no cluster
+    assert not compatible(a, _kernel("B", [], (8, 1, 4), cluster=2))  # another depth
+
+
+def test_a_kernel_left_out_of_the_first_launch_may_copy_inputs_early() -> None:
+    """The first launch follows the caller's work, which may still write W (not a
+    weight): its kernels copy nothing of W before their wait. A level-0 kernel that
+    does not join it (other threads per block) is lowered for a later launch, where
+    every input is ready."""
+    def program(first: str):  # type: ignore[no-untyped-def]
+        b = GraphBuilder("first_launch")
+        x = b.input("X", (16, 2048), "f16")
+        w = b.input("W", (2048, 256), "f16")
+        e = b.input("E", (64, 1024), "f16")
+        mm, ew = (lambda: b.op("matmul", x, w)), (lambda: b.op("exp", e))
+        outs = [mm(), ew()] if first == "matmul" else [ew(), mm()]
+        for o in outs:
+            b.output(o)
+        return b.build()
+
+    def copies_early(prog) -> bool:  # type: ignore[no-untyped-def]
+        (k,) = [k for k in prog.kernels if "matmul" in k.comment]
+        return any("cp_async" in line for line in k.body[:k.wait_at])
+
+    alone_first, after = lower(program("matmul")), lower(program("exp"))
+    assert len(alone_first.kernels) == len(after.kernels) == 2  # not grouped
+    assert not copies_early(alone_first)
+    assert copies_early(after)
