@@ -61,14 +61,21 @@ def test_first_kernel_reads_only_weights_early_and_later_kernels_any_input() -> 
     assert early_inputs(plain, 0) == frozenset()
 
 
+# The head of each member's code in a grouped launch (codegen/grouping.py).
+_MEMBER = re.compile(r"^  (?:\} else )?if \(blockIdx\.x < \d+u\) \{$", re.MULTILINE)
+
+
 def _pre_wait_args(prog: Program, cu: str) -> list[set[str]]:
-    """For each kernel, the device tensors its statements before the wait name."""
+    """For each launch, the device tensors its statements before the wait name (in a
+    grouped launch, each member's statements before its own wait)."""
     bodies = re.findall(r'extern "C" __global__[^{]*\{\n(.*?)\n\}\n', cu, re.DOTALL)
     out = []
     for k, body in zip(prog.kernels, bodies):
-        pre = body[:body.index("mg_grid_wait();")]
+        members = _MEMBER.split(body)[1:] if k.waits_inside else [body]
+        assert len(members) == (len(k.plan["grouped"]) if k.waits_inside else 1)
+        pre = "".join(m[:m.index("mg_grid_wait();")] for m in members)
         names = {p.name: p.arg for p in k.params}
-        out.append({names[n] for n in re.findall(r"\bp\d+\b", pre)})
+        out.append({names[n] for n in re.findall(r"\b(?:g\d+_)?p\d+\b", pre)})
     return out
 
 
@@ -79,7 +86,7 @@ def test_no_kernel_reads_anything_but_early_inputs_before_its_wait() -> None:
     from pathlib import Path
 
     root = Path(__file__).resolve().parent.parent
-    seen_early = 0
+    seen_early = grouped_early = 0
     for path in sorted((root / "golden").glob("*.ugraph.json")):
         if ".cands." in path.name:
             continue
@@ -87,9 +94,11 @@ def test_no_kernel_reads_anything_but_early_inputs_before_its_wait() -> None:
         prog = lower(g)
         cu, _ = emit(prog)
         for i, names in enumerate(_pre_wait_args(prog, cu)):
-            assert names <= early_inputs(g, i), (path.name, i, names)
+            assert names <= early_inputs(g, min(i, 1)), (path.name, i, names)
             seen_early += bool(names)
+            grouped_early += bool(names) and prog.kernels[i].waits_inside
     assert seen_early, "no golden µGraph copies anything before its wait"
+    assert grouped_early, "no grouped launch copies anything before a member's wait"
 
 
 def test_weights_are_copied_before_the_wait_and_activations_after() -> None:

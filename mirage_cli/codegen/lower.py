@@ -42,12 +42,12 @@ def entry_name(g: Graph, name: str | None = None) -> str:
 
 
 def early_inputs(g: Graph, i: int) -> frozenset[str]:
-    """The inputs that a kernel of ``g`` of launch level ``i`` may read before its
-    grid-dependency wait, while the kernel ahead of it in the stream may still run. A
-    kernel of level 0 may be in the first launch, which follows the caller's work, and
-    that may write any input but those declared ``weight``. Every later launch follows
-    a kernel of this call, which lets it launch only after its own wait: by then all of
-    the caller's work is done, and no kernel writes an input."""
+    """The inputs that a kernel of ``g`` in launch ``i`` (0: the first) may read before
+    its grid-dependency wait, while the kernel ahead of it in the stream may still run.
+    The first launch follows the caller's work, which may write any input but those
+    declared ``weight``. Every later launch follows a kernel of this call, which lets
+    it launch only after its own wait: by then all of the caller's work is done, and no
+    kernel writes an input."""
     if i == 0:
         return frozenset(inp.value.name for inp in g.inputs if inp.weight)
     return frozenset(inp.value.name for inp in g.inputs)
