@@ -251,6 +251,7 @@ def test_opt_on_a_small_layer_keeps_part_files_and_explains(tmp_path: Path,
                             "--max-kernel-ops", "1", "--save-temps", str(temps)))
     assert code == 0, err
     assert "whole layer: verified" in err
+    opt_err = err
     names = sorted(p.name for p in temps.iterdir())
     for k in range(4):
         assert f"tiny.part{k}.ugraph.json" in names and f"tiny.part{k}.best.ugraph.json" in names
@@ -264,8 +265,9 @@ def test_opt_on_a_small_layer_keeps_part_files_and_explains(tmp_path: Path,
     code, out, err = run_cli(("explain", str(cands), "--json"))
     assert json.loads(out)["layer"]["parts"][0]["searched"] is True
     # the reshape between the two parts shares its buffer and launches nothing
-    assert (tmp_path / "tiny.cu").read_text().count("__global__") == launched(g) == \
-        len(g.ops) - 1
+    cu = (tmp_path / "tiny.cu").read_text()
+    assert cu.count("__global__") <= launched(g) == len(g.ops) - 1
+    assert f"{launched(g)} kernel(s) in {cu.count('__global__')} launch(es)" in opt_err
 
 
 def test_explain_shows_the_parts_of_a_layer_program() -> None:

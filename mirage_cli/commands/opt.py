@@ -178,15 +178,16 @@ def stage_ship(program: Graph, out: Outcome, require_fused: bool = False
 
 
 def stage_codegen(best: Graph, name: str, arch: str, header: str | None
-                  ) -> tuple[str, str, str | None]:
+                  ) -> tuple[str, str, str | None, int]:
     """CUDA source, header and (when ``header`` is given) typed C++ interface of
-    ``best``, with entry point ``name``."""
+    ``best``, with entry point ``name``, and how many launches the entry point makes
+    (kernels that run alike share one: codegen/grouping.py)."""
     from mirage_cli.codegen.emit import emit, emit_hpp
     from mirage_cli.codegen.lower import lower
 
     prog = lower(best, name=name, arch=arch)
     cu, h = emit(prog)
-    return cu, h, None if header is None else emit_hpp(prog, header)
+    return cu, h, None if header is None else emit_hpp(prog, header), len(prog.kernels)
 
 
 class NoCandidate(Exception):
@@ -278,7 +279,7 @@ def command(program: str, output: str, defines: tuple[str, ...], save_temps: str
         best, fused = _optimise(g, program, kw, deadline, save_temps, require_fused,
                                 lambda b: planned(b, arch, pins or recorded_pins(b)), timer)
         header = Path(paths["h"]).name if "hpp" in paths else None
-        cu, h, hpp_text = stage_codegen(best, entry, arch, header)
+        cu, h, hpp_text, launches = stage_codegen(best, entry, arch, header)
         if out is None:
             click.echo(cu, nl=False)
             return
@@ -297,7 +298,7 @@ def command(program: str, output: str, defines: tuple[str, ...], save_temps: str
     kept = [p for p in files if p not in changed]
     info(f"opt: wrote {', '.join(changed) or 'nothing'}"
          + (f" ({', '.join(kept)} unchanged)" if kept else "")
-         + f"; entry point {entry}, {launched(best)} kernel(s)")
+         + f"; entry point {entry}, {launched(best)} kernel(s) in {launches} launch(es)")
 
 
 def _open_gpu(gpu: int | None) -> Any:
