@@ -69,5 +69,6 @@ def aliasing(g: Graph) -> Aliasing:
 
 
 def launched(g: Graph) -> int:
-    """How many kernels the lowering of ``g`` launches."""
+    """How many kernels the lowering of ``g`` runs: every kernel operator but the
+    reshapes that share a buffer (a grouped launch runs several: codegen/grouping.py)."""
     return len(g.ops) - len(aliasing(g).free)
