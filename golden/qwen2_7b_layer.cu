@@ -27,7 +27,8 @@
 // output 1 'KE': bf16[1, 4, 1, 128]
 // output 2 'V4': bf16[1, 4, 1, 128]
 // kernel mg_k0_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [1, 1, 1], 256 threads, 0 B dynamic shared memory
-// kernel mg_k1_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [192, 1, 2], 128 threads, 87888 B dynamic shared memory
+// kernel mg_k1_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [128, 1, 2], 128 threads, 87888 B dynamic shared memory
+// kernel mg_k3_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [64, 1, 2], 128 threads, 13968 B dynamic shared memory
 // kernel mg_k4_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [4, 1, 1], 256 threads, 0 B dynamic shared memory
 // kernel mg_k10_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [1043, 1, 1], 256 threads, 0 B dynamic shared memory
 // kernel mg_k12_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [3, 1, 1], 256 threads, 0 B dynamic shared memory
@@ -438,17 +439,14 @@ extern "C" __global__ void __launch_bounds__(256) mg_k0_mirage_qwen2_7b_layer_cc
   for (int k = threadIdx.x; k < 3584; k += 256) mg_st(p2 + (k), mg_ld(p0[k]) * inv * mg_ld(p1[k]));
 }
 
-// one launch of 3 kernels: matmul as a generated block graph: grid [64, 1, 1], forloop 28, tensor cores; matmul as a generated block graph: grid [64, 1, 1], forloop 28, tensor cores; matmul as a generated block graph: grid [64, 1, 1], forloop 28, tensor cores
+// one launch of 2 kernels: matmul as a generated block graph: grid [64, 1, 1], forloop 28, tensor cores; matmul as a generated block graph: grid [64, 1, 1], forloop 28, tensor cores
 extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(128, 1) mg_k1_mirage_qwen2_7b_layer_cc9a7bb5bfd5(
     const mg_bf16* __restrict__ g0_p0,
     const mg_bf16* __restrict__ g0_p1,
     mg_bf16* __restrict__ g0_p2,
     const mg_bf16* __restrict__ g1_p0,
     const mg_bf16* __restrict__ g1_p1,
-    mg_bf16* __restrict__ g1_p2,
-    const mg_bf16* __restrict__ g2_p0,
-    const mg_bf16* __restrict__ g2_p1,
-    mg_bf16* __restrict__ g2_p2) {
+    mg_bf16* __restrict__ g1_p2) {
   if (blockIdx.x < 64u) {
     const unsigned mg_bx = (blockIdx.x - 0u) % 64u;
     const unsigned mg_by = (blockIdx.x - 0u) / 64u;
@@ -788,176 +786,179 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(128, 1) m
       mg_st8(g1_p2 + (bx * 8), buf_s[(0 + 0)], buf_s[(0 + 1)], buf_s[(0 + 2)], buf_s[(0 + 3)], buf_s[(0 + 4)], buf_s[(0 + 5)], buf_s[(0 + 6)], buf_s[(0 + 7)]);
     }
     mg_cluster_wait();
-  } else if (blockIdx.x < 192u) {
-    const unsigned mg_bx = (blockIdx.x - 128u) % 64u;
-    const unsigned mg_by = (blockIdx.x - 128u) / 64u;
-    (void)mg_bx; (void)mg_by;
-    const int bx = mg_bx, by = mg_by, bz = 0;
-    (void)bx; (void)by; (void)bz;
-    const unsigned mg_rank = blockIdx.z;
-    const int mg_it0 = (int)mg_rank * 14;
-    const int mg_rot = (int)((bx + 64 * (by + 1 * bz)) + mg_rank) % 14;
-    extern __shared__ __align__(16) unsigned char mg_smem[];
-    const int base_a = 0;
-    const int base_b = bx * 8;
-    unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 13952);
-    if (threadIdx.x < 4) mg_zero[threadIdx.x] = 0u;
-    mg_bf16* sm_a_0 = reinterpret_cast<mg_bf16*>(mg_smem + 0);
-    mg_bf16* sm_b_0 = reinterpret_cast<mg_bf16*>(mg_smem + 1632);
-    float* buf_s = reinterpret_cast<float*>(mg_smem + 13920);
-    int mg_so_b[1], mg_do_b[1];
-    #pragma unroll
-    for (int i = 0; i < 1; ++i) {
-      const int c3 = threadIdx.x + i * 128;
-      const int s4_0 = c3;
-      mg_so_b[i] = s4_0 * 512;
-      mg_do_b[i] = s4_0 * 8;
-    }
-    #pragma unroll
-    for (int i = 0; i < 1; ++i) mg_cp_async16((sm_b_0 + ((0) % 6) * 1024) + mg_do_b[i], g2_p1 + ((base_b + (mg_it0 + (((0) + mg_rot) % 14)) * 65536)) + mg_so_b[i]);
-    #pragma unroll
-    for (int i = 0; i < 1; ++i) mg_cp_async16((sm_b_0 + ((1) % 6) * 1024) + mg_do_b[i], g2_p1 + ((base_b + (mg_it0 + (((1) + mg_rot) % 14)) * 65536)) + mg_so_b[i]);
-    #pragma unroll
-    for (int i = 0; i < 1; ++i) mg_cp_async16((sm_b_0 + ((2) % 6) * 1024) + mg_do_b[i], g2_p1 + ((base_b + (mg_it0 + (((2) + mg_rot) % 14)) * 65536)) + mg_so_b[i]);
-    #pragma unroll
-    for (int i = 0; i < 1; ++i) mg_cp_async16((sm_b_0 + ((3) % 6) * 1024) + mg_do_b[i], g2_p1 + ((base_b + (mg_it0 + (((3) + mg_rot) % 14)) * 65536)) + mg_so_b[i]);
-    #pragma unroll
-    for (int i = 0; i < 1; ++i) mg_cp_async16((sm_b_0 + ((4) % 6) * 1024) + mg_do_b[i], g2_p1 + ((base_b + (mg_it0 + (((4) + mg_rot) % 14)) * 65536)) + mg_so_b[i]);
-    mg_grid_wait();
-    mg_grid_release();
-    for (int c1 = threadIdx.x; c1 < 16; c1 += 128) {
-      const int s2_1 = c1;
-      mg_cp_async16((sm_a_0 + ((0) % 6) * 136) + ((s2_1 * 8)), g2_p0 + ((base_a + (mg_it0 + (((0) + mg_rot) % 14)) * 128)) + ((s2_1 * 8)));
-    }
-    mg_cp_async_commit();
-    for (int c5 = threadIdx.x; c5 < 16; c5 += 128) {
-      const int s6_1 = c5;
-      mg_cp_async16((sm_a_0 + ((1) % 6) * 136) + ((s6_1 * 8)), g2_p0 + ((base_a + (mg_it0 + (((1) + mg_rot) % 14)) * 128)) + ((s6_1 * 8)));
-    }
-    mg_cp_async_commit();
-    for (int c7 = threadIdx.x; c7 < 16; c7 += 128) {
-      const int s8_1 = c7;
-      mg_cp_async16((sm_a_0 + ((2) % 6) * 136) + ((s8_1 * 8)), g2_p0 + ((base_a + (mg_it0 + (((2) + mg_rot) % 14)) * 128)) + ((s8_1 * 8)));
-    }
-    mg_cp_async_commit();
-    for (int c9 = threadIdx.x; c9 < 16; c9 += 128) {
-      const int s10_1 = c9;
-      mg_cp_async16((sm_a_0 + ((3) % 6) * 136) + ((s10_1 * 8)), g2_p0 + ((base_a + (mg_it0 + (((3) + mg_rot) % 14)) * 128)) + ((s10_1 * 8)));
-    }
-    mg_cp_async_commit();
-    for (int c11 = threadIdx.x; c11 < 16; c11 += 128) {
-      const int s12_1 = c11;
-      mg_cp_async16((sm_a_0 + ((4) % 6) * 136) + ((s12_1 * 8)), g2_p0 + ((base_a + (mg_it0 + (((4) + mg_rot) % 14)) * 128)) + ((s12_1 * 8)));
-    }
-    mg_cp_async_commit();
-    float acc_s[1][4];
-    #pragma unroll
-    for (int j = 0; j < 1; ++j) acc_s[j][0] = acc_s[j][1] = acc_s[j][2] = acc_s[j][3] = 0.0f;
-    for (int it = 0; it < 14; ++it) {
-      const int off_a = base_a + (mg_it0 + (((it) + mg_rot) % 14)) * 128;
-      const int off_b = base_b + (mg_it0 + (((it) + mg_rot) % 14)) * 65536;
-      mg_cp_async_wait<4>();
-      __syncthreads();
-      if (it + 5 < 14) {
-        for (int c13 = threadIdx.x; c13 < 16; c13 += 128) {
-          const int s14_1 = c13;
-          mg_cp_async16((sm_a_0 + (((it + 5)) % 6) * 136) + ((s14_1 * 8)), g2_p0 + ((base_a + (mg_it0 + (((it + 5) + mg_rot) % 14)) * 128)) + ((s14_1 * 8)));
-        }
-        #pragma unroll
-        for (int i = 0; i < 1; ++i) mg_cp_async16((sm_b_0 + (((it + 5)) % 6) * 1024) + mg_do_b[i], g2_p1 + ((base_b + (mg_it0 + (((it + 5) + mg_rot) % 14)) * 65536)) + mg_so_b[i]);
-      }
-      mg_cp_async_commit();
-      const auto* sm_a = (sm_a_0 + ((it) % 6) * 136);
-      const auto* sm_b = (sm_b_0 + ((it) % 6) * 1024);
-      {
-        const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
-        const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
-        (void)mg_g; (void)mg_t;
-        const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
-        (void)mg_ks;
-      #pragma unroll
-      for (int s = 0; s < 8; ++s) {
-        const int kk = (mg_ks + s * 1) * 16;
-        const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
-        (void)k0; (void)k1;
-        unsigned ra0, ra1, ra2, ra3;
-        const int mg_mi = 0, r0 = mg_g, r1 = r0 + 8;
-        (void)r0; (void)r1;
-        mg_ldsm_x4(ra0, ra1, ra2, ra3, ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) < 1 ? (const void*)(sm_a + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) * 136 + (kk + (mg_lane >> 4) * 8))) : (const void*)mg_zero));
-        #pragma unroll
-        for (int j = 0; j < 1; ++j) {
-          const int q = min(mg_grp + 4 * j, 0);
-          const int mg_nb = q / 1;
-          const int mg_ni = q % 1;
-          const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
-          (void)mg_nb; (void)c0; (void)n0;
-          unsigned rb0, rb1;
-          mg_ldsm_x2_t(rb0, rb1, (sm_b + ((kk + (mg_lane & 15)) * 8 + (mg_ni * 8))));
-          mg_mma_bf16(acc_s[j], ra0, ra1, ra2, ra3, rb0, rb1);
-        }
-      }
-      }
-    }
+  }
+}
+
+// matmul as a generated block graph: grid [64, 1, 1], forloop 28, tensor cores
+extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(128, 1) mg_k3_mirage_qwen2_7b_layer_cc9a7bb5bfd5(
+    const mg_bf16* __restrict__ p0,
+    const mg_bf16* __restrict__ p1,
+    mg_bf16* __restrict__ p2) {
+  const int bx = blockIdx.x, by = blockIdx.y, bz = 0;
+  (void)bx; (void)by; (void)bz;
+  const unsigned mg_rank = blockIdx.z;
+  const int mg_it0 = (int)mg_rank * 14;
+  const int mg_rot = (int)((bx + 64 * (by + 1 * bz)) + mg_rank) % 14;
+  extern __shared__ __align__(16) unsigned char mg_smem[];
+  const int base_a = 0;
+  const int base_b = bx * 8;
+  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 13952);
+  if (threadIdx.x < 4) mg_zero[threadIdx.x] = 0u;
+  mg_bf16* sm_a_0 = reinterpret_cast<mg_bf16*>(mg_smem + 0);
+  mg_bf16* sm_b_0 = reinterpret_cast<mg_bf16*>(mg_smem + 1632);
+  float* buf_s = reinterpret_cast<float*>(mg_smem + 13920);
+  int mg_so_b[1], mg_do_b[1];
+  #pragma unroll
+  for (int i = 0; i < 1; ++i) {
+    const int c3 = threadIdx.x + i * 128;
+    const int s4_0 = c3;
+    mg_so_b[i] = s4_0 * 512;
+    mg_do_b[i] = s4_0 * 8;
+  }
+  #pragma unroll
+  for (int i = 0; i < 1; ++i) mg_cp_async16((sm_b_0 + ((0) % 6) * 1024) + mg_do_b[i], p1 + ((base_b + (mg_it0 + (((0) + mg_rot) % 14)) * 65536)) + mg_so_b[i]);
+  #pragma unroll
+  for (int i = 0; i < 1; ++i) mg_cp_async16((sm_b_0 + ((1) % 6) * 1024) + mg_do_b[i], p1 + ((base_b + (mg_it0 + (((1) + mg_rot) % 14)) * 65536)) + mg_so_b[i]);
+  #pragma unroll
+  for (int i = 0; i < 1; ++i) mg_cp_async16((sm_b_0 + ((2) % 6) * 1024) + mg_do_b[i], p1 + ((base_b + (mg_it0 + (((2) + mg_rot) % 14)) * 65536)) + mg_so_b[i]);
+  #pragma unroll
+  for (int i = 0; i < 1; ++i) mg_cp_async16((sm_b_0 + ((3) % 6) * 1024) + mg_do_b[i], p1 + ((base_b + (mg_it0 + (((3) + mg_rot) % 14)) * 65536)) + mg_so_b[i]);
+  #pragma unroll
+  for (int i = 0; i < 1; ++i) mg_cp_async16((sm_b_0 + ((4) % 6) * 1024) + mg_do_b[i], p1 + ((base_b + (mg_it0 + (((4) + mg_rot) % 14)) * 65536)) + mg_so_b[i]);
+  mg_grid_wait();
+  mg_grid_release();
+  for (int c1 = threadIdx.x; c1 < 16; c1 += 128) {
+    const int s2_1 = c1;
+    mg_cp_async16((sm_a_0 + ((0) % 6) * 136) + ((s2_1 * 8)), p0 + ((base_a + (mg_it0 + (((0) + mg_rot) % 14)) * 128)) + ((s2_1 * 8)));
+  }
+  mg_cp_async_commit();
+  for (int c5 = threadIdx.x; c5 < 16; c5 += 128) {
+    const int s6_1 = c5;
+    mg_cp_async16((sm_a_0 + ((1) % 6) * 136) + ((s6_1 * 8)), p0 + ((base_a + (mg_it0 + (((1) + mg_rot) % 14)) * 128)) + ((s6_1 * 8)));
+  }
+  mg_cp_async_commit();
+  for (int c7 = threadIdx.x; c7 < 16; c7 += 128) {
+    const int s8_1 = c7;
+    mg_cp_async16((sm_a_0 + ((2) % 6) * 136) + ((s8_1 * 8)), p0 + ((base_a + (mg_it0 + (((2) + mg_rot) % 14)) * 128)) + ((s8_1 * 8)));
+  }
+  mg_cp_async_commit();
+  for (int c9 = threadIdx.x; c9 < 16; c9 += 128) {
+    const int s10_1 = c9;
+    mg_cp_async16((sm_a_0 + ((3) % 6) * 136) + ((s10_1 * 8)), p0 + ((base_a + (mg_it0 + (((3) + mg_rot) % 14)) * 128)) + ((s10_1 * 8)));
+  }
+  mg_cp_async_commit();
+  for (int c11 = threadIdx.x; c11 < 16; c11 += 128) {
+    const int s12_1 = c11;
+    mg_cp_async16((sm_a_0 + ((4) % 6) * 136) + ((s12_1 * 8)), p0 + ((base_a + (mg_it0 + (((4) + mg_rot) % 14)) * 128)) + ((s12_1 * 8)));
+  }
+  mg_cp_async_commit();
+  float acc_s[1][4];
+  #pragma unroll
+  for (int j = 0; j < 1; ++j) acc_s[j][0] = acc_s[j][1] = acc_s[j][2] = acc_s[j][3] = 0.0f;
+  for (int it = 0; it < 14; ++it) {
+    const int off_a = base_a + (mg_it0 + (((it) + mg_rot) % 14)) * 128;
+    const int off_b = base_b + (mg_it0 + (((it) + mg_rot) % 14)) * 65536;
+    mg_cp_async_wait<4>();
     __syncthreads();
+    if (it + 5 < 14) {
+      for (int c13 = threadIdx.x; c13 < 16; c13 += 128) {
+        const int s14_1 = c13;
+        mg_cp_async16((sm_a_0 + (((it + 5)) % 6) * 136) + ((s14_1 * 8)), p0 + ((base_a + (mg_it0 + (((it + 5) + mg_rot) % 14)) * 128)) + ((s14_1 * 8)));
+      }
+      #pragma unroll
+      for (int i = 0; i < 1; ++i) mg_cp_async16((sm_b_0 + (((it + 5)) % 6) * 1024) + mg_do_b[i], p1 + ((base_b + (mg_it0 + (((it + 5) + mg_rot) % 14)) * 65536)) + mg_so_b[i]);
+    }
+    mg_cp_async_commit();
+    const auto* sm_a = (sm_a_0 + ((it) % 6) * 136);
+    const auto* sm_b = (sm_b_0 + ((it) % 6) * 1024);
     {
       const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
       const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
       (void)mg_g; (void)mg_t;
       const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
       (void)mg_ks;
+    #pragma unroll
+    for (int s = 0; s < 8; ++s) {
+      const int kk = (mg_ks + s * 1) * 16;
+      const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
+      (void)k0; (void)k1;
+      unsigned ra0, ra1, ra2, ra3;
+      const int mg_mi = 0, r0 = mg_g, r1 = r0 + 8;
+      (void)r0; (void)r1;
+      mg_ldsm_x4(ra0, ra1, ra2, ra3, ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) < 1 ? (const void*)(sm_a + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) * 136 + (kk + (mg_lane >> 4) * 8))) : (const void*)mg_zero));
       #pragma unroll
       for (int j = 0; j < 1; ++j) {
-        const int q = mg_grp + 4 * j;
-        if (q < 1) {
-          const int mg_nb = q / 1;
-          const int mg_mi = (q / 1) % 1;
-          const int mg_ni = q % 1;
-          const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
-          const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
-          (void)mg_nb; (void)r1; (void)c0; (void)n0;
-          if (r0 < 1) buf_s[r0 * 8 + c0] = acc_s[j][0];
-          if (r0 < 1) buf_s[r0 * 8 + (c0 + 1)] = acc_s[j][1];
-          if (r1 < 1) buf_s[r1 * 8 + c0] = acc_s[j][2];
-          if (r1 < 1) buf_s[r1 * 8 + (c0 + 1)] = acc_s[j][3];
-        }
+        const int q = min(mg_grp + 4 * j, 0);
+        const int mg_nb = q / 1;
+        const int mg_ni = q % 1;
+        const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
+        (void)mg_nb; (void)c0; (void)n0;
+        unsigned rb0, rb1;
+        mg_ldsm_x2_t(rb0, rb1, (sm_b + ((kk + (mg_lane & 15)) * 8 + (mg_ni * 8))));
+        mg_mma_bf16(acc_s[j], ra0, ra1, ra2, ra3, rb0, rb1);
       }
     }
-    __syncthreads();
-    mg_cluster_sync();
-    for (int e0 = threadIdx.x; e0 < 2; e0 += 512) {
-      float4 mg_p[4][2];
-      #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int e = e0 + j * 128;
-        if (e < 2) {
-          #pragma unroll
-          for (unsigned r = 0; r < 2; ++r) mg_p[j][r] = mg_dsmem_ld4(buf_s + 4 * e, r);
-        }
-      }
-      #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int e = e0 + j * 128;
-        if (e < 2) {
-          float4 v = mg_p[j][0];
-          #pragma unroll
-          for (unsigned r = 1; r < 2; ++r) {
-            v.x += mg_p[j][r].x;
-            v.y += mg_p[j][r].y;
-            v.z += mg_p[j][r].z;
-            v.w += mg_p[j][r].w;
-          }
-          reinterpret_cast<float4*>(reinterpret_cast<float*>(mg_smem + 0))[e] = v;
-        }
-      }
     }
-    mg_cluster_arrive();
-    __syncthreads();
-    buf_s = reinterpret_cast<float*>(mg_smem + 0);
-    for (int e15 = (int)mg_rank * 128 + (int)threadIdx.x; e15 < 1; e15 += 256) {
-      mg_st8(g2_p2 + (bx * 8), buf_s[(0 + 0)], buf_s[(0 + 1)], buf_s[(0 + 2)], buf_s[(0 + 3)], buf_s[(0 + 4)], buf_s[(0 + 5)], buf_s[(0 + 6)], buf_s[(0 + 7)]);
-    }
-    mg_cluster_wait();
   }
+  __syncthreads();
+  {
+    const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
+    const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
+    (void)mg_g; (void)mg_t;
+    const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
+    (void)mg_ks;
+    #pragma unroll
+    for (int j = 0; j < 1; ++j) {
+      const int q = mg_grp + 4 * j;
+      if (q < 1) {
+        const int mg_nb = q / 1;
+        const int mg_mi = (q / 1) % 1;
+        const int mg_ni = q % 1;
+        const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
+        const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
+        (void)mg_nb; (void)r1; (void)c0; (void)n0;
+        if (r0 < 1) buf_s[r0 * 8 + c0] = acc_s[j][0];
+        if (r0 < 1) buf_s[r0 * 8 + (c0 + 1)] = acc_s[j][1];
+        if (r1 < 1) buf_s[r1 * 8 + c0] = acc_s[j][2];
+        if (r1 < 1) buf_s[r1 * 8 + (c0 + 1)] = acc_s[j][3];
+      }
+    }
+  }
+  __syncthreads();
+  mg_cluster_sync();
+  for (int e0 = threadIdx.x; e0 < 2; e0 += 512) {
+    float4 mg_p[4][2];
+    #pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int e = e0 + j * 128;
+      if (e < 2) {
+        #pragma unroll
+        for (unsigned r = 0; r < 2; ++r) mg_p[j][r] = mg_dsmem_ld4(buf_s + 4 * e, r);
+      }
+    }
+    #pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int e = e0 + j * 128;
+      if (e < 2) {
+        float4 v = mg_p[j][0];
+        #pragma unroll
+        for (unsigned r = 1; r < 2; ++r) {
+          v.x += mg_p[j][r].x;
+          v.y += mg_p[j][r].y;
+          v.z += mg_p[j][r].z;
+          v.w += mg_p[j][r].w;
+        }
+        reinterpret_cast<float4*>(reinterpret_cast<float*>(mg_smem + 0))[e] = v;
+      }
+    }
+  }
+  mg_cluster_arrive();
+  __syncthreads();
+  buf_s = reinterpret_cast<float*>(mg_smem + 0);
+  for (int e15 = (int)mg_rank * 128 + (int)threadIdx.x; e15 < 1; e15 += 256) {
+    mg_st8(p2 + (bx * 8), buf_s[(0 + 0)], buf_s[(0 + 1)], buf_s[(0 + 2)], buf_s[(0 + 3)], buf_s[(0 + 4)], buf_s[(0 + 5)], buf_s[(0 + 6)], buf_s[(0 + 7)]);
+  }
+  mg_cluster_wait();
 }
 
 // one launch of 3 kernels: add: 8 consecutive output elements per thread, one 16-byte store; add: 8 consecutive output elements per thread, one 16-byte store; add: 8 consecutive output elements per thread, one 16-byte store
@@ -2831,18 +2832,30 @@ extern "C" cudaError_t mirage_qwen2_7b_layer_cc9a7bb5bfd5(const void* mg_in0_X, 
     const mg_bf16* mg_a3 = (const mg_bf16*)(mg_ws + 0);
     const mg_bf16* mg_a4 = (const mg_bf16*)(mg_in3_WK);
     mg_bf16* mg_a5 = (mg_bf16*)(mg_ws + 14336);
-    const mg_bf16* mg_a6 = (const mg_bf16*)(mg_ws + 0);
-    const mg_bf16* mg_a7 = (const mg_bf16*)(mg_in4_WV);
-    mg_bf16* mg_a8 = (mg_bf16*)(mg_ws + 15360);
-    void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2, &mg_a3, &mg_a4, &mg_a5, &mg_a6, &mg_a7, &mg_a8};
+    void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2, &mg_a3, &mg_a4, &mg_a5};
     cudaLaunchConfig_t mg_cfg = {};
-    mg_cfg.gridDim = dim3(192, 1, 2);
+    mg_cfg.gridDim = dim3(128, 1, 2);
     mg_cfg.blockDim = dim3(128);
     mg_cfg.dynamicSmemBytes = 87888;
     mg_cfg.stream = mg_stream;
     mg_cfg.attrs = mg_pdl;
     mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
     mg_err = cudaLaunchKernelExC(&mg_cfg, (const void*)mg_k1_mirage_qwen2_7b_layer_cc9a7bb5bfd5, mg_args);
+  }
+  if (mg_err != cudaSuccess) return mg_err;
+  {
+    const mg_bf16* mg_a0 = (const mg_bf16*)(mg_ws + 0);
+    const mg_bf16* mg_a1 = (const mg_bf16*)(mg_in4_WV);
+    mg_bf16* mg_a2 = (mg_bf16*)(mg_ws + 15360);
+    void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
+    cudaLaunchConfig_t mg_cfg = {};
+    mg_cfg.gridDim = dim3(64, 1, 2);
+    mg_cfg.blockDim = dim3(128);
+    mg_cfg.dynamicSmemBytes = 13968;
+    mg_cfg.stream = mg_stream;
+    mg_cfg.attrs = mg_pdl;
+    mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
+    mg_err = cudaLaunchKernelExC(&mg_cfg, (const void*)mg_k3_mirage_qwen2_7b_layer_cc9a7bb5bfd5, mg_args);
   }
   if (mg_err != cudaSuccess) return mg_err;
   {

@@ -5,6 +5,7 @@ checked against the reference by test_codegen_gpu."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 
 from codegen_cases import grouped_launches
@@ -66,10 +67,26 @@ def test_a_member_keeps_its_block_index_grid_and_parameters() -> None:
 
 def test_only_kernels_that_run_alike_share_a_launch() -> None:
     a = _kernel("A", [], (4, 1, 2), cluster=2)
-    assert compatible(a, _kernel("B", [], (8, 1, 2), cluster=2))
-    assert not compatible(a, _kernel("B", [], (8, 1, 2), threads=256, cluster=2))
-    assert not compatible(a, _kernel("B", [], (8, 1, 2)))            # no cluster
-    assert not compatible(a, _kernel("B", [], (8, 1, 4), cluster=2))  # another depth
+    assert compatible([a], _kernel("B", [], (8, 1, 2), cluster=2), "sm_90")
+    assert not compatible([a], _kernel("B", [], (8, 1, 2), threads=256, cluster=2), "sm_90")
+    assert not compatible([a], _kernel("B", [], (8, 1, 2)), "sm_90")            # no cluster
+    assert not compatible([a], _kernel("B", [], (8, 1, 4), cluster=2), "sm_90")  # depth
+
+
+def test_a_launch_keeps_each_members_blocks_per_sm() -> None:
+    """A streaming kernel of many small blocks (16 resident per SM at 128 threads) does
+    not join one whose blocks hold 100 KB (two per SM); two of 100 and 110 KB do (both
+    two per SM), and one of 120 KB does not join them (one per SM), unless the whole
+    launch fits the SMs at once."""
+    def with_smem(name: str, smem: int, blocks: int = 200) -> Kernel:
+        return dataclasses.replace(_kernel(name, [], (blocks, 1, 1)), smem_bytes=smem)
+
+    big, bigger = with_smem("A", 100 * 1024), with_smem("B", 110 * 1024)
+    assert not compatible([big], with_smem("S", 0, 4096), "sm_90")
+    assert compatible([big], bigger, "sm_90")
+    assert not compatible([big, bigger], with_smem("C", 120 * 1024), "sm_90")
+    small = [with_smem("A", 100 * 1024, 40), with_smem("B", 110 * 1024, 40)]
+    assert compatible(small, with_smem("C", 120 * 1024, 40), "sm_90")  # 120 <= 132 x 1
 
 
 def test_a_kernel_left_out_of_the_first_launch_may_copy_inputs_early() -> None:

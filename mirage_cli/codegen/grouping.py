@@ -8,7 +8,8 @@ neighbours: the three projections of a decoder layer's queries, keys and values;
 two rotations; the key and value cache copies.
 
 Neighbours of one level that run alike (equal threads per block, cluster size and grid
-depth, no scratch area) share a launch: one grid whose blocks, by ``blockIdx.x``, run one
+depth, no scratch area, as many blocks resident per SM as alone or a launch that fits
+the SMs at once) share a launch: one grid whose blocks, by ``blockIdx.x``, run one
 member's body or the next's (:func:`merge`). What that saves is the fixed cost of a
 kernel: its launch, the pipeline fill before its first bytes arrive, and its tail, in
 which the SMs empty one by one; a small kernel (a key projection of 8 MB, a rotation)
@@ -22,6 +23,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
+from mirage_cli import arch as archs
 from mirage_cli.codegen.plan import Kernel, Param
 from mirage_cli.ir import Graph
 
@@ -45,11 +47,35 @@ def levels(g: Graph, free: frozenset[int]) -> dict[int, int]:
     return level
 
 
-def compatible(a: Kernel, b: Kernel) -> bool:
-    """Whether ``b`` can join a launch with ``a``: every block of one grid runs the same
-    number of threads in clusters of one size, along one grid depth."""
-    return (a.threads == b.threads and a.cluster == b.cluster and a.grid[2] == b.grid[2]
-            and a.scratch_bytes == 0 and b.scratch_bytes == 0)
+def compatible(members: Sequence[Kernel], k: Kernel, arch: str) -> bool:
+    """Whether ``k`` can join a launch of ``members``: every block of one grid runs the
+    same number of threads in clusters of one size, along one grid depth; and the
+    launch's shared memory (the largest member's, reserved by every block) either
+    keeps as many blocks of each member resident on an SM as it had alone, or leaves
+    room for all of the launch's blocks at once. A streaming kernel of thousands of
+    small blocks must not run one block per SM beside a kernel whose blocks hold
+    200 KB."""
+    run = [*members, k]
+    if not all(m.threads == k.threads and m.cluster == k.cluster and m.grid[2] == k.grid[2]
+               and not m.scratch_bytes for m in run):
+        return False
+    smem = max(m.smem_bytes for m in run)
+    if all(_resident(smem, m.threads, arch) == _resident(m.smem_bytes, m.threads, arch)
+           for m in run):
+        return True
+    blocks = sum(m.grid[0] * m.grid[1] * m.grid[2] for m in run)
+    return blocks <= archs.get(arch).num_sms * _resident(smem, k.threads, arch)
+
+
+# Shared memory the runtime reserves per block on sm_80 and later.
+_RESERVED = 1024
+
+
+def _resident(smem: int, threads: int, arch: str) -> int:
+    """Blocks of ``threads`` threads and ``smem`` bytes of shared memory that one SM
+    holds at once (registers aside)."""
+    a = archs.get(arch)
+    return min(a.max_threads_per_sm // threads, a.smem_per_sm // (smem + _RESERVED))
 
 
 def merge(members: Sequence[Kernel], name: str) -> Kernel:

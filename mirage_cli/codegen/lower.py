@@ -87,7 +87,8 @@ def lower(g: Graph, arch: str = DEFAULT_ARCH, *, name: str | None = None) -> Pro
     for i in sorted(level, key=lambda i: (level[i], i)):
         first = len(runs) <= 1 and (not runs or level[runs[0][0][0]] == level[i])
         k = lowered(i, first)
-        if runs and level[runs[-1][0][0]] == level[i] and compatible(runs[-1][0][1], k):
+        if runs and level[runs[-1][0][0]] == level[i] and \
+                compatible([m for _, m in runs[-1]], k, arch):
             runs[-1].append((i, k))
             continue
         runs.append([(i, k if not runs or not first else lowered(i, False))])
