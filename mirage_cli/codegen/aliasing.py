@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from mirage_cli import ops
 from mirage_cli.ir import Graph
 
 
@@ -48,7 +49,7 @@ def aliasing(g: Graph) -> Aliasing:
 
     free: set[int] = set()
     for k, op in enumerate(g.ops):
-        if op.op != "reshape":
+        if ops.get(op.op).index is not ops.Index.RESHAPE:  # not a row-major view
             continue
         src, dst = root(op.inputs[0]), op.outputs[0].name
         arg_src = held.get(src, src if src in arguments else None)

@@ -21,7 +21,7 @@ ahead of it in the stream after its own early copies of weights, as it did alone
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from mirage_cli import arch as archs
 from mirage_cli.codegen.plan import Kernel, Param
@@ -93,7 +93,8 @@ def merge(members: Sequence[Kernel], name: str) -> Kernel:
                  f"  const unsigned mg_bx = (blockIdx.x - {first}u) % {gx}u;",
                  f"  const unsigned mg_by = (blockIdx.x - {first}u) / {gx}u;",
                  "  (void)mg_bx; (void)mg_by;"]
-        lines = [_local(line, rename, k.grid) for line in k.body]
+        local = _localizer(rename, k.grid)
+        lines = [local(line) for line in k.body]
         body += ["  " + line if line else "" for line in lines[:k.wait_at]]
         body += ["  mg_grid_wait();", "  mg_grid_release();"]
         body += ["  " + line if line else "" for line in lines[k.wait_at:]]
@@ -108,17 +109,19 @@ def merge(members: Sequence[Kernel], name: str) -> Kernel:
                   max(k.min_blocks for k in members), head.cluster, 0, waits_inside=True)
 
 
-def _local(line: str, rename: dict[str, str], grid: tuple[int, int, int]) -> str:
-    """``line`` of a member's body with its block index, grid size and parameter names
+def _localizer(rename: dict[str, str], grid: tuple[int, int, int]) -> Callable[[str], str]:
+    """A line of a member's body with its block index, grid size and parameter names
     made its own (the grid depth and ``blockIdx.z`` are every member's)."""
+    names = re.compile(r"\b(" + "|".join(map(re.escape, rename)) + r")\b") if rename else None
+
     def block_var(m: re.Match[str]) -> str:
         axis = "xyz".index(m.group(2))
         if m.group(1) == "gridDim":
             return f"{grid[axis]}u"
         return ("mg_bx", "mg_by", "blockIdx.z")[axis]
 
-    line = _BLOCK_VARS.sub(block_var, line)
-    if not rename:
-        return line
-    names = re.compile(r"\b(" + "|".join(map(re.escape, rename)) + r")\b")
-    return names.sub(lambda m: rename[m.group(1)], line)
+    def local(line: str) -> str:
+        line = _BLOCK_VARS.sub(block_var, line)
+        return line if names is None else names.sub(lambda m: rename[m.group(1)], line)
+
+    return local

@@ -60,7 +60,7 @@ from mirage_cli import ops
 from mirage_cli import profiles as device_profiles
 from mirage_cli.check import tile_type
 from mirage_cli.codegen import matmul_tiling
-from mirage_cli.codegen.aliasing import aliasing, launched
+from mirage_cli.codegen.aliasing import aliasing
 from mirage_cli.diagnostics import MirageError
 from mirage_cli.ir import BlockGraph, Graph, KernelOp, TensorType, Value
 from mirage_cli.kplan import KernelPlan
@@ -395,7 +395,8 @@ def estimate(g: Graph) -> Cost:
     min_blocks = 0
     violations: list[str] = []
     p = profile()
-    for i, (op, k) in enumerate(zip(g.ops, kernel_costs(g))):
+    ks = kernel_costs(g)
+    for i, (op, k) in enumerate(zip(g.ops, ks)):
         if op.block is not None:
             min_blocks = k.blocks if not min_blocks else min(min_blocks, k.blocks)
         if k.smem_bytes > p.smem_per_block:
@@ -409,8 +410,8 @@ def estimate(g: Graph) -> Cost:
     # The fit's constant is paid once per µGraph (what per-kernel terms do not explain:
     # the graph's own launch, timing overhead); per kernel it would duplicate ``launch``.
     time_us = time_s * 1e6 + p.fit["const_us"]
-    return Cost(dram, l2, flops, launched(g), smem, min_blocks, not violations, time_us,
-                tuple(violations))
+    return Cost(dram, l2, flops, sum(k.launched for k in ks), smem, min_blocks,
+                not violations, time_us, tuple(violations))
 
 
 # The tie rule (docs/search.md "How the choice is made"): candidates are ordered by

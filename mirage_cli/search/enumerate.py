@@ -111,6 +111,13 @@ class Target:
 NEVER_BUILT = ("custom", "concat")
 
 
+def _identity_once(name: str) -> bool:
+    """An accumulator that sums its input element by element as is: over a loop of one
+    iteration, the identity (acc_sum)."""
+    spec = ops.get(name).accum
+    return spec is not None and spec.is_plain_sum and spec.reduce is ops.Reduce.NONE
+
+
 def make_target(g: Graph) -> Target:
     """Analyse ``g``: output expressions, the operator vocabulary its expressions
     allow (operators introducing a symbol the target never uses are not tried), and the
@@ -124,13 +131,14 @@ def make_target(g: Graph) -> Target:
                 and op_symbols(name) <= syms)
 
     kernel = tuple(n for n in ops.names(ops.KERNEL) if allowed(n, ops.KERNEL))
-    # acc_sum whatever the target: a kernel's stores follow an accumulator (the µGraph
-    # contract), and over a loop of one iteration acc_sum is the identity, so a kernel
-    # of element-wise operators alone (the layers' rotary embedding: three kernels
-    # fused into one) needs it although its program sums nothing. Over a longer loop
-    # it sums, and the oracle prunes it where the target has no sum.
+    # The element-wise sum accumulator whatever the target: a kernel's stores follow an
+    # accumulator (the µGraph contract), and over a loop of one iteration it is the
+    # identity, so a kernel of element-wise operators alone (the layers' rotary
+    # embedding: three kernels fused into one) needs it although its program sums
+    # nothing. Over a longer loop it sums, and the oracle prunes it where the target
+    # has no sum.
     block = tuple(n for n in ops.names(ops.BLOCK)
-                  if allowed(n, ops.BLOCK) or n == "acc_sum")
+                  if allowed(n, ops.BLOCK) or _identity_once(n))
     choices: dict[str, set[AttrValue]] = {}
     for op in g.ops:
         for k, v in op.attrs:
