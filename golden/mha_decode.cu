@@ -129,6 +129,14 @@ __device__ __forceinline__ void mg_cp_async_wait() {
 __device__ __forceinline__ void mg_cp_async_wait_all() {
   asm volatile("cp.async.wait_all;" ::: "memory");
 }
+// An element of a concatenation read where its two parts are (codegen/joins.py):
+// element o of the joined tensor is element o % P of a period of P elements, the first
+// H of which are the first part's (one period of it), the rest the second part's.
+template <int P, int H, typename T>
+__device__ __forceinline__ const T* mg_join(const T* a, const T* b, int o) {
+  const int q = o / P, r = o - q * P;
+  return r < H ? a + q * H + r : b + q * (P - H) + (r - H);
+}
 // Bulk tensor copies (TMA, sm_90): a tensor map (encoded by the host, passed by value
 // as a __grid_constant__ parameter) describes a device tensor and a box; one thread
 // copies a box into shared memory, and the copy's bytes complete a phase of an

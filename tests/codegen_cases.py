@@ -191,6 +191,36 @@ def grouped_launches() -> Graph:
     return b.build()
 
 
+def joined_concats() -> Graph:
+    """Concatenations read in their parts (codegen/joins.py) by an online-softmax chain:
+    the queries joined along the batch (a tile read once, all in one part), the keys
+    along their last dimension (120 + 8 columns: the last iteration's tile straddles
+    both) and the values along the keys (127 cached rows and a new one computed by the
+    kernel before, a key-cache append). The bias's concatenation (127 + 1 columns, no
+    whole 16-byte chunks) stays a copy."""
+    b = GraphBuilder("joined_concats")
+    qa, qb = b.input("QA", (1, 16, 32), "f16"), b.input("QB", (1, 16, 32), "f16")
+    kc, kn = b.input("KC", (2, 32, 120), "f16"), b.input("KN", (2, 32, 8), "f16")
+    vc, v0 = b.input("VC", (2, 127, 16), "f16"), b.input("V0", (2, 1, 16), "f16")
+    ca, cb = b.input("CA", (2, 1, 127), "f16"), b.input("CB", (2, 1, 1), "f16")
+    q = b.op("concat", qa, qb, dim=0)
+    kk = b.op("concat", kc, kn, dim=2)
+    v = b.op("concat", vc, b.op("exp", v0), dim=1)
+    c = b.op("concat", ca, cb, dim=2)
+    k = b.custom((2, 1, 1), 64, 4)
+    qt = k.load(q, (0, None, None))          # (1, 16, 32)
+    kt = k.load(kk, (0, None, None), 2)      # (1, 32, 32)
+    vt = k.load(v, (0, None, None), 1)       # (1, 32, 16)
+    ct = k.load(c, (0, None, None), 2)       # (1, 1, 32)
+    x = k.op("add", k.op("mul_scalar", k.op("matmul", qt, kt), scalar=0.5), ct)
+    top = k.op("acc_max_ld", x)
+    e = k.op("exp", k.op("sub", x, top))
+    o = k.op("acc_sum", k.op("matmul", e, vt))
+    (r,) = k.finish([(k.op("div", o, k.op("acc_sum_ld", e)), "O", (0, None, None))])
+    b.output(r)
+    return b.build()
+
+
 def single_buffer_unaligned() -> Graph:
     """Tile rows that are not 16-byte multiples (no cp.async) and forloop 1."""
     b = GraphBuilder("single_buffer_unaligned")
@@ -507,5 +537,5 @@ CASES: dict[str, Callable[[], Graph]] = {f.__name__: f for f in (
     attention_chain, attention_chain_batched, online_softmax_chain, online_softmax_batched,
     short_rows_online_chain, short_rows_chain_batched, short_rows_chain_4d,
     rmsnorm_linear_small, weighted_norm_uneven_tiles, two_row_tiles, bf16_kernel_ops, f32_block_ops, big_tiles_scratch, passthrough,
-    reshape_aliases, grouped_launches,
+    reshape_aliases, grouped_launches, joined_concats,
     single_buffer_unaligned, warp_reductions, divide_by_mean, mma_odd_shapes, kernel_matmuls)}

@@ -16,6 +16,7 @@ from mirage_cli.builder import GraphBuilder
 from mirage_cli.codegen.aliasing import aliasing
 from mirage_cli.codegen.emit import emit
 from mirage_cli.codegen.grouping import compatible, levels, merge
+from mirage_cli.codegen.joins import joined_ops, joins
 from mirage_cli.codegen.lower import lower
 from mirage_cli.codegen.plan import Kernel, Param
 from mirage_cli.diagnostics import MirageError
@@ -122,26 +123,28 @@ def test_a_kernel_left_out_of_the_first_launch_may_copy_inputs_early() -> None:
           suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 @given(graphs())
 def test_every_kernel_runs_once_after_all_it_reads(g) -> None:  # type: ignore[no-untyped-def]
-    """On random µGraphs: each kernel operator but the shared reshapes runs in exactly
-    one launch, and every tensor a kernel reads was written by a kernel of an earlier
-    launch (never by one of its own launch, which runs beside it)."""
+    """On random µGraphs: each kernel operator but the shared reshapes and the joined
+    concatenations runs in exactly one launch, and every tensor a kernel reads was
+    written by a kernel of an earlier launch (never by one of its own launch, which
+    runs beside it)."""
     try:
         prog = lower(g)
     except MirageError:
         assume(False)  # a random graph the generator refuses (it says why; not tested here)
-    free = aliasing(g).free
+    free = aliasing(g).free | joined_ops(g, joins(g))
     runs = prog.launch_ops
     assert sorted(i for run in runs for i in run) == [i for i in range(len(g.ops))
                                                       if i not in free]
     launch_of = {i: n for n, run in enumerate(runs) for i in run}
-    writer: dict[str, int] = {}  # a tensor -> the launched op that writes its buffer
+    # a tensor -> the launched ops that write what it is read from
+    writers: dict[str, set[int]] = {}
     for i, op in enumerate(g.ops):
         if i in free:
-            if op.inputs[0] in writer:
-                writer[op.outputs[0].name] = writer[op.inputs[0]]
+            writers[op.outputs[0].name] = set().union(*(writers.get(t, set())
+                                                        for t in op.inputs))
             continue
         for t in op.inputs:
-            if t in writer:
-                assert launch_of[writer[t]] < launch_of[i], (t, runs)
+            for w in writers.get(t, ()):
+                assert launch_of[w] < launch_of[i], (t, runs)
         for v in op.outputs:
-            writer[v.name] = i
+            writers[v.name] = {i}

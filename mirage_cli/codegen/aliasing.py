@@ -23,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mirage_cli import ops
+from mirage_cli.arch import DEFAULT_ARCH
 from mirage_cli.ir import Graph
 
 
@@ -69,7 +70,10 @@ def aliasing(g: Graph) -> Aliasing:
     return Aliasing(storage, frozenset(free))
 
 
-def launched(g: Graph) -> int:
+def launched(g: Graph, arch: str = DEFAULT_ARCH) -> int:
     """How many kernels the lowering of ``g`` runs: every kernel operator but the
-    reshapes that share a buffer (a grouped launch runs several: codegen/grouping.py)."""
-    return len(g.ops) - len(aliasing(g).free)
+    reshapes that share a buffer and the concatenations read in their parts
+    (:mod:`.joins`); a grouped launch runs several (codegen/grouping.py)."""
+    from mirage_cli.codegen.joins import joined_ops, joins
+
+    return len(g.ops) - len(aliasing(g).free | joined_ops(g, joins(g, arch)))

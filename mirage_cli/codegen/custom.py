@@ -11,6 +11,7 @@ from mirage_cli.codegen.blockfacts import analyse, decompose
 from mirage_cli.codegen.direct import DirectKernel
 from mirage_cli.codegen.directfacts import direct_reason
 from mirage_cli.codegen.indexing import check_index_range
+from mirage_cli.codegen.joins import Join
 from mirage_cli.codegen.kernel import FusedKernel
 from mirage_cli.codegen.plan import Kernel
 from mirage_cli.codegen.planner import plan_kernel
@@ -21,14 +22,19 @@ from mirage_cli.kplan import KernelPlan, Knobs
 
 
 def lower_custom(kop: KernelOp, name: str, dev_types: dict[str, TensorType],
-                 target: str = DEFAULT_ARCH, early: frozenset[str] = frozenset()) -> Kernel:
+                 target: str = DEFAULT_ARCH, early: frozenset[str] = frozenset(),
+                 joins: Mapping[str, Join] | None = None) -> Kernel:
     """The CUDA kernel of one custom kernel for ``target``, planned with the knobs of
     its recorded plan (if any) pinned; ``early``: inputs it may start copying before
-    its grid-dependency wait (:func:`lower.early_inputs`)."""
+    its grid-dependency wait (:func:`lower.early_inputs`); ``joins``: concatenations it
+    reads in place (:mod:`joins`)."""
     assert kop.block is not None
     check_index_range(kop, dev_types)
     pins = kop.plan.knobs if kop.plan is not None else Knobs()
-    plan = located_plan(kop, dev_types, target, pins)
+    mine = {n: j for n, j in (joins or {}).items() if n in kop.inputs}
+    plan = located_plan(kop, dev_types, target, pins, frozenset(mine))
+    if mine:  # only the loop kernel's staging reads a joined concatenation's parts
+        return FusedKernel(kop.block, plan, name, dev_types, early, mine).lower()
     if plan.tiles and all(t.home == "regs" for t in plan.tiles):
         return RowKernel(kop.block, plan, name, dev_types).lower()
     if not plan.smem_bytes and direct_reason(analyse(decompose(kop.block))) is None:
@@ -37,12 +43,12 @@ def lower_custom(kop: KernelOp, name: str, dev_types: dict[str, TensorType],
 
 
 def located_plan(kop: KernelOp, dev_types: Mapping[str, TensorType], target: str,
-                 pins: Knobs) -> KernelPlan:
+                 pins: Knobs, joined: frozenset[str] = frozenset()) -> KernelPlan:
     """:func:`plan_kernel` for a kernel operator: a refusal is located at the kernel in
     its source (file, line, the line and a caret) where it says nowhere else."""
     assert kop.block is not None
     try:
-        return plan_kernel(kop.block, dev_types, target, pins)
+        return plan_kernel(kop.block, dev_types, target, pins, joined)
     except MirageError as e:
         if e.span is not None or kop.span is None:
             raise

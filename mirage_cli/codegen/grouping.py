@@ -1,11 +1,11 @@
 """Launch order and grouped launches: independent kernels that share one launch.
 
 A kernel's *level* is one more than the highest level of the kernels whose results it
-reads (0: it reads only the program's inputs); reshapes that launch nothing
-(:mod:`.aliasing`) pass their input's producer on. Kernels are launched level by level,
-in program order within a level, so kernels that do not depend on each other become
-neighbours: the three projections of a decoder layer's queries, keys and values; the
-two rotations; the key and value cache copies.
+reads (0: it reads only the program's inputs); reshapes and concatenations that launch
+nothing (:mod:`.aliasing`, :mod:`.joins`) pass their inputs' producers on. Kernels are
+launched level by level, in program order within a level, so kernels that do not
+depend on each other become neighbours: the three projections of a decoder layer's
+queries, keys and values; the two rotations; the key cache copy.
 
 Neighbours of one level that run alike (equal threads per block, cluster size and grid
 depth, no scratch area, as many blocks resident per SM as alone or a launch that fits
@@ -33,17 +33,20 @@ _BLOCK_VARS = re.compile(r"\b(blockIdx|gridDim)\.([xyz])\b")
 
 def levels(g: Graph, free: frozenset[int]) -> dict[int, int]:
     """The level of each launched kernel operator of ``g`` (by op index)."""
-    producer: dict[str, int] = {}  # a tensor -> the launched op that writes its buffer
+    # A tensor -> the launched ops that write what it is read from: its producer, or
+    # for an operator that launches nothing (a reshape sharing its input's buffer, a
+    # concatenation read in its parts) the writers of its inputs.
+    writers: dict[str, frozenset[int]] = {}
     level: dict[int, int] = {}
     for i, op in enumerate(g.ops):
-        if i in free:  # a reshape sharing its input's buffer: written by its producer
-            if op.inputs[0] in producer:
-                producer[op.outputs[0].name] = producer[op.inputs[0]]
+        if i in free:
+            writers[op.outputs[0].name] = frozenset().union(
+                *(writers.get(t, frozenset()) for t in op.inputs))
             continue
-        level[i] = 1 + max((level[producer[t]] for t in op.inputs if t in producer),
+        level[i] = 1 + max((level[w] for t in op.inputs for w in writers.get(t, ())),
                            default=-1)
         for v in op.outputs:
-            producer[v.name] = i
+            writers[v.name] = frozenset((i,))
     return level
 
 

@@ -30,8 +30,11 @@ from mirage_cli.kplan import Home, Knobs
 ACC_REGS_MAX = 32     # accumulator elements per thread kept in registers
 
 
-def homes(a: Analysis, dev: Mapping[str, TensorType], k: Knobs) -> dict[str, TileDraft]:
-    """Each tile's home under knobs ``k``, the packed ones with their row pitch."""
+def homes(a: Analysis, dev: Mapping[str, TensorType], k: Knobs,
+          joined: frozenset[str] = frozenset()) -> dict[str, TileDraft]:
+    """Each tile's home under knobs ``k``, the packed ones with their row pitch; the
+    ``joined`` inputs (concatenations read in place) always staged: only the staging
+    copies pick each chunk's part."""
     bg, T = a.bg, a.bg.threads
     tiles: dict[str, TileDraft] = {}
     for bi in bg.inputs:
@@ -39,8 +42,9 @@ def homes(a: Analysis, dev: Mapping[str, TensorType], k: Knobs) -> dict[str, Til
         users = a.uses[name]
         once = all(u is None or reads_once(u, t, a.types) for u in users) and len(users) <= 1
         vec = vec_elems(t, dev[bi.source].shape[-1])
-        staged = not once or (k.stage_once == 1 and vec > 1)
-        tile = TileDraft(name, t, a.phases[name], "smem" if staged else "global", vec=vec)
+        staged = not once or (k.stage_once == 1 and vec > 1) or name in joined
+        tile = TileDraft(name, t, a.phases[name], "smem" if staged else "global", vec=vec,
+                         joined=name in joined)
         if staged:
             tile.pitch = pitch_of(t, k.pad == 1) if vec > 1 else t.shape[-1]
         tiles[name] = tile

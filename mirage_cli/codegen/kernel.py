@@ -15,7 +15,7 @@ each block's tile at its omap position, 16 bytes at a time where the plan says s
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from mirage_cli import ops
 from mirage_cli.codegen import (
@@ -45,6 +45,7 @@ from mirage_cli.codegen.expr import (
     offset_expr,
     row_major,
 )
+from mirage_cli.codegen.joins import Join
 from mirage_cli.codegen.plan import Kernel, Param
 from mirage_cli.codegen.smemplan import MBAR, RED, ZERO
 from mirage_cli.codegen.staging import padded_strides
@@ -82,8 +83,8 @@ class FusedKernel:
     """The emitter of one fused kernel; state shared by :mod:`mma` and :mod:`reduce`."""
 
     def __init__(self, bg: BlockGraph, plan: KernelPlan, name: str,
-                 dev_types: dict[str, TensorType], early: frozenset[str] = frozenset()
-                 ) -> None:
+                 dev_types: dict[str, TensorType], early: frozenset[str] = frozenset(),
+                 joins: Mapping[str, Join] | None = None) -> None:
         # The plan may give the block another thread count: the block graph's result
         # does not depend on it.
         bg = dataclasses.replace(bg, threads=plan.threads)
@@ -101,6 +102,9 @@ class FusedKernel:
         self.em = Emitter()
         self.params: list[Param] = []
         self.pname: dict[str, str] = {}
+        # Concatenations it reads in place (codegen/joins.py): each has no pointer of
+        # its own (``pname``) but its parts' two, and is only ever staged.
+        self.joins: dict[str, Join] = dict(joins or {})
         self.tiles = {t.name: t for t in plan.tiles}
         self.mmas = {m.output: m for m in plan.mmas}
         self.mma_acc = {m.accumulator: m for m in plan.mmas if m.accumulator}
@@ -214,9 +218,11 @@ class FusedKernel:
                       min_blocks=1, cluster=self.KS, wait_at=wait_at)
 
     def _io_params(self) -> None:
-        """A pointer parameter for each device tensor the block graph loads or stores."""
+        """A pointer parameter for each device tensor the block graph loads or stores
+        (a joined concatenation's: one for each of its parts)."""
         for bi in self.bg.inputs:
-            self._param(bi.source, True)
+            for dev in self.joins[bi.source].parts if bi.source in self.joins else (bi.source,):
+                self._param(dev, True)
         for bo in self.bg.outputs:
             self._param(bo.value.name, False)
 
@@ -269,6 +275,14 @@ class FusedKernel:
                       f"  for (int s = 0; s < {staging.stages(self)}; ++s) mg_mbar_init(mg_mbar + s);",
                       "  mg_mbar_fence_init();", "}", "__syncthreads();"]
         return lines
+
+    def source_at(self, dev: str, base: str, offset: str) -> str:
+        """The address of element ``base + offset`` of device tensor ``dev``, which the
+        kernel reads (in a joined concatenation: in the part it lies in)."""
+        j = self.joins.get(dev)
+        if j is None:
+            return f"{self.pname[dev]} + {base} + {offset}"
+        return j.pointer(self.pname[j.parts[0]], self.pname[j.parts[1]], f"{base} + {offset}")
 
     def _block_base(self, bi: BlockInput) -> str:
         src = self.dev[bi.source]

@@ -46,10 +46,13 @@ from mirage_cli.kplan import Knobs, MmaPlan, ReducePlan, TilePlan
 DEFAULTS = Knobs(stages=None, kwarps=None, pad=1, ldmatrix=1, stage_once=1, vec=None)
 
 
-def lay_out(a: Analysis, dev_types: Mapping[str, TensorType], pins: Knobs, arch: archs.Arch
-             ) -> tuple[Knobs, dict[str, TileDraft], list[MmaPlan], list[ReducePlan], int, int]:
+def lay_out(a: Analysis, dev_types: Mapping[str, TensorType], pins: Knobs, arch: archs.Arch,
+            joined: frozenset[str] = frozenset()
+            ) -> tuple[Knobs, dict[str, TileDraft], list[MmaPlan], list[ReducePlan], int, int]:
     """Knobs resolved, tile homes, mma and reduction mappings, and the shared-memory
-    allocation: (knobs, tiles, mmas, reductions, shared memory bytes, scratch floats)."""
+    allocation: (knobs, tiles, mmas, reductions, shared memory bytes, scratch floats).
+    ``joined``: input tiles of concatenations read in place (codegen/joins.py), staged
+    by ``cp.async`` or scalar copies."""
     k = resolve(a, dev_types, pins)
     if pins.ksplit is None and not online_reads(a.bg):  # a cluster's combine adds, unscaled
         k = dataclasses.replace(k, ksplit=default_ksplit(a, arch))
@@ -58,22 +61,24 @@ def lay_out(a: Analysis, dev_types: Mapping[str, TensorType], pins: Knobs, arch:
         # gqa's chain kernel at batch 8 ran 20.5 -> ~16 us, the whole µGraph 23.6 ->
         # 19.0 us at batch 8 and 38.9 -> 29.6 at batch 16, the same rounding error.
         try:
-            return _lay_out_with(a, dev_types, dataclasses.replace(k, wgmma=1), pins, arch)
+            return _lay_out_with(a, dev_types, dataclasses.replace(k, wgmma=1), pins, arch,
+                                 joined)
         except MirageError:
             pass
     try:
-        return _lay_out_with(a, dev_types, k, pins, arch)
+        return _lay_out_with(a, dev_types, k, pins, arch, joined)
     except MirageError:
         if k.ksplit == 1 or pins.ksplit is not None:
             raise
         # The default split did not fit (a cluster needs every tile in shared memory).
-        return _lay_out_with(a, dev_types, dataclasses.replace(k, ksplit=1), pins, arch)
+        return _lay_out_with(a, dev_types, dataclasses.replace(k, ksplit=1), pins, arch,
+                             joined)
 
 
 def _lay_out_with(a: Analysis, dev_types: Mapping[str, TensorType], k: Knobs, pins: Knobs,
-                  arch: archs.Arch
+                  arch: archs.Arch, joined: frozenset[str] = frozenset()
                   ) -> tuple[Knobs, dict[str, TileDraft], list[MmaPlan], list[ReducePlan], int, int]:
-    tiles = homes(a, dev_types, k)
+    tiles = homes(a, dev_types, k, joined)
     ch = chainplan.chain_of(a) if k.chain == 1 else None
     if online_reads(a.bg) and (ch is None or k.ksplit != 1):
         raise MirageError(
@@ -87,7 +92,7 @@ def _lay_out_with(a: Analysis, dev_types: Mapping[str, TensorType], k: Knobs, pi
     if k.wgmma == 1 and ch is None:
         raise MirageError("plan knob wgmma=1 needs a matmul chain in registers (chain=1)")
     # wgmma reads the swizzled boxes.
-    bulk = (_tma_tiles(a, dev_types, tiles, mmas, _side_read(a, ch, k))
+    bulk = (_tma_tiles(a, dev_types, tiles, mmas, _side_read(a, ch, k), joined)
             if arch.name == "sm_90" else {})
     if k.wgmma == 1:
         assert ch is not None
@@ -130,18 +135,20 @@ def _bulk_by_default(a: Analysis, dev_types: Mapping[str, TensorType], ch: Chain
 
 
 def _tma_tiles(a: Analysis, dev: Mapping[str, TensorType], tiles: dict[str, TileDraft],
-               mmas: list[MmaPlan], side_read: frozenset[str] = frozenset()
-               ) -> dict[str, int]:
+               mmas: list[MmaPlan], side_read: frozenset[str] = frozenset(),
+               joined: frozenset[str] = frozenset()) -> dict[str, int]:
     """The loop inputs that bulk tensor copies can bring in (tmaplan), with their swizzle
     span: staged tiles read only as ldmatrix operands of tensor-core matmuls, or also,
     those in ``side_read``, element by element through the expression engine (which
-    reads the swizzled layout too)."""
+    reads the swizzled layout too); never a joined concatenation's (a box is cut from
+    one tensor)."""
     paths = {m.output: m for m in mmas}
     out: dict[str, int] = {}
     for bi in a.bg.inputs:
         name, t = bi.value.name, bi.value.type
         tile = tiles[name]
-        if tile.home != "smem" or not tile.pitch or a.phases[name] != "loop":
+        if tile.home != "smem" or not tile.pitch or a.phases[name] != "loop" \
+                or name in joined:
             continue
         readers = all(_ldmatrix_reader(u, name, paths) or name in side_read
                       for u in a.uses[name])

@@ -2,7 +2,8 @@
 
 Expects a checked graph. Every kernel operator becomes one kernel: custom operators
 through :mod:`fused`, pre-defined ones through :mod:`standalone`, but for reshapes
-whose tensors share one buffer (:mod:`aliasing`), which launch nothing. Kernels are
+whose tensors share one buffer (:mod:`aliasing`) and concatenations whose readers read
+the parts in place (:mod:`joins`), which launch nothing. Kernels are
 launched level by level, and neighbours that run alike share one launch
 (:mod:`grouping`). Device tensors that
 are neither inputs nor outputs live in the workspace (256-byte aligned), followed by
@@ -16,6 +17,7 @@ from mirage_cli.arch import DEFAULT_ARCH
 from mirage_cli.codegen.aliasing import aliasing
 from mirage_cli.codegen.custom import lower_custom
 from mirage_cli.codegen.grouping import compatible, levels, merge
+from mirage_cli.codegen.joins import joined_ops, joins
 from mirage_cli.codegen.names import (
     RESERVED,
     check_entry_name,
@@ -63,24 +65,27 @@ def lower(g: Graph, arch: str = DEFAULT_ARCH, *, name: str | None = None) -> Pro
     outputs = tuple(Buffer(n, types[n], "output", k) for k, n in enumerate(g.outputs))
     external = {b.name for b in inputs + outputs}
     shared = aliasing(g)
+    joined = joins(g, arch)
+    free = shared.free | joined_ops(g, joined)
     temps: list[Buffer] = []
     ws = 0
     for op in g.ops:
         for v in op.outputs:
-            if v.name not in external and v.name not in shared.storage:
+            if v.name not in external and v.name not in shared.storage \
+                    and v.name not in joined:
                 temps.append(Buffer(v.name, v.type, "workspace", ws))
                 ws = align(ws + v.type.nbytes)
     # Kernels launch level by level, neighbours of one level that run alike in one
     # launch (grouping.py). The first launch follows the caller's work, so its kernels
     # read no input but weights before their wait; a kernel lowered for it that does
     # not join it is lowered again for a later launch, where it may read any input.
-    level = levels(g, shared.free)
+    level = levels(g, free)
 
     def lowered(i: int, first: bool) -> Kernel:
         op, kname = g.ops[i], kernel_name(name, i)
         early = early_inputs(g, 0 if first else 1)
         if op.block is not None:
-            return lower_custom(op, kname, types, arch, early)
+            return lower_custom(op, kname, types, arch, early, joined)
         return lower_kernel_op(op, kname, types, arch, early)
 
     runs: list[list[tuple[int, Kernel]]] = []

@@ -64,6 +64,9 @@ class TileDraft:
     scratch_offset: int = -1
     owner: str = ""
     swizzle: int = 0  # copied by bulk tensor copies in swizzled boxes (tmaplan)
+    # A joined concatenation's tile (codegen/joins.py): it has no buffer of its own to
+    # be read from, so it stays in shared memory.
+    joined: bool = False
 
     def smem_need(self) -> int:
         """Bytes of shared memory: staged inputs (pitch > 0) in their own dtype, one copy
@@ -122,7 +125,7 @@ def allocate(a: Analysis, tiles: dict[str, TileDraft], has_mma: bool, reds: list
     for t in sorted(staged, key=lambda t: (-t.type.nbytes, t.name)):
         if total() <= arch.smem_per_block:
             break
-        if t.name in a.producer:  # a packed computed tile has no global copy to read
+        if t.name in a.producer or t.joined:  # no global copy to read
             continue
         # Its copy path (and the owner text that described it) goes with it.
         t.home, t.pitch, t.stages, t.swizzle, t.owner = "global", 0, 1, 0, ""

@@ -63,17 +63,20 @@ def stage(k: FusedKernel, bi: BlockInput, base: str, dst: str) -> Lines:
     n = 1
     for d in chunks:
         n *= d
-    src = k.pname[bi.source]
     if vec > 1 and n % k.T == 0 and n // k.T <= 16:
         # Each thread copies the same chunks every iteration: their offsets are
         # computed once (registers), not divided out again per copy.
         tab = _offset_table(k, bi, chunks, n // k.T)
-        copy = f"mg_cp_async16({dst} + mg_do_{tab}[i], {src} + ({base}) + mg_so_{tab}[i]);"
+        src = k.source_at(bi.source, f"({base})", f"mg_so_{tab}[i]")
+        copy = f"mg_cp_async16({dst} + mg_do_{tab}[i], {src});"
         return ["#pragma unroll", f"for (int i = 0; i < {n // k.T}; ++i) {copy}"]
     c = k.em.fresh("c")
     src_o, dst_o, decl = _chunk_offsets(k, bi, chunks, c, padded_strides(shape, t.pitch))
-    op = (f"mg_cp_async16({dst} + ({dst_o}), {src} + ({base}) + ({src_o}));" if vec > 1
-          else f"{dst}[{dst_o}] = {src}[{base} + ({src_o})];")
+    src = k.source_at(bi.source, f"({base})", f"({src_o})")
+    if vec == 1:
+        src = (f"*{src}" if bi.source in k.joins
+               else f"{k.pname[bi.source]}[{base} + ({src_o})]")
+    op = (f"mg_cp_async16({dst} + ({dst_o}), {src});" if vec > 1 else f"{dst}[{dst_o}] = {src};")
     return ([f"for (int {c} = threadIdx.x; {c} < {n}; {c} += {k.T}) {{"]
             + indent(keep_used(decl, [op]) + [op]) + ["}"])
 

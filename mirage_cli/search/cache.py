@@ -104,7 +104,9 @@ def cache_dir() -> Path:
 # default, which the model prices at the bulk-copy rates; (39: branch fill1); 40:
 # acc_sum is in every block vocabulary, so element-wise programs get fused kernels;
 # 41: a reshape whose tensors share one buffer launches nothing and costs nothing.
-SEARCH_REVISION = 41
+# 42: a concatenation read only by custom kernels, in whole 16-byte chunks of its
+# parts, launches nothing and costs nothing (codegen/joins.py).
+SEARCH_REVISION = 42
 
 
 def program_hash(program: Graph) -> str:

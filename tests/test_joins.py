@@ -1,0 +1,135 @@
+"""Concatenations read in their parts (codegen/joins.py): which are joined, what the
+planner, the lowering, the launch levels and the cost model make of them. On a GPU,
+``codegen_cases.joined_concats`` is checked against the reference by
+test_codegen_gpu."""
+
+from __future__ import annotations
+
+import numpy as np
+from codegen_cases import joined_concats
+
+from mirage_cli.builder import GraphBuilder
+from mirage_cli.codegen.aliasing import launched
+from mirage_cli.codegen.emit import emit
+from mirage_cli.codegen.grouping import levels
+from mirage_cli.codegen.joins import Join, joined_ops, joins
+from mirage_cli.codegen.lower import lower
+from mirage_cli.codegen.planner import plan_kernel
+from mirage_cli.ir import Graph
+from mirage_cli.kplan import Knobs
+from mirage_cli.search.cost import NOT_LAUNCHED, kernel_costs
+
+
+def _names(g: Graph) -> list[str]:
+    return [op.outputs[0].name for op in g.ops]
+
+
+def test_whole_chunk_parts_are_joined_and_a_misaligned_one_is_not() -> None:
+    g = joined_concats()
+    q, kk, v0, v, c = (_names(g)[i] for i in (0, 1, 2, 3, 4))
+    found = joins(g)
+    assert found == {
+        q: Join(("QA", "QB"), 2 * 16 * 32, 16 * 32),      # along the batch
+        kk: Join(("KC", "KN"), 128, 120),                 # along the last dimension
+        v: Join(("VC", v0), 128 * 16, 127 * 16),          # one row appended
+    }
+    assert c not in found  # 127 + 1 columns: its chunks would straddle the parts
+    assert joined_ops(g, found) == {0, 1, 3}
+    assert launched(g) == 3  # the exp, the bias's copy and the custom kernel
+
+
+def test_a_join_reads_every_element_where_the_concatenation_has_it() -> None:
+    """``mg_join``'s arithmetic (the prelude), element by element, against numpy."""
+    g = joined_concats()
+    types = g.tensor_types()
+    for name, j in joins(g).items():
+        a, b = (np.arange(types[p].numel).reshape(types[p].shape) for p in j.parts)
+        dim = next(int(dict(op.attrs)["dim"]) for op in g.ops if op.outputs[0].name == name)
+        want = np.concatenate([a * 2, b * 2 + 1], axis=dim).reshape(-1)  # part, index
+        for o, w in enumerate(want):
+            q, r = divmod(o, j.period)
+            got = 2 * (q * j.head + r) if r < j.head else \
+                2 * (q * (j.period - j.head) + r - j.head) + 1
+            assert got == w, (name, o)
+
+
+def _concat_read_by(reader: str, output: bool = False) -> Graph:
+    b = GraphBuilder("one_concat")
+    x = b.input("X", (2, 64), "f16")
+    y = b.input("Y", (2, 64), "f16")
+    c = b.op("concat", x, y, dim=0, out="C" if output else None)
+    if reader == "custom":
+        k = b.custom((2, 1, 1), 128, 1)
+        e = k.op("exp", k.load(c, (0, None, None)))
+        (z,) = k.finish([(k.op("acc_sum", e), "Z", (0, None, None))])
+    else:
+        z = b.op("exp", c, out="Z")
+    b.output(z)
+    if output:
+        b.output(c)
+    return b.build()
+
+
+def test_only_a_concatenation_read_by_custom_kernels_alone_is_joined() -> None:
+    assert len(joins(_concat_read_by("custom"))) == 1
+    assert not joins(_concat_read_by("exp"))                  # a pre-defined reader
+    assert not joins(_concat_read_by("custom", output=True))  # the caller's buffer
+
+
+def test_a_reader_that_cannot_stage_it_keeps_the_copy() -> None:
+    """Read once, element by element, the tile is not staged: joined, it must be, and
+    512 KB does not fit shared memory, so the concatenation stays a copy."""
+    b = GraphBuilder("too_big")
+    x = b.input("X", (64, 2048), "f16")
+    y = b.input("Y", (64, 2048), "f16")
+    c = b.op("concat", x, y, dim=1)
+    k = b.custom((1, 1, 1), 128, 1)
+    e = k.op("exp", k.load(c, (None, None, None)))
+    (z,) = k.finish([(k.op("acc_sum", e), "Z", (None, None, None))])
+    b.output(z)
+    g = b.build()
+    assert not joins(g)
+    assert launched(g) == 2
+
+
+def test_a_joined_tile_is_staged_by_cp_async_never_by_bulk_copies() -> None:
+    g = joined_concats()
+    kop = g.ops[-1]
+    assert kop.block is not None
+    types = g.tensor_types()
+    v = _names(g)[3]
+    vt = next(bi.value.name for bi in kop.block.inputs if bi.source == v)
+    alone = {t.name: t for t in plan_kernel(kop.block, types, "sm_90", Knobs(tma=1)).tiles}
+    joined = {t.name: t for t in plan_kernel(kop.block, types, "sm_90", Knobs(tma=1),
+                                             joined=frozenset(joins(g))).tiles}
+    assert alone[vt].swizzle  # by bulk copies when it is a tensor of its own
+    assert not joined[vt].swizzle and joined[vt].pitch and joined[vt].home == "smem"
+    assert "part of the concatenation" in joined[vt].owner
+
+
+def test_the_lowering_launches_no_copy_and_passes_the_parts() -> None:
+    g = joined_concats()
+    names = _names(g)
+    prog = lower(g)
+    assert prog.launch_ops == ((2, 4), (5,))  # the exp and the bias's copy, then the kernel
+    assert {t.name for t in prog.temps} == {names[2], names[4]}  # no buffer for a join
+    custom = prog.kernels[-1]
+    assert [p.arg for p in custom.params] == ["QA", "QB", "KC", "KN", "VC", names[2],
+                                              names[4], "O"]
+    cu, _ = emit(prog)
+    assert cu.count("mg_join<1024, 512>(") == 1              # the queries: once
+    assert cu.count("mg_join<128, 120>(") == cu.count("mg_join<2048, 2032>(") == 4  # 3 + loop
+
+
+def test_a_joined_concatenations_readers_follow_both_parts_writers() -> None:
+    g = joined_concats()
+    free = joined_ops(g, joins(g))
+    # the exp writes the values' new row: the custom kernel (op 5) reads it in place
+    assert levels(g, free) == {2: 0, 4: 0, 5: 1}
+
+
+def test_the_model_prices_no_copy() -> None:
+    g = joined_concats()
+    costs = kernel_costs(g)
+    assert [i for i, c in enumerate(costs) if c == NOT_LAUNCHED] == [0, 1, 3]
+    assert costs[4].launched and costs[5].launched
