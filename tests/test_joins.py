@@ -133,3 +133,18 @@ def test_the_model_prices_no_copy() -> None:
     costs = kernel_costs(g)
     assert [i for i, c in enumerate(costs) if c == NOT_LAUNCHED] == [0, 1, 3]
     assert costs[4].launched and costs[5].launched
+
+
+def test_the_plan_attached_is_the_one_the_code_is_generated_from() -> None:
+    """``mirage plan`` / ``opt`` attach plans made with the joins, as the lowering
+    makes them: the values' tile staged by cp.async even with bulk copies pinned."""
+    from mirage_cli.commands.plan import planned
+
+    g = planned(joined_concats(), "sm_90", [Knobs(tma=1)])
+    kop = g.ops[-1]
+    assert kop.block is not None and kop.plan is not None
+    v = _names(g)[3]
+    vt = next(bi.value.name for bi in kop.block.inputs if bi.source == v)
+    tile = next(t for t in kop.plan.tiles if t.name == vt)
+    assert not tile.swizzle and "part of the concatenation" in tile.owner
+    assert lower(g).kernels[-1].plan == kop.plan.as_json()

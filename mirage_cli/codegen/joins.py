@@ -26,6 +26,7 @@ that is not made.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -33,7 +34,7 @@ from mirage_cli import ops
 from mirage_cli.arch import DEFAULT_ARCH
 from mirage_cli.codegen.knobranges import VEC_BYTES
 from mirage_cli.diagnostics import MirageError
-from mirage_cli.ir import Graph, KernelOp, TensorType
+from mirage_cli.ir import BlockGraph, Graph, KernelOp, TensorType
 from mirage_cli.kplan import Knobs
 
 
@@ -74,8 +75,6 @@ def candidate(op: KernelOp, types: dict[str, TensorType]) -> Join | None:
 
 def joins(g: Graph, arch: str = DEFAULT_ARCH) -> dict[str, Join]:
     """The joined concatenations of ``g``, by the tensor each one makes."""
-    from mirage_cli.codegen.planner import plan_kernel  # the planner reads Join too
-
     types = g.tensor_types()
     readers: dict[str, list[KernelOp]] = {}
     for op in g.ops:
@@ -98,14 +97,27 @@ def joins(g: Graph, arch: str = DEFAULT_ARCH) -> dict[str, Join]:
             mine = frozenset(n for n in op.inputs if n in found)
             if not mine or op.block is None:
                 continue
-            try:
-                plan_kernel(op.block, types, arch,
-                            op.plan.knobs if op.plan is not None else Knobs(), joined=mine)
-            except MirageError:
+            used = tuple(sorted((n, types[n]) for n in {*op.inputs, *(v.name for v in op.outputs)}))
+            if not _plans(op.block, used, arch,
+                          op.plan.knobs if op.plan is not None else Knobs(), mine):
                 for n in mine:
                     del found[n]
                 changed = True
     return found
+
+
+@functools.lru_cache(maxsize=1024)
+def _plans(bg: BlockGraph, types: tuple[tuple[str, TensorType], ...], arch: str, pins: Knobs,
+           joined: frozenset[str]) -> bool:
+    """Whether the custom kernel ``bg`` plans with ``joined`` staged (cached: the search
+    costs the same kernel in many µGraphs)."""
+    from mirage_cli.codegen.planner import plan_kernel  # the planner reads Join too
+
+    try:
+        plan_kernel(bg, dict(types), arch, pins, joined=joined)
+    except MirageError:
+        return False
+    return True
 
 
 def joined_ops(g: Graph, found: Mapping[str, Join]) -> frozenset[int]:

@@ -17,6 +17,7 @@ import click
 from mirage_cli import serialize
 from mirage_cli.arch import DEFAULT_ARCH
 from mirage_cli.codegen.custom import located_plan
+from mirage_cli.codegen.joins import joins
 from mirage_cli.codegen.planner import knob_space
 from mirage_cli.commands.common import defines_option, parse_defines
 from mirage_cli.diagnostics import MirageError
@@ -71,13 +72,17 @@ def plan_report(g: Graph, arch: str) -> list[dict]:  # type: ignore[type-arg]
 
 
 def planned(g: Graph, arch: str, pins: list[Knobs]) -> Graph:
-    """``g`` with a plan on every custom kernel (the i-th pins on the i-th kernel)."""
+    """``g`` with a plan on every custom kernel (the i-th pins on the i-th kernel), the
+    plan its code is generated from: with the concatenations it reads in place staged
+    (codegen/joins.py)."""
     types = g.tensor_types()
+    found = frozenset(joins(g, arch))
     ops, k = [], 0
     for op in g.ops:
         if op.block is not None:
             p = pins[k] if k < len(pins) else Knobs()
-            ops.append(dataclasses.replace(op, plan=located_plan(op, types, arch, p)))
+            plan = located_plan(op, types, arch, p, found & set(op.inputs))
+            ops.append(dataclasses.replace(op, plan=plan))
             k += 1
         else:
             ops.append(op)
