@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 from mirage_cli import ops
 from mirage_cli.arch import DEFAULT_ARCH
+from mirage_cli.codegen.expr import numel
 from mirage_cli.codegen.knobranges import VEC_BYTES
 from mirage_cli.diagnostics import MirageError
 from mirage_cli.ir import BlockGraph, Graph, KernelOp, TensorType
@@ -53,13 +54,6 @@ class Join:
         return f"mg_join<{self.period}, {self.head}>({p0}, {p1}, {offset})"
 
 
-def _period(t: TensorType, dim: int) -> int:
-    n = 1
-    for d in t.shape[dim:]:
-        n *= d
-    return n
-
-
 def candidate(op: KernelOp, types: dict[str, TensorType]) -> Join | None:
     """``op`` as a join, if it is a concatenation whose parts are whole chunks."""
     if ops.get(op.op).index is not ops.Index.CONCAT:
@@ -67,7 +61,7 @@ def candidate(op: KernelOp, types: dict[str, TensorType]) -> Join | None:
     dim = int(dict(op.attrs)["dim"])
     a, b = (types[n] for n in op.inputs)
     out = op.outputs[0].type
-    head, tail = _period(a, dim), _period(b, dim)
+    head, tail = numel(a.shape[dim:]), numel(b.shape[dim:])
     if any(n * out.dtype.nbytes % VEC_BYTES for n in (head, tail)):
         return None
     return Join((op.inputs[0], op.inputs[1]), head + tail, head)
@@ -124,3 +118,4 @@ def joined_ops(g: Graph, found: Mapping[str, Join]) -> frozenset[int]:
     """The indices of ``g``'s kernel operators that make the joined tensors ``found``
     (:func:`joins`): they launch nothing."""
     return frozenset(i for i, op in enumerate(g.ops) if op.outputs[0].name in found)
+
