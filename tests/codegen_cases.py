@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from mirage_cli.builder import GraphBuilder
+from mirage_cli.builder import BlockBuilder, GraphBuilder
 from mirage_cli.ir import Graph
 
 
@@ -191,6 +191,18 @@ def grouped_launches() -> Graph:
     return b.build()
 
 
+def _online_softmax_times(b: GraphBuilder, k: BlockBuilder, x: str,
+                          vt: str) -> Graph:
+    """The rest of an online-softmax chain from its scores ``x``: O = softmax(x) @ V
+    with the running maximum, as the output ``O``."""
+    top = k.op("acc_max_ld", x)
+    e = k.op("exp", k.op("sub", x, top))
+    o = k.op("acc_sum", k.op("matmul", e, vt))
+    (r,) = k.finish([(k.op("div", o, k.op("acc_sum_ld", e)), "O", (0, None, None))])
+    b.output(r)
+    return b.build()
+
+
 def joined_concats() -> Graph:
     """Concatenations read in their parts (codegen/joins.py) by an online-softmax chain:
     the queries joined along the batch (a tile read once, all in one part), the keys
@@ -213,12 +225,25 @@ def joined_concats() -> Graph:
     vt = k.load(v, (0, None, None), 1)       # (1, 32, 16)
     ct = k.load(c, (0, None, None), 2)       # (1, 1, 32)
     x = k.op("add", k.op("mul_scalar", k.op("matmul", qt, kt), scalar=0.5), ct)
-    top = k.op("acc_max_ld", x)
-    e = k.op("exp", k.op("sub", x, top))
-    o = k.op("acc_sum", k.op("matmul", e, vt))
-    (r,) = k.finish([(k.op("div", o, k.op("acc_sum_ld", e)), "O", (0, None, None))])
-    b.output(r)
-    return b.build()
+    return _online_softmax_times(b, k, x, vt)
+
+
+def joined_beside_bulk() -> Graph:
+    """A chain whose value tiles are a joined concatenation's (255 cached rows and a
+    new one) and whose key tiles are a tensor of their own: the keys come by bulk
+    copies, the values by cp.async (layout._bulk_by_default), as a decode layer's
+    attention with its value cache read in place."""
+    b = GraphBuilder("joined_beside_bulk")
+    q = b.input("Q", (2, 16, 64), "f16")
+    kk = b.input("K", (2, 64, 256), "f16")
+    vc, v0 = b.input("VC", (2, 255, 64), "f16"), b.input("V0", (2, 1, 64), "f16")
+    v = b.op("concat", vc, b.op("exp", v0), dim=1)
+    k = b.custom((2, 1, 1), 64, 4)
+    qt = k.load(q, (0, None, None))          # (1, 16, 64)
+    kt = k.load(kk, (0, None, None), 2)      # (1, 64, 64)
+    vt = k.load(v, (0, None, None), 1)       # (1, 64, 64)
+    x = k.op("mul_scalar", k.op("matmul", qt, kt), scalar=0.125)
+    return _online_softmax_times(b, k, x, vt)
 
 
 def single_buffer_unaligned() -> Graph:
@@ -537,5 +562,5 @@ CASES: dict[str, Callable[[], Graph]] = {f.__name__: f for f in (
     attention_chain, attention_chain_batched, online_softmax_chain, online_softmax_batched,
     short_rows_online_chain, short_rows_chain_batched, short_rows_chain_4d,
     rmsnorm_linear_small, weighted_norm_uneven_tiles, two_row_tiles, bf16_kernel_ops, f32_block_ops, big_tiles_scratch, passthrough,
-    reshape_aliases, grouped_launches, joined_concats,
+    reshape_aliases, grouped_launches, joined_concats, joined_beside_bulk,
     single_buffer_unaligned, warp_reductions, divide_by_mean, mma_odd_shapes, kernel_matmuls)}

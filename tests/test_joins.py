@@ -6,7 +6,7 @@ test_codegen_gpu."""
 from __future__ import annotations
 
 import numpy as np
-from codegen_cases import joined_concats
+from codegen_cases import joined_beside_bulk, joined_concats
 
 from mirage_cli.builder import GraphBuilder
 from mirage_cli.codegen.aliasing import launched
@@ -105,6 +105,20 @@ def test_a_joined_tile_is_staged_by_cp_async_never_by_bulk_copies() -> None:
     assert alone[vt].swizzle  # by bulk copies when it is a tensor of its own
     assert not joined[vt].swizzle and joined[vt].pitch and joined[vt].home == "smem"
     assert "part of the concatenation" in joined[vt].owner
+
+
+def test_a_chains_other_loop_inputs_still_come_by_bulk_copies() -> None:
+    g = joined_beside_bulk()
+    kop = g.ops[-1]
+    assert kop.block is not None
+    found = frozenset(joins(g))
+    assert found == {_names(g)[1]}
+    by_source = {bi.source: bi.value.name for bi in kop.block.inputs}
+    plan = plan_kernel(kop.block, g.tensor_types(), "sm_90", joined=found)
+    tiles = {t.name: t for t in plan.tiles}
+    assert plan.knobs.tma == 1
+    assert tiles[by_source["K"]].swizzle          # a tensor of its own: bulk copies
+    assert not tiles[by_source[_names(g)[1]]].swizzle  # the joined values: cp.async
 
 
 def test_the_lowering_launches_no_copy_and_passes_the_parts() -> None:

@@ -99,7 +99,8 @@ def _lay_out_with(a: Analysis, dev_types: Mapping[str, TensorType], k: Knobs, pi
         bulk = _wgmma_operands(ch, bulk, pins)
         k = dataclasses.replace(k, tma=1)
     if k.tma is None:  # tmaplan: twice the per-SM rate of cp.async
-        k = dataclasses.replace(k, tma=1 if _bulk_by_default(a, dev_types, ch, bulk) else 0)
+        k = dataclasses.replace(k, tma=1 if _bulk_by_default(a, dev_types, ch, bulk, joined)
+                                else 0)
     if k.tma == 1:
         for name, swizzle in bulk.items():
             t = tiles[name]
@@ -115,7 +116,7 @@ def _lay_out_with(a: Analysis, dev_types: Mapping[str, TensorType], k: Knobs, pi
 
 
 def _bulk_by_default(a: Analysis, dev_types: Mapping[str, TensorType], ch: Chain | None,
-                     bulk: Mapping[str, int]) -> bool:
+                     bulk: Mapping[str, int], joined: frozenset[str] = frozenset()) -> bool:
     """Whether a loop's inputs come by bulk copies unpinned: a loop that streams a weight
     from DRAM (a few small tiles wait on latency instead, which one issuing thread and
     an mbarrier add to: lora at batch 8 on an H100, 3.9 -> 5.1 us, perf-log v19); a
@@ -125,12 +126,16 @@ def _bulk_by_default(a: Analysis, dev_types: Mapping[str, TensorType], ch: Chain
     144.1 -> 133.3, at batch 1 25.3 -> 24.5), while qknorm_gqa at batch 1, whose key
     tiles are also read element by element for their norms and so stay on cp.async,
     ran slower with its value tiles alone by bulk copies (9.70 -> 10.20; perf-log v37).
+    A ``joined`` concatenation's tiles come by cp.async (a box lies in one tensor), and
+    the chain's other loop inputs still by bulk copies: the Llama layer's attention at
+    batch 8, its value cache joined, ran 49.5 us with both tiles by cp.async, against
+    38.4 with both by bulk copies from the two copied caches (perf-log v40).
     """
     if not bulk:
         return False
     if ch is None:
         return streams(a, dev_types)
-    return all(bi.value.name in bulk for bi in a.bg.inputs
+    return all(bi.value.name in bulk or bi.value.name in joined for bi in a.bg.inputs
                if a.phases[bi.value.name] == "loop")
 
 

@@ -105,8 +105,10 @@ def cache_dir() -> Path:
 # acc_sum is in every block vocabulary, so element-wise programs get fused kernels;
 # 41: a reshape whose tensors share one buffer launches nothing and costs nothing.
 # 42: a concatenation read only by custom kernels, in whole 16-byte chunks of its
-# parts, launches nothing and costs nothing (codegen/joins.py).
-SEARCH_REVISION = 42
+# parts, launches nothing and costs nothing (codegen/joins.py); 43: a matmul chain
+# reading a joined concatenation takes its other loop inputs by bulk copies, which the
+# model prices at the bulk-copy rates.
+SEARCH_REVISION = 43
 
 
 def program_hash(program: Graph) -> str:
