@@ -165,6 +165,28 @@ __device__ __forceinline__ const T* mg_join(const T* a, const T* b, int o) {
   const int q = o / P, r = o - q * P;
   return r < H ? a + q * H + r : b + q * (P - H) + (r - H);
 }
+// A shifted join (codegen/joins.py): the concatenation of rows of H elements and rows
+// of P - H < E elements along the last dimension, where the first part's rows start
+// anywhere in a chunk of E elements (16 bytes). A staged tile keeps, in each of its
+// rows, the aligned chunks that cover that row's first-part elements: chunk j of the
+// tile row that starts at element o of the joined tensor, copied only where it starts
+// inside the first part's row (whose buffer is whole chunks: no copy reads past it).
+template <int P, int H, int E, typename T>
+__device__ __forceinline__ void mg_cp_shifted(T* dst, const T* a, int o, int j) {
+  const int q = o / P, c = o - q * P;
+  const int at = ((q * H + c) & ~(E - 1)) + j * E;
+  if (c < H && at < (q + 1) * H) mg_cp_async16(dst, a + at);
+}
+// The 16 bits of element (r, c) of such a tile (rows `pitch` apart) whose row 0 starts
+// at element o of the joined tensor (its rows P apart): at its row's shift in shared
+// memory where its column is the first part's, else the second part's in global memory.
+template <int P, int H, int E, typename T>
+__device__ __forceinline__ unsigned mg_shifted16(const T* sm, int pitch, const T* b, int o,
+                                                 int r, int c) {
+  const int q = o / P + r, c0 = o % P;
+  if (c0 + c < H) return sm[r * pitch + ((q * H + c0) & (E - 1)) + c].bits;
+  return b[q * (P - H) + (c0 + c - H)].bits;
+}
 // Bulk tensor copies (TMA, sm_90): a tensor map (encoded by the host, passed by value
 // as a __grid_constant__ parameter) describes a device tensor and a box; one thread
 // copies a box into shared memory, and the copy's bytes complete a phase of an

@@ -78,6 +78,7 @@ class MmaPlan:
     #                            | "scaled" (a tile's ldmatrix fragments times a vector)
     #                            | "held" (ldmatrix once before the loop, kept in registers)
     b_path: str                # "ldmatrix.trans" | "direct" | "wgmma" (a shared-memory descriptor)
+    #                            | "gather" (element by element from a shifted join's tile)
     kwarps: int                # warps splitting K (their fragments are summed after the loop)
     tiles_per_warp: int        # m16n8 output tiles per warp
 

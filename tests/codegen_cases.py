@@ -246,6 +246,24 @@ def joined_beside_bulk() -> Graph:
     return _online_softmax_times(b, k, x, vt)
 
 
+def shifted_key_join() -> Graph:
+    """A key cache of 255 columns and the new key's column, joined along the keys
+    (codegen/joins.py, shifted): the cache's rows start anywhere in a 16-byte chunk (row
+    q at element 255 q), the last iteration's tile holds the new column, which the
+    chain reads from its own tensor (computed by the kernel before)."""
+    b = GraphBuilder("shifted_key_join")
+    q = b.input("Q", (2, 16, 64), "f16")
+    kc, kn = b.input("KC", (2, 64, 255), "f16"), b.input("KN", (2, 64, 1), "f16")
+    kk = b.op("concat", kc, b.op("exp", kn), dim=2)
+    v = b.input("V", (2, 256, 64), "f16")
+    k = b.custom((2, 1, 1), 64, 4)
+    qt = k.load(q, (0, None, None))          # (1, 16, 64)
+    kt = k.load(kk, (0, None, None), 2)      # (1, 64, 64)
+    vt = k.load(v, (0, None, None), 1)       # (1, 64, 64)
+    x = k.op("mul_scalar", k.op("matmul", qt, kt), scalar=0.125)
+    return _online_softmax_times(b, k, x, vt)
+
+
 def single_buffer_unaligned() -> Graph:
     """Tile rows that are not 16-byte multiples (no cp.async) and forloop 1."""
     b = GraphBuilder("single_buffer_unaligned")
@@ -563,4 +581,5 @@ CASES: dict[str, Callable[[], Graph]] = {f.__name__: f for f in (
     short_rows_online_chain, short_rows_chain_batched, short_rows_chain_4d,
     rmsnorm_linear_small, weighted_norm_uneven_tiles, two_row_tiles, bf16_kernel_ops, f32_block_ops, big_tiles_scratch, passthrough,
     reshape_aliases, grouped_launches, joined_concats, joined_beside_bulk,
+    shifted_key_join,
     single_buffer_unaligned, warp_reductions, divide_by_mean, mma_odd_shapes, kernel_matmuls)}

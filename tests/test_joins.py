@@ -6,13 +6,13 @@ test_codegen_gpu."""
 from __future__ import annotations
 
 import numpy as np
-from codegen_cases import joined_beside_bulk, joined_concats
+from codegen_cases import joined_beside_bulk, joined_concats, shifted_key_join
 
 from mirage_cli.builder import GraphBuilder
 from mirage_cli.codegen.aliasing import launched
 from mirage_cli.codegen.emit import emit
 from mirage_cli.codegen.grouping import levels
-from mirage_cli.codegen.joins import Join, joined_ops, joins
+from mirage_cli.codegen.joins import Join, candidate, joined_ops, joins
 from mirage_cli.codegen.lower import lower
 from mirage_cli.codegen.planner import plan_kernel
 from mirage_cli.ir import Graph
@@ -33,7 +33,10 @@ def test_whole_chunk_parts_are_joined_and_a_misaligned_one_is_not() -> None:
         kk: Join(("KC", "KN"), 128, 120),                 # along the last dimension
         v: Join(("VC", v0), 128 * 16, 127 * 16),          # one row appended
     }
-    assert c not in found  # 127 + 1 columns: its chunks would straddle the parts
+    # 127 + 1 columns: its chunks would straddle the parts, and the first part's 254
+    # elements are not whole chunks either (a row's covering chunks could read past it).
+    assert candidate(g.ops[4], g.tensor_types()) is None
+    assert c not in found
     assert joined_ops(g, found) == {0, 1, 3}
     assert launched(g) == 3  # the exp, the bias's copy and the custom kernel
 
@@ -105,6 +108,54 @@ def test_a_joined_tile_is_staged_by_cp_async_never_by_bulk_copies() -> None:
     assert alone[vt].swizzle  # by bulk copies when it is a tensor of its own
     assert not joined[vt].swizzle and joined[vt].pitch and joined[vt].home == "smem"
     assert "part of the concatenation" in joined[vt].owner
+
+
+def test_a_key_cache_of_odd_rows_is_joined_shifted_and_gathered() -> None:
+    g = shifted_key_join()
+    ka = _names(g)[1]
+    found = joins(g)
+    assert found == {ka: Join(("KC", _names(g)[0]), 256, 255, 8)}
+    kop = g.ops[-1]
+    assert kop.block is not None
+    by_source = {bi.source: bi.value.name for bi in kop.block.inputs}
+    plan = plan_kernel(kop.block, g.tensor_types(), "sm_90", joined=frozenset(found),
+                       shifted=frozenset(found))
+    tile = {t.name: t for t in plan.tiles}[by_source[ka]]
+    # 64 columns and the chunk its row starts in: 9 chunks, odd already.
+    assert tile.home == "smem" and not tile.swizzle and tile.pitch == 72
+    assert "rows at their own shifts" in tile.owner
+    first = kop.block.ops[0].outputs[0].name
+    assert [(m.output, m.b_path) for m in plan.mmas if m.b_path == "gather"] == [
+        (first, "gather")]
+    assert [i for i, c in enumerate(kernel_costs(g)) if c == NOT_LAUNCHED] == [1]
+
+
+def test_a_shifted_tile_is_copied_by_covering_chunks_and_read_at_its_shifts() -> None:
+    prog = lower(shifted_key_join())
+    assert len(prog.kernels) == 2  # the exp and the chain: no copy
+    cu, _ = emit(prog)
+    # the ring's 3 first stages and the loop's: each row's 8 chunks and one more
+    assert cu.count("mg_cp_shifted<256, 255, 8>(") == 4
+    assert cu.count(" < 576; ") == 4
+    assert cu.count("mg_shifted16<256, 255, 8>(") > 0
+    assert "mg_ldsm_x4_t" in cu  # the values: ldmatrix, as before
+
+
+def test_a_shifted_join_needs_a_chain_reading_it_as_its_key_operand() -> None:
+    from mirage_cli.codegen.planner import plan_kernel as plan
+    from mirage_cli.diagnostics import MirageError
+
+    g = joined_concats()
+    kop = g.ops[-1]
+    assert kop.block is not None
+    c = _names(g)[4]
+    try:
+        plan(kop.block, g.tensor_types(), "sm_90", joined=frozenset({c}),
+             shifted=frozenset({c}))
+    except MirageError as e:
+        assert "only as a matmul chain's key operand" in e.message
+    else:
+        raise AssertionError("a shifted tile added element by element was planned")
 
 
 def test_a_chains_other_loop_inputs_still_come_by_bulk_copies() -> None:

@@ -28,6 +28,7 @@ from mirage_cli.codegen.expr import (
     Lines,
     Local,
     Node,
+    Stored,
     indent,
     unrolled,
 )
@@ -93,6 +94,9 @@ def _b_loads(k: FusedKernel, b: str, tiles: int, col0: str) -> Lines:
     """B fragments of ``tiles`` adjacent n8 tiles at K step ``kk`` from a K-major tile:
     two tiles per ``ldmatrix.x4.trans`` (lanes 16-31 address the second), into
     ``rb{t}_0``, ``rb{t}_1``. Issued together, ahead of the mmas that read them."""
+    if any(m.b_path == "gather" and k.a.producer[m.output].inputs[1] == b
+           for m in k.plan.mmas):
+        return _b_gathered(k, b, tiles, col0)
     lines: Lines = []
     for t in range(0, tiles - 1, 2):
         p = smem_ptr(k, b, _lead(b, k) + ["(kk + (mg_lane & 15))",
@@ -103,6 +107,28 @@ def _b_loads(k: FusedKernel, b: str, tiles: int, col0: str) -> Lines:
         t = tiles - 1
         p = smem_ptr(k, b, _lead(b, k) + ["(kk + (mg_lane & 15))", f"(({col0} + {t}) * 8)"])
         lines += [f"unsigned rb{t}_0, rb{t}_1;", f"mg_ldsm_x2_t(rb{t}_0, rb{t}_1, {p});"]
+    return lines
+
+
+def _b_gathered(k: FusedKernel, b: str, tiles: int, col0: str) -> Lines:
+    """The fragments of :func:`_b_loads` from a shifted join's tile (codegen/joins.py),
+    element by element: lane l holds rows kk + 2 (l % 4) + {0, 1} and + {8, 9} of column
+    l / 4 of each n8 tile, the lower row in the lower 16 bits (the m16n8k16 B layout)."""
+    bi = next(bi for bi in k.bg.inputs if bi.value.name == b)
+    j = k.joins[bi.source]
+    how = k.em.nodes[b].how
+    assert isinstance(how, Stored)
+    at = (f"mg_shifted16<{j.period}, {j.head}, {j.chunk}>({how.ptr}, {k.tile(b).pitch}, "
+          f"{k.pname[j.parts[1]]}, off_{b}, ")
+    row = "kk + 2 * (mg_lane & 3)"
+    lines: Lines = []
+    for t in range(tiles):
+        col = f"({col0} + {t}) * 8 + (mg_lane >> 2)"
+
+        def e(dr: int, col: str = col) -> str:
+            return f"{at}{row} + {dr}, {col})"
+        lines += [f"const unsigned rb{t}_0 = {e(0)} | ({e(1)} << 16);",
+                  f"const unsigned rb{t}_1 = {e(8)} | ({e(9)} << 16);"]
     return lines
 
 

@@ -11,7 +11,7 @@ from mirage_cli.codegen.blockfacts import analyse, decompose
 from mirage_cli.codegen.direct import DirectKernel
 from mirage_cli.codegen.directfacts import direct_reason
 from mirage_cli.codegen.indexing import check_index_range
-from mirage_cli.codegen.joins import Join
+from mirage_cli.codegen.joins import Join, shifted_names
 from mirage_cli.codegen.kernel import FusedKernel
 from mirage_cli.codegen.plan import Kernel
 from mirage_cli.codegen.planner import plan_kernel
@@ -32,7 +32,8 @@ def lower_custom(kop: KernelOp, name: str, dev_types: dict[str, TensorType],
     check_index_range(kop, dev_types)
     pins = kop.plan.knobs if kop.plan is not None else Knobs()
     mine = {n: j for n, j in (joins or {}).items() if n in kop.inputs}
-    plan = located_plan(kop, dev_types, target, pins, frozenset(mine))
+    plan = located_plan(kop, dev_types, target, pins, frozenset(mine),
+                        shifted_names(mine, frozenset(mine)))
     if mine:  # only the loop kernel's staging reads a joined concatenation's parts
         return FusedKernel(kop.block, plan, name, dev_types, early, mine).lower()
     if plan.tiles and all(t.home == "regs" for t in plan.tiles):
@@ -43,12 +44,13 @@ def lower_custom(kop: KernelOp, name: str, dev_types: dict[str, TensorType],
 
 
 def located_plan(kop: KernelOp, dev_types: Mapping[str, TensorType], target: str,
-                 pins: Knobs, joined: frozenset[str] = frozenset()) -> KernelPlan:
+                 pins: Knobs, joined: frozenset[str] = frozenset(),
+                 shifted: frozenset[str] = frozenset()) -> KernelPlan:
     """:func:`plan_kernel` for a kernel operator: a refusal is located at the kernel in
     its source (file, line, the line and a caret) where it says nowhere else."""
     assert kop.block is not None
     try:
-        return plan_kernel(kop.block, dev_types, target, pins, joined)
+        return plan_kernel(kop.block, dev_types, target, pins, joined, shifted)
     except MirageError as e:
         if e.span is not None or kop.span is None:
             raise

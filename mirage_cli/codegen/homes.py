@@ -31,10 +31,12 @@ ACC_REGS_MAX = 32     # accumulator elements per thread kept in registers
 
 
 def homes(a: Analysis, dev: Mapping[str, TensorType], k: Knobs,
-          joined: frozenset[str] = frozenset()) -> dict[str, TileDraft]:
+          joined: frozenset[str] = frozenset(), shifted: frozenset[str] = frozenset()
+          ) -> dict[str, TileDraft]:
     """Each tile's home under knobs ``k``, the packed ones with their row pitch; the
     ``joined`` inputs (concatenations read in place) always staged: only the staging
-    copies pick each chunk's part."""
+    copies pick each chunk's part; the ``shifted`` ones among them in rows of one chunk
+    more (joins.py)."""
     bg, T = a.bg, a.bg.threads
     tiles: dict[str, TileDraft] = {}
     for bi in bg.inputs:
@@ -47,6 +49,9 @@ def homes(a: Analysis, dev: Mapping[str, TensorType], k: Knobs,
                          joined=name in joined)
         if staged:
             tile.pitch = pitch_of(t, k.pad == 1) if vec > 1 else t.shape[-1]
+        if name in shifted:
+            tile.shifted, tile.vec = True, VEC_BYTES // t.dtype.nbytes
+            tile.pitch = shifted_pitch(t, k.pad == 1)
         tiles[name] = tile
     for op in bg.ops:
         v = op.outputs[0]
@@ -64,6 +69,15 @@ def homes(a: Analysis, dev: Mapping[str, TensorType], k: Knobs,
             tile.owner = (f"{v.type.dtype.name.lower()} tile for ldmatrix, row pitch "
                           f"{tile.pitch}; element e written by thread e % {T}")
     return tiles
+
+
+def shifted_pitch(t: TensorType, pad: bool) -> int:
+    """Elements per shared-memory row of a shifted join's tile: its row and one chunk
+    (the row starts anywhere in its first chunk), an odd number of chunks when padded
+    (:func:`smemplan.pitch_of`)."""
+    chunk = VEC_BYTES // t.dtype.nbytes
+    n = t.shape[-1] + chunk
+    return n + chunk if pad and (n // chunk) % 2 == 0 else n
 
 
 def _scaled(name: str, a: Analysis, tiles: Mapping[str, TileDraft], k: Knobs) -> bool:

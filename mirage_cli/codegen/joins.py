@@ -13,10 +13,16 @@ A concatenation is joined when
 - every operator that reads it is a custom kernel, which plans it as a staged tile
   read through ``cp.async`` or scalar copies, never bulk tensor copies (a box lies in
   one tensor) nor direct global reads (:func:`planner.plan_kernel`'s ``joined``);
-- each part's elements per index of the dimensions before the concatenation's
+- either each part's elements per index of the dimensions before the concatenation's
   (its *period*) are a whole number of 16-byte chunks, so that no chunk straddles two
-  parts and each is aligned in its part: a value cache's rows are, a transposed key
-  cache of ``kv - 1`` columns is not, and stays a copy;
+  parts and each is aligned in its part (a value cache's rows are);
+- or it is *shifted*: it joins along the last dimension a first part whose rows need
+  not be whole chunks and a second part narrower than one chunk (a transposed key
+  cache of ``kv - 1`` columns and the new key's column). Its rows start anywhere in a
+  chunk, so a reader copies the aligned chunks that cover each row of its tile (one
+  more than the row's) and finds an element at its row's shift; the second part's
+  columns it reads from global memory. Only a matmul chain's key operand reads such a
+  tile (``mma.b_path`` "gather", :mod:`chain`); another reader keeps the copy;
 - every reader still plans with it joined (the staged tile fits shared memory).
 
 The lowering (:mod:`.lower`), the launch levels (:mod:`.grouping`) and the cost model
@@ -48,6 +54,14 @@ class Join:
     parts: tuple[str, str]
     period: int
     head: int
+    # Elements of a 16-byte chunk where the join is shifted (see the module's
+    # docstring: rows of the first part start anywhere in a chunk); 0 where every
+    # chunk lies whole in one part.
+    chunk: int = 0
+
+    @property
+    def shifted(self) -> bool:
+        return self.chunk > 0
 
     def pointer(self, p0: str, p1: str, offset: str) -> str:
         """The C expression of the element at ``offset``, the parts at ``p0``, ``p1``."""
@@ -55,16 +69,27 @@ class Join:
 
 
 def candidate(op: KernelOp, types: dict[str, TensorType]) -> Join | None:
-    """``op`` as a join, if it is a concatenation whose parts are whole chunks."""
+    """``op`` as a join, if it is a concatenation whose parts are whole chunks, or one
+    that a shifted join reads (see the module's docstring)."""
     if ops.get(op.op).index is not ops.Index.CONCAT:
         return None
     dim = int(dict(op.attrs)["dim"])
     a, b = (types[n] for n in op.inputs)
     out = op.outputs[0].type
     head, tail = numel(a.shape[dim:]), numel(b.shape[dim:])
-    if any(n * out.dtype.nbytes % VEC_BYTES for n in (head, tail)):
-        return None
-    return Join((op.inputs[0], op.inputs[1]), head + tail, head)
+    parts = (op.inputs[0], op.inputs[1])
+    if not any(n * out.dtype.nbytes % VEC_BYTES for n in (head, tail)):
+        return Join(parts, head + tail, head)
+    chunk = VEC_BYTES // out.dtype.nbytes
+    # The chunks that cover a row of the first part lie in its buffer (whole chunks).
+    if dim == len(out.shape) - 1 and tail < chunk and a.numel % chunk == 0:
+        return Join(parts, head + tail, head, chunk)
+    return None
+
+
+def shifted_names(found: Mapping[str, Join], names: frozenset[str]) -> frozenset[str]:
+    """Those of ``names`` that are shifted joins in ``found``."""
+    return frozenset(n for n in names if n in found and found[n].shifted)
 
 
 def joins(g: Graph, arch: str = DEFAULT_ARCH) -> dict[str, Join]:
@@ -93,7 +118,8 @@ def joins(g: Graph, arch: str = DEFAULT_ARCH) -> dict[str, Join]:
                 continue
             used = tuple(sorted((n, types[n]) for n in {*op.inputs, *(v.name for v in op.outputs)}))
             if not _plans(op.block, used, arch,
-                          op.plan.knobs if op.plan is not None else Knobs(), mine):
+                          op.plan.knobs if op.plan is not None else Knobs(), mine,
+                          shifted_names(found, mine)):
                 for n in mine:
                     del found[n]
                 changed = True
@@ -102,13 +128,13 @@ def joins(g: Graph, arch: str = DEFAULT_ARCH) -> dict[str, Join]:
 
 @functools.lru_cache(maxsize=1024)
 def _plans(bg: BlockGraph, types: tuple[tuple[str, TensorType], ...], arch: str, pins: Knobs,
-           joined: frozenset[str]) -> bool:
-    """Whether the custom kernel ``bg`` plans with ``joined`` staged (cached: the search
-    costs the same kernel in many µGraphs)."""
+           joined: frozenset[str], shift: frozenset[str]) -> bool:
+    """Whether the custom kernel ``bg`` plans with ``joined`` staged (those in ``shift``
+    shifted; cached: the search costs the same kernel in many µGraphs)."""
     from mirage_cli.codegen.planner import plan_kernel  # the planner reads Join too
 
     try:
-        plan_kernel(bg, dict(types), arch, pins, joined=joined)
+        plan_kernel(bg, dict(types), arch, pins, joined=joined, shifted=shift)
     except MirageError:
         return False
     return True

@@ -28,6 +28,7 @@ from mirage_cli.codegen.blockfacts import (
 from mirage_cli.codegen.chainfacts import Chain
 from mirage_cli.codegen.homes import homes
 from mirage_cli.codegen.knobranges import (
+    VEC_BYTES,
     acc_in_registers,
     default_ksplit,
     default_stagger,
@@ -47,12 +48,13 @@ DEFAULTS = Knobs(stages=None, kwarps=None, pad=1, ldmatrix=1, stage_once=1, vec=
 
 
 def lay_out(a: Analysis, dev_types: Mapping[str, TensorType], pins: Knobs, arch: archs.Arch,
-            joined: frozenset[str] = frozenset()
+            joined: frozenset[str] = frozenset(), shifted: frozenset[str] = frozenset()
             ) -> tuple[Knobs, dict[str, TileDraft], list[MmaPlan], list[ReducePlan], int, int]:
     """Knobs resolved, tile homes, mma and reduction mappings, and the shared-memory
     allocation: (knobs, tiles, mmas, reductions, shared memory bytes, scratch floats).
     ``joined``: input tiles of concatenations read in place (codegen/joins.py), staged
-    by ``cp.async`` or scalar copies."""
+    by ``cp.async`` or scalar copies; ``shifted``: those of shifted joins, which only a
+    matmul chain's key operand reads (:func:`_gathered`)."""
     k = resolve(a, dev_types, pins)
     if pins.ksplit is None and not online_reads(a.bg):  # a cluster's combine adds, unscaled
         k = dataclasses.replace(k, ksplit=default_ksplit(a, arch))
@@ -62,23 +64,24 @@ def lay_out(a: Analysis, dev_types: Mapping[str, TensorType], pins: Knobs, arch:
         # 19.0 us at batch 8 and 38.9 -> 29.6 at batch 16, the same rounding error.
         try:
             return _lay_out_with(a, dev_types, dataclasses.replace(k, wgmma=1), pins, arch,
-                                 joined)
+                                 joined, shifted)
         except MirageError:
             pass
     try:
-        return _lay_out_with(a, dev_types, k, pins, arch, joined)
+        return _lay_out_with(a, dev_types, k, pins, arch, joined, shifted)
     except MirageError:
         if k.ksplit == 1 or pins.ksplit is not None:
             raise
         # The default split did not fit (a cluster needs every tile in shared memory).
         return _lay_out_with(a, dev_types, dataclasses.replace(k, ksplit=1), pins, arch,
-                             joined)
+                             joined, shifted)
 
 
 def _lay_out_with(a: Analysis, dev_types: Mapping[str, TensorType], k: Knobs, pins: Knobs,
-                  arch: archs.Arch, joined: frozenset[str] = frozenset()
+                  arch: archs.Arch, joined: frozenset[str] = frozenset(),
+                  shifted: frozenset[str] = frozenset()
                   ) -> tuple[Knobs, dict[str, TileDraft], list[MmaPlan], list[ReducePlan], int, int]:
-    tiles = homes(a, dev_types, k, joined)
+    tiles = homes(a, dev_types, k, joined, shifted)
     ch = chainplan.chain_of(a) if k.chain == 1 else None
     if online_reads(a.bg) and (ch is None or k.ksplit != 1):
         raise MirageError(
@@ -89,6 +92,8 @@ def _lay_out_with(a: Analysis, dev_types: Mapping[str, TensorType], k: Knobs, pi
         mmas, reds = _chain(a, ch, tiles, k)
     else:
         mmas, reds = mma_plans(a, tiles, k), _reductions(a, tiles)
+    if shifted:
+        mmas = _gathered(a, dev_types, ch, k, shifted, mmas)
     if k.wgmma == 1 and ch is None:
         raise MirageError("plan knob wgmma=1 needs a matmul chain in registers (chain=1)")
     # wgmma reads the swizzled boxes.
@@ -196,6 +201,44 @@ def _ldmatrix_reader(user: BlockOp | None, name: str, paths: Mapping[str, MmaPla
         return False
     return ((user.inputs[0] != name or mp.a_path in ("ldmatrix", "held"))
             and (user.inputs[1] != name or mp.b_path in ("ldmatrix.trans", "wgmma")))
+
+
+def _gathered(a: Analysis, dev: Mapping[str, TensorType], ch: Chain | None, k: Knobs,
+              shifted: frozenset[str], mmas: list[MmaPlan]) -> list[MmaPlan]:
+    """The mma plans with the chain's key operand (B of its first matmul) gathered
+    element by element from its shifted tile (``b_path`` "gather": its rows lie at
+    shifts ldmatrix cannot read); a diagnostic where a shifted tile is read otherwise."""
+    why = _why_not_gathered(a, dev, ch, k, shifted)
+    if why is not None:
+        raise MirageError(f"a concatenation whose first part's rows are not whole 16-byte "
+                          f"chunks is read in place only as a matmul chain's key operand: "
+                          f"{why}")
+    assert ch is not None
+    first = ch.first.outputs[0].name
+    return [dataclasses.replace(m, b_path="gather") if m.output == first else m
+            for m in mmas]
+
+
+def _why_not_gathered(a: Analysis, dev: Mapping[str, TensorType], ch: Chain | None,
+                      k: Knobs, shifted: frozenset[str]) -> str | None:
+    if ch is None or k.wgmma == 1:
+        return "this kernel has no matmul chain in registers on tensor cores (chain=1, wgmma=0)"
+    if ch.cols is not None:
+        return "the chain also reads the key operand's columns for their statistics"
+    b1 = ch.first.inputs[1]
+    if shifted != {b1} or a.uses[b1] != [ch.first]:
+        return "the tile is read by another operator than the chain's first matmul"
+    bi = next(bi for bi in a.bg.inputs if bi.value.name == b1)
+    t, src = bi.value.type, dev[bi.source]
+    chunk = VEC_BYTES // t.dtype.nbytes
+    last = len(t.shape) - 1
+    if any(n != 1 for n in t.shape[:-2]) or t.shape[-1] % chunk:
+        return (f"its tile {list(t.shape)} is not one matrix of rows of whole 16-byte "
+                f"chunks")
+    splits = [g for g, d in zip(a.bg.grid, bi.imap) if d == last]
+    if any(src.shape[-1] // g % chunk for g in splits):
+        return "the blocks' tiles do not start at whole 16-byte chunks of a row"
+    return None
 
 
 def _chain_operands(ch: Chain) -> tuple[str, str, str]:

@@ -52,12 +52,13 @@ TUNED_THREADS = (64, 128, 256, 512)
 
 
 def plan_kernel(bg: BlockGraph, dev_types: Mapping[str, TensorType], target: str,
-                pins: Knobs | None = None, joined: frozenset[str] = frozenset()
-                ) -> KernelPlan:
+                pins: Knobs | None = None, joined: frozenset[str] = frozenset(),
+                shifted: frozenset[str] = frozenset()) -> KernelPlan:
     """The plan of one custom kernel for ``target`` with the given knob pins;
     ``joined``: device tensors it reads that are concatenations read in place
     (codegen/joins.py), which it stages in shared memory by ``cp.async`` or scalar
-    copies (the loop kernel's staging picks each chunk's part)."""
+    copies (the loop kernel's staging picks each chunk's part); ``shifted``: those of
+    them that are shifted joins."""
     arch = archs.get(target)
     pins = pins or Knobs()
     check_pins(bg, dev_types, target, pins)
@@ -69,6 +70,7 @@ def plan_kernel(bg: BlockGraph, dev_types: Mapping[str, TensorType], target: str
                         if ch is not None and chainplan.lays_out(ch, t, pins.kwarps)), threads)
     bg = dataclasses.replace(bg, threads=threads)
     a = analyse(decompose(bg))
+    shifted = frozenset(bi.value.name for bi in bg.inputs if bi.source in shifted)
     joined = frozenset(bi.value.name for bi in bg.inputs if bi.source in joined)
     if not joined and rows_in_registers(a, dev_types, bg.threads) is None:
         return _row_plan(a, dev_types, target, pins)
@@ -76,7 +78,7 @@ def plan_kernel(bg: BlockGraph, dev_types: Mapping[str, TensorType], target: str
         if not pins.threads:
             a = analyse(dataclasses.replace(a.bg, threads=direct_threads(a)))
         return _direct_plan(a, dev_types, target, pins)
-    k, tiles, mmas, reds, smem, scratch = lay_out(a, dev_types, pins, arch, joined)
+    k, tiles, mmas, reds, smem, scratch = lay_out(a, dev_types, pins, arch, joined, shifted)
     k = dataclasses.replace(k, stages=max([t.stages for t in tiles.values()] + [1]))
     if k.chain != 1:
         mmas = mma_plans(a, tiles, k)  # operand paths again: a tile may have left shared memory
@@ -146,6 +148,11 @@ def _direct_plan(a: Analysis, dev_types: Mapping[str, TensorType], target: str, 
 def _owner(t: TileDraft, threads: int) -> str:
     match t.home:
         case "smem" if t.type.dtype is not DType.F32 and t.pitch:
+            if t.shifted:
+                return (f"{t.vec}-element cp.async chunks covering each row of the "
+                        f"concatenation's first part (rows at their own shifts; the second "
+                        f"part's columns read from global memory), chunk c copied by thread "
+                        f"c % {threads}; row pitch {t.pitch}")
             return (f"{t.vec}-element cp.async chunks, chunk c copied by thread c % {threads}"
                     + (" from the part of the concatenation it lies in" if t.joined else "")
                     + f"; row pitch {t.pitch}")

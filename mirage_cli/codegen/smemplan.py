@@ -67,6 +67,9 @@ class TileDraft:
     # A joined concatenation's tile (codegen/joins.py): it has no buffer of its own to
     # be read from, so it stays in shared memory.
     joined: bool = False
+    # A shifted join's tile: each row the aligned chunks that cover it, one more than
+    # its own (joins.py); element (r, c) at the row's shift.
+    shifted: bool = False
 
     def smem_need(self) -> int:
         """Bytes of shared memory: staged inputs (pitch > 0) in their own dtype, one copy

@@ -58,6 +58,8 @@ def stage(k: FusedKernel, bi: BlockInput, base: str, dst: str) -> Lines:
     """Copy this block's tile of ``bi`` into shared memory (16-byte cp.async chunks
     where the plan allows, scalar copies otherwise), rows ``pitch`` apart."""
     t, shape = k.tile(bi.value.name), bi.value.type.shape
+    if shifted(k, bi):
+        return _shifted_stage(k, bi, base, dst)
     vec = t.vec
     chunks = shape[:-1] + (shape[-1] // vec,)
     n = 1
@@ -79,6 +81,29 @@ def stage(k: FusedKernel, bi: BlockInput, base: str, dst: str) -> Lines:
     op = (f"mg_cp_async16({dst} + ({dst_o}), {src});" if vec > 1 else f"{dst}[{dst_o}] = {src};")
     return ([f"for (int {c} = threadIdx.x; {c} < {n}; {c} += {k.T}) {{"]
             + indent(keep_used(decl, [op]) + [op]) + ["}"])
+
+
+def shifted(k: FusedKernel, bi: BlockInput) -> bool:
+    """Whether ``bi`` is a shifted join's tile (codegen/joins.py)."""
+    j = k.joins.get(bi.source)
+    return j is not None and j.shifted
+
+
+def _shifted_stage(k: FusedKernel, bi: BlockInput, base: str, dst: str) -> Lines:
+    """A shifted join's tile: for each of its rows (consecutive rows of the joined
+    tensor, ``period`` elements apart) the aligned chunks that cover the row's part of
+    the first part, one more than the row has (``mg_cp_shifted``)."""
+    t, shape = k.tile(bi.value.name), bi.value.type.shape
+    j = k.joins[bi.source]
+    per_row = shape[-1] // t.vec + 1
+    rows = bi.value.type.numel // shape[-1]
+    c = k.em.fresh("c")
+    src = k.pname[j.parts[0]]
+    copy = (f"mg_cp_shifted<{j.period}, {j.head}, {j.chunk}>({dst} + {c}_r * {t.pitch} + "
+            f"{c}_j * {t.vec}, {src}, ({base}) + {c}_r * {j.period}, {c}_j);")
+    return [f"for (int {c} = threadIdx.x; {c} < {rows * per_row}; {c} += {k.T}) {{",
+            f"  const int {c}_r = {c} / {per_row}, {c}_j = {c} - {c}_r * {per_row};",
+            f"  {copy}", "}"]
 
 
 def _chunk_offsets(k: FusedKernel, bi: BlockInput, chunks: tuple[int, ...], c: str,

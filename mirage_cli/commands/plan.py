@@ -17,7 +17,7 @@ import click
 from mirage_cli import serialize
 from mirage_cli.arch import DEFAULT_ARCH
 from mirage_cli.codegen.custom import located_plan
-from mirage_cli.codegen.joins import joins
+from mirage_cli.codegen.joins import joins, shifted_names
 from mirage_cli.codegen.planner import knob_space
 from mirage_cli.commands.common import defines_option, parse_defines
 from mirage_cli.diagnostics import MirageError
@@ -76,12 +76,14 @@ def planned(g: Graph, arch: str, pins: list[Knobs]) -> Graph:
     plan its code is generated from: with the concatenations it reads in place staged
     (codegen/joins.py)."""
     types = g.tensor_types()
-    found = frozenset(joins(g, arch))
+    joined = joins(g, arch)
+    found = frozenset(joined)
     ops, k = [], 0
     for op in g.ops:
         if op.block is not None:
             p = pins[k] if k < len(pins) else Knobs()
-            plan = located_plan(op, types, arch, p, found & set(op.inputs))
+            mine = found & set(op.inputs)
+            plan = located_plan(op, types, arch, p, mine, shifted_names(joined, mine))
             ops.append(dataclasses.replace(op, plan=plan))
             k += 1
         else:

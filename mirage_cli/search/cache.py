@@ -107,8 +107,10 @@ def cache_dir() -> Path:
 # 42: a concatenation read only by custom kernels, in whole 16-byte chunks of its
 # parts, launches nothing and costs nothing (codegen/joins.py); 43: a matmul chain
 # reading a joined concatenation takes its other loop inputs by bulk copies, which the
-# model prices at the bulk-copy rates.
-SEARCH_REVISION = 43
+# model prices at the bulk-copy rates; 44: a concatenation along the last dimension
+# whose first part's rows are not whole chunks (a transposed key cache) is joined
+# shifted when a chain reads it as its key operand, and costs nothing.
+SEARCH_REVISION = 44
 
 
 def program_hash(program: Graph) -> str:

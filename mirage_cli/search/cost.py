@@ -61,7 +61,7 @@ from mirage_cli import profiles as device_profiles
 from mirage_cli.check import tile_type
 from mirage_cli.codegen import matmul_tiling
 from mirage_cli.codegen.aliasing import aliasing
-from mirage_cli.codegen.joins import joined_ops, joins
+from mirage_cli.codegen.joins import joined_ops, joins, shifted_names
 from mirage_cli.diagnostics import MirageError
 from mirage_cli.ir import BlockGraph, Graph, KernelOp, TensorType, Value
 from mirage_cli.kplan import KernelPlan
@@ -172,14 +172,17 @@ class PlanFacts:
 
 
 def _plan_facts(op: KernelOp, types: dict[str, TensorType], p: Profile,
-                joined: frozenset[str] = frozenset()) -> PlanFacts:
+                joined: frozenset[str] = frozenset(), shifted: frozenset[str] = frozenset()
+                ) -> PlanFacts:
     """The facts of a custom kernel's plan (the one it carries, else the default, with
-    the ``joined`` concatenations it reads staged: codegen/joins.py)."""
+    the ``joined`` concatenations it reads staged, the ``shifted`` ones shifted:
+    codegen/joins.py)."""
     assert op.block is not None
     if op.plan is not None:
         facts = _facts(op.block, op.plan)
     else:
-        planned = _default_plan(op.block, tuple(sorted(types.items())), p.arch, joined)
+        planned = _default_plan(op.block, tuple(sorted(types.items())), p.arch, joined,
+                                shifted)
         if isinstance(planned, str):
             return PlanFacts(violation=f"no kernel plan fits: {planned}")
         facts = planned
@@ -192,13 +195,14 @@ def _plan_facts(op: KernelOp, types: dict[str, TensorType], p: Profile,
 
 @functools.lru_cache(maxsize=4096)
 def _default_plan(bg: BlockGraph, types: tuple[tuple[str, TensorType], ...], arch: str,
-                  joined: frozenset[str] = frozenset()) -> PlanFacts | str:
+                  joined: frozenset[str] = frozenset(), shifted: frozenset[str] = frozenset()
+                  ) -> PlanFacts | str:
     """The facts of the planner's default plan, or why there is none (cached: the tuner
     costs the same kernel many times)."""
     from mirage_cli.codegen.planner import plan_kernel
 
     try:
-        plan = plan_kernel(bg, dict(types), arch, joined=joined)
+        plan = plan_kernel(bg, dict(types), arch, joined=joined, shifted=shifted)
     except MirageError as e:
         return e.message
     return _facts(bg, plan)
@@ -255,8 +259,9 @@ def kernel_costs(g: Graph, p: Profile | None = None) -> list[KernelCost]:
     found = joins(g, p.arch)
     free = aliasing(g).free | joined_ops(g, found)
     # A pre-defined matmul runs as a generated custom kernel: cost that kernel.
+    mine = [frozenset(found) & set(op.inputs) for op in g.ops]
     return [NOT_LAUNCHED if i in free else
-            _kernel_cost(lowered(op, types), types, p, frozenset(found) & set(op.inputs))
+            _kernel_cost(lowered(op, types), types, p, mine[i], shifted_names(found, mine[i]))
             for i, op in enumerate(g.ops)]
 
 
@@ -267,14 +272,15 @@ NOT_LAUNCHED = KernelCost(0, 0, 0, 0, 0, 0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0
 
 
 def _kernel_cost(op: KernelOp, types: dict[str, TensorType], p: Profile,
-                 joined: frozenset[str] = frozenset()) -> KernelCost:
+                 joined: frozenset[str] = frozenset(), shifted: frozenset[str] = frozenset()
+                 ) -> KernelCost:
     fit = p.fit
     facts = PlanFacts()
     elem_flops = simt_flops = invariant = 0
     if op.block is None:
         k_dram, k_l2, k_flops, k_smem, blocks = _predefined(op, types, p.num_sms)
     else:
-        facts = _plan_facts(op, types, p, joined)
+        facts = _plan_facts(op, types, p, joined, shifted)
         c = _custom(op.block, types, facts.direct)
         k_dram, k_l2, k_flops, k_smem, blocks = c.dram, c.l2, c.flops, c.smem, c.blocks
         elem_flops, simt_flops, invariant = c.gathered, c.simt, c.invariant
