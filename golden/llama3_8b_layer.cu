@@ -25,7 +25,7 @@
 // output 2 'V4': f16[1, 8, 1, 128]
 // kernel mg_k0_mirage_llama3_8b_layer_aec50abcc000: grid [1, 1, 1], 256 threads, 0 B dynamic shared memory
 // kernel mg_k1_mirage_llama3_8b_layer_aec50abcc000: grid [64, 1, 2], 128 threads, 101280 B dynamic shared memory
-// kernel mg_k2_mirage_llama3_8b_layer_aec50abcc000: grid [128, 1, 2], 256 threads, 53472 B dynamic shared memory
+// kernel mg_k2_mirage_llama3_8b_layer_aec50abcc000: grid [256, 1, 1], 256 threads, 55440 B dynamic shared memory
 // kernel mg_k7_mirage_llama3_8b_layer_aec50abcc000: grid [2071, 1, 1], 256 threads, 0 B dynamic shared memory
 // kernel mg_k9_mirage_llama3_8b_layer_aec50abcc000: grid [3, 1, 1], 256 threads, 0 B dynamic shared memory
 // kernel mg_k10_mirage_llama3_8b_layer_aec50abcc000: grid [3, 1, 1], 256 threads, 0 B dynamic shared memory
@@ -33,7 +33,7 @@
 // kernel mg_k18_mirage_llama3_8b_layer_aec50abcc000: grid [16, 8, 1], 128 threads, 55488 B dynamic shared memory
 // kernel mg_k19_mirage_llama3_8b_layer_aec50abcc000: grid [64, 1, 1], 256 threads, 0 B dynamic shared memory
 // kernel mg_k20_mirage_llama3_8b_layer_aec50abcc000: grid [32, 1, 1], 256 threads, 0 B dynamic shared memory
-// kernel mg_k21_mirage_llama3_8b_layer_aec50abcc000: grid [8, 8, 2], 256 threads, 63168 B dynamic shared memory
+// kernel mg_k21_mirage_llama3_8b_layer_aec50abcc000: grid [4, 8, 2], 256 threads, 112576 B dynamic shared memory
 // kernel mg_k23_mirage_llama3_8b_layer_aec50abcc000: grid [64, 1, 2], 128 threads, 101280 B dynamic shared memory
 // kernel mg_k24_mirage_llama3_8b_layer_aec50abcc000: grid [2, 1, 1], 256 threads, 0 B dynamic shared memory
 // kernel mg_k25_mirage_llama3_8b_layer_aec50abcc000: grid [1, 1, 1], 256 threads, 0 B dynamic shared memory
@@ -649,131 +649,116 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(128, 1) m
   mg_cluster_wait();
 }
 
-// one launch of 2 kernels: matmul as a generated block graph: grid [64, 1, 1], forloop 16, tensor cores; matmul as a generated block graph: grid [64, 1, 1], forloop 16, tensor cores
-extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(256, 1) mg_k2_mirage_llama3_8b_layer_aec50abcc000(
+// one launch of 2 kernels: matmul as a generated block graph: grid [128, 1, 1], forloop 8, tensor cores; matmul as a generated block graph: grid [128, 1, 1], forloop 8, tensor cores
+extern "C" __global__ void __launch_bounds__(256, 1) mg_k2_mirage_llama3_8b_layer_aec50abcc000(
     const mg_f16* __restrict__ g0_p0,
     const mg_f16* __restrict__ g0_p1,
     mg_f16* __restrict__ g0_p2,
-    const __grid_constant__ mg_tmap g0_p3,
     const mg_f16* __restrict__ g1_p0,
     const mg_f16* __restrict__ g1_p1,
-    mg_f16* __restrict__ g1_p2,
-    const __grid_constant__ mg_tmap g1_p3) {
-  if (blockIdx.x < 64u) {
-    const unsigned mg_bx = (blockIdx.x - 0u) % 64u;
-    const unsigned mg_by = (blockIdx.x - 0u) / 64u;
+    mg_f16* __restrict__ g1_p2) {
+  if (blockIdx.x < 128u) {
+    const unsigned mg_bx = (blockIdx.x - 0u) % 128u;
+    const unsigned mg_by = (blockIdx.x - 0u) / 128u;
     (void)mg_bx; (void)mg_by;
-    const int bx = mg_bx, by = mg_by, bz = 0;
+    const int bx = mg_bx, by = mg_by, bz = blockIdx.z;
     (void)bx; (void)by; (void)bz;
-    const unsigned mg_rank = blockIdx.z;
-    const int mg_it0 = (int)mg_rank * 8;
-    extern __shared__ __align__(16) unsigned char mg_smem_raw[];
-    unsigned char* mg_smem = mg_smem_raw + ((1024u - (mg_smem_addr(mg_smem_raw) & 1023u)) & 1023u);
+    extern __shared__ __align__(16) unsigned char mg_smem[];
     const int base_a = 0;
-    const int base_b = bx * 16;
-    unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 52432);
+    const int base_b = bx * 8;
+    unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 55424);
     if (threadIdx.x < 4) mg_zero[threadIdx.x] = 0u;
-    unsigned long long* mg_mbar = reinterpret_cast<unsigned long long*>(mg_smem + 52384);
-    if (threadIdx.x == 0) {
-      for (int s = 0; s < 6; ++s) mg_mbar_init(mg_mbar + s);
-      mg_mbar_fence_init();
+    mg_f16* sm_a_0 = reinterpret_cast<mg_f16*>(mg_smem + 0);
+    mg_f16* sm_b_0 = reinterpret_cast<mg_f16*>(mg_smem + 6240);
+    float* buf_s = reinterpret_cast<float*>(mg_smem + 55392);
+    int mg_so_b[2], mg_do_b[2];
+    #pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int c3 = threadIdx.x + i * 256;
+      const int s4_0 = c3;
+      mg_so_b[i] = s4_0 * 1024;
+      mg_do_b[i] = s4_0 * 8;
     }
-    __syncthreads();
-    mg_f16* sm_a_0 = reinterpret_cast<mg_f16*>(mg_smem + 49152);
-    mg_f16* sm_b_0 = reinterpret_cast<mg_f16*>(mg_smem + 0);
-    float* buf_s = reinterpret_cast<float*>(mg_smem + 52320);
-    if (threadIdx.x == 0) {
-      mg_mbar_arrive_expect(mg_mbar + ((0) % 6), 8192u);
-      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 4096)), &g0_p3, bx * 16, ((mg_it0 + 0)) * 256, mg_mbar + ((0) % 6));
-    }
-    if (threadIdx.x == 0) {
-      mg_mbar_arrive_expect(mg_mbar + ((1) % 6), 8192u);
-      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 4096)), &g0_p3, bx * 16, ((mg_it0 + 1)) * 256, mg_mbar + ((1) % 6));
-    }
-    if (threadIdx.x == 0) {
-      mg_mbar_arrive_expect(mg_mbar + ((2) % 6), 8192u);
-      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 4096)), &g0_p3, bx * 16, ((mg_it0 + 2)) * 256, mg_mbar + ((2) % 6));
-    }
-    if (threadIdx.x == 0) {
-      mg_mbar_arrive_expect(mg_mbar + ((3) % 6), 8192u);
-      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 4096)), &g0_p3, bx * 16, ((mg_it0 + 3)) * 256, mg_mbar + ((3) % 6));
-    }
-    if (threadIdx.x == 0) {
-      mg_mbar_arrive_expect(mg_mbar + ((4) % 6), 8192u);
-      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 4096)), &g0_p3, bx * 16, ((mg_it0 + 4)) * 256, mg_mbar + ((4) % 6));
-    }
+    #pragma unroll
+    for (int i = 0; i < 2; ++i) mg_cp_async16((sm_b_0 + ((0) % 6) * 4096) + mg_do_b[i], g0_p1 + ((base_b + 0)) + mg_so_b[i]);
+    #pragma unroll
+    for (int i = 0; i < 2; ++i) mg_cp_async16((sm_b_0 + ((1) % 6) * 4096) + mg_do_b[i], g0_p1 + ((base_b + 524288)) + mg_so_b[i]);
+    #pragma unroll
+    for (int i = 0; i < 2; ++i) mg_cp_async16((sm_b_0 + ((2) % 6) * 4096) + mg_do_b[i], g0_p1 + ((base_b + 1048576)) + mg_so_b[i]);
+    #pragma unroll
+    for (int i = 0; i < 2; ++i) mg_cp_async16((sm_b_0 + ((3) % 6) * 4096) + mg_do_b[i], g0_p1 + ((base_b + 1572864)) + mg_so_b[i]);
+    #pragma unroll
+    for (int i = 0; i < 2; ++i) mg_cp_async16((sm_b_0 + ((4) % 6) * 4096) + mg_do_b[i], g0_p1 + ((base_b + 2097152)) + mg_so_b[i]);
     mg_grid_wait();
     mg_grid_release();
-    for (int c1 = threadIdx.x; c1 < 32; c1 += 256) {
+    for (int c1 = threadIdx.x; c1 < 64; c1 += 256) {
       const int s2_1 = c1;
-      mg_cp_async16((sm_a_0 + ((0) % 6) * 264) + ((s2_1 * 8)), g0_p0 + ((base_a + (mg_it0 + 0) * 256)) + ((s2_1 * 8)));
+      mg_cp_async16((sm_a_0 + ((0) % 6) * 520) + ((s2_1 * 8)), g0_p0 + ((base_a + 0)) + ((s2_1 * 8)));
     }
     mg_cp_async_commit();
-    for (int c3 = threadIdx.x; c3 < 32; c3 += 256) {
-      const int s4_1 = c3;
-      mg_cp_async16((sm_a_0 + ((1) % 6) * 264) + ((s4_1 * 8)), g0_p0 + ((base_a + (mg_it0 + 1) * 256)) + ((s4_1 * 8)));
-    }
-    mg_cp_async_commit();
-    for (int c5 = threadIdx.x; c5 < 32; c5 += 256) {
+    for (int c5 = threadIdx.x; c5 < 64; c5 += 256) {
       const int s6_1 = c5;
-      mg_cp_async16((sm_a_0 + ((2) % 6) * 264) + ((s6_1 * 8)), g0_p0 + ((base_a + (mg_it0 + 2) * 256)) + ((s6_1 * 8)));
+      mg_cp_async16((sm_a_0 + ((1) % 6) * 520) + ((s6_1 * 8)), g0_p0 + ((base_a + 512)) + ((s6_1 * 8)));
     }
     mg_cp_async_commit();
-    for (int c7 = threadIdx.x; c7 < 32; c7 += 256) {
+    for (int c7 = threadIdx.x; c7 < 64; c7 += 256) {
       const int s8_1 = c7;
-      mg_cp_async16((sm_a_0 + ((3) % 6) * 264) + ((s8_1 * 8)), g0_p0 + ((base_a + (mg_it0 + 3) * 256)) + ((s8_1 * 8)));
+      mg_cp_async16((sm_a_0 + ((2) % 6) * 520) + ((s8_1 * 8)), g0_p0 + ((base_a + 1024)) + ((s8_1 * 8)));
     }
     mg_cp_async_commit();
-    for (int c9 = threadIdx.x; c9 < 32; c9 += 256) {
+    for (int c9 = threadIdx.x; c9 < 64; c9 += 256) {
       const int s10_1 = c9;
-      mg_cp_async16((sm_a_0 + ((4) % 6) * 264) + ((s10_1 * 8)), g0_p0 + ((base_a + (mg_it0 + 4) * 256)) + ((s10_1 * 8)));
+      mg_cp_async16((sm_a_0 + ((3) % 6) * 520) + ((s10_1 * 8)), g0_p0 + ((base_a + 1536)) + ((s10_1 * 8)));
+    }
+    mg_cp_async_commit();
+    for (int c11 = threadIdx.x; c11 < 64; c11 += 256) {
+      const int s12_1 = c11;
+      mg_cp_async16((sm_a_0 + ((4) % 6) * 520) + ((s12_1 * 8)), g0_p0 + ((base_a + 2048)) + ((s12_1 * 8)));
     }
     mg_cp_async_commit();
     float acc_s[1][4];
     #pragma unroll
     for (int j = 0; j < 1; ++j) acc_s[j][0] = acc_s[j][1] = acc_s[j][2] = acc_s[j][3] = 0.0f;
     for (int it = 0; it < 8; ++it) {
-      const int off_a = base_a + (mg_it0 + it) * 256;
+      const int off_a = base_a + it * 512;
+      const int off_b = base_b + it * 524288;
       mg_cp_async_wait<4>();
-      mg_mbar_wait(mg_mbar + (it % 6), (it / 6) & 1);
       __syncthreads();
       if (it + 5 < 8) {
-        for (int c11 = threadIdx.x; c11 < 32; c11 += 256) {
-          const int s12_1 = c11;
-          mg_cp_async16((sm_a_0 + (((it + 5)) % 6) * 264) + ((s12_1 * 8)), g0_p0 + ((off_a + 1280)) + ((s12_1 * 8)));
+        for (int c13 = threadIdx.x; c13 < 64; c13 += 256) {
+          const int s14_1 = c13;
+          mg_cp_async16((sm_a_0 + (((it + 5)) % 6) * 520) + ((s14_1 * 8)), g0_p0 + ((off_a + 2560)) + ((s14_1 * 8)));
         }
-        if (threadIdx.x == 0) {
-          mg_mbar_arrive_expect(mg_mbar + ((it + 5) % 6), 8192u);
-          mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 4096)), &g0_p3, bx * 16, ((mg_it0 + it + 5)) * 256, mg_mbar + ((it + 5) % 6));
-        }
+        #pragma unroll
+        for (int i = 0; i < 2; ++i) mg_cp_async16((sm_b_0 + (((it + 5)) % 6) * 4096) + mg_do_b[i], g0_p1 + ((off_b + 2621440)) + mg_so_b[i]);
       }
       mg_cp_async_commit();
-      const auto* sm_a = (sm_a_0 + ((it) % 6) * 264);
+      const auto* sm_a = (sm_a_0 + ((it) % 6) * 520);
       const auto* sm_b = (sm_b_0 + ((it) % 6) * 4096);
       {
         const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
         const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
         (void)mg_g; (void)mg_t;
-        const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
+        const int mg_grp = mg_warp % 2, mg_ks = mg_warp / 2;
         (void)mg_ks;
       #pragma unroll
       for (int s = 0; s < 8; ++s) {
-        const int kk = (mg_ks + s * 2) * 16;
+        const int kk = (mg_ks + s * 4) * 16;
         const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
         (void)k0; (void)k1;
         unsigned ra0, ra1, ra2, ra3;
         const int mg_mi = 0, r0 = mg_g, r1 = r0 + 8;
         (void)r0; (void)r1;
-        mg_ldsm_x4(ra0, ra1, ra2, ra3, ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) < 1 ? (const void*)(sm_a + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) * 264 + (kk + (mg_lane >> 4) * 8))) : (const void*)mg_zero));
+        mg_ldsm_x4(ra0, ra1, ra2, ra3, ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) < 1 ? (const void*)(sm_a + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) * 520 + (kk + (mg_lane >> 4) * 8))) : (const void*)mg_zero));
         #pragma unroll
         for (int j = 0; j < 1; ++j) {
-          const int q = min(mg_grp + 4 * j, 1);
-          const int mg_nb = q / 2;
-          const int mg_ni = q % 2;
+          const int q = min(mg_grp + 2 * j, 0);
+          const int mg_nb = q / 1;
+          const int mg_ni = q % 1;
           const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
           (void)mg_nb; (void)c0; (void)n0;
           unsigned rb0, rb1;
-          mg_ldsm_x2_t(rb0, rb1, (reinterpret_cast<const unsigned char*>(sm_b) + ((((mg_ni * 8)) * 2) / 32) * 8192 + (((((kk + (mg_lane & 15)))) * 32 + (((mg_ni * 8)) * 2) % 32) ^ (((((((kk + (mg_lane & 15)))) * 32 + (((mg_ni * 8)) * 2) % 32) >> 7) & 1) << 4))));
+          mg_ldsm_x2_t(rb0, rb1, (sm_b + ((kk + (mg_lane & 15)) * 8 + (mg_ni * 8))));
           mg_mma_f16(acc_s[j], ra0, ra1, ra2, ra3, rb0, rb1);
         }
       }
@@ -784,23 +769,23 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(256, 1) m
       const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
       const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
       (void)mg_g; (void)mg_t;
-      const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
+      const int mg_grp = mg_warp % 2, mg_ks = mg_warp / 2;
       (void)mg_ks;
       if (mg_ks == 0) {
         #pragma unroll
         for (int j = 0; j < 1; ++j) {
-          const int q = mg_grp + 4 * j;
-          if (q < 2) {
-            const int mg_nb = q / 2;
-            const int mg_mi = (q / 2) % 1;
-            const int mg_ni = q % 2;
+          const int q = mg_grp + 2 * j;
+          if (q < 1) {
+            const int mg_nb = q / 1;
+            const int mg_mi = (q / 1) % 1;
+            const int mg_ni = q % 1;
             const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
             const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
             (void)mg_nb; (void)r1; (void)c0; (void)n0;
-            if (r0 < 1) buf_s[r0 * 16 + c0] = acc_s[j][0];
-            if (r0 < 1) buf_s[r0 * 16 + (c0 + 1)] = acc_s[j][1];
-            if (r1 < 1) buf_s[r1 * 16 + c0] = acc_s[j][2];
-            if (r1 < 1) buf_s[r1 * 16 + (c0 + 1)] = acc_s[j][3];
+            if (r0 < 1) buf_s[r0 * 8 + c0] = acc_s[j][0];
+            if (r0 < 1) buf_s[r0 * 8 + (c0 + 1)] = acc_s[j][1];
+            if (r1 < 1) buf_s[r1 * 8 + c0] = acc_s[j][2];
+            if (r1 < 1) buf_s[r1 * 8 + (c0 + 1)] = acc_s[j][3];
           }
         }
       }
@@ -808,173 +793,166 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(256, 1) m
       if (mg_ks == 1) {
         #pragma unroll
         for (int j = 0; j < 1; ++j) {
-          const int q = mg_grp + 4 * j;
-          if (q < 2) {
-            const int mg_nb = q / 2;
-            const int mg_mi = (q / 2) % 1;
-            const int mg_ni = q % 2;
+          const int q = mg_grp + 2 * j;
+          if (q < 1) {
+            const int mg_nb = q / 1;
+            const int mg_mi = (q / 1) % 1;
+            const int mg_ni = q % 1;
             const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
             const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
             (void)mg_nb; (void)r1; (void)c0; (void)n0;
-            if (r0 < 1) buf_s[r0 * 16 + c0] += acc_s[j][0];
-            if (r0 < 1) buf_s[r0 * 16 + (c0 + 1)] += acc_s[j][1];
-            if (r1 < 1) buf_s[r1 * 16 + c0] += acc_s[j][2];
-            if (r1 < 1) buf_s[r1 * 16 + (c0 + 1)] += acc_s[j][3];
+            if (r0 < 1) buf_s[r0 * 8 + c0] += acc_s[j][0];
+            if (r0 < 1) buf_s[r0 * 8 + (c0 + 1)] += acc_s[j][1];
+            if (r1 < 1) buf_s[r1 * 8 + c0] += acc_s[j][2];
+            if (r1 < 1) buf_s[r1 * 8 + (c0 + 1)] += acc_s[j][3];
+          }
+        }
+      }
+      __syncthreads();
+      if (mg_ks == 2) {
+        #pragma unroll
+        for (int j = 0; j < 1; ++j) {
+          const int q = mg_grp + 2 * j;
+          if (q < 1) {
+            const int mg_nb = q / 1;
+            const int mg_mi = (q / 1) % 1;
+            const int mg_ni = q % 1;
+            const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
+            const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
+            (void)mg_nb; (void)r1; (void)c0; (void)n0;
+            if (r0 < 1) buf_s[r0 * 8 + c0] += acc_s[j][0];
+            if (r0 < 1) buf_s[r0 * 8 + (c0 + 1)] += acc_s[j][1];
+            if (r1 < 1) buf_s[r1 * 8 + c0] += acc_s[j][2];
+            if (r1 < 1) buf_s[r1 * 8 + (c0 + 1)] += acc_s[j][3];
+          }
+        }
+      }
+      __syncthreads();
+      if (mg_ks == 3) {
+        #pragma unroll
+        for (int j = 0; j < 1; ++j) {
+          const int q = mg_grp + 2 * j;
+          if (q < 1) {
+            const int mg_nb = q / 1;
+            const int mg_mi = (q / 1) % 1;
+            const int mg_ni = q % 1;
+            const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
+            const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
+            (void)mg_nb; (void)r1; (void)c0; (void)n0;
+            if (r0 < 1) buf_s[r0 * 8 + c0] += acc_s[j][0];
+            if (r0 < 1) buf_s[r0 * 8 + (c0 + 1)] += acc_s[j][1];
+            if (r1 < 1) buf_s[r1 * 8 + c0] += acc_s[j][2];
+            if (r1 < 1) buf_s[r1 * 8 + (c0 + 1)] += acc_s[j][3];
           }
         }
       }
     }
     __syncthreads();
-    mg_cluster_sync();
-    for (int e0 = threadIdx.x; e0 < 4; e0 += 1024) {
-      float4 mg_p[4][2];
-      #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int e = e0 + j * 256;
-        if (e < 4) {
-          #pragma unroll
-          for (unsigned r = 0; r < 2; ++r) mg_p[j][r] = mg_dsmem_ld4(buf_s + 4 * e, r);
-        }
-      }
-      #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int e = e0 + j * 256;
-        if (e < 4) {
-          float4 v = mg_p[j][0];
-          #pragma unroll
-          for (unsigned r = 1; r < 2; ++r) {
-            v.x += mg_p[j][r].x;
-            v.y += mg_p[j][r].y;
-            v.z += mg_p[j][r].z;
-            v.w += mg_p[j][r].w;
-          }
-          reinterpret_cast<float4*>(reinterpret_cast<float*>(mg_smem + 0))[e] = v;
-        }
-      }
+    for (int e15 = threadIdx.x; e15 < 1; e15 += 256) {
+      mg_st8(g0_p2 + (bx * 8), buf_s[(0 + 0)], buf_s[(0 + 1)], buf_s[(0 + 2)], buf_s[(0 + 3)], buf_s[(0 + 4)], buf_s[(0 + 5)], buf_s[(0 + 6)], buf_s[(0 + 7)]);
     }
-    mg_cluster_arrive();
-    __syncthreads();
-    buf_s = reinterpret_cast<float*>(mg_smem + 0);
-    for (int e13 = (int)mg_rank * 256 + (int)threadIdx.x; e13 < 2; e13 += 512) {
-      const int i14_1 = e13;
-      mg_st8(g0_p2 + (bx * 16 + (i14_1 * 8)), buf_s[((i14_1 * 8) + 0)], buf_s[((i14_1 * 8) + 1)], buf_s[((i14_1 * 8) + 2)], buf_s[((i14_1 * 8) + 3)], buf_s[((i14_1 * 8) + 4)], buf_s[((i14_1 * 8) + 5)], buf_s[((i14_1 * 8) + 6)], buf_s[((i14_1 * 8) + 7)]);
-    }
-    mg_cluster_wait();
-  } else if (blockIdx.x < 128u) {
-    const unsigned mg_bx = (blockIdx.x - 64u) % 64u;
-    const unsigned mg_by = (blockIdx.x - 64u) / 64u;
+  } else if (blockIdx.x < 256u) {
+    const unsigned mg_bx = (blockIdx.x - 128u) % 128u;
+    const unsigned mg_by = (blockIdx.x - 128u) / 128u;
     (void)mg_bx; (void)mg_by;
-    const int bx = mg_bx, by = mg_by, bz = 0;
+    const int bx = mg_bx, by = mg_by, bz = blockIdx.z;
     (void)bx; (void)by; (void)bz;
-    const unsigned mg_rank = blockIdx.z;
-    const int mg_it0 = (int)mg_rank * 8;
-    extern __shared__ __align__(16) unsigned char mg_smem_raw[];
-    unsigned char* mg_smem = mg_smem_raw + ((1024u - (mg_smem_addr(mg_smem_raw) & 1023u)) & 1023u);
+    extern __shared__ __align__(16) unsigned char mg_smem[];
     const int base_a = 0;
-    const int base_b = bx * 16;
-    unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 52432);
+    const int base_b = bx * 8;
+    unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 55424);
     if (threadIdx.x < 4) mg_zero[threadIdx.x] = 0u;
-    unsigned long long* mg_mbar = reinterpret_cast<unsigned long long*>(mg_smem + 52384);
-    if (threadIdx.x == 0) {
-      for (int s = 0; s < 6; ++s) mg_mbar_init(mg_mbar + s);
-      mg_mbar_fence_init();
+    mg_f16* sm_a_0 = reinterpret_cast<mg_f16*>(mg_smem + 0);
+    mg_f16* sm_b_0 = reinterpret_cast<mg_f16*>(mg_smem + 6240);
+    float* buf_s = reinterpret_cast<float*>(mg_smem + 55392);
+    int mg_so_b[2], mg_do_b[2];
+    #pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int c3 = threadIdx.x + i * 256;
+      const int s4_0 = c3;
+      mg_so_b[i] = s4_0 * 1024;
+      mg_do_b[i] = s4_0 * 8;
     }
-    __syncthreads();
-    mg_f16* sm_a_0 = reinterpret_cast<mg_f16*>(mg_smem + 49152);
-    mg_f16* sm_b_0 = reinterpret_cast<mg_f16*>(mg_smem + 0);
-    float* buf_s = reinterpret_cast<float*>(mg_smem + 52320);
-    if (threadIdx.x == 0) {
-      mg_mbar_arrive_expect(mg_mbar + ((0) % 6), 8192u);
-      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 4096)), &g1_p3, bx * 16, ((mg_it0 + 0)) * 256, mg_mbar + ((0) % 6));
-    }
-    if (threadIdx.x == 0) {
-      mg_mbar_arrive_expect(mg_mbar + ((1) % 6), 8192u);
-      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 4096)), &g1_p3, bx * 16, ((mg_it0 + 1)) * 256, mg_mbar + ((1) % 6));
-    }
-    if (threadIdx.x == 0) {
-      mg_mbar_arrive_expect(mg_mbar + ((2) % 6), 8192u);
-      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 4096)), &g1_p3, bx * 16, ((mg_it0 + 2)) * 256, mg_mbar + ((2) % 6));
-    }
-    if (threadIdx.x == 0) {
-      mg_mbar_arrive_expect(mg_mbar + ((3) % 6), 8192u);
-      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 4096)), &g1_p3, bx * 16, ((mg_it0 + 3)) * 256, mg_mbar + ((3) % 6));
-    }
-    if (threadIdx.x == 0) {
-      mg_mbar_arrive_expect(mg_mbar + ((4) % 6), 8192u);
-      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 4096)), &g1_p3, bx * 16, ((mg_it0 + 4)) * 256, mg_mbar + ((4) % 6));
-    }
+    #pragma unroll
+    for (int i = 0; i < 2; ++i) mg_cp_async16((sm_b_0 + ((0) % 6) * 4096) + mg_do_b[i], g1_p1 + ((base_b + 0)) + mg_so_b[i]);
+    #pragma unroll
+    for (int i = 0; i < 2; ++i) mg_cp_async16((sm_b_0 + ((1) % 6) * 4096) + mg_do_b[i], g1_p1 + ((base_b + 524288)) + mg_so_b[i]);
+    #pragma unroll
+    for (int i = 0; i < 2; ++i) mg_cp_async16((sm_b_0 + ((2) % 6) * 4096) + mg_do_b[i], g1_p1 + ((base_b + 1048576)) + mg_so_b[i]);
+    #pragma unroll
+    for (int i = 0; i < 2; ++i) mg_cp_async16((sm_b_0 + ((3) % 6) * 4096) + mg_do_b[i], g1_p1 + ((base_b + 1572864)) + mg_so_b[i]);
+    #pragma unroll
+    for (int i = 0; i < 2; ++i) mg_cp_async16((sm_b_0 + ((4) % 6) * 4096) + mg_do_b[i], g1_p1 + ((base_b + 2097152)) + mg_so_b[i]);
     mg_grid_wait();
     mg_grid_release();
-    for (int c1 = threadIdx.x; c1 < 32; c1 += 256) {
+    for (int c1 = threadIdx.x; c1 < 64; c1 += 256) {
       const int s2_1 = c1;
-      mg_cp_async16((sm_a_0 + ((0) % 6) * 264) + ((s2_1 * 8)), g1_p0 + ((base_a + (mg_it0 + 0) * 256)) + ((s2_1 * 8)));
+      mg_cp_async16((sm_a_0 + ((0) % 6) * 520) + ((s2_1 * 8)), g1_p0 + ((base_a + 0)) + ((s2_1 * 8)));
     }
     mg_cp_async_commit();
-    for (int c3 = threadIdx.x; c3 < 32; c3 += 256) {
-      const int s4_1 = c3;
-      mg_cp_async16((sm_a_0 + ((1) % 6) * 264) + ((s4_1 * 8)), g1_p0 + ((base_a + (mg_it0 + 1) * 256)) + ((s4_1 * 8)));
-    }
-    mg_cp_async_commit();
-    for (int c5 = threadIdx.x; c5 < 32; c5 += 256) {
+    for (int c5 = threadIdx.x; c5 < 64; c5 += 256) {
       const int s6_1 = c5;
-      mg_cp_async16((sm_a_0 + ((2) % 6) * 264) + ((s6_1 * 8)), g1_p0 + ((base_a + (mg_it0 + 2) * 256)) + ((s6_1 * 8)));
+      mg_cp_async16((sm_a_0 + ((1) % 6) * 520) + ((s6_1 * 8)), g1_p0 + ((base_a + 512)) + ((s6_1 * 8)));
     }
     mg_cp_async_commit();
-    for (int c7 = threadIdx.x; c7 < 32; c7 += 256) {
+    for (int c7 = threadIdx.x; c7 < 64; c7 += 256) {
       const int s8_1 = c7;
-      mg_cp_async16((sm_a_0 + ((3) % 6) * 264) + ((s8_1 * 8)), g1_p0 + ((base_a + (mg_it0 + 3) * 256)) + ((s8_1 * 8)));
+      mg_cp_async16((sm_a_0 + ((2) % 6) * 520) + ((s8_1 * 8)), g1_p0 + ((base_a + 1024)) + ((s8_1 * 8)));
     }
     mg_cp_async_commit();
-    for (int c9 = threadIdx.x; c9 < 32; c9 += 256) {
+    for (int c9 = threadIdx.x; c9 < 64; c9 += 256) {
       const int s10_1 = c9;
-      mg_cp_async16((sm_a_0 + ((4) % 6) * 264) + ((s10_1 * 8)), g1_p0 + ((base_a + (mg_it0 + 4) * 256)) + ((s10_1 * 8)));
+      mg_cp_async16((sm_a_0 + ((3) % 6) * 520) + ((s10_1 * 8)), g1_p0 + ((base_a + 1536)) + ((s10_1 * 8)));
+    }
+    mg_cp_async_commit();
+    for (int c11 = threadIdx.x; c11 < 64; c11 += 256) {
+      const int s12_1 = c11;
+      mg_cp_async16((sm_a_0 + ((4) % 6) * 520) + ((s12_1 * 8)), g1_p0 + ((base_a + 2048)) + ((s12_1 * 8)));
     }
     mg_cp_async_commit();
     float acc_s[1][4];
     #pragma unroll
     for (int j = 0; j < 1; ++j) acc_s[j][0] = acc_s[j][1] = acc_s[j][2] = acc_s[j][3] = 0.0f;
     for (int it = 0; it < 8; ++it) {
-      const int off_a = base_a + (mg_it0 + it) * 256;
+      const int off_a = base_a + it * 512;
+      const int off_b = base_b + it * 524288;
       mg_cp_async_wait<4>();
-      mg_mbar_wait(mg_mbar + (it % 6), (it / 6) & 1);
       __syncthreads();
       if (it + 5 < 8) {
-        for (int c11 = threadIdx.x; c11 < 32; c11 += 256) {
-          const int s12_1 = c11;
-          mg_cp_async16((sm_a_0 + (((it + 5)) % 6) * 264) + ((s12_1 * 8)), g1_p0 + ((off_a + 1280)) + ((s12_1 * 8)));
+        for (int c13 = threadIdx.x; c13 < 64; c13 += 256) {
+          const int s14_1 = c13;
+          mg_cp_async16((sm_a_0 + (((it + 5)) % 6) * 520) + ((s14_1 * 8)), g1_p0 + ((off_a + 2560)) + ((s14_1 * 8)));
         }
-        if (threadIdx.x == 0) {
-          mg_mbar_arrive_expect(mg_mbar + ((it + 5) % 6), 8192u);
-          mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 4096)), &g1_p3, bx * 16, ((mg_it0 + it + 5)) * 256, mg_mbar + ((it + 5) % 6));
-        }
+        #pragma unroll
+        for (int i = 0; i < 2; ++i) mg_cp_async16((sm_b_0 + (((it + 5)) % 6) * 4096) + mg_do_b[i], g1_p1 + ((off_b + 2621440)) + mg_so_b[i]);
       }
       mg_cp_async_commit();
-      const auto* sm_a = (sm_a_0 + ((it) % 6) * 264);
+      const auto* sm_a = (sm_a_0 + ((it) % 6) * 520);
       const auto* sm_b = (sm_b_0 + ((it) % 6) * 4096);
       {
         const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
         const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
         (void)mg_g; (void)mg_t;
-        const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
+        const int mg_grp = mg_warp % 2, mg_ks = mg_warp / 2;
         (void)mg_ks;
       #pragma unroll
       for (int s = 0; s < 8; ++s) {
-        const int kk = (mg_ks + s * 2) * 16;
+        const int kk = (mg_ks + s * 4) * 16;
         const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
         (void)k0; (void)k1;
         unsigned ra0, ra1, ra2, ra3;
         const int mg_mi = 0, r0 = mg_g, r1 = r0 + 8;
         (void)r0; (void)r1;
-        mg_ldsm_x4(ra0, ra1, ra2, ra3, ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) < 1 ? (const void*)(sm_a + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) * 264 + (kk + (mg_lane >> 4) * 8))) : (const void*)mg_zero));
+        mg_ldsm_x4(ra0, ra1, ra2, ra3, ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) < 1 ? (const void*)(sm_a + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) * 520 + (kk + (mg_lane >> 4) * 8))) : (const void*)mg_zero));
         #pragma unroll
         for (int j = 0; j < 1; ++j) {
-          const int q = min(mg_grp + 4 * j, 1);
-          const int mg_nb = q / 2;
-          const int mg_ni = q % 2;
+          const int q = min(mg_grp + 2 * j, 0);
+          const int mg_nb = q / 1;
+          const int mg_ni = q % 1;
           const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
           (void)mg_nb; (void)c0; (void)n0;
           unsigned rb0, rb1;
-          mg_ldsm_x2_t(rb0, rb1, (reinterpret_cast<const unsigned char*>(sm_b) + ((((mg_ni * 8)) * 2) / 32) * 8192 + (((((kk + (mg_lane & 15)))) * 32 + (((mg_ni * 8)) * 2) % 32) ^ (((((((kk + (mg_lane & 15)))) * 32 + (((mg_ni * 8)) * 2) % 32) >> 7) & 1) << 4))));
+          mg_ldsm_x2_t(rb0, rb1, (sm_b + ((kk + (mg_lane & 15)) * 8 + (mg_ni * 8))));
           mg_mma_f16(acc_s[j], ra0, ra1, ra2, ra3, rb0, rb1);
         }
       }
@@ -985,23 +963,23 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(256, 1) m
       const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
       const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
       (void)mg_g; (void)mg_t;
-      const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
+      const int mg_grp = mg_warp % 2, mg_ks = mg_warp / 2;
       (void)mg_ks;
       if (mg_ks == 0) {
         #pragma unroll
         for (int j = 0; j < 1; ++j) {
-          const int q = mg_grp + 4 * j;
-          if (q < 2) {
-            const int mg_nb = q / 2;
-            const int mg_mi = (q / 2) % 1;
-            const int mg_ni = q % 2;
+          const int q = mg_grp + 2 * j;
+          if (q < 1) {
+            const int mg_nb = q / 1;
+            const int mg_mi = (q / 1) % 1;
+            const int mg_ni = q % 1;
             const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
             const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
             (void)mg_nb; (void)r1; (void)c0; (void)n0;
-            if (r0 < 1) buf_s[r0 * 16 + c0] = acc_s[j][0];
-            if (r0 < 1) buf_s[r0 * 16 + (c0 + 1)] = acc_s[j][1];
-            if (r1 < 1) buf_s[r1 * 16 + c0] = acc_s[j][2];
-            if (r1 < 1) buf_s[r1 * 16 + (c0 + 1)] = acc_s[j][3];
+            if (r0 < 1) buf_s[r0 * 8 + c0] = acc_s[j][0];
+            if (r0 < 1) buf_s[r0 * 8 + (c0 + 1)] = acc_s[j][1];
+            if (r1 < 1) buf_s[r1 * 8 + c0] = acc_s[j][2];
+            if (r1 < 1) buf_s[r1 * 8 + (c0 + 1)] = acc_s[j][3];
           }
         }
       }
@@ -1009,58 +987,64 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(256, 1) m
       if (mg_ks == 1) {
         #pragma unroll
         for (int j = 0; j < 1; ++j) {
-          const int q = mg_grp + 4 * j;
-          if (q < 2) {
-            const int mg_nb = q / 2;
-            const int mg_mi = (q / 2) % 1;
-            const int mg_ni = q % 2;
+          const int q = mg_grp + 2 * j;
+          if (q < 1) {
+            const int mg_nb = q / 1;
+            const int mg_mi = (q / 1) % 1;
+            const int mg_ni = q % 1;
             const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
             const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
             (void)mg_nb; (void)r1; (void)c0; (void)n0;
-            if (r0 < 1) buf_s[r0 * 16 + c0] += acc_s[j][0];
-            if (r0 < 1) buf_s[r0 * 16 + (c0 + 1)] += acc_s[j][1];
-            if (r1 < 1) buf_s[r1 * 16 + c0] += acc_s[j][2];
-            if (r1 < 1) buf_s[r1 * 16 + (c0 + 1)] += acc_s[j][3];
+            if (r0 < 1) buf_s[r0 * 8 + c0] += acc_s[j][0];
+            if (r0 < 1) buf_s[r0 * 8 + (c0 + 1)] += acc_s[j][1];
+            if (r1 < 1) buf_s[r1 * 8 + c0] += acc_s[j][2];
+            if (r1 < 1) buf_s[r1 * 8 + (c0 + 1)] += acc_s[j][3];
+          }
+        }
+      }
+      __syncthreads();
+      if (mg_ks == 2) {
+        #pragma unroll
+        for (int j = 0; j < 1; ++j) {
+          const int q = mg_grp + 2 * j;
+          if (q < 1) {
+            const int mg_nb = q / 1;
+            const int mg_mi = (q / 1) % 1;
+            const int mg_ni = q % 1;
+            const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
+            const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
+            (void)mg_nb; (void)r1; (void)c0; (void)n0;
+            if (r0 < 1) buf_s[r0 * 8 + c0] += acc_s[j][0];
+            if (r0 < 1) buf_s[r0 * 8 + (c0 + 1)] += acc_s[j][1];
+            if (r1 < 1) buf_s[r1 * 8 + c0] += acc_s[j][2];
+            if (r1 < 1) buf_s[r1 * 8 + (c0 + 1)] += acc_s[j][3];
+          }
+        }
+      }
+      __syncthreads();
+      if (mg_ks == 3) {
+        #pragma unroll
+        for (int j = 0; j < 1; ++j) {
+          const int q = mg_grp + 2 * j;
+          if (q < 1) {
+            const int mg_nb = q / 1;
+            const int mg_mi = (q / 1) % 1;
+            const int mg_ni = q % 1;
+            const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
+            const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
+            (void)mg_nb; (void)r1; (void)c0; (void)n0;
+            if (r0 < 1) buf_s[r0 * 8 + c0] += acc_s[j][0];
+            if (r0 < 1) buf_s[r0 * 8 + (c0 + 1)] += acc_s[j][1];
+            if (r1 < 1) buf_s[r1 * 8 + c0] += acc_s[j][2];
+            if (r1 < 1) buf_s[r1 * 8 + (c0 + 1)] += acc_s[j][3];
           }
         }
       }
     }
     __syncthreads();
-    mg_cluster_sync();
-    for (int e0 = threadIdx.x; e0 < 4; e0 += 1024) {
-      float4 mg_p[4][2];
-      #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int e = e0 + j * 256;
-        if (e < 4) {
-          #pragma unroll
-          for (unsigned r = 0; r < 2; ++r) mg_p[j][r] = mg_dsmem_ld4(buf_s + 4 * e, r);
-        }
-      }
-      #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int e = e0 + j * 256;
-        if (e < 4) {
-          float4 v = mg_p[j][0];
-          #pragma unroll
-          for (unsigned r = 1; r < 2; ++r) {
-            v.x += mg_p[j][r].x;
-            v.y += mg_p[j][r].y;
-            v.z += mg_p[j][r].z;
-            v.w += mg_p[j][r].w;
-          }
-          reinterpret_cast<float4*>(reinterpret_cast<float*>(mg_smem + 0))[e] = v;
-        }
-      }
+    for (int e15 = threadIdx.x; e15 < 1; e15 += 256) {
+      mg_st8(g1_p2 + (bx * 8), buf_s[(0 + 0)], buf_s[(0 + 1)], buf_s[(0 + 2)], buf_s[(0 + 3)], buf_s[(0 + 4)], buf_s[(0 + 5)], buf_s[(0 + 6)], buf_s[(0 + 7)]);
     }
-    mg_cluster_arrive();
-    __syncthreads();
-    buf_s = reinterpret_cast<float*>(mg_smem + 0);
-    for (int e13 = (int)mg_rank * 256 + (int)threadIdx.x; e13 < 2; e13 += 512) {
-      const int i14_1 = e13;
-      mg_st8(g1_p2 + (bx * 16 + (i14_1 * 8)), buf_s[((i14_1 * 8) + 0)], buf_s[((i14_1 * 8) + 1)], buf_s[((i14_1 * 8) + 2)], buf_s[((i14_1 * 8) + 3)], buf_s[((i14_1 * 8) + 4)], buf_s[((i14_1 * 8) + 5)], buf_s[((i14_1 * 8) + 6)], buf_s[((i14_1 * 8) + 7)]);
-    }
-    mg_cluster_wait();
   }
 }
 
@@ -1715,7 +1699,7 @@ extern "C" __global__ void __launch_bounds__(256) mg_k20_mirage_llama3_8b_layer_
   for (int k = threadIdx.x; k < 4096; k += 256) mg_st(p1 + (r1 * 16384 + r2 * 4096 + k), mg_exp(mg_ld(p0[r1 * 16384 + r2 * 4096 + k]) - m) * inv);
 }
 
-// matmul as a generated block graph: grid [8, 8, 1], forloop 16, tensor cores
+// matmul as a generated block graph: grid [4, 8, 1], forloop 16, tensor cores
 extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(256, 1) mg_k21_mirage_llama3_8b_layer_aec50abcc000(
     const mg_f16* __restrict__ p0,
     const mg_f16* __restrict__ p1,
@@ -1728,18 +1712,18 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(256, 1) m
   extern __shared__ __align__(16) unsigned char mg_smem_raw[];
   unsigned char* mg_smem = mg_smem_raw + ((1024u - (mg_smem_addr(mg_smem_raw) & 1023u)) & 1023u);
   const int base_a = by * 16384;
-  const int base_b = bx * 16 + by * 524288;
-  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 62128);
+  const int base_b = bx * 32 + by * 524288;
+  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 111536);
   if (threadIdx.x < 4) mg_zero[threadIdx.x] = 0u;
-  unsigned long long* mg_mbar = reinterpret_cast<unsigned long long*>(mg_smem + 62080);
+  unsigned long long* mg_mbar = reinterpret_cast<unsigned long long*>(mg_smem + 111488);
   if (threadIdx.x == 0) {
     for (int s = 0; s < 6; ++s) mg_mbar_init(mg_mbar + s);
     mg_mbar_fence_init();
   }
   __syncthreads();
-  mg_f16* sm_a_0 = reinterpret_cast<mg_f16*>(mg_smem + 49152);
+  mg_f16* sm_a_0 = reinterpret_cast<mg_f16*>(mg_smem + 98304);
   mg_f16* sm_b_0 = reinterpret_cast<mg_f16*>(mg_smem + 0);
-  float* buf_s = reinterpret_cast<float*>(mg_smem + 61824);
+  float* buf_s = reinterpret_cast<float*>(mg_smem + 110976);
   mg_grid_wait();
   mg_grid_release();
   for (int c1 = threadIdx.x; c1 < 128; c1 += 256) {
@@ -1748,8 +1732,8 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(256, 1) m
     mg_cp_async16((sm_a_0 + ((0) % 6) * 1056) + (s2_2 * 264 + (s2_3 * 8)), p0 + ((base_a + (mg_it0 + 0) * 256)) + (s2_2 * 4096 + (s2_3 * 8)));
   }
   if (threadIdx.x == 0) {
-    mg_mbar_arrive_expect(mg_mbar + ((0) % 6), 8192u);
-    mg_tma4(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 4096)), &p3, bx * 16, ((mg_it0 + 0)) * 256, by * 1, 0, mg_mbar + ((0) % 6));
+    mg_mbar_arrive_expect(mg_mbar + ((0) % 6), 16384u);
+    mg_tma4(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 8192)), &p3, bx * 32, ((mg_it0 + 0)) * 256, by * 1, 0, mg_mbar + ((0) % 6));
   }
   mg_cp_async_commit();
   for (int c3 = threadIdx.x; c3 < 128; c3 += 256) {
@@ -1758,8 +1742,8 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(256, 1) m
     mg_cp_async16((sm_a_0 + ((1) % 6) * 1056) + (s4_2 * 264 + (s4_3 * 8)), p0 + ((base_a + (mg_it0 + 1) * 256)) + (s4_2 * 4096 + (s4_3 * 8)));
   }
   if (threadIdx.x == 0) {
-    mg_mbar_arrive_expect(mg_mbar + ((1) % 6), 8192u);
-    mg_tma4(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 4096)), &p3, bx * 16, ((mg_it0 + 1)) * 256, by * 1, 0, mg_mbar + ((1) % 6));
+    mg_mbar_arrive_expect(mg_mbar + ((1) % 6), 16384u);
+    mg_tma4(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 8192)), &p3, bx * 32, ((mg_it0 + 1)) * 256, by * 1, 0, mg_mbar + ((1) % 6));
   }
   mg_cp_async_commit();
   for (int c5 = threadIdx.x; c5 < 128; c5 += 256) {
@@ -1768,8 +1752,8 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(256, 1) m
     mg_cp_async16((sm_a_0 + ((2) % 6) * 1056) + (s6_2 * 264 + (s6_3 * 8)), p0 + ((base_a + (mg_it0 + 2) * 256)) + (s6_2 * 4096 + (s6_3 * 8)));
   }
   if (threadIdx.x == 0) {
-    mg_mbar_arrive_expect(mg_mbar + ((2) % 6), 8192u);
-    mg_tma4(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 4096)), &p3, bx * 16, ((mg_it0 + 2)) * 256, by * 1, 0, mg_mbar + ((2) % 6));
+    mg_mbar_arrive_expect(mg_mbar + ((2) % 6), 16384u);
+    mg_tma4(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 8192)), &p3, bx * 32, ((mg_it0 + 2)) * 256, by * 1, 0, mg_mbar + ((2) % 6));
   }
   mg_cp_async_commit();
   for (int c7 = threadIdx.x; c7 < 128; c7 += 256) {
@@ -1778,8 +1762,8 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(256, 1) m
     mg_cp_async16((sm_a_0 + ((3) % 6) * 1056) + (s8_2 * 264 + (s8_3 * 8)), p0 + ((base_a + (mg_it0 + 3) * 256)) + (s8_2 * 4096 + (s8_3 * 8)));
   }
   if (threadIdx.x == 0) {
-    mg_mbar_arrive_expect(mg_mbar + ((3) % 6), 8192u);
-    mg_tma4(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 4096)), &p3, bx * 16, ((mg_it0 + 3)) * 256, by * 1, 0, mg_mbar + ((3) % 6));
+    mg_mbar_arrive_expect(mg_mbar + ((3) % 6), 16384u);
+    mg_tma4(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 8192)), &p3, bx * 32, ((mg_it0 + 3)) * 256, by * 1, 0, mg_mbar + ((3) % 6));
   }
   mg_cp_async_commit();
   for (int c9 = threadIdx.x; c9 < 128; c9 += 256) {
@@ -1788,8 +1772,8 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(256, 1) m
     mg_cp_async16((sm_a_0 + ((4) % 6) * 1056) + (s10_2 * 264 + (s10_3 * 8)), p0 + ((base_a + (mg_it0 + 4) * 256)) + (s10_2 * 4096 + (s10_3 * 8)));
   }
   if (threadIdx.x == 0) {
-    mg_mbar_arrive_expect(mg_mbar + ((4) % 6), 8192u);
-    mg_tma4(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 4096)), &p3, bx * 16, ((mg_it0 + 4)) * 256, by * 1, 0, mg_mbar + ((4) % 6));
+    mg_mbar_arrive_expect(mg_mbar + ((4) % 6), 16384u);
+    mg_tma4(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 8192)), &p3, bx * 32, ((mg_it0 + 4)) * 256, by * 1, 0, mg_mbar + ((4) % 6));
   }
   mg_cp_async_commit();
   float acc_s[1][4];
@@ -1807,13 +1791,13 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(256, 1) m
         mg_cp_async16((sm_a_0 + (((it + 5)) % 6) * 1056) + (s12_2 * 264 + (s12_3 * 8)), p0 + ((off_a + 1280)) + (s12_2 * 4096 + (s12_3 * 8)));
       }
       if (threadIdx.x == 0) {
-        mg_mbar_arrive_expect(mg_mbar + ((it + 5) % 6), 8192u);
-        mg_tma4(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 4096)), &p3, bx * 16, ((mg_it0 + it + 5)) * 256, by * 1, 0, mg_mbar + ((it + 5) % 6));
+        mg_mbar_arrive_expect(mg_mbar + ((it + 5) % 6), 16384u);
+        mg_tma4(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 8192)), &p3, bx * 32, ((mg_it0 + it + 5)) * 256, by * 1, 0, mg_mbar + ((it + 5) % 6));
       }
     }
     mg_cp_async_commit();
     const auto* sm_a = (sm_a_0 + ((it) % 6) * 1056);
-    const auto* sm_b = (sm_b_0 + ((it) % 6) * 4096);
+    const auto* sm_b = (sm_b_0 + ((it) % 6) * 8192);
     {
       const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
       const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
@@ -1831,13 +1815,13 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(256, 1) m
       mg_ldsm_x4(ra0, ra1, ra2, ra3, ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) < 4 ? (const void*)(sm_a + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) * 264 + (kk + (mg_lane >> 4) * 8))) : (const void*)mg_zero));
       #pragma unroll
       for (int j = 0; j < 1; ++j) {
-        const int q = min(mg_grp + 4 * j, 1);
-        const int mg_nb = q / 2;
-        const int mg_ni = q % 2;
+        const int q = mg_grp + 4 * j;
+        const int mg_nb = q / 4;
+        const int mg_ni = q % 4;
         const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
         (void)mg_nb; (void)c0; (void)n0;
         unsigned rb0, rb1;
-        mg_ldsm_x2_t(rb0, rb1, (reinterpret_cast<const unsigned char*>(sm_b) + ((((mg_ni * 8)) * 2) / 32) * 8192 + ((((0) * 256 + (0) * 256 + ((kk + (mg_lane & 15)))) * 32 + (((mg_ni * 8)) * 2) % 32) ^ ((((((0) * 256 + (0) * 256 + ((kk + (mg_lane & 15)))) * 32 + (((mg_ni * 8)) * 2) % 32) >> 7) & 1) << 4))));
+        mg_ldsm_x2_t(rb0, rb1, (reinterpret_cast<const unsigned char*>(sm_b) + ((((mg_ni * 8)) * 2) / 64) * 16384 + ((((0) * 256 + (0) * 256 + ((kk + (mg_lane & 15)))) * 64 + (((mg_ni * 8)) * 2) % 64) ^ ((((((0) * 256 + (0) * 256 + ((kk + (mg_lane & 15)))) * 64 + (((mg_ni * 8)) * 2) % 64) >> 7) & 3) << 4))));
         mg_mma_f16(acc_s[j], ra0, ra1, ra2, ra3, rb0, rb1);
       }
     }
@@ -1854,17 +1838,17 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(256, 1) m
       #pragma unroll
       for (int j = 0; j < 1; ++j) {
         const int q = mg_grp + 4 * j;
-        if (q < 2) {
-          const int mg_nb = q / 2;
-          const int mg_mi = (q / 2) % 1;
-          const int mg_ni = q % 2;
+        if (q < 4) {
+          const int mg_nb = q / 4;
+          const int mg_mi = (q / 4) % 1;
+          const int mg_ni = q % 4;
           const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
           const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
           (void)mg_nb; (void)r1; (void)c0; (void)n0;
-          if (r0 < 4) buf_s[r0 * 16 + c0] = acc_s[j][0];
-          if (r0 < 4) buf_s[r0 * 16 + (c0 + 1)] = acc_s[j][1];
-          if (r1 < 4) buf_s[r1 * 16 + c0] = acc_s[j][2];
-          if (r1 < 4) buf_s[r1 * 16 + (c0 + 1)] = acc_s[j][3];
+          if (r0 < 4) buf_s[r0 * 32 + c0] = acc_s[j][0];
+          if (r0 < 4) buf_s[r0 * 32 + (c0 + 1)] = acc_s[j][1];
+          if (r1 < 4) buf_s[r1 * 32 + c0] = acc_s[j][2];
+          if (r1 < 4) buf_s[r1 * 32 + (c0 + 1)] = acc_s[j][3];
         }
       }
     }
@@ -1873,29 +1857,29 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(256, 1) m
       #pragma unroll
       for (int j = 0; j < 1; ++j) {
         const int q = mg_grp + 4 * j;
-        if (q < 2) {
-          const int mg_nb = q / 2;
-          const int mg_mi = (q / 2) % 1;
-          const int mg_ni = q % 2;
+        if (q < 4) {
+          const int mg_nb = q / 4;
+          const int mg_mi = (q / 4) % 1;
+          const int mg_ni = q % 4;
           const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
           const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
           (void)mg_nb; (void)r1; (void)c0; (void)n0;
-          if (r0 < 4) buf_s[r0 * 16 + c0] += acc_s[j][0];
-          if (r0 < 4) buf_s[r0 * 16 + (c0 + 1)] += acc_s[j][1];
-          if (r1 < 4) buf_s[r1 * 16 + c0] += acc_s[j][2];
-          if (r1 < 4) buf_s[r1 * 16 + (c0 + 1)] += acc_s[j][3];
+          if (r0 < 4) buf_s[r0 * 32 + c0] += acc_s[j][0];
+          if (r0 < 4) buf_s[r0 * 32 + (c0 + 1)] += acc_s[j][1];
+          if (r1 < 4) buf_s[r1 * 32 + c0] += acc_s[j][2];
+          if (r1 < 4) buf_s[r1 * 32 + (c0 + 1)] += acc_s[j][3];
         }
       }
     }
   }
   __syncthreads();
   mg_cluster_sync();
-  for (int e0 = threadIdx.x; e0 < 16; e0 += 1024) {
+  for (int e0 = threadIdx.x; e0 < 32; e0 += 1024) {
     float4 mg_p[4][2];
     #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const int e = e0 + j * 256;
-      if (e < 16) {
+      if (e < 32) {
         #pragma unroll
         for (unsigned r = 0; r < 2; ++r) mg_p[j][r] = mg_dsmem_ld4(buf_s + 4 * e, r);
       }
@@ -1903,7 +1887,7 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(256, 1) m
     #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const int e = e0 + j * 256;
-      if (e < 16) {
+      if (e < 32) {
         float4 v = mg_p[j][0];
         #pragma unroll
         for (unsigned r = 1; r < 2; ++r) {
@@ -1919,10 +1903,10 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(256, 1) m
   mg_cluster_arrive();
   __syncthreads();
   buf_s = reinterpret_cast<float*>(mg_smem + 0);
-  for (int e13 = (int)mg_rank * 256 + (int)threadIdx.x; e13 < 8; e13 += 512) {
-    const int i14_2 = e13 / 2;
-    const int i14_3 = (e13) % 2;
-    mg_st8(p2 + (bx * 16 + by * 512 + i14_2 * 128 + (i14_3 * 8)), buf_s[i14_2 * 16 + ((i14_3 * 8) + 0)], buf_s[i14_2 * 16 + ((i14_3 * 8) + 1)], buf_s[i14_2 * 16 + ((i14_3 * 8) + 2)], buf_s[i14_2 * 16 + ((i14_3 * 8) + 3)], buf_s[i14_2 * 16 + ((i14_3 * 8) + 4)], buf_s[i14_2 * 16 + ((i14_3 * 8) + 5)], buf_s[i14_2 * 16 + ((i14_3 * 8) + 6)], buf_s[i14_2 * 16 + ((i14_3 * 8) + 7)]);
+  for (int e13 = (int)mg_rank * 256 + (int)threadIdx.x; e13 < 16; e13 += 512) {
+    const int i14_2 = e13 / 4;
+    const int i14_3 = (e13) % 4;
+    mg_st8(p2 + (bx * 32 + by * 512 + i14_2 * 128 + (i14_3 * 8)), buf_s[i14_2 * 32 + ((i14_3 * 8) + 0)], buf_s[i14_2 * 32 + ((i14_3 * 8) + 1)], buf_s[i14_2 * 32 + ((i14_3 * 8) + 2)], buf_s[i14_2 * 32 + ((i14_3 * 8) + 3)], buf_s[i14_2 * 32 + ((i14_3 * 8) + 4)], buf_s[i14_2 * 32 + ((i14_3 * 8) + 5)], buf_s[i14_2 * 32 + ((i14_3 * 8) + 6)], buf_s[i14_2 * 32 + ((i14_3 * 8) + 7)]);
   }
   mg_cluster_wait();
 }
@@ -2991,13 +2975,13 @@ static cudaError_t mg_prepare_mirage_llama3_8b_layer_aec50abcc000(int* mg_state)
                                 cudaFuncAttributeMaxDynamicSharedMemorySize, 101280);
   if (mg_err != cudaSuccess) return mg_err;
   mg_err = cudaFuncSetAttribute((const void*)mg_k2_mirage_llama3_8b_layer_aec50abcc000,
-                                cudaFuncAttributeMaxDynamicSharedMemorySize, 53472);
+                                cudaFuncAttributeMaxDynamicSharedMemorySize, 55440);
   if (mg_err != cudaSuccess) return mg_err;
   mg_err = cudaFuncSetAttribute((const void*)mg_k18_mirage_llama3_8b_layer_aec50abcc000,
                                 cudaFuncAttributeMaxDynamicSharedMemorySize, 55488);
   if (mg_err != cudaSuccess) return mg_err;
   mg_err = cudaFuncSetAttribute((const void*)mg_k21_mirage_llama3_8b_layer_aec50abcc000,
-                                cudaFuncAttributeMaxDynamicSharedMemorySize, 63168);
+                                cudaFuncAttributeMaxDynamicSharedMemorySize, 112576);
   if (mg_err != cudaSuccess) return mg_err;
   mg_err = cudaFuncSetAttribute((const void*)mg_k23_mirage_llama3_8b_layer_aec50abcc000,
                                 cudaFuncAttributeMaxDynamicSharedMemorySize, 101280);
@@ -3071,32 +3055,14 @@ extern "C" cudaError_t mirage_llama3_8b_layer_aec50abcc000(const void* mg_in0_X,
     const mg_f16* mg_a0 = (const mg_f16*)(mg_ws + 0);
     const mg_f16* mg_a1 = (const mg_f16*)(mg_in3_WK);
     mg_f16* mg_a2 = (mg_f16*)(mg_ws + 16384);
-    mg_tmap mg_a3;
-    {
-      const cuuint64_t mg_dims[] = {1024, 4096};
-      const cuuint64_t mg_strides[] = {2048};
-      const cuuint32_t mg_box[] = {16, 256};
-      mg_err = mg_encode_tmap_mirage_llama3_8b_layer_aec50abcc000(&mg_a3, mg_in3_WK, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2,
-                                mg_dims, mg_strides, mg_box, CU_TENSOR_MAP_SWIZZLE_32B);
-      if (mg_err != cudaSuccess) return mg_err;
-    }
-    const mg_f16* mg_a4 = (const mg_f16*)(mg_ws + 0);
-    const mg_f16* mg_a5 = (const mg_f16*)(mg_in4_WV);
-    mg_f16* mg_a6 = (mg_f16*)(mg_out2_V4);
-    mg_tmap mg_a7;
-    {
-      const cuuint64_t mg_dims[] = {1024, 4096};
-      const cuuint64_t mg_strides[] = {2048};
-      const cuuint32_t mg_box[] = {16, 256};
-      mg_err = mg_encode_tmap_mirage_llama3_8b_layer_aec50abcc000(&mg_a7, mg_in4_WV, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2,
-                                mg_dims, mg_strides, mg_box, CU_TENSOR_MAP_SWIZZLE_32B);
-      if (mg_err != cudaSuccess) return mg_err;
-    }
-    void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2, &mg_a3, &mg_a4, &mg_a5, &mg_a6, &mg_a7};
+    const mg_f16* mg_a3 = (const mg_f16*)(mg_ws + 0);
+    const mg_f16* mg_a4 = (const mg_f16*)(mg_in4_WV);
+    mg_f16* mg_a5 = (mg_f16*)(mg_out2_V4);
+    void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2, &mg_a3, &mg_a4, &mg_a5};
     cudaLaunchConfig_t mg_cfg = {};
-    mg_cfg.gridDim = dim3(128, 1, 2);
+    mg_cfg.gridDim = dim3(256, 1, 1);
     mg_cfg.blockDim = dim3(256);
-    mg_cfg.dynamicSmemBytes = 53472;
+    mg_cfg.dynamicSmemBytes = 55440;
     mg_cfg.stream = mg_stream;
     mg_cfg.attrs = mg_pdl;
     mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
@@ -3239,16 +3205,16 @@ extern "C" cudaError_t mirage_llama3_8b_layer_aec50abcc000(const void* mg_in0_X,
     {
       const cuuint64_t mg_dims[] = {128, 4096, 8, 1};
       const cuuint64_t mg_strides[] = {256, 1048576, 8388608};
-      const cuuint32_t mg_box[] = {16, 256, 1, 1};
+      const cuuint32_t mg_box[] = {32, 256, 1, 1};
       mg_err = mg_encode_tmap_mirage_llama3_8b_layer_aec50abcc000(&mg_a3, mg_ws + 8445952, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4,
-                                mg_dims, mg_strides, mg_box, CU_TENSOR_MAP_SWIZZLE_32B);
+                                mg_dims, mg_strides, mg_box, CU_TENSOR_MAP_SWIZZLE_64B);
       if (mg_err != cudaSuccess) return mg_err;
     }
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2, &mg_a3};
     cudaLaunchConfig_t mg_cfg = {};
-    mg_cfg.gridDim = dim3(8, 8, 2);
+    mg_cfg.gridDim = dim3(4, 8, 2);
     mg_cfg.blockDim = dim3(256);
-    mg_cfg.dynamicSmemBytes = 63168;
+    mg_cfg.dynamicSmemBytes = 112576;
     mg_cfg.stream = mg_stream;
     mg_cfg.attrs = mg_pdl;
     mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;

@@ -10,7 +10,7 @@
 // input 1 'K': f16[8, 128, 4096]
 // input 2 'V': f16[8, 4096, 128]
 // output 0 'O': f16[8, 32, 128]
-// kernel mg_k0_mirage_mqa_decode_h8x32x128_h8x128x4096_h8x4096x128_to_h8x32x128: grid [16, 1, 8], 128 threads, 89152 B dynamic shared memory
+// kernel mg_k0_mirage_mqa_decode_h8x32x128_h8x128x4096_h8x4096x128_to_h8x32x128: grid [16, 1, 8], 128 threads, 107568 B dynamic shared memory
 // kernel mg_k1_mirage_mqa_decode_h8x32x128_h8x128x4096_h8x4096x128_to_h8x32x128: grid [512, 1, 1], 256 threads, 0 B dynamic shared memory
 // kernel mg_k2_mirage_mqa_decode_h8x32x128_h8x128x4096_h8x4096x128_to_h8x32x128: grid [256, 1, 1], 256 threads, 0 B dynamic shared memory
 // kernel mg_k3_mirage_mqa_decode_h8x32x128_h8x128x4096_h8x4096x128_to_h8x32x128: grid [4, 1, 8], 256 threads, 201792 B dynamic shared memory
@@ -422,7 +422,7 @@ __device__ __forceinline__ void mg_wgmma_bf16(float (*d)[4], unsigned a0, unsign
 }
 #endif
 
-// matmul as a generated block graph: grid [16, 1, 8], forloop 8, tensor cores
+// matmul as a generated block graph: grid [16, 1, 8], forloop 4, tensor cores
 extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_mqa_decode_h8x32x128_h8x128x4096_h8x4096x128_to_h8x32x128(
     const mg_f16* __restrict__ p0,
     const mg_f16* __restrict__ p1,
@@ -435,77 +435,61 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_mqa_decode_h8x
   unsigned char* mg_smem = mg_smem_raw + ((1024u - (mg_smem_addr(mg_smem_raw) & 1023u)) & 1023u);
   const int base_a = bz * 4096;
   const int base_b = bx * 256 + bz * 524288;
-  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 88112);
+  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 106528);
   if (threadIdx.x < 4) mg_zero[threadIdx.x] = 0u;
-  unsigned long long* mg_mbar = reinterpret_cast<unsigned long long*>(mg_smem + 88064);
+  unsigned long long* mg_mbar = reinterpret_cast<unsigned long long*>(mg_smem + 106496);
   if (threadIdx.x == 0) {
-    for (int s = 0; s < 6; ++s) mg_mbar_init(mg_mbar + s);
+    for (int s = 0; s < 4; ++s) mg_mbar_init(mg_mbar + s);
     mg_mbar_fence_init();
   }
   __syncthreads();
   mg_f16* sm_a_0 = reinterpret_cast<mg_f16*>(mg_smem + 0);
-  mg_f16* sm_b_0 = reinterpret_cast<mg_f16*>(mg_smem + 6144);
-  float* buf_s = reinterpret_cast<float*>(mg_smem + 55296);
+  mg_f16* sm_b_0 = reinterpret_cast<mg_f16*>(mg_smem + 8192);
+  float* buf_s = reinterpret_cast<float*>(mg_smem + 73728);
   mg_grid_wait();
   mg_grid_release();
   if (threadIdx.x == 0) {
-    mg_mbar_arrive_expect(mg_mbar + ((0) % 6), 9216u);
-    mg_tma3(reinterpret_cast<unsigned char*>((sm_a_0 + ((0) % 6) * 512)), &p3, (0) * 16, 0, bz * 1, mg_mbar + ((0) % 6));
-    mg_tma3(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 4096)), &p4, bx * 256, (0) * 16, bz * 1, mg_mbar + ((0) % 6));
-    mg_tma3(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 4096)) + 2048, &p4, bx * 256 + 64, (0) * 16, bz * 1, mg_mbar + ((0) % 6));
-    mg_tma3(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 4096)) + 4096, &p4, bx * 256 + 128, (0) * 16, bz * 1, mg_mbar + ((0) % 6));
-    mg_tma3(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 4096)) + 6144, &p4, bx * 256 + 192, (0) * 16, bz * 1, mg_mbar + ((0) % 6));
+    mg_mbar_arrive_expect(mg_mbar + ((0) % 4), 18432u);
+    mg_tma3(reinterpret_cast<unsigned char*>((sm_a_0 + ((0) % 4) * 1024)), &p3, (0) * 32, 0, bz * 1, mg_mbar + ((0) % 4));
+    mg_tma3(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 4) * 8192)), &p4, bx * 256, (0) * 32, bz * 1, mg_mbar + ((0) % 4));
+    mg_tma3(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 4) * 8192)) + 4096, &p4, bx * 256 + 64, (0) * 32, bz * 1, mg_mbar + ((0) % 4));
+    mg_tma3(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 4) * 8192)) + 8192, &p4, bx * 256 + 128, (0) * 32, bz * 1, mg_mbar + ((0) % 4));
+    mg_tma3(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 4) * 8192)) + 12288, &p4, bx * 256 + 192, (0) * 32, bz * 1, mg_mbar + ((0) % 4));
   }
   if (threadIdx.x == 0) {
-    mg_mbar_arrive_expect(mg_mbar + ((1) % 6), 9216u);
-    mg_tma3(reinterpret_cast<unsigned char*>((sm_a_0 + ((1) % 6) * 512)), &p3, (1) * 16, 0, bz * 1, mg_mbar + ((1) % 6));
-    mg_tma3(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 4096)), &p4, bx * 256, (1) * 16, bz * 1, mg_mbar + ((1) % 6));
-    mg_tma3(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 4096)) + 2048, &p4, bx * 256 + 64, (1) * 16, bz * 1, mg_mbar + ((1) % 6));
-    mg_tma3(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 4096)) + 4096, &p4, bx * 256 + 128, (1) * 16, bz * 1, mg_mbar + ((1) % 6));
-    mg_tma3(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 4096)) + 6144, &p4, bx * 256 + 192, (1) * 16, bz * 1, mg_mbar + ((1) % 6));
+    mg_mbar_arrive_expect(mg_mbar + ((1) % 4), 18432u);
+    mg_tma3(reinterpret_cast<unsigned char*>((sm_a_0 + ((1) % 4) * 1024)), &p3, (1) * 32, 0, bz * 1, mg_mbar + ((1) % 4));
+    mg_tma3(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 4) * 8192)), &p4, bx * 256, (1) * 32, bz * 1, mg_mbar + ((1) % 4));
+    mg_tma3(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 4) * 8192)) + 4096, &p4, bx * 256 + 64, (1) * 32, bz * 1, mg_mbar + ((1) % 4));
+    mg_tma3(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 4) * 8192)) + 8192, &p4, bx * 256 + 128, (1) * 32, bz * 1, mg_mbar + ((1) % 4));
+    mg_tma3(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 4) * 8192)) + 12288, &p4, bx * 256 + 192, (1) * 32, bz * 1, mg_mbar + ((1) % 4));
   }
   if (threadIdx.x == 0) {
-    mg_mbar_arrive_expect(mg_mbar + ((2) % 6), 9216u);
-    mg_tma3(reinterpret_cast<unsigned char*>((sm_a_0 + ((2) % 6) * 512)), &p3, (2) * 16, 0, bz * 1, mg_mbar + ((2) % 6));
-    mg_tma3(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 4096)), &p4, bx * 256, (2) * 16, bz * 1, mg_mbar + ((2) % 6));
-    mg_tma3(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 4096)) + 2048, &p4, bx * 256 + 64, (2) * 16, bz * 1, mg_mbar + ((2) % 6));
-    mg_tma3(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 4096)) + 4096, &p4, bx * 256 + 128, (2) * 16, bz * 1, mg_mbar + ((2) % 6));
-    mg_tma3(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 4096)) + 6144, &p4, bx * 256 + 192, (2) * 16, bz * 1, mg_mbar + ((2) % 6));
-  }
-  if (threadIdx.x == 0) {
-    mg_mbar_arrive_expect(mg_mbar + ((3) % 6), 9216u);
-    mg_tma3(reinterpret_cast<unsigned char*>((sm_a_0 + ((3) % 6) * 512)), &p3, (3) * 16, 0, bz * 1, mg_mbar + ((3) % 6));
-    mg_tma3(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 4096)), &p4, bx * 256, (3) * 16, bz * 1, mg_mbar + ((3) % 6));
-    mg_tma3(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 4096)) + 2048, &p4, bx * 256 + 64, (3) * 16, bz * 1, mg_mbar + ((3) % 6));
-    mg_tma3(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 4096)) + 4096, &p4, bx * 256 + 128, (3) * 16, bz * 1, mg_mbar + ((3) % 6));
-    mg_tma3(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 4096)) + 6144, &p4, bx * 256 + 192, (3) * 16, bz * 1, mg_mbar + ((3) % 6));
-  }
-  if (threadIdx.x == 0) {
-    mg_mbar_arrive_expect(mg_mbar + ((4) % 6), 9216u);
-    mg_tma3(reinterpret_cast<unsigned char*>((sm_a_0 + ((4) % 6) * 512)), &p3, (4) * 16, 0, bz * 1, mg_mbar + ((4) % 6));
-    mg_tma3(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 4096)), &p4, bx * 256, (4) * 16, bz * 1, mg_mbar + ((4) % 6));
-    mg_tma3(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 4096)) + 2048, &p4, bx * 256 + 64, (4) * 16, bz * 1, mg_mbar + ((4) % 6));
-    mg_tma3(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 4096)) + 4096, &p4, bx * 256 + 128, (4) * 16, bz * 1, mg_mbar + ((4) % 6));
-    mg_tma3(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 4096)) + 6144, &p4, bx * 256 + 192, (4) * 16, bz * 1, mg_mbar + ((4) % 6));
+    mg_mbar_arrive_expect(mg_mbar + ((2) % 4), 18432u);
+    mg_tma3(reinterpret_cast<unsigned char*>((sm_a_0 + ((2) % 4) * 1024)), &p3, (2) * 32, 0, bz * 1, mg_mbar + ((2) % 4));
+    mg_tma3(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 4) * 8192)), &p4, bx * 256, (2) * 32, bz * 1, mg_mbar + ((2) % 4));
+    mg_tma3(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 4) * 8192)) + 4096, &p4, bx * 256 + 64, (2) * 32, bz * 1, mg_mbar + ((2) % 4));
+    mg_tma3(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 4) * 8192)) + 8192, &p4, bx * 256 + 128, (2) * 32, bz * 1, mg_mbar + ((2) % 4));
+    mg_tma3(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 4) * 8192)) + 12288, &p4, bx * 256 + 192, (2) * 32, bz * 1, mg_mbar + ((2) % 4));
   }
   float acc_s[16][4];
   #pragma unroll
   for (int j = 0; j < 16; ++j) acc_s[j][0] = acc_s[j][1] = acc_s[j][2] = acc_s[j][3] = 0.0f;
-  for (int it = 0; it < 8; ++it) {
-    mg_mbar_wait(mg_mbar + (it % 6), (it / 6) & 1);
+  for (int it = 0; it < 4; ++it) {
+    mg_mbar_wait(mg_mbar + (it % 4), (it / 4) & 1);
     __syncthreads();
-    if (it + 5 < 8) {
+    if (it + 3 < 4) {
       if (threadIdx.x == 0) {
-        mg_mbar_arrive_expect(mg_mbar + ((it + 5) % 6), 9216u);
-        mg_tma3(reinterpret_cast<unsigned char*>((sm_a_0 + ((it + 5) % 6) * 512)), &p3, (it + 5) * 16, 0, bz * 1, mg_mbar + ((it + 5) % 6));
-        mg_tma3(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 4096)), &p4, bx * 256, (it + 5) * 16, bz * 1, mg_mbar + ((it + 5) % 6));
-        mg_tma3(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 4096)) + 2048, &p4, bx * 256 + 64, (it + 5) * 16, bz * 1, mg_mbar + ((it + 5) % 6));
-        mg_tma3(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 4096)) + 4096, &p4, bx * 256 + 128, (it + 5) * 16, bz * 1, mg_mbar + ((it + 5) % 6));
-        mg_tma3(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 4096)) + 6144, &p4, bx * 256 + 192, (it + 5) * 16, bz * 1, mg_mbar + ((it + 5) % 6));
+        mg_mbar_arrive_expect(mg_mbar + ((it + 3) % 4), 18432u);
+        mg_tma3(reinterpret_cast<unsigned char*>((sm_a_0 + ((it + 3) % 4) * 1024)), &p3, (it + 3) * 32, 0, bz * 1, mg_mbar + ((it + 3) % 4));
+        mg_tma3(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 3) % 4) * 8192)), &p4, bx * 256, (it + 3) * 32, bz * 1, mg_mbar + ((it + 3) % 4));
+        mg_tma3(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 3) % 4) * 8192)) + 4096, &p4, bx * 256 + 64, (it + 3) * 32, bz * 1, mg_mbar + ((it + 3) % 4));
+        mg_tma3(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 3) % 4) * 8192)) + 8192, &p4, bx * 256 + 128, (it + 3) * 32, bz * 1, mg_mbar + ((it + 3) % 4));
+        mg_tma3(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 3) % 4) * 8192)) + 12288, &p4, bx * 256 + 192, (it + 3) * 32, bz * 1, mg_mbar + ((it + 3) % 4));
       }
     }
-    const auto* sm_a = (sm_a_0 + ((it) % 6) * 512);
-    const auto* sm_b = (sm_b_0 + ((it) % 6) * 4096);
+    const auto* sm_a = (sm_a_0 + ((it) % 4) * 1024);
+    const auto* sm_b = (sm_b_0 + ((it) % 4) * 8192);
     {
       const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
       const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
@@ -513,7 +497,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_mqa_decode_h8x
       const int mg_grp = mg_warp % 4, mg_ks = mg_warp / 4;
       (void)mg_ks;
     #pragma unroll
-    for (int s = 0; s < 1; ++s) {
+    for (int s = 0; s < 2; ++s) {
       const int kk = (mg_ks + s * 1) * 16;
       const int k0 = kk + 2 * mg_t, k1 = k0 + 8;
       (void)k0; (void)k1;
@@ -522,14 +506,14 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_mqa_decode_h8x
         const int mg_mi = 0, r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
         (void)r0; (void)r1;
         unsigned ra0, ra1, ra2, ra3;
-        mg_ldsm_x4(ra0, ra1, ra2, ra3, (reinterpret_cast<const unsigned char*>(sm_a) + ((((kk + (mg_lane >> 4) * 8)) * 2) / 32) * 1024 + ((((0) * 32 + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8))) * 32 + (((kk + (mg_lane >> 4) * 8)) * 2) % 32) ^ ((((((0) * 32 + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8))) * 32 + (((kk + (mg_lane >> 4) * 8)) * 2) % 32) >> 7) & 1) << 4))));
+        mg_ldsm_x4(ra0, ra1, ra2, ra3, (reinterpret_cast<const unsigned char*>(sm_a) + ((((kk + (mg_lane >> 4) * 8)) * 2) / 64) * 2048 + ((((0) * 32 + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8))) * 64 + (((kk + (mg_lane >> 4) * 8)) * 2) % 64) ^ ((((((0) * 32 + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8))) * 64 + (((kk + (mg_lane >> 4) * 8)) * 2) % 64) >> 7) & 3) << 4))));
         mg_ra[0][0] = ra0; mg_ra[0][1] = ra1; mg_ra[0][2] = ra2; mg_ra[0][3] = ra3;
       }
       {
         const int mg_mi = 1, r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
         (void)r0; (void)r1;
         unsigned ra0, ra1, ra2, ra3;
-        mg_ldsm_x4(ra0, ra1, ra2, ra3, (reinterpret_cast<const unsigned char*>(sm_a) + ((((kk + (mg_lane >> 4) * 8)) * 2) / 32) * 1024 + ((((0) * 32 + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8))) * 32 + (((kk + (mg_lane >> 4) * 8)) * 2) % 32) ^ ((((((0) * 32 + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8))) * 32 + (((kk + (mg_lane >> 4) * 8)) * 2) % 32) >> 7) & 1) << 4))));
+        mg_ldsm_x4(ra0, ra1, ra2, ra3, (reinterpret_cast<const unsigned char*>(sm_a) + ((((kk + (mg_lane >> 4) * 8)) * 2) / 64) * 2048 + ((((0) * 32 + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8))) * 64 + (((kk + (mg_lane >> 4) * 8)) * 2) % 64) ^ ((((((0) * 32 + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8))) * 64 + (((kk + (mg_lane >> 4) * 8)) * 2) % 64) >> 7) & 3) << 4))));
         mg_ra[1][0] = ra0; mg_ra[1][1] = ra1; mg_ra[1][2] = ra2; mg_ra[1][3] = ra3;
       }
       #pragma unroll
@@ -538,7 +522,7 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_mqa_decode_h8x
         const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
         (void)c0; (void)n0;
         unsigned rb0, rb1;
-        mg_ldsm_x2_t(rb0, rb1, (reinterpret_cast<const unsigned char*>(sm_b) + ((((mg_ni * 8)) * 2) / 128) * 2048 + ((((0) * 16 + ((kk + (mg_lane & 15)))) * 128 + (((mg_ni * 8)) * 2) % 128) ^ ((((((0) * 16 + ((kk + (mg_lane & 15)))) * 128 + (((mg_ni * 8)) * 2) % 128) >> 7) & 7) << 4))));
+        mg_ldsm_x2_t(rb0, rb1, (reinterpret_cast<const unsigned char*>(sm_b) + ((((mg_ni * 8)) * 2) / 128) * 4096 + ((((0) * 32 + ((kk + (mg_lane & 15)))) * 128 + (((mg_ni * 8)) * 2) % 128) ^ ((((((0) * 32 + ((kk + (mg_lane & 15)))) * 128 + (((mg_ni * 8)) * 2) % 128) >> 7) & 7) << 4))));
         mg_mma_f16(acc_s[0 + jn], mg_ra[0][0], mg_ra[0][1], mg_ra[0][2], mg_ra[0][3], rb0, rb1);
         mg_mma_f16(acc_s[8 + jn], mg_ra[1][0], mg_ra[1][1], mg_ra[1][2], mg_ra[1][3], rb0, rb1);
       }
@@ -887,7 +871,7 @@ static cudaError_t mg_prepare_mirage_mqa_decode_h8x32x128_h8x128x4096_h8x4096x12
     if (*mg_state != 0) return cudaSuccess;
   }
   mg_err = cudaFuncSetAttribute((const void*)mg_k0_mirage_mqa_decode_h8x32x128_h8x128x4096_h8x4096x128_to_h8x32x128,
-                                cudaFuncAttributeMaxDynamicSharedMemorySize, 89152);
+                                cudaFuncAttributeMaxDynamicSharedMemorySize, 107568);
   if (mg_err != cudaSuccess) return mg_err;
   mg_err = cudaFuncSetAttribute((const void*)mg_k3_mirage_mqa_decode_h8x32x128_h8x128x4096_h8x4096x128_to_h8x32x128,
                                 cudaFuncAttributeMaxDynamicSharedMemorySize, 201792);
@@ -920,16 +904,16 @@ extern "C" cudaError_t mirage_mqa_decode_h8x32x128_h8x128x4096_h8x4096x128_to_h8
     {
       const cuuint64_t mg_dims[] = {128, 32, 8};
       const cuuint64_t mg_strides[] = {256, 8192};
-      const cuuint32_t mg_box[] = {16, 32, 1};
+      const cuuint32_t mg_box[] = {32, 32, 1};
       mg_err = mg_encode_tmap_mirage_mqa_decode_h8x32x128_h8x128x4096_h8x4096x128_to_h8x32x128(&mg_a3, mg_in0_Q, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 3,
-                                mg_dims, mg_strides, mg_box, CU_TENSOR_MAP_SWIZZLE_32B);
+                                mg_dims, mg_strides, mg_box, CU_TENSOR_MAP_SWIZZLE_64B);
       if (mg_err != cudaSuccess) return mg_err;
     }
     mg_tmap mg_a4;
     {
       const cuuint64_t mg_dims[] = {4096, 128, 8};
       const cuuint64_t mg_strides[] = {8192, 1048576};
-      const cuuint32_t mg_box[] = {64, 16, 1};
+      const cuuint32_t mg_box[] = {64, 32, 1};
       mg_err = mg_encode_tmap_mirage_mqa_decode_h8x32x128_h8x128x4096_h8x4096x128_to_h8x32x128(&mg_a4, mg_in1_K, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 3,
                                 mg_dims, mg_strides, mg_box, CU_TENSOR_MAP_SWIZZLE_128B);
       if (mg_err != cudaSuccess) return mg_err;
@@ -938,7 +922,7 @@ extern "C" cudaError_t mirage_mqa_decode_h8x32x128_h8x128x4096_h8x4096x128_to_h8
     cudaLaunchConfig_t mg_cfg = {};
     mg_cfg.gridDim = dim3(16, 1, 8);
     mg_cfg.blockDim = dim3(128);
-    mg_cfg.dynamicSmemBytes = 89152;
+    mg_cfg.dynamicSmemBytes = 107568;
     mg_cfg.stream = mg_stream;
     mg_cfg.attrs = mg_pdl;
     mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;

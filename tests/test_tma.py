@@ -276,3 +276,27 @@ def test_back_to_back_calls_read_the_previous_output_after_it_is_written() -> No
         dev.free(z2)
         dev.free(ws)
         first.free(a)
+
+
+def test_boxes_of_32_byte_rows_are_priced_slower(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The profile's ``narrow_box_slowdown`` (the Llama layer's projections, perf-log
+    v39): a plan with a box of 32-byte rows streams its loop inputs that much slower."""
+    from mirage_cli.search import cost
+
+    g = _fused("gated_mlp_fused", 8)
+    (op,) = [o for o in g.ops if o.block is not None]
+    assert op.block is not None
+    types, p = g.tensor_types(), cost.profile()
+    plan = plan_kernel(op.block, types, "sm_90", Knobs())
+    facts = cost._facts(op.block, plan)
+    assert facts.bulk and not facts.narrow  # 64-byte boxes
+    narrow_plan = dataclasses.replace(plan, tiles=tuple(
+        dataclasses.replace(t, swizzle=32) if t.swizzle else t for t in plan.tiles))
+    assert cost._facts(op.block, narrow_plan).narrow
+    assert p.narrow_box_slowdown and p.narrow_box_slowdown > 1
+    wide = cost._kernel_cost(op, types, p)
+    monkeypatch.setattr(cost, "_plan_facts",
+                        lambda *a, **k: dataclasses.replace(facts, narrow=True))
+    slow = cost._kernel_cost(op, types, p)
+    assert slow.stream_us > wide.stream_us
+    assert slow.dram_us == wide.dram_us and slow.l2_us == wide.l2_us  # same bytes

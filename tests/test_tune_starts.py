@@ -27,14 +27,25 @@ def _design(stem: str, batch: int = 8):  # type: ignore[no-untyped-def]
 
 def test_rebalanced_starts_keep_the_block_count() -> None:
     program, design = _design("qknorm_gqa")
-    starts = tuner.starts(program, design)
-    assert len(starts) == 1 + tuner.REBALANCED_STARTS
-    assert len(set(starts)) == len(starts)
+    every = tuner.starts(program, design)
+    assert len(set(every)) == len(every)
+    starts = every[:1 + tuner.REBALANCED_STARTS]
     for k in range(len(starts[0])):
         grids = [s[k][0] for s in starts]
         assert len({prod(g) for g in grids}) == 1
         # Each start spreads the blocks more evenly: the largest axis shrinks.
         assert [max(g) for g in grids] == sorted((max(g) for g in grids), reverse=True)
+
+
+def test_the_last_start_has_looping_grids_on_half_the_sms() -> None:
+    program, design = _design("rmsnorm_linear")
+    every = tuner.starts(program, design)
+    first, halved = every[0], every[-1]
+    assert halved == tuner._halved(first, design) != first
+    half = cost.profile().num_sms // 2
+    for (grid, forloop), (grid0, forloop0) in zip(halved, first):
+        assert prod(grid) <= half < prod(grid0) and forloop == forloop0
+        assert all(b % a == 0 for a, b in zip(grid, grid0))
 
 
 def test_a_one_axis_grid_has_one_start() -> None:

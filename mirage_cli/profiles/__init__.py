@@ -19,7 +19,8 @@ absent), ``mma_flops`` (``peak_flops`` when absent), ``mem_util_exp`` and
 ``bulk_stream_bw`` (``block_stream_bw`` when absent), ``bulk_l2_bw`` (``l2_bw`` when
 absent), ``bulk_mem_util_exp`` (``mem_util_exp`` when absent), ``simt_slowdown`` (1 when absent),
 ``chain_mma_flops`` (``mma_flops`` when absent), ``chain_wgmma_flops``
-(``chain_mma_flops`` when absent; see :class:`Profile`); and ``fit``: the coefficients
+(``chain_mma_flops`` when absent), ``narrow_box_slowdown`` (1 when absent; see
+:class:`Profile`); and ``fit``: the coefficients
 of the model's terms (``stream``, ``sync``, ``launch``, ``const_us``), 1/1/1/0 when unfitted.
 """
 
@@ -99,6 +100,10 @@ class Profile:
     # wgmma=1) and whose loop is the chain alone (no side work, such as qknorm_gqa's
     # key norms, which wgmma does not speed up); chain_mma_flops when absent.
     chain_wgmma_flops: float | None = None
+    # A kernel whose plan brings a loop input by bulk tensor copies in boxes of 32-byte
+    # rows (the narrowest swizzle) streams this many times slower than in wider boxes
+    # of the same bytes on as many blocks; 1 when absent.
+    narrow_box_slowdown: float | None = None
     fit: dict[str, float] = field(default_factory=lambda: {"stream": 1.0, "sync": 1.0,
                                                            "launch": 1.0, "const_us": 0.0})
     extra: dict[str, Any] = field(default_factory=dict)  # other recorded figures
@@ -151,6 +156,7 @@ _OPTIONAL: dict[str, tuple[Callable[[Any], bool], str]] = {
     "simt_slowdown": (lambda v: _pos(v) and v >= 1, ">= 1"),
     "chain_mma_flops": (lambda v: _pos(v), "> 0"),
     "chain_wgmma_flops": (lambda v: _pos(v), "> 0"),
+    "narrow_box_slowdown": (lambda v: _pos(v) and v >= 1, ">= 1"),
 }
 
 

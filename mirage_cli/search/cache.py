@@ -109,8 +109,10 @@ def cache_dir() -> Path:
 # reading a joined concatenation takes its other loop inputs by bulk copies, which the
 # model prices at the bulk-copy rates; 44: a concatenation along the last dimension
 # whose first part's rows are not whole chunks (a transposed key cache) is joined
-# shifted when a chain reads it as its key operand, and costs nothing.
-SEARCH_REVISION = 44
+# shifted when a chain reads it as its key operand, and costs nothing; 45: boxes of
+# 32-byte rows are priced slower (the profile's narrow_box_slowdown) and the tuner
+# also descends from each looping grid halved to half the SMs' blocks.
+SEARCH_REVISION = 45
 
 
 def program_hash(program: Graph) -> str:

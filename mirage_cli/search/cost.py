@@ -168,6 +168,8 @@ class PlanFacts:
     # The chain's matmuls run as wgmma (knob wgmma=1) and its loop does nothing else
     # (no side work, chainplan.side_work).
     wgmma: bool = False
+    # A loop input comes by bulk copies in boxes of 32-byte rows (the narrowest swizzle).
+    narrow: bool = False
     violation: str = ""
 
 
@@ -215,7 +217,13 @@ def _facts(bg: BlockGraph, plan: KernelPlan) -> PlanFacts:
     bulk = any(t.swizzle for t in plan.tiles)
     return PlanFacts(plan.smem_bytes, plan.threads, k.ksplit or 1, k.stages or 1, scalar,
                      bulk, k.chain == 1, _gathered_mmas(bg, plan),
-                     wgmma=k.wgmma == 1 and not _side_work(bg, plan.threads))
+                     wgmma=k.wgmma == 1 and not _side_work(bg, plan.threads),
+                     narrow=any(t.swizzle == NARROW_SWIZZLE for t in plan.tiles))
+
+
+# The narrowest swizzle span (bytes of a bulk-copy box's row): see the profile's
+# ``narrow_box_slowdown``.
+NARROW_SWIZZLE = 32
 
 
 def _side_work(bg: BlockGraph, threads: int) -> bool:
@@ -322,8 +330,13 @@ def _kernel_cost(op: KernelOp, types: dict[str, TensorType], p: Profile,
     # compute scales with the SMs it occupies.
     mem_util = util ** (util_exp if util_exp is not None else 1.0)
     forloop = op.block.forloop // ksplit if op.block is not None else 4
-    scalar = slow if facts.scalar and forloop > 1 else 1.0
-    mem_s, comp_s = max(d_s, l_s) * scalar / mem_util, c_s / util
+    copy_slow = slow if facts.scalar and forloop > 1 else 1.0
+    # Boxes of 32-byte rows stream slower than wider ones of the same bytes: the Llama
+    # layer's gate/up projection at batch 1 ran 72.5 us in them, at batch 8 60.5 in
+    # 64-byte boxes, the same weight on as many blocks (docs/perf-log.md v39).
+    if facts.narrow and p.narrow_box_slowdown:
+        copy_slow *= p.narrow_box_slowdown
+    mem_s, comp_s = max(d_s, l_s) * copy_slow / mem_util, c_s / util
     # Blocks resident on one SM: bounded by threads and by shared memory per SM.
     per_sm = 1
     if threads:
@@ -331,7 +344,7 @@ def _kernel_cost(op: KernelOp, types: dict[str, TensorType], p: Profile,
                             p.smem_per_sm // max(plan_smem, 1), 32))
     if p.block_stream_bw:
         rate = (p.bulk_stream_bw or p.block_stream_bw) if facts.bulk else p.block_stream_bw
-        mem_s = max(mem_s, _block_rounds_s(k_dram * scalar, blocks, per_sm, p, rate))
+        mem_s = max(mem_s, _block_rounds_s(k_dram * copy_slow, blocks, per_sm, p, rate))
     bound_s = max(mem_s, comp_s)
     # Waves count rounds of one block per SM, whatever the occupancy: on an H200 a
     # second resident block did not double a streaming kernel's rate

@@ -203,12 +203,14 @@ REBALANCED_STARTS = 2
 
 def starts(target: Graph, design: Design) -> list[Tuning]:
     """The tunings the descent starts from: :func:`start`, then the same with its
-    blocks spread more evenly over the grid axes. The model's time is not convex in
-    the sizes (a plan's threads, homes and stages change with the tiles), so one
-    descent can stop far from the best: qknorm_gqa at batch 8 stopped at grid
-    (4, 4, 32) x 8 iterations, predicted 85.1 µs, while starting from (8, 4, 8) reached
-    (16, 2, 4) x 16, predicted 67.8 (docs/perf-log.md v20)."""
+    blocks spread more evenly over the grid axes, then (:func:`_halved`) with its
+    looping grids on at most half the SMs. The model's time is not convex in the sizes
+    (a plan's threads, homes and stages change with the tiles), so one descent can stop
+    far from the best: qknorm_gqa at batch 8 stopped at grid (4, 4, 32) x 8 iterations,
+    predicted 85.1 µs, while starting from (8, 4, 8) reached (16, 2, 4) x 16, predicted
+    67.8 (docs/perf-log.md v20)."""
     first = start(target, design)
+    halved = _halved(first, design)
     out = [first]
     steps = custom_steps(design)
     current = first
@@ -219,7 +221,27 @@ def starts(target: Graph, design: Design) -> list[Tuning]:
             break
         out.append(moved)
         current = moved
-    return out
+    return out + ([halved] if halved not in out else [])
+
+
+def _halved(first: Tuning, design: Design) -> Tuning:
+    """``first`` with the grid of each looping kernel halved along its largest split
+    axis (keeping 2 blocks on each) until it has at most half the SMs' blocks, where
+    the planner splits the loop over a cluster of two (``knobranges.default_ksplit``).
+    The Llama layer's gate/up projection measured 60.5 µs so (64 blocks x 2, 64-byte
+    boxes); the descent from a grid that fills the SMs (256 blocks) stopped at 112 or
+    224 once boxes of 32-byte rows were priced slower (docs/perf-log.md v39)."""
+    half = max(profile().num_sms // 2, 1)
+    out: list[tuple[tuple[int, int, int], int]] = []
+    for (grid, forloop), step in zip(first, custom_steps(design)):
+        g = list(grid)
+        while step.looped and step.axes and g[0] * g[1] * g[2] > half:
+            a = max(range(step.axes), key=lambda i: (g[i], -i))
+            if g[a] < 4:
+                break
+            g[a] //= 2
+        out.append(((g[0], g[1], g[2]), forloop))
+    return tuple(out)
 
 
 def _rebalanced(grid: tuple[int, int, int], axes: int) -> tuple[int, int, int]:
