@@ -158,6 +158,28 @@ def test_a_shifted_join_needs_a_chain_reading_it_as_its_key_operand() -> None:
         raise AssertionError("a shifted tile added element by element was planned")
 
 
+def test_a_reader_that_refuses_a_shifted_join_keeps_its_other_joins() -> None:
+    # A bias of 255 + 1 columns (a shifted join's candidate) added to the scores
+    # element by element: the chain cannot gather it, but still reads its values joined.
+    b = GraphBuilder("shifted_bias")
+    q, kk = b.input("Q", (8, 16, 64), "f16"), b.input("K", (8, 64, 256), "f16")
+    v = b.op("concat", b.input("VC", (8, 255, 64), "f16"), b.input("V0", (8, 1, 64), "f16"),
+             dim=1)
+    c = b.op("concat", b.input("CA", (8, 1, 255), "f16"), b.input("CB", (8, 1, 1), "f16"),
+             dim=2)
+    k = b.custom((8, 1, 1), 64, 4)
+    qt, kt = k.load(q, (0, None, None)), k.load(kk, (0, None, None), 2)
+    vt, ct = k.load(v, (0, None, None), 1), k.load(c, (0, None, None), 2)
+    x = k.op("add", k.op("matmul", qt, kt), ct)
+    e = k.op("exp", k.op("sub", x, k.op("acc_max_ld", x)))
+    o = k.op("acc_sum", k.op("matmul", e, vt))
+    (r,) = k.finish([(k.op("div", o, k.op("acc_sum_ld", e)), "O", (0, None, None))])
+    b.output(r)
+    g = b.build()
+    assert candidate(g.ops[1], g.tensor_types()) == Join(("CA", "CB"), 256, 255, 8)
+    assert set(joins(g)) == {v}
+
+
 def test_a_chains_other_loop_inputs_still_come_by_bulk_copies() -> None:
     g = joined_beside_bulk()
     kop = g.ops[-1]

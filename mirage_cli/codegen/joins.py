@@ -23,7 +23,9 @@ A concatenation is joined when
   more than the row's) and finds an element at its row's shift; the second part's
   columns it reads from global memory. Only a matmul chain's key operand reads such a
   tile (``mma.b_path`` "gather", :mod:`chain`); another reader keeps the copy;
-- every reader still plans with it joined (the staged tile fits shared memory).
+- every reader still plans with it joined (the staged tile fits shared memory); a
+  reader that plans with its other joins but not with its shifted ones keeps only
+  the shifted ones copies.
 
 The lowering (:mod:`.lower`), the launch levels (:mod:`.grouping`) and the cost model
 (:mod:`mirage_cli.search.cost`) read :func:`joins`, so the model never prices a copy
@@ -117,10 +119,12 @@ def joins(g: Graph, arch: str = DEFAULT_ARCH) -> dict[str, Join]:
             if not mine or op.block is None:
                 continue
             used = tuple(sorted((n, types[n]) for n in {*op.inputs, *(v.name for v in op.outputs)}))
-            if not _plans(op.block, used, arch,
-                          op.plan.knobs if op.plan is not None else Knobs(), mine,
-                          shifted_names(found, mine)):
-                for n in mine:
+            pins = op.plan.knobs if op.plan is not None else Knobs()
+            shift = shifted_names(found, mine)
+            if not _plans(op.block, used, arch, pins, mine, shift):
+                # The shifted ones alone, where the reader plans with the others.
+                alone = shift and _plans(op.block, used, arch, pins, mine - shift, frozenset())
+                for n in shift if alone else mine:
                     del found[n]
                 changed = True
     return found

@@ -111,8 +111,9 @@ def cache_dir() -> Path:
 # whose first part's rows are not whole chunks (a transposed key cache) is joined
 # shifted when a chain reads it as its key operand, and costs nothing; 45: boxes of
 # 32-byte rows are priced slower (the profile's narrow_box_slowdown) and the tuner
-# also descends from each looping grid halved to half the SMs' blocks.
-SEARCH_REVISION = 45
+# also descends from each looping grid halved to half the SMs' blocks; 46: a reader
+# that refuses a shifted join keeps its other joins.
+SEARCH_REVISION = 46
 
 
 def program_hash(program: Graph) -> str:
