@@ -33,7 +33,7 @@ def lower_custom(kop: KernelOp, name: str, dev_types: dict[str, TensorType],
     pins = kop.plan.knobs if kop.plan is not None else Knobs()
     mine = {n: j for n, j in (joins or {}).items() if n in kop.inputs}
     plan = located_plan(kop, dev_types, target, pins, frozenset(mine),
-                        shifted_names(mine, frozenset(mine)))
+                        shifted_names(mine))
     if mine:  # only the loop kernel's staging reads a joined concatenation's parts
         return FusedKernel(kop.block, plan, name, dev_types, early, mine).lower()
     if plan.tiles and all(t.home == "regs" for t in plan.tiles):

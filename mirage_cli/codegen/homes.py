@@ -72,12 +72,10 @@ def homes(a: Analysis, dev: Mapping[str, TensorType], k: Knobs,
 
 
 def shifted_pitch(t: TensorType, pad: bool) -> int:
-    """Elements per shared-memory row of a shifted join's tile: its row and one chunk
-    (the row starts anywhere in its first chunk), an odd number of chunks when padded
-    (:func:`smemplan.pitch_of`)."""
+    """Elements per shared-memory row of a shifted join's tile: the pitch of a row one
+    chunk longer (the row starts anywhere in its first chunk)."""
     chunk = VEC_BYTES // t.dtype.nbytes
-    n = t.shape[-1] + chunk
-    return n + chunk if pad and (n // chunk) % 2 == 0 else n
+    return pitch_of(TensorType(t.shape[:-1] + (t.shape[-1] + chunk,), t.dtype), pad)
 
 
 def _scaled(name: str, a: Analysis, tiles: Mapping[str, TileDraft], k: Knobs) -> bool:

@@ -35,7 +35,7 @@ that is not made.
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from mirage_cli import ops
@@ -89,9 +89,11 @@ def candidate(op: KernelOp, types: dict[str, TensorType]) -> Join | None:
     return None
 
 
-def shifted_names(found: Mapping[str, Join], names: frozenset[str]) -> frozenset[str]:
-    """Those of ``names`` that are shifted joins in ``found``."""
-    return frozenset(n for n in names if n in found and found[n].shifted)
+def shifted_names(found: Mapping[str, Join], names: Iterable[str] | None = None
+                  ) -> frozenset[str]:
+    """Those of ``names`` (default: all of ``found``) that are shifted joins in ``found``."""
+    return frozenset(n for n in (found if names is None else names)
+                     if n in found and found[n].shifted)
 
 
 def joins(g: Graph, arch: str = DEFAULT_ARCH) -> dict[str, Join]:
