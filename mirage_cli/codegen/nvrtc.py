@@ -87,7 +87,7 @@ def compile_cuda(source: str, filename: str, arch: str = "sm_90",
             raise _compile_error(log, filename, source)
         err, size = nv.nvrtcGetCUBINSize(prog)
         _check(nv, err, "nvrtcGetCUBINSize")
-        buf = b" " * size
+        buf = bytearray(size)
         (err,) = nv.nvrtcGetCUBIN(prog, buf)
         _check(nv, err, "nvrtcGetCUBIN")
         return Compiled(bytes(buf), log, parse_resources(log))
@@ -98,7 +98,10 @@ def compile_cuda(source: str, filename: str, arch: str = "sm_90",
 def _log(nv: Any, prog: Any) -> str:
     err, size = nv.nvrtcGetProgramLogSize(prog)
     _check(nv, err, "nvrtcGetProgramLogSize")
-    buf = b" " * size
+    # NVRTC writes into the buffer: a bytearray, never a bytes object. ``b" " * 1`` is
+    # CPython's shared one-byte b" ", and an empty log's NUL written into it turned
+    # every later decoded space into "\0" (PyTorch then failed to import in `bench`).
+    buf = bytearray(size)
     nv.nvrtcGetProgramLog(prog, buf)
     return buf.rstrip(b"\x00").decode(errors="replace")
 
