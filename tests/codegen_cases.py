@@ -246,22 +246,28 @@ def joined_beside_bulk() -> Graph:
     return _online_softmax_times(b, k, x, vt)
 
 
-def shifted_key_join() -> Graph:
-    """A key cache of 255 columns and the new key's column, joined along the keys
-    (codegen/joins.py, shifted): the cache's rows start anywhere in a 16-byte chunk (row
-    q at element 255 q), the last iteration's tile holds the new column, which the
-    chain reads from its own tensor (computed by the kernel before)."""
+def shifted_key_join(keys: int = 256) -> Graph:
+    """A key cache of ``keys`` - 1 columns and the new key's column, joined along the
+    keys (codegen/joins.py, shifted): the cache's rows start anywhere in a 16-byte chunk
+    (row q at element (keys - 1) q), the last iteration's tile holds the new column,
+    which the chain reads from its own tensor (computed by the kernel before)."""
     b = GraphBuilder("shifted_key_join")
     q = b.input("Q", (2, 16, 64), "f16")
-    kc, kn = b.input("KC", (2, 64, 255), "f16"), b.input("KN", (2, 64, 1), "f16")
+    kc, kn = b.input("KC", (2, 64, keys - 1), "f16"), b.input("KN", (2, 64, 1), "f16")
     kk = b.op("concat", kc, b.op("exp", kn), dim=2)
-    v = b.input("V", (2, 256, 64), "f16")
+    v = b.input("V", (2, keys, 64), "f16")
     k = b.custom((2, 1, 1), 64, 4)
     qt = k.load(q, (0, None, None))          # (1, 16, 64)
     kt = k.load(kk, (0, None, None), 2)      # (1, 64, 64)
     vt = k.load(v, (0, None, None), 1)       # (1, 64, 64)
     x = k.op("mul_scalar", k.op("matmul", qt, kt), scalar=0.125)
     return _online_softmax_times(b, k, x, vt)
+
+
+def shifted_key_join_long() -> Graph:
+    """:func:`shifted_key_join` over 1024 keys: tiles of 256 columns, whose gather eight
+    warps share (the planner's GATHER_WARPS_FACTOR)."""
+    return shifted_key_join(1024)
 
 
 def single_buffer_unaligned() -> Graph:
@@ -581,5 +587,5 @@ CASES: dict[str, Callable[[], Graph]] = {f.__name__: f for f in (
     short_rows_online_chain, short_rows_chain_batched, short_rows_chain_4d,
     rmsnorm_linear_small, weighted_norm_uneven_tiles, two_row_tiles, bf16_kernel_ops, f32_block_ops, big_tiles_scratch, passthrough,
     reshape_aliases, grouped_launches, joined_concats, joined_beside_bulk,
-    shifted_key_join,
+    shifted_key_join, shifted_key_join_long,
     single_buffer_unaligned, warp_reductions, divide_by_mean, mma_odd_shapes, kernel_matmuls)}

@@ -130,6 +130,27 @@ def test_a_key_cache_of_odd_rows_is_joined_shifted_and_gathered() -> None:
     assert [i for i, c in enumerate(kernel_costs(g)) if c == NOT_LAUNCHED] == [1]
 
 
+def test_a_chain_that_gathers_its_key_operand_gets_four_times_the_warps() -> None:
+    # 1024 keys: tiles of 256 columns, which eight warps share; 256 keys: tiles of 64,
+    # for which 256 threads are not legal, and the planner takes twice the warps.
+    for keys, threads in ((1024, 256), (256, 128)):
+        g = shifted_key_join(keys)
+        found = frozenset(joins(g))
+        kop = g.ops[-1]
+        assert kop.block is not None
+        types = g.tensor_types()
+        copied = plan_kernel(kop.block, types, "sm_90")  # the keys a tensor of their own
+        assert copied.threads == 64
+        assert {m.b_path for m in copied.mmas} == {"ldmatrix.trans"}
+        gathers = plan_kernel(kop.block, types, "sm_90", joined=found, shifted=found)
+        assert gathers.threads == gathers.knobs.threads == threads, keys
+        assert {(m.b_path, m.kwarps) for m in gathers.mmas} == {
+            ("gather", threads // 32), ("ldmatrix.trans", threads // 32)}
+        # Pinned threads are the user's: kept.
+        pinned = plan_kernel(kop.block, types, "sm_90", Knobs(threads=64), found, found)
+        assert pinned.threads == 64 and "gather" in {m.b_path for m in pinned.mmas}
+
+
 def test_a_shifted_tile_is_copied_by_covering_chunks_and_read_at_its_shifts() -> None:
     prog = lower(shifted_key_join())
     assert len(prog.kernels) == 2  # the exp and the chain: no copy

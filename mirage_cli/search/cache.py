@@ -112,8 +112,9 @@ def cache_dir() -> Path:
 # shifted when a chain reads it as its key operand, and costs nothing; 45: boxes of
 # 32-byte rows are priced slower (the profile's narrow_box_slowdown) and the tuner
 # also descends from each looping grid halved to half the SMs' blocks; 46: a reader
-# that refuses a shifted join keeps its other joins.
-SEARCH_REVISION = 46
+# that refuses a shifted join keeps its other joins; 47: a chain that gathers B1 from
+# a shifted join gets four times the default's warps.
+SEARCH_REVISION = 47
 
 
 def program_hash(program: Graph) -> str:
