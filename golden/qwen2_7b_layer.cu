@@ -27,7 +27,7 @@
 // output 1 'KE': bf16[1, 4, 1, 128]
 // output 2 'V4': bf16[1, 4, 1, 128]
 // kernel mg_k0_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [1, 1, 1], 256 threads, 0 B dynamic shared memory
-// kernel mg_k1_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [128, 1, 2], 128 threads, 87888 B dynamic shared memory
+// kernel mg_k1_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [128, 1, 2], 128 threads, 88960 B dynamic shared memory
 // kernel mg_k3_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [64, 1, 2], 128 threads, 13968 B dynamic shared memory
 // kernel mg_k4_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [4, 1, 1], 256 threads, 0 B dynamic shared memory
 // kernel mg_k10_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [1043, 1, 1], 256 threads, 0 B dynamic shared memory
@@ -38,13 +38,13 @@
 // kernel mg_k22_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [56, 1, 1], 256 threads, 0 B dynamic shared memory
 // kernel mg_k23_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [28, 1, 1], 256 threads, 0 B dynamic shared memory
 // kernel mg_k24_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [8, 4, 2], 256 threads, 96368 B dynamic shared memory
-// kernel mg_k26_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [64, 1, 2], 128 threads, 87888 B dynamic shared memory
+// kernel mg_k26_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [64, 1, 2], 128 threads, 88960 B dynamic shared memory
 // kernel mg_k27_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [2, 1, 1], 256 threads, 0 B dynamic shared memory
 // kernel mg_k28_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [1, 1, 1], 256 threads, 0 B dynamic shared memory
 // kernel mg_k29_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [296, 1, 1], 128 threads, 133744 B dynamic shared memory
 // kernel mg_k31_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [10, 1, 1], 256 threads, 0 B dynamic shared memory
 // kernel mg_k32_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [10, 1, 1], 256 threads, 0 B dynamic shared memory
-// kernel mg_k33_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [64, 1, 2], 256 threads, 175440 B dynamic shared memory
+// kernel mg_k33_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [64, 1, 2], 256 threads, 176512 B dynamic shared memory
 // kernel mg_k34_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [2, 1, 1], 256 threads, 0 B dynamic shared memory
 
 // The kernels use cp.async, bf16 conversions and mma.sync shapes of sm_80 and later:
@@ -474,6 +474,7 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(128, 1) m
     const mg_bf16* __restrict__ g0_p0,
     const mg_bf16* __restrict__ g0_p1,
     mg_bf16* __restrict__ g0_p2,
+    const __grid_constant__ mg_tmap g0_p3,
     const mg_bf16* __restrict__ g1_p0,
     const mg_bf16* __restrict__ g1_p1,
     mg_bf16* __restrict__ g1_p2) {
@@ -485,33 +486,41 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(128, 1) m
     (void)bx; (void)by; (void)bz;
     const unsigned mg_rank = blockIdx.z;
     const int mg_it0 = (int)mg_rank * 14;
-    extern __shared__ __align__(16) unsigned char mg_smem[];
+    extern __shared__ __align__(16) unsigned char mg_smem_raw[];
+    unsigned char* mg_smem = mg_smem_raw + ((1024u - (mg_smem_addr(mg_smem_raw) & 1023u)) & 1023u);
     const int base_a = 0;
     const int base_b = bx * 56;
-    unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 87872);
+    unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 87920);
     if (threadIdx.x < 4) mg_zero[threadIdx.x] = 0u;
-    mg_bf16* sm_a_0 = reinterpret_cast<mg_bf16*>(mg_smem + 0);
-    mg_bf16* sm_b_0 = reinterpret_cast<mg_bf16*>(mg_smem + 1632);
-    float* buf_s = reinterpret_cast<float*>(mg_smem + 87648);
-    int mg_so_b[7], mg_do_b[7];
-    #pragma unroll
-    for (int i = 0; i < 7; ++i) {
-      const int c3 = threadIdx.x + i * 128;
-      const int s4_0 = c3 / 7;
-      const int s4_1 = (c3) % 7;
-      mg_so_b[i] = s4_0 * 3584 + (s4_1 * 8);
-      mg_do_b[i] = s4_0 * 56 + (s4_1 * 8);
+    unsigned long long* mg_mbar = reinterpret_cast<unsigned long long*>(mg_smem + 87872);
+    if (threadIdx.x == 0) {
+      for (int s = 0; s < 6; ++s) mg_mbar_init(mg_mbar + s);
+      mg_mbar_fence_init();
     }
-    #pragma unroll
-    for (int i = 0; i < 7; ++i) mg_cp_async16((sm_b_0 + ((0) % 6) * 7168) + mg_do_b[i], g0_p1 + ((base_b + (mg_it0 + 0) * 458752)) + mg_so_b[i]);
-    #pragma unroll
-    for (int i = 0; i < 7; ++i) mg_cp_async16((sm_b_0 + ((1) % 6) * 7168) + mg_do_b[i], g0_p1 + ((base_b + (mg_it0 + 1) * 458752)) + mg_so_b[i]);
-    #pragma unroll
-    for (int i = 0; i < 7; ++i) mg_cp_async16((sm_b_0 + ((2) % 6) * 7168) + mg_do_b[i], g0_p1 + ((base_b + (mg_it0 + 2) * 458752)) + mg_so_b[i]);
-    #pragma unroll
-    for (int i = 0; i < 7; ++i) mg_cp_async16((sm_b_0 + ((3) % 6) * 7168) + mg_do_b[i], g0_p1 + ((base_b + (mg_it0 + 3) * 458752)) + mg_so_b[i]);
-    #pragma unroll
-    for (int i = 0; i < 7; ++i) mg_cp_async16((sm_b_0 + ((4) % 6) * 7168) + mg_do_b[i], g0_p1 + ((base_b + (mg_it0 + 4) * 458752)) + mg_so_b[i]);
+    __syncthreads();
+    mg_bf16* sm_a_0 = reinterpret_cast<mg_bf16*>(mg_smem + 86016);
+    mg_bf16* sm_b_0 = reinterpret_cast<mg_bf16*>(mg_smem + 0);
+    float* buf_s = reinterpret_cast<float*>(mg_smem + 87648);
+    if (threadIdx.x == 0) {
+      mg_mbar_arrive_expect(mg_mbar + ((0) % 6), 14336u);
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 7168)), &g0_p3, bx * 56, ((mg_it0 + 0)) * 128, mg_mbar + ((0) % 6));
+    }
+    if (threadIdx.x == 0) {
+      mg_mbar_arrive_expect(mg_mbar + ((1) % 6), 14336u);
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 7168)), &g0_p3, bx * 56, ((mg_it0 + 1)) * 128, mg_mbar + ((1) % 6));
+    }
+    if (threadIdx.x == 0) {
+      mg_mbar_arrive_expect(mg_mbar + ((2) % 6), 14336u);
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 7168)), &g0_p3, bx * 56, ((mg_it0 + 2)) * 128, mg_mbar + ((2) % 6));
+    }
+    if (threadIdx.x == 0) {
+      mg_mbar_arrive_expect(mg_mbar + ((3) % 6), 14336u);
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 7168)), &g0_p3, bx * 56, ((mg_it0 + 3)) * 128, mg_mbar + ((3) % 6));
+    }
+    if (threadIdx.x == 0) {
+      mg_mbar_arrive_expect(mg_mbar + ((4) % 6), 14336u);
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 7168)), &g0_p3, bx * 56, ((mg_it0 + 4)) * 128, mg_mbar + ((4) % 6));
+    }
     mg_grid_wait();
     mg_grid_release();
     for (int c1 = threadIdx.x; c1 < 16; c1 += 128) {
@@ -519,24 +528,24 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(128, 1) m
       mg_cp_async16((sm_a_0 + ((0) % 6) * 136) + ((s2_1 * 8)), g0_p0 + ((base_a + (mg_it0 + 0) * 128)) + ((s2_1 * 8)));
     }
     mg_cp_async_commit();
+    for (int c3 = threadIdx.x; c3 < 16; c3 += 128) {
+      const int s4_1 = c3;
+      mg_cp_async16((sm_a_0 + ((1) % 6) * 136) + ((s4_1 * 8)), g0_p0 + ((base_a + (mg_it0 + 1) * 128)) + ((s4_1 * 8)));
+    }
+    mg_cp_async_commit();
     for (int c5 = threadIdx.x; c5 < 16; c5 += 128) {
       const int s6_1 = c5;
-      mg_cp_async16((sm_a_0 + ((1) % 6) * 136) + ((s6_1 * 8)), g0_p0 + ((base_a + (mg_it0 + 1) * 128)) + ((s6_1 * 8)));
+      mg_cp_async16((sm_a_0 + ((2) % 6) * 136) + ((s6_1 * 8)), g0_p0 + ((base_a + (mg_it0 + 2) * 128)) + ((s6_1 * 8)));
     }
     mg_cp_async_commit();
     for (int c7 = threadIdx.x; c7 < 16; c7 += 128) {
       const int s8_1 = c7;
-      mg_cp_async16((sm_a_0 + ((2) % 6) * 136) + ((s8_1 * 8)), g0_p0 + ((base_a + (mg_it0 + 2) * 128)) + ((s8_1 * 8)));
+      mg_cp_async16((sm_a_0 + ((3) % 6) * 136) + ((s8_1 * 8)), g0_p0 + ((base_a + (mg_it0 + 3) * 128)) + ((s8_1 * 8)));
     }
     mg_cp_async_commit();
     for (int c9 = threadIdx.x; c9 < 16; c9 += 128) {
       const int s10_1 = c9;
-      mg_cp_async16((sm_a_0 + ((3) % 6) * 136) + ((s10_1 * 8)), g0_p0 + ((base_a + (mg_it0 + 3) * 128)) + ((s10_1 * 8)));
-    }
-    mg_cp_async_commit();
-    for (int c11 = threadIdx.x; c11 < 16; c11 += 128) {
-      const int s12_1 = c11;
-      mg_cp_async16((sm_a_0 + ((4) % 6) * 136) + ((s12_1 * 8)), g0_p0 + ((base_a + (mg_it0 + 4) * 128)) + ((s12_1 * 8)));
+      mg_cp_async16((sm_a_0 + ((4) % 6) * 136) + ((s10_1 * 8)), g0_p0 + ((base_a + (mg_it0 + 4) * 128)) + ((s10_1 * 8)));
     }
     mg_cp_async_commit();
     float acc_s[2][4];
@@ -544,16 +553,18 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(128, 1) m
     for (int j = 0; j < 2; ++j) acc_s[j][0] = acc_s[j][1] = acc_s[j][2] = acc_s[j][3] = 0.0f;
     for (int it = 0; it < 14; ++it) {
       const int off_a = base_a + (mg_it0 + it) * 128;
-      const int off_b = base_b + (mg_it0 + it) * 458752;
       mg_cp_async_wait<4>();
+      mg_mbar_wait(mg_mbar + (it % 6), (it / 6) & 1);
       __syncthreads();
       if (it + 5 < 14) {
-        for (int c13 = threadIdx.x; c13 < 16; c13 += 128) {
-          const int s14_1 = c13;
-          mg_cp_async16((sm_a_0 + (((it + 5)) % 6) * 136) + ((s14_1 * 8)), g0_p0 + ((off_a + 640)) + ((s14_1 * 8)));
+        for (int c11 = threadIdx.x; c11 < 16; c11 += 128) {
+          const int s12_1 = c11;
+          mg_cp_async16((sm_a_0 + (((it + 5)) % 6) * 136) + ((s12_1 * 8)), g0_p0 + ((off_a + 640)) + ((s12_1 * 8)));
         }
-        #pragma unroll
-        for (int i = 0; i < 7; ++i) mg_cp_async16((sm_b_0 + (((it + 5)) % 6) * 7168) + mg_do_b[i], g0_p1 + ((off_b + 2293760)) + mg_so_b[i]);
+        if (threadIdx.x == 0) {
+          mg_mbar_arrive_expect(mg_mbar + ((it + 5) % 6), 14336u);
+          mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 7168)), &g0_p3, bx * 56, ((mg_it0 + it + 5)) * 128, mg_mbar + ((it + 5) % 6));
+        }
       }
       mg_cp_async_commit();
       const auto* sm_a = (sm_a_0 + ((it) % 6) * 136);
@@ -581,7 +592,7 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(128, 1) m
           const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
           (void)mg_nb; (void)c0; (void)n0;
           unsigned rb0, rb1;
-          mg_ldsm_x2_t(rb0, rb1, (sm_b + ((kk + (mg_lane & 15)) * 56 + (mg_ni * 8))));
+          mg_ldsm_x2_t(rb0, rb1, (reinterpret_cast<const unsigned char*>(sm_b) + ((((kk + (mg_lane & 15)))) * 112 + (((mg_ni * 8)) * 2) % 112)));
           mg_mma_bf16(acc_s[j], ra0, ra1, ra2, ra3, rb0, rb1);
         }
       }
@@ -642,9 +653,9 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(128, 1) m
     mg_cluster_arrive();
     __syncthreads();
     buf_s = reinterpret_cast<float*>(mg_smem + 0);
-    for (int e15 = (int)mg_rank * 128 + (int)threadIdx.x; e15 < 7; e15 += 256) {
-      const int i16_1 = e15;
-      mg_st8(g0_p2 + (bx * 56 + (i16_1 * 8)), buf_s[((i16_1 * 8) + 0)], buf_s[((i16_1 * 8) + 1)], buf_s[((i16_1 * 8) + 2)], buf_s[((i16_1 * 8) + 3)], buf_s[((i16_1 * 8) + 4)], buf_s[((i16_1 * 8) + 5)], buf_s[((i16_1 * 8) + 6)], buf_s[((i16_1 * 8) + 7)]);
+    for (int e13 = (int)mg_rank * 128 + (int)threadIdx.x; e13 < 7; e13 += 256) {
+      const int i14_1 = e13;
+      mg_st8(g0_p2 + (bx * 56 + (i14_1 * 8)), buf_s[((i14_1 * 8) + 0)], buf_s[((i14_1 * 8) + 1)], buf_s[((i14_1 * 8) + 2)], buf_s[((i14_1 * 8) + 3)], buf_s[((i14_1 * 8) + 4)], buf_s[((i14_1 * 8) + 5)], buf_s[((i14_1 * 8) + 6)], buf_s[((i14_1 * 8) + 7)]);
     }
     mg_cluster_wait();
   } else if (blockIdx.x < 128u) {
@@ -1937,38 +1948,47 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(256, 1) m
 extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(128, 1) mg_k26_mirage_qwen2_7b_layer_cc9a7bb5bfd5(
     const mg_bf16* __restrict__ p0,
     const mg_bf16* __restrict__ p1,
-    mg_bf16* __restrict__ p2) {
+    mg_bf16* __restrict__ p2,
+    const __grid_constant__ mg_tmap p3) {
   const int bx = blockIdx.x, by = blockIdx.y, bz = 0;
   (void)bx; (void)by; (void)bz;
   const unsigned mg_rank = blockIdx.z;
   const int mg_it0 = (int)mg_rank * 14;
-  extern __shared__ __align__(16) unsigned char mg_smem[];
+  extern __shared__ __align__(16) unsigned char mg_smem_raw[];
+  unsigned char* mg_smem = mg_smem_raw + ((1024u - (mg_smem_addr(mg_smem_raw) & 1023u)) & 1023u);
   const int base_a = 0;
   const int base_b = bx * 56;
-  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 87872);
+  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 87920);
   if (threadIdx.x < 4) mg_zero[threadIdx.x] = 0u;
-  mg_bf16* sm_a_0 = reinterpret_cast<mg_bf16*>(mg_smem + 0);
-  mg_bf16* sm_b_0 = reinterpret_cast<mg_bf16*>(mg_smem + 1632);
-  float* buf_s = reinterpret_cast<float*>(mg_smem + 87648);
-  int mg_so_b[7], mg_do_b[7];
-  #pragma unroll
-  for (int i = 0; i < 7; ++i) {
-    const int c3 = threadIdx.x + i * 128;
-    const int s4_0 = c3 / 7;
-    const int s4_1 = (c3) % 7;
-    mg_so_b[i] = s4_0 * 3584 + (s4_1 * 8);
-    mg_do_b[i] = s4_0 * 56 + (s4_1 * 8);
+  unsigned long long* mg_mbar = reinterpret_cast<unsigned long long*>(mg_smem + 87872);
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < 6; ++s) mg_mbar_init(mg_mbar + s);
+    mg_mbar_fence_init();
   }
-  #pragma unroll
-  for (int i = 0; i < 7; ++i) mg_cp_async16((sm_b_0 + ((0) % 6) * 7168) + mg_do_b[i], p1 + ((base_b + (mg_it0 + 0) * 458752)) + mg_so_b[i]);
-  #pragma unroll
-  for (int i = 0; i < 7; ++i) mg_cp_async16((sm_b_0 + ((1) % 6) * 7168) + mg_do_b[i], p1 + ((base_b + (mg_it0 + 1) * 458752)) + mg_so_b[i]);
-  #pragma unroll
-  for (int i = 0; i < 7; ++i) mg_cp_async16((sm_b_0 + ((2) % 6) * 7168) + mg_do_b[i], p1 + ((base_b + (mg_it0 + 2) * 458752)) + mg_so_b[i]);
-  #pragma unroll
-  for (int i = 0; i < 7; ++i) mg_cp_async16((sm_b_0 + ((3) % 6) * 7168) + mg_do_b[i], p1 + ((base_b + (mg_it0 + 3) * 458752)) + mg_so_b[i]);
-  #pragma unroll
-  for (int i = 0; i < 7; ++i) mg_cp_async16((sm_b_0 + ((4) % 6) * 7168) + mg_do_b[i], p1 + ((base_b + (mg_it0 + 4) * 458752)) + mg_so_b[i]);
+  __syncthreads();
+  mg_bf16* sm_a_0 = reinterpret_cast<mg_bf16*>(mg_smem + 86016);
+  mg_bf16* sm_b_0 = reinterpret_cast<mg_bf16*>(mg_smem + 0);
+  float* buf_s = reinterpret_cast<float*>(mg_smem + 87648);
+  if (threadIdx.x == 0) {
+    mg_mbar_arrive_expect(mg_mbar + ((0) % 6), 14336u);
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 7168)), &p3, bx * 56, ((mg_it0 + 0)) * 128, mg_mbar + ((0) % 6));
+  }
+  if (threadIdx.x == 0) {
+    mg_mbar_arrive_expect(mg_mbar + ((1) % 6), 14336u);
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 7168)), &p3, bx * 56, ((mg_it0 + 1)) * 128, mg_mbar + ((1) % 6));
+  }
+  if (threadIdx.x == 0) {
+    mg_mbar_arrive_expect(mg_mbar + ((2) % 6), 14336u);
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 7168)), &p3, bx * 56, ((mg_it0 + 2)) * 128, mg_mbar + ((2) % 6));
+  }
+  if (threadIdx.x == 0) {
+    mg_mbar_arrive_expect(mg_mbar + ((3) % 6), 14336u);
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 7168)), &p3, bx * 56, ((mg_it0 + 3)) * 128, mg_mbar + ((3) % 6));
+  }
+  if (threadIdx.x == 0) {
+    mg_mbar_arrive_expect(mg_mbar + ((4) % 6), 14336u);
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 7168)), &p3, bx * 56, ((mg_it0 + 4)) * 128, mg_mbar + ((4) % 6));
+  }
   mg_grid_wait();
   mg_grid_release();
   for (int c1 = threadIdx.x; c1 < 16; c1 += 128) {
@@ -1976,24 +1996,24 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(128, 1) m
     mg_cp_async16((sm_a_0 + ((0) % 6) * 136) + ((s2_1 * 8)), p0 + ((base_a + (mg_it0 + 0) * 128)) + ((s2_1 * 8)));
   }
   mg_cp_async_commit();
+  for (int c3 = threadIdx.x; c3 < 16; c3 += 128) {
+    const int s4_1 = c3;
+    mg_cp_async16((sm_a_0 + ((1) % 6) * 136) + ((s4_1 * 8)), p0 + ((base_a + (mg_it0 + 1) * 128)) + ((s4_1 * 8)));
+  }
+  mg_cp_async_commit();
   for (int c5 = threadIdx.x; c5 < 16; c5 += 128) {
     const int s6_1 = c5;
-    mg_cp_async16((sm_a_0 + ((1) % 6) * 136) + ((s6_1 * 8)), p0 + ((base_a + (mg_it0 + 1) * 128)) + ((s6_1 * 8)));
+    mg_cp_async16((sm_a_0 + ((2) % 6) * 136) + ((s6_1 * 8)), p0 + ((base_a + (mg_it0 + 2) * 128)) + ((s6_1 * 8)));
   }
   mg_cp_async_commit();
   for (int c7 = threadIdx.x; c7 < 16; c7 += 128) {
     const int s8_1 = c7;
-    mg_cp_async16((sm_a_0 + ((2) % 6) * 136) + ((s8_1 * 8)), p0 + ((base_a + (mg_it0 + 2) * 128)) + ((s8_1 * 8)));
+    mg_cp_async16((sm_a_0 + ((3) % 6) * 136) + ((s8_1 * 8)), p0 + ((base_a + (mg_it0 + 3) * 128)) + ((s8_1 * 8)));
   }
   mg_cp_async_commit();
   for (int c9 = threadIdx.x; c9 < 16; c9 += 128) {
     const int s10_1 = c9;
-    mg_cp_async16((sm_a_0 + ((3) % 6) * 136) + ((s10_1 * 8)), p0 + ((base_a + (mg_it0 + 3) * 128)) + ((s10_1 * 8)));
-  }
-  mg_cp_async_commit();
-  for (int c11 = threadIdx.x; c11 < 16; c11 += 128) {
-    const int s12_1 = c11;
-    mg_cp_async16((sm_a_0 + ((4) % 6) * 136) + ((s12_1 * 8)), p0 + ((base_a + (mg_it0 + 4) * 128)) + ((s12_1 * 8)));
+    mg_cp_async16((sm_a_0 + ((4) % 6) * 136) + ((s10_1 * 8)), p0 + ((base_a + (mg_it0 + 4) * 128)) + ((s10_1 * 8)));
   }
   mg_cp_async_commit();
   float acc_s[2][4];
@@ -2001,16 +2021,18 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(128, 1) m
   for (int j = 0; j < 2; ++j) acc_s[j][0] = acc_s[j][1] = acc_s[j][2] = acc_s[j][3] = 0.0f;
   for (int it = 0; it < 14; ++it) {
     const int off_a = base_a + (mg_it0 + it) * 128;
-    const int off_b = base_b + (mg_it0 + it) * 458752;
     mg_cp_async_wait<4>();
+    mg_mbar_wait(mg_mbar + (it % 6), (it / 6) & 1);
     __syncthreads();
     if (it + 5 < 14) {
-      for (int c13 = threadIdx.x; c13 < 16; c13 += 128) {
-        const int s14_1 = c13;
-        mg_cp_async16((sm_a_0 + (((it + 5)) % 6) * 136) + ((s14_1 * 8)), p0 + ((off_a + 640)) + ((s14_1 * 8)));
+      for (int c11 = threadIdx.x; c11 < 16; c11 += 128) {
+        const int s12_1 = c11;
+        mg_cp_async16((sm_a_0 + (((it + 5)) % 6) * 136) + ((s12_1 * 8)), p0 + ((off_a + 640)) + ((s12_1 * 8)));
       }
-      #pragma unroll
-      for (int i = 0; i < 7; ++i) mg_cp_async16((sm_b_0 + (((it + 5)) % 6) * 7168) + mg_do_b[i], p1 + ((off_b + 2293760)) + mg_so_b[i]);
+      if (threadIdx.x == 0) {
+        mg_mbar_arrive_expect(mg_mbar + ((it + 5) % 6), 14336u);
+        mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 7168)), &p3, bx * 56, ((mg_it0 + it + 5)) * 128, mg_mbar + ((it + 5) % 6));
+      }
     }
     mg_cp_async_commit();
     const auto* sm_a = (sm_a_0 + ((it) % 6) * 136);
@@ -2038,7 +2060,7 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(128, 1) m
         const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
         (void)mg_nb; (void)c0; (void)n0;
         unsigned rb0, rb1;
-        mg_ldsm_x2_t(rb0, rb1, (sm_b + ((kk + (mg_lane & 15)) * 56 + (mg_ni * 8))));
+        mg_ldsm_x2_t(rb0, rb1, (reinterpret_cast<const unsigned char*>(sm_b) + ((((kk + (mg_lane & 15)))) * 112 + (((mg_ni * 8)) * 2) % 112)));
         mg_mma_bf16(acc_s[j], ra0, ra1, ra2, ra3, rb0, rb1);
       }
     }
@@ -2099,9 +2121,9 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(128, 1) m
   mg_cluster_arrive();
   __syncthreads();
   buf_s = reinterpret_cast<float*>(mg_smem + 0);
-  for (int e15 = (int)mg_rank * 128 + (int)threadIdx.x; e15 < 7; e15 += 256) {
-    const int i16_1 = e15;
-    mg_st8(p2 + (bx * 56 + (i16_1 * 8)), buf_s[((i16_1 * 8) + 0)], buf_s[((i16_1 * 8) + 1)], buf_s[((i16_1 * 8) + 2)], buf_s[((i16_1 * 8) + 3)], buf_s[((i16_1 * 8) + 4)], buf_s[((i16_1 * 8) + 5)], buf_s[((i16_1 * 8) + 6)], buf_s[((i16_1 * 8) + 7)]);
+  for (int e13 = (int)mg_rank * 128 + (int)threadIdx.x; e13 < 7; e13 += 256) {
+    const int i14_1 = e13;
+    mg_st8(p2 + (bx * 56 + (i14_1 * 8)), buf_s[((i14_1 * 8) + 0)], buf_s[((i14_1 * 8) + 1)], buf_s[((i14_1 * 8) + 2)], buf_s[((i14_1 * 8) + 3)], buf_s[((i14_1 * 8) + 4)], buf_s[((i14_1 * 8) + 5)], buf_s[((i14_1 * 8) + 6)], buf_s[((i14_1 * 8) + 7)]);
   }
   mg_cluster_wait();
 }
@@ -2509,38 +2531,47 @@ extern "C" __global__ void __launch_bounds__(256) mg_k32_mirage_qwen2_7b_layer_c
 extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(256, 1) mg_k33_mirage_qwen2_7b_layer_cc9a7bb5bfd5(
     const mg_bf16* __restrict__ p0,
     const mg_bf16* __restrict__ p1,
-    mg_bf16* __restrict__ p2) {
+    mg_bf16* __restrict__ p2,
+    const __grid_constant__ mg_tmap p3) {
   const int bx = blockIdx.x, by = blockIdx.y, bz = 0;
   (void)bx; (void)by; (void)bz;
   const unsigned mg_rank = blockIdx.z;
   const int mg_it0 = (int)mg_rank * 37;
-  extern __shared__ __align__(16) unsigned char mg_smem[];
+  extern __shared__ __align__(16) unsigned char mg_smem_raw[];
+  unsigned char* mg_smem = mg_smem_raw + ((1024u - (mg_smem_addr(mg_smem_raw) & 1023u)) & 1023u);
   const int base_a = 0;
   const int base_b = bx * 56;
-  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 175424);
+  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 175472);
   if (threadIdx.x < 4) mg_zero[threadIdx.x] = 0u;
-  mg_bf16* sm_a_0 = reinterpret_cast<mg_bf16*>(mg_smem + 0);
-  mg_bf16* sm_b_0 = reinterpret_cast<mg_bf16*>(mg_smem + 3168);
-  float* buf_s = reinterpret_cast<float*>(mg_smem + 175200);
-  int mg_so_b[7], mg_do_b[7];
-  #pragma unroll
-  for (int i = 0; i < 7; ++i) {
-    const int c3 = threadIdx.x + i * 256;
-    const int s4_0 = c3 / 7;
-    const int s4_1 = (c3) % 7;
-    mg_so_b[i] = s4_0 * 3584 + (s4_1 * 8);
-    mg_do_b[i] = s4_0 * 56 + (s4_1 * 8);
+  unsigned long long* mg_mbar = reinterpret_cast<unsigned long long*>(mg_smem + 175424);
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < 6; ++s) mg_mbar_init(mg_mbar + s);
+    mg_mbar_fence_init();
   }
-  #pragma unroll
-  for (int i = 0; i < 7; ++i) mg_cp_async16((sm_b_0 + ((0) % 6) * 14336) + mg_do_b[i], p1 + ((base_b + (mg_it0 + 0) * 917504)) + mg_so_b[i]);
-  #pragma unroll
-  for (int i = 0; i < 7; ++i) mg_cp_async16((sm_b_0 + ((1) % 6) * 14336) + mg_do_b[i], p1 + ((base_b + (mg_it0 + 1) * 917504)) + mg_so_b[i]);
-  #pragma unroll
-  for (int i = 0; i < 7; ++i) mg_cp_async16((sm_b_0 + ((2) % 6) * 14336) + mg_do_b[i], p1 + ((base_b + (mg_it0 + 2) * 917504)) + mg_so_b[i]);
-  #pragma unroll
-  for (int i = 0; i < 7; ++i) mg_cp_async16((sm_b_0 + ((3) % 6) * 14336) + mg_do_b[i], p1 + ((base_b + (mg_it0 + 3) * 917504)) + mg_so_b[i]);
-  #pragma unroll
-  for (int i = 0; i < 7; ++i) mg_cp_async16((sm_b_0 + ((4) % 6) * 14336) + mg_do_b[i], p1 + ((base_b + (mg_it0 + 4) * 917504)) + mg_so_b[i]);
+  __syncthreads();
+  mg_bf16* sm_a_0 = reinterpret_cast<mg_bf16*>(mg_smem + 172032);
+  mg_bf16* sm_b_0 = reinterpret_cast<mg_bf16*>(mg_smem + 0);
+  float* buf_s = reinterpret_cast<float*>(mg_smem + 175200);
+  if (threadIdx.x == 0) {
+    mg_mbar_arrive_expect(mg_mbar + ((0) % 6), 28672u);
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 14336)), &p3, bx * 56, ((mg_it0 + 0)) * 256, mg_mbar + ((0) % 6));
+  }
+  if (threadIdx.x == 0) {
+    mg_mbar_arrive_expect(mg_mbar + ((1) % 6), 28672u);
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 14336)), &p3, bx * 56, ((mg_it0 + 1)) * 256, mg_mbar + ((1) % 6));
+  }
+  if (threadIdx.x == 0) {
+    mg_mbar_arrive_expect(mg_mbar + ((2) % 6), 28672u);
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 14336)), &p3, bx * 56, ((mg_it0 + 2)) * 256, mg_mbar + ((2) % 6));
+  }
+  if (threadIdx.x == 0) {
+    mg_mbar_arrive_expect(mg_mbar + ((3) % 6), 28672u);
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 14336)), &p3, bx * 56, ((mg_it0 + 3)) * 256, mg_mbar + ((3) % 6));
+  }
+  if (threadIdx.x == 0) {
+    mg_mbar_arrive_expect(mg_mbar + ((4) % 6), 28672u);
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 14336)), &p3, bx * 56, ((mg_it0 + 4)) * 256, mg_mbar + ((4) % 6));
+  }
   mg_grid_wait();
   mg_grid_release();
   for (int c1 = threadIdx.x; c1 < 32; c1 += 256) {
@@ -2548,24 +2579,24 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(256, 1) m
     mg_cp_async16((sm_a_0 + ((0) % 6) * 264) + ((s2_1 * 8)), p0 + ((base_a + (mg_it0 + 0) * 256)) + ((s2_1 * 8)));
   }
   mg_cp_async_commit();
+  for (int c3 = threadIdx.x; c3 < 32; c3 += 256) {
+    const int s4_1 = c3;
+    mg_cp_async16((sm_a_0 + ((1) % 6) * 264) + ((s4_1 * 8)), p0 + ((base_a + (mg_it0 + 1) * 256)) + ((s4_1 * 8)));
+  }
+  mg_cp_async_commit();
   for (int c5 = threadIdx.x; c5 < 32; c5 += 256) {
     const int s6_1 = c5;
-    mg_cp_async16((sm_a_0 + ((1) % 6) * 264) + ((s6_1 * 8)), p0 + ((base_a + (mg_it0 + 1) * 256)) + ((s6_1 * 8)));
+    mg_cp_async16((sm_a_0 + ((2) % 6) * 264) + ((s6_1 * 8)), p0 + ((base_a + (mg_it0 + 2) * 256)) + ((s6_1 * 8)));
   }
   mg_cp_async_commit();
   for (int c7 = threadIdx.x; c7 < 32; c7 += 256) {
     const int s8_1 = c7;
-    mg_cp_async16((sm_a_0 + ((2) % 6) * 264) + ((s8_1 * 8)), p0 + ((base_a + (mg_it0 + 2) * 256)) + ((s8_1 * 8)));
+    mg_cp_async16((sm_a_0 + ((3) % 6) * 264) + ((s8_1 * 8)), p0 + ((base_a + (mg_it0 + 3) * 256)) + ((s8_1 * 8)));
   }
   mg_cp_async_commit();
   for (int c9 = threadIdx.x; c9 < 32; c9 += 256) {
     const int s10_1 = c9;
-    mg_cp_async16((sm_a_0 + ((3) % 6) * 264) + ((s10_1 * 8)), p0 + ((base_a + (mg_it0 + 3) * 256)) + ((s10_1 * 8)));
-  }
-  mg_cp_async_commit();
-  for (int c11 = threadIdx.x; c11 < 32; c11 += 256) {
-    const int s12_1 = c11;
-    mg_cp_async16((sm_a_0 + ((4) % 6) * 264) + ((s12_1 * 8)), p0 + ((base_a + (mg_it0 + 4) * 256)) + ((s12_1 * 8)));
+    mg_cp_async16((sm_a_0 + ((4) % 6) * 264) + ((s10_1 * 8)), p0 + ((base_a + (mg_it0 + 4) * 256)) + ((s10_1 * 8)));
   }
   mg_cp_async_commit();
   float acc_s[2][4];
@@ -2573,16 +2604,18 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(256, 1) m
   for (int j = 0; j < 2; ++j) acc_s[j][0] = acc_s[j][1] = acc_s[j][2] = acc_s[j][3] = 0.0f;
   for (int it = 0; it < 37; ++it) {
     const int off_a = base_a + (mg_it0 + it) * 256;
-    const int off_b = base_b + (mg_it0 + it) * 917504;
     mg_cp_async_wait<4>();
+    mg_mbar_wait(mg_mbar + (it % 6), (it / 6) & 1);
     __syncthreads();
     if (it + 5 < 37) {
-      for (int c13 = threadIdx.x; c13 < 32; c13 += 256) {
-        const int s14_1 = c13;
-        mg_cp_async16((sm_a_0 + (((it + 5)) % 6) * 264) + ((s14_1 * 8)), p0 + ((off_a + 1280)) + ((s14_1 * 8)));
+      for (int c11 = threadIdx.x; c11 < 32; c11 += 256) {
+        const int s12_1 = c11;
+        mg_cp_async16((sm_a_0 + (((it + 5)) % 6) * 264) + ((s12_1 * 8)), p0 + ((off_a + 1280)) + ((s12_1 * 8)));
       }
-      #pragma unroll
-      for (int i = 0; i < 7; ++i) mg_cp_async16((sm_b_0 + (((it + 5)) % 6) * 14336) + mg_do_b[i], p1 + ((off_b + 4587520)) + mg_so_b[i]);
+      if (threadIdx.x == 0) {
+        mg_mbar_arrive_expect(mg_mbar + ((it + 5) % 6), 28672u);
+        mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 14336)), &p3, bx * 56, ((mg_it0 + it + 5)) * 256, mg_mbar + ((it + 5) % 6));
+      }
     }
     mg_cp_async_commit();
     const auto* sm_a = (sm_a_0 + ((it) % 6) * 264);
@@ -2610,7 +2643,7 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(256, 1) m
         const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
         (void)mg_nb; (void)c0; (void)n0;
         unsigned rb0, rb1;
-        mg_ldsm_x2_t(rb0, rb1, (sm_b + ((kk + (mg_lane & 15)) * 56 + (mg_ni * 8))));
+        mg_ldsm_x2_t(rb0, rb1, (reinterpret_cast<const unsigned char*>(sm_b) + ((((kk + (mg_lane & 15)))) * 112 + (((mg_ni * 8)) * 2) % 112)));
         mg_mma_bf16(acc_s[j], ra0, ra1, ra2, ra3, rb0, rb1);
       }
     }
@@ -2692,9 +2725,9 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(256, 1) m
   mg_cluster_arrive();
   __syncthreads();
   buf_s = reinterpret_cast<float*>(mg_smem + 0);
-  for (int e15 = (int)mg_rank * 256 + (int)threadIdx.x; e15 < 7; e15 += 512) {
-    const int i16_1 = e15;
-    mg_st8(p2 + (bx * 56 + (i16_1 * 8)), buf_s[((i16_1 * 8) + 0)], buf_s[((i16_1 * 8) + 1)], buf_s[((i16_1 * 8) + 2)], buf_s[((i16_1 * 8) + 3)], buf_s[((i16_1 * 8) + 4)], buf_s[((i16_1 * 8) + 5)], buf_s[((i16_1 * 8) + 6)], buf_s[((i16_1 * 8) + 7)]);
+  for (int e13 = (int)mg_rank * 256 + (int)threadIdx.x; e13 < 7; e13 += 512) {
+    const int i14_1 = e13;
+    mg_st8(p2 + (bx * 56 + (i14_1 * 8)), buf_s[((i14_1 * 8) + 0)], buf_s[((i14_1 * 8) + 1)], buf_s[((i14_1 * 8) + 2)], buf_s[((i14_1 * 8) + 3)], buf_s[((i14_1 * 8) + 4)], buf_s[((i14_1 * 8) + 5)], buf_s[((i14_1 * 8) + 6)], buf_s[((i14_1 * 8) + 7)]);
   }
   mg_cluster_wait();
 }
@@ -2806,19 +2839,19 @@ static cudaError_t mg_prepare_mirage_qwen2_7b_layer_cc9a7bb5bfd5(int* mg_state) 
     if (*mg_state != 0) return cudaSuccess;
   }
   mg_err = cudaFuncSetAttribute((const void*)mg_k1_mirage_qwen2_7b_layer_cc9a7bb5bfd5,
-                                cudaFuncAttributeMaxDynamicSharedMemorySize, 87888);
+                                cudaFuncAttributeMaxDynamicSharedMemorySize, 88960);
   if (mg_err != cudaSuccess) return mg_err;
   mg_err = cudaFuncSetAttribute((const void*)mg_k24_mirage_qwen2_7b_layer_cc9a7bb5bfd5,
                                 cudaFuncAttributeMaxDynamicSharedMemorySize, 96368);
   if (mg_err != cudaSuccess) return mg_err;
   mg_err = cudaFuncSetAttribute((const void*)mg_k26_mirage_qwen2_7b_layer_cc9a7bb5bfd5,
-                                cudaFuncAttributeMaxDynamicSharedMemorySize, 87888);
+                                cudaFuncAttributeMaxDynamicSharedMemorySize, 88960);
   if (mg_err != cudaSuccess) return mg_err;
   mg_err = cudaFuncSetAttribute((const void*)mg_k29_mirage_qwen2_7b_layer_cc9a7bb5bfd5,
                                 cudaFuncAttributeMaxDynamicSharedMemorySize, 133744);
   if (mg_err != cudaSuccess) return mg_err;
   mg_err = cudaFuncSetAttribute((const void*)mg_k33_mirage_qwen2_7b_layer_cc9a7bb5bfd5,
-                                cudaFuncAttributeMaxDynamicSharedMemorySize, 175440);
+                                cudaFuncAttributeMaxDynamicSharedMemorySize, 176512);
   if (mg_err != cudaSuccess) return mg_err;
   int mg_major = 0;
   mg_err = cudaDeviceGetAttribute(&mg_major, cudaDevAttrComputeCapabilityMajor, mg_dev);
@@ -2859,14 +2892,23 @@ extern "C" cudaError_t mirage_qwen2_7b_layer_cc9a7bb5bfd5(const void* mg_in0_X, 
     const mg_bf16* mg_a0 = (const mg_bf16*)(mg_ws + 0);
     const mg_bf16* mg_a1 = (const mg_bf16*)(mg_in2_WQ);
     mg_bf16* mg_a2 = (mg_bf16*)(mg_ws + 7168);
-    const mg_bf16* mg_a3 = (const mg_bf16*)(mg_ws + 0);
-    const mg_bf16* mg_a4 = (const mg_bf16*)(mg_in3_WK);
-    mg_bf16* mg_a5 = (mg_bf16*)(mg_ws + 14336);
-    void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2, &mg_a3, &mg_a4, &mg_a5};
+    mg_tmap mg_a3;
+    {
+      const cuuint64_t mg_dims[] = {3584, 3584};
+      const cuuint64_t mg_strides[] = {7168};
+      const cuuint32_t mg_box[] = {56, 128};
+      mg_err = mg_encode_tmap_mirage_qwen2_7b_layer_cc9a7bb5bfd5(&mg_a3, mg_in2_WQ, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2,
+                                mg_dims, mg_strides, mg_box, CU_TENSOR_MAP_SWIZZLE_NONE);
+      if (mg_err != cudaSuccess) return mg_err;
+    }
+    const mg_bf16* mg_a4 = (const mg_bf16*)(mg_ws + 0);
+    const mg_bf16* mg_a5 = (const mg_bf16*)(mg_in3_WK);
+    mg_bf16* mg_a6 = (mg_bf16*)(mg_ws + 14336);
+    void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2, &mg_a3, &mg_a4, &mg_a5, &mg_a6};
     cudaLaunchConfig_t mg_cfg = {};
     mg_cfg.gridDim = dim3(128, 1, 2);
     mg_cfg.blockDim = dim3(128);
-    mg_cfg.dynamicSmemBytes = 87888;
+    mg_cfg.dynamicSmemBytes = 88960;
     mg_cfg.stream = mg_stream;
     mg_cfg.attrs = mg_pdl;
     mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
@@ -3047,11 +3089,20 @@ extern "C" cudaError_t mirage_qwen2_7b_layer_cc9a7bb5bfd5(const void* mg_in0_X, 
     const mg_bf16* mg_a0 = (const mg_bf16*)(mg_ws + 9133056);
     const mg_bf16* mg_a1 = (const mg_bf16*)(mg_in12_WO);
     mg_bf16* mg_a2 = (mg_bf16*)(mg_ws + 9140224);
-    void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
+    mg_tmap mg_a3;
+    {
+      const cuuint64_t mg_dims[] = {3584, 3584};
+      const cuuint64_t mg_strides[] = {7168};
+      const cuuint32_t mg_box[] = {56, 128};
+      mg_err = mg_encode_tmap_mirage_qwen2_7b_layer_cc9a7bb5bfd5(&mg_a3, mg_in12_WO, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2,
+                                mg_dims, mg_strides, mg_box, CU_TENSOR_MAP_SWIZZLE_NONE);
+      if (mg_err != cudaSuccess) return mg_err;
+    }
+    void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2, &mg_a3};
     cudaLaunchConfig_t mg_cfg = {};
     mg_cfg.gridDim = dim3(64, 1, 2);
     mg_cfg.blockDim = dim3(128);
-    mg_cfg.dynamicSmemBytes = 87888;
+    mg_cfg.dynamicSmemBytes = 88960;
     mg_cfg.stream = mg_stream;
     mg_cfg.attrs = mg_pdl;
     mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
@@ -3157,11 +3208,20 @@ extern "C" cudaError_t mirage_qwen2_7b_layer_cc9a7bb5bfd5(const void* mg_in0_X, 
     const mg_bf16* mg_a0 = (const mg_bf16*)(mg_ws + 9275392);
     const mg_bf16* mg_a1 = (const mg_bf16*)(mg_in16_W2);
     mg_bf16* mg_a2 = (mg_bf16*)(mg_ws + 9313280);
-    void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2};
+    mg_tmap mg_a3;
+    {
+      const cuuint64_t mg_dims[] = {3584, 18944};
+      const cuuint64_t mg_strides[] = {7168};
+      const cuuint32_t mg_box[] = {56, 256};
+      mg_err = mg_encode_tmap_mirage_qwen2_7b_layer_cc9a7bb5bfd5(&mg_a3, mg_in16_W2, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2,
+                                mg_dims, mg_strides, mg_box, CU_TENSOR_MAP_SWIZZLE_NONE);
+      if (mg_err != cudaSuccess) return mg_err;
+    }
+    void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2, &mg_a3};
     cudaLaunchConfig_t mg_cfg = {};
     mg_cfg.gridDim = dim3(64, 1, 2);
     mg_cfg.blockDim = dim3(256);
-    mg_cfg.dynamicSmemBytes = 175440;
+    mg_cfg.dynamicSmemBytes = 176512;
     mg_cfg.stream = mg_stream;
     mg_cfg.attrs = mg_pdl;
     mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;

@@ -63,8 +63,9 @@ class TilePlan:
     smem_offset: int = -1      # bytes into dynamic shared memory (-1: none)
     pitch: int = 0             # elements per shared-memory row (0: not in shared memory)
     scratch_offset: int = -1   # f32 elements into the block's workspace scratch (-1: none)
-    # Bytes of the swizzle span of a tile that bulk tensor copies (TMA, sm_90) bring into
-    # shared memory as boxes of that many bytes per row (32, 64 or 128); 0: not by TMA.
+    # Bytes per box row of a tile that bulk tensor copies (TMA, sm_90) bring into shared
+    # memory: a swizzle span (32, 64 or 128), or an unswizzled row of an odd number of
+    # 16-byte chunks (48, 80, 112, ...: codegen/tmaplan.py); 0: not by TMA.
     swizzle: int = 0
 
 

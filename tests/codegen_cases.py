@@ -23,6 +23,22 @@ def rmsnorm_linear_small() -> Graph:
     return b.build()
 
 
+def unswizzled_weight_boxes() -> Graph:
+    """A streaming matmul (a 9 MB weight: bulk copies by default) whose weight tiles
+    have rows of 56 columns, 112 bytes: seven 16-byte chunks, which no swizzle span
+    divides, so each row is one unswizzled box (codegen/tmaplan.py)."""
+    b = GraphBuilder("unswizzled_weight_boxes")
+    x = b.input("X", (8, 4096), "f16")
+    w = b.input("W", (4096, 1120), "f16")
+    k = b.custom((20, 1, 1), 128, 64)
+    xt = k.load(x, (None, None, None), 1)      # (8, 64)
+    wt = k.load(w, (1, None, None), 0)         # (64, 56)
+    s = k.op("acc_sum", k.op("matmul", xt, wt))
+    (z,) = k.finish([(s, "Z", (1, None, None))])
+    b.output(z)
+    return b.build()
+
+
 def weighted_norm_uneven_tiles() -> Graph:
     """A weighted RMSNorm's ``x * w`` as the A operand of the loop's matmul (A's
     fragments scaled in registers), 72 columns a block (9 mma tiles over 4 warps: a
@@ -585,7 +601,7 @@ CASES: dict[str, Callable[[], Graph]] = {f.__name__: f for f in (
     split_combine, row_total, invariant_max_after_loop, invariant_after_loop,
     attention_chain, attention_chain_batched, online_softmax_chain, online_softmax_batched,
     short_rows_online_chain, short_rows_chain_batched, short_rows_chain_4d,
-    rmsnorm_linear_small, weighted_norm_uneven_tiles, two_row_tiles, bf16_kernel_ops, f32_block_ops, big_tiles_scratch, passthrough,
+    rmsnorm_linear_small, unswizzled_weight_boxes, weighted_norm_uneven_tiles, two_row_tiles, bf16_kernel_ops, f32_block_ops, big_tiles_scratch, passthrough,
     reshape_aliases, grouped_launches, joined_concats, joined_beside_bulk,
     shifted_key_join, shifted_key_join_long,
     single_buffer_unaligned, warp_reductions, divide_by_mean, mma_odd_shapes, kernel_matmuls)}

@@ -58,6 +58,45 @@ def test_swizzled_address_is_the_hardware_pattern_and_conflict_free(cols: int,
             assert len(groups) == 8
 
 
+@pytest.mark.parametrize("cols,span", [(56, 112), (24, 48), (72, 144), (8, 0), (264, 0)])
+def test_rows_of_an_odd_number_of_chunks_are_one_unswizzled_box(cols: int, span: int) -> None:
+    # 112, 48 and 144 bytes: 7, 3 and 9 chunks; 16 bytes: too narrow; 264 columns: wider
+    # than a box.
+    t = TensorType((32, cols), DType.F16)
+    assert tmaplan.swizzle_of(t) == span
+    if not span:
+        return
+    assert not tmaplan.swizzled(span) and tmaplan.boxes(t, span) == 1
+    expr = swizzled_address("sm", ["r", "c"], t, span)
+    for r in range(32):
+        for c in range(0, cols, 8):
+            assert _eval(expr, r=r, c=c) == r * cols * 2 + c * 2  # plain rows
+    for c in range(0, cols, 8):  # and ldmatrix's 8 rows in 8 distinct bank groups
+        assert len({(_eval(expr, r=i, c=c) // 16) % 8 for i in range(8)}) == 8
+
+
+def test_a_weight_tile_of_112_byte_rows_comes_by_unswizzled_boxes() -> None:
+    from codegen_cases import unswizzled_weight_boxes
+
+    g = unswizzled_weight_boxes()
+    (op,) = [o for o in g.ops if o.block is not None]
+    assert op.block is not None
+    plan = plan_kernel(op.block, g.tensor_types(), "sm_90", Knobs())
+    assert plan.knobs.tma == 1
+    tiles = {bi.source: plan.tile(bi.value.name) for bi in op.block.inputs}
+    assert (tiles["W"].swizzle, tiles["W"].pitch) == (112, 56)
+    assert "1 box(es) of 64 rows x 112 B, unswizzled" in tiles["W"].owner
+    assert tiles["X"].swizzle == 128
+    prog = lower(g)
+    (k,) = prog.kernels
+    spec = {p.arg: p.tmap for p in k.params if p.tmap is not None}["W"]
+    assert spec.box == (56, 64) and spec.swizzle_enum == "CU_TENSOR_MAP_SWIZZLE_NONE"
+    cu, _ = emit(prog)
+    assert "CU_TENSOR_MAP_SWIZZLE_NONE" in cu[cu.index("#ifndef __CUDACC_RTC__"):]
+    res = compile_cuda(cu, "g.cu", "sm_90")
+    assert all(r.spill_stores == 0 and r.stack == 0 for r in res.resources)
+
+
 def test_streaming_matmuls_copy_their_mma_operands_by_tma() -> None:
     g = _fused("gated_mlp_fused", 8)
     (op,) = [o for o in g.ops if o.block is not None]

@@ -770,7 +770,8 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(256, 1) m
     const mg_f16* __restrict__ p0,
     const mg_f16* __restrict__ p1,
     mg_f16* __restrict__ p2,
-    const __grid_constant__ mg_tmap p3) {
+    const __grid_constant__ mg_tmap p3,
+    const __grid_constant__ mg_tmap p4) {
   const int bx = blockIdx.x, by = blockIdx.y, bz = 0;
   (void)bx; (void)by; (void)bz;
   const unsigned mg_rank = blockIdx.z;
@@ -790,25 +791,26 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(256, 1) m
   mg_f16* sm_a_0 = reinterpret_cast<mg_f16*>(mg_smem + 0);
   mg_f16* sm_b_0 = reinterpret_cast<mg_f16*>(mg_smem + 49152);
   float* buf_s = reinterpret_cast<float*>(mg_smem + 221184);
-  int mg_so_b[7], mg_do_b[7];
-  #pragma unroll
-  for (int i = 0; i < 7; ++i) {
-    const int c1 = threadIdx.x + i * 256;
-    const int s2_0 = c1 / 7;
-    const int s2_1 = (c1) % 7;
-    mg_so_b[i] = s2_0 * 3584 + (s2_1 * 8);
-    mg_do_b[i] = s2_0 * 56 + (s2_1 * 8);
+  if (threadIdx.x == 0) {
+    mg_mbar_expect(mg_mbar + ((0) % 6), 28672u);
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 14336)), &p4, bx * 56, ((mg_it0 + 0)) * 256, mg_mbar + ((0) % 6));
   }
-  #pragma unroll
-  for (int i = 0; i < 7; ++i) mg_cp_async16((sm_b_0 + ((0) % 6) * 14336) + mg_do_b[i], p1 + ((base_b + (mg_it0 + 0) * 917504)) + mg_so_b[i]);
-  #pragma unroll
-  for (int i = 0; i < 7; ++i) mg_cp_async16((sm_b_0 + ((1) % 6) * 14336) + mg_do_b[i], p1 + ((base_b + (mg_it0 + 1) * 917504)) + mg_so_b[i]);
-  #pragma unroll
-  for (int i = 0; i < 7; ++i) mg_cp_async16((sm_b_0 + ((2) % 6) * 14336) + mg_do_b[i], p1 + ((base_b + (mg_it0 + 2) * 917504)) + mg_so_b[i]);
-  #pragma unroll
-  for (int i = 0; i < 7; ++i) mg_cp_async16((sm_b_0 + ((3) % 6) * 14336) + mg_do_b[i], p1 + ((base_b + (mg_it0 + 3) * 917504)) + mg_so_b[i]);
-  #pragma unroll
-  for (int i = 0; i < 7; ++i) mg_cp_async16((sm_b_0 + ((4) % 6) * 14336) + mg_do_b[i], p1 + ((base_b + (mg_it0 + 4) * 917504)) + mg_so_b[i]);
+  if (threadIdx.x == 0) {
+    mg_mbar_expect(mg_mbar + ((1) % 6), 28672u);
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 14336)), &p4, bx * 56, ((mg_it0 + 1)) * 256, mg_mbar + ((1) % 6));
+  }
+  if (threadIdx.x == 0) {
+    mg_mbar_expect(mg_mbar + ((2) % 6), 28672u);
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 14336)), &p4, bx * 56, ((mg_it0 + 2)) * 256, mg_mbar + ((2) % 6));
+  }
+  if (threadIdx.x == 0) {
+    mg_mbar_expect(mg_mbar + ((3) % 6), 28672u);
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 14336)), &p4, bx * 56, ((mg_it0 + 3)) * 256, mg_mbar + ((3) % 6));
+  }
+  if (threadIdx.x == 0) {
+    mg_mbar_expect(mg_mbar + ((4) % 6), 28672u);
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 14336)), &p4, bx * 56, ((mg_it0 + 4)) * 256, mg_mbar + ((4) % 6));
+  }
   mg_grid_wait();
   mg_grid_release();
   if (threadIdx.x == 0) {
@@ -818,7 +820,6 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(256, 1) m
     mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((0) % 6) * 4096)) + 4096, &p3, ((mg_it0 + 0)) * 256 + 128, 0, mg_mbar + ((0) % 6));
     mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((0) % 6) * 4096)) + 6144, &p3, ((mg_it0 + 0)) * 256 + 192, 0, mg_mbar + ((0) % 6));
   }
-  mg_cp_async_commit();
   if (threadIdx.x == 0) {
     mg_mbar_arrive_expect(mg_mbar + ((1) % 6), 8192u);
     mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((1) % 6) * 4096)), &p3, ((mg_it0 + 1)) * 256, 0, mg_mbar + ((1) % 6));
@@ -826,7 +827,6 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(256, 1) m
     mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((1) % 6) * 4096)) + 4096, &p3, ((mg_it0 + 1)) * 256 + 128, 0, mg_mbar + ((1) % 6));
     mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((1) % 6) * 4096)) + 6144, &p3, ((mg_it0 + 1)) * 256 + 192, 0, mg_mbar + ((1) % 6));
   }
-  mg_cp_async_commit();
   if (threadIdx.x == 0) {
     mg_mbar_arrive_expect(mg_mbar + ((2) % 6), 8192u);
     mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((2) % 6) * 4096)), &p3, ((mg_it0 + 2)) * 256, 0, mg_mbar + ((2) % 6));
@@ -834,7 +834,6 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(256, 1) m
     mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((2) % 6) * 4096)) + 4096, &p3, ((mg_it0 + 2)) * 256 + 128, 0, mg_mbar + ((2) % 6));
     mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((2) % 6) * 4096)) + 6144, &p3, ((mg_it0 + 2)) * 256 + 192, 0, mg_mbar + ((2) % 6));
   }
-  mg_cp_async_commit();
   if (threadIdx.x == 0) {
     mg_mbar_arrive_expect(mg_mbar + ((3) % 6), 8192u);
     mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((3) % 6) * 4096)), &p3, ((mg_it0 + 3)) * 256, 0, mg_mbar + ((3) % 6));
@@ -842,7 +841,6 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(256, 1) m
     mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((3) % 6) * 4096)) + 4096, &p3, ((mg_it0 + 3)) * 256 + 128, 0, mg_mbar + ((3) % 6));
     mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((3) % 6) * 4096)) + 6144, &p3, ((mg_it0 + 3)) * 256 + 192, 0, mg_mbar + ((3) % 6));
   }
-  mg_cp_async_commit();
   if (threadIdx.x == 0) {
     mg_mbar_arrive_expect(mg_mbar + ((4) % 6), 8192u);
     mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((4) % 6) * 4096)), &p3, ((mg_it0 + 4)) * 256, 0, mg_mbar + ((4) % 6));
@@ -850,27 +848,22 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(256, 1) m
     mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((4) % 6) * 4096)) + 4096, &p3, ((mg_it0 + 4)) * 256 + 128, 0, mg_mbar + ((4) % 6));
     mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((4) % 6) * 4096)) + 6144, &p3, ((mg_it0 + 4)) * 256 + 192, 0, mg_mbar + ((4) % 6));
   }
-  mg_cp_async_commit();
   float acc_s[2][4];
   #pragma unroll
   for (int j = 0; j < 2; ++j) acc_s[j][0] = acc_s[j][1] = acc_s[j][2] = acc_s[j][3] = 0.0f;
   for (int it = 0; it < 37; ++it) {
-    const int off_b = base_b + (mg_it0 + it) * 917504;
-    mg_cp_async_wait<4>();
     mg_mbar_wait(mg_mbar + (it % 6), (it / 6) & 1);
     __syncthreads();
     if (it + 5 < 37) {
-      #pragma unroll
-      for (int i = 0; i < 7; ++i) mg_cp_async16((sm_b_0 + (((it + 5)) % 6) * 14336) + mg_do_b[i], p1 + ((off_b + 4587520)) + mg_so_b[i]);
       if (threadIdx.x == 0) {
-        mg_mbar_arrive_expect(mg_mbar + ((it + 5) % 6), 8192u);
+        mg_mbar_arrive_expect(mg_mbar + ((it + 5) % 6), 36864u);
         mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((it + 5) % 6) * 4096)), &p3, ((mg_it0 + it + 5)) * 256, 0, mg_mbar + ((it + 5) % 6));
         mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((it + 5) % 6) * 4096)) + 2048, &p3, ((mg_it0 + it + 5)) * 256 + 64, 0, mg_mbar + ((it + 5) % 6));
         mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((it + 5) % 6) * 4096)) + 4096, &p3, ((mg_it0 + it + 5)) * 256 + 128, 0, mg_mbar + ((it + 5) % 6));
         mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((it + 5) % 6) * 4096)) + 6144, &p3, ((mg_it0 + it + 5)) * 256 + 192, 0, mg_mbar + ((it + 5) % 6));
+        mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 14336)), &p4, bx * 56, ((mg_it0 + it + 5)) * 256, mg_mbar + ((it + 5) % 6));
       }
     }
-    mg_cp_async_commit();
     const auto* sm_a = (sm_a_0 + ((it) % 6) * 4096);
     const auto* sm_b = (sm_b_0 + ((it) % 6) * 14336);
     {
@@ -896,7 +889,7 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(256, 1) m
         const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
         (void)mg_nb; (void)c0; (void)n0;
         unsigned rb0, rb1;
-        mg_ldsm_x2_t(rb0, rb1, (sm_b + ((kk + (mg_lane & 15)) * 56 + (mg_ni * 8))));
+        mg_ldsm_x2_t(rb0, rb1, (reinterpret_cast<const unsigned char*>(sm_b) + ((((kk + (mg_lane & 15)))) * 112 + (((mg_ni * 8)) * 2) % 112)));
         mg_mma_f16(acc_s[j], ra0, ra1, ra2, ra3, rb0, rb1);
       }
     }
@@ -978,10 +971,10 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(256, 1) m
   mg_cluster_arrive();
   __syncthreads();
   buf_s = reinterpret_cast<float*>(mg_smem + 0);
-  for (int e3 = (int)mg_rank * 256 + (int)threadIdx.x; e3 < 112; e3 += 512) {
-    const int i4_0 = e3 / 7;
-    const int i4_1 = (e3) % 7;
-    mg_st8(p2 + (bx * 56 + i4_0 * 3584 + (i4_1 * 8)), buf_s[i4_0 * 56 + ((i4_1 * 8) + 0)], buf_s[i4_0 * 56 + ((i4_1 * 8) + 1)], buf_s[i4_0 * 56 + ((i4_1 * 8) + 2)], buf_s[i4_0 * 56 + ((i4_1 * 8) + 3)], buf_s[i4_0 * 56 + ((i4_1 * 8) + 4)], buf_s[i4_0 * 56 + ((i4_1 * 8) + 5)], buf_s[i4_0 * 56 + ((i4_1 * 8) + 6)], buf_s[i4_0 * 56 + ((i4_1 * 8) + 7)]);
+  for (int e1 = (int)mg_rank * 256 + (int)threadIdx.x; e1 < 112; e1 += 512) {
+    const int i2_0 = e1 / 7;
+    const int i2_1 = (e1) % 7;
+    mg_st8(p2 + (bx * 56 + i2_0 * 3584 + (i2_1 * 8)), buf_s[i2_0 * 56 + ((i2_1 * 8) + 0)], buf_s[i2_0 * 56 + ((i2_1 * 8) + 1)], buf_s[i2_0 * 56 + ((i2_1 * 8) + 2)], buf_s[i2_0 * 56 + ((i2_1 * 8) + 3)], buf_s[i2_0 * 56 + ((i2_1 * 8) + 4)], buf_s[i2_0 * 56 + ((i2_1 * 8) + 5)], buf_s[i2_0 * 56 + ((i2_1 * 8) + 6)], buf_s[i2_0 * 56 + ((i2_1 * 8) + 7)]);
   }
   mg_cluster_wait();
 }
@@ -1176,7 +1169,16 @@ extern "C" cudaError_t mirage_qwen2_mlp_b16_f16_h16x3584_h3584x18944_h3584x18944
                                 mg_dims, mg_strides, mg_box, CU_TENSOR_MAP_SWIZZLE_128B);
       if (mg_err != cudaSuccess) return mg_err;
     }
-    void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2, &mg_a3};
+    mg_tmap mg_a4;
+    {
+      const cuuint64_t mg_dims[] = {3584, 18944};
+      const cuuint64_t mg_strides[] = {7168};
+      const cuuint32_t mg_box[] = {56, 256};
+      mg_err = mg_encode_tmap_mirage_qwen2_mlp_b16_f16_h16x3584_h3584x18944_h3584x18944_h18944x3584_to_h16x3584(&mg_a4, mg_in3_W2, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2,
+                                mg_dims, mg_strides, mg_box, CU_TENSOR_MAP_SWIZZLE_NONE);
+      if (mg_err != cudaSuccess) return mg_err;
+    }
+    void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2, &mg_a3, &mg_a4};
     cudaLaunchConfig_t mg_cfg = {};
     mg_cfg.gridDim = dim3(64, 1, 2);
     mg_cfg.blockDim = dim3(256);

@@ -442,7 +442,8 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(128, 1) m
     const mg_bf16* __restrict__ p0,
     const mg_bf16* __restrict__ p1,
     mg_bf16* __restrict__ p2,
-    const __grid_constant__ mg_tmap p3) {
+    const __grid_constant__ mg_tmap p3,
+    const __grid_constant__ mg_tmap p4) {
   const int bx = blockIdx.x, by = blockIdx.y, bz = 0;
   (void)bx; (void)by; (void)bz;
   const unsigned mg_rank = blockIdx.z;
@@ -462,25 +463,26 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(128, 1) m
   mg_bf16* sm_a_0 = reinterpret_cast<mg_bf16*>(mg_smem + 0);
   mg_bf16* sm_b_0 = reinterpret_cast<mg_bf16*>(mg_smem + 24576);
   float* buf_s = reinterpret_cast<float*>(mg_smem + 135168);
-  int mg_so_b[9], mg_do_b[9];
-  #pragma unroll
-  for (int i = 0; i < 9; ++i) {
-    const int c1 = threadIdx.x + i * 128;
-    const int s2_0 = c1 / 9;
-    const int s2_1 = (c1) % 9;
-    mg_so_b[i] = s2_0 * 4608 + (s2_1 * 8);
-    mg_do_b[i] = s2_0 * 72 + (s2_1 * 8);
+  if (threadIdx.x == 0) {
+    mg_mbar_expect(mg_mbar + ((0) % 6), 18432u);
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 9216)), &p4, bx * 72, ((mg_it0 + 0)) * 128, mg_mbar + ((0) % 6));
   }
-  #pragma unroll
-  for (int i = 0; i < 9; ++i) mg_cp_async16((sm_b_0 + ((0) % 6) * 9216) + mg_do_b[i], p1 + ((base_b + (mg_it0 + 0) * 589824)) + mg_so_b[i]);
-  #pragma unroll
-  for (int i = 0; i < 9; ++i) mg_cp_async16((sm_b_0 + ((1) % 6) * 9216) + mg_do_b[i], p1 + ((base_b + (mg_it0 + 1) * 589824)) + mg_so_b[i]);
-  #pragma unroll
-  for (int i = 0; i < 9; ++i) mg_cp_async16((sm_b_0 + ((2) % 6) * 9216) + mg_do_b[i], p1 + ((base_b + (mg_it0 + 2) * 589824)) + mg_so_b[i]);
-  #pragma unroll
-  for (int i = 0; i < 9; ++i) mg_cp_async16((sm_b_0 + ((3) % 6) * 9216) + mg_do_b[i], p1 + ((base_b + (mg_it0 + 3) * 589824)) + mg_so_b[i]);
-  #pragma unroll
-  for (int i = 0; i < 9; ++i) mg_cp_async16((sm_b_0 + ((4) % 6) * 9216) + mg_do_b[i], p1 + ((base_b + (mg_it0 + 4) * 589824)) + mg_so_b[i]);
+  if (threadIdx.x == 0) {
+    mg_mbar_expect(mg_mbar + ((1) % 6), 18432u);
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 9216)), &p4, bx * 72, ((mg_it0 + 1)) * 128, mg_mbar + ((1) % 6));
+  }
+  if (threadIdx.x == 0) {
+    mg_mbar_expect(mg_mbar + ((2) % 6), 18432u);
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 9216)), &p4, bx * 72, ((mg_it0 + 2)) * 128, mg_mbar + ((2) % 6));
+  }
+  if (threadIdx.x == 0) {
+    mg_mbar_expect(mg_mbar + ((3) % 6), 18432u);
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 9216)), &p4, bx * 72, ((mg_it0 + 3)) * 128, mg_mbar + ((3) % 6));
+  }
+  if (threadIdx.x == 0) {
+    mg_mbar_expect(mg_mbar + ((4) % 6), 18432u);
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 9216)), &p4, bx * 72, ((mg_it0 + 4)) * 128, mg_mbar + ((4) % 6));
+  }
   mg_grid_wait();
   mg_grid_release();
   if (threadIdx.x == 0) {
@@ -488,49 +490,40 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(128, 1) m
     mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((0) % 6) * 2048)), &p3, ((mg_it0 + 0)) * 128, 0, mg_mbar + ((0) % 6));
     mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((0) % 6) * 2048)) + 2048, &p3, ((mg_it0 + 0)) * 128 + 64, 0, mg_mbar + ((0) % 6));
   }
-  mg_cp_async_commit();
   if (threadIdx.x == 0) {
     mg_mbar_arrive_expect(mg_mbar + ((1) % 6), 4096u);
     mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((1) % 6) * 2048)), &p3, ((mg_it0 + 1)) * 128, 0, mg_mbar + ((1) % 6));
     mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((1) % 6) * 2048)) + 2048, &p3, ((mg_it0 + 1)) * 128 + 64, 0, mg_mbar + ((1) % 6));
   }
-  mg_cp_async_commit();
   if (threadIdx.x == 0) {
     mg_mbar_arrive_expect(mg_mbar + ((2) % 6), 4096u);
     mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((2) % 6) * 2048)), &p3, ((mg_it0 + 2)) * 128, 0, mg_mbar + ((2) % 6));
     mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((2) % 6) * 2048)) + 2048, &p3, ((mg_it0 + 2)) * 128 + 64, 0, mg_mbar + ((2) % 6));
   }
-  mg_cp_async_commit();
   if (threadIdx.x == 0) {
     mg_mbar_arrive_expect(mg_mbar + ((3) % 6), 4096u);
     mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((3) % 6) * 2048)), &p3, ((mg_it0 + 3)) * 128, 0, mg_mbar + ((3) % 6));
     mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((3) % 6) * 2048)) + 2048, &p3, ((mg_it0 + 3)) * 128 + 64, 0, mg_mbar + ((3) % 6));
   }
-  mg_cp_async_commit();
   if (threadIdx.x == 0) {
     mg_mbar_arrive_expect(mg_mbar + ((4) % 6), 4096u);
     mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((4) % 6) * 2048)), &p3, ((mg_it0 + 4)) * 128, 0, mg_mbar + ((4) % 6));
     mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((4) % 6) * 2048)) + 2048, &p3, ((mg_it0 + 4)) * 128 + 64, 0, mg_mbar + ((4) % 6));
   }
-  mg_cp_async_commit();
   float acc_s[3][4];
   #pragma unroll
   for (int j = 0; j < 3; ++j) acc_s[j][0] = acc_s[j][1] = acc_s[j][2] = acc_s[j][3] = 0.0f;
   for (int it = 0; it < 14; ++it) {
-    const int off_b = base_b + (mg_it0 + it) * 589824;
-    mg_cp_async_wait<4>();
     mg_mbar_wait(mg_mbar + (it % 6), (it / 6) & 1);
     __syncthreads();
     if (it + 5 < 14) {
-      #pragma unroll
-      for (int i = 0; i < 9; ++i) mg_cp_async16((sm_b_0 + (((it + 5)) % 6) * 9216) + mg_do_b[i], p1 + ((off_b + 2949120)) + mg_so_b[i]);
       if (threadIdx.x == 0) {
-        mg_mbar_arrive_expect(mg_mbar + ((it + 5) % 6), 4096u);
+        mg_mbar_arrive_expect(mg_mbar + ((it + 5) % 6), 22528u);
         mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((it + 5) % 6) * 2048)), &p3, ((mg_it0 + it + 5)) * 128, 0, mg_mbar + ((it + 5) % 6));
         mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((it + 5) % 6) * 2048)) + 2048, &p3, ((mg_it0 + it + 5)) * 128 + 64, 0, mg_mbar + ((it + 5) % 6));
+        mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 9216)), &p4, bx * 72, ((mg_it0 + it + 5)) * 128, mg_mbar + ((it + 5) % 6));
       }
     }
-    mg_cp_async_commit();
     const auto* sm_a = (sm_a_0 + ((it) % 6) * 2048);
     const auto* sm_b = (sm_b_0 + ((it) % 6) * 9216);
     {
@@ -556,7 +549,7 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(128, 1) m
         const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
         (void)mg_nb; (void)c0; (void)n0;
         unsigned rb0, rb1;
-        mg_ldsm_x2_t(rb0, rb1, (sm_b + ((kk + (mg_lane & 15)) * 72 + (mg_ni * 8))));
+        mg_ldsm_x2_t(rb0, rb1, (reinterpret_cast<const unsigned char*>(sm_b) + ((((kk + (mg_lane & 15)))) * 144 + (((mg_ni * 8)) * 2) % 144)));
         mg_mma_bf16(acc_s[j], ra0, ra1, ra2, ra3, rb0, rb1);
       }
     }
@@ -617,10 +610,10 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(128, 1) m
   mg_cluster_arrive();
   __syncthreads();
   buf_s = reinterpret_cast<float*>(mg_smem + 0);
-  for (int e3 = (int)mg_rank * 128 + (int)threadIdx.x; e3 < 144; e3 += 256) {
-    const int i4_0 = e3 / 9;
-    const int i4_1 = (e3) % 9;
-    mg_st8(p2 + (bx * 72 + i4_0 * 4608 + (i4_1 * 8)), buf_s[i4_0 * 72 + ((i4_1 * 8) + 0)], buf_s[i4_0 * 72 + ((i4_1 * 8) + 1)], buf_s[i4_0 * 72 + ((i4_1 * 8) + 2)], buf_s[i4_0 * 72 + ((i4_1 * 8) + 3)], buf_s[i4_0 * 72 + ((i4_1 * 8) + 4)], buf_s[i4_0 * 72 + ((i4_1 * 8) + 5)], buf_s[i4_0 * 72 + ((i4_1 * 8) + 6)], buf_s[i4_0 * 72 + ((i4_1 * 8) + 7)]);
+  for (int e1 = (int)mg_rank * 128 + (int)threadIdx.x; e1 < 144; e1 += 256) {
+    const int i2_0 = e1 / 9;
+    const int i2_1 = (e1) % 9;
+    mg_st8(p2 + (bx * 72 + i2_0 * 4608 + (i2_1 * 8)), buf_s[i2_0 * 72 + ((i2_1 * 8) + 0)], buf_s[i2_0 * 72 + ((i2_1 * 8) + 1)], buf_s[i2_0 * 72 + ((i2_1 * 8) + 2)], buf_s[i2_0 * 72 + ((i2_1 * 8) + 3)], buf_s[i2_0 * 72 + ((i2_1 * 8) + 4)], buf_s[i2_0 * 72 + ((i2_1 * 8) + 5)], buf_s[i2_0 * 72 + ((i2_1 * 8) + 6)], buf_s[i2_0 * 72 + ((i2_1 * 8) + 7)]);
   }
   mg_cluster_wait();
 }
@@ -744,7 +737,16 @@ extern "C" cudaError_t mirage_qwen2_rmsnorm_qkv_b16_bf16_b16x3584_b3584_b3584x46
                                 mg_dims, mg_strides, mg_box, CU_TENSOR_MAP_SWIZZLE_128B);
       if (mg_err != cudaSuccess) return mg_err;
     }
-    void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2, &mg_a3};
+    mg_tmap mg_a4;
+    {
+      const cuuint64_t mg_dims[] = {4608, 3584};
+      const cuuint64_t mg_strides[] = {9216};
+      const cuuint32_t mg_box[] = {72, 128};
+      mg_err = mg_encode_tmap_mirage_qwen2_rmsnorm_qkv_b16_bf16_b16x3584_b3584_b3584x4608_to_b16x4608(&mg_a4, mg_in2_W, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2,
+                                mg_dims, mg_strides, mg_box, CU_TENSOR_MAP_SWIZZLE_NONE);
+      if (mg_err != cudaSuccess) return mg_err;
+    }
+    void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2, &mg_a3, &mg_a4};
     cudaLaunchConfig_t mg_cfg = {};
     mg_cfg.gridDim = dim3(64, 1, 2);
     mg_cfg.blockDim = dim3(128);

@@ -398,7 +398,8 @@ def keep_used(decl: Lines, body: Lines) -> Lines:
 def swizzled_address(ptr: str, idx: list[str], t: TensorType, swizzle: int) -> str:
     """The shared-memory address of element ``idx`` of a tile that bulk tensor copies
     bring in (``tmaplan``: boxes of ``swizzle`` bytes per row, side by side, with the
-    hardware's XOR swizzle of 16-byte chunks) whose current slot is ``ptr``: an
+    hardware's XOR swizzle of 16-byte chunks where ``swizzle`` is a span, else one
+    plain box per row) whose current slot is ``ptr``: an
     ldmatrix row where the last index is a multiple of 16 bytes; the swizzle moves
     whole chunks, so any element's address is its chunk's plus its offset in it."""
     es = t.dtype.nbytes
@@ -407,6 +408,8 @@ def swizzled_address(ptr: str, idx: list[str], t: TensorType, swizzle: int) -> s
                      for i, s in zip(idx[:-1], strides)) or "0"
     col = f"(({idx[-1]}) * {es})"
     o = f"(({row}) * {swizzle} + {col} % {swizzle})"
+    if swizzle & (swizzle - 1):  # not a swizzle span (tmaplan): one plain box per row
+        return f"(reinterpret_cast<const unsigned char*>({ptr}) + {o})"
     phys = f"({o} ^ ((({o} >> 7) & {swizzle // 16 - 1}) << 4))"
     rows = t.numel // t.shape[-1]  # every dimension but the last (tmaplan.rows)
     box = f"({col} / {swizzle}) * {rows * swizzle}"

@@ -110,8 +110,9 @@ def _lay_out_with(a: Analysis, dev_types: Mapping[str, TensorType], k: Knobs, pi
         for name, swizzle in bulk.items():
             t = tiles[name]
             t.swizzle, t.pitch = swizzle, t.type.shape[-1]
+            how = f"{swizzle}-byte swizzle" if tmaplan.swizzled(swizzle) else "unswizzled"
             t.owner = (f"bulk tensor copies (TMA): {tmaplan.boxes(t.type, swizzle)} box(es) of "
-                       f"{tmaplan.rows(t.type)} rows x {swizzle} B, {swizzle}-byte swizzle, "
+                       f"{tmaplan.rows(t.type)} rows x {swizzle} B, {how}, "
                        f"issued by thread 0, one mbarrier per stage")
     smem, scratch = allocate(a, tiles, bool(mmas), reds, k, pins, arch)
     if ch is not None and any(tiles[n].home != "smem" for n in _chain_operands(ch)):

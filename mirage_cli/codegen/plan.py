@@ -23,7 +23,7 @@ class TensorMapSpec:
     dims: tuple[int, ...]        # elements per dimension
     strides: tuple[int, ...]     # bytes between consecutive indices of dims 1..rank-1
     box: tuple[int, ...]         # elements per box dimension
-    swizzle: int                 # bytes per box row (32, 64, 128)
+    swizzle: int                 # bytes per box row: 32, 64, 128 swizzled, else plain
 
     @property
     def dtype_enum(self) -> str:
@@ -33,7 +33,14 @@ class TensorMapSpec:
     @property
     def swizzle_enum(self) -> str:
         """The ``CUtensorMapSwizzle`` enumerator's name."""
+        if self.swizzle not in SWIZZLE_SPANS:
+            return "CU_TENSOR_MAP_SWIZZLE_NONE"
         return f"CU_TENSOR_MAP_SWIZZLE_{self.swizzle}B"
+
+
+# The swizzle spans of bulk tensor copies' boxes (bytes per box row), widest first. A
+# box of another row width (tmaplan.swizzle_of) is copied unswizzled.
+SWIZZLE_SPANS = (128, 64, 32)
 
 
 # The dtypes bulk tensor copies move, by their CUtensorMapDataType suffix.

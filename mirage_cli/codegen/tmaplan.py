@@ -17,26 +17,43 @@ fit a box (at most 256 each). The tile is copied as boxes of ``swizzle`` bytes p
 (the largest of 128, 64, 32 that divides its row), side by side along the row: box
 ``b`` holds bytes ``b * swizzle ..`` of every row, rows ``swizzle`` bytes apart, with the
 hardware's XOR swizzle of 16-byte chunks, so that the eight rows one ``ldmatrix`` reads
-fall in distinct banks. Each pipeline stage's slot is a multiple of 1024 bytes and
-starts 1024-aligned, as the swizzle pattern needs.
+fall in distinct banks. A row of an odd number of 16-byte chunks (3 or more, at most
+256 elements: 48, 80, 112, ... bytes) has no span that divides it; it is one box, the
+whole row, unswizzled (``swizzle`` is then the row's bytes): rows an odd number of
+chunks apart fall in distinct banks as they are, as a cp.async tile's unpadded rows
+do. Each pipeline stage's slot is a multiple of 1024 bytes and starts 1024-aligned, as
+the swizzle pattern needs.
 """
 
 from __future__ import annotations
 
 from mirage_cli.codegen.expr import row_major
-from mirage_cli.codegen.plan import TMAP_DTYPES, TensorMapSpec
+from mirage_cli.codegen.plan import SWIZZLE_SPANS, TMAP_DTYPES, TensorMapSpec
 from mirage_cli.ir import BlockInput, TensorType
 
-SWIZZLES = (128, 64, 32)  # bytes per box row, widest first
+SWIZZLES = SWIZZLE_SPANS  # bytes per box row, widest first
+# The narrowest unswizzled box row: three chunks. Boxes of 32-byte rows already stream
+# slower than wider ones (the profile's narrow_box_slowdown); 16-byte ones stay cp.async.
+MIN_PLAIN_ROW = 48
 ALIGN = 1024              # slot alignment: the 128-byte swizzle repeats every 1024 bytes
 MAX_BOX = 256             # elements per box dimension
 MAX_RANK = 5
 
 
 def swizzle_of(t: TensorType) -> int:
-    """The widest swizzle span that divides the tile's row, 0 if none does."""
+    """The widest swizzle span that divides the tile's row; else the row's bytes where
+    it is one unswizzled box (an odd number of 16-byte chunks, at least MIN_PLAIN_ROW
+    bytes and at most MAX_BOX elements); 0 if neither."""
     row = t.shape[-1] * t.dtype.nbytes
-    return next((w for w in SWIZZLES if row % w == 0), 0)
+    span = next((w for w in SWIZZLES if row % w == 0), 0)
+    if not span and row % 16 == 0 and row >= MIN_PLAIN_ROW and t.shape[-1] <= MAX_BOX:
+        return row
+    return span
+
+
+def swizzled(span: int) -> bool:
+    """Whether boxes of ``span`` bytes per row are XOR-swizzled (else plain rows)."""
+    return span in SWIZZLES
 
 
 def rows(t: TensorType) -> int:

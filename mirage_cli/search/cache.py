@@ -113,8 +113,10 @@ def cache_dir() -> Path:
 # 32-byte rows are priced slower (the profile's narrow_box_slowdown) and the tuner
 # also descends from each looping grid halved to half the SMs' blocks; 46: a reader
 # that refuses a shifted join keeps its other joins; 47: a chain that gathers B1 from
-# a shifted join gets four times the default's warps.
-SEARCH_REVISION = 47
+# a shifted join gets four times the default's warps; 48: rows of an odd number of
+# 16-byte chunks (48, 80, 112, ... bytes) come by unswizzled bulk-copy boxes, which the
+# model prices at the bulk-copy rates.
+SEARCH_REVISION = 48
 
 
 def program_hash(program: Graph) -> str:
