@@ -12,7 +12,8 @@ method). The floor uses the bandwidth of a large device-to-device copy through
 PyTorch's copy kernel measured in the same process. Prints a table; writes every row
 to OUT.json (``PROBE_NO_TORCH=1``: no PyTorch baselines; ``PROBE_KNOBS=a,b``: only
 these knobs; ``PROBE_PINS="kwarps=1;kwarps=1,tma=1"``: these sets of pins instead, each
-one variant; ``PROBE_PER_KERNEL=1``: also each kernel of the default plan timed alone,
+one variant; ``PROBE_KERNEL=i``: pins on the i-th custom kernel only, the others keep
+their recorded plans; ``PROBE_PER_KERNEL=1``: also each kernel of the default plan timed alone,
 its intermediates uninitialised; ``PROBE_REPLAN=1``: the plans a µGraph file records
 are dropped, so that the current planner plans it, as ``mirage opt`` would now). Used
 for docs/perf-log.md.
@@ -26,8 +27,9 @@ import os
 import sys
 
 from mirage_cli.codegen import bench
-from mirage_cli.codegen.planner import knob_space, plan_kernel
+from mirage_cli.codegen.planner import knob_space
 from mirage_cli.codegen.runner import Device
+from mirage_cli.commands.plan import planned
 from mirage_cli.diagnostics import MirageError
 from mirage_cli.ir import Graph
 from mirage_cli.kplan import Knobs
@@ -54,25 +56,38 @@ def copy_bandwidth(nbytes: int = 1 << 30) -> float:
     return 2 * nbytes / times[len(times) // 2]
 
 
+def probed(i: int) -> bool:
+    """Whether custom kernel ``i`` (in program order) is one the pins apply to:
+    ``PROBE_KERNEL=i`` names one, by default every kernel."""
+    only = os.environ.get("PROBE_KERNEL")
+    return only is None or int(only) == i
+
+
 def pinned(g: Graph, pins: Knobs) -> Graph | None:
-    """``g`` with ``pins`` on every custom kernel where they are legal (None if nowhere)."""
+    """``g`` with ``pins`` on every probed custom kernel where they are legal (the
+    planner chooses the rest); the other kernels keep the knobs of the plans ``g``
+    records. Planned as codegen plans a µGraph (``commands.plan.planned``: the
+    concatenations read in place, shifted ones included). None where no pin is legal
+    or the planner refuses them."""
     types = g.tensor_types()
-    ops = []
-    any_ok = False
-    for op in g.ops:
-        if op.block is not None:
+    customs = [op for op in g.ops if op.block is not None]
+    per, any_ok = [], False
+    for i, op in enumerate(customs):
+        assert op.block is not None
+        legal = {}
+        if probed(i):
             space = knob_space(op.block, types, "sm_90")
             legal = {k: v for k, v in dataclasses.asdict(pins).items()
                      if v is not None and v in space[k]}
-            if legal:
-                any_ok = True
-            try:
-                plan = plan_kernel(op.block, types, "sm_90", Knobs(**legal))
-            except MirageError:  # legal alone, not with the planner's other choices
-                return None
-            op = dataclasses.replace(op, plan=plan)
-        ops.append(op)
-    return dataclasses.replace(g, ops=tuple(ops)) if any_ok else None
+        any_ok = any_ok or bool(legal)
+        per.append(Knobs(**legal) if legal else
+                   op.plan.knobs if op.plan is not None else Knobs())
+    if not any_ok:
+        return None
+    try:
+        return planned(g, "sm_90", per)
+    except MirageError:  # legal alone, not with the planner's other choices
+        return None
 
 
 def per_kernel_us(dev: Device, g: Graph, scale: float) -> list[dict[str, object]]:
@@ -95,7 +110,8 @@ def per_kernel_us(dev: Device, g: Graph, scale: float) -> list[dict[str, object]
 def variants(g: Graph) -> list[tuple[str, Graph]]:
     out = [("default", g)]
     types = g.tensor_types()
-    spaces = [knob_space(op.block, types, "sm_90") for op in g.ops if op.block is not None]
+    blocks = [op.block for op in g.ops if op.block is not None]
+    spaces = [knob_space(bg, types, "sm_90") for i, bg in enumerate(blocks) if probed(i)]
     # PROBE_PINS="kwarps=1;kwarps=1,tma=1": these pin sets only, each as one variant.
     if sets := os.environ.get("PROBE_PINS"):
         for text in sets.split(";"):
