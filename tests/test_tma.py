@@ -19,6 +19,7 @@ from mirage_cli.codegen.emit import emit
 from mirage_cli.codegen.expr import swizzled_address
 from mirage_cli.codegen.lower import lower
 from mirage_cli.codegen.nvrtc import compile_cuda
+from mirage_cli.codegen.plan import swizzled
 from mirage_cli.codegen.planner import knob_space, plan_kernel
 from mirage_cli.diagnostics import MirageError
 from mirage_cli.ir import DType, Graph, KernelOp, TensorType
@@ -66,7 +67,7 @@ def test_rows_of_an_odd_number_of_chunks_are_one_unswizzled_box(cols: int, span:
     assert tmaplan.swizzle_of(t) == span
     if not span:
         return
-    assert not tmaplan.swizzled(span) and tmaplan.boxes(t, span) == 1
+    assert not swizzled(span) and tmaplan.boxes(t, span) == 1
     expr = swizzled_address("sm", ["r", "c"], t, span)
     for r in range(32):
         for c in range(0, cols, 8):

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import assert_never
 
 from mirage_cli import ops
+from mirage_cli.codegen.plan import swizzled
 from mirage_cli.ir import AttrValue, BlockOp, DType, TensorType
 from mirage_cli.semantics.accum import AccumSpec, Combine, Finish, Pre, Reduce
 from mirage_cli.semantics.cuda import c_float, c_init, c_update
@@ -408,7 +409,7 @@ def swizzled_address(ptr: str, idx: list[str], t: TensorType, swizzle: int) -> s
                      for i, s in zip(idx[:-1], strides)) or "0"
     col = f"(({idx[-1]}) * {es})"
     o = f"(({row}) * {swizzle} + {col} % {swizzle})"
-    if swizzle & (swizzle - 1):  # not a swizzle span (tmaplan): one plain box per row
+    if not swizzled(swizzle):  # one plain box per row (tmaplan)
         return f"(reinterpret_cast<const unsigned char*>({ptr}) + {o})"
     phys = f"({o} ^ ((({o} >> 7) & {swizzle // 16 - 1}) << 4))"
     rows = t.numel // t.shape[-1]  # every dimension but the last (tmaplan.rows)

@@ -38,6 +38,7 @@ from mirage_cli.codegen.knobranges import (
     streams,
     vec_range,
 )
+from mirage_cli.codegen.plan import swizzled
 from mirage_cli.codegen.smemplan import TileDraft, allocate
 from mirage_cli.diagnostics import MirageError
 from mirage_cli.ir import BlockOp, DType, TensorType
@@ -110,7 +111,7 @@ def _lay_out_with(a: Analysis, dev_types: Mapping[str, TensorType], k: Knobs, pi
         for name, swizzle in bulk.items():
             t = tiles[name]
             t.swizzle, t.pitch = swizzle, t.type.shape[-1]
-            how = f"{swizzle}-byte swizzle" if tmaplan.swizzled(swizzle) else "unswizzled"
+            how = f"{swizzle}-byte swizzle" if swizzled(swizzle) else "unswizzled"
             t.owner = (f"bulk tensor copies (TMA): {tmaplan.boxes(t.type, swizzle)} box(es) of "
                        f"{tmaplan.rows(t.type)} rows x {swizzle} B, {how}, "
                        f"issued by thread 0, one mbarrier per stage")

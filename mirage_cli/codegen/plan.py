@@ -33,7 +33,7 @@ class TensorMapSpec:
     @property
     def swizzle_enum(self) -> str:
         """The ``CUtensorMapSwizzle`` enumerator's name."""
-        if self.swizzle not in SWIZZLE_SPANS:
+        if not swizzled(self.swizzle):
             return "CU_TENSOR_MAP_SWIZZLE_NONE"
         return f"CU_TENSOR_MAP_SWIZZLE_{self.swizzle}B"
 
@@ -41,6 +41,11 @@ class TensorMapSpec:
 # The swizzle spans of bulk tensor copies' boxes (bytes per box row), widest first. A
 # box of another row width (tmaplan.swizzle_of) is copied unswizzled.
 SWIZZLE_SPANS = (128, 64, 32)
+
+
+def swizzled(span: int) -> bool:
+    """Whether boxes of ``span`` bytes per row are XOR-swizzled (else plain rows)."""
+    return span in SWIZZLE_SPANS
 
 
 # The dtypes bulk tensor copies move, by their CUtensorMapDataType suffix.

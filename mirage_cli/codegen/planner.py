@@ -51,11 +51,12 @@ THREAD_COUNTS = (32, 64, 128, 256, 512, 1024)
 TUNED_THREADS = (64, 128, 256, 512)
 
 
-# A chain whose B1 is gathered element by element from a shifted join's tile (layout's
-# "gather" path) is bound by the gather, which its warps share: four times the warps of
-# the default (two per 16-row tile become eight). On an H200 the Llama-3-8B layer's
-# attention, one 16-row tile per block, ran 79.1 us with 2 warps, 49.3 with 4 and 50.4
-# with 8 at batch 8, and 152.0 with 2 against 78.2 with 8 at batch 16 (perf-log v41).
+# A kernel that reads a shifted join reads it only as its chain's gathered key operand
+# (layout's "gather" path), and is bound by the gather, which its warps share: four
+# times the warps of the default (two per 16-row tile become eight). On an H200 the
+# Llama-3-8B layer's attention, one 16-row tile per block, ran 79.1 us with 2 warps,
+# 49.3 with 4 and 50.4 with 8 at batch 8, and 152.0 with 2 against 78.2 with 8 at
+# batch 16 (perf-log v41).
 GATHER_WARPS_FACTOR = 4
 
 
@@ -66,21 +67,21 @@ def plan_kernel(bg: BlockGraph, dev_types: Mapping[str, TensorType], target: str
     ``joined``: device tensors it reads that are concatenations read in place
     (codegen/joins.py), which it stages in shared memory by ``cp.async`` or scalar
     copies (the loop kernel's staging picks each chunk's part); ``shifted``: those of
-    them that are shifted joins."""
+    them that are shifted joins, which take GATHER_WARPS_FACTOR times the default's
+    threads (else twice, else the default) unless threads or warps are pinned."""
     pins = pins or Knobs()
-    plan = _plan_kernel(bg, dev_types, target, pins, joined, shifted)
-    if pins.threads or pins.kwarps or not any(m.b_path == "gather" for m in plan.mmas):
-        return plan
-    for factor in (GATHER_WARPS_FACTOR, 2):
-        threads = plan.threads * factor
-        if threads not in TUNED_THREADS:
-            continue
-        try:
-            return _plan_kernel(bg, dev_types, target,
-                                dataclasses.replace(pins, threads=threads), joined, shifted)
-        except MirageError:  # no warp layout or no room at these threads: fewer
-            continue
-    return plan
+    if pins.threads or pins.kwarps or not shifted & {bi.source for bi in bg.inputs}:
+        return _plan_kernel(bg, dev_types, target, pins, joined, shifted)
+    base = default_threads(bg, target)
+    for threads in (base * GATHER_WARPS_FACTOR, base * 2):
+        if threads in TUNED_THREADS:
+            try:
+                return _plan_kernel(bg, dev_types, target,
+                                    dataclasses.replace(pins, threads=threads), joined,
+                                    shifted)
+            except MirageError:  # no warp layout or no room at these threads: fewer
+                continue
+    return _plan_kernel(bg, dev_types, target, pins, joined, shifted)
 
 
 def _plan_kernel(bg: BlockGraph, dev_types: Mapping[str, TensorType], target: str,

@@ -31,7 +31,6 @@ from mirage_cli.codegen.expr import row_major
 from mirage_cli.codegen.plan import SWIZZLE_SPANS, TMAP_DTYPES, TensorMapSpec
 from mirage_cli.ir import BlockInput, TensorType
 
-SWIZZLES = SWIZZLE_SPANS  # bytes per box row, widest first
 # The narrowest unswizzled box row: three chunks. Boxes of 32-byte rows already stream
 # slower than wider ones (the profile's narrow_box_slowdown); 16-byte ones stay cp.async.
 MIN_PLAIN_ROW = 48
@@ -45,15 +44,10 @@ def swizzle_of(t: TensorType) -> int:
     it is one unswizzled box (an odd number of 16-byte chunks, at least MIN_PLAIN_ROW
     bytes and at most MAX_BOX elements); 0 if neither."""
     row = t.shape[-1] * t.dtype.nbytes
-    span = next((w for w in SWIZZLES if row % w == 0), 0)
+    span = next((w for w in SWIZZLE_SPANS if row % w == 0), 0)
     if not span and row % 16 == 0 and row >= MIN_PLAIN_ROW and t.shape[-1] <= MAX_BOX:
         return row
     return span
-
-
-def swizzled(span: int) -> bool:
-    """Whether boxes of ``span`` bytes per row are XOR-swizzled (else plain rows)."""
-    return span in SWIZZLES
 
 
 def rows(t: TensorType) -> int:

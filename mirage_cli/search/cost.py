@@ -62,6 +62,7 @@ from mirage_cli.check import tile_type
 from mirage_cli.codegen import matmul_tiling
 from mirage_cli.codegen.aliasing import aliasing
 from mirage_cli.codegen.joins import joined_ops, joins, shifted_names
+from mirage_cli.codegen.plan import SWIZZLE_SPANS
 from mirage_cli.diagnostics import MirageError
 from mirage_cli.ir import BlockGraph, Graph, KernelOp, TensorType, Value
 from mirage_cli.kplan import KernelPlan
@@ -223,7 +224,7 @@ def _facts(bg: BlockGraph, plan: KernelPlan) -> PlanFacts:
 
 # The narrowest swizzle span (bytes of a bulk-copy box's row): see the profile's
 # ``narrow_box_slowdown``.
-NARROW_SWIZZLE = 32
+NARROW_SWIZZLE = SWIZZLE_SPANS[-1]
 
 
 def _side_work(bg: BlockGraph, threads: int) -> bool:
