@@ -27,7 +27,7 @@
 // output 1 'KE': bf16[1, 4, 1, 128]
 // output 2 'V4': bf16[1, 4, 1, 128]
 // kernel mg_k0_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [1, 1, 1], 256 threads, 0 B dynamic shared memory
-// kernel mg_k1_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [128, 1, 2], 128 threads, 88960 B dynamic shared memory
+// kernel mg_k1_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [120, 1, 2], 128 threads, 101280 B dynamic shared memory
 // kernel mg_k3_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [64, 1, 2], 128 threads, 13968 B dynamic shared memory
 // kernel mg_k4_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [4, 1, 1], 256 threads, 0 B dynamic shared memory
 // kernel mg_k10_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [1043, 1, 1], 256 threads, 0 B dynamic shared memory
@@ -38,13 +38,13 @@
 // kernel mg_k22_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [56, 1, 1], 256 threads, 0 B dynamic shared memory
 // kernel mg_k23_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [28, 1, 1], 256 threads, 0 B dynamic shared memory
 // kernel mg_k24_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [8, 4, 2], 256 threads, 96368 B dynamic shared memory
-// kernel mg_k26_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [64, 1, 2], 128 threads, 88960 B dynamic shared memory
+// kernel mg_k26_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [56, 1, 2], 128 threads, 101280 B dynamic shared memory
 // kernel mg_k27_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [2, 1, 1], 256 threads, 0 B dynamic shared memory
 // kernel mg_k28_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [1, 1, 1], 256 threads, 0 B dynamic shared memory
 // kernel mg_k29_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [296, 1, 1], 128 threads, 133744 B dynamic shared memory
 // kernel mg_k31_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [10, 1, 1], 256 threads, 0 B dynamic shared memory
 // kernel mg_k32_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [10, 1, 1], 256 threads, 0 B dynamic shared memory
-// kernel mg_k33_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [64, 1, 2], 256 threads, 176512 B dynamic shared memory
+// kernel mg_k33_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [56, 1, 2], 256 threads, 201120 B dynamic shared memory
 // kernel mg_k34_mirage_qwen2_7b_layer_cc9a7bb5bfd5: grid [2, 1, 1], 256 threads, 0 B dynamic shared memory
 
 // The kernels use cp.async, bf16 conversions and mma.sync shapes of sm_80 and later:
@@ -469,7 +469,7 @@ extern "C" __global__ void __launch_bounds__(256) mg_k0_mirage_qwen2_7b_layer_cc
   for (int k = threadIdx.x; k < 3584; k += 256) mg_st(p2 + (k), mg_ld(p0[k]) * inv * mg_ld(p1[k]));
 }
 
-// one launch of 2 kernels: matmul as a generated block graph: grid [64, 1, 1], forloop 28, tensor cores; matmul as a generated block graph: grid [64, 1, 1], forloop 28, tensor cores
+// one launch of 2 kernels: matmul as a generated block graph: grid [56, 1, 1], forloop 28, tensor cores; matmul as a generated block graph: grid [64, 1, 1], forloop 28, tensor cores
 extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(128, 1) mg_k1_mirage_qwen2_7b_layer_cc9a7bb5bfd5(
     const mg_bf16* __restrict__ g0_p0,
     const mg_bf16* __restrict__ g0_p1,
@@ -478,9 +478,9 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(128, 1) m
     const mg_bf16* __restrict__ g1_p0,
     const mg_bf16* __restrict__ g1_p1,
     mg_bf16* __restrict__ g1_p2) {
-  if (blockIdx.x < 64u) {
-    const unsigned mg_bx = (blockIdx.x - 0u) % 64u;
-    const unsigned mg_by = (blockIdx.x - 0u) / 64u;
+  if (blockIdx.x < 56u) {
+    const unsigned mg_bx = (blockIdx.x - 0u) % 56u;
+    const unsigned mg_by = (blockIdx.x - 0u) / 56u;
     (void)mg_bx; (void)mg_by;
     const int bx = mg_bx, by = mg_by, bz = 0;
     (void)bx; (void)by; (void)bz;
@@ -489,37 +489,37 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(128, 1) m
     extern __shared__ __align__(16) unsigned char mg_smem_raw[];
     unsigned char* mg_smem = mg_smem_raw + ((1024u - (mg_smem_addr(mg_smem_raw) & 1023u)) & 1023u);
     const int base_a = 0;
-    const int base_b = bx * 56;
-    unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 87920);
+    const int base_b = bx * 64;
+    unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 100240);
     if (threadIdx.x < 4) mg_zero[threadIdx.x] = 0u;
-    unsigned long long* mg_mbar = reinterpret_cast<unsigned long long*>(mg_smem + 87872);
+    unsigned long long* mg_mbar = reinterpret_cast<unsigned long long*>(mg_smem + 100192);
     if (threadIdx.x == 0) {
       for (int s = 0; s < 6; ++s) mg_mbar_init(mg_mbar + s);
       mg_mbar_fence_init();
     }
     __syncthreads();
-    mg_bf16* sm_a_0 = reinterpret_cast<mg_bf16*>(mg_smem + 86016);
+    mg_bf16* sm_a_0 = reinterpret_cast<mg_bf16*>(mg_smem + 98304);
     mg_bf16* sm_b_0 = reinterpret_cast<mg_bf16*>(mg_smem + 0);
-    float* buf_s = reinterpret_cast<float*>(mg_smem + 87648);
+    float* buf_s = reinterpret_cast<float*>(mg_smem + 99936);
     if (threadIdx.x == 0) {
-      mg_mbar_arrive_expect(mg_mbar + ((0) % 6), 14336u);
-      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 7168)), &g0_p3, bx * 56, ((mg_it0 + 0)) * 128, mg_mbar + ((0) % 6));
+      mg_mbar_arrive_expect(mg_mbar + ((0) % 6), 16384u);
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 8192)), &g0_p3, bx * 64, ((mg_it0 + 0)) * 128, mg_mbar + ((0) % 6));
     }
     if (threadIdx.x == 0) {
-      mg_mbar_arrive_expect(mg_mbar + ((1) % 6), 14336u);
-      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 7168)), &g0_p3, bx * 56, ((mg_it0 + 1)) * 128, mg_mbar + ((1) % 6));
+      mg_mbar_arrive_expect(mg_mbar + ((1) % 6), 16384u);
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 8192)), &g0_p3, bx * 64, ((mg_it0 + 1)) * 128, mg_mbar + ((1) % 6));
     }
     if (threadIdx.x == 0) {
-      mg_mbar_arrive_expect(mg_mbar + ((2) % 6), 14336u);
-      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 7168)), &g0_p3, bx * 56, ((mg_it0 + 2)) * 128, mg_mbar + ((2) % 6));
+      mg_mbar_arrive_expect(mg_mbar + ((2) % 6), 16384u);
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 8192)), &g0_p3, bx * 64, ((mg_it0 + 2)) * 128, mg_mbar + ((2) % 6));
     }
     if (threadIdx.x == 0) {
-      mg_mbar_arrive_expect(mg_mbar + ((3) % 6), 14336u);
-      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 7168)), &g0_p3, bx * 56, ((mg_it0 + 3)) * 128, mg_mbar + ((3) % 6));
+      mg_mbar_arrive_expect(mg_mbar + ((3) % 6), 16384u);
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 8192)), &g0_p3, bx * 64, ((mg_it0 + 3)) * 128, mg_mbar + ((3) % 6));
     }
     if (threadIdx.x == 0) {
-      mg_mbar_arrive_expect(mg_mbar + ((4) % 6), 14336u);
-      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 7168)), &g0_p3, bx * 56, ((mg_it0 + 4)) * 128, mg_mbar + ((4) % 6));
+      mg_mbar_arrive_expect(mg_mbar + ((4) % 6), 16384u);
+      mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 8192)), &g0_p3, bx * 64, ((mg_it0 + 4)) * 128, mg_mbar + ((4) % 6));
     }
     mg_grid_wait();
     mg_grid_release();
@@ -562,13 +562,13 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(128, 1) m
           mg_cp_async16((sm_a_0 + (((it + 5)) % 6) * 136) + ((s12_1 * 8)), g0_p0 + ((off_a + 640)) + ((s12_1 * 8)));
         }
         if (threadIdx.x == 0) {
-          mg_mbar_arrive_expect(mg_mbar + ((it + 5) % 6), 14336u);
-          mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 7168)), &g0_p3, bx * 56, ((mg_it0 + it + 5)) * 128, mg_mbar + ((it + 5) % 6));
+          mg_mbar_arrive_expect(mg_mbar + ((it + 5) % 6), 16384u);
+          mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 8192)), &g0_p3, bx * 64, ((mg_it0 + it + 5)) * 128, mg_mbar + ((it + 5) % 6));
         }
       }
       mg_cp_async_commit();
       const auto* sm_a = (sm_a_0 + ((it) % 6) * 136);
-      const auto* sm_b = (sm_b_0 + ((it) % 6) * 7168);
+      const auto* sm_b = (sm_b_0 + ((it) % 6) * 8192);
       {
         const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
         const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
@@ -586,13 +586,13 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(128, 1) m
         mg_ldsm_x4(ra0, ra1, ra2, ra3, ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) < 1 ? (const void*)(sm_a + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) * 136 + (kk + (mg_lane >> 4) * 8))) : (const void*)mg_zero));
         #pragma unroll
         for (int j = 0; j < 2; ++j) {
-          const int q = min(mg_grp + 4 * j, 6);
-          const int mg_nb = q / 7;
-          const int mg_ni = q % 7;
+          const int q = mg_grp + 4 * j;
+          const int mg_nb = q / 8;
+          const int mg_ni = q % 8;
           const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
           (void)mg_nb; (void)c0; (void)n0;
           unsigned rb0, rb1;
-          mg_ldsm_x2_t(rb0, rb1, (reinterpret_cast<const unsigned char*>(sm_b) + ((((kk + (mg_lane & 15)))) * 112 + (((mg_ni * 8)) * 2) % 112)));
+          mg_ldsm_x2_t(rb0, rb1, (reinterpret_cast<const unsigned char*>(sm_b) + ((((mg_ni * 8)) * 2) / 128) * 16384 + (((((kk + (mg_lane & 15)))) * 128 + (((mg_ni * 8)) * 2) % 128) ^ (((((((kk + (mg_lane & 15)))) * 128 + (((mg_ni * 8)) * 2) % 128) >> 7) & 7) << 4))));
           mg_mma_bf16(acc_s[j], ra0, ra1, ra2, ra3, rb0, rb1);
         }
       }
@@ -608,28 +608,28 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(128, 1) m
       #pragma unroll
       for (int j = 0; j < 2; ++j) {
         const int q = mg_grp + 4 * j;
-        if (q < 7) {
-          const int mg_nb = q / 7;
-          const int mg_mi = (q / 7) % 1;
-          const int mg_ni = q % 7;
+        if (q < 8) {
+          const int mg_nb = q / 8;
+          const int mg_mi = (q / 8) % 1;
+          const int mg_ni = q % 8;
           const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
           const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
           (void)mg_nb; (void)r1; (void)c0; (void)n0;
-          if (r0 < 1) buf_s[r0 * 56 + c0] = acc_s[j][0];
-          if (r0 < 1) buf_s[r0 * 56 + (c0 + 1)] = acc_s[j][1];
-          if (r1 < 1) buf_s[r1 * 56 + c0] = acc_s[j][2];
-          if (r1 < 1) buf_s[r1 * 56 + (c0 + 1)] = acc_s[j][3];
+          if (r0 < 1) buf_s[r0 * 64 + c0] = acc_s[j][0];
+          if (r0 < 1) buf_s[r0 * 64 + (c0 + 1)] = acc_s[j][1];
+          if (r1 < 1) buf_s[r1 * 64 + c0] = acc_s[j][2];
+          if (r1 < 1) buf_s[r1 * 64 + (c0 + 1)] = acc_s[j][3];
         }
       }
     }
     __syncthreads();
     mg_cluster_sync();
-    for (int e0 = threadIdx.x; e0 < 14; e0 += 512) {
+    for (int e0 = threadIdx.x; e0 < 16; e0 += 512) {
       float4 mg_p[4][2];
       #pragma unroll
       for (int j = 0; j < 4; ++j) {
         const int e = e0 + j * 128;
-        if (e < 14) {
+        if (e < 16) {
           #pragma unroll
           for (unsigned r = 0; r < 2; ++r) mg_p[j][r] = mg_dsmem_ld4(buf_s + 4 * e, r);
         }
@@ -637,7 +637,7 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(128, 1) m
       #pragma unroll
       for (int j = 0; j < 4; ++j) {
         const int e = e0 + j * 128;
-        if (e < 14) {
+        if (e < 16) {
           float4 v = mg_p[j][0];
           #pragma unroll
           for (unsigned r = 1; r < 2; ++r) {
@@ -653,14 +653,14 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(128, 1) m
     mg_cluster_arrive();
     __syncthreads();
     buf_s = reinterpret_cast<float*>(mg_smem + 0);
-    for (int e13 = (int)mg_rank * 128 + (int)threadIdx.x; e13 < 7; e13 += 256) {
+    for (int e13 = (int)mg_rank * 128 + (int)threadIdx.x; e13 < 8; e13 += 256) {
       const int i14_1 = e13;
-      mg_st8(g0_p2 + (bx * 56 + (i14_1 * 8)), buf_s[((i14_1 * 8) + 0)], buf_s[((i14_1 * 8) + 1)], buf_s[((i14_1 * 8) + 2)], buf_s[((i14_1 * 8) + 3)], buf_s[((i14_1 * 8) + 4)], buf_s[((i14_1 * 8) + 5)], buf_s[((i14_1 * 8) + 6)], buf_s[((i14_1 * 8) + 7)]);
+      mg_st8(g0_p2 + (bx * 64 + (i14_1 * 8)), buf_s[((i14_1 * 8) + 0)], buf_s[((i14_1 * 8) + 1)], buf_s[((i14_1 * 8) + 2)], buf_s[((i14_1 * 8) + 3)], buf_s[((i14_1 * 8) + 4)], buf_s[((i14_1 * 8) + 5)], buf_s[((i14_1 * 8) + 6)], buf_s[((i14_1 * 8) + 7)]);
     }
     mg_cluster_wait();
-  } else if (blockIdx.x < 128u) {
-    const unsigned mg_bx = (blockIdx.x - 64u) % 64u;
-    const unsigned mg_by = (blockIdx.x - 64u) / 64u;
+  } else if (blockIdx.x < 120u) {
+    const unsigned mg_bx = (blockIdx.x - 56u) % 64u;
+    const unsigned mg_by = (blockIdx.x - 56u) / 64u;
     (void)mg_bx; (void)mg_by;
     const int bx = mg_bx, by = mg_by, bz = 0;
     (void)bx; (void)by; (void)bz;
@@ -1944,7 +1944,7 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(256, 1) m
   mg_cluster_wait();
 }
 
-// matmul as a generated block graph: grid [64, 1, 1], forloop 28, tensor cores
+// matmul as a generated block graph: grid [56, 1, 1], forloop 28, tensor cores
 extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(128, 1) mg_k26_mirage_qwen2_7b_layer_cc9a7bb5bfd5(
     const mg_bf16* __restrict__ p0,
     const mg_bf16* __restrict__ p1,
@@ -1957,37 +1957,37 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(128, 1) m
   extern __shared__ __align__(16) unsigned char mg_smem_raw[];
   unsigned char* mg_smem = mg_smem_raw + ((1024u - (mg_smem_addr(mg_smem_raw) & 1023u)) & 1023u);
   const int base_a = 0;
-  const int base_b = bx * 56;
-  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 87920);
+  const int base_b = bx * 64;
+  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 100240);
   if (threadIdx.x < 4) mg_zero[threadIdx.x] = 0u;
-  unsigned long long* mg_mbar = reinterpret_cast<unsigned long long*>(mg_smem + 87872);
+  unsigned long long* mg_mbar = reinterpret_cast<unsigned long long*>(mg_smem + 100192);
   if (threadIdx.x == 0) {
     for (int s = 0; s < 6; ++s) mg_mbar_init(mg_mbar + s);
     mg_mbar_fence_init();
   }
   __syncthreads();
-  mg_bf16* sm_a_0 = reinterpret_cast<mg_bf16*>(mg_smem + 86016);
+  mg_bf16* sm_a_0 = reinterpret_cast<mg_bf16*>(mg_smem + 98304);
   mg_bf16* sm_b_0 = reinterpret_cast<mg_bf16*>(mg_smem + 0);
-  float* buf_s = reinterpret_cast<float*>(mg_smem + 87648);
+  float* buf_s = reinterpret_cast<float*>(mg_smem + 99936);
   if (threadIdx.x == 0) {
-    mg_mbar_arrive_expect(mg_mbar + ((0) % 6), 14336u);
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 7168)), &p3, bx * 56, ((mg_it0 + 0)) * 128, mg_mbar + ((0) % 6));
+    mg_mbar_arrive_expect(mg_mbar + ((0) % 6), 16384u);
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 8192)), &p3, bx * 64, ((mg_it0 + 0)) * 128, mg_mbar + ((0) % 6));
   }
   if (threadIdx.x == 0) {
-    mg_mbar_arrive_expect(mg_mbar + ((1) % 6), 14336u);
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 7168)), &p3, bx * 56, ((mg_it0 + 1)) * 128, mg_mbar + ((1) % 6));
+    mg_mbar_arrive_expect(mg_mbar + ((1) % 6), 16384u);
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 8192)), &p3, bx * 64, ((mg_it0 + 1)) * 128, mg_mbar + ((1) % 6));
   }
   if (threadIdx.x == 0) {
-    mg_mbar_arrive_expect(mg_mbar + ((2) % 6), 14336u);
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 7168)), &p3, bx * 56, ((mg_it0 + 2)) * 128, mg_mbar + ((2) % 6));
+    mg_mbar_arrive_expect(mg_mbar + ((2) % 6), 16384u);
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 8192)), &p3, bx * 64, ((mg_it0 + 2)) * 128, mg_mbar + ((2) % 6));
   }
   if (threadIdx.x == 0) {
-    mg_mbar_arrive_expect(mg_mbar + ((3) % 6), 14336u);
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 7168)), &p3, bx * 56, ((mg_it0 + 3)) * 128, mg_mbar + ((3) % 6));
+    mg_mbar_arrive_expect(mg_mbar + ((3) % 6), 16384u);
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 8192)), &p3, bx * 64, ((mg_it0 + 3)) * 128, mg_mbar + ((3) % 6));
   }
   if (threadIdx.x == 0) {
-    mg_mbar_arrive_expect(mg_mbar + ((4) % 6), 14336u);
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 7168)), &p3, bx * 56, ((mg_it0 + 4)) * 128, mg_mbar + ((4) % 6));
+    mg_mbar_arrive_expect(mg_mbar + ((4) % 6), 16384u);
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 8192)), &p3, bx * 64, ((mg_it0 + 4)) * 128, mg_mbar + ((4) % 6));
   }
   mg_grid_wait();
   mg_grid_release();
@@ -2030,13 +2030,13 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(128, 1) m
         mg_cp_async16((sm_a_0 + (((it + 5)) % 6) * 136) + ((s12_1 * 8)), p0 + ((off_a + 640)) + ((s12_1 * 8)));
       }
       if (threadIdx.x == 0) {
-        mg_mbar_arrive_expect(mg_mbar + ((it + 5) % 6), 14336u);
-        mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 7168)), &p3, bx * 56, ((mg_it0 + it + 5)) * 128, mg_mbar + ((it + 5) % 6));
+        mg_mbar_arrive_expect(mg_mbar + ((it + 5) % 6), 16384u);
+        mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 8192)), &p3, bx * 64, ((mg_it0 + it + 5)) * 128, mg_mbar + ((it + 5) % 6));
       }
     }
     mg_cp_async_commit();
     const auto* sm_a = (sm_a_0 + ((it) % 6) * 136);
-    const auto* sm_b = (sm_b_0 + ((it) % 6) * 7168);
+    const auto* sm_b = (sm_b_0 + ((it) % 6) * 8192);
     {
       const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
       const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
@@ -2054,13 +2054,13 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(128, 1) m
       mg_ldsm_x4(ra0, ra1, ra2, ra3, ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) < 1 ? (const void*)(sm_a + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) * 136 + (kk + (mg_lane >> 4) * 8))) : (const void*)mg_zero));
       #pragma unroll
       for (int j = 0; j < 2; ++j) {
-        const int q = min(mg_grp + 4 * j, 6);
-        const int mg_nb = q / 7;
-        const int mg_ni = q % 7;
+        const int q = mg_grp + 4 * j;
+        const int mg_nb = q / 8;
+        const int mg_ni = q % 8;
         const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
         (void)mg_nb; (void)c0; (void)n0;
         unsigned rb0, rb1;
-        mg_ldsm_x2_t(rb0, rb1, (reinterpret_cast<const unsigned char*>(sm_b) + ((((kk + (mg_lane & 15)))) * 112 + (((mg_ni * 8)) * 2) % 112)));
+        mg_ldsm_x2_t(rb0, rb1, (reinterpret_cast<const unsigned char*>(sm_b) + ((((mg_ni * 8)) * 2) / 128) * 16384 + (((((kk + (mg_lane & 15)))) * 128 + (((mg_ni * 8)) * 2) % 128) ^ (((((((kk + (mg_lane & 15)))) * 128 + (((mg_ni * 8)) * 2) % 128) >> 7) & 7) << 4))));
         mg_mma_bf16(acc_s[j], ra0, ra1, ra2, ra3, rb0, rb1);
       }
     }
@@ -2076,28 +2076,28 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(128, 1) m
     #pragma unroll
     for (int j = 0; j < 2; ++j) {
       const int q = mg_grp + 4 * j;
-      if (q < 7) {
-        const int mg_nb = q / 7;
-        const int mg_mi = (q / 7) % 1;
-        const int mg_ni = q % 7;
+      if (q < 8) {
+        const int mg_nb = q / 8;
+        const int mg_mi = (q / 8) % 1;
+        const int mg_ni = q % 8;
         const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
         const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
         (void)mg_nb; (void)r1; (void)c0; (void)n0;
-        if (r0 < 1) buf_s[r0 * 56 + c0] = acc_s[j][0];
-        if (r0 < 1) buf_s[r0 * 56 + (c0 + 1)] = acc_s[j][1];
-        if (r1 < 1) buf_s[r1 * 56 + c0] = acc_s[j][2];
-        if (r1 < 1) buf_s[r1 * 56 + (c0 + 1)] = acc_s[j][3];
+        if (r0 < 1) buf_s[r0 * 64 + c0] = acc_s[j][0];
+        if (r0 < 1) buf_s[r0 * 64 + (c0 + 1)] = acc_s[j][1];
+        if (r1 < 1) buf_s[r1 * 64 + c0] = acc_s[j][2];
+        if (r1 < 1) buf_s[r1 * 64 + (c0 + 1)] = acc_s[j][3];
       }
     }
   }
   __syncthreads();
   mg_cluster_sync();
-  for (int e0 = threadIdx.x; e0 < 14; e0 += 512) {
+  for (int e0 = threadIdx.x; e0 < 16; e0 += 512) {
     float4 mg_p[4][2];
     #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const int e = e0 + j * 128;
-      if (e < 14) {
+      if (e < 16) {
         #pragma unroll
         for (unsigned r = 0; r < 2; ++r) mg_p[j][r] = mg_dsmem_ld4(buf_s + 4 * e, r);
       }
@@ -2105,7 +2105,7 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(128, 1) m
     #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const int e = e0 + j * 128;
-      if (e < 14) {
+      if (e < 16) {
         float4 v = mg_p[j][0];
         #pragma unroll
         for (unsigned r = 1; r < 2; ++r) {
@@ -2121,9 +2121,9 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(128, 1) m
   mg_cluster_arrive();
   __syncthreads();
   buf_s = reinterpret_cast<float*>(mg_smem + 0);
-  for (int e13 = (int)mg_rank * 128 + (int)threadIdx.x; e13 < 7; e13 += 256) {
+  for (int e13 = (int)mg_rank * 128 + (int)threadIdx.x; e13 < 8; e13 += 256) {
     const int i14_1 = e13;
-    mg_st8(p2 + (bx * 56 + (i14_1 * 8)), buf_s[((i14_1 * 8) + 0)], buf_s[((i14_1 * 8) + 1)], buf_s[((i14_1 * 8) + 2)], buf_s[((i14_1 * 8) + 3)], buf_s[((i14_1 * 8) + 4)], buf_s[((i14_1 * 8) + 5)], buf_s[((i14_1 * 8) + 6)], buf_s[((i14_1 * 8) + 7)]);
+    mg_st8(p2 + (bx * 64 + (i14_1 * 8)), buf_s[((i14_1 * 8) + 0)], buf_s[((i14_1 * 8) + 1)], buf_s[((i14_1 * 8) + 2)], buf_s[((i14_1 * 8) + 3)], buf_s[((i14_1 * 8) + 4)], buf_s[((i14_1 * 8) + 5)], buf_s[((i14_1 * 8) + 6)], buf_s[((i14_1 * 8) + 7)]);
   }
   mg_cluster_wait();
 }
@@ -2527,7 +2527,7 @@ extern "C" __global__ void __launch_bounds__(256) mg_k32_mirage_qwen2_7b_layer_c
   }
 }
 
-// matmul as a generated block graph: grid [64, 1, 1], forloop 74, tensor cores
+// matmul as a generated block graph: grid [56, 1, 1], forloop 74, tensor cores
 extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(256, 1) mg_k33_mirage_qwen2_7b_layer_cc9a7bb5bfd5(
     const mg_bf16* __restrict__ p0,
     const mg_bf16* __restrict__ p1,
@@ -2540,37 +2540,37 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(256, 1) m
   extern __shared__ __align__(16) unsigned char mg_smem_raw[];
   unsigned char* mg_smem = mg_smem_raw + ((1024u - (mg_smem_addr(mg_smem_raw) & 1023u)) & 1023u);
   const int base_a = 0;
-  const int base_b = bx * 56;
-  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 175472);
+  const int base_b = bx * 64;
+  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 200080);
   if (threadIdx.x < 4) mg_zero[threadIdx.x] = 0u;
-  unsigned long long* mg_mbar = reinterpret_cast<unsigned long long*>(mg_smem + 175424);
+  unsigned long long* mg_mbar = reinterpret_cast<unsigned long long*>(mg_smem + 200032);
   if (threadIdx.x == 0) {
     for (int s = 0; s < 6; ++s) mg_mbar_init(mg_mbar + s);
     mg_mbar_fence_init();
   }
   __syncthreads();
-  mg_bf16* sm_a_0 = reinterpret_cast<mg_bf16*>(mg_smem + 172032);
+  mg_bf16* sm_a_0 = reinterpret_cast<mg_bf16*>(mg_smem + 196608);
   mg_bf16* sm_b_0 = reinterpret_cast<mg_bf16*>(mg_smem + 0);
-  float* buf_s = reinterpret_cast<float*>(mg_smem + 175200);
+  float* buf_s = reinterpret_cast<float*>(mg_smem + 199776);
   if (threadIdx.x == 0) {
-    mg_mbar_arrive_expect(mg_mbar + ((0) % 6), 28672u);
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 14336)), &p3, bx * 56, ((mg_it0 + 0)) * 256, mg_mbar + ((0) % 6));
+    mg_mbar_arrive_expect(mg_mbar + ((0) % 6), 32768u);
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 16384)), &p3, bx * 64, ((mg_it0 + 0)) * 256, mg_mbar + ((0) % 6));
   }
   if (threadIdx.x == 0) {
-    mg_mbar_arrive_expect(mg_mbar + ((1) % 6), 28672u);
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 14336)), &p3, bx * 56, ((mg_it0 + 1)) * 256, mg_mbar + ((1) % 6));
+    mg_mbar_arrive_expect(mg_mbar + ((1) % 6), 32768u);
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 16384)), &p3, bx * 64, ((mg_it0 + 1)) * 256, mg_mbar + ((1) % 6));
   }
   if (threadIdx.x == 0) {
-    mg_mbar_arrive_expect(mg_mbar + ((2) % 6), 28672u);
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 14336)), &p3, bx * 56, ((mg_it0 + 2)) * 256, mg_mbar + ((2) % 6));
+    mg_mbar_arrive_expect(mg_mbar + ((2) % 6), 32768u);
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 16384)), &p3, bx * 64, ((mg_it0 + 2)) * 256, mg_mbar + ((2) % 6));
   }
   if (threadIdx.x == 0) {
-    mg_mbar_arrive_expect(mg_mbar + ((3) % 6), 28672u);
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 14336)), &p3, bx * 56, ((mg_it0 + 3)) * 256, mg_mbar + ((3) % 6));
+    mg_mbar_arrive_expect(mg_mbar + ((3) % 6), 32768u);
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 16384)), &p3, bx * 64, ((mg_it0 + 3)) * 256, mg_mbar + ((3) % 6));
   }
   if (threadIdx.x == 0) {
-    mg_mbar_arrive_expect(mg_mbar + ((4) % 6), 28672u);
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 14336)), &p3, bx * 56, ((mg_it0 + 4)) * 256, mg_mbar + ((4) % 6));
+    mg_mbar_arrive_expect(mg_mbar + ((4) % 6), 32768u);
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 16384)), &p3, bx * 64, ((mg_it0 + 4)) * 256, mg_mbar + ((4) % 6));
   }
   mg_grid_wait();
   mg_grid_release();
@@ -2613,13 +2613,13 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(256, 1) m
         mg_cp_async16((sm_a_0 + (((it + 5)) % 6) * 264) + ((s12_1 * 8)), p0 + ((off_a + 1280)) + ((s12_1 * 8)));
       }
       if (threadIdx.x == 0) {
-        mg_mbar_arrive_expect(mg_mbar + ((it + 5) % 6), 28672u);
-        mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 14336)), &p3, bx * 56, ((mg_it0 + it + 5)) * 256, mg_mbar + ((it + 5) % 6));
+        mg_mbar_arrive_expect(mg_mbar + ((it + 5) % 6), 32768u);
+        mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 16384)), &p3, bx * 64, ((mg_it0 + it + 5)) * 256, mg_mbar + ((it + 5) % 6));
       }
     }
     mg_cp_async_commit();
     const auto* sm_a = (sm_a_0 + ((it) % 6) * 264);
-    const auto* sm_b = (sm_b_0 + ((it) % 6) * 14336);
+    const auto* sm_b = (sm_b_0 + ((it) % 6) * 16384);
     {
       const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
       const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
@@ -2637,13 +2637,13 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(256, 1) m
       mg_ldsm_x4(ra0, ra1, ra2, ra3, ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) < 1 ? (const void*)(sm_a + ((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8) * 264 + (kk + (mg_lane >> 4) * 8))) : (const void*)mg_zero));
       #pragma unroll
       for (int j = 0; j < 2; ++j) {
-        const int q = min(mg_grp + 4 * j, 6);
-        const int mg_nb = q / 7;
-        const int mg_ni = q % 7;
+        const int q = mg_grp + 4 * j;
+        const int mg_nb = q / 8;
+        const int mg_ni = q % 8;
         const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
         (void)mg_nb; (void)c0; (void)n0;
         unsigned rb0, rb1;
-        mg_ldsm_x2_t(rb0, rb1, (reinterpret_cast<const unsigned char*>(sm_b) + ((((kk + (mg_lane & 15)))) * 112 + (((mg_ni * 8)) * 2) % 112)));
+        mg_ldsm_x2_t(rb0, rb1, (reinterpret_cast<const unsigned char*>(sm_b) + ((((mg_ni * 8)) * 2) / 128) * 32768 + (((((kk + (mg_lane & 15)))) * 128 + (((mg_ni * 8)) * 2) % 128) ^ (((((((kk + (mg_lane & 15)))) * 128 + (((mg_ni * 8)) * 2) % 128) >> 7) & 7) << 4))));
         mg_mma_bf16(acc_s[j], ra0, ra1, ra2, ra3, rb0, rb1);
       }
     }
@@ -2660,17 +2660,17 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(256, 1) m
       #pragma unroll
       for (int j = 0; j < 2; ++j) {
         const int q = mg_grp + 4 * j;
-        if (q < 7) {
-          const int mg_nb = q / 7;
-          const int mg_mi = (q / 7) % 1;
-          const int mg_ni = q % 7;
+        if (q < 8) {
+          const int mg_nb = q / 8;
+          const int mg_mi = (q / 8) % 1;
+          const int mg_ni = q % 8;
           const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
           const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
           (void)mg_nb; (void)r1; (void)c0; (void)n0;
-          if (r0 < 1) buf_s[r0 * 56 + c0] = acc_s[j][0];
-          if (r0 < 1) buf_s[r0 * 56 + (c0 + 1)] = acc_s[j][1];
-          if (r1 < 1) buf_s[r1 * 56 + c0] = acc_s[j][2];
-          if (r1 < 1) buf_s[r1 * 56 + (c0 + 1)] = acc_s[j][3];
+          if (r0 < 1) buf_s[r0 * 64 + c0] = acc_s[j][0];
+          if (r0 < 1) buf_s[r0 * 64 + (c0 + 1)] = acc_s[j][1];
+          if (r1 < 1) buf_s[r1 * 64 + c0] = acc_s[j][2];
+          if (r1 < 1) buf_s[r1 * 64 + (c0 + 1)] = acc_s[j][3];
         }
       }
     }
@@ -2679,29 +2679,29 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(256, 1) m
       #pragma unroll
       for (int j = 0; j < 2; ++j) {
         const int q = mg_grp + 4 * j;
-        if (q < 7) {
-          const int mg_nb = q / 7;
-          const int mg_mi = (q / 7) % 1;
-          const int mg_ni = q % 7;
+        if (q < 8) {
+          const int mg_nb = q / 8;
+          const int mg_mi = (q / 8) % 1;
+          const int mg_ni = q % 8;
           const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
           const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
           (void)mg_nb; (void)r1; (void)c0; (void)n0;
-          if (r0 < 1) buf_s[r0 * 56 + c0] += acc_s[j][0];
-          if (r0 < 1) buf_s[r0 * 56 + (c0 + 1)] += acc_s[j][1];
-          if (r1 < 1) buf_s[r1 * 56 + c0] += acc_s[j][2];
-          if (r1 < 1) buf_s[r1 * 56 + (c0 + 1)] += acc_s[j][3];
+          if (r0 < 1) buf_s[r0 * 64 + c0] += acc_s[j][0];
+          if (r0 < 1) buf_s[r0 * 64 + (c0 + 1)] += acc_s[j][1];
+          if (r1 < 1) buf_s[r1 * 64 + c0] += acc_s[j][2];
+          if (r1 < 1) buf_s[r1 * 64 + (c0 + 1)] += acc_s[j][3];
         }
       }
     }
   }
   __syncthreads();
   mg_cluster_sync();
-  for (int e0 = threadIdx.x; e0 < 14; e0 += 1024) {
+  for (int e0 = threadIdx.x; e0 < 16; e0 += 1024) {
     float4 mg_p[4][2];
     #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const int e = e0 + j * 256;
-      if (e < 14) {
+      if (e < 16) {
         #pragma unroll
         for (unsigned r = 0; r < 2; ++r) mg_p[j][r] = mg_dsmem_ld4(buf_s + 4 * e, r);
       }
@@ -2709,7 +2709,7 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(256, 1) m
     #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const int e = e0 + j * 256;
-      if (e < 14) {
+      if (e < 16) {
         float4 v = mg_p[j][0];
         #pragma unroll
         for (unsigned r = 1; r < 2; ++r) {
@@ -2725,9 +2725,9 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(256, 1) m
   mg_cluster_arrive();
   __syncthreads();
   buf_s = reinterpret_cast<float*>(mg_smem + 0);
-  for (int e13 = (int)mg_rank * 256 + (int)threadIdx.x; e13 < 7; e13 += 512) {
+  for (int e13 = (int)mg_rank * 256 + (int)threadIdx.x; e13 < 8; e13 += 512) {
     const int i14_1 = e13;
-    mg_st8(p2 + (bx * 56 + (i14_1 * 8)), buf_s[((i14_1 * 8) + 0)], buf_s[((i14_1 * 8) + 1)], buf_s[((i14_1 * 8) + 2)], buf_s[((i14_1 * 8) + 3)], buf_s[((i14_1 * 8) + 4)], buf_s[((i14_1 * 8) + 5)], buf_s[((i14_1 * 8) + 6)], buf_s[((i14_1 * 8) + 7)]);
+    mg_st8(p2 + (bx * 64 + (i14_1 * 8)), buf_s[((i14_1 * 8) + 0)], buf_s[((i14_1 * 8) + 1)], buf_s[((i14_1 * 8) + 2)], buf_s[((i14_1 * 8) + 3)], buf_s[((i14_1 * 8) + 4)], buf_s[((i14_1 * 8) + 5)], buf_s[((i14_1 * 8) + 6)], buf_s[((i14_1 * 8) + 7)]);
   }
   mg_cluster_wait();
 }
@@ -2839,19 +2839,19 @@ static cudaError_t mg_prepare_mirage_qwen2_7b_layer_cc9a7bb5bfd5(int* mg_state) 
     if (*mg_state != 0) return cudaSuccess;
   }
   mg_err = cudaFuncSetAttribute((const void*)mg_k1_mirage_qwen2_7b_layer_cc9a7bb5bfd5,
-                                cudaFuncAttributeMaxDynamicSharedMemorySize, 88960);
+                                cudaFuncAttributeMaxDynamicSharedMemorySize, 101280);
   if (mg_err != cudaSuccess) return mg_err;
   mg_err = cudaFuncSetAttribute((const void*)mg_k24_mirage_qwen2_7b_layer_cc9a7bb5bfd5,
                                 cudaFuncAttributeMaxDynamicSharedMemorySize, 96368);
   if (mg_err != cudaSuccess) return mg_err;
   mg_err = cudaFuncSetAttribute((const void*)mg_k26_mirage_qwen2_7b_layer_cc9a7bb5bfd5,
-                                cudaFuncAttributeMaxDynamicSharedMemorySize, 88960);
+                                cudaFuncAttributeMaxDynamicSharedMemorySize, 101280);
   if (mg_err != cudaSuccess) return mg_err;
   mg_err = cudaFuncSetAttribute((const void*)mg_k29_mirage_qwen2_7b_layer_cc9a7bb5bfd5,
                                 cudaFuncAttributeMaxDynamicSharedMemorySize, 133744);
   if (mg_err != cudaSuccess) return mg_err;
   mg_err = cudaFuncSetAttribute((const void*)mg_k33_mirage_qwen2_7b_layer_cc9a7bb5bfd5,
-                                cudaFuncAttributeMaxDynamicSharedMemorySize, 176512);
+                                cudaFuncAttributeMaxDynamicSharedMemorySize, 201120);
   if (mg_err != cudaSuccess) return mg_err;
   int mg_major = 0;
   mg_err = cudaDeviceGetAttribute(&mg_major, cudaDevAttrComputeCapabilityMajor, mg_dev);
@@ -2896,9 +2896,9 @@ extern "C" cudaError_t mirage_qwen2_7b_layer_cc9a7bb5bfd5(const void* mg_in0_X, 
     {
       const cuuint64_t mg_dims[] = {3584, 3584};
       const cuuint64_t mg_strides[] = {7168};
-      const cuuint32_t mg_box[] = {56, 128};
+      const cuuint32_t mg_box[] = {64, 128};
       mg_err = mg_encode_tmap_mirage_qwen2_7b_layer_cc9a7bb5bfd5(&mg_a3, mg_in2_WQ, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2,
-                                mg_dims, mg_strides, mg_box, CU_TENSOR_MAP_SWIZZLE_NONE);
+                                mg_dims, mg_strides, mg_box, CU_TENSOR_MAP_SWIZZLE_128B);
       if (mg_err != cudaSuccess) return mg_err;
     }
     const mg_bf16* mg_a4 = (const mg_bf16*)(mg_ws + 0);
@@ -2906,9 +2906,9 @@ extern "C" cudaError_t mirage_qwen2_7b_layer_cc9a7bb5bfd5(const void* mg_in0_X, 
     mg_bf16* mg_a6 = (mg_bf16*)(mg_ws + 14336);
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2, &mg_a3, &mg_a4, &mg_a5, &mg_a6};
     cudaLaunchConfig_t mg_cfg = {};
-    mg_cfg.gridDim = dim3(128, 1, 2);
+    mg_cfg.gridDim = dim3(120, 1, 2);
     mg_cfg.blockDim = dim3(128);
-    mg_cfg.dynamicSmemBytes = 88960;
+    mg_cfg.dynamicSmemBytes = 101280;
     mg_cfg.stream = mg_stream;
     mg_cfg.attrs = mg_pdl;
     mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
@@ -3093,16 +3093,16 @@ extern "C" cudaError_t mirage_qwen2_7b_layer_cc9a7bb5bfd5(const void* mg_in0_X, 
     {
       const cuuint64_t mg_dims[] = {3584, 3584};
       const cuuint64_t mg_strides[] = {7168};
-      const cuuint32_t mg_box[] = {56, 128};
+      const cuuint32_t mg_box[] = {64, 128};
       mg_err = mg_encode_tmap_mirage_qwen2_7b_layer_cc9a7bb5bfd5(&mg_a3, mg_in12_WO, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2,
-                                mg_dims, mg_strides, mg_box, CU_TENSOR_MAP_SWIZZLE_NONE);
+                                mg_dims, mg_strides, mg_box, CU_TENSOR_MAP_SWIZZLE_128B);
       if (mg_err != cudaSuccess) return mg_err;
     }
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2, &mg_a3};
     cudaLaunchConfig_t mg_cfg = {};
-    mg_cfg.gridDim = dim3(64, 1, 2);
+    mg_cfg.gridDim = dim3(56, 1, 2);
     mg_cfg.blockDim = dim3(128);
-    mg_cfg.dynamicSmemBytes = 88960;
+    mg_cfg.dynamicSmemBytes = 101280;
     mg_cfg.stream = mg_stream;
     mg_cfg.attrs = mg_pdl;
     mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;
@@ -3212,16 +3212,16 @@ extern "C" cudaError_t mirage_qwen2_7b_layer_cc9a7bb5bfd5(const void* mg_in0_X, 
     {
       const cuuint64_t mg_dims[] = {3584, 18944};
       const cuuint64_t mg_strides[] = {7168};
-      const cuuint32_t mg_box[] = {56, 256};
+      const cuuint32_t mg_box[] = {64, 256};
       mg_err = mg_encode_tmap_mirage_qwen2_7b_layer_cc9a7bb5bfd5(&mg_a3, mg_in16_W2, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2,
-                                mg_dims, mg_strides, mg_box, CU_TENSOR_MAP_SWIZZLE_NONE);
+                                mg_dims, mg_strides, mg_box, CU_TENSOR_MAP_SWIZZLE_128B);
       if (mg_err != cudaSuccess) return mg_err;
     }
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2, &mg_a3};
     cudaLaunchConfig_t mg_cfg = {};
-    mg_cfg.gridDim = dim3(64, 1, 2);
+    mg_cfg.gridDim = dim3(56, 1, 2);
     mg_cfg.blockDim = dim3(256);
-    mg_cfg.dynamicSmemBytes = 176512;
+    mg_cfg.dynamicSmemBytes = 201120;
     mg_cfg.stream = mg_stream;
     mg_cfg.attrs = mg_pdl;
     mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;

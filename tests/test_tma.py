@@ -318,9 +318,15 @@ def test_back_to_back_calls_read_the_previous_output_after_it_is_written() -> No
         first.free(a)
 
 
-def test_boxes_of_32_byte_rows_are_priced_slower(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The profile's ``narrow_box_slowdown`` (the Llama layer's projections, perf-log
-    v39): a plan with a box of 32-byte rows streams its loop inputs that much slower."""
+@pytest.mark.parametrize("fact, span, slowdown", [
+    ("narrow", 32, "narrow_box_slowdown"),   # the Llama layer's projections, perf-log v39
+    ("plain", 112, "plain_box_slowdown"),    # the Qwen layer's projections, perf-log v42
+])
+def test_narrow_and_unswizzled_boxes_are_priced_slower(
+        monkeypatch: pytest.MonkeyPatch, fact: str, span: int, slowdown: str) -> None:
+    """The profile's box slowdowns: a plan with a box of 32-byte rows, or an
+    unswizzled box (112-byte rows), streams its loop inputs that much slower than in
+    the 64-byte swizzled boxes of the same bytes."""
     from mirage_cli.search import cost
 
     g = _fused("gated_mlp_fused", 8)
@@ -329,14 +335,16 @@ def test_boxes_of_32_byte_rows_are_priced_slower(monkeypatch: pytest.MonkeyPatch
     types, p = g.tensor_types(), cost.profile()
     plan = plan_kernel(op.block, types, "sm_90", Knobs())
     facts = cost._facts(op.block, plan)
-    assert facts.bulk and not facts.narrow  # 64-byte boxes
-    narrow_plan = dataclasses.replace(plan, tiles=tuple(
-        dataclasses.replace(t, swizzle=32) if t.swizzle else t for t in plan.tiles))
-    assert cost._facts(op.block, narrow_plan).narrow
-    assert p.narrow_box_slowdown and p.narrow_box_slowdown > 1
+    assert facts.bulk and not facts.narrow and not facts.plain  # 64-byte boxes
+    other = dataclasses.replace(plan, tiles=tuple(
+        dataclasses.replace(t, swizzle=span) if t.swizzle else t for t in plan.tiles))
+    other_facts = cost._facts(op.block, other)
+    assert getattr(other_facts, fact)
+    assert not getattr(other_facts, "plain" if fact == "narrow" else "narrow")
+    assert getattr(p, slowdown) and getattr(p, slowdown) > 1
     wide = cost._kernel_cost(op, types, p)
     monkeypatch.setattr(cost, "_plan_facts",
-                        lambda *a, **k: dataclasses.replace(facts, narrow=True))
+                        lambda *a, **k: dataclasses.replace(facts, **{fact: True}))
     slow = cost._kernel_cost(op, types, p)
     assert slow.stream_us > wide.stream_us
     assert slow.dram_us == wide.dram_us and slow.l2_us == wide.l2_us  # same bytes

@@ -3,7 +3,9 @@
     python tools/plan_probe.py OUT.json PROGRAM.mir:BATCH[,NAME=N...]:GRAPH.ugraph.json ...
 
 For each triple: the program (at ``-D batch=BATCH`` and the other ``NAME=N`` given, for
-shapes the program's defaults do not have) is the float64 reference and the
+shapes the program's defaults do not have; a µGraph file as the program, such as a
+layer's ``PART.ugraph.json`` from ``--save-temps``, keeps its own sizes and BATCH only
+labels the rows) is the float64 reference and the
 baseline (PyTorch eager and torch.compile, timed the same way); the µGraph is lowered
 with its default plan and with each knob set to each of its legal values (the others
 left to the planner), checked against the reference with NaN-poisoned outputs and
@@ -154,7 +156,8 @@ def main(argv: list[str]) -> int:
         prog_path, sizes, graph_path = spec.split(":")
         defines = defines_of(sizes)
         batch = defines["batch"]
-        prog = load_graph(prog_path, defines)
+        # A µGraph file as the program (a layer's part): its own sizes.
+        prog = load_graph(prog_path, defines if prog_path.endswith(".mir") else None)
         # A .mir as the graph: its unfused lowering, at the same sizes.
         g = load_graph(graph_path, defines if graph_path.endswith(".mir") else None)
         if os.environ.get("PROBE_REPLAN"):

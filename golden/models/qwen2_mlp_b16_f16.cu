@@ -14,7 +14,7 @@
 // kernel mg_k0_mirage_qwen2_mlp_b16_f16_h16x3584_h3584x18944_h3584x18944_h18944x3584_to_h16x3584: grid [296, 1, 1], 128 threads, 156720 B dynamic shared memory
 // kernel mg_k2_mirage_qwen2_mlp_b16_f16_h16x3584_h3584x18944_h3584x18944_h18944x3584_to_h16x3584: grid [148, 1, 1], 256 threads, 0 B dynamic shared memory
 // kernel mg_k3_mirage_qwen2_mlp_b16_f16_h16x3584_h3584x18944_h3584x18944_h18944x3584_to_h16x3584: grid [148, 1, 1], 256 threads, 0 B dynamic shared memory
-// kernel mg_k4_mirage_qwen2_mlp_b16_f16_h16x3584_h3584x18944_h3584x18944_h18944x3584_to_h16x3584: grid [64, 1, 2], 256 threads, 225856 B dynamic shared memory
+// kernel mg_k4_mirage_qwen2_mlp_b16_f16_h16x3584_h3584x18944_h3584x18944_h18944x3584_to_h16x3584: grid [56, 1, 2], 256 threads, 209984 B dynamic shared memory
 
 // The kernels use cp.async, bf16 conversions and mma.sync shapes of sm_80 and later:
 // one clear error instead of a wall of ptxas errors for an older target.
@@ -765,7 +765,7 @@ extern "C" __global__ void __launch_bounds__(256) mg_k3_mirage_qwen2_mlp_b16_f16
   }
 }
 
-// matmul as a generated block graph: grid [64, 1, 1], forloop 74, tensor cores
+// matmul as a generated block graph: grid [56, 1, 1], forloop 74, tensor cores
 extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(256, 1) mg_k4_mirage_qwen2_mlp_b16_f16_h16x3584_h3584x18944_h3584x18944_h18944x3584_to_h16x3584(
     const mg_f16* __restrict__ p0,
     const mg_f16* __restrict__ p1,
@@ -779,93 +779,82 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(256, 1) m
   extern __shared__ __align__(16) unsigned char mg_smem_raw[];
   unsigned char* mg_smem = mg_smem_raw + ((1024u - (mg_smem_addr(mg_smem_raw) & 1023u)) & 1023u);
   const int base_a = 0;
-  const int base_b = bx * 56;
-  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 224816);
+  const int base_b = bx * 64;
+  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 208944);
   if (threadIdx.x < 4) mg_zero[threadIdx.x] = 0u;
-  unsigned long long* mg_mbar = reinterpret_cast<unsigned long long*>(mg_smem + 224768);
+  unsigned long long* mg_mbar = reinterpret_cast<unsigned long long*>(mg_smem + 208896);
   if (threadIdx.x == 0) {
-    for (int s = 0; s < 6; ++s) mg_mbar_init(mg_mbar + s);
+    for (int s = 0; s < 5; ++s) mg_mbar_init(mg_mbar + s);
     mg_mbar_fence_init();
   }
   __syncthreads();
   mg_f16* sm_a_0 = reinterpret_cast<mg_f16*>(mg_smem + 0);
-  mg_f16* sm_b_0 = reinterpret_cast<mg_f16*>(mg_smem + 49152);
-  float* buf_s = reinterpret_cast<float*>(mg_smem + 221184);
+  mg_f16* sm_b_0 = reinterpret_cast<mg_f16*>(mg_smem + 40960);
+  float* buf_s = reinterpret_cast<float*>(mg_smem + 204800);
   if (threadIdx.x == 0) {
-    mg_mbar_expect(mg_mbar + ((0) % 6), 28672u);
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 14336)), &p4, bx * 56, ((mg_it0 + 0)) * 256, mg_mbar + ((0) % 6));
+    mg_mbar_expect(mg_mbar + ((0) % 5), 32768u);
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 5) * 16384)), &p4, bx * 64, ((mg_it0 + 0)) * 256, mg_mbar + ((0) % 5));
   }
   if (threadIdx.x == 0) {
-    mg_mbar_expect(mg_mbar + ((1) % 6), 28672u);
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 14336)), &p4, bx * 56, ((mg_it0 + 1)) * 256, mg_mbar + ((1) % 6));
+    mg_mbar_expect(mg_mbar + ((1) % 5), 32768u);
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 5) * 16384)), &p4, bx * 64, ((mg_it0 + 1)) * 256, mg_mbar + ((1) % 5));
   }
   if (threadIdx.x == 0) {
-    mg_mbar_expect(mg_mbar + ((2) % 6), 28672u);
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 14336)), &p4, bx * 56, ((mg_it0 + 2)) * 256, mg_mbar + ((2) % 6));
+    mg_mbar_expect(mg_mbar + ((2) % 5), 32768u);
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 5) * 16384)), &p4, bx * 64, ((mg_it0 + 2)) * 256, mg_mbar + ((2) % 5));
   }
   if (threadIdx.x == 0) {
-    mg_mbar_expect(mg_mbar + ((3) % 6), 28672u);
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 14336)), &p4, bx * 56, ((mg_it0 + 3)) * 256, mg_mbar + ((3) % 6));
-  }
-  if (threadIdx.x == 0) {
-    mg_mbar_expect(mg_mbar + ((4) % 6), 28672u);
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 14336)), &p4, bx * 56, ((mg_it0 + 4)) * 256, mg_mbar + ((4) % 6));
+    mg_mbar_expect(mg_mbar + ((3) % 5), 32768u);
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 5) * 16384)), &p4, bx * 64, ((mg_it0 + 3)) * 256, mg_mbar + ((3) % 5));
   }
   mg_grid_wait();
   mg_grid_release();
   if (threadIdx.x == 0) {
-    mg_mbar_arrive_expect(mg_mbar + ((0) % 6), 8192u);
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((0) % 6) * 4096)), &p3, ((mg_it0 + 0)) * 256, 0, mg_mbar + ((0) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((0) % 6) * 4096)) + 2048, &p3, ((mg_it0 + 0)) * 256 + 64, 0, mg_mbar + ((0) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((0) % 6) * 4096)) + 4096, &p3, ((mg_it0 + 0)) * 256 + 128, 0, mg_mbar + ((0) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((0) % 6) * 4096)) + 6144, &p3, ((mg_it0 + 0)) * 256 + 192, 0, mg_mbar + ((0) % 6));
+    mg_mbar_arrive_expect(mg_mbar + ((0) % 5), 8192u);
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((0) % 5) * 4096)), &p3, ((mg_it0 + 0)) * 256, 0, mg_mbar + ((0) % 5));
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((0) % 5) * 4096)) + 2048, &p3, ((mg_it0 + 0)) * 256 + 64, 0, mg_mbar + ((0) % 5));
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((0) % 5) * 4096)) + 4096, &p3, ((mg_it0 + 0)) * 256 + 128, 0, mg_mbar + ((0) % 5));
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((0) % 5) * 4096)) + 6144, &p3, ((mg_it0 + 0)) * 256 + 192, 0, mg_mbar + ((0) % 5));
   }
   if (threadIdx.x == 0) {
-    mg_mbar_arrive_expect(mg_mbar + ((1) % 6), 8192u);
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((1) % 6) * 4096)), &p3, ((mg_it0 + 1)) * 256, 0, mg_mbar + ((1) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((1) % 6) * 4096)) + 2048, &p3, ((mg_it0 + 1)) * 256 + 64, 0, mg_mbar + ((1) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((1) % 6) * 4096)) + 4096, &p3, ((mg_it0 + 1)) * 256 + 128, 0, mg_mbar + ((1) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((1) % 6) * 4096)) + 6144, &p3, ((mg_it0 + 1)) * 256 + 192, 0, mg_mbar + ((1) % 6));
+    mg_mbar_arrive_expect(mg_mbar + ((1) % 5), 8192u);
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((1) % 5) * 4096)), &p3, ((mg_it0 + 1)) * 256, 0, mg_mbar + ((1) % 5));
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((1) % 5) * 4096)) + 2048, &p3, ((mg_it0 + 1)) * 256 + 64, 0, mg_mbar + ((1) % 5));
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((1) % 5) * 4096)) + 4096, &p3, ((mg_it0 + 1)) * 256 + 128, 0, mg_mbar + ((1) % 5));
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((1) % 5) * 4096)) + 6144, &p3, ((mg_it0 + 1)) * 256 + 192, 0, mg_mbar + ((1) % 5));
   }
   if (threadIdx.x == 0) {
-    mg_mbar_arrive_expect(mg_mbar + ((2) % 6), 8192u);
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((2) % 6) * 4096)), &p3, ((mg_it0 + 2)) * 256, 0, mg_mbar + ((2) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((2) % 6) * 4096)) + 2048, &p3, ((mg_it0 + 2)) * 256 + 64, 0, mg_mbar + ((2) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((2) % 6) * 4096)) + 4096, &p3, ((mg_it0 + 2)) * 256 + 128, 0, mg_mbar + ((2) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((2) % 6) * 4096)) + 6144, &p3, ((mg_it0 + 2)) * 256 + 192, 0, mg_mbar + ((2) % 6));
+    mg_mbar_arrive_expect(mg_mbar + ((2) % 5), 8192u);
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((2) % 5) * 4096)), &p3, ((mg_it0 + 2)) * 256, 0, mg_mbar + ((2) % 5));
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((2) % 5) * 4096)) + 2048, &p3, ((mg_it0 + 2)) * 256 + 64, 0, mg_mbar + ((2) % 5));
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((2) % 5) * 4096)) + 4096, &p3, ((mg_it0 + 2)) * 256 + 128, 0, mg_mbar + ((2) % 5));
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((2) % 5) * 4096)) + 6144, &p3, ((mg_it0 + 2)) * 256 + 192, 0, mg_mbar + ((2) % 5));
   }
   if (threadIdx.x == 0) {
-    mg_mbar_arrive_expect(mg_mbar + ((3) % 6), 8192u);
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((3) % 6) * 4096)), &p3, ((mg_it0 + 3)) * 256, 0, mg_mbar + ((3) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((3) % 6) * 4096)) + 2048, &p3, ((mg_it0 + 3)) * 256 + 64, 0, mg_mbar + ((3) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((3) % 6) * 4096)) + 4096, &p3, ((mg_it0 + 3)) * 256 + 128, 0, mg_mbar + ((3) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((3) % 6) * 4096)) + 6144, &p3, ((mg_it0 + 3)) * 256 + 192, 0, mg_mbar + ((3) % 6));
-  }
-  if (threadIdx.x == 0) {
-    mg_mbar_arrive_expect(mg_mbar + ((4) % 6), 8192u);
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((4) % 6) * 4096)), &p3, ((mg_it0 + 4)) * 256, 0, mg_mbar + ((4) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((4) % 6) * 4096)) + 2048, &p3, ((mg_it0 + 4)) * 256 + 64, 0, mg_mbar + ((4) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((4) % 6) * 4096)) + 4096, &p3, ((mg_it0 + 4)) * 256 + 128, 0, mg_mbar + ((4) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((4) % 6) * 4096)) + 6144, &p3, ((mg_it0 + 4)) * 256 + 192, 0, mg_mbar + ((4) % 6));
+    mg_mbar_arrive_expect(mg_mbar + ((3) % 5), 8192u);
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((3) % 5) * 4096)), &p3, ((mg_it0 + 3)) * 256, 0, mg_mbar + ((3) % 5));
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((3) % 5) * 4096)) + 2048, &p3, ((mg_it0 + 3)) * 256 + 64, 0, mg_mbar + ((3) % 5));
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((3) % 5) * 4096)) + 4096, &p3, ((mg_it0 + 3)) * 256 + 128, 0, mg_mbar + ((3) % 5));
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((3) % 5) * 4096)) + 6144, &p3, ((mg_it0 + 3)) * 256 + 192, 0, mg_mbar + ((3) % 5));
   }
   float acc_s[2][4];
   #pragma unroll
   for (int j = 0; j < 2; ++j) acc_s[j][0] = acc_s[j][1] = acc_s[j][2] = acc_s[j][3] = 0.0f;
   for (int it = 0; it < 37; ++it) {
-    mg_mbar_wait(mg_mbar + (it % 6), (it / 6) & 1);
+    mg_mbar_wait(mg_mbar + (it % 5), (it / 5) & 1);
     __syncthreads();
-    if (it + 5 < 37) {
+    if (it + 4 < 37) {
       if (threadIdx.x == 0) {
-        mg_mbar_arrive_expect(mg_mbar + ((it + 5) % 6), 36864u);
-        mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((it + 5) % 6) * 4096)), &p3, ((mg_it0 + it + 5)) * 256, 0, mg_mbar + ((it + 5) % 6));
-        mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((it + 5) % 6) * 4096)) + 2048, &p3, ((mg_it0 + it + 5)) * 256 + 64, 0, mg_mbar + ((it + 5) % 6));
-        mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((it + 5) % 6) * 4096)) + 4096, &p3, ((mg_it0 + it + 5)) * 256 + 128, 0, mg_mbar + ((it + 5) % 6));
-        mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((it + 5) % 6) * 4096)) + 6144, &p3, ((mg_it0 + it + 5)) * 256 + 192, 0, mg_mbar + ((it + 5) % 6));
-        mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 14336)), &p4, bx * 56, ((mg_it0 + it + 5)) * 256, mg_mbar + ((it + 5) % 6));
+        mg_mbar_arrive_expect(mg_mbar + ((it + 4) % 5), 40960u);
+        mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((it + 4) % 5) * 4096)), &p3, ((mg_it0 + it + 4)) * 256, 0, mg_mbar + ((it + 4) % 5));
+        mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((it + 4) % 5) * 4096)) + 2048, &p3, ((mg_it0 + it + 4)) * 256 + 64, 0, mg_mbar + ((it + 4) % 5));
+        mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((it + 4) % 5) * 4096)) + 4096, &p3, ((mg_it0 + it + 4)) * 256 + 128, 0, mg_mbar + ((it + 4) % 5));
+        mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((it + 4) % 5) * 4096)) + 6144, &p3, ((mg_it0 + it + 4)) * 256 + 192, 0, mg_mbar + ((it + 4) % 5));
+        mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 4) % 5) * 16384)), &p4, bx * 64, ((mg_it0 + it + 4)) * 256, mg_mbar + ((it + 4) % 5));
       }
     }
-    const auto* sm_a = (sm_a_0 + ((it) % 6) * 4096);
-    const auto* sm_b = (sm_b_0 + ((it) % 6) * 14336);
+    const auto* sm_a = (sm_a_0 + ((it) % 5) * 4096);
+    const auto* sm_b = (sm_b_0 + ((it) % 5) * 16384);
     {
       const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
       const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
@@ -883,13 +872,13 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(256, 1) m
       mg_ldsm_x4(ra0, ra1, ra2, ra3, (reinterpret_cast<const unsigned char*>(sm_a) + ((((kk + (mg_lane >> 4) * 8)) * 2) / 128) * 2048 + (((((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8))) * 128 + (((kk + (mg_lane >> 4) * 8)) * 2) % 128) ^ (((((((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8))) * 128 + (((kk + (mg_lane >> 4) * 8)) * 2) % 128) >> 7) & 7) << 4))));
       #pragma unroll
       for (int j = 0; j < 2; ++j) {
-        const int q = min(mg_grp + 4 * j, 6);
-        const int mg_nb = q / 7;
-        const int mg_ni = q % 7;
+        const int q = mg_grp + 4 * j;
+        const int mg_nb = q / 8;
+        const int mg_ni = q % 8;
         const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
         (void)mg_nb; (void)c0; (void)n0;
         unsigned rb0, rb1;
-        mg_ldsm_x2_t(rb0, rb1, (reinterpret_cast<const unsigned char*>(sm_b) + ((((kk + (mg_lane & 15)))) * 112 + (((mg_ni * 8)) * 2) % 112)));
+        mg_ldsm_x2_t(rb0, rb1, (reinterpret_cast<const unsigned char*>(sm_b) + ((((mg_ni * 8)) * 2) / 128) * 32768 + (((((kk + (mg_lane & 15)))) * 128 + (((mg_ni * 8)) * 2) % 128) ^ (((((((kk + (mg_lane & 15)))) * 128 + (((mg_ni * 8)) * 2) % 128) >> 7) & 7) << 4))));
         mg_mma_f16(acc_s[j], ra0, ra1, ra2, ra3, rb0, rb1);
       }
     }
@@ -906,17 +895,17 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(256, 1) m
       #pragma unroll
       for (int j = 0; j < 2; ++j) {
         const int q = mg_grp + 4 * j;
-        if (q < 7) {
-          const int mg_nb = q / 7;
-          const int mg_mi = (q / 7) % 1;
-          const int mg_ni = q % 7;
+        if (q < 8) {
+          const int mg_nb = q / 8;
+          const int mg_mi = (q / 8) % 1;
+          const int mg_ni = q % 8;
           const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
           const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
           (void)mg_nb; (void)r1; (void)c0; (void)n0;
-          buf_s[r0 * 56 + c0] = acc_s[j][0];
-          buf_s[r0 * 56 + (c0 + 1)] = acc_s[j][1];
-          buf_s[r1 * 56 + c0] = acc_s[j][2];
-          buf_s[r1 * 56 + (c0 + 1)] = acc_s[j][3];
+          buf_s[r0 * 64 + c0] = acc_s[j][0];
+          buf_s[r0 * 64 + (c0 + 1)] = acc_s[j][1];
+          buf_s[r1 * 64 + c0] = acc_s[j][2];
+          buf_s[r1 * 64 + (c0 + 1)] = acc_s[j][3];
         }
       }
     }
@@ -925,29 +914,29 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(256, 1) m
       #pragma unroll
       for (int j = 0; j < 2; ++j) {
         const int q = mg_grp + 4 * j;
-        if (q < 7) {
-          const int mg_nb = q / 7;
-          const int mg_mi = (q / 7) % 1;
-          const int mg_ni = q % 7;
+        if (q < 8) {
+          const int mg_nb = q / 8;
+          const int mg_mi = (q / 8) % 1;
+          const int mg_ni = q % 8;
           const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
           const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
           (void)mg_nb; (void)r1; (void)c0; (void)n0;
-          buf_s[r0 * 56 + c0] += acc_s[j][0];
-          buf_s[r0 * 56 + (c0 + 1)] += acc_s[j][1];
-          buf_s[r1 * 56 + c0] += acc_s[j][2];
-          buf_s[r1 * 56 + (c0 + 1)] += acc_s[j][3];
+          buf_s[r0 * 64 + c0] += acc_s[j][0];
+          buf_s[r0 * 64 + (c0 + 1)] += acc_s[j][1];
+          buf_s[r1 * 64 + c0] += acc_s[j][2];
+          buf_s[r1 * 64 + (c0 + 1)] += acc_s[j][3];
         }
       }
     }
   }
   __syncthreads();
   mg_cluster_sync();
-  for (int e0 = threadIdx.x; e0 < 224; e0 += 1024) {
+  for (int e0 = threadIdx.x; e0 < 256; e0 += 1024) {
     float4 mg_p[4][2];
     #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const int e = e0 + j * 256;
-      if (e < 224) {
+      if (e < 256) {
         #pragma unroll
         for (unsigned r = 0; r < 2; ++r) mg_p[j][r] = mg_dsmem_ld4(buf_s + 4 * e, r);
       }
@@ -955,7 +944,7 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(256, 1) m
     #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const int e = e0 + j * 256;
-      if (e < 224) {
+      if (e < 256) {
         float4 v = mg_p[j][0];
         #pragma unroll
         for (unsigned r = 1; r < 2; ++r) {
@@ -971,10 +960,10 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(256, 1) m
   mg_cluster_arrive();
   __syncthreads();
   buf_s = reinterpret_cast<float*>(mg_smem + 0);
-  for (int e1 = (int)mg_rank * 256 + (int)threadIdx.x; e1 < 112; e1 += 512) {
-    const int i2_0 = e1 / 7;
-    const int i2_1 = (e1) % 7;
-    mg_st8(p2 + (bx * 56 + i2_0 * 3584 + (i2_1 * 8)), buf_s[i2_0 * 56 + ((i2_1 * 8) + 0)], buf_s[i2_0 * 56 + ((i2_1 * 8) + 1)], buf_s[i2_0 * 56 + ((i2_1 * 8) + 2)], buf_s[i2_0 * 56 + ((i2_1 * 8) + 3)], buf_s[i2_0 * 56 + ((i2_1 * 8) + 4)], buf_s[i2_0 * 56 + ((i2_1 * 8) + 5)], buf_s[i2_0 * 56 + ((i2_1 * 8) + 6)], buf_s[i2_0 * 56 + ((i2_1 * 8) + 7)]);
+  for (int e1 = (int)mg_rank * 256 + (int)threadIdx.x; e1 < 128; e1 += 512) {
+    const int i2_0 = e1 / 8;
+    const int i2_1 = (e1) % 8;
+    mg_st8(p2 + (bx * 64 + i2_0 * 3584 + (i2_1 * 8)), buf_s[i2_0 * 64 + ((i2_1 * 8) + 0)], buf_s[i2_0 * 64 + ((i2_1 * 8) + 1)], buf_s[i2_0 * 64 + ((i2_1 * 8) + 2)], buf_s[i2_0 * 64 + ((i2_1 * 8) + 3)], buf_s[i2_0 * 64 + ((i2_1 * 8) + 4)], buf_s[i2_0 * 64 + ((i2_1 * 8) + 5)], buf_s[i2_0 * 64 + ((i2_1 * 8) + 6)], buf_s[i2_0 * 64 + ((i2_1 * 8) + 7)]);
   }
   mg_cluster_wait();
 }
@@ -1051,7 +1040,7 @@ static cudaError_t mg_prepare_mirage_qwen2_mlp_b16_f16_h16x3584_h3584x18944_h358
                                 cudaFuncAttributeMaxDynamicSharedMemorySize, 156720);
   if (mg_err != cudaSuccess) return mg_err;
   mg_err = cudaFuncSetAttribute((const void*)mg_k4_mirage_qwen2_mlp_b16_f16_h16x3584_h3584x18944_h3584x18944_h18944x3584_to_h16x3584,
-                                cudaFuncAttributeMaxDynamicSharedMemorySize, 225856);
+                                cudaFuncAttributeMaxDynamicSharedMemorySize, 209984);
   if (mg_err != cudaSuccess) return mg_err;
   int mg_major = 0;
   mg_err = cudaDeviceGetAttribute(&mg_major, cudaDevAttrComputeCapabilityMajor, mg_dev);
@@ -1173,16 +1162,16 @@ extern "C" cudaError_t mirage_qwen2_mlp_b16_f16_h16x3584_h3584x18944_h3584x18944
     {
       const cuuint64_t mg_dims[] = {3584, 18944};
       const cuuint64_t mg_strides[] = {7168};
-      const cuuint32_t mg_box[] = {56, 256};
+      const cuuint32_t mg_box[] = {64, 256};
       mg_err = mg_encode_tmap_mirage_qwen2_mlp_b16_f16_h16x3584_h3584x18944_h3584x18944_h18944x3584_to_h16x3584(&mg_a4, mg_in3_W2, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2,
-                                mg_dims, mg_strides, mg_box, CU_TENSOR_MAP_SWIZZLE_NONE);
+                                mg_dims, mg_strides, mg_box, CU_TENSOR_MAP_SWIZZLE_128B);
       if (mg_err != cudaSuccess) return mg_err;
     }
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2, &mg_a3, &mg_a4};
     cudaLaunchConfig_t mg_cfg = {};
-    mg_cfg.gridDim = dim3(64, 1, 2);
+    mg_cfg.gridDim = dim3(56, 1, 2);
     mg_cfg.blockDim = dim3(256);
-    mg_cfg.dynamicSmemBytes = 225856;
+    mg_cfg.dynamicSmemBytes = 209984;
     mg_cfg.stream = mg_stream;
     mg_cfg.attrs = mg_pdl;
     mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;

@@ -11,7 +11,7 @@
 // input 2 'W': bf16[3584, 4608] (weight: read before the kernel launched just before this call in the same stream has finished, which must not write it)
 // output 0 'Z': bf16[16, 4608]
 // kernel mg_k0_mirage_qwen2_rmsnorm_qkv_b16_bf16_b16x3584_b3584_b3584x4608_to_b16x4608: grid [16, 1, 1], 256 threads, 0 B dynamic shared memory
-// kernel mg_k1_mirage_qwen2_rmsnorm_qkv_b16_bf16_b16x3584_b3584_b3584x4608_to_b16x4608: grid [64, 1, 2], 128 threads, 140864 B dynamic shared memory
+// kernel mg_k1_mirage_qwen2_rmsnorm_qkv_b16_bf16_b16x3584_b3584_b3584x4608_to_b16x4608: grid [48, 1, 2], 128 threads, 179264 B dynamic shared memory
 
 // The kernels use cp.async, bf16 conversions and mma.sync shapes of sm_80 and later:
 // one clear error instead of a wall of ptxas errors for an older target.
@@ -437,7 +437,7 @@ extern "C" __global__ void __launch_bounds__(256) mg_k0_mirage_qwen2_rmsnorm_qkv
   for (int k = threadIdx.x; k < 3584; k += 256) mg_st(p2 + (r0 * 3584 + k), mg_ld(p0[r0 * 3584 + k]) * inv * mg_ld(p1[k]));
 }
 
-// matmul as a generated block graph: grid [64, 1, 1], forloop 28, tensor cores
+// matmul as a generated block graph: grid [48, 1, 1], forloop 28, tensor cores
 extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(128, 1) mg_k1_mirage_qwen2_rmsnorm_qkv_b16_bf16_b16x3584_b3584_b3584x4608_to_b16x4608(
     const mg_bf16* __restrict__ p0,
     const mg_bf16* __restrict__ p1,
@@ -451,10 +451,10 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(128, 1) m
   extern __shared__ __align__(16) unsigned char mg_smem_raw[];
   unsigned char* mg_smem = mg_smem_raw + ((1024u - (mg_smem_addr(mg_smem_raw) & 1023u)) & 1023u);
   const int base_a = 0;
-  const int base_b = bx * 72;
-  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 139824);
+  const int base_b = bx * 96;
+  unsigned* mg_zero = reinterpret_cast<unsigned*>(mg_smem + 178224);
   if (threadIdx.x < 4) mg_zero[threadIdx.x] = 0u;
-  unsigned long long* mg_mbar = reinterpret_cast<unsigned long long*>(mg_smem + 139776);
+  unsigned long long* mg_mbar = reinterpret_cast<unsigned long long*>(mg_smem + 178176);
   if (threadIdx.x == 0) {
     for (int s = 0; s < 6; ++s) mg_mbar_init(mg_mbar + s);
     mg_mbar_fence_init();
@@ -462,26 +462,36 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(128, 1) m
   __syncthreads();
   mg_bf16* sm_a_0 = reinterpret_cast<mg_bf16*>(mg_smem + 0);
   mg_bf16* sm_b_0 = reinterpret_cast<mg_bf16*>(mg_smem + 24576);
-  float* buf_s = reinterpret_cast<float*>(mg_smem + 135168);
+  float* buf_s = reinterpret_cast<float*>(mg_smem + 172032);
   if (threadIdx.x == 0) {
-    mg_mbar_expect(mg_mbar + ((0) % 6), 18432u);
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 9216)), &p4, bx * 72, ((mg_it0 + 0)) * 128, mg_mbar + ((0) % 6));
+    mg_mbar_expect(mg_mbar + ((0) % 6), 24576u);
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 12288)), &p4, bx * 96, ((mg_it0 + 0)) * 128, mg_mbar + ((0) % 6));
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 12288)) + 8192, &p4, bx * 96 + 32, ((mg_it0 + 0)) * 128, mg_mbar + ((0) % 6));
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 12288)) + 16384, &p4, bx * 96 + 64, ((mg_it0 + 0)) * 128, mg_mbar + ((0) % 6));
   }
   if (threadIdx.x == 0) {
-    mg_mbar_expect(mg_mbar + ((1) % 6), 18432u);
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 9216)), &p4, bx * 72, ((mg_it0 + 1)) * 128, mg_mbar + ((1) % 6));
+    mg_mbar_expect(mg_mbar + ((1) % 6), 24576u);
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 12288)), &p4, bx * 96, ((mg_it0 + 1)) * 128, mg_mbar + ((1) % 6));
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 12288)) + 8192, &p4, bx * 96 + 32, ((mg_it0 + 1)) * 128, mg_mbar + ((1) % 6));
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 12288)) + 16384, &p4, bx * 96 + 64, ((mg_it0 + 1)) * 128, mg_mbar + ((1) % 6));
   }
   if (threadIdx.x == 0) {
-    mg_mbar_expect(mg_mbar + ((2) % 6), 18432u);
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 9216)), &p4, bx * 72, ((mg_it0 + 2)) * 128, mg_mbar + ((2) % 6));
+    mg_mbar_expect(mg_mbar + ((2) % 6), 24576u);
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 12288)), &p4, bx * 96, ((mg_it0 + 2)) * 128, mg_mbar + ((2) % 6));
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 12288)) + 8192, &p4, bx * 96 + 32, ((mg_it0 + 2)) * 128, mg_mbar + ((2) % 6));
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 12288)) + 16384, &p4, bx * 96 + 64, ((mg_it0 + 2)) * 128, mg_mbar + ((2) % 6));
   }
   if (threadIdx.x == 0) {
-    mg_mbar_expect(mg_mbar + ((3) % 6), 18432u);
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 9216)), &p4, bx * 72, ((mg_it0 + 3)) * 128, mg_mbar + ((3) % 6));
+    mg_mbar_expect(mg_mbar + ((3) % 6), 24576u);
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 12288)), &p4, bx * 96, ((mg_it0 + 3)) * 128, mg_mbar + ((3) % 6));
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 12288)) + 8192, &p4, bx * 96 + 32, ((mg_it0 + 3)) * 128, mg_mbar + ((3) % 6));
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 12288)) + 16384, &p4, bx * 96 + 64, ((mg_it0 + 3)) * 128, mg_mbar + ((3) % 6));
   }
   if (threadIdx.x == 0) {
-    mg_mbar_expect(mg_mbar + ((4) % 6), 18432u);
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 9216)), &p4, bx * 72, ((mg_it0 + 4)) * 128, mg_mbar + ((4) % 6));
+    mg_mbar_expect(mg_mbar + ((4) % 6), 24576u);
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 12288)), &p4, bx * 96, ((mg_it0 + 4)) * 128, mg_mbar + ((4) % 6));
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 12288)) + 8192, &p4, bx * 96 + 32, ((mg_it0 + 4)) * 128, mg_mbar + ((4) % 6));
+    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 12288)) + 16384, &p4, bx * 96 + 64, ((mg_it0 + 4)) * 128, mg_mbar + ((4) % 6));
   }
   mg_grid_wait();
   mg_grid_release();
@@ -518,14 +528,16 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(128, 1) m
     __syncthreads();
     if (it + 5 < 14) {
       if (threadIdx.x == 0) {
-        mg_mbar_arrive_expect(mg_mbar + ((it + 5) % 6), 22528u);
+        mg_mbar_arrive_expect(mg_mbar + ((it + 5) % 6), 28672u);
         mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((it + 5) % 6) * 2048)), &p3, ((mg_it0 + it + 5)) * 128, 0, mg_mbar + ((it + 5) % 6));
         mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((it + 5) % 6) * 2048)) + 2048, &p3, ((mg_it0 + it + 5)) * 128 + 64, 0, mg_mbar + ((it + 5) % 6));
-        mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 9216)), &p4, bx * 72, ((mg_it0 + it + 5)) * 128, mg_mbar + ((it + 5) % 6));
+        mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 12288)), &p4, bx * 96, ((mg_it0 + it + 5)) * 128, mg_mbar + ((it + 5) % 6));
+        mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 12288)) + 8192, &p4, bx * 96 + 32, ((mg_it0 + it + 5)) * 128, mg_mbar + ((it + 5) % 6));
+        mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 12288)) + 16384, &p4, bx * 96 + 64, ((mg_it0 + it + 5)) * 128, mg_mbar + ((it + 5) % 6));
       }
     }
     const auto* sm_a = (sm_a_0 + ((it) % 6) * 2048);
-    const auto* sm_b = (sm_b_0 + ((it) % 6) * 9216);
+    const auto* sm_b = (sm_b_0 + ((it) % 6) * 12288);
     {
       const int mg_warp = threadIdx.x / 32, mg_lane = threadIdx.x % 32;
       const int mg_g = mg_lane / 4, mg_t = mg_lane % 4;
@@ -543,13 +555,13 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(128, 1) m
       mg_ldsm_x4(ra0, ra1, ra2, ra3, (reinterpret_cast<const unsigned char*>(sm_a) + ((((kk + (mg_lane >> 4) * 8)) * 2) / 128) * 2048 + (((((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8))) * 128 + (((kk + (mg_lane >> 4) * 8)) * 2) % 128) ^ (((((((mg_mi * 16 + (mg_lane & 7) + ((mg_lane >> 3) & 1) * 8))) * 128 + (((kk + (mg_lane >> 4) * 8)) * 2) % 128) >> 7) & 7) << 4))));
       #pragma unroll
       for (int j = 0; j < 3; ++j) {
-        const int q = min(mg_grp + 4 * j, 8);
-        const int mg_nb = q / 9;
-        const int mg_ni = q % 9;
+        const int q = mg_grp + 4 * j;
+        const int mg_nb = q / 12;
+        const int mg_ni = q % 12;
         const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
         (void)mg_nb; (void)c0; (void)n0;
         unsigned rb0, rb1;
-        mg_ldsm_x2_t(rb0, rb1, (reinterpret_cast<const unsigned char*>(sm_b) + ((((kk + (mg_lane & 15)))) * 144 + (((mg_ni * 8)) * 2) % 144)));
+        mg_ldsm_x2_t(rb0, rb1, (reinterpret_cast<const unsigned char*>(sm_b) + ((((mg_ni * 8)) * 2) / 64) * 8192 + (((((kk + (mg_lane & 15)))) * 64 + (((mg_ni * 8)) * 2) % 64) ^ (((((((kk + (mg_lane & 15)))) * 64 + (((mg_ni * 8)) * 2) % 64) >> 7) & 3) << 4))));
         mg_mma_bf16(acc_s[j], ra0, ra1, ra2, ra3, rb0, rb1);
       }
     }
@@ -565,28 +577,28 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(128, 1) m
     #pragma unroll
     for (int j = 0; j < 3; ++j) {
       const int q = mg_grp + 4 * j;
-      if (q < 9) {
-        const int mg_nb = q / 9;
-        const int mg_mi = (q / 9) % 1;
-        const int mg_ni = q % 9;
+      if (q < 12) {
+        const int mg_nb = q / 12;
+        const int mg_mi = (q / 12) % 1;
+        const int mg_ni = q % 12;
         const int r0 = mg_mi * 16 + mg_g, r1 = r0 + 8;
         const int c0 = mg_ni * 8 + 2 * mg_t, n0 = mg_ni * 8 + mg_g;
         (void)mg_nb; (void)r1; (void)c0; (void)n0;
-        buf_s[r0 * 72 + c0] = acc_s[j][0];
-        buf_s[r0 * 72 + (c0 + 1)] = acc_s[j][1];
-        buf_s[r1 * 72 + c0] = acc_s[j][2];
-        buf_s[r1 * 72 + (c0 + 1)] = acc_s[j][3];
+        buf_s[r0 * 96 + c0] = acc_s[j][0];
+        buf_s[r0 * 96 + (c0 + 1)] = acc_s[j][1];
+        buf_s[r1 * 96 + c0] = acc_s[j][2];
+        buf_s[r1 * 96 + (c0 + 1)] = acc_s[j][3];
       }
     }
   }
   __syncthreads();
   mg_cluster_sync();
-  for (int e0 = threadIdx.x; e0 < 288; e0 += 512) {
+  for (int e0 = threadIdx.x; e0 < 384; e0 += 512) {
     float4 mg_p[4][2];
     #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const int e = e0 + j * 128;
-      if (e < 288) {
+      if (e < 384) {
         #pragma unroll
         for (unsigned r = 0; r < 2; ++r) mg_p[j][r] = mg_dsmem_ld4(buf_s + 4 * e, r);
       }
@@ -594,7 +606,7 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(128, 1) m
     #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const int e = e0 + j * 128;
-      if (e < 288) {
+      if (e < 384) {
         float4 v = mg_p[j][0];
         #pragma unroll
         for (unsigned r = 1; r < 2; ++r) {
@@ -610,10 +622,10 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(128, 1) m
   mg_cluster_arrive();
   __syncthreads();
   buf_s = reinterpret_cast<float*>(mg_smem + 0);
-  for (int e1 = (int)mg_rank * 128 + (int)threadIdx.x; e1 < 144; e1 += 256) {
-    const int i2_0 = e1 / 9;
-    const int i2_1 = (e1) % 9;
-    mg_st8(p2 + (bx * 72 + i2_0 * 4608 + (i2_1 * 8)), buf_s[i2_0 * 72 + ((i2_1 * 8) + 0)], buf_s[i2_0 * 72 + ((i2_1 * 8) + 1)], buf_s[i2_0 * 72 + ((i2_1 * 8) + 2)], buf_s[i2_0 * 72 + ((i2_1 * 8) + 3)], buf_s[i2_0 * 72 + ((i2_1 * 8) + 4)], buf_s[i2_0 * 72 + ((i2_1 * 8) + 5)], buf_s[i2_0 * 72 + ((i2_1 * 8) + 6)], buf_s[i2_0 * 72 + ((i2_1 * 8) + 7)]);
+  for (int e1 = (int)mg_rank * 128 + (int)threadIdx.x; e1 < 192; e1 += 256) {
+    const int i2_0 = e1 / 12;
+    const int i2_1 = (e1) % 12;
+    mg_st8(p2 + (bx * 96 + i2_0 * 4608 + (i2_1 * 8)), buf_s[i2_0 * 96 + ((i2_1 * 8) + 0)], buf_s[i2_0 * 96 + ((i2_1 * 8) + 1)], buf_s[i2_0 * 96 + ((i2_1 * 8) + 2)], buf_s[i2_0 * 96 + ((i2_1 * 8) + 3)], buf_s[i2_0 * 96 + ((i2_1 * 8) + 4)], buf_s[i2_0 * 96 + ((i2_1 * 8) + 5)], buf_s[i2_0 * 96 + ((i2_1 * 8) + 6)], buf_s[i2_0 * 96 + ((i2_1 * 8) + 7)]);
   }
   mg_cluster_wait();
 }
@@ -687,7 +699,7 @@ static cudaError_t mg_prepare_mirage_qwen2_rmsnorm_qkv_b16_bf16_b16x3584_b3584_b
     if (*mg_state != 0) return cudaSuccess;
   }
   mg_err = cudaFuncSetAttribute((const void*)mg_k1_mirage_qwen2_rmsnorm_qkv_b16_bf16_b16x3584_b3584_b3584x4608_to_b16x4608,
-                                cudaFuncAttributeMaxDynamicSharedMemorySize, 140864);
+                                cudaFuncAttributeMaxDynamicSharedMemorySize, 179264);
   if (mg_err != cudaSuccess) return mg_err;
   int mg_major = 0;
   mg_err = cudaDeviceGetAttribute(&mg_major, cudaDevAttrComputeCapabilityMajor, mg_dev);
@@ -741,16 +753,16 @@ extern "C" cudaError_t mirage_qwen2_rmsnorm_qkv_b16_bf16_b16x3584_b3584_b3584x46
     {
       const cuuint64_t mg_dims[] = {4608, 3584};
       const cuuint64_t mg_strides[] = {9216};
-      const cuuint32_t mg_box[] = {72, 128};
+      const cuuint32_t mg_box[] = {32, 128};
       mg_err = mg_encode_tmap_mirage_qwen2_rmsnorm_qkv_b16_bf16_b16x3584_b3584_b3584x4608_to_b16x4608(&mg_a4, mg_in2_W, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2,
-                                mg_dims, mg_strides, mg_box, CU_TENSOR_MAP_SWIZZLE_NONE);
+                                mg_dims, mg_strides, mg_box, CU_TENSOR_MAP_SWIZZLE_64B);
       if (mg_err != cudaSuccess) return mg_err;
     }
     void* mg_args[] = {&mg_a0, &mg_a1, &mg_a2, &mg_a3, &mg_a4};
     cudaLaunchConfig_t mg_cfg = {};
-    mg_cfg.gridDim = dim3(64, 1, 2);
+    mg_cfg.gridDim = dim3(48, 1, 2);
     mg_cfg.blockDim = dim3(128);
-    mg_cfg.dynamicSmemBytes = 140864;
+    mg_cfg.dynamicSmemBytes = 179264;
     mg_cfg.stream = mg_stream;
     mg_cfg.attrs = mg_pdl;
     mg_cfg.numAttrs = (mg_state & 2) ? 1 : 0;

@@ -19,8 +19,8 @@ absent), ``mma_flops`` (``peak_flops`` when absent), ``mem_util_exp`` and
 ``bulk_stream_bw`` (``block_stream_bw`` when absent), ``bulk_l2_bw`` (``l2_bw`` when
 absent), ``bulk_mem_util_exp`` (``mem_util_exp`` when absent), ``simt_slowdown`` (1 when absent),
 ``chain_mma_flops`` (``mma_flops`` when absent), ``chain_wgmma_flops``
-(``chain_mma_flops`` when absent), ``narrow_box_slowdown`` (1 when absent; see
-:class:`Profile`); and ``fit``: the coefficients
+(``chain_mma_flops`` when absent), ``narrow_box_slowdown`` and ``plain_box_slowdown``
+(1 when absent; see :class:`Profile`); and ``fit``: the coefficients
 of the model's terms (``stream``, ``sync``, ``launch``, ``const_us``), 1/1/1/0 when unfitted.
 """
 
@@ -104,6 +104,11 @@ class Profile:
     # rows (the narrowest swizzle) streams this many times slower than in wider boxes
     # of the same bytes on as many blocks; 1 when absent.
     narrow_box_slowdown: float | None = None
+    # The same for boxes copied unswizzled (rows of an odd number of 16-byte chunks,
+    # codegen/tmaplan.swizzle_of): against boxes of whole swizzle spans of the same
+    # bytes, each of their rows starts in the middle of a 32-byte DRAM sector every
+    # other time, so the sectors fetched exceed the bytes used; 1 when absent.
+    plain_box_slowdown: float | None = None
     fit: dict[str, float] = field(default_factory=lambda: {"stream": 1.0, "sync": 1.0,
                                                            "launch": 1.0, "const_us": 0.0})
     extra: dict[str, Any] = field(default_factory=dict)  # other recorded figures
@@ -157,6 +162,7 @@ _OPTIONAL: dict[str, tuple[Callable[[Any], bool], str]] = {
     "chain_mma_flops": (lambda v: _pos(v), "> 0"),
     "chain_wgmma_flops": (lambda v: _pos(v), "> 0"),
     "narrow_box_slowdown": (lambda v: _pos(v) and v >= 1, ">= 1"),
+    "plain_box_slowdown": (lambda v: _pos(v) and v >= 1, ">= 1"),
 }
 
 

@@ -115,8 +115,9 @@ def cache_dir() -> Path:
 # that refuses a shifted join keeps its other joins; 47: a chain that gathers B1 from
 # a shifted join gets four times the default's warps; 48: rows of an odd number of
 # 16-byte chunks (48, 80, 112, ... bytes) come by unswizzled bulk-copy boxes, which the
-# model prices at the bulk-copy rates.
-SEARCH_REVISION = 48
+# model prices at the bulk-copy rates; 49: unswizzled boxes are priced slower (the
+# profile's plain_box_slowdown).
+SEARCH_REVISION = 49
 
 
 def program_hash(program: Graph) -> str:

@@ -62,7 +62,7 @@ from mirage_cli.check import tile_type
 from mirage_cli.codegen import matmul_tiling
 from mirage_cli.codegen.aliasing import aliasing
 from mirage_cli.codegen.joins import joined_ops, joins, shifted_names
-from mirage_cli.codegen.plan import SWIZZLE_SPANS
+from mirage_cli.codegen.plan import SWIZZLE_SPANS, swizzled
 from mirage_cli.diagnostics import MirageError
 from mirage_cli.ir import BlockGraph, Graph, KernelOp, TensorType, Value
 from mirage_cli.kplan import KernelPlan
@@ -171,6 +171,8 @@ class PlanFacts:
     wgmma: bool = False
     # A loop input comes by bulk copies in boxes of 32-byte rows (the narrowest swizzle).
     narrow: bool = False
+    # A loop input comes by bulk copies in unswizzled boxes (plan.swizzled is false).
+    plain: bool = False
     violation: str = ""
 
 
@@ -219,7 +221,8 @@ def _facts(bg: BlockGraph, plan: KernelPlan) -> PlanFacts:
     return PlanFacts(plan.smem_bytes, plan.threads, k.ksplit or 1, k.stages or 1, scalar,
                      bulk, k.chain == 1, _gathered_mmas(bg, plan),
                      wgmma=k.wgmma == 1 and not _side_work(bg, plan.threads),
-                     narrow=any(t.swizzle == NARROW_SWIZZLE for t in plan.tiles))
+                     narrow=any(t.swizzle == NARROW_SWIZZLE for t in plan.tiles),
+                     plain=any(t.swizzle and not swizzled(t.swizzle) for t in plan.tiles))
 
 
 # The narrowest swizzle span (bytes of a bulk-copy box's row): see the profile's
@@ -337,6 +340,11 @@ def _kernel_cost(op: KernelOp, types: dict[str, TensorType], p: Profile,
     # 64-byte boxes, the same weight on as many blocks (docs/perf-log.md v39).
     if facts.narrow and p.narrow_box_slowdown:
         copy_slow *= p.narrow_box_slowdown
+    # Unswizzled boxes of 112-byte rows likewise: the Qwen layer's down projection ran
+    # 45.8 us in them (56 columns a block) against 38.0 in 128-byte boxes (64 columns),
+    # its output projection 12.5 against 9.3 (docs/perf-log.md v42).
+    if facts.plain and p.plain_box_slowdown:
+        copy_slow *= p.plain_box_slowdown
     mem_s, comp_s = max(d_s, l_s) * copy_slow / mem_util, c_s / util
     # Blocks resident on one SM: bounded by threads and by shared memory per SM.
     per_sm = 1
