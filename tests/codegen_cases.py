@@ -39,6 +39,31 @@ def unswizzled_weight_boxes() -> Graph:
     return b.build()
 
 
+def shallower_grouped_ring() -> Graph:
+    """The Qwen layer's query, key and value projections at batch 8 as three
+    independent streaming kernels: the query's (with the norm) plans six stages, one
+    block per SM, the others two per SM, so the query's ring is lowered at five
+    stages to share their launch (grouping.fit_residency)."""
+    b = GraphBuilder("shallower_grouped_ring")
+    x = b.input("X", (8, 3584), "bf16")
+    g = b.input("G", (3584,), "bf16")
+    for name, cols, grid, loop in (("Q", 3584, 56, 28), ("K", 512, 32, 16),
+                                   ("V", 512, 32, 16)):
+        w = b.input(f"W{name}", (3584, cols), "bf16")
+        k = b.custom((grid, 1, 1), 128, loop)
+        xt = k.load(x, (None, None, None), 1)
+        wt = k.load(w, (1, None, None), 0)
+        if name == "Q":
+            gt = k.load(g, (None, None, None), 0)
+            r = k.op("acc_rms_ld", xt, eps=1e-6)
+            s = k.op("div", k.op("acc_sum", k.op("matmul", k.op("mul", xt, gt), wt)), r)
+        else:
+            s = k.op("acc_sum", k.op("matmul", xt, wt))
+        (z,) = k.finish([(s, name, (1, None, None))])
+        b.output(z)
+    return b.build()
+
+
 def weighted_norm_uneven_tiles() -> Graph:
     """A weighted RMSNorm's ``x * w`` as the A operand of the loop's matmul (A's
     fragments scaled in registers), 72 columns a block (9 mma tiles over 4 warps: a
@@ -601,7 +626,8 @@ CASES: dict[str, Callable[[], Graph]] = {f.__name__: f for f in (
     split_combine, row_total, invariant_max_after_loop, invariant_after_loop,
     attention_chain, attention_chain_batched, online_softmax_chain, online_softmax_batched,
     short_rows_online_chain, short_rows_chain_batched, short_rows_chain_4d,
-    rmsnorm_linear_small, unswizzled_weight_boxes, weighted_norm_uneven_tiles, two_row_tiles, bf16_kernel_ops, f32_block_ops, big_tiles_scratch, passthrough,
+    rmsnorm_linear_small, unswizzled_weight_boxes, shallower_grouped_ring,
+    weighted_norm_uneven_tiles, two_row_tiles, bf16_kernel_ops, f32_block_ops, big_tiles_scratch, passthrough,
     reshape_aliases, grouped_launches, joined_concats, joined_beside_bulk,
     shifted_key_join, shifted_key_join_long,
     single_buffer_unaligned, warp_reductions, divide_by_mean, mma_odd_shapes, kernel_matmuls)}

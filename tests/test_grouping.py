@@ -8,14 +8,15 @@ from __future__ import annotations
 import dataclasses
 import re
 
-from codegen_cases import grouped_launches
+from codegen_cases import grouped_launches, shallower_grouped_ring
 from graphgen import graphs
 from hypothesis import HealthCheck, assume, given, settings
 
 from mirage_cli.builder import GraphBuilder
 from mirage_cli.codegen.aliasing import aliasing
+from mirage_cli.codegen.custom import lower_custom
 from mirage_cli.codegen.emit import emit
-from mirage_cli.codegen.grouping import compatible, levels, merge
+from mirage_cli.codegen.grouping import MIN_GROUPED_STAGES, compatible, fit_residency, levels, merge
 from mirage_cli.codegen.joins import joined_ops, joins
 from mirage_cli.codegen.lower import lower
 from mirage_cli.codegen.plan import Kernel, Param
@@ -91,6 +92,57 @@ def test_a_launch_keeps_each_members_blocks_per_sm() -> None:
     assert not compatible([big, bigger], with_smem("C", 120 * 1024), "sm_90")
     small = [with_smem("A", 100 * 1024, 40), with_smem("B", 110 * 1024, 40)]
     assert compatible(small, with_smem("C", 120 * 1024, 40), "sm_90")  # 120 <= 132 x 1
+
+
+def test_a_deep_ring_is_made_shallower_to_share_a_launch() -> None:
+    """The Qwen layer's query projection (6 stages of 18 KB: one block per SM) beside
+    its key and value projections (two per SM): one stage less keeps two blocks of
+    each per SM, and the three share a launch (240 blocks: all resident at once). A
+    member that would need fewer than MIN_GROUPED_STAGES stages keeps its launch."""
+    def projection(name: str, stages: int, base: int, blocks: int) -> Kernel:
+        k = _kernel(name, [], (blocks, 1, 2), cluster=2)
+        return dataclasses.replace(k, smem_bytes=base + stages * 18 * 1024,
+                                   plan={"knobs": {"stages": stages}})
+
+    q = projection("Q", 6, 6 * 1024, 56)
+    k, v = projection("K", 6, -20 * 1024, 32), projection("V", 6, -20 * 1024, 32)
+    asked: list[tuple[int, int]] = []
+
+    def relower(i: int, stages: int) -> Kernel | None:
+        asked.append((i, stages))
+        return projection("Q", stages, 6 * 1024, 56)
+
+    assert compatible([k], v, "sm_90") and not compatible([q], k, "sm_90")
+    fitted = fit_residency([(1, q), (2, k), (3, v)], "sm_90", relower)
+    assert fitted is not None and asked == [(1, 5)]
+    assert [i for i, _ in fitted] == [1, 2, 3] and fitted[1][1] is k
+    assert fitted[0][1].plan == {"knobs": {"stages": 5}}
+    members = [m for _, m in fitted]
+    assert compatible(members[:1], members[1], "sm_90")
+    assert compatible(members[:2], members[2], "sm_90")
+    # a member whose relowering is refused, or that would need too shallow a ring
+    assert fit_residency([(1, q), (2, k)], "sm_90", lambda i, s: None) is None
+    deep = projection("Q", 6, 60 * 1024, 56)  # two per SM only below 3 stages
+    assert fit_residency([(1, deep), (2, k), (3, v)], "sm_90",
+                         lambda i, s: projection("Q", s, 60 * 1024, 56)) is None
+    assert MIN_GROUPED_STAGES > 2
+
+
+def test_lowering_gives_a_deep_member_fewer_stages_to_share_a_launch() -> None:
+    """The query projection alone plans six stages and one block per SM; lowered
+    beside the key and value projections (two per SM) it runs five, in their launch."""
+    g = shallower_grouped_ring()
+    types = g.tensor_types()
+    alone = lower_custom(g.ops[0], "q", types, "sm_90")
+    others = [lower_custom(op, f"k{i}", types, "sm_90") for i, op in enumerate(g.ops[1:])]
+    assert alone.plan is not None and alone.plan["knobs"]["stages"] == 6
+    assert not compatible([alone], others[0], "sm_90")
+    prog = lower(g)
+    assert prog.launch_ops == ((0, 1, 2),)
+    (k,) = prog.kernels
+    assert k.plan is not None
+    assert [m["knobs"]["stages"] for m in k.plan["grouped"]] == [5, 6, 6]
+    assert k.smem_bytes < alone.smem_bytes
 
 
 def test_a_kernel_left_out_of_the_first_launch_may_copy_inputs_early() -> None:

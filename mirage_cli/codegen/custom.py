@@ -4,6 +4,7 @@ computes each output element from global memory, :mod:`kernel` otherwise)."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping
 
 from mirage_cli.arch import DEFAULT_ARCH
@@ -23,14 +24,18 @@ from mirage_cli.kplan import KernelPlan, Knobs
 
 def lower_custom(kop: KernelOp, name: str, dev_types: dict[str, TensorType],
                  target: str = DEFAULT_ARCH, early: frozenset[str] = frozenset(),
-                 joins: Mapping[str, Join] | None = None) -> Kernel:
+                 joins: Mapping[str, Join] | None = None, stages: int | None = None
+                 ) -> Kernel:
     """The CUDA kernel of one custom kernel for ``target``, planned with the knobs of
     its recorded plan (if any) pinned; ``early``: inputs it may start copying before
     its grid-dependency wait (:func:`lower.early_inputs`); ``joins``: concatenations it
-    reads in place (:mod:`joins`)."""
+    reads in place (:mod:`joins`); ``stages``: a pipeline depth pinned over the
+    recorded one (a member of a grouped launch, :func:`grouping.fit_residency`)."""
     assert kop.block is not None
     check_index_range(kop, dev_types)
     pins = kop.plan.knobs if kop.plan is not None else Knobs()
+    if stages is not None:
+        pins = dataclasses.replace(pins, stages=stages)
     mine = {n: j for n, j in (joins or {}).items() if n in kop.inputs}
     plan = located_plan(kop, dev_types, target, pins, frozenset(mine),
                         shifted_names(mine))

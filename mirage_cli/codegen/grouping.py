@@ -70,6 +70,50 @@ def compatible(members: Sequence[Kernel], k: Kernel, arch: str) -> bool:
     return blocks <= archs.get(arch).num_sms * _resident(smem, k.threads, arch)
 
 
+# The shallowest ring a member of a grouped launch is given (fit_residency).
+MIN_GROUPED_STAGES = 4
+
+
+def fit_residency(run: Sequence[tuple[int, Kernel]], arch: str,
+                  relower: Callable[[int, int], Kernel | None]
+                  ) -> list[tuple[int, Kernel]] | None:
+    """``run`` (op index, kernel) made one launch by giving its members that hold
+    too few blocks per SM shallower rings (``relower(i, stages)``: op
+    ``i`` lowered at that pipeline depth, None where illegal), down to
+    MIN_GROUPED_STAGES; None where that does not make them :func:`compatible`.
+
+    A grouped launch reserves its largest member's shared memory in every block, so
+    one member of many stages would halve the others' blocks per SM. The Qwen layer's
+    query projection at 64 columns a block (116 KB, six stages: one block per SM) ran
+    10.7 us beside its key and value projections' own launch of 8.7 (90 KB, two per
+    SM), where the three in one launch had run 16.4 (docs/perf-log.md v42 item 6);
+    the price, a shallower ring for one member, is bounded by MIN_GROUPED_STAGES."""
+    # Enough blocks per SM to hold the whole launch at once, or as many as the most
+    # resident member holds alone, whichever is fewer (either makes it compatible).
+    blocks = sum(k.grid[0] * k.grid[1] * k.grid[2] for _, k in run)
+    target = min(max(_resident(k.smem_bytes, k.threads, arch) for _, k in run),
+                 -(-blocks // archs.get(arch).num_sms))
+    out: list[tuple[int, Kernel]] = []
+    for i, k in run:
+        stages = _stages_of(k)
+        while _resident(k.smem_bytes, k.threads, arch) < target:
+            stages -= 1
+            shallow = relower(i, stages) if stages >= MIN_GROUPED_STAGES else None
+            if shallow is None:
+                return None
+            k = shallow
+        out.append((i, k))
+    members = [k for _, k in out]
+    if not all(compatible(members[:j], members[j], arch) for j in range(1, len(members))):
+        return None
+    return out
+
+
+def _stages_of(k: Kernel) -> int:
+    """The pipeline depth of a custom kernel's plan (0 for any other kernel)."""
+    return int(((k.plan or {}).get("knobs") or {}).get("stages") or 0)
+
+
 # Shared memory the runtime reserves per block on sm_80 and later.
 _RESERVED = 1024
 

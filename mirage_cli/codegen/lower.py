@@ -13,10 +13,12 @@ program without custom kernels (the same thing; named for the benchmark).
 
 from __future__ import annotations
 
+import functools
+
 from mirage_cli.arch import DEFAULT_ARCH
 from mirage_cli.codegen.aliasing import aliasing
 from mirage_cli.codegen.custom import lower_custom
-from mirage_cli.codegen.grouping import compatible, levels, merge
+from mirage_cli.codegen.grouping import compatible, fit_residency, levels, merge
 from mirage_cli.codegen.joins import joined_ops, joins
 from mirage_cli.codegen.names import (
     RESERVED,
@@ -27,6 +29,7 @@ from mirage_cli.codegen.names import (
 )
 from mirage_cli.codegen.plan import Buffer, Copy, Kernel, Launch, Program, align
 from mirage_cli.codegen.standalone import lower_kernel_op
+from mirage_cli.diagnostics import MirageError
 from mirage_cli.ir import Graph
 
 # Kept for callers of the old names: the rules now live in :mod:`names`.
@@ -88,14 +91,28 @@ def lower(g: Graph, arch: str = DEFAULT_ARCH, *, name: str | None = None) -> Pro
             return lower_custom(op, kname, types, arch, early, joined)
         return lower_kernel_op(op, kname, types, arch, early)
 
+    def shallower(i: int, stages: int, first: bool) -> Kernel | None:
+        """Custom kernel ``i`` lowered at ``stages``; None where that is illegal."""
+        if g.ops[i].block is None:
+            return None
+        try:
+            return lower_custom(g.ops[i], kernel_name(name, i), types, arch,
+                                early_inputs(g, 0 if first else 1), joined, stages)
+        except MirageError:
+            return None
+
     runs: list[list[tuple[int, Kernel]]] = []
     for i in sorted(level, key=lambda i: (level[i], i)):
         first = len(runs) <= 1 and (not runs or level[runs[0][0][0]] == level[i])
         k = lowered(i, first)
-        if runs and level[runs[-1][0][0]] == level[i] and \
-                compatible([m for _, m in runs[-1]], k, arch):
-            runs[-1].append((i, k))
-            continue
+        if runs and level[runs[-1][0][0]] == level[i]:
+            run = runs[-1] + [(i, k)]
+            if compatible([m for _, m in runs[-1]], k, arch):
+                runs[-1] = run
+                continue
+            if (fitted := fit_residency(run, arch, functools.partial(shallower, first=first))):
+                runs[-1] = fitted
+                continue
         runs.append([(i, k if not runs or not first else lowered(i, False))])
     kernels: list[Kernel] = []
     steps: list[Launch | Copy] = []
