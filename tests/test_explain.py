@@ -206,6 +206,31 @@ def test_shape_reuse_retunes_known_designs_without_searching() -> None:
     assert res.candidates[0].cost.time_us <= best * 1.05
 
 
+def test_tune_pins_one_kernel(tmp_path: Path) -> None:
+    """``kN.`` pins hold for custom kernel N alone: two independent streaming
+    matmuls (codegen_cases.grouped_launches), the second re-tiled and the first's
+    threads pinned, where an unprefixed grid pin moves both."""
+    from codegen_cases import grouped_launches
+
+    f = tmp_path / "g.ugraph.json"
+    f.write_text(serialize.dumps(grouped_launches()))
+    out = tmp_path / "t.ugraph.json"
+    run(["tune", str(f), "--pin", "k1.grid=4x1x1,k1.forloop=4,k0.threads=64",
+         "-o", str(out)])
+    ((g, meta),) = serialize.loads_candidates(out.read_text())
+    assert meta["tuning"] == [{"grid": [2, 1, 1], "forloop": 8},
+                              {"grid": [4, 1, 1], "forloop": 4}]
+    plans = [op.plan for op in g.ops if op.block is not None]
+    assert plans[0] is not None and plans[0].knobs.threads == 64 and plans[1] is None
+    both = run(["tune", str(f), "--pin", "grid=4x1x1,k0.grid=8x1x1"])
+    assert "[{'grid': [8, 1, 1], 'forloop': 8}, {'grid': [4, 1, 1], 'forloop': 8}]" in both
+    for pin, msg in (("k2.grid=4x1x1", "custom kernels 0 to 1"),
+                     ("kx.grid=4", "expected kN.KNOB"),
+                     ("k0.bogus=1", "not a knob")):
+        r = CliRunner().invoke(main, ["tune", str(f), "--pin", pin])
+        assert r.exit_code == 2 and msg in r.output, r.output
+
+
 def test_tune_space_pin_and_widen(tmp_path: Path) -> None:
     # gqa at small sizes as an earlier search ranked it: its first design has a forloop.
     f = str(DATA / "gqa_forloop.cands.ugraph.json")

@@ -7,7 +7,10 @@ its legal values (:func:`mirage_cli.codegen.planner.knob_space`) and the constra
 bounding it. ``--pin grid=4x8x1,forloop=2`` fixes values and ``--widen forloop=2,8``
 adds values to try; the tunings are then re-ranked by the cost model (ties by the
 stated rule) and, with ``-o``, written as candidates. Plan knobs (``stages=2``) are
-checked against their legal range and attached as plans.
+checked against their legal range and attached as plans. A pin prefixed ``kN.``
+(``k0.grid=8x32x1,k0.forloop=2,k1.threads=256``) holds for custom kernel N alone (the
+numbering of ``--space``) and overrides an unprefixed pin there; unprefixed pins hold
+for every custom kernel.
 
 ``--gpu N`` selects by measurement (:mod:`mirage_cli.search.measure`): the first
 ``--top`` designs of FILE, each at its best tunings and plan-knob settings, compiled in
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import re
 
 import click
 
@@ -132,19 +136,48 @@ def _int(v: str, flag: str, name: str) -> int:
     return int(v)
 
 
+# A pin for one custom kernel: kN.KNOB.
+_KERNEL_PIN = re.compile(r"k(\d+)\.(\w+)$")
+
+
+def kernel_pins(pins: dict[str, list[str]], k: int) -> dict[str, list[str]]:
+    """The pins that hold for custom kernel ``k``: the unprefixed ones, overridden by
+    those prefixed ``k{k}.``."""
+    out = {name: v for name, v in pins.items() if not _KERNEL_PIN.match(name)}
+    for name, v in pins.items():
+        if (m := _KERNEL_PIN.match(name)) and int(m.group(1)) == k:
+            out[m.group(2)] = v
+    return out
+
+
+def check_kernel_pins(pins: dict[str, list[str]], kernels: int) -> None:
+    """A ``kN.`` pin names a custom kernel the designs have (``kernels``: the most any
+    design has)."""
+    for name in pins:
+        if name.startswith("k") and "." in name:
+            m = _KERNEL_PIN.match(name)
+            if m is None:
+                raise MirageError(f"--pin {name}: expected kN.KNOB (N a custom kernel's "
+                                  "number, as --space prints it)")
+            if int(m.group(1)) >= kernels:
+                raise MirageError(f"--pin {name}: the designs have custom kernels 0 to "
+                                  f"{kernels - 1}")
+
+
 def retune(g: Graph, pins: dict[str, list[str]], widen: dict[str, list[str]]
            ) -> list[tuple[Graph, Tuning]]:
     """The tunings of ``g``'s design allowed by pins and widening, best first (the
-    cost model's order with the tie rule). Grid and forloop pins apply to every custom
-    kernel."""
+    cost model's order with the tie rule). Unprefixed grid and forloop pins apply to
+    every custom kernel, ``kN.`` ones to kernel N (:func:`kernel_pins`)."""
     from mirage_cli.search.tune import tune
 
     design, tuning = design_of(g)
     per_kernel: list[list[tuple[tuple[int, int, int], int]]] = []
-    for grid, f in tuning:
-        grids = [_grid(v, "--pin") for v in pins.get("grid", [])] or \
+    for k, (grid, f) in enumerate(tuning):
+        mine = kernel_pins(pins, k)
+        grids = [_grid(v, "--pin") for v in mine.get("grid", [])] or \
             [grid] + [_grid(v, "--widen") for v in widen.get("grid", [])]
-        loops = [_int(v, "--pin", "forloop") for v in pins.get("forloop", [])] or \
+        loops = [_int(v, "--pin", "forloop") for v in mine.get("forloop", [])] or \
             [f] + [_int(v, "--widen", "forloop") for v in widen.get("forloop", [])]
         per_kernel.append(list(dict.fromkeys(itertools.product(grids, loops))))
     tried: list[Tuning] = list(itertools.islice(itertools.product(*per_kernel), MAX_TUNINGS))
@@ -188,17 +221,22 @@ def _plan_pins(g: Graph, pins: dict[str, list[str]], arch: str) -> Graph:
     """``g`` with the pinned plan knobs attached (checked against their ranges)."""
     from mirage_cli.codegen.planner import plan_kernel
 
-    knobs = {k: _int(v[0], "--pin", k) for k, v in pins.items() if k not in GRID_KEYS}
-    unknown = set(knobs) - set(Knobs.names())
-    if unknown:
-        raise MirageError(f"--pin {min(unknown)}: not a knob (grid, forloop, "
-                          f"{', '.join(Knobs.names())})")
-    if not knobs:
-        return g
     types = g.tensor_types()
-    ops = [op if op.block is None else
-           dataclasses.replace(op, plan=plan_kernel(op.block, types, arch, Knobs(**knobs)))
-           for op in g.ops]
+    ops = []
+    k = 0
+    for op in g.ops:
+        if op.block is not None:
+            mine = kernel_pins(pins, k)
+            k += 1
+            knobs = {n: _int(v[0], "--pin", n) for n, v in mine.items() if n not in GRID_KEYS}
+            unknown = set(knobs) - set(Knobs.names())
+            if unknown:
+                raise MirageError(f"--pin {min(unknown)}: not a knob (grid, forloop, "
+                                  f"{', '.join(Knobs.names())})")
+            if knobs:
+                op = dataclasses.replace(op, plan=plan_kernel(op.block, types, arch,
+                                                              Knobs(**knobs)))
+        ops.append(op)
     return dataclasses.replace(g, ops=tuple(ops))
 
 
@@ -206,7 +244,7 @@ def _plan_pins(g: Graph, pins: dict[str, list[str]], arch: str) -> Graph:
 @click.argument("file", type=click.Path(dir_okay=False))
 @click.option("--space", is_flag=True, help="Print each design's tuning space.")
 @click.option("--pin", default="", metavar="K=V,...", help="Fix grid=AxBxC, forloop=N, "
-              "or plan knobs (stages=2,...).")
+              "or plan knobs (stages=2,...); kN.K=V for custom kernel N alone.")
 @click.option("--widen", "widen", multiple=True, metavar="K=V1,V2",
               help="Extra grid or forloop values to try (repeatable).")
 @click.option("-o", "output", type=click.Path(dir_okay=False),
@@ -238,6 +276,7 @@ def command(file: str, space: bool, pin: str, widen: tuple[str, ...], output: st
                 click.echo(line)
         return
     pins = parse_assignments(pin, "--pin")
+    check_kernel_pins(pins, max(len(design_of(g)[1]) for g in firsts))
     wide: dict[str, list[str]] = {}
     for w in widen:
         wide.update(parse_assignments(w, "--widen"))
