@@ -10,10 +10,11 @@ queries, keys and values; the two rotations; the key cache copy.
 Neighbours of one level that run alike (equal threads per block, cluster size and grid
 depth, no scratch area, as many blocks resident per SM as alone or a launch that fits
 the SMs at once) share a launch: one grid whose blocks, by ``blockIdx.x``, run one
-member's body or the next's (:func:`merge`). What that saves is the fixed cost of a
-kernel: its launch, the pipeline fill before its first bytes arrive, and its tail, in
-which the SMs empty one by one; a small kernel (a key projection of 8 MB, a rotation)
-is mostly that. Members keep their own code: each block runs exactly what it ran
+member's body or the next's (:func:`merge`); a member kept out only by its deep
+pipeline ring is lowered with fewer stages to join (:func:`fit_residency`). What that
+saves is the fixed cost of a kernel: its launch, the pipeline fill before its first
+bytes arrive, and its tail, in which the SMs empty one by one; a small kernel (a key
+projection of 8 MB, a rotation) is mostly that. Members keep their own code: each block runs exactly what it ran
 alone, with its own block index, grid size and parameters, and waits for the kernel
 ahead of it in the stream after its own early copies of weights, as it did alone.
 """
