@@ -14,9 +14,10 @@ member's body or the next's (:func:`merge`); a member kept out only by its deep
 pipeline ring is lowered with fewer stages to join (:func:`fit_residency`). What that
 saves is the fixed cost of a kernel: its launch, the pipeline fill before its first
 bytes arrive, and its tail, in which the SMs empty one by one; a small kernel (a key
-projection of 8 MB, a rotation) is mostly that. Members keep their own code: each block runs exactly what it ran
-alone, with its own block index, grid size and parameters, and waits for the kernel
-ahead of it in the stream after its own early copies of weights, as it did alone.
+projection of 8 MB, a rotation) is mostly that. Members keep their own code: each
+block runs exactly what it ran alone, with its own block index, grid size and
+parameters, and waits for the kernel ahead of it in the stream after its own early
+copies of weights, as it did alone.
 """
 
 from __future__ import annotations

@@ -84,20 +84,18 @@ def lower(g: Graph, arch: str = DEFAULT_ARCH, *, name: str | None = None) -> Pro
     # not join it is lowered again for a later launch, where it may read any input.
     level = levels(g, free)
 
-    def lowered(i: int, first: bool) -> Kernel:
+    def lowered(i: int, first: bool, stages: int | None = None) -> Kernel:
         op, kname = g.ops[i], kernel_name(name, i)
         early = early_inputs(g, 0 if first else 1)
         if op.block is not None:
-            return lower_custom(op, kname, types, arch, early, joined)
+            return lower_custom(op, kname, types, arch, early, joined, stages)
         return lower_kernel_op(op, kname, types, arch, early)
 
     def shallower(i: int, stages: int, first: bool) -> Kernel | None:
-        """Custom kernel ``i`` lowered at ``stages``; None where that is illegal."""
-        if g.ops[i].block is None:
-            return None
+        """Custom kernel ``i`` lowered at ``stages`` (fit_residency); None where that
+        is illegal."""
         try:
-            return lower_custom(g.ops[i], kernel_name(name, i), types, arch,
-                                early_inputs(g, 0 if first else 1), joined, stages)
+            return lowered(i, first, stages) if g.ops[i].block is not None else None
         except MirageError:
             return None
 
