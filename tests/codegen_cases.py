@@ -39,29 +39,48 @@ def unswizzled_weight_boxes() -> Graph:
     return b.build()
 
 
-def shallower_grouped_ring() -> Graph:
-    """The Qwen layer's query, key and value projections at batch 8 as three
-    independent streaming kernels: the query's (with the norm) plans six stages, one
-    block per SM, the others two per SM, so the query's ring is lowered at five
-    stages to share their launch (grouping.fit_residency)."""
-    b = GraphBuilder("shallower_grouped_ring")
-    x = b.input("X", (8, 3584), "bf16")
-    g = b.input("G", (3584,), "bf16")
-    for name, cols, grid, loop in (("Q", 3584, 56, 28), ("K", 512, 32, 16),
-                                   ("V", 512, 32, 16)):
-        w = b.input(f"W{name}", (3584, cols), "bf16")
-        k = b.custom((grid, 1, 1), 128, loop)
-        xt = k.load(x, (None, None, None), 1)
+def _projections(name: str, x: tuple[int, int], dtype: str,
+                 specs: tuple[tuple[str, int, int, int, int, bool], ...]) -> Graph:
+    """Independent streaming projections of one input X, each spec (output, columns,
+    blocks, threads, forloop, normed): with ``normed`` the RMSNorm of X scaled by G."""
+    b = GraphBuilder(name)
+    xv = b.input("X", x, dtype)
+    g = b.input("G", (x[1],), dtype)
+    for out, cols, grid, threads, loop, normed in specs:
+        w = b.input(f"W{out}", (x[1], cols), dtype)
+        k = b.custom((grid, 1, 1), threads, loop)
+        xt = k.load(xv, (None, None, None), 1)
         wt = k.load(w, (1, None, None), 0)
-        if name == "Q":
+        if normed:
             gt = k.load(g, (None, None, None), 0)
             r = k.op("acc_rms_ld", xt, eps=1e-6)
             s = k.op("div", k.op("acc_sum", k.op("matmul", k.op("mul", xt, gt), wt)), r)
         else:
             s = k.op("acc_sum", k.op("matmul", xt, wt))
-        (z,) = k.finish([(s, name, (1, None, None))])
+        (z,) = k.finish([(s, out, (1, None, None))])
         b.output(z)
     return b.build()
+
+
+def shallower_grouped_ring() -> Graph:
+    """The Qwen layer's query, key and value projections at batch 8 as three
+    independent streaming kernels: the query's (with the norm) plans six stages, one
+    block per SM, the others two per SM, so the query's ring is lowered at five
+    stages to share their launch (grouping.fit_residency)."""
+    return _projections("shallower_grouped_ring", (8, 3584), "bf16", (
+        ("Q", 3584, 56, 128, 28, True), ("K", 512, 32, 128, 16, False),
+        ("V", 512, 32, 128, 16, False)))
+
+
+def resized_grouped_member() -> Graph:
+    """The Llama layer's query, key and value projections at batch 1 as three
+    independent streaming kernels with the norm: the query's at 128 threads, 64
+    columns a block, the key's and value's at 256 threads, 32 columns a block; these
+    are lowered again at 128 threads to share the query's launch
+    (grouping.fit_residency)."""
+    return _projections("resized_grouped_member", (1, 4096), "f16", (
+        ("Q", 4096, 64, 128, 32, True), ("K", 1024, 32, 256, 32, True),
+        ("V", 1024, 32, 256, 32, True)))
 
 
 def weighted_norm_uneven_tiles() -> Graph:
@@ -627,6 +646,7 @@ CASES: dict[str, Callable[[], Graph]] = {f.__name__: f for f in (
     attention_chain, attention_chain_batched, online_softmax_chain, online_softmax_batched,
     short_rows_online_chain, short_rows_chain_batched, short_rows_chain_4d,
     rmsnorm_linear_small, unswizzled_weight_boxes, shallower_grouped_ring,
+    resized_grouped_member,
     weighted_norm_uneven_tiles, two_row_tiles, bf16_kernel_ops, f32_block_ops, big_tiles_scratch, passthrough,
     reshape_aliases, grouped_launches, joined_concats, joined_beside_bulk,
     shifted_key_join, shifted_key_join_long,

@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import re
 
-from codegen_cases import grouped_launches, shallower_grouped_ring
+from codegen_cases import grouped_launches, resized_grouped_member, shallower_grouped_ring
 from graphgen import graphs
 from hypothesis import HealthCheck, assume, given, settings
 
@@ -108,7 +108,8 @@ def test_a_deep_ring_is_made_shallower_to_share_a_launch() -> None:
     k, v = projection("K", 6, -20 * 1024, 32), projection("V", 6, -20 * 1024, 32)
     asked: list[tuple[int, int]] = []
 
-    def relower(i: int, stages: int) -> Kernel | None:
+    def relower(i: int, stages: int | None, threads: int) -> Kernel | None:
+        assert stages is not None and threads == 128
         asked.append((i, stages))
         return projection("Q", stages, 6 * 1024, 56)
 
@@ -121,10 +122,10 @@ def test_a_deep_ring_is_made_shallower_to_share_a_launch() -> None:
     assert compatible(members[:1], members[1], "sm_90")
     assert compatible(members[:2], members[2], "sm_90")
     # a member whose relowering is refused, or that would need too shallow a ring
-    assert fit_residency([(1, q), (2, k)], "sm_90", lambda i, s: None) is None
+    assert fit_residency([(1, q), (2, k)], "sm_90", lambda i, s, t: None) is None
     deep = projection("Q", 6, 60 * 1024, 56)  # two per SM only below 3 stages
     assert fit_residency([(1, deep), (2, k), (3, v)], "sm_90",
-                         lambda i, s: projection("Q", s, 60 * 1024, 56)) is None
+                         lambda i, s, t: projection("Q", s, 60 * 1024, 56)) is None
     assert MIN_GROUPED_STAGES > 2
 
 
@@ -143,6 +144,48 @@ def test_lowering_gives_a_deep_member_fewer_stages_to_share_a_launch() -> None:
     assert k.plan is not None
     assert [m["knobs"]["stages"] for m in k.plan["grouped"]] == [5, 6, 6]
     assert k.smem_bytes < alone.smem_bytes
+
+
+def test_a_member_of_another_block_size_is_lowered_at_the_largest_members() -> None:
+    """The Llama layer's query projection (128 threads, 128 blocks) beside its key and
+    value projections (256 threads, 64 blocks each): these are lowered again at 128
+    threads and the three share a launch; the largest member keeps its size, and a
+    member that cannot be lowered at it keeps the run apart."""
+    def projection(name: str, threads: int, blocks: int) -> Kernel:
+        k = _kernel(name, [], (blocks, 1, 2), cluster=2)
+        return dataclasses.replace(k, threads=threads, smem_bytes=100 * 1024,
+                                   plan={"knobs": {"stages": 6, "threads": threads}})
+
+    q, k, v = projection("Q", 128, 64), projection("K", 256, 32), projection("V", 256, 32)
+    asked: list[tuple[int, int | None, int]] = []
+
+    def relower(i: int, stages: int | None, threads: int) -> Kernel | None:
+        asked.append((i, stages, threads))
+        return projection("KV", threads, 32)
+
+    assert not compatible([q], k, "sm_90")
+    fitted = fit_residency([(1, q), (2, k), (3, v)], "sm_90", relower)
+    assert fitted is not None and asked == [(2, None, 128), (3, None, 128)]
+    assert fitted[0][1] is q and all(m.threads == 128 for _, m in fitted)
+    # the key projection first: the query's size still rules, as it has more blocks
+    asked.clear()
+    fitted = fit_residency([(2, k), (1, q)], "sm_90", relower)
+    assert fitted is not None and asked == [(2, None, 128)]
+    assert fit_residency([(1, q), (2, k)], "sm_90", lambda i, s, t: None) is None
+
+
+def test_lowering_gives_a_member_the_largest_members_block_size() -> None:
+    """Lowered alone, the key and value projections run 256 threads and the query's
+    128; in the program, the three share one launch of 128-thread blocks."""
+    g = resized_grouped_member()
+    types = g.tensor_types()
+    alone = [lower_custom(op, f"k{i}", types, "sm_90") for i, op in enumerate(g.ops)]
+    assert [k.threads for k in alone] == [128, 256, 256]
+    prog = lower(g)
+    assert prog.launch_ops == ((0, 1, 2),)
+    (k,) = prog.kernels
+    assert k.threads == 128 and k.plan is not None
+    assert [m["knobs"]["threads"] for m in k.plan["grouped"]] == [128, 128, 128]
 
 
 def test_a_kernel_left_out_of_the_first_launch_may_copy_inputs_early() -> None:

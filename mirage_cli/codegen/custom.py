@@ -24,18 +24,22 @@ from mirage_cli.kplan import KernelPlan, Knobs
 
 def lower_custom(kop: KernelOp, name: str, dev_types: dict[str, TensorType],
                  target: str = DEFAULT_ARCH, early: frozenset[str] = frozenset(),
-                 joins: Mapping[str, Join] | None = None, stages: int | None = None
-                 ) -> Kernel:
+                 joins: Mapping[str, Join] | None = None, stages: int | None = None,
+                 threads: int | None = None) -> Kernel:
     """The CUDA kernel of one custom kernel for ``target``, planned with the knobs of
     its recorded plan (if any) pinned; ``early``: inputs it may start copying before
     its grid-dependency wait (:func:`lower.early_inputs`); ``joins``: concatenations it
-    reads in place (:mod:`joins`); ``stages``: a pipeline depth pinned over the
-    recorded one (a member of a grouped launch, :func:`grouping.fit_residency`)."""
+    reads in place (:mod:`joins`); ``stages`` and ``threads``: a pipeline depth and a
+    block size pinned over the recorded ones (a member of a grouped launch,
+    :func:`grouping.fit_residency`); a new block size leaves the K split over warps to
+    the planner, as the recorded one was chosen for the recorded warps."""
     assert kop.block is not None
     check_index_range(kop, dev_types)
     pins = kop.plan.knobs if kop.plan is not None else Knobs()
     if stages is not None:
         pins = dataclasses.replace(pins, stages=stages)
+    if threads is not None and threads != pins.threads:
+        pins = dataclasses.replace(pins, threads=threads, kwarps=None)
     mine = {n: j for n, j in (joins or {}).items() if n in kop.inputs}
     plan = located_plan(kop, dev_types, target, pins, frozenset(mine),
                         shifted_names(mine))

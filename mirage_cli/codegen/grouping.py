@@ -10,8 +10,9 @@ queries, keys and values; the two rotations; the key cache copy.
 Neighbours of one level that run alike (equal threads per block, cluster size and grid
 depth, no scratch area, as many blocks resident per SM as alone or a launch that fits
 the SMs at once) share a launch: one grid whose blocks, by ``blockIdx.x``, run one
-member's body or the next's (:func:`merge`); a member kept out only by its deep
-pipeline ring is lowered with fewer stages to join (:func:`fit_residency`). What that
+member's body or the next's (:func:`merge`); a member kept out only by its block size
+or its deep pipeline ring is lowered again at the largest member's size or with fewer
+stages to join (:func:`fit_residency`). What that
 saves is the fixed cost of a kernel: its launch, the pipeline fill before its first
 bytes arrive, and its tail, in which the SMs empty one by one; a small kernel (a key
 projection of 8 MB, a rotation) is mostly that. Members keep their own code: each
@@ -77,30 +78,43 @@ MIN_GROUPED_STAGES = 4
 
 
 def fit_residency(run: Sequence[tuple[int, Kernel]], arch: str,
-                  relower: Callable[[int, int], Kernel | None]
+                  relower: Callable[[int, int | None, int], Kernel | None]
                   ) -> list[tuple[int, Kernel]] | None:
-    """``run`` (op index, kernel) made one launch by giving its members that hold
-    too few blocks per SM shallower rings (``relower(i, stages)``: op
-    ``i`` lowered at that pipeline depth, None where illegal), down to
-    MIN_GROUPED_STAGES; None where that does not make them :func:`compatible`.
+    """``run`` (op index, kernel) made one launch by lowering members again
+    (``relower(i, stages, threads)``: op ``i`` lowered at that pipeline depth, None for
+    its recorded one, and block size; None where illegal): those of another block size
+    than the member of the most blocks at its size, and those that hold too few blocks
+    per SM with shallower rings, down to MIN_GROUPED_STAGES. None where that does not
+    make them :func:`compatible`.
 
-    A grouped launch reserves its largest member's shared memory in every block, so
-    one member of many stages would halve the others' blocks per SM. The Qwen layer's
-    query projection at 64 columns a block (116 KB, six stages: one block per SM) ran
-    10.7 us beside its key and value projections' own launch of 8.7 (90 KB, two per
-    SM), where the three in one launch had run 16.4 (docs/perf-log.md v42 item 6);
-    the price, a shallower ring for one member, is bounded by MIN_GROUPED_STAGES."""
+    A grouped launch runs one block size, so the Llama layer's key and value
+    projections (256 threads) launched apart from its query projection (128): 128
+    blocks at a time, one per SM, twice. The largest member keeps its size since its
+    streaming is most of the launch's time; a small member is mostly fixed cost.
+    A grouped launch also reserves its largest member's shared memory in every block,
+    so one member of many stages would halve the others' blocks per SM. The Qwen
+    layer's query projection at 64 columns a block (116 KB, six stages: one block per
+    SM) ran 10.7 us beside its key and value projections' own launch of 8.7 (90 KB,
+    two per SM), where the three in one launch had run 16.4 (docs/perf-log.md v42
+    item 6); the price, a shallower ring for one member, is bounded by
+    MIN_GROUPED_STAGES."""
+    threads = max((k for _, k in run), key=_blocks).threads
+    sized: list[tuple[int, Kernel]] = []
+    for i, k in run:
+        resized = k if k.threads == threads else relower(i, None, threads)
+        if resized is None:
+            return None
+        sized.append((i, resized))
     # Enough blocks per SM to hold the whole launch at once, or as many as the most
     # resident member holds alone, whichever is fewer (either makes it compatible).
-    blocks = sum(k.grid[0] * k.grid[1] * k.grid[2] for _, k in run)
-    target = min(max(_resident(k.smem_bytes, k.threads, arch) for _, k in run),
-                 -(-blocks // archs.get(arch).num_sms))
+    target = min(max(_resident(k.smem_bytes, k.threads, arch) for _, k in sized),
+                 -(-sum(_blocks(k) for _, k in sized) // archs.get(arch).num_sms))
     out: list[tuple[int, Kernel]] = []
-    for i, k in run:
+    for i, k in sized:
         stages = _stages_of(k)
         while _resident(k.smem_bytes, k.threads, arch) < target:
             stages -= 1
-            shallow = relower(i, stages) if stages >= MIN_GROUPED_STAGES else None
+            shallow = relower(i, stages, threads) if stages >= MIN_GROUPED_STAGES else None
             if shallow is None:
                 return None
             k = shallow
@@ -109,6 +123,11 @@ def fit_residency(run: Sequence[tuple[int, Kernel]], arch: str,
     if not all(compatible(members[:j], members[j], arch) for j in range(1, len(members))):
         return None
     return out
+
+
+def _blocks(k: Kernel) -> int:
+    """Blocks of a kernel's grid."""
+    return k.grid[0] * k.grid[1] * k.grid[2]
 
 
 def _stages_of(k: Kernel) -> int:

@@ -84,18 +84,19 @@ def lower(g: Graph, arch: str = DEFAULT_ARCH, *, name: str | None = None) -> Pro
     # not join it is lowered again for a later launch, where it may read any input.
     level = levels(g, free)
 
-    def lowered(i: int, first: bool, stages: int | None = None) -> Kernel:
+    def lowered(i: int, first: bool, stages: int | None = None,
+                threads: int | None = None) -> Kernel:
         op, kname = g.ops[i], kernel_name(name, i)
         early = early_inputs(g, 0 if first else 1)
         if op.block is not None:
-            return lower_custom(op, kname, types, arch, early, joined, stages)
+            return lower_custom(op, kname, types, arch, early, joined, stages, threads)
         return lower_kernel_op(op, kname, types, arch, early)
 
-    def shallower(i: int, stages: int, first: bool) -> Kernel | None:
-        """Custom kernel ``i`` lowered at ``stages`` (fit_residency); None where that
-        is illegal."""
+    def relowered(i: int, stages: int | None, threads: int, first: bool) -> Kernel | None:
+        """Custom kernel ``i`` lowered at ``stages`` and ``threads`` (fit_residency);
+        None where that is illegal."""
         try:
-            return lowered(i, first, stages) if g.ops[i].block is not None else None
+            return lowered(i, first, stages, threads) if g.ops[i].block is not None else None
         except MirageError:
             return None
 
@@ -108,7 +109,7 @@ def lower(g: Graph, arch: str = DEFAULT_ARCH, *, name: str | None = None) -> Pro
             if compatible([m for _, m in runs[-1]], k, arch):
                 runs[-1] = run
                 continue
-            if (fitted := fit_residency(run, arch, functools.partial(shallower, first=first))):
+            if (fitted := fit_residency(run, arch, functools.partial(relowered, first=first))):
                 runs[-1] = fitted
                 continue
         runs.append([(i, k if not runs or not first else lowered(i, False))])
