@@ -151,9 +151,9 @@ def test_a_member_of_another_block_size_is_lowered_at_the_largest_members() -> N
     value projections (256 threads, 64 blocks each): these are lowered again at 128
     threads and the three share a launch; the largest member keeps its size, and a
     member that cannot be lowered at it keeps the run apart."""
-    def projection(name: str, threads: int, blocks: int) -> Kernel:
+    def projection(name: str, threads: int, blocks: int, smem: int = 100 * 1024) -> Kernel:
         k = _kernel(name, [], (blocks, 1, 2), cluster=2)
-        return dataclasses.replace(k, threads=threads, smem_bytes=100 * 1024,
+        return dataclasses.replace(k, threads=threads, smem_bytes=smem,
                                    plan={"knobs": {"stages": 6, "threads": threads}})
 
     q, k, v = projection("Q", 128, 64), projection("K", 256, 32), projection("V", 256, 32)
@@ -172,6 +172,13 @@ def test_a_member_of_another_block_size_is_lowered_at_the_largest_members() -> N
     fitted = fit_residency([(2, k), (1, q)], "sm_90", relower)
     assert fitted is not None and asked == [(2, None, 128)]
     assert fit_residency([(1, q), (2, k)], "sm_90", lambda i, s, t: None) is None
+    # one block per SM (batch 8): 256 blocks in two rounds, each member alone in one
+    big = [projection(n, t, b, 120 * 1024) for n, t, b in (("Q", 128, 64), ("K", 256, 32))]
+    assert fit_residency([(1, big[0]), (2, big[1])], "sm_90",
+                         lambda i, s, t: projection("K", t, 32, 120 * 1024)) is None
+    # ... where members of one size still share a launch, as before
+    same = projection("K", 128, 32, 120 * 1024)
+    assert compatible([big[0]], same, "sm_90")
 
 
 def test_lowering_gives_a_member_the_largest_members_block_size() -> None:

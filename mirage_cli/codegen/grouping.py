@@ -85,12 +85,18 @@ def fit_residency(run: Sequence[tuple[int, Kernel]], arch: str,
     its recorded one, and block size; None where illegal): those of another block size
     than the member of the most blocks at its size, and those that hold too few blocks
     per SM with shallower rings, down to MIN_GROUPED_STAGES. None where that does not
-    make them :func:`compatible`.
+    make them :func:`compatible`, or where a resized member's launch would not hold
+    all its blocks at once.
 
     A grouped launch runs one block size, so the Llama layer's key and value
-    projections (256 threads) launched apart from its query projection (128): 128
-    blocks at a time, one per SM, twice. The largest member keeps its size since its
-    streaming is most of the launch's time; a small member is mostly fixed cost.
+    projections (256 threads) launched apart from its query projection (128). The
+    largest member keeps its size since its streaming is most of the launch's time; a
+    small member is mostly fixed cost. At batch 1 the three then ran 16.2 us in one
+    launch of 256 blocks, two per SM, against 13.6 + 7.2 apart, and the layer 141.3
+    against 147.1. At batches 8 and 16 their blocks hold one per SM: one launch of
+    two rounds ran 20.7 and 21.2 us against 12.3 + 8.6 and 13.4 + 9.0 apart, but the
+    layer 189.1 and 217.7 against 185.6 and 214.2 (docs/perf-log.md v43), so a member
+    is resized only into a launch that the SMs hold at once.
     A grouped launch also reserves its largest member's shared memory in every block,
     so one member of many stages would halve the others' blocks per SM. The Qwen
     layer's query projection at 64 columns a block (116 KB, six stages: one block per
@@ -105,10 +111,14 @@ def fit_residency(run: Sequence[tuple[int, Kernel]], arch: str,
         if resized is None:
             return None
         sized.append((i, resized))
+    blocks = sum(_blocks(k) for _, k in sized)
+    at_once = -(-blocks // archs.get(arch).num_sms)
+    if any(k.threads != threads for _, k in run) and \
+            _resident(max(k.smem_bytes for _, k in sized), threads, arch) < at_once:
+        return None
     # Enough blocks per SM to hold the whole launch at once, or as many as the most
     # resident member holds alone, whichever is fewer (either makes it compatible).
-    target = min(max(_resident(k.smem_bytes, k.threads, arch) for _, k in sized),
-                 -(-sum(_blocks(k) for _, k in sized) // archs.get(arch).num_sms))
+    target = min(max(_resident(k.smem_bytes, k.threads, arch) for _, k in sized), at_once)
     out: list[tuple[int, Kernel]] = []
     for i, k in sized:
         stages = _stages_of(k)
