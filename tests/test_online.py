@@ -248,6 +248,23 @@ ROWS_WHOLE = (WHOLE_ROW.replace("mha_decode(batch = 1,", "mqa_decode(batch = 2,"
               .replace("grid=(4, 1, 1)", "grid=(2, 1, 1)"))
 
 
+def test_a_combine_over_seven_rows_is_tuned():
+    """Seven query heads per key/value head (Qwen2-7B's grouped attention): the
+    combine's rows axis has no power-of-two size, and the tuner's start moves it to a
+    divisor of the rows it stores, so the split's rows design is tuned at all."""
+    from mirage_cli.parser import parse_text
+    from mirage_cli.search.tune import tune
+
+    prog = _program("mqa_decode", batch=2, heads=7)
+    design, tuning = design_of(parse_text(ROWS_WHOLE, "<rows-whole>", {"heads": 7}))
+    split = online_split(prog, design, tuning, rows=True)
+    assert split is not None
+    tuned = tune(prog, split)
+    assert tuned, "no valid tuning"
+    assert {t[1][1][0][1] for t in tuned} == {7}  # the combine's rows: all seven a block
+    assert Verifier(prog, seed=0).certify(tuned[0][2]).verdict == "equivalent"
+
+
 def test_the_combine_may_split_the_rows_that_the_kernel_keeps_whole():
     """``rows=True``: kernel 2 spreads the rows (each combined on its own) over one more
     grid axis than kernel 1's batch axis, so a design reading K and V once per batch

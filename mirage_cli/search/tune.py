@@ -178,7 +178,7 @@ def _descend(target: Graph, design: Design, max_steps: int, until_fits: bool
     # Without a descent (max_steps 0), or descending only to a tuning that fits (the
     # driver's ranking of designs), from the first start alone.
     for first in starts(target, design)[:1 if until_fits or not max_steps else None]:
-        current = _valid_start(first, design, cost)
+        current = _valid_start(first, design, cost, types)
         steps = 0
         while current is not None and steps < max_steps:
             steps += 1
@@ -258,13 +258,42 @@ def _rebalanced(grid: tuple[int, int, int], axes: int) -> tuple[int, int, int]:
     return (g[0], g[1], g[2])
 
 
-def _valid_start(t: Tuning, design: Design, cost) -> Tuning | None:  # type: ignore
-    """The starting tuning ``t``, or the first valid one nearby (halving sizes)."""
-    for _ in range(12):
-        if cost(t) is not None:
-            return t
-        t = tuple(((max(g[0] // 2, 2 if a0 else 1), max(g[1] // 2, 2 if a1 else 1),
-                    max(g[2] // 2, 2 if a2 else 1)), max(f // 2, 2) if s.looped else 1)
-                  for (g, f), s in zip(t, custom_steps(design))
-                  for a0, a1, a2 in [(s.axes > 0, s.axes > 1, s.axes > 2)])
+def _valid_start(t: Tuning, design: Design, cost, types: dict  # type: ignore[no-untyped-def]
+                 ) -> Tuning | None:
+    """The starting tuning ``t``, or the first valid one nearby: halving its sizes,
+    from ``t`` and then from ``t`` with each split size that does not divide the
+    stored dimension it tiles moved to a divisor of it (:func:`_dividing`)."""
+    for first in (t, _dividing(t, design, types)):
+        t = first
+        for _ in range(12):
+            if cost(t) is not None:
+                return t
+            t = tuple(((max(g[0] // 2, 2 if a0 else 1), max(g[1] // 2, 2 if a1 else 1),
+                        max(g[2] // 2, 2 if a2 else 1)), max(f // 2, 2) if s.looped else 1)
+                      for (g, f), s in zip(t, custom_steps(design))
+                      for a0, a1, a2 in [(s.axes > 0, s.axes > 1, s.axes > 2)])
     return None
+
+
+def _dividing(t: Tuning, design: Design, types: dict) -> Tuning:
+    """``t`` with each split size that does not divide the dimension of a stored
+    program tensor it tiles moved to the largest divisor of that dimension below it,
+    or else the smallest. Sizes start at powers of two, and a kernel reading only an
+    earlier kernel's results knows its extents by what it stores alone: the combine
+    of a split attention whose rows are the seven query heads of a key/value head
+    (Qwen2-7B) had no valid start, so that design was never tuned."""
+    out = []
+    for (grid, forloop), step in zip(t, custom_steps(design)):
+        g = list(grid)
+        for a in range(step.axes):
+            for st in step.stores:
+                d = st.omap[a]
+                if st.name not in types or d is None:
+                    continue
+                ext = types[st.name].shape[d]
+                if ext % g[a]:
+                    divs = [n for n in range(2, ext + 1) if ext % n == 0]
+                    g[a] = max((n for n in divs if n < g[a]), default=min(divs, default=g[a]))
+                break
+        out.append(((g[0], g[1], g[2]), forloop))
+    return tuple(out)
