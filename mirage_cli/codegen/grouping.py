@@ -69,7 +69,7 @@ def compatible(members: Sequence[Kernel], k: Kernel, arch: str) -> bool:
     if all(_resident(smem, m.threads, arch) == _resident(m.smem_bytes, m.threads, arch)
            for m in run):
         return True
-    blocks = sum(m.grid[0] * m.grid[1] * m.grid[2] for m in run)
+    blocks = sum(_blocks(m) for m in run)
     return blocks <= archs.get(arch).num_sms * _resident(smem, k.threads, arch)
 
 

@@ -138,7 +138,7 @@ def _moves(n: int, extent: int) -> list[int]:
     above and below ``n`` (every divisor is reachable; the builder rejects the rest)."""
     near = [n * 2, n // 2]
     if extent > 0:
-        divs = [d for d in range(2, min(extent, 4096) + 1) if extent % d == 0]
+        divs = _divisors(extent, 4096)
         near += [min((d for d in divs if d > n), default=0),
                  max((d for d in divs if d < n), default=0)]
     return sorted({m for m in near if m >= 2 and m != n})
@@ -286,14 +286,15 @@ def _dividing(t: Tuning, design: Design, types: dict) -> Tuning:
     for (grid, forloop), step in zip(t, custom_steps(design)):
         g = list(grid)
         for a in range(step.axes):
-            for st in step.stores:
-                d = st.omap[a]
-                if st.name not in types or d is None:
-                    continue
-                ext = types[st.name].shape[d]
-                if ext % g[a]:
-                    divs = [n for n in range(2, ext + 1) if ext % n == 0]
-                    g[a] = max((n for n in divs if n < g[a]), default=min(divs, default=g[a]))
-                break
+            stored = [types[st.name].shape[st.omap[a]] for st in step.stores
+                      if st.name in types and st.omap[a] is not None]
+            if stored and stored[0] % g[a]:
+                divs = _divisors(stored[0], stored[0])
+                g[a] = max((n for n in divs if n < g[a]), default=min(divs, default=g[a]))
         out.append(((g[0], g[1], g[2]), forloop))
     return tuple(out)
+
+
+def _divisors(n: int, limit: int) -> list[int]:
+    """The divisors of ``n`` from 2 to ``limit``, ascending."""
+    return [d for d in range(2, min(n, limit) + 1) if n % d == 0]
