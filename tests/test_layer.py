@@ -85,7 +85,10 @@ def test_parts_cover_the_program_within_the_limits(n_ops: int, max_ops: int) -> 
     for p in parts:
         barrier = [layer.is_barrier(op) for op in g.ops[p.start:p.stop]]
         if p.searched:
-            assert 1 <= p.stop - p.start <= max_ops and not any(barrier)
+            assert 1 <= p.stop - p.start <= max_ops + layer.SLACK and not any(barrier)
+            # a part over max_ops is one a normalisation joined (rule 3)
+            if p.stop - p.start > max_ops:
+                assert g.ops[p.start].op == "rms_norm", p
         else:
             assert p.stop - p.start == 1 and barrier[0]
     # the fewest parts: each run between barriers in ceil(len / max_ops) parts
@@ -120,6 +123,33 @@ def test_runs_are_cut_where_fewest_bytes_are_live() -> None:
     assert "128 bytes live after 'B'" in parts[0].why
 
 
+def test_a_normalisation_joins_the_part_that_reads_it() -> None:
+    src = """program p() {
+  input X: f32[8, 64];
+  input R: f32[8, 64];
+  input W: f32[64, 64];
+  input V: f32[64, 64];
+  A = matmul(X, W);
+  H = add(R, A);
+  N = rms_norm(H, eps=1e-05);
+  U = matmul(N, V);
+  S = silu(U);
+  E = exp(S);
+  output E, H;
+}
+"""
+    g = parse_text(src, "p.mir")
+    # two parts of at most 3 operators: the only cut is after N ...
+    assert layer._best_cuts(g, 0, 6, 2, 3) == [3]
+    # ... and it moves before the normalisation, into the part that reads it (3 + 1)
+    parts = layer.plan_parts(g, 3)
+    assert [(p.start, p.stop) for p in parts] == [(0, 2), (2, 6)]
+    assert "moved before the normalisation N = rms_norm" in parts[0].why
+    # a part that is the normalisation alone stays: the part before may not be empty
+    assert [(p.start, p.stop) for p in layer.plan_parts(g, 1)] == [
+        (i, i + 1) for i in range(6)]
+
+
 def test_plan_does_not_depend_on_the_hash_seed() -> None:
     code = ("import json, sys; sys.path.insert(0, 'tests'); from test_layer import "
             "random_program; from mirage_cli.search import layer; print(json.dumps("
@@ -137,7 +167,10 @@ def test_layer_examples_are_cut_at_their_barriers() -> None:
     parts = layer.plan_parts(g)
     names = [[op.outputs[0].name for op in g.ops[p.start:p.stop]] for p in parts]
     assert ["S", "SS", "P", "O"] in names  # attention, whole
-    assert ["U", "T", "SU", "M"] in names and ["D", "Y"] in names  # gate/up, then down
+    # the second norm joins gate/up (rule 3), then the down projection with its residual
+    assert ["A", "H"] in names and ["N2", "U", "T", "SU", "M"] in names
+    assert ["D", "Y"] in names
+    assert "moved before the normalisation N2 = rms_norm" in parts[names.index(["A", "H"])].why
     for p in parts:
         if not p.searched:
             assert g.ops[p.start].op in ("reshape", "rotate_half", "concat")

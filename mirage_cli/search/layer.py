@@ -18,6 +18,13 @@ and reshapes between them; the search handles about a dozen).
    are put where the fewest bytes are live (tensors made before the cut and read
    after it, or program outputs), earliest on ties. Fewest bytes is where a model's
    blocks meet (after a residual add, before a normalisation feeds two projections).
+3. *Normalisations start parts.* A cut that would close a part with a composite
+   operator that mixes along a row without changing its shape (``rms_norm``,
+   ``softmax``: a normalisation) moves before it, so that the normalisation joins the part that reads
+   it, which may then hold ``max_ops + 1`` operators (:data:`SLACK`): there the search
+   folds it into the loop of the matmuls it feeds (an RMSNorm before gate/up becomes
+   the projections' ``acc_rms``) instead of shipping it as a kernel of its own, whose
+   result every reader then loads from memory.
 
 The rule depends on the program alone, so the parts are deterministic. Each searched
 part is the existing search (:func:`.driver.search`) on a sub-program whose inputs and
@@ -46,6 +53,8 @@ from mirage_cli.search import partition
 from mirage_cli.search.enumerate import NEVER_BUILT
 
 DEFAULT_MAX_OPS = 4
+# Operators a part may hold beyond ``max_ops`` when a normalisation joins it (rule 3).
+SLACK = 1
 # The largest program searched whole (examples/qknorm_gqa.mir, 11 operators, is).
 WHOLE_MAX_OPS = 12
 
@@ -112,14 +121,46 @@ def _split_run(g: Graph, start: int, stop: int, max_ops: int, end_why: str
     n = stop - start
     parts = -(-n // max_ops)
     cuts = _best_cuts(g, start, stop, parts, max_ops)
-    edges = [start, *cuts, stop]
+    edges = _normalisations_forward(g, [start, *cuts, stop], max_ops + SLACK)
     out = []
     for a, b in itertools.pairwise(edges):
-        why = end_why if b == stop else (
-            f"size: at most {max_ops} operators per part; {_live_bytes(g, b)} bytes live "
-            f"after '{g.ops[b - 1].outputs[0].name}', the fewest of the possible cuts")
+        if b == stop:
+            why = end_why
+        elif b not in cuts:
+            why = (f"size: at most {max_ops} operators per part, the cut moved before the "
+                   f"normalisation {g.ops[b].outputs[0].name} = {g.ops[b].op}(...) so that "
+                   f"it joins the part that reads it (at most {max_ops + SLACK})")
+        else:
+            why = (f"size: at most {max_ops} operators per part; {_live_bytes(g, b)} bytes "
+                   f"live after '{g.ops[b - 1].outputs[0].name}', the fewest of the possible "
+                   f"cuts")
         out.append((a, b, True, why))
     return out
+
+
+def _normalisations_forward(g: Graph, edges: list[int], limit: int) -> list[int]:
+    """``edges`` (a run's start, its cuts, its stop) with every cut that follows a
+    normalisation moved before it (rule 3), where the part before keeps an operator
+    and the part after stays within ``limit``."""
+    out = list(edges)
+    for k in range(1, len(out) - 1):
+        cut = out[k]
+        if (_is_normalisation(g, g.ops[cut - 1]) and cut - 1 > out[k - 1]
+                and out[k + 1] - (cut - 1) <= limit):
+            out[k] = cut - 1
+    return out
+
+
+def _is_normalisation(g: Graph, op: KernelOp) -> bool:
+    """A composite row-wise operator of one result shaped as its first operand
+    (rms_norm, softmax: a row statistic and a division, by the registry's index kind
+    and decomposition; not rotate_half, which only moves data)."""
+    if op.block is not None or len(op.outputs) != 1:
+        return False
+    d = ops.get(op.op)
+    first = g.tensor_types()[op.inputs[0]]
+    return (d.index in (ops.Index.MIX_LAST, ops.Index.MIX_DIM) and d.decompose is not None
+            and op.outputs[0].type.shape == first.shape)
 
 
 def _best_cuts(g: Graph, start: int, stop: int, parts: int, max_ops: int) -> list[int]:
