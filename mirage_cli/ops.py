@@ -639,7 +639,7 @@ register(OpDef("reshape", KERNEL_ONLY, (1, 1), infer_reshape,
                index=Index.RESHAPE,
                doc="row-major reshape to [d0, d1, d2, d3] (trailing ones may be omitted); "
                    "kernel level only: a layer is cut here (search/layer.py)"))
-register(OpDef("rotate_half", KERNEL_ONLY, (1, 1), infer_rotate_half,
+register(OpDef("rotate_half", BOTH, (1, 1), infer_rotate_half,
                _unary(np_rotate_half),
                field=FieldSem(_F.ev_rotate_half, _D.st_same,
                               _F.EXACT + " (a signed permutation)"),
@@ -647,7 +647,8 @@ register(OpDef("rotate_half", KERNEL_ONLY, (1, 1), infer_rotate_half,
                cuda=CudaSpec("gather", gather=_cuda.gather_rotate_half,
                              torch=_cuda.t_rotate_half),
                doc="[x1, x2] -> [-x2, x1] over the even last dim (rotary embeddings: "
-                   "x * cos + rotate_half(x) * sin); kernel level only"))
+                   "x * cos + rotate_half(x) * sin); in a block graph, of the tile's last "
+                   "dim (a block holding whole heads rotates each)"))
 register(OpDef("sum_to", BLOCK_ONLY, (1, 1), infer_sum_to,
                lambda xs, a: np_sum_to(xs[0], int(a["width"])),  # type: ignore[arg-type]
                field=FieldSem(_F.ev_sum_to, _D.st_sum_to, _F.EXACT), abstract=_ab.SUM_TO,

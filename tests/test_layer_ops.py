@@ -165,3 +165,71 @@ def test_shape_errors_are_located(call: str, message: str) -> None:
         parse_text(src, "p.mir")
     assert message in str(e.value)
     assert e.value.span is not None and e.value.span.line == 4
+
+
+ROTARY = """program rot() {
+  input Q: f32[2, 4, 16];
+  input C: f32[2, 1, 16];
+  input S: f32[2, 1, 16];
+  R = rotate_half(Q);
+  A = mul(Q, C);
+  B = mul(R, S);
+  E = add(A, B);
+  output E;
+}
+"""
+
+
+def _rotary_kernel(imap: str) -> str:
+    return f"""program rotk() {{
+  input Q: f32[2, 4, 16];
+  input C: f32[2, 1, 16];
+  input S: f32[2, 1, 16];
+  E = custom(grid=(2, 2, 1), threads=128, forloop=1) {{
+    q = load Q {imap};
+    c = load C imap(x=0);
+    s = load S imap(x=0);
+    r = rotate_half(q);
+    a = mul(q, c);
+    b = mul(r, s);
+    e = add(a, b);
+    t = acc_sum(e);
+    store t -> E omap(x=0, y=1);
+  }}
+  output E;
+}}
+"""
+
+
+def test_rotate_half_in_a_block_rotates_the_tile() -> None:
+    """In a block graph rotate_half rotates the tile's last dimension: with whole heads
+    per block the rotary embedding is one kernel, equal to the program; a grid that
+    split the head dimension would compute another function, which verification
+    rejects."""
+    prog = parse_text(ROTARY, "rot.mir")
+    whole = parse_text(_rotary_kernel("imap(x=0, y=1)"), "k.mir")
+    ins = interp.random_inputs(prog, 4)
+    np.testing.assert_allclose(interp.run(whole, ins)["E"], interp.run(prog, ins)["E"],
+                               rtol=1e-12, atol=1e-12)
+    assert Verifier(prog, seed=2).check(whole, trials=2).equivalent is True
+    cut = parse_text(_rotary_kernel("imap(x=0, y=2)").replace(
+        "store t -> E omap(x=0, y=1)", "store t -> E omap(x=0, y=2)").replace(
+        "c = load C imap(x=0);", "c = load C imap(x=0, y=2);").replace(
+        "s = load S imap(x=0);", "s = load S imap(x=0, y=2);"), "cut.mir")
+    assert Verifier(prog, seed=2).check(cut, trials=2).equivalent is False
+
+
+def test_a_gather_never_reads_a_register_at_another_element() -> None:
+    """The emitter refuses to read a node held in registers (one element per thread)
+    at another index, which rotate_half in a block graph would otherwise compile to."""
+    from mirage_cli.codegen.expr import Emitter, Local, Node, Stored
+    from mirage_cli.ir import BlockOp, DType, TensorType, Value
+
+    em = Emitter()
+    em.nodes["x"] = Node((1, 16), Local("reg_x"))
+    op = BlockOp("rotate_half", ("x",), (Value("r", TensorType((1, 16), DType.F32)),))
+    with pytest.raises(AssertionError, match="held in registers"):
+        em.apply(op, ["0", "j"])
+    em.nodes["x"] = Node((1, 16), Stored("p", "0", (16, 1), "float"))
+    lines, e = em.apply(op, ["0", "j"])
+    assert "((j + 8) % 16)" in e

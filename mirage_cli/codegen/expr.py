@@ -176,6 +176,16 @@ class Emitter:
         """The value tensor ``name`` is stored as: its reciprocal if it is inverted."""
         return reciprocal(e) if name in self.inverted else e
 
+    def _indexable(self, name: str) -> bool:
+        """Whether element ``idx`` of ``name`` can be read at any ``idx``."""
+        match self.nodes[name].how:
+            case Stored():
+                return True
+            case Inline(inputs=inputs):
+                return all(self._indexable(i) for i in inputs)
+            case _:
+                return False
+
     def _operand(self, name: str, idx: Sequence[str], lines: Lines) -> str:
         st, e = self.value(name, idx)
         lines.extend(st)
@@ -188,8 +198,14 @@ class Emitter:
         shapes = [self.nodes[i].shape for i in inputs]
         match spec.kind:
             case "gather":
-                # Data movement (reshape, rotate_half): one operand, read elsewhere.
+                # Data movement (reshape, rotate_half): one operand, read elsewhere. Only
+                # a node that can be read at any index can be: one in memory, or
+                # computed from such. A register or local holds this thread's own
+                # element alone, and reading it "elsewhere" would read the wrong one.
                 assert spec.gather is not None
+                if not self._indexable(inputs[0]):
+                    raise AssertionError(f"{op} reads {inputs[0]} at another element, but "
+                                         f"it is held in registers")
                 at, wrap = spec.gather(idx, shapes[0], shape, attrs)
                 e = self._operand(inputs[0], at, lines)
                 return lines, wrap.format(e)

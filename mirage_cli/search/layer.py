@@ -9,7 +9,7 @@ and reshapes between them; the search handles about a dozen).
 **The rule** (``plan_parts``), over the operators in program order:
 
 1. *Barriers.* An operator the search cannot fuse through — a kernel-level operator
-   without a decomposition into block operators (``reshape``, ``rotate_half``), an
+   without a decomposition into block operators (``reshape``), an
    operator the generator never builds (``concat``, :data:`.enumerate.NEVER_BUILT`),
    or a custom kernel already written — is a part of its own, never searched: it
    ships as its pre-defined (unfused) kernel.
