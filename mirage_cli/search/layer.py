@@ -34,8 +34,10 @@ share recomputed for each (:func:`_per_output`: a normalisation feeding the Q, K
 projections of three weights); a part that still finds none ships its own operators
 (the unfused lowering), never an unverified kernel. The parts' chosen
 µGraphs are stitched in part order (names a part invents are prefixed ``p{k}_``) into
-one graph with the program's inputs and outputs, one entry point and one workspace,
-and verified against the whole program (:func:`.verify.verify_composed`: every part
+one graph with the program's inputs and outputs, one entry point and one workspace;
+element-wise kernels that only finish another kernel's output fold into its epilogue
+(:mod:`.epilogue`; the parts a fold joins are certified again, together), and the
+whole is verified against the program (:func:`.verify.verify_composed`: every part
 certified against its sub-program, plus one finite-field trial of the whole).
 """
 
@@ -289,10 +291,12 @@ class LayerResult:
     parts: tuple[PartResult, ...]
     complete: bool
     seconds: float
+    # Epilogues folded across parts (:mod:`.epilogue`): "Q into the kernel of QM".
+    folds: tuple[str, ...] = ()
 
     def as_json(self) -> dict[str, Any]:
         return {"verification": self.verdict, "complete": self.complete,
-                "parts": [part_json(r) for r in self.parts]}
+                "parts": [part_json(r) for r in self.parts], "folds": list(self.folds)}
 
 
 def part_json(r: PartResult) -> dict[str, Any]:
@@ -446,11 +450,66 @@ def optimise_layer(program: Graph, options: Any, part_budget: float | None,
              for p in plans]
     results = mapper(tasks)
     whole = stitch(program, results)
-    v = verify_composed(program, whole, [_certified(r.verdict) for r in results if r.fused],
-                        options.seed)
+    verdicts = [_certified(r.verdict) for r in results if r.fused]
+    folded, joined, folds = _folded(program, whole, results, options.seed)
+    if folded is not None:
+        whole, verdicts = folded, joined
+    v = verify_composed(program, whole, verdicts, options.seed)
     complete = all(r.complete for r in results)
     return LayerResult(whole if v.ok else None, v.as_json(), tuple(results), complete,
-                       time.time() - t0)
+                       time.time() - t0, folds)
+
+
+def _folded(program: Graph, whole: Graph, results: Sequence[PartResult], seed: int
+            ) -> tuple[Graph | None, list[dict[str, Any] | None], tuple[str, ...]]:
+    """The stitched layer with its foldable epilogues folded (:mod:`.epilogue`) and the
+    parts' certificates for it: each group of parts that a fold joins is certified
+    anew against its joined sub-program (the kernels now span both parts), the others
+    keep theirs; and what was folded, in words. (None, [], ()) when nothing folds or a
+    joined group does not verify: the layer then ships as stitched."""
+    from mirage_cli.search import epilogue
+    from mirage_cli.search.verify import verify
+
+    folded, folds = epilogue.fold(whole)
+    if not folds:
+        return None, [], ()
+    # Which part made each tensor of the stitched graph (its kernels are in part order).
+    owners = [r.plan.index for r in results for _ in r.graph.ops]
+    part_of = {v.name: k for k, op in zip(owners, whole.ops, strict=True)
+               for v in op.outputs}
+    groups: list[set[int]] = []
+    for f in folds:
+        pair = {part_of[f.stored], part_of[f.output]}
+        joined = [g for g in groups if g & pair]
+        groups = [g for g in groups if not g & pair] + [pair.union(*joined)]
+    verdicts = [_certified(r.verdict) for r in results
+                if r.fused and not any(r.plan.index in g for g in groups)]
+    for g in groups:
+        sub, cand = _joined_parts(program, folded, results, g, part_of)
+        v = verify(sub, cand, seed)
+        if not v.ok:
+            return None, [], ()
+        verdicts.append(v.as_json())
+    said = tuple(f"{f.output} (part {part_of[f.output]}) into the kernel of {f.stored} "
+                 f"(part {part_of[f.stored]})" for f in folds)
+    return folded, verdicts, said
+
+
+def _joined_parts(program: Graph, folded: Graph, results: Sequence[PartResult],
+                  group: set[int], part_of: dict[str, int]) -> tuple[Graph, Graph]:
+    """The sub-program of the parts in ``group`` (their operators, in program order)
+    and the folded layer's kernels that compute it, as a µGraph of the same interface."""
+    plans = [r.plan for r in results if r.plan.index in group]
+    ops_ = tuple(op for p in plans for op in program.ops[p.start:p.stop])
+    made = [v.name for op in ops_ for v in op.outputs]
+    rest = [op for p in results if p.plan.index not in group
+            for op in program.ops[p.plan.start:p.plan.stop]]
+    later = {i for op in rest for i in op.inputs} | set(program.outputs)
+    sub = partition.subprogram(program, ops_, tuple(n for n in made if n in later),
+                               f"{program.name}_parts{'_'.join(map(str, sorted(group)))}")
+    kernels = tuple(op for op in folded.ops
+                    if any(part_of.get(v.name) in group for v in op.outputs))
+    return sub, Graph(sub.name, sub.params, sub.inputs, kernels, sub.outputs)
 
 
 def _certified(verdict: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -470,6 +529,8 @@ def render_parts(doc: dict[str, Any]) -> list[str]:
         what = p.get("note", "searched" if p["searched"] else "not searched: " + p["why"])
         lines.append(f"part {p['index']} ({ops_}): {what}")
         lines.append(f"    ends here because: {p['why']}")
+    for f in doc.get("folds", []):
+        lines.append(f"epilogue folded: {f}")
     if "verification" in doc:
         v = doc["verification"]
         lines.append(f"whole layer: {'verified' if v.get('equivalent') else 'NOT verified'}"
