@@ -99,7 +99,7 @@ def _accum_program(name: str, opdef: ops.OpDef, forloop: int) -> str:
 
 def _movement_pair(opdef: ops.OpDef) -> tuple[str, str]:
     """A kernel-only operator without a decomposition (data movement: ``reshape``,
-    ``rotate_half``) has no block form to compare with: its reference is the operator
+    the only one today) has no block form to compare with: its reference is the operator
     alone, its candidate the operator followed by a custom kernel that copies the
     result block by block. What this checks is that the row's meanings agree with each
     other (numpy with the field residue for residue, the terms, the CUDA spelling with
