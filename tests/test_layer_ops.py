@@ -231,5 +231,5 @@ def test_a_gather_never_reads_a_register_at_another_element() -> None:
     with pytest.raises(AssertionError, match="held in registers"):
         em.apply(op, ["0", "j"])
     em.nodes["x"] = Node((1, 16), Stored("p", "0", (16, 1), "float"))
-    lines, e = em.apply(op, ["0", "j"])
+    _, e = em.apply(op, ["0", "j"])
     assert "((j + 8) % 16)" in e
