@@ -4,20 +4,26 @@ element by element; in a layer, the joined parts are certified anew."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
 from mirage_cli import interp
+from mirage_cli.ir import Graph
 from mirage_cli.parser import parse_text
 from mirage_cli.search import epilogue, layer
 from mirage_cli.search.driver import SearchOptions
 from mirage_cli.verifier.api import Verifier
 
-PROGRAM = """program p() {
-  input X: f32[2, 64];
+# The inputs every program here shares: X @ W, then a bias B.
+INPUTS = """  input X: f32[2, 64];
   input W: f32[64, 32];
   input B: f32[32];
-  M = matmul(X, W);
+"""
+
+PROGRAM = """program p() {
+""" + INPUTS + """  M = matmul(X, W);
   Q = add(M, B);
   output Q;
 }
@@ -33,10 +39,7 @@ PRODUCER = """  M = custom(grid=(4, 1, 1), threads=128, forloop=2) {
 """
 
 STITCHED = """program p() {
-  input X: f32[2, 64];
-  input W: f32[64, 32];
-  input B: f32[32];
-""" + PRODUCER + """  Q = custom(grid=(GRID, 1, 1), threads=128, forloop=1) {
+""" + INPUTS + PRODUCER + """  Q = custom(grid=(GRID, 1, 1), threads=128, forloop=1) {
     m = load M IMAP;
     b = load B BMAP;
     q = add(m, b);
@@ -75,6 +78,12 @@ def test_a_bias_add_split_as_its_operand_folds() -> None:
     _same(PROGRAM, stitched(4, "imap(x=1)", "imap(x=0)", "omap(x=1)"))
 
 
+def test_a_pre_defined_bias_add_folds_too() -> None:
+    # what a part ships when its search leaves the add unfused (the Qwen layer's query
+    # bias at batch 16)
+    _same(PROGRAM, PROGRAM.replace("  M = matmul(X, W);\n", PRODUCER))
+
+
 def test_a_consumer_that_does_not_compute_element_by_element_stays() -> None:
     # Block (x, y) adds B's tile (y, x) to M's tile (x, y): tiles of one shape, but not
     # the element-wise sum of the tensors, so the producer cannot take it over.
@@ -100,10 +109,7 @@ def test_nothing_folds_where_the_chain_is_not_element_wise() -> None:
 
 def test_a_consumer_keeps_its_other_outputs() -> None:
     two = """program p() {
-  input X: f32[2, 64];
-  input W: f32[64, 32];
-  input B: f32[32];
-  input C: f32[2, 8];
+""" + INPUTS + """  input C: f32[2, 8];
 """ + PRODUCER + """  (Q, R) = custom(grid=(1, 1, 1), threads=128, forloop=1) {
     m = load M;
     b = load B;
@@ -131,10 +137,7 @@ def test_a_consumer_keeps_its_other_outputs() -> None:
 
 
 LAYER = """program tiny() {
-  input X: f32[2, 64];
-  input W: f32[64, 32];
-  input B: f32[32];
-  M = matmul(X, W);
+""" + INPUTS + """  M = matmul(X, W);
   Q = add(M, B);
   Q3 = reshape(Q, d0=2, d1=2, d2=16);
   E = exp(Q3);
@@ -197,12 +200,9 @@ def test_a_fold_that_does_not_verify_is_not_shipped(monkeypatch: pytest.MonkeyPa
     kernel) fails its joined certificate, and the layer ships as stitched."""
     real = epilogue.fold
 
-    def wrong(g):  # type: ignore[no-untyped-def]
+    def wrong(g: Graph) -> tuple[Graph, tuple[epilogue.Fold, ...]]:
         folded, folds = real(g)
-        text = folded  # the folded kernel subtracts instead of adding
-        import dataclasses
-
-        k = text.ops[0]
+        k = folded.ops[0]  # the folded kernel subtracts the bias instead of adding it
         assert k.block is not None
         ops_ = tuple(dataclasses.replace(o, op="sub") if o.op == "add" else o
                      for o in k.block.ops)

@@ -13,7 +13,8 @@ split as the producer splits ``T``, broadcast dimensions whole), applies the sam
 operators to the tile it stored as ``T``, and stores the result in ``T``'s place; the
 consumer loses that output, and disappears when it has none left.
 
-**When.** The consumer ``E`` is a custom kernel of one iteration. An output ``O`` of
+**When.** The consumer ``E`` is a custom kernel of one iteration, or a pre-defined
+element-wise operator (taken as the one-block kernel that computes it). An output ``O`` of
 ``E`` folds when its stored tile is computed from block inputs by element-wise
 operators and identity accumulators (``acc_sum`` of the one iteration) alone; exactly
 one of those inputs, ``T``, is made by another custom kernel ``P``, and ``O`` has
@@ -27,7 +28,8 @@ f32 and rounds once, so the fold is never less accurate.
 
 **Verification.** The fold is applied before the layer is verified; the operators it
 joins come from two parts, and the caller (:func:`.layer.optimise_layer`) certifies
-the joined parts against their joined sub-program (:func:`folded_parts` says which).
+the joined parts against their joined sub-program. The extended producer is checked
+as any parsed custom kernel is (:func:`mirage_cli.check.check_block`).
 """
 
 from __future__ import annotations
@@ -38,6 +40,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from mirage_cli import ops
+from mirage_cli.check import check_block, infer_op, tile_type
+from mirage_cli.codegen.directfacts import is_alias
+from mirage_cli.diagnostics import MirageError
 from mirage_cli.ir import (
     AxisMap,
     BlockGraph,
@@ -76,8 +81,10 @@ def _one_fold(g: Graph) -> tuple[Graph, Fold] | None:
     for i, op in enumerate(g.ops):
         for n in dict.fromkeys(op.inputs):
             readers.setdefault(n, []).append(i)
-    for ei, e in enumerate(g.ops):
-        if e.block is None or e.block.forloop != 1:
+    types = g.tensor_types()
+    for ei, kop in enumerate(g.ops):
+        e = _as_custom(kop, types) if kop.block is None else kop
+        if e is None or e.block is None or e.block.forloop != 1:
             continue
         for bo in e.block.outputs:
             chain = _chain(e.block, bo)
@@ -94,7 +101,6 @@ def _one_fold(g: Graph) -> tuple[Graph, Fold] | None:
             if (readers.get(t.source) != [ei] or t.source in g.outputs
                     or _other_readers(e.block, t, ops_)):
                 continue
-            types = g.tensor_types()
             if not _elementwise(e.block, bo, leaves, t, types):
                 continue
             if types[t.source].shape != bo.value.type.shape:
@@ -111,6 +117,20 @@ def _one_fold(g: Graph) -> tuple[Graph, Fold] | None:
                 out[ei] = new_e
             return dataclasses.replace(g, ops=tuple(out)), Fold(t.source, bo.value.name)
     return None
+
+
+def _as_custom(e: KernelOp, types: dict[str, TensorType]) -> KernelOp | None:
+    """A pre-defined element-wise operator as the custom kernel of one block that
+    computes it (the consumer a fold reads), or None for any other operator."""
+    if not ops.get(e.op).elementwise or len(e.outputs) != 1:
+        return None
+    ins = tuple(BlockInput(Value(f"i{k}", types[n]), n, (None, None, None), None)
+                for k, n in enumerate(e.inputs))
+    out = e.outputs[0]
+    op = BlockOp(e.op, tuple(bi.value.name for bi in ins), (Value("r", out.type),), e.attrs)
+    bg = BlockGraph((1, 1, 1), 128, 1, ins, (op,),
+                    (BlockOutput(out, "r", (None, None, None)),))
+    return dataclasses.replace(e, op="custom", attrs=(), block=bg)
 
 
 def _chain(bg: BlockGraph, bo: BlockOutput) -> tuple[list[BlockOp], list[BlockInput]] | None:
@@ -138,12 +158,11 @@ def _chain(bg: BlockGraph, bo: BlockOutput) -> tuple[list[BlockOp], list[BlockIn
 
 
 def _foldable_op(op: BlockOp, bg: BlockGraph) -> bool:
-    d = ops.get(op.op)
-    if d.accum is not None:
-        # over one iteration, an accumulator that keeps its tile is the identity
-        return (bg.forloop == 1 and d.accum.reduce is ops.Reduce.NONE
-                and d.accum.pre is ops.Pre.ID and d.accum.finish is ops.Finish.ID)
-    return d.elementwise and len(op.outputs) == 1
+    """An element-wise operator, or an accumulator that returns its tile over the one
+    iteration."""
+    if ops.get(op.op).accum is not None:
+        return bg.forloop == 1 and is_alias(op)
+    return ops.get(op.op).elementwise and len(op.outputs) == 1
 
 
 def _other_readers(bg: BlockGraph, t: BlockInput, chain: list[BlockOp]) -> bool:
@@ -197,26 +216,24 @@ def _extended(p: KernelOp, stored: str, bo: BlockOutput, chain: list[BlockOp],
     for bi in leaves:
         if bi is t:
             continue
-        w = types[bi.source]
-        imap = _imap_of(store.omap, bg.grid, w, types[stored])
-        if imap is None:
+        imap = _imap_of(store.omap, bg.grid, types[bi.source], types[stored])
+        try:
+            tt = tile_type(types[bi.source], bg.grid, bg.forloop, imap, None, bi.source)
+        except MirageError:  # a split that does not divide it
             return None
-        shape = tuple(n // _split(imap, bg.grid, k) for k, n in enumerate(w.shape))
         name = fresh()
-        new_inputs.append(BlockInput(Value(name, TensorType(shape, w.dtype)), bi.source,
-                                     imap, None))
+        new_inputs.append(BlockInput(Value(name, tt), bi.source, imap, None))
         rename[bi.value.name] = name
-        tile_types[name] = TensorType(shape, w.dtype)
+        tile_types[name] = tt
     new_ops: list[BlockOp] = []
     for op in chain:
         ins = tuple(rename[i] for i in op.inputs)
-        d = ops.get(op.op)
-        if d.accum is not None:  # the identity of the one iteration: read its input
+        if ops.get(op.op).accum is not None:  # the one iteration's identity: its input
             rename[op.outputs[0].name] = ins[0]
             continue
         try:
-            tt = d.infer([tile_types[i] for i in ins], d.attr_values(op.attrs))
-        except ops.ShapeError:  # a shape the producer's tiles do not allow
+            tt = infer_op(ops.BLOCK, op.op, [tile_types[i] for i in ins], op.attrs)
+        except MirageError:  # a shape the producer's tiles do not allow
             return None
         name = fresh()
         tile_types[name] = tt
@@ -227,6 +244,10 @@ def _extended(p: KernelOp, stored: str, bo: BlockOutput, chain: list[BlockOp],
                  for o in bg.outputs)
     new_bg = dataclasses.replace(bg, inputs=bg.inputs + tuple(new_inputs),
                                  ops=bg.ops + tuple(new_ops), outputs=outs)
+    try:
+        check_block(new_bg, {**types, bo.value.name: bo.value.type})
+    except MirageError:
+        return None
     extra = tuple(bi.source for bi in new_inputs if bi.source not in p.inputs)
     kouts = tuple(bo.value if v.name == stored else v for v in p.outputs)
     return dataclasses.replace(p, inputs=p.inputs + tuple(dict.fromkeys(extra)),
@@ -234,25 +255,11 @@ def _extended(p: KernelOp, stored: str, bo: BlockOutput, chain: list[BlockOp],
 
 
 def _imap_of(omap: AxisMap, grid: tuple[int, int, int], w: TensorType, t: TensorType
-             ) -> AxisMap | None:
-    """The imap that splits ``w`` (broadcast against ``t``) as ``omap`` splits ``t``
-    (None where a split does not divide it)."""
-    out: list[int | None] = []
-    for a, n in enumerate(grid):
-        d = omap[a]
-        k = None if n == 1 or d is None else _broadcast_dim(w, t, d)
-        if k is not None and w.shape[k] % n:
-            return None
-        out.append(k)
+             ) -> AxisMap:
+    """The imap that splits ``w`` (broadcast against ``t``) as ``omap`` splits ``t``."""
+    out = [None if n == 1 or d is None else _broadcast_dim(w, t, d)
+           for n, d in zip(grid, omap)]
     return (out[0], out[1], out[2])
-
-
-def _split(imap: AxisMap, grid: tuple[int, int, int], dim: int) -> int:
-    n = 1
-    for a, d in enumerate(imap):
-        if d == dim:
-            n *= grid[a]
-    return n
 
 
 def _fresh(taken: set[str]) -> Callable[[], str]:
