@@ -340,6 +340,10 @@ def test_bench_gets_a_layer_through_opt_s_search_stage(tmp_path: Path,
     kw = {**opt_settings(jobs=1, top=1, budget=20.0), "max_kernel_ops": 1}
     (v,) = opt_candidates(prog, 1, kw)
     assert v.label == "opt#1 (shipped)" and v.graph is not None
+    assert v.search["cached"] is False
+    # Again: every part's search comes from the cache, and the row says so.
+    (again,) = opt_candidates(prog, 1, kw)
+    assert again.search["cached"] is True and again.graph == v.graph
     # the reshape, then rotate_half and the softmax fused (rotate_half is a block operator)
     assert [op.op for op in v.graph.ops][1:] == ["reshape", "custom"]
 

@@ -217,6 +217,8 @@ class PartResult:
     # False when the wall clock (the budget, a safety stop) ended the part's search:
     # what it ships then depends on timing.
     complete: bool = True
+    # True when every search the part ran came from the search cache.
+    cached: bool = False
 
 
 def stitch(program: Graph, results: Sequence[PartResult]) -> Graph:
@@ -327,24 +329,25 @@ def search_part(task: PartTask, unit_map: Any = None) -> PartResult:
         from mirage_cli.search.driver import explain_none
 
         why = explain_none(out.progress) if out.progress else "no candidate"
-        return _per_output(task, unit_map, t0, out.complete) or PartResult(
+        return _per_output(task, unit_map, t0, out.complete, out.cached) or PartResult(
             task.plan, task.graph, False, None, secs,
-            f"unfused: no verified µGraph ({why}{stopped})", out.complete)
+            f"unfused: no verified µGraph ({why}{stopped})", out.complete, out.cached)
     g, meta = out.candidates[0]
     slower = slower_than_unfused(task.graph, g)
     if slower is not None:
-        return _per_output(task, unit_map, t0, out.complete) or PartResult(
-            task.plan, task.graph, False, None, secs, f"unfused: {slower}", out.complete)
+        return _per_output(task, unit_map, t0, out.complete, out.cached) or PartResult(
+            task.plan, task.graph, False, None, secs, f"unfused: {slower}", out.complete,
+            out.cached)
     note = "cached" if out.cached else ("complete" if out.complete else stopped[2:])
     # A best µGraph of pre-defined operators only says so: nothing of it is fused
     # (the rotary parts of the layers: element-wise operators, no design enumerated).
     what = "kernel(s)," if g.is_fused else "pre-defined kernel(s), nothing fused,"
     return PartResult(task.plan, g, True, meta.get("verification"), secs,
-                      f"{len(g.ops)} {what} verified ({note})", out.complete)
+                      f"{len(g.ops)} {what} verified ({note})", out.complete, out.cached)
 
 
-def _per_output(task: PartTask, unit_map: Any, t0: float, complete: bool
-                ) -> PartResult | None:
+def _per_output(task: PartTask, unit_map: Any, t0: float, complete: bool,
+                cached: bool = False) -> PartResult | None:
     """A part with several outputs that found no fused µGraph worth shipping, searched
     again one output at a time (:func:`.partition.output_cones`: the operators they
     share recomputed for each) and joined, when at least one output fuses and the
@@ -371,6 +374,7 @@ def _per_output(task: PartTask, unit_map: Any, t0: float, complete: bool
     for cone in cones:
         out = cached_search(cone, opts, task.budget, 1, task.use_cache, None, unit_map)
         complete = complete and out.complete
+        cached = cached and out.cached
         verdict = _certified(out.candidates[0][1].get("verification")) \
             if out.candidates else None
         bound = (verdict or {}).get("certificate", {}).get("bound")
@@ -391,7 +395,7 @@ def _per_output(task: PartTask, unit_map: Any, t0: float, complete: bool
     return PartResult(task.plan, joined, True, verdict, time.time() - t0,
                       f"{len(joined.ops)} kernel(s), one search per output ({len(bounds)} "
                       f"of {len(graphs)} fused, shared operators recomputed in each), "
-                      f"verified", complete)
+                      f"verified", complete, cached)
 
 
 def join_outputs(part: Graph, graphs: Sequence[Graph]) -> Graph:
