@@ -399,7 +399,7 @@ def test_a_part_of_three_projections_joins_one_fused_kernel_per_output() -> None
     prog = parse_text(QKV, "qkv.mir")
     plan = layer.PartPlan(0, 0, len(prog.ops), True, "test")
     task = layer.PartTask(plan, prog, SearchOptions(), 30.0, False)
-    res = layer._per_output(task, None, time.time(), True)
+    res = layer._per_output(task, None, time.time(), True, False)
     assert res is not None and res.fused and res.verdict is not None
     assert [op.op for op in res.graph.ops] == ["custom"] * 3
     assert [o.name for op in res.graph.ops for o in op.outputs] == ["Q", "K", "V"]
@@ -412,7 +412,7 @@ def test_a_part_of_three_projections_joins_one_fused_kernel_per_output() -> None
     assert Verifier(prog, seed=3).check(res.graph, trials=2).equivalent is True
     assert verify_composed(prog, res.graph, [res.verdict], 1).ok
     # Deterministic: the same join again.
-    again = layer._per_output(task, None, time.time(), True)
+    again = layer._per_output(task, None, time.time(), True, False)
     assert again is not None and serialize.dumps(again.graph) == serialize.dumps(res.graph)
 
 

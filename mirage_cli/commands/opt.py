@@ -144,11 +144,8 @@ def stage_layer(program: Graph, kw: dict) -> tuple[Outcome, LayerResult]:  # typ
     cands = [] if res.graph is None else [
         (res.graph, {"rank": 0, "layer": res.as_json(), "verification": res.verdict,
                      "kernels": launched(res.graph), "tool": f"mirage-cli {__version__}"})]
-    # Cached: every part's search came from the cache (the whole is still verified,
-    # and joined parts certified, here).
-    searched = [r for r in res.parts if r.plan.searched]
-    cached = bool(searched) and all(r.cached for r in searched)
-    return Outcome(serialize.dumps_candidates(cands), cands, cached, res.complete, None), res
+    return Outcome(serialize.dumps_candidates(cands), cands, res.cached, res.complete,
+                   None), res
 
 
 def _part_temps(program: Graph, res: LayerResult, stem: str) -> list[tuple[str, str]]:

@@ -296,6 +296,13 @@ class LayerResult:
     # Epilogues folded across parts (:mod:`.epilogue`): "Q into the kernel of QM".
     folds: tuple[str, ...] = ()
 
+    @property
+    def cached(self) -> bool:
+        """Every searched part's search came from the cache (the whole is still
+        verified, and parts joined by a fold certified, each time)."""
+        searched = [r for r in self.parts if r.plan.searched]
+        return bool(searched) and all(r.cached for r in searched)
+
     def as_json(self) -> dict[str, Any]:
         return {"verification": self.verdict, "complete": self.complete,
                 "parts": [part_json(r) for r in self.parts], "folds": list(self.folds)}
@@ -347,7 +354,7 @@ def search_part(task: PartTask, unit_map: Any = None) -> PartResult:
 
 
 def _per_output(task: PartTask, unit_map: Any, t0: float, complete: bool,
-                cached: bool = False) -> PartResult | None:
+                cached: bool) -> PartResult | None:
     """A part with several outputs that found no fused µGraph worth shipping, searched
     again one output at a time (:func:`.partition.output_cones`: the operators they
     share recomputed for each) and joined, when at least one output fuses and the
