@@ -138,6 +138,11 @@ class KernelCost:
     waves: int = 1
     violation: str = ""  # why the kernel cannot run as planned ("": it can)
     launched: bool = True  # False: a reshape that shares its input's buffer
+    ksplit: int = 1      # blocks of a cluster that split the forloop
+    # What one block's own streaming rate bounds the kernel to (``_block_rounds_s``;
+    # 0 where the profile has no such rate). Part of ``stream_us`` for a kernel launched
+    # alone; a member of a grouped launch leaves it to the launch (:func:`grouped_us`).
+    block_us: float = 0.0
 
     @property
     def binding(self) -> str:
@@ -263,18 +268,57 @@ def _gathered_mmas(bg: BlockGraph, plan: KernelPlan) -> frozenset[str]:
     return frozenset(out)
 
 
-def kernel_costs(g: Graph, p: Profile | None = None) -> list[KernelCost]:
+def kernel_costs(g: Graph, p: Profile | None = None,
+                 co_blocks: dict[int, int] | None = None) -> list[KernelCost]:
     """The model's terms for each kernel of ``g``, in launch order (under ``p``, by
-    default the active profile)."""
+    default the active profile). ``co_blocks``: for a kernel (by op index) that shares
+    a launch, the launched blocks of the launch's other members."""
     p = p or profile()
     types = g.tensor_types()
     found = joins(g, p.arch)
     free = aliasing(g).free | joined_ops(g, found)
     # A pre-defined matmul runs as a generated custom kernel: cost that kernel.
     mine = [frozenset(found) & set(op.inputs) for op in g.ops]
+    co = co_blocks or {}
     return [NOT_LAUNCHED if i in free else
-            _kernel_cost(lowered(op, types), types, p, mine[i], shifted_names(found, mine[i]))
+            _kernel_cost(lowered(op, types), types, p, mine[i], shifted_names(found, mine[i]),
+                         co.get(i, 0))
             for i, op in enumerate(g.ops)]
+
+
+def grouped_us(members: Sequence[KernelCost]) -> float:
+    """The model's time of ``members`` (costed with each other's blocks as their
+    ``co_blocks``) run as one launch: one grid whose blocks stream the members' bytes
+    side by side, so their streaming adds up (each at the whole grid's share of the
+    SMs), bounded below by the slowest member's own blocks (they run at once, not in
+    turn); the longest loop's synchronisation, and one launch. The Qwen layer's key
+    and value projections, tuned alone, ran 128 blocks of 8 columns each beside the
+    query projection's 112, and the three 16.1 us; with 16 to 32 blocks of 32 or 64
+    columns each, 13.1 to 13.7 (docs/perf-log.md v46)."""
+    if len(members) == 1:
+        return members[0].time_us
+    stream = max(sum(m.stream_us for m in members), max(m.block_us for m in members))
+    # A block that streams more bytes than the blocks of the member with the most
+    # bytes outlasts them, and the launch with it (in the Qwen layer's launch, key and
+    # value blocks of as many bytes as the query projection's already ran it 1.8 us
+    # longer than blocks of half as many; docs/perf-log.md v46).
+    bulk = max(members, key=lambda m: m.dram_bytes)
+    longest = max(m.dram_bytes / max(m.blocks, 1) for m in members)
+    if bulk.dram_bytes:
+        stream *= max(1.0, longest / (bulk.dram_bytes / max(bulk.blocks, 1)))
+    return stream + max(m.sync_us for m in members) + max(m.launch_us for m in members)
+
+
+def groupable(members: Sequence[KernelCost]) -> bool:
+    """Whether the model sees ``members`` (each costed alone) as able to share a launch:
+    custom kernels of one block size and one cluster size (codegen/grouping.py's
+    ``compatible``). Their shared memory is left to codegen, which gives a member
+    shallower rings to keep the launch's blocks resident (``fit_residency``), and
+    whose lowering has the last word (:mod:`.grouped`)."""
+    return all(m.launched and m.threads and m.threads == members[0].threads
+               and m.ksplit == members[0].ksplit for m in members)
+
+
 
 
 # A reshape whose tensors share one buffer (codegen/aliasing.py), a concatenation read
@@ -284,8 +328,8 @@ NOT_LAUNCHED = KernelCost(0, 0, 0, 0, 0, 0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0
 
 
 def _kernel_cost(op: KernelOp, types: dict[str, TensorType], p: Profile,
-                 joined: frozenset[str] = frozenset(), shifted: frozenset[str] = frozenset()
-                 ) -> KernelCost:
+                 joined: frozenset[str] = frozenset(), shifted: frozenset[str] = frozenset(),
+                 co_blocks: int = 0) -> KernelCost:
     fit = p.fit
     facts = PlanFacts()
     elem_flops = simt_flops = invariant = 0
@@ -301,7 +345,8 @@ def _kernel_cost(op: KernelOp, types: dict[str, TensorType], p: Profile,
     # A forloop split over a cluster launches ksplit blocks per µGraph block, each
     # running forloop / ksplit iterations.
     blocks *= ksplit
-    util = min(1.0, blocks / p.num_sms)
+    # A member of a grouped launch shares the SMs with its other members' co_blocks.
+    util = min(1.0, (blocks + co_blocks) / p.num_sms)
     # Element-by-element copies (a tile width that is not a multiple of 16 bytes) and
     # mma fragments gathered element by element (a K tile that is not a multiple of
     # 16) run many times slower than 16-byte copies and ldmatrix.
@@ -351,16 +396,19 @@ def _kernel_cost(op: KernelOp, types: dict[str, TensorType], p: Profile,
     if threads:
         per_sm = max(1, min(p.max_threads_per_sm // threads,
                             p.smem_per_sm // max(plan_smem, 1), 32))
+    block_s = 0.0
     if p.block_stream_bw:
         rate = (p.bulk_stream_bw or p.block_stream_bw) if facts.bulk else p.block_stream_bw
-        mem_s = max(mem_s, _block_rounds_s(k_dram * copy_slow, blocks, per_sm, p, rate))
+        block_s = _block_rounds_s(k_dram * copy_slow, blocks, per_sm, p, rate)
+        if not co_blocks:
+            mem_s = max(mem_s, block_s)
     bound_s = max(mem_s, comp_s)
     # Waves count rounds of one block per SM, whatever the occupancy: on an H200 a
     # second resident block did not double a streaming kernel's rate
     # (rmsnorm_linear and gated_mlp at batch 8: grid 256 at two blocks per SM ran
     # 36.8 and 53.0 µs, grid 128 at one 27.3 and 25.6; docs/perf-log.md v5), so
     # counting it as free picked the slower tuning. ``per_sm`` is reported only.
-    waves = -(-blocks // p.num_sms)
+    waves = -(-(blocks + co_blocks) // p.num_sms)
     # Loads of iteration i+1 overlap compute of iteration i, so one iteration's
     # loads are exposed (the pipeline fill), and each iteration synchronises.
     # A loop with few copies in flight exposes part of each load's latency.
@@ -390,7 +438,8 @@ def _kernel_cost(op: KernelOp, types: dict[str, TensorType], p: Profile,
     return KernelCost(k_dram, k_l2, k_flops, k_smem, blocks, forloop, d_s * 1e6,
                       l_s * 1e6, c_s * 1e6, util, stream * 1e6, sync * 1e6,
                       launch * 1e6, (stream + sync + launch) * 1e6, plan_smem,
-                      threads, per_sm, waves, facts.violation)
+                      threads, per_sm, waves, facts.violation, ksplit=ksplit,
+                      block_us=fit["stream"] * block_s * 1e6)
 
 
 def _fill_s(mem_s: float, comp_s: float, chain: bool) -> float:

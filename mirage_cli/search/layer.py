@@ -377,7 +377,7 @@ def _per_output(task: PartTask, unit_map: Any, t0: float, complete: bool,
         return None
     opts = dataclasses.replace(task.options, top=1)
     graphs: list[Graph] = []
-    bounds: list[float] = []
+    bounds: list[float | None] = []  # None: the output's own operators, not fused
     for cone in cones:
         out = cached_search(cone, opts, task.budget, 1, task.use_cache, None, unit_map)
         complete = complete and out.complete
@@ -388,21 +388,65 @@ def _per_output(task: PartTask, unit_map: Any, t0: float, complete: bool,
         if (verdict is None or not verdict.get("equivalent") or bound is None
                 or slower_than_unfused(cone, out.candidates[0][0]) is not None):
             graphs.append(cone)  # this output's own operators
+            bounds.append(None)
             continue
         graphs.append(out.candidates[0][0])
         bounds.append(float(bound))
-    if not bounds:
+    fused = [b is not None for b in bounds]
+    if not any(fused):
         return None
+    together = _tuned_together(task, cones, graphs, bounds)
+    if together is not None:
+        graphs, bounds, note = together[0], together[1], together[2]
     joined = join_outputs(task.graph, graphs)
-    if slower_than_unfused(task.graph, joined) is not None:
+    if not _faster_joined(task.graph, joined):
         return None
     verdict = {"equivalent": True, "method": "one µGraph per output, each certified "
                "against its own sub-program (bound: the sum of theirs)",
-               "certificate": {"bound": sum(bounds)}}
+               "certificate": {"bound": sum(b for b in bounds if b is not None)}}
     return PartResult(task.plan, joined, True, verdict, time.time() - t0,
-                      f"{len(joined.ops)} kernel(s), one search per output ({len(bounds)} "
-                      f"of {len(graphs)} fused, shared operators recomputed in each), "
-                      f"verified", complete, cached)
+                      f"{len(joined.ops)} kernel(s), one search per output ({sum(fused)} "
+                      f"of {len(graphs)} fused, shared operators recomputed in each"
+                      f"{note if together is not None else ''}), verified",
+                      complete, cached)
+
+
+def _faster_joined(part: Graph, joined: Graph) -> bool:
+    """Whether the model predicts the join of the outputs' µGraphs faster than the
+    part's own operators, each side with the kernels that share a launch priced as
+    one (:func:`.grouped.layout_us`): the outputs' kernels are independent, and both
+    sides launch them side by side."""
+    from mirage_cli.search import grouped
+
+    return grouped.layout_us(joined)[0] <= grouped.layout_us(part)[0]
+
+
+def _tuned_together(task: PartTask, cones: Sequence[Graph], graphs: Sequence[Graph],
+                    old: Sequence[float | None]
+                    ) -> tuple[list[Graph], list[float | None], str] | None:
+    """The outputs' µGraphs retuned for the launches they share (:mod:`.grouped`), each
+    retuned one certified again against its own sub-program, with the new bounds and a
+    note; None where that finds nothing better or a retuned one does not verify."""
+    from mirage_cli.search import grouped
+    from mirage_cli.search.verify import verify
+
+    ms = grouped.members(cones, graphs, [b is not None for b in old])
+    found = grouped.tune_together(ms, lambda gs: join_outputs(task.graph, gs))
+    if found is None:
+        return None
+    new, before, after = found
+    bounds: list[float | None] = []
+    for m, g, b in zip(ms, new, old):
+        if m.design is None or g is m.graph:
+            bounds.append(b)
+            continue
+        v = verify(m.cone, g, task.options.seed)
+        bound = v.detail.get("certificate", {}).get("bound") if v.ok else None
+        if bound is None:
+            return None
+        bounds.append(float(bound))
+    return new, bounds, (f"; tuned together for their shared launch, {before:.1f} -> "
+                         f"{after:.1f} us predicted")
 
 
 def join_outputs(part: Graph, graphs: Sequence[Graph]) -> Graph:

@@ -98,7 +98,9 @@ def _loop_extent(step: CustomD, types: dict, grid: list[int]) -> int:
     return 2 * LOOP_TILE
 
 
-def _neighbours(tuning: Tuning, design: Design, types: dict | None = None) -> list[Tuning]:
+def neighbours(tuning: Tuning, design: Design, types: dict | None = None) -> list[Tuning]:
+    """The tunings one move from ``tuning``: one size of one custom kernel doubled,
+    halved or moved to the next divisor, or a factor of 2 moved between grid axes."""
     steps = custom_steps(design)
     out: list[Tuning] = []
     for k, ((grid, forloop), step) in enumerate(zip(tuning, steps)):
@@ -186,7 +188,7 @@ def _descend(target: Graph, design: Design, max_steps: int, until_fits: bool
             assert here is not None
             if until_fits and here[0].fits:
                 break
-            better = [(c, n) for n in _neighbours(current, design, types)
+            better = [(c, n) for n in neighbours(current, design, types)
                       if (c := cost(n)) is not None and _key(c[0]) < _key(here[0])]
             if not better:
                 break
