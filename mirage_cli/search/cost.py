@@ -138,7 +138,6 @@ class KernelCost:
     waves: int = 1
     violation: str = ""  # why the kernel cannot run as planned ("": it can)
     launched: bool = True  # False: a reshape that shares its input's buffer
-    ksplit: int = 1      # blocks of a cluster that split the forloop
     # What one block's own streaming rate bounds the kernel to (``_block_rounds_s``;
     # 0 where the profile has no such rate). Part of ``stream_us`` for a kernel launched
     # alone; a member of a grouped launch leaves it to the launch (:func:`grouped_us`).
@@ -298,27 +297,7 @@ def grouped_us(members: Sequence[KernelCost]) -> float:
     if len(members) == 1:
         return members[0].time_us
     stream = max(sum(m.stream_us for m in members), max(m.block_us for m in members))
-    # A block that streams more bytes than the blocks of the member with the most
-    # bytes outlasts them, and the launch with it (in the Qwen layer's launch, key and
-    # value blocks of as many bytes as the query projection's already ran it 1.8 us
-    # longer than blocks of half as many; docs/perf-log.md v46).
-    bulk = max(members, key=lambda m: m.dram_bytes)
-    longest = max(m.dram_bytes / max(m.blocks, 1) for m in members)
-    if bulk.dram_bytes:
-        stream *= max(1.0, longest / (bulk.dram_bytes / max(bulk.blocks, 1)))
     return stream + max(m.sync_us for m in members) + max(m.launch_us for m in members)
-
-
-def groupable(members: Sequence[KernelCost]) -> bool:
-    """Whether the model sees ``members`` (each costed alone) as able to share a launch:
-    custom kernels of one block size and one cluster size (codegen/grouping.py's
-    ``compatible``). Their shared memory is left to codegen, which gives a member
-    shallower rings to keep the launch's blocks resident (``fit_residency``), and
-    whose lowering has the last word (:mod:`.grouped`)."""
-    return all(m.launched and m.threads and m.threads == members[0].threads
-               and m.ksplit == members[0].ksplit for m in members)
-
-
 
 
 # A reshape whose tensors share one buffer (codegen/aliasing.py), a concatenation read
@@ -438,7 +417,7 @@ def _kernel_cost(op: KernelOp, types: dict[str, TensorType], p: Profile,
     return KernelCost(k_dram, k_l2, k_flops, k_smem, blocks, forloop, d_s * 1e6,
                       l_s * 1e6, c_s * 1e6, util, stream * 1e6, sync * 1e6,
                       launch * 1e6, (stream + sync + launch) * 1e6, plan_smem,
-                      threads, per_sm, waves, facts.violation, ksplit=ksplit,
+                      threads, per_sm, waves, facts.violation,
                       block_us=fit["stream"] * block_s * 1e6)
 
 

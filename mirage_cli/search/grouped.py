@@ -13,11 +13,9 @@ So the members' tunings move together here: coordinate descent over the tuning m
 (the tuner's, :func:`.tune.neighbours`) of every member but the one that streams the
 most bytes, which keeps its own, on the model's time of the
 joined part, where each run of kernels that would share a launch is priced as one
-(:func:`.cost.grouped_us`). Which kernels share a launch is decided as codegen does:
-level by level, each kernel joining the run before it when the model sees them
-compatible (:func:`.cost.groupable`); a descent's end is kept only if codegen's own
-lowering groups it so, and every retuned member is certified again against its own
-sub-program.
+(:func:`.cost.grouped_us`). Which kernels share a launch is codegen's to say (its
+lowering of the tunings found alone); a descent's end is kept only if codegen launches
+it so too, and every retuned member is certified again against its own sub-program.
 """
 
 from __future__ import annotations
@@ -27,14 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from mirage_cli.ir import Graph
-from mirage_cli.search.cost import (
-    TIE_REL,
-    KernelCost,
-    estimate,
-    groupable,
-    grouped_us,
-    kernel_costs,
-)
+from mirage_cli.search.cost import TIE_REL, estimate, grouped_us, kernel_costs
 from mirage_cli.search.design import Design, Tuning, design_of, instantiate
 from mirage_cli.search.tune import neighbours
 
@@ -67,37 +58,45 @@ def members(cones: Sequence[Graph], graphs: Sequence[Graph], fused: Sequence[boo
     return out
 
 
-def runs(g: Graph, ks: Sequence[KernelCost]) -> list[list[int]]:
-    """The launches of ``g``'s kernels as the model predicts codegen forms them: level
-    by level in op order, a kernel joining the run before it (of its level) when the
-    model sees the run and it compatible."""
-    from mirage_cli.codegen.aliasing import aliasing
-    from mirage_cli.codegen.grouping import levels
+def launches(g: Graph) -> list[list[int]]:
+    """The op indices of each launch codegen forms for ``g`` (codegen/lower.py)."""
+    from mirage_cli.codegen.lower import lower
 
-    free = frozenset(i for i, k in enumerate(ks) if not k.launched) | aliasing(g).free
-    level = levels(g, frozenset(free))
-    out: list[list[int]] = []
-    for i in sorted(level, key=lambda i: (level[i], i)):
-        if out and level[out[-1][0]] == level[i] and \
-                groupable([ks[j] for j in out[-1]] + [ks[i]]):
-            out[-1].append(i)
-        else:
-            out.append([i])
-    return out
+    return [list(r) for r in lower(g).launch_ops]
 
 
-def layout_us(g: Graph) -> tuple[float, list[list[int]]]:
-    """The model's time of ``g`` with its kernels launched as :func:`runs` predicts,
-    and those runs; infinite where a kernel cannot run as planned (as
-    :func:`.cost.estimate` says it does not fit)."""
-    alone = kernel_costs(g)
-    rs = runs(g, alone)
+def layout_us(g: Graph, runs: Sequence[Sequence[int]] | None = None) -> float:
+    """The model's time of ``g`` with the kernels of each of ``runs`` (default: the
+    launches codegen forms for ``g``) sharing one launch; infinite where a kernel
+    cannot run as planned (as :func:`.cost.estimate` says it does not fit)."""
     if not estimate(g).fits:
-        return math.inf, rs
+        return math.inf
+    rs = launches(g) if runs is None else runs
+    alone = kernel_costs(g)
     co = {i: sum(alone[j].blocks for j in r) - alone[i].blocks for r in rs if len(r) > 1
           for i in r}
     shared = kernel_costs(g, co_blocks=co) if co else alone
-    return sum(grouped_us([shared[i] for i in r]) for r in rs), rs
+    return sum(grouped_us([shared[i] for i in r]) for r in rs)
+
+
+def _lighter_blocks(g: Graph, runs: Sequence[Sequence[int]], anchor: frozenset[int]
+                    ) -> bool:
+    """Whether, in each launch with a kernel of ``anchor`` (the member that keeps its
+    tuning), every other kernel's blocks stream fewer bytes each than the anchor's
+    blocks. The launch lasts as long as its longest blocks: in the Qwen layer's, key
+    and value blocks of as many bytes as the query projection's ran it 15.1 us, of
+    half or a quarter as many 13.2 and 13.1 (docs/perf-log.md v46), which the model's
+    sum of the members' streaming does not tell apart."""
+    ks = kernel_costs(g)
+
+    def per_block(i: int) -> float:
+        return ks[i].dram_bytes / max(ks[i].blocks, 1)
+
+    for r in runs:
+        heavy = [per_block(i) for i in r if i in anchor]
+        if heavy and any(per_block(i) >= max(heavy) for i in r if i not in anchor):
+            return False
+    return True
 
 
 def tune_together(ms: Sequence[Member], join: Join
@@ -105,8 +104,6 @@ def tune_together(ms: Sequence[Member], join: Join
     """The members' µGraphs retuned for their shared launches, with the model's time of
     the joined part before and after; None where nothing better is found, or codegen
     would not launch the result as the model priced it."""
-    from mirage_cli.codegen.lower import lower
-
     tuned = [j for j, m in enumerate(ms) if m.design is not None]
     if len(tuned) < 2:
         return None
@@ -119,7 +116,7 @@ def tune_together(ms: Sequence[Member], join: Join
     # 208.0 at batch 16 (docs/perf-log.md v46).
     anchor = max(tuned, key=lambda j: (sum(k.dram_bytes for k in kernel_costs(ms[j].graph)),
                                        -j))
-    seen: dict[tuple[Tuning, ...], tuple[float, list[list[int]]] | None] = {}
+    seen: dict[tuple[Tuning, ...], float | None] = {}
     built: dict[tuple[int, Tuning], Graph | None] = {}
 
     def graph(j: int, t: Tuning) -> Graph | None:
@@ -130,18 +127,32 @@ def tune_together(ms: Sequence[Member], join: Join
             built[(j, t)] = m.graph if t == m.tuning else instantiate(m.cone, m.design, t)
         return built[(j, t)]
 
-    def cost(state: tuple[Tuning, ...]) -> tuple[float, list[list[int]]] | None:
-        if state not in seen:
-            gs = [graph(j, t) for j, t in enumerate(state)]
-            seen[state] = None if any(g is None for g in gs) else \
-                layout_us(join([g for g in gs if g is not None]))
-        return seen[state]
+    def joined(state: tuple[Tuning, ...]) -> Graph | None:
+        gs = [graph(j, t) for j, t in enumerate(state)]
+        return None if any(g is None for g in gs) else join([g for g in gs if g])
 
     start = tuple(m.tuning for m in ms)
-    here = cost(start)
-    if here is None:
+    first = joined(start)
+    if first is None:
         return None
-    before = here[0]
+    # The launches codegen forms for the tunings found alone; every state is priced
+    # with the same members sharing a launch, and its result kept only if codegen
+    # launches it so too (a member of other tiles may not fit beside the others).
+    runs = launches(first)
+    if all(len(r) == 1 for r in runs):
+        return None
+    at = sum(len(ms[j].graph.ops) for j in range(anchor))  # a tuning keeps the ops
+    anchor_ops = frozenset(range(at, at + len(ms[anchor].graph.ops)))
+
+    def cost(state: tuple[Tuning, ...]) -> float | None:
+        if state not in seen:
+            g = joined(state)
+            seen[state] = None if g is None or not _lighter_blocks(g, runs, anchor_ops) \
+                else layout_us(g, runs)
+        return seen[state]
+
+    # The tunings found alone are the baseline, whatever their blocks.
+    before = here = seen[start] = layout_us(first, runs)
     state = start
     for _ in range(MAX_STEPS):
         options = []
@@ -151,21 +162,20 @@ def tune_together(ms: Sequence[Member], join: Join
             types = m.cone.tensor_types()
             for t in neighbours(state[j], m.design, types):
                 n = state[:j] + (t,) + state[j + 1:]
-                if (c := cost(n)) is not None and c[0] < here[0]:
-                    options.append((c[0], n))
+                if (c := cost(n)) is not None and c < here:
+                    options.append((c, n))
         if not options:
             break
-        _, state = min(options)
-        here = cost(state)
-        assert here is not None
-    # The model's launches are a guess at codegen's (it leaves shared memory and the
-    # rings fit_residency shortens to codegen): the best states visited are lowered,
-    # best first, and the first that codegen launches as the model priced it wins.
-    # Within the tie rule's 1% a tuning is no better (search/cost.py TIE_REL).
-    ranked = sorted((c[0], s) for s, c in seen.items()
-                    if c is not None and c[0] < before * (1 - TIE_REL))
+        here, state = min(options)
+    # The best states visited are lowered, best first, and the first that codegen
+    # launches as they were priced wins (codegen decides from shared memory and the
+    # rings fit_residency shortens, which the model leaves to it). Within the tie
+    # rule's 1% a tuning is no better (search/cost.py TIE_REL).
+    ranked = sorted((c, s) for s, c in seen.items()
+                    if c is not None and c < before * (1 - TIE_REL))
     for after, s in ranked[:MAX_LOWERED]:
-        gs = [g for g in (graph(j, t) for j, t in enumerate(s)) if g is not None]
-        if [list(r) for r in lower(join(gs)).launch_ops] == cost(s)[1]:  # type: ignore[index]
-            return gs, before, after
+        g = joined(s)
+        if g is not None and launches(g) == runs:
+            return [x for x in (graph(j, t) for j, t in enumerate(s)) if x is not None], \
+                before, after
     return None

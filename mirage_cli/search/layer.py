@@ -418,7 +418,7 @@ def _faster_joined(part: Graph, joined: Graph) -> bool:
     sides launch them side by side."""
     from mirage_cli.search import grouped
 
-    return grouped.layout_us(joined)[0] <= grouped.layout_us(part)[0]
+    return grouped.layout_us(joined) <= grouped.layout_us(part)
 
 
 def _tuned_together(task: PartTask, cones: Sequence[Graph], graphs: Sequence[Graph],
