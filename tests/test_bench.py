@@ -12,6 +12,7 @@ import math
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from click.testing import CliRunner
 
@@ -825,7 +826,7 @@ def test_a_failing_sdpa_baseline_is_a_row(monkeypatch):
     monkeypatch.setattr(bench, "_sdpa_baseline", lambda *a: (
         None, Check(False, 0.3, "relative L2 error 0.3 > 0.01")))
     rows = bench._bench_one(object(), parse_text(ATTN), 1, [], BW.copy_kernel, 3,  # type: ignore[arg-type]
-                            True, True)
+                            True, True, False, 1.0)
     assert [r.variant for r in rows] == ["baseline sdpa", "(no fused µGraph)"]
     assert not rows[0].ok and "0.3 > 0.01" in rows[0].reason
     assert rows[1].baselines["sdpa"] is None
@@ -944,3 +945,30 @@ def test_precompiled_cubins_are_loaded_without_compiling_again(monkeypatch) -> N
     bench.build(Dev(), g)  # type: ignore[arg-type]
     assert loaded == [bench._CUBINS[(g, "sm_90")]]
     bench._CUBINS.clear()
+
+
+def test_references_computed_ahead_are_the_ones_computed_here(monkeypatch):
+    """`References` on spawned workers gives each program the input scale and float64
+    reference that computing them in this process gives (only where they are computed
+    changes), and a program it did not take ahead is computed here."""
+    from mirage_cli.codegen import bench
+
+    progs = [parse_text(SMALL.replace("n = 32", f"n = {n}"), "<t>", {}) for n in (32, 64)]
+    here = [bench.input_scale(g) for g in progs]
+    expect = [bench.interp.run(g, bench.scaled_inputs(g, 0, s), "float64")
+              for g, s in zip(progs, here)]
+    bench._REFERENCES.clear()
+    monkeypatch.setattr(bench, "AHEAD_BYTES", 0)
+    refs = bench.References(progs, workers=2)
+    try:
+        assert len(refs._futures) == 2  # both went to the workers
+        for g, s, outs in zip(progs, here, expect):
+            assert refs.scale(g) == s
+            assert (g, 0, s) in bench._REFERENCES  # the worker's, not recomputed here
+            got = bench.reference_outputs(g, 0, s)
+            assert got.keys() == outs.keys()
+            assert all(np.array_equal(got[k], outs[k]) for k in outs)
+        extra = parse_text(SMALL.replace("n = 32", "n = 96"), "<t>", {})
+        assert refs.scale(extra) == bench.input_scale(extra)
+    finally:
+        refs.close()

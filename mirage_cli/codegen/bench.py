@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import math
 import statistics
 import time
@@ -108,11 +107,10 @@ def precompile(graphs: list[Graph], arch: str, workers: int) -> None:
 def scaled_inputs(g: Graph, seed: int, scale: float) -> dict[str, np.ndarray]:
     """Random normal inputs times ``scale`` (a power of two), rounded to each dtype.
 
-    Read-only arrays, kept for the inputs of one program at a time: timing rotates over
-    input copies totalling twice the L2 (about 50 copies of a small program's inputs),
-    and every variant of a program (the bench's rows, measured selection's dozens of
-    tunings) draws the same ones, so drawing them once per program saves seconds per
-    variant; holding one program's copies keeps the memory bounded."""
+    Read-only arrays, kept for the inputs of one program at a time: every variant of a
+    program (the bench's rows, measured selection's dozens of tunings) draws the same
+    ones, so drawing them once per program saves seconds per variant; holding one
+    program's keeps the memory bounded."""
     sig = tuple((i.value.name, i.value.type) for i in g.inputs)
     key = (sig, seed, scale)
     hit = _INPUTS.get(key)
@@ -133,11 +131,26 @@ def scaled_inputs(g: Graph, seed: int, scale: float) -> dict[str, np.ndarray]:
 _INPUTS: dict[tuple[Any, int, float], dict[str, np.ndarray]] = {}
 
 
-@functools.lru_cache(maxsize=8)
 def reference_outputs(g: Graph, seed: int, scale: float) -> dict[str, np.ndarray]:
     """The float64 reference outputs of ``g`` on ``scaled_inputs(g, seed, scale)``
     (cached: the program's reference serves every variant checked against it)."""
-    return interp.run(g, scaled_inputs(g, seed, scale), "float64")
+    key = (g, seed, scale)
+    hit = _REFERENCES.get(key)
+    if hit is None:
+        hit = interp.run(g, scaled_inputs(g, seed, scale), "float64")
+        _remember(key, hit)
+    return hit
+
+
+def _remember(key: tuple[Graph, int, float], outs: dict[str, np.ndarray]) -> None:
+    """Keep ``outs`` as the reference under ``key``; the oldest of more than eight goes
+    (a layer's outputs are small, but its programs' references need not all stay)."""
+    _REFERENCES[key] = outs
+    while len(_REFERENCES) > 8:
+        del _REFERENCES[next(iter(_REFERENCES))]
+
+
+_REFERENCES: dict[tuple[Graph, int, float], dict[str, np.ndarray]] = {}
 
 
 def input_scale(g: Graph, seed: int = 0) -> float:
@@ -154,6 +167,63 @@ def input_scale(g: Graph, seed: int = 0) -> float:
             return scale
         scale /= 2
     return scale
+
+
+def scale_and_reference(g: Graph, seed: int = 0) -> tuple[float, dict[str, np.ndarray]]:
+    """:func:`input_scale` of ``g`` and its float64 reference outputs at that scale: one
+    program's share of the work :class:`References` does ahead."""
+    scale = input_scale(g, seed)
+    return scale, reference_outputs(g, seed, scale)
+
+
+# Programs whose references are worth a worker process (a decoder layer's weights).
+AHEAD_BYTES = 64 << 20
+
+
+class References:
+    """The input scale and float64 reference of each program a bench measures, computed
+    ahead on ``workers`` spawned processes while the device measures the programs
+    before it (a decoder layer's take tens of seconds on one core: the native and
+    float64 interpreter runs of :func:`input_scale`). Programs with fewer input bytes
+    than :data:`AHEAD_BYTES` (milliseconds each, against a second to spawn a worker),
+    and all of them with one worker or one such program, are computed in this process
+    when first asked for. Either way the values are :func:`input_scale`'s and
+    :func:`reference_outputs`': only where they are computed changes."""
+
+    def __init__(self, programs: Sequence[Graph], workers: int) -> None:
+        self._futures: dict[Graph, Any] = {}
+        self._pool = None
+        todo = [g for g in dict.fromkeys(programs) if input_bytes(g) >= AHEAD_BYTES]
+        if workers > 1 and len(todo) > 1:
+            import multiprocessing
+            from concurrent.futures import ProcessPoolExecutor
+
+            # Spawned, not forked: the caller may already hold a CUDA context.
+            self._pool = ProcessPoolExecutor(max_workers=min(workers, len(todo)),
+                                             mp_context=multiprocessing.get_context("spawn"))
+            self._futures = {g: self._pool.submit(scale_and_reference, g) for g in todo}
+
+    def scale(self, g: Graph) -> float:
+        """The input scale of ``g``; its reference is then cached for
+        :func:`reference_outputs`."""
+        fut = self._futures.pop(g, None)
+        if fut is None:
+            return input_scale(g)
+        try:
+            scale, outs = fut.result()
+        except Exception as e:  # noqa: BLE001 - a lost worker costs time, not the row
+            info(f"  computing the reference ahead failed ({type(e).__name__}: {e}); "
+                 f"computing it here")
+            return input_scale(g)
+        _remember((g, 0, scale), outs)
+        return scale
+
+    def close(self) -> None:
+        if self._pool is not None:
+            for fut in self._futures.values():
+                fut.cancel()
+            self._pool.shutdown(wait=True)
+            self._pool = None
 
 
 def check_graph(dev: Device, g: Graph, seed: int = 0, reference: Graph | None = None,
@@ -186,15 +256,19 @@ def rotating_buffers(dev: Device, loaded: Loaded, g: Graph, scale: float
                      ) -> Iterator[list[Buffers]]:
     """Buffer sets whose inputs are distinct copies totalling more than twice the L2
     (outputs and workspace are shared, as in a real model), inputs uploaded; freed on
-    exit. Allocated once for every timing of one loaded program."""
+    exit. Allocated once for every timing of one loaded program. Every copy holds the
+    checked inputs (seed 0): what defeats the L2 is the copies' addresses, and no
+    kernel's time depends on the values, while drawing another set of a decoder
+    layer's inputs takes seconds (300 million normals at batch 16)."""
     n = copies_needed(dev, g)
     base = loaded.alloc()
     extra = [{b.name: dev.alloc(b.type.nbytes) for b in loaded.prog.inputs}
              for _ in range(n - 1)]
     sets = [base] + [Buffers({**base.ptrs, **ptrs}, base.workspace) for ptrs in extra]
+    ins = scaled_inputs(g, 0, scale)
     try:
-        for k, bufs in enumerate(sets):
-            loaded.upload_inputs(bufs, scaled_inputs(g, 1000 + k, scale))
+        for bufs in sets:
+            loaded.upload_inputs(bufs, ins)
         dev.sync()
         yield sets
     finally:
@@ -405,14 +479,12 @@ def time_torch(dev: Device, g: Graph, fn: Callable[..., Any], replays: int, scal
     dt = {"f16": torch.float16, "bf16": torch.bfloat16, "f32": torch.float32}
     n = copies_needed(dev, g)
     calls = max(n, 8)
-    sets = []
-    for k in range(n):
-        ins = scaled_inputs(g, 1000 + k, scale)
-        sets.append(lay([torch.from_numpy(ins[i.value.name].copy()).to("cuda", dt[i.value.type.dtype.value])
-                         for i in g.inputs]))
+    # The copies hold the checked inputs, as the generated code's (rotating_buffers).
+    ins0 = scaled_inputs(g, 0, scale)
+    sets = [lay([torch.from_numpy(ins0[i.value.name].copy()).to("cuda", dt[i.value.type.dtype.value])
+                 for i in g.inputs]) for _ in range(n)]
     ref = reference_outputs(g, 0, scale)
     with torch.no_grad():
-        ins0 = scaled_inputs(g, 0, scale)
         outs = fn(*lay([torch.from_numpy(ins0[i.value.name].copy()).to("cuda", dt[i.value.type.dtype.value])
                         for i in g.inputs]))
         torch.cuda.synchronize()
@@ -636,6 +708,21 @@ def run_bench(dev: Device | Callable[[], Device], pairs: list[tuple[Path, list[P
             if checkpoints is not None:
                 variants += checkpoints(prog_path, batch, prog)
             work.append((prog, batch, variants))
+    refs = References([prog for prog, _, _ in work], workers)
+    try:
+        return _measure_all(dev, work, refs, replays, use_torch, use_compile, bandwidth,
+                            per_kernel, workers, progress)
+    finally:
+        refs.close()
+
+
+def _measure_all(dev: Device | Callable[[], Device], work: list[tuple[Graph, int, list[Variant]]],
+                 refs: References, replays: int, use_torch: bool, use_compile: bool,
+                 bandwidth: Bandwidth | None, per_kernel: bool, workers: int,
+                 progress: Callable[[Bandwidth, list[Row], int, int], None] | None,
+                 ) -> tuple[Bandwidth, list[Row]]:
+    """:func:`run_bench` once every search is done: compile, open the device, measure
+    each program and batch in turn."""
     # A CUDA context starts driver threads: open it only once no more workers fork.
     dev = dev() if callable(dev) else dev
     if workers > 1:
@@ -655,7 +742,7 @@ def run_bench(dev: Device | Callable[[], Device], pairs: list[tuple[Path, list[P
         warn(f"PyTorch baselines skipped: {why_not}")
     for done, (prog, batch, variants) in enumerate(work, 1):
         rows += _bench_one(dev, prog, batch, variants, bw.copy_kernel, replays, torch_ok,
-                           use_compile, per_kernel)
+                           use_compile, per_kernel, refs.scale(prog))
         if progress is not None and done < len(work):
             progress(bw, rows, done, len(work))
     return bw, rows
@@ -678,11 +765,11 @@ def _sized(prog_path: Path, defines: dict[str, int],
 
 
 def _bench_one(dev: Device, prog: Graph, batch: int, variants: list[Variant], bw: float,
-               replays: int, torch_ok: bool, use_compile: bool, per_kernel: bool = False
-               ) -> list[Row]:
-    """The rows of one program at one batch."""
+               replays: int, torch_ok: bool, use_compile: bool, per_kernel: bool,
+               scale: float) -> list[Row]:
+    """The rows of one program at one batch, its inputs scaled by ``scale``
+    (:func:`input_scale`)."""
     floor = floor_us(prog, bw)
-    scale = input_scale(prog)
     info(f"{prog.name} batch={batch} (memory floor {floor:.1f} us, input scale {scale})")
     base: dict[str, float | None] = {}
     base_chk: dict[str, Check] = {}
