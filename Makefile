@@ -18,8 +18,10 @@ demo: install
 	$(PYTHON) -m mirage_cli compile $(BUILD)/rmsnorm_linear.cu --arch sm_90 -o $(BUILD)/rmsnorm_linear.cubin
 	@echo "wrote $(BUILD)/rmsnorm_linear.{ugraph.json,out.npz,cu,h,mir.d,mir.stamp,cubin} and $(BUILD)/temps/"
 
+# Work stealing: a worker that runs out takes tests queued on the other, so the few
+# long tests (NVRTC sweeps, searches) do not leave one core idle at the end.
 test: install
-	$(PYTHON) -m pytest -m "not gpu" -p no:cacheprovider -n auto
+	$(PYTHON) -m pytest -m "not gpu" -p no:cacheprovider -n auto --dist worksteal
 
 golden: install
 	$(PYTHON) -m mirage_cli.golden
