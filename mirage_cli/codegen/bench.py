@@ -109,7 +109,7 @@ def scaled_inputs(g: Graph, seed: int, scale: float) -> dict[str, np.ndarray]:
 
     Read-only arrays, kept for the inputs of one program at a time: every variant of a
     program (the bench's rows, measured selection's dozens of tunings) draws the same
-    ones, so drawing them once per program saves seconds per variant; holding one
+    ones, so drawing them once per program saves seconds per variant; holding only one
     program's keeps the memory bounded."""
     sig = tuple((i.value.name, i.value.type) for i in g.inputs)
     key = (sig, seed, scale)
@@ -254,9 +254,9 @@ def copies_needed(dev: Device, g: Graph) -> int:
 @contextlib.contextmanager
 def rotating_buffers(dev: Device, loaded: Loaded, g: Graph, scale: float
                      ) -> Iterator[list[Buffers]]:
-    """Buffer sets whose inputs are distinct copies totalling more than twice the L2
-    (outputs and workspace are shared, as in a real model), inputs uploaded; freed on
-    exit. Allocated once for every timing of one loaded program. Every copy holds the
+    """Buffer sets whose inputs are copies at distinct addresses totalling more than
+    twice the L2 (outputs and workspace are shared, as in a real model), inputs
+    uploaded; freed on exit. Allocated once for every timing of one loaded program. Every copy holds the
     checked inputs (seed 0): what defeats the L2 is the copies' addresses, and no
     kernel's time depends on the values, while drawing another set of a decoder
     layer's inputs takes seconds (300 million normals at batch 16)."""
