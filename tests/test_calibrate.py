@@ -156,7 +156,8 @@ def test_measured_figures_make_a_loadable_profile(tmp_path: Path) -> None:
     f.write_text(json.dumps(p.as_json()))
     q = profiles.load(str(f))
     assert q == p and q.calibrated and q.iter_us == 0.02 and q.dram_bw == 4.1e12
-    assert q.fit == {"stream": 1.0, "sync": 1.0, "launch": 1.0, "const_us": 0.0}
+    assert q.fit == {"stream": 1.0, "sync": 1.0, "launch": 1.0, "const_us": 0.0,
+                     "cluster_us": 0.0}
 
 
 def test_model_fit_tool_varies_profile_figures(tmp_path: Path) -> None:
@@ -176,3 +177,60 @@ def test_model_fit_tool_varies_profile_figures(tmp_path: Path) -> None:
     p = subprocess.run(run + ["--vary", "warp_speed=1,2"], check=False, capture_output=True,
                        text=True, cwd=ROOT, env=env)
     assert p.returncode != 0 and "expected FIGURE=V1,V2" in p.stderr
+
+
+def test_a_cluster_split_pays_the_fitted_cluster_term() -> None:
+    # lora_fused's kernel at batch 64 split over clusters of 2 (test_plan's cluster
+    # forms): the fitted cluster_us is added once to that kernel, nothing to the same
+    # kernel whole, and a profile without the term (the shipped ones) prices both as
+    # before it existed.
+    from mirage_cli.commands.plan import planned
+    from mirage_cli.kplan import Knobs
+
+    g = load_graph(str(ROOT / "examples/mugraphs/lora_fused.mir"), {"batch": 64})
+    split = planned(g, "sm_90", [Knobs(ksplit=2, stages=1)] * len(g.ops))
+    whole = planned(g, "sm_90", [Knobs(ksplit=1, stages=1)] * len(g.ops))
+    base = profiles.load("h200")
+    assert "cluster_us" not in base.fit
+    fitted = dataclasses.replace(base, fit={**base.fit, "cluster_us": 1.5})
+    for graph, extra in ((split, 1.5), (whole, 0.0)):
+        before, after = cost.kernel_costs(graph, base), cost.kernel_costs(graph, fitted)
+        assert [k.cluster_us for k in before] == [0.0] * len(before)
+        assert sum(k.cluster_us for k in after) == pytest.approx(extra)
+        assert sum(a.time_us - b.time_us for a, b in zip(after, before)) == \
+            pytest.approx(extra)
+
+
+def test_the_fit_keeps_the_coefficients_that_rank_better(tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch
+                                                         ) -> None:
+    # Where the least-squares stage gives coefficients that rank the variants badly
+    # (here, forced: the constant alone, which ties every variant of a program), the
+    # ratio stage replaces them with coefficients that rank as the times were measured.
+    samples = cal.load_samples(json.loads(synthetic(tmp_path).read_text()), "m.json")
+    base = profiles.load("h200")
+    canonical = [serialize.dumps(s.graph) for s in samples]
+    const_only = np.zeros(len(profiles.FIT_TERMS))
+    const_only[profiles.FIT_TERMS.index("const_us")] = 5.0
+    costs = cal.estimates(samples, base)
+    forced = cal.ranking_score(samples, costs, canonical,
+                               list(cal.terms(samples, base) @ const_only))
+    monkeypatch.setattr(cal, "_least_squares", lambda x, y: const_only)
+    fitted = cal.fit(samples, base)
+    score = cal.ranking_score(samples, costs, canonical, cal.predict(samples, fitted))
+    assert score > forced and score[0] == 3 and score[1] > 0.95
+    assert fitted.fit["stream"] > 0 and fitted.calibrated
+
+
+def test_ranking_score_counts_picks_by_the_tie_rule() -> None:
+    # Two variants predicted within 1% tie; the tie rule then prefers fewer kernels,
+    # whatever the raw predictions say.
+    one, two = (cost.Cost(0, 0, 0, n, 0, 1, True, t) for n, t in ((1, 10.05), (2, 10.0)))
+    g = load_graph(str(ROOT / "examples" / "lora.mir"), SIZES["lora"])
+    samples = [cal.Sample("p@1", g, 3.0), cal.Sample("p@1", g, 4.0)]
+    assert cal.model_pick([one, two], ["a", "b"]) == 0
+    good, rho = cal.ranking_score(samples, [one, two], ["a", "b"], [10.05, 10.0])
+    assert good == 1 and rho == pytest.approx(-1.0)  # picked: 3.0 µs, the best
+    far = cost.Cost(0, 0, 0, 2, 0, 1, True, 5.0)
+    assert cal.model_pick([one, far], ["a", "b"]) == 1
+    assert cal.pick_ratio([10.05, 5.0], [3.0, 4.0], 1) == pytest.approx(4 / 3)

@@ -4,12 +4,14 @@
         [--calibrated device.json] [--png scatter.png] [--json report.json]
         [--vary FIGURE=V1,V2,... ...]
 
-MEASURED.json (one or more, e.g. one per batch) is what ``tools/selection_table.py`` writes (every timed variant of the
-six examples with its µGraph and measured µs). For the uncalibrated model (``--target``,
-default the shipped H200 profile) and the calibrated one, reports the Spearman rank
-correlation between predicted and measured time over all correct timed variants, and
-per example (program at a batch) whether the model's pick (lowest prediction) is
-within 15% of the measured best. The calibrated model is ``--calibrated`` when given;
+MEASURED.json (one or more, e.g. one per batch) is what ``tools/selection_table.py``
+writes (every timed variant of the six examples with its µGraph and measured µs). For
+the uncalibrated model (``--target``, default the shipped H200 profile) and the
+calibrated one, reports the Spearman rank correlation between predicted and measured
+time over all correct timed variants, and per example (program at a batch) whether the
+model's pick is within 15% of the measured best. The pick is the first of the model's
+ranking, as `mirage opt` chooses: the lowest prediction, predictions within 1% of it
+ordered by the stated tie rule. The calibrated model is ``--calibrated`` when given;
 otherwise its coefficients are fitted here (``mirage calibrate --fit``), and the
 figures are reported both in sample and leave-one-program-out (fitted without the
 program it then predicts), since an in-sample fit flatters itself. ``--png`` draws the
@@ -32,24 +34,29 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from mirage_cli import profiles
+from mirage_cli import profiles, serialize
 from mirage_cli.profiles import Profile
 from mirage_cli.profiles import calibrate as cal
 
-PICK_WITHIN = 1.15
+PICK_WITHIN = cal.PICK_WITHIN
 RHO_GOAL = 0.8
 
 
-def report(samples: list[cal.Sample], predicted: list[float]) -> dict[str, Any]:
-    """Spearman over everything; per example the pick ratio and its own Spearman."""
+def report(samples: list[cal.Sample], costs: list[Any]) -> dict[str, Any]:
+    """Spearman over everything; per example the pick ratio (of the variant the model's
+    ranking puts first, tie rule included: what `mirage opt` would choose) and its own
+    Spearman."""
     measured = [s.measured_us for s in samples]
+    predicted = [c.time_us for c in costs]
+    canonical = [serialize.dumps(s.graph) for s in samples]
     groups: dict[str, list[int]] = {}
     for i, s in enumerate(samples):
         groups.setdefault(s.group, []).append(i)
     per = {}
     for g, idx in sorted(groups.items()):
         p, m = [predicted[i] for i in idx], [measured[i] for i in idx]
-        ratio = cal.pick_ratio(p, m)
+        pick = cal.model_pick([costs[i] for i in idx], [canonical[i] for i in idx])
+        ratio = cal.pick_ratio(p, m, pick)
         per[g] = {"variants": len(idx), "pick_ratio": round(ratio, 4),
                   "within_15pct": ratio <= PICK_WITHIN, "spearman": _r(cal.spearman(p, m))}
     rho = cal.spearman(predicted, measured)
@@ -63,15 +70,15 @@ def _r(x: float) -> float | None:
     return None if math.isnan(x) else round(x, 4)
 
 
-def leave_one_program_out(samples: list[cal.Sample], base: Profile) -> list[float]:
-    """Predictions of a model fitted without the predicted sample's program."""
+def leave_one_program_out(samples: list[cal.Sample], base: Profile) -> list[Any]:
+    """Costs under a model fitted without the predicted sample's program."""
     prog = [s.group.split("@")[0] for s in samples]
-    out = [0.0] * len(samples)
+    out: list[Any] = [None] * len(samples)
     for name in sorted(set(prog)):
         train = [s for s, p in zip(samples, prog) if p != name]
         test = [i for i, p in enumerate(prog) if p == name]
         fitted = cal.fit(train, base) if train else base
-        for i, t in zip(test, cal.predict([samples[i] for i in test], fitted)):
+        for i, t in zip(test, cal.estimates([samples[i] for i in test], fitted)):
             out[i] = t
     return out
 
@@ -125,7 +132,7 @@ def vary(samples: list[cal.Sample], base: Profile, figures: list[tuple[str, list
     runs = []
     for combo in itertools.product(*(vals for _, vals in figures)):
         setting = {name: v for (name, _), v in zip(figures, combo)}
-        r = report(samples, cal.predict(samples, dataclasses.replace(base, **setting)))
+        r = report(samples, cal.estimates(samples, dataclasses.replace(base, **setting)))
         runs.append((setting, r))
     runs.sort(key=lambda x: (-x[1]["picks_within_15pct"], -(x[1]["spearman"] or -1.0)))
     return runs
@@ -149,15 +156,15 @@ def main(argv: list[str]) -> int:
             print(f"{shown}: picks within 15% {r['picks_within_15pct']}/{r['examples']}, "
                   f"Spearman {r['spearman']}")
         return 0
-    series = {f"uncalibrated ({base.name})": cal.predict(samples, base)}
+    series = {f"uncalibrated ({base.name})": cal.estimates(samples, base)}
     if a.calibrated:
         calibrated = profiles.load(a.calibrated)
-        series[f"calibrated ({calibrated.name})"] = cal.predict(samples, calibrated)
+        series[f"calibrated ({calibrated.name})"] = cal.estimates(samples, calibrated)
     else:
         fitted = cal.fit(samples, base)
-        series["fitted, in sample"] = cal.predict(samples, fitted)
+        series["fitted, in sample"] = cal.estimates(samples, fitted)
         series["fitted, leave one program out"] = leave_one_program_out(samples, base)
-    doc = {name: report(samples, pred) for name, pred in series.items()}
+    doc = {name: report(samples, costs) for name, costs in series.items()}
     for name, r in doc.items():
         print(f"{name}: Spearman {r['spearman']} over {r['samples']} variants "
               f"({'>=' if r['spearman_ok'] else '<'} {RHO_GOAL}); pick within 15% on "
@@ -169,7 +176,8 @@ def main(argv: list[str]) -> int:
     if a.json_out:
         Path(a.json_out).write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n")
     if a.png:
-        scatter(a.png, samples, series)
+        scatter(a.png, samples, {name: [c.time_us for c in costs]
+                                 for name, costs in series.items()})
     return 0
 
 

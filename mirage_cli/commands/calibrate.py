@@ -15,7 +15,7 @@ import json
 
 import click
 
-from mirage_cli import profiles
+from mirage_cli import profiles, serialize
 from mirage_cli.diagnostics import MirageError
 from mirage_cli.loading import read_text
 from mirage_cli.util import write_atomic
@@ -57,9 +57,14 @@ def command(gpu: int | None, fit_paths: tuple[str, ...], target: str, output: st
                    f"TFLOP/s, barrier {m['barrier_us'] * 1e3:.1f} ns")
     if samples:
         prof = calibrate.fit(samples, prof)
-        pred = calibrate.predict(samples, prof)
-        rho = calibrate.spearman(pred, [s.measured_us for s in samples])
+        costs = calibrate.estimates(samples, prof)
+        good, rho = calibrate.ranking_score(samples, costs,
+                                            [serialize.dumps(s.graph) for s in samples],
+                                            [c.time_us for c in costs])
+        groups = len({s.group for s in samples})
         click.echo(f"fit over {len(samples)} timed variants: "
                    + ", ".join(f"{k}={v:.4g}" for k, v in prof.fit.items())
-                   + f"; Spearman {rho:.3f}")
+                   + f"; Spearman {rho:.3f}; the model's pick within "
+                   f"{calibrate.PICK_WITHIN - 1:.0%} of the measured best in {good} of "
+                   f"{groups} program(s) at a batch")
     write_atomic(output, json.dumps(prof.as_json(), indent=1, sort_keys=True) + "\n")

@@ -21,7 +21,9 @@ absent), ``bulk_mem_util_exp`` (``mem_util_exp`` when absent), ``simt_slowdown``
 ``chain_mma_flops`` (``mma_flops`` when absent), ``chain_wgmma_flops``
 (``chain_mma_flops`` when absent), ``narrow_box_slowdown`` and ``plain_box_slowdown``
 (1 when absent; see :class:`Profile`); and ``fit``: the coefficients
-of the model's terms (``stream``, ``sync``, ``launch``, ``const_us``), 1/1/1/0 when unfitted.
+of the model's terms (``stream``, ``sync``, ``launch``, ``const_us``, and ``cluster_us``:
+µs per kernel whose forloop is split over a cluster), 1/1/1/0/0 when unfitted (an
+absent term: its unfitted value).
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ VERSION = 1
 HERE = Path(__file__).resolve().parent
 NAMES = ("h100", "h200")
 DEFAULT_TARGET = "sm_90/h200"
-FIT_TERMS = ("stream", "sync", "launch", "const_us")
+FIT_TERMS = ("stream", "sync", "launch", "const_us", "cluster_us")
 
 
 @dataclass(frozen=True)

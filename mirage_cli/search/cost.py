@@ -142,6 +142,13 @@ class KernelCost:
     # 0 where the profile has no such rate). Part of ``stream_us`` for a kernel launched
     # alone; a member of a grouped launch leaves it to the launch (:func:`grouped_us`).
     block_us: float = 0.0
+    # fit.cluster_us once where the plan splits the forloop over a cluster (ksplit >
+    # 1): the cluster's barrier and the partials' combine after the loop. A fitted
+    # coefficient (``mirage calibrate --fit``), 0 in a profile that has none: lora's
+    # 64-block kernel at batch 1, 8 and 16 ran 1.0-1.4 us slower split over clusters
+    # of 2 than whole on an H200, where the other terms priced the two alike
+    # (docs/perf-log.md v48).
+    cluster_us: float = 0.0
 
     @property
     def binding(self) -> str:
@@ -149,7 +156,7 @@ class KernelCost:
         latency (launch and synchronisation exceed the streaming time)."""
         if not self.launched:
             return "nothing (launches no kernel)"
-        if self.launch_us + self.sync_us >= self.stream_us:
+        if self.launch_us + self.sync_us + self.cluster_us >= self.stream_us:
             return "latency"
         if self.compute_us >= max(self.dram_us, self.l2_us):
             return "compute"
@@ -297,7 +304,8 @@ def grouped_us(members: Sequence[KernelCost]) -> float:
     if len(members) == 1:
         return members[0].time_us
     stream = max(sum(m.stream_us for m in members), max(m.block_us for m in members))
-    return stream + max(m.sync_us for m in members) + max(m.launch_us for m in members)
+    return stream + max(m.sync_us for m in members) + max(m.launch_us for m in members) \
+        + max(m.cluster_us for m in members)
 
 
 # A reshape whose tensors share one buffer (codegen/aliasing.py), a concatenation read
@@ -414,11 +422,12 @@ def _kernel_cost(op: KernelOp, types: dict[str, TensorType], p: Profile,
     stream += fit["stream"] * simt_s
     sync = fit["sync"] * waves * forloop * p.iter_us * 1e-6
     launch = fit["launch"] * p.launch_us * 1e-6
+    cluster = fit.get("cluster_us", 0.0) * 1e-6 if ksplit > 1 else 0.0
     return KernelCost(k_dram, k_l2, k_flops, k_smem, blocks, forloop, d_s * 1e6,
                       l_s * 1e6, c_s * 1e6, util, stream * 1e6, sync * 1e6,
-                      launch * 1e6, (stream + sync + launch) * 1e6, plan_smem,
+                      launch * 1e6, (stream + sync + launch + cluster) * 1e6, plan_smem,
                       threads, per_sm, waves, facts.violation,
-                      block_us=fit["stream"] * block_s * 1e6)
+                      block_us=fit["stream"] * block_s * 1e6, cluster_us=cluster * 1e6)
 
 
 def _fill_s(mem_s: float, comp_s: float, chain: bool) -> float:
@@ -549,7 +558,8 @@ def lowered(op: KernelOp, types: dict[str, TensorType]) -> KernelOp:
 # The tiling of a pre-defined matmul is chosen with unit coefficients: the choice
 # must not move with the fitted coefficients, or ``calibrate --fit`` would fit terms
 # that change under it.
-UNIT_FIT = (("stream", 1.0), ("sync", 1.0), ("launch", 1.0), ("const_us", 0.0))
+UNIT_FIT = (("stream", 1.0), ("sync", 1.0), ("launch", 1.0), ("const_us", 0.0),
+            ("cluster_us", 0.0))
 _TILINGS: dict[tuple[TensorType, TensorType, TensorType, str], tuple[int, int] | None] = {}
 
 

@@ -20,6 +20,7 @@ Schema (``format: mirage-cli/explain``, ``version: 1``)::
               "smem_bytes", "smem_source": "plan" | "model", "threads", "warps",
               "blocks", "sms", "waves", "per_sm", "terms_us": {"dram", "l2", "compute",
               "stream", "sync", "launch"}, "time_us", "binds", "tight": [str]}
+             ("sync" includes the cluster term of a forloop split over a cluster)
     DESIGN = {"kernel", "kind", "fuses": [str], "splits": [{"tensor", "imap", "fmap"}],
               "accumulators": [str], "stores": [str], "running"?: [str]}
              ("running": the accumulators whose result the loop reads, a running
@@ -92,7 +93,8 @@ def _kernel(i: int, op: KernelOp, k: KernelCost, types: dict[str, TensorType], a
              "sms": sms, "waves": k.waves, "per_sm": k.per_sm,
              "terms_us": {"dram": _r(k.dram_us), "l2": _r(k.l2_us),
                           "compute": _r(k.compute_us), "stream": _r(k.stream_us),
-                          "sync": _r(k.sync_us), "launch": _r(k.launch_us)},
+                          "sync": _r(k.sync_us + k.cluster_us),
+                          "launch": _r(k.launch_us)},
              "time_us": _r(k.time_us), "binds": k.binding, "tight": tight}
     tuning = None
     if op.block is not None:
@@ -147,7 +149,8 @@ def entry(g: Graph, label: str, rank: int | None, meta: Json, arch: str) -> tupl
 
 def _totals(g: Graph) -> dict[str, float]:
     ks = kernel_costs(g)
-    return {"stream": sum(k.stream_us for k in ks), "sync": sum(k.sync_us for k in ks),
+    return {"stream": sum(k.stream_us for k in ks),
+            "sync": sum(k.sync_us + k.cluster_us for k in ks),
             "launch": sum(k.launch_us for k in ks)}
 
 
