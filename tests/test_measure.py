@@ -261,3 +261,30 @@ def test_tune_gpu_writes_every_variant_fastest_first(tmp_path: Path,
     assert r.stdout.startswith("#0: d1.t0.k0 0.500 us measured")
     pairs = serialize.loads_candidates(out.read_text())
     assert pairs[0][1]["measured"]["variant"] == "d1.t0.k0" and len(pairs) > 4
+
+
+def test_tune_gpu_measures_within_the_pins(tmp_path: Path,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    # --pin with --gpu times only tunings within the pins, the pinned knobs held in
+    # every variant (it used to time the file's own tunings and drop the pins).
+    timers: list[FakeTimer] = []
+
+    def fake_gpu(ordinal: int) -> FakeTimer:
+        timers.append(FakeTimer())
+        return timers[-1]
+
+    monkeypatch.setattr(measure, "GpuTimer", fake_gpu)
+    monkeypatch.setattr(measure, "compile_all", no_compile)
+    monkeypatch.setattr(measure, "KNOBS_PER_TUNING", 4)
+    first = cands()[0]
+    assert design_of(first)[1][0][0] == (32, 1, 1)  # lora's own grid: 16 is another
+    f, out = tmp_path / "first.ugraph.json", tmp_path / "m.ugraph.json"
+    f.write_text(serialize.dumps_candidates([(first, {})]))
+    r = CliRunner().invoke(main, ["tune", str(f), "--gpu", "0", "--top", "1", "-o", str(out),
+                                  "--pin", "k0.grid=16x1x1,k0.pad=0"])
+    assert r.exit_code == 0, r.output
+    pairs = serialize.loads_candidates(out.read_text())
+    assert len(pairs) == len(timers[0].calls) >= 2  # the pinned knob and free ones
+    for g, _ in pairs:
+        (kernel,) = [op for op in g.ops if op.block is not None][:1]
+        assert kernel.block.grid == (16, 1, 1) and kernel.plan.knobs.pad == 0

@@ -17,6 +17,8 @@ for every custom kernel.
 ``--jobs`` worker processes, checked on GPU N against the float64 reference of the first
 candidate (every candidate of a search is verified equivalent to the program) and
 timed; ``-o`` then writes every variant with its measured time, the fastest first.
+With ``--pin`` or ``--widen`` it times the first ``--top`` tunings within them (the
+cost model's order), each as it is, with the pinned knobs held in every knob setting.
 Without a usable GPU it exits 2.
 """
 
@@ -196,8 +198,11 @@ def retune(g: Graph, pins: dict[str, list[str]], widen: dict[str, list[str]]
 
 
 def _measured(cands: list[tuple[Graph, dict]], gpu: int, top: int,  # type: ignore[type-arg]
-              jobs: int | None, use_cache: bool, output: str | None) -> None:
-    """``--gpu``: measured selection; one line per variant on stdout, fastest first."""
+              jobs: int | None, use_cache: bool, output: str | None,
+              pinned: list[Knobs] | None = None) -> None:
+    """``--gpu``: measured selection; one line per variant on stdout, fastest first.
+    ``pinned``: the candidates are the tunings within the pins, timed as given, with
+    these knobs held per custom kernel (:func:`mirage_cli.search.measure.variants`)."""
     import os
 
     from mirage_cli.search.measure import GpuTimer, measure
@@ -205,7 +210,7 @@ def _measured(cands: list[tuple[Graph, dict]], gpu: int, top: int,  # type: igno
     timer = GpuTimer(gpu)
     graphs = [g for g, _ in cands]
     res = measure(graphs, graphs[0], timer, top=top, workers=jobs or os.cpu_count() or 1,
-                  use_cache=use_cache)
+                  use_cache=use_cache, pinned=pinned)
     pairs = res.candidates()
     for g, meta in pairs:
         m = meta["measured"]
@@ -217,25 +222,30 @@ def _measured(cands: list[tuple[Graph, dict]], gpu: int, top: int,  # type: igno
         write_atomic(output, serialize.dumps_candidates(pairs))
 
 
+def pinned_knobs(pins: dict[str, list[str]], kernels: int) -> list[Knobs]:
+    """The plan knobs ``pins`` fix for each of ``kernels`` custom kernels."""
+    out = []
+    for k in range(kernels):
+        knobs = {n: _int(v[0], "--pin", n) for n, v in kernel_pins(pins, k).items()
+                 if n not in GRID_KEYS}
+        unknown = set(knobs) - set(Knobs.names())
+        if unknown:
+            raise MirageError(f"--pin {min(unknown)}: not a knob (grid, forloop, "
+                              f"{', '.join(Knobs.names())})")
+        out.append(Knobs(**knobs))
+    return out
+
+
 def _plan_pins(g: Graph, pins: dict[str, list[str]], arch: str) -> Graph:
     """``g`` with the pinned plan knobs attached (checked against their ranges)."""
     from mirage_cli.codegen.planner import plan_kernel
 
     types = g.tensor_types()
+    knobs = iter(pinned_knobs(pins, sum(op.block is not None for op in g.ops)))
     ops = []
-    k = 0
     for op in g.ops:
-        if op.block is not None:
-            mine = kernel_pins(pins, k)
-            k += 1
-            knobs = {n: _int(v[0], "--pin", n) for n, v in mine.items() if n not in GRID_KEYS}
-            unknown = set(knobs) - set(Knobs.names())
-            if unknown:
-                raise MirageError(f"--pin {min(unknown)}: not a knob (grid, forloop, "
-                                  f"{', '.join(Knobs.names())})")
-            if knobs:
-                op = dataclasses.replace(op, plan=plan_kernel(op.block, types, arch,
-                                                              Knobs(**knobs)))
+        if op.block is not None and (mine := next(knobs)).as_json():
+            op = dataclasses.replace(op, plan=plan_kernel(op.block, types, arch, mine))
         ops.append(op)
     return dataclasses.replace(g, ops=tuple(ops))
 
@@ -264,7 +274,7 @@ def command(file: str, space: bool, pin: str, widen: tuple[str, ...], output: st
     cands = serialize.loads_candidates(read_text(file), file)
     if not cands:
         raise MirageError("tune: the file holds no candidate µGraph")
-    if gpu is not None:
+    if gpu is not None and not pin and not widen:
         _measured(cands, gpu, top, jobs, not no_cache, output)
         return
     designs = list(dict.fromkeys(design_of(g)[0] for g, _ in cands))
@@ -286,6 +296,14 @@ def command(file: str, space: bool, pin: str, widen: tuple[str, ...], output: st
                               "are tried over their whole legal range by --space)")
     ranked = rank([x for g in firsts for x in retune(g, pins, wide)],
                   lambda x: estimate(x[0]), lambda x: serialize.dumps(x[0]))
+    if gpu is not None:
+        # Measured within the pins: the first --top tunings of that ranking as they
+        # are, the pinned knobs held (before, --gpu measured the file's own tunings
+        # and ignored --pin and --widen).
+        kernels = max(len(design_of(g)[1]) for g in firsts)
+        _measured([(g, {}) for g, _ in ranked], gpu, top, jobs, not no_cache, output,
+                  pinned_knobs(pins, kernels))
+        return
     pairs = []
     for i, (g, t) in enumerate(ranked):
         c = estimate(g)

@@ -30,8 +30,10 @@ included) to its timing, so a rerun times only what it has not timed before.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
+import itertools
 import json
 import time
 from collections.abc import Callable, Sequence
@@ -172,37 +174,76 @@ def _tunings(g: Graph, design: Design, own: Tuning, limit: int) -> list[tuple[Tu
 
 
 def variants(cands: Sequence[Graph], top: int, arch: str,
-             tunings: int = TUNINGS_PER_DESIGN, knobs: int = KNOBS_PER_TUNING
-             ) -> tuple[list[Variant], int]:
+             tunings: int = TUNINGS_PER_DESIGN, knobs: int = KNOBS_PER_TUNING,
+             pinned: Sequence[Knobs] | None = None) -> tuple[list[Variant], int]:
     """The variants of the first ``top`` distinct designs of ``cands`` (ranked, best
-    first), and how many knob settings were skipped because no plan fits."""
+    first), and how many knob settings were skipped because no plan fits.
+
+    ``pinned`` (``mirage tune --pin ... --gpu``): the candidates are the tunings to
+    time, as given (the first ``top`` of them, whatever their designs; no tuner), and
+    the i-th knobs hold for the i-th custom kernel of every setting, over the
+    deviations of the knobs they leave free."""
     from mirage_cli.commands.plan import planned
     from mirage_cli.search.cost import estimate
 
+    entries = _as_given(cands, top) if pinned is not None else _by_design(cands, top,
+                                                                          tunings)
+    out: list[Variant] = []
+    keys: set[Graph] = set()
+    skipped = 0
+    for di, ti, t, ng in entries:
+        for ki, pins in enumerate(knob_sets(ng, arch, knobs)):
+            if pinned is not None:
+                pins = tuple(_merged(p, q) for p, q in
+                             itertools.zip_longest(pins, pinned, fillvalue=Knobs()))
+            try:
+                pg = planned(ng, arch, list(pins))
+            except MirageError:
+                skipped += 1
+                continue
+            if pg in keys:
+                continue
+            keys.add(pg)
+            out.append(Variant(f"d{di}.t{ti}.k{ki}", di, pg, t, pins, estimate(pg).time_us))
+    return out, skipped
+
+
+Entry = tuple[int, int, Tuning, Graph]  # design index, tuning index, tuning, µGraph
+
+
+def _by_design(cands: Sequence[Graph], top: int, tunings: int) -> list[Entry]:
+    """The first ``top`` distinct designs, each at up to ``tunings`` tunings (its own,
+    then the tuner's)."""
     seen: dict[Design, Graph] = {}
     for g in cands:
         d = design_of(g)[0]
         if d not in seen and len(seen) < top:
             seen[d] = g
-    out: list[Variant] = []
-    keys: set[Graph] = set()
-    skipped = 0
+    out: list[Entry] = []
     for di, (design, g) in enumerate(seen.items()):
         own = design_of(g)[1]
         base = instantiate(g, design, own) or g
-        for ti, (t, ng) in enumerate(_tunings(base, design, own, tunings)):
-            for ki, pins in enumerate(knob_sets(ng, arch, knobs)):
-                try:
-                    pg = planned(ng, arch, list(pins))
-                except MirageError:
-                    skipped += 1
-                    continue
-                if pg in keys:
-                    continue
-                keys.add(pg)
-                out.append(Variant(f"d{di}.t{ti}.k{ki}", di, pg, t, pins,
-                                   estimate(pg).time_us))
-    return out, skipped
+        out += [(di, ti, t, ng)
+                for ti, (t, ng) in enumerate(_tunings(base, design, own, tunings))]
+    return out
+
+
+def _as_given(cands: Sequence[Graph], top: int) -> list[Entry]:
+    """The first ``top`` candidates, each its own tuning, numbered by design."""
+    designs: dict[Design, int] = {}
+    count: dict[Design, int] = {}
+    out: list[Entry] = []
+    for g in cands[:top]:
+        d, t = design_of(g)
+        di = designs.setdefault(d, len(designs))
+        ti = count[d] = count.get(d, -1) + 1
+        out.append((di, ti, t, instantiate(g, d, t) or g))
+    return out
+
+
+def _merged(setting: Knobs, pins: Knobs) -> Knobs:
+    """``setting`` with every knob ``pins`` fixes set to its pinned value."""
+    return dataclasses.replace(setting, **pins.as_json())
 
 
 # -- compilation (worker processes, no GPU: codegen/cubins.py) -------------------------
@@ -378,14 +419,16 @@ class Result:
 def measure(cands: Sequence[Graph], reference: Graph, timer: Timer, *, top: int = 3,
             tunings: int | None = None, knobs: int | None = None,
             workers: int = 1, use_cache: bool = True, compiler: Compiler | None = None,
-            accept: Callable[[Graph], bool] = lambda g: True) -> Result:
+            accept: Callable[[Graph], bool] = lambda g: True,
+            pinned: Sequence[Knobs] | None = None) -> Result:
     """Measured selection over ``cands`` (ranked, best first). ``accept`` is the last
     check of the winner (the caller's re-verification); a winner it refuses is dropped
-    for the next fastest. ``tunings`` and ``knobs`` default to the module's bounds."""
+    for the next fastest. ``tunings`` and ``knobs`` default to the module's bounds;
+    ``pinned``: see :func:`variants`."""
     start = time.monotonic()
     tunings = TUNINGS_PER_DESIGN if tunings is None else tunings
     knobs = KNOBS_PER_TUNING if knobs is None else knobs
-    vs, skipped = variants(cands, top, timer.arch, tunings, knobs)
+    vs, skipped = variants(cands, top, timer.arch, tunings, knobs, pinned)
     if not vs:
         raise MirageError("measure: no variant of the candidates has a kernel plan that "
                           "fits (see mirage tune --space)")
