@@ -14,13 +14,14 @@ kernels as CUDA-graph replays (the bench's timing, :meth:`runner.Device.time_gra
   threads per SM, L2 size).
 
 :func:`fit` fits the model's coefficients (``fit`` of a profile: ``stream``, ``sync``,
-``launch``, ``const_us``, ``cluster_us``) to measured kernel times by least squares on relative error
-(each row divided by its measured time, so 5 µs and 1 ms kernels weigh alike) with
-non-negative coefficients (every subset of terms is tried; the best non-negative
-solution wins). Its input is the JSON of ``tools/selection_table.py`` (every timed
-variant with its µGraph and measured time). :func:`spearman` and :func:`pick_ratio` (of
-:func:`model_pick`, the variant the model's ranking puts first) are the figures
-``tools/model_fit.py`` reports.
+``launch``, ``const_us``, ``cluster_us``) to measured kernel times: first by least
+squares on relative error (each row divided by its measured time, so 5 µs and 1 ms
+kernels weigh alike) with non-negative coefficients (every subset of terms is tried;
+the best non-negative solution wins), then by how they rank (:func:`fit`). Its input
+is the JSON of ``tools/selection_table.py`` (every timed variant with its µGraph and
+measured time). :func:`spearman` and :func:`pick_ratio` (of :func:`model_pick`, the
+variant the model's ranking puts first) are the figures ``tools/model_fit.py``
+reports.
 """
 
 from __future__ import annotations
@@ -266,7 +267,7 @@ def fit(samples: Sequence[Sample], base: Profile) -> Profile:
     strictly better: more good picks, or as many and a higher Spearman. Least squares
     alone fitted the sync term at 15 times the streaming one on the six examples'
     758 variants measured on an H200 and ranked lora's single-iteration tilings,
-    1.28-1.35 times slower, first (docs/perf-log.md v48)."""
+    1.28-1.36 times slower, first (docs/perf-log.md v48)."""
     x = terms(samples, base)
     y = np.array([s.measured_us for s in samples])
     best = _least_squares(x, y)
