@@ -33,7 +33,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
-import itertools
 import json
 import time
 from collections.abc import Callable, Sequence
@@ -193,9 +192,9 @@ def variants(cands: Sequence[Graph], top: int, arch: str,
     skipped = 0
     for di, ti, t, ng in entries:
         for ki, pins in enumerate(knob_sets(ng, arch, knobs)):
-            if pinned is not None:
-                pins = tuple(_merged(p, q) for p, q in
-                             itertools.zip_longest(pins, pinned, fillvalue=Knobs()))
+            if pinned is not None:  # a design with fewer kernels takes the first pins
+                held = [*pinned, *[Knobs()] * len(pins)]
+                pins = tuple(_merged(p, held[k]) for k, p in enumerate(pins))
             try:
                 pg = planned(ng, arch, list(pins))
             except MirageError:
