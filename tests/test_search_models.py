@@ -310,3 +310,46 @@ def test_a_small_last_round_of_blocks_is_a_tail():
     # Whole rounds cost no more than the bandwidth when each block keeps up.
     fast = dataclasses.replace(p, block_stream_bw=1e12)
     assert cost._block_rounds_s(dram, 264, 1, fast, 1e12) == pytest.approx(at_bw)
+
+
+def test_whole_designs_all_slower_than_unfused_send_the_search_to_the_cuts_first(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """When every ranked whole design is predicted slower than the unfused program, the
+    cut program is searched before any whole design is verified, and the whole ones
+    predicted slower than its answer are never verified (qwen2_mlp at batch 16 spent
+    its whole budget certifying such designs; docs/perf-log.md v48)."""
+    import dataclasses
+
+    from mirage_cli.search import driver
+    from mirage_cli.search.cost import estimate
+
+    prog = _g(MLP)
+    unfused = estimate(prog)
+    ranked = [(None, (), prog, dataclasses.replace(unfused, time_us=unfused.time_us * k))
+              for k in (2.0, 3.0)]
+    assert driver._all_slower_than_unfused(prog, ranked)  # type: ignore[arg-type]
+    assert not driver._all_slower_than_unfused(prog, ranked + [  # type: ignore[operator]
+        (None, (), prog, dataclasses.replace(unfused, time_us=unfused.time_us / 2))])
+    assert not driver._all_slower_than_unfused(prog, [])
+
+    events: list[tuple[str, float]] = []
+    verify_all, mixed = driver._verify_all, driver._mixed
+
+    def spy_verify(program, batch, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if program is prog:
+            events.extend(("whole", c.time_us) for *_, c in batch)
+        return verify_all(program, batch, *args, **kwargs)
+
+    def spy_mixed(program, *args, **kwargs):  # type: ignore[no-untyped-def]
+        out = mixed(program, *args, **kwargs)
+        if program is prog:
+            events.append(("cut", out[0].cost.time_us if out else float("inf")))
+        return out
+
+    monkeypatch.setattr(driver, "_verify_all", spy_verify)
+    monkeypatch.setattr(driver, "_mixed", spy_mixed)
+    monkeypatch.setattr(driver, "_all_slower_than_unfused", lambda p, todo: p is prog)
+    res = search(prog, SearchOptions(max_kernel_ops=1, max_block_ops=6, top=3))
+    assert res.candidates and "cut after 'H'" in res.progress.mixed
+    assert events[0][0] == "cut"  # the cuts first, then only whole designs faster
+    assert all(kind == "whole" and t < events[0][1] for kind, t in events[1:])

@@ -119,8 +119,10 @@ def cache_dir() -> Path:
 # profile's plain_box_slowdown); 50: the tuner's start moves a split size that does
 # not divide the stored dimension it tiles to a divisor of it, so a rescaled split's
 # combine over seven rows (Qwen2-7B's query heads per key/value head) is tuned; 51:
-# rotate_half is a block operator too, so a rotary embedding fuses with its rotation.
-SEARCH_REVISION = 51
+# rotate_half is a block operator too, so a rotary embedding fuses with its rotation;
+# 52: when every whole design is predicted slower than the unfused program, the cut
+# program is searched first, and whole designs slower than its answer are not verified.
+SEARCH_REVISION = 52
 
 
 def program_hash(program: Graph) -> str:

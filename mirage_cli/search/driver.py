@@ -260,14 +260,36 @@ def search(program: Graph, options: SearchOptions, budget: float | None = None,
     notify = on_progress or (lambda p: None)
     designs, complete = _enumerate(program, options, deadline, jobs, prog, notify, unit_map)
     pool: list[Design] | None = list(designs)
-    cands = rank_and_verify(program, list(designs), options, prog, notify, jobs, deadline)
-    if cuts_too(program, cands) and depth < MAX_DEPTH and len(program.ops) > 1:
+    todo = _ranked(program, list(designs), options, prog, notify, deadline)
+    can_cut = depth < MAX_DEPTH and len(program.ops) > 1
+    mixed: list[Candidate] | None = None
+    if can_cut and _all_slower_than_unfused(program, todo):
+        # No whole design can be an answer worth shipping (each is predicted slower
+        # than the unfused program), so the cuts are searched before any whole one is
+        # verified, and the whole ones only where one could still beat them:
+        # qwen2_mlp at batch 16 spent 332 of its 300 s budget certifying three whole
+        # designs of 1920 us predicted (the unfused program 190 us), and the budget
+        # then ended the cut search that finds its 2-kernel answer (docs/perf-log.md
+        # v48).
         mixed = _mixed(program, options, deadline, jobs, prog, depth, unit_map)
-        if mixed and (not cands or mixed[0].cost.time_us < cands[0].cost.time_us):
-            cands = mixed + cands
-            pool = None  # a mixed answer's designs are its parts', not this program's
+        if mixed:
+            todo = [x for x in todo if x[3].time_us < mixed[0].cost.time_us]
+    cands = _verify_ranked(program, todo, options, prog, notify, max(1, jobs), deadline)
+    if mixed is None and cuts_too(program, cands) and can_cut:
+        mixed = _mixed(program, options, deadline, jobs, prog, depth, unit_map)
+    if mixed and (not cands or mixed[0].cost.time_us < cands[0].cost.time_us):
+        cands = mixed + cands
+        pool = None  # a mixed answer's designs are its parts', not this program's
     return SearchResult(cands, prog, _complete(complete, prog, deadline),
                         time.time() - start, pool)
+
+
+def _all_slower_than_unfused(program: Graph, todo: Ranked) -> bool:
+    """Whether every ranked whole design is predicted slower than the unfused program
+    (and there is at least one: with none, verification has nothing to spend)."""
+    from mirage_cli.search.cost import estimate
+
+    return bool(todo) and min(c.time_us for *_, c in todo) > estimate(program).time_us
 
 
 def cuts_too(program: Graph, cands: list[Candidate]) -> bool:
