@@ -388,6 +388,35 @@ def test_a_program_without_a_batch_parameter_is_left_out_with_a_warning(monkeypa
                         use_torch=False, bandwidth=BW)
 
 
+def test_own_sizes_bench_each_program_at_its_declared_batch(monkeypatch, tmp_path):
+    """--batch own (run_bench's batches None) benches each program once, at its own
+    sizes, its rows carrying its batch parameter's value; a root with no examples/
+    holds the programs itself (--root examples/models)."""
+    from mirage_cli.codegen import bench
+    from mirage_cli.codegen.bench import Check, Measured
+    from mirage_cli.commands.bench import parse_batches
+
+    monkeypatch.setattr(bench, "_measure", lambda *a, **k: Measured(10.0, Check(True, 1e-4)))
+    monkeypatch.setattr(bench, "input_scale", lambda g, seed=0: 1.0)
+    sized = SMALL.replace("(rows = 4,", "(batch = 3, rows = 4,").replace(
+        "f16[rows, hidden]", "f16[rows * batch, hidden]")
+    (tmp_path / "sized_b3.mir").write_text(sized.replace("rmsnorm_linear", "sized_b3"))
+    (tmp_path / "fixed.mir").write_text(SMALL.replace("rmsnorm_linear", "fixed"))
+    pairs = bench.discover(tmp_path)
+    assert [p.stem for p, _ in pairs] == ["fixed", "sized_b3"]
+
+    class Dev:
+        name, arch, l2_bytes = "fake", "sm_90", 50 << 20
+
+    assert parse_batches("own") is None and parse_batches("1,8") == (1, 8)
+    _, rows = bench.run_bench(Dev(), pairs, None, use_torch=False,  # type: ignore[arg-type]
+                              bandwidth=BW)
+    assert sorted({(r.benchmark, r.batch) for r in rows}) == [("fixed", 0), ("sized_b3", 3)]
+    own = load_graph(str(tmp_path / "sized_b3.mir"))  # batch = 3: 12 rows
+    assert all(r.floor_us == pytest.approx(bench.floor_us(own, BW.copy_kernel))
+               for r in rows if r.benchmark == "sized_b3")
+
+
 # -- the command line ----------------------------------------------------------------------
 
 

@@ -569,10 +569,13 @@ Checkpoints = Callable[[Path, int, Graph], list[Variant]]
 
 
 def discover(root: Path) -> list[tuple[Path, list[Path]]]:
-    """Example programs and their fused µGraphs, by file name."""
+    """Example programs and their fused µGraphs, by file name: those of
+    ``root/examples``, or where ``root`` has no ``examples/``, ``root``'s own programs
+    (``--root examples/models``)."""
     out = []
-    for prog in sorted((root / "examples").glob("*.mir")):
-        fused = sorted(p for p in (root / "examples" / "mugraphs").glob(f"{prog.stem}*.mir")
+    where = root / "examples" if (root / "examples").is_dir() else root
+    for prog in sorted(where.glob("*.mir")):
+        fused = sorted(p for p in (where / "mugraphs").glob(f"{prog.stem}*.mir")
                        if p.stem == f"{prog.stem}_fused" or p.stem.startswith(f"{prog.stem}_fused"))
         out.append((prog, fused))
     return out
@@ -669,7 +672,7 @@ def floor_us(prog: Graph, bandwidth: float) -> float:
 
 
 def run_bench(dev: Device | Callable[[], Device], pairs: list[tuple[Path, list[Path]]],
-              batches: tuple[int, ...],
+              batches: tuple[int, ...] | None,
               replays: int = 30, use_torch: bool = True, use_compile: bool = True,
               load: Callable[[Path, dict[str, int]], Graph] | None = None,
               candidates: Candidates | None = None, bandwidth: Bandwidth | None = None,
@@ -677,7 +680,8 @@ def run_bench(dev: Device | Callable[[], Device], pairs: list[tuple[Path, list[P
               workers: int = 1,
               progress: Callable[[Bandwidth, list[Row], int, int], None] | None = None,
               ) -> tuple[Bandwidth, list[Row]]:
-    """Measure every program at every batch: baselines, hand-written fused µGraphs, the
+    """Measure every program at every batch (``batches`` None: each at its own sizes,
+    the batch its ``batch`` parameter's value): baselines, hand-written fused µGraphs, the
     variants ``candidates`` gives for the program (the search's, see
     :func:`opt_variants`) and those ``checkpoints`` gives for the example and batch
     (Mirage's, see :func:`mirage_variants`). ``dev`` may be a function that opens the
@@ -696,11 +700,12 @@ def run_bench(dev: Device | Callable[[], Device], pairs: list[tuple[Path, list[P
     # a search forked from a multi-threaded process found nothing on an H200 machine.
     work: list[tuple[Graph, int, list[Variant]]] = []
     for prog_path, fused_paths in pairs:
-        for batch in batches:
-            defines = {"batch": batch}
+        for size in batches or (None,):
+            defines = {} if size is None else {"batch": size}
             prog = _sized(prog_path, defines, load)
             if prog is None:
                 break
+            batch = size if size is not None else int(dict(prog.params).get("batch", 0))
             variants = hand_written(fused_paths, defines, load)
             if candidates is not None:
                 info(f"{prog.name} batch={batch}: the candidates of mirage opt")

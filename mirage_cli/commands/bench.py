@@ -136,12 +136,16 @@ def checkpoint_candidates(ckpt_dir: Path, seed: int) -> Checkpoints:
     return variants
 
 
-def parse_batches(text: str) -> tuple[int, ...]:
-    """``--batch 1,8,16``; anything else is a usage error (exit 2)."""
+def parse_batches(text: str) -> tuple[int, ...] | None:
+    """``--batch 1,8,16``, or ``own`` (None: every program at its own sizes); anything
+    else is a usage error (exit 2)."""
+    if text == "own":
+        return None
     try:
         bs = tuple(int(b) for b in text.split(","))
     except ValueError:
-        raise MirageError(f"--batch {text}: expected comma-separated integers") from None
+        raise MirageError(f"--batch {text}: expected comma-separated integers, or 'own'"
+                          ) from None
     if not bs or any(b < 1 for b in bs):
         raise MirageError(f"--batch {text}: batch sizes must be positive integers")
     return bs
@@ -165,9 +169,11 @@ def _write(path: str, text: str | bytes) -> None:
 @click.command()
 @click.option("--gpu", "gpu", type=int, required=True, metavar="N", help="CUDA device ordinal.")
 @click.option("--batch", "batches", default="1,8,16", show_default=True,
-              help="Comma-separated batch sizes (-D batch=...).")
+              help="Comma-separated batch sizes (-D batch=...), or 'own': each program at "
+                   "its own sizes.")
 @click.option("--only", multiple=True, metavar="NAME", help="Only these example programs.")
-@click.option("--root", default=".", show_default=True, help="Directory holding examples/.")
+@click.option("--root", default=".", show_default=True,
+              help="Directory holding examples/, or the programs themselves.")
 @click.option("--replays", type=click.IntRange(min=1), default=30, show_default=True,
               help="CUDA-graph replays per measurement (the median is reported).")
 @click.option("--top", type=click.IntRange(min=1), default=3, show_default=True,
