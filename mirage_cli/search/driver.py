@@ -287,9 +287,7 @@ def search(program: Graph, options: SearchOptions, budget: float | None = None,
 def _all_slower_than_unfused(program: Graph, todo: Ranked) -> bool:
     """Whether every ranked whole design is predicted slower than the unfused program
     (and there is at least one: with none, verification has nothing to spend)."""
-    from mirage_cli.search.cost import estimate
-
-    return bool(todo) and min(c.time_us for *_, c in todo) > estimate(program).time_us
+    return bool(todo) and _beyond_unfused(program, min(c.time_us for *_, c in todo))
 
 
 def cuts_too(program: Graph, cands: list[Candidate]) -> bool:
@@ -298,9 +296,7 @@ def cuts_too(program: Graph, cands: list[Candidate]) -> bool:
     program (a fused answer slower than none is no answer: qwen2_mlp at batch 16
     shipped a 945 µs design, a pre-defined matmul then one custom kernel of 8 blocks,
     while the cut after the gated product gives 137 µs; docs/perf-log.md)."""
-    from mirage_cli.search.cost import estimate
-
-    return not cands or cands[0].cost.time_us > estimate(program).time_us
+    return not cands or _beyond_unfused(program, cands[0].cost.time_us)
 
 
 def slower_than_unfused(program: Graph, g: Graph) -> str | None:
@@ -311,11 +307,19 @@ def slower_than_unfused(program: Graph, g: Graph) -> str | None:
     the unfused program 240 µs)."""
     from mirage_cli.search.cost import estimate
 
-    fused, unfused = estimate(g).time_us, estimate(program).time_us
-    if fused <= unfused:
+    fused = estimate(g).time_us
+    if not _beyond_unfused(program, fused):
         return None
     return (f"the best verified µGraph is predicted slower than the unfused program "
-            f"({fused:.1f} µs against {unfused:.1f} µs)")
+            f"({fused:.1f} µs against {estimate(program).time_us:.1f} µs)")
+
+
+def _beyond_unfused(program: Graph, us: float) -> bool:
+    """Whether ``us`` is more than the model's time of ``program`` unfused (its own
+    lowering, one pre-defined kernel per operator): the one test of the three above."""
+    from mirage_cli.search.cost import estimate
+
+    return us > estimate(program).time_us
 
 
 def _complete(complete: bool, prog: Progress, deadline: float | None) -> bool:
