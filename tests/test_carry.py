@@ -19,7 +19,7 @@ from mirage_cli.cli import main
 from mirage_cli.ir import Graph
 from mirage_cli.loading import load_graph
 from mirage_cli.verifier.api import Verifier
-from mirage_cli.verifier.carry import NotCarried, carry, why_not
+from mirage_cli.verifier.carry import NotCarried, carry, grids_at, why_not
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ("rmsnorm_linear", "gated_mlp", "lora", "ntrans", "gqa", "qknorm_gqa")
@@ -210,6 +210,24 @@ def test_a_kernel_split_along_d_is_carried_and_its_grid_may_change() -> None:
     # Along any other grid axis the tiling must not change.
     with pytest.raises(NotCarried, match="changes along a dimension other than d"):
         carry(_prog(2), _split_rows(2), _prog(2 * 2), _split_rows_other_grid(4))
+
+
+def test_grids_at_keeps_every_block_s_tiles() -> None:
+    # At batch 8 the grid splits the 8 rows into 8 blocks of one: at batch 2, 2 blocks.
+    assert grids_at(_prog(2), _prog(8), _split_rows(8)) == [(2, 2, 1)]
+    assert carry(_prog(2), _split_rows(2), _prog(8), _split_rows(8)).old == 2
+    assert grids_at(_prog(3), _prog(8), _split_rows(8)) == [(3, 2, 1)]
+    # Blocks of two rows do not tile 3 rows; a candidate that is not pointwise along d
+    # gets no proposal either.
+    pairs = GraphBuilder("p", (("batch", 8),))
+    pairs.input("X", (8, H), "f32", ("batch", str(H)))
+    k = pairs.custom((4, 2, 1), 128, 1)
+    x = k.op("acc_sum", k.load("X", (0, 1, None)))
+    k.finish([(k.op("mul_scalar", x, scalar=1.0), "O", (0, 1, None))])
+    pairs.output("O")
+    assert grids_at(_prog(4), _prog(8), pairs.build()) == [(2, 2, 1)]
+    assert grids_at(_prog(3), _prog(8), pairs.build()) is None
+    assert grids_at(_prog(1), _prog(2), _row_sum(2)) is None
 
 
 def _split_rows_other_grid(b: int) -> Graph:

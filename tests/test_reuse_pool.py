@@ -22,7 +22,13 @@ from mirage_cli.search import driver
 from mirage_cli.search.cost import rank
 from mirage_cli.search.design import CustomD, Design
 from mirage_cli.search.driver import SearchOptions, reuse_designs, search
-from mirage_cli.search.family import BadDesign, design_from_json, design_to_json, size_pattern
+from mirage_cli.search.family import (
+    BadDesign,
+    design_from_json,
+    design_to_json,
+    size_pattern,
+    split_facts,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 MLP = ROOT / "examples" / "gated_mlp.mir"
@@ -124,6 +130,32 @@ def test_another_pattern_ships_a_design_the_cached_pool_lacks(tmp_path: Path) ->
     # The search's own order (predicted time, then the tie rule) puts the fresh pick first.
     first = rank([alone, fresh], lambda c: c.cost, lambda c: serialize.dumps(c.graph))[0]
     assert first is fresh
+
+
+def test_a_pattern_that_differs_in_coincidences_only_enumerates_nothing(tmp_path: Path
+                                                                        ) -> None:
+    # At batch 16 half of X's 2 x batch rows is the LoRA rank (16), at batch 8 it is
+    # not: another size pattern, but the same dimensions split. The reuse
+    # ranks the pool alone, and here ships what a fresh search at batch 16 ships.
+    sizes = {"hidden": 64, "n": 256}
+
+    def lora(batch: int) -> Graph:
+        return load_graph(str(LORA), {**sizes, "batch": batch})
+
+    assert size_pattern(lora(8)) != size_pattern(lora(16))
+    assert split_facts(lora(8)) == split_facts(lora(16))
+    assert split_facts(lora(1)) != split_facts(lora(8))  # 2 x batch = 2 halves to 1
+    defs = [a for k, v in sizes.items() for a in ("-D", f"{k}={v}")]
+    for batch in (8, 16):
+        temps = tmp_path / f"l{batch}"
+        r = CliRunner().invoke(main, ["opt", str(LORA), "-o", str(tmp_path / "l.cu"), *defs,
+                                      "-D", f"batch={batch}", "--jobs", "1",
+                                      "--save-temps", str(temps)])
+        assert r.exit_code == 0, r.output
+    assert "another size pattern, the same dimensions split: nothing enumerated" in r.output
+    assert "units 0/0" in r.output
+    cands = serialize.loads_candidates(next(temps.glob("*.cands.ugraph.json")).read_text())
+    assert cands[0][0] == search(lora(16), SearchOptions(top=1)).candidates[0].graph
 
 
 def test_designs_round_trip_through_json() -> None:

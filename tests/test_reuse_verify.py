@@ -211,6 +211,65 @@ def test_the_certify_hook_is_asked_first_in_rank_order(monkeypatch: pytest.Monke
                                          "certificate": {}, **floats}
 
 
+def test_a_candidate_certified_at_a_smaller_batch_carries_to_its_own() -> None:
+    """A reused design that the family's search did not certify is certified at the
+    smallest batch where the same design and tiles instantiate and the carry
+    precondition holds, and carried: that certificate is the
+    candidate's, and an independent certification at batch 4 agrees. A wrong
+    candidate fails at the small size and is not carried."""
+    import dataclasses
+
+    from mirage_cli.search.design import instantiate
+    from mirage_cli.search.reuse import _certified_small
+
+    prog = program(4)
+    best = search(prog, SearchOptions(top=1)).candidates[0]
+    v = _certified_small(prog, "batch", 0, best.design, best.graph, True)
+    assert v is not None and v.ok
+    small = v.detail["carried"]["from"]
+    assert small < 4 and v.detail["carried"]["to"] == 4
+    assert v.detail["carried"]["certified_at"]["batch"] == small
+    assert v.detail["certificate"]["bound"] <= 2.0 ** -40
+    assert v.detail["float64"]["verdict"] == "close"
+    assert v.detail["numerics"]["verdict"] == "safe"
+    assert Verifier(prog, seed=9).certify(best.graph).verdict == "equivalent"
+    # Not the one to ship: no float checks.
+    other = _certified_small(prog, "batch", 0, best.design, best.graph, False)
+    assert other is not None and "float64" not in other.detail
+
+    def mutant(step: Any) -> Any:  # every add of the design made a sub
+        if hasattr(step, "ops"):
+            return dataclasses.replace(step, ops=tuple(
+                dataclasses.replace(o, op="sub") if o.op == "add" else o for o in step.ops))
+        return dataclasses.replace(step, op="sub") if step.op == "add" else step
+
+    wrong = dataclasses.replace(best.design, steps=tuple(mutant(s) for s in best.design.steps))
+    assert wrong != best.design
+    g = instantiate(prog, wrong, best.tuning)
+    assert g is not None
+    assert _certified_small(prog, "batch", 0, wrong, g, True) is None
+
+
+def test_a_candidate_of_another_signature_is_left_to_the_driver(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pool design can instantiate at the new sizes with an output of another shape
+    (rmsnorm_linear at batch 16 ranked one whose Z was 8192 wide); the verifier raises
+    on it, and the small certificate declines (the driver then rejects the candidate)
+    instead of letting the error end the run."""
+    from mirage_cli.diagnostics import MirageError
+    from mirage_cli.search import verify as verify_mod
+    from mirage_cli.search.reuse import _certified_small
+
+    prog = program(4)
+    best = search(prog, SearchOptions(top=1)).candidates[0]
+
+    def other_signature(*args: Any) -> Any:
+        raise MirageError("output #0 differs")
+
+    monkeypatch.setattr(verify_mod, "verify", other_signature)
+    assert _certified_small(prog, "batch", 0, best.design, best.graph, True) is None
+
+
 def test_the_search_keeps_verifiers_of_its_last_references_only() -> None:
     """Each verifier holds its reference's random inputs (gigabytes for a layer's
     parts): the search keeps those of the most recent references, not all of them."""

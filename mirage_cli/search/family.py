@@ -50,6 +50,22 @@ def size_pattern(program: Graph) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+def split_facts(program: Graph) -> tuple[int, ...]:
+    """Of :func:`size_pattern`'s facts, those that decide which dimensions the
+    generator can split at all: every dimension's size where it is 1 or 2 (never split
+    into tiles of more than one element), otherwise whether it halves (-2 even, -1
+    odd). Two sizes with the same split facts but different patterns differ only in
+    coincidences between sizes (equalities and divisibility among the classes: lora at
+    batch 16, whose X has as many rows as the LoRA rank) -- which a shape reuse does
+    not enumerate again for (:mod:`.reuse`). Two whose split facts differ do not
+    have the same splittable dimensions (batch 1 -> 8), and the pool lacks designs
+    that split them."""
+    from mirage_cli.search.analysis import analyze
+
+    return tuple(n if n <= 2 else -1 - (n % 2 == 0)
+                 for v in analyze(program).values.values() for n in v.type.shape)
+
+
 # -- designs as JSON (the family entry's pool) -------------------------------------------
 
 

@@ -39,7 +39,7 @@ from mirage_cli.console import info
 from mirage_cli.ir import Graph
 from mirage_cli.search.cache import get_family, has, key, peek, put
 from mirage_cli.search.design import Design
-from mirage_cli.search.family import BadDesign, design_from_json, size_pattern
+from mirage_cli.search.family import BadDesign, design_from_json, size_pattern, split_facts
 from mirage_cli.search.verify import Verdict
 from mirage_cli.verifier.api import DEFAULT_BOUND
 
@@ -69,11 +69,13 @@ def reused(program: Graph, options: Any, on_progress: Any = None,
         info(f"warning: ignoring the cached family entry of this program: {e}")
         return None
     same = pattern == size_pattern(program)
-    source = _certified_at(program, sizes, opts)
+    old = _at_sizes(program, sizes)
+    coincidences = not same and old is not None and split_facts(old) == split_facts(program)
+    source = _certified_at(old, opts)
     res = reuse_designs(program, pool, options, on_progress, need, budget, jobs,
-                        enumerate_here=not same,
-                        certify=None if source is None else
-                        partial(_carried, program, source, options.seed))
+                        enumerate_here=not (same or coincidences),
+                        certify=partial(_carried, program, source, _moved(program, sizes),
+                                        options.seed))
     at = ", ".join(f"{k}={v}" for k, v in sorted(sizes.items()))
     if not res.candidates:
         info(f"search: no design of the cached search at {at} verifies at these sizes; "
@@ -89,6 +91,8 @@ def reused(program: Graph, options: Any, on_progress: Any = None,
         return None
     found = res.progress.designs - res.progress.reused
     how = ("the same size pattern: nothing enumerated" if same else
+           "another size pattern, the same dimensions split: nothing enumerated"
+           if coincidences else
            f"another size pattern: ranked with the {found} more found at these sizes")
     info(f"search: reused the {res.progress.reused} design(s) of the cached search of this "
          f"program at {at} ({how}); {len(res.candidates)} verified at these sizes")
@@ -131,15 +135,13 @@ class Certified:
     by_design: dict[Design, tuple[Graph, dict[str, Any]]]
 
 
-def _certified_at(program: Graph, sizes: dict[str, Any], opts: dict[str, Any]
-                  ) -> Certified | None:
-    """The exact cache entry of the family's search, when ``program`` rebuilt at its
-    sizes has one whose candidates load (checked as µGraphs); None otherwise (then
-    every reused candidate is certified at the new sizes)."""
+def _certified_at(old: Graph | None, opts: dict[str, Any]) -> Certified | None:
+    """The exact cache entry of the family's search, when the program rebuilt at its
+    sizes (``old``) has one whose candidates load (checked as µGraphs); None otherwise
+    (then every reused candidate is certified at smaller or at the new sizes)."""
     from mirage_cli.diagnostics import MirageError
     from mirage_cli.search.design import design_of
 
-    old = _at_sizes(program, sizes)
     text = None if old is None else peek(key(old, opts))
     if old is None or text is None:
         return None
@@ -186,14 +188,24 @@ def _at_sizes(program: Graph, sizes: dict[str, Any]) -> Graph | None:
         return None
 
 
-def _carried(program: Graph, source: Certified, seed: int, d: Design, g: Graph,
-             first: bool) -> Verdict | None:
+def _carried(program: Graph, source: Certified | None, param: str | None, seed: int,
+             d: Design, g: Graph, first: bool) -> Verdict | None:
     """The driver's ``certify`` hook (:data:`mirage_cli.search.driver.Certify`): the
-    verdict of ``g`` carried from the family's certified candidate of the same design,
-    or None (certify it at these sizes) when there is none or the precondition fails.
-    The candidate to ship (``first``) also carries the float64 and numerics records
-    when the certified one has them; when it does not, the driver runs those two
-    checks at these sizes, as for any chosen candidate."""
+    verdict of ``g`` carried from the family's certified candidate of the same design;
+    failing that, certified at a smaller value of ``param`` (the size that changed) and
+    carried from there (:func:`_certified_small`); None (certify it at these sizes)
+    when neither applies. The candidate to ship (``first``) also carries the float64
+    and numerics records when the certified one has them; when it does not, the driver
+    runs those two checks at these sizes, as for any chosen candidate."""
+    v = None if source is None else _from_family(program, source, seed, d, g, first)
+    if v is None and param is not None:
+        v = _certified_small(program, param, seed, d, g, first)
+    return v
+
+
+def _from_family(program: Graph, source: Certified, seed: int, d: Design, g: Graph,
+                 first: bool) -> Verdict | None:
+    """``g``'s verdict carried from the family's certified candidate of design ``d``."""
     from mirage_cli.verifier.carry import NotCarried, carry
 
     found = source.by_design.get(d)
@@ -219,6 +231,64 @@ def _carried(program: Graph, source: Certified, seed: int, d: Design, g: Graph,
                        "carried": {**how.as_json(),
                                    "certified_at": dict(source.program.params)},
                        **floats})
+
+
+def _moved(program: Graph, sizes: dict[str, Any]) -> str | None:
+    """The one size parameter whose value differs between the family's search and
+    ``program`` (None: none or several)."""
+    diff = [k for k, v in program.params if sizes.get(k) != v]
+    return diff[0] if len(diff) == 1 else None
+
+
+# The smaller sizes tried for a certificate, smallest first: the trials' cost grows
+# with every tensor that depends on the parameter.
+SMALL_TRIES = 16
+
+
+def _certified_small(program: Graph, param: str, seed: int, d: Design, g: Graph,
+                     first: bool) -> Verdict | None:
+    """``g`` certified at the smallest value of ``param`` below this one where the same
+    design, every block's tiles kept (:func:`.carry.grids_at`), instantiates and the
+    carry precondition holds, then carried here. gqa at batch 16 ships a tiling that
+    the search at batch 8 did not certify; its trials and float checks at batch 16
+    took 28 s of a 35 s reuse, at batch 1 they hold a sixteenth of the data. None when
+    no smaller size qualifies, or the candidate fails there (then it is certified at
+    these sizes, as any other)."""
+    from mirage_cli.diagnostics import MirageError
+    from mirage_cli.search.design import design_of, instantiate
+    from mirage_cli.search.driver import float_checks
+    from mirage_cli.search.verify import verify
+    from mirage_cli.verifier.carry import NotCarried, carry, grids_at
+
+    now = dict(program.params)[param]
+    tuning = design_of(g)[1]
+    for value in range(1, min(now, SMALL_TRIES + 1)):
+        small = _at_sizes(program, {**dict(program.params), param: value})
+        grids = None if small is None else grids_at(small, program, g)
+        if small is None or grids is None or len(grids) != len(tuning):
+            continue
+        g_small = instantiate(small, d, tuple((gr, t[1]) for gr, t in zip(grids, tuning)))
+        if g_small is None:
+            continue
+        try:
+            how = carry(small, g_small, program, g)
+        except NotCarried:
+            continue
+        try:
+            verdict = verify(small, g_small, seed)
+        except MirageError:  # not the program's signature: the driver rejects it
+            return None
+        floats = float_checks(small, g_small, seed) if first and verdict.ok else {}
+        if not verdict.ok or floats is None:
+            return None
+        info(f"search: certified at {_at(small)} and carried along '{how.param}' "
+             f"(the same design and tiles; no finite-field trials at these sizes)")
+        return Verdict(True, f"{verdict.method}, carried along a pointwise size parameter",
+                       seed, {"certificate": verdict.detail["certificate"],
+                              "carried": {**how.as_json(),
+                                          "certified_at": dict(small.params)},
+                              **floats})
+    return None
 
 
 def _trial_certified(rec: Any, seed: int) -> bool:

@@ -89,6 +89,41 @@ def splitting_axis(bg: BlockGraph, env: dict[str, Ax]) -> int | None:
     return _splitter(bg, env)
 
 
+def grids_at(prog_small: Graph, prog_new: Graph, cand_new: Graph
+             ) -> list[tuple[int, int, int]] | None:
+    """Each custom kernel's grid of ``cand_new`` moved to ``prog_small``'s sizes with
+    every block's tiles kept: the grid axis that splits the d axis shrinks with it
+    (16 blocks of one row at 2 x batch = 32 rows are 2 blocks at batch 1). None where
+    the inputs' d axes do not all shrink by one ratio, a split grid does not scale to a
+    whole number of blocks, or d is not pointwise in ``cand_new``. Only a proposal:
+    :func:`carry` decides whether a certificate at ``prog_small`` carries."""
+    try:
+        axes = _input_axes(prog_small, prog_new)
+        env = tensor_axes(cand_new, axes)
+    except NotCarried:
+        return None
+    small, new = prog_small.tensor_types(), prog_new.tensor_types()
+    ratios = {(small[n].shape[a], new[n].shape[a]) for n, a in axes.items() if a is not None}
+    if len(ratios) != 1:
+        return None
+    (num, den), = ratios
+    grids: list[tuple[int, int, int]] = []
+    for op in cand_new.ops:
+        if op.block is None:
+            continue
+        grid = list(op.block.grid)
+        try:
+            ax = splitting_axis(op.block, env)
+        except NotCarried:
+            return None
+        if ax is not None:
+            if grid[ax] * num % den:
+                return None
+            grid[ax] = grid[ax] * num // den
+        grids.append((grid[0], grid[1], grid[2]))
+    return grids
+
+
 def why_not(prog_old: Graph, cand_old: Graph, prog_new: Graph, cand_new: Graph
             ) -> str | None:
     """The reason :func:`carry` refuses, or None when it carries."""
