@@ -180,3 +180,32 @@ def test_the_start_splits_rows_into_whole_16_byte_vectors() -> None:
     example = load_graph(str(ROOT / "examples" / "rmsnorm_linear.mir"), {"batch": 8})
     assert tuner.start(example, design)[0][0] == (256, 1, 1)
     assert tuner._vector_elements(design.steps[0], program.tensor_types()) == [8, 1, 1]
+
+
+def test_the_tuning_in_worker_processes_ranks_as_in_one(monkeypatch: pytest.MonkeyPatch
+                                                        ) -> None:
+    """``_ranked`` tunes in ``jobs`` forked processes: the same ranking, tunings and
+    costs as in one process; a budget already spent tunes nothing and leaves no
+    worker behind."""
+    import multiprocessing as mp
+
+    prog = load_graph(str(ROOT / "examples" / "lora.mir"), {"batch": 2, "hidden": 64,
+                                                            "n": 256})
+    pool = driver.search(prog, driver.SearchOptions()).pool
+    assert pool is not None and len(pool) >= driver.PARALLEL_TUNE_MIN
+    forks: list[str | None] = []
+    real = mp.get_context
+    monkeypatch.setattr(driver.mp, "get_context",
+                        lambda method=None: forks.append(method) or real(method))
+
+    def ranked(jobs: int, deadline: float | None = None) -> tuple[list[object], str]:
+        progress = driver.Progress()
+        r = driver._ranked(prog, pool, driver.SearchOptions(), progress, lambda p: None,
+                           deadline=deadline, jobs=jobs)
+        return [(d, t, c) for d, t, _, c in r], progress.clock
+
+    one, _ = ranked(1)
+    assert one and not forks
+    assert ranked(2) == (one, "") and forks and set(forks) == {"fork"}
+    assert ranked(2, deadline=0.0) == ([], "tuning (budget)")
+    assert not mp.active_children()
