@@ -121,8 +121,11 @@ def cache_dir() -> Path:
 # combine over seven rows (Qwen2-7B's query heads per key/value head) is tuned; 51:
 # rotate_half is a block operator too, so a rotary embedding fuses with its rotation;
 # 52: when every whole design is predicted slower than the unfused program, the cut
-# program is searched first, and whole designs slower than its answer are not verified.
-SEARCH_REVISION = 52
+# program is searched first, and whole designs slower than its answer are not verified;
+# 53: a shape reuse whose sizes differ from the family's only in coincidences ranks the
+# pool without enumerating, and certifies a design its family did not at a smaller
+# batch, carried from there.
+SEARCH_REVISION = 53
 
 
 def program_hash(program: Graph) -> str:
