@@ -56,7 +56,7 @@ def split_facts(program: Graph) -> tuple[int, ...]:
     into tiles of more than one element), otherwise whether it halves (-2 even, -1
     odd). Two sizes with the same split facts but different patterns differ only in
     coincidences between sizes (equalities and divisibility among the classes: lora at
-    batch 16, whose X has as many rows as the LoRA rank) -- which a shape reuse does
+    batch 16, where half of X's 2 x batch rows is the LoRA rank) -- which a shape reuse does
     not enumerate again for (:mod:`.reuse`). Two whose split facts differ do not
     have the same splittable dimensions (batch 1 -> 8), and the pool lacks designs
     that split them."""

@@ -11,9 +11,11 @@ tunes, ranks and certifies at the new sizes:
 - same size pattern: the enumeration at the new sizes would find exactly this pool
   (the generator sees sizes only through the facts the pattern records), so nothing is
   enumerated: no search units, no Z3;
-- another pattern (batch 1 -> 8: dimensions of 1 become splittable; lora at batch 16:
-  the batch equals the LoRA rank): the designs enumerated at the new sizes are ranked
-  beside the pool's.
+- another pattern that differs only in coincidences between sizes (lora, gqa at batch
+  16: the same dimensions split, :func:`.family.split_facts`): nothing is enumerated
+  either, the pool is ranked alone;
+- another pattern where other dimensions split (batch 1 -> 8: dimensions of 1 become
+  splittable): the designs enumerated at the new sizes are ranked beside the pool's.
 
 Either way the ranking is a search's ranking at the new sizes over at least the
 designs a search would find there, and only the candidates the caller needs are
@@ -24,7 +26,8 @@ satisfies the carry precondition against that certified
 µGraph (:mod:`mirage_cli.verifier.carry`: the only size that changes is a pointwise
 dimension of both), takes that certificate (``verification.carried``; :func:`_carried`
 is the ``certify`` hook of the driver's verification loop); any other is certified at
-the sizes it ships at.
+the smallest batch where it keeps its tiles and the precondition holds, and carried
+from there (:func:`_certified_small`), or else at the sizes it ships at.
 """
 
 from __future__ import annotations
