@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mirage_cli import serialize
 from mirage_cli.builder import GraphBuilder
@@ -45,6 +45,9 @@ from mirage_cli.search.design import Design
 from mirage_cli.search.family import BadDesign, design_from_json, size_pattern, split_facts
 from mirage_cli.search.verify import Verdict
 from mirage_cli.verifier.api import DEFAULT_BOUND
+
+if TYPE_CHECKING:
+    from mirage_cli.verifier.carry import Carry
 
 
 def reused(program: Graph, options: Any, on_progress: Any = None,
@@ -228,12 +231,8 @@ def _from_family(program: Graph, source: Certified, seed: int, d: Design, g: Gra
         else {}
     info(f"search: certificate carried from {_at(source.program)} along '{how.param}' "
          f"(no finite-field trials at these sizes)")
-    return Verdict(True, f"{rec.get('method')}, carried along a pointwise size parameter",
-                   rec["seed"], {
-                       "certificate": rec["certificate"],
-                       "carried": {**how.as_json(),
-                                   "certified_at": dict(source.program.params)},
-                       **floats})
+    return _carried_verdict(rec.get("method"), rec["seed"], rec["certificate"], how,
+                            source.program, floats)
 
 
 def _moved(program: Graph, sizes: dict[str, Any]) -> str | None:
@@ -286,12 +285,21 @@ def _certified_small(program: Graph, param: str, seed: int, d: Design, g: Graph,
             return None
         info(f"search: certified at {_at(small)} and carried along '{how.param}' "
              f"(the same design and tiles; no finite-field trials at these sizes)")
-        return Verdict(True, f"{verdict.method}, carried along a pointwise size parameter",
-                       seed, {"certificate": verdict.detail["certificate"],
-                              "carried": {**how.as_json(),
-                                          "certified_at": dict(small.params)},
-                              **floats})
+        return _carried_verdict(verdict.method, seed, verdict.detail["certificate"], how,
+                                small, floats)
     return None
+
+
+def _carried_verdict(method: Any, seed: int, certificate: Any, how: Carry,
+                     certified: Graph, floats: dict[str, Any]) -> Verdict:
+    """The verdict of a candidate whose certificate (``method``, ``seed``, its record)
+    was won on ``certified``, the program at other sizes, and carries to these along
+    ``how`` (with the float64 and numerics records in ``floats``, when they came with
+    it)."""
+    return Verdict(True, f"{method}, carried along a pointwise size parameter", seed,
+                   {"certificate": certificate,
+                    "carried": {**how.as_json(), "certified_at": dict(certified.params)},
+                    **floats})
 
 
 def _trial_certified(rec: Any, seed: int) -> bool:
