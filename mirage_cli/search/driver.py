@@ -684,6 +684,7 @@ def _verify_ranked(program: Graph, todo: Ranked, options: SearchOptions, prog: P
 
 
 Ranked = list[tuple[Design, Tuning, Graph, Cost]]
+Tunings = list[tuple[str, Design, Tuning, Graph, Cost]]  # (µGraph text, design, ...)
 
 
 def _ranked(program: Graph, designs: list[Design], options: SearchOptions, prog: Progress,
@@ -714,11 +715,18 @@ def _ranked(program: Graph, designs: list[Design], options: SearchOptions, prog:
     firsts.sort(key=lambda x: x[0])
     if tuned is not None:
         tuned.extend(g0 for _, _, g0 in firsts)
-    tuned_all: list[tuple[str, Design, Tuning, Graph, Cost]] = []
+    tuned_all: Tunings = []
     best = _best_of(firsts, options.tune_designs, groups)
     for d, two in zip(best, _tuned(jobs, program, _best_two, best)):
         for c, t, g in two:
             tuned_all.append((serialize.dumps(g), d, t, g, c))
+    return _ranked_tunings(tuned_all, prog, notify, t0)
+
+
+def _ranked_tunings(tuned_all: Tunings, prog: Progress, notify: Callable[[Progress], None],
+                    t0: float) -> Ranked:
+    """The designs' tunings (with their µGraphs' text, the tie rule's key) ranked, each
+    µGraph once, those that fit; ``prog`` counts the designs none of whose tunings fit."""
     ranked = rank(tuned_all, lambda x: x[4], lambda x: x[0])  # the tie rule (cost.TIE_RULE)
     prog.phase = "verify"
     prog.seconds["tune"] = round(time.time() - t0, 2)
