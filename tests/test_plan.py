@@ -268,16 +268,20 @@ def test_every_knob_value_compiles(stem: str) -> None:
             pins = [Knobs(**{knob: value}) if value in s[knob] else Knobs() for s in spaces]
             variants.append(pins)
     assert len(variants) >= 10
+    # A knob pinned to the value the planner picks anyway emits the same source: each
+    # distinct source is compiled once (about 40% of the variants are such repeats).
+    sources: dict[tuple[str, str], list[Knobs]] = {}
     for pins in variants:
         for arch in ("sm_80", "sm_90"):
             try:
                 pg = planned(g, arch, pins)
             except MirageError:
                 continue  # a value legal on sm_90 that does not fit sm_80's shared memory
-            cu, _ = emit(lower(pg, arch))
-            res = compile_cuda(cu, f"{g.name}.cu", arch)
-            assert all(r.spill_stores == 0 and r.stack == 0 for r in res.resources), \
-                (pins, arch, res.resources)
+            sources.setdefault((emit(lower(pg, arch))[0], arch), pins)
+    for (cu, arch), pins in sources.items():
+        res = compile_cuda(cu, f"{g.name}.cu", arch)
+        assert all(r.spill_stores == 0 and r.stack == 0 for r in res.resources), \
+            (pins, arch, res.resources)
 
 
 def test_threads_knob_changes_the_launch() -> None:
