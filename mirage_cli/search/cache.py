@@ -216,9 +216,9 @@ def _recheck(program: Graph, graphs: list[Graph], seed: int) -> str | None:
 
 
 def put(k: str, text: str, program: Graph, options: dict[str, Any],
-        family: tuple[list[Any], str] | None = None) -> None:
+        family: dict[str, Any] | None = None) -> None:
     """Store a complete search's candidates text for ``program`` under ``options``, and
-    with ``family`` = (design pool as JSON, size pattern) as the latest search of its
+    with ``family`` (the fields of :data:`FAMILY_FIELDS`) as the latest search of its
     family (the same program at any sizes), which a shape reuse starts from
     (:mod:`.reuse`). A reuse stores its own result but not a family entry: the family
     keeps the pool of the last search that enumerated."""
@@ -229,8 +229,8 @@ def put(k: str, text: str, program: Graph, options: dict[str, Any],
         if family is not None:
             fam = {"format": FAMILY_FORMAT, "version": FAMILY_VERSION,
                    "structure": structure_hash(program), "options": options, "tool": TOOL,
-                   "sizes": dict(program.params), "designs": family[0],
-                   "pattern": family[1]}
+                   "sizes": dict(program.params),
+                   **{f: family[f] for f in FAMILY_FIELDS}}
             write_atomic(_family_path(program, options),
                          json.dumps(fam, sort_keys=True) + "\n")
     except OSError:
@@ -253,8 +253,16 @@ def peek(k: str) -> str | None:
 
 FAMILY_FORMAT = "mirage-cli/search-family"
 # 2: the entry holds the whole design pool (size-free design JSON) and the size
-# pattern, no longer one tuned µGraph per ranked design.
-FAMILY_VERSION = 2
+# pattern, no longer one tuned µGraph per ranked design; 3: and each design's best
+# predicted µs where the search tuned it fully (null elsewhere), and the designs its
+# verification rejected, which order and bound a reuse's tuning at larger sizes.
+FAMILY_VERSION = 3
+# What a search writes of its family entry (the lists parallel to, or indexing,
+# ``designs``): the design pool as size-free JSON (:func:`.family.design_to_json`), the
+# size pattern (:func:`.family.size_pattern`), each design's best predicted µs where
+# the search tuned it fully (null elsewhere), and the pool indices of the designs whose
+# candidates its verification rejected.
+FAMILY_FIELDS = {"designs": list, "pattern": str, "tuned_us": list, "rejected": list}
 
 
 def _sizeless(doc: Any) -> Any:
@@ -289,11 +297,12 @@ def _family_path(program: Graph, options: dict[str, Any]) -> Path:
 
 
 def get_family(program: Graph, options: dict[str, Any]
-               ) -> tuple[list[Any], dict[str, int], str] | None:
-    """The design pool (JSON, as :func:`.reuse.design_to_json` writes it), sizes and
-    size pattern of the latest complete search of ``program``'s structure under
-    ``options`` at *other* sizes, or None. Nothing here is trusted: the caller decodes
-    the designs with checks, instantiates them at the new sizes and verifies them."""
+               ) -> dict[str, Any] | None:
+    """The entry of the latest complete search of ``program``'s structure under
+    ``options`` at *other* sizes: its ``sizes`` and the :data:`FAMILY_FIELDS`, or None.
+    Nothing here is trusted beyond the fields' types: the caller decodes the designs
+    and the rest with checks, instantiates the designs at the new sizes and verifies
+    them."""
     try:
         doc = json.loads(_family_path(program, options).read_text(encoding="utf-8"))
     except (OSError, ValueError, UnicodeDecodeError, RecursionError):
@@ -301,12 +310,12 @@ def get_family(program: Graph, options: dict[str, Any]
     if not isinstance(doc, dict) or doc.get("format") != FAMILY_FORMAT or \
             doc.get("version") != FAMILY_VERSION or doc.get("tool") != TOOL or \
             doc.get("options") != options or doc.get("structure") != structure_hash(program) \
-            or not isinstance(doc.get("designs"), list) or \
-            not isinstance(doc.get("sizes"), dict) or not isinstance(doc.get("pattern"), str):
+            or not isinstance(doc.get("sizes"), dict) or \
+            not all(isinstance(doc.get(f), t) for f, t in FAMILY_FIELDS.items()):
         return None
     if doc["sizes"] == dict(program.params):
         return None  # the same sizes: that is the exact entry's business
-    return doc["designs"], doc["sizes"], doc["pattern"]
+    return {f: doc[f] for f in ("sizes", *FAMILY_FIELDS)}
 
 
 def has(k: str) -> bool:

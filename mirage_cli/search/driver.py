@@ -124,6 +124,10 @@ class Progress:
     smallest_smem: int | None = None  # bytes, over the designs that do not fit
     mixed: str = ""             # what the cut-program (mixed design) search did
     reused: int = 0             # designs taken from known µGraphs (no enumeration)
+    tuned: int = 0              # designs tuned fully (the ranking's, before verification)
+    # Designs of candidates that verification (or the chosen one's float checks)
+    # rejected: a reuse at other sizes does not bound its tuning by them (_walked).
+    refused: set[Design] = field(default_factory=set)
     limited: int = 0            # units stopped by ``max_states`` (deterministic)
     clock: str = ""             # what the clock stopped, when it did (see ``clock_stop``)
 
@@ -159,6 +163,11 @@ class SearchResult:
     # them (not from a mixed design): what a shape reuse at other sizes starts from
     # (the cache's family entry keeps them, :mod:`.reuse`).
     pool: list[Design] | None = None
+    # The best predicted µs of each pool design the search tuned fully, over its
+    # tunings that fit (a design not tuned fully, or with no tuning that fits, has
+    # none): where each ranked at these sizes, which bounds a reuse's tuning at larger
+    # ones (:func:`reuse_designs`).
+    tuned_us: dict[Design, float] | None = None
 
 
 # -- worker side ------------------------------------------------------------------
@@ -301,6 +310,9 @@ def search(program: Graph, options: SearchOptions, budget: float | None = None,
     designs, complete = _enumerate(program, options, deadline, jobs, prog, notify, unit_map)
     pool: list[Design] | None = list(designs)
     todo = _ranked(program, list(designs), options, prog, notify, deadline, jobs=jobs)
+    tuned_us: dict[Design, float] = {}
+    for d, _, _, c in todo:
+        tuned_us.setdefault(d, c.time_us)
     can_cut = depth < MAX_DEPTH and len(program.ops) > 1
     mixed: list[Candidate] | None = None
     if can_cut and _all_slower_than_unfused(program, todo):
@@ -321,7 +333,7 @@ def search(program: Graph, options: SearchOptions, budget: float | None = None,
         cands = mixed + cands
         pool = None  # a mixed answer's designs are its parts', not this program's
     return SearchResult(cands, prog, _complete(complete, prog, deadline),
-                        time.time() - start, pool)
+                        time.time() - start, pool, tuned_us)
 
 
 def _all_slower_than_unfused(program: Graph, todo: Ranked) -> bool:
@@ -445,8 +457,9 @@ def reuse(program: Graph, known: list[Graph], options: SearchOptions,
 def reuse_designs(program: Graph, designs: list[Design], options: SearchOptions,
                   on_progress: Callable[[Progress], None] | None = None,
                   need: int | None = None, budget: float | None = None, jobs: int = 1,
-                  enumerate_here: bool = False, certify: Certify | None = None
-                  ) -> SearchResult:
+                  enumerate_here: bool = False, certify: Certify | None = None,
+                  bounds: dict[Design, float] | None = None,
+                  refused: set[Design] | None = None) -> SearchResult:
     """Shape reuse: known ``designs`` (found at other sizes; a design is
     size-independent, :mod:`.design`) tuned, ranked and re-verified at ``program``'s
     sizes as a search ranks its own (``budget`` seconds, ``jobs`` workers). With
@@ -462,7 +475,15 @@ def reuse_designs(program: Graph, designs: list[Design], options: SearchOptions,
     caller that ships the first candidate (``mirage opt`` without ``--gpu``) needs
     one. The candidates returned are each certified at these sizes: by ``certify``
     where it answers (a certificate carried from the sizes the designs were certified
-    at, :mod:`.reuse`), otherwise as a search's are."""
+    at, :mod:`.reuse`), otherwise as a search's are.
+
+    ``bounds``, the predicted µs of the designs a search tuned at sizes no larger than
+    these in any parameter, ranks without enumerating by tuning those designs best
+    first until no other can rank above the ones needed (:func:`_walked`; the
+    ``refused`` designs, rejected by that search's verification, do not count among
+    them); when that never happens, or verification here rejects candidates the walk
+    counted on (a design left untuned could then rank above those certified), every
+    design is ranked as without it."""
     start = time.time()
     deadline = None if budget is None else start + budget
     prog = Progress(phase="reuse")
@@ -479,14 +500,23 @@ def reuse_designs(program: Graph, designs: list[Design], options: SearchOptions,
     # Each group gets its own tune_designs best: the pool's designs must not push out
     # of the tuning one that a search at these sizes would tune.
     groups = [enumerated, list(known)] if enumerate_here else None
-    todo = _ranked(program, list(pool), options, prog, notify, deadline, groups=groups,
-                   jobs=jobs)
+    walk = None if bounds is None or enumerate_here else \
+        _walked(program, {d: us for d, us in bounds.items() if d in known},
+                refused or set(), keep, prog, notify, deadline, jobs)
+    todo = walk[0] if walk is not None else \
+        _ranked(program, list(pool), options, prog, notify, deadline, groups=groups,
+                jobs=jobs)
     # One at a time: a candidate is verified only while one is still needed. (Running
     # the float64 checks in a forked worker beside the finite-field trials was tried:
     # both sides' float64 GEMMs then run multi-threaded OpenBLAS on the same two cores,
     # and qknorm_gqa's certificate took 117 s instead of 29 s.)
     cands = _verify_ranked(program, todo, replace(options, top=keep), prog, notify, 1,
                            deadline, certify)
+    if walk is not None and (len(cands) < keep or cands[-1].cost.time_us >= walk[1]):
+        # Candidates the walk's bound was set by were rejected here, and a design left
+        # untuned could rank above those certified in their place: rank them all.
+        return reuse_designs(program, designs, options, on_progress, need, budget, jobs,
+                             enumerate_here, certify)
     return SearchResult(cands, prog, _complete(complete, prog, deadline),
                         time.time() - start)
 
@@ -624,7 +654,7 @@ def _check_chosen(program: Graph, out: list[Candidate], seed: int, prog: Progres
             return out
         prog.verified -= 1
         prog.rejected += 1
-        out.pop(0)
+        prog.refused.add(out.pop(0).design)
     return out
 
 
@@ -720,7 +750,69 @@ def _ranked(program: Graph, designs: list[Design], options: SearchOptions, prog:
     for d, two in zip(best, _tuned(jobs, program, _best_two, best)):
         for c, t, g in two:
             tuned_all.append((serialize.dumps(g), d, t, g, c))
+    prog.tuned = len(best)
     return _ranked_tunings(tuned_all, prog, notify, t0)
+
+
+# What a design's predicted time at larger sizes is assumed never to fall below, as a
+# fraction of its time at smaller ones (:func:`_walked`). Of the six examples' designs
+# tuned at batch 8 and at 16 (and four examples' at 16 and at 32), one design's fell,
+# by 1.5 % (lora, 5.31 -> 5.23 us: the descent at batch 8 stopped short); every other
+# rose or stayed.
+WALK_SLACK = 0.9
+
+
+def _walked(program: Graph, bounds: dict[Design, float], refused: set[Design], keep: int,
+            prog: Progress, notify: Callable[[Progress], None],
+            deadline: float | None = None, jobs: int = 1) -> tuple[Ranked, float] | None:
+    """A shape reuse's ranking at sizes no smaller than the family's in any parameter:
+    the designs tuned fully in the order of their predicted µs there (``bounds``), and
+    only until the next one's, times :data:`WALK_SLACK`, is above the ``keep``-th best
+    µGraph found here (a design's predicted time does not fall as the tensors grow,
+    so none after it can rank above those). lora at batch 16 tunes 3 of the 50 designs
+    of its batch-8 pool. The µGraphs of ``refused`` designs (whose candidates the
+    family's verification rejected) are tuned and ranked but do not count among those
+    best: rmsnorm_linear's two best designs at batch 8 are rejected there and at 16.
+    Returns the ranking and the floor of the designs left untuned (the first one's
+    time there times the slack: none of them is predicted below it here), or None
+    when that point is never reached: then every design is ranked as a search ranks
+    them (:func:`_ranked`)."""
+    prog.phase = "tune"
+    notify(prog)
+    t0 = time.time()
+    order = sorted(bounds, key=bounds.__getitem__)  # stable: ties in the pool's order
+    tuned_all: Tunings = []
+    best: dict[Graph, float] = {}  # the fitting µGraphs found, by predicted µs
+    results = _tuned_walk(jobs, program, order)
+    floor = None
+    for d in order:
+        times = sorted(best.values())
+        if len(times) >= keep and WALK_SLACK * bounds[d] > times[keep - 1]:
+            floor = WALK_SLACK * bounds[d]
+            break
+        if deadline is not None and time.time() > deadline:
+            prog.clock_stop("tuning (budget)")
+            floor = float("inf")  # the result says it depends on timing
+            break
+        two = next(results)
+        prog.tuned += 1
+        prog.no_tuning += not two
+        for c, t, g in two:
+            tuned_all.append((serialize.dumps(g), d, t, g, c))
+            if c.fits and d not in refused:
+                best.setdefault(g, c.time_us)
+    results.close()  # the designs after the bound are not waited for
+    return None if floor is None else (_ranked_tunings(tuned_all, prog, notify, t0), floor)
+
+
+def _tuned_walk(jobs: int, program: Graph, designs: list[Design]
+                ) -> Generator[list[tuple[Cost, Tuning, Graph]], None, None]:
+    """:func:`_best_two` of each design in order, the first :data:`PARALLEL_TUNE_MIN`
+    in this process and the rest in ``jobs`` processes (:func:`_tuned`): a walk that
+    ends within a few designs (lora at batch 16: 3, 0.05 s) does not wait for workers
+    to start (0.15-0.2 s with them)."""
+    yield from _tuned(1, program, _best_two, designs[:PARALLEL_TUNE_MIN])
+    yield from _tuned(jobs, program, _best_two, designs[PARALLEL_TUNE_MIN:])
 
 
 def _ranked_tunings(tuned_all: Tunings, prog: Progress, notify: Callable[[Progress], None],
@@ -778,6 +870,7 @@ def _verify_batch(program: Graph, batch: Ranked, options: SearchOptions, prog: P
             prog.best_us = out[0].cost.time_us
         elif not v.ok:
             prog.rejected += 1
+            prog.refused.add(d)
 
 
 def _size(d: Design) -> int:
@@ -829,8 +922,11 @@ def cached_search(program: Graph, options: SearchOptions, budget: float | None, 
     if use_cache and res.complete:
         from mirage_cli.search.family import design_to_json, size_pattern
 
+        us = res.tuned_us or {}
         family = None if res.pool is None else \
-            ([design_to_json(d) for d in res.pool], size_pattern(program))
+            {"designs": [design_to_json(d) for d in res.pool],
+             "pattern": size_pattern(program), "tuned_us": [us.get(d) for d in res.pool],
+             "rejected": [i for i, d in enumerate(res.pool) if d in res.progress.refused]}
         cache.put(k, text, program, options.as_json(), family)
     return Outcome(text, pairs, False, res.complete, res.progress)
 

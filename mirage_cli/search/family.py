@@ -99,6 +99,22 @@ def design_from_json(doc: Any) -> Design:
     return Design(steps, tuple(_str(o) for o in _list(doc["outputs"])))
 
 
+def times_from_json(doc: Any, n: int) -> list[float | None]:
+    """The family entry's predicted µs of its ``n`` pool designs, checked: each a
+    finite number above 0, or null (a design the search did not tune fully)."""
+    out: list[float | None] = []
+    for x in _tuple(doc, n):
+        if x is not None and (type(x) is not float or not 0 < x < float("inf")):
+            raise BadDesign("a design's predicted time is a positive number or null")
+        out.append(x)
+    return out
+
+
+def indices_from_json(doc: Any, n: int) -> list[int]:
+    """The family entry's list of pool indices (each below ``n``), checked."""
+    return [_int(x, n) for x in _list(doc)]
+
+
 def _step(doc: Any) -> Step:
     if isinstance(doc, dict) and "predef" in doc:
         d = _obj(doc, ("predef", "args", "attrs", "name"))

@@ -4,8 +4,9 @@ search at batch 8).
 A complete search records, in the cache's family entry (:func:`.cache.get_family`:
 the same program at any sizes, same options), its whole *design pool* (every design
 the enumeration found, split forms included; designs are size-free,
-:mod:`.design`) and the *size pattern* of its sizes (:func:`.family.size_pattern`). At new
-sizes :func:`reused` hands the pool to :func:`mirage_cli.search.driver.reuse_designs`, which
+:mod:`.design`), the *size pattern* of its sizes (:func:`.family.size_pattern`), each
+design's best predicted µs where it tuned the design fully, and the designs its
+verification rejected. At new sizes :func:`reused` hands the pool to :func:`mirage_cli.search.driver.reuse_designs`, which
 tunes, ranks and certifies at the new sizes:
 
 - same size pattern: the enumeration at the new sizes would find exactly this pool
@@ -19,7 +20,12 @@ tunes, ranks and certifies at the new sizes:
 
 Either way the ranking is a search's ranking at the new sizes over at least the
 designs a search would find there, and only the candidates the caller needs are
-certified, best first. A reuse whose best is predicted slower than the unfused
+certified, best first. In the first two cases at sizes no smaller than the family's
+(:func:`_bounds`), the designs are tuned in the order of their predicted µs at the
+family's sizes, and only until the next one's, less a slack, is above the best found
+(:func:`mirage_cli.search.driver._walked`: a design's predicted time does not fall as
+its tensors grow, so none after it can rank above those); lora 8 -> 16 tunes 3 of
+its 50 designs. A reuse whose best is predicted slower than the unfused
 program gives way to a search, which would also cut the program into parts. A
 candidate whose design the family's search certified, and which with its program
 satisfies the carry precondition against that certified
@@ -42,7 +48,14 @@ from mirage_cli.console import info
 from mirage_cli.ir import Graph
 from mirage_cli.search.cache import get_family, has, key, peek, put
 from mirage_cli.search.design import Design
-from mirage_cli.search.family import BadDesign, design_from_json, size_pattern, split_facts
+from mirage_cli.search.family import (
+    BadDesign,
+    design_from_json,
+    indices_from_json,
+    size_pattern,
+    split_facts,
+    times_from_json,
+)
 from mirage_cli.search.verify import Verdict
 from mirage_cli.verifier.api import DEFAULT_BOUND
 
@@ -68,9 +81,11 @@ def reused(program: Graph, options: Any, on_progress: Any = None,
     fam = get_family(program, opts)
     if fam is None:
         return None
-    pool_json, sizes, pattern = fam
+    sizes, pattern = fam["sizes"], fam["pattern"]
     try:
-        pool = [design_from_json(d) for d in pool_json]
+        pool = [design_from_json(d) for d in fam["designs"]]
+        times = times_from_json(fam["tuned_us"], len(pool))
+        refused = {pool[i] for i in indices_from_json(fam["rejected"], len(pool))}
     except BadDesign as e:
         info(f"warning: ignoring the cached family entry of this program: {e}")
         return None
@@ -81,7 +96,8 @@ def reused(program: Graph, options: Any, on_progress: Any = None,
     res = reuse_designs(program, pool, options, on_progress, need, budget, jobs,
                         enumerate_here=not (same or coincidences),
                         certify=partial(_carried, program, source, _moved(program, sizes),
-                                        options.seed))
+                                        options.seed),
+                        bounds=_bounds(program, sizes, pool, times), refused=refused)
     at = ", ".join(f"{k}={v}" for k, v in sorted(sizes.items()))
     if not res.candidates:
         info(f"search: no design of the cached search at {at} verifies at these sizes; "
@@ -101,7 +117,8 @@ def reused(program: Graph, options: Any, on_progress: Any = None,
            if coincidences else
            f"another size pattern: ranked with the {found} more found at these sizes")
     info(f"search: reused the {res.progress.reused} design(s) of the cached search of this "
-         f"program at {at} ({how}); {len(res.candidates)} verified at these sizes")
+         f"program at {at} ({how}); {res.progress.tuned} tuned fully, "
+         f"{len(res.candidates)} verified at these sizes")
     pairs = [(c.graph, {**c.meta(i), "reused_from": f"cache ({at})"})
              for i, c in enumerate(res.candidates)]
     text = serialize.dumps_candidates(pairs)
@@ -110,6 +127,17 @@ def reused(program: Graph, options: Any, on_progress: Any = None,
     if res.complete:
         put(k, text, program, opts)
     return Outcome(text, pairs, False, True, res.progress)
+
+
+def _bounds(program: Graph, sizes: dict[str, Any], pool: list[Design],
+            times: list[float | None]) -> dict[Design, float] | None:
+    """The pool designs' predicted µs at the family's sizes, where the search tuned
+    them, when no parameter of ``program`` is smaller than there: the order and the
+    bound of the reuse's tuning (:func:`mirage_cli.search.driver._walked`). None at
+    smaller sizes, where a design's time falls and bounds nothing."""
+    if not all(type(sizes.get(k)) is int and v >= sizes[k] for k, v in program.params):
+        return None
+    return {d: us for d, us in zip(pool, times) if us is not None}
 
 
 def _short(k: str, need: int) -> bool:
