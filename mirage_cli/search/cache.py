@@ -124,8 +124,10 @@ def cache_dir() -> Path:
 # program is searched first, and whole designs slower than its answer are not verified;
 # 53: a shape reuse whose sizes differ from the family's only in coincidences ranks the
 # pool without enumerating, and certifies a design its family did not at a smaller
-# batch, carried from there.
-SEARCH_REVISION = 53
+# batch, carried from there; 54: a shape reuse at larger sizes that enumerates nothing
+# tunes the family's designs in the order of their predicted time there and stops
+# where none left can rank above the best (family entry format 3).
+SEARCH_REVISION = 54
 
 
 def program_hash(program: Graph) -> str:
