@@ -772,7 +772,7 @@ def _walked(program: Graph, bounds: dict[Design, float], refused: set[Design], k
     so none after it can rank above those). lora at batch 16 tunes 3 of the 50 designs
     of its batch-8 pool. The µGraphs of ``refused`` designs (whose candidates the
     family's verification rejected) are tuned and ranked but do not count among those
-    best: rmsnorm_linear's two best designs at batch 8 are rejected there and at 16.
+    best: rmsnorm_linear's best design at batch 8 is rejected there and at 16.
     Returns the ranking and the floor of the designs left untuned (the first one's
     time there times the slack: none of them is predicted below it here), or None
     when that point is never reached: then every design is ranked as a search ranks
