@@ -84,6 +84,7 @@ class Oracle:
         self._sizes: dict[int, z3.ExprRef] = {}
         self._consts: dict[str, z3.ExprRef] = {}
         self._cache: dict[tuple[str, Term, int], bool] = {}
+        self._fits: dict[Term, bool] = {}  # _may_fit's answers: the search asks again
         self._enc: dict[Term, z3.ExprRef] = {}
         self.S = z3.Function("S", self.E, z3.BoolSort(ctx=self._ctx))
         self.le = z3.Function("le", self.N, self.N, z3.BoolSort(ctx=self._ctx))
@@ -242,7 +243,10 @@ class Oracle:
 
     def is_subexpr(self, t: Term) -> bool:
         """May ``t`` be a subexpression of (some output of) the target?"""
-        if not self._may_fit(t):
+        fits = self._fits.get(t)
+        if fits is None:
+            fits = self._fits[t] = self._may_fit(t)
+        if not fits:
             self.stats.counted_out += 1
             return False
         return self._cached("sub", t, -1)
