@@ -85,7 +85,25 @@ __device__ __forceinline__ float mg_exp(float x) {
   asm("ex2.approx.f32 %0, %1;" : "=f"(y) : "f"(x * 1.44269504088896341f));
   return y;
 }
-__device__ __forceinline__ float mg_silu(float x) { return x / (1.0f + mg_exp(-x)); }
+// 1 / x as one rcp.approx (MUFU.RCP), within 1 ulp over the whole range (subnormal
+// results kept: not .ftz; infinities, zeros and NaN as IEEE division gives them).
+__device__ __forceinline__ float mg_rcp(float x) {
+  float r;
+  asm("rcp.approx.f32 %0, %1;" : "=f"(r) : "f"(x));
+  return r;
+}
+// a / b within 2 ulp of the rounded quotient: a times the reciprocal of b, a subnormal
+// b (whose reciprocal would overflow) scaled by 2^24 first. The IEEE `/` is a
+// refinement sequence with a call to a slow path for special operands (3.3 KB more code
+// in gated_mlp's kernel); with approximate divisions in their epilogues, gated_mlp and
+// rmsnorm_linear ran 0.4-1.4 us faster a call on an H200 (docs/perf-log.md v51).
+__device__ __forceinline__ float mg_div(float a, float b) {
+  const float s = fabsf(b) < 1.17549435e-38f ? 16777216.0f : 1.0f;
+  return a * mg_rcp(b * s) * s;
+}
+// x * sigmoid(x): the denominator is at least 1, so its reciprocal needs no scaling
+// (it is 0 where exp(-x) overflows, as the limit is).
+__device__ __forceinline__ float mg_silu(float x) { return x * mg_rcp(1.0f + mg_exp(-x)); }
 __device__ __forceinline__ float mg_gelu(float x) {
   return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
 }
@@ -554,28 +572,28 @@ extern "C" __global__ void __launch_bounds__(256) mg_k4_mirage_qknorm_gqa_h16x25
     const int i2 = (e) % 4096;
     const float v1 = mg_ld(p0[i0 * 262144 + i1 * 4096 + (i2 + 0)]);
     const float v2 = mg_ld(p1[i0 * 4096 + (i2 + 0)]);
-    const float v3 = (v1 / v2);
+    const float v3 = mg_div(v1, v2);
     const float v4 = mg_ld(p0[i0 * 262144 + i1 * 4096 + (i2 + 1)]);
     const float v5 = mg_ld(p1[i0 * 4096 + (i2 + 1)]);
-    const float v6 = (v4 / v5);
+    const float v6 = mg_div(v4, v5);
     const float v7 = mg_ld(p0[i0 * 262144 + i1 * 4096 + (i2 + 2)]);
     const float v8 = mg_ld(p1[i0 * 4096 + (i2 + 2)]);
-    const float v9 = (v7 / v8);
+    const float v9 = mg_div(v7, v8);
     const float v10 = mg_ld(p0[i0 * 262144 + i1 * 4096 + (i2 + 3)]);
     const float v11 = mg_ld(p1[i0 * 4096 + (i2 + 3)]);
-    const float v12 = (v10 / v11);
+    const float v12 = mg_div(v10, v11);
     const float v13 = mg_ld(p0[i0 * 262144 + i1 * 4096 + (i2 + 4)]);
     const float v14 = mg_ld(p1[i0 * 4096 + (i2 + 4)]);
-    const float v15 = (v13 / v14);
+    const float v15 = mg_div(v13, v14);
     const float v16 = mg_ld(p0[i0 * 262144 + i1 * 4096 + (i2 + 5)]);
     const float v17 = mg_ld(p1[i0 * 4096 + (i2 + 5)]);
-    const float v18 = (v16 / v17);
+    const float v18 = mg_div(v16, v17);
     const float v19 = mg_ld(p0[i0 * 262144 + i1 * 4096 + (i2 + 6)]);
     const float v20 = mg_ld(p1[i0 * 4096 + (i2 + 6)]);
-    const float v21 = (v19 / v20);
+    const float v21 = mg_div(v19, v20);
     const float v22 = mg_ld(p0[i0 * 262144 + i1 * 4096 + (i2 + 7)]);
     const float v23 = mg_ld(p1[i0 * 4096 + (i2 + 7)]);
-    const float v24 = (v22 / v23);
+    const float v24 = mg_div(v22, v23);
     mg_st8(p2 + e, v3, v6, v9, v12, v15, v18, v21, v24);
   }
 }
@@ -828,28 +846,28 @@ extern "C" __global__ void __launch_bounds__(256) mg_k9_mirage_qknorm_gqa_h16x25
     const int i2 = (e) % 4096;
     const float v1 = mg_ld(p0[i0 * 1048576 + i1 * 4096 + (i2 + 0)]);
     const float v2 = mg_ld(p1[i0 * 256 + i1]);
-    const float v3 = (v1 / v2);
+    const float v3 = mg_div(v1, v2);
     const float v4 = mg_ld(p0[i0 * 1048576 + i1 * 4096 + (i2 + 1)]);
     const float v5 = mg_ld(p1[i0 * 256 + i1]);
-    const float v6 = (v4 / v5);
+    const float v6 = mg_div(v4, v5);
     const float v7 = mg_ld(p0[i0 * 1048576 + i1 * 4096 + (i2 + 2)]);
     const float v8 = mg_ld(p1[i0 * 256 + i1]);
-    const float v9 = (v7 / v8);
+    const float v9 = mg_div(v7, v8);
     const float v10 = mg_ld(p0[i0 * 1048576 + i1 * 4096 + (i2 + 3)]);
     const float v11 = mg_ld(p1[i0 * 256 + i1]);
-    const float v12 = (v10 / v11);
+    const float v12 = mg_div(v10, v11);
     const float v13 = mg_ld(p0[i0 * 1048576 + i1 * 4096 + (i2 + 4)]);
     const float v14 = mg_ld(p1[i0 * 256 + i1]);
-    const float v15 = (v13 / v14);
+    const float v15 = mg_div(v13, v14);
     const float v16 = mg_ld(p0[i0 * 1048576 + i1 * 4096 + (i2 + 5)]);
     const float v17 = mg_ld(p1[i0 * 256 + i1]);
-    const float v18 = (v16 / v17);
+    const float v18 = mg_div(v16, v17);
     const float v19 = mg_ld(p0[i0 * 1048576 + i1 * 4096 + (i2 + 6)]);
     const float v20 = mg_ld(p1[i0 * 256 + i1]);
-    const float v21 = (v19 / v20);
+    const float v21 = mg_div(v19, v20);
     const float v22 = mg_ld(p0[i0 * 1048576 + i1 * 4096 + (i2 + 7)]);
     const float v23 = mg_ld(p1[i0 * 256 + i1]);
-    const float v24 = (v22 / v23);
+    const float v24 = mg_div(v22, v23);
     mg_st8(p2 + e, v3, v6, v9, v12, v15, v18, v21, v24);
   }
 }

@@ -532,7 +532,7 @@ register(elementwise("mul", 2, np.multiply, _ab.elementwise(_ab.mul, "mul"),
                      scaling=Scaling.EACH, pair16="mg_hmul2"))
 register(elementwise("div", 2, np.divide, _ab.elementwise(_ab.div, "div"),
                      FieldSem(_F.ev_div, _D.st_div, _F.RATIONAL, inverts=_D.inv_divisor),
-                     "({0} / {1})", lambda t, xs, a: xs[0] / xs[1],
+                     "mg_div({0}, {1})", lambda t, xs, a: xs[0] / xs[1],
                      "element-wise div with numpy broadcasting", _kn_tb("div"),
                      by_inverse="({0} * {1})", scaling=Scaling.FIRST))
 register(elementwise("exp", 1, np.exp, _ab.unary("exp"),

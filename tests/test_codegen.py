@@ -225,17 +225,17 @@ def test_every_imported_mirage_candidate_compiles() -> None:
 
 def test_a_tile_stored_as_its_reciprocal_inverts_its_whole_value() -> None:
     """A reduction stored as its reciprocal (its only readers divide by it) inverts its
-    whole value: a mean's ``sum / n`` as ``1.0f / (sum / n)``, not ``1.0f / sum / n``
+    whole value: a mean's ``sum / n`` as ``mg_rcp(sum / n)``, not ``1.0f / sum / n``
     (65536 times too small for a 256-long row), and a square root as one rsqrtf."""
     import re
 
     from mirage_cli.codegen.expr import reciprocal
 
-    assert reciprocal("r5 / 128.0f") == "(1.0f / (r5 / 128.0f))"
-    assert reciprocal("a[1] + b") == "(1.0f / (a[1] + b))"
-    assert reciprocal("(v1 * v2)") == "(1.0f / (v1 * v2))"
-    assert reciprocal("buf_b7[row]") == "(1.0f / buf_b7[row])"
+    assert reciprocal("r5 / 128.0f") == "mg_rcp(r5 / 128.0f)"
+    assert reciprocal("a[1] + b") == "mg_rcp(a[1] + b)"
+    assert reciprocal("(v1 * v2)") == "mg_rcp((v1 * v2))"
+    assert reciprocal("buf_b7[row]") == "mg_rcp(buf_b7[row])"
     assert reciprocal("sqrtf(r / 64.0f + 0.0f)") == "rsqrtf(r / 64.0f + 0.0f)"
-    assert reciprocal("sqrtf(a) * sqrtf(b)") == "(1.0f / (sqrtf(a) * sqrtf(b)))"
+    assert reciprocal("sqrtf(a) * sqrtf(b)") == "mg_rcp(sqrtf(a) * sqrtf(b))"
     cu, _ = _sources(CASES["divide_by_mean"]())
-    assert re.search(r"buf_b\d+\[row\] = \(1\.0f / \(r\d+ / 128\.0f\)\);", cu)
+    assert re.search(r"buf_b\d+\[row\] = mg_rcp\(r\d+ / 128\.0f\);", cu)

@@ -79,7 +79,25 @@ __device__ __forceinline__ float mg_exp(float x) {
   asm("ex2.approx.f32 %0, %1;" : "=f"(y) : "f"(x * 1.44269504088896341f));
   return y;
 }
-__device__ __forceinline__ float mg_silu(float x) { return x / (1.0f + mg_exp(-x)); }
+// 1 / x as one rcp.approx (MUFU.RCP), within 1 ulp over the whole range (subnormal
+// results kept: not .ftz; infinities, zeros and NaN as IEEE division gives them).
+__device__ __forceinline__ float mg_rcp(float x) {
+  float r;
+  asm("rcp.approx.f32 %0, %1;" : "=f"(r) : "f"(x));
+  return r;
+}
+// a / b within 2 ulp of the rounded quotient: a times the reciprocal of b, a subnormal
+// b (whose reciprocal would overflow) scaled by 2^24 first. The IEEE `/` is a
+// refinement sequence with a call to a slow path for special operands (3.3 KB more code
+// in gated_mlp's kernel); with approximate divisions in their epilogues, gated_mlp and
+// rmsnorm_linear ran 0.4-1.4 us faster a call on an H200 (docs/perf-log.md v51).
+__device__ __forceinline__ float mg_div(float a, float b) {
+  const float s = fabsf(b) < 1.17549435e-38f ? 16777216.0f : 1.0f;
+  return a * mg_rcp(b * s) * s;
+}
+// x * sigmoid(x): the denominator is at least 1, so its reciprocal needs no scaling
+// (it is 0 where exp(-x) overflows, as the limit is).
+__device__ __forceinline__ float mg_silu(float x) { return x * mg_rcp(1.0f + mg_exp(-x)); }
 __device__ __forceinline__ float mg_gelu(float x) {
   return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f));
 }
@@ -619,7 +637,7 @@ extern "C" __global__ void __launch_bounds__(256) mg_k2_mirage_qwen2_gqa_softmax
   const float m = mg_warp_max(v);
   v = 0.0f;
   for (int k = lane; k < 4096; k += 32) v += mg_exp(mg_ld(p0[r0 * 28672 + r1 * 4096 + k]) - m);
-  const float inv = (1.0f / mg_warp_sum(v));
+  const float inv = mg_rcp(mg_warp_sum(v));
   for (int k = lane; k < 4096; k += 32) mg_st(p1 + (r0 * 28672 + r1 * 4096 + k), mg_exp(mg_ld(p0[r0 * 28672 + r1 * 4096 + k]) - m) * inv);
 }
 

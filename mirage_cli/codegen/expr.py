@@ -234,7 +234,7 @@ class Emitter:
                 ln, r = self._rms(inputs[0], shapes[0], idx[:-1] + ["0"],
                                   float(attrs.get("eps", 0.0)))
                 x = self._operand(inputs[0], idx, ln)
-                e = f"({x} / {r})"
+                e = f"mg_div({x}, {r})"
                 if len(inputs) == 2:
                     e = f"({e} * {self._operand(inputs[1], broadcast_index(idx, shapes[1]), ln)})"
                 return ln, e
@@ -353,7 +353,7 @@ class Emitter:
                                                                f"for (int {k2} = 0; {k2} < {sx[dim]}; ++{k2}) {{"]
         lines += indent(b2 + [f"{s} += mg_exp({e2} - {m});"]) + ["}"]
         e = self._operand(x, idx, lines)
-        return lines, f"(mg_exp({e} - {m}) / {s})"
+        return lines, f"mg_div(mg_exp({e} - {m}), {s})"
 
     def _concat(self, inputs: tuple[str, ...], shapes: list[tuple[int, ...]], idx: list[str],
                 dim: int) -> tuple[Lines, str]:
@@ -406,8 +406,6 @@ def index_vars(shape: Sequence[int], flat: str, prefix: str) -> tuple[Lines, lis
 def keep_used(decl: Lines, body: Lines) -> Lines:
     """The index declarations that ``body`` refers to (the others would be unused
     variables, which nvcc warns about)."""
-    import re
-
     text = "\n".join(body)
     return [d for d in decl if re.search(r"\b" + d.split()[2] + r"\b", text)]
 
@@ -434,28 +432,15 @@ def swizzled_address(ptr: str, idx: list[str], t: TensorType, swizzle: int) -> s
 
 
 def reciprocal(e: str) -> str:
-    """``1 / e`` in f32: ``rsqrtf(x)`` where ``e`` is ``sqrtf(x)``, else ``1.0f / (e)``
-    (``e`` parenthesised unless it is one term: a mean's ``r / 256.0f`` stored as its
-    reciprocal read ``1.0f / r / 256.0f`` before). An IEEE square root and an IEEE
-    division are each a sequence with a slow path; the reciprocal square root is one
-    instruction, within 2 ulp. As a norm's reciprocal it took qknorm_gqa's chain kernel
+    """``1 / e`` in f32: ``rsqrtf(x)`` where ``e`` is ``sqrtf(x)``, else ``mg_rcp(e)``
+    (one ``rcp.approx``, within 1 ulp). An IEEE square root and an IEEE division are
+    each a sequence with a slow path; the reciprocal square root is one instruction,
+    within 2 ulp. As a norm's reciprocal it took qknorm_gqa's chain kernel
     on an H100 from 28.4 to 24.7 µs at batch 8 and from 10.4 to 9.4 at batch 1, relative
     errors unchanged (docs/perf-log.md v29)."""
     if e.startswith("sqrtf(") and _closing(e, 5) == len(e) - 1:
         return f"rsqrtf({e[6:-1]})"
-    return f"(1.0f / {e})" if _one_term(e) else f"(1.0f / ({e}))"
-
-
-def _one_term(e: str) -> bool:
-    """Whether ``e`` is a name, a number, an element of an array, a call or a
-    parenthesised expression: no operator binds outside it."""
-    head = re.match(r"[A-Za-z_][A-Za-z0-9_]*|[0-9][0-9.e+-]*f?", e)
-    i = head.end() if head else 0
-    while i < len(e) and e[i] in "([":
-        i = _closing(e, i) + 1
-        if i == 0:
-            return False
-    return i == len(e) and i > 0
+    return f"mg_rcp({e})"
 
 
 def _closing(e: str, start: int) -> int:
