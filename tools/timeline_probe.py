@@ -17,7 +17,9 @@ Variants (``TIMELINE_VARIANTS="a;b"`` picks some): the shipped source; BEFORE.cu
 weight stages moved after the other inputs' copies (:func:`inputs_first`); the epilogue's
 divisions approximate (:func:`fast_epilogue`); no block barrier before the cluster
 barrier (:func:`one_barrier`); the weights' bulk copies hinted to be evicted first
-(:func:`evict_first`). Writes the phases to OUT.json and every block's record to OUT-blocks.json. Used for
+(:func:`evict_first`); the cluster arrive after the combine relaxed
+(:func:`relaxed_arrive`); the combine's loads of every accumulator issued at once
+(:func:`one_pass_combine`, an experimental emitter patched in for that variant). Writes the phases to OUT.json and every block's record to OUT-blocks.json. Used for
 docs/perf-log.md.
 """
 
@@ -33,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from mirage_cli.codegen import bench
+from mirage_cli.codegen import bench, cluster
 from mirage_cli.codegen.emit import emit
 from mirage_cli.codegen.lower import lower
 from mirage_cli.codegen.nvrtc import compile_cuda
@@ -210,6 +212,79 @@ def evict_first(src: str, weight_maps: set[int]) -> str:
     return head + sep + tail[:end] + EVICT_FIRST + tail[end:]
 
 
+def relaxed_arrive(src: str) -> str:
+    """``src`` with the cluster arrive after the combine relaxed: it only says that the
+    block reads no peer's shared memory any more (it publishes no writes)."""
+    helper = 'asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");\n}\n'
+    i = src.index("void mg_cluster_arrive()")
+    j = src.index(helper, i)
+    out = src[:j] + helper.replace(".release", ".relaxed") + src[j + len(helper):]
+    if out == src:
+        raise ValueError("no cluster arrive")
+    return out
+
+
+ORIGINAL_COMBINE = cluster.combine
+MAX_PULLS = 8  # float4 loads per rank a thread may hold in the one-pass combine
+
+
+def one_pass_combine(k: Any, accs: list) -> tuple[list[str], bool]:
+    """The shared-epilogue combine of ``cluster.combine`` with every accumulator's
+    16-byte loads of every rank issued before any is used (one distributed-shared-memory
+    latency instead of one per accumulator and per batch of 4), where they fit in
+    ``MAX_PULLS`` registers' worth; otherwise the code generator's own combine."""
+    from mirage_cli import ops
+    from mirage_cli.codegen import cluster, reduce
+    from mirage_cli.semantics.cuda import c_update
+
+    copies = cluster.ring_copies(k, accs)
+    vec = [op for op in accs if op.outputs[0].type.numel % 4 == 0
+           and k.tile(op.outputs[0].name).smem_offset % 16 == 0]
+    per = {op.outputs[0].name: -(-op.outputs[0].type.numel // 4 // k.T) for op in vec}
+    if copies is None or not vec or sum(per.values()) > MAX_PULLS:
+        return ORIGINAL_COMBINE(k, accs)
+    lines = ["mg_cluster_sync();"]
+    for op in accs:
+        if op not in vec:
+            lines += cluster._full_combine(k, op, copies[op.outputs[0].name])
+    loads, sums = [], []
+    for a, op in enumerate(vec):
+        name, n4 = op.outputs[0].name, op.outputs[0].type.numel // 4
+        spec = ops.get(op.op).accum
+        fin = reduce.finish_format(k, op)
+        dst = f"reinterpret_cast<float4*>(reinterpret_cast<float*>(mg_smem + {copies[name]}))"
+        loads.append(f"float4 mg_q{a}[{per[name]}][{k.KS}];")
+        for j in range(per[name]):
+            e = f"(threadIdx.x + {j * k.T})"
+            loads.append(f"if ({e} < {n4}) for (unsigned r = 0; r < {k.KS}; ++r) "
+                         f"mg_q{a}[{j}][r] = mg_dsmem_ld4(buf_{name} + 4 * {e}, r);")
+            body = [f"if ({e} < {n4}) {{", f"  float4 v = mg_q{a}[{j}][0];",
+                    f"  for (unsigned r = 1; r < {k.KS}; ++r) {{"]
+            body += ["    " + c_update(f"v.{c}", f"mg_q{a}[{j}][r].{c}", spec.combine)
+                     for c in "xyzw"]
+            body += ["  }"]
+            if fin != "{0}":
+                body += [f"  v.{c} = {fin.format(f'v.{c}')};" for c in "xyzw"]
+            body += [f"  {dst}[{e}] = v;", "}"]
+            sums += body
+    lines += ["{"] + ["  " + ln for ln in loads + sums] + ["}"]
+    lines += ["mg_cluster_arrive();", "__syncthreads();"]
+    for op in accs:
+        name = op.outputs[0].name
+        lines.append(f"buf_{name} = reinterpret_cast<float*>(mg_smem + {copies[name]});")
+    return lines, True
+
+
+def _emit_with_one_pass(plan_graph: Any) -> str:
+    from mirage_cli.codegen import cluster
+
+    cluster.combine = one_pass_combine
+    try:
+        return emit(lower(plan_graph, "sm_90"))[0]
+    finally:
+        cluster.combine = ORIGINAL_COMBINE
+
+
 def one_barrier(src: str) -> str:
     """``src`` without the block barrier just before the cluster barrier (which every
     thread of the block also arrives on, with release and acquire semantics)."""
@@ -220,9 +295,16 @@ def one_barrier(src: str) -> str:
 
 
 WEIGHT_MAPS: set[int] = set()  # the tensor-map parameters of weights, of the current kernel
+GRAPH: list[Graph] = []  # the µGraph being probed (for variants that emit it again)
 VARIANTS = {"shipped": lambda s: s, "fast epilogue": fast_epilogue,
             "evict-first weights": lambda s: evict_first(s, WEIGHT_MAPS),
             "one barrier": one_barrier,
+            "relaxed arrive": relaxed_arrive,
+            "one-pass combine": lambda s: _emit_with_one_pass(GRAPH[0]),
+            "one-pass combine, relaxed arrive": lambda s: relaxed_arrive(
+                _emit_with_one_pass(GRAPH[0])),
+            "one-pass combine, relaxed arrive, evict-first weights": lambda s: evict_first(
+                relaxed_arrive(_emit_with_one_pass(GRAPH[0])), WEIGHT_MAPS),
             "fast epilogue, one barrier": lambda s: one_barrier(fast_epilogue(s)), "inputs first, 1 stage early": lambda s: inputs_first(s, 1),
             "inputs first": lambda s: inputs_first(s, 0)}
 if os.environ.get("TIMELINE_VARIANTS"):  # a semicolon-separated subset, by label
@@ -387,6 +469,7 @@ def main(argv: list[str]) -> int:
         k0 = plan.kernels[0]
         nblocks = k0.grid[0] * k0.grid[1] * k0.grid[2]
         weights = {i.value.name for i in g.inputs if i.weight}
+        GRAPH[:] = [g]
         WEIGHT_MAPS.clear()
         WEIGHT_MAPS.update(j for j, q in enumerate(k0.params)
                            if q.tmap is not None and q.arg in weights)
