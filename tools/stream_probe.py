@@ -18,7 +18,10 @@ rate it reaches is what the access pattern allows:
   box of up to 256 elements by the stage's rows per instruction, issued by one thread;
 - ``ws``: the bulk copies issued by a producer warp that waits on an "empty" mbarrier
   per stage instead of a block barrier (warp specialisation), so copies for later stages
-  never wait for the slowest consumer warp.
+  never wait for the slowest consumer warp;
+- ``tmad``: ``tma`` with the work claimed at run time (a persistent grid of any size,
+  one stage's rows of one tile per claim from a global counter), so that blocks which
+  stream faster read more of W and all of them finish together.
 
 ``--stages S1,S2,...`` sets the pipeline depths swept (every kind but ``ld``).
 ``--rows R1,R2,...`` repeats the sweep for W of R rows (default 4096): the time against
@@ -212,6 +215,61 @@ extern "C" __global__ void __launch_bounds__(THREADS) probe_tma(
   }
   out[blockIdx.x * THREADS + threadIdx.x] = acc;
 }
+// tma with the work claimed at run time: a persistent grid, the stream cut into units
+// of one stage (a tile's rows_stage rows), claimed one at a time from a global counter
+// by the thread that issues the copies; blocks that stream faster take more units. A
+// stage whose claim is past the end is completed by a plain arrive, and the consumers
+// stop there. The last block to finish zeroes the counters for the next call.
+extern "C" __global__ void __launch_bounds__(THREADS) probe_tmad(
+    const __grid_constant__ TMap tm, float* out, int piece, int rows_k, int rows_stage,
+    int row0, unsigned* ctr, int rows) {
+  extern __shared__ __align__(128) char sm[];
+  __shared__ __align__(8) unsigned long long full[STAGES];
+  __shared__ int unit[STAGES];
+  const int ntiles = ROW / piece, units = ntiles * (rows / rows_stage);
+  const int box = piece / 2 < 256 ? piece / 2 : 256, nbox = piece / 2 / box;
+  const int sbytes = rows_stage * piece, chunks = sbytes / 16;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < STAGES; ++s) bar_init(&full[s], 1);
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  __syncthreads();
+  auto issue = [&](int s) {
+    const int u = (int)atomicAdd(&ctr[0], 1u);
+    unit[s % STAGES] = u;
+    if (u >= units) {
+      bar_arrive(&full[s % STAGES]);
+      return;
+    }
+    const int col0 = (u % ntiles) * (piece / 2), r0 = row0 + (u / ntiles) * rows_stage;
+    char* dst = sm + (s % STAGES) * sbytes;
+    bar_expect(&full[s % STAGES], sbytes);
+    for (int b = 0; b < nbox; ++b)
+      asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+                   " [%0], [%1, {%2, %3}], [%4];"
+                   :: "r"(smaddr(dst + b * rows_stage * box * 2)), "l"(&tm),
+                      "r"(col0 + b * box), "r"(r0), "r"(smaddr(&full[s % STAGES])) : "memory");
+  };
+  if (threadIdx.x == 0)
+    for (int s = 0; s < STAGES; ++s) issue(s);
+  float acc = 0.f;
+  for (int it = 0;; ++it) {
+    bar_wait(&full[it % STAGES], (it / STAGES) & 1);
+    if (unit[it % STAGES] >= units) break;  // every later claim is past the end too
+    for (int c = threadIdx.x; c < chunks; c += THREADS)
+      acc += fold(*(const uint4*)(sm + (it % STAGES) * sbytes + c * 16));
+    __syncthreads();
+    if (threadIdx.x == 0) issue(it + STAGES);
+  }
+  out[blockIdx.x * THREADS + threadIdx.x] = acc;
+  if (threadIdx.x == 0) {
+    __threadfence();
+    if (atomicAdd(&ctr[1], 1u) == gridDim.x - 1) {
+      ctr[0] = 0u;
+      ctr[1] = 0u;
+    }
+  }
+}
 extern "C" __global__ void __launch_bounds__(THREADS) probe_ld(
     const char* __restrict__ W, float* out, int piece, int rows_k, int rows_stage) {
   const int ntiles = ROW / piece, nt = blockIdx.x % ntiles, kp = blockIdx.x / ntiles;
@@ -238,7 +296,8 @@ extern "C" __global__ void __launch_bounds__(THREADS) probe_ld(
 """
 
 
-KINDS = {"cp": (2, 4), "ld": (0,), "bulk": (4, 6, 8), "ws": (4, 6, 8), "tma": (4, 6, 8)}
+KINDS = {"cp": (2, 4), "ld": (0,), "bulk": (4, 6, 8), "ws": (4, 6, 8), "tma": (4, 6, 8),
+         "tmad": (4, 6, 8)}
 
 
 def configs(rows: int, kinds: list[str], pieces: tuple[int, ...],
@@ -248,13 +307,20 @@ def configs(rows: int, kinds: list[str], pieces: tuple[int, ...],
     for piece in pieces:
         ntiles = ROW // piece
         for blocks in blocks_list:
+            if "tmad" in kinds and blocks >= ntiles:  # any grid: the units are claimed
+                rows_stage = max(1, min(rows, 24576 // piece, 256))
+                while rows % rows_stage:
+                    rows_stage -= 1
+                out += [{"kind": "tmad", "piece": piece, "blocks": blocks, "stages": st,
+                         "rows": rows, "rows_k": rows, "rows_stage": rows_stage}
+                        for st in depths["tmad"]]
             if blocks % ntiles or rows % (blocks // ntiles):
                 continue
             rows_k = rows // (blocks // ntiles)
             rows_stage = max(1, min(rows_k, 24576 // piece, 256))
             while rows_k % rows_stage:
                 rows_stage -= 1
-            for kind in kinds:
+            for kind in (k for k in kinds if k != "tmad"):
                 for stages in depths[kind]:
                     out.append({"kind": kind, "piece": piece, "blocks": blocks,
                                 "stages": stages, "rows": rows, "rows_k": rows_k,
@@ -298,7 +364,9 @@ def main(argv: list[str]) -> int:
     arena_bytes = max(COPIES * max(row_counts) * ROW, ARENA)
     arena = dev.alloc(arena_bytes)
     check(drv.cuMemsetD32Async(arena, 0x3C003C00, arena_bytes // 4, dev.stream), "memset")
-    out = dev.alloc(512 * THREADS * 4)
+    out = dev.alloc(1024 * THREADS * 4)
+    ctr = dev.alloc(16)  # tmad's claim and finish counters (each call leaves them zero)
+    check(drv.cuMemsetD32Async(ctr, 0, 4, dev.stream), "memset")
     modules = {}
     rows = []
     for cfg in [c for r in row_counts for c in configs(r, kinds, pieces, blocks_list, depths)]:
@@ -319,7 +387,7 @@ def main(argv: list[str]) -> int:
         copies = arena_bytes // nbytes
 
         tmap = _tensor_map(drv, arena, arena_bytes // ROW, int(cfg["rows_stage"]),
-                           int(cfg["piece"])) if cfg["kind"] == "tma" else None
+                           int(cfg["piece"])) if cfg["kind"] in ("tma", "tmad") else None
 
         def launch(i: int, cfg: dict[str, int | str] = cfg, fn=fn, smem=smem,
                    cells: dict = cells, nbytes: int = nbytes, copies: int = copies,
@@ -329,6 +397,8 @@ def main(argv: list[str]) -> int:
             if tmap is not None:  # by value: the parameter's cell is the map itself
                 vals = [ctypes.c_char.from_address(tmap.getPtr()), *tail,
                         ctypes.c_int((i % copies) * nbytes // ROW)]
+                if cfg["kind"] == "tmad":
+                    vals += [ctypes.c_void_p(ctr), ctypes.c_int(int(cfg["rows"]))]
             else:
                 vals = [ctypes.c_void_p(arena + (i % copies) * nbytes), *tail]
             cells[i] = vals
