@@ -216,40 +216,86 @@ __device__ __forceinline__ void mg_mbar_wait(unsigned long long* b, int parity) 
                " @!p bra MG_WAIT;\n}" :: "r"(mg_smem_addr(b)), "r"(parity) : "memory");
 #endif
 }
+// The cache policy of a tensor the grid reads once (no block reads another's tile: a
+// weight streamed by a decode matmul, a head's key and value cache): the first evicted
+// from the L2, so that the stream does not push out what is read again (the activations
+// every block reads, the outputs, the kernel's code). 0.05-0.4 us a call off
+// rmsnorm_linear and gated_mlp on an H200 (docs/perf-log.md v51).
+__device__ __forceinline__ unsigned long long mg_l2_evict_first() {
+  unsigned long long p = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));  // pure: CSE it
+#endif
+  return p;
+}
+// A bulk tensor copy of the box at coordinates c0.. of map m into dst, its bytes
+// completing on mbarrier b; kOnce: with the read-once cache policy above.
+template <bool kOnce = false>
 __device__ __forceinline__ void mg_tma2(void* dst, const mg_tmap* m, int c0, int c1,
                                         unsigned long long* b) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
-               " [%0], [%1, {%2, %3}], [%4];"
-               :: "r"(mg_smem_addr(dst)), "l"(m), "r"(c0), "r"(c1), "r"(mg_smem_addr(b))
-               : "memory");
+  if constexpr (kOnce) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+                 ".L2::cache_hint [%0], [%1, {%2, %3}], [%4], %5;"
+                 :: "r"(mg_smem_addr(dst)), "l"(m), "r"(c0), "r"(c1),
+                    "r"(mg_smem_addr(b)), "l"(mg_l2_evict_first()) : "memory");
+  } else {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+                 " [%0], [%1, {%2, %3}], [%4];"
+                 :: "r"(mg_smem_addr(dst)), "l"(m), "r"(c0), "r"(c1),
+                    "r"(mg_smem_addr(b)) : "memory");
+  }
 #endif
 }
+template <bool kOnce = false>
 __device__ __forceinline__ void mg_tma3(void* dst, const mg_tmap* m, int c0, int c1, int c2,
                                         unsigned long long* b) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
-               " [%0], [%1, {%2, %3, %4}], [%5];"
-               :: "r"(mg_smem_addr(dst)), "l"(m), "r"(c0), "r"(c1), "r"(c2),
-                  "r"(mg_smem_addr(b)) : "memory");
+  if constexpr (kOnce) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
+                 ".L2::cache_hint [%0], [%1, {%2, %3, %4}], [%5], %6;"
+                 :: "r"(mg_smem_addr(dst)), "l"(m), "r"(c0), "r"(c1), "r"(c2),
+                    "r"(mg_smem_addr(b)), "l"(mg_l2_evict_first()) : "memory");
+  } else {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
+                 " [%0], [%1, {%2, %3, %4}], [%5];"
+                 :: "r"(mg_smem_addr(dst)), "l"(m), "r"(c0), "r"(c1), "r"(c2),
+                    "r"(mg_smem_addr(b)) : "memory");
+  }
 #endif
 }
-__device__ __forceinline__ void mg_tma4(void* dst, const mg_tmap* m, int c0, int c1, int c2,
-                                        int c3, unsigned long long* b) {
+template <bool kOnce = false>
+__device__ __forceinline__ void mg_tma4(void* dst, const mg_tmap* m, int c0, int c1, int c2, int c3,
+                                        unsigned long long* b) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes"
-               " [%0], [%1, {%2, %3, %4, %5}], [%6];"
-               :: "r"(mg_smem_addr(dst)), "l"(m), "r"(c0), "r"(c1), "r"(c2), "r"(c3),
-                  "r"(mg_smem_addr(b)) : "memory");
+  if constexpr (kOnce) {
+    asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes"
+                 ".L2::cache_hint [%0], [%1, {%2, %3, %4, %5}], [%6], %7;"
+                 :: "r"(mg_smem_addr(dst)), "l"(m), "r"(c0), "r"(c1), "r"(c2), "r"(c3),
+                    "r"(mg_smem_addr(b)), "l"(mg_l2_evict_first()) : "memory");
+  } else {
+    asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes"
+                 " [%0], [%1, {%2, %3, %4, %5}], [%6];"
+                 :: "r"(mg_smem_addr(dst)), "l"(m), "r"(c0), "r"(c1), "r"(c2), "r"(c3),
+                    "r"(mg_smem_addr(b)) : "memory");
+  }
 #endif
 }
-__device__ __forceinline__ void mg_tma5(void* dst, const mg_tmap* m, int c0, int c1, int c2,
-                                        int c3, int c4, unsigned long long* b) {
+template <bool kOnce = false>
+__device__ __forceinline__ void mg_tma5(void* dst, const mg_tmap* m, int c0, int c1, int c2, int c3, int c4,
+                                        unsigned long long* b) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.tensor.5d.shared::cluster.global.mbarrier::complete_tx::bytes"
-               " [%0], [%1, {%2, %3, %4, %5, %6}], [%7];"
-               :: "r"(mg_smem_addr(dst)), "l"(m), "r"(c0), "r"(c1), "r"(c2), "r"(c3),
-                  "r"(c4), "r"(mg_smem_addr(b)) : "memory");
+  if constexpr (kOnce) {
+    asm volatile("cp.async.bulk.tensor.5d.shared::cluster.global.mbarrier::complete_tx::bytes"
+                 ".L2::cache_hint [%0], [%1, {%2, %3, %4, %5, %6}], [%7], %8;"
+                 :: "r"(mg_smem_addr(dst)), "l"(m), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4),
+                    "r"(mg_smem_addr(b)), "l"(mg_l2_evict_first()) : "memory");
+  } else {
+    asm volatile("cp.async.bulk.tensor.5d.shared::cluster.global.mbarrier::complete_tx::bytes"
+                 " [%0], [%1, {%2, %3, %4, %5, %6}], [%7];"
+                 :: "r"(mg_smem_addr(dst)), "l"(m), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4),
+                    "r"(mg_smem_addr(b)) : "memory");
+  }
 #endif
 }
 // Tensor cores: D = A * B + D, m16n8k16, f32 accumulators; operands packed from f32.
@@ -469,26 +515,26 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_mqa_decode_h8x
   if (threadIdx.x == 0) {
     mg_mbar_arrive_expect(mg_mbar + ((0) % 4), 18432u);
     mg_tma3(reinterpret_cast<unsigned char*>((sm_a_0 + ((0) % 4) * 1024)), &p3, (0) * 32, 0, bz * 1, mg_mbar + ((0) % 4));
-    mg_tma3(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 4) * 8192)), &p4, bx * 256, (0) * 32, bz * 1, mg_mbar + ((0) % 4));
-    mg_tma3(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 4) * 8192)) + 4096, &p4, bx * 256 + 64, (0) * 32, bz * 1, mg_mbar + ((0) % 4));
-    mg_tma3(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 4) * 8192)) + 8192, &p4, bx * 256 + 128, (0) * 32, bz * 1, mg_mbar + ((0) % 4));
-    mg_tma3(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 4) * 8192)) + 12288, &p4, bx * 256 + 192, (0) * 32, bz * 1, mg_mbar + ((0) % 4));
+    mg_tma3<true>(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 4) * 8192)), &p4, bx * 256, (0) * 32, bz * 1, mg_mbar + ((0) % 4));
+    mg_tma3<true>(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 4) * 8192)) + 4096, &p4, bx * 256 + 64, (0) * 32, bz * 1, mg_mbar + ((0) % 4));
+    mg_tma3<true>(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 4) * 8192)) + 8192, &p4, bx * 256 + 128, (0) * 32, bz * 1, mg_mbar + ((0) % 4));
+    mg_tma3<true>(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 4) * 8192)) + 12288, &p4, bx * 256 + 192, (0) * 32, bz * 1, mg_mbar + ((0) % 4));
   }
   if (threadIdx.x == 0) {
     mg_mbar_arrive_expect(mg_mbar + ((1) % 4), 18432u);
     mg_tma3(reinterpret_cast<unsigned char*>((sm_a_0 + ((1) % 4) * 1024)), &p3, (1) * 32, 0, bz * 1, mg_mbar + ((1) % 4));
-    mg_tma3(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 4) * 8192)), &p4, bx * 256, (1) * 32, bz * 1, mg_mbar + ((1) % 4));
-    mg_tma3(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 4) * 8192)) + 4096, &p4, bx * 256 + 64, (1) * 32, bz * 1, mg_mbar + ((1) % 4));
-    mg_tma3(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 4) * 8192)) + 8192, &p4, bx * 256 + 128, (1) * 32, bz * 1, mg_mbar + ((1) % 4));
-    mg_tma3(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 4) * 8192)) + 12288, &p4, bx * 256 + 192, (1) * 32, bz * 1, mg_mbar + ((1) % 4));
+    mg_tma3<true>(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 4) * 8192)), &p4, bx * 256, (1) * 32, bz * 1, mg_mbar + ((1) % 4));
+    mg_tma3<true>(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 4) * 8192)) + 4096, &p4, bx * 256 + 64, (1) * 32, bz * 1, mg_mbar + ((1) % 4));
+    mg_tma3<true>(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 4) * 8192)) + 8192, &p4, bx * 256 + 128, (1) * 32, bz * 1, mg_mbar + ((1) % 4));
+    mg_tma3<true>(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 4) * 8192)) + 12288, &p4, bx * 256 + 192, (1) * 32, bz * 1, mg_mbar + ((1) % 4));
   }
   if (threadIdx.x == 0) {
     mg_mbar_arrive_expect(mg_mbar + ((2) % 4), 18432u);
     mg_tma3(reinterpret_cast<unsigned char*>((sm_a_0 + ((2) % 4) * 1024)), &p3, (2) * 32, 0, bz * 1, mg_mbar + ((2) % 4));
-    mg_tma3(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 4) * 8192)), &p4, bx * 256, (2) * 32, bz * 1, mg_mbar + ((2) % 4));
-    mg_tma3(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 4) * 8192)) + 4096, &p4, bx * 256 + 64, (2) * 32, bz * 1, mg_mbar + ((2) % 4));
-    mg_tma3(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 4) * 8192)) + 8192, &p4, bx * 256 + 128, (2) * 32, bz * 1, mg_mbar + ((2) % 4));
-    mg_tma3(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 4) * 8192)) + 12288, &p4, bx * 256 + 192, (2) * 32, bz * 1, mg_mbar + ((2) % 4));
+    mg_tma3<true>(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 4) * 8192)), &p4, bx * 256, (2) * 32, bz * 1, mg_mbar + ((2) % 4));
+    mg_tma3<true>(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 4) * 8192)) + 4096, &p4, bx * 256 + 64, (2) * 32, bz * 1, mg_mbar + ((2) % 4));
+    mg_tma3<true>(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 4) * 8192)) + 8192, &p4, bx * 256 + 128, (2) * 32, bz * 1, mg_mbar + ((2) % 4));
+    mg_tma3<true>(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 4) * 8192)) + 12288, &p4, bx * 256 + 192, (2) * 32, bz * 1, mg_mbar + ((2) % 4));
   }
   float acc_s[16][4];
   #pragma unroll
@@ -500,10 +546,10 @@ extern "C" __global__ void __launch_bounds__(128, 1) mg_k0_mirage_mqa_decode_h8x
       if (threadIdx.x == 0) {
         mg_mbar_arrive_expect(mg_mbar + ((it + 3) % 4), 18432u);
         mg_tma3(reinterpret_cast<unsigned char*>((sm_a_0 + ((it + 3) % 4) * 1024)), &p3, (it + 3) * 32, 0, bz * 1, mg_mbar + ((it + 3) % 4));
-        mg_tma3(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 3) % 4) * 8192)), &p4, bx * 256, (it + 3) * 32, bz * 1, mg_mbar + ((it + 3) % 4));
-        mg_tma3(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 3) % 4) * 8192)) + 4096, &p4, bx * 256 + 64, (it + 3) * 32, bz * 1, mg_mbar + ((it + 3) % 4));
-        mg_tma3(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 3) % 4) * 8192)) + 8192, &p4, bx * 256 + 128, (it + 3) * 32, bz * 1, mg_mbar + ((it + 3) % 4));
-        mg_tma3(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 3) % 4) * 8192)) + 12288, &p4, bx * 256 + 192, (it + 3) * 32, bz * 1, mg_mbar + ((it + 3) % 4));
+        mg_tma3<true>(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 3) % 4) * 8192)), &p4, bx * 256, (it + 3) * 32, bz * 1, mg_mbar + ((it + 3) % 4));
+        mg_tma3<true>(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 3) % 4) * 8192)) + 4096, &p4, bx * 256 + 64, (it + 3) * 32, bz * 1, mg_mbar + ((it + 3) % 4));
+        mg_tma3<true>(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 3) % 4) * 8192)) + 8192, &p4, bx * 256 + 128, (it + 3) * 32, bz * 1, mg_mbar + ((it + 3) % 4));
+        mg_tma3<true>(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 3) % 4) * 8192)) + 12288, &p4, bx * 256 + 192, (it + 3) * 32, bz * 1, mg_mbar + ((it + 3) % 4));
       }
     }
     const auto* sm_a = (sm_a_0 + ((it) % 4) * 1024);
@@ -655,23 +701,23 @@ extern "C" __global__ void __launch_bounds__(256, 1) mg_k3_mirage_mqa_decode_h8x
   float* buf_s = reinterpret_cast<float*>(mg_smem + 196608);
   if (threadIdx.x == 0) {
     mg_mbar_expect(mg_mbar + ((0) % 6), 16384u);
-    mg_tma3(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 8192)), &p4, bx * 32, (0) * 256, bz * 1, mg_mbar + ((0) % 6));
+    mg_tma3<true>(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 8192)), &p4, bx * 32, (0) * 256, bz * 1, mg_mbar + ((0) % 6));
   }
   if (threadIdx.x == 0) {
     mg_mbar_expect(mg_mbar + ((1) % 6), 16384u);
-    mg_tma3(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 8192)), &p4, bx * 32, (1) * 256, bz * 1, mg_mbar + ((1) % 6));
+    mg_tma3<true>(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 8192)), &p4, bx * 32, (1) * 256, bz * 1, mg_mbar + ((1) % 6));
   }
   if (threadIdx.x == 0) {
     mg_mbar_expect(mg_mbar + ((2) % 6), 16384u);
-    mg_tma3(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 8192)), &p4, bx * 32, (2) * 256, bz * 1, mg_mbar + ((2) % 6));
+    mg_tma3<true>(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 8192)), &p4, bx * 32, (2) * 256, bz * 1, mg_mbar + ((2) % 6));
   }
   if (threadIdx.x == 0) {
     mg_mbar_expect(mg_mbar + ((3) % 6), 16384u);
-    mg_tma3(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 8192)), &p4, bx * 32, (3) * 256, bz * 1, mg_mbar + ((3) % 6));
+    mg_tma3<true>(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 8192)), &p4, bx * 32, (3) * 256, bz * 1, mg_mbar + ((3) % 6));
   }
   if (threadIdx.x == 0) {
     mg_mbar_expect(mg_mbar + ((4) % 6), 16384u);
-    mg_tma3(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 8192)), &p4, bx * 32, (4) * 256, bz * 1, mg_mbar + ((4) % 6));
+    mg_tma3<true>(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 8192)), &p4, bx * 32, (4) * 256, bz * 1, mg_mbar + ((4) % 6));
   }
   mg_grid_wait();
   mg_grid_release();
@@ -723,7 +769,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) mg_k3_mirage_mqa_decode_h8x
         mg_tma3(reinterpret_cast<unsigned char*>((sm_a_0 + ((it + 5) % 6) * 8192)) + 4096, &p3, (it + 5) * 256 + 64, 0, bz * 1, mg_mbar + ((it + 5) % 6));
         mg_tma3(reinterpret_cast<unsigned char*>((sm_a_0 + ((it + 5) % 6) * 8192)) + 8192, &p3, (it + 5) * 256 + 128, 0, bz * 1, mg_mbar + ((it + 5) % 6));
         mg_tma3(reinterpret_cast<unsigned char*>((sm_a_0 + ((it + 5) % 6) * 8192)) + 12288, &p3, (it + 5) * 256 + 192, 0, bz * 1, mg_mbar + ((it + 5) % 6));
-        mg_tma3(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 8192)), &p4, bx * 32, (it + 5) * 256, bz * 1, mg_mbar + ((it + 5) % 6));
+        mg_tma3<true>(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 8192)), &p4, bx * 32, (it + 5) * 256, bz * 1, mg_mbar + ((it + 5) % 6));
       }
     }
     const auto* sm_a = (sm_a_0 + ((it) % 6) * 8192);

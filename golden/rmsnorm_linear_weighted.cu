@@ -214,40 +214,86 @@ __device__ __forceinline__ void mg_mbar_wait(unsigned long long* b, int parity) 
                " @!p bra MG_WAIT;\n}" :: "r"(mg_smem_addr(b)), "r"(parity) : "memory");
 #endif
 }
+// The cache policy of a tensor the grid reads once (no block reads another's tile: a
+// weight streamed by a decode matmul, a head's key and value cache): the first evicted
+// from the L2, so that the stream does not push out what is read again (the activations
+// every block reads, the outputs, the kernel's code). 0.05-0.4 us a call off
+// rmsnorm_linear and gated_mlp on an H200 (docs/perf-log.md v51).
+__device__ __forceinline__ unsigned long long mg_l2_evict_first() {
+  unsigned long long p = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));  // pure: CSE it
+#endif
+  return p;
+}
+// A bulk tensor copy of the box at coordinates c0.. of map m into dst, its bytes
+// completing on mbarrier b; kOnce: with the read-once cache policy above.
+template <bool kOnce = false>
 __device__ __forceinline__ void mg_tma2(void* dst, const mg_tmap* m, int c0, int c1,
                                         unsigned long long* b) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
-               " [%0], [%1, {%2, %3}], [%4];"
-               :: "r"(mg_smem_addr(dst)), "l"(m), "r"(c0), "r"(c1), "r"(mg_smem_addr(b))
-               : "memory");
+  if constexpr (kOnce) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+                 ".L2::cache_hint [%0], [%1, {%2, %3}], [%4], %5;"
+                 :: "r"(mg_smem_addr(dst)), "l"(m), "r"(c0), "r"(c1),
+                    "r"(mg_smem_addr(b)), "l"(mg_l2_evict_first()) : "memory");
+  } else {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+                 " [%0], [%1, {%2, %3}], [%4];"
+                 :: "r"(mg_smem_addr(dst)), "l"(m), "r"(c0), "r"(c1),
+                    "r"(mg_smem_addr(b)) : "memory");
+  }
 #endif
 }
+template <bool kOnce = false>
 __device__ __forceinline__ void mg_tma3(void* dst, const mg_tmap* m, int c0, int c1, int c2,
                                         unsigned long long* b) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
-               " [%0], [%1, {%2, %3, %4}], [%5];"
-               :: "r"(mg_smem_addr(dst)), "l"(m), "r"(c0), "r"(c1), "r"(c2),
-                  "r"(mg_smem_addr(b)) : "memory");
+  if constexpr (kOnce) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
+                 ".L2::cache_hint [%0], [%1, {%2, %3, %4}], [%5], %6;"
+                 :: "r"(mg_smem_addr(dst)), "l"(m), "r"(c0), "r"(c1), "r"(c2),
+                    "r"(mg_smem_addr(b)), "l"(mg_l2_evict_first()) : "memory");
+  } else {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
+                 " [%0], [%1, {%2, %3, %4}], [%5];"
+                 :: "r"(mg_smem_addr(dst)), "l"(m), "r"(c0), "r"(c1), "r"(c2),
+                    "r"(mg_smem_addr(b)) : "memory");
+  }
 #endif
 }
-__device__ __forceinline__ void mg_tma4(void* dst, const mg_tmap* m, int c0, int c1, int c2,
-                                        int c3, unsigned long long* b) {
+template <bool kOnce = false>
+__device__ __forceinline__ void mg_tma4(void* dst, const mg_tmap* m, int c0, int c1, int c2, int c3,
+                                        unsigned long long* b) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes"
-               " [%0], [%1, {%2, %3, %4, %5}], [%6];"
-               :: "r"(mg_smem_addr(dst)), "l"(m), "r"(c0), "r"(c1), "r"(c2), "r"(c3),
-                  "r"(mg_smem_addr(b)) : "memory");
+  if constexpr (kOnce) {
+    asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes"
+                 ".L2::cache_hint [%0], [%1, {%2, %3, %4, %5}], [%6], %7;"
+                 :: "r"(mg_smem_addr(dst)), "l"(m), "r"(c0), "r"(c1), "r"(c2), "r"(c3),
+                    "r"(mg_smem_addr(b)), "l"(mg_l2_evict_first()) : "memory");
+  } else {
+    asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes"
+                 " [%0], [%1, {%2, %3, %4, %5}], [%6];"
+                 :: "r"(mg_smem_addr(dst)), "l"(m), "r"(c0), "r"(c1), "r"(c2), "r"(c3),
+                    "r"(mg_smem_addr(b)) : "memory");
+  }
 #endif
 }
-__device__ __forceinline__ void mg_tma5(void* dst, const mg_tmap* m, int c0, int c1, int c2,
-                                        int c3, int c4, unsigned long long* b) {
+template <bool kOnce = false>
+__device__ __forceinline__ void mg_tma5(void* dst, const mg_tmap* m, int c0, int c1, int c2, int c3, int c4,
+                                        unsigned long long* b) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.tensor.5d.shared::cluster.global.mbarrier::complete_tx::bytes"
-               " [%0], [%1, {%2, %3, %4, %5, %6}], [%7];"
-               :: "r"(mg_smem_addr(dst)), "l"(m), "r"(c0), "r"(c1), "r"(c2), "r"(c3),
-                  "r"(c4), "r"(mg_smem_addr(b)) : "memory");
+  if constexpr (kOnce) {
+    asm volatile("cp.async.bulk.tensor.5d.shared::cluster.global.mbarrier::complete_tx::bytes"
+                 ".L2::cache_hint [%0], [%1, {%2, %3, %4, %5, %6}], [%7], %8;"
+                 :: "r"(mg_smem_addr(dst)), "l"(m), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4),
+                    "r"(mg_smem_addr(b)), "l"(mg_l2_evict_first()) : "memory");
+  } else {
+    asm volatile("cp.async.bulk.tensor.5d.shared::cluster.global.mbarrier::complete_tx::bytes"
+                 " [%0], [%1, {%2, %3, %4, %5, %6}], [%7];"
+                 :: "r"(mg_smem_addr(dst)), "l"(m), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4),
+                    "r"(mg_smem_addr(b)) : "memory");
+  }
 #endif
 }
 // Tensor cores: D = A * B + D, m16n8k16, f32 accumulators; operands packed from f32.
@@ -483,33 +529,33 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(128, 1) m
   float* buf_s = reinterpret_cast<float*>(mg_smem + 172032);
   if (threadIdx.x == 0) {
     mg_mbar_expect(mg_mbar + ((0) % 6), 24576u);
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 12288)), &p4, bx * 96, ((mg_it0 + 0)) * 128, mg_mbar + ((0) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 12288)) + 8192, &p4, bx * 96 + 32, ((mg_it0 + 0)) * 128, mg_mbar + ((0) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 12288)) + 16384, &p4, bx * 96 + 64, ((mg_it0 + 0)) * 128, mg_mbar + ((0) % 6));
+    mg_tma2<true>(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 12288)), &p4, bx * 96, ((mg_it0 + 0)) * 128, mg_mbar + ((0) % 6));
+    mg_tma2<true>(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 12288)) + 8192, &p4, bx * 96 + 32, ((mg_it0 + 0)) * 128, mg_mbar + ((0) % 6));
+    mg_tma2<true>(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 12288)) + 16384, &p4, bx * 96 + 64, ((mg_it0 + 0)) * 128, mg_mbar + ((0) % 6));
   }
   if (threadIdx.x == 0) {
     mg_mbar_expect(mg_mbar + ((1) % 6), 24576u);
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 12288)), &p4, bx * 96, ((mg_it0 + 1)) * 128, mg_mbar + ((1) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 12288)) + 8192, &p4, bx * 96 + 32, ((mg_it0 + 1)) * 128, mg_mbar + ((1) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 12288)) + 16384, &p4, bx * 96 + 64, ((mg_it0 + 1)) * 128, mg_mbar + ((1) % 6));
+    mg_tma2<true>(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 12288)), &p4, bx * 96, ((mg_it0 + 1)) * 128, mg_mbar + ((1) % 6));
+    mg_tma2<true>(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 12288)) + 8192, &p4, bx * 96 + 32, ((mg_it0 + 1)) * 128, mg_mbar + ((1) % 6));
+    mg_tma2<true>(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 12288)) + 16384, &p4, bx * 96 + 64, ((mg_it0 + 1)) * 128, mg_mbar + ((1) % 6));
   }
   if (threadIdx.x == 0) {
     mg_mbar_expect(mg_mbar + ((2) % 6), 24576u);
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 12288)), &p4, bx * 96, ((mg_it0 + 2)) * 128, mg_mbar + ((2) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 12288)) + 8192, &p4, bx * 96 + 32, ((mg_it0 + 2)) * 128, mg_mbar + ((2) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 12288)) + 16384, &p4, bx * 96 + 64, ((mg_it0 + 2)) * 128, mg_mbar + ((2) % 6));
+    mg_tma2<true>(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 12288)), &p4, bx * 96, ((mg_it0 + 2)) * 128, mg_mbar + ((2) % 6));
+    mg_tma2<true>(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 12288)) + 8192, &p4, bx * 96 + 32, ((mg_it0 + 2)) * 128, mg_mbar + ((2) % 6));
+    mg_tma2<true>(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 12288)) + 16384, &p4, bx * 96 + 64, ((mg_it0 + 2)) * 128, mg_mbar + ((2) % 6));
   }
   if (threadIdx.x == 0) {
     mg_mbar_expect(mg_mbar + ((3) % 6), 24576u);
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 12288)), &p4, bx * 96, ((mg_it0 + 3)) * 128, mg_mbar + ((3) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 12288)) + 8192, &p4, bx * 96 + 32, ((mg_it0 + 3)) * 128, mg_mbar + ((3) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 12288)) + 16384, &p4, bx * 96 + 64, ((mg_it0 + 3)) * 128, mg_mbar + ((3) % 6));
+    mg_tma2<true>(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 12288)), &p4, bx * 96, ((mg_it0 + 3)) * 128, mg_mbar + ((3) % 6));
+    mg_tma2<true>(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 12288)) + 8192, &p4, bx * 96 + 32, ((mg_it0 + 3)) * 128, mg_mbar + ((3) % 6));
+    mg_tma2<true>(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 12288)) + 16384, &p4, bx * 96 + 64, ((mg_it0 + 3)) * 128, mg_mbar + ((3) % 6));
   }
   if (threadIdx.x == 0) {
     mg_mbar_expect(mg_mbar + ((4) % 6), 24576u);
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 12288)), &p4, bx * 96, ((mg_it0 + 4)) * 128, mg_mbar + ((4) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 12288)) + 8192, &p4, bx * 96 + 32, ((mg_it0 + 4)) * 128, mg_mbar + ((4) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 12288)) + 16384, &p4, bx * 96 + 64, ((mg_it0 + 4)) * 128, mg_mbar + ((4) % 6));
+    mg_tma2<true>(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 12288)), &p4, bx * 96, ((mg_it0 + 4)) * 128, mg_mbar + ((4) % 6));
+    mg_tma2<true>(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 12288)) + 8192, &p4, bx * 96 + 32, ((mg_it0 + 4)) * 128, mg_mbar + ((4) % 6));
+    mg_tma2<true>(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 12288)) + 16384, &p4, bx * 96 + 64, ((mg_it0 + 4)) * 128, mg_mbar + ((4) % 6));
   }
   mg_grid_wait();
   mg_grid_release();
@@ -549,9 +595,9 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(128, 1) m
         mg_mbar_arrive_expect(mg_mbar + ((it + 5) % 6), 28672u);
         mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((it + 5) % 6) * 2048)), &p3, ((mg_it0 + it + 5)) * 128, 0, mg_mbar + ((it + 5) % 6));
         mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((it + 5) % 6) * 2048)) + 2048, &p3, ((mg_it0 + it + 5)) * 128 + 64, 0, mg_mbar + ((it + 5) % 6));
-        mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 12288)), &p4, bx * 96, ((mg_it0 + it + 5)) * 128, mg_mbar + ((it + 5) % 6));
-        mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 12288)) + 8192, &p4, bx * 96 + 32, ((mg_it0 + it + 5)) * 128, mg_mbar + ((it + 5) % 6));
-        mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 12288)) + 16384, &p4, bx * 96 + 64, ((mg_it0 + it + 5)) * 128, mg_mbar + ((it + 5) % 6));
+        mg_tma2<true>(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 12288)), &p4, bx * 96, ((mg_it0 + it + 5)) * 128, mg_mbar + ((it + 5) % 6));
+        mg_tma2<true>(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 12288)) + 8192, &p4, bx * 96 + 32, ((mg_it0 + it + 5)) * 128, mg_mbar + ((it + 5) % 6));
+        mg_tma2<true>(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 12288)) + 16384, &p4, bx * 96 + 64, ((mg_it0 + it + 5)) * 128, mg_mbar + ((it + 5) % 6));
       }
     }
     const auto* sm_a = (sm_a_0 + ((it) % 6) * 2048);

@@ -239,3 +239,24 @@ def test_a_tile_stored_as_its_reciprocal_inverts_its_whole_value() -> None:
     assert reciprocal("sqrtf(a) * sqrtf(b)") == "mg_rcp(sqrtf(a) * sqrtf(b))"
     cu, _ = _sources(CASES["divide_by_mean"]())
     assert re.search(r"buf_b\d+\[row\] = mg_rcp\(r\d+ / 128\.0f\);", cu)
+
+
+def test_the_tiles_the_grid_reads_once_are_copied_to_leave_the_l2_first() -> None:
+    """gated_mlp's weights (split over the grid's blocks and the forloop: each element
+    read by one block) come by bulk copies hinted evict-first; X, which every block
+    reads, by plain ones."""
+    import re
+
+    from mirage_cli.codegen import staging
+
+    g = load_graph(str(Path(__file__).parent.parent / "examples/mugraphs/gated_mlp_fused.mir"),
+                   {"batch": 8})
+    op = next(o for o in g.ops if o.block is not None)
+    assert op.block is not None
+    once = {bi.source: staging.read_once(op.block.grid, bi) for bi in op.block.inputs}
+    assert once == {"X": False, "W1": True, "W2": True}
+    cu, _ = _sources(g)
+    params = re.findall(r"const __grid_constant__ mg_tmap (p\d+)", cu)
+    hinted = {p for p in params if re.search(rf"mg_tma[23]<true>\([^;]*&{p},", cu)}
+    plain = {p for p in params if re.search(rf"mg_tma[23]\([^;]*&{p},", cu)}
+    assert len(hinted) == 2 and not hinted & plain, (hinted, plain)

@@ -54,7 +54,7 @@ __device__ __forceinline__ void mg_pf3(const mg_tmap* m, int c0, int c1, int c2)
 }
 """
 
-CALL = re.compile(r"^(\s*)mg_tma([23])\((.*)\);\s*$")
+CALL = re.compile(r"^(\s*)mg_tma([23])(?:<true>)?\((.*)\);\s*$")
 AHEAD = re.compile(r"\bit \+ (\d+)\b")
 
 

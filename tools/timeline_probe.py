@@ -187,7 +187,7 @@ __device__ __forceinline__ void mg_tma3_ef(void* dst, const mg_tmap* m, int c0, 
 """
 
 
-CALL = re.compile(r"\bmg_tma([23])\((.*)\);\s*$")
+CALL = re.compile(r"\bmg_tma([23])\((.*)\);\s*$")  # plain copies (not yet hinted)
 
 
 def evict_first(src: str, weight_maps: set[int]) -> str:

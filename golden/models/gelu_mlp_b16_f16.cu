@@ -215,40 +215,86 @@ __device__ __forceinline__ void mg_mbar_wait(unsigned long long* b, int parity) 
                " @!p bra MG_WAIT;\n}" :: "r"(mg_smem_addr(b)), "r"(parity) : "memory");
 #endif
 }
+// The cache policy of a tensor the grid reads once (no block reads another's tile: a
+// weight streamed by a decode matmul, a head's key and value cache): the first evicted
+// from the L2, so that the stream does not push out what is read again (the activations
+// every block reads, the outputs, the kernel's code). 0.05-0.4 us a call off
+// rmsnorm_linear and gated_mlp on an H200 (docs/perf-log.md v51).
+__device__ __forceinline__ unsigned long long mg_l2_evict_first() {
+  unsigned long long p = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));  // pure: CSE it
+#endif
+  return p;
+}
+// A bulk tensor copy of the box at coordinates c0.. of map m into dst, its bytes
+// completing on mbarrier b; kOnce: with the read-once cache policy above.
+template <bool kOnce = false>
 __device__ __forceinline__ void mg_tma2(void* dst, const mg_tmap* m, int c0, int c1,
                                         unsigned long long* b) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
-               " [%0], [%1, {%2, %3}], [%4];"
-               :: "r"(mg_smem_addr(dst)), "l"(m), "r"(c0), "r"(c1), "r"(mg_smem_addr(b))
-               : "memory");
+  if constexpr (kOnce) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+                 ".L2::cache_hint [%0], [%1, {%2, %3}], [%4], %5;"
+                 :: "r"(mg_smem_addr(dst)), "l"(m), "r"(c0), "r"(c1),
+                    "r"(mg_smem_addr(b)), "l"(mg_l2_evict_first()) : "memory");
+  } else {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+                 " [%0], [%1, {%2, %3}], [%4];"
+                 :: "r"(mg_smem_addr(dst)), "l"(m), "r"(c0), "r"(c1),
+                    "r"(mg_smem_addr(b)) : "memory");
+  }
 #endif
 }
+template <bool kOnce = false>
 __device__ __forceinline__ void mg_tma3(void* dst, const mg_tmap* m, int c0, int c1, int c2,
                                         unsigned long long* b) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
-               " [%0], [%1, {%2, %3, %4}], [%5];"
-               :: "r"(mg_smem_addr(dst)), "l"(m), "r"(c0), "r"(c1), "r"(c2),
-                  "r"(mg_smem_addr(b)) : "memory");
+  if constexpr (kOnce) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
+                 ".L2::cache_hint [%0], [%1, {%2, %3, %4}], [%5], %6;"
+                 :: "r"(mg_smem_addr(dst)), "l"(m), "r"(c0), "r"(c1), "r"(c2),
+                    "r"(mg_smem_addr(b)), "l"(mg_l2_evict_first()) : "memory");
+  } else {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
+                 " [%0], [%1, {%2, %3, %4}], [%5];"
+                 :: "r"(mg_smem_addr(dst)), "l"(m), "r"(c0), "r"(c1), "r"(c2),
+                    "r"(mg_smem_addr(b)) : "memory");
+  }
 #endif
 }
-__device__ __forceinline__ void mg_tma4(void* dst, const mg_tmap* m, int c0, int c1, int c2,
-                                        int c3, unsigned long long* b) {
+template <bool kOnce = false>
+__device__ __forceinline__ void mg_tma4(void* dst, const mg_tmap* m, int c0, int c1, int c2, int c3,
+                                        unsigned long long* b) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes"
-               " [%0], [%1, {%2, %3, %4, %5}], [%6];"
-               :: "r"(mg_smem_addr(dst)), "l"(m), "r"(c0), "r"(c1), "r"(c2), "r"(c3),
-                  "r"(mg_smem_addr(b)) : "memory");
+  if constexpr (kOnce) {
+    asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes"
+                 ".L2::cache_hint [%0], [%1, {%2, %3, %4, %5}], [%6], %7;"
+                 :: "r"(mg_smem_addr(dst)), "l"(m), "r"(c0), "r"(c1), "r"(c2), "r"(c3),
+                    "r"(mg_smem_addr(b)), "l"(mg_l2_evict_first()) : "memory");
+  } else {
+    asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes"
+                 " [%0], [%1, {%2, %3, %4, %5}], [%6];"
+                 :: "r"(mg_smem_addr(dst)), "l"(m), "r"(c0), "r"(c1), "r"(c2), "r"(c3),
+                    "r"(mg_smem_addr(b)) : "memory");
+  }
 #endif
 }
-__device__ __forceinline__ void mg_tma5(void* dst, const mg_tmap* m, int c0, int c1, int c2,
-                                        int c3, int c4, unsigned long long* b) {
+template <bool kOnce = false>
+__device__ __forceinline__ void mg_tma5(void* dst, const mg_tmap* m, int c0, int c1, int c2, int c3, int c4,
+                                        unsigned long long* b) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.tensor.5d.shared::cluster.global.mbarrier::complete_tx::bytes"
-               " [%0], [%1, {%2, %3, %4, %5, %6}], [%7];"
-               :: "r"(mg_smem_addr(dst)), "l"(m), "r"(c0), "r"(c1), "r"(c2), "r"(c3),
-                  "r"(c4), "r"(mg_smem_addr(b)) : "memory");
+  if constexpr (kOnce) {
+    asm volatile("cp.async.bulk.tensor.5d.shared::cluster.global.mbarrier::complete_tx::bytes"
+                 ".L2::cache_hint [%0], [%1, {%2, %3, %4, %5, %6}], [%7], %8;"
+                 :: "r"(mg_smem_addr(dst)), "l"(m), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4),
+                    "r"(mg_smem_addr(b)), "l"(mg_l2_evict_first()) : "memory");
+  } else {
+    asm volatile("cp.async.bulk.tensor.5d.shared::cluster.global.mbarrier::complete_tx::bytes"
+                 " [%0], [%1, {%2, %3, %4, %5, %6}], [%7];"
+                 :: "r"(mg_smem_addr(dst)), "l"(m), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4),
+                    "r"(mg_smem_addr(b)) : "memory");
+  }
 #endif
 }
 // Tensor cores: D = A * B + D, m16n8k16, f32 accumulators; operands packed from f32.
@@ -467,38 +513,38 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(128, 1) m
   float* buf_s = reinterpret_cast<float*>(mg_smem + 208896);
   if (threadIdx.x == 0) {
     mg_mbar_expect(mg_mbar + ((0) % 6), 32768u);
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 16384)), &p4, bx * 256, ((mg_it0 + 0)) * 64, mg_mbar + ((0) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 16384)) + 8192, &p4, bx * 256 + 64, ((mg_it0 + 0)) * 64, mg_mbar + ((0) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 16384)) + 16384, &p4, bx * 256 + 128, ((mg_it0 + 0)) * 64, mg_mbar + ((0) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 16384)) + 24576, &p4, bx * 256 + 192, ((mg_it0 + 0)) * 64, mg_mbar + ((0) % 6));
+    mg_tma2<true>(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 16384)), &p4, bx * 256, ((mg_it0 + 0)) * 64, mg_mbar + ((0) % 6));
+    mg_tma2<true>(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 16384)) + 8192, &p4, bx * 256 + 64, ((mg_it0 + 0)) * 64, mg_mbar + ((0) % 6));
+    mg_tma2<true>(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 16384)) + 16384, &p4, bx * 256 + 128, ((mg_it0 + 0)) * 64, mg_mbar + ((0) % 6));
+    mg_tma2<true>(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 6) * 16384)) + 24576, &p4, bx * 256 + 192, ((mg_it0 + 0)) * 64, mg_mbar + ((0) % 6));
   }
   if (threadIdx.x == 0) {
     mg_mbar_expect(mg_mbar + ((1) % 6), 32768u);
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 16384)), &p4, bx * 256, ((mg_it0 + 1)) * 64, mg_mbar + ((1) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 16384)) + 8192, &p4, bx * 256 + 64, ((mg_it0 + 1)) * 64, mg_mbar + ((1) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 16384)) + 16384, &p4, bx * 256 + 128, ((mg_it0 + 1)) * 64, mg_mbar + ((1) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 16384)) + 24576, &p4, bx * 256 + 192, ((mg_it0 + 1)) * 64, mg_mbar + ((1) % 6));
+    mg_tma2<true>(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 16384)), &p4, bx * 256, ((mg_it0 + 1)) * 64, mg_mbar + ((1) % 6));
+    mg_tma2<true>(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 16384)) + 8192, &p4, bx * 256 + 64, ((mg_it0 + 1)) * 64, mg_mbar + ((1) % 6));
+    mg_tma2<true>(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 16384)) + 16384, &p4, bx * 256 + 128, ((mg_it0 + 1)) * 64, mg_mbar + ((1) % 6));
+    mg_tma2<true>(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 6) * 16384)) + 24576, &p4, bx * 256 + 192, ((mg_it0 + 1)) * 64, mg_mbar + ((1) % 6));
   }
   if (threadIdx.x == 0) {
     mg_mbar_expect(mg_mbar + ((2) % 6), 32768u);
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 16384)), &p4, bx * 256, ((mg_it0 + 2)) * 64, mg_mbar + ((2) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 16384)) + 8192, &p4, bx * 256 + 64, ((mg_it0 + 2)) * 64, mg_mbar + ((2) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 16384)) + 16384, &p4, bx * 256 + 128, ((mg_it0 + 2)) * 64, mg_mbar + ((2) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 16384)) + 24576, &p4, bx * 256 + 192, ((mg_it0 + 2)) * 64, mg_mbar + ((2) % 6));
+    mg_tma2<true>(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 16384)), &p4, bx * 256, ((mg_it0 + 2)) * 64, mg_mbar + ((2) % 6));
+    mg_tma2<true>(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 16384)) + 8192, &p4, bx * 256 + 64, ((mg_it0 + 2)) * 64, mg_mbar + ((2) % 6));
+    mg_tma2<true>(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 16384)) + 16384, &p4, bx * 256 + 128, ((mg_it0 + 2)) * 64, mg_mbar + ((2) % 6));
+    mg_tma2<true>(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 6) * 16384)) + 24576, &p4, bx * 256 + 192, ((mg_it0 + 2)) * 64, mg_mbar + ((2) % 6));
   }
   if (threadIdx.x == 0) {
     mg_mbar_expect(mg_mbar + ((3) % 6), 32768u);
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 16384)), &p4, bx * 256, ((mg_it0 + 3)) * 64, mg_mbar + ((3) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 16384)) + 8192, &p4, bx * 256 + 64, ((mg_it0 + 3)) * 64, mg_mbar + ((3) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 16384)) + 16384, &p4, bx * 256 + 128, ((mg_it0 + 3)) * 64, mg_mbar + ((3) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 16384)) + 24576, &p4, bx * 256 + 192, ((mg_it0 + 3)) * 64, mg_mbar + ((3) % 6));
+    mg_tma2<true>(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 16384)), &p4, bx * 256, ((mg_it0 + 3)) * 64, mg_mbar + ((3) % 6));
+    mg_tma2<true>(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 16384)) + 8192, &p4, bx * 256 + 64, ((mg_it0 + 3)) * 64, mg_mbar + ((3) % 6));
+    mg_tma2<true>(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 16384)) + 16384, &p4, bx * 256 + 128, ((mg_it0 + 3)) * 64, mg_mbar + ((3) % 6));
+    mg_tma2<true>(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 6) * 16384)) + 24576, &p4, bx * 256 + 192, ((mg_it0 + 3)) * 64, mg_mbar + ((3) % 6));
   }
   if (threadIdx.x == 0) {
     mg_mbar_expect(mg_mbar + ((4) % 6), 32768u);
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 16384)), &p4, bx * 256, ((mg_it0 + 4)) * 64, mg_mbar + ((4) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 16384)) + 8192, &p4, bx * 256 + 64, ((mg_it0 + 4)) * 64, mg_mbar + ((4) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 16384)) + 16384, &p4, bx * 256 + 128, ((mg_it0 + 4)) * 64, mg_mbar + ((4) % 6));
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 16384)) + 24576, &p4, bx * 256 + 192, ((mg_it0 + 4)) * 64, mg_mbar + ((4) % 6));
+    mg_tma2<true>(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 16384)), &p4, bx * 256, ((mg_it0 + 4)) * 64, mg_mbar + ((4) % 6));
+    mg_tma2<true>(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 16384)) + 8192, &p4, bx * 256 + 64, ((mg_it0 + 4)) * 64, mg_mbar + ((4) % 6));
+    mg_tma2<true>(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 16384)) + 16384, &p4, bx * 256 + 128, ((mg_it0 + 4)) * 64, mg_mbar + ((4) % 6));
+    mg_tma2<true>(reinterpret_cast<unsigned char*>((sm_b_0 + ((4) % 6) * 16384)) + 24576, &p4, bx * 256 + 192, ((mg_it0 + 4)) * 64, mg_mbar + ((4) % 6));
   }
   mg_grid_wait();
   mg_grid_release();
@@ -532,10 +578,10 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(128, 1) m
       if (threadIdx.x == 0) {
         mg_mbar_arrive_expect(mg_mbar + ((it + 5) % 6), 34816u);
         mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((it + 5) % 6) * 1024)), &p3, ((mg_it0 + it + 5)) * 64, 0, mg_mbar + ((it + 5) % 6));
-        mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 16384)), &p4, bx * 256, ((mg_it0 + it + 5)) * 64, mg_mbar + ((it + 5) % 6));
-        mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 16384)) + 8192, &p4, bx * 256 + 64, ((mg_it0 + it + 5)) * 64, mg_mbar + ((it + 5) % 6));
-        mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 16384)) + 16384, &p4, bx * 256 + 128, ((mg_it0 + it + 5)) * 64, mg_mbar + ((it + 5) % 6));
-        mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 16384)) + 24576, &p4, bx * 256 + 192, ((mg_it0 + it + 5)) * 64, mg_mbar + ((it + 5) % 6));
+        mg_tma2<true>(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 16384)), &p4, bx * 256, ((mg_it0 + it + 5)) * 64, mg_mbar + ((it + 5) % 6));
+        mg_tma2<true>(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 16384)) + 8192, &p4, bx * 256 + 64, ((mg_it0 + it + 5)) * 64, mg_mbar + ((it + 5) % 6));
+        mg_tma2<true>(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 16384)) + 16384, &p4, bx * 256 + 128, ((mg_it0 + it + 5)) * 64, mg_mbar + ((it + 5) % 6));
+        mg_tma2<true>(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 5) % 6) * 16384)) + 24576, &p4, bx * 256 + 192, ((mg_it0 + it + 5)) * 64, mg_mbar + ((it + 5) % 6));
       }
     }
     const auto* sm_a = (sm_a_0 + ((it) % 6) * 1024);
@@ -690,19 +736,19 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(256, 1) m
   float* buf_s = reinterpret_cast<float*>(mg_smem + 204800);
   if (threadIdx.x == 0) {
     mg_mbar_expect(mg_mbar + ((0) % 5), 32768u);
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 5) * 16384)), &p4, bx * 64, ((mg_it0 + 0)) * 256, mg_mbar + ((0) % 5));
+    mg_tma2<true>(reinterpret_cast<unsigned char*>((sm_b_0 + ((0) % 5) * 16384)), &p4, bx * 64, ((mg_it0 + 0)) * 256, mg_mbar + ((0) % 5));
   }
   if (threadIdx.x == 0) {
     mg_mbar_expect(mg_mbar + ((1) % 5), 32768u);
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 5) * 16384)), &p4, bx * 64, ((mg_it0 + 1)) * 256, mg_mbar + ((1) % 5));
+    mg_tma2<true>(reinterpret_cast<unsigned char*>((sm_b_0 + ((1) % 5) * 16384)), &p4, bx * 64, ((mg_it0 + 1)) * 256, mg_mbar + ((1) % 5));
   }
   if (threadIdx.x == 0) {
     mg_mbar_expect(mg_mbar + ((2) % 5), 32768u);
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 5) * 16384)), &p4, bx * 64, ((mg_it0 + 2)) * 256, mg_mbar + ((2) % 5));
+    mg_tma2<true>(reinterpret_cast<unsigned char*>((sm_b_0 + ((2) % 5) * 16384)), &p4, bx * 64, ((mg_it0 + 2)) * 256, mg_mbar + ((2) % 5));
   }
   if (threadIdx.x == 0) {
     mg_mbar_expect(mg_mbar + ((3) % 5), 32768u);
-    mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 5) * 16384)), &p4, bx * 64, ((mg_it0 + 3)) * 256, mg_mbar + ((3) % 5));
+    mg_tma2<true>(reinterpret_cast<unsigned char*>((sm_b_0 + ((3) % 5) * 16384)), &p4, bx * 64, ((mg_it0 + 3)) * 256, mg_mbar + ((3) % 5));
   }
   mg_grid_wait();
   mg_grid_release();
@@ -747,7 +793,7 @@ extern "C" __global__ void __cluster_dims__(1, 1, 2) __launch_bounds__(256, 1) m
         mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((it + 4) % 5) * 4096)) + 2048, &p3, ((mg_it0 + it + 4)) * 256 + 64, 0, mg_mbar + ((it + 4) % 5));
         mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((it + 4) % 5) * 4096)) + 4096, &p3, ((mg_it0 + it + 4)) * 256 + 128, 0, mg_mbar + ((it + 4) % 5));
         mg_tma2(reinterpret_cast<unsigned char*>((sm_a_0 + ((it + 4) % 5) * 4096)) + 6144, &p3, ((mg_it0 + it + 4)) * 256 + 192, 0, mg_mbar + ((it + 4) % 5));
-        mg_tma2(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 4) % 5) * 16384)), &p4, bx * 64, ((mg_it0 + it + 4)) * 256, mg_mbar + ((it + 4) % 5));
+        mg_tma2<true>(reinterpret_cast<unsigned char*>((sm_b_0 + ((it + 4) % 5) * 16384)), &p4, bx * 64, ((mg_it0 + it + 4)) * 256, mg_mbar + ((it + 4) % 5));
       }
     }
     const auto* sm_a = (sm_a_0 + ((it) % 5) * 4096);

@@ -214,40 +214,86 @@ __device__ __forceinline__ void mg_mbar_wait(unsigned long long* b, int parity) 
                " @!p bra MG_WAIT;\n}" :: "r"(mg_smem_addr(b)), "r"(parity) : "memory");
 #endif
 }
+// The cache policy of a tensor the grid reads once (no block reads another's tile: a
+// weight streamed by a decode matmul, a head's key and value cache): the first evicted
+// from the L2, so that the stream does not push out what is read again (the activations
+// every block reads, the outputs, the kernel's code). 0.05-0.4 us a call off
+// rmsnorm_linear and gated_mlp on an H200 (docs/perf-log.md v51).
+__device__ __forceinline__ unsigned long long mg_l2_evict_first() {
+  unsigned long long p = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));  // pure: CSE it
+#endif
+  return p;
+}
+// A bulk tensor copy of the box at coordinates c0.. of map m into dst, its bytes
+// completing on mbarrier b; kOnce: with the read-once cache policy above.
+template <bool kOnce = false>
 __device__ __forceinline__ void mg_tma2(void* dst, const mg_tmap* m, int c0, int c1,
                                         unsigned long long* b) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
-               " [%0], [%1, {%2, %3}], [%4];"
-               :: "r"(mg_smem_addr(dst)), "l"(m), "r"(c0), "r"(c1), "r"(mg_smem_addr(b))
-               : "memory");
+  if constexpr (kOnce) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+                 ".L2::cache_hint [%0], [%1, {%2, %3}], [%4], %5;"
+                 :: "r"(mg_smem_addr(dst)), "l"(m), "r"(c0), "r"(c1),
+                    "r"(mg_smem_addr(b)), "l"(mg_l2_evict_first()) : "memory");
+  } else {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+                 " [%0], [%1, {%2, %3}], [%4];"
+                 :: "r"(mg_smem_addr(dst)), "l"(m), "r"(c0), "r"(c1),
+                    "r"(mg_smem_addr(b)) : "memory");
+  }
 #endif
 }
+template <bool kOnce = false>
 __device__ __forceinline__ void mg_tma3(void* dst, const mg_tmap* m, int c0, int c1, int c2,
                                         unsigned long long* b) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
-               " [%0], [%1, {%2, %3, %4}], [%5];"
-               :: "r"(mg_smem_addr(dst)), "l"(m), "r"(c0), "r"(c1), "r"(c2),
-                  "r"(mg_smem_addr(b)) : "memory");
+  if constexpr (kOnce) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
+                 ".L2::cache_hint [%0], [%1, {%2, %3, %4}], [%5], %6;"
+                 :: "r"(mg_smem_addr(dst)), "l"(m), "r"(c0), "r"(c1), "r"(c2),
+                    "r"(mg_smem_addr(b)), "l"(mg_l2_evict_first()) : "memory");
+  } else {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
+                 " [%0], [%1, {%2, %3, %4}], [%5];"
+                 :: "r"(mg_smem_addr(dst)), "l"(m), "r"(c0), "r"(c1), "r"(c2),
+                    "r"(mg_smem_addr(b)) : "memory");
+  }
 #endif
 }
-__device__ __forceinline__ void mg_tma4(void* dst, const mg_tmap* m, int c0, int c1, int c2,
-                                        int c3, unsigned long long* b) {
+template <bool kOnce = false>
+__device__ __forceinline__ void mg_tma4(void* dst, const mg_tmap* m, int c0, int c1, int c2, int c3,
+                                        unsigned long long* b) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes"
-               " [%0], [%1, {%2, %3, %4, %5}], [%6];"
-               :: "r"(mg_smem_addr(dst)), "l"(m), "r"(c0), "r"(c1), "r"(c2), "r"(c3),
-                  "r"(mg_smem_addr(b)) : "memory");
+  if constexpr (kOnce) {
+    asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes"
+                 ".L2::cache_hint [%0], [%1, {%2, %3, %4, %5}], [%6], %7;"
+                 :: "r"(mg_smem_addr(dst)), "l"(m), "r"(c0), "r"(c1), "r"(c2), "r"(c3),
+                    "r"(mg_smem_addr(b)), "l"(mg_l2_evict_first()) : "memory");
+  } else {
+    asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes"
+                 " [%0], [%1, {%2, %3, %4, %5}], [%6];"
+                 :: "r"(mg_smem_addr(dst)), "l"(m), "r"(c0), "r"(c1), "r"(c2), "r"(c3),
+                    "r"(mg_smem_addr(b)) : "memory");
+  }
 #endif
 }
-__device__ __forceinline__ void mg_tma5(void* dst, const mg_tmap* m, int c0, int c1, int c2,
-                                        int c3, int c4, unsigned long long* b) {
+template <bool kOnce = false>
+__device__ __forceinline__ void mg_tma5(void* dst, const mg_tmap* m, int c0, int c1, int c2, int c3, int c4,
+                                        unsigned long long* b) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("cp.async.bulk.tensor.5d.shared::cluster.global.mbarrier::complete_tx::bytes"
-               " [%0], [%1, {%2, %3, %4, %5, %6}], [%7];"
-               :: "r"(mg_smem_addr(dst)), "l"(m), "r"(c0), "r"(c1), "r"(c2), "r"(c3),
-                  "r"(c4), "r"(mg_smem_addr(b)) : "memory");
+  if constexpr (kOnce) {
+    asm volatile("cp.async.bulk.tensor.5d.shared::cluster.global.mbarrier::complete_tx::bytes"
+                 ".L2::cache_hint [%0], [%1, {%2, %3, %4, %5, %6}], [%7], %8;"
+                 :: "r"(mg_smem_addr(dst)), "l"(m), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4),
+                    "r"(mg_smem_addr(b)), "l"(mg_l2_evict_first()) : "memory");
+  } else {
+    asm volatile("cp.async.bulk.tensor.5d.shared::cluster.global.mbarrier::complete_tx::bytes"
+                 " [%0], [%1, {%2, %3, %4, %5, %6}], [%7];"
+                 :: "r"(mg_smem_addr(dst)), "l"(m), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4),
+                    "r"(mg_smem_addr(b)) : "memory");
+  }
 #endif
 }
 // Tensor cores: D = A * B + D, m16n8k16, f32 accumulators; operands packed from f32.

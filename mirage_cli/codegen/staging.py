@@ -144,6 +144,15 @@ def slot(k: FusedKernel, bi: BlockInput, iteration: str) -> str:
     return f"(sm_{t.name}_0 + (({iteration}) % {t.stages}) * {elems})"
 
 
+def read_once(grid: tuple[int, int, int], bi: BlockInput) -> bool:
+    """Whether a ``grid`` of blocks reads each element of ``bi``'s tensor once: a loop
+    input split over every grid axis of more than one block (a cluster's blocks take
+    disjoint iterations). Its bulk copies are hinted to leave the L2 first
+    (``mg_tma2<true>`` and the like)."""
+    return bi.fmap is not None and all(n == 1 or bi.imap[a] is not None
+                                       for a, n in enumerate(grid))
+
+
 def bulk_copies(k: FusedKernel, bis: list[BlockInput], iteration: str, arrive: bool) -> Lines:
     """Thread 0 copies ``iteration``'s boxes of ``bis`` into their slots, their bytes
     expected on the stage's mbarrier (with its one arrival when ``arrive``)."""
@@ -159,7 +168,8 @@ def bulk_copies(k: FusedKernel, bis: list[BlockInput], iteration: str, arrive: b
         for b in range(tmaplan.boxes(vt, w)):
             cs = tmaplan.coords(bi, k.dev[bi.source], k.bg.grid, it, b, w)
             at = f"{dst} + {b * tmaplan.rows(vt) * w}" if b else dst
-            lines.append(f"mg_tma{len(cs)}({at}, &{k.tmap[bi.value.name]}, "
+            once = "<true>" if read_once(k.bg.grid, bi) else ""
+            lines.append(f"mg_tma{len(cs)}{once}({at}, &{k.tmap[bi.value.name]}, "
                          f"{', '.join(cs)}, {bar});")
     return ["if (threadIdx.x == 0) {"] + indent(lines) + ["}"]
 
