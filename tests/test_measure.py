@@ -65,6 +65,21 @@ def no_compile(jobs: list[tuple[Graph, str]], workers: int) -> list[bytes | str]
     return [b"cubin" for _ in jobs]
 
 
+def fake_device(monkeypatch: pytest.MonkeyPatch, knobs_per_tuning: int) -> list[FakeTimer]:
+    """The GPU seam faked: every timer opened is a :class:`FakeTimer`, kept in the list
+    returned; nothing is compiled."""
+    timers: list[FakeTimer] = []
+
+    def fake_gpu(ordinal: int) -> FakeTimer:
+        timers.append(FakeTimer())
+        return timers[-1]
+
+    monkeypatch.setattr(measure, "GpuTimer", fake_gpu)
+    monkeypatch.setattr(measure, "compile_all", no_compile)
+    monkeypatch.setattr(measure, "KNOBS_PER_TUNING", knobs_per_tuning)
+    return timers
+
+
 @pytest.fixture(autouse=True)
 def _cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MIRAGE_CACHE_DIR", str(tmp_path / "cache"))
@@ -267,15 +282,7 @@ def test_tune_gpu_measures_within_the_pins(tmp_path: Path,
                                            monkeypatch: pytest.MonkeyPatch) -> None:
     # --pin with --gpu times only tunings within the pins, the pinned knobs held in
     # every variant (it used to time the file's own tunings and drop the pins).
-    timers: list[FakeTimer] = []
-
-    def fake_gpu(ordinal: int) -> FakeTimer:
-        timers.append(FakeTimer())
-        return timers[-1]
-
-    monkeypatch.setattr(measure, "GpuTimer", fake_gpu)
-    monkeypatch.setattr(measure, "compile_all", no_compile)
-    monkeypatch.setattr(measure, "KNOBS_PER_TUNING", 4)
+    timers = fake_device(monkeypatch, 4)
     first = cands()[0]
     assert design_of(first)[1][0][0] == (32, 1, 1)  # lora's own grid: 16 is another
     f, out = tmp_path / "first.ugraph.json", tmp_path / "m.ugraph.json"

@@ -32,7 +32,11 @@ written over the program. ``-o -`` writes the ``.cu`` alone to stdout.
 (:mod:`mirage_cli.search.measure`): the shipped µGraph is the fastest correct variant
 (design x tuning x plan knobs), with its measured plan knobs; ``--save-temps`` keeps
 every timed variant in ``prog.measured.ugraph.json``. ``--target`` picks the cost
-model's device profile (:mod:`mirage_cli.profiles`).
+model's device profile (:mod:`mirage_cli.profiles`). ``--pin`` and ``--widen`` (the
+syntax of ``mirage tune``) restrict or extend the tuning of the searched designs: the
+ranking within them (or, with ``--gpu``, the measurement) chooses, and a finite-field
+trial against the program checks the tuning shipped (``--save-temps`` keeps what was
+ranked in ``prog.pinned.ugraph.json``).
 """
 
 from __future__ import annotations
@@ -240,6 +244,11 @@ def _locked(paths: dict[str, str], program: str) -> Iterator[OutputSet | None]:
                    "other sizes) instead of searching.")
 @click.option("--gpu", type=int, default=None, metavar="N",
               help="Select the fastest verified variant by measurement on GPU N.")
+@click.option("--pin", default="", metavar="K=V,...",
+              help="Ship a tuning with these values: grid=AxBxC, forloop=N or plan knobs "
+                   "(stages=2,...); kN.K=V for custom kernel N alone (as 'mirage tune').")
+@click.option("--widen", multiple=True, metavar="K=V1,V2",
+              help="Extra grid or forloop values the tuning may take (repeatable).")
 @target_option
 @click.option("--hpp", is_flag=True, help="Also write the typed C++ interface (.hpp).")
 @click.option("--save-temps", "save_temps", type=click.Path(file_okay=False),
@@ -261,8 +270,10 @@ def _locked(paths: dict[str, str], program: str) -> Iterator[OutputSet | None]:
 def command(program: str, output: str, defines: tuple[str, ...], save_temps: str | None,
             make_deps: bool, dep_file: str | None, name: str | None, arch: str,
             require_fused: bool, hpp: bool, plan_pins: str | None, gpu: int | None,
-            target: str, **kw: object) -> None:
+            pin: str, widen: tuple[str, ...], target: str, **kw: object) -> None:
     """Optimise PROGRAM end to end: parse, search, verify, rank, generate CUDA."""
+    if plan_pins and pin:
+        raise MirageError("opt: --plan and --pin both pin the tuning: give one of them")
     prof = use_profile(target)
     timer = _open_gpu(gpu)  # before the search: no GPU is exit 2 at once
     if timer is not None and (notice := mismatch(prof, timer.device)):
@@ -277,8 +288,10 @@ def command(program: str, output: str, defines: tuple[str, ...], save_temps: str
 
         entry = entry_name(g, name)  # from the program: the same whichever µGraph wins
         pins = pins_file(plan_pins) if plan_pins else []
+        within = (pin, widen, arch) if pin or widen else None
         best, fused = _optimise(g, program, kw, deadline, save_temps, require_fused,
-                                lambda b: planned(b, arch, pins or recorded_pins(b)), timer)
+                                lambda b: planned(b, arch, pins or recorded_pins(b)), timer,
+                                within)
         header = Path(paths["h"]).name if "hpp" in paths else None
         cu, h, hpp_text, launches = stage_codegen(best, entry, arch, header)
         if out is None:
@@ -289,7 +302,9 @@ def command(program: str, output: str, defines: tuple[str, ...], save_temps: str
             files[paths["hpp"]] = hpp_text
         if "d" in paths:
             files[paths["stamp"]] = _stamp(program, defines, name, arch, fused,
-                                           {**kw, "gpu": gpu, "target": target})
+                                           {**kw, "gpu": gpu, "target": target,
+                                            **({"pin": pin, "widen": list(widen)}
+                                               if pin or widen else {})})
             files[paths["d"]] = depfile([paths["stamp"], paths["cu"], paths["h"]]
                                         + ([paths["hpp"]] if "hpp" in paths else []),
                                         [program, *tool_files()])
@@ -325,10 +340,49 @@ def stage_measure(g: Graph, res: Outcome, timer: Any, kw: dict  # type: ignore[t
     return pairs[0][0], serialize.dumps_candidates(pairs)
 
 
+def stage_pinned(g: Graph, res: Outcome, pin: str, widen: tuple[str, ...], arch: str,
+                 timer: Any, kw: dict  # type: ignore[type-arg]
+                 ) -> tuple[Graph | None, str]:
+    """``--pin`` / ``--widen``: the tunings within them of the searched designs (the first
+    candidate of each), ranked by the cost model as ``mirage tune`` ranks them, with the
+    pinned plan knobs; with ``--gpu``, the first ``--top`` of them measured as they are,
+    the pinned knobs held. A new tuning of a verified design ships only once a
+    finite-field trial against the program accepts it (the first one that does); None
+    when none does. Also the candidates file of what was ranked or timed."""
+    from mirage_cli.commands.tune import pinned_knobs, with_knob_pins, within_pins
+    from mirage_cli.search import measure
+    from mirage_cli.search.design import design_of
+
+    cands = [c for c, _ in res.candidates]
+    designs = list(dict.fromkeys(design_of(c)[0] for c in cands))
+    firsts = [next(c for c in cands if design_of(c)[0] == d) for d in designs]
+    pins, ranked = within_pins(firsts, pin, widen, skip_illegal=True)
+    accept = measure.reverified(g, int(kw["seed"]))
+    if timer is not None:
+        kernels = max(len(design_of(c)[1]) for c in firsts)
+        r = measure.measure([c for c, _ in ranked], g, timer, top=int(kw["top"]),
+                            workers=max(int(kw["jobs"]), os.cpu_count() or 1),
+                            use_cache=not kw["no_cache"], pinned=pinned_knobs(pins, kernels),
+                            accept=accept)
+        pairs = r.candidates()
+        return pairs[0][0], serialize.dumps_candidates(pairs)
+    planned_ = [(with_knob_pins(c, pins, arch), t) for c, t in ranked]
+    text = serialize.dumps_candidates(
+        [(c, {"rank": i, "tuning": [{"grid": list(gr), "forloop": f} for gr, f in t],
+              "pins": pin}) for i, (c, t) in enumerate(planned_)])
+    for c, _ in planned_:
+        if accept(c):
+            return c, text
+    return None, text
+
+
 def _optimise(g: Graph, program: str, kw: dict, deadline: float,  # type: ignore[type-arg]
               save_temps: str | None, require_fused: bool,
-              plan: Callable[[Graph], Graph], timer: Any = None) -> tuple[Graph, bool]:
-    """The µGraph to ship, with its kernel plans, and whether it came from the search."""
+              plan: Callable[[Graph], Graph], timer: Any = None,
+              within: tuple[str, tuple[str, ...], str] | None = None) -> tuple[Graph, bool]:
+    """The µGraph to ship, with its kernel plans, and whether it came from the search.
+    ``within``: ``--pin``, ``--widen`` and the arch, when the tuning is pinned or
+    widened (:func:`stage_pinned`)."""
     base = Path(program).name.split(".")[0]
     temps: list[tuple[str, str]] = []
     if save_temps:
@@ -338,6 +392,9 @@ def _optimise(g: Graph, program: str, kw: dict, deadline: float,  # type: ignore
     best = None
     why = "no time left in the budget for a search"
     if _layered(g, kw):
+        if within is not None:
+            raise MirageError("opt: --pin and --widen tune one program's designs; this "
+                              "program is searched in parts (see --max-part-ops)")
         res, parts = stage_layer(g, kw)
         if save_temps:
             stem = os.path.join(save_temps, base)
@@ -346,13 +403,22 @@ def _optimise(g: Graph, program: str, kw: dict, deadline: float,  # type: ignore
         best = stage_select(res)
         why = "the stitched parts did not verify as a whole"
     elif left - reserve > 0.05:
-        # Without --gpu only the first candidate ships: a shape reuse certifies just it.
-        res = stage_search(g, kw, left - reserve, None if timer is not None else 1)
+        # Without --gpu or pins only the first candidate ships: a shape reuse
+        # certifies just it.
+        every = timer is not None or within is not None
+        res = stage_search(g, kw, left - reserve, None if every else 1)
         if not res.complete and not res.cached:
             warn(clock_warning("opt", res))
         if save_temps:
             temps.append((os.path.join(save_temps, f"{base}.cands.ugraph.json"), res.text))
-        if timer is not None and res.candidates:
+        if within is not None and res.candidates:
+            best, ranked = stage_pinned(g, res, *within, timer, kw)
+            if save_temps:
+                temps.append((os.path.join(save_temps, f"{base}.pinned.ugraph.json"), ranked))
+            if best is None:
+                raise MirageError("opt: no tuning within --pin/--widen passed the "
+                                  "finite-field check against the program")
+        elif timer is not None and res.candidates:
             best, measured = stage_measure(g, res, timer, kw)
             if save_temps:
                 temps.append((os.path.join(save_temps, f"{base}.measured.ugraph.json"),

@@ -6,7 +6,8 @@ extent they split; at least 2, as the tuner requires), and each kernel-plan knob
 its legal values (:func:`mirage_cli.codegen.planner.knob_space`) and the constraint
 bounding it. ``--pin grid=4x8x1,forloop=2`` fixes values and ``--widen forloop=2,8``
 adds values to try; the tunings are then re-ranked by the cost model (ties by the
-stated rule) and, with ``-o``, written as candidates. Plan knobs (``stages=2``) are
+stated rule) and, with ``-o``, written as candidates; a design that cannot hold the pins
+is left out (an error only when none can). Plan knobs (``stages=2``) are
 checked against their legal range and attached as plans. A pin prefixed ``kN.``
 (``k0.grid=8x32x1,k0.forloop=2,k1.threads=256``) holds for custom kernel N alone (the
 numbering of ``--space``) and overrides an unprefixed pin there; unprefixed pins hold
@@ -181,6 +182,8 @@ def retune(g: Graph, pins: dict[str, list[str]], widen: dict[str, list[str]]
             [grid] + [_grid(v, "--widen") for v in widen.get("grid", [])]
         loops = [_int(v, "--pin", "forloop") for v in mine.get("forloop", [])] or \
             [f] + [_int(v, "--widen", "forloop") for v in widen.get("forloop", [])]
+        if not custom_steps(design)[k].looped:  # no forloop pin can hold, none widens it
+            loops = [n for n in loops if n == 1]
         per_kernel.append(list(dict.fromkeys(itertools.product(grids, loops))))
     tried: list[Tuning] = list(itertools.islice(itertools.product(*per_kernel), MAX_TUNINGS))
     if not pins:  # also the tuner's own neighbourhood
@@ -195,6 +198,35 @@ def retune(g: Graph, pins: dict[str, list[str]], widen: dict[str, list[str]]
                           "(see --space)")
     return rank([(ng, t) for t, ng in out.items()], lambda x: estimate(x[0]),
                 lambda x: serialize.dumps(x[0]))
+
+
+def within_pins(firsts: list[Graph], pin: str, widen: tuple[str, ...],
+                skip_illegal: bool = False
+                ) -> tuple[dict[str, list[str]], list[tuple[Graph, Tuning]]]:
+    """``--pin`` and ``--widen`` parsed and checked, and the tunings within them of the
+    designs ``firsts`` (one µGraph each), ranked together by the cost model (ties by
+    the stated rule). ``skip_illegal``: a design with no legal tuning within the pins
+    is left out (an error only when every design is), instead of an error."""
+    pins = parse_assignments(pin, "--pin")
+    check_kernel_pins(pins, max(len(design_of(g)[1]) for g in firsts))
+    wide: dict[str, list[str]] = {}
+    for w in widen:
+        wide.update(parse_assignments(w, "--widen"))
+    for k in wide:
+        if k not in GRID_KEYS:
+            raise MirageError(f"--widen {k}: only grid and forloop are widened (plan knobs "
+                              "are tried over their whole legal range by --space)")
+    found: list[tuple[Graph, Tuning]] = []
+    for g in firsts:
+        try:
+            found += retune(g, pins, wide)
+        except MirageError:
+            if not skip_illegal:
+                raise
+    if not found:
+        raise MirageError(f"no tuning within the pins is legal for any of the {len(firsts)} "
+                          "design(s) (see 'mirage tune CANDS.ugraph.json --space')")
+    return pins, rank(found, lambda x: estimate(x[0]), lambda x: serialize.dumps(x[0]))
 
 
 def _measured(cands: list[tuple[Graph, dict]], gpu: int, top: int,  # type: ignore[type-arg]
@@ -236,7 +268,7 @@ def pinned_knobs(pins: dict[str, list[str]], kernels: int) -> list[Knobs]:
     return out
 
 
-def _plan_pins(g: Graph, pins: dict[str, list[str]], arch: str) -> Graph:
+def with_knob_pins(g: Graph, pins: dict[str, list[str]], arch: str) -> Graph:
     """``g`` with the pinned plan knobs attached (checked against their ranges)."""
     from mirage_cli.codegen.planner import plan_kernel
 
@@ -285,17 +317,7 @@ def command(file: str, space: bool, pin: str, widen: tuple[str, ...], output: st
             for line in space_lines(g, DEFAULT_ARCH):
                 click.echo(line)
         return
-    pins = parse_assignments(pin, "--pin")
-    check_kernel_pins(pins, max(len(design_of(g)[1]) for g in firsts))
-    wide: dict[str, list[str]] = {}
-    for w in widen:
-        wide.update(parse_assignments(w, "--widen"))
-    for k in wide:
-        if k not in GRID_KEYS:
-            raise MirageError(f"--widen {k}: only grid and forloop are widened (plan knobs "
-                              "are tried over their whole legal range by --space)")
-    ranked = rank([x for g in firsts for x in retune(g, pins, wide)],
-                  lambda x: estimate(x[0]), lambda x: serialize.dumps(x[0]))
+    pins, ranked = within_pins(firsts, pin, widen, skip_illegal=True)
     if gpu is not None:
         # Measured within the pins: the first --top tunings of that ranking as they
         # are, the pinned knobs held (before, --gpu measured the file's own tunings
@@ -307,7 +329,7 @@ def command(file: str, space: bool, pin: str, widen: tuple[str, ...], output: st
     pairs = []
     for i, (g, t) in enumerate(ranked):
         c = estimate(g)
-        pairs.append((_plan_pins(g, pins, DEFAULT_ARCH),
+        pairs.append((with_knob_pins(g, pins, DEFAULT_ARCH),
                       {"rank": i, "cost": c.as_json(), "kernels": launched(g),
                        "tuning": [{"grid": list(gr), "forloop": f} for gr, f in t],
                        "pins": pin}))
