@@ -129,3 +129,30 @@ def test_a_forloop_pin_leaves_out_a_design_that_does_not_loop() -> None:
     _, ranked = within_pins(firsts, "forloop=2", (), skip_illegal=True)
     assert ranked and all(custom_steps(design_of(g)[0])[0].looped and t[0][1] == 2
                           for g, t in ranked)
+
+
+def test_tune_writes_from_the_first_tuning_a_trial_accepts(tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """`tune -o` starts its output at the first tuning that a finite-field trial finds
+    equivalent to the file's first candidate (what `mirage codegen` would compile)."""
+    tried: list[str] = []
+
+    def one_refused(reference: object, seed: int = 0):  # type: ignore[no-untyped-def]
+        def accept(g: object) -> bool:
+            tried.append(serialize.dumps(g))  # type: ignore[arg-type]
+            return len(tried) > 1
+        return accept
+
+    monkeypatch.setattr(measure, "reverified", one_refused)
+    out = tmp_path / "t.ugraph.json"
+    r = CliRunner().invoke(main, ["tune", str(ROOT / "tests" / "explain_data" /
+                                              "gqa_forloop.cands.ugraph.json"),
+                                  "--widen", "forloop=4,64", "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    assert "left out" in r.output
+    pairs = serialize.loads_candidates(out.read_text())
+    assert len(tried) == 2 and pairs[0][1]["verified"] is True
+    assert not any(m["verified"] for _, m in pairs[1:])
+    # The first written is the second tried (its plan knobs attached: compare designs).
+    first_tried = serialize.loads(tried[1])
+    assert design_of(pairs[0][0]) == design_of(first_tried)

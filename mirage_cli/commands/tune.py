@@ -6,8 +6,10 @@ extent they split; at least 2, as the tuner requires), and each kernel-plan knob
 its legal values (:func:`mirage_cli.codegen.planner.knob_space`) and the constraint
 bounding it. ``--pin grid=4x8x1,forloop=2`` fixes values and ``--widen forloop=2,8``
 adds values to try; the tunings are then re-ranked by the cost model (ties by the
-stated rule) and, with ``-o``, written as candidates; a design that cannot hold the pins
-is left out (an error only when none can). Plan knobs (``stages=2``) are
+stated rule) and, with ``-o``, written as candidates, from the first that a finite-field
+trial finds equivalent to the file's first candidate (``verified`` in its metadata; the
+later ones are not checked); a design that cannot hold the pins is left out (an error only
+when none can). Plan knobs (``stages=2``) are
 checked against their legal range and attached as plans. A pin prefixed ``kN.``
 (``k0.grid=8x32x1,k0.forloop=2,k1.threads=256``) holds for custom kernel N alone (the
 numbering of ``--space``) and overrides an unprefixed pin there; unprefixed pins hold
@@ -326,14 +328,34 @@ def command(file: str, space: bool, pin: str, widen: tuple[str, ...], output: st
         _measured([(g, {}) for g, _ in ranked], gpu, top, jobs, not no_cache, output,
                   pinned_knobs(pins, kernels))
         return
+    ranked = _first_verified(ranked, cands[0][0])
     pairs = []
     for i, (g, t) in enumerate(ranked):
         c = estimate(g)
         pairs.append((with_knob_pins(g, pins, DEFAULT_ARCH),
                       {"rank": i, "cost": c.as_json(), "kernels": launched(g),
                        "tuning": [{"grid": list(gr), "forloop": f} for gr, f in t],
-                       "pins": pin}))
+                       "pins": pin, "verified": i == 0}))
         click.echo(f"#{i}: {c.time_us:.3f} us predicted, tuning "
                    f"{[{'grid': list(gr), 'forloop': f} for gr, f in t]}")
     if output:
         write_atomic(output, serialize.dumps_candidates(pairs))
+
+
+def _first_verified(ranked: list[tuple[Graph, Tuning]], reference: Graph
+                    ) -> list[tuple[Graph, Tuning]]:
+    """``ranked`` from its first tuning that a finite-field trial finds equivalent to
+    ``reference`` (the file's first candidate: what `mirage codegen` of the output
+    compiles is then a verified µGraph); the ones before it are dropped, each with a
+    warning. The later ones are not checked (their ``verified`` is false)."""
+    from mirage_cli.console import warn
+    from mirage_cli.search.measure import reverified
+
+    accept = reverified(reference)
+    for i, (g, t) in enumerate(ranked):
+        if accept(g):
+            return ranked[i:]
+        warn(f"tune: tuning {[{'grid': list(gr), 'forloop': f} for gr, f in t]} is not "
+             "equivalent to the file's first candidate (finite-field trial): left out")
+    raise MirageError("tune: no tuning within the pins is equivalent to the file's first "
+                      "candidate")
