@@ -184,8 +184,6 @@ def retune(g: Graph, pins: dict[str, list[str]], widen: dict[str, list[str]]
             [grid] + [_grid(v, "--widen") for v in widen.get("grid", [])]
         loops = [_int(v, "--pin", "forloop") for v in mine.get("forloop", [])] or \
             [f] + [_int(v, "--widen", "forloop") for v in widen.get("forloop", [])]
-        if not custom_steps(design)[k].looped:  # no forloop pin can hold, none widens it
-            loops = [n for n in loops if n == 1]
         per_kernel.append(list(dict.fromkeys(itertools.product(grids, loops))))
     tried: list[Tuning] = list(itertools.islice(itertools.product(*per_kernel), MAX_TUNINGS))
     if not pins:  # also the tuner's own neighbourhood

@@ -101,7 +101,8 @@ Tuning = tuple[tuple[tuple[int, int, int], int], ...]
 
 def instantiate(target: Graph, design: Design, tuning: Tuning, threads: int = 128
                 ) -> Graph | None:
-    """The µGraph of ``design`` at ``tuning``, or None where the sizes do not fit."""
+    """The µGraph of ``design`` at ``tuning``, or None where the sizes do not fit (or a
+    loop-free kernel is given a forloop: not the design)."""
     b = GraphBuilder(target.name, target.params)
     for i in target.inputs:
         b.input(i.value.name, i.value.type.shape, i.value.type.dtype, i.dims_src,
@@ -115,6 +116,8 @@ def instantiate(target: Graph, design: Design, tuning: Tuning, threads: int = 12
                 continue
             grid, forloop = tuning[k]
             k += 1
+            if not step.looped and forloop != 1:
+                return None  # iterated, a loop-free kernel would read its tiles again
             _custom(b, step, grid, forloop, threads)
         for name in design.outputs:
             b.output(name)
