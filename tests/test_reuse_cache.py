@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from seeded_cache import start_from
 
 from mirage_cli import serialize
 from mirage_cli.cli import main
@@ -34,6 +35,13 @@ def opt(tmp_path: Path, prog: Path, batch: int, *extra: str) -> tuple[str, list]
     return r.output, cands
 
 
+def seed(tmp_path: Path) -> None:
+    """The cache ``opt(tmp_path, LORA, 1)`` leaves in an empty one, for a test that does
+    not read that run's output (:mod:`seeded_cache`)."""
+    start_from(("test_reuse_cache", "lora", 1), tmp_path / "cache",
+               lambda: opt(tmp_path, LORA, 1))
+
+
 def test_new_sizes_reuse_the_cached_designs(tmp_path: Path) -> None:
     out1, first = opt(tmp_path, LORA, 1)
     assert "reused" not in out1 and all("reused_from" not in m for _, m in first)
@@ -53,7 +61,7 @@ def test_new_sizes_reuse_the_cached_designs(tmp_path: Path) -> None:
 
 
 def test_a_changed_program_or_options_search_again(tmp_path: Path) -> None:
-    opt(tmp_path, LORA, 1)
+    seed(tmp_path)
     changed = tmp_path / "lora2.mir"
     changed.write_text(LORA.read_text().replace("O = add(XW, XAB)", "O = add(XAB, XW)"))
     assert changed.read_text() != LORA.read_text()
@@ -71,7 +79,7 @@ def test_a_reuse_a_search_would_cut_searches_instead(tmp_path: Path,
     # designs cannot stand for that, so the reuse gives way to the search.
     from mirage_cli.search import driver
 
-    opt(tmp_path, LORA, 1)
+    seed(tmp_path)
     calls: list[int] = []
 
     def slower(program, cands):  # type: ignore[no-untyped-def]

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
+from seeded_cache import start_from
 
 from mirage_cli import interp, serialize
 from mirage_cli.cli import main
@@ -41,6 +42,13 @@ def opt(tmp_path: Path, batch: int) -> tuple[str, list[Any], str]:
     return r.output, cands, cu.read_text()
 
 
+def seed(tmp_path: Path, batch: int) -> None:
+    """The cache ``opt(tmp_path, batch)`` leaves in an empty one, for a test that does
+    not read that run's output (:mod:`seeded_cache`)."""
+    start_from(("lora", tuple(SIZES.items()), batch), tmp_path / "cache",
+               lambda: opt(tmp_path, batch))
+
+
 def program(batch: int) -> Any:
     return load_graph(str(LORA), {**SIZES, "batch": batch})
 
@@ -68,7 +76,7 @@ def test_reuse_certifies_the_shipped_candidate_at_the_new_sizes(tmp_path: Path) 
 def test_a_run_that_needs_more_candidates_reuses_again(tmp_path: Path) -> None:
     from mirage_cli.search.reuse import reused
 
-    opt(tmp_path, 1)
+    seed(tmp_path, 1)
     opt(tmp_path, 2)  # stores one certified candidate at batch 2
     out = reused(program(2), SearchOptions(), need=3)  # as `opt --gpu` asks
     assert out is not None and len(out.candidates) == 3

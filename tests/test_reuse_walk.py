@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_reuse_verify import _cache, opt  # noqa: F401 (_cache: its cache directory)
+from test_reuse_verify import _cache, opt, seed  # noqa: F401 (_cache: its cache directory)
 from test_reuse_verify import program as lora
 
 from mirage_cli.ir import Graph
@@ -31,7 +31,7 @@ def at_8() -> SearchResult:
 
 
 def test_the_family_records_where_its_designs_ranked(tmp_path: Path) -> None:
-    opt(tmp_path, 8)
+    seed(tmp_path, 8)
     (f,) = (tmp_path / "cache").glob("*.family.json")
     fam = json.loads(f.read_text())
     res = at_8()
@@ -45,7 +45,7 @@ def test_the_family_records_where_its_designs_ranked(tmp_path: Path) -> None:
 
 def test_a_reuse_at_larger_sizes_tunes_only_the_designs_that_can_win(tmp_path: Path
                                                                     ) -> None:
-    opt(tmp_path, 8)
+    seed(tmp_path, 8)
     log, cands, _ = opt(tmp_path, 16)
     assert "the same dimensions split: nothing enumerated" in log
     # 7 of the 24 the search at batch 8 tuned (the whole pool ranked: all 24 again).
@@ -132,7 +132,7 @@ def test_no_walk_at_smaller_sizes_or_with_another_parameter_smaller() -> None:
     lambda f: f.pop("rejected"),                                      # missing
 ])
 def test_a_damaged_family_ranking_is_a_miss(tmp_path: Path, damage: Any) -> None:
-    opt(tmp_path, 8)
+    seed(tmp_path, 8)
     (f,) = (tmp_path / "cache").glob("*.family.json")
     fam = json.loads(f.read_text())
     damage(fam)
