@@ -4,12 +4,14 @@ launch (search/cost.py ``grouped_us``)."""
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import numpy as np
 import pytest
 
 from mirage_cli import interp, serialize
 from mirage_cli.codegen.lower import lower
+from mirage_cli.ir import Graph
 from mirage_cli.parser import parse_text
 from mirage_cli.search import cost, grouped, layer, partition
 from mirage_cli.search.driver import SearchOptions, cached_search
@@ -39,19 +41,40 @@ def _task() -> layer.PartTask:
 
 
 @pytest.fixture(scope="module")
-def alone() -> list:
-    """Each output's best µGraph as its own search tuned it."""
+def searched() -> tuple[list[Graph], layer.PartResult]:
+    """The part searched one output at a time and joined, and each output's best
+    µGraph as its own search tuned it: the join runs exactly those searches (checked
+    here), so they are recorded there instead of run a second time."""
+    from mirage_cli.search import driver
+
     cones = partition.output_cones(_task().graph)
     assert cones is not None
-    return [cached_search(c, SearchOptions(top=1), 60.0, 1, False, None, None)
-            .candidates[0][0] for c in cones]
+    seen: list[tuple[tuple[Any, ...], driver.Outcome]] = []
+
+    def recorded(*args: Any) -> driver.Outcome:
+        seen.append((args, cached_search(*args)))
+        return seen[-1][1]
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(driver, "cached_search", recorded)
+        res = layer._per_output(_task(), None, time.time(), True, False)
+    assert res is not None
+    assert [serialize.dumps(args[0]) for args, _ in seen] == \
+        [serialize.dumps(c) for c in cones]
+    assert all(args[1:] == (SearchOptions(top=1), 60.0, 1, False, None, None)
+               for args, _ in seen)
+    return [out.candidates[0][0] for _, out in seen], res
 
 
 @pytest.fixture(scope="module")
-def joined() -> layer.PartResult:
-    res = layer._per_output(_task(), None, time.time(), True, False)
-    assert res is not None
-    return res
+def alone(searched: tuple[list[Graph], layer.PartResult]) -> list[Graph]:
+    """Each output's best µGraph as its own search tuned it."""
+    return searched[0]
+
+
+@pytest.fixture(scope="module")
+def joined(searched: tuple[list[Graph], layer.PartResult]) -> layer.PartResult:
+    return searched[1]
 
 
 def test_a_grouped_launch_is_priced_once_with_its_members_streams_added(alone: list
