@@ -5,6 +5,8 @@ Llama-3-8B width, and the numerical standing of the one-pass moments form
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 
@@ -68,6 +70,7 @@ def _g(text: str, batch: int, hidden: int, n: int, dtype: str = "f16"):
     return parse_text(src, "<test>", {})
 
 
+@functools.cache  # two tests read it; a Graph is immutable
 def _one_kernel_design():
     """The search's best design at batch 1 (small sizes): one custom kernel."""
     res = search(_g(LAYERNORM_LINEAR, 1, 512, 256),

@@ -5,6 +5,7 @@ the verifier does not repeat a trial or a float64 draw it already made."""
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ from seeded_cache import start_from
 from mirage_cli import interp, serialize
 from mirage_cli.cli import main
 from mirage_cli.loading import load_graph
-from mirage_cli.search.driver import SearchOptions, reuse, search
+from mirage_cli.search.driver import SearchOptions, SearchResult, reuse, search
 from mirage_cli.verifier import api
 from mirage_cli.verifier.api import Verifier
 from mirage_cli.verifier.crosscheck import crosscheck
@@ -51,6 +52,12 @@ def seed(tmp_path: Path, batch: int) -> None:
 
 def program(batch: int) -> Any:
     return load_graph(str(LORA), {**SIZES, "batch": batch})
+
+
+@functools.cache  # several tests start from it; none changes it
+def searched(batch: int) -> SearchResult:
+    """A fresh search's one candidate for lora at ``batch``."""
+    return search(program(batch), SearchOptions(top=1))
 
 
 def test_reuse_certifies_the_shipped_candidate_at_the_new_sizes(tmp_path: Path) -> None:
@@ -107,7 +114,7 @@ def test_reuse_goes_down_the_ranking_when_the_first_fails(
 
 def test_certify_after_check_does_not_rerun_a_trial(monkeypatch: pytest.MonkeyPatch) -> None:
     prog = program(2)
-    cand = search(prog, SearchOptions(top=1)).candidates[0].graph
+    cand = searched(2).candidates[0].graph
     v = Verifier(prog, seed=3)
     runs: list[int] = []
     real = v._run
@@ -128,7 +135,7 @@ def test_certify_after_check_does_not_rerun_a_trial(monkeypatch: pytest.MonkeyPa
 
 def test_crosscheck_and_safety_share_one_draw(monkeypatch: pytest.MonkeyPatch) -> None:
     prog = program(2)
-    cand = search(prog, SearchOptions(top=1)).candidates[0].graph
+    cand = searched(2).candidates[0].graph
     draws: list[int] = []
     real = interp.random_inputs
 
@@ -151,7 +158,7 @@ def test_automatic_reuse_ranks_the_designs_found_at_the_new_sizes_too() -> None:
     # Which designs exist depends on the sizes: an automatic reuse enumerates at the new
     # sizes and ranks those beside the known ones (with no known design it still finds
     # every candidate a search finds); the explicit --reuse path enumerates nothing.
-    fresh = search(program(2), SearchOptions(top=1))
+    fresh = searched(2)
     res = reuse(program(2), [], SearchOptions(), need=1, enumerate_with=(None, 1))
     assert res.progress.units_total > 0 and res.progress.reused == 0
     assert [c.graph for c in res.candidates] == [c.graph for c in fresh.candidates]
@@ -231,7 +238,7 @@ def test_a_candidate_certified_at_a_smaller_batch_carries_to_its_own() -> None:
     from mirage_cli.search.reuse import _certified_small
 
     prog = program(4)
-    best = search(prog, SearchOptions(top=1)).candidates[0]
+    best = searched(4).candidates[0]
     v = _certified_small(prog, "batch", 0, best.design, best.graph, True)
     assert v is not None and v.ok
     small = v.detail["carried"]["from"]
@@ -269,7 +276,7 @@ def test_a_candidate_of_another_signature_is_left_to_the_driver(
     from mirage_cli.search.reuse import _certified_small
 
     prog = program(4)
-    best = search(prog, SearchOptions(top=1)).candidates[0]
+    best = searched(4).candidates[0]
 
     def other_signature(*args: Any) -> Any:
         raise MirageError("output #0 differs")
