@@ -16,8 +16,7 @@ Variants (``TIMELINE_VARIANTS="a;b"`` picks some): the shipped source; BEFORE.cu
 (the same µGraph from another code generator, for an A/B in one process); the ring's
 weight stages moved after the other inputs' copies (:func:`inputs_first`); the epilogue's
 divisions approximate (:func:`fast_epilogue`); no block barrier before the cluster
-barrier (:func:`one_barrier`); the weights' bulk copies hinted to be evicted first
-(:func:`evict_first`); the cluster arrive after the combine relaxed
+barrier (:func:`one_barrier`); the cluster arrive after the combine relaxed
 (:func:`relaxed_arrive`); the combine's loads of every accumulator issued at once
 (:func:`one_pass_combine`, an experimental emitter patched in for that variant). Writes the phases to OUT.json and every block's record to OUT-blocks.json. Used for
 docs/perf-log.md.
@@ -164,54 +163,6 @@ def fast_epilogue(src: str) -> str:
     return out
 
 
-EVICT_FIRST = r"""
-__device__ __forceinline__ unsigned long long mg_ef_policy() {
-  unsigned long long p;
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(p));
-  return p;
-}
-__device__ __forceinline__ void mg_tma2_ef(void* dst, const mg_tmap* m, int c0, int c1,
-                                           unsigned long long* b) {
-  asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
-               ".L2::cache_hint [%0], [%1, {%2, %3}], [%4], %5;"
-               :: "r"(mg_smem_addr(dst)), "l"(m), "r"(c0), "r"(c1), "r"(mg_smem_addr(b)),
-                  "l"(mg_ef_policy()) : "memory");
-}
-__device__ __forceinline__ void mg_tma3_ef(void* dst, const mg_tmap* m, int c0, int c1, int c2,
-                                           unsigned long long* b) {
-  asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes"
-               ".L2::cache_hint [%0], [%1, {%2, %3, %4}], [%5], %6;"
-               :: "r"(mg_smem_addr(dst)), "l"(m), "r"(c0), "r"(c1), "r"(c2),
-                  "r"(mg_smem_addr(b)), "l"(mg_ef_policy()) : "memory");
-}
-"""
-
-
-CALL = re.compile(r"\bmg_tma([23])\((.*)\);\s*$")  # plain copies (not yet hinted)
-
-
-def evict_first(src: str, weight_maps: set[int]) -> str:
-    """``src`` with the bulk tensor copies of weights (tensor-map parameters
-    ``weight_maps``) hinted ``L2::evict_first``: the weight stream, read once, then
-    stops evicting the kernel's code, its activations and its outputs from the L2."""
-    lines, n = src.split("\n"), 0
-    for i, line in enumerate(lines):
-        m = CALL.search(line)
-        if not m:
-            continue
-        tmap = m.group(2).split("&p", 1)[1].split(",", 1)[0] if "&p" in m.group(2) else ""
-        if tmap.isdigit() and int(tmap) in weight_maps:
-            lines[i] = line[:m.start()] + f"mg_tma{m.group(1)}_ef(" + line[m.start(2):]
-            n += 1
-    if not n:
-        raise ValueError("no bulk copy of a weight")
-    out = "\n".join(lines)
-    marker = "__device__ __forceinline__ void mg_tma3("
-    head, sep, tail = out.partition(marker)
-    end = tail.index("\n}\n") + 3
-    return head + sep + tail[:end] + EVICT_FIRST + tail[end:]
-
-
 def relaxed_arrive(src: str) -> str:
     """``src`` with the cluster arrive after the combine relaxed: it only says that the
     block reads no peer's shared memory any more (it publishes no writes)."""
@@ -294,17 +245,13 @@ def one_barrier(src: str) -> str:
     return out
 
 
-WEIGHT_MAPS: set[int] = set()  # the tensor-map parameters of weights, of the current kernel
 GRAPH: list[Graph] = []  # the µGraph being probed (for variants that emit it again)
 VARIANTS = {"shipped": lambda s: s, "fast epilogue": fast_epilogue,
-            "evict-first weights": lambda s: evict_first(s, WEIGHT_MAPS),
             "one barrier": one_barrier,
             "relaxed arrive": relaxed_arrive,
             "one-pass combine": lambda s: _emit_with_one_pass(GRAPH[0]),
             "one-pass combine, relaxed arrive": lambda s: relaxed_arrive(
                 _emit_with_one_pass(GRAPH[0])),
-            "one-pass combine, relaxed arrive, evict-first weights": lambda s: evict_first(
-                relaxed_arrive(_emit_with_one_pass(GRAPH[0])), WEIGHT_MAPS),
             "fast epilogue, one barrier": lambda s: one_barrier(fast_epilogue(s)), "inputs first, 1 stage early": lambda s: inputs_first(s, 1),
             "inputs first": lambda s: inputs_first(s, 0)}
 if os.environ.get("TIMELINE_VARIANTS"):  # a semicolon-separated subset, by label
@@ -468,11 +415,7 @@ def main(argv: list[str]) -> int:
         cu, _ = emit(plan)
         k0 = plan.kernels[0]
         nblocks = k0.grid[0] * k0.grid[1] * k0.grid[2]
-        weights = {i.value.name for i in g.inputs if i.weight}
         GRAPH[:] = [g]
-        WEIGHT_MAPS.clear()
-        WEIGHT_MAPS.update(j for j, q in enumerate(k0.params)
-                           if q.tmap is not None and q.arg in weights)
         before = spec.split(":")[3] if spec.count(":") >= 3 else None
         scale = bench.input_scale(prog)
         base = bench._measure(dev, "shipped", g, prog, 30, scale)

@@ -234,7 +234,7 @@ class Emitter:
                 ln, r = self._rms(inputs[0], shapes[0], idx[:-1] + ["0"],
                                   float(attrs.get("eps", 0.0)))
                 x = self._operand(inputs[0], idx, ln)
-                e = f"mg_div({x}, {r})"
+                e = _div(x, r)
                 if len(inputs) == 2:
                     e = f"({e} * {self._operand(inputs[1], broadcast_index(idx, shapes[1]), ln)})"
                 return ln, e
@@ -353,7 +353,7 @@ class Emitter:
                                                                f"for (int {k2} = 0; {k2} < {sx[dim]}; ++{k2}) {{"]
         lines += indent(b2 + [f"{s} += mg_exp({e2} - {m});"]) + ["}"]
         e = self._operand(x, idx, lines)
-        return lines, f"mg_div(mg_exp({e} - {m}), {s})"
+        return lines, _div(f"mg_exp({e} - {m})", s)
 
     def _concat(self, inputs: tuple[str, ...], shapes: list[tuple[int, ...]], idx: list[str],
                 dim: int) -> tuple[Lines, str]:
@@ -429,6 +429,14 @@ def swizzled_address(ptr: str, idx: list[str], t: TensorType, swizzle: int) -> s
     rows = t.numel // t.shape[-1]  # every dimension but the last (tmaplan.rows)
     box = f"({col} / {swizzle}) * {rows * swizzle}"
     return f"(reinterpret_cast<const unsigned char*>({ptr}) + {box} + {phys})"
+
+
+def _div(a: str, b: str) -> str:
+    """``a / b`` as the registry's ``div`` spells it (the one place that says how a
+    generated kernel divides: docs/codegen.md)."""
+    spelled = ops.get("div").cuda.expr
+    assert spelled is not None
+    return spelled.format(a, b)
 
 
 def reciprocal(e: str) -> str:

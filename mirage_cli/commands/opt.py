@@ -342,14 +342,19 @@ def stage_measure(g: Graph, res: Outcome, timer: Any, kw: dict  # type: ignore[t
 
 def stage_pinned(g: Graph, res: Outcome, pin: str, widen: tuple[str, ...], arch: str,
                  timer: Any, kw: dict  # type: ignore[type-arg]
-                 ) -> tuple[Graph | None, str]:
+                 ) -> tuple[Graph, str]:
     """``--pin`` / ``--widen``: the tunings within them of the searched designs (the first
     candidate of each), ranked by the cost model as ``mirage tune`` ranks them, with the
     pinned plan knobs; with ``--gpu``, the first ``--top`` of them measured as they are,
     the pinned knobs held. A new tuning of a verified design ships only once a
-    finite-field trial against the program accepts it (the first one that does); None
-    when none does. Also the candidates file of what was ranked or timed."""
-    from mirage_cli.commands.tune import pinned_knobs, with_knob_pins, within_pins
+    finite-field trial against the program accepts it (the first one that does). Also
+    the candidates file of what was ranked or timed."""
+    from mirage_cli.commands.tune import (
+        first_verified,
+        pinned_knobs,
+        with_knob_pins,
+        within_pins,
+    )
     from mirage_cli.search import measure
     from mirage_cli.search.design import design_of
 
@@ -357,23 +362,21 @@ def stage_pinned(g: Graph, res: Outcome, pin: str, widen: tuple[str, ...], arch:
     designs = list(dict.fromkeys(design_of(c)[0] for c in cands))
     firsts = [next(c for c in cands if design_of(c)[0] == d) for d in designs]
     pins, ranked = within_pins(firsts, pin, widen, skip_illegal=True)
-    accept = measure.reverified(g, int(kw["seed"]))
+    seed = int(kw["seed"])
     if timer is not None:
         kernels = max(len(design_of(c)[1]) for c in firsts)
         r = measure.measure([c for c, _ in ranked], g, timer, top=int(kw["top"]),
                             workers=max(int(kw["jobs"]), os.cpu_count() or 1),
                             use_cache=not kw["no_cache"], pinned=pinned_knobs(pins, kernels),
-                            accept=accept)
+                            accept=measure.reverified(g, seed))
         pairs = r.candidates()
         return pairs[0][0], serialize.dumps_candidates(pairs)
+    ranked = first_verified(ranked, g, "the program", seed, "opt")
     planned_ = [(with_knob_pins(c, pins, arch), t) for c, t in ranked]
     text = serialize.dumps_candidates(
         [(c, {"rank": i, "tuning": [{"grid": list(gr), "forloop": f} for gr, f in t],
-              "pins": pin}) for i, (c, t) in enumerate(planned_)])
-    for c, _ in planned_:
-        if accept(c):
-            return c, text
-    return None, text
+              "pins": pin, "verified": i == 0}) for i, (c, t) in enumerate(planned_)])
+    return planned_[0][0], text
 
 
 def _optimise(g: Graph, program: str, kw: dict, deadline: float,  # type: ignore[type-arg]
@@ -415,9 +418,6 @@ def _optimise(g: Graph, program: str, kw: dict, deadline: float,  # type: ignore
             best, ranked = stage_pinned(g, res, *within, timer, kw)
             if save_temps:
                 temps.append((os.path.join(save_temps, f"{base}.pinned.ugraph.json"), ranked))
-            if best is None:
-                raise MirageError("opt: no tuning within --pin/--widen passed the "
-                                  "finite-field check against the program")
         elif timer is not None and res.candidates:
             best, measured = stage_measure(g, res, timer, kw)
             if save_temps:

@@ -326,7 +326,7 @@ def command(file: str, space: bool, pin: str, widen: tuple[str, ...], output: st
         _measured([(g, {}) for g, _ in ranked], gpu, top, jobs, not no_cache, output,
                   pinned_knobs(pins, kernels))
         return
-    ranked = _first_verified(ranked, cands[0][0])
+    ranked = first_verified(ranked, cands[0][0], "the file's first candidate")
     pairs = []
     for i, (g, t) in enumerate(ranked):
         c = estimate(g)
@@ -340,20 +340,20 @@ def command(file: str, space: bool, pin: str, widen: tuple[str, ...], output: st
         write_atomic(output, serialize.dumps_candidates(pairs))
 
 
-def _first_verified(ranked: list[tuple[Graph, Tuning]], reference: Graph
-                    ) -> list[tuple[Graph, Tuning]]:
+def first_verified(ranked: list[tuple[Graph, Tuning]], reference: Graph, against: str,
+                   seed: int = 0, who: str = "tune") -> list[tuple[Graph, Tuning]]:
     """``ranked`` from its first tuning that a finite-field trial finds equivalent to
-    ``reference`` (the file's first candidate: what `mirage codegen` of the output
-    compiles is then a verified µGraph); the ones before it are dropped, each with a
-    warning. The later ones are not checked (their ``verified`` is false)."""
+    ``reference`` (``against`` names it in messages): a new tuning of a verified design
+    is checked again before anything compiles it. The ones before it are dropped, each
+    with a warning; the later ones are not checked. None passing is an error."""
     from mirage_cli.console import warn
     from mirage_cli.search.measure import reverified
 
-    accept = reverified(reference)
+    accept = reverified(reference, seed)
     for i, (g, t) in enumerate(ranked):
         if accept(g):
             return ranked[i:]
-        warn(f"tune: tuning {[{'grid': list(gr), 'forloop': f} for gr, f in t]} is not "
-             "equivalent to the file's first candidate (finite-field trial): left out")
-    raise MirageError("tune: no tuning within the pins is equivalent to the file's first "
-                      "candidate")
+        warn(f"{who}: tuning {[{'grid': list(gr), 'forloop': f} for gr, f in t]} is not "
+             f"equivalent to {against} (finite-field trial): left out")
+    raise MirageError(f"{who}: no tuning within the pins passed the finite-field check "
+                      f"against {against}")
