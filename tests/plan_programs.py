@@ -1,5 +1,7 @@
 """Programs with explicit custom kernels that plan tests share."""
 
+from pathlib import Path
+
 # mqa_decode's split kernel at batch 16, as `mirage opt` ships it: two 16-row tiles of
 # queries per block, a running maximum, five pipeline stages by default.
 MQA_SPLIT_B16 = """program mqa_decode(batch = 16, heads = 32, d = 128, seq = 4096) {
@@ -52,3 +54,12 @@ MHA_SOFTMAX_B1 = """program mha_decode(batch = 1, heads = 32, d = 128, seq = 409
   output t0;
 }
 """
+
+# RMSNorm + linear at a Llama-3.2-3B QKV projection's sizes (hidden 3072, 5120
+# columns): the example's fused µGraph as 40 tiles of 128 columns over 24 iterations,
+# so that clusters of 3 and 6 split the forloop evenly (120 and 240 launched blocks
+# where clusters of 2 launch 80).
+RMSNORM_LINEAR_24 = (Path(__file__).resolve().parent.parent / "examples" / "mugraphs"
+                     / "rmsnorm_linear_fused.mir").read_text().replace(
+    "(batch = 8, hidden = 4096, n = 6144)", "(batch = 4, hidden = 3072, n = 5120)").replace(
+    "grid=(192, 1, 1), threads=128, forloop=32", "grid=(40, 1, 1), threads=128, forloop=24")

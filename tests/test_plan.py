@@ -10,7 +10,7 @@ import re
 from pathlib import Path
 
 import pytest
-from plan_programs import MHA_SOFTMAX_B1, MQA_SPLIT_B16
+from plan_programs import MHA_SOFTMAX_B1, MQA_SPLIT_B16, RMSNORM_LINEAR_24
 
 from mirage_cli import serialize
 from mirage_cli.codegen.emit import emit
@@ -341,6 +341,28 @@ def test_ksplit_spreads_the_forloop_over_a_cluster() -> None:
     assert compile_cuda(cu, "k.cu", "sm_90").cubin
     with pytest.raises(MirageError, match="ksplit=4 is not legal"):
         planned(g, "sm_80", [Knobs(ksplit=4)])
+
+
+def test_clusters_of_any_size_that_divides_the_forloop(tmp_path: Path) -> None:
+    src = tmp_path / "rl24.mir"
+    src.write_text(RMSNORM_LINEAR_24)
+    g = load_graph(str(src))
+    (op,) = g.ops
+    assert op.block is not None
+    assert knob_space(op.block, g.tensor_types(), "sm_90")["ksplit"] == [1, 2, 3, 4, 6, 8]
+    for ks in (3, 6):
+        pg = planned(g, "sm_90", [Knobs(ksplit=ks)])
+        (k,) = lower(pg).kernels
+        assert k.grid == (40, 1, ks) and k.cluster == ks
+        cu, _ = emit(lower(pg))
+        # each block runs its own 24 / ks iterations, from its rank's first one
+        assert f"__cluster_dims__(1, 1, {ks})" in cu
+        assert f"const int mg_it0 = (int)mg_rank * {24 // ks};" in cu
+        assert f"for (int it = 0; it < {24 // ks}; ++it)" in cu
+        res = compile_cuda(cu, "k.cu", "sm_90")
+        assert all(r.spill_stores == 0 and r.stack == 0 for r in res.resources)
+    with pytest.raises(MirageError, match="ksplit=5 is not legal"):
+        planned(g, "sm_90", [Knobs(ksplit=5)])
 
 
 # (example, batch, pins) -> the cluster combine's form: the shared epilogue where the
