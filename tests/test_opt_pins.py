@@ -126,7 +126,7 @@ def test_a_forloop_pin_leaves_out_a_design_that_does_not_loop() -> None:
     assert flat, "the file's first design does not loop"
     with pytest.raises(MirageError, match="no tuning within the pins"):
         retune(flat[0], {"forloop": ["2"]}, {})
-    _, ranked = within_pins(firsts, "forloop=2", (), skip_illegal=True)
+    _, ranked = within_pins(firsts, "forloop=2", ())
     assert ranked and all(custom_steps(design_of(g)[0])[0].looped and t[0][1] == 2
                           for g, t in ranked)
 
@@ -156,3 +156,34 @@ def test_tune_writes_from_the_first_tuning_a_trial_accepts(tmp_path: Path,
     # The first written is the second tried (its plan knobs attached: compare designs).
     first_tried = serialize.loads(tried[1])
     assert design_of(pairs[0][0]) == design_of(first_tried)
+
+
+def test_a_knob_pin_skips_the_tunings_where_it_is_illegal_and_is_priced(
+        tmp_path: Path) -> None:
+    """ksplit=3 divides a forloop of 24, not the widened 32: only the first is within
+    the pins, and it is ranked with its pinned plan (120 blocks, not 80)."""
+    from plan_programs import RMSNORM_LINEAR_24
+
+    from mirage_cli.loading import load_graph
+
+    src = tmp_path / "rl24.mir"
+    src.write_text(RMSNORM_LINEAR_24)
+    cands = tmp_path / "rl24.cands.ugraph.json"
+    cands.write_text(serialize.dumps_candidates([(load_graph(str(src)), {})]))
+
+    def tuned(*args: str) -> list[tuple[object, dict]]:  # type: ignore[type-arg]
+        out = tmp_path / "t.ugraph.json"
+        r = CliRunner().invoke(main, ["tune", str(cands), *args, "-o", str(out)])
+        assert r.exit_code == 0, r.output
+        return serialize.loads_candidates(out.read_text())  # type: ignore[return-value]
+
+    three = tuned("--pin", "ksplit=3", "--widen", "forloop=32")
+    assert [design_of(g)[1][0][1] for g, _ in three] == [24]  # type: ignore[arg-type]
+    (g, meta), = three
+    (plan,) = [op.plan for op in g.ops if op.block is not None]  # type: ignore[attr-defined]
+    assert plan is not None and plan.knobs.ksplit == 3
+    two = tuned("--pin", "ksplit=2")
+    assert meta["cost"]["min_blocks"] == 120 and two[0][1]["cost"]["min_blocks"] == 80
+    assert meta["cost"]["time_us"] != two[0][1]["cost"]["time_us"]
+    r = CliRunner().invoke(main, ["tune", str(cands), "--pin", "ksplit=5"])
+    assert r.exit_code == 2 and "ksplit=5 is not legal" in r.output

@@ -361,7 +361,7 @@ def stage_pinned(g: Graph, res: Outcome, pin: str, widen: tuple[str, ...], arch:
     cands = [c for c, _ in res.candidates]
     designs = list(dict.fromkeys(design_of(c)[0] for c in cands))
     firsts = [next(c for c in cands if design_of(c)[0] == d) for d in designs]
-    pins, ranked = within_pins(firsts, pin, widen, skip_illegal=True)
+    pins, ranked = within_pins(firsts, pin, widen)
     seed = int(kw["seed"])
     if timer is not None:
         kernels = max(len(design_of(c)[1]) for c in firsts)

@@ -200,15 +200,16 @@ def retune(g: Graph, pins: dict[str, list[str]], widen: dict[str, list[str]]
                 lambda x: serialize.dumps(x[0]))
 
 
-def within_pins(firsts: list[Graph], pin: str, widen: tuple[str, ...],
-                skip_illegal: bool = False
+def within_pins(firsts: list[Graph], pin: str, widen: tuple[str, ...]
                 ) -> tuple[dict[str, list[str]], list[tuple[Graph, Tuning]]]:
     """``--pin`` and ``--widen`` parsed and checked, and the tunings within them of the
     designs ``firsts`` (one µGraph each), ranked together by the cost model (ties by
-    the stated rule). ``skip_illegal``: a design with no legal tuning within the pins
-    is left out (an error only when every design is), instead of an error."""
+    the stated rule). A design or tuning that the pins do not allow is left out; an
+    error only when nothing is left, naming the knob pin where one was the cause."""
     pins = parse_assignments(pin, "--pin")
-    check_kernel_pins(pins, max(len(design_of(g)[1]) for g in firsts))
+    kernels = max(len(design_of(g)[1]) for g in firsts)
+    check_kernel_pins(pins, kernels)
+    pinned_knobs(pins, kernels)  # names and values checked before any design is tried
     wide: dict[str, list[str]] = {}
     for w in widen:
         wide.update(parse_assignments(w, "--widen"))
@@ -217,13 +218,23 @@ def within_pins(firsts: list[Graph], pin: str, widen: tuple[str, ...],
             raise MirageError(f"--widen {k}: only grid and forloop are widened (plan knobs "
                               "are tried over their whole legal range by --space)")
     found: list[tuple[Graph, Tuning]] = []
+    knob_error: MirageError | None = None
     for g in firsts:
         try:
-            found += retune(g, pins, wide)
+            tunings = retune(g, pins, wide)
         except MirageError:
-            if not skip_illegal:
-                raise
+            continue
+        # A plan-knob pin legal at one tuning may not be at another (ksplit=3 divides a
+        # forloop of 24, not one of 32): such tunings are not within the pins. The
+        # others are ranked with their pinned plans, which the cost model reads.
+        for ng, t in tunings:
+            try:
+                found.append((with_knob_pins(ng, pins, DEFAULT_ARCH), t))
+            except MirageError as e:
+                knob_error = knob_error or e
     if not found:
+        if knob_error is not None:  # say which pin, and its legal values
+            raise MirageError(f"{knob_error.message} at every tuning within the pins")
         raise MirageError(f"no tuning within the pins is legal for any of the {len(firsts)} "
                           "design(s) (see 'mirage tune CANDS.ugraph.json --space')")
     return pins, rank(found, lambda x: estimate(x[0]), lambda x: serialize.dumps(x[0]))
@@ -317,7 +328,7 @@ def command(file: str, space: bool, pin: str, widen: tuple[str, ...], output: st
             for line in space_lines(g, DEFAULT_ARCH):
                 click.echo(line)
         return
-    pins, ranked = within_pins(firsts, pin, widen, skip_illegal=True)
+    pins, ranked = within_pins(firsts, pin, widen)
     if gpu is not None:
         # Measured within the pins: the first --top tunings of that ranking as they
         # are, the pinned knobs held (before, --gpu measured the file's own tunings
