@@ -42,6 +42,7 @@ class Knobs:
     chain: int | None = None      # 1: a matmul chain keeps its score tile in mma fragments
     tma: int | None = None        # 1: loop inputs read only by mma copied by bulk tensor copies
     wgmma: int | None = None      # 1: a chain's mmas as warpgroup wgmma (sm_90a), B by descriptor
+    push: int | None = None       # 1: a cluster's other blocks push their partials to block 0
 
     def as_json(self) -> dict[str, int]:
         return {k: v for k, v in asdict(self).items() if v is not None}

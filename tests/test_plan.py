@@ -331,6 +331,8 @@ def test_ksplit_spreads_the_forloop_over_a_cluster() -> None:
     assert op.block is not None
     assert knob_space(op.block, types, "sm_90")["ksplit"] == [1, 2, 4, 8]
     assert knob_space(op.block, types, "sm_80")["ksplit"] == [1]   # clusters are sm_90
+    assert knob_space(op.block, types, "sm_90")["push"] == [0, 1]
+    assert knob_space(op.block, types, "sm_80")["push"] == [0]
     gqa = load_graph(str(ROOT / "examples/mugraphs/gqa_fused.mir"))
     first = gqa.ops[0].block
     assert first is not None and knob_space(first, gqa.tensor_types(), "sm_90")["ksplit"] == [1]
@@ -350,8 +352,8 @@ def test_clusters_of_any_size_that_divides_the_forloop(tmp_path: Path) -> None:
     (op,) = g.ops
     assert op.block is not None
     assert knob_space(op.block, g.tensor_types(), "sm_90")["ksplit"] == [1, 2, 3, 4, 6, 8]
-    for ks in (3, 6):
-        pg = planned(g, "sm_90", [Knobs(ksplit=ks)])
+    for ks, push in ((3, 0), (6, 0), (3, 1)):
+        pg = planned(g, "sm_90", [Knobs(ksplit=ks, push=push)])
         (k,) = lower(pg).kernels
         assert k.grid == (40, 1, ks) and k.cluster == ks
         cu, _ = emit(lower(pg))
@@ -366,10 +368,14 @@ def test_clusters_of_any_size_that_divides_the_forloop(tmp_path: Path) -> None:
 
 
 # (example, batch, pins) -> the cluster combine's form: the shared epilogue where the
-# staging ring holds a copy of every accumulator tile, the combine into block 0 where not.
+# staging ring holds a copy of every accumulator tile, the combine into block 0 where not,
+# the push to block 0 where pinned (whichever of the other two would apply).
 CLUSTER_FORMS = [("rmsnorm_linear_fused", 16, Knobs(ksplit=2), "shared"),
                  ("gated_mlp_fused", 1, Knobs(ksplit=4, stages=1), "shared"),
-                 ("lora_fused", 64, Knobs(ksplit=2, stages=1), "block0")]
+                 ("lora_fused", 64, Knobs(ksplit=2, stages=1), "block0"),
+                 ("rmsnorm_linear_fused", 16, Knobs(ksplit=2, push=1), "push"),
+                 ("gated_mlp_fused", 1, Knobs(ksplit=4, stages=1, push=1), "push"),
+                 ("lora_fused", 64, Knobs(ksplit=2, stages=1, push=1), "push")]
 
 
 @pytest.mark.parametrize("stem,batch,pins,form", CLUSTER_FORMS,
@@ -381,6 +387,10 @@ def test_cluster_combine_form(stem: str, batch: int, pins: Knobs, form: str) -> 
     if form == "shared":   # every block stores its share; none returns early
         assert "mg_cluster_arrive();" in kernel and "  mg_cluster_wait();" in kernel
         assert "(int)mg_rank * " in kernel and "mg_rank != 0" not in kernel
+    elif form == "push":   # no cluster barrier at the end: the others push and return
+        assert "mg_cluster_sync();" not in kernel and "mg_cluster_arrive();" not in kernel
+        assert "mg_cluster_arrive_relaxed();" in kernel and "if (mg_rank != 0) {" in kernel
+        assert "mg_push" in kernel and "mg_mbar_wait_cluster(mg_recv_bar, 0);" in kernel
     else:
         assert "if (mg_rank != 0) return;" in kernel and "mg_cluster_arrive();" not in kernel
     assert compile_cuda(cu, "k.cu", "sm_90").cubin

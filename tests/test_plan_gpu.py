@@ -148,10 +148,12 @@ def test_mqa_chain_every_knob_value_on_gpu(  # type: ignore[no-untyped-def]
     _check_all(device, load_graph(str(src)))
 
 
-@pytest.mark.parametrize("ksplit", [3, 6])
-def test_clusters_of_three_and_six_on_gpu(device, tmp_path: Path, ksplit: int) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("ksplit,push", [(3, 0), (6, 0), (3, 1)])
+def test_clusters_of_three_and_six_on_gpu(device, tmp_path: Path, ksplit: int,  # type: ignore[no-untyped-def]
+                                          push: int) -> None:
     """A forloop of 24 split over clusters of sizes that are not powers of two, each
-    block's 24 / ksplit iterations combined over distributed shared memory."""
+    block's 24 / ksplit iterations combined over distributed shared memory (pulled by
+    every block, or pushed to block 0)."""
     from plan_programs import RMSNORM_LINEAR_24
 
     from mirage_cli.codegen.bench import check_graph
@@ -159,6 +161,6 @@ def test_clusters_of_three_and_six_on_gpu(device, tmp_path: Path, ksplit: int) -
     src = tmp_path / "rl24.mir"
     src.write_text(RMSNORM_LINEAR_24)
     g = load_graph(str(src))
-    loaded, chk = check_graph(device, planned(g, "sm_90", [Knobs(ksplit=ksplit)]), seed=7)
+    loaded, chk = check_graph(device, planned(g, "sm_90", [Knobs(ksplit=ksplit, push=push)]), seed=7)
     loaded.unload()
     assert chk.ok, chk.reason

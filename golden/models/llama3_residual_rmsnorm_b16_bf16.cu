@@ -443,6 +443,48 @@ __device__ __forceinline__ void mg_dsmem_st(float* p, unsigned rank, float v) {
   asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(rank));
   asm volatile("st.shared::cluster.f32 [%0], %1;" :: "r"(r), "f"(v) : "memory");
 }
+// The push form of a cluster's combine (push=1): every block arrives once at its start,
+// block 0 after initialising the mbarrier that counts the bytes pushed to it; the
+// others wait on that before their first push, which stores into block 0's shared
+// memory (at the address `p` has here) and completes as many bytes of its mbarrier
+// (at the address `bar` has here). Block 0 arrives expecting them and waits, both with
+// cluster scope: the bytes come from other blocks.
+__device__ __forceinline__ void mg_cluster_arrive_relaxed() {
+  asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void mg_push4(const float* p, float4 v, const unsigned long long* bar,
+                                         unsigned rank) {
+  unsigned a, b;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"
+               : "=r"(a) : "r"((unsigned)__cvta_generic_to_shared(p)), "r"(rank));
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"
+               : "=r"(b) : "r"((unsigned)__cvta_generic_to_shared(bar)), "r"(rank));
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 "
+               "[%0], {%1, %2, %3, %4}, [%5];"
+               :: "r"(a), "r"(__float_as_uint(v.x)), "r"(__float_as_uint(v.y)),
+                  "r"(__float_as_uint(v.z)), "r"(__float_as_uint(v.w)), "r"(b) : "memory");
+}
+__device__ __forceinline__ void mg_push(const float* p, float v, const unsigned long long* bar,
+                                        unsigned rank) {
+  unsigned a, b;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"
+               : "=r"(a) : "r"((unsigned)__cvta_generic_to_shared(p)), "r"(rank));
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"
+               : "=r"(b) : "r"((unsigned)__cvta_generic_to_shared(bar)), "r"(rank));
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];"
+               :: "r"(a), "r"(__float_as_uint(v)), "r"(b) : "memory");
+}
+__device__ __forceinline__ void mg_mbar_arrive_expect_cluster(unsigned long long* b,
+                                                              unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.release.cluster.shared::cta.b64 _, [%0], %1;"
+               :: "r"((unsigned)__cvta_generic_to_shared(b)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mg_mbar_wait_cluster(unsigned long long* b, int parity) {
+  asm volatile("{\n .reg .pred p;\n MG_CWAIT:\n"
+               " mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%0], %1;\n"
+               " @!p bra MG_CWAIT;\n}"
+               :: "r"((unsigned)__cvta_generic_to_shared(b)), "r"(parity) : "memory");
+}
 #endif
 // Warpgroup matrix multiply (wgmma, sm_90a): 4 consecutive warps multiply 64 rows; each
 // warp's A fragments and accumulators are those of mma.m16n8k16 over its 16 rows, so a

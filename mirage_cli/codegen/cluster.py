@@ -15,6 +15,15 @@ accumulator states in their own shared memory. Two forms combine them:
 * **Combine into block 0** (the fallback). Every block combines a 1/KS share of each
   accumulator into block 0's tile; after a second cluster barrier block 0 alone runs
   the epilogue and the stores.
+* **Push to block 0** (the ``push`` knob, not the default until measured). No cluster
+  barrier at the end: every other block stores its partials into its own slot of block
+  0's receive area (``st.async``, which completes bytes of block 0's mbarrier) and
+  exits; block 0 waits on that mbarrier alone, adds the partials in the same order as
+  the shared epilogue (so the same sums, bit for bit), and runs the epilogue and all
+  the stores. The other blocks' SMs are free as soon as they have pushed, and block 0
+  waits for its peers' data, not for a barrier round trip. Every block arrives on the
+  cluster barrier once at its start (block 0 after initialising the mbarrier); the
+  others wait on it before their first push.
 
 Measured on an H200 (docs/perf-log.md v12): the combine into block 0 and its serial
 epilogue cost 1.5-3.8 µs of a 17-23 µs streaming matmul, all of it tail (every block
@@ -28,6 +37,7 @@ from typing import TYPE_CHECKING
 from mirage_cli import ops
 from mirage_cli.codegen import reduce
 from mirage_cli.codegen.expr import Lines, indent
+from mirage_cli.codegen.smemplan import RECV, pushed
 from mirage_cli.ir import BlockOp
 from mirage_cli.semantics.cuda import c_update
 
@@ -76,6 +86,8 @@ def ring_copies(k: FusedKernel, accs: list[BlockOp]) -> dict[str, int] | None:
 def combine(k: FusedKernel, accs: list[BlockOp]) -> tuple[Lines, bool]:
     """The lines after the loop's accumulator finish; True when the stores are to be
     shared over the cluster (the shared epilogue), False when block 0 stores alone."""
+    if RECV in k.tiles:
+        return _pushed(k, accs), False
     copies = ring_copies(k, accs)
     if copies is None:
         return _into_block0(k, accs), False
@@ -144,3 +156,39 @@ def _into_block0(k: FusedKernel, accs: list[BlockOp]) -> Lines:
                   f"  for (unsigned r = 1; r < {k.KS}; ++r) {upd}",
                   f"  mg_dsmem_st(buf_{name} + e, 0, {fin.format('v')});", "}"]
     return lines + ["mg_cluster_sync();", "if (mg_rank != 0) return;"]
+
+
+def _pushed(k: FusedKernel, accs: list[BlockOp]) -> Lines:
+    """The push form: every block but 0 stores its partial tiles into its slot of block
+    0's receive area and returns; block 0 waits for all of them and combines them into
+    its own tiles, finished in place."""
+    slots = dict(pushed(k.a))
+    slot = sum(slots.values())
+    recv = k.tile(RECV).smem_offset
+    push: Lines = ["mg_cluster_wait();  // block 0's mbarrier is initialised"]
+    add: Lines = []
+    total = 0
+    off = 0
+    for op in accs:
+        name, n = op.outputs[0].name, op.outputs[0].type.numel
+        spec = ops.get(op.op).accum
+        assert spec is not None
+        dst = f"reinterpret_cast<float*>(mg_smem + {recv + off} + (mg_rank - 1) * {slot})"
+        if n % 4 == 0 and k.tile(name).smem_offset % 16 == 0:
+            push.append(f"for (int e = threadIdx.x; e < {n // 4}; e += {k.T}) "
+                        f"mg_push4({dst} + 4 * e, reinterpret_cast<const float4*>("
+                        f"buf_{name})[e], mg_recv_bar, 0);")
+        else:
+            push.append(f"for (int e = threadIdx.x; e < {n}; e += {k.T}) "
+                        f"mg_push({dst} + e, buf_{name}[e], mg_recv_bar, 0);")
+        got = f"reinterpret_cast<const float*>(mg_smem + {recv + off} + (r - 1) * {slot})[e]"
+        add += [f"for (int e = threadIdx.x; e < {n}; e += {k.T}) {{",
+                f"  float v = buf_{name}[e];",
+                f"  for (unsigned r = 1; r < {k.KS}; ++r) {c_update('v', got, spec.combine)}",
+                f"  buf_{name}[e] = {reduce.finish_format(k, op).format('v')};", "}"]
+        total += 4 * n
+        off += slots[name]
+    expect = (f"if (threadIdx.x == 0) mg_mbar_arrive_expect_cluster(mg_recv_bar, "
+              f"{total * (k.KS - 1)}u);")
+    return (["__syncthreads();", "if (mg_rank != 0) {"] + indent(push + ["return;"]) + ["}"]
+            + [expect, "mg_mbar_wait_cluster(mg_recv_bar, 0);"] + add + ["__syncthreads();"])

@@ -302,6 +302,8 @@ def resolve(a: Analysis, dev: Mapping[str, TensorType], pins: Knobs) -> Knobs:
         d["chain"] = 0
     if d["wgmma"] is None:
         d["wgmma"] = 0
+    if d["push"] is None:
+        d["push"] = 0  # the shared epilogue (cluster.py); push is for measurement to pick
     if d["kwarps"] is None:
         # Measured on an H200 (docs/perf-log.md): splitting K pays while each warp keeps
         # at least 8 mma steps per iteration; past that the fragment sums cost more.

@@ -212,16 +212,20 @@ def knob_space(bg: BlockGraph, dev_types: Mapping[str, TensorType], target: str,
     # A direct kernel stores one element per thread (codegen/direct.py).
     vec = [1] if direct_reason(a) is None else vec_range(a, dev_types)
     wgmma = _wgmma_legal(bg, threads, dev_types, target)
+    ksplit = (ksplit_range(a, target) if _no_scratch(a, dev_types, target) and not online
+              else [1])
     return {"stages": _stage_range(a, dev_types, target, given),
             "kwarps": kwarps, "pad": [0, 1],
             "ldmatrix": [1] if online else [0, 1],  # a chain's operands need it
             "stage_once": [0, 1], "vec": vec, "threads": threads,
-            "ksplit": ksplit_range(a, target) if _no_scratch(a, dev_types, target)
-            and not online else [1],
+            "ksplit": ksplit,
             "stagger": stagger_range(a), "chain": chainplan.chain_range(a, kwarps),
             # A chain's B tiles are bulk-copied only for wgmma.
             "tma": [0, 1] if wgmma or _tma_legal(a, dev_types, target) else [0],
-            "wgmma": [0, 1] if wgmma else [0]}
+            "wgmma": [0, 1] if wgmma else [0],
+            # The combine's form where the forloop splits over a cluster (without one,
+            # push=1 changes nothing).
+            "push": [0, 1] if len(ksplit) > 1 else [0]}
 
 
 def _stage_range(a: Analysis, dev_types: Mapping[str, TensorType], target: str,

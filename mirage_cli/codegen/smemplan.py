@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mirage_cli import arch as archs
+from mirage_cli import ops
 from mirage_cli.codegen import tmaplan
 from mirage_cli.codegen.blockfacts import Analysis
 from mirage_cli.codegen.knobranges import VEC_BYTES
@@ -84,6 +85,22 @@ class TileDraft:
 RED = "$red"    # per-warp partial results of block-wide reductions
 ZERO = "$zero"  # 16 zero bytes: ldmatrix rows past the end of a short A tile
 MBAR = "$mbar"  # one mbarrier per pipeline stage: the bulk tensor copies' completion
+RECV = "$recv"  # the partials a cluster's other blocks push to block 0, and their mbarrier
+
+
+def pushed(a: Analysis) -> list[tuple[str, int]]:
+    """(tile, bytes) of each accumulator a cluster's block pushes to block 0 (``push=1``,
+    :mod:`cluster`): its f32 tile padded to 16 bytes, in the block graph's order."""
+    return [(op.outputs[0].name, pad16(op.outputs[0].type.numel * 4)) for op in a.bg.ops
+            if ops.get(op.op).is_accumulator]
+
+
+def recv_bytes(a: Analysis, k: Knobs) -> int:
+    """Bytes of block 0's receive area: a slot of every pushed tile for each other block
+    of the cluster, then the mbarrier their stores complete (0 without the push form)."""
+    if (k.ksplit or 1) == 1 or not k.push:
+        return 0
+    return ((k.ksplit or 1) - 1) * sum(n for _, n in pushed(a)) + 16
 
 
 def allocate(a: Analysis, tiles: dict[str, TileDraft], has_mma: bool, reds: list[ReducePlan],
@@ -100,7 +117,8 @@ def allocate(a: Analysis, tiles: dict[str, TileDraft], has_mma: bool, reds: list
     # after them is read by ldmatrix (with one or two warps, W * 4 bytes left it 8-byte
     # aligned: a misaligned address fault at 64 threads).
     red = pad16(W * 4) if any(r.threads_per_row > 32 for r in reds) else 0
-    extra = red + (16 if has_mma else 0)
+    recv = recv_bytes(a, k)
+    extra = red + (16 if has_mma else 0) + recv
     tma = any(t.swizzle for t in staged)
     if tma:  # the mbarriers, and the slack that aligns the base to 1024 bytes at run time
         extra += 8 * MAX_STAGES + tmaplan.ALIGN
@@ -160,4 +178,10 @@ def allocate(a: Analysis, tiles: dict[str, TileDraft], has_mma: bool, reds: list
             tiles[ZERO] = TileDraft(ZERO, TensorType((8,), DType.F16), "invariant", "smem",
                                 smem_offset=off, owner="zeros")
             off += 16
+        if recv:
+            tiles[RECV] = TileDraft(RECV, TensorType((recv // 4,), DType.F32), "epilogue",
+                                    "smem", smem_offset=off,
+                                    owner="partials pushed by the cluster's other blocks, "
+                                          "then their mbarrier")
+            off += recv
     return off + (tmaplan.ALIGN if tma else 0), scratch

@@ -59,9 +59,10 @@ KNOBS_PER_TUNING = 6     # plan-knob settings timed per tuning (defaults first)
 # batch 8 in 18.0 against 18.6; bulk copies (tma=1) mqa_decode at batch 1 in 8.0 against
 # 9.0, and cp.async (tma=0) rmsnorm_linear at batch 1 on an H200 in 15.3 against 15.8
 # (v32). Unpadded rows and scalar fragment loads lost everywhere (qknorm_gqa at batch
-# 1: pad=0 15.4 us and ldmatrix=0 32.4 against 9.7).
+# 1: pad=0 15.4 us and ldmatrix=0 32.4 against 9.7). The cluster combine's push form
+# (push=1) has not been measured yet: last.
 KNOB_ORDER = ("kwarps", "stages", "tma", "threads", "ksplit", "wgmma", "chain", "stagger",
-              "vec", "stage_once", "ldmatrix", "pad")
+              "vec", "stage_once", "ldmatrix", "pad", "push")
 REPLAYS = 30             # CUDA-graph replays per timing (the bench's default)
 FORMAT = "mirage-cli/measure-cache"
 VERSION = 1
