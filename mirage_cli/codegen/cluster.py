@@ -22,8 +22,8 @@ accumulator states in their own shared memory. Two forms combine them:
   the shared epilogue (so the same sums, bit for bit), and runs the epilogue and all
   the stores. The other blocks' SMs are free as soon as they have pushed, and block 0
   waits for its peers' data, not for a barrier round trip. Every block arrives on the
-  cluster barrier once at its start (block 0 after initialising the mbarrier); the
-  others wait on it before their first push.
+  cluster barrier once at its start (block 0 after initialising the mbarrier) and
+  waits on it once later: the others before their first push.
 
 Measured on an H200 (docs/perf-log.md v12): the combine into block 0 and its serial
 epilogue cost 1.5-3.8 µs of a 17-23 µs streaming matmul, all of it tail (every block
@@ -190,5 +190,8 @@ def _pushed(k: FusedKernel, accs: list[BlockOp]) -> Lines:
         off += slots[name]
     expect = (f"if (threadIdx.x == 0) mg_mbar_arrive_expect_cluster(mg_recv_bar, "
               f"{total * (k.KS - 1)}u);")
+    # Block 0 waits on the cluster barrier too (long complete by now): every arrive of
+    # the start is matched by a wait before the thread exits.
     return (["__syncthreads();", "if (mg_rank != 0) {"] + indent(push + ["return;"]) + ["}"]
-            + [expect, "mg_mbar_wait_cluster(mg_recv_bar, 0);"] + add + ["__syncthreads();"])
+            + ["mg_cluster_wait();", expect, "mg_mbar_wait_cluster(mg_recv_bar, 0);"] + add
+            + ["__syncthreads();"])
