@@ -209,3 +209,23 @@ def test_the_tuning_in_worker_processes_ranks_as_in_one(monkeypatch: pytest.Monk
     assert ranked(2) == (one, "") and forks and set(forks) == {"fork"}
     assert ranked(2, deadline=0.0) == ([], "tuning (budget)")
     assert not mp.active_children()
+
+
+def test_a_start_fills_the_sms_where_the_descent_from_the_others_stops_short() -> None:
+    """gated_mlp at hidden 2560 and 6912 columns: the descent from the first start stops
+    at 36 tiles of 192 columns (72 blocks); the start on the grid that fills the most
+    SMs (54 tiles of 128 columns, split two ways: 108 blocks) reaches a tiling the
+    model prices lower (docs/perf-log.md v52)."""
+    program, design = _design("gated_mlp")
+    program = load_graph(str(ROOT / "examples" / "gated_mlp.mir"),
+                         {"batch": 8, "hidden": 2560, "n": 6912})
+    types = program.tensor_types()
+    first = tuner.start(program, design)
+    filled = tuner._filled(first, design, types)
+    assert filled in tuner.starts(program, design)
+    ((grid, _),) = filled
+    assert grid == (54, 1, 1) and 6912 // 54 % 8 == 0
+    best = tuner.tune(program, design)[0]
+    assert best[1][0][0] == (54, 1, 1)
+    without = [t for t in tuner.starts(program, design) if t != filled]
+    assert all(t[0][0][0] != 54 for t in without)

@@ -126,8 +126,9 @@ def cache_dir() -> Path:
 # pool without enumerating, and certifies a design its family did not at a smaller
 # batch, carried from there; 54: a shape reuse at larger sizes that enumerates nothing
 # tunes the family's designs in the order of their predicted time there and stops
-# where none left can rank above the best (family entry format 3).
-SEARCH_REVISION = 54
+# where none left can rank above the best (family entry format 3); 55: the tuner also
+# descends from the one-axis grid that fills the most SMs (``tune._filled``).
+SEARCH_REVISION = 55
 
 
 def program_hash(program: Graph) -> str:

@@ -223,7 +223,36 @@ def starts(target: Graph, design: Design) -> list[Tuning]:
             break
         out.append(moved)
         current = moved
+    filled = _filled(first, design, target.tensor_types())
+    out += [filled] if filled not in out else []
     return out + ([halved] if halved not in out else [])
+
+
+def _filled(first: Tuning, design: Design, types: dict) -> Tuning:
+    """``first`` with each looping kernel of one split axis on the grid that fills the
+    most SMs, counting the planner's default cluster of two on at most half of them
+    (``knobranges.default_ksplit``): a divisor of the axis's extent whose tiles are
+    whole 16-byte vectors of at least 16 elements, the widest tiles among equals. The
+    descent moves to neighbouring divisors only, and the model's time is not convex in
+    them: for gated_mlp at hidden 2560 and 6912 columns it stopped at 36 tiles of 192
+    columns (72 blocks, predicted 33.5 µs) where 54 tiles of 128 (108 blocks) are
+    predicted 30.7, and for the same MLP at 3584 and 18944, batch 32, at 148 blocks
+    (two waves, 114.6) where 64 tiles split two ways are predicted 107.0
+    (docs/perf-log.md v52)."""
+    sms = profile().num_sms
+    out: list[tuple[tuple[int, int, int], int]] = []
+    for (grid, forloop), step in zip(first, custom_steps(design)):
+        if not step.looped or step.axes != 1:
+            out.append((grid, forloop))
+            continue
+        ext, vec = _axis_extents(step, types)[0], _vector_elements(step, types)[0]
+        fits = [g for g in _divisors(ext, sms) if ext // g >= 16 and (ext // g) % vec == 0]
+        if not fits:
+            out.append((grid, forloop))
+            continue
+        best = max(fits, key=lambda g: (g * (2 if 2 * g <= sms else 1), -g))
+        out.append(((best, 1, 1), forloop))
+    return tuple(out)
 
 
 def _halved(first: Tuning, design: Design) -> Tuning:
