@@ -367,6 +367,25 @@ def test_clusters_of_any_size_that_divides_the_forloop(tmp_path: Path) -> None:
         planned(g, "sm_90", [Knobs(ksplit=5)])
 
 
+def test_the_push_receive_area_holds_a_slot_per_other_block(tmp_path: Path) -> None:
+    """Block 0's receive area: its mbarrier, then for each of the cluster's other blocks
+    a slot of every accumulator tile (f32, padded to 16 bytes), where they push."""
+    src = tmp_path / "rl24.mir"
+    src.write_text(RMSNORM_LINEAR_24)
+    g = load_graph(str(src))
+    pulled = planned(g, "sm_90", [Knobs(ksplit=3, stages=4)]).ops[0].plan
+    pushed = planned(g, "sm_90", [Knobs(ksplit=3, stages=4, push=1)]).ops[0].plan
+    assert pulled is not None and pushed is not None
+    rows = 8  # 2 * batch: r is a row's sum of squares, s the 8 x 128 tile of X @ W
+    slot = 16 * -(-rows * 4 // 16) + rows * 128 * 4
+    assert pushed.smem_bytes - pulled.smem_bytes == 16 + 2 * slot
+    recv = next(t for t in pushed.tiles if t.name == "$recv")
+    cu, _ = emit(lower(planned(g, "sm_90", [Knobs(ksplit=3, stages=4, push=1)])))
+    assert f"mg_smem + {recv.smem_offset});" in cu   # the mbarrier first
+    assert f"mg_smem + {recv.smem_offset + 16} + (mg_rank - 1) * {slot})" in cu
+    assert f"mg_mbar_arrive_expect_cluster(mg_recv_bar, {2 * 4 * (rows + rows * 128)}u);" in cu
+
+
 # (example, batch, pins) -> the cluster combine's form: the shared epilogue where the
 # staging ring holds a copy of every accumulator tile, the combine into block 0 where not,
 # the push to block 0 where pinned (whichever of the other two would apply).

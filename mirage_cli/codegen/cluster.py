@@ -164,7 +164,7 @@ def _pushed(k: FusedKernel, accs: list[BlockOp]) -> Lines:
     its own tiles, finished in place."""
     slots = dict(pushed(k.a))
     slot = sum(slots.values())
-    recv = k.tile(RECV).smem_offset
+    recv = k.tile(RECV).smem_offset + 16  # the slots, after block 0's mbarrier
     push: Lines = ["mg_cluster_wait();  // block 0's mbarrier is initialised"]
     add: Lines = []
     total = 0

@@ -47,7 +47,7 @@ from mirage_cli.codegen.expr import (
 )
 from mirage_cli.codegen.joins import Join
 from mirage_cli.codegen.plan import Kernel, Param
-from mirage_cli.codegen.smemplan import MBAR, RECV, RED, ZERO, recv_bytes
+from mirage_cli.codegen.smemplan import MBAR, RECV, RED, ZERO
 from mirage_cli.codegen.staging import padded_strides
 from mirage_cli.ir import BlockGraph, BlockInput, BlockOp, TensorType
 from mirage_cli.kplan import KernelPlan, TilePlan
@@ -276,9 +276,8 @@ class FusedKernel:
                       f"  for (int s = 0; s < {staging.stages(self)}; ++s) mg_mbar_init(mg_mbar + s);",
                       "  mg_mbar_fence_init();", "}", "__syncthreads();"]
         if RECV in self.tiles:  # cluster.py's push form: block 0's mbarrier, then the arrive
-            bar = self.tile(RECV).smem_offset + recv_bytes(self.a, self.plan.knobs) - 16
             lines += [(f"unsigned long long* mg_recv_bar = reinterpret_cast<unsigned long long*>("
-                       f"mg_smem + {bar});"),
+                       f"mg_smem + {self.tile(RECV).smem_offset});"),
                       "if (threadIdx.x == 0 && mg_rank == 0) {", "  mg_mbar_init(mg_recv_bar);",
                       "  mg_mbar_fence_init();", "}", "__syncthreads();",
                       "mg_cluster_arrive_relaxed();"]

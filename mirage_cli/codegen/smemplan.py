@@ -85,7 +85,7 @@ class TileDraft:
 RED = "$red"    # per-warp partial results of block-wide reductions
 ZERO = "$zero"  # 16 zero bytes: ldmatrix rows past the end of a short A tile
 MBAR = "$mbar"  # one mbarrier per pipeline stage: the bulk tensor copies' completion
-RECV = "$recv"  # the partials a cluster's other blocks push to block 0, and their mbarrier
+RECV = "$recv"  # block 0's mbarrier for the partials its cluster pushes, then the partials
 
 
 def pushed(a: Analysis) -> list[tuple[str, int]]:
@@ -96,8 +96,9 @@ def pushed(a: Analysis) -> list[tuple[str, int]]:
 
 
 def recv_bytes(a: Analysis, k: Knobs) -> int:
-    """Bytes of block 0's receive area: a slot of every pushed tile for each other block
-    of the cluster, then the mbarrier their stores complete (0 without the push form)."""
+    """Bytes of block 0's receive area: the mbarrier the pushed stores complete (16
+    bytes, so the slots stay aligned), then a slot of every pushed tile for each other
+    block of the cluster (0 without the push form)."""
     if (k.ksplit or 1) == 1 or not k.push:
         return 0
     return ((k.ksplit or 1) - 1) * sum(n for _, n in pushed(a)) + 16
@@ -181,7 +182,7 @@ def allocate(a: Analysis, tiles: dict[str, TileDraft], has_mma: bool, reds: list
         if recv:
             tiles[RECV] = TileDraft(RECV, TensorType((recv // 4,), DType.F32), "epilogue",
                                     "smem", smem_offset=off,
-                                    owner="partials pushed by the cluster's other blocks, "
-                                          "then their mbarrier")
+                                    owner="an mbarrier, then the partials pushed by the "
+                                          "cluster's other blocks")
             off += recv
     return off + (tmaplan.ALIGN if tma else 0), scratch
