@@ -236,9 +236,8 @@ def _filled(first: Tuning, design: Design, types: dict) -> Tuning:
     descent moves to neighbouring divisors only, and the model's time is not convex in
     them: for gated_mlp at hidden 2560 and 6912 columns it stopped at 36 tiles of 192
     columns (72 blocks, predicted 33.5 µs) where 54 tiles of 128 (108 blocks) are
-    predicted 30.7, and for the same MLP at 3584 and 18944, batch 32, at 148 blocks
-    (two waves, 114.6) where 64 tiles split two ways are predicted 107.0
-    (docs/perf-log.md v52)."""
+    predicted 30.7 (docs/perf-log.md v52). The forloop is the first start's: where that
+    does not fit the filled grid, the descent toward a fitting tuning may leave it."""
     sms = profile().num_sms
     out: list[tuple[tuple[int, int, int], int]] = []
     for (grid, forloop), step in zip(first, custom_steps(design)):
