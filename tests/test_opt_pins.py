@@ -126,7 +126,7 @@ def test_a_forloop_pin_leaves_out_a_design_that_does_not_loop() -> None:
     assert flat, "the file's first design does not loop"
     with pytest.raises(MirageError, match="no tuning within the pins"):
         retune(flat[0], {"forloop": ["2"]}, {})
-    _, ranked = within_pins(firsts, "forloop=2", ())
+    _, ranked = within_pins(firsts, "forloop=2", (), "sm_90")
     assert ranked and all(custom_steps(design_of(g)[0])[0].looped and t[0][1] == 2
                           for g, t in ranked)
 

@@ -349,19 +349,14 @@ def stage_pinned(g: Graph, res: Outcome, pin: str, widen: tuple[str, ...], arch:
     the pinned knobs held. A new tuning of a verified design ships only once a
     finite-field trial against the program accepts it (the first one that does). Also
     the candidates file of what was ranked or timed."""
-    from mirage_cli.commands.tune import (
-        first_verified,
-        pinned_knobs,
-        with_knob_pins,
-        within_pins,
-    )
+    from mirage_cli.commands.tune import first_verified, pinned_knobs, within_pins
     from mirage_cli.search import measure
     from mirage_cli.search.design import design_of
 
     cands = [c for c, _ in res.candidates]
     designs = list(dict.fromkeys(design_of(c)[0] for c in cands))
     firsts = [next(c for c in cands if design_of(c)[0] == d) for d in designs]
-    pins, ranked = within_pins(firsts, pin, widen)
+    pins, ranked = within_pins(firsts, pin, widen, arch)
     seed = int(kw["seed"])
     if timer is not None:
         kernels = max(len(design_of(c)[1]) for c in firsts)
@@ -372,11 +367,10 @@ def stage_pinned(g: Graph, res: Outcome, pin: str, widen: tuple[str, ...], arch:
         pairs = r.candidates()
         return pairs[0][0], serialize.dumps_candidates(pairs)
     ranked = first_verified(ranked, g, "the program", seed, "opt")
-    planned_ = [(with_knob_pins(c, pins, arch), t) for c, t in ranked]
     text = serialize.dumps_candidates(
         [(c, {"rank": i, "tuning": [{"grid": list(gr), "forloop": f} for gr, f in t],
-              "pins": pin, "verified": i == 0}) for i, (c, t) in enumerate(planned_)])
-    return planned_[0][0], text
+              "pins": pin, "verified": i == 0}) for i, (c, t) in enumerate(ranked)])
+    return ranked[0][0], text
 
 
 def _optimise(g: Graph, program: str, kw: dict, deadline: float,  # type: ignore[type-arg]

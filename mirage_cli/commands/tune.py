@@ -200,12 +200,13 @@ def retune(g: Graph, pins: dict[str, list[str]], widen: dict[str, list[str]]
                 lambda x: serialize.dumps(x[0]))
 
 
-def within_pins(firsts: list[Graph], pin: str, widen: tuple[str, ...]
+def within_pins(firsts: list[Graph], pin: str, widen: tuple[str, ...], arch: str
                 ) -> tuple[dict[str, list[str]], list[tuple[Graph, Tuning]]]:
     """``--pin`` and ``--widen`` parsed and checked, and the tunings within them of the
-    designs ``firsts`` (one µGraph each), ranked together by the cost model (ties by
-    the stated rule). A design or tuning that the pins do not allow is left out; an
-    error only when nothing is left, naming the knob pin where one was the cause."""
+    designs ``firsts`` (one µGraph each), each with its pinned plan knobs for ``arch``
+    attached, ranked together by the cost model (ties by the stated rule). A design or
+    tuning that the pins do not allow is left out; an error only when nothing is left,
+    naming the knob pin where one was the cause."""
     pins = parse_assignments(pin, "--pin")
     kernels = max(len(design_of(g)[1]) for g in firsts)
     check_kernel_pins(pins, kernels)
@@ -229,7 +230,7 @@ def within_pins(firsts: list[Graph], pin: str, widen: tuple[str, ...]
         # others are ranked with their pinned plans, which the cost model reads.
         for ng, t in tunings:
             try:
-                found.append((with_knob_pins(ng, pins, DEFAULT_ARCH), t))
+                found.append((with_knob_pins(ng, pins, arch), t))
             except MirageError as e:
                 knob_error = knob_error or e
     if not found:
@@ -328,7 +329,7 @@ def command(file: str, space: bool, pin: str, widen: tuple[str, ...], output: st
             for line in space_lines(g, DEFAULT_ARCH):
                 click.echo(line)
         return
-    pins, ranked = within_pins(firsts, pin, widen)
+    pins, ranked = within_pins(firsts, pin, widen, DEFAULT_ARCH)
     if gpu is not None:
         # Measured within the pins: the first --top tunings of that ranking as they
         # are, the pinned knobs held (before, --gpu measured the file's own tunings
@@ -341,7 +342,7 @@ def command(file: str, space: bool, pin: str, widen: tuple[str, ...], output: st
     pairs = []
     for i, (g, t) in enumerate(ranked):
         c = estimate(g)
-        pairs.append((with_knob_pins(g, pins, DEFAULT_ARCH),
+        pairs.append((g,
                       {"rank": i, "cost": c.as_json(), "kernels": launched(g),
                        "tuning": [{"grid": list(gr), "forloop": f} for gr, f in t],
                        "pins": pin, "verified": i == 0}))
