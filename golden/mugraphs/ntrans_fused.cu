@@ -418,28 +418,26 @@ __device__ __forceinline__ void mg_cluster_arrive() {
 __device__ __forceinline__ void mg_cluster_wait() {
   asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
 }
-__device__ __forceinline__ float4 mg_dsmem_ld4(const float* p, unsigned rank) {
-  const unsigned a = (unsigned)__cvta_generic_to_shared(p);
+// The shared::cluster address of what `p` points to here, in block `rank` of the cluster.
+__device__ __forceinline__ unsigned mg_mapa(const void* p, unsigned rank) {
   unsigned r;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"
+               : "=r"(r) : "r"((unsigned)__cvta_generic_to_shared(p)), "r"(rank));
+  return r;
+}
+__device__ __forceinline__ float4 mg_dsmem_ld4(const float* p, unsigned rank) {
   float4 v;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(rank));
   asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
-               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(r) : "memory");
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(mg_mapa(p, rank)) : "memory");
   return v;
 }
 __device__ __forceinline__ float mg_dsmem_ld(const float* p, unsigned rank) {
-  const unsigned a = (unsigned)__cvta_generic_to_shared(p);
-  unsigned r;
   float v;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(rank));
-  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(r) : "memory");
+  asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(mg_mapa(p, rank)) : "memory");
   return v;
 }
 __device__ __forceinline__ void mg_dsmem_st(float* p, unsigned rank, float v) {
-  const unsigned a = (unsigned)__cvta_generic_to_shared(p);
-  unsigned r;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(rank));
-  asm volatile("st.shared::cluster.f32 [%0], %1;" :: "r"(r), "f"(v) : "memory");
+  asm volatile("st.shared::cluster.f32 [%0], %1;" :: "r"(mg_mapa(p, rank)), "f"(v) : "memory");
 }
 // The push form of a cluster's combine (push=1): every block arrives once at its start,
 // block 0 after initialising the mbarrier that counts the bytes pushed to it; the
@@ -452,36 +450,28 @@ __device__ __forceinline__ void mg_cluster_arrive_relaxed() {
 }
 __device__ __forceinline__ void mg_push4(const float* p, float4 v, const unsigned long long* bar,
                                          unsigned rank) {
-  unsigned a, b;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"
-               : "=r"(a) : "r"((unsigned)__cvta_generic_to_shared(p)), "r"(rank));
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"
-               : "=r"(b) : "r"((unsigned)__cvta_generic_to_shared(bar)), "r"(rank));
   asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 "
                "[%0], {%1, %2, %3, %4}, [%5];"
-               :: "r"(a), "r"(__float_as_uint(v.x)), "r"(__float_as_uint(v.y)),
-                  "r"(__float_as_uint(v.z)), "r"(__float_as_uint(v.w)), "r"(b) : "memory");
+               :: "r"(mg_mapa(p, rank)), "r"(__float_as_uint(v.x)), "r"(__float_as_uint(v.y)),
+                  "r"(__float_as_uint(v.z)), "r"(__float_as_uint(v.w)),
+                  "r"(mg_mapa(bar, rank)) : "memory");
 }
 __device__ __forceinline__ void mg_push(const float* p, float v, const unsigned long long* bar,
                                         unsigned rank) {
-  unsigned a, b;
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"
-               : "=r"(a) : "r"((unsigned)__cvta_generic_to_shared(p)), "r"(rank));
-  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;"
-               : "=r"(b) : "r"((unsigned)__cvta_generic_to_shared(bar)), "r"(rank));
   asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];"
-               :: "r"(a), "r"(__float_as_uint(v)), "r"(b) : "memory");
+               :: "r"(mg_mapa(p, rank)), "r"(__float_as_uint(v)), "r"(mg_mapa(bar, rank))
+               : "memory");
 }
 __device__ __forceinline__ void mg_mbar_arrive_expect_cluster(unsigned long long* b,
                                                               unsigned bytes) {
   asm volatile("mbarrier.arrive.expect_tx.release.cluster.shared::cta.b64 _, [%0], %1;"
-               :: "r"((unsigned)__cvta_generic_to_shared(b)), "r"(bytes) : "memory");
+               :: "r"(mg_smem_addr(b)), "r"(bytes) : "memory");
 }
 __device__ __forceinline__ void mg_mbar_wait_cluster(unsigned long long* b, int parity) {
   asm volatile("{\n .reg .pred p;\n MG_CWAIT:\n"
                " mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%0], %1;\n"
                " @!p bra MG_CWAIT;\n}"
-               :: "r"((unsigned)__cvta_generic_to_shared(b)), "r"(parity) : "memory");
+               :: "r"(mg_smem_addr(b)), "r"(parity) : "memory");
 }
 #endif
 // Warpgroup matrix multiply (wgmma, sm_90a): 4 consecutive warps multiply 64 rows; each
