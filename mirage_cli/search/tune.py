@@ -44,8 +44,8 @@ def start(target: Graph, design: Design) -> Tuning:
             # rows, copied element by element) priced a fused RMSNorm + linear at
             # hidden 2048, n 2560 at 48 us, which put it outside the designs tuned,
             # where its 64-block tiling is predicted 7.1 (docs/perf-log.md v35).
-            options = [a for a in range(step.axes) if extents[a] // (grid[a] * 2) >= 16
-                       and (extents[a] // (grid[a] * 2)) % vector[a] == 0]
+            options = [a for a in range(step.axes)
+                       if _vector_tiles(extents[a], grid[a] * 2, vector[a])]
             if not options:
                 break
             best = max(options, key=lambda a: (extents[a] // grid[a], -a))
@@ -57,6 +57,12 @@ def start(target: Graph, design: Design) -> Tuning:
                 forloop *= 2
         out.append(((grid[0], grid[1], grid[2]), forloop))
     return tuple(out)
+
+
+def _vector_tiles(extent: int, blocks: int, vector: int) -> bool:
+    """Whether ``blocks`` blocks along an axis of ``extent`` keep 16 elements a block, in
+    whole 16-byte vectors of ``vector`` elements."""
+    return extent // blocks >= 16 and (extent // blocks) % vector == 0
 
 
 def _axis_extents(step: CustomD, types: dict) -> list[int]:
@@ -245,7 +251,7 @@ def _filled(first: Tuning, design: Design, types: dict) -> Tuning:
             out.append((grid, forloop))
             continue
         ext, vec = _axis_extents(step, types)[0], _vector_elements(step, types)[0]
-        fits = [g for g in _divisors(ext, sms) if ext // g >= 16 and (ext // g) % vec == 0]
+        fits = [g for g in _divisors(ext, sms) if _vector_tiles(ext, g, vec)]
         if not fits:
             out.append((grid, forloop))
             continue
